@@ -1,0 +1,252 @@
+#include "autograd/tape.h"
+
+#include <algorithm>
+#include <mutex>
+
+namespace graft::autograd {
+
+namespace {
+
+// Where a gradient for one input goes: the producing entry (non-leaf) or the leaf itself.
+struct Route {
+  int64_t index = -1;  // producing entry, or -1
+  int slot = 0;
+  std::shared_ptr<TensorImpl> leaf;  // set for leaves that require grad
+  Shape shape;
+  DType dtype = DType::f32;
+  bool needs = false;
+};
+
+struct Entry {
+  const char* op = "";
+  std::vector<Route> inputs;
+  std::vector<Shape> out_shapes;
+  std::vector<DType> out_dtypes;
+  Tensors saved;
+  std::vector<uint64_t> saved_versions;
+  BackwardFn fn;
+  Tensors pending;  // gradients arriving for each output during backward
+  std::vector<bool> owned;  // pending[k] is our own buffer (safe to accumulate into in place)
+  bool freed = false;
+};
+
+struct Tape {
+  std::vector<Entry> entries;
+  uint64_t epoch = 1;
+  size_t live = 0;
+};
+
+thread_local Tape t_tape;
+thread_local bool t_grad_enabled = true;
+
+std::vector<OpDecl>& decls() {
+  static std::vector<OpDecl> d;
+  return d;
+}
+std::mutex& decl_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+bool is_declared(const char* name) {
+  std::lock_guard<std::mutex> lk(decl_mutex());
+  for (auto& d : decls())
+    if (d.name == name) return true;
+  return false;
+}
+
+// A tensor produced by an entry of an earlier epoch (the tape was cleared since).
+bool from_old_epoch(const TensorImpl* t) {
+  return t->tape_index >= 0 && t->tape_epoch != t_tape.epoch;
+}
+
+void free_entry(Entry& e) {
+  if (e.freed) return;
+  e.freed = true;
+  e.saved.clear();
+  e.saved.shrink_to_fit();
+  e.pending.clear();
+  e.owned.clear();
+  e.fn = nullptr;
+  --t_tape.live;
+}
+
+void compact_if_empty() {
+  if (t_tape.live == 0 && !t_tape.entries.empty()) {
+    t_tape.entries.clear();
+    ++t_tape.epoch;
+  }
+}
+
+[[noreturn]] void already_freed(const char* op) {
+  fail(std::string("backward: the tape entry of '") + op +
+       "' was already freed by an earlier backward(); run the forward again, or pass "
+       "retain_graph=true to the first backward");
+}
+
+}  // namespace
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+
+bool declare_op(const char* name, const char* family) {
+  std::lock_guard<std::mutex> lk(decl_mutex());
+  for (auto& d : decls())
+    if (d.name == name) return true;
+  decls().push_back({name, family});
+  return true;
+}
+
+const std::vector<OpDecl>& declared_ops() { return decls(); }
+
+bool needs_record(const Tensors& inputs) {
+  if (!t_grad_enabled) return false;
+  for (auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
+            BackwardFn fn) {
+  if (!is_declared(op))
+    fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
+  Entry e;
+  e.op = op;
+  for (auto& t : inputs) {
+    Route r;
+    if (t.defined()) {
+      TensorImpl* ti = t.impl();
+      r.shape = t.shape();
+      r.dtype = t.dtype();
+      r.needs = ti->requires_grad;
+      if (ti->tape_index >= 0) {
+        if (from_old_epoch(ti)) already_freed("an earlier op");
+        r.index = ti->tape_index;
+        r.slot = ti->tape_slot;
+      } else if (ti->requires_grad) {
+        r.leaf = t.impl_ptr();
+      }
+    }
+    e.inputs.push_back(std::move(r));
+  }
+  for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
+  e.saved = std::move(saved);
+  e.fn = std::move(fn);
+  const int64_t index = (int64_t)t_tape.entries.size();
+  int slot = 0;
+  for (auto& o : outputs) {
+    e.out_shapes.push_back(o.shape());
+    e.out_dtypes.push_back(o.dtype());
+    TensorImpl* oi = o.impl();
+    oi->requires_grad = is_floating(o.dtype());
+    oi->tape_index = index;
+    oi->tape_epoch = t_tape.epoch;
+    oi->tape_slot = slot++;
+  }
+  t_tape.entries.push_back(std::move(e));
+  ++t_tape.live;
+}
+
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  if (!root.defined()) fail("backward: called on an undefined tensor");
+  if (!root.requires_grad())
+    fail("backward: tensor " + describe(root) +
+         " does not require grad (no input of the ops that made it requires grad)");
+  Tensor seed = grad;
+  if (!seed.defined()) {
+    if (root.numel() != 1)
+      fail("backward: root " + describe(root) +
+           " is not a scalar; pass an upstream gradient of the same shape");
+    seed = full(root.shape(), 1.0, root.dtype());
+  } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
+    fail("backward: upstream gradient " + describe(seed) + " does not match root " +
+         describe(root));
+  }
+  TensorImpl* ri = root.impl();
+  if (ri->tape_index < 0) {  // a leaf: its gradient is the seed itself
+    if (ri->grad) accumulate_into(Tensor(ri->grad), seed);
+    else ri->grad = contiguous_copy(seed).impl_ptr();
+    return;
+  }
+  if (from_old_epoch(ri) || t_tape.entries[ri->tape_index].freed)
+    already_freed(from_old_epoch(ri) ? "the op that produced this tensor"
+                                     : t_tape.entries[ri->tape_index].op);
+
+  NoGrad no_grad;  // backward functions use ops; they must not record
+  const int64_t top = ri->tape_index;
+  {
+    Entry& e = t_tape.entries[top];
+    e.pending.assign(e.out_shapes.size(), Tensor());
+    e.owned.assign(e.out_shapes.size(), false);
+    e.pending[ri->tape_slot] = seed;
+  }
+  for (int64_t i = top; i >= 0; --i) {
+    Entry& e = t_tape.entries[i];
+    bool any = false;
+    for (auto& p : e.pending) any |= p.defined();
+    if (!any) continue;
+    if (e.freed) already_freed(e.op);
+    for (size_t s = 0; s < e.saved.size(); ++s) {
+      if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
+        fail(std::string("backward of '") + e.op + "': saved tensor " + std::to_string(s) +
+             " (" + describe(e.saved[s]) + ") was modified in place after the op ran (version " +
+             std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) +
+             ")");
+    }
+    for (size_t k = 0; k < e.pending.size(); ++k)
+      if (!e.pending[k].defined()) e.pending[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
+      else if (!e.pending[k].is_contiguous()) e.pending[k] = contiguous_copy(e.pending[k]);
+    Ctx ctx;
+    ctx.saved = e.saved;
+    for (auto& r : e.inputs) ctx.needs.push_back(r.needs);
+    Tensors dins = e.fn(ctx, e.pending);
+    e.pending.clear();
+    e.owned.clear();
+    if (dins.size() != e.inputs.size())
+      fail(std::string("backward of '") + e.op + "': returned " + std::to_string(dins.size()) +
+           " gradients for " + std::to_string(e.inputs.size()) + " inputs");
+    for (size_t k = 0; k < dins.size(); ++k) {
+      const Route& r = e.inputs[k];
+      Tensor& g = dins[k];
+      if (!r.needs || !g.defined()) continue;
+      if (g.shape() != r.shape || g.dtype() != r.dtype)
+        fail(std::string("backward of '") + e.op + "': gradient for input " + std::to_string(k) +
+             " is " + describe(g) + " but the input is " + describe(Tensor::empty(r.shape, r.dtype)));
+      if (r.index >= 0) {
+        Entry& src = t_tape.entries[r.index];
+        if (src.pending.empty()) {
+          src.pending.assign(src.out_shapes.size(), Tensor());
+          src.owned.assign(src.out_shapes.size(), false);
+        }
+        Tensor& slot = src.pending[r.slot];
+        // A backward may hand the same buffer to several inputs (add passes dout through),
+        // so a gradient is copied before the first accumulation into it, never written as is.
+        if (!slot.defined()) {
+          slot = g;
+        } else {
+          if (!src.owned[r.slot]) {
+            slot = contiguous_copy(slot);
+            src.owned[r.slot] = true;
+          }
+          accumulate_into(slot, g);
+        }
+      } else if (r.leaf) {
+        if (r.leaf->grad) accumulate_into(Tensor(r.leaf->grad), g);
+        else r.leaf->grad = contiguous_copy(g).impl_ptr();
+      }
+    }
+  }
+  if (!retain_graph) {
+    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
+    compact_if_empty();
+  }
+}
+
+size_t tape_size() { return t_tape.live; }
+
+void clear_tape() {
+  for (auto& e : t_tape.entries) free_entry(e);
+  compact_if_empty();
+}
+
+}  // namespace graft::autograd

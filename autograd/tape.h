@@ -1,0 +1,75 @@
+// The tape: when grad mode is on and an input requires grad, each differentiable op appends
+// one entry (its inputs' routes, the tensors its backward needs, and the backward function) to
+// the calling thread's tape. backward() walks the tape in reverse, hands each entry the
+// gradients of its outputs, and routes the returned input gradients either to the entry that
+// produced that input or, for a leaf, into its .grad.
+//
+// Writing an op (see README "Adding an op"):
+//   Tensor out = ...forward...;
+//   if (autograd::needs_record({a, b}))
+//     autograd::record("mul", {a, b}, {out}, /*saved=*/{a, b},
+//       [](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
+//         return {dout[0] * c.saved[1], dout[0] * c.saved[0]};   // one per input
+//       });
+// Capture tensors through `saved` (not in the lambda) so in-place changes are detected.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+namespace graft::autograd {
+
+bool grad_enabled();
+void set_grad_enabled(bool on);
+
+// Inside a NoGrad scope no op records anything (inference, optimizer updates).
+class NoGrad {
+ public:
+  NoGrad() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGrad() { set_grad_enabled(prev_); }
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+ private:
+  bool prev_;
+};
+
+struct Ctx {
+  Tensors saved;            // checked against in-place modification before backward runs
+  std::vector<bool> needs;  // needs[i]: input i wants a gradient (skip the work otherwise)
+};
+// Returns one gradient per input (an undefined Tensor for "none"), each of the input's shape
+// and dtype. dout has one defined gradient per output (zeros where no gradient arrived).
+using BackwardFn = std::function<Tensors(const Ctx&, const Tensors& dout)>;
+
+// True when grad mode is on and some input requires grad.
+bool needs_record(const Tensors& inputs);
+// Appends an entry; marks the outputs as requiring grad and produced by it.
+void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
+            BackwardFn fn);
+
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+// Number of live (not yet freed) entries on this thread's tape.
+size_t tape_size();
+// Frees every entry without running backward (e.g. after an evaluation that forgot NoGrad).
+void clear_tape();
+
+// Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
+// can fail when an op has no gradcheck case.
+bool declare_op(const char* name, const char* family);
+struct OpDecl {
+  std::string name, family;
+};
+const std::vector<OpDecl>& declared_ops();
+
+}  // namespace graft::autograd
+
+#define GRAFT_CONCAT_INNER(a, b) a##b
+#define GRAFT_CONCAT(a, b) GRAFT_CONCAT_INNER(a, b)
+#define GRAFT_DECLARE_OP(name, family)                          \
+  [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
+      ::graft::autograd::declare_op(name, family)

@@ -1,0 +1,413 @@
+#include "autograd/tensor.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "autograd/tape.h"
+
+namespace graft {
+
+namespace {
+std::atomic<size_t> g_live_bytes{0};
+}
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f32: return "float32";
+    case DType::f64: return "float64";
+    case DType::i64: return "int64";
+  }
+  return "?";
+}
+
+std::string shape_str(const Shape& s) {
+  std::string r = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
+  return r + ")";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= std::max<int64_t>(s[i], 1);
+  }
+  return st;
+}
+
+void fail(const std::string& msg) { throw Error(msg); }
+
+int64_t norm_axis(const char* op, int64_t axis, int64_t rank) {
+  int64_t a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= rank)
+    fail(std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank " +
+         std::to_string(rank));
+  return a;
+}
+
+Storage::Storage(size_t n) : nbytes(n) {
+  // Rounded up so aligned_alloc's size rule holds; never zero so data is a valid pointer.
+  size_t alloc = ((n + 63) / 64) * 64;
+  if (alloc == 0) alloc = 64;
+  data = std::aligned_alloc(64, alloc);
+  if (!data) throw std::bad_alloc();
+  g_live_bytes += n;
+}
+
+Storage::~Storage() {
+  std::free(data);
+  g_live_bytes -= nbytes;
+}
+
+size_t Storage::live_bytes() { return g_live_bytes.load(); }
+
+Tensor Tensor::empty(const Shape& shape, DType dt) {
+  for (auto d : shape)
+    if (d < 0) fail("empty: negative dimension in shape " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dt));
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dt;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& strides,
+                       int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.impl_->storage;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t axis) const { return shape()[norm_axis("size", axis, dim())]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expect = 1;
+  for (int64_t i = dim(); i-- > 0;) {
+    if (shape()[i] == 1) continue;
+    if (strides()[i] != expect) return false;
+    expect *= shape()[i];
+  }
+  return true;
+}
+
+template <class T>
+static constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::f32;
+  else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else return DType::i64;
+}
+
+template <class T>
+T* Tensor::data() const {
+  if (dtype_of<std::remove_const_t<T>>() != dtype())
+    fail(std::string("data: tensor is ") + dtype_name(dtype()) + ", requested " +
+         dtype_name(dtype_of<std::remove_const_t<T>>()));
+  return static_cast<T*>(impl_->storage->data) + impl_->offset;
+}
+template float* Tensor::data<float>() const;
+template double* Tensor::data<double>() const;
+template int64_t* Tensor::data<int64_t>() const;
+template const float* Tensor::data<const float>() const;
+template const double* Tensor::data<const double>() const;
+template const int64_t* Tensor::data<const int64_t>() const;
+
+void* Tensor::raw() const {
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(dtype());
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  std::vector<T> out;
+  out.reserve(numel());
+  switch (dtype()) {
+    case DType::f32: {
+      const float* p = data<float>();
+      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
+      break;
+    }
+    case DType::f64: {
+      const double* p = data<double>();
+      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
+      break;
+    }
+    case DType::i64: {
+      const int64_t* p = data<int64_t>();
+      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
+      break;
+    }
+  }
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+
+double Tensor::item() const {
+  if (numel() != 1) fail("item: tensor of shape " + shape_str(shape()) + " has " +
+                         std::to_string(numel()) + " elements, expected 1");
+  return to_vector<double>()[0];
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  if (on && !is_floating(dtype()))
+    fail(std::string("requires_grad_: only float tensors can require grad, got ") +
+         dtype_name(dtype()));
+  if (!is_leaf())
+    fail("requires_grad_: " + describe(*this) +
+         " was produced by an op on the tape; call detach() first");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
+    fail("set_grad: gradient " + describe(g) + " does not match tensor " + describe(*this));
+  impl_->grad = g.defined() ? g.impl_ptr() : nullptr;
+}
+
+void Tensor::zero_grad() { impl_->grad.reset(); }
+
+Tensor Tensor::detach() const {
+  Tensor t = view_of(*this, shape(), strides(), offset());
+  return t;
+}
+
+void Tensor::backward(const Tensor& grad, bool retain_graph) const {
+  autograd::backward(*this, grad, retain_graph);
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined tensor";
+  return std::string(t.dtype() == DType::f32 ? "f32 " : t.dtype() == DType::f64 ? "f64 " : "i64 ") +
+         shape_str(t.shape());
+}
+
+std::string Tensor::str(int max_elems) const {
+  std::ostringstream os;
+  os << "Tensor " << describe(*this) << " [";
+  auto v = to_vector<double>();
+  for (size_t i = 0; i < v.size() && (int)i < max_elems; ++i) os << (i ? ", " : "") << v[i];
+  if ((int)v.size() > max_elems) os << ", ...";
+  os << "]";
+  return os.str();
+}
+
+// ---- random numbers ----
+uint64_t Generator::next_u64() {
+  uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double Generator::uniform() { return (next_u64() >> 11) * 0x1.0p-53; }
+
+double Generator::normal() {
+  double u1 = uniform(), u2 = uniform();
+  if (u1 < 1e-300) u1 = 1e-300;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+uint64_t Generator::below(uint64_t n) {
+  if (n == 0) fail("Generator::below: n must be positive");
+  // Rejection removes the modulo bias of the top partial block.
+  uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+  uint64_t x;
+  do x = next_u64();
+  while (x >= limit);
+  return x % n;
+}
+
+Generator& default_generator() {
+  static Generator g(42);
+  return g;
+}
+void manual_seed(uint64_t seed) { default_generator().set_state(seed); }
+
+// ---- creation ----
+template <class T, class F>
+static void fill_seq(const Tensor& t, F&& f) {
+  T* p = t.data<T>();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) p[i] = (T)f(i);
+}
+
+static void fill_all(const Tensor& t, const std::function<double(int64_t)>& f) {
+  switch (t.dtype()) {
+    case DType::f32: fill_seq<float>(t, f); break;
+    case DType::f64: fill_seq<double>(t, f); break;
+    case DType::i64: fill_seq<int64_t>(t, f); break;
+  }
+}
+
+Tensor full(const Shape& shape, double value, DType dt) {
+  Tensor t = Tensor::empty(shape, dt);
+  fill_(t, value);
+  return t;
+}
+Tensor zeros(const Shape& shape, DType dt) {
+  Tensor t = Tensor::empty(shape, dt);
+  std::memset(t.raw(), 0, t.numel() * dtype_size(dt));
+  return t;
+}
+Tensor ones(const Shape& shape, DType dt) { return full(shape, 1.0, dt); }
+Tensor scalar(double value, DType dt) { return full({}, value, dt); }
+
+Tensor arange(double start, double end, double step, DType dt) {
+  if (step == 0) fail("arange: step must be non-zero");
+  int64_t n = (int64_t)std::ceil((end - start) / step);
+  if (n < 0) n = 0;
+  Tensor t = Tensor::empty({n}, dt);
+  fill_all(t, [&](int64_t i) { return start + (double)i * step; });
+  return t;
+}
+Tensor arange(int64_t n, DType dt) { return arange(0.0, (double)n, 1.0, dt); }
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dt) {
+  if ((int64_t)values.size() != shape_numel(shape))
+    fail("from_vector: " + std::to_string(values.size()) + " values do not fill shape " +
+         shape_str(shape));
+  Tensor t = Tensor::empty(shape, dt);
+  fill_all(t, [&](int64_t i) { return (double)values[i]; });
+  if (dt == DType::i64)  // exact for ids beyond 2^53
+    for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = (int64_t)values[i];
+  return t;
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&, DType);
+template Tensor from_vector(const std::vector<double>&, const Shape&, DType);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, DType);
+template Tensor from_vector(const std::vector<int>&, const Shape&, DType);
+Tensor from_vector(const std::vector<float>& v, const Shape& s) { return from_vector(v, s, DType::f32); }
+Tensor from_vector(const std::vector<double>& v, const Shape& s) { return from_vector(v, s, DType::f64); }
+Tensor from_vector(const std::vector<int64_t>& v, const Shape& s) { return from_vector(v, s, DType::i64); }
+
+Tensor rand(const Shape& shape, DType dt, Generator& gen, double lo, double hi) {
+  Tensor t = Tensor::empty(shape, dt);
+  fill_all(t, [&](int64_t) { return lo + (hi - lo) * gen.uniform(); });
+  return t;
+}
+Tensor randn(const Shape& shape, DType dt, Generator& gen, double mean, double std) {
+  Tensor t = Tensor::empty(shape, dt);
+  fill_all(t, [&](int64_t) { return mean + std * gen.normal(); });
+  return t;
+}
+
+// ---- raw copies ----
+template <class D, class S>
+static void copy_typed(const Tensor& dst, const Tensor& src) {
+  D* d = dst.data<D>();
+  const S* s = src.data<S>();
+  if (dst.is_contiguous() && src.is_contiguous()) {
+    const int64_t n = src.numel();
+#pragma omp parallel for if (n > 1 << 16)
+    for (int64_t i = 0; i < n; ++i) d[i] = (D)s[i];
+    return;
+  }
+  std::vector<int64_t> doff;
+  doff.reserve(dst.numel());
+  for_each_offset(dst.shape(), dst.strides(), [&](int64_t o) { doff.push_back(o); });
+  size_t k = 0;
+  for_each_offset(src.shape(), src.strides(), [&](int64_t o) { d[doff[k++]] = (D)s[o]; });
+}
+
+template <class D>
+static void copy_from(const Tensor& dst, const Tensor& src) {
+  switch (src.dtype()) {
+    case DType::f32: copy_typed<D, float>(dst, src); break;
+    case DType::f64: copy_typed<D, double>(dst, src); break;
+    case DType::i64: copy_typed<D, int64_t>(dst, src); break;
+  }
+}
+
+void copy_into(const Tensor& dst, const Tensor& src) {
+  if (dst.shape() != src.shape())
+    fail("copy_into: destination " + describe(dst) + " and source " + describe(src) +
+         " differ in shape");
+  switch (dst.dtype()) {
+    case DType::f32: copy_from<float>(dst, src); break;
+    case DType::f64: copy_from<double>(dst, src); break;
+    case DType::i64: copy_from<int64_t>(dst, src); break;
+  }
+  dst.bump_version();
+}
+
+Tensor contiguous_copy(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype());
+  copy_into(out, t);
+  return out;
+}
+
+Tensor cast_copy(const Tensor& t, DType dt) {
+  Tensor out = Tensor::empty(t.shape(), dt);
+  copy_into(out, t);
+  return out;
+}
+
+template <class T>
+static void add_inplace(T* d, const T* p, int64_t n) {
+#pragma omp parallel for simd if (n > 1 << 16)
+  for (int64_t i = 0; i < n; ++i) d[i] += p[i];
+}
+
+void accumulate_into(const Tensor& dst, const Tensor& src) {
+  if (dst.shape() != src.shape() || dst.dtype() != src.dtype() || !dst.is_contiguous() ||
+      !is_floating(dst.dtype()))
+    fail("accumulate_into: cannot add " + describe(src) + " into " + describe(dst));
+  Tensor s = src.is_contiguous() ? src : contiguous_copy(src);
+  if (dst.dtype() == DType::f32) add_inplace(dst.data<float>(), s.data<float>(), dst.numel());
+  else add_inplace(dst.data<double>(), s.data<double>(), dst.numel());
+  dst.bump_version();
+}
+
+void fill_(const Tensor& t, double value) {
+  switch (t.dtype()) {
+    case DType::f32: {
+      float* p = t.data<float>();
+      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = (float)value; });
+      break;
+    }
+    case DType::f64: {
+      double* p = t.data<double>();
+      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = value; });
+      break;
+    }
+    case DType::i64: {
+      int64_t* p = t.data<int64_t>();
+      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = (int64_t)value; });
+      break;
+    }
+  }
+  t.bump_version();
+}
+
+}  // namespace graft

@@ -1,0 +1,686 @@
+// graft::plot implementation: layout and drawing with cairo, atomic PNG output.
+#include "examples/translation/plot.h"
+
+#include <cairo.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace graft::plot {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr const char* kFontFamily = "sans-serif";
+
+// ---------------------------------------------------------------- cairo RAII
+
+struct SurfaceDeleter {
+  void operator()(cairo_surface_t* s) const { cairo_surface_destroy(s); }
+};
+struct ContextDeleter {
+  void operator()(cairo_t* c) const { cairo_destroy(c); }
+};
+using SurfacePtr = std::unique_ptr<cairo_surface_t, SurfaceDeleter>;
+using ContextPtr = std::unique_ptr<cairo_t, ContextDeleter>;
+
+[[noreturn]] void fail(const char* fn, const std::string& what) {
+  throw std::runtime_error(std::string(fn) + ": " + what);
+}
+
+// Creates an opaque white canvas; throws if cairo cannot allocate it.
+std::pair<SurfacePtr, ContextPtr> make_canvas(const char* fn, int width, int height) {
+  SurfacePtr surface(cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height));
+  if (cairo_surface_status(surface.get()) != CAIRO_STATUS_SUCCESS)
+    fail(fn, "cannot create " + std::to_string(width) + "x" + std::to_string(height) +
+                 " image: " + cairo_status_to_string(cairo_surface_status(surface.get())));
+  ContextPtr cr(cairo_create(surface.get()));
+  if (cairo_status(cr.get()) != CAIRO_STATUS_SUCCESS)
+    fail(fn, std::string("cannot create drawing context: ") + cairo_status_to_string(cairo_status(cr.get())));
+  cairo_set_source_rgb(cr.get(), 1, 1, 1);
+  cairo_paint(cr.get());
+  return {std::move(surface), std::move(cr)};
+}
+
+// Writes the surface to path + ".tmp" and renames it onto path. On any failure
+// the temporary file is removed and the target is left untouched.
+void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface, const std::string& path) {
+  if (cairo_status(cr) != CAIRO_STATUS_SUCCESS)
+    fail(fn, std::string("drawing failed: ") + cairo_status_to_string(cairo_status(cr)));
+  cairo_surface_flush(surface);
+  const std::string tmp = path + ".tmp";
+  const cairo_status_t st = cairo_surface_write_to_png(surface, tmp.c_str());
+  if (st != CAIRO_STATUS_SUCCESS) {
+    std::remove(tmp.c_str());
+    fail(fn, "cannot write '" + path + "': " + cairo_status_to_string(st));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    fail(fn, "cannot write '" + path + "': " + std::strerror(err));
+  }
+}
+
+// ---------------------------------------------------------------- text
+
+// Returns s as valid UTF-8 (cairo rejects anything else and would put the
+// context into an error state): malformed sequences become U+FFFD and control
+// characters become spaces.
+std::string clean_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      out += (c < 0x20 || c == 0x7f) ? ' ' : static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1fu; }
+    else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0fu; }
+    else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07u; }
+    bool ok = len != 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((p[i + k] & 0xc0u) != 0x80u) ok = false;
+      else cp = (cp << 6) | (p[i + k] & 0x3fu);
+    }
+    // Reject overlong forms, surrogates and values past U+10FFFF.
+    if (ok && ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+               (cp >= 0xd800 && cp <= 0xdfff)))
+      ok = false;
+    if (ok) {
+      if (cp >= 0x80 && cp < 0xa0) out += ' ';  // C1 controls
+      else out.append(s, i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
+}
+
+void set_font(cairo_t* cr, double size, bool bold = false) {
+  cairo_select_font_face(cr, kFontFamily, CAIRO_FONT_SLANT_NORMAL,
+                         bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
+  cairo_set_font_size(cr, size);
+}
+
+// Advance width of (already clean) text in the current font.
+double text_width(cairo_t* cr, const std::string& s) {
+  if (s.empty()) return 0;
+  cairo_text_extents_t ext;
+  cairo_text_extents(cr, s.c_str(), &ext);
+  return ext.x_advance;
+}
+
+// Height of a line of text in the current font (ascent + descent).
+double line_height(cairo_t* cr) {
+  cairo_font_extents_t fe;
+  cairo_font_extents(cr, &fe);
+  return fe.ascent + fe.descent;
+}
+
+// Shortens s (at code point boundaries) with a trailing "…" until it fits max_w.
+std::string fit_text(cairo_t* cr, const std::string& s, double max_w) {
+  if (text_width(cr, s) <= max_w) return s;
+  std::string cut = s;
+  while (!cut.empty()) {
+    size_t k = cut.size() - 1;
+    while (k > 0 && (static_cast<unsigned char>(cut[k]) & 0xc0u) == 0x80u) --k;
+    cut.erase(k);
+    const std::string t = cut + "\xe2\x80\xa6";
+    if (text_width(cr, t) <= max_w) return t;
+  }
+  return "\xe2\x80\xa6";
+}
+
+// Draws text with its anchor at (x, y): ha = 0 left, 0.5 centre, 1 right;
+// y is the vertical centre of the line.
+void draw_text(cairo_t* cr, const std::string& s, double x, double y, double ha) {
+  if (s.empty()) return;
+  cairo_font_extents_t fe;
+  cairo_font_extents(cr, &fe);
+  const double w = text_width(cr, s);
+  cairo_move_to(cr, x - ha * w, y + (fe.ascent - fe.descent) / 2);
+  cairo_show_text(cr, s.c_str());
+}
+
+// Same, rotated 90 degrees counter-clockwise (reads bottom to top); ha is along
+// the text direction, (x, y) the anchor, x the vertical centre of the line.
+void draw_text_up(cairo_t* cr, const std::string& s, double x, double y, double ha) {
+  if (s.empty()) return;
+  cairo_save(cr);
+  cairo_translate(cr, x, y);
+  cairo_rotate(cr, -kPi / 2);
+  draw_text(cr, s, 0, 0, ha);
+  cairo_restore(cr);
+}
+
+// ---------------------------------------------------------------- ticks
+
+struct Ticks {
+  std::vector<double> pos;          // in axis coordinates (log10 for log axes)
+  std::vector<std::string> labels;  // one per position
+};
+
+// Step of roughly (hi - lo) / target rounded to 1, 2 or 5 times a power of ten.
+double nice_step(double lo, double hi, int target) {
+  const double raw = (hi - lo) / std::max(target, 1);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double f = raw / mag;
+  const double m = f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10;
+  return m * mag;
+}
+
+std::string format_number(double v, double step) {
+  char buf[64];
+  const double a = std::fabs(v);
+  if (a < std::fabs(step) * 1e-9) v = 0;
+  if (a >= 1e6 || (a != 0 && a < 1e-4) || step < 1e-5) {
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+  } else {
+    const int decimals = std::clamp(static_cast<int>(-std::floor(std::log10(step) + 1e-9)), 0, 8);
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  }
+  std::string s = buf;
+  if (s == "-0") s = "0";
+  return s;
+}
+
+Ticks linear_ticks(double lo, double hi, int target) {
+  Ticks t;
+  const double step = nice_step(lo, hi, target);
+  if (!(step > 0) || !std::isfinite(step)) return t;
+  const double k0 = std::ceil(lo / step - 1e-9), k1 = std::floor(hi / step + 1e-9);
+  for (double k = k0; k <= k1 && t.pos.size() < 200; k += 1) {
+    const double v = k * step;
+    t.pos.push_back(v);
+    t.labels.push_back(format_number(v, step));
+  }
+  return t;
+}
+
+std::string format_log(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Ticks for a log10 axis spanning [lo, hi] (exponents).
+Ticks log_ticks(double lo, double hi, int target) {
+  Ticks t;
+  const double d0 = std::ceil(lo - 1e-9), d1 = std::floor(hi + 1e-9);
+  if (d1 - d0 + 1 >= 2) {  // at least two decades: label powers of ten
+    const int every = std::max(1, static_cast<int>(std::ceil((d1 - d0 + 1) / std::max(target, 2))));
+    for (double d = d0; d <= d1; d += every) {
+      t.pos.push_back(d);
+      t.labels.push_back(format_log(std::pow(10.0, d)));
+    }
+    return t;
+  }
+  // Within about a decade: the densest of these mantissa sets that fits.
+  const std::vector<std::vector<double>> sets{{1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 2, 3, 5}, {1, 2, 5}};
+  for (size_t si = 0; si < sets.size(); ++si) {
+    t = Ticks{};
+    for (double d = std::floor(lo); d <= std::ceil(hi); d += 1)
+      for (const double m : sets[si]) {
+        const double e = d + std::log10(m);
+        if (e >= lo - 1e-9 && e <= hi + 1e-9) {
+          t.pos.push_back(e);
+          t.labels.push_back(format_log(m * std::pow(10.0, d)));
+        }
+      }
+    if (t.pos.size() < 2) break;  // too narrow for any set
+    if (static_cast<int>(t.pos.size()) <= target || si + 1 == sets.size()) return t;
+  }
+  // Less than a factor of ~2 in range: evenly spaced values, placed on the log axis.
+  const Ticks lin = linear_ticks(std::pow(10.0, lo), std::pow(10.0, hi), std::min(target, 5));
+  t = Ticks{};
+  for (size_t i = 0; i < lin.pos.size(); ++i)
+    if (lin.pos[i] > 0) {
+      t.pos.push_back(std::log10(lin.pos[i]));
+      t.labels.push_back(lin.labels[i]);
+    }
+  return t;
+}
+
+// ---------------------------------------------------------------- line chart
+
+struct Rgb {
+  double r, g, b;
+};
+
+constexpr std::array<Rgb, 10> kPalette{{{0.16, 0.42, 0.76},
+                                        {0.91, 0.47, 0.11},
+                                        {0.20, 0.60, 0.27},
+                                        {0.82, 0.17, 0.20},
+                                        {0.52, 0.36, 0.76},
+                                        {0.55, 0.36, 0.27},
+                                        {0.88, 0.42, 0.70},
+                                        {0.45, 0.45, 0.45},
+                                        {0.68, 0.68, 0.12},
+                                        {0.10, 0.68, 0.78}}};
+
+constexpr double kLimit = 1e150;  // larger magnitudes are treated like inf
+
+struct Range {
+  double lo, hi;
+};
+
+// Pads [lo, hi] by frac of its width; a degenerate range gets a sensible width.
+Range pad_range(double lo, double hi, double frac, double unit_if_zero) {
+  double span = hi - lo;
+  if (!(span > std::max(std::fabs(lo), std::fabs(hi)) * 1e-12)) {
+    const double mid = (lo + hi) / 2;
+    const double half = mid != 0 ? std::fabs(mid) * 0.05 : unit_if_zero;
+    return {mid - half, mid + half};
+  }
+  return {lo - span * frac, hi + span * frac};
+}
+
+struct Point {
+  double x, y;  // axis coordinates (y already log10 on log axes)
+};
+
+std::vector<Point> usable_points(const Series& s, bool log_y) {
+  std::vector<Point> pts;
+  for (size_t i = 0; i < s.x.size(); ++i) {
+    const double x = s.x[i], y = s.y[i];
+    if (!std::isfinite(x) || !std::isfinite(y) || std::fabs(x) > kLimit || std::fabs(y) > kLimit) continue;
+    if (log_y) {
+      if (!(y > 0) || y < 1 / kLimit) continue;
+      pts.push_back({x, std::log10(y)});
+    } else {
+      pts.push_back({x, y});
+    }
+  }
+  return pts;
+}
+
+void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double height) {
+  const bool log_y = panel.log_y;
+  std::vector<std::vector<Point>> data;
+  double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
+  for (const Series& s : panel.series) {
+    data.push_back(usable_points(s, log_y));
+    for (const Point& p : data.back()) {
+      xmin = std::min(xmin, p.x);
+      xmax = std::max(xmax, p.x);
+      ymin = std::min(ymin, p.y);
+      ymax = std::max(ymax, p.y);
+    }
+  }
+  Range xr{0, 1}, yr{0, 1};  // log axes: 1..10
+  if (xmin <= xmax) {
+    xr = pad_range(xmin, xmax, 0.03, 0.5);
+    yr = pad_range(ymin, ymax, 0.05, 0.5);
+  }
+
+  const std::string title = clean_utf8(panel.title), xlabel = clean_utf8(panel.xlabel),
+                    ylabel = clean_utf8(panel.ylabel);
+  const double tick_font = 11, label_font = 12.5, title_font = 15, tick_len = 4;
+
+  // Vertical layout.
+  set_font(cr, title_font, true);
+  const double title_h = line_height(cr);
+  set_font(cr, label_font);
+  const double label_h = line_height(cr);
+  set_font(cr, tick_font);
+  const double tick_h = line_height(cr);
+  const double top = 8 + (title.empty() ? 6 : title_h + 8);
+  const double bottom = 6 + (xlabel.empty() ? 0 : label_h + 4) + tick_h + tick_len + 4;
+  const double ay = top, ah = std::max(1.0, height - top - bottom);
+
+  // Y ticks decide the left margin.
+  const int ytarget = std::max(2, static_cast<int>(ah / 45));
+  const Ticks yt = log_y ? log_ticks(yr.lo, yr.hi, ytarget) : linear_ticks(yr.lo, yr.hi, ytarget);
+  double ytick_w = 0;
+  for (const auto& l : yt.labels) ytick_w = std::max(ytick_w, text_width(cr, l));
+  const double left = 8 + (ylabel.empty() ? 0 : label_h + 6) + ytick_w + tick_len + 4;
+  const double right = 16;
+  const double ax = px0 + left, aw = std::max(1.0, pw - left - right);
+
+  // X ticks: fewer until the labels do not collide.
+  Ticks xt;
+  for (int target = std::max(2, static_cast<int>(aw / 80)); target >= 1; --target) {
+    xt = linear_ticks(xr.lo, xr.hi, target);
+    double w = 0;
+    for (const auto& l : xt.labels) w = std::max(w, text_width(cr, l));
+    const double spacing = xt.pos.size() >= 2 ? (xt.pos[1] - xt.pos[0]) / (xr.hi - xr.lo) * aw : aw;
+    if (spacing >= w + 12) break;
+  }
+
+  auto sx = [&](double x) { return ax + (x - xr.lo) / (xr.hi - xr.lo) * aw; };
+  auto sy = [&](double y) { return ay + ah - (y - yr.lo) / (yr.hi - yr.lo) * ah; };
+
+  // Grid.
+  cairo_set_line_width(cr, 1);
+  cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
+  for (const double v : xt.pos) {
+    const double x = std::round(sx(v)) + 0.5;
+    cairo_move_to(cr, x, ay);
+    cairo_line_to(cr, x, ay + ah);
+  }
+  for (const double v : yt.pos) {
+    const double y = std::round(sy(v)) + 0.5;
+    cairo_move_to(cr, ax, y);
+    cairo_line_to(cr, ax + aw, y);
+  }
+  cairo_stroke(cr);
+
+  // Series.
+  cairo_save(cr);
+  cairo_rectangle(cr, ax, ay, aw, ah);
+  cairo_clip(cr);
+  cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
+  cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
+  for (size_t i = 0; i < data.size(); ++i) {
+    const Rgb c = kPalette[i % kPalette.size()];
+    cairo_set_source_rgb(cr, c.r, c.g, c.b);
+    const auto& pts = data[i];
+    if (pts.size() >= 2) {
+      cairo_set_line_width(cr, 1.8);
+      cairo_move_to(cr, sx(pts[0].x), sy(pts[0].y));
+      for (size_t k = 1; k < pts.size(); ++k) cairo_line_to(cr, sx(pts[k].x), sy(pts[k].y));
+      cairo_stroke(cr);
+    }
+    if (pts.size() <= 40) {
+      const double r = pts.size() == 1 ? 4 : 2.8;
+      for (const Point& p : pts) {
+        cairo_new_sub_path(cr);
+        cairo_arc(cr, sx(p.x), sy(p.y), r, 0, 2 * kPi);
+      }
+      cairo_fill(cr);
+    }
+  }
+  cairo_restore(cr);
+
+  // Frame, tick marks and tick labels.
+  cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
+  cairo_set_line_width(cr, 1);
+  cairo_rectangle(cr, std::round(ax) + 0.5, std::round(ay) + 0.5, std::round(aw), std::round(ah));
+  for (const double v : xt.pos) {
+    const double x = std::round(sx(v)) + 0.5;
+    cairo_move_to(cr, x, std::round(ay + ah) + 0.5);
+    cairo_line_to(cr, x, std::round(ay + ah) + 0.5 + tick_len);
+  }
+  for (const double v : yt.pos) {
+    const double y = std::round(sy(v)) + 0.5;
+    cairo_move_to(cr, std::round(ax) + 0.5, y);
+    cairo_line_to(cr, std::round(ax) + 0.5 - tick_len, y);
+  }
+  cairo_stroke(cr);
+  cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
+  set_font(cr, tick_font);
+  for (size_t i = 0; i < xt.pos.size(); ++i) {
+    const double w = text_width(cr, xt.labels[i]);
+    const double x = std::clamp(sx(xt.pos[i]), px0 + 2 + w / 2, px0 + pw - 2 - w / 2);
+    draw_text(cr, xt.labels[i], x, ay + ah + tick_len + 3 + tick_h / 2, 0.5);
+  }
+  for (size_t i = 0; i < yt.pos.size(); ++i)
+    draw_text(cr, yt.labels[i], ax - tick_len - 4, sy(yt.pos[i]), 1.0);
+
+  // Axis labels and title.
+  cairo_set_source_rgb(cr, 0, 0, 0);
+  set_font(cr, label_font);
+  if (!xlabel.empty())
+    draw_text(cr, fit_text(cr, xlabel, aw), ax + aw / 2, ay + ah + tick_len + 3 + tick_h + 4 + label_h / 2, 0.5);
+  if (!ylabel.empty())
+    draw_text_up(cr, fit_text(cr, ylabel, ah), px0 + 8 + label_h / 2, ay + ah / 2, 0.5);
+  if (!title.empty()) {
+    set_font(cr, title_font, true);
+    const std::string t = fit_text(cr, title, pw - 16);
+    const double w = text_width(cr, t);  // centred over the plot area, kept inside the panel
+    draw_text(cr, t, std::clamp(ax + aw / 2, px0 + 8 + w / 2, std::max(px0 + 8 + w / 2, px0 + pw - 8 - w / 2)),
+              8 + title_h / 2, 0.5);
+  }
+
+  // Legend, in the plot corner that hides the fewest data points.
+  std::vector<std::pair<std::string, size_t>> entries;
+  for (size_t i = 0; i < panel.series.size(); ++i)
+    if (!panel.series[i].name.empty()) entries.emplace_back(clean_utf8(panel.series[i].name), i);
+  if (entries.empty()) return;
+  const double lfont = 12, row_h = 18, sample_w = 24, padding = 7;
+  set_font(cr, lfont);
+  double name_w = 0;
+  for (auto& e : entries) {
+    e.first = fit_text(cr, e.first, std::max(40.0, aw * 0.6));
+    name_w = std::max(name_w, text_width(cr, e.first));
+  }
+  const double lw = padding + sample_w + 6 + name_w + padding;
+  const double lh = padding * 2 + row_h * static_cast<double>(entries.size()) - 4;
+  const double inset = 8;
+  const std::array<std::pair<double, double>, 4> corners{{{ax + aw - inset - lw, ay + inset},
+                                                          {ax + inset, ay + inset},
+                                                          {ax + aw - inset - lw, ay + ah - inset - lh},
+                                                          {ax + inset, ay + ah - inset - lh}}};
+  size_t best = 0, best_hits = SIZE_MAX;
+  for (size_t c = 0; c < corners.size(); ++c) {
+    const auto [lx, ly] = corners[c];
+    size_t hits = 0;
+    auto inside = [&](double x, double y) { return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh; };
+    for (const auto& pts : data)
+      for (size_t k = 0; k < pts.size(); ++k) {
+        const double x = sx(pts[k].x), y = sy(pts[k].y);
+        hits += inside(x, y);
+        if (k > 0) hits += inside((x + sx(pts[k - 1].x)) / 2, (y + sy(pts[k - 1].y)) / 2);
+      }
+    if (hits < best_hits) {
+      best_hits = hits;
+      best = c;
+    }
+  }
+  const auto [lx, ly] = corners[best];
+  cairo_rectangle(cr, std::round(lx) + 0.5, std::round(ly) + 0.5, std::round(lw), std::round(lh));
+  cairo_set_source_rgba(cr, 1, 1, 1, 0.88);
+  cairo_fill_preserve(cr);
+  cairo_set_source_rgb(cr, 0.75, 0.75, 0.75);
+  cairo_set_line_width(cr, 1);
+  cairo_stroke(cr);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const double y = ly + padding + row_h * (static_cast<double>(k) + 0.5) - 2;
+    const Rgb c = kPalette[entries[k].second % kPalette.size()];
+    cairo_set_source_rgb(cr, c.r, c.g, c.b);
+    cairo_set_line_width(cr, 2.2);
+    cairo_move_to(cr, lx + padding, y);
+    cairo_line_to(cr, lx + padding + sample_w, y);
+    cairo_stroke(cr);
+    if (data[entries[k].second].size() <= 40) {  // same rule as for the curve
+      cairo_arc(cr, lx + padding + sample_w / 2, y, 2.8, 0, 2 * kPi);
+      cairo_fill(cr);
+    }
+    cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+    draw_text(cr, entries[k].first, lx + padding + sample_w + 6, y, 0);
+  }
+}
+
+// ---------------------------------------------------------------- heatmap
+
+// Own colour ramp, dark violet to pale yellow, with luminance rising
+// monotonically so brighter always means a larger value.
+Rgb ramp(double v) {
+  static constexpr std::array<Rgb, 5> stops{{{0.03, 0.02, 0.12},
+                                             {0.25, 0.07, 0.46},
+                                             {0.70, 0.18, 0.42},
+                                             {0.97, 0.52, 0.20},
+                                             {0.99, 0.96, 0.62}}};
+  v = std::clamp(v, 0.0, 1.0) * (stops.size() - 1);
+  const size_t i = std::min(static_cast<size_t>(v), stops.size() - 2);
+  const double t = v - static_cast<double>(i);
+  const Rgb a = stops[i], b = stops[i + 1];
+  return {a.r + (b.r - a.r) * t, a.g + (b.g - a.g) * t, a.b + (b.b - a.b) * t};
+}
+
+}  // namespace
+
+void line_chart(const std::string& png_path, const std::vector<Panel>& panels, int width, int height) {
+  const char* fn = "line_chart";
+  if (panels.empty()) fail(fn, "no panels");
+  if (width < 1 || height < 1 || width > 32767 || height > 32767)
+    fail(fn, "invalid size " + std::to_string(width) + "x" + std::to_string(height));
+  for (const Panel& p : panels)
+    for (const Series& s : p.series)
+      if (s.x.size() != s.y.size())
+        fail(fn, "series '" + s.name + "' in panel '" + p.title + "' has " + std::to_string(s.x.size()) +
+                     " x values but " + std::to_string(s.y.size()) + " y values");
+
+  auto [surface, cr] = make_canvas(fn, width, height);
+  const double pw = static_cast<double>(width) / static_cast<double>(panels.size());
+  for (size_t i = 0; i < panels.size(); ++i) {
+    cairo_save(cr.get());
+    const double px0 = std::round(pw * static_cast<double>(i));
+    const double px1 = std::round(pw * static_cast<double>(i + 1));
+    cairo_rectangle(cr.get(), px0, 0, px1 - px0, height);
+    cairo_clip(cr.get());
+    draw_panel(cr.get(), panels[i], px0, px1 - px0, height);
+    cairo_restore(cr.get());
+  }
+  write_png_atomic(fn, cr.get(), surface.get(), png_path);
+}
+
+void heatmap(const std::string& png_path, const std::vector<std::vector<double>>& m,
+             const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
+             const std::string& title) {
+  const char* fn = "heatmap";
+  if (m.empty() || m[0].empty()) fail(fn, "matrix is empty");
+  const size_t rows = m.size(), cols = m[0].size();
+  for (size_t r = 1; r < rows; ++r)
+    if (m[r].size() != cols)
+      fail(fn, "row " + std::to_string(r) + " has " + std::to_string(m[r].size()) + " values but row 0 has " +
+                   std::to_string(cols));
+  const std::string dims = std::to_string(rows) + "x" + std::to_string(cols);
+  if (row_labels.size() != rows)
+    fail(fn, "matrix is " + dims + " but " + std::to_string(row_labels.size()) + " row labels");
+  if (col_labels.size() != cols)
+    fail(fn, "matrix is " + dims + " but " + std::to_string(col_labels.size()) + " column labels");
+  if (rows > 4000 || cols > 4000) fail(fn, "matrix is " + dims + ", too large to draw (max 4000x4000)");
+
+  // Cell size: large for short sentences, never below 14 px while labels can
+  // still be shown on every row/column; huge matrices get thinned labels.
+  const size_t maxdim = std::max(rows, cols);
+  double cell = std::clamp(std::floor(640.0 / static_cast<double>(maxdim)), 14.0, 40.0);
+  if (maxdim > 160) cell = std::max(2.0, std::floor(2400.0 / static_cast<double>(maxdim)));
+  const double font = std::clamp(cell * 0.62, 10.0, 14.0);
+  const size_t stride = static_cast<size_t>(std::ceil((font + 2) / cell));
+  const double max_label_w = 180, margin = 14, tick_len = 4, tick_font = 11;
+
+  // Measure on a scratch surface (labels decide the image size).
+  std::vector<std::string> rl(rows), cl(cols);
+  double row_w = 0, col_w = 0, title_w = 0, title_h = 0, bar_label_w = 0;
+  {
+    auto [scratch_surface, scratch] = make_canvas(fn, 1, 1);
+    cairo_t* c = scratch.get();
+    set_font(c, font);
+    for (size_t r = 0; r < rows; ++r) {
+      rl[r] = fit_text(c, clean_utf8(row_labels[r]), max_label_w);
+      if (r % stride == 0) row_w = std::max(row_w, text_width(c, rl[r]));
+    }
+    for (size_t k = 0; k < cols; ++k) {
+      cl[k] = fit_text(c, clean_utf8(col_labels[k]), max_label_w);
+      if (k % stride == 0) col_w = std::max(col_w, text_width(c, cl[k]));
+    }
+    set_font(c, tick_font);
+    bar_label_w = text_width(c, "0.75");
+    set_font(c, 16, true);
+    title_h = line_height(c);
+    title_w = text_width(c, clean_utf8(title));
+  }
+
+  const double grid_w = cell * static_cast<double>(cols), grid_h = cell * static_cast<double>(rows);
+  const double bar_gap = 24, bar_w = 16, bar_h = std::max(grid_h, 160.0);
+  const double content_w =
+      margin + row_w + tick_len + 4 + grid_w + bar_gap + bar_w + tick_len + 4 + bar_label_w + margin;
+  const double title_box = title_w + 2 * margin;
+  const double shift = title_box > content_w ? std::floor((title_box - content_w) / 2) : 0;  // centre under title
+  const double x0 = std::round(shift + margin + row_w + tick_len + 4);
+  const double y0 = std::round(margin + (title.empty() ? 0 : title_h + 12));
+  const double bar_x = x0 + grid_w + bar_gap;
+  const double content_h = y0 + std::max(grid_h + tick_len + 4 + col_w, bar_h) + margin;
+  const int width = static_cast<int>(std::ceil(std::max(content_w, title_box)));
+  const int height = static_cast<int>(std::ceil(content_h));
+  auto [surface, crp] = make_canvas(fn, width, height);
+  cairo_t* cr = crp.get();
+
+  // Cells, crisp edges (integer cell size and origin).
+  cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t k = 0; k < cols; ++k) {
+      const double v = m[r][k];
+      if (std::isfinite(v)) {
+        const Rgb c = ramp(v);
+        cairo_set_source_rgb(cr, c.r, c.g, c.b);
+      } else {
+        cairo_set_source_rgb(cr, 0.8, 0.8, 0.8);
+      }
+      cairo_rectangle(cr, x0 + cell * static_cast<double>(k), y0 + cell * static_cast<double>(r), cell, cell);
+      cairo_fill(cr);
+    }
+  // Colour bar.
+  const int bar_steps = static_cast<int>(bar_h);
+  for (int i = 0; i < bar_steps; ++i) {
+    const Rgb c = ramp(1.0 - (i + 0.5) / bar_steps);
+    cairo_set_source_rgb(cr, c.r, c.g, c.b);
+    cairo_rectangle(cr, bar_x, y0 + i, bar_w, 1);
+    cairo_fill(cr);
+  }
+  cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
+
+  // Frames and tick marks.
+  cairo_set_source_rgb(cr, 0.3, 0.3, 0.3);
+  cairo_set_line_width(cr, 1);
+  cairo_rectangle(cr, x0 - 0.5, y0 - 0.5, grid_w + 1, grid_h + 1);
+  cairo_rectangle(cr, bar_x - 0.5, y0 - 0.5, bar_w + 1, bar_h + 1);
+  for (size_t r = 0; r < rows; r += stride) {
+    const double y = std::round(y0 + cell * (static_cast<double>(r) + 0.5)) + 0.5;
+    cairo_move_to(cr, x0 - 0.5, y);
+    cairo_line_to(cr, x0 - 0.5 - tick_len, y);
+  }
+  for (size_t k = 0; k < cols; k += stride) {
+    const double x = std::round(x0 + cell * (static_cast<double>(k) + 0.5)) + 0.5;
+    cairo_move_to(cr, x, y0 + grid_h + 0.5);
+    cairo_line_to(cr, x, y0 + grid_h + 0.5 + tick_len);
+  }
+  for (int i = 0; i <= 4; ++i) {
+    const double y = std::round(y0 + bar_h * (1 - i / 4.0)) - (i == 0 ? 0.5 : -0.5);
+    cairo_move_to(cr, bar_x + bar_w + 0.5, y);
+    cairo_line_to(cr, bar_x + bar_w + 0.5 + tick_len, y);
+  }
+  cairo_stroke(cr);
+
+  // Labels.
+  cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+  set_font(cr, font);
+  for (size_t r = 0; r < rows; r += stride)
+    draw_text(cr, rl[r], x0 - tick_len - 4, y0 + cell * (static_cast<double>(r) + 0.5), 1.0);
+  for (size_t k = 0; k < cols; k += stride)
+    draw_text_up(cr, cl[k], x0 + cell * (static_cast<double>(k) + 0.5), y0 + grid_h + tick_len + 4, 1.0);
+  set_font(cr, tick_font);
+  for (int i = 0; i <= 4; ++i) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%.2g", i / 4.0);
+    draw_text(cr, buf, bar_x + bar_w + tick_len + 4, y0 + bar_h * (1 - i / 4.0), 0);
+  }
+  if (!title.empty()) {
+    cairo_set_source_rgb(cr, 0, 0, 0);
+    set_font(cr, 16, true);
+    draw_text(cr, clean_utf8(title), width / 2.0, margin + title_h / 2, 0.5);
+  }
+  write_png_atomic(fn, cr, surface.get(), png_path);
+}
+
+}  // namespace graft::plot

@@ -1,0 +1,114 @@
+#include "tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+namespace graft::text {
+namespace {
+
+// Feeds training sentences straight from memory, which avoids a temporary
+// file and any question of where it may be written or who deletes it.
+class VectorIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit VectorIterator(const std::vector<std::string>& v) : v_(v) {}
+  bool done() const override { return i_ >= v_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return v_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& v_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+};
+
+void Tokenizer::train(const std::vector<std::string>& sentences, const std::string& model_prefix,
+                      int vocab_size, ModelType type) {
+  if (sentences.empty()) throw std::invalid_argument("Tokenizer::train: no sentences");
+  if (vocab_size <= 4) {
+    throw std::invalid_argument("Tokenizer::train: vocab_size " + std::to_string(vocab_size) +
+                                " leaves no room beyond the 4 special tokens");
+  }
+  const std::unordered_map<std::string, std::string> args = {
+      {"model_prefix", model_prefix},
+      {"vocab_size", std::to_string(vocab_size)},
+      {"model_type", type == ModelType::Bpe ? "bpe" : "unigram"},
+      {"pad_id", std::to_string(PAD)},
+      {"unk_id", std::to_string(UNK)},
+      {"bos_id", std::to_string(BOS)},
+      {"eos_id", std::to_string(EOS)},
+      // Every character seen in training gets a piece, so umlauts etc. never
+      // decode to <unk> -- the corpora here are small enough to afford it.
+      {"character_coverage", "1.0"},
+      // Without this, a small corpus whose pieces cannot reach vocab_size
+      // makes training fail instead of producing a smaller vocabulary.
+      {"hard_vocab_limit", "false"},
+      {"num_threads", "2"},
+      // Sampling would only kick in above this many sentences, but keep the
+      // whole input deterministic regardless of size.
+      {"shuffle_input_sentence", "false"},
+      {"minloglevel", "2"},
+  };
+  VectorIterator it(sentences);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it);
+  if (!status.ok()) {
+    throw std::runtime_error("Tokenizer::train: failed for '" + model_prefix +
+                             "': " + status.ToString());
+  }
+}
+
+Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
+  const auto status = impl_->sp.Load(model_path);
+  if (!status.ok()) {
+    throw std::runtime_error("Tokenizer: cannot load model '" + model_path +
+                             "': " + status.ToString());
+  }
+}
+
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+
+std::vector<int> Tokenizer::encode(const std::string& text) const {
+  std::vector<int> ids;
+  const auto status = impl_->sp.Encode(text, &ids);
+  if (!status.ok()) throw std::runtime_error("Tokenizer::encode: " + status.ToString());
+  return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  const int n = vocab_size();
+  std::vector<int> kept;
+  kept.reserve(ids.size());
+  for (int id : ids) {
+    if (id < 0 || id >= n) {
+      throw std::out_of_range("Tokenizer::decode: id " + std::to_string(id) +
+                              " outside vocabulary of " + std::to_string(n));
+    }
+    if (id != PAD && id != BOS && id != EOS) kept.push_back(id);
+  }
+  std::string text;
+  const auto status = impl_->sp.Decode(kept, &text);
+  if (!status.ok()) throw std::runtime_error("Tokenizer::decode: " + status.ToString());
+  return text;
+}
+
+int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
+
+std::string Tokenizer::piece(int id) const {
+  if (id < 0 || id >= vocab_size()) {
+    throw std::out_of_range("Tokenizer::piece: id " + std::to_string(id) +
+                            " outside vocabulary of " + std::to_string(vocab_size()));
+  }
+  return impl_->sp.IdToPiece(id);
+}
+
+}  // namespace graft::text

@@ -1,0 +1,80 @@
+// The encoder-decoder Transformer (seeds 000-004) with one shared source/target embedding tied
+// to the output projection:
+//   X = Dropout(E[src] * sqrt(d) + PE),  H = Encoder(X)
+//   Y = Dropout(E[tgt_in] * sqrt(d) + PE),  logits = Decoder(Y, H) E^T
+// src (B, S), tgt_in (B, T) int64 ids with pad_id for padding -> logits (B, T, V).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "nn/transformer.h"
+
+namespace graft::models {
+
+struct TransformerConfig {
+  int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, enc_layers = 2, dec_layers = 2;
+  int64_t max_len = 256;
+  double dropout = 0.1;
+  bool norm_first = false;  // post-LN (false) or pre-LN (true)
+  bool final_norm = true;   // LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
+  bool learned_pos = false; // learned positions instead of sinusoidal
+  nn::Activation activation = nn::Activation::relu;
+  int64_t pad_id = 0, bos_id = 2, eos_id = 3;
+  DType dtype = DType::f32;
+  uint64_t seed = 1;
+
+  nlohmann::json to_json() const;
+  static TransformerConfig from_json(const nlohmann::json& j);  // clear errors on bad fields
+  nn::LayerConfig layer() const;
+};
+
+// tiny (128, 4 heads, FFN 512, 2+2), small (256, 4, 1024, 3+3), base (512, 8, 2048, 6+6),
+// big (1024, 16, 4096, 6+6). Throws naming the known presets for an unknown name.
+TransformerConfig preset(const std::string& name, int64_t vocab);
+
+class Transformer : public nn::Module {
+ public:
+  explicit Transformer(const TransformerConfig& c);
+  Tensor embed(const Tensor& ids, int64_t start = 0) const;  // scaled embedding + positions + dropout
+  Tensor encode(const Tensor& src) const;                    // (B, S, d)
+  Tensor decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
+                Tensors* cross_weights = nullptr) const;      // logits (B, T, V)
+  Tensor forward(const Tensor& src, const Tensor& tgt_in) const { return decode(encode(src), src, tgt_in); }
+  Tensor logits(const Tensor& h) const;  // h (B, T, d) -> (B, T, V) through the tied embedding
+  Tensor pad_mask(const Tensor& ids) const;  // (B, T) int64, 1 at pad
+
+  TransformerConfig cfg;
+  Generator dropout_gen;  // all dropout masks come from here (saved for exact resume)
+  std::shared_ptr<nn::Embedding> embedding;
+  std::shared_ptr<nn::SinusoidalPositionalEncoding> sin_pos;
+  std::shared_ptr<nn::LearnedPositionalEncoding> learned_pos;
+  std::shared_ptr<nn::Dropout> dropout;
+  std::shared_ptr<nn::Encoder> encoder;
+  std::shared_ptr<nn::Decoder> decoder;
+};
+
+// Names, shapes and layouts of the stacks follow nn.Transformer's state_dict
+// ("encoder.layers.0.self_attn.in_proj_weight" ...); the shared embedding is "embedding.weight"
+// and the output projection is tied to it (no separate tensor).
+nn::NamedTensors state_dict(const Transformer& m);
+void load_state_dict(Transformer& m, const nn::NamedTensors& tensors);  // checks names/shapes/dtypes
+
+// Decoding (inference; runs under NoGrad). Sources are padded with pad_id. Each output is the
+// generated ids without BOS, cut at (and excluding) EOS.
+struct DecodeOptions {
+  int64_t max_len = 64;     // new tokens at most
+  int beam = 1;             // 1: greedy
+  double length_penalty = 1.0;  // GNMT-style ((5 + len) / 6)^alpha on the log-probability
+  bool use_cache = true;    // false: re-run the decoder over the whole prefix each step
+  bool stop_at_eos = true;  // false: always generate max_len tokens (benchmarks)
+};
+std::vector<std::vector<int64_t>> greedy_decode(const Transformer& m, const Tensor& src,
+                                                const DecodeOptions& o);
+std::vector<std::vector<int64_t>> beam_search(const Transformer& m, const Tensor& src,
+                                              const DecodeOptions& o);
+inline std::vector<std::vector<int64_t>> translate(const Transformer& m, const Tensor& src,
+                                                   const DecodeOptions& o) {
+  return o.beam <= 1 ? greedy_decode(m, src, o) : beam_search(m, src, o);
+}
+
+}  // namespace graft::models

@@ -1,0 +1,87 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace graft::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt, Generator& gen) {
+  const double bound = 1.0 / std::sqrt((double)in);
+  weight = register_parameter("weight", rand({out, in}, dt, gen, -bound, bound));
+  if (has_bias) bias = register_parameter("bias", rand({out}, dt, gen, -bound, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generator& gen,
+                     double init_std)
+    : padding_idx(pad) {
+  if (pad >= vocab) fail("Embedding: padding_idx " + std::to_string(pad) + " >= vocab " + std::to_string(vocab));
+  Tensor w = randn({vocab, dim}, dt, gen, 0.0, init_std);
+  if (pad >= 0) fill_(slice(w, 0, pad, pad + 1), 0.0);
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids, padding_idx); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt) : eps(eps_) {
+  weight = register_parameter("weight", ones({dim}, dt));
+  bias = register_parameter("bias", zeros({dim}, dt));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+
+Tensor Dropout::forward(const Tensor& x) const {
+  if (!training() || p == 0) return x;
+  return dropout(x, p, true, gen_ ? *gen_ : default_generator());
+}
+
+FeedForward::FeedForward(int64_t d, int64_t dff, double p, Activation a, DType dt, Generator& gen,
+                         Generator* dropout_gen)
+    : act(a) {
+  linear1 = register_module("linear1", std::make_shared<Linear>(d, dff, true, dt, gen));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p, dropout_gen));
+  linear2 = register_module("linear2", std::make_shared<Linear>(dff, d, true, dt, gen));
+}
+
+Tensor FeedForward::forward(const Tensor& x) const {
+  Tensor h = linear1->forward(x);
+  h = act == Activation::relu ? relu(h) : gelu(h);
+  return linear2->forward(dropout->forward(h));
+}
+
+SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt) {
+  std::vector<double> v(max_len * d);
+  for (int64_t i = 0; i < max_len; ++i)
+    for (int64_t j = 0; j < d; j += 2) {
+      const double angle = (double)i / std::pow(10000.0, (double)j / (double)d);
+      v[i * d + j] = std::sin(angle);
+      if (j + 1 < d) v[i * d + j + 1] = std::cos(angle);
+    }
+  table = register_buffer("table", from_vector(v, {max_len, d}, dt));
+}
+
+static void check_positions(const char* who, const Tensor& x, int64_t start, int64_t max_len) {
+  if (x.dim() != 3) fail(std::string(who) + ": expected (B, T, d), got " + describe(x));
+  if (start < 0 || start + x.shape()[1] > max_len)
+    fail(std::string(who) + ": positions " + std::to_string(start) + ".." +
+         std::to_string(start + x.shape()[1] - 1) + " exceed max_len " + std::to_string(max_len));
+}
+
+Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t start) const {
+  check_positions("SinusoidalPositionalEncoding", x, start, table.shape()[0]);
+  return add(x, slice(table, 0, start, start + x.shape()[1]));
+}
+
+LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d, DType dt,
+                                                     Generator& gen) {
+  weight = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
+}
+
+Tensor LearnedPositionalEncoding::forward(const Tensor& x, int64_t start) const {
+  check_positions("LearnedPositionalEncoding", x, start, weight.shape()[0]);
+  return add(x, slice(weight, 0, start, start + x.shape()[1]));
+}
+
+}  // namespace graft::nn

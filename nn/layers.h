@@ -1,0 +1,76 @@
+// Basic layers. Shapes: B batch, T time, C/d model width.
+#pragma once
+
+#include "nn/module.h"
+
+namespace graft::nn {
+
+// y = x W^T + b; weight (out, in), bias (out). PyTorch's default init: U(-1/sqrt(in), 1/sqrt(in)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true, DType dt = DType::f32,
+         Generator& gen = default_generator());
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+};
+
+// Lookup table (V, C); rows of padding_idx start at zero and receive no gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, int64_t padding_idx = -1, DType dt = DType::f32,
+            Generator& gen = default_generator(), double init_std = 1.0);
+  Tensor forward(const Tensor& ids) const;
+  Tensor weight;
+  int64_t padding_idx;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5, DType dt = DType::f32);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+};
+
+// Draws its masks from the given generator (default: the global one), so a seeded run repeats.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p, Generator* gen = nullptr) : p(p), gen_(gen) {}
+  Tensor forward(const Tensor& x) const;
+  double p;
+
+ private:
+  Generator* gen_;
+};
+
+enum class Activation { relu, gelu };
+
+// Position-wise FFN: linear2(dropout(act(linear1(x)))).
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t d, int64_t dff, double dropout, Activation act, DType dt, Generator& gen,
+              Generator* dropout_gen = nullptr);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Dropout> dropout;
+  Activation act;
+};
+
+// PE(i, 2j) = sin(i / 10000^(2j/d)), PE(i, 2j+1) = cos(i / 10000^(2j/d)) (seeds 000/001).
+// forward(x, start) adds rows start .. start+T-1 to x (B, T, d).
+class SinusoidalPositionalEncoding : public Module {
+ public:
+  SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt = DType::f32);
+  Tensor forward(const Tensor& x, int64_t start = 0) const;
+  Tensor table;  // (max_len, d) buffer
+};
+
+class LearnedPositionalEncoding : public Module {
+ public:
+  LearnedPositionalEncoding(int64_t max_len, int64_t d, DType dt = DType::f32,
+                            Generator& gen = default_generator());
+  Tensor forward(const Tensor& x, int64_t start = 0) const;
+  Tensor weight;  // (max_len, d)
+};
+
+}  // namespace graft::nn

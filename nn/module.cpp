@@ -1,0 +1,82 @@
+#include "nn/module.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace graft::nn {
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t) {
+  if (t.defined() && !t.requires_grad()) t.requires_grad_();
+  params_.emplace_back(name, std::move(t));
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  buffers_.emplace_back(name, std::move(t));
+  return buffers_.back().second;
+}
+
+void Module::collect(const std::string& prefix, NamedTensors& out, bool buffers,
+                     std::vector<const TensorImpl*>& seen) const {
+  for (auto& [n, t] : buffers ? buffers_ : params_) {
+    if (!t.defined()) continue;
+    if (std::find(seen.begin(), seen.end(), t.impl()) != seen.end()) continue;
+    seen.push_back(t.impl());
+    out.emplace_back(prefix + n, t);
+  }
+  for (auto& [n, c] : children_) c->collect(prefix + n + ".", out, buffers, seen);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  std::vector<const TensorImpl*> seen;
+  collect("", out, false, seen);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  std::vector<const TensorImpl*> seen;
+  collect("", out, true, seen);
+  return out;
+}
+
+Tensors Module::parameters() const {
+  Tensors out;
+  for (auto& [n, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& [name, t] : named_parameters()) n += t.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (auto& t : parameters()) t.zero_grad();
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+void uniform_(const Tensor& w, double lo, double hi, Generator& gen) {
+  copy_into(w, rand(w.shape(), w.dtype(), gen, lo, hi));
+}
+
+void normal_(const Tensor& w, double mean, double std, Generator& gen) {
+  copy_into(w, randn(w.shape(), w.dtype(), gen, mean, std));
+}
+
+void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
+  if (w.dim() < 2) fail("xavier_uniform_: needs rank >= 2, got " + describe(w));
+  int64_t receptive = 1;
+  for (int64_t i = 2; i < w.dim(); ++i) receptive *= w.shape()[i];
+  const double fan_in = (double)w.shape()[1] * receptive, fan_out = (double)w.shape()[0] * receptive;
+  const double a = gain * std::sqrt(6.0 / (fan_in + fan_out));
+  uniform_(w, -a, a, gen);
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,63 @@
+// Module: a tree of named parameters and child modules, with a train/eval flag.
+// Parameter names are hierarchical ("encoder.layers.0.self_attn.in_proj_weight"), as in
+// PyTorch's state_dict, so checkpoints can move between the two frameworks.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/tensor.h"
+
+namespace graft::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Every parameter once (a tensor shared by two modules, e.g. tied embeddings, is listed
+  // under its first name), in registration order.
+  NamedTensors named_parameters() const;
+  Tensors parameters() const;
+  // Non-trainable state (e.g. the sinusoidal table); not saved.
+  NamedTensors named_buffers() const;
+  int64_t num_parameters() const;
+  void zero_grad();
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+
+ protected:
+  Tensor& register_parameter(const std::string& name, Tensor t);
+  Tensor& register_buffer(const std::string& name, Tensor t);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    children_.emplace_back(name, m);
+    return m;
+  }
+
+ private:
+  void collect(const std::string& prefix, NamedTensors& out, bool buffers,
+               std::vector<const TensorImpl*>& seen) const;
+  std::vector<std::pair<std::string, Tensor>> params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Initialisers (in place, no tape), drawing from the given generator.
+void xavier_uniform_(const Tensor& w, Generator& gen, double gain = 1.0);
+void uniform_(const Tensor& w, double lo, double hi, Generator& gen);
+void normal_(const Tensor& w, double mean, double std, Generator& gen);
+
+}  // namespace graft::nn

@@ -1,0 +1,129 @@
+#include "nn/transformer.h"
+
+#include "ops/ops.h"
+
+namespace graft::nn {
+
+
+EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
+  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
+  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
+  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(c.dropout, dg));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(c.dropout, dg));
+}
+
+Tensor EncoderLayer::ffn(const Tensor& x) const {
+  Tensor h = linear1->forward(x);
+  h = cfg.activation == Activation::relu ? relu(h) : gelu(h);
+  return linear2->forward(dropout->forward(h));
+}
+
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad) const {
+  if (cfg.norm_first) {
+    Tensor h = norm1->forward(x);
+    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad)));
+    return add(y, dropout2->forward(ffn(norm2->forward(y))));
+  }
+  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad))));
+  return norm2->forward(add(y, dropout2->forward(ffn(y))));
+}
+
+DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
+  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
+  multihead_attn = register_module("multihead_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
+  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
+  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  norm3 = register_module("norm3", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(c.dropout, dg));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(c.dropout, dg));
+  dropout3 = register_module("dropout3", std::make_shared<Dropout>(c.dropout, dg));
+}
+
+Tensor DecoderLayer::ffn(const Tensor& x) const {
+  Tensor h = linear1->forward(x);
+  h = cfg.activation == Activation::relu ? relu(h) : gelu(h);
+  return linear2->forward(dropout->forward(h));
+}
+
+// The three sublayers with residuals; sa(h) and ca(h) are the two attentions, so training
+// (full causal attention) and decoding (cached) share the same wiring.
+template <class SelfAttn, class CrossAttn>
+Tensor DecoderLayer::block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const {
+  if (cfg.norm_first) {
+    Tensor x = add(y, dropout1->forward(sa(norm1->forward(y))));
+    x = add(x, dropout2->forward(ca(norm2->forward(x))));
+    return add(x, dropout3->forward(ffn(norm3->forward(x))));
+  }
+  Tensor x = norm1->forward(add(y, dropout1->forward(sa(y))));
+  x = norm2->forward(add(x, dropout2->forward(ca(x))));
+  return norm3->forward(add(x, dropout3->forward(ffn(x))));
+}
+
+Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
+                             const Tensor& src_pad, Tensor* cross_weights) const {
+  return block(
+      y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true); },
+      [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); });
+}
+
+Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
+                                  DecoderLayerCache& cache, int64_t capacity,
+                                  Tensor* cross_weights) const {
+  if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
+  return block(
+      y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity); },
+      [&](const Tensor& h) {
+        return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights);
+      });
+}
+
+Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg) {
+  for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<EncoderLayer>(c, gen, dg));
+  for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
+  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+}
+
+Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad) const {
+  Tensor h = x;
+  for (auto& l : layers) h = l->forward(h, src_pad);
+  return norm ? norm->forward(h) : h;
+}
+
+Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg) {
+  for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen, dg));
+  for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
+  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+}
+
+Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
+                        const Tensor& src_pad, Tensors* cross_weights) const {
+  Tensor h = y;
+  for (auto& l : layers) {
+    Tensor w;
+    h = l->forward(h, memory, tgt_pad, src_pad, cross_weights ? &w : nullptr);
+    if (cross_weights) cross_weights->push_back(w);
+  }
+  return norm ? norm->forward(h) : h;
+}
+
+Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
+                             std::vector<DecoderLayerCache>& caches, int64_t capacity,
+                             Tensors* cross_weights) const {
+  if (caches.size() != layers.size()) caches.resize(layers.size());
+  Tensor h = y;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Tensor w;
+    h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity, cross_weights ? &w : nullptr);
+    if (cross_weights) cross_weights->push_back(w);
+  }
+  return norm ? norm->forward(h) : h;
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,86 @@
+// Encoder and decoder layers and stacks, in both placements of LayerNorm:
+//   post-LN (seeds 000-003, nn.Transformer's default): x = LN(x + Dropout(Sublayer(x)))
+//   pre-LN  (seed 004):                                 x = x + Dropout(Sublayer(LN(x)))
+// Parameter names follow nn.TransformerEncoderLayer / nn.TransformerDecoderLayer
+// (self_attn, multihead_attn, linear1, linear2, norm1..3) and the stacks' "layers.<i>" / "norm".
+#pragma once
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace graft::nn {
+
+struct LayerConfig {
+  int64_t d_model = 128, heads = 4, d_ff = 512;
+  double dropout = 0.1;
+  Activation activation = Activation::relu;
+  bool norm_first = false;  // false: post-LN, true: pre-LN
+  double eps = 1e-5;
+  DType dtype = DType::f32;
+};
+
+class EncoderLayer : public Module {
+ public:
+  EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
+  // x (B, S, d); src_pad (B, S) non-zero = pad
+  Tensor forward(const Tensor& x, const Tensor& src_pad) const;
+  std::shared_ptr<MultiHeadAttention> self_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2;
+  LayerConfig cfg;
+
+ private:
+  Tensor ffn(const Tensor& x) const;
+};
+
+// Caches of one decoder layer during incremental decoding.
+struct DecoderLayerCache {
+  KVCache self, cross;
+};
+
+class DecoderLayer : public Module {
+ public:
+  DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
+  // y (B, T, d) target side, memory (B, S, d); causal self-attention; cross_weights (optional)
+  // receives the cross-attention weights (B, H, T, S).
+  Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
+                 const Tensor& src_pad, Tensor* cross_weights = nullptr) const;
+  // One or more new target positions with cached keys/values (inference only).
+  Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
+                      DecoderLayerCache& cache, int64_t capacity, Tensor* cross_weights = nullptr) const;
+  std::shared_ptr<MultiHeadAttention> self_attn, multihead_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<LayerNorm> norm1, norm2, norm3;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2, dropout3;
+  LayerConfig cfg;
+
+ private:
+  Tensor ffn(const Tensor& x) const;
+  template <class SelfAttn, class CrossAttn>
+  Tensor block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const;
+};
+
+class Encoder : public Module {
+ public:
+  Encoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
+          Generator* dropout_gen);
+  Tensor forward(const Tensor& x, const Tensor& src_pad) const;
+  std::vector<std::shared_ptr<EncoderLayer>> layers;
+  std::shared_ptr<LayerNorm> norm;  // null when there is no final LayerNorm
+};
+
+class Decoder : public Module {
+ public:
+  Decoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
+          Generator* dropout_gen);
+  Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
+                 const Tensor& src_pad, Tensors* cross_weights = nullptr) const;
+  Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
+                      std::vector<DecoderLayerCache>& caches, int64_t capacity,
+                      Tensors* cross_weights = nullptr) const;
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  std::shared_ptr<LayerNorm> norm;
+};
+
+}  // namespace graft::nn

@@ -1,0 +1,30 @@
+// Fused scaled dot-product attention over (batch, heads, T, d):
+//   S = Q K^T * scale + bias + causal mask + key padding mask;  P = softmax(S);  out = P V
+// q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> out (B, H, Tq, Dv).
+// key_padding_mask: (B, Tk), any dtype, non-zero = this key is padding (not attended).
+// bias: additive, broadcastable to (B, H, Tq, Tk) (ALiBi, relative positions); differentiable.
+// causal: query i attends keys j <= i + (Tk - Tq) (aligned to the end, for cached decoding).
+// A fully masked row yields zeros (and zero gradients), never NaN.
+#pragma once
+
+#include "autograd/tensor.h"
+
+namespace graft {
+
+struct AttentionOptions {
+  bool causal = false;
+  Tensor key_padding_mask;  // optional
+  Tensor bias;              // optional
+  double scale = 0;         // 0: 1/sqrt(D)
+  bool return_weights = false;
+};
+
+struct AttentionResult {
+  Tensor out;
+  Tensor weights;  // P (B, H, Tq, Tk) when requested; carries no gradient
+};
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& opt = {});
+
+}  // namespace graft

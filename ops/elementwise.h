@@ -1,0 +1,48 @@
+// Elementwise ops with NumPy/PyTorch broadcasting. Inputs of a binary op must share a float
+// dtype; the output has the broadcast shape. Shape legend: a (..), b (..) -> out broadcast(a, b).
+#pragma once
+
+#include "autograd/tensor.h"
+
+namespace graft {
+
+// out = a + b, a - b, a * b, a / b
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+// out = x * alpha + beta (scalar affine; covers x + c, x * c, c - x, -x)
+Tensor affine(const Tensor& x, double alpha, double beta);
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor pow(const Tensor& x, double p);  // x^p; d/dx = p x^(p-1)
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// gelu: x * Phi(x) (erf form), or the tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+Tensor gelu(const Tensor& x, bool tanh_approx = false);
+// out = cond ? a : b, cond any dtype (non-zero = true), all three broadcast together
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// out = mask ? value : x, mask any dtype broadcastable to x
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+
+// Non-differentiable helpers (results never require grad).
+Tensor eq(const Tensor& a, double v);  // 1 where a == v else 0, same dtype as a
+Tensor argmax(const Tensor& x, int64_t axis);  // int64 indices, axis removed
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, double c) { return affine(a, 1.0, c); }
+inline Tensor operator+(double c, const Tensor& a) { return affine(a, 1.0, c); }
+inline Tensor operator-(const Tensor& a, double c) { return affine(a, 1.0, -c); }
+inline Tensor operator-(double c, const Tensor& a) { return affine(a, -1.0, c); }
+inline Tensor operator*(const Tensor& a, double c) { return affine(a, c, 0.0); }
+inline Tensor operator*(double c, const Tensor& a) { return affine(a, c, 0.0); }
+inline Tensor operator/(const Tensor& a, double c) { return affine(a, 1.0 / c, 0.0); }
+
+}  // namespace graft

@@ -1,0 +1,41 @@
+#include "ops/onednn/dnnl_utils.h"
+
+namespace graft::onednn {
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream& stream() {
+  // One stream per thread: oneDNN streams are not meant to be shared between threads.
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+dnnl::memory::desc md(const Shape& shape, const Shape& strides) {
+  if (shape.empty()) return dnnl::memory::desc({1}, dnnl::memory::data_type::f32, dims{1});
+  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32,
+                            dims(strides.begin(), strides.end()));
+}
+
+dnnl::memory::desc md(const Tensor& t) { return md(t.shape(), t.strides()); }
+
+dnnl::memory::desc md_contiguous(const Shape& shape) {
+  return md(shape, contiguous_strides(shape));
+}
+
+dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) {
+  return dnnl::memory(d, engine(), t.raw());
+}
+
+dnnl::memory mem(const Tensor& t) { return mem(md(t), t); }
+
+bool usable(const Tensor& t) {
+  if (t.dtype() != DType::f32 || t.dim() > 12 || t.numel() == 0) return false;
+  for (int64_t i = 0; i < t.dim(); ++i)
+    if (t.strides()[i] == 0 && t.shape()[i] != 1) return false;
+  return true;
+}
+
+}  // namespace graft::onednn

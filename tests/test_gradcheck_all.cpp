@@ -1,0 +1,55 @@
+// The generic op tests: every registered case is gradchecked in float64, and its float32
+// (oneDNN) forward and backward are compared with the float64 path. Every declared op must
+// have at least one case.
+#include <boost/test/data/test_case.hpp>
+#include <boost/test/unit_test.hpp>
+#include <set>
+
+#include "autograd/gradcheck.h"
+
+using namespace graft;
+
+namespace {
+std::vector<std::string> case_names() {
+  std::vector<std::string> names;
+  for (auto& c : registered_cases()) names.push_back(c.name);
+  return names;
+}
+const OpCase& find_case(const std::string& name) {
+  for (auto& c : registered_cases())
+    if (c.name == name) return c;
+  throw std::runtime_error("no case " + name);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(gradcheck_all)
+
+BOOST_AUTO_TEST_CASE(every_declared_op_has_a_case) {
+  std::set<std::string> covered;
+  for (auto& c : registered_cases()) covered.insert(c.op);
+  BOOST_TEST(autograd::declared_ops().size() > 20u);
+  for (auto& d : autograd::declared_ops())
+    BOOST_TEST(covered.count(d.name) == 1u, "op '" << d.name << "' (" << d.family
+                                                   << ") has no gradcheck case");
+  for (auto& c : registered_cases()) {
+    bool declared = false;
+    for (auto& d : autograd::declared_ops()) declared |= d.name == c.op;
+    BOOST_TEST(declared, "case '" << c.name << "' names undeclared op '" << c.op << "'");
+  }
+}
+
+BOOST_DATA_TEST_CASE(float64_gradcheck, boost::unit_test::data::make(case_names()), name) {
+  const OpCase& c = find_case(name);
+  Generator gen(11);
+  Tensors inputs = c.make_inputs(DType::f64, gen);
+  GradcheckResult r = gradcheck(c.fn, inputs, c.opt);
+  BOOST_TEST(r.ok, name << ": " << r.message);
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_DATA_TEST_CASE(float32_matches_float64, boost::unit_test::data::make(case_names()), name) {
+  GradcheckResult r = check_f32_vs_f64(find_case(name));
+  BOOST_TEST(r.ok, name << ": " << r.message);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

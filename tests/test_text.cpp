@@ -1,0 +1,358 @@
+// Tests for the translation example's text utilities: sacreBLEU-compatible
+// BLEU, the TSV corpus reader and the SentencePiece tokenizer wrapper.
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "examples/translation/bleu.h"
+#include "examples/translation/corpus.h"
+#include "examples/translation/tokenizer.h"
+
+namespace fs = std::filesystem;
+using namespace graft::text;
+
+namespace {
+
+// A scratch directory unique to this process, removed even when a test fails.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("graft_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary) << bytes;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no exception>";
+}
+
+// Deterministic German-like sentences with umlauts and ß; enough variety that
+// a 100-piece vocabulary must split words into subwords.
+std::vector<std::string> german_sentences(size_t n) {
+  const std::vector<std::string> subj = {"Der Bäcker", "Die Ärztin", "Ein Müller", "Das Mädchen",
+                                         "Der Schüler", "Die Größe", "Unser Förster",
+                                         "Die Übersetzerin", "Ein Ölhändler"};
+  const std::vector<std::string> verb = {"öffnet", "grüßt", "überprüft", "zählt", "fährt zu",
+                                         "schließt", "träumt von"};
+  const std::vector<std::string> obj = {"die Tür", "den Käse", "das Büro", "die Straße",
+                                        "den Schlüssel", "die Brücke", "das Gemüse", "die Äpfel"};
+  const std::vector<std::string> tail = {"heute.", "morgen früh.", "sehr schnell!", "um 3.5 Uhr.",
+                                         "im Frühling.", "ohne Grund?",
+                                         "mit Brot, Öl & Salz: gut."};
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(subj[i % subj.size()] + " " + verb[(i / 3) % verb.size()] + " " +
+                  obj[(i / 2) % obj.size()] + " " + tail[(i / 5) % tail.size()]);
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(text)
+
+// ---------------------------------------------------------------- 13a tokens
+
+BOOST_AUTO_TEST_CASE(tokenize_13a_punctuation_and_numbers) {
+  BOOST_TEST(tokenize_13a("Hello, world!") == "Hello , world !");
+  BOOST_TEST(tokenize_13a("end.") == "end .");
+  BOOST_TEST(tokenize_13a("3.5") == "3.5");
+  BOOST_TEST(tokenize_13a("It costs 1,000.50 dollars.") == "It costs 1,000.50 dollars .");
+  // The final period follows a digit but precedes a space, so it is split.
+  BOOST_TEST(tokenize_13a("in 2020.") == "in 2020 .");
+  BOOST_TEST(tokenize_13a("v1.2.3") == "v1.2.3");
+  // A dash is split only after a digit; apostrophes are never split.
+  BOOST_TEST(tokenize_13a("well-known 5-6 don't") == "well-known 5 - 6 don't");
+  BOOST_TEST(tokenize_13a("(a) [b] {c} x/y \"q\" 50%") == "( a ) [ b ] { c } x / y \" q \" 50 %");
+  BOOST_TEST(tokenize_13a("x.,y") == "x . , y");
+  BOOST_TEST(tokenize_13a("") == "");
+  BOOST_TEST(tokenize_13a("  spaced \t out  ") == "spaced out");
+}
+
+BOOST_AUTO_TEST_CASE(tokenize_13a_language_independent_rules) {
+  BOOST_TEST(tokenize_13a("foo <skipped> bar") == "foo bar");
+  BOOST_TEST(tokenize_13a("co-\noperate") == "cooperate");
+  BOOST_TEST(tokenize_13a("line\nbreak") == "line break");
+  BOOST_TEST(tokenize_13a("a&amp;b &lt;t&gt; &quot;q&quot;") == "a & b < t > \" q \"");
+  // Entities are unescaped one after another, so a double escape collapses.
+  BOOST_TEST(tokenize_13a("&amp;lt;") == "<");
+}
+
+BOOST_AUTO_TEST_CASE(tokenize_13a_utf8) {
+  BOOST_TEST(tokenize_13a("Grüße, Herr Müller.") == "Grüße , Herr Müller .");
+  BOOST_TEST(tokenize_13a("ÄÖÜ.x") == "ÄÖÜ . x");
+  BOOST_TEST(tokenize_13a("Straße,Öl") == "Straße , Öl");
+  // U+00A0 NO-BREAK SPACE is whitespace for Python's str.split.
+  BOOST_TEST(tokenize_13a("a\xC2\xA0" "b") == "a b");
+  // U+00E9 and U+4E2D must come out byte-identical.
+  BOOST_TEST(tokenize_13a("café 中.") == "café 中 .");
+}
+
+// ---------------------------------------------------------------------- BLEU
+
+BOOST_AUTO_TEST_CASE(bleu_identical_is_100) {
+  const std::vector<std::string> s = {"the cat sat on the mat", "Grüße aus München, Österreich."};
+  const BleuResult r = corpus_bleu(s, s);
+  BOOST_TEST(r.score == 100.0, boost::test_tools::tolerance(1e-9));
+  for (double p : r.precisions) BOOST_TEST(p == 100.0, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(r.bp == 1.0);
+  BOOST_TEST(r.ratio == 1.0);
+  BOOST_TEST(r.sys_len == 12u);  // 6 + "Grüße aus München , Österreich ." (6)
+  BOOST_TEST(r.signature == "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.0.0-graft");
+}
+
+BOOST_AUTO_TEST_CASE(bleu_disjoint_is_0) {
+  // sacreBLEU returns 0 outright when no n-gram matches, rather than the
+  // small positive value "exp" smoothing would otherwise give.
+  const BleuResult r = corpus_bleu({"a b c d e"}, {"v w x y z"});
+  BOOST_TEST(r.score == 0.0);
+  for (double p : r.precisions) BOOST_TEST(p == 0.0);
+  BOOST_TEST(r.bp == 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(bleu_hand_computed_with_exp_smoothing) {
+  // hyp "the cat sat on the mat" vs ref "the cat is on the mat":
+  //   1-grams: the x2, cat, on, mat match        -> 5/6
+  //   2-grams: "the cat", "on the", "the mat"    -> 3/5
+  //   3-grams: "on the mat"                      -> 1/4
+  //   4-grams: none; exp smoothing, first zero order -> 1/(2*3)
+  //   BP = 1 (6 vs 6).
+  //   BLEU = 100 * (5/6 * 3/5 * 1/4 * 1/6)^(1/4) = 100 * (1/48)^(1/4) = 37.9918...
+  const BleuResult r = corpus_bleu({"the cat sat on the mat"}, {"the cat is on the mat"});
+  BOOST_TEST(r.score == 100.0 * std::pow(48.0, -0.25), boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.precisions[0] == 100.0 * 5 / 6, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.precisions[1] == 60.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.precisions[2] == 25.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.precisions[3] == 100.0 / 6, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.bp == 1.0);
+  BOOST_TEST(r.str() ==
+             "BLEU = 37.99 83.3/60.0/25.0/16.7 (BP = 1.000 ratio = 1.000 hyp_len = 6 ref_len = 6)");
+}
+
+BOOST_AUTO_TEST_CASE(bleu_hand_computed_corpus_with_brevity_penalty) {
+  // Alone, "a b c d e" vs "a b c d e f g" matches everything: precisions 100,
+  // BP = exp(1 - 7/5), BLEU = 100 * exp(-0.4) = 67.0320...
+  const BleuResult alone = corpus_bleu({"a b c d e"}, {"a b c d e f g"});
+  BOOST_TEST(alone.score == 100.0 * std::exp(-0.4), boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(alone.ratio == 5.0 / 7.0, boost::test_tools::tolerance(1e-9));
+
+  // Corpus statistics are summed before the precisions are taken:
+  //   1-grams (5+5)/(6+5) = 10/11, 2-grams (3+4)/(5+4) = 7/9,
+  //   3-grams (1+3)/(4+3) = 4/7,   4-grams (0+2)/(3+2) = 2/5,
+  //   sys_len 11, ref_len 13 -> BP = exp(1 - 13/11).
+  //   BLEU = 100 * (10*7*4*2 / (11*9*7*5))^(1/4) * exp(1 - 13/11)
+  //        = 100 * (16/99)^(1/4) * exp(-2/11) = 52.9298...
+  const BleuResult r = corpus_bleu({"the cat sat on the mat", "a b c d e"},
+                                   {"the cat is on the mat", "a b c d e f g"});
+  const double expected = 100.0 * std::pow(16.0 / 99.0, 0.25) * std::exp(-2.0 / 11.0);
+  BOOST_TEST(r.score == expected, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(r.sys_len == 11u);
+  BOOST_TEST(r.ref_len == 13u);
+  BOOST_TEST(r.bp == std::exp(-2.0 / 11.0), boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(r.precisions[3] == 40.0, boost::test_tools::tolerance(1e-9));
+}
+
+BOOST_AUTO_TEST_CASE(bleu_edge_cases) {
+  // Hypotheses shorter than 4 tokens have no 4-grams at all; sacreBLEU (without
+  // effective order) then scores 0 even for a perfect match.
+  BOOST_TEST(corpus_bleu({"a b"}, {"a b"}).score == 0.0);
+  // Case-sensitive: "The" and "Cat" do not match "the" and "cat".
+  const double mixed = corpus_bleu({"The Cat sat on the mat"}, {"the cat sat on the mat"}).score;
+  BOOST_TEST(mixed > 0.0);
+  BOOST_TEST(mixed < 100.0);
+  // Tokenisation happens before matching: "mat." equals "mat ." in the ref.
+  BOOST_TEST(corpus_bleu({"the cat sat on the mat."}, {"the cat sat on the mat ."}).score ==
+                 100.0,
+             boost::test_tools::tolerance(1e-9));
+  // Empty corpus: no statistics, score 0, no division by zero.
+  const BleuResult empty = corpus_bleu({}, {});
+  BOOST_TEST(empty.score == 0.0);
+  BOOST_TEST(empty.ratio == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(bleu_size_mismatch_names_both_sizes) {
+  const std::string msg = error_of([] { corpus_bleu({"a", "b"}, {"a", "b", "c"}); });
+  BOOST_TEST(msg == "corpus_bleu: 2 hypotheses but 3 references");
+  BOOST_CHECK_THROW(corpus_bleu({"a"}, {}), std::invalid_argument);
+}
+
+// -------------------------------------------------------------------- corpus
+
+BOOST_AUTO_TEST_CASE(valid_utf8_cases) {
+  BOOST_TEST(valid_utf8(""));
+  BOOST_TEST(valid_utf8("plain ascii"));
+  BOOST_TEST(valid_utf8("Grüße"));
+  BOOST_TEST(valid_utf8("\xF0\x9F\x98\x80"));      // U+1F600
+  BOOST_TEST(valid_utf8("\xF4\x8F\xBF\xBF"));      // U+10FFFF, the maximum
+  BOOST_TEST(valid_utf8("\xED\x9F\xBF"));          // U+D7FF, just below surrogates
+  BOOST_TEST(valid_utf8("\xEE\x80\x80"));          // U+E000, just above surrogates
+  BOOST_TEST(!valid_utf8("\xF4\x90\x80\x80"));     // U+110000
+  BOOST_TEST(!valid_utf8("\xED\xA0\x80"));         // U+D800 surrogate
+  BOOST_TEST(!valid_utf8("\xC0\xAF"));             // overlong '/'
+  BOOST_TEST(!valid_utf8("\xC1\xBF"));             // overlong
+  BOOST_TEST(!valid_utf8("\xE0\x80\xAF"));         // overlong, 3 bytes
+  BOOST_TEST(!valid_utf8("\xF0\x80\x80\xAF"));     // overlong, 4 bytes
+  BOOST_TEST(!valid_utf8("\x80"));                 // stray continuation
+  BOOST_TEST(!valid_utf8("\xFF"));
+  BOOST_TEST(!valid_utf8("\xF5\x80\x80\x80"));
+  BOOST_TEST(!valid_utf8("ab\xC3"));               // truncated at end
+  BOOST_TEST(!valid_utf8("\xE2\x82"));             // truncated at end
+  BOOST_TEST(!valid_utf8("\xE2\x28\xA1"));         // bad continuation
+}
+
+BOOST_AUTO_TEST_CASE(read_tsv_counts_each_bad_line_kind) {
+  TempDir dir;
+  const fs::path file = dir.path / "corpus.tsv";
+  write_file(file,
+             "\xEF\xBB\xBFHallo Welt\tHello world\n"      // kept (BOM dropped)
+             "Guten Morgen\tGood morning\r\n"              // kept (CRLF)
+             "\n"                                          // empty
+             "   \r\n"                                     // empty
+             "no tab here\n"                               // malformed
+             "a\tb\tc\n"                                   // malformed: two tabs
+             "  \tonly target\n"                           // malformed: empty side
+             "stray \xFF byte\tx\n"                        // bad_utf8
+             "overlong \xC0\xAF\tx\n"                      // bad_utf8
+             "surrogate \xED\xA0\x80\tx\n"                 // bad_utf8
+             "truncated \xC3\tx\n"                         // bad_utf8
+             + std::string(600, 'a') + "\t" + std::string(600, 'b') + "\n"  // too_long
+             "  Grüße \t Greetings  ");                    // kept, no final newline
+  CorpusStats st;
+  const auto pairs = read_tsv(file.string(), st);
+  BOOST_TEST(st.read == 13u);
+  BOOST_TEST(st.kept == 3u);
+  BOOST_TEST(st.empty == 2u);
+  BOOST_TEST(st.malformed == 3u);
+  BOOST_TEST(st.bad_utf8 == 4u);
+  BOOST_TEST(st.too_long == 1u);
+  BOOST_TEST(st.read == st.kept + st.empty + st.malformed + st.bad_utf8 + st.too_long);
+  BOOST_TEST(st.summary() == "read=13 kept=3 empty=2 malformed=3 bad_utf8=4 too_long=1");
+  BOOST_REQUIRE(pairs.size() == 3u);
+  BOOST_TEST(pairs[0].src == "Hallo Welt");
+  BOOST_TEST(pairs[0].tgt == "Hello world");
+  BOOST_TEST(pairs[1].tgt == "Good morning");  // no trailing '\r'
+  BOOST_TEST(pairs[2].src == "Grüße");
+  BOOST_TEST(pairs[2].tgt == "Greetings");
+
+  // A larger byte limit admits the long line; a word limit of 1 rejects the
+  // two-word pairs; stats accumulate across calls.
+  CorpusStats st2;
+  BOOST_TEST(read_tsv(file.string(), st2, 2000).size() == 4u);
+  BOOST_TEST(st2.too_long == 0u);
+  BOOST_TEST(read_tsv(file.string(), st2, 2000, 1).size() == 2u);  // long a/b line + Grüße
+  BOOST_TEST(st2.read == 26u);
+  BOOST_TEST(st2.too_long == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(read_tsv_open_failures) {
+  CorpusStats st;
+  BOOST_TEST(error_of([&] { read_tsv("/nonexistent/graft/x.tsv", st); }) ==
+             "read_tsv: cannot open '/nonexistent/graft/x.tsv': No such file or directory");
+  TempDir dir;
+  BOOST_TEST(error_of([&] { read_tsv(dir.path.string(), st); }) ==
+             "read_tsv: error reading '" + dir.path.string() + "': Is a directory");
+  BOOST_TEST(st.read == 0u);
+}
+
+// ----------------------------------------------------------------- tokenizer
+
+BOOST_AUTO_TEST_CASE(tokenizer_train_and_round_trip) {
+  TempDir dir;
+  const auto sents = german_sentences(200);
+  const std::string prefix = (dir.path / "spm").string();
+  Tokenizer::train(sents, prefix, 100);
+  BOOST_TEST(fs::exists(prefix + ".model"));
+  BOOST_TEST(fs::exists(prefix + ".vocab"));
+
+  const Tokenizer tok(prefix + ".model");
+  BOOST_TEST(tok.vocab_size() > 4);
+  BOOST_TEST(tok.vocab_size() <= 100);
+  BOOST_TEST(tok.piece(Tokenizer::PAD) == "<pad>");
+  BOOST_TEST(tok.piece(Tokenizer::UNK) == "<unk>");
+  BOOST_TEST(tok.piece(Tokenizer::BOS) == "<s>");
+  BOOST_TEST(tok.piece(Tokenizer::EOS) == "</s>");
+
+  // Training sentences plus an unseen recombination of known characters.
+  std::vector<std::string> probes = {sents[0], sents[17], sents[199],
+                                     "Die Bäckerin grüßt über die Brücke: Öl, Käse & Äpfel!"};
+  for (const auto& s : probes) {
+    const auto ids = tok.encode(s);
+    BOOST_TEST(!ids.empty());
+    for (int id : ids) {
+      BOOST_TEST(id != Tokenizer::BOS);
+      BOOST_TEST(id != Tokenizer::EOS);
+      BOOST_TEST(id != Tokenizer::PAD);
+    }
+    BOOST_TEST(tok.decode(ids) == s);
+    // Decoder output typically arrives framed and padded.
+    std::vector<int> framed = {Tokenizer::BOS};
+    framed.insert(framed.end(), ids.begin(), ids.end());
+    framed.insert(framed.end(), {Tokenizer::EOS, Tokenizer::PAD, Tokenizer::PAD});
+    BOOST_TEST(tok.decode(framed) == s);
+  }
+  // character_coverage=1.0: every umlaut seen in training is a known piece.
+  for (int id : tok.encode("ä ö ü Ä Ö Ü ß")) BOOST_TEST(id != Tokenizer::UNK);
+  BOOST_TEST(tok.encode("").empty());
+  BOOST_TEST(tok.decode({}) == "");
+  BOOST_CHECK_THROW(tok.decode({tok.vocab_size()}), std::out_of_range);
+  BOOST_CHECK_THROW(tok.piece(-1), std::out_of_range);
+}
+
+BOOST_AUTO_TEST_CASE(tokenizer_training_is_deterministic) {
+  TempDir dir;
+  const auto sents = german_sentences(200);
+  const std::string a = (dir.path / "a").string(), b = (dir.path / "b").string();
+  Tokenizer::train(sents, a, 100);
+  Tokenizer::train(sents, b, 100);
+  // The .model embeds the trainer options, including the differing prefix,
+  // so compare the learned vocabulary (pieces and scores) instead.
+  BOOST_TEST((read_file(a + ".vocab") == read_file(b + ".vocab")));
+  BOOST_TEST(!read_file(a + ".vocab").empty());
+
+  // BPE works too and is likewise lossless on its training data.
+  const std::string c = (dir.path / "bpe").string();
+  Tokenizer::train(sents, c, 100, Tokenizer::ModelType::Bpe);
+  const Tokenizer bpe(c + ".model");
+  BOOST_TEST(bpe.decode(bpe.encode(sents[42])) == sents[42]);
+}
+
+BOOST_AUTO_TEST_CASE(tokenizer_errors) {
+  const std::string msg = error_of([] { Tokenizer t("/nonexistent/graft/spm.model"); });
+  BOOST_TEST(msg.find("'/nonexistent/graft/spm.model'") != std::string::npos, msg);
+  BOOST_CHECK_THROW(Tokenizer::train({}, "/tmp/unused", 100), std::invalid_argument);
+  BOOST_CHECK_THROW(Tokenizer::train({"x"}, "/tmp/unused", 4), std::invalid_argument);
+  TempDir dir;
+  const std::string bad_prefix = (dir.path / "missing_dir" / "spm").string();
+  BOOST_CHECK_THROW(Tokenizer::train(german_sentences(20), bad_prefix, 50), std::runtime_error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
