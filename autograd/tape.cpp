@@ -86,6 +86,10 @@ void compact_if_empty() {
 
 }  // namespace
 
+namespace {
+void run_backward(int64_t top);
+}
+
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
@@ -180,6 +184,23 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     e.owned.assign(e.out_shapes.size(), false);
     e.pending[ri->tape_slot] = seed;
   }
+  try {
+    run_backward(top);
+  } catch (...) {
+    // A failed backward leaves half-routed gradients behind; drop this graph so the next
+    // backward starts clean instead of replaying stale state.
+    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
+    compact_if_empty();
+    throw;
+  }
+  if (!retain_graph) {
+    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
+    compact_if_empty();
+  }
+}
+
+namespace {
+void run_backward(int64_t top) {
   for (int64_t i = top; i >= 0; --i) {
     Entry& e = t_tape.entries[i];
     bool any = false;
@@ -236,11 +257,8 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
     }
   }
-  if (!retain_graph) {
-    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
-    compact_if_empty();
-  }
 }
+}  // namespace
 
 size_t tape_size() { return t_tape.live; }
 

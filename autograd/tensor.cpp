@@ -333,11 +333,26 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
     for (int64_t i = 0; i < n; ++i) d[i] = (D)s[i];
     return;
   }
-  std::vector<int64_t> doff;
-  doff.reserve(dst.numel());
-  for_each_offset(dst.shape(), dst.strides(), [&](int64_t o) { doff.push_back(o); });
-  size_t k = 0;
-  for_each_offset(src.shape(), src.strides(), [&](int64_t o) { d[doff[k++]] = (D)s[o]; });
+  // Rows of the last dim are split across threads; each thread decodes its row's start offsets.
+  const Shape& shp = src.shape();
+  const int64_t r = src.dim(), n = src.numel();
+  if (r == 0 || n == 0) {
+    if (n) d[0] = (D)s[0];
+    return;
+  }
+  const int64_t inner = shp[r - 1], rows = n / inner;
+  const int64_t sd = dst.strides()[r - 1], ss = src.strides()[r - 1];
+#pragma omp parallel for if (n > 1 << 15) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t rem = row, od = 0, os = 0;
+    for (int64_t k = r - 2; k >= 0; --k) {
+      const int64_t id = rem % shp[k];
+      rem /= shp[k];
+      od += id * dst.strides()[k];
+      os += id * src.strides()[k];
+    }
+    for (int64_t i = 0; i < inner; ++i) d[od + i * sd] = (D)s[os + i * ss];
+  }
 }
 
 template <class D>

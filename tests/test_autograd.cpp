@@ -1,0 +1,197 @@
+// Tensor basics and the tape's semantics: accumulation, NoGrad, detach, freed entries,
+// version counters, memory staying flat across training steps.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/gradcheck.h"
+#include "ops/ops.h"
+
+using namespace graft;
+
+namespace {
+bool has(const Error& e, std::initializer_list<const char*> parts) {
+  std::string m = e.what();
+  for (auto p : parts)
+    if (m.find(p) == std::string::npos) {
+      BOOST_TEST_MESSAGE("message was: " << m);
+      return false;
+    }
+  return true;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(autograd_tests)
+
+BOOST_AUTO_TEST_CASE(creation) {
+  BOOST_TEST(zeros({2, 3}).to_vector<double>() == std::vector<double>(6, 0.0));
+  BOOST_TEST(ones({2}, DType::f64).to_vector<double>() == std::vector<double>(2, 1.0));
+  BOOST_TEST(full({1, 2}, 7.5).to_vector<double>() == (std::vector<double>{7.5, 7.5}));
+  BOOST_TEST(arange(4).to_vector<int64_t>() == (std::vector<int64_t>{0, 1, 2, 3}));
+  BOOST_TEST(arange(1.0, 2.0, 0.25, DType::f64).to_vector<double>() ==
+             (std::vector<double>{1.0, 1.25, 1.5, 1.75}));
+  Tensor v = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  BOOST_TEST(v.shape() == (Shape{2, 3}));
+  BOOST_TEST(v.is_contiguous());
+  BOOST_TEST(scalar(3.0).item() == 3.0);
+}
+
+BOOST_AUTO_TEST_CASE(random_is_seeded_and_thread_independent) {
+  Generator a(5), b(5);
+  Tensor x = randn({1000}, DType::f32, a), y = randn({1000}, DType::f32, b);
+  BOOST_TEST(x.to_vector<float>() == y.to_vector<float>());
+  auto v = rand({20000}, DType::f64, a).to_vector<double>();
+  double mean = 0;
+  for (double u : v) mean += u / v.size();
+  BOOST_TEST(std::abs(mean - 0.5) < 0.02);
+  manual_seed(3);
+  auto r1 = randn({8}).to_vector<float>();
+  manual_seed(3);
+  BOOST_TEST(randn({8}).to_vector<float>() == r1);
+}
+
+BOOST_AUTO_TEST_CASE(creation_errors) {
+  BOOST_CHECK_EXCEPTION(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error,
+                        [](const Error& e) { return has(e, {"from_vector", "(2, 2)", "3 values"}); });
+  BOOST_CHECK_EXCEPTION(zeros({2, -1}), Error, [](const Error& e) { return has(e, {"negative", "(2, -1)"}); });
+  BOOST_CHECK_EXCEPTION(zeros({2, 2}).item(), Error, [](const Error& e) { return has(e, {"item", "(2, 2)"}); });
+  BOOST_CHECK_EXCEPTION(zeros({2}, DType::i64).requires_grad_(), Error,
+                        [](const Error& e) { return has(e, {"requires_grad_", "int64"}); });
+  BOOST_CHECK_EXCEPTION(zeros({2}).data<double>(), Error,
+                        [](const Error& e) { return has(e, {"data", "float32", "float64"}); });
+  BOOST_CHECK_EXCEPTION(zeros({2, 3}).size(2), Error,
+                        [](const Error& e) { return has(e, {"axis 2", "rank 2"}); });
+}
+
+BOOST_AUTO_TEST_CASE(backward_accumulates_over_calls) {
+  Tensor x = from_vector(std::vector<double>{1, 2, 3}, {3}).requires_grad_();
+  sum(mul(x, x)).backward();
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 4, 6}));
+  sum(mul(x, x)).backward();  // gradient accumulation: adds to .grad
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{4, 8, 12}));
+  x.zero_grad();
+  BOOST_TEST(!x.grad().defined());
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(fan_out_and_reuse) {
+  // y = x*x + exp(x) uses x three times; dy/dx = 2x + exp(x)
+  Tensor x = from_vector(std::vector<double>{0.5, -1.0}, {2}).requires_grad_();
+  Tensor y = add(mul(x, x), exp(x));
+  y.backward(ones({2}, DType::f64));
+  auto g = x.grad().to_vector<double>();
+  BOOST_TEST(std::abs(g[0] - (1.0 + std::exp(0.5))) < 1e-12);
+  BOOST_TEST(std::abs(g[1] - (-2.0 + std::exp(-1.0))) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(nograd_and_detach_record_nothing) {
+  Tensor w = ones({3}, DType::f64).requires_grad_();
+  {
+    autograd::NoGrad ng;
+    Tensor y = mul(w, w);
+    BOOST_TEST(!y.requires_grad());
+    BOOST_TEST(autograd::tape_size() == 0u);
+  }
+  Tensor d = w.detach();
+  BOOST_TEST(!d.requires_grad());
+  BOOST_TEST(d.same_storage(w));
+  Tensor y = mul(d, d);
+  BOOST_TEST(!y.requires_grad());
+  BOOST_TEST(autograd::tape_size() == 0u);
+  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) { return has(e, {"backward", "does not require grad"}); });
+}
+
+BOOST_AUTO_TEST_CASE(backward_errors) {
+  Tensor x = ones({2, 2}, DType::f64).requires_grad_();
+  Tensor y = mul(x, x);
+  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) { return has(e, {"not a scalar", "(2, 2)"}); });
+  BOOST_CHECK_EXCEPTION(y.backward(ones({3}, DType::f64)), Error,
+                        [](const Error& e) { return has(e, {"upstream gradient", "(3)", "(2, 2)"}); });
+  Tensor s = sum(y);
+  s.backward();
+  // The tape entries were freed by the first backward.
+  BOOST_CHECK_EXCEPTION(s.backward(), Error, [](const Error& e) { return has(e, {"already freed", "retain_graph"}); });
+}
+
+BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_backward) {
+  Tensor x = from_vector(std::vector<double>{3}, {1}).requires_grad_();
+  Tensor s = sum(mul(x, x));
+  s.backward(Tensor(), true);
+  s.backward();
+  BOOST_TEST(x.grad().to_vector<double>()[0] == 12.0);
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(in_place_modification_of_saved_tensor_is_detected) {
+  Tensor x = ones({3}, DType::f64).requires_grad_();
+  Tensor a = exp(x);        // exp saves its output a
+  Tensor s = sum(mul(a, a));  // mul saves a too
+  fill_(a, 2.0);            // in-place write bumps a's version
+  BOOST_CHECK_EXCEPTION(s.backward(), Error, [](const Error& e) {
+    return has(e, {"backward of 'mul'", "modified in place", "version 0 -> 1"});
+  });
+  autograd::clear_tape();
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(views_share_version_counter) {
+  Tensor base = ones({2, 3}, DType::f64).requires_grad_();
+  Tensor t = mul(base, base);
+  Tensor v = transpose(t, 0, 1);
+  Tensor s = sum(exp(v));  // exp saves its output, not v
+  Tensor s2 = sum(mul(v, v));  // mul saves v (a view of t)
+  fill_(slice(t, 0, 0, 1), 5.0);  // write through another view of the same storage
+  BOOST_CHECK_EXCEPTION(s2.backward(), Error, [](const Error& e) { return has(e, {"mul", "modified in place"}); });
+  autograd::clear_tape();
+  (void)s;
+}
+
+BOOST_AUTO_TEST_CASE(memory_is_flat_across_training_steps) {
+  Generator g(1);
+  Tensor w = randn({64, 64}, DType::f32, g).requires_grad_();
+  Tensor x = randn({32, 64}, DType::f32, g);
+  size_t after_first = 0;
+  for (int step = 0; step < 20; ++step) {
+    Tensor loss = mean(relu(matmul(x, w)));
+    loss.backward();
+    {
+      autograd::NoGrad ng;
+      accumulate_into(w, affine(w.grad(), -0.01, 0.0));
+    }
+    w.zero_grad();
+    BOOST_TEST(autograd::tape_size() == 0u);
+    if (step == 1) after_first = Storage::live_bytes();
+    if (step > 1) BOOST_TEST(Storage::live_bytes() == after_first);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
+  // A deliberately wrong backward: the library's gradcheck must catch it and name the element.
+  autograd::declare_op("test_wrong_square", "test");
+  auto wrong = [](const Tensors& in) {
+    Tensor x = in[0];
+    Tensor y;
+    {
+      autograd::NoGrad ng;
+      y = mul(x, x);
+    }
+    if (autograd::needs_record({x}))
+      autograd::record("test_wrong_square", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& d) -> Tensors {
+        return {mul(d[0], c.saved[0])};  // should be 2 * x * dout
+      });
+    return y;
+  };
+  Tensor x = from_vector(std::vector<double>{0.5, -1.0, 2.0}, {3}).requires_grad_();
+  GradcheckResult r = gradcheck(wrong, {x});
+  BOOST_TEST(!r.ok);
+  BOOST_TEST(r.message.find("input 0") != std::string::npos);
+  BOOST_TEST(r.message.find(" at (") != std::string::npos);
+  BOOST_TEST(r.message.find("analytic") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(undeclared_op_cannot_record) {
+  Tensor x = ones({1}, DType::f64).requires_grad_();
+  BOOST_CHECK_EXCEPTION(autograd::record("never_declared_op", {x}, {x.detach()}, {}, nullptr), Error,
+                        [](const Error& e) { return has(e, {"never_declared_op", "GRAFT_DECLARE_OP"}); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,385 @@
+// Shape ops: forward values against hand-computed numbers, view/storage semantics, hand-checked
+// backward values (scatter-add accumulation, padding_idx), and one misuse check per error.
+#include <boost/test/unit_test.hpp>
+
+#include <string>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "ops/reduce.h"
+#include "ops/shape.h"
+
+using namespace graft;
+
+namespace {
+
+using V = std::vector<double>;
+using I = std::vector<int64_t>;
+
+Tensor f64(const V& v, const Shape& s) { return from_vector(v, s); }
+Tensor i64(const I& v, const Shape& s) { return from_vector(v, s); }
+// 0, 1, 2, ... in float64
+Tensor iota(const Shape& s) { return arange(0.0, (double)shape_numel(s), 1.0, DType::f64).detach(); }
+Tensor iota_shaped(const Shape& s) { return reshape(iota({shape_numel(s)}), s); }
+
+V vals(const Tensor& t) { return t.to_vector<double>(); }
+
+// The message names every fragment (the op and the shapes involved).
+auto mentions(std::vector<std::string> parts) {
+  return [parts](const Error& e) {
+    const std::string m = e.what();
+    for (auto& p : parts)
+      if (m.find(p) == std::string::npos) {
+        BOOST_TEST_MESSAGE("message '" << m << "' lacks '" << p << "'");
+        return false;
+      }
+    return true;
+  };
+}
+
+// Runs backward with upstream gradient `g` and returns x's gradient.
+V grad_of(const Tensor& x, const Tensor& out, const Tensor& g) {
+  out.backward(g);
+  V r = vals(x.grad());
+  const_cast<Tensor&>(x).zero_grad();
+  return r;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(shape)
+
+// ---- reshape ----
+BOOST_AUTO_TEST_CASE(reshape_contiguous_is_a_view) {
+  Tensor x = iota_shaped({2, 3});
+  Tensor y = reshape(x, {3, -1});
+  BOOST_TEST(y.shape() == Shape({3, 2}));
+  BOOST_TEST(y.same_storage(x));
+  BOOST_TEST(vals(y) == V({0, 1, 2, 3, 4, 5}), boost::test_tools::per_element());
+  BOOST_TEST(reshape(x, {-1}).shape() == Shape({6}));
+  BOOST_TEST(reshape(scalar(2.0, DType::f64), {1, 1}).shape() == Shape({1, 1}));
+  BOOST_TEST(reshape(zeros({0, 3}), {3, 0}).shape() == Shape({3, 0}));
+}
+
+BOOST_AUTO_TEST_CASE(reshape_of_transposed_copies) {
+  Tensor x = iota_shaped({2, 3});
+  Tensor t = transpose(x, 0, 1);  // (3, 2): 0 3 / 1 4 / 2 5
+  Tensor y = reshape(t, {6});
+  BOOST_TEST(!y.same_storage(x));
+  BOOST_TEST(y.is_contiguous());
+  BOOST_TEST(vals(y) == V({0, 3, 1, 4, 2, 5}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(reshape_of_viewable_noncontiguous_stays_a_view) {
+  // Columns 0..3 of an (4, 6) tensor: rows are strided but each row is contiguous, so
+  // splitting the leading or the trailing dim needs no copy; merging them would.
+  Tensor x = iota_shaped({4, 6});
+  Tensor s = slice(x, 1, 0, 4);
+  Tensor a = reshape(s, {2, 2, 2, 2});
+  BOOST_TEST(a.same_storage(x));
+  BOOST_TEST(vals(a) == vals(s), boost::test_tools::per_element());
+  Tensor b = reshape(s, {16});
+  BOOST_TEST(!b.same_storage(x));
+  BOOST_TEST(vals(b) == vals(s), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(reshape_matches_copy_for_many_layouts) {
+  // Every reshape of every layout must read the same elements as reshaping a contiguous copy.
+  Tensor base = iota_shaped({2, 3, 4});
+  std::vector<Tensor> layouts = {base, permute(base, {2, 0, 1}), permute(base, {1, 0, 2}),
+                                 slice(base, 2, 1, 3), slice(base, 0, 1, 2), slice(base, 2, 0, 4, 2),
+                                 unsqueeze(transpose(base, 0, 2), 1)};
+  for (auto& x : layouts) {
+    const int64_t n = x.numel();
+    std::vector<Shape> targets = {{n}, {1, n}, {n, 1}};
+    for (int64_t a = 1; a <= n; ++a)
+      if (n % a == 0) {
+        targets.push_back({a, n / a});
+        for (int64_t b = 1; b <= n / a; ++b)
+          if ((n / a) % b == 0) targets.push_back({a, b, 1, n / a / b});
+      }
+    for (auto& s : targets) {
+      Tensor y = reshape(x, s);
+      BOOST_TEST(vals(y) == vals(x), boost::test_tools::per_element());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reshape_backward) {
+  Tensor x = iota_shaped({2, 3}).requires_grad_();
+  Tensor y = reshape(transpose(x, 0, 1), {6});
+  BOOST_TEST(grad_of(x, y, f64({1, 2, 3, 4, 5, 6}, {6})) == V({1, 3, 5, 2, 4, 6}),
+             boost::test_tools::per_element());
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(reshape_errors) {
+  Tensor x = zeros({2, 3});
+  BOOST_CHECK_EXCEPTION(reshape(x, {4, 2}), Error, mentions({"reshape", "(2, 3)", "(4, 2)"}));
+  BOOST_CHECK_EXCEPTION(reshape(x, {4, -1}), Error, mentions({"reshape", "(2, 3)", "(4, -1)"}));
+  BOOST_CHECK_EXCEPTION(reshape(x, {-1, -1}), Error, mentions({"reshape", "(2, 3)", "only one"}));
+  BOOST_CHECK_EXCEPTION(reshape(x, {-2, -3}), Error, mentions({"reshape", "(2, 3)", "-2"}));
+  BOOST_CHECK_EXCEPTION(reshape(zeros({0, 3}), {0, -1}), Error, mentions({"reshape", "(0, 3)"}));
+}
+
+// ---- permute / transpose ----
+BOOST_AUTO_TEST_CASE(transpose_view_shares_storage) {
+  Tensor x = iota_shaped({2, 3});
+  Tensor t = transpose(x, 0, 1);
+  BOOST_TEST(t.shape() == Shape({3, 2}));
+  BOOST_TEST(t.same_storage(x));
+  BOOST_TEST(!t.is_contiguous());
+  BOOST_TEST(vals(t) == V({0, 3, 1, 4, 2, 5}), boost::test_tools::per_element());
+  // t[2, 0] is x[0, 2].
+  const uint64_t v0 = x.version();
+  copy_into(slice(slice(t, 0, 2, 3), 1, 0, 1), f64({100}, {1, 1}));
+  BOOST_TEST(vals(x) == V({0, 1, 100, 3, 4, 5}), boost::test_tools::per_element());
+  BOOST_TEST(x.version() > v0);  // the version counter is shared with the view
+}
+
+BOOST_AUTO_TEST_CASE(permute_values_and_backward) {
+  Tensor x = iota_shaped({2, 3, 4}).requires_grad_();
+  Tensor y = permute(x, {2, 0, -2});  // (4, 2, 3): y[k, i, j] = x[i, j, k]
+  BOOST_TEST(y.shape() == Shape({4, 2, 3}));
+  V v = vals(y);
+  BOOST_TEST(v[0] == 0);
+  BOOST_TEST(v[1] == 4);        // y[0, 0, 1] = x[0, 1, 0]
+  BOOST_TEST(v[6] == 1);        // y[1, 0, 0] = x[0, 0, 1]
+  BOOST_TEST(v[3 + 2] == 20);   // y[0, 1, 2] = x[1, 2, 0]
+  // Upstream gradient = y's own values: dx must be x's values in x's layout.
+  Tensor dx_expect = iota({24});
+  BOOST_TEST(grad_of(x, y, contiguous_copy(y.detach())) == vals(dx_expect),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(permute_transpose_errors) {
+  Tensor x = zeros({2, 3, 4});
+  BOOST_CHECK_EXCEPTION(permute(x, {0, 0, 1}), Error, mentions({"permute", "(0, 0, 1)", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(permute(x, {0, 1}), Error, mentions({"permute", "(0, 1)", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(permute(x, {0, 1, 3}), Error, mentions({"permute", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(transpose(x, 0, 3), Error, mentions({"transpose", "axis 3", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(transpose(x, -4, 0), Error, mentions({"transpose", "axis -4", "(2, 3, 4)"}));
+}
+
+// ---- slice ----
+BOOST_AUTO_TEST_CASE(slice_values) {
+  Tensor x = iota_shaped({3, 5});
+  BOOST_TEST(vals(slice(x, 1, 1, 5, 2)) == V({1, 3, 6, 8, 11, 13}), boost::test_tools::per_element());
+  BOOST_TEST(vals(slice(x, 0, -1, 100)) == V({10, 11, 12, 13, 14}), boost::test_tools::per_element());
+  BOOST_TEST(vals(slice(x, -1, -100, 2)) == V({0, 1, 5, 6, 10, 11}), boost::test_tools::per_element());
+  BOOST_TEST(slice(x, 1, 4, 2).shape() == Shape({3, 0}));
+  BOOST_TEST(slice(x, 1, 7, 9).shape() == Shape({3, 0}));
+  BOOST_TEST(slice(x, 1, 0, 5, 3).shape() == Shape({3, 2}));
+  BOOST_TEST(slice(x, 1, 1, 5, 2).same_storage(x));
+}
+
+BOOST_AUTO_TEST_CASE(slice_backward_zero_outside) {
+  Tensor x = iota_shaped({2, 4}).requires_grad_();
+  Tensor y = slice(x, 1, 1, 4, 2);  // columns 1 and 3
+  BOOST_TEST(grad_of(x, y, f64({1, 2, 3, 4}, {2, 2})) == V({0, 1, 0, 2, 0, 3, 0, 4}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(slice_errors) {
+  Tensor x = zeros({3, 4});
+  BOOST_CHECK_EXCEPTION(slice(x, 0, 0, 2, 0), Error, mentions({"slice", "step", "(3, 4)"}));
+  BOOST_CHECK_EXCEPTION(slice(x, 0, 2, 0, -1), Error, mentions({"slice", "step", "(3, 4)"}));
+  BOOST_CHECK_EXCEPTION(slice(x, 2, 0, 1), Error, mentions({"slice", "axis 2", "(3, 4)"}));
+}
+
+// ---- unsqueeze / squeeze ----
+BOOST_AUTO_TEST_CASE(unsqueeze_squeeze_values) {
+  Tensor x = iota_shaped({2, 3});
+  BOOST_TEST(unsqueeze(x, 0).shape() == Shape({1, 2, 3}));
+  BOOST_TEST(unsqueeze(x, -1).shape() == Shape({2, 3, 1}));
+  BOOST_TEST(unsqueeze(x, 1).is_contiguous());
+  BOOST_TEST(unsqueeze(x, 1).same_storage(x));
+  Tensor t = unsqueeze(transpose(x, 0, 1), 1);  // (3, 1, 2)
+  BOOST_TEST(vals(t) == V({0, 3, 1, 4, 2, 5}), boost::test_tools::per_element());
+  Tensor s = squeeze(t, 1);
+  BOOST_TEST(s.shape() == Shape({3, 2}));
+  BOOST_TEST(vals(s) == V({0, 3, 1, 4, 2, 5}), boost::test_tools::per_element());
+  BOOST_TEST(squeeze(zeros({1}), 0).dim() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(unsqueeze_squeeze_errors) {
+  Tensor x = zeros({2, 1});
+  BOOST_CHECK_EXCEPTION(squeeze(x, 0), Error, mentions({"squeeze", "(2, 1)", "size 2"}));
+  BOOST_CHECK_EXCEPTION(squeeze(x, 2), Error, mentions({"squeeze", "axis 2", "(2, 1)"}));
+  BOOST_CHECK_EXCEPTION(unsqueeze(x, 3), Error, mentions({"unsqueeze", "axis 3", "(2, 1)"}));
+  BOOST_CHECK_EXCEPTION(unsqueeze(x, -4), Error, mentions({"unsqueeze", "axis -4", "(2, 1)"}));
+}
+
+// ---- broadcast_to ----
+BOOST_AUTO_TEST_CASE(broadcast_to_view_and_backward) {
+  Tensor x = f64({1, 2, 3}, {3, 1}).requires_grad_();
+  Tensor y = broadcast_to(x, {2, 3, 2});
+  BOOST_TEST(y.same_storage(x));
+  BOOST_TEST(y.strides() == Shape({0, 1, 0}));
+  BOOST_TEST(vals(y) == V({1, 1, 2, 2, 3, 3, 1, 1, 2, 2, 3, 3}), boost::test_tools::per_element());
+  Tensor g = f64({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 3, 2});
+  // dx[i] = sum over the broadcast axes of g[:, i, :]
+  BOOST_TEST(grad_of(x, y, g) == V({1 + 2 + 7 + 8, 3 + 4 + 9 + 10, 5 + 6 + 11 + 12}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(broadcast_to_errors) {
+  Tensor x = zeros({2, 3});
+  BOOST_CHECK_EXCEPTION(broadcast_to(x, {4, 3}), Error, mentions({"broadcast_to", "(2, 3)", "(4, 3)"}));
+  BOOST_CHECK_EXCEPTION(broadcast_to(x, {3}), Error, mentions({"broadcast_to", "(2, 3)", "(3)"}));
+  BOOST_CHECK_EXCEPTION(broadcast_to(x, {-1, 2, 3}), Error, mentions({"broadcast_to", "(2, 3)"}));
+}
+
+// ---- contiguous / to_dtype ----
+BOOST_AUTO_TEST_CASE(contiguous_copies_only_when_needed) {
+  Tensor x = iota_shaped({2, 3}).requires_grad_();
+  BOOST_TEST(contiguous(x).impl() == x.impl());
+  Tensor t = transpose(x, 0, 1);
+  Tensor c = contiguous(t);
+  BOOST_TEST(c.is_contiguous());
+  BOOST_TEST(!c.same_storage(x));
+  BOOST_TEST(vals(c) == V({0, 3, 1, 4, 2, 5}), boost::test_tools::per_element());
+  BOOST_TEST(grad_of(x, c, f64({1, 2, 3, 4, 5, 6}, {3, 2})) == V({1, 3, 5, 2, 4, 6}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(to_dtype_casts_value_and_gradient) {
+  Tensor x = from_vector(std::vector<float>{1.5f, -2.25f}, {2}).requires_grad_();
+  Tensor y = to_dtype(x, DType::f64);
+  BOOST_TEST((y.dtype() == DType::f64));
+  BOOST_TEST(vals(y) == V({1.5, -2.25}), boost::test_tools::per_element());
+  y.backward(f64({0.5, 4}, {2}));
+  BOOST_TEST((x.grad().dtype() == DType::f32));
+  BOOST_TEST(vals(x.grad()) == V({0.5, 4}), boost::test_tools::per_element());
+  BOOST_TEST(to_dtype(x, DType::f32).impl() == x.impl());
+  BOOST_TEST(vals(to_dtype(i64({3, -1}, {2}), DType::f32)) == V({3, -1}), boost::test_tools::per_element());
+  BOOST_CHECK_EXCEPTION(to_dtype(Tensor(), DType::f32), Error, mentions({"to_dtype", "undefined"}));
+}
+
+// ---- concat / split ----
+BOOST_AUTO_TEST_CASE(concat_values_and_backward) {
+  Tensor a = f64({1, 2, 3, 4}, {2, 2}).requires_grad_();
+  Tensor b = transpose(f64({5, 6}, {1, 2}), 0, 1).requires_grad_();  // (2, 1) non-contiguous
+  Tensor y = concat({a, b}, 1);
+  BOOST_TEST(y.shape() == Shape({2, 3}));
+  BOOST_TEST(vals(y) == V({1, 2, 5, 3, 4, 6}), boost::test_tools::per_element());
+  y.backward(f64({10, 20, 30, 40, 50, 60}, {2, 3}));
+  BOOST_TEST(vals(a.grad()) == V({10, 20, 40, 50}), boost::test_tools::per_element());
+  BOOST_TEST(vals(b.grad()) == V({30, 60}), boost::test_tools::per_element());
+  BOOST_TEST(vals(concat({i64({1}, {1}), i64({2, 3}, {2})}, 0)) == V({1, 2, 3}),
+             boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(concat_errors) {
+  Tensor a = zeros({2, 3});
+  BOOST_CHECK_EXCEPTION(concat({}, 0), Error, mentions({"concat"}));
+  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3}, DType::f64)}, 0), Error,
+                        mentions({"concat", "dtype", "f32 (2, 3)", "f64 (2, 3)"}));
+  BOOST_CHECK_EXCEPTION(concat({a, zeros({3, 3})}, 1), Error, mentions({"concat", "(2, 3)", "(3, 3)"}));
+  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3, 1})}, 0), Error, mentions({"concat", "(2, 3)", "(2, 3, 1)"}));
+  BOOST_CHECK_EXCEPTION(concat({a, a}, 2), Error, mentions({"concat", "axis 2", "(2, 3)"}));
+  BOOST_CHECK_EXCEPTION(concat({scalar(1), scalar(2)}, 0), Error, mentions({"concat", "0-d"}));
+}
+
+BOOST_AUTO_TEST_CASE(split_views_and_backward) {
+  Tensor x = iota_shaped({2, 5}).requires_grad_();
+  Tensors p = split(x, {2, 0, 3}, 1);
+  BOOST_TEST(p.size() == 3u);
+  BOOST_TEST(p[0].same_storage(x));
+  BOOST_TEST(vals(p[0]) == V({0, 1, 5, 6}), boost::test_tools::per_element());
+  BOOST_TEST(p[1].shape() == Shape({2, 0}));
+  BOOST_TEST(vals(p[2]) == V({2, 3, 4, 7, 8, 9}), boost::test_tools::per_element());
+  // Only the last piece gets a gradient; the others count as zeros.
+  BOOST_TEST(grad_of(x, p[2], f64({1, 2, 3, 4, 5, 6}, {2, 3})) == V({0, 0, 1, 2, 3, 0, 0, 4, 5, 6}),
+             boost::test_tools::per_element());
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(split_errors) {
+  Tensor x = zeros({2, 4});
+  BOOST_CHECK_EXCEPTION(split(x, {1, 2}, 1), Error, mentions({"split", "(1, 2)", "(2, 4)", "size 4"}));
+  BOOST_CHECK_EXCEPTION(split(x, {5, -1}, 1), Error, mentions({"split", "negative", "(2, 4)"}));
+  BOOST_CHECK_EXCEPTION(split(x, {2}, 2), Error, mentions({"split", "axis 2", "(2, 4)"}));
+}
+
+// ---- index_select ----
+BOOST_AUTO_TEST_CASE(index_select_values_and_scatter_add) {
+  Tensor x = iota_shaped({3, 2}).requires_grad_();
+  Tensor idx = i64({2, 0, 2, 2}, {4});
+  Tensor y = index_select(x, 0, idx);
+  BOOST_TEST(vals(y) == V({4, 5, 0, 1, 4, 5, 4, 5}), boost::test_tools::per_element());
+  // Row 2 is picked three times: its gradient is the sum of three upstream rows.
+  BOOST_TEST(grad_of(x, y, f64({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2})) == V({3, 4, 0, 0, 13, 16}),
+             boost::test_tools::per_element());
+  Tensor z = index_select(iota_shaped({2, 3}), -1, i64({1, 1}, {2}));
+  BOOST_TEST(vals(z) == V({1, 1, 4, 4}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(index_select_large_is_deterministic) {
+  // Enough work to run the parallel scatter; the sums must not depend on the schedule.
+  const int64_t n = 50, k = 4000, c = 300;
+  Tensor x = zeros({n, c}, DType::f64).requires_grad_();
+  std::vector<int64_t> ids(k);
+  for (int64_t j = 0; j < k; ++j) ids[j] = (j * 7) % n;
+  Tensor y = index_select(x, 0, i64(ids, {k}));
+  y.backward(ones({k, c}, DType::f64));
+  V g = vals(x.grad());
+  for (int64_t r = 0; r < n; ++r) BOOST_TEST(g[r * c + c - 1] == double(k / n));
+}
+
+BOOST_AUTO_TEST_CASE(index_select_errors) {
+  Tensor x = zeros({5, 3});
+  BOOST_CHECK_EXCEPTION(index_select(x, 0, i64({1, 5}, {2})), Error,
+                        mentions({"index_select", "index 5", "size 5", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(index_select(x, 1, i64({-1}, {1})), Error,
+                        mentions({"index_select", "index -1", "size 3", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(index_select(x, 0, zeros({2})), Error,
+                        mentions({"index_select", "int64", "f32 (2)", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(index_select(x, 0, i64({0, 1}, {1, 2})), Error,
+                        mentions({"index_select", "1-D", "i64 (1, 2)"}));
+  BOOST_CHECK_EXCEPTION(index_select(x, 2, i64({0}, {1})), Error,
+                        mentions({"index_select", "axis 2", "(5, 3)"}));
+}
+
+// ---- embedding ----
+BOOST_AUTO_TEST_CASE(embedding_values_and_padding_gradient) {
+  Tensor w = iota_shaped({4, 2}).requires_grad_();
+  Tensor ids = i64({3, 0, 3, 1, 0, 3}, {2, 3});
+  Tensor y = embedding(w, ids, /*padding_idx=*/0);
+  BOOST_TEST(y.shape() == Shape({2, 3, 2}));
+  // The padding row is still looked up (PyTorch does the same).
+  BOOST_TEST(vals(y) == V({6, 7, 0, 1, 6, 7, 2, 3, 0, 1, 6, 7}), boost::test_tools::per_element());
+  Tensor g = f64({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 3, 2});
+  // Row 3: positions 0, 2, 5; row 1: position 3; row 0 (padding): no gradient; row 2: unused.
+  BOOST_TEST(grad_of(w, y, g) == V({0, 0, 7, 8, 0, 0, 1 + 5 + 11, 2 + 6 + 12}),
+             boost::test_tools::per_element());
+  // Without padding, row 0 collects positions 1 and 4.
+  Tensor y2 = embedding(w, ids);
+  BOOST_TEST(grad_of(w, y2, g)[0] == 3 + 9);
+}
+
+BOOST_AUTO_TEST_CASE(embedding_float32_and_saved_ids_checked) {
+  Tensor w = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2}).requires_grad_();
+  Tensor ids = i64({1, 1}, {2});
+  Tensor y = embedding(w, ids);
+  BOOST_TEST(vals(y) == V({3, 4, 3, 4}), boost::test_tools::per_element());
+  // Changing the ids after the forward would make the scatter wrong: backward refuses.
+  fill_(ids, 0);
+  BOOST_CHECK_EXCEPTION(y.backward(ones({2, 2})), Error, mentions({"embedding", "modified in place"}));
+  autograd::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(embedding_errors) {
+  Tensor w = zeros({5, 3});
+  BOOST_CHECK_EXCEPTION(embedding(w, i64({0, 7}, {2})), Error,
+                        mentions({"embedding", "id 7", "[0, 5)", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(embedding(w, i64({-2}, {1})), Error, mentions({"embedding", "id -2", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(embedding(w, zeros({2})), Error, mentions({"embedding", "int64", "f32 (2)"}));
+  BOOST_CHECK_EXCEPTION(embedding(zeros({5}), i64({0}, {1})), Error, mentions({"embedding", "2-D", "(5)"}));
+  BOOST_CHECK_EXCEPTION(embedding(zeros({5, 3}, DType::i64), i64({0}, {1})), Error,
+                        mentions({"embedding", "float", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(embedding(w, i64({0}, {1}), 5), Error,
+                        mentions({"embedding", "padding_idx 5", "(5, 3)"}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
