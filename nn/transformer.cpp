@@ -22,13 +22,13 @@ Tensor EncoderLayer::ffn(const Tensor& x) const {
   return linear2->forward(dropout->forward(h));
 }
 
-Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad) const {
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
   if (cfg.norm_first) {
     Tensor h = norm1->forward(x);
-    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad)));
+    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad, causal)));
     return add(y, dropout2->forward(ffn(norm2->forward(y))));
   }
-  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad))));
+  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad, causal))));
   return norm2->forward(add(y, dropout2->forward(ffn(y))));
 }
 
@@ -90,9 +90,9 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
   if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
 }
 
-Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad) const {
+Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
   Tensor h = x;
-  for (auto& l : layers) h = l->forward(h, src_pad);
+  for (auto& l : layers) h = l->forward(h, src_pad, causal);
   return norm ? norm->forward(h) : h;
 }
 

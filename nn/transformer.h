@@ -22,8 +22,8 @@ struct LayerConfig {
 class EncoderLayer : public Module {
  public:
   EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
-  // x (B, S, d); src_pad (B, S) non-zero = pad
-  Tensor forward(const Tensor& x, const Tensor& src_pad) const;
+  // x (B, S, d); src_pad (B, S) non-zero = pad; causal for decoder-only stacks
+  Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
   std::shared_ptr<MultiHeadAttention> self_attn;
   std::shared_ptr<Linear> linear1, linear2;
   std::shared_ptr<LayerNorm> norm1, norm2;
@@ -65,7 +65,7 @@ class Encoder : public Module {
  public:
   Encoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
           Generator* dropout_gen);
-  Tensor forward(const Tensor& x, const Tensor& src_pad) const;
+  Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
   std::vector<std::shared_ptr<EncoderLayer>> layers;
   std::shared_ptr<LayerNorm> norm;  // null when there is no final LayerNorm
 };

@@ -89,6 +89,8 @@ Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& a
   Tensor out = Tensor::empty(keep, x.dtype());
   if (x.numel() == 0) {
     fill_(out, 0.0);
+  } else if (count == 1) {  // only size-1 axes: oneDNN rejects a reduction that reduces nothing
+    copy_into(out, Tensor::view_of(x, keep, x.strides(), x.offset()));
   } else if (x.dtype() == DType::f32) {
     reduce_f32(mean ? dnnl::algorithm::reduction_mean : dnnl::algorithm::reduction_sum, x, out);
   } else {
@@ -211,6 +213,9 @@ GRAFT_OP_CASE({.name = "sum/axes_keepdim", .op = "sum",
 GRAFT_OP_CASE({.name = "sum/all", .op = "sum",
                .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
                .fn = [](const Tensors& x) { return sum(x[0]); }});
+GRAFT_OP_CASE({.name = "sum/size1_axis", .op = "sum",
+               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 4}, dt, g)}; },
+               .fn = [](const Tensors& x) { return sum(x[0], {0}); }});
 GRAFT_OP_CASE({.name = "mean/axis", .op = "mean",
                .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
                .fn = [](const Tensors& x) { return mean(x[0], {1}); }});

@@ -1,0 +1,64 @@
+#include "models/lm.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace graft::models {
+
+namespace {
+nn::LayerConfig layer_cfg(int64_t d, int64_t h, int64_t ff, double p, bool nf, DType dt) {
+  nn::LayerConfig l;
+  l.d_model = d;
+  l.heads = h;
+  l.d_ff = ff;
+  l.dropout = p;
+  l.norm_first = nf;
+  l.dtype = dt;
+  return l;
+}
+void check_ids(const char* who, const Tensor& ids) {
+  if (ids.dtype() != DType::i64 || ids.dim() != 2)
+    fail(std::string(who) + ": token ids must be int64 (B, T), got " + describe(ids));
+}
+}  // namespace
+
+DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
+  Generator gen(c.seed);
+  embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
+  pos = register_module("pos", std::make_shared<nn::LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
+  blocks = register_module("blocks", std::make_shared<nn::Encoder>(
+      layer_cfg(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen, &dropout_gen));
+}
+
+Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
+  check_ids("DecoderOnlyLM", ids);
+  Tensor x = dropout->forward(pos->forward(embedding->forward(ids)));
+  return linear(blocks->forward(x, eq(ids, (double)cfg.pad_id), true), embedding->weight);
+}
+
+EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 9) {
+  Generator gen(c.seed);
+  embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
+                                                                           1.0 / std::sqrt((double)c.d_model)));
+  pos = register_module("pos", std::make_shared<nn::SinusoidalPositionalEncoding>(c.max_len, c.d_model, c.dtype));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
+  encoder = register_module("encoder", std::make_shared<nn::Encoder>(
+      layer_cfg(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, c.norm_first, gen, &dropout_gen));
+  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
+}
+
+Tensor EncoderClassifier::forward(const Tensor& ids) const {
+  check_ids("EncoderClassifier", ids);
+  Tensor pad = eq(ids, (double)cfg.pad_id);
+  Tensor x = affine(embedding->forward(ids), std::sqrt((double)cfg.d_model), 0.0);
+  Tensor h = encoder->forward(dropout->forward(pos->forward(x)), pad);
+  // Mean over non-pad positions: weights (B, T, 1) = keep / count.
+  Tensor keep = to_dtype(eq(pad, 0.0), h.dtype());
+  Tensor w = div(keep, sum(keep, {1}, true));
+  Tensor pooled = sum(mul(h, unsqueeze(w, 2)), {1});
+  return head->forward(pooled);
+}
+
+}  // namespace graft::models

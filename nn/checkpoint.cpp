@@ -1,0 +1,431 @@
+#include "nn/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <streambuf>
+
+namespace graft::nn {
+
+// Tensor bytes go to and from disk with a plain memcpy, which is only the little-endian layout
+// the format demands on a little-endian host.
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint.cpp assumes a little-endian host");
+
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+// Same bound as the reference implementation: a header this large is corruption or an attack,
+// and refusing it up front keeps a bogus length from driving a huge allocation.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+
+const char* st_dtype(DType dt) {
+  switch (dt) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+bool parse_st_dtype(const std::string& s, DType& out) {
+  if (s == "F32") out = DType::f32;
+  else if (s == "F64") out = DType::f64;
+  else if (s == "I64") out = DType::i64;
+  else return false;
+  return true;
+}
+
+std::string squote(const std::string& s) { return "'" + s + "'"; }
+
+// nlohmann prefixes its messages with a "[json.exception.parse_error.101] " tag that means
+// nothing to a user; the rest ("parse error at line L, column C: ...") is what they need.
+std::string json_what(const nlohmann::json::exception& e) {
+  std::string m = e.what();
+  if (!m.empty() && m[0] == '[') {
+    const size_t close = m.find("] ");
+    if (close != std::string::npos) m.erase(0, close + 2);
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+[[noreturn]] void load_fail(const std::string& path, const std::string& msg) {
+  fail("load_safetensors: " + squote(path) + ": " + msg);
+}
+
+struct Entry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+
+// A non-negative JSON integer that fits int64 (nlohmann stores those as number_unsigned;
+// negatives are number_integer and 2.0 is number_float, both rejected).
+bool as_index(const ojson& v, uint64_t& out) {
+  if (!v.is_number_unsigned()) return false;
+  out = v.get<uint64_t>();
+  return out <= uint64_t(std::numeric_limits<int64_t>::max());
+}
+
+Entry parse_entry(const std::string& path, const std::string& name, const ojson& v,
+                  uint64_t data_size) {
+  auto bad = [&](const std::string& msg) -> void { load_fail(path, "tensor " + squote(name) + ": " + msg); };
+  Entry e;
+  e.name = name;
+  if (!v.is_object()) bad("entry is not a JSON object (got " + std::string(v.type_name()) + ")");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(key)) bad(std::string("missing '") + key + "'");
+  for (const auto& [key, _] : v.items())
+    if (key != "dtype" && key != "shape" && key != "data_offsets") bad("unexpected key " + squote(key));
+
+  const ojson& dt = v["dtype"];
+  if (!dt.is_string()) bad("dtype is not a string (got " + dt.dump() + ")");
+  if (!parse_st_dtype(dt.get<std::string>(), e.dtype))
+    bad("unsupported dtype " + squote(dt.get<std::string>()) + " (supported: F32, F64, I64)");
+
+  const ojson& sh = v["shape"];
+  if (!sh.is_array()) bad("shape is not a list (got " + sh.dump() + ")");
+  // Every stride must fit int64 too, so the bound uses max(d, 1): a zero dimension must not
+  // hide an overflowing product of the others.
+  uint64_t extent = 1, numel = 1;
+  for (size_t i = 0; i < sh.size(); ++i) {
+    uint64_t d = 0;
+    if (!as_index(sh[i], d))
+      bad("shape entry " + std::to_string(i) + " is " + sh[i].dump() +
+          ", expected a non-negative integer");
+    if (__builtin_mul_overflow(extent, std::max<uint64_t>(d, 1), &extent) ||
+        extent > uint64_t(std::numeric_limits<int64_t>::max()))
+      bad("shape " + sh.dump() + " is too large (element count overflows int64)");
+    numel *= d;  // <= extent, cannot overflow
+    e.shape.push_back(int64_t(d));
+  }
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes))
+    bad("shape " + shape_str(e.shape) + " of " + st_dtype(e.dtype) + " is too large (byte count overflows)");
+
+  const ojson& off = v["data_offsets"];
+  if (!off.is_array() || off.size() != 2)
+    bad("data_offsets must be a list of two integers [begin, end] (got " + off.dump() + ")");
+  if (!as_index(off[0], e.begin) || !as_index(off[1], e.end))
+    bad("data_offsets " + off.dump() + " are not non-negative integers");
+  if (e.begin > e.end)
+    bad("data_offsets begin " + std::to_string(e.begin) + " is after end " + std::to_string(e.end));
+  if (e.end > data_size)
+    bad("data_offsets end " + std::to_string(e.end) + " is past the end of the " +
+        std::to_string(data_size) + "-byte data section");
+  if (e.end - e.begin != nbytes)
+    load_fail(path, "tensor " + squote(name) + " declares " + std::to_string(e.end - e.begin) +
+                        " bytes but shape " + shape_str(e.shape) + " of " + st_dtype(e.dtype) +
+                        " needs " + std::to_string(nbytes));
+  return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+// Unbuffered streambuf over a FILE*: stdio does the buffering, and keeping the FILE* lets
+// atomic_write fflush + fsync exactly what the writer produced. Remembers the first errno so
+// the failure message says why (disk full, quota, ...).
+class FileOutBuf : public std::streambuf {
+ public:
+  explicit FileOutBuf(FILE* f) : f_(f) {}
+  int error() const { return err_; }
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (traits_type::eq_int_type(c, traits_type::eof())) return traits_type::not_eof(c);
+    const char ch = traits_type::to_char_type(c);
+    return xsputn(&ch, 1) == 1 ? c : traits_type::eof();
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const size_t w = std::fwrite(s, 1, size_t(n), f_);
+    if (w != size_t(n) && !err_) err_ = errno ? errno : EIO;
+    return std::streamsize(w);
+  }
+  int sync() override {
+    if (std::fflush(f_) == 0) return 0;
+    if (!err_) err_ = errno ? errno : EIO;
+    return -1;
+  }
+
+ private:
+  FILE* f_;
+  int err_ = 0;
+};
+
+int fsync_retry(int fd) {
+  int r;
+  do r = ::fsync(fd);
+  while (r != 0 && errno == EINTR);
+  return r;
+}
+
+[[noreturn]] void io_fail(const std::string& path, const std::string& what, int err) {
+  fail("atomic_write: " + squote(path) + ": " + what + ": " + std::strerror(err ? err : EIO));
+}
+
+std::string read_whole_file(const char* op, const std::string& path) {
+  auto bad = [&](const std::string& msg) -> void { fail(std::string(op) + ": " + squote(path) + ": " + msg); };
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) bad("cannot open: " + (ec ? ec.message() : std::string("no such file")));
+  if (!fs::is_regular_file(st)) bad("not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad(std::string("cannot open: ") + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size < 0 || !in) bad("cannot determine the file size");
+  std::string s(size_t(size), '\0');
+  in.read(s.data(), size);
+  if (in.gcount() != size) bad("file shrank while being read");
+  return s;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+const Tensor& SafetensorsFile::at(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  fail("SafetensorsFile: no tensor " + squote(name) + " in " + squote(path) + " (it holds " +
+       std::to_string(tensors.size()) + " tensors)");
+}
+
+bool SafetensorsFile::contains(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return true;
+  return false;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  auto bad = [&](const std::string& msg) -> void { fail("save_safetensors: " + squote(path) + ": " + msg); };
+  std::set<std::string> seen;
+  ojson header = ojson::object();
+  // Metadata first, as the reference writer does, so a human skimming the header sees it.
+  if (!metadata.empty()) {
+    ojson m = ojson::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header[kMetadataKey] = std::move(m);
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == kMetadataKey) bad("tensor name '__metadata__' is reserved for the metadata");
+    if (!seen.insert(name).second) bad("duplicate tensor name " + squote(name));
+    if (!t.defined()) bad("tensor " + squote(name) + " is undefined");
+    const uint64_t nbytes = uint64_t(t.numel()) * dtype_size(t.dtype());
+    header[name] = {{"dtype", st_dtype(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    bad("cannot encode the header (names and metadata must be UTF-8): " + json_what(e));
+  }
+  // Padding with spaces (valid JSON whitespace) puts the data at an 8-byte aligned offset, so
+  // readers that map the file can use the tensors in place.
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  atomic_write(path, [&](std::ostream& os) {
+    char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = char((uint64_t(text.size()) >> (8 * i)) & 0xff);
+    os.write(len, 8);
+    os.write(text.data(), std::streamsize(text.size()));
+    for (const auto& [name, t] : tensors) {
+      const Tensor c = t.is_contiguous() ? t : contiguous_copy(t);
+      const auto nbytes = std::streamsize(c.numel() * int64_t(dtype_size(c.dtype())));
+      if (nbytes > 0) os.write(static_cast<const char*>(c.raw()), nbytes);
+      if (!os) return;  // atomic_write reports the I/O error
+    }
+  });
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    load_fail(path, "cannot open: " + (ec ? ec.message() : std::string("no such file")));
+  if (!fs::is_regular_file(st)) load_fail(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) load_fail(path, std::string("cannot open: ") + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff fsize = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (fsize < 0 || !in) load_fail(path, "cannot determine the file size");
+  const uint64_t file_size = uint64_t(fsize);
+
+  if (file_size < 8)
+    load_fail(path, "file is " + std::to_string(file_size) +
+                        " bytes, too short for the 8-byte header length");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  if (in.gcount() != 8) load_fail(path, "file shrank while being read");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(len[i]) << (8 * i);
+  if (n > kMaxHeaderBytes)
+    load_fail(path, "header length " + std::to_string(n) + " exceeds the limit of " +
+                        std::to_string(kMaxHeaderBytes) + " bytes");
+  if (n > file_size - 8)
+    load_fail(path, "header length " + std::to_string(n) + " is larger than the " +
+                        std::to_string(file_size - 8) + " bytes after the length field");
+  const uint64_t data_size = file_size - 8 - n;
+
+  std::string text(n, '\0');
+  in.read(text.data(), std::streamsize(n));
+  if (uint64_t(in.gcount()) != n) load_fail(path, "file shrank while being read");
+
+  // The DOM silently keeps the last of two equal keys, which would drop a tensor: catch
+  // duplicates while parsing instead.
+  std::string duplicate;
+  std::set<std::string> keys;
+  ojson header;
+  try {
+    header = ojson::parse(text, [&](int depth, ojson::parse_event_t ev, ojson& parsed) {
+      if (depth == 1 && ev == ojson::parse_event_t::key && parsed.is_string() &&
+          !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    load_fail(path, "header is not valid JSON: " + json_what(e));
+  }
+  if (!header.is_object())
+    load_fail(path, "header is not a JSON object (got " + std::string(header.type_name()) + ")");
+  if (!duplicate.empty()) load_fail(path, "tensor " + squote(duplicate) + " appears twice in the header");
+
+  SafetensorsFile out;
+  out.path = path;
+  std::vector<Entry> entries;
+  for (const auto& [key, v] : header.items()) {
+    if (key == kMetadataKey) {
+      if (!v.is_object())
+        load_fail(path, "__metadata__ is not a JSON object (got " + std::string(v.type_name()) + ")");
+      for (const auto& [mk, mv] : v.items()) {
+        if (!mv.is_string())
+          load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " +
+                              mv.dump() + ")");
+        out.metadata[mk] = mv.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, key, v, data_size));
+  }
+
+  // The regions must tile [0, data_size) exactly, as the reference implementation requires:
+  // a gap or an overlap means the header and the data disagree. Stable, so equal (empty)
+  // regions keep their header order, which for files written here is the save order.
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t cursor = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin != cursor) {
+      const std::string after =
+          prev ? "the previous tensor " + squote(prev->name) + " ends at byte " + std::to_string(cursor)
+               : std::string("the data section starts at byte 0");
+      load_fail(path, "tensor " + squote(e.name) + " starts at byte " + std::to_string(e.begin) +
+                          " but " + after + " (" + (e.begin < cursor ? "overlap" : "gap") +
+                          "; data regions must be contiguous)");
+    }
+    cursor = e.end;
+    prev = &e;
+  }
+  if (cursor != data_size)
+    load_fail(path, "trailing data: the tensors cover " + std::to_string(cursor) + " bytes of the " +
+                        std::to_string(data_size) + "-byte data section");
+
+  // Everything is validated, so the reads below are exactly the data section, in file order.
+  // Reading straight into each tensor's storage avoids holding the file twice in memory.
+  out.tensors.reserve(entries.size());
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    const uint64_t nbytes = e.end - e.begin;
+    if (nbytes > 0) {
+      in.read(static_cast<char*>(t.raw()), std::streamsize(nbytes));
+      if (uint64_t(in.gcount()) != nbytes)
+        load_fail(path, "file shrank while reading tensor " + squote(e.name));
+    }
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) io_fail(path, "cannot create the temporary file " + squote(tmp), errno);
+  try {
+    FileOutBuf buf(f);
+    std::ostream os(&buf);
+    writer(os);
+    os.flush();
+    if (!os || buf.error()) io_fail(path, "writing " + squote(tmp) + " failed", buf.error());
+    if (std::fflush(f) != 0) io_fail(path, "flushing " + squote(tmp) + " failed", errno);
+    if (fsync_retry(::fileno(f)) != 0) io_fail(path, "fsync of " + squote(tmp) + " failed", errno);
+    FILE* g = f;
+    f = nullptr;  // fclose releases the FILE even when it fails: never close it twice
+    if (std::fclose(g) != 0) io_fail(path, "closing " + squote(tmp) + " failed", errno);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      io_fail(path, "cannot rename " + squote(tmp) + " over it", errno);
+  } catch (...) {
+    if (f) std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  // Without this the rename itself may not survive a power loss, leaving the old file back.
+  std::string dir = fs::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) io_fail(path, "written, but cannot open its directory to fsync it", errno);
+  const int r = fsync_retry(dfd);
+  const int err = errno;
+  ::close(dfd);
+  // Some filesystems cannot fsync a directory and say EINVAL; the data itself is durable.
+  if (r != 0 && err != EINVAL) io_fail(path, "written, but fsync of its directory failed", err);
+}
+
+void save_json(const std::string& path, const nlohmann::json& j) {
+  std::string text;
+  try {
+    text = j.dump(2);
+  } catch (const nlohmann::json::exception& e) {
+    fail("save_json: " + squote(path) + ": cannot encode: " + json_what(e));
+  }
+  text += '\n';
+  atomic_write(path, [&](std::ostream& os) { os.write(text.data(), std::streamsize(text.size())); });
+}
+
+nlohmann::json load_json(const std::string& path) {
+  const std::string text = read_whole_file("load_json", path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // nlohmann's message carries "at line L, column C", which is what a person needs to fix it.
+    fail("load_json: " + squote(path) + ": " + json_what(e));
+  }
+}
+
+}  // namespace graft::nn

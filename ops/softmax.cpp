@@ -1,0 +1,178 @@
+// softmax and log_softmax over one axis. float32 runs oneDNN softmax / logsoftmax (forward and
+// backward); float64 runs reference loops. Both save only the output y:
+//   softmax:     dx = y * (dy - sum(dy * y))
+//   log_softmax: dx = dy - exp(y) * sum(dy)
+#include "ops/softmax.h"
+
+#include <cmath>
+
+#include "autograd/gradcheck.h"
+#include "ops/kernels.h"
+#include "ops/onednn/dnnl_utils.h"
+
+namespace graft {
+
+namespace {
+
+// A contiguous x seen as (outer, L, inner) around the softmax axis.
+struct Slices {
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+Slices slices(const Shape& s, int64_t axis) {
+  Slices r;
+  for (int64_t d = 0; d < (int64_t)s.size(); ++d) {
+    if (d < axis) r.outer *= s[d];
+    else if (d == axis) r.len = s[d];
+    else r.inner *= s[d];
+  }
+  return r;
+}
+
+// Each (outer, inner) slice is handled by one thread, in a fixed order along the axis.
+template <class T>
+void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
+  const Slices sl = slices(x.shape(), axis);
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  const int64_t n = sl.outer * sl.inner;
+#pragma omp parallel for if (x.numel() > kern::kParallelGrain) schedule(static)
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t base = (s / sl.inner) * sl.len * sl.inner + s % sl.inner, st = sl.inner;
+    T mx = px[base];
+    for (int64_t i = 1; i < sl.len; ++i) mx = std::max(mx, px[base + i * st]);
+    T sum = 0;
+    for (int64_t i = 0; i < sl.len; ++i) sum += std::exp(px[base + i * st] - mx);
+    if (log) {
+      const T lse = mx + std::log(sum);
+      for (int64_t i = 0; i < sl.len; ++i) py[base + i * st] = px[base + i * st] - lse;
+    } else {
+      for (int64_t i = 0; i < sl.len; ++i) py[base + i * st] = std::exp(px[base + i * st] - mx) / sum;
+    }
+  }
+}
+
+template <class T>
+void softmax_backward_loop(const Tensor& y, const Tensor& dy, const Tensor& dx, int64_t axis,
+                           bool log) {
+  const Slices sl = slices(y.shape(), axis);
+  const T* py = y.data<T>();
+  const T* pdy = dy.data<T>();
+  T* pdx = dx.data<T>();
+  const int64_t n = sl.outer * sl.inner;
+#pragma omp parallel for if (y.numel() > kern::kParallelGrain) schedule(static)
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t base = (s / sl.inner) * sl.len * sl.inner + s % sl.inner, st = sl.inner;
+    T dot = 0;
+    for (int64_t i = 0; i < sl.len; ++i)
+      dot += log ? pdy[base + i * st] : pdy[base + i * st] * py[base + i * st];
+    for (int64_t i = 0; i < sl.len; ++i) {
+      const int64_t o = base + i * st;
+      pdx[o] = log ? pdy[o] - std::exp(py[o]) * dot : py[o] * (pdy[o] - dot);
+    }
+  }
+}
+
+// oneDNN has separate primitives for softmax and logsoftmax with the same shape of API.
+template <class Fwd>
+typename Fwd::primitive_desc fwd_pd(const dnnl::memory::desc& d, int axis, dnnl::prop_kind kind) {
+  return typename Fwd::primitive_desc(typename Fwd::desc(kind, d, axis), onednn::engine());
+}
+
+template <class Fwd>
+void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
+  auto d = onednn::md(x);
+  auto pd = fwd_pd<Fwd>(d, axis, training ? dnnl::prop_kind::forward_training
+                                          : dnnl::prop_kind::forward_inference);
+  Fwd(pd).execute(onednn::stream(),
+                  {{DNNL_ARG_SRC, onednn::mem(d, x)}, {DNNL_ARG_DST, onednn::mem(d, y)}});
+  onednn::stream().wait();
+}
+
+template <class Fwd, class Bwd>
+void backward_f32(const Tensor& y, const Tensor& dy, const Tensor& dx, int axis) {
+  auto d = onednn::md(y);
+  auto hint = fwd_pd<Fwd>(d, axis, dnnl::prop_kind::forward_training);
+  typename Bwd::primitive_desc pd(typename Bwd::desc(d, d, axis), onednn::engine(), hint);
+  Bwd(pd).execute(onednn::stream(), {{DNNL_ARG_DST, onednn::mem(d, y)},
+                                     {DNNL_ARG_DIFF_DST, onednn::mem(d, dy)},
+                                     {DNNL_ARG_DIFF_SRC, onednn::mem(d, dx)}});
+  onednn::stream().wait();
+}
+
+// x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
+Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool log) {
+  kern::check_float(op, x_in);
+  // A scalar is a one-element vector here (as torch treats dim 0/-1 of a 0-d tensor).
+  const int64_t axis = norm_axis(op, axis_in, std::max<int64_t>(x_in.dim(), 1));
+  const Tensor x = kern::contig(x_in);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  const bool record = autograd::needs_record({x_in});
+  if (y.numel() > 0) {
+    if (onednn::usable(x)) {
+      if (log)
+        forward_f32<dnnl::logsoftmax_forward>(x, y, (int)axis, record);
+      else
+        forward_f32<dnnl::softmax_forward>(x, y, (int)axis, record);
+    } else {
+      GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_loop<T>(x, y, axis, log); });
+    }
+  }
+  if (record)
+    autograd::record(op, {x_in}, {y}, {y},
+                     [axis, log, op](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
+                       const Tensor& y = c.saved[0];
+                       Tensor dx = Tensor::empty(y.shape(), y.dtype());
+                       if (dx.numel() == 0) return {dx};
+                       if (onednn::usable(y)) {
+                         if (log)
+                           backward_f32<dnnl::logsoftmax_forward, dnnl::logsoftmax_backward>(
+                               y, dout[0], dx, (int)axis);
+                         else
+                           backward_f32<dnnl::softmax_forward, dnnl::softmax_backward>(
+                               y, dout[0], dx, (int)axis);
+                       } else {
+                         GRAFT_DISPATCH_FLOAT(y.dtype(), op, [&] {
+                           softmax_backward_loop<T>(y, dout[0], dx, axis, log);
+                         });
+                       }
+                       return {dx};
+                     });
+  return y;
+}
+
+}  // namespace
+
+// softmax: x (...) -> y (...), y = exp(x - max) / sum(exp(x - max)) along axis
+GRAFT_DECLARE_OP("softmax", "softmax");
+
+Tensor softmax(const Tensor& x, int64_t axis) { return softmax_impl("softmax", x, axis, false); }
+
+// Wide input range so the outputs are far from uniform and the gradient is not trivially small.
+GRAFT_OP_CASE({.name = "softmax/last_axis",
+               .op = "softmax",
+               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 5}, dt, g, -2, 2)}; },
+               .fn = [](const Tensors& x) { return softmax(x[0], -1); }});
+GRAFT_OP_CASE({.name = "softmax/middle_axis_transposed",
+               .op = "softmax",
+               .make_inputs =
+                   [](DType dt, Generator& g) { return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)}; },
+               .fn = [](const Tensors& x) { return softmax(x[0], 1); }});
+
+// log_softmax: x (...) -> y (...), y = x - max - log(sum(exp(x - max))) along axis
+GRAFT_DECLARE_OP("log_softmax", "softmax");
+
+Tensor log_softmax(const Tensor& x, int64_t axis) {
+  return softmax_impl("log_softmax", x, axis, true);
+}
+
+GRAFT_OP_CASE({.name = "log_softmax/last_axis_transposed",
+               .op = "log_softmax",
+               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 5}, dt, g, -2, 2)}; },
+               .fn = [](const Tensors& x) { return log_softmax(x[0], -1); }});
+GRAFT_OP_CASE({.name = "log_softmax/middle_axis",
+               .op = "log_softmax",
+               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)}; },
+               .fn = [](const Tensors& x) { return log_softmax(x[0], -2); }});
+
+}  // namespace graft

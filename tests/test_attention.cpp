@@ -1,0 +1,243 @@
+// scaled_dot_product_attention: forward values against hand-computed numbers, masking corner
+// cases, float32 (oneDNN) vs float64 on head-split views, and misuse errors.
+#include <omp.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/tape.h"
+#include "ops/attention.h"
+#include "ops/shape.h"
+
+using namespace graft;
+
+namespace {
+
+bool msg_has(const Error& e, std::initializer_list<const char*> parts) {
+  const std::string m = e.what();
+  for (auto p : parts)
+    if (m.find(p) == std::string::npos) return false;
+  return m.find("scaled_dot_product_attention") != std::string::npos;
+}
+
+void check_close(const std::vector<double>& a, const std::vector<double>& b, double tol) {
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) BOOST_TEST(std::fabs(a[i] - b[i]) <= tol, "at " << i << ": " << a[i] << " vs " << b[i]);
+}
+
+bool all_finite(const Tensor& t) {
+  for (double v : t.to_vector<double>())
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(attention)
+
+// q = [1, 0], keys e1 and e2, scale 1/sqrt(2): scores [1/sqrt2, 0].
+BOOST_AUTO_TEST_CASE(hand_computed_two_keys) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor q = from_vector(std::vector<double>{1, 0}, {1, 1, 1, 2});
+    Tensor k = from_vector(std::vector<double>{1, 0, 0, 1}, {1, 1, 2, 2});
+    Tensor v = from_vector(std::vector<double>{10, 1, -2, 3}, {1, 1, 2, 2});
+    q = cast_copy(q, dt), k = cast_copy(k, dt), v = cast_copy(v, dt);
+    AttentionOptions opt;
+    opt.return_weights = true;
+    auto r = scaled_dot_product_attention(q, k, v, opt);
+    const double e = std::exp(1 / std::sqrt(2.0)), p0 = e / (e + 1), p1 = 1 / (e + 1);
+    BOOST_TEST(r.out.shape() == (Shape{1, 1, 1, 2}));
+    check_close(r.out.to_vector<double>(), {10 * p0 - 2 * p1, p0 + 3 * p1}, 1e-6);
+    check_close(r.weights.to_vector<double>(), {p0, p1}, 1e-6);
+  }
+}
+
+// With a single key every query returns that key's value, whatever the scores.
+BOOST_AUTO_TEST_CASE(one_key_returns_its_value) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g(3);
+    Tensor q = randn({2, 3, 4, 5}, dt, g), k = randn({2, 3, 1, 5}, dt, g), v = randn({2, 3, 1, 6}, dt, g);
+    auto out = scaled_dot_product_attention(q, k, v).out;
+    BOOST_TEST(out.shape() == (Shape{2, 3, 4, 6}));
+    auto o = out.to_vector<double>(), vv = v.to_vector<double>();
+    for (int64_t bh = 0; bh < 6; ++bh)
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t e = 0; e < 6; ++e)
+          BOOST_TEST(std::fabs(o[(bh * 4 + i) * 6 + e] - vv[bh * 6 + e]) < 1e-6);
+  }
+}
+
+// q = 0 gives uniform weights: out = mean of the values.
+BOOST_AUTO_TEST_CASE(zero_query_averages_values) {
+  Tensor q = zeros({1, 1, 2, 3}, DType::f64);
+  Tensor k = rand({1, 1, 4, 3}, DType::f64);
+  Tensor v = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}, {1, 1, 4, 2});
+  check_close(scaled_dot_product_attention(q, k, v).out.to_vector<double>(), {4, 5, 4, 5}, 1e-12);
+}
+
+// Causal with Tq == Tk: the first query sees only key 0; with Tq < Tk the mask is aligned to the
+// end (query i sees keys j <= i + Tk - Tq).
+BOOST_AUTO_TEST_CASE(causal_masks) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g(5);
+    Tensor q = randn({1, 2, 3, 4}, dt, g), k = randn({1, 2, 3, 4}, dt, g), v = randn({1, 2, 3, 2}, dt, g);
+    AttentionOptions opt;
+    opt.causal = true;
+    opt.return_weights = true;
+    auto r = scaled_dot_product_attention(q, k, v, opt);
+    auto w = r.weights.to_vector<double>();
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < 3; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < 3; ++j) {
+          const double p = w[(h * 3 + i) * 3 + j];
+          if (j > i) BOOST_TEST(p == 0.0);
+          s += p;
+        }
+        BOOST_TEST(std::fabs(s - 1) < 1e-6);
+      }
+    auto o = r.out.to_vector<double>(), vv = v.to_vector<double>();
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < 2; ++e) BOOST_TEST(std::fabs(o[h * 6 + e] - vv[h * 6 + e]) < 1e-6);
+
+    // Tq = 2, Tk = 3: query 0 sees keys 0, 1; query 1 sees all three.
+    Tensor q2 = randn({1, 1, 2, 4}, dt, g), k2 = randn({1, 1, 3, 4}, dt, g), v2 = randn({1, 1, 3, 2}, dt, g);
+    auto w2 = scaled_dot_product_attention(q2, k2, v2, opt).weights.to_vector<double>();
+    BOOST_TEST(w2[2] == 0.0);
+    BOOST_TEST(w2[0] > 0.0);
+    BOOST_TEST(w2[1] > 0.0);
+    for (int j = 3; j < 6; ++j) BOOST_TEST(w2[j] > 0.0);
+  }
+}
+
+// A batch row whose keys are all padding gives zero output and zero gradients (no NaN).
+BOOST_AUTO_TEST_CASE(fully_masked_row_is_zero) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g(9);
+    Tensor q = randn({2, 2, 3, 4}, dt, g).requires_grad_(), k = randn({2, 2, 3, 4}, dt, g).requires_grad_(),
+           v = randn({2, 2, 3, 2}, dt, g).requires_grad_();
+    AttentionOptions opt;
+    opt.key_padding_mask = from_vector(std::vector<double>{0, 1, 0, 1, 1, 1}, {2, 3});
+    opt.return_weights = true;
+    auto r = scaled_dot_product_attention(q, k, v, opt);
+    BOOST_TEST(!r.weights.requires_grad());
+    BOOST_TEST(r.out.requires_grad());
+    auto o = r.out.to_vector<double>(), w = r.weights.to_vector<double>();
+    for (size_t i = 12; i < 24; ++i) BOOST_TEST(o[i] == 0.0);  // batch 1: 2 heads x 3 queries x 2
+    for (size_t i = 18; i < 36; ++i) BOOST_TEST(w[i] == 0.0);
+    for (size_t i = 0; i < 18; ++i)
+      if (i % 3 == 1) BOOST_TEST(w[i] == 0.0);  // key 1 is padding in batch 0
+    r.out.backward(ones(r.out.shape(), dt));
+    for (const Tensor* t : {&q, &k, &v}) {
+      BOOST_TEST(all_finite(t->grad()));
+      auto gv = t->grad().to_vector<double>();
+      for (size_t i = gv.size() / 2; i < gv.size(); ++i) BOOST_TEST(gv[i] == 0.0);
+    }
+    auto gv = v.grad().to_vector<double>();  // padded key 1 of batch 0 gets no value gradient
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < 2; ++e) BOOST_TEST(gv[(h * 3 + 1) * 2 + e] == 0.0);
+  }
+}
+
+// A -inf bias row behaves like a fully masked row.
+BOOST_AUTO_TEST_CASE(minus_inf_bias_row_is_zero) {
+  Tensor q = rand({1, 1, 2, 2}, DType::f64), k = rand({1, 1, 2, 2}, DType::f64), v = rand({1, 1, 2, 2}, DType::f64);
+  AttentionOptions opt;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  opt.bias = from_vector(std::vector<double>{0, 0, ninf, ninf}, {2, 2});
+  auto o = scaled_dot_product_attention(q, k, v, opt).out.to_vector<double>();
+  BOOST_TEST(o[2] == 0.0);
+  BOOST_TEST(o[3] == 0.0);
+  BOOST_TEST(std::isfinite(o[0]));
+}
+
+// float32 through oneDNN on (B, T, H, D) projections split into heads by permute views (no
+// copies), with bias and causal mask, matches the float64 reference in values and gradients.
+BOOST_AUTO_TEST_CASE(float32_matches_float64_on_head_split_views) {
+  const int64_t B = 2, T = 37, H = 3, D = 8;
+  Generator g(21);
+  Tensor base64[3];
+  for (auto& t : base64) t = randn({B, T, H, D}, DType::f64, g);
+  Tensor bias64 = randn({H, T, T}, DType::f64, g);
+  Tensor dout64 = randn({B, H, T, D}, DType::f64, g);
+  std::vector<std::vector<double>> outs, grads;
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensors leaves;
+    for (auto& t : base64) leaves.push_back(cast_copy(t, dt).requires_grad_());
+    leaves.push_back(cast_copy(bias64, dt).requires_grad_());
+    AttentionOptions opt;
+    opt.causal = true;
+    opt.bias = leaves[3];
+    auto heads = [&](const Tensor& x) { return permute(x, {0, 2, 1, 3}); };
+    Tensor q = heads(leaves[0]);
+    BOOST_TEST(!q.is_contiguous());
+    auto r = scaled_dot_product_attention(q, heads(leaves[1]), heads(leaves[2]), opt);
+    outs.push_back(r.out.to_vector<double>());
+    r.out.backward(cast_copy(dout64, dt));
+    std::vector<double> all;
+    for (auto& l : leaves) {
+      auto v = l.grad().to_vector<double>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    grads.push_back(all);
+  }
+  check_close(outs[0], outs[1], 1e-5);
+  check_close(grads[0], grads[1], 1e-4);
+}
+
+// The float32 result does not depend on the OpenMP thread count.
+BOOST_AUTO_TEST_CASE(same_result_for_any_thread_count) {
+  Generator g(4);
+  Tensor q = randn({2, 4, 64, 16}, DType::f32, g), k = randn({2, 4, 64, 16}, DType::f32, g),
+         v = randn({2, 4, 64, 16}, DType::f32, g);
+  AttentionOptions opt;
+  opt.causal = true;
+  opt.return_weights = true;
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto w1 = scaled_dot_product_attention(q, k, v, opt).weights.to_vector<float>();
+  omp_set_num_threads(std::max(2, prev));
+  auto w2 = scaled_dot_product_attention(q, k, v, opt).weights.to_vector<float>();
+  omp_set_num_threads(prev);
+  BOOST_TEST(w1 == w2);
+}
+
+BOOST_AUTO_TEST_CASE(no_tape_entry_without_grad) {
+  Tensor q = rand({1, 1, 2, 2}), k = rand({1, 1, 2, 2}), v = rand({1, 1, 2, 2});
+  auto r = scaled_dot_product_attention(q, k, v);
+  BOOST_TEST(!r.out.requires_grad());
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(misuse_errors) {
+  Tensor q = rand({2, 2, 3, 4}), k = rand({2, 2, 5, 4}), v = rand({2, 2, 5, 6});
+  auto call = [](const Tensor& a, const Tensor& b, const Tensor& c, const AttentionOptions& o = {}) {
+    scaled_dot_product_attention(a, b, c, o);
+  };
+  BOOST_CHECK_EXCEPTION(call(rand({2, 3, 4}), k, v), Error,
+                        [](const Error& e) { return msg_has(e, {"rank 4", "(2, 3, 4)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, rand({2, 2, 5, 3}), v), Error,
+                        [](const Error& e) { return msg_has(e, {"head dims", "(2, 2, 3, 4)", "(2, 2, 5, 3)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, rand({2, 2, 4, 6})), Error,
+                        [](const Error& e) { return msg_has(e, {"key counts", "(2, 2, 4, 6)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, rand({2, 3, 5, 4}), rand({2, 3, 5, 6})), Error,
+                        [](const Error& e) { return msg_has(e, {"(B, H)", "(2, 3, 5, 4)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, cast_copy(v, DType::f64)), Error,
+                        [](const Error& e) { return msg_has(e, {"dtype", "f64 (2, 2, 5, 6)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, from_vector(std::vector<int64_t>(120, 0), {2, 2, 5, 6})), Error,
+                        [](const Error& e) { return msg_has(e, {"i64"}); });
+  AttentionOptions bad_mask;
+  bad_mask.key_padding_mask = zeros({2, 3});
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_mask), Error,
+                        [](const Error& e) { return msg_has(e, {"key_padding_mask", "(2, 3)", "(2, 5)"}); });
+  AttentionOptions bad_bias;
+  bad_bias.bias = zeros({2, 3, 3});
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias), Error,
+                        [](const Error& e) { return msg_has(e, {"bias", "(2, 3, 3)", "(2, 2, 3, 5)"}); });
+  AttentionOptions bad_bias_dtype;
+  bad_bias_dtype.bias = zeros({3, 5}, DType::f64);
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias_dtype), Error,
+                        [](const Error& e) { return msg_has(e, {"bias", "f64 (3, 5)"}); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()

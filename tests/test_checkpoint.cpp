@@ -1,0 +1,482 @@
+#include <boost/test/unit_test.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "autograd/tensor.h"
+#include "nn/checkpoint.h"
+
+using namespace graft;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test, removed afterwards, so tests never see each other's files.
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    static int counter = 0;
+    dir = fs::temp_directory_path() /
+          ("graft_ck_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+  // Names of everything in the directory: lets tests prove no temp file was left behind.
+  std::vector<std::string> listing() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+};
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  BOOST_REQUIRE(out.good());
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string le64(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = char((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A safetensors file from a header text and a data section, for hand-built bad inputs.
+std::string st_file(const std::string& header, const std::string& data = "") {
+  return le64(header.size()) + header + data;
+}
+
+// The bytes of a tensor in row-major order, gathered element by element with memcpy so the
+// comparison is on bits (NaN payloads, -0.0) rather than values.
+std::string tensor_bytes(const Tensor& t) {
+  const size_t es = dtype_size(t.dtype());
+  std::string out;
+  const char* base = static_cast<const char*>(t.raw());
+  for_each_offset(t.shape(), t.strides(), [&](int64_t o) { out.append(base + o * int64_t(es), es); });
+  return out;
+}
+
+template <class T>
+T bits_to(uint64_t bits) {
+  T v;
+  std::memcpy(&v, &bits, sizeof(T));
+  return v;
+}
+
+// Loads bytes written to a file and requires a graft::Error with the standard prefix that
+// contains every one of `parts`.
+void expect_load_error(const TempDir& td, const std::string& bytes,
+                       const std::vector<std::string>& parts) {
+  const std::string path = td.file("bad.safetensors");
+  write_bytes(path, bytes);
+  try {
+    nn::load_safetensors(path);
+    BOOST_ERROR("expected a graft::Error containing '" << parts.front() << "'");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const std::string prefix = "load_safetensors: '" + path + "': ";
+    BOOST_TEST_CONTEXT("message: " << msg) {
+      BOOST_TEST(msg.rfind(prefix, 0) == 0u);
+      for (const auto& p : parts) BOOST_TEST(msg.find(p) != std::string::npos, "missing '" << p << "'");
+    }
+  }
+}
+
+std::string small_valid_file(const TempDir& td) {
+  const std::string path = td.file("small.safetensors");
+  nn::save_safetensors(path,
+                       {{"w", from_vector(std::vector<float>{1.f, 2.f, 3.f, 4.f}, {2, 2})},
+                        {"step", from_vector(std::vector<int64_t>{7}, {})},
+                        {"e", Tensor::empty({0}, DType::f64)}},
+                       {{"k", "v"}});
+  return read_bytes(path);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(checkpoint)
+
+BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
+  TempDir td;
+  const float nan_payload = bits_to<float>(0x7fa00001u);  // signalling NaN with a payload
+  Tensor f32 = from_vector(std::vector<float>{1.5f, -0.0f, nan_payload,
+                                              std::numeric_limits<float>::infinity(),
+                                              std::numeric_limits<float>::denorm_min(), 3.25e-7f},
+                           {2, 3});
+  Tensor f64 = from_vector(std::vector<double>{M_PI, -1e300, bits_to<double>(0xfff8000000000123ull),
+                                               std::numeric_limits<double>::denorm_min()},
+                           {4});
+  Tensor i64 = from_vector(std::vector<int64_t>{std::numeric_limits<int64_t>::min(), -1, 0,
+                                                std::numeric_limits<int64_t>::max(), 42, 7},
+                           {3, 1, 2});
+  Tensor scalar0 = from_vector(std::vector<double>{-2.5}, {});
+  Tensor empty = Tensor::empty({0, 5}, DType::f32);
+  // A transposed view with an offset into a bigger storage: written as its contiguous copy.
+  Tensor base = arange(0.0, 24.0, 1.0, DType::f32);
+  base.data<float>()[9] = nan_payload;
+  Tensor view = Tensor::view_of(base, {3, 2}, {1, 4}, 5);  // rows 5..7, cols step 4
+  BOOST_REQUIRE(!view.is_contiguous());
+
+  const std::vector<std::pair<std::string, Tensor>> in = {
+      {"enc.w", f32}, {"enc.b", f64}, {"ids", i64}, {"scale", scalar0}, {"none", empty}, {"view", view}};
+  const std::string path = td.file("model.safetensors");
+  nn::save_safetensors(path, in);
+  BOOST_TEST(td.listing() == std::vector<std::string>{"model.safetensors"});
+
+  const std::string bytes = read_bytes(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  BOOST_TEST((8 + n) % 8 == 0u);  // data section is 8-byte aligned
+
+  const auto loaded = nn::load_safetensors(path);
+  BOOST_TEST(loaded.metadata.empty());
+  BOOST_REQUIRE_EQUAL(loaded.tensors.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    BOOST_TEST_CONTEXT("tensor " << in[i].first) {
+      const Tensor& got = loaded.tensors[i].second;
+      BOOST_TEST(loaded.tensors[i].first == in[i].first);  // save order is kept
+      BOOST_TEST(dtype_name(got.dtype()) == dtype_name(in[i].second.dtype()));
+      BOOST_TEST(got.shape() == in[i].second.shape());
+      BOOST_TEST(got.is_contiguous());
+      BOOST_TEST(tensor_bytes(got) == tensor_bytes(in[i].second));
+    }
+  }
+  BOOST_TEST(loaded.at("scale").dim() == 0);
+  BOOST_TEST(loaded.at("scale").item() == -2.5);
+  BOOST_TEST(loaded.at("view").to_vector<double>()[2] == 6.0);
+  BOOST_TEST(std::isnan(loaded.at("view").to_vector<float>()[1]));
+
+  // Saving what was loaded reproduces the file byte for byte.
+  const std::string again = td.file("again.safetensors");
+  nn::save_safetensors(again, loaded.tensors);
+  BOOST_TEST(read_bytes(again) == bytes);
+}
+
+BOOST_AUTO_TEST_CASE(metadata_round_trip_and_lookup) {
+  TempDir td;
+  const std::string path = td.file("m.safetensors");
+  const std::map<std::string, std::string> meta = {
+      {"format", "pt"}, {"step", "1200"}, {"note", "quotes \" and \\ and ünïcödé\nnewline"}, {"", ""}};
+  nn::save_safetensors(path, {{"x", ones({2})}}, meta);
+  const auto f = nn::load_safetensors(path);
+  BOOST_TEST(f.metadata == meta);
+  BOOST_TEST(f.contains("x"));
+  BOOST_TEST(!f.contains("y"));
+  try {
+    f.at("dec.w");
+    BOOST_ERROR("expected a throw");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    BOOST_TEST(msg.find("'dec.w'") != std::string::npos);
+    BOOST_TEST(msg.find(path) != std::string::npos);
+  }
+
+  // No tensors at all is a valid file too.
+  nn::save_safetensors(path, {}, {{"only", "meta"}});
+  const auto g = nn::load_safetensors(path);
+  BOOST_TEST(g.tensors.empty());
+  BOOST_TEST(g.metadata.at("only") == "meta");
+}
+
+BOOST_AUTO_TEST_CASE(save_rejects_bad_input_without_touching_disk) {
+  TempDir td;
+  const std::string path = td.file("s.safetensors");
+  auto expect = [&](const std::vector<std::pair<std::string, Tensor>>& ts, const std::string& part) {
+    try {
+      nn::save_safetensors(path, ts);
+      BOOST_ERROR("expected a throw for " << part);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      BOOST_TEST(msg.rfind("save_safetensors: '" + path + "': ", 0) == 0u, msg);
+      BOOST_TEST(msg.find(part) != std::string::npos, msg);
+    }
+  };
+  expect({{"a", ones({1})}, {"a", ones({2})}}, "duplicate tensor name 'a'");
+  expect({{"__metadata__", ones({1})}}, "reserved");
+  expect({{"u", Tensor()}}, "'u' is undefined");
+  expect({{"bad\xff", ones({1})}}, "UTF-8");
+  BOOST_TEST(td.listing().empty());
+}
+
+BOOST_AUTO_TEST_CASE(hand_built_files_that_are_valid) {
+  TempDir td;
+  const std::string path = td.file("ok.safetensors");
+  // Header order differs from data order, and the header is padded with trailing spaces.
+  std::string data = le64(5) + std::string("\x00\x00\x80\x3f", 4);  // i64 5, then f32 1.0
+  write_bytes(path, st_file(R"({"b": {"dtype": "F32", "shape": [], "data_offsets": [8, 12]},)"
+                            R"( "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},)"
+                            R"( "z": {"dtype": "F64", "shape": [0, 3], "data_offsets": [12, 12]}}   )",
+                            data));
+  const auto f = nn::load_safetensors(path);
+  BOOST_REQUIRE_EQUAL(f.tensors.size(), 3u);
+  BOOST_TEST(f.tensors[0].first == "a");  // loaded in data order
+  BOOST_TEST(f.at("a").to_vector<int64_t>() == std::vector<int64_t>{5});
+  BOOST_TEST(f.at("b").item() == 1.0);
+  BOOST_TEST(f.at("z").numel() == 0);
+
+  write_bytes(path, st_file("{}"));
+  BOOST_TEST(nn::load_safetensors(path).tensors.empty());
+}
+
+BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
+  TempDir td;
+  const std::string f32x6(24, '\0');
+  auto entry = [](const std::string& name, const std::string& body) {
+    return "{\"" + name + "\": " + body + "}";
+  };
+
+  // Framing.
+  expect_load_error(td, "", {"file is 0 bytes", "too short"});
+  expect_load_error(td, std::string(7, '\0'), {"file is 7 bytes", "too short"});
+  expect_load_error(td, le64(100) + "{}", {"header length 100", "larger than the 2 bytes"});
+  expect_load_error(td, le64(100'000'001) + "{}", {"header length 100000001", "exceeds the limit"});
+  expect_load_error(td, le64(~0ull) + "{}", {"exceeds the limit"});
+
+  // Header JSON.
+  expect_load_error(td, st_file(""), {"header is not valid JSON"});
+  expect_load_error(td, st_file("{\"a\": tru}"), {"header is not valid JSON: parse error at line 1, column 10"});
+  expect_load_error(td, st_file("{\"a\xff\": 1}"), {"header is not valid JSON"});
+  expect_load_error(td, st_file("[1, 2]"), {"header is not a JSON object", "array"});
+  expect_load_error(td, st_file("{} {}"), {"header is not valid JSON"});
+  expect_load_error(td,
+                    st_file(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                            R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                            std::string(8, '\0')),
+                    {"tensor 'w' appears twice"});
+
+  // Metadata.
+  expect_load_error(td, st_file(R"({"__metadata__": [1]})"), {"__metadata__ is not a JSON object"});
+  expect_load_error(td, st_file(R"({"__metadata__": {"step": 3}})"),
+                    {"__metadata__ value for 'step' is not a string", "3"});
+
+  // Entry structure.
+  expect_load_error(td, st_file(entry("w", "[1]")), {"tensor 'w'", "not a JSON object"});
+  expect_load_error(td, st_file(entry("w", R"({"shape": [1], "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    {"tensor 'w'", "missing 'dtype'"});
+  expect_load_error(td, st_file(entry("w", R"({"dtype": "F32", "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    {"tensor 'w'", "missing 'shape'"});
+  expect_load_error(td, st_file(entry("w", R"({"dtype": "F32", "shape": [1]})"), std::string(4, 0)),
+                    {"tensor 'w'", "missing 'data_offsets'"});
+  expect_load_error(td,
+                    st_file(entry("w", R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1})"),
+                            std::string(4, 0)),
+                    {"tensor 'w'", "unexpected key 'x'"});
+
+  // dtype.
+  expect_load_error(td, st_file(entry("h", R"({"dtype": "F16", "shape": [2], "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    {"tensor 'h'", "unsupported dtype 'F16'"});
+  expect_load_error(td, st_file(entry("h", R"({"dtype": 32, "shape": [1], "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    {"tensor 'h'", "dtype is not a string"});
+
+  // shape.
+  const std::string offs = R"(, "data_offsets": [0, 24]})";
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": 6)" + offs), f32x6),
+                    {"tensor 's'", "shape is not a list"});
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [2, -3])" + offs), f32x6),
+                    {"tensor 's'", "shape entry 1 is -3", "non-negative integer"});
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [2.0, 3])" + offs), f32x6),
+                    {"tensor 's'", "shape entry 0 is 2.0"});
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": ["2", 3])" + offs), f32x6),
+                    {"tensor 's'", "shape entry 0"});
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [18446744073709551615])" + offs), f32x6),
+                    {"tensor 's'", "shape entry 0"});
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [4294967296, 4294967296])" + offs), f32x6),
+                    {"tensor 's'", "too large"});
+  // A zero dimension must not hide an overflowing product of the others.
+  expect_load_error(td,
+                    st_file(entry("s", R"({"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]})")),
+                    {"tensor 's'", "too large"});
+  // The element count fits int64 but the byte count does not.
+  expect_load_error(td, st_file(entry("s", R"({"dtype": "F64", "shape": [4611686018427387904])" + offs), f32x6),
+                    {"tensor 's'", "byte count overflows"});
+
+  // data_offsets.
+  const std::string pre = R"({"dtype": "F32", "shape": [2, 3], "data_offsets": )";
+  expect_load_error(td, st_file(entry("o", pre + "24}"), f32x6), {"tensor 'o'", "data_offsets must be a list of two"});
+  expect_load_error(td, st_file(entry("o", pre + "[0, 24, 48]}"), f32x6), {"tensor 'o'", "list of two"});
+  expect_load_error(td, st_file(entry("o", pre + "[0]}"), f32x6), {"tensor 'o'", "list of two"});
+  expect_load_error(td, st_file(entry("o", pre + "[0, 24.0]}"), f32x6), {"tensor 'o'", "not non-negative integers"});
+  expect_load_error(td, st_file(entry("o", pre + "[-4, 20]}"), f32x6), {"tensor 'o'", "not non-negative integers"});
+  expect_load_error(td, st_file(entry("o", pre + "[24, 0]}"), f32x6), {"tensor 'o'", "begin 24 is after end 0"});
+  expect_load_error(td, st_file(entry("o", pre + "[0, 48]}"), f32x6),
+                    {"tensor 'o'", "end 48 is past the end of the 24-byte data section"});
+  expect_load_error(td, st_file(entry("enc.w", pre + "[0, 20]}"), std::string(20, 0)),
+                    {"tensor 'enc.w' declares 20 bytes but shape (2, 3) of F32 needs 24"});
+  expect_load_error(td,
+                    st_file(entry("i", R"({"dtype": "I64", "shape": [], "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    {"tensor 'i' declares 4 bytes but shape () of I64 needs 8"});
+
+  // Region layout.
+  const std::string two = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
+                          R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": )";
+  expect_load_error(td, st_file(two + "[8, 12]}}", std::string(12, 0)),
+                    {"tensor 'b' starts at byte 8", "previous tensor 'a' ends at byte 4", "gap"});
+  expect_load_error(td, st_file(two + "[2, 6]}}", std::string(6, 0)),
+                    {"tensor 'b' starts at byte 2", "tensor 'a' ends at byte 4", "overlap"});
+  expect_load_error(td, st_file(two + "[0, 4]}}", std::string(4, 0)), {"overlap"});
+  expect_load_error(td, st_file(entry("c", R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})"), std::string(8, 0)),
+                    {"tensor 'c' starts at byte 4", "data section starts at byte 0", "gap"});
+  expect_load_error(td, st_file(two + "[4, 8]}}", std::string(9, 0)),
+                    {"trailing data", "cover 8 bytes of the 9-byte data section"});
+  expect_load_error(td, st_file("{}", "x"), {"trailing data", "cover 0 bytes of the 1-byte"});
+
+  // Not a readable regular file.
+  expect_load_error(td, "", {"too short"});
+  try {
+    nn::load_safetensors(td.file("missing.safetensors"));
+    BOOST_ERROR("expected a throw");
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()).find("missing.safetensors': cannot open") != std::string::npos, e.what());
+  }
+  try {
+    nn::load_safetensors(td.dir.string());
+    BOOST_ERROR("expected a throw");
+  } catch (const Error& e) {
+    BOOST_TEST(std::string(e.what()).find("not a regular file") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_truncation_is_an_error) {
+  TempDir td;
+  const std::string bytes = small_valid_file(td);
+  const std::string path = td.file("cut.safetensors");
+  BOOST_TEST_MESSAGE("valid file is " << bytes.size() << " bytes");
+  for (size_t len = 0; len < bytes.size(); ++len) {
+    write_bytes(path, bytes.substr(0, len));
+    try {
+      nn::load_safetensors(path);
+      BOOST_ERROR("prefix of " << len << " bytes loaded");
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      BOOST_ERROR("prefix of " << len << " bytes threw a non-graft error: " << e.what());
+    }
+  }
+  write_bytes(path, bytes);
+  BOOST_TEST(nn::load_safetensors(path).tensors.size() == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(random_header_corruption_never_crashes) {
+  TempDir td;
+  const std::string bytes = small_valid_file(td);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  const std::string path = td.file("fuzz.safetensors");
+  // Bytes that change JSON structure rather than just the text inside a string.
+  const std::string interesting = "{}[]\",:-.0123456789eE \\";
+  Generator gen(1234);
+  int loaded = 0, rejected = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string b = bytes;
+    const int flips = 1 + int(gen.below(4));
+    for (int k = 0; k < flips; ++k) {
+      // Mostly inside the JSON, sometimes the length field.
+      const size_t pos = gen.below(10) == 0 ? gen.below(8) : 8 + gen.below(n);
+      b[pos] = gen.below(2) ? char(gen.below(256)) : interesting[gen.below(interesting.size())];
+    }
+    write_bytes(path, b);
+    try {
+      const auto f = nn::load_safetensors(path);
+      ++loaded;
+      for (const auto& [name, t] : f.tensors) BOOST_TEST(t.numel() >= 0);
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      BOOST_ERROR("trial " << trial << " threw a non-graft error: " << e.what());
+    }
+  }
+  BOOST_TEST_MESSAGE("corruption: " << loaded << " loaded, " << rejected << " rejected");
+  BOOST_TEST(rejected > 0);
+}
+
+BOOST_AUTO_TEST_CASE(atomic_write_keeps_the_old_file_when_the_writer_throws) {
+  TempDir td;
+  const std::string path = td.file("state.json");
+  write_bytes(path, "old content");
+  try {
+    nn::atomic_write(path, [](std::ostream& os) {
+      os << std::string(100000, 'x');  // enough that some of it reaches the temp file
+      throw std::runtime_error("writer failed midway");
+    });
+    BOOST_ERROR("expected a throw");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()) == "writer failed midway");  // rethrown unchanged
+  }
+  BOOST_TEST(read_bytes(path) == "old content");
+  BOOST_TEST(td.listing() == std::vector<std::string>{"state.json"});
+
+  nn::atomic_write(path, [](std::ostream& os) { os << "new content"; });
+  BOOST_TEST(read_bytes(path) == "new content");
+  BOOST_TEST(td.listing() == std::vector<std::string>{"state.json"});
+
+  // A failed safetensors save leaves the previous checkpoint loadable.
+  const std::string ck = td.file("ck.safetensors");
+  nn::save_safetensors(ck, {{"w", ones({3})}});
+  const std::string before = read_bytes(ck);
+  BOOST_CHECK_THROW(nn::save_safetensors(ck, {{"w", ones({3})}, {"w", ones({3})}}), Error);
+  BOOST_TEST(read_bytes(ck) == before);
+}
+
+BOOST_AUTO_TEST_CASE(atomic_write_failures_name_the_path) {
+  TempDir td;
+  const std::string nowhere = td.file("no/such/dir/ck.safetensors");
+  auto expect = [&](const std::function<void()>& f, const std::string& path) {
+    try {
+      f();
+      BOOST_ERROR("expected a throw for " << path);
+    } catch (const Error& e) {
+      BOOST_TEST(std::string(e.what()).find("'" + path + "'") != std::string::npos, e.what());
+    }
+  };
+  expect([&] { nn::atomic_write(nowhere, [](std::ostream& os) { os << "x"; }); }, nowhere);
+  expect([&] { nn::save_safetensors(nowhere, {{"w", ones({1})}}); }, nowhere);
+  expect([&] { nn::save_json(nowhere, {{"a", 1}}); }, nowhere);
+
+  // The rename fails when the target is a directory: the temp file must still be cleaned up.
+  const std::string as_dir = td.file("occupied");
+  fs::create_directory(as_dir);
+  expect([&] { nn::atomic_write(as_dir, [](std::ostream& os) { os << "x"; }); }, as_dir);
+  BOOST_TEST(td.listing() == std::vector<std::string>{"occupied"});
+}
+
+BOOST_AUTO_TEST_CASE(json_round_trip_and_errors) {
+  TempDir td;
+  const std::string path = td.file("cfg.json");
+  const nlohmann::json j = {{"lr", 3e-4}, {"layers", {1, 2, 3}}, {"name", "tiny"}, {"step", 1200}};
+  nn::save_json(path, j);
+  BOOST_TEST(nn::load_json(path) == j);
+  BOOST_TEST(td.listing() == std::vector<std::string>{"cfg.json"});
+
+  write_bytes(path, "{\n  \"lr\": 3e-4,\n  \"layers\": [1, 2,]\n}\n");
+  try {
+    nn::load_json(path);
+    BOOST_ERROR("expected a throw");
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    BOOST_TEST(msg.rfind("load_json: '" + path + "': ", 0) == 0u, msg);
+    BOOST_TEST(msg.find("line 3, column") != std::string::npos, msg);
+  }
+  BOOST_CHECK_THROW(nn::load_json(td.file("absent.json")), Error);
+  BOOST_CHECK_THROW(nn::save_json(path, nlohmann::json("bad\xff")), Error);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

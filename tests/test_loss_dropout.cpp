@@ -1,0 +1,224 @@
+// cross_entropy and dropout: hand-computed values, PyTorch semantics, mask determinism, misuse.
+#include <omp.h>
+
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/tape.h"
+#include "ops/dropout.h"
+#include "ops/loss.h"
+
+using namespace graft;
+
+namespace {
+
+bool msg_has(const Error& e, const char* op, std::initializer_list<const char*> parts) {
+  const std::string m = e.what();
+  if (m.find(op) == std::string::npos) return false;
+  for (auto p : parts)
+    if (m.find(p) == std::string::npos) return false;
+  return true;
+}
+
+void check_close(const std::vector<double>& a, const std::vector<double>& b, double tol) {
+  BOOST_REQUIRE_EQUAL(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    BOOST_TEST(std::fabs(a[i] - b[i]) <= tol, "at " << i << ": " << a[i] << " vs " << b[i]);
+}
+
+Tensor targets(std::vector<int64_t> t) {
+  const int64_t n = (int64_t)t.size();
+  return from_vector(t, {n});
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(loss)
+
+BOOST_AUTO_TEST_CASE(uniform_logits_give_log_c) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = full({3, 7}, 0.25, dt);
+    Tensor l = cross_entropy(x, targets({0, 6, 3}));
+    BOOST_TEST(l.dim() == 0);
+    BOOST_TEST((l.dtype() == dt));
+    BOOST_TEST(std::fabs(l.item() - std::log(7.0)) < 1e-6);
+    // Smoothing does not change it: every class has the same log-probability.
+    BOOST_TEST(std::fabs(cross_entropy(x, targets({0, 6, 3}), 0.3).item() - std::log(7.0)) < 1e-6);
+  }
+}
+
+// logits [[1, 2, 3], [1, 1, 1]], targets [2, 0]. Row 0: lse = 3 + log(1 + e^-1 + e^-2)
+// = 3.40760596444438; loss_0 = lse - (1 - eps) * 3 - eps / 3 * (1 + 2 + 3). Row 1: log 3.
+BOOST_AUTO_TEST_CASE(hand_computed_with_and_without_smoothing) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = cast_copy(from_vector(std::vector<double>{1, 2, 3, 1, 1, 1}, {2, 3}), dt).requires_grad_();
+    Tensor t = targets({2, 0});
+    BOOST_TEST(std::fabs(cross_entropy(x, t).item() - 0.7531091265562452) < 1e-6);
+    Tensor l = cross_entropy(x, t, 0.1);
+    BOOST_TEST(std::fabs(l.item() - 0.8031091265562452) < 1e-6);
+    // dlogits = (softmax - q) / 2 with q = 0.9 onehot + 0.1 / 3.
+    autograd::clear_tape();
+    l = cross_entropy(x, t, 0.1);
+    l.backward();
+    const double s0 = 0.09003057317038043, s1 = 0.24472847105479759, s2 = 0.6652409557748217;
+    const double o = 0.1 / 3, on = 0.9 + 0.1 / 3;
+    check_close(x.grad().to_vector<double>(),
+                {(s0 - o) / 2, (s1 - o) / 2, (s2 - on) / 2, (1.0 / 3 - on) / 2, (1.0 / 3 - o) / 2,
+                 (1.0 / 3 - o) / 2},
+                1e-6);
+  }
+}
+
+// Ignored rows count neither in the sum nor in the mean, and get zero gradient.
+BOOST_AUTO_TEST_CASE(ignored_targets) {
+  Tensor x = from_vector(std::vector<double>{1, 2, 3, 5, -4, 0.5, 1, 1, 1}, {3, 3}).requires_grad_();
+  Tensor l = cross_entropy(x, targets({2, -100, 0}));
+  BOOST_TEST(std::fabs(l.item() - 0.7531091265562452) < 1e-12);
+  l.backward();
+  auto g = x.grad().to_vector<double>();
+  for (int c = 3; c < 6; ++c) BOOST_TEST(g[c] == 0.0);
+  BOOST_TEST(std::fabs(g[8] - (1.0 / 3) / 2) < 1e-12);
+  // A custom ignore_index that is a real class id.
+  BOOST_TEST(std::fabs(cross_entropy(x.detach(), targets({2, 1, 0}), 0.0, 1).item() -
+                       0.7531091265562452) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(all_ignored_is_zero_not_nan) {
+  Tensor x = rand({2, 4}, DType::f64).requires_grad_();
+  Tensor l = cross_entropy(x, targets({-100, -100}), 0.1);
+  BOOST_TEST(l.item() == 0.0);
+  l.backward();
+  for (double v : x.grad().to_vector<double>()) BOOST_TEST(v == 0.0);
+}
+
+// Large logits do not overflow (log-sum-exp is shifted by the row max).
+BOOST_AUTO_TEST_CASE(large_logits_are_stable) {
+  Tensor x = from_vector(std::vector<float>{1000, 0, -1000, 1000}, {2, 2});
+  Tensor l = cross_entropy(x, targets({0, 0}));
+  BOOST_TEST(std::fabs(l.item() - 1000.0) < 1e-3);  // row 0: 0, row 1: 2000
+}
+
+BOOST_AUTO_TEST_CASE(float32_matches_float64_many_rows) {
+  Generator g(8);
+  Tensor x64 = randn({300, 257}, DType::f64, g, 0, 3);
+  std::vector<int64_t> t(300);
+  for (auto& v : t) v = (int64_t)g.below(257);
+  t[5] = -100;
+  Tensor x32 = cast_copy(x64, DType::f32);
+  x64.requires_grad_();
+  x32.requires_grad_();
+  Tensor l64 = cross_entropy(x64, targets(t), 0.1), l32 = cross_entropy(x32, targets(t), 0.1);
+  BOOST_TEST(std::fabs(l64.item() - l32.item()) < 1e-5);
+  l64.backward();
+  l32.backward();
+  check_close(x32.grad().to_vector<double>(), x64.grad().to_vector<double>(), 1e-7);
+}
+
+BOOST_AUTO_TEST_CASE(misuse_errors) {
+  Tensor x = rand({3, 4});
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 4, 1})), Error, [](const Error& e) {
+    return msg_has(e, "cross_entropy", {"target 4", "position 1", "[0, 4)"});
+  });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, -1, 1})), Error, [](const Error& e) {
+    return msg_has(e, "cross_entropy", {"target -1", "position 1", "ignore_index -100"});
+  });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, from_vector(std::vector<float>{0, 1, 2}, {3})), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"int64", "f32 (3)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(rand({2, 3, 4}), targets({0, 1})), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"(N, C)", "(2, 3, 4)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1})), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"(3, 4)", "i64 (2)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 2}, {3, 1})), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"i64 (3, 1)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(from_vector(std::vector<int64_t>{0, 1}, {1, 2}), targets({0})), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"i64 (1, 2)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1, 2}), 1.5), Error,
+                        [](const Error& e) { return msg_has(e, "cross_entropy", {"label_smoothing"}); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(dropout_op)
+
+// The mask is exactly "gen.uniform() >= p" drawn in element order, and the generator ends where
+// n sequential draws would leave it.
+BOOST_AUTO_TEST_CASE(mask_matches_sequential_draws) {
+  const double p = 0.3;
+  Generator g(77), ref(77);
+  Tensor out = dropout(ones({40, 25}, DType::f64), p, true, g);
+  auto o = out.to_vector<double>();
+  for (double v : o) {
+    const double want = ref.uniform() >= p ? 1 / (1 - p) : 0.0;
+    BOOST_TEST(v == want);
+  }
+  BOOST_TEST(g.next_u64() == ref.next_u64());
+}
+
+BOOST_AUTO_TEST_CASE(same_mask_for_f32_f64_and_any_thread_count) {
+  const int64_t n = 100000;  // above the parallel grain
+  Generator g1(3), g2(3), g3(3);
+  const int prev = omp_get_max_threads();
+  omp_set_num_threads(1);
+  auto a = dropout(ones({n}, DType::f32), 0.5, true, g1).to_vector<double>();
+  omp_set_num_threads(std::max(2, prev));
+  auto b = dropout(ones({n}, DType::f32), 0.5, true, g2).to_vector<double>();
+  auto c = dropout(ones({n}, DType::f64), 0.5, true, g3).to_vector<double>();
+  omp_set_num_threads(prev);
+  BOOST_TEST(a == b);
+  BOOST_TEST(a == c);
+  int64_t kept = 0;
+  for (double v : a) kept += v != 0;
+  BOOST_TEST(std::fabs((double)kept / n - 0.5) < 0.01);
+}
+
+BOOST_AUTO_TEST_CASE(kept_values_are_scaled_and_backward_uses_the_mask) {
+  Generator g(11);
+  Tensor x = rand({8, 9}, DType::f64, g, 1, 2).requires_grad_();
+  Tensor y = dropout(x, 0.25, true, g);
+  auto xv = x.to_vector<double>(), yv = y.to_vector<double>();
+  int64_t kept = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    BOOST_TEST((yv[i] == 0.0 || std::fabs(yv[i] - xv[i] / 0.75) < 1e-12));
+    kept += yv[i] != 0;
+  }
+  BOOST_TEST(kept > 0);
+  BOOST_TEST(kept < 72);
+  Tensor dout = rand({8, 9}, DType::f64, g);
+  y.backward(dout);
+  auto gx = x.grad().to_vector<double>(), dv = dout.to_vector<double>();
+  for (size_t i = 0; i < xv.size(); ++i)
+    BOOST_TEST(std::fabs(gx[i] - (yv[i] == 0.0 ? 0.0 : dv[i] / 0.75)) < 1e-12);
+}
+
+// A transposed view gets the mask of its logical (row-major) element order.
+BOOST_AUTO_TEST_CASE(noncontiguous_input) {
+  Tensor base = rand({5, 3});
+  Tensor xt = Tensor::view_of(base, {3, 5}, {1, 3}, 0);
+  Generator g1(2), g2(2);
+  BOOST_TEST(dropout(xt, 0.5, true, g1).to_vector<float>() ==
+             dropout(contiguous_copy(xt), 0.5, true, g2).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_CASE(identity_and_edge_probabilities) {
+  Tensor x = rand({4, 4});
+  Generator g(1);
+  const uint64_t s = g.state();
+  BOOST_TEST(dropout(x, 0.5, false, g).to_vector<float>() == x.to_vector<float>());
+  BOOST_TEST(dropout(x, 0.0, true, g).to_vector<float>() == x.to_vector<float>());
+  BOOST_TEST(g.state() == s);  // identity draws nothing
+  for (float v : dropout(x, 1.0, true, g).to_vector<float>()) BOOST_TEST(v == 0.0f);
+}
+
+BOOST_AUTO_TEST_CASE(misuse_errors) {
+  Tensor x = rand({2, 3});
+  BOOST_CHECK_EXCEPTION(dropout(x, 1.5, true), Error,
+                        [](const Error& e) { return msg_has(e, "dropout", {"p = 1.5", "(2, 3)"}); });
+  BOOST_CHECK_EXCEPTION(dropout(x, -0.1, false), Error,
+                        [](const Error& e) { return msg_has(e, "dropout", {"p = -0.1"}); });
+  BOOST_CHECK_EXCEPTION(dropout(x, std::nan(""), true), Error,
+                        [](const Error& e) { return msg_has(e, "dropout", {"p = "}); });
+  BOOST_CHECK_EXCEPTION(dropout(from_vector(std::vector<int64_t>{1, 2}, {2}), 0.5, true), Error,
+                        [](const Error& e) { return msg_has(e, "dropout", {"i64 (2)"}); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()

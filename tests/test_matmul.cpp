@@ -1,0 +1,219 @@
+// matmul and linear: hand-computed values, float32 (oneDNN) vs float64 (loops) on layouts the
+// gradcheck cases are too small to reach, and the misuse errors.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/tape.h"
+#include "ops/matmul.h"
+
+using namespace graft;
+
+namespace {
+
+// The last two dims of t swapped, as a view (no copy).
+Tensor tview(const Tensor& t) {
+  Shape s = t.shape(), st = t.strides();
+  std::swap(s[s.size() - 1], s[s.size() - 2]);
+  std::swap(st[st.size() - 1], st[st.size() - 2]);
+  return Tensor::view_of(t, s, st, t.offset());
+}
+
+// A view of t with its dims reordered.
+Tensor permuted(const Tensor& t, const std::vector<int64_t>& dims) {
+  Shape s, st;
+  for (int64_t d : dims) {
+    s.push_back(t.shape()[d]);
+    st.push_back(t.strides()[d]);
+  }
+  return Tensor::view_of(t, s, st, t.offset());
+}
+
+// A float32 copy of t stored with t's strides (so views stay views).
+Tensor f32_same_layout(const Tensor& t) {
+  const int64_t n = (int64_t)(t.impl()->storage->nbytes / dtype_size(t.dtype()));
+  Tensor v = Tensor::view_of(Tensor::empty({n}, DType::f32), t.shape(), t.strides(), t.offset());
+  copy_into(v, t);
+  return v;
+}
+
+void check_close(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
+  auto got = t.to_vector<double>();
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    BOOST_CHECK_MESSAGE(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])),
+                        "element " << i << ": got " << got[i] << ", want " << want[i]);
+}
+
+void check_same(const Tensor& a, const Tensor& b, double tol) {
+  BOOST_REQUIRE(a.shape() == b.shape());
+  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::fabs(va[i] - vb[i]));
+  BOOST_CHECK_MESSAGE(worst <= tol, "max |diff| " << worst << " > " << tol);
+}
+
+bool names(const Error& e, const std::string& part) {
+  const std::string m = e.what();
+  BOOST_TEST_MESSAGE(m);
+  return m.find(part) != std::string::npos;
+}
+
+const DType kFloats[] = {DType::f32, DType::f64};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(matmul_family)
+
+BOOST_AUTO_TEST_CASE(matmul_values) {
+  for (DType dt : kFloats) {
+    Tensor a = from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
+    a = cast_copy(a, dt);
+    Tensor b = cast_copy(from_vector(std::vector<double>{5, 6, 7, 8}, {2, 2}), dt);
+    check_close(matmul(a, b), {19, 22, 43, 50});
+    // b stored transposed: the same matrix read through swapped strides
+    Tensor bt = tview(cast_copy(from_vector(std::vector<double>{5, 7, 6, 8}, {2, 2}), dt));
+    BOOST_CHECK(!bt.is_contiguous());
+    check_close(matmul(a, bt), {19, 22, 43, 50});
+    // 1-D promotions
+    Tensor v = cast_copy(from_vector(std::vector<double>{1, 2}, {2}), dt);
+    Tensor y = matmul(v, b);
+    BOOST_CHECK(y.shape() == Shape({2}));
+    check_close(y, {19, 22});
+    y = matmul(a, v);
+    BOOST_CHECK(y.shape() == Shape({2}));
+    check_close(y, {5, 11});
+    y = matmul(v, v);
+    BOOST_CHECK(y.shape() == Shape({}));
+    check_close(y, {5});
+    // batch (2, 1, 2, 2) @ (3, 2, 2) broadcasts to (2, 3, 2, 2)
+    Tensor ab = cast_copy(from_vector(std::vector<double>{1, 0, 0, 1, 2, 0, 0, 2}, {2, 1, 2, 2}), dt);
+    Tensor bb = cast_copy(
+        from_vector(std::vector<double>{1, 2, 3, 4, 0, 1, 1, 0, -1, 0, 0, -1}, {3, 2, 2}), dt);
+    y = matmul(ab, bb);
+    BOOST_CHECK(y.shape() == Shape({2, 3, 2, 2}));
+    check_close(y, {1, 2, 3, 4, 0, 1, 1, 0, -1, 0, 0, -1, 2, 4, 6, 8, 0, 2, 2, 0, -2, 0, 0, -2});
+  }
+}
+
+BOOST_AUTO_TEST_CASE(matmul_backward_values) {
+  // out = a @ b with dout = ones: da = ones @ b^T (row sums of b), db = a^T @ ones (column sums
+  // of a, repeated).
+  Tensor a = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}).requires_grad_();
+  Tensor b = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2}).requires_grad_();
+  matmul(a, b).backward(ones({2, 2}));
+  check_close(a.grad(), {3, 7, 11, 3, 7, 11});
+  check_close(b.grad(), {5, 5, 7, 7, 9, 9});
+  // A 2-D weight under a batched input: its gradient sums over the batch.
+  Tensor x = from_vector(std::vector<float>{1, 2, 3, 4}, {2, 1, 2}).requires_grad_();
+  Tensor w = from_vector(std::vector<float>{1, 0, 0, 1}, {2, 2}).requires_grad_();
+  matmul(x, w).backward(ones({2, 1, 2}));
+  check_close(w.grad(), {4, 4, 6, 6});
+  BOOST_CHECK(w.grad().shape() == Shape({2, 2}));
+  BOOST_CHECK(autograd::tape_size() == 0u);
+}
+
+// Sizes large enough for the optimised paths (folded batch rows, strided batches, broadcasts).
+BOOST_AUTO_TEST_CASE(matmul_f32_matches_f64_on_views) {
+  Generator g(3);
+  struct Pair {
+    Tensor a, b;
+  };
+  std::vector<Pair> pairs;
+  // (B, T, C) @ (C, N): folded into one gemm; also with a transposed weight
+  pairs.push_back({randn({3, 17, 33}, DType::f64, g), randn({33, 9}, DType::f64, g)});
+  pairs.push_back({randn({3, 17, 33}, DType::f64, g), tview(randn({9, 33}, DType::f64, g))});
+  // attention-style: q (B, H, T, D) and k^T from (B, T, H, D) storage
+  Tensor q = permuted(randn({2, 7, 3, 8}, DType::f64, g), {0, 2, 1, 3});
+  Tensor k = permuted(randn({2, 7, 3, 8}, DType::f64, g), {0, 2, 3, 1});
+  pairs.push_back({q, k});
+  // broadcasts both ways
+  pairs.push_back({randn({4, 1, 5, 6}, DType::f64, g), randn({3, 6, 2}, DType::f64, g)});
+  pairs.push_back({randn({5, 6}, DType::f64, g), randn({2, 3, 6, 4}, DType::f64, g)});
+  for (auto& p : pairs) {
+    Tensor a32 = cast_copy(p.a, DType::f32), b32 = cast_copy(p.b, DType::f32);
+    // keep the f32 operands in the same strided layout as the f64 ones
+    Tensor a32v = f32_same_layout(p.a), b32v = f32_same_layout(p.b);
+    check_same(matmul(a32v, b32v), matmul(p.a, p.b), 1e-4);
+    check_same(matmul(a32, b32), matmul(p.a, p.b), 1e-4);
+
+    // backward on the same layouts
+    Tensor a64 = p.a.detach().requires_grad_(), b64 = p.b.detach().requires_grad_();
+    a32v.requires_grad_();
+    b32v.requires_grad_();
+    Tensor y64 = matmul(a64, b64);
+    Tensor dout = randn(y64.shape(), DType::f64, g);
+    y64.backward(dout);
+    matmul(a32v, b32v).backward(cast_copy(dout, DType::f32));
+    check_same(a32v.grad(), a64.grad(), 1e-4);
+    check_same(b32v.grad(), b64.grad(), 1e-4);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(linear_values) {
+  for (DType dt : kFloats) {
+    Tensor x = cast_copy(from_vector(std::vector<double>{1, 2, -1, 0}, {2, 1, 2}), dt);
+    Tensor w = cast_copy(from_vector(std::vector<double>{1, 0, 0, 1, 1, 1}, {3, 2}), dt);
+    Tensor b = cast_copy(from_vector(std::vector<double>{0.5, 0, -1}, {3}), dt);
+    Tensor y = linear(x, w, b);
+    BOOST_CHECK(y.shape() == Shape({2, 1, 3}));
+    check_close(y, {1.5, 2, 2, -0.5, 0, -2});
+    check_close(linear(x, w), {1, 2, 3, -1, 0, -1});
+    // backward with dout = ones: dx = ones @ W, dW = ones^T x, db = number of rows
+    x.requires_grad_();
+    w.requires_grad_();
+    b.requires_grad_();
+    linear(x, w, b).backward(ones({2, 1, 3}, dt));
+    check_close(x.grad(), {2, 2, 2, 2});
+    check_close(w.grad(), {0, 2, 0, 2, 0, 2});
+    check_close(b.grad(), {2, 2, 2});
+  }
+}
+
+BOOST_AUTO_TEST_CASE(linear_f32_matches_f64) {
+  Generator g(5);
+  Tensor x = tview(randn({16, 24}, DType::f64, g));  // (24, 16), non-contiguous
+  Tensor w = randn({10, 16}, DType::f64, g), b = randn({10}, DType::f64, g);
+  Tensor x32 = cast_copy(x, DType::f32).requires_grad_(), w32 = cast_copy(w, DType::f32).requires_grad_(),
+         b32 = cast_copy(b, DType::f32).requires_grad_();
+  x.requires_grad_();
+  w.requires_grad_();
+  b.requires_grad_();
+  Tensor y = linear(x, w, b);
+  Tensor dout = randn(y.shape(), DType::f64, g);
+  y.backward(dout);
+  Tensor y32 = linear(x32, w32, b32);
+  check_same(y32, y, 1e-4);
+  y32.backward(cast_copy(dout, DType::f32));
+  check_same(x32.grad(), x.grad(), 1e-4);
+  check_same(w32.grad(), w.grad(), 1e-4);
+  check_same(b32.grad(), b.grad(), 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(matmul_misuse) {
+  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({4, 5})), Error,
+                        [](const Error& e) { return names(e, "matmul: (2, 3) @ (4, 5): inner dims 3 != 4"); });
+  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({3, 5}, DType::f64)), Error,
+                        [](const Error& e) { return names(e, "matmul: (2, 3) @ (3, 5): dtype mismatch"); });
+  BOOST_CHECK_EXCEPTION(matmul(scalar(1.0), zeros({3})), Error,
+                        [](const Error& e) { return names(e, "matmul: () @ (3)"); });
+  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 2, 3}), zeros({3, 3, 4})), Error, [](const Error& e) {
+    return names(e, "matmul: (2, 2, 3) @ (3, 3, 4): batch dims (2) and (3) cannot be broadcast");
+  });
+  BOOST_CHECK_EXCEPTION(matmul(zeros({3}, DType::i64), zeros({3}, DType::i64)), Error,
+                        [](const Error& e) { return names(e, "matmul"); });
+}
+
+BOOST_AUTO_TEST_CASE(linear_misuse) {
+  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 5})), Error, [](const Error& e) {
+    return names(e, "linear: x (2, 3), w (4, 5): in features 3 != w's 5");
+  });
+  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 3}), zeros({3})), Error, [](const Error& e) {
+    return names(e, "linear: x (2, 3), w (4, 3), b (3): b must be (4)");
+  });
+  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({3})), Error,
+                        [](const Error& e) { return names(e, "linear: x (2, 3), w (3): w must be 2-D"); });
+  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 3}, DType::f64)), Error,
+                        [](const Error& e) { return names(e, "linear: x (2, 3), w (4, 3): dtype mismatch"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
