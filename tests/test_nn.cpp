@@ -1,0 +1,122 @@
+// nn/ layers: shapes, PyTorch-compatible names and initialisation, positional encodings.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/gradcheck.h"
+#include "nn/transformer.h"
+#include "ops/ops.h"
+
+using namespace graft;
+using namespace graft::nn;
+
+BOOST_AUTO_TEST_SUITE(nn_layers)
+
+BOOST_AUTO_TEST_CASE(linear_shapes_init_and_names) {
+  Generator g(1);
+  Linear l(8, 3, true, DType::f32, g);
+  auto named = l.named_parameters();
+  BOOST_TEST(named.size() == 2u);
+  BOOST_TEST(named[0].first == "weight");
+  BOOST_TEST(named[1].first == "bias");
+  BOOST_TEST(l.num_parameters() == 8 * 3 + 3);
+  for (double w : l.weight.to_vector<double>()) BOOST_TEST(std::fabs(w) <= 1.0 / std::sqrt(8.0));
+  Tensor y = l.forward(ones({2, 5, 8}));
+  BOOST_TEST(y.shape() == (Shape{2, 5, 3}));
+  BOOST_CHECK_THROW(l.forward(ones({2, 7})), Error);
+}
+
+BOOST_AUTO_TEST_CASE(embedding_padding_row_is_zero_and_gets_no_gradient) {
+  Generator g(2);
+  Embedding e(10, 4, 0, DType::f64, g);
+  auto row0 = contiguous(slice(e.weight, 0, 0, 1)).to_vector<double>();
+  for (double v : row0) BOOST_TEST(v == 0.0);
+  Tensor ids = from_vector(std::vector<int64_t>{0, 3, 3, 0}, {2, 2}, DType::i64);
+  sum(e.forward(ids)).backward();
+  auto gr = e.weight.grad().to_vector<double>();
+  for (int j = 0; j < 4; ++j) {
+    BOOST_TEST(gr[0 * 4 + j] == 0.0);
+    BOOST_TEST(gr[3 * 4 + j] == 2.0);
+  }
+  BOOST_CHECK_THROW(e.forward(from_vector(std::vector<int64_t>{10}, {1, 1}, DType::i64)), Error);
+}
+
+BOOST_AUTO_TEST_CASE(sinusoidal_encoding_matches_formula) {
+  SinusoidalPositionalEncoding pe(50, 8, DType::f64);
+  auto t = pe.table.to_vector<double>();
+  for (int i : {0, 1, 7, 49})
+    for (int j = 0; j < 4; ++j) {
+      const double angle = i / std::pow(10000.0, 2.0 * j / 8.0);
+      BOOST_TEST(std::fabs(t[i * 8 + 2 * j] - std::sin(angle)) < 1e-12);
+      BOOST_TEST(std::fabs(t[i * 8 + 2 * j + 1] - std::cos(angle)) < 1e-12);
+    }
+  BOOST_TEST(pe.named_parameters().empty());  // a buffer, not a parameter
+  Tensor x = zeros({2, 3, 8}, DType::f64);
+  Tensor y = pe.forward(x, 5);  // positions 5..7
+  BOOST_TEST(std::fabs(y.to_vector<double>()[0] - std::sin(5.0)) < 1e-12);
+  BOOST_CHECK_THROW(pe.forward(zeros({1, 48, 8}, DType::f64), 5), Error);
+}
+
+BOOST_AUTO_TEST_CASE(layer_norm_module_and_dropout_modes) {
+  LayerNorm ln(4);
+  Tensor y = ln.forward(from_vector(std::vector<float>{1, 2, 3, 4}, {1, 4}));
+  auto v = y.to_vector<double>();
+  BOOST_TEST(std::fabs(v[0] + v[3]) < 1e-5);
+  BOOST_TEST(std::fabs(v[3] - 3.0 / std::sqrt(5.0 + 1e-5 * 4)) < 1e-3);
+  Generator g(3);
+  Dropout d(0.5, &g);
+  Tensor x = ones({1000});
+  auto train = d.forward(x).to_vector<double>();
+  int zeros_n = 0;
+  for (double t : train) zeros_n += t == 0.0;
+  BOOST_TEST(zeros_n > 400);
+  BOOST_TEST(zeros_n < 600);
+  d.eval();
+  BOOST_TEST(d.forward(x).same_storage(x));  // identity in eval mode
+}
+
+BOOST_AUTO_TEST_CASE(multi_head_attention_layout_and_masks) {
+  Generator g(4);
+  MultiHeadAttention mha(8, 2, DType::f64, g);
+  auto named = mha.named_parameters();
+  BOOST_TEST(named[0].first == "in_proj_weight");
+  BOOST_TEST(named[0].second.shape() == (Shape{24, 8}));
+  BOOST_TEST(named[1].first == "in_proj_bias");
+  BOOST_TEST(named[2].first == "out_proj.weight");
+  Tensor x = randn({2, 5, 8}, DType::f64, g);
+  Tensor w;
+  Tensor y = mha.forward(x, x, Tensor(), true, &w);
+  BOOST_TEST(y.shape() == (Shape{2, 5, 8}));
+  BOOST_TEST(w.shape() == (Shape{2, 2, 5, 5}));
+  auto wv = w.to_vector<double>();
+  for (int i = 0; i < 5; ++i)
+    for (int j = i + 1; j < 5; ++j) BOOST_TEST(wv[i * 5 + j] == 0.0);  // causal
+  // Cross-attention with a padded memory: padded keys get zero weight.
+  Tensor mem = randn({2, 3, 8}, DType::f64, g);
+  Tensor pad = from_vector(std::vector<int64_t>{0, 0, 1, 0, 0, 0}, {2, 3}, DType::i64);
+  mha.forward(x, mem, pad, false, &w);
+  BOOST_TEST(w.to_vector<double>()[2] == 0.0);
+  BOOST_CHECK_THROW(MultiHeadAttention(10, 3, DType::f32, g), Error);
+  BOOST_CHECK_THROW(mha.forward(randn({2, 5, 6}, DType::f64, g), x), Error);
+}
+
+BOOST_AUTO_TEST_CASE(encoder_layer_gradcheck_both_placements) {
+  for (bool pre : {false, true}) {
+    LayerConfig c;
+    c.d_model = 4;
+    c.heads = 2;
+    c.d_ff = 6;
+    c.dropout = 0.0;
+    c.norm_first = pre;
+    c.dtype = DType::f64;
+    c.activation = pre ? Activation::gelu : Activation::relu;
+    Generator g(5);
+    EncoderLayer layer(c, g, nullptr);
+    Tensor x = randn({2, 3, 4}, DType::f64, g);
+    Tensor pad = from_vector(std::vector<int64_t>{0, 0, 1, 0, 0, 0}, {2, 3}, DType::i64);
+    Tensors inputs = layer.parameters();
+    GradcheckResult r = gradcheck([&](const Tensors&) { return layer.forward(x, pad); }, inputs);
+    BOOST_TEST(r.ok, r.message);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
