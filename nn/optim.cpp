@@ -1,0 +1,640 @@
+#include "nn/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+#include "autograd/tape.h"
+#include "nn/checkpoint.h"
+
+namespace graft::nn {
+
+namespace {
+
+// Below this many elements per step the fork costs more than the loop.
+constexpr int64_t kParallelMin = 1 << 15;
+// Block size for the gradient norm: partial sums per block, combined in block order, make the
+// result independent of how the blocks are spread over threads.
+constexpr int64_t kNormBlock = 4096;
+
+std::string num_str(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// `!(v >= 0)` also rejects NaN.
+void check_nonneg(const char* op, const char* what, double v) {
+  if (!(v >= 0)) fail(std::string(op) + ": " + what + " must be >= 0, got " + num_str(v));
+}
+void check_beta(const char* op, const char* what, double v) {
+  if (!(v >= 0 && v < 1))
+    fail(std::string(op) + ": " + what + " must be in [0, 1), got " + num_str(v));
+}
+
+// ---- fused update kernels ----
+// Each is an orphaned `omp for ... nowait`: step() opens one parallel region and walks the
+// parameters inside it, so small tensors (biases, norms) cost no fork and no barrier each.
+
+template <class T, bool L2, int Mode>  // Mode: 0 plain, 1 momentum, 2 nesterov
+void sgd_kernel(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, T lr,
+                T momentum, T wd) {
+#pragma omp for simd schedule(static) nowait
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i];
+    if constexpr (L2) d += wd * p[i];
+    if constexpr (Mode == 1) {
+      buf[i] = momentum * buf[i] + d;
+      d = buf[i];
+    } else if constexpr (Mode == 2) {
+      buf[i] = momentum * buf[i] + d;
+      d += momentum * buf[i];
+    }
+    p[i] -= lr * d;
+  }
+}
+
+template <class T>
+void sgd_dispatch(const Tensor& pt, const Tensor& gt, const Tensor* buft, double lr,
+                  double momentum, double wd, bool nesterov) {
+  T* p = pt.data<T>();
+  const T* g = gt.data<T>();
+  T* buf = buft ? buft->data<T>() : nullptr;
+  const int64_t n = pt.numel();
+  const int mode = momentum == 0 ? 0 : nesterov ? 2 : 1;
+  const T l = (T)lr, m = (T)momentum, w = (T)wd;
+  auto run = [&]<bool L2>() {
+    if (mode == 0) sgd_kernel<T, L2, 0>(p, g, buf, n, l, m, w);
+    else if (mode == 1) sgd_kernel<T, L2, 1>(p, g, buf, n, l, m, w);
+    else sgd_kernel<T, L2, 2>(p, g, buf, n, l, m, w);
+  };
+  if (wd != 0) run.template operator()<true>();
+  else run.template operator()<false>();
+}
+
+struct AdamScalars {
+  double beta1, beta2, eps, l2, decay, step_size, bc2_sqrt;
+};
+
+// out[i] = sqrt(in[i]) for n <= kAdamChunk values. GCC will not vectorise std::sqrt unless built
+// with -fno-math-errno (the per-function optimize attribute does not reach the builtin), and the
+// scalar loop made the Adam update ~4x slower; vector sqrt instructions never touch errno and
+// are correctly rounded, so the results are the same as std::sqrt.
+void sqrt_n(float* __restrict out, const float* __restrict in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_sqrt_ps(_mm512_loadu_ps(in + i)));
+#elif defined(__AVX__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_sqrt_ps(_mm256_loadu_ps(in + i)));
+#elif defined(__SSE2__)
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(in + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
+}
+void sqrt_n(double* __restrict out, const double* __restrict in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(out + i, _mm512_sqrt_pd(_mm512_loadu_pd(in + i)));
+#elif defined(__AVX__)
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, _mm256_sqrt_pd(_mm256_loadu_pd(in + i)));
+#elif defined(__SSE2__)
+  for (; i + 2 <= n; i += 2) _mm_storeu_pd(out + i, _mm_sqrt_pd(_mm_loadu_pd(in + i)));
+#endif
+  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
+}
+
+// One pass over memory: each chunk (a few KiB per array, so it stays in L1) is read and
+// written once; the three loops inside a chunk only split out the sqrt.
+constexpr int64_t kAdamChunk = 512;
+
+template <class T, bool L2, bool Decoupled>
+void adam_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
+                 int64_t n, const AdamScalars& s) {
+  const T b1 = (T)s.beta1, b2 = (T)s.beta2, omb1 = (T)(1 - s.beta1), omb2 = (T)(1 - s.beta2);
+  const T eps = (T)s.eps, l2 = (T)s.l2, decay = (T)s.decay, step_size = (T)s.step_size,
+          bc2_sqrt = (T)s.bc2_sqrt;
+  const int64_t nchunks = (n + kAdamChunk - 1) / kAdamChunk;
+#pragma omp for schedule(static) nowait
+  for (int64_t c = 0; c < nchunks; ++c) {
+    const int64_t lo = c * kAdamChunk, len = std::min(kAdamChunk, n - lo);
+    T* __restrict pc = p + lo;
+    const T* __restrict gc = g + lo;
+    T* __restrict mc = m + lo;
+    T* __restrict vc = v + lo;
+    alignas(64) T root[kAdamChunk];
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) {
+      T d = gc[i];
+      if constexpr (L2) d += l2 * pc[i];
+      mc[i] = b1 * mc[i] + omb1 * d;
+      vc[i] = b2 * vc[i] + omb2 * d * d;
+    }
+    sqrt_n(root, vc, len);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) {
+      T pi = pc[i];
+      if constexpr (Decoupled) pi *= decay;
+      pc[i] = pi - step_size * (mc[i] / (root[i] / bc2_sqrt + eps));
+    }
+  }
+}
+
+template <class T>
+void adam_dispatch(const Tensor& pt, const Tensor& gt, const Tensor& mt, const Tensor& vt,
+                   const AdamScalars& s, bool decoupled) {
+  T* p = pt.data<T>();
+  const T* g = gt.data<T>();
+  T* m = mt.data<T>();
+  T* v = vt.data<T>();
+  const int64_t n = pt.numel();
+  if (decoupled) adam_kernel<T, false, true>(p, g, m, v, n, s);
+  else if (s.l2 != 0) adam_kernel<T, true, false>(p, g, m, v, n, s);
+  else adam_kernel<T, false, false>(p, g, m, v, n, s);
+}
+
+template <class T>
+double sum_squares(const T* __restrict x, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = (double)x[i];
+    s += xi * xi;
+  }
+  return s;
+}
+
+template <class T>
+void norm_blocks(const T* g, int64_t n, double* partial) {
+  const int64_t nb = (n + kNormBlock - 1) / kNormBlock;
+#pragma omp for schedule(static) nowait
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * kNormBlock;
+    partial[b] = sum_squares(g + lo, std::min(kNormBlock, n - lo));
+  }
+}
+
+template <class T>
+void scale_kernel(T* __restrict g, int64_t n, T c) {
+#pragma omp for simd schedule(static) nowait
+  for (int64_t i = 0; i < n; ++i) g[i] *= c;
+}
+
+// ---- JSON readers for load_state: every miss names the key ----
+
+const nlohmann::json& need(const nlohmann::json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) fail(std::string("load_state: missing '") + key + "'");
+  return j.at(key);
+}
+double need_number(const nlohmann::json& j, const char* key) {
+  const auto& v = need(j, key);
+  if (!v.is_number())
+    fail(std::string("load_state: '") + key + "' must be a number, got " + v.dump());
+  return v.get<double>();
+}
+int64_t need_int(const nlohmann::json& j, const char* key) {
+  const auto& v = need(j, key);
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    fail(std::string("load_state: '") + key + "' must be an integer >= 0, got " + v.dump());
+  return v.get<int64_t>();
+}
+bool need_bool(const nlohmann::json& j, const char* key) {
+  const auto& v = need(j, key);
+  if (!v.is_boolean())
+    fail(std::string("load_state: '") + key + "' must be true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Optimizer
+
+Optimizer::Optimizer(NamedParams params) : params_(std::move(params)) {
+  if (params_.empty()) fail("Optimizer: got an empty parameter list");
+  std::set<std::string> names;
+  std::set<const TensorImpl*> impls;
+  for (const auto& [name, p] : params_) {
+    if (name.empty()) fail("Optimizer: a parameter has an empty name");
+    if (!names.insert(name).second) fail("Optimizer: parameter name '" + name + "' appears twice");
+    if (!p.defined()) fail("Optimizer: parameter '" + name + "' is an undefined tensor");
+    if (!is_floating(p.dtype()))
+      fail("Optimizer: parameter '" + name + "' is " + describe(p) +
+           "; only f32 and f64 tensors can be optimized");
+    if (!p.is_leaf())
+      fail("Optimizer: parameter '" + name + "' is not a leaf (it was produced by an op); "
+           "optimize the leaf it came from or detach() it");
+    if (!p.is_contiguous())
+      fail("Optimizer: parameter '" + name + "' " + describe(p) + " is not contiguous");
+    if (!impls.insert(p.impl()).second)
+      fail("Optimizer: parameter '" + name + "' is the same tensor as an earlier parameter");
+  }
+}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::set_lr(double lr) {
+  check_nonneg(name(), "lr", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (auto& [name, p] : params_) p.zero_grad();
+}
+
+std::vector<Tensor> Optimizer::grads_for_step(const char* opname, int64_t& total) const {
+  std::vector<Tensor> grads(params_.size());
+  total = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, p] = params_[i];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (g.shape() != p.shape() || g.dtype() != p.dtype())
+      fail(std::string(opname) + ": grad of '" + name + "' is " + describe(g) +
+           " but the parameter is " + describe(p));
+    // Gradients come out of backward contiguous; a hand-set strided one costs a copy.
+    grads[i] = g.is_contiguous() ? g : contiguous_copy(g);
+    total += p.numel();
+  }
+  return grads;
+}
+
+std::vector<Tensor> Optimizer::zeros_like_params() const {
+  std::vector<Tensor> out;
+  out.reserve(params_.size());
+  for (const auto& [name, p] : params_) out.push_back(zeros(p.shape(), p.dtype()));
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Optimizer::collect_state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const auto names = buffer_names();
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (size_t b = 0; b < names.size(); ++b)
+      out.emplace_back(params_[i].first + "." + names[b], buffers(b)[i]);
+  return out;
+}
+
+nlohmann::json Optimizer::state_json() const {
+  nlohmann::json j;
+  j["type"] = name();
+  j["step"] = step_count_;
+  j["lr"] = lr_;
+  auto names = nlohmann::json::array();
+  for (const auto& [n, p] : params_) names.push_back(n);
+  j["params"] = names;
+  return j;
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                           const nlohmann::json& j) {
+  if (!j.is_object()) fail("load_state: expected a JSON object, got " + j.dump());
+  const auto& type = need(j, "type");
+  if (!type.is_string() || type.get<std::string>() != name())
+    fail("load_state: the state is for optimizer " + type.dump() + " but this one is " + name());
+  const int64_t step = need_int(j, "step");
+  const double lr = need_number(j, "lr");
+  check_nonneg("load_state", "lr", lr);
+
+  const auto& saved_names = need(j, "params");
+  if (!saved_names.is_array()) fail("load_state: 'params' must be an array of names");
+  std::set<std::string> saved, mine;
+  for (const auto& n : saved_names) {
+    if (!n.is_string()) fail("load_state: 'params' holds a non-string " + n.dump());
+    saved.insert(n.get<std::string>());
+  }
+  for (const auto& [n, p] : params_) {
+    mine.insert(n);
+    if (!saved.count(n)) fail("load_state: parameter '" + n + "' has no saved state");
+  }
+  for (const auto& n : saved)
+    if (!mine.count(n))
+      fail("load_state: the state has parameter '" + n + "', which this optimizer does not");
+  check_hyper(j);
+
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [n, t] : tensors)
+    if (!by_name.emplace(n, &t).second) fail("load_state: tensor '" + n + "' appears twice");
+  const auto bufs = buffer_names();
+  std::set<std::string> expected;
+  for (const auto& [pname, p] : params_) {
+    for (const auto& b : bufs) {
+      const std::string tname = pname + "." + b;
+      expected.insert(tname);
+      auto it = by_name.find(tname);
+      if (it == by_name.end()) fail("load_state: missing tensor '" + tname + "'");
+      const Tensor& t = *it->second;
+      if (!t.defined()) fail("load_state: tensor '" + tname + "' is undefined");
+      if (t.shape() != p.shape())
+        fail("load_state: tensor '" + tname + "' has shape " + shape_str(t.shape()) +
+             " but parameter '" + pname + "' is " + shape_str(p.shape()));
+      if (t.dtype() != p.dtype())
+        fail("load_state: tensor '" + tname + "' is " + dtype_name(t.dtype()) +
+             " but parameter '" + pname + "' is " + dtype_name(p.dtype()));
+    }
+  }
+  for (const auto& [n, t] : tensors)
+    if (!expected.count(n)) fail("load_state: unexpected tensor '" + n + "'");
+
+  // Everything checked: now apply. Copies, so the caller's tensors are never aliased.
+  for (size_t b = 0; b < bufs.size(); ++b)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor& dst = buffers(b)[i];
+      copy_into(dst, *by_name.at(params_[i].first + "." + bufs[b]));
+      dst.bump_version();
+    }
+  step_count_ = step;
+  lr_ = lr;
+  load_hyper(j);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGD
+
+SGD::SGD(NamedParams params, double lr, double momentum, double weight_decay, bool nesterov)
+    : Optimizer(std::move(params)),
+      momentum_(momentum),
+      weight_decay_(weight_decay),
+      nesterov_(nesterov) {
+  check_nonneg("SGD", "lr", lr);
+  check_nonneg("SGD", "momentum", momentum);
+  check_nonneg("SGD", "weight_decay", weight_decay);
+  if (nesterov && momentum <= 0) fail("SGD: nesterov momentum requires momentum > 0, got 0");
+  lr_ = lr;
+  if (momentum_ != 0) momentum_buffer_ = zeros_like_params();
+}
+
+void SGD::step() {
+  autograd::NoGrad no_grad;
+  int64_t total = 0;
+  const std::vector<Tensor> grads = grads_for_step("SGD::step", total);
+  ++step_count_;
+  const bool has_buf = !momentum_buffer_.empty();
+#pragma omp parallel if (total > kParallelMin)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Tensor& p = params_[i].second;
+    const Tensor* buf = has_buf ? &momentum_buffer_[i] : nullptr;
+    if (p.dtype() == DType::f32)
+      sgd_dispatch<float>(p, grads[i], buf, lr_, momentum_, weight_decay_, nesterov_);
+    else
+      sgd_dispatch<double>(p, grads[i], buf, lr_, momentum_, weight_decay_, nesterov_);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    params_[i].second.bump_version();
+    if (has_buf) momentum_buffer_[i].bump_version();
+  }
+}
+
+std::vector<std::string> SGD::buffer_names() const {
+  if (momentum_buffer_.empty()) return {};
+  return {"momentum_buffer"};
+}
+const std::vector<Tensor>& SGD::buffers(size_t) const { return momentum_buffer_; }
+
+std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const { return collect_state(); }
+
+nlohmann::json SGD::state_json() const {
+  auto j = Optimizer::state_json();
+  j["momentum"] = momentum_;
+  j["weight_decay"] = weight_decay_;
+  j["nesterov"] = nesterov_;
+  return j;
+}
+
+void SGD::check_hyper(const nlohmann::json& j) const {
+  const double momentum = need_number(j, "momentum");
+  check_nonneg("load_state", "momentum", momentum);
+  check_nonneg("load_state", "weight_decay", need_number(j, "weight_decay"));
+  const bool nesterov = need_bool(j, "nesterov");
+  if (nesterov && momentum <= 0) fail("load_state: SGD state has nesterov with momentum 0");
+  // The momentum buffers exist only when momentum != 0, so that must agree.
+  if ((momentum != 0) != (momentum_ != 0))
+    fail("load_state: the state has SGD momentum " + num_str(momentum) + " but this SGD has " +
+         num_str(momentum_) + "; one has momentum buffers and the other does not");
+}
+
+void SGD::load_hyper(const nlohmann::json& j) {
+  momentum_ = j.at("momentum").get<double>();
+  weight_decay_ = j.at("weight_decay").get<double>();
+  nesterov_ = j.at("nesterov").get<bool>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adam / AdamW
+
+Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
+           double weight_decay)
+    : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, false, "Adam") {}
+
+Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
+           double weight_decay, bool decoupled, const char* opname)
+    : Optimizer(std::move(params)),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      weight_decay_(weight_decay),
+      decoupled_(decoupled) {
+  check_nonneg(opname, "lr", lr);
+  check_beta(opname, "beta1", beta1);
+  check_beta(opname, "beta2", beta2);
+  check_nonneg(opname, "eps", eps);
+  check_nonneg(opname, "weight_decay", weight_decay);
+  lr_ = lr;
+  exp_avg_ = zeros_like_params();
+  exp_avg_sq_ = zeros_like_params();
+  param_steps_.assign(params_.size(), 0);
+}
+
+AdamW::AdamW(NamedParams params, double lr, double beta1, double beta2, double eps,
+             double weight_decay)
+    : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true, "AdamW") {}
+
+void Adam::step() {
+  autograd::NoGrad no_grad;
+  int64_t total = 0;
+  const std::vector<Tensor> grads = grads_for_step(decoupled_ ? "AdamW::step" : "Adam::step",
+                                                   total);
+  ++step_count_;
+  // Per-parameter scalars: the bias corrections follow each parameter's own step count.
+  std::vector<AdamScalars> scal(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const double t = (double)++param_steps_[i];
+    const double bc1 = 1 - std::pow(beta1_, t), bc2 = 1 - std::pow(beta2_, t);
+    scal[i] = {beta1_,
+               beta2_,
+               eps_,
+               decoupled_ ? 0.0 : weight_decay_,
+               decoupled_ ? 1 - lr_ * weight_decay_ : 1.0,
+               lr_ / bc1,
+               std::sqrt(bc2)};
+  }
+#pragma omp parallel if (total > kParallelMin)
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Tensor& p = params_[i].second;
+    if (p.dtype() == DType::f32)
+      adam_dispatch<float>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
+    else
+      adam_dispatch<double>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    params_[i].second.bump_version();
+    exp_avg_[i].bump_version();
+    exp_avg_sq_[i].bump_version();
+  }
+}
+
+std::vector<std::string> Adam::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
+const std::vector<Tensor>& Adam::buffers(size_t which) const {
+  return which == 0 ? exp_avg_ : exp_avg_sq_;
+}
+
+std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {
+  return collect_state();
+}
+
+nlohmann::json Adam::state_json() const {
+  auto j = Optimizer::state_json();
+  j["beta1"] = beta1_;
+  j["beta2"] = beta2_;
+  j["eps"] = eps_;
+  j["weight_decay"] = weight_decay_;
+  auto steps = nlohmann::json::object();
+  for (size_t i = 0; i < params_.size(); ++i) steps[params_[i].first] = param_steps_[i];
+  j["param_steps"] = steps;
+  return j;
+}
+
+void Adam::check_hyper(const nlohmann::json& j) const {
+  check_beta("load_state", "beta1", need_number(j, "beta1"));
+  check_beta("load_state", "beta2", need_number(j, "beta2"));
+  check_nonneg("load_state", "eps", need_number(j, "eps"));
+  check_nonneg("load_state", "weight_decay", need_number(j, "weight_decay"));
+  const int64_t step = j.at("step").get<int64_t>();
+  const auto& steps = need(j, "param_steps");
+  if (!steps.is_object()) fail("load_state: 'param_steps' must be an object");
+  for (const auto& [pname, p] : params_) {
+    if (!steps.contains(pname)) fail("load_state: 'param_steps' has no entry for '" + pname + "'");
+    const auto& v = steps.at(pname);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > step)
+      fail("load_state: 'param_steps' of '" + pname + "' must be an integer in [0, " +
+           std::to_string(step) + "], got " + v.dump());
+  }
+}
+
+void Adam::load_hyper(const nlohmann::json& j) {
+  beta1_ = j.at("beta1").get<double>();
+  beta2_ = j.at("beta2").get<double>();
+  eps_ = j.at("eps").get<double>();
+  weight_decay_ = j.at("weight_decay").get<double>();
+  const auto& steps = j.at("param_steps");
+  for (size_t i = 0; i < params_.size(); ++i)
+    param_steps_[i] = steps.at(params_[i].first).get<int64_t>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedules, clipping, checkpoints
+
+double NoamSchedule::lr(int64_t step) const {
+  if (step < 1) fail("NoamSchedule: step must be >= 1, got " + std::to_string(step));
+  if (d_model < 1) fail("NoamSchedule: d_model must be >= 1, got " + std::to_string(d_model));
+  if (warmup < 1) fail("NoamSchedule: warmup must be >= 1, got " + std::to_string(warmup));
+  check_nonneg("NoamSchedule", "factor", factor);
+  const double s = (double)step;
+  return factor / std::sqrt((double)d_model) *
+         std::min(1 / std::sqrt(s), s * std::pow((double)warmup, -1.5));
+}
+
+double clip_grad_norm(const NamedParams& params, double max_norm) {
+  check_nonneg("clip_grad_norm", "max_norm", max_norm);
+  autograd::NoGrad no_grad;
+  const size_t np = params.size();
+  std::vector<Tensor> grads(np);
+  std::vector<int64_t> first_block(np + 1, 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < np; ++i) {
+    const auto& [name, p] = params[i];
+    first_block[i + 1] = first_block[i];
+    if (!p.defined()) continue;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!is_floating(g.dtype()))
+      fail("clip_grad_norm: grad of '" + name + "' is " + describe(g) + ", not a float tensor");
+    if (!g.is_contiguous()) {  // scaled in place below, so the contiguous copy becomes the grad
+      g = contiguous_copy(g);
+      Tensor(p).set_grad(g);
+    }
+    grads[i] = g;
+    total += g.numel();
+    first_block[i + 1] += (g.numel() + kNormBlock - 1) / kNormBlock;
+  }
+  std::vector<double> partial(first_block[np]);
+#pragma omp parallel if (total > kParallelMin)
+  for (size_t i = 0; i < np; ++i) {
+    if (!grads[i].defined()) continue;
+    double* out = partial.data() + first_block[i];
+    if (grads[i].dtype() == DType::f32) norm_blocks(grads[i].data<float>(), grads[i].numel(), out);
+    else norm_blocks(grads[i].data<double>(), grads[i].numel(), out);
+  }
+  double sumsq = 0;
+  for (double s : partial) sumsq += s;
+  const double norm = std::sqrt(sumsq);
+  if (!std::isfinite(norm)) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1) return norm;
+#pragma omp parallel if (total > kParallelMin)
+  for (size_t i = 0; i < np; ++i) {
+    if (!grads[i].defined()) continue;
+    if (grads[i].dtype() == DType::f32)
+      scale_kernel(grads[i].data<float>(), grads[i].numel(), (float)coef);
+    else
+      scale_kernel(grads[i].data<double>(), grads[i].numel(), coef);
+  }
+  for (const Tensor& g : grads)
+    if (g.defined()) g.bump_version();
+  return norm;
+}
+
+void save_optimizer(const Optimizer& opt, const std::string& prefix) {
+  const std::string step = std::to_string(opt.step_count());
+  save_safetensors(prefix + ".optim.safetensors", opt.state_tensors(),
+                   {{"optimizer", opt.name()}, {"step", step}});
+  save_json(prefix + ".optim.json", opt.state_json());
+}
+
+void load_optimizer(Optimizer& opt, const std::string& prefix) {
+  const std::string tpath = prefix + ".optim.safetensors", jpath = prefix + ".optim.json";
+  const nlohmann::json j = load_json(jpath);
+  SafetensorsFile f = load_safetensors(tpath);
+  auto meta = [&](const char* key) {
+    auto it = f.metadata.find(key);
+    if (it == f.metadata.end())
+      fail("load_optimizer: '" + tpath + "' has no '" + key + "' metadata; not an optimizer file");
+    return it->second;
+  };
+  const std::string type = meta("optimizer"), step = meta("step");
+  const std::string jstep = j.is_object() && j.contains("step") ? j["step"].dump() : "?";
+  const std::string jtype =
+      j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
+                                                                   : "?";
+  if (type != jtype || step != jstep)
+    fail("load_optimizer: '" + tpath + "' holds " + type + " state from step " + step + " but '" +
+         jpath + "' holds " + jtype + " state from step " + jstep +
+         " (a save was interrupted between the two files?)");
+  try {
+    opt.load_state(f.tensors, j);
+  } catch (const Error& e) {
+    fail(std::string(e.what()) + " (loading '" + prefix + ".optim.*')");
+  }
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,172 @@
+// Optimizers (SGD, Adam, AdamW), the Noam learning-rate schedule, global gradient-norm clipping
+// and optimizer checkpoints. Every update follows torch.optim's formulas:
+//
+//   SGD    g = grad + wd*p;  buf = momentum*buf + g;  g = nesterov ? g + momentum*buf : buf
+//          p -= lr*g                                         (dampening 0; no momentum: p -= lr*g)
+//   Adam   g = grad + wd*p;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+//          p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   (t counts this param's steps)
+//   AdamW  p *= 1 - lr*wd, then the Adam update with no L2 term
+//
+// Each parameter is updated in one fused pass (read p, grad and the moments once, write them
+// once) inside a single OpenMP region per step. A parameter whose grad is undefined is skipped,
+// as in PyTorch: its moments and its Adam step count t stay as they were.
+//
+// State is allocated when the optimizer is built (zeros), so state_tensors() always names the
+// same tensors; for SGD's dampening-0 momentum a zero buffer gives exactly PyTorch's
+// "buf = grad on the first step".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/tensor.h"
+
+namespace graft::nn {
+
+// Leaf float tensors (f32 or f64, contiguous) with unique names.
+using NamedParams = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  explicit Optimizer(NamedParams params);
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a grad; runs under autograd::NoGrad and bumps the
+  // version of every tensor it writes. Increments step_count() even if no param had a grad.
+  virtual void step() = 0;
+  // Drops every parameter's grad (PyTorch's set_to_none=True).
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);  // lr >= 0
+  int64_t step_count() const { return step_count_; }
+  const NamedParams& params() const { return params_; }
+  virtual const char* name() const = 0;  // "SGD", "Adam", "AdamW": checked on load
+
+  // Exact-resume state. The tensors are "<param name>.<buffer>" and alias the live buffers
+  // (save them before the next step). state_json() holds the type, step count, lr, the
+  // hyper-parameters and the parameter names.
+  virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
+  virtual nlohmann::json state_json() const;
+  // Restores state saved by an optimizer of the same type over parameters with the same names,
+  // shapes and dtypes; the saved lr and hyper-parameters replace the current ones (as
+  // torch's load_state_dict does). Everything is validated before anything is changed, and
+  // every problem is a graft::Error starting "load_state: ".
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                          const nlohmann::json& j);
+
+ protected:
+  // The buffer suffixes this optimizer keeps per parameter ("exp_avg", ...), in order.
+  virtual std::vector<std::string> buffer_names() const = 0;
+  // The live buffers for one suffix, one per parameter (same order as params()).
+  virtual const std::vector<Tensor>& buffers(size_t which) const = 0;
+  // Reads and validates the hyper-parameters from j (throws before changing anything)...
+  virtual void check_hyper(const nlohmann::json& j) const = 0;
+  // ...and applies them once everything has been validated.
+  virtual void load_hyper(const nlohmann::json& j) = 0;
+
+  // The grads of all params as contiguous tensors (undefined where a param has none), checked
+  // against their params; `total` gets the number of elements that will be updated.
+  std::vector<Tensor> grads_for_step(const char* opname, int64_t& total) const;
+  // Zeros shaped like every parameter.
+  std::vector<Tensor> zeros_like_params() const;
+  std::vector<std::pair<std::string, Tensor>> collect_state() const;
+
+  NamedParams params_;
+  double lr_ = 0;
+  int64_t step_count_ = 0;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(NamedParams params, double lr, double momentum = 0, double weight_decay = 0,
+      bool nesterov = false);
+  void step() override;
+  const char* name() const override { return "SGD"; }
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  nlohmann::json state_json() const override;
+
+  double momentum() const { return momentum_; }
+  double weight_decay() const { return weight_decay_; }
+  bool nesterov() const { return nesterov_; }
+
+ protected:
+  std::vector<std::string> buffer_names() const override;
+  const std::vector<Tensor>& buffers(size_t which) const override;
+  void check_hyper(const nlohmann::json& j) const override;
+  void load_hyper(const nlohmann::json& j) override;
+
+ private:
+  double momentum_, weight_decay_;
+  bool nesterov_;
+  std::vector<Tensor> momentum_buffer_;  // empty when momentum == 0
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(NamedParams params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+       double eps = 1e-8, double weight_decay = 0);
+  void step() override;
+  const char* name() const override { return "Adam"; }
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  nlohmann::json state_json() const override;
+
+  double beta1() const { return beta1_; }
+  double beta2() const { return beta2_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+  // Steps taken by parameter i (fewer than step_count() if it sometimes had no grad).
+  int64_t param_step(size_t i) const { return param_steps_.at(i); }
+
+ protected:
+  Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
+       double weight_decay, bool decoupled, const char* opname);
+  std::vector<std::string> buffer_names() const override;
+  const std::vector<Tensor>& buffers(size_t which) const override;
+  void check_hyper(const nlohmann::json& j) const override;
+  void load_hyper(const nlohmann::json& j) override;
+
+ private:
+  double beta1_, beta2_, eps_, weight_decay_;
+  bool decoupled_;  // AdamW: decay the weights directly instead of adding wd*p to the grad
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  std::vector<int64_t> param_steps_;
+};
+
+class AdamW : public Adam {
+ public:
+  AdamW(NamedParams params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+        double eps = 1e-8, double weight_decay = 1e-2);
+  const char* name() const override { return "AdamW"; }
+};
+
+// Noam (Vaswani et al.): lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+// rising linearly for `warmup` steps, peaking at step == warmup, then decaying as step^-0.5.
+// Steps count from 1: call opt.set_lr(noam.lr(opt.step_count() + 1)) before each opt.step().
+struct NoamSchedule {
+  double factor;
+  int64_t d_model, warmup;
+  double lr(int64_t step) const;  // step >= 1, d_model >= 1, warmup >= 1, factor >= 0
+};
+
+// Scales every grad by max_norm / (norm + 1e-6) when that is below 1 (torch's
+// clip_grad_norm_), where norm is the L2 norm over all grads together, and returns that norm.
+// Params without a grad are skipped. The norm is summed in double over fixed blocks of 4096
+// elements combined in order, so it does not depend on the thread count. A non-finite norm is
+// returned with the grads left untouched (torch would scale them to NaN): check the result to
+// skip the step.
+double clip_grad_norm(const NamedParams& params, double max_norm);
+
+// "<prefix>.optim.safetensors" (state_tensors) and "<prefix>.optim.json" (state_json), each
+// written atomically; the tensors are written first and both carry the step count, so a crash
+// between the two writes is caught on load instead of pairing mismatched halves.
+void save_optimizer(const Optimizer& opt, const std::string& prefix);
+void load_optimizer(Optimizer& opt, const std::string& prefix);
+
+}  // namespace graft::nn

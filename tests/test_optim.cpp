@@ -1,0 +1,626 @@
+#include <boost/test/unit_test.hpp>
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "autograd/tensor.h"
+#include "nn/checkpoint.h"
+#include "nn/optim.h"
+
+using namespace graft;
+using namespace graft::nn;
+
+namespace {
+
+Tensor param(const std::vector<double>& v, const Shape& shape, DType dt = DType::f64) {
+  Tensor t = cast_copy(from_vector(v, shape), dt);
+  t.requires_grad_();
+  return t;
+}
+void give_grad(const Tensor& p, const std::vector<double>& g) {
+  Tensor(p).set_grad(cast_copy(from_vector(g, p.shape()), p.dtype()));
+}
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol) {
+  BOOST_REQUIRE_EQUAL(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    BOOST_CHECK_MESSAGE(std::abs(got[i] - want[i]) <= tol * (1 + std::abs(want[i])),
+                        "element " << i << ": got " << got[i] << ", want " << want[i]);
+}
+
+// Runs f and checks it throws a graft::Error whose message contains `needle`.
+void check_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    BOOST_CHECK_MESSAGE(std::string(e.what()).find(needle) != std::string::npos,
+                        "message '" << e.what() << "' lacks '" << needle << "'");
+    return;
+  }
+  BOOST_ERROR("no graft::Error thrown; expected one containing '" << needle << "'");
+}
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), a.numel() * dtype_size(a.dtype())) == 0;
+}
+
+// Gradient of f(x) = sum_i 0.5 * a_i * (x_i - c_i)^2 + 0.1 * cos(x_i), with a_i in [1, 4] and
+// c_i spread over [-1, 1]: smooth, well conditioned, and not linear in x (so every step differs).
+template <class T>
+void quad_grad_t(const Tensor& p, bool cosine) {
+  Tensor g = p.grad();
+  if (!g.defined()) {
+    g = zeros(p.shape(), p.dtype());
+    Tensor(p).set_grad(g);
+  }
+  const T* x = p.data<T>();
+  T* d = g.data<T>();
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    const double a = 1 + 3.0 * (i % 7) / 6, c = -1 + 2.0 * (i % 11) / 10;
+    d[i] = (T)(a * (x[i] - c) - (cosine ? 0.1 * std::sin((double)x[i]) : 0));
+  }
+}
+void quad_grad(const Tensor& p, bool cosine = true) {
+  if (p.dtype() == DType::f32) quad_grad_t<float>(p, cosine);
+  else quad_grad_t<double>(p, cosine);
+}
+double quad_dist(const Tensor& p) {
+  const auto x = vals(p);
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    worst = std::max(worst, std::abs(x[i] - (-1 + 2.0 * (i % 11) / 10)));
+  return worst;
+}
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    path = std::filesystem::temp_directory_path() /
+           ("graft_test_optim_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(optim)
+
+// ---- single steps, worked by hand ----
+
+BOOST_AUTO_TEST_CASE(sgd_plain_and_weight_decay) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
+    Tensor p = param({1, 2}, {2}, dt);
+    SGD opt({{"p", p}}, 0.1);
+    give_grad(p, {0.5, -1});
+    const uint64_t v0 = p.version();
+    opt.step();
+    check_close(vals(p), {0.95, 2.1}, tol);  // p - lr*g
+    BOOST_CHECK_GT(p.version(), v0);
+    BOOST_CHECK_EQUAL(opt.step_count(), 1);
+
+    // d = g + wd*p = 1 + 0.1*2 = 1.2; p = 2 - 0.5*1.2
+    Tensor q = param({2}, {1}, dt);
+    SGD wd({{"q", q}}, 0.5, 0, 0.1);
+    give_grad(q, {1});
+    wd.step();
+    check_close(vals(q), {1.4}, tol);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sgd_momentum_and_nesterov) {
+  // lr 0.1, momentum 0.9, grads 1 then 2.
+  // momentum: buf = 1, p = 0.9; buf = 0.9 + 2 = 2.9, p = 0.9 - 0.29 = 0.61
+  // nesterov: buf = 1, d = 1 + 0.9 = 1.9, p = 0.81; buf = 2.9, d = 2 + 2.61 = 4.61, p = 0.349
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
+    Tensor a = param({1}, {1}, dt), b = param({1}, {1}, dt);
+    SGD mom({{"a", a}}, 0.1, 0.9), nes({{"b", b}}, 0.1, 0.9, 0, true);
+    give_grad(a, {1});
+    give_grad(b, {1});
+    mom.step();
+    nes.step();
+    check_close(vals(a), {0.9}, tol);
+    check_close(vals(b), {0.81}, tol);
+    give_grad(a, {2});
+    give_grad(b, {2});
+    mom.step();
+    nes.step();
+    check_close(vals(a), {0.61}, tol);
+    check_close(vals(b), {0.349}, tol);
+    check_close(vals(mom.state_tensors().at(0).second), {2.9}, tol);
+    BOOST_CHECK_EQUAL(mom.state_tensors().at(0).first, "a.momentum_buffer");
+  }
+  // Weight decay goes into the momentum buffer: d = 1 + 0.5*2 = 2, buf = 2, p = 2 - 0.2
+  Tensor c = param({2}, {1});
+  SGD wd({{"c", c}}, 0.1, 0.9, 0.5);
+  give_grad(c, {1});
+  wd.step();
+  check_close(vals(c), {1.8}, 1e-14);
+  // second step: d = 1 + 0.5*1.8 = 1.9, buf = 0.9*2 + 1.9 = 3.7, p = 1.8 - 0.37
+  wd.step();
+  check_close(vals(c), {1.43}, 1e-14);
+}
+
+BOOST_AUTO_TEST_CASE(adam_bias_correction) {
+  // lr 0.1, betas (0.9, 0.999), eps 1e-8; g = 0.5 then -1.
+  // step 1: m = 0.05, v = 2.5e-4, m^ = 0.5, v^ = 0.25, p = 1 - 0.1*0.5/(0.5 + 1e-8)
+  // step 2: m = -0.055, v = 1.24975e-3, m^ = -0.055/0.19, v^ = 1.24975e-3/1.999e-3
+  const double p1 = 1 - 0.1 * 0.5 / (0.5 + 1e-8);
+  const double p2 = p1 - 0.1 * (-0.055 / 0.19) / (std::sqrt(1.24975e-3 / 1.999e-3) + 1e-8);
+  BOOST_CHECK_CLOSE(p1, 0.900000002, 1e-9);
+  BOOST_CHECK_CLOSE(p2, 0.9366103542405654, 1e-9);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-13 : 1e-6;
+    Tensor p = param({1}, {1}, dt);
+    Adam opt({{"p", p}}, 0.1);
+    give_grad(p, {0.5});
+    opt.step();
+    check_close(vals(p), {p1}, tol);
+    auto st = opt.state_tensors();
+    BOOST_REQUIRE_EQUAL(st.size(), 2u);
+    BOOST_CHECK_EQUAL(st[0].first, "p.exp_avg");
+    BOOST_CHECK_EQUAL(st[1].first, "p.exp_avg_sq");
+    check_close(vals(st[0].second), {0.05}, tol);
+    check_close(vals(st[1].second), {2.5e-4}, tol);
+    give_grad(p, {-1});
+    opt.step();
+    check_close(vals(p), {p2}, tol);
+    check_close(vals(st[0].second), {-0.055}, tol);
+    check_close(vals(st[1].second), {1.24975e-3}, tol);
+  }
+  // L2: Adam adds wd*p to the grad: g = 0.5 + 0.1*2 = 0.7, so step 1 still moves by ~lr, and
+  // the moments see 0.7.
+  Tensor q = param({2}, {1});
+  Adam l2({{"q", q}}, 0.1, 0.9, 0.999, 1e-8, 0.1);
+  give_grad(q, {0.5});
+  l2.step();
+  check_close(vals(q), {2 - 0.1 * 0.7 / (0.7 + 1e-8)}, 1e-14);
+  check_close(vals(l2.state_tensors()[0].second), {0.07}, 1e-14);
+}
+
+BOOST_AUTO_TEST_CASE(adamw_decoupled_decay) {
+  // p = 2 * (1 - 0.1*0.1) = 1.98, then the plain Adam step on g = 0.5 (moments see 0.5 only).
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
+    Tensor p = param({2, -4}, {2}, dt);
+    AdamW opt({{"p", p}}, 0.1, 0.9, 0.999, 1e-8, 0.1);
+    BOOST_CHECK_EQUAL(std::string(opt.name()), "AdamW");
+    give_grad(p, {0.5, 0.5});
+    opt.step();
+    check_close(vals(p), {1.98 - 0.1 * 0.5 / (0.5 + 1e-8), -3.96 - 0.1 * 0.5 / (0.5 + 1e-8)},
+                tol);
+    check_close(vals(opt.state_tensors()[0].second), {0.05, 0.05}, tol);
+  }
+  // The default weight decay is 1e-2 and a zero grad still decays: p = 1 * (1 - 1e-3*1e-2)
+  // (m = v = 0 so the Adam term is 0 / (0 + eps) = 0).
+  Tensor q = param({1}, {1});
+  AdamW dflt({{"q", q}});
+  BOOST_CHECK_EQUAL(dflt.weight_decay(), 1e-2);
+  give_grad(q, {0});
+  dflt.step();
+  check_close(vals(q), {1 - 1e-5}, 1e-15);
+}
+
+BOOST_AUTO_TEST_CASE(params_without_grad_are_skipped) {
+  Tensor a = param({1, 2}, {2}), b = param({3}, {1});
+  Adam opt({{"a", a}, {"b", b}}, 0.1);
+  give_grad(a, {1, 1});
+  const uint64_t vb = b.version();
+  opt.step();
+  check_close(vals(b), {3}, 0);
+  BOOST_CHECK_EQUAL(b.version(), vb);
+  BOOST_CHECK_EQUAL(opt.param_step(0), 1);
+  BOOST_CHECK_EQUAL(opt.param_step(1), 0);
+  // b's first real step is its own step 1: bias correction makes it move by ~lr.
+  give_grad(b, {0.3});
+  opt.step();
+  check_close(vals(b), {3 - 0.1 * 0.3 / (0.3 + 1e-8)}, 1e-13);
+  BOOST_CHECK_EQUAL(opt.param_step(0), 2);
+  BOOST_CHECK_EQUAL(opt.param_step(1), 1);
+  BOOST_CHECK_EQUAL(opt.step_count(), 2);
+
+  opt.zero_grad();
+  BOOST_CHECK(!a.grad().defined());
+  BOOST_CHECK(!b.grad().defined());
+}
+
+// The fused parallel loops over a large tensor agree with a plain scalar reference.
+BOOST_AUTO_TEST_CASE(large_tensor_matches_reference) {
+  const int64_t n = 100003;  // not a multiple of any chunk or vector width
+  std::vector<double> x0(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x0[i] = std::sin(0.37 * i);
+    g[i] = std::cos(0.11 * i) * (1 + i % 5);
+  }
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-12 : 2e-5;
+    Tensor p = param(x0, {n}, dt);
+    AdamW opt({{"p", p}}, 0.01, 0.8, 0.99, 1e-6, 0.05);
+    std::vector<double> x = x0, m(n, 0), v(n, 0);
+    for (int t = 1; t <= 3; ++t) {
+      give_grad(p, g);
+      opt.step();
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] *= 1 - 0.01 * 0.05;
+        m[i] = 0.8 * m[i] + 0.2 * g[i];
+        v[i] = 0.99 * v[i] + 0.01 * g[i] * g[i];
+        const double mh = m[i] / (1 - std::pow(0.8, t)), vh = v[i] / (1 - std::pow(0.99, t));
+        x[i] -= 0.01 * mh / (std::sqrt(vh) + 1e-6);
+      }
+    }
+    check_close(vals(p), x, tol);
+
+    Tensor q = param(x0, {n}, dt);
+    SGD sgd({{"q", q}}, 0.01, 0.9, 0.1, true);
+    std::vector<double> y = x0, buf(n, 0);
+    for (int t = 1; t <= 3; ++t) {
+      give_grad(q, g);
+      sgd.step();
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = g[i] + 0.1 * y[i];
+        buf[i] = 0.9 * buf[i] + d;
+        y[i] -= 0.01 * (d + 0.9 * buf[i]);
+      }
+    }
+    check_close(vals(q), y, tol);
+  }
+}
+
+// ---- convergence on a quadratic ----
+
+BOOST_AUTO_TEST_CASE(minimise_quadratic) {
+  struct Case {
+    const char* what;
+    std::function<std::unique_ptr<Optimizer>(NamedParams)> make;
+    int steps;
+  };
+  const std::vector<Case> cases = {
+      {"SGD", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.2); }, 200},
+      {"SGD momentum",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9); }, 300},
+      {"SGD nesterov",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 0, true); },
+       300},
+      {"Adam", [](NamedParams p) { return std::make_unique<Adam>(std::move(p), 0.05); }, 1500},
+      {"AdamW",
+       [](NamedParams p) {
+         return std::make_unique<AdamW>(std::move(p), 0.05, 0.9, 0.999, 1e-8, 0.0);
+       },
+       1500},
+  };
+  for (const auto& c : cases) {
+    for (DType dt : {DType::f32, DType::f64}) {
+      BOOST_TEST_CONTEXT(c.what << " " << dtype_name(dt)) {
+        // Below the parallel threshold: large_tensor_matches_reference covers the OpenMP path,
+        // and a thousand-odd forks per case would only measure the scheduler on a loaded box.
+        Tensor big = param(std::vector<double>(5000, 3.0), {50, 100}, dt);
+        Tensor small = param({-2, 2, 0.5}, {3}, dt);
+        auto opt = c.make({{"big", big}, {"small", small}});
+        for (int s = 0; s < c.steps; ++s) {
+          opt->zero_grad();
+          quad_grad(big, false);
+          quad_grad(small, false);
+          opt->step();
+        }
+        BOOST_CHECK_LT(quad_dist(big), 1e-3);
+        BOOST_CHECK_LT(quad_dist(small), 1e-3);
+      }
+    }
+  }
+  // With its default decay, AdamW settles slightly inside the optimum (towards 0), never past it.
+  Tensor p = param({3, -3}, {2});
+  AdamW opt({{"p", p}}, 0.01, 0.9, 0.999, 1e-8, 0.5);
+  for (int s = 0; s < 3000; ++s) {
+    give_grad(p, {vals(p)[0] - 1, vals(p)[1] + 1});
+    opt.step();
+  }
+  const auto x = vals(p);
+  BOOST_CHECK(x[0] > 0.5 && x[0] < 1.0);
+  BOOST_CHECK(x[1] < -0.5 && x[1] > -1.0);
+}
+
+// ---- Noam ----
+
+BOOST_AUTO_TEST_CASE(noam_schedule) {
+  const NoamSchedule noam{2.0, 512, 4000};
+  const double peak = 2.0 / std::sqrt(512.0) / std::sqrt(4000.0);
+  BOOST_CHECK_CLOSE(noam.lr(4000), peak, 1e-12);
+  BOOST_CHECK_CLOSE(noam.lr(1), 2.0 / std::sqrt(512.0) * std::pow(4000.0, -1.5), 1e-12);
+  BOOST_CHECK_CLOSE(noam.lr(2000), peak / 2, 1e-12);   // linear warm-up
+  BOOST_CHECK_CLOSE(noam.lr(16000), peak / 2, 1e-12);  // inverse square root decay
+  BOOST_CHECK_CLOSE(noam.lr(100), 100 * noam.lr(1), 1e-12);
+  int64_t best = 1;
+  for (int64_t s = 1; s <= 20000; ++s)
+    if (noam.lr(s) > noam.lr(best)) best = s;
+  BOOST_CHECK_EQUAL(best, 4000);
+  // The Vaswani et al. numbers: d_model 512, warmup 4000, factor 1 peaks near 7e-4.
+  const NoamSchedule paper{1.0, 512, 4000};
+  BOOST_CHECK_CLOSE(paper.lr(4000), 6.987712429686844e-4, 1e-9);
+
+  check_error([&] { noam.lr(0); }, "NoamSchedule: step must be >= 1, got 0");
+  check_error([] { NoamSchedule{1.0, 0, 10}.lr(1); }, "NoamSchedule: d_model must be >= 1");
+  check_error([] { NoamSchedule{1.0, 8, 0}.lr(1); }, "NoamSchedule: warmup must be >= 1");
+
+  // Driving an optimizer: set the lr for the coming step before stepping.
+  Tensor p = param({1}, {1});
+  SGD opt({{"p", p}}, 0);
+  for (int s = 0; s < 3; ++s) {
+    opt.set_lr(noam.lr(opt.step_count() + 1));
+    give_grad(p, {1});
+    opt.step();
+  }
+  BOOST_CHECK_CLOSE(opt.lr(), noam.lr(3), 1e-12);
+  check_close(vals(p), {1 - noam.lr(1) - noam.lr(2) - noam.lr(3)}, 1e-14);
+}
+
+// ---- gradient clipping ----
+
+BOOST_AUTO_TEST_CASE(clip_grad_norm_values) {
+  Tensor a = param({0, 0}, {2}), b = param({0}, {1}, DType::f32), c = param({5}, {1});
+  NamedParams ps = {{"a", a}, {"b", b}, {"c", c}};  // c has no grad and is skipped
+  give_grad(a, {3, 4});
+  give_grad(b, {12});
+  // norm 13 <= 26: untouched
+  BOOST_CHECK_CLOSE(clip_grad_norm(ps, 26), 13.0, 1e-12);
+  check_close(vals(a.grad()), {3, 4}, 0);
+  check_close(vals(b.grad()), {12}, 0);
+  // norm 13 > 6.5: scaled by 6.5 / (13 + 1e-6)
+  const double coef = 6.5 / (13 + 1e-6);
+  BOOST_CHECK_CLOSE(clip_grad_norm(ps, 6.5), 13.0, 1e-12);
+  check_close(vals(a.grad()), {3 * coef, 4 * coef}, 1e-15);
+  check_close(vals(b.grad()), {12 * coef}, 1e-7);
+  BOOST_CHECK_CLOSE(clip_grad_norm(ps, 100), 6.5, 1e-5);
+  // No grads at all: norm 0.
+  BOOST_CHECK_EQUAL(clip_grad_norm({{"c", c}}, 1), 0.0);
+  // A non-finite norm is returned and the grads are left alone.
+  give_grad(a, {INFINITY, 1});
+  BOOST_CHECK(std::isinf(clip_grad_norm(ps, 1)));
+  BOOST_CHECK_EQUAL(vals(a.grad())[1], 1.0);
+  check_error([&] { clip_grad_norm(ps, -1); }, "clip_grad_norm: max_norm must be >= 0, got -1");
+}
+
+BOOST_AUTO_TEST_CASE(clip_grad_norm_independent_of_threads) {
+  const int64_t n = 1 << 20;
+  std::vector<double> g(n);
+  double want = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = std::sin(0.001 * i) * 1e-3 + 1e-4;
+    want += (double)(float)g[i] * (double)(float)g[i];
+  }
+  Tensor p = param(std::vector<double>(n, 0), {n}, DType::f32);
+  Tensor q = param(std::vector<double>(777, 0), {777});
+  std::vector<double> results;
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 5}) {
+    omp_set_num_threads(threads);
+    give_grad(p, g);
+    give_grad(q, std::vector<double>(777, 0));
+    results.push_back(clip_grad_norm({{"p", p}, {"q", q}}, 1e9));
+  }
+  omp_set_num_threads(saved);
+  BOOST_CHECK_CLOSE(results[0], std::sqrt(want), 1e-10);
+  for (double r : results) BOOST_CHECK_EQUAL(r, results[0]);  // bit-identical
+}
+
+// ---- exact resume ----
+
+namespace {
+
+using MakeOpt = std::function<std::unique_ptr<Optimizer>(NamedParams)>;
+
+NamedParams fresh_params() {
+  std::vector<double> w(37 * 29), b(13);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(1.3 * i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.7 * i);
+  return {{"w", param(w, {37, 29}, DType::f32)}, {"b", param(b, {13})}};
+}
+
+// One training step; on step 3 (and 8) "b" gets no grad, so Adam's per-param steps diverge.
+void train_step(Optimizer& opt) {
+  opt.zero_grad();
+  const int64_t s = opt.step_count() + 1;
+  for (const auto& [name, p] : opt.params())
+    if (!(name == "b" && s % 5 == 3)) quad_grad(p);
+  clip_grad_norm(opt.params(), 5.0);
+  opt.step();
+}
+
+NamedParams copy_params(const NamedParams& ps) {
+  NamedParams out;
+  for (const auto& [n, p] : ps) {
+    Tensor c = contiguous_copy(p);
+    c.requires_grad_();
+    out.emplace_back(n, c);
+  }
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(exact_resume) {
+  TempDir dir;
+  const std::vector<std::pair<const char*, MakeOpt>> makers = {
+      {"sgd", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 1e-3, true); }},
+      {"sgd_plain", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05); }},
+      {"adam", [](NamedParams p) { return std::make_unique<Adam>(std::move(p), 0.03, 0.8, 0.99, 1e-6, 1e-2); }},
+      {"adamw", [](NamedParams p) { return std::make_unique<AdamW>(std::move(p), 0.03); }},
+  };
+  for (const auto& [what, make] : makers) {
+    BOOST_TEST_CONTEXT(what) {
+      auto a = make(fresh_params());
+      for (int s = 0; s < 5; ++s) train_step(*a);
+      const std::string prefix = dir / what;
+      save_optimizer(*a, prefix);
+      BOOST_CHECK(std::filesystem::exists(prefix + ".optim.safetensors"));
+      BOOST_CHECK(std::filesystem::exists(prefix + ".optim.json"));
+      NamedParams snapshot = copy_params(a->params());
+      for (int s = 0; s < 5; ++s) train_step(*a);
+
+      // A fresh optimizer with another lr: load_state brings back the saved lr too.
+      auto b = make(snapshot);
+      b->set_lr(123);
+      load_optimizer(*b, prefix);
+      BOOST_CHECK_EQUAL(b->step_count(), 5);
+      BOOST_CHECK_EQUAL(b->lr(), a->lr());
+      for (int s = 0; s < 5; ++s) train_step(*b);
+      BOOST_CHECK_EQUAL(b->step_count(), 10);
+      for (size_t i = 0; i < snapshot.size(); ++i)
+        BOOST_CHECK_MESSAGE(bit_equal(a->params()[i].second, b->params()[i].second),
+                            "param " << snapshot[i].first << " differs after resume");
+      const auto sa = a->state_tensors(), sb = b->state_tensors();
+      BOOST_REQUIRE_EQUAL(sa.size(), sb.size());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        BOOST_CHECK_EQUAL(sa[i].first, sb[i].first);
+        BOOST_CHECK(bit_equal(sa[i].second, sb[i].second));
+      }
+      BOOST_CHECK_EQUAL(a->state_json().dump(), b->state_json().dump());
+    }
+  }
+  // In-memory round trip too, and the loaded state does not alias the source tensors.
+  Adam src(fresh_params(), 0.01);
+  for (int s = 0; s < 4; ++s) train_step(src);
+  Adam dst(copy_params(src.params()), 0.5, 0.5, 0.5, 0.5, 0.5);
+  dst.load_state(src.state_tensors(), src.state_json());
+  BOOST_CHECK_EQUAL(dst.beta1(), src.beta1());
+  BOOST_CHECK_EQUAL(dst.param_step(1), src.param_step(1));
+  BOOST_CHECK_EQUAL(src.param_step(1), 3);
+  BOOST_CHECK(!dst.state_tensors()[0].second.same_storage(src.state_tensors()[0].second));
+}
+
+// ---- errors ----
+
+BOOST_AUTO_TEST_CASE(constructor_errors) {
+  auto ps = [] { return NamedParams{{"w", param({1, 2}, {2})}}; };
+  check_error([&] { Adam(ps(), -1); }, "Adam: lr must be >= 0, got -1");
+  check_error([&] { AdamW(ps(), 1e-3, 1.0); }, "AdamW: beta1 must be in [0, 1), got 1");
+  check_error([&] { Adam(ps(), 1e-3, 0.9, -0.1); }, "Adam: beta2 must be in [0, 1), got -0.1");
+  check_error([&] { Adam(ps(), 1e-3, 0.9, 0.999, NAN); }, "Adam: eps must be >= 0, got nan");
+  check_error([&] { SGD(ps(), 0.1, -0.5); }, "SGD: momentum must be >= 0, got -0.5");
+  check_error([&] { SGD(ps(), 0.1, 0, -1); }, "SGD: weight_decay must be >= 0, got -1");
+  check_error([&] { SGD(ps(), 0.1, 0, 0, true); }, "SGD: nesterov momentum requires momentum > 0");
+  check_error([] { SGD({}, 0.1); }, "Optimizer: got an empty parameter list");
+  Tensor w = param({1}, {1});
+  check_error([&] { SGD({{"w", w}, {"w", param({1}, {1})}}, 0.1); },
+              "Optimizer: parameter name 'w' appears twice");
+  check_error([&] { SGD({{"w", w}, {"v", w}}, 0.1); },
+              "Optimizer: parameter 'v' is the same tensor as an earlier parameter");
+  check_error([] { SGD({{"i", arange(4)}}, 0.1); }, "Optimizer: parameter 'i' is i64 (4)");
+  check_error([] { SGD({{"u", Tensor()}}, 0.1); }, "Optimizer: parameter 'u' is an undefined tensor");
+  SGD ok(ps(), 0.1);
+  check_error([&] { ok.set_lr(-2); }, "SGD: lr must be >= 0, got -2");
+  // A grad whose shape does not match the parameter is caught before anything is written.
+  Tensor x = param({1, 2, 3, 4, 5, 6}, {2, 3});
+  SGD sx({{"x", x}}, 0.1);
+  x.impl()->grad = cast_copy(from_vector(std::vector<double>(6, 1), {3, 2}), DType::f64).impl_ptr();
+  check_error([&] { sx.step(); }, "SGD::step: grad of 'x' is f64 (3, 2) but the parameter is f64 (2, 3)");
+  BOOST_CHECK_EQUAL(sx.step_count(), 0);
+}
+
+BOOST_AUTO_TEST_CASE(load_state_errors) {
+  Tensor w = param(std::vector<double>(6, 1), {3, 2});
+  Adam opt({{"w", w}}, 0.1);
+  give_grad(w, std::vector<double>(6, 0.5));
+  opt.step();
+  const auto good_t = opt.state_tensors();
+  const auto good_j = opt.state_json();
+  const auto before = vals(good_t[0].second);
+
+  auto with = [&](const std::string& name, const Tensor& t) {
+    auto ts = good_t;
+    for (auto& [n, x] : ts)
+      if (n == name) x = t;
+    return ts;
+  };
+  Adam other({{"w", param(std::vector<double>(6, 0), {3, 2})}});
+  auto try_load = [&](const std::vector<std::pair<std::string, Tensor>>& ts,
+                      const nlohmann::json& j) { other.load_state(ts, j); };
+
+  check_error([&] { try_load(with("w.exp_avg", zeros({2, 3}, DType::f64)), good_j); },
+              "load_state: tensor 'w.exp_avg' has shape (2, 3) but parameter 'w' is (3, 2)");
+  check_error([&] { try_load(with("w.exp_avg_sq", zeros({3, 2}, DType::f32)), good_j); },
+              "load_state: tensor 'w.exp_avg_sq' is float32 but parameter 'w' is float64");
+  check_error([&] { try_load({good_t[0]}, good_j); }, "load_state: missing tensor 'w.exp_avg_sq'");
+  {
+    auto ts = good_t;
+    ts.emplace_back("v.exp_avg", zeros({1}, DType::f64));
+    check_error([&] { try_load(ts, good_j); }, "load_state: unexpected tensor 'v.exp_avg'");
+  }
+  {
+    auto j = good_j;
+    j["type"] = "SGD";
+    check_error([&] { try_load(good_t, j); },
+                "load_state: the state is for optimizer \"SGD\" but this one is Adam");
+    j = good_j;
+    j.erase("beta2");
+    check_error([&] { try_load(good_t, j); }, "load_state: missing 'beta2'");
+    j = good_j;
+    j["lr"] = "fast";
+    check_error([&] { try_load(good_t, j); }, "load_state: 'lr' must be a number");
+    j = good_j;
+    j["params"] = {"w", "extra"};
+    check_error([&] { try_load(good_t, j); },
+                "load_state: the state has parameter 'extra', which this optimizer does not");
+    j = good_j;
+    j["params"] = nlohmann::json::array();
+    check_error([&] { try_load(good_t, j); }, "load_state: parameter 'w' has no saved state");
+    j = good_j;
+    j["param_steps"]["w"] = 7;
+    check_error([&] { try_load(good_t, j); },
+                "load_state: 'param_steps' of 'w' must be an integer in [0, 1], got 7");
+    j = good_j;
+    j["step"] = -3;
+    check_error([&] { try_load(good_t, j); }, "load_state: 'step' must be an integer >= 0");
+  }
+  // Nothing was applied by any failed load.
+  BOOST_CHECK_EQUAL(other.step_count(), 0);
+  BOOST_CHECK_EQUAL(other.lr(), 1e-3);
+  for (double x : vals(other.state_tensors()[0].second)) BOOST_CHECK_EQUAL(x, 0.0);
+  // ...and the good state still loads.
+  other.load_state(good_t, good_j);
+  check_close(vals(other.state_tensors()[0].second), before, 0);
+
+  // SGD with and without momentum buffers do not mix.
+  SGD plain({{"w", param({1}, {1})}}, 0.1), mom({{"w", param({1}, {1})}}, 0.1, 0.9);
+  check_error([&] { mom.load_state(plain.state_tensors(), plain.state_json()); },
+              "load_state: the state has SGD momentum 0 but this SGD has 0.9");
+}
+
+BOOST_AUTO_TEST_CASE(load_optimizer_errors) {
+  TempDir dir;
+  Tensor w = param({1, 2}, {2});
+  SGD opt({{"w", w}}, 0.1, 0.9);
+  give_grad(w, {1, 1});
+  opt.step();
+  save_optimizer(opt, dir / "a");
+  opt.step();
+  save_optimizer(opt, dir / "b");
+  // A save interrupted between the two files leaves halves from different steps.
+  std::filesystem::copy_file(dir / "b.optim.json", dir / "a.optim.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  SGD fresh({{"w", param({1, 2}, {2})}}, 0.1, 0.9);
+  check_error([&] { load_optimizer(fresh, dir / "a"); }, "(a save was interrupted");
+  check_error([&] { load_optimizer(fresh, dir / "missing"); }, "missing.optim.json");
+  // Parameters that do not match the file.
+  SGD wrong({{"w", param({1, 2, 3}, {3})}}, 0.1, 0.9);
+  check_error([&] { load_optimizer(wrong, dir / "b"); },
+              "load_state: tensor 'w.momentum_buffer' has shape (2) but parameter 'w' is (3)");
+  Adam adam({{"w", param({1, 2}, {2})}});
+  check_error([&] { load_optimizer(adam, dir / "b"); },
+              "load_state: the state is for optimizer \"SGD\" but this one is Adam");
+  load_optimizer(fresh, dir / "b");
+  BOOST_CHECK_EQUAL(fresh.step_count(), 2);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
