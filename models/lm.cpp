@@ -7,16 +7,6 @@
 namespace graft::models {
 
 namespace {
-nn::LayerConfig layer_cfg(int64_t d, int64_t h, int64_t ff, double p, bool nf, DType dt) {
-  nn::LayerConfig l;
-  l.d_model = d;
-  l.heads = h;
-  l.d_ff = ff;
-  l.dropout = p;
-  l.norm_first = nf;
-  l.dtype = dt;
-  return l;
-}
 void check_ids(const char* who, const Tensor& ids) {
   if (ids.dtype() != DType::i64 || ids.dim() != 2)
     fail(std::string(who) + ": token ids must be int64 (B, T), got " + describe(ids));
@@ -29,7 +19,7 @@ DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 3
   pos = register_module("pos", std::make_shared<nn::LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   blocks = register_module("blocks", std::make_shared<nn::Encoder>(
-      layer_cfg(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen, &dropout_gen));
+      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen, &dropout_gen));
 }
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
@@ -45,7 +35,7 @@ EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropou
   pos = register_module("pos", std::make_shared<nn::SinusoidalPositionalEncoding>(c.max_len, c.d_model, c.dtype));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   encoder = register_module("encoder", std::make_shared<nn::Encoder>(
-      layer_cfg(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, c.norm_first, gen, &dropout_gen));
+      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, c.norm_first, gen, &dropout_gen));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
 }
 

@@ -52,15 +52,7 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j) {
 }
 
 nn::LayerConfig TransformerConfig::layer() const {
-  nn::LayerConfig l;
-  l.d_model = d_model;
-  l.heads = heads;
-  l.d_ff = d_ff;
-  l.dropout = dropout;
-  l.activation = activation;
-  l.norm_first = norm_first;
-  l.dtype = dtype;
-  return l;
+  return nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype, activation);
 }
 
 TransformerConfig preset(const std::string& name, int64_t vocab) {

@@ -45,10 +45,15 @@ FeedForward::FeedForward(int64_t d, int64_t dff, double p, Activation a, DType d
   linear2 = register_module("linear2", std::make_shared<Linear>(dff, d, true, dt, gen));
 }
 
-Tensor FeedForward::forward(const Tensor& x) const {
-  Tensor h = linear1->forward(x);
+Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
+                    Activation act, const Tensor& x) {
+  Tensor h = linear1.forward(x);
   h = act == Activation::relu ? relu(h) : gelu(h);
-  return linear2->forward(dropout->forward(h));
+  return linear2.forward(dropout.forward(h));
+}
+
+Tensor FeedForward::forward(const Tensor& x) const {
+  return feed_forward(*linear1, *dropout, *linear2, act, x);
 }
 
 SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt) {

@@ -45,7 +45,11 @@ class Dropout : public Module {
 
 enum class Activation { relu, gelu };
 
-// Position-wise FFN: linear2(dropout(act(linear1(x)))).
+// Position-wise FFN: linear2(dropout(act(linear1(x)))). The encoder/decoder layers hold their
+// linear1/linear2 directly (nn.Transformer's names) and share this function.
+Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
+                    Activation act, const Tensor& x);
+
 class FeedForward : public Module {
  public:
   FeedForward(int64_t d, int64_t dff, double dropout, Activation act, DType dt, Generator& gen,

@@ -4,6 +4,19 @@
 
 namespace graft::nn {
 
+LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dropout,
+                         bool norm_first, DType dtype, Activation activation) {
+  LayerConfig l;
+  l.d_model = d_model;
+  l.heads = heads;
+  l.d_ff = d_ff;
+  l.dropout = dropout;
+  l.norm_first = norm_first;
+  l.dtype = dtype;
+  l.activation = activation;
+  return l;
+}
+
 
 EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
   self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
@@ -17,9 +30,7 @@ EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) 
 }
 
 Tensor EncoderLayer::ffn(const Tensor& x) const {
-  Tensor h = linear1->forward(x);
-  h = cfg.activation == Activation::relu ? relu(h) : gelu(h);
-  return linear2->forward(dropout->forward(h));
+  return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x);
 }
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
@@ -47,9 +58,7 @@ DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) 
 }
 
 Tensor DecoderLayer::ffn(const Tensor& x) const {
-  Tensor h = linear1->forward(x);
-  h = cfg.activation == Activation::relu ? relu(h) : gelu(h);
-  return linear2->forward(dropout->forward(h));
+  return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x);
 }
 
 // The three sublayers with residuals; sa(h) and ca(h) are the two attentions, so training

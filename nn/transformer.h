@@ -18,6 +18,9 @@ struct LayerConfig {
   double eps = 1e-5;
   DType dtype = DType::f32;
 };
+LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dropout,
+                         bool norm_first, DType dtype,
+                         Activation activation = Activation::relu);
 
 class EncoderLayer : public Module {
  public:
