@@ -1,5 +1,5 @@
-// Reductions. float32 sum/mean run on oneDNN's reduction primitive; max keeps its own loop
-// because the backward needs the argmax, which oneDNN's reduction does not return.
+// Reductions: OpenMP loops in both precisions (see sum_axes for why not oneDNN's reduction);
+// max keeps the argmax for its backward.
 #include "ops/reduce.h"
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include "autograd/gradcheck.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
-#include "ops/onednn/dnnl_utils.h"
 #include "ops/shape.h"
 
 namespace graft {
@@ -51,31 +50,62 @@ Shape dropped_shape(const Shape& s, const std::vector<int64_t>& axes) {
   return d;
 }
 
-// Reference: walks the input in row-major order and accumulates into the kept-dims output, in
-// one thread, so the summation order is fixed.
+// x viewed as (outer, mid, inner), contiguous: out[o, j] = scale * sum_m x[o, m, j].
+// Parallel over output elements (blocks of j), each summed in m order, so the result does not
+// depend on the thread count; the j-inner loop vectorises.
 template <class T>
-void sum_ref(const Tensor& x, const Tensor& out_keep, double scale) {
-  const T* px = x.data<T>();
-  T* po = out_keep.data<T>();
-  std::fill(po, po + out_keep.numel(), T(0));
-  const Shape ostr = kern::broadcast_strides(out_keep, x.shape());
-  std::vector<int64_t> xo, oo;
-  for_each_offset(x.shape(), x.strides(), [&](int64_t o) { xo.push_back(o); });
-  for_each_offset(x.shape(), ostr, [&](int64_t o) { oo.push_back(o); });
-  for (size_t i = 0; i < xo.size(); ++i) po[oo[i]] += px[xo[i]];
-  if (scale != 1.0)
-    for (int64_t i = 0; i < out_keep.numel(); ++i) po[i] = (T)(po[i] * scale);
+void sum_block(const T* px, T* po, int64_t outer, int64_t mid, int64_t inner, double scale) {
+  if (inner == 1) {
+#pragma omp parallel for if (outer * mid > kern::kParallelGrain) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      T acc = 0;
+      const T* row = px + o * mid;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t m = 0; m < mid; ++m) acc += row[m];
+      po[o] = (T)(acc * scale);
+    }
+    return;
+  }
+  constexpr int64_t kBlock = 256;
+  const int64_t jblocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel for if (outer * mid * inner > kern::kParallelGrain) schedule(static)
+  for (int64_t t = 0; t < outer * jblocks; ++t) {
+    const int64_t o = t / jblocks, j0 = (t % jblocks) * kBlock, j1 = std::min(inner, j0 + kBlock);
+    T* out = po + o * inner;
+    for (int64_t j = j0; j < j1; ++j) out[j] = 0;
+    for (int64_t m = 0; m < mid; ++m) {
+      const T* row = px + (o * mid + m) * inner;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) out[j] += row[j];
+    }
+    if (scale != 1.0)
+      for (int64_t j = j0; j < j1; ++j) out[j] = (T)(out[j] * scale);
+  }
 }
 
-void reduce_f32(dnnl::algorithm alg, const Tensor& x, const Tensor& out_keep) {
-  using namespace onednn;
-  Tensor xc = usable(x) ? x : contiguous_copy(x);
-  auto src = md(xc), dst = md_contiguous(out_keep.shape());
-  if (x.dim() == 0) dst = md_contiguous({1});
-  dnnl::reduction::desc d(alg, src, dst, 0.f, 0.f);
-  dnnl::reduction::primitive_desc pd(d, engine());
-  dnnl::reduction(pd).execute(stream(), {{DNNL_ARG_SRC, mem(src, xc)}, {DNNL_ARG_DST, mem(dst, out_keep)}});
-  stream().wait();
+// Sums over sorted axes one run of adjacent axes at a time (last run first), giving the
+// kept-dims shape. oneDNN 2.6's reduction primitive runs its reference kernel (ref:any, about
+// 0.1 GB/s measured) for reductions over leading axes, so both precisions use this loop.
+template <class T>
+Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale) {
+  Tensor cur = kern::contig(x);
+  Shape shape = x.shape();
+  size_t end = axes.size();
+  while (end > 0) {
+    size_t begin = end - 1;
+    while (begin > 0 && axes[begin - 1] == axes[begin] - 1) --begin;
+    const int64_t a = axes[begin], b = axes[end - 1];
+    int64_t outer = 1, mid = 1, inner = 1;
+    for (int64_t d = 0; d < a; ++d) outer *= shape[d];
+    for (int64_t d = a; d <= b; ++d) mid *= shape[d];
+    for (int64_t d = b + 1; d < (int64_t)shape.size(); ++d) inner *= shape[d];
+    for (int64_t d = a; d <= b; ++d) shape[d] = 1;
+    Tensor next = Tensor::empty(shape, x.dtype());
+    sum_block<T>(cur.data<T>(), next.data<T>(), outer, mid, inner, begin == 0 ? scale : 1.0);
+    cur = next;
+    end = begin;
+  }
+  return cur;
 }
 
 Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
@@ -86,15 +116,12 @@ Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& a
   int64_t count = 1;
   for (auto a : ax) count *= x.shape()[a];
   if (mean && count == 0) fail(std::string(op) + ": mean over an empty axis of " + describe(x));
-  Tensor out = Tensor::empty(keep, x.dtype());
+  Tensor out;
   if (x.numel() == 0) {
-    fill_(out, 0.0);
-  } else if (count == 1) {  // only size-1 axes: oneDNN rejects a reduction that reduces nothing
-    copy_into(out, Tensor::view_of(x, keep, x.strides(), x.offset()));
-  } else if (x.dtype() == DType::f32) {
-    reduce_f32(mean ? dnnl::algorithm::reduction_mean : dnnl::algorithm::reduction_sum, x, out);
+    out = zeros(keep, x.dtype());
   } else {
-    sum_ref<double>(x, out, mean ? 1.0 / (double)count : 1.0);
+    const double scale = mean ? 1.0 / (double)count : 1.0;
+    out = GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { return sum_axes<T>(x, ax, scale); });
   }
   if (!keepdim) out = Tensor::view_of(out, dropped_shape(x.shape(), ax),
                                       contiguous_strides(dropped_shape(x.shape(), ax)), 0);
