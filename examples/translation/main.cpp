@@ -1,0 +1,147 @@
+// translate: the toy English -> German example end to end.
+//   translate generate-data --out data/toy --seed 1 --train 50000 --valid 1000 --test 1000
+//   translate train --data data/toy --out runs/demo --preset tiny --minutes 9
+//   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention a.png]
+//   translate evaluate --run runs/demo --data data/toy/test.tsv
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "examples/translation/plot.h"
+#include "examples/translation/toydata.h"
+#include "examples/translation/trainer.h"
+
+using namespace graft;
+namespace tr = graft::translation;
+
+namespace {
+
+int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid, size_t n_test) {
+  std::filesystem::create_directories(out);
+  auto splits = toy::generate(seed, n_train, n_valid, n_test);
+  toy::write_tsv(out + "/train.tsv", splits.train);
+  toy::write_tsv(out + "/valid.tsv", splits.valid);
+  toy::write_tsv(out + "/test.tsv", splits.test);
+  std::printf("wrote %zu / %zu / %zu pairs to %s/{train,valid,test}.tsv\n", splits.train.size(),
+              splits.valid.size(), splits.test.size(), out.c_str());
+  return 0;
+}
+
+int cmd_train(const tr::TrainOptions& o) {
+  auto r = tr::train(o);
+  std::printf("trained steps %lld..%lld in %.1f s (%.0f target tokens/s); valid loss %.4f ppl %.3f "
+              "acc %.2f%% BLEU %.2f\n",
+              (long long)r.first_step, (long long)r.last_step, r.train_seconds, r.tokens_per_s,
+              r.last_valid.loss, r.last_valid.ppl, 100 * r.last_valid.acc, r.last_valid.bleu);
+  return 0;
+}
+
+int cmd_translate(const std::string& run, int beam, int64_t max_len, const std::string& attention) {
+  auto lr = tr::load_run(run);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
+  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, beam, max_len);
+  for (auto& h : hyps) std::cout << h << '\n';
+  std::cout.flush();
+  if (!attention.empty()) {
+    if (lines.empty()) throw std::runtime_error("--attention: no input sentence");
+    auto a = tr::cross_attention(*lr.model, *lr.tok, lines[0], hyps[0]);
+    plot::heatmap(attention, a.weights, a.tgt_pieces, a.src_pieces,
+                  "cross-attention, last decoder layer (mean over heads)");
+    std::cerr << "wrote " << attention << '\n';
+  }
+  return 0;
+}
+
+int cmd_evaluate(const std::string& run, const std::string& data, int beam, int samples) {
+  auto lr = tr::load_run(run);
+  text::CorpusStats st;
+  auto pairs = tr::load_corpus(data, st);
+  std::printf("%s: %s\n", data.c_str(), st.summary().c_str());
+  if (pairs.empty()) throw std::runtime_error("evaluate: no usable pairs in '" + data + "'");
+  auto r = tr::evaluate(*lr.model, *lr.tok, pairs, beam);
+  std::printf("%s\n", r.bleu.str().c_str());
+  std::printf("signature: %s\n", r.bleu.signature.c_str());
+  std::printf("decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",
+              beam > 1 ? ("beam " + std::to_string(beam)).c_str() : "greedy", 100 * r.forced.acc,
+              r.forced.ppl, (long long)r.forced.tokens);
+  for (int i = 0; i < samples && i < (int)pairs.size(); ++i)
+    std::printf("\nSRC: %s\nREF: %s\nHYP: %s\n", pairs[i].src.c_str(), pairs[i].tgt.c_str(), r.hyps[i].c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"graft toy translation: generate data, train a Transformer, translate, evaluate"};
+  app.require_subcommand(1);
+
+  auto* gen = app.add_subcommand("generate-data", "write a toy English->German corpus");
+  std::string g_out;
+  uint64_t g_seed = 1;
+  size_t g_train = 50000, g_valid = 1000, g_test = 1000;
+  gen->add_option("--out", g_out, "output directory")->required();
+  gen->add_option("--seed", g_seed, "generator seed");
+  gen->add_option("--train", g_train, "training pairs");
+  gen->add_option("--valid", g_valid, "validation pairs");
+  gen->add_option("--test", g_test, "test pairs");
+
+  auto* trn = app.add_subcommand("train", "train (or --resume) a model into a run directory");
+  tr::TrainOptions o;
+  trn->add_option("--data", o.data_dir, "directory with train.tsv and valid.tsv")->required();
+  trn->add_option("--out", o.run_dir, "run directory")->required();
+  trn->add_option("--preset", o.preset, "model preset (tiny, small, base, big)");
+  auto* steps = trn->add_option("--steps", o.steps, "training steps");
+  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget (total over resumes)");
+  trn->add_option("--batch-tokens", o.batch_tokens, "padded target tokens per batch");
+  trn->add_option("--lr-factor", o.lr_factor, "Noam schedule factor");
+  trn->add_option("--warmup", o.warmup, "Noam warmup steps");
+  trn->add_option("--lr", o.lr, "constant learning rate (replaces the Noam schedule)");
+  trn->add_option("--label-smoothing", o.label_smoothing, "label smoothing epsilon");
+  trn->add_option("--dropout", o.dropout, "dropout probability");
+  trn->add_flag("--pre-ln", o.pre_ln, "pre-LayerNorm blocks (default post-LN)");
+  trn->add_option("--vocab", o.vocab, "SentencePiece vocabulary size");
+  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps");
+  trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps");
+  trn->add_option("--seed", o.seed, "seed for initialisation, dropout and batch order");
+  trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
+  steps->excludes(minutes);
+  minutes->excludes(steps);
+
+  auto* tl = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
+  std::string t_run, t_att;
+  int t_beam = 1;
+  int64_t t_max = 0;
+  tl->add_option("--run", t_run, "run directory")->required();
+  tl->add_option("--beam", t_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  tl->add_option("--max-len", t_max, "maximum output pieces (default 2 * source + 10)");
+  tl->add_option("--attention", t_att, "PNG heatmap of the first sentence's cross-attention");
+
+  auto* ev = app.add_subcommand("evaluate", "BLEU, token accuracy and perplexity on a TSV file");
+  std::string e_run, e_data;
+  int e_beam = 1, e_samples = 5;
+  ev->add_option("--run", e_run, "run directory")->required();
+  ev->add_option("--data", e_data, "source<TAB>reference file")->required();
+  ev->add_option("--beam", e_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  ev->add_option("--samples", e_samples, "sample translations to print");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
+    if (*trn) {
+      if (o.steps <= 0 && o.minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
+      return cmd_train(o);
+    }
+    if (*tl) return cmd_translate(t_run, t_beam, t_max, t_att);
+    if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}

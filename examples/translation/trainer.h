@@ -1,0 +1,151 @@
+// The reusable half of the toy-translation example: corpus loading, token-budget batching, the
+// training loop with exact resume, evaluation (loss / accuracy / perplexity / BLEU), decoding and
+// checkpoints. main.cpp is only the command line over these; the tests call them directly.
+//
+// A run directory holds:
+//   spm.model / spm.vocab     the shared SentencePiece model (trained once, kept on resume)
+//   config.json               model config + the training options
+//   model.safetensors         the weights (what `translate` and `evaluate` load)
+//   train_state.safetensors   everything an exact resume needs in ONE atomically written file:
+//                             the weights again, the optimizer moments, and in the metadata the
+//                             step, every RNG state, the epoch, the epoch's batch order and the
+//                             position in it. One file means a crash between two writes can never
+//                             pair weights from one step with moments from another.
+//   metrics.csv, curves.png   the learning curves
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/tensor.h"
+#include "examples/translation/bleu.h"
+#include "examples/translation/corpus.h"
+#include "examples/translation/tokenizer.h"
+#include "models/transformer.h"
+
+namespace graft::translation {
+
+// ---- data ----
+
+// read_tsv over one file, with the skipped/kept tally added to `stats`.
+std::vector<text::Pair> load_corpus(const std::string& path, text::CorpusStats& stats);
+
+struct Example {
+  std::vector<int64_t> src, tgt;  // piece ids, no BOS/EOS
+};
+std::vector<Example> encode_pairs(const text::Tokenizer& tok, const std::vector<text::Pair>& pairs);
+
+// One padded batch: tgt_in = BOS + y, tgt_out = y + EOS (teacher forcing), PAD elsewhere.
+struct Batch {
+  Tensor src, tgt_in, tgt_out;  // int64 (B, S), (B, T), (B, T)
+  int64_t tgt_tokens = 0;       // non-PAD entries of tgt_out (what the loss averages over)
+};
+
+// Sorts the examples by (target, source) length and cuts the sorted run into batches whose
+// padded target size rows * T stays within max_tokens, so a batch wastes little on padding.
+// Deterministic: the same examples give the same batches. Examples longer than max_len - 1
+// pieces on either side cannot be fed to the model and are dropped (counted in *dropped).
+std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
+                                int64_t max_len, size_t* dropped = nullptr);
+
+// Fisher-Yates over 0..n-1 drawn from gen.
+std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
+
+// ---- training ----
+
+struct TrainOptions {
+  std::string data_dir, run_dir;
+  std::string preset = "tiny";
+  int64_t steps = 0;       // stop after this many steps (0: no step limit)
+  double minutes = 0;      // stop after this much training time, summed over resumes (0: none)
+  int64_t batch_tokens = 4096;
+  double lr_factor = 1.0;  // Noam factor ...
+  int64_t warmup = 4000;   // ... and warmup
+  double lr = 0;           // > 0: a constant learning rate instead of Noam
+  double label_smoothing = 0.1;
+  double dropout = 0.1;
+  bool pre_ln = false;
+  int vocab = 1000;
+  int64_t valid_every = 500;
+  int64_t log_every = 100;   // metrics.csv row / non-TTY progress line interval
+  int64_t bleu_sentences = 200;
+  uint64_t seed = 1;
+  // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
+  // come from its config.json; steps, minutes and the reporting options still come from here.
+  bool resume = false;
+  bool quiet = false;        // no progress output (tests)
+  bool plot = true;          // write curves.png
+  // Overrides of the preset (0: keep the preset's value); the tests use tiny models.
+  int64_t d_model = 0, heads = 0, d_ff = 0, layers = 0;
+
+  nlohmann::json to_json() const;
+};
+
+struct ValidMetrics {
+  double loss = 0, ppl = 0, acc = 0, bleu = 0;
+};
+
+struct TrainResult {
+  int64_t first_step = 0;     // steps taken before this call (resume point)
+  int64_t last_step = 0;
+  std::vector<double> losses; // losses[i] is the training loss of step first_step + 1 + i
+  ValidMetrics last_valid;
+  double tokens_per_s = 0;    // target tokens per second of training (this call)
+  double train_seconds = 0;   // this call
+};
+
+// Trains into opts.run_dir (created). Throws graft::Error / std::runtime_error with a message
+// naming the file on a bad or inconsistent checkpoint when resuming.
+TrainResult train(const TrainOptions& opts);
+
+// ---- evaluation and decoding ----
+
+// Teacher-forced loss (unsmoothed NLL per target token), token accuracy and perplexity.
+struct ForcedMetrics {
+  double loss = 0, ppl = 0, acc = 0;
+  int64_t tokens = 0;
+};
+ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& batches);
+
+// Translates sentences in length-sorted chunks; output order matches the input.
+std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
+                                         const std::vector<std::string>& lines, int beam = 1,
+                                         int64_t max_len = 0 /* 0: from the source length */);
+
+struct EvalResult {
+  ForcedMetrics forced;
+  text::BleuResult bleu;
+  std::vector<std::string> hyps;
+};
+EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,
+                    const std::vector<text::Pair>& pairs, int beam = 1,
+                    int64_t batch_tokens = 4096);
+
+// Cross-attention of the last decoder layer averaged over heads, (generated pieces + EOS) x
+// source pieces, recomputed by one teacher-forced decode over the generated output.
+struct Attention {
+  std::vector<std::vector<double>> weights;
+  std::vector<std::string> src_pieces, tgt_pieces;
+};
+Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
+                          const std::string& src, const std::string& hyp);
+
+// ---- checkpoints ----
+
+struct LoadedRun {
+  std::unique_ptr<models::Transformer> model;
+  std::unique_ptr<text::Tokenizer> tok;
+  nlohmann::json config;
+};
+// config.json + spm.model + model.safetensors (checksum-verified), model in eval mode.
+LoadedRun load_run(const std::string& run_dir);
+
+// The weights with a checksum in the metadata, written atomically.
+void save_model(const models::Transformer& m, const std::string& path, int64_t step);
+// Verifies the checksum; throws "load_model: '<path>': ..." on any problem.
+void load_model(models::Transformer& m, const std::string& path);
+
+}  // namespace graft::translation
