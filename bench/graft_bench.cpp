@@ -1,0 +1,309 @@
+// graft side of `make bench` (bench/run.sh runs it next to bench/torch_peer.py).
+//
+//   graft_bench --what train  --config tiny|small|base [--warmup 2] [--steps 5]
+//   graft_bench --what greedy --config ...  [--beam 4]          (decode: --what greedy / beam)
+//   graft_bench --what micro                                    (op microbenchmarks)
+//   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
+//
+// Each run prints one line "RESULT {json}" with the medians and the process's peak resident
+// memory (VmHWM) read at the end. One configuration per process, so peak memory is per config.
+// The workloads (shapes, data, hyper-parameters) mirror torch_peer.py exactly.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "models/transformer.h"
+#include "nn/optim.h"
+#include "ops/ops.h"
+
+using namespace graft;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string what = "train", config = "tiny";
+  int warmup = 2, steps = 5, beam = 1;
+  int64_t n = 2048;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "graft_bench: " << k << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--what") a.what = val();
+    else if (k == "--config") a.config = val();
+    else if (k == "--warmup") a.warmup = std::stoi(val());
+    else if (k == "--steps") a.steps = std::stoi(val());
+    else if (k == "--beam") a.beam = std::stoi(val());
+    else if (k == "--n") a.n = std::stoll(val());
+    else {
+      std::cerr << "graft_bench: unknown argument " << k << "\n";
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+// The three benchmark configurations of the issue (same numbers in torch_peer.py).
+struct BenchConfig {
+  std::string name;
+  int64_t d, heads, ff, layers, vocab, batch, src_len, tgt_len;
+};
+BenchConfig bench_config(const std::string& name) {
+  static const BenchConfig cs[] = {{"tiny", 128, 4, 512, 2, 1000, 64, 24, 24},
+                                   {"small", 256, 4, 1024, 3, 8000, 64, 32, 32},
+                                   {"base", 512, 8, 2048, 6, 8000, 32, 32, 32}};
+  for (auto& c : cs)
+    if (c.name == name) return c;
+  std::cerr << "graft_bench: unknown config " << name << " (tiny, small, base)\n";
+  std::exit(2);
+}
+
+constexpr int64_t PAD = 0, BOS = 2;
+
+// Deterministic batch shared with torch_peer.py: row b holds len - (b % 4) tokens followed by
+// padding; token (b, t) = 4 + (b * 131 + t * 31 + salt * 17) % (V - 4).
+std::vector<int64_t> make_ids(int64_t B, int64_t L, int64_t V, int64_t salt) {
+  std::vector<int64_t> ids(B * L, PAD);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = L - (b % 4);
+    for (int64_t t = 0; t < len; ++t) ids[b * L + t] = 4 + (b * 131 + t * 31 + salt * 17) % (V - 4);
+  }
+  return ids;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs f warmup times, then times `steps` calls; returns the median seconds.
+double time_median(int warmup, int steps, const std::function<void()>& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<double> ts;
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = Clock::now();
+    f();
+    ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(ts);
+}
+
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;  // kB
+  return -1;
+}
+
+models::TransformerConfig model_config(const BenchConfig& b) {
+  models::TransformerConfig c = models::preset(b.name, b.vocab);
+  c.d_model = b.d;
+  c.heads = b.heads;
+  c.d_ff = b.ff;
+  c.enc_layers = c.dec_layers = b.layers;
+  c.dropout = 0.1;
+  c.norm_first = false;  // post-LN
+  c.final_norm = true;   // LayerNorm after each stack, as nn.Transformer
+  c.learned_pos = false; // sinusoidal
+  c.pad_id = PAD;
+  c.bos_id = BOS;
+  c.eos_id = 3;
+  return c;
+}
+
+void emit(const std::string& body) { std::cout << "RESULT {" << body << "}" << std::endl; }
+
+std::string num(double v) {
+  std::ostringstream os;
+  os.precision(6);
+  os << v;
+  return os.str();
+}
+
+void run_train(const Args& a) {
+  const BenchConfig b = bench_config(a.config);
+  models::Transformer model(model_config(b));
+  model.train();
+  auto params = model.named_parameters();
+  nn::Adam opt(params, 1e-4, 0.9, 0.98, 1e-9);
+  Tensor src = from_vector(make_ids(b.batch, b.src_len, b.vocab, 1), {b.batch, b.src_len});
+  // Target sequence of tgt_len + 1 tokens (BOS first): input = [:-1], output = [1:].
+  auto tgt = make_ids(b.batch, b.tgt_len + 1, b.vocab, 2);
+  std::vector<int64_t> tin, tout;
+  int64_t target_tokens = 0;
+  for (int64_t r = 0; r < b.batch; ++r) {
+    tgt[r * (b.tgt_len + 1)] = BOS;
+    for (int64_t t = 0; t < b.tgt_len; ++t) {
+      tin.push_back(tgt[r * (b.tgt_len + 1) + t]);
+      tout.push_back(tgt[r * (b.tgt_len + 1) + t + 1]);
+      target_tokens += tout.back() != PAD;
+    }
+  }
+  Tensor tgt_in = from_vector(tin, {b.batch, b.tgt_len});
+  Tensor tgt_out = from_vector(tout, {b.batch * b.tgt_len});
+  double loss_v = 0;
+  auto step = [&] {
+    Tensor lg = model.forward(src, tgt_in);
+    Tensor loss = cross_entropy(reshape(lg, {-1, b.vocab}), tgt_out, 0.1, PAD);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_v = loss.item();
+  };
+  const double t = time_median(a.warmup, a.steps, step);
+  emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) +
+       ",\"tok_s\":" + num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +
+       ",\"params\":" + std::to_string(model.num_parameters()) + ",\"loss\":" + num(loss_v) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"live_mib\":" +
+       num(Storage::live_bytes() / 1048576.0));
+}
+
+void run_decode(const Args& a) {
+  const BenchConfig b = bench_config(a.config);
+  models::Transformer model(model_config(b));
+  model.eval();
+  const int64_t B = 32, S = 32, NEW = 32;
+  Tensor src = from_vector(make_ids(B, S, b.vocab, 3), {B, S});
+  models::DecodeOptions o;
+  o.max_len = NEW;
+  o.beam = a.beam;
+  o.use_cache = true;
+  o.stop_at_eos = false;
+  int64_t produced = 0;
+  auto f = [&] {
+    auto out = models::translate(model, src, o);
+    produced = 0;
+    for (auto& r : out) produced += (int64_t)r.size();
+  };
+  // Warm-up runs decode 4 new tokens (every code path and buffer size class gets touched once);
+  // the timed runs decode all 32.
+  models::DecodeOptions w = o;
+  w.max_len = 4;
+  for (int i = 0; i < a.warmup; ++i) models::translate(model, src, w);
+  const double t = time_median(0, a.steps, f);
+  emit(std::string("\"what\":\"") + (a.beam > 1 ? "beam" : "greedy") + "\",\"config\":\"" + b.name +
+       "\",\"beam\":" + std::to_string(a.beam) + ",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
+       num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
+void run_sgemm(const Args& a) {
+  autograd::NoGrad ng;
+  const int64_t n = a.n;
+  Generator g(7);
+  Tensor x = randn({n, n}, DType::f32, g), y = randn({n, n}, DType::f32, g);
+  const double t = time_median(std::max(a.warmup, 2), std::max(a.steps, 5), [&] { matmul(x, y); });
+  emit("\"what\":\"sgemm\",\"n\":" + std::to_string(n) + ",\"ms\":" + num(t * 1e3) +
+       ",\"gflops\":" + num(2.0 * n * n * n / t / 1e9));
+}
+
+// Forward + backward of one op against a random upstream gradient; the leaf grads are dropped
+// before each call so every call does the same work.
+double fwd_bwd(const Args& a, Tensors leaves, const std::function<Tensor()>& fwd,
+               const Tensor& upstream) {
+  return time_median(std::max(a.warmup, 2), std::max(a.steps, 7), [&] {
+    for (auto& l : leaves) l.zero_grad();
+    Tensor y = fwd();
+    if (upstream.defined()) y.backward(upstream);
+    else y.backward();
+  });
+}
+
+void run_micro(const Args& a) {
+  Generator g(11);
+  std::ostringstream os;
+  auto row = [&](const std::string& name, const std::string& shape, double t, double amount,
+                 const char* unit) {
+    if (os.tellp() > 0) os << ",";
+    os << "{\"op\":\"" << name << "\",\"shape\":\"" << shape << "\",\"ms\":" << num(t * 1e3)
+       << ",\"value\":" << num(amount / t / 1e9) << ",\"unit\":\"" << unit << "\"}";
+  };
+  {  // linear: x (4096, 512) -> (4096, 2048); 6 M N K FLOPs (forward 2MNK, backward dx + dW 4MNK)
+    const int64_t M = 4096, K = 512, N = 2048;
+    Tensor x = randn({M, K}, DType::f32, g).requires_grad_();
+    Tensor w = randn({N, K}, DType::f32, g, 0, 0.05).requires_grad_();
+    Tensor bias = randn({N}, DType::f32, g).requires_grad_();
+    Tensor up = randn({M, N}, DType::f32, g);
+    double t = fwd_bwd(a, {x, w, bias}, [&] { return linear(x, w, bias); }, up);
+    row("linear", "x 4096x512, W 2048x512", t, 6.0 * M * N * K, "GFLOP/s");
+  }
+  {  // attention: (B 32, H 8, T 128, D 64); 12 B H T^2 D FLOPs (forward 4, backward 8)
+    const int64_t B = 32, H = 8, T = 128, D = 64;
+    Tensor q = randn({B, H, T, D}, DType::f32, g).requires_grad_();
+    Tensor k = randn({B, H, T, D}, DType::f32, g).requires_grad_();
+    Tensor v = randn({B, H, T, D}, DType::f32, g).requires_grad_();
+    Tensor up = randn({B, H, T, D}, DType::f32, g);
+    double t = fwd_bwd(a, {q, k, v}, [&] { return scaled_dot_product_attention(q, k, v).out; }, up);
+    row("attention", "q,k,v 32x8x128x64", t, 12.0 * B * H * T * T * D, "GFLOP/s");
+  }
+  {  // layer_norm: (8192, 512); bytes = 5 N * 4 (fwd read x, write y; bwd read x, dy, write dx)
+    const int64_t R = 8192, C = 512;
+    Tensor x = randn({R, C}, DType::f32, g).requires_grad_();
+    Tensor w = randn({C}, DType::f32, g).requires_grad_();
+    Tensor bb = randn({C}, DType::f32, g).requires_grad_();
+    Tensor up = randn({R, C}, DType::f32, g);
+    double t = fwd_bwd(a, {x, w, bb}, [&] { return layer_norm(x, w, bb, 1e-5); }, up);
+    row("layer_norm", "8192x512", t, 5.0 * R * C * 4, "GB/s");
+  }
+  {  // softmax: (32768, 128); bytes = 5 N * 4 (fwd read x, write y; bwd read y, dy, write dx)
+    const int64_t R = 32768, C = 128;
+    Tensor x = randn({R, C}, DType::f32, g).requires_grad_();
+    Tensor up = randn({R, C}, DType::f32, g);
+    double t = fwd_bwd(a, {x}, [&] { return softmax(x, -1); }, up);
+    row("softmax", "32768x128", t, 5.0 * R * C * 4, "GB/s");
+  }
+  {  // cross-entropy: logits (2048, 8000), smoothing 0.1, ignore pad; bytes = 3 N * 4
+    // (fwd read logits; bwd read logits, write dlogits)
+    const int64_t N = 2048, V = 8000;
+    Tensor x = randn({N, V}, DType::f32, g).requires_grad_();
+    std::vector<int64_t> tv(N);
+    for (int64_t i = 0; i < N; ++i) tv[i] = i % 16 == 0 ? PAD : 1 + (i * 7919) % (V - 1);
+    Tensor tgt = from_vector(tv, {N});
+    double t = fwd_bwd(a, {x}, [&] { return cross_entropy(x, tgt, 0.1, PAD); }, Tensor());
+    row("cross_entropy", "2048x8000", t, 3.0 * N * V * 4, "GB/s");
+  }
+  std::cout << "RESULT {\"what\":\"micro\",\"ops\":[" << os.str() << "]}" << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a = parse(argc, argv);
+    if (a.what == "train") run_train(a);
+    else if (a.what == "greedy") run_decode(a);
+    else if (a.what == "beam") {
+      if (a.beam <= 1) a.beam = 4;
+      run_decode(a);
+    } else if (a.what == "micro") run_micro(a);
+    else if (a.what == "sgemm") run_sgemm(a);
+    else {
+      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm)\n";
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "graft_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

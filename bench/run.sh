@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# `make bench`: graft and PyTorch side by side, same machine, same run, same thread count.
+#   bench/run.sh [BUILD_DIR]      (default: build)
+# Prints one markdown table and writes bench/results/latest.csv and bench/results/latest.md.
+# Every configuration runs in its own process on each side, so peak RSS is per configuration.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+THREADS=${BENCH_THREADS:-2}
+CONFIGS=${BENCH_CONFIGS:-tiny small base}  # a subset is only for smoke tests
+OUT=bench/results
+mkdir -p "$OUT"
+PY=/usr/bin/python3  # Debian's python3-torch lives in the system interpreter
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+
+# ---- the PyTorch peer's packages, only when missing ----------------------------------------
+missing=""
+for p in python3-torch libopenblas0-openmp; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "bench: installing$missing"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+# PyTorch's BLAS is whatever libblas.so.3 points to: never Debian's reference BLAS.
+ARCH=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
+for lib in libblas.so.3 liblapack.so.3; do
+  want=/usr/lib/$ARCH/openblas-openmp/$lib
+  cur=$(readlink -f "/etc/alternatives/$lib-$ARCH" 2>/dev/null || true)
+  if [ -e "$want" ] && [ "$cur" != "$(readlink -f "$want")" ]; then
+    echo "bench: pointing $lib to $want"
+    $SUDO update-alternatives --set "$lib-$ARCH" "$want" >/dev/null
+  fi
+done
+blas=$(readlink -f "/etc/alternatives/libblas.so.3-$ARCH")
+case "$blas" in
+  *openblas-openmp*) ;;
+  *) echo "bench: libblas.so.3 is $blas, not OpenBLAS (openmp): refusing to benchmark" >&2; exit 1 ;;
+esac
+
+# ---- graft in Release ------------------------------------------------------------------------
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j"$THREADS" --target graft_bench >/dev/null
+GB="$BUILD/bench/graft_bench"
+
+export OMP_NUM_THREADS=$THREADS
+unset OPENBLAS_CORETYPE OPENBLAS_NUM_THREADS MKL_NUM_THREADS || true
+RES=$(mktemp /tmp/graft_bench.XXXXXX.jsonl)
+LOGS=$(mktemp /tmp/graft_bench.XXXXXX.log)
+trap 'rm -f "$RES"; [ -s "$LOGS" ] || rm -f "$LOGS"' EXIT
+START=$(date +%s)
+LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# result SIDE CMD...: runs one measurement process and keeps its RESULT line.
+result() {
+  local side=$1; shift
+  local line
+  if ! line=$("$@" 2>>"$LOGS" | grep '^RESULT ' | tail -1); then
+    echo "bench: FAILED: $* (see $LOGS)" >&2
+    return 0
+  fi
+  echo "$side ${line#RESULT }" >>"$RES"
+  echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-200 >&2
+}
+field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
+
+# ---- BLAS check: pick the faster OpenBLAS core type and compare with oneDNN ----------------
+echo "bench: sgemm peak and OpenBLAS core type" >&2
+g1024=$("$GB" --what sgemm --n 1024 | grep '^RESULT ')
+best_ct="" best_gf=0 best_line=""
+# This CPU has AVX2 but no AVX-512, so SKYLAKEX kernels are not an option: OpenBLAS's own
+# detection (unset) against forcing HASWELL.
+for ct in "" HASWELL; do
+  line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
+  gf=$(field "$line" gflops)
+  echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
+  if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
+    best_ct=$ct best_gf=$gf best_line=$line
+  fi
+done
+[ -n "$best_ct" ] && export OPENBLAS_CORETYPE=$best_ct
+gg=$(field "$g1024" gflops)
+ratio=$(awk -v a="$best_gf" -v b="$gg" 'BEGIN { printf "%.2f", a / b }')
+echo "  1024^3 sgemm: graft/oneDNN $gg GFLOP/s, PyTorch/OpenBLAS $best_gf GFLOP/s" \
+     "(OPENBLAS_CORETYPE=${best_ct:-(unset)}): PyTorch/graft = $ratio" >&2
+if awk -v r="$ratio" 'BEGIN { exit !(r < 0.8) }'; then
+  echo "  WARNING: PyTorch's BLAS reaches less than 80% of oneDNN on 1024^3" >&2
+fi
+echo "graft ${g1024#RESULT }" >>"$RES"
+echo "pytorch ${best_line#RESULT }" >>"$RES"
+result graft "$GB" --what sgemm --n 2048
+result pytorch $PY bench/torch_peer.py --what sgemm --n 2048
+
+# ---- op microbenchmarks ----------------------------------------------------------------------
+echo "bench: op microbenchmarks (forward + backward)" >&2
+result graft "$GB" --what micro
+result pytorch $PY bench/torch_peer.py --what micro
+
+# ---- training steps: warm-up 2, median of 5 --------------------------------------------------
+echo "bench: training steps" >&2
+for c in $CONFIGS; do
+  result graft "$GB" --what train --config "$c" --warmup 2 --steps 5
+  result pytorch $PY bench/torch_peer.py --what train --config "$c" --warmup 2 --steps 5
+done
+
+# ---- decoding: 32 sources x 32 tokens, 32 new tokens, warm-up 1, median of 5 ----------------
+echo "bench: decoding" >&2
+for what in greedy beam; do
+  for c in $CONFIGS; do
+    result graft "$GB" --what "$what" --config "$c" --warmup 1 --steps 5
+    result pytorch $PY bench/torch_peer.py --what "$what" --config "$c" --warmup 1 --steps 5
+  done
+done
+
+# ---- report ----------------------------------------------------------------------------------
+META=$(mktemp /tmp/graft_bench.XXXXXX.json)
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+torchv=$($PY bench/torch_peer.py --what version)
+cat >"$META" <<EOF
+{"date": "$(date -u '+%Y-%m-%d %H:%M UTC')", "cpu": "$cpu", "nproc": $(nproc), "threads": $THREADS,
+ "load": "$LOAD", "torch": "$torchv", "blas": "$(basename "$(dirname "$blas")") ($(basename "$blas"))",
+ "coretype": "$best_ct", "graft_1024": $gg, "torch_1024": $best_gf, "blas_ratio": $ratio,
+ "seconds": $(( $(date +%s) - START ))}
+EOF
+$PY bench/torch_peer.py --report "$RES" --meta "$META" --csv "$OUT/latest.csv" --md "$OUT/latest.md"
+cp "$RES" "$OUT/latest.jsonl"
+rm -f "$META"
+echo "bench: done in $(( $(date +%s) - START ))s; wrote $OUT/latest.csv and $OUT/latest.md" >&2

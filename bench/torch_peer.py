@@ -1,0 +1,425 @@
+#!/usr/bin/python3
+"""PyTorch side of `make bench` (bench/run.sh runs it next to graft_bench), and the report.
+
+  torch_peer.py --what train  --config tiny|small|base [--warmup 2] [--steps 5]
+  torch_peer.py --what greedy|beam --config ...
+  torch_peer.py --what micro
+  torch_peer.py --what sgemm [--n 1024]
+  torch_peer.py --report RESULTS.jsonl --csv OUT.csv --md OUT.md   (no torch needed)
+
+Each measuring run prints one line "RESULT {json}" with medians and the process's peak resident
+memory (VmHWM) read at the end. Workloads mirror bench/graft_bench.cpp exactly: same shapes,
+same deterministic batches, same hyper-parameters.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+CONFIGS = {  # name: d, heads, ffn, layers (enc = dec), vocab, batch, src len, tgt len
+    "tiny": (128, 4, 512, 2, 1000, 64, 24, 24),
+    "small": (256, 4, 1024, 3, 8000, 64, 32, 32),
+    "base": (512, 8, 2048, 6, 8000, 32, 32, 32),
+}
+PAD, BOS = 0, 2
+
+
+def make_ids(B, L, V, salt):
+    """Row b: L - (b % 4) tokens then padding; token (b, t) = 4 + (131 b + 31 t + 17 salt) % (V - 4)."""
+    rows = []
+    for b in range(B):
+        n = L - (b % 4)
+        rows.append([4 + (b * 131 + t * 31 + salt * 17) % (V - 4) if t < n else PAD for t in range(L)])
+    return rows
+
+
+def peak_rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def time_median(warmup, steps, f):
+    for _ in range(warmup):
+        f()
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return median(ts)
+
+
+def emit(d):
+    print("RESULT " + json.dumps(d), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The model: nn.Transformer (post-LN, final LayerNorm after each stack, ReLU, dropout 0.1) with
+# one embedding shared by source, target and the output projection, scaled by sqrt(d), plus
+# sinusoidal positions and dropout, as graft's models::Transformer. graft's fused attention has
+# no dropout on the attention probabilities, so the peer's MultiheadAttention dropout is set to
+# 0 (residual, FFN and embedding dropout stay 0.1 on both sides).
+
+def build_model(torch, name):
+    nn = torch.nn
+    F = torch.nn.functional
+    d, h, ff, L, V, _, _, _ = CONFIGS[name]
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d = d
+            self.embedding = nn.Embedding(V, d, padding_idx=PAD)
+            nn.init.normal_(self.embedding.weight, 0.0, d ** -0.5)
+            with torch.no_grad():
+                self.embedding.weight[PAD].zero_()
+            self.tr = nn.Transformer(d, h, L, L, ff, 0.1, batch_first=True, norm_first=False)
+            for m in self.tr.modules():
+                if isinstance(m, nn.MultiheadAttention):
+                    m.dropout = 0.0
+            pos = torch.arange(256, dtype=torch.float32)[:, None]
+            div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+            pe = torch.zeros(256, d)
+            pe[:, 0::2] = torch.sin(pos * div)
+            pe[:, 1::2] = torch.cos(pos * div)
+            self.register_buffer("pe", pe)
+            self.drop = nn.Dropout(0.1)
+
+        def embed(self, ids):
+            return self.drop(self.embedding(ids) * math.sqrt(self.d) + self.pe[: ids.size(1)])
+
+        def forward(self, src, tgt_in):
+            T = tgt_in.size(1)
+            mask = self.tr.generate_square_subsequent_mask(T)
+            src_pad, tgt_pad = src == PAD, tgt_in == PAD
+            hdec = self.tr(self.embed(src), self.embed(tgt_in), tgt_mask=mask,
+                           src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad,
+                           memory_key_padding_mask=src_pad)
+            return F.linear(hdec, self.embedding.weight)
+
+    return Seq2Seq()
+
+
+def run_train(torch, a):
+    F = torch.nn.functional
+    d, h, ff, L, V, B, S, T = CONFIGS[a.config]
+    torch.manual_seed(1)
+    model = build_model(torch, a.config)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    crit = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
+    src = torch.tensor(make_ids(B, S, V, 1), dtype=torch.int64)
+    tgt = torch.tensor(make_ids(B, T + 1, V, 2), dtype=torch.int64)
+    tgt[:, 0] = BOS
+    tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].reshape(-1).contiguous()
+    target_tokens = int((tgt_out != PAD).sum())
+    state = {}
+
+    def step():
+        logits = model(src, tgt_in)
+        loss = crit(logits.reshape(-1, V), tgt_out)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)  # graft drops grads too (PyTorch 2's default)
+        state["loss"] = loss.item()
+
+    t = time_median(a.warmup, a.steps, step)
+    emit({"what": "train", "config": a.config, "ms": t * 1e3, "tok_s": target_tokens / t,
+          "target_tokens": target_tokens, "params": sum(p.numel() for p in model.parameters()),
+          "loss": state["loss"], "peak_rss_mib": peak_rss_mib()})
+
+
+def run_decode(torch, a, beam):
+    """Decoding as nn.Transformer users write it: encode once, then re-run the decoder over the
+    whole prefix at every step and project only the last position. No early stop."""
+    F = torch.nn.functional
+    d, h, ff, L, V, _, _, _ = CONFIGS[a.config]
+    B, S, NEW = 32, 32, 32
+    torch.manual_seed(1)
+    model = build_model(torch, a.config)
+    model.eval()
+    src = torch.tensor(make_ids(B, S, V, 3), dtype=torch.int64)
+    W = model.embedding.weight
+
+    def greedy(NEW=NEW):
+        with torch.no_grad():
+            src_pad = src == PAD
+            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            ys = torch.full((B, 1), BOS, dtype=torch.int64)
+            for _ in range(NEW):
+                mask = model.tr.generate_square_subsequent_mask(ys.size(1))
+                out = model.tr.decoder(model.embed(ys), memory, tgt_mask=mask,
+                                       memory_key_padding_mask=src_pad)
+                nxt = F.linear(out[:, -1], W).argmax(-1)
+                ys = torch.cat([ys, nxt[:, None]], 1)
+            return ys
+
+    def beam_search(NEW=NEW):
+        K = beam
+        with torch.no_grad():
+            src_pad = src == PAD
+            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            memory = memory.repeat_interleave(K, 0)
+            src_pad = src_pad.repeat_interleave(K, 0)
+            ys = torch.full((B * K, 1), BOS, dtype=torch.int64)
+            score = torch.full((B, K), float("-inf"))
+            score[:, 0] = 0.0
+            base = (torch.arange(B) * K)[:, None]
+            for _ in range(NEW):
+                mask = model.tr.generate_square_subsequent_mask(ys.size(1))
+                out = model.tr.decoder(model.embed(ys), memory, tgt_mask=mask,
+                                       memory_key_padding_mask=src_pad)
+                logp = F.log_softmax(F.linear(out[:, -1], W), -1)
+                cand = (score.reshape(B * K, 1) + logp).reshape(B, K * V)
+                score, idx = cand.topk(K, dim=1)
+                rows = (base + torch.div(idx, V, rounding_mode="floor")).reshape(-1)
+                ys = torch.cat([ys[rows], (idx % V).reshape(-1, 1)], 1)
+            return ys[::K]
+
+    f = beam_search if beam > 1 else greedy
+    res = {}
+    for _ in range(a.warmup):  # warm-up: 4 new tokens; the timed runs decode all 32
+        f(4)
+    t = time_median(0, a.steps, lambda: res.__setitem__("ys", f()))
+    emit({"what": "beam" if beam > 1 else "greedy", "config": a.config, "beam": beam,
+          "ms": t * 1e3, "tok_s": B * NEW / t, "produced": int(res["ys"][:, 1:].numel()),
+          "peak_rss_mib": peak_rss_mib()})
+
+
+def run_sgemm(torch, a):
+    n = a.n
+    x, y = torch.randn(n, n), torch.randn(n, n)
+    t = time_median(max(a.warmup, 2), max(a.steps, 5), lambda: torch.mm(x, y))
+    emit({"what": "sgemm", "n": n, "ms": t * 1e3, "gflops": 2.0 * n ** 3 / t / 1e9,
+          "coretype": os.environ.get("OPENBLAS_CORETYPE", "")})
+
+
+def run_micro(torch, a):
+    F = torch.nn.functional
+    torch.manual_seed(11)
+    ops = []
+
+    def fwd_bwd(leaves, fwd, up):
+        def f():
+            for l in leaves:
+                l.grad = None
+            y = fwd()
+            if up is None:
+                y.backward()
+            else:
+                y.backward(up)
+        return time_median(max(a.warmup, 2), max(a.steps, 7), f)
+
+    def row(op, shape, t, amount, unit):
+        ops.append({"op": op, "shape": shape, "ms": t * 1e3, "value": amount / t / 1e9, "unit": unit})
+
+    M, K, N = 4096, 512, 2048
+    x = torch.randn(M, K, requires_grad=True)
+    w = (torch.randn(N, K) * 0.05).requires_grad_()
+    b = torch.randn(N, requires_grad=True)
+    up = torch.randn(M, N)
+    row("linear", "x 4096x512, W 2048x512", fwd_bwd([x, w, b], lambda: F.linear(x, w, b), up),
+        6.0 * M * N * K, "GFLOP/s")
+
+    B, H, T, D = 32, 8, 128, 64
+    q, k, v = (torch.randn(B, H, T, D, requires_grad=True) for _ in range(3))
+    up = torch.randn(B, H, T, D)
+    scale = 1.0 / math.sqrt(D)
+
+    def attn():  # what nn.MultiheadAttention does in 1.13: scaled QK^T, softmax, times V
+        return torch.matmul(torch.softmax(torch.matmul(q * scale, k.transpose(-2, -1)), -1), v)
+    row("attention", "q,k,v 32x8x128x64", fwd_bwd([q, k, v], attn, up), 12.0 * B * H * T * T * D,
+        "GFLOP/s")
+
+    R, C = 8192, 512
+    x = torch.randn(R, C, requires_grad=True)
+    w = torch.randn(C, requires_grad=True)
+    bb = torch.randn(C, requires_grad=True)
+    up = torch.randn(R, C)
+    row("layer_norm", "8192x512", fwd_bwd([x, w, bb], lambda: F.layer_norm(x, (C,), w, bb, 1e-5), up),
+        5.0 * R * C * 4, "GB/s")
+
+    R, C = 32768, 128
+    x = torch.randn(R, C, requires_grad=True)
+    up = torch.randn(R, C)
+    row("softmax", "32768x128", fwd_bwd([x], lambda: torch.softmax(x, -1), up), 5.0 * R * C * 4, "GB/s")
+
+    N, V = 2048, 8000
+    x = torch.randn(N, V, requires_grad=True)
+    tgt = torch.tensor([PAD if i % 16 == 0 else 1 + (i * 7919) % (V - 1) for i in range(N)])
+    row("cross_entropy", "2048x8000",
+        fwd_bwd([x], lambda: F.cross_entropy(x, tgt, ignore_index=PAD, label_smoothing=0.1), None),
+        3.0 * N * V * 4, "GB/s")
+    emit({"what": "micro", "ops": ops})
+
+
+# --------------------------------------------------------------------------------------------
+# Report: one table from the RESULT lines of both sides.
+
+def model_flops(name):
+    """Analytic FLOPs of one training step (forward + backward), counting every position
+    (padding included, the work is dense):
+      matmuls: 6 * sum over weight matrices of (rows x cols) * tokens it is applied to
+        encoder layer: (4 d^2 + 2 d ff) on B*S tokens
+        decoder layer: (4 d^2 + 2 d^2 + 2 d ff) on B*T tokens (self q,k,v,o; cross q,o; FFN)
+                       + 2 d^2 on B*S memory tokens (cross k,v)
+        output projection (tied embedding): d V on B*T tokens
+      attention: 12 * B * d * (L_enc S^2 + L_dec (T^2 + T S))  (QK^T and PV, forward 4 and
+        backward 8 FLOPs per multiply-add pair; the causal half is counted in full)"""
+    d, h, ff, L, V, B, S, T = CONFIGS[name]
+    mm = (B * S * L * (4 * d * d + 2 * d * ff) + B * T * L * (6 * d * d + 2 * d * ff)
+          + B * S * L * 2 * d * d + B * T * d * V)
+    att = 12 * B * d * (L * S * S + L * (T * T + T * S))
+    return 6 * mm + att
+
+
+def report(a):
+    res = {"graft": [], "pytorch": []}
+    for line in open(a.report):
+        line = line.strip()
+        if not line:
+            continue
+        side, js = line.split(" ", 1)
+        res[side].append(json.loads(js))
+
+    def find(side, what, config=None, **kw):
+        for r in res[side]:
+            if r.get("what") == what and (config is None or r.get("config") == config) and \
+                    all(r.get(k) == v for k, v in kw.items()):
+                return r
+        return None
+
+    meta = json.load(open(a.meta)) if a.meta else {}
+    peak = find("graft", "sgemm", n=2048)
+    peak_gflops = peak["gflops"] if peak else float("nan")
+    rows = []  # benchmark, config, graft, pytorch, unit, ratio
+
+    def add(bench, config, g, p, unit, higher_better):
+        if g is None or p is None:
+            ratio = float("nan")
+        elif higher_better:
+            ratio = g / p if p else float("nan")
+        else:
+            ratio = p / g if g else float("nan")
+        rows.append((bench, config, g, p, unit, ratio))
+
+    for c in CONFIGS:
+        g, p = find("graft", "train", c), find("pytorch", "train", c)
+        gv = lambda k: g[k] if g else None
+        pv = lambda k: p[k] if p else None
+        add("train_step_time", c, gv("ms"), pv("ms"), "ms", False)
+        add("train_throughput", c, gv("tok_s"), pv("tok_s"), "target tok/s", True)
+        add("train_peak_rss", c, gv("peak_rss_mib"), pv("peak_rss_mib"), "MiB", False)
+        fl = model_flops(c)
+        mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / peak_gflops * 100.0) if r else None
+        add("train_mfu", c, mfu(g), mfu(p), "% of sgemm peak", True)
+    for what in ("greedy", "beam"):
+        for c in CONFIGS:
+            g, p = find("graft", what, c), find("pytorch", what, c)
+            name = "greedy_decode" if what == "greedy" else "beam4_decode"
+            add(name, c, g["tok_s"] if g else None, p["tok_s"] if p else None, "new tok/s", True)
+    gm, pm = find("graft", "micro"), find("pytorch", "micro")
+    for i, op in enumerate((gm or pm or {"ops": []})["ops"]):
+        go = gm["ops"][i] if gm else None
+        po = pm["ops"][i] if pm else None
+        add("op_" + op["op"] + "_fwd_bwd", op["shape"], go["value"] if go else None,
+            po["value"] if po else None, op["unit"], True)
+    s_g, s_p = find("graft", "sgemm", n=2048), find("pytorch", "sgemm", n=2048)
+    add("sgemm_2048", "f32 2048^3", s_g["gflops"] if s_g else None,
+        s_p["gflops"] if s_p else None, "GFLOP/s", True)
+    s_g, s_p = find("graft", "sgemm", n=1024), find("pytorch", "sgemm", n=1024)
+    add("sgemm_1024", "f32 1024^3", s_g["gflops"] if s_g else None,
+        s_p["gflops"] if s_p else None, "GFLOP/s", True)
+
+    def fmt(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "n/a"
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+    with open(a.csv, "w") as f:
+        f.write("benchmark,config,graft,pytorch,unit,ratio\n")
+        for b, c, g, p, u, r in rows:
+            cv = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.6g}"
+            f.write(f"{b},\"{c}\",{cv(g)},{cv(p)},{u},{cv(r)}\n")
+
+    md = []
+    md.append("# graft vs PyTorch")
+    md.append("")
+    md.append(f"- date: {meta.get('date', '?')}")
+    md.append(f"- machine: {meta.get('cpu', '?')}, {meta.get('threads', 2)} threads on each side "
+              f"(of {meta.get('nproc', '?')} cores); load average at start: {meta.get('load', '?')}")
+    md.append(f"- PyTorch {meta.get('torch', '?')} with {meta.get('blas', '?')}, "
+              f"OPENBLAS_CORETYPE={meta.get('coretype') or '(unset)'}; graft matmul = oneDNN")
+    md.append(f"- sgemm peak (graft/oneDNN f32 2048^3): {fmt(peak_gflops)} GFLOP/s; "
+              f"1024^3: graft {fmt(meta.get('graft_1024'))}, PyTorch {fmt(meta.get('torch_1024'))} GFLOP/s "
+              f"(PyTorch/graft = {fmt(meta.get('blas_ratio'))})")
+    md.append("- training: median of 5 steps after 2 warm-up steps (forward, backward, Adam); "
+              "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
+              "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
+              "in its own process, peak RSS = VmHWM")
+    md.append("- ratio: graft/PyTorch for throughputs, PyTorch/graft for times and memory "
+              "(> 1: graft better)")
+    md.append("- MFU = model FLOPs / step time / sgemm peak, model FLOPs = 6 * (matmul weights x "
+              "tokens they see) + 12 * B * d * (L_enc S^2 + L_dec (T^2 + T S)); per step: " +
+              ", ".join(f"{c} {model_flops(c) / 1e9:.1f} GFLOP" for c in CONFIGS))
+    md.append("")
+    md.append("| benchmark | config | graft | PyTorch | unit | ratio |")
+    md.append("|---|---|---:|---:|---|---:|")
+    for b, c, g, p, u, r in rows:
+        md.append(f"| {b} | {c} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} |")
+    text = "\n".join(md) + "\n"
+    with open(a.md, "w") as f:
+        f.write(text)
+    sys.stdout.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--what", default="train")
+    ap.add_argument("--config", default="tiny")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    ap.add_argument("--report")
+    ap.add_argument("--meta")
+    ap.add_argument("--csv")
+    ap.add_argument("--md")
+    a = ap.parse_args()
+    if a.report:
+        report(a)
+        return
+    import warnings
+    warnings.filterwarnings("ignore")  # 1.13's "nested tensors are a prototype" from the encoder fast path
+    import torch
+    torch.set_num_threads(a.threads)
+    if a.what == "train":
+        run_train(torch, a)
+    elif a.what == "greedy":
+        run_decode(torch, a, 1)
+    elif a.what == "beam":
+        run_decode(torch, a, a.beam)
+    elif a.what == "micro":
+        run_micro(torch, a)
+    elif a.what == "sgemm":
+        run_sgemm(torch, a)
+    elif a.what == "version":
+        print(torch.__version__)
+    else:
+        sys.exit(f"torch_peer.py: unknown --what {a.what}")
+
+
+if __name__ == "__main__":
+    main()
