@@ -247,6 +247,7 @@ std::vector<std::vector<int64_t>> beam_search(const Transformer& m, const Tensor
     for (int64_t b = 0; b < B; ++b) {
       // Candidates (score, beam, token); a finished beam only continues with EOS at no cost.
       std::vector<std::tuple<double, int64_t, int64_t>> cand;
+      cand.reserve(K * V);
       for (int64_t k = 0; k < K; ++k) {
         const int64_t r = b * K + k;
         if (score[r] == NEG) continue;
@@ -256,8 +257,13 @@ std::vector<std::vector<int64_t>> beam_search(const Transformer& m, const Tensor
         }
         for (int64_t v = 0; v < V; ++v) cand.emplace_back(score[r] + logp[r * V + v], k, v);
       }
-      // Highest score first; ties go to the lower beam, then the lower token id (as argmax).
-      std::stable_sort(cand.begin(), cand.end(), [](auto& x, auto& y) { return std::get<0>(x) > std::get<0>(y); });
+      // The K best, highest score first; ties go to the lower beam, then the lower token id
+      // (as argmax). A partial sort: sorting all K*V candidates dominated decoding time.
+      const size_t keep = std::min<size_t>(K, cand.size());
+      std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {
+        if (std::get<0>(x) != std::get<0>(y)) return std::get<0>(x) > std::get<0>(y);
+        return std::make_pair(std::get<1>(x), std::get<2>(x)) < std::make_pair(std::get<1>(y), std::get<2>(y));
+      });
       for (int64_t k = 0; k < K; ++k) {
         const int64_t r = b * K + k;
         if (k < (int64_t)cand.size()) {
