@@ -7,7 +7,6 @@
 #include <sstream>
 
 #if defined(__SSE2__)
-#include <immintrin.h>
 #endif
 
 #include "autograd/tape.h"
@@ -82,66 +81,24 @@ struct AdamScalars {
   double beta1, beta2, eps, l2, decay, step_size, bc2_sqrt;
 };
 
-// out[i] = sqrt(in[i]) for n <= kAdamChunk values. GCC will not vectorise std::sqrt unless built
-// with -fno-math-errno (the per-function optimize attribute does not reach the builtin), and the
-// scalar loop made the Adam update ~4x slower; vector sqrt instructions never touch errno and
-// are correctly rounded, so the results are the same as std::sqrt.
-void sqrt_n(float* __restrict out, const float* __restrict in, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_sqrt_ps(_mm512_loadu_ps(in + i)));
-#elif defined(__AVX__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_sqrt_ps(_mm256_loadu_ps(in + i)));
-#elif defined(__SSE2__)
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(out + i, _mm_sqrt_ps(_mm_loadu_ps(in + i)));
-#endif
-  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
-}
-void sqrt_n(double* __restrict out, const double* __restrict in, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 8 <= n; i += 8) _mm512_storeu_pd(out + i, _mm512_sqrt_pd(_mm512_loadu_pd(in + i)));
-#elif defined(__AVX__)
-  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(out + i, _mm256_sqrt_pd(_mm256_loadu_pd(in + i)));
-#elif defined(__SSE2__)
-  for (; i + 2 <= n; i += 2) _mm_storeu_pd(out + i, _mm_sqrt_pd(_mm_loadu_pd(in + i)));
-#endif
-  for (; i < n; ++i) out[i] = std::sqrt(in[i]);
-}
-
-// One pass over memory: each chunk (a few KiB per array, so it stays in L1) is read and
-// written once; the three loops inside a chunk only split out the sqrt.
-constexpr int64_t kAdamChunk = 512;
-
+// One fused pass per parameter; std::sqrt vectorises because the build uses -fno-math-errno.
 template <class T, bool L2, bool Decoupled>
 void adam_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                  int64_t n, const AdamScalars& s) {
   const T b1 = (T)s.beta1, b2 = (T)s.beta2, omb1 = (T)(1 - s.beta1), omb2 = (T)(1 - s.beta2);
   const T eps = (T)s.eps, l2 = (T)s.l2, decay = (T)s.decay, step_size = (T)s.step_size,
           bc2_sqrt = (T)s.bc2_sqrt;
-  const int64_t nchunks = (n + kAdamChunk - 1) / kAdamChunk;
-#pragma omp for schedule(static) nowait
-  for (int64_t c = 0; c < nchunks; ++c) {
-    const int64_t lo = c * kAdamChunk, len = std::min(kAdamChunk, n - lo);
-    T* __restrict pc = p + lo;
-    const T* __restrict gc = g + lo;
-    T* __restrict mc = m + lo;
-    T* __restrict vc = v + lo;
-    alignas(64) T root[kAdamChunk];
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      T d = gc[i];
-      if constexpr (L2) d += l2 * pc[i];
-      mc[i] = b1 * mc[i] + omb1 * d;
-      vc[i] = b2 * vc[i] + omb2 * d * d;
-    }
-    sqrt_n(root, vc, len);
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) {
-      T pi = pc[i];
-      if constexpr (Decoupled) pi *= decay;
-      pc[i] = pi - step_size * (mc[i] / (root[i] / bc2_sqrt + eps));
-    }
+#pragma omp for simd schedule(static) nowait
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i];
+    if constexpr (L2) d += l2 * p[i];
+    const T mi = b1 * m[i] + omb1 * d;
+    const T vi = b2 * v[i] + omb2 * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    T pi = p[i];
+    if constexpr (Decoupled) pi *= decay;
+    p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
   }
 }
 
