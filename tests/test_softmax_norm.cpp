@@ -5,42 +5,15 @@
 
 #include "ops/norm.h"
 #include "ops/softmax.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using namespace graft::testing;
 
 namespace {
 
-Tensor tview(const Tensor& t) {
-  Shape s = t.shape(), st = t.strides();
-  std::swap(s[s.size() - 1], s[s.size() - 2]);
-  std::swap(st[st.size() - 1], st[st.size() - 2]);
-  return Tensor::view_of(t, s, st, t.offset());
-}
-
 Tensor vec(const std::vector<double>& v, const Shape& shape, DType dt) {
   return cast_copy(from_vector(v, shape), dt);
-}
-
-void check_close(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
-  auto got = t.to_vector<double>();
-  BOOST_REQUIRE_EQUAL(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    BOOST_CHECK_MESSAGE(std::fabs(got[i] - want[i]) <= tol * (1 + std::fabs(want[i])),
-                        "element " << i << ": got " << got[i] << ", want " << want[i]);
-}
-
-void check_same(const Tensor& a, const Tensor& b, double tol) {
-  BOOST_REQUIRE(a.shape() == b.shape());
-  auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::fabs(va[i] - vb[i]));
-  BOOST_CHECK_MESSAGE(worst <= tol, "max |diff| " << worst << " > " << tol);
-}
-
-bool names(const Error& e, const std::string& part) {
-  const std::string m = e.what();
-  BOOST_TEST_MESSAGE(m);
-  return m.find(part) != std::string::npos;
 }
 
 const DType kFloats[] = {DType::f32, DType::f64};
