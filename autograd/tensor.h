@@ -39,6 +39,7 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
   size_t nbytes = 0;
+  size_t capacity = 0;  // bytes actually allocated (>= nbytes; big blocks come from a cache)
   uint64_t version = 0;
   static size_t live_bytes();  // bytes held by all storages: lets tests check memory stays flat
 };
