@@ -18,7 +18,7 @@ std::vector<std::string> case_names() {
 const OpCase& find_case(const std::string& name) {
   for (auto& c : registered_cases())
     if (c.name == name) return c;
-  throw std::runtime_error(std::string("no case ").append(name));
+  throw std::runtime_error("no case " + name);
 }
 }  // namespace
 
