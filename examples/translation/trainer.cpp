@@ -558,7 +558,9 @@ TrainResult train(const TrainOptions& opts) {
     text::Tokenizer::train(sents, run + "/spm", o.vocab);
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.1f", seconds_since(t0));
-    say("trained SentencePiece (" + std::to_string(o.vocab) + " pieces) in " + buf + " s");
+    // The trainer may settle on fewer pieces than requested on a small language.
+    say("trained SentencePiece (" + std::to_string(text::Tokenizer(spm).vocab_size()) + " of " +
+        std::to_string(o.vocab) + " requested pieces) in " + buf + " s");
   }
   text::Tokenizer tok(spm);
 
