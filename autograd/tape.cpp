@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <unordered_set>
 
 namespace graft::autograd {
 
@@ -112,8 +113,14 @@ bool needs_record(const Tensors& inputs) {
 
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn) {
-  if (!is_declared(op))
-    fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
+  // Op names are string literals: remember the pointers already checked, so the hot path is one
+  // hash lookup instead of a locked scan of every declared name.
+  thread_local std::unordered_set<const char*> checked;
+  if (!checked.count(op)) {
+    if (!is_declared(op))
+      fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
+    checked.insert(op);
+  }
   Entry e;
   e.op = op;
   for (auto& t : inputs) {
