@@ -88,7 +88,29 @@ void compact_if_empty() {
 }  // namespace
 
 namespace {
-void run_backward(int64_t top);
+void run_backward(int64_t top, bool retain_graph);
+}
+
+std::vector<SavedBytes> saved_bytes_by_op() {
+  std::vector<SavedBytes> out;
+  std::unordered_set<const Storage*> seen;
+  for (auto& e : t_tape.entries) {
+    if (e.freed) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const SavedBytes& s) { return s.op == e.op; });
+    if (it == out.end()) it = out.insert(out.end(), SavedBytes{e.op, 0, 0});
+    ++it->entries;
+    for (auto& t : e.saved)
+      if (t.defined() && seen.insert(t.impl()->storage.get()).second)
+        it->bytes += t.impl()->storage->nbytes;
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
+  return out;
+}
+
+bool can_overwrite(const Ctx& c, size_t i) {
+  if (!c.last_use || i >= c.saved.size() || !c.saved[i].defined()) return false;
+  const Tensor& t = c.saved[i];
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1;
 }
 
 bool grad_enabled() { return t_grad_enabled; }
@@ -192,7 +214,7 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     e.pending[ri->tape_slot] = seed;
   }
   try {
-    run_backward(top);
+    run_backward(top, retain_graph);
   } catch (...) {
     // A failed backward leaves half-routed gradients behind; drop this graph so the next
     // backward starts clean instead of replaying stale state.
@@ -207,7 +229,15 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
 }
 
 namespace {
-void run_backward(int64_t top) {
+// A gradient nobody else holds (one handle, one view of a whole contiguous storage) can become a
+// leaf's .grad as is, without a copy.
+bool sole_owner(const Tensor& g) {
+  const TensorImpl* t = g.impl();
+  return g.impl_ptr().use_count() == 1 && t->storage.use_count() == 1 && t->offset == 0 &&
+         g.is_contiguous() && t->storage->nbytes == (size_t)g.numel() * dtype_size(g.dtype());
+}
+
+void run_backward(int64_t top, bool retain_graph) {
   for (int64_t i = top; i >= 0; --i) {
     Entry& e = t_tape.entries[i];
     bool any = false;
@@ -225,11 +255,17 @@ void run_backward(int64_t top) {
       if (!e.pending[k].defined()) e.pending[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
       else if (!e.pending[k].is_contiguous()) e.pending[k] = contiguous_copy(e.pending[k]);
     Ctx ctx;
-    ctx.saved = e.saved;
+    ctx.last_use = !retain_graph;
+    // On the last use the entry gives its saved tensors away (see can_overwrite).
+    if (retain_graph) ctx.saved = e.saved;
+    else ctx.saved = std::move(e.saved);
     for (auto& r : e.inputs) ctx.needs.push_back(r.needs);
     Tensors dins = e.fn(ctx, e.pending);
     e.pending.clear();
     e.owned.clear();
+    // Without retain_graph the entry's saved activations go as soon as its backward has run,
+    // so memory falls during backward instead of peaking with every gradient on top.
+    if (!retain_graph) free_entry(e);
     if (dins.size() != e.inputs.size())
       fail(std::string("backward of '") + e.op + "': returned " + std::to_string(dins.size()) +
            " gradients for " + std::to_string(e.inputs.size()) + " inputs");
@@ -260,7 +296,7 @@ void run_backward(int64_t top) {
         }
       } else if (r.leaf) {
         if (r.leaf->grad) accumulate_into(Tensor(r.leaf->grad), g);
-        else r.leaf->grad = contiguous_copy(g).impl_ptr();
+        else r.leaf->grad = sole_owner(g) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
       }
     }
   }

@@ -40,7 +40,13 @@ class NoGrad {
 struct Ctx {
   Tensors saved;            // checked against in-place modification before backward runs
   std::vector<bool> needs;  // needs[i]: input i wants a gradient (skip the work otherwise)
+  bool last_use = false;    // the entry is freed after this backward (no retain_graph)
 };
+
+// True when a backward may write into its saved tensor saved[i]: this is the entry's last
+// backward and nothing else (no user handle, no view, no other entry) holds that storage.
+// Lets a backward hand out a gradient in the buffer of an activation it no longer needs.
+bool can_overwrite(const Ctx& c, size_t i);
 // Returns one gradient per input (an undefined Tensor for "none"), each of the input's shape
 // and dtype. dout has one defined gradient per output (zeros where no gradient arrived).
 using BackwardFn = std::function<Tensors(const Ctx&, const Tensors& dout)>;
@@ -57,6 +63,15 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 size_t tape_size();
 // Frees every entry without running backward (e.g. after an evaluation that forgot NoGrad).
 void clear_tape();
+
+// Memory the live tape keeps alive through saved tensors, per op name: each storage is counted
+// once, under the first entry (in tape order) that saves it. For finding what a model's
+// activations cost (bench/graft_bench --what train prints it with GRAFT_TAPE_REPORT=1).
+struct SavedBytes {
+  std::string op;
+  size_t entries = 0, bytes = 0;
+};
+std::vector<SavedBytes> saved_bytes_by_op();
 
 // Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
 // can fail when an op has no gradcheck case.

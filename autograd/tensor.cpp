@@ -8,6 +8,9 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <vector>
+
+#include <sys/mman.h>
 
 #include "autograd/tape.h"
 
@@ -15,6 +18,14 @@ namespace graft {
 
 namespace {
 std::atomic<size_t> g_live_bytes{0};
+std::atomic<size_t> g_peak_bytes{0};
+
+void add_live(size_t n) {
+  const size_t now = g_live_bytes += n;
+  size_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
 }
 
 size_t dtype_size(DType dt) {
@@ -70,12 +81,13 @@ int64_t norm_axis(const char* op, int64_t axis, int64_t rank) {
   return a;
 }
 
-// Freed blocks of 1 MiB and more are kept (up to kBigCacheCap bytes) and handed out again to a
-// request of the same size class. glibc maps big blocks fresh on every allocation (above its
-// mmap threshold, at most 32 MiB) or trims them back to the OS, so each training step paid page
-// faults and zeroing for its activations: 14% of a small-Transformer step in a profile. With the
-// cache the small benchmark step went from ~900 to ~850 ms and its peak RSS from 722 to 661 MiB
-// (fewer distinct mappings), base from 1697 to 1546 MiB.
+// Blocks of 1 MiB and more are mapped straight from the OS and, when freed, kept (up to
+// kBigCacheCap bytes) for a later request of the same size class. Without the cache each
+// training step paid page faults and zeroing for every activation (14% of a small-Transformer
+// step in a profile; with it the small benchmark step went from ~900 to ~850 ms). A request
+// the cache cannot serve first unmaps cached blocks of other sizes, at least as many bytes as
+// it asks for, so resident memory tracks the live peak instead of live + cache: the sizes a
+// training step frees in its forward are not the ones its backward asks for.
 namespace {
 constexpr size_t kBigBlock = size_t(1) << 20;  // smaller blocks: glibc's heap reuses them
 constexpr size_t kBigCacheCap = size_t(1) << 30;
@@ -84,6 +96,7 @@ struct BigBlockCache {
   std::mutex m;
   std::multimap<size_t, void*> free_blocks;
   size_t cached = 0;
+  size_t in_use = 0, high_water = 0;  // bytes of big blocks held by storages, and its maximum
 };
 BigBlockCache& big_cache() {
   // Never destroyed: tensors held by other static objects may be freed after it would be.
@@ -100,42 +113,78 @@ size_t alloc_size(size_t n) {
   // Rounded up so aligned_alloc's size rule holds; never zero so data is a valid pointer.
   return n == 0 ? 64 : (n + 63) / 64 * 64;
 }
+
+void* map_block(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (bytes >= (size_t(2) << 20)) madvise(p, bytes, MADV_HUGEPAGE);
+  return p;
+}
 }  // namespace
 
 Storage::Storage(size_t n) : nbytes(n) {
   capacity = alloc_size(n);
   if (capacity >= kBigBlock) {
     auto& c = big_cache();
-    std::lock_guard<std::mutex> lk(c.m);
-    // Best fit within 25%: batches of varying length ask for slightly different sizes.
-    auto it = c.free_blocks.lower_bound(capacity);
-    if (it != c.free_blocks.end() && it->first <= capacity + capacity / 4) {
-      data = it->second;
-      capacity = it->first;
-      c.cached -= capacity;
-      c.free_blocks.erase(it);
+    std::vector<std::pair<void*, size_t>> unmap;
+    {
+      std::lock_guard<std::mutex> lk(c.m);
+      // Best fit within 25%: batches of varying length ask for slightly different sizes.
+      auto it = c.free_blocks.lower_bound(capacity);
+      if (it != c.free_blocks.end() && it->first <= capacity + capacity / 4) {
+        data = it->second;
+        capacity = it->first;
+        c.cached -= capacity;
+        c.free_blocks.erase(it);
+      } else {
+        // A miss: the footprint (blocks in use + cached) may grow up to the most ever in
+        // use; beyond that, the largest cached blocks are given back first.
+        while (!c.free_blocks.empty() && c.in_use + c.cached + capacity > c.high_water) {
+          auto last = std::prev(c.free_blocks.end());
+          unmap.emplace_back(last->second, last->first);
+          c.cached -= last->first;
+          c.free_blocks.erase(last);
+        }
+      }
+      c.in_use += capacity;
+      c.high_water = std::max(c.high_water, c.in_use);
     }
+    for (auto& [p, bytes] : unmap) munmap(p, bytes);
+    if (!data) data = map_block(capacity);
+  } else {
+    data = std::aligned_alloc(64, capacity);
   }
-  if (!data) data = std::aligned_alloc(64, capacity);
   if (!data) throw std::bad_alloc();
-  g_live_bytes += n;
+  add_live(n);
 }
 
 Storage::~Storage() {
   g_live_bytes -= nbytes;
   if (capacity >= kBigBlock) {
     auto& c = big_cache();
-    std::lock_guard<std::mutex> lk(c.m);
-    if (c.cached + capacity <= kBigCacheCap) {
-      c.free_blocks.emplace(capacity, data);
-      c.cached += capacity;
-      return;
+    {
+      std::lock_guard<std::mutex> lk(c.m);
+      c.in_use -= capacity;
+      if (c.cached + capacity <= kBigCacheCap) {
+        c.free_blocks.emplace(capacity, data);
+        c.cached += capacity;
+        return;
+      }
     }
+    munmap(data, capacity);
+    return;
   }
   std::free(data);
 }
 
 size_t Storage::live_bytes() { return g_live_bytes.load(); }
+size_t Storage::peak_live_bytes() { return g_peak_bytes.load(); }
+void Storage::reset_peak_live_bytes() { g_peak_bytes = g_live_bytes.load(); }
+size_t Storage::cached_bytes() {
+  auto& c = big_cache();
+  std::lock_guard<std::mutex> lk(c.m);
+  return c.cached;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dt) {
   for (auto d : shape)

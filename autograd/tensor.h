@@ -42,6 +42,9 @@ struct Storage {
   size_t capacity = 0;  // bytes actually allocated (>= nbytes; big blocks come from a cache)
   uint64_t version = 0;
   static size_t live_bytes();  // bytes held by all storages: lets tests check memory stays flat
+  static size_t peak_live_bytes();  // the most live_bytes() has been since reset_peak_live_bytes()
+  static void reset_peak_live_bytes();
+  static size_t cached_bytes();  // freed big blocks kept for reuse (not counted in live_bytes)
 };
 
 struct TensorImpl {

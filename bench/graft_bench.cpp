@@ -161,21 +161,36 @@ void run_train(const Args& a) {
   }
   Tensor tgt_in = from_vector(tin, {b.batch, b.tgt_len});
   Tensor tgt_out = from_vector(tout, {b.batch * b.tgt_len});
-  double loss_v = 0;
+  double loss_v = 0, before_bwd_mib = 0;
   auto step = [&] {
-    Tensor lg = model.forward(src, tgt_in);
-    Tensor loss = cross_entropy(reshape(lg, {-1, b.vocab}), tgt_out, 0.1, PAD);
+    // The logits are not held past the loss (as in torch_peer.py): cross_entropy's backward
+    // then writes the gradient into their buffer.
+    Tensor loss =
+        cross_entropy(reshape(model.forward(src, tgt_in), {-1, b.vocab}), tgt_out, 0.1, PAD);
+    before_bwd_mib = Storage::live_bytes() / 1048576.0;
+    if (std::getenv("GRAFT_TAPE_REPORT")) {
+      size_t total = 0;
+      for (auto& r : autograd::saved_bytes_by_op()) {
+        std::cerr << "  saved by " << r.op << " (" << r.entries << " entries): " << r.bytes / 1048576.0
+                  << " MiB\n";
+        total += r.bytes;
+      }
+      std::cerr << "  tape total " << total / 1048576.0 << " MiB, live " << before_bwd_mib << " MiB\n";
+    }
     loss.backward();
     opt.step();
     opt.zero_grad();
     loss_v = loss.item();
   };
   const double t = time_median(a.warmup, a.steps, step);
+  const double weights_mib = Storage::live_bytes() / 1048576.0;
   emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) +
        ",\"tok_s\":" + num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +
        ",\"params\":" + std::to_string(model.num_parameters()) + ",\"loss\":" + num(loss_v) +
-       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"live_mib\":" +
-       num(Storage::live_bytes() / 1048576.0));
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"live_mib\":" + num(weights_mib) +
+       ",\"peak_live_mib\":" + num(Storage::peak_live_bytes() / 1048576.0) +
+       ",\"before_backward_mib\":" + num(before_bwd_mib) +
+       ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0));
 }
 
 void run_decode(const Args& a) {

@@ -127,8 +127,7 @@ def run_train(torch, a):
     state = {}
 
     def step():
-        logits = model(src, tgt_in)
-        loss = crit(logits.reshape(-1, V), tgt_out)
+        loss = crit(model(src, tgt_in).reshape(-1, V), tgt_out)  # logits not held (as graft)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)  # graft drops grads too (PyTorch 2's default)

@@ -34,8 +34,10 @@ Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, 
 
 Tensor Dropout::forward(const Tensor& x) const {
   if (!training() || p == 0) return x;
-  return dropout(x, p, true, gen_ ? *gen_ : default_generator());
+  return dropout(x, p, true, generator());
 }
+
+Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(); }
 
 FeedForward::FeedForward(int64_t d, int64_t dff, double p, Activation a, DType dt, Generator& gen,
                          Generator* dropout_gen)
@@ -48,8 +50,10 @@ FeedForward::FeedForward(int64_t d, int64_t dff, double p, Activation a, DType d
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x) {
   Tensor h = linear1.forward(x);
-  h = act == Activation::relu ? relu(h) : gelu(h);
-  return linear2.forward(dropout.forward(h));
+  // relu + dropout as one op keeps only the hidden activation linear2 keeps anyway.
+  if (act == Activation::relu)
+    return linear2.forward(relu_dropout(h, dropout.p, dropout.training(), dropout.generator()));
+  return linear2.forward(dropout.forward(gelu(h)));
 }
 
 Tensor FeedForward::forward(const Tensor& x) const {

@@ -37,6 +37,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p, Generator* gen = nullptr) : p(p), gen_(gen) {}
   Tensor forward(const Tensor& x) const;
+  Generator& generator() const;  // the one given, else default_generator()
   double p;
 
  private:

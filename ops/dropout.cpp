@@ -1,4 +1,4 @@
-// Dropout. Shape legend: x (...) -> out (...), mask (...) contiguous, same dtype as x.
+// Dropout. Shape legend: x (...) -> out (...) contiguous, same dtype as x. No mask is stored.
 //
 // The mask is one uniform draw per element in row-major element order, keep iff u >= p, where u
 // is exactly what gen.uniform() would return for that draw. splitmix64 is a counter stream (the
@@ -9,8 +9,10 @@
 #include "ops/dropout.h"
 
 #include <cmath>
+#include <limits>
 
 #include "autograd/gradcheck.h"
+#include "ops/elementwise.h"
 #include "ops/kernels.h"
 
 namespace graft {
@@ -20,6 +22,7 @@ using autograd::Ctx;
 namespace {
 
 GRAFT_DECLARE_OP("dropout", "dropout");
+GRAFT_DECLARE_OP("relu_dropout", "dropout");
 
 // Must match Generator::next_u64 in autograd/tensor.cpp (tests/test_loss_dropout.cpp checks
 // the mask against sequential gen.uniform() draws).
@@ -31,63 +34,119 @@ inline uint64_t splitmix64_at(uint64_t state0, uint64_t i) {
   return z ^ (z >> 31);
 }
 
-// mask[i] = keep_value if draw i keeps the element else 0; out[i] = x[i] * mask[i].
+// The dropout mask is never stored: keep(i) is recomputed from the starting state in backward
+// (one splitmix64 per element, about the cost of reading a stored mask, and no memory held
+// between forward and backward).
+struct Mask {
+  uint64_t state0, threshold;
+  bool keep(int64_t i) const { return (splitmix64_at(state0, (uint64_t)i) >> 11) >= threshold; }
+};
+
+// out[i] = x[i] * (keep(i) ? keep_value : 0); with relu, max(x[i], 0) in place of x[i].
 template <class T>
-void dropout_fwd(const Tensor& x, const Tensor& out, const Tensor& mask, uint64_t state0,
-                 uint64_t threshold, T keep_value) {
-  T* pm = mask.data<T>();
-  T* po = out.data<T>();
-  const T* px = x.data<const T>();
-  const int64_t n = x.numel();
-#pragma omp parallel for if (n > kern::kParallelGrain) schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    pm[i] = (splitmix64_at(state0, (uint64_t)i) >> 11) >= threshold ? keep_value : T(0);
-  kern::for_each_strided(x.shape(), x.strides(),
-                         [&](int64_t i, int64_t o) { po[i] = px[o] * pm[i]; });
+void dropout_fwd(const Tensor& x, const Tensor& out, Mask m, T keep_value, bool relu) {
+  T* __restrict po = out.data<T>();
+  const T* __restrict px = x.data<const T>();
+  if (x.is_contiguous()) {
+    const int64_t n = x.numel();
+    const T lo = relu ? T(0) : -std::numeric_limits<T>::infinity();
+    // Branch-free so it vectorises: the keep pattern is random, a branch mispredicts.
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+    for (int64_t i = 0; i < n; ++i) po[i] = std::max(px[i], lo) * (m.keep(i) ? keep_value : T(0));
+    return;
+  }
+  kern::for_each_strided(x.shape(), x.strides(), [&](int64_t i, int64_t o) {
+    const T v = relu ? std::max(px[o], T(0)) : px[o];
+    po[i] = m.keep(i) ? v * keep_value : T(0);
+  });
 }
 
+// dx[i] = dout[i] * (keep(i) ? keep_value : 0).
 template <class T>
-void dropout_bwd(const Tensor& dout, const Tensor& mask, const Tensor& dx) {
-  const T* pd = dout.data<const T>();
-  const T* pm = mask.data<const T>();
-  T* px = dx.data<T>();
+void dropout_bwd(const Tensor& dout, Mask m, T keep_value, const Tensor& dx) {
+  const T* __restrict pd = dout.data<const T>();
+  T* __restrict px = dx.data<T>();
   const int64_t n = dx.numel();
-#pragma omp parallel for if (n > kern::kParallelGrain) schedule(static)
-  for (int64_t i = 0; i < n; ++i) px[i] = pd[i] * pm[i];
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) px[i] = pd[i] * (m.keep(i) ? keep_value : T(0));
+}
+
+// relu + dropout backward from the output alone: out[i] > 0 exactly when x[i] > 0 and the
+// element was kept, so dx[i] = dout[i] * (out[i] > 0 ? keep_value : 0).
+template <class T>
+void relu_dropout_bwd(const Tensor& dout, const Tensor& out, T keep_value, const Tensor& dx) {
+  const T* __restrict pd = dout.data<const T>();
+  const T* __restrict po = out.data<const T>();
+  T* __restrict px = dx.data<T>();
+  const int64_t n = dx.numel();
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) px[i] = pd[i] * (po[i] > T(0) ? keep_value : T(0));
+}
+
+// Checks p, draws the mask's starting state from gen (advancing it by numel draws) and runs the
+// forward; keep_value is 1 / (1 - p).
+Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu,
+                       Mask& mask, double& keep_value) {
+  const int64_t n = x.numel();
+  mask.state0 = gen.state();
+  gen.set_state(mask.state0 + (uint64_t)n * kGolden);  // as if n uniforms were drawn
+  // u = (z >> 11) * 2^-53 >= p  <=>  (z >> 11) >= ceil(p * 2^53), exact in integers.
+  mask.threshold = (uint64_t)std::ceil(std::ldexp(p, 53));
+  keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  if (x.dtype() == DType::f32)
+    dropout_fwd<float>(x, out, mask, (float)keep_value, relu);
+  else
+    dropout_fwd<double>(x, out, mask, keep_value, relu);
+  return out;
+}
+
+void check_p(const char* op, double p, const Tensor& x) {
+  if (!(p >= 0.0 && p <= 1.0))
+    fail(std::string(op) + ": p must be in [0, 1], got p = " + std::to_string(p) + " for x " +
+         describe(x));
 }
 
 }  // namespace
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("dropout", x);
-  if (!(p >= 0.0 && p <= 1.0))
-    fail("dropout: p must be in [0, 1], got p = " + std::to_string(p) + " for x " + describe(x));
+  check_p("dropout", p, x);
   if (!training || p == 0.0) return x;
-
-  const int64_t n = x.numel();
-  const uint64_t state0 = gen.state();
-  gen.set_state(state0 + (uint64_t)n * kGolden);  // as if n uniforms were drawn
-  // u = (z >> 11) * 2^-53 >= p  <=>  (z >> 11) >= ceil(p * 2^53), exact in integers.
-  const uint64_t threshold = (uint64_t)std::ceil(std::ldexp(p, 53));
-  const double keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
-
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  Tensor mask = Tensor::empty(x.shape(), x.dtype());  // 0 or 1/(1-p): backward is one multiply
-  if (x.dtype() == DType::f32)
-    dropout_fwd<float>(x, out, mask, state0, threshold, (float)keep_value);
-  else
-    dropout_fwd<double>(x, out, mask, state0, threshold, keep_value);
-
+  Mask mask;
+  double keep_value;
+  Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
   if (autograd::needs_record({x}))
-    autograd::record("dropout", {x}, {out}, {mask}, [](const Ctx& c, const Tensors& dout) -> Tensors {
-      const Tensor& mask = c.saved[0];
-      Tensor dx = Tensor::empty(mask.shape(), mask.dtype());
-      if (mask.dtype() == DType::f32)
-        dropout_bwd<float>(dout[0], mask, dx);
-      else
-        dropout_bwd<double>(dout[0], mask, dx);
-      return {dx};
-    });
+    autograd::record("dropout", {x}, {out}, {},
+                     [mask, keep_value](const Ctx&, const Tensors& dout) -> Tensors {
+                       Tensor dx = Tensor::empty(dout[0].shape(), dout[0].dtype());
+                       if (dx.dtype() == DType::f32)
+                         dropout_bwd<float>(dout[0], mask, (float)keep_value, dx);
+                       else
+                         dropout_bwd<double>(dout[0], mask, keep_value, dx);
+                       return {dx};
+                     });
+  return out;
+}
+
+Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  kern::check_float("relu_dropout", x);
+  check_p("relu_dropout", p, x);
+  if (!training || p == 0.0) return relu(x);
+  Mask mask;
+  double keep_value;
+  Tensor out = dropout_forward(x, p, gen, true, mask, keep_value);
+  if (autograd::needs_record({x}))
+    autograd::record("relu_dropout", {x}, {out}, {out},
+                     [keep_value](const Ctx& c, const Tensors& dout) -> Tensors {
+                       const Tensor& out = c.saved[0];
+                       Tensor dx = Tensor::empty(out.shape(), out.dtype());
+                       if (dx.dtype() == DType::f32)
+                         relu_dropout_bwd<float>(dout[0], out, (float)keep_value, dx);
+                       else
+                         relu_dropout_bwd<double>(dout[0], out, keep_value, dx);
+                       return {dx};
+                     });
   return out;
 }
 
@@ -108,6 +167,18 @@ GRAFT_OP_CASE({.name = "dropout/noncontig",
                    [](const Tensors& x) {
                      Generator g(5);
                      return dropout(x[0], 0.25, true, g);
+                   }});
+
+
+// relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
+GRAFT_OP_CASE({.name = "relu_dropout/p0.3",
+               .op = "relu_dropout",
+               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)}; },
+               .fn =
+                   [](const Tensors& x) {
+                     Generator g(7);
+                     Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
+                     return relu_dropout(mul(x[0], sign), 0.3, true, g);
                    }});
 
 }  // namespace graft

@@ -8,4 +8,9 @@ namespace graft {
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
 
+// relu_dropout: dropout(relu(x)) as one op that keeps only its output for backward (the FFN's
+// hidden activation, which the next linear keeps anyway). Same mask and generator use as
+// dropout; relu(x) when !training or p == 0.
+Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+
 }  // namespace graft

@@ -150,7 +150,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
         "cross_entropy", {logits}, {out}, {xc, tc, lse},
         [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) -> Tensors {
           const Tensor &x = c.saved[0], &tgt = c.saved[1], &lse = c.saved[2];
-          Tensor dx = Tensor::empty(x.shape(), x.dtype());
+          // The gradient goes into the logits' own buffer when nothing else holds them: no
+          // second (N, C) buffer at the top of backward, where memory peaks.
+          Tensor dx = autograd::can_overwrite(c, 0) ? x : Tensor::empty(x.shape(), x.dtype());
           const double g = n_valid > 0 ? dout[0].item() / (double)n_valid : 0.0;
           const int64_t* pt = tgt.data<const int64_t>();
           const int64_t N = x.size(0), C = x.size(1);

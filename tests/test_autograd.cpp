@@ -164,6 +164,44 @@ BOOST_AUTO_TEST_CASE(memory_is_flat_across_training_steps) {
   }
 }
 
+// backward() frees each entry's saved tensors as soon as its backward has run: by the time the
+// first op's backward runs, what the later ops saved is gone. Also: a leaf's gradient that
+// nothing else holds becomes its .grad without a copy, and peak_live_bytes sees the maximum.
+BOOST_AUTO_TEST_CASE(backward_frees_saved_tensors_as_it_goes) {
+  autograd::declare_op("test_probe", "test");
+  const int64_t n = 1 << 18;  // 1 MiB of float32 per tensor
+  Tensor x = rand({n}, DType::f32, default_generator(), 0, 1).requires_grad_();
+  size_t live_in_first_backward = 0;
+  Tensor y = affine(x, 1.0, 0.0);
+  autograd::record("test_probe", {x}, {y}, {}, [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
+    live_in_first_backward = Storage::live_bytes();
+    return {d[0]};
+  });
+  for (int i = 0; i < 8; ++i) y = exp(mul(y, scalar(0.1)));  // each exp keeps its output
+  Tensor loss = sum(y);
+  y = Tensor();
+  const size_t before = Storage::live_bytes();
+  Storage::reset_peak_live_bytes();
+  loss.backward();
+  // Still held at the probe: x, its gradient on the way (at most two buffers in flight).
+  BOOST_TEST(before >= live_in_first_backward + 6 * n * sizeof(float));
+  BOOST_TEST(Storage::peak_live_bytes() <= before + 2 * n * sizeof(float) + 64);  // + the seed
+  BOOST_TEST(x.grad().numel() == n);
+  // retain_graph keeps them all until the last backward.
+  Tensor y2 = affine(x, 1.0, 0.0);
+  autograd::record("test_probe", {x}, {y2}, {}, [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
+    live_in_first_backward = Storage::live_bytes();
+    return {d[0]};
+  });
+  for (int i = 0; i < 8; ++i) y2 = exp(mul(y2, scalar(0.1)));
+  Tensor loss2 = sum(y2);
+  y2 = Tensor();
+  const size_t before2 = Storage::live_bytes();
+  loss2.backward(Tensor(), true);
+  BOOST_TEST(live_in_first_backward + n * sizeof(float) >= before2);
+  autograd::clear_tape();
+}
+
 BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
   // A deliberately wrong backward: the library's gradcheck must catch it and name the element.
   autograd::declare_op("test_wrong_square", "test");

@@ -6,6 +6,7 @@
 
 #include "autograd/tape.h"
 #include "ops/dropout.h"
+#include "ops/elementwise.h"
 #include "ops/loss.h"
 
 using namespace graft;
@@ -136,6 +137,30 @@ BOOST_AUTO_TEST_CASE(misuse_errors) {
                         [](const Error& e) { return msg_has(e, "cross_entropy", {"label_smoothing"}); });
 }
 
+
+// When nothing else holds the logits, backward writes the gradient into their buffer; the
+// gradient is the same as when they are held (a fresh buffer) or kept for a second backward.
+BOOST_AUTO_TEST_CASE(gradient_in_the_logits_buffer_is_the_same) {
+  Generator g(21);
+  Tensor x0 = rand({6, 7}, DType::f32, g, -2, 2);
+  Tensor t = from_vector(std::vector<int64_t>{1, 0, 6, 2, 0, 3}, {6});
+  auto grad_of = [&](int mode) {
+    Tensor x = x0.detach().requires_grad_();
+    Tensor held = mul(x, scalar(2.0));  // mode 1 keeps a handle on the logits
+    Tensor loss = cross_entropy(mode == 1 ? held : mul(x, scalar(2.0)), t, 0.1, 0);
+    held = mode == 1 ? held : Tensor();
+    if (mode == 2) {
+      loss.backward(Tensor(), /*retain_graph=*/true);
+      x.impl()->grad.reset();
+    }
+    loss.backward();
+    return x.grad().to_vector<float>();
+  };
+  const auto fresh = grad_of(1), in_place = grad_of(0), retained = grad_of(2);
+  BOOST_TEST(in_place == fresh, boost::test_tools::per_element());
+  BOOST_TEST(retained == fresh, boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(dropout_op)
@@ -188,6 +213,48 @@ BOOST_AUTO_TEST_CASE(kept_values_are_scaled_and_backward_uses_the_mask) {
   auto gx = x.grad().to_vector<double>(), dv = dout.to_vector<double>();
   for (size_t i = 0; i < xv.size(); ++i)
     BOOST_TEST(std::fabs(gx[i] - (yv[i] == 0.0 ? 0.0 : dv[i] / 0.75)) < 1e-12);
+}
+
+// The mask is recomputed in backward, not stored: the tape keeps nothing for dropout, and a
+// later draw from the same generator does not disturb the recomputation.
+BOOST_AUTO_TEST_CASE(backward_recomputes_the_mask_without_storing_it) {
+  Generator g(12);
+  Tensor x = rand({64, 64}, DType::f32, g, 1, 2).requires_grad_();
+  Tensor y = dropout(x, 0.5, true, g);
+  auto report = autograd::saved_bytes_by_op();
+  BOOST_TEST_REQUIRE(report.size() == 1u);
+  BOOST_TEST(report[0].op == "dropout");
+  BOOST_TEST(report[0].bytes == 0u);
+  Tensor z = dropout(x, 0.5, true, g);  // advances g between forward and backward
+  autograd::clear_tape();
+  Tensor y2 = dropout(x, 0.5, true, g);
+  auto yv = y2.to_vector<float>();
+  y2.backward(ones({64, 64}));
+  auto gx = x.grad().to_vector<float>();
+  for (size_t i = 0; i < yv.size(); ++i) BOOST_TEST(gx[i] == (yv[i] == 0.0f ? 0.0f : 2.0f));
+}
+
+// relu_dropout(x) = dropout(relu(x)) with the same draws; backward from its output alone.
+BOOST_AUTO_TEST_CASE(relu_dropout_matches_relu_then_dropout) {
+  Generator gx(13);
+  Tensor x0 = rand({16, 33}, DType::f64, gx, -1, 1);
+  Tensor a = x0.detach().requires_grad_(), b = x0.detach().requires_grad_();
+  Generator g1(3), g2(3);
+  Tensor ya = relu_dropout(a, 0.3, true, g1);
+  Tensor yb = dropout(relu(b), 0.3, true, g2);
+  BOOST_TEST(ya.to_vector<double>() == yb.to_vector<double>());
+  BOOST_TEST(g1.state() == g2.state());
+  Tensor dout = rand({16, 33}, DType::f64, gx);
+  ya.backward(dout);
+  yb.backward(dout);
+  BOOST_TEST(a.grad().to_vector<double>() == b.grad().to_vector<double>());
+  // Off (eval or p = 0): plain relu, the generator untouched.
+  const uint64_t st = g1.state();
+  BOOST_TEST(relu_dropout(x0, 0.3, false, g1).to_vector<double>() == relu(x0).to_vector<double>());
+  BOOST_TEST(relu_dropout(x0, 0.0, true, g1).to_vector<double>() == relu(x0).to_vector<double>());
+  BOOST_TEST(g1.state() == st);
+  BOOST_CHECK_EXCEPTION(relu_dropout(x0, 2.0, true), Error,
+                        [](const Error& e) { return msg_has(e, "relu_dropout", {"p = 2", "(16, 33)"}); });
 }
 
 // A transposed view gets the mask of its logical (row-major) element order.
