@@ -6,14 +6,16 @@
 // permutes, so nothing is copied), and the mask + softmax is an OpenMP loop over (b, h, i)
 // rows. float64: plain loops of the same formulas.
 //
-// Memory: the forward saves P (B, H, Tq, Tk) rather than the row log-sum-exp, so the backward
-// does not recompute Q K^T. That is B*H*Tq*Tk floats per layer; fine for the T <= a few hundred
-// this library trains at (a flash-style recompute would trade it for a third matmul).
+// Memory: the tape keeps q, k, v (views of the projections, no copies) and the bias, not P:
+// the backward recomputes P with one more Q K^T matmul (cheap next to the projections) rather
+// than hold B*H*Tq*Tk floats per layer from forward to backward.
 #include "ops/attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <vector>
 
 #include "autograd/gradcheck.h"
 #include "ops/kernels.h"
@@ -132,7 +134,7 @@ void forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& 
                  const RowMask& m, const BiasView<T>& bias, const Tensor& P, const Tensor& out) {
   const View4<T> Q(q), K(k), V(v);
   T* pp = P.data<T>();
-  T* po = out.data<T>();
+  T* po = out.defined() ? out.data<T>() : nullptr;
   const int64_t rows = g.rows();
 #pragma omp parallel for if (rows * g.Tk * g.D > kern::kParallelGrain) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -147,6 +149,7 @@ void forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& 
     }
     softmax_row(s, g.Tk, m.end(i), m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
                 bias.col_stride());
+    if (!po) continue;  // P only (the backward's recompute)
     T* o = po + r * g.Dv;
     for (int64_t e = 0; e < g.Dv; ++e) o[e] = 0;
     for (int64_t j = 0; j < g.Tk; ++j) {
@@ -301,10 +304,32 @@ BiasView<T> bias_view(const Tensor& bias, const Geom& g) {
   return bv;
 }
 
-Tensors attention_backward(const Ctx& c, const Tensor& dout, const Geom& g, double scale,
-                           const Shape& bias_shape) {
-  const Tensor &q = c.saved[0], &k = c.saved[1], &v = c.saved[2], &P = c.saved[3];
+// P = softmax(scale Q K^T + bias) over the attendable keys; also out = P V when out is defined.
+void attention_probs(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g,
+                     double scale, const RowMask& m, const Tensor& bias, const Tensor& P,
+                     const Tensor& out) {
   const DType dt = q.dtype();
+  if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
+    const Tensor qd = dnnl_operand(q), kd = dnnl_operand(k);
+    bmm_f32(qd, swap_last2(kd), P, (float)scale);  // S = scale Q K^T
+    softmax_rows(P.data<float>(), g, m, bias_view<float>(bias, g));
+    if (out.defined()) bmm_f32(P, dnnl_operand(v), out, 1.0f);  // out = P V
+  } else if (dt == DType::f32) {
+    forward_ref<float>(q, k, v, g, (float)scale, m, bias_view<float>(bias, g), P, out);
+  } else {
+    forward_ref<double>(q, k, v, g, scale, m, bias_view<double>(bias, g), P, out);
+  }
+}
+
+// P is recomputed here (same code and inputs as the forward, so the same values), not kept
+// from the forward: one Q K^T matmul and a softmax pass instead of B*H*Tq*Tk floats per layer
+// held from forward to backward.
+Tensors attention_backward(const Ctx& c, const Tensor& dout, const Geom& g, double scale,
+                           const RowMask& m, const Shape& bias_shape) {
+  const Tensor &q = c.saved[0], &k = c.saved[1], &v = c.saved[2], &bias = c.saved[3];
+  const DType dt = q.dtype();
+  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
+  attention_probs(q, k, v, g, scale, m, bias, P, Tensor());
   const bool need_q = c.needs[0], need_k = c.needs[1], need_v = c.needs[2];
   const bool need_bias = c.needs.size() > 3 && c.needs[3];
   const bool need_ds = need_q || need_k || need_bias;
@@ -350,27 +375,20 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
   Tensor out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, dt);
-  if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
-    const Tensor qd = dnnl_operand(q), kd = dnnl_operand(k), vd = dnnl_operand(v);
-    bmm_f32(qd, swap_last2(kd), P, (float)scale);  // S = scale Q K^T
-    softmax_rows(P.data<float>(), g, m, bias_view<float>(opt.bias, g));
-    bmm_f32(P, vd, out, 1.0f);  // out = P V
-  } else if (dt == DType::f32) {
-    forward_ref<float>(q, k, v, g, (float)scale, m, bias_view<float>(opt.bias, g), P, out);
-  } else {
-    forward_ref<double>(q, k, v, g, scale, m, bias_view<double>(opt.bias, g), P, out);
-  }
+  attention_probs(q, k, v, g, scale, m, opt.bias, P, out);
 
-  const bool rec = autograd::needs_record({q, k, v, opt.bias});
   AttentionResult res;
   res.out = out;
-  // When P is saved for backward, the caller gets a copy so editing it cannot corrupt backward.
-  if (opt.return_weights) res.weights = rec ? contiguous_copy(P) : P;
-  if (rec) {
+  if (opt.return_weights) res.weights = P;
+  if (autograd::needs_record({q, k, v, opt.bias})) {
     const Shape bias_shape = opt.bias.defined() ? opt.bias.shape() : Shape{};
-    autograd::record("attention", {q, k, v, opt.bias}, {out}, {q, k, v, P},
-                     [g, scale, bias_shape](const Ctx& c, const Tensors& dout) -> Tensors {
-                       return attention_backward(c, dout[0], g, scale, bias_shape);
+    auto pad_bytes = std::make_shared<const std::vector<uint8_t>>(std::move(pad));
+    autograd::record("attention", {q, k, v, opt.bias}, {out}, {q, k, v, opt.bias},
+                     [g, scale, bias_shape, pad_bytes, causal = opt.causal](
+                         const Ctx& c, const Tensors& dout) -> Tensors {
+                       const RowMask m{pad_bytes->empty() ? nullptr : pad_bytes->data(), causal,
+                                       g.Tq, g.Tk};
+                       return attention_backward(c, dout[0], g, scale, m, bias_shape);
                      });
   }
   return res;

@@ -149,6 +149,13 @@ Tensor unary(const Unary& u, const Tensor& x, double a = 0, double b = 0) {
     unary_ref<double>(u, x, y, a, b);
   }
   if (autograd::needs_record({x})) {
+    // affine's gradient is alpha * dout: nothing to keep.
+    if (&u == &kAffine) {
+      autograd::record(u.name, {x}, {y}, {}, [a](const Ctx&, const Tensors& dout) -> Tensors {
+        return {unary(kAffine, dout[0], a, 0.0)};
+      });
+      return y;
+    }
     const Unary* up = &u;
     autograd::record(u.name, {x}, {y}, {u.use_dst ? y : x},
                      [up, a, b](const Ctx& c, const Tensors& dout) -> Tensors {

@@ -1,9 +1,14 @@
 // layer_norm over the last dim. float32 runs oneDNN layer_normalization forward (training:
-// it also returns the per-row mean and variance the backward needs) and backward; float64 runs
-// the reference loops (llm.c's layernorm_forward / layernorm_backward formulas).
+// it also returns the per-row mean and variance the backward needs); float64 runs the reference
+// loop. The backward is one OpenMP row loop for both (llm.c's layernorm_backward formulas), which
+// rebuilds the normalised rows from the output where that is exact enough (see
+// kMaxShiftOverScale): oneDNN 2.6's backward needs the input, and runs its non-jit "simple" kernel.
 #include "ops/norm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "autograd/gradcheck.h"
 #include "ops/kernels.h"
@@ -40,53 +45,94 @@ void layer_norm_loop(const Tensor& x, const Tensor& w, const Tensor& b, double e
   }
 }
 
-// dx (N, C), dw/db (C) where defined, from dy (N, C), x, w, and the saved mean/var.
+// The backward needs the normalised rows xhat. It is rebuilt from the output when that is
+// exact enough, xhat = (y - b) / w, so the op keeps y (which the next op keeps anyway) instead of
+// x (otherwise dead after the forward; for a post-LN Transformer that is one (tokens, d) buffer
+// per LayerNorm). The float32 error of that rebuild is about eps32 * (|xhat| + |b / w|), so it
+// is used only when every channel has w != 0 and |b| <= kMaxShiftOverScale * |w|; otherwise the
+// op keeps x and xhat = (x - mean) * rstd, as PyTorch does.
+constexpr double kMaxShiftOverScale = 64;
+
 template <class T>
-void layer_norm_backward_loop(const Tensor& dy, const Tensor& x, const Tensor& w,
-                              const Tensor& mean, const Tensor& var, double eps, const Tensor& dx,
-                              const Tensor& dw, const Tensor& db) {
-  const int64_t N = x.shape()[0], C = x.shape()[1];
-  const T *pdy = dy.data<T>(), *px = x.data<T>(), *pm = mean.data<T>(), *pv = var.data<T>();
-  const T* pw = w.defined() ? w.data<T>() : nullptr;
-  const bool big = N * C > kern::kParallelGrain;
-  if (dx.defined()) {
-    T* pdx = dx.data<T>();
-#pragma omp parallel for if (big) schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const T *xr = px + n * C, *gr = pdy + n * C;
-      const T rstd = T(1) / std::sqrt(pv[n] + T(eps));
-      // dnorm = dy * w; dx = (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd
-      T dnorm_mean = 0, dnorm_norm_mean = 0;
-      for (int64_t i = 0; i < C; ++i) {
-        const T norm = (xr[i] - pm[n]) * rstd, dnorm = gr[i] * (pw ? pw[i] : T(1));
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= T(C);
-      dnorm_norm_mean /= T(C);
-      T* dxr = pdx + n * C;
-      for (int64_t i = 0; i < C; ++i) {
-        const T norm = (xr[i] - pm[n]) * rstd, dnorm = gr[i] * (pw ? pw[i] : T(1));
-        dxr[i] = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd;
+bool xhat_from_output(const Tensor& w, const Tensor& b) {
+  const int64_t C = w.defined() ? w.numel() : b.defined() ? b.numel() : 0;
+  const T* pw = w.defined() ? w.data<const T>() : nullptr;
+  const T* pb = b.defined() ? b.data<const T>() : nullptr;
+  for (int64_t i = 0; i < C; ++i) {
+    const double wi = pw ? (double)pw[i] : 1.0, bi = pb ? (double)pb[i] : 0.0;
+    if (!(wi != 0 && std::fabs(bi) <= kMaxShiftOverScale * std::fabs(wi))) return false;  // NaN too
+  }
+  return true;
+}
+
+// dx (N, C) and dw/db (C) where non-null, from dy and src = y (FromY) or x, all (N, C)
+// contiguous. With dnorm = dy * w: dx = (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)) * rstd,
+// dw = sum_rows dy * xhat, db = sum_rows dy. The column sums go through per-block partial sums
+// (blocks of rows fixed by N alone) added in block order: the result does not depend on the
+// thread count.
+template <class T, bool FromY>
+void layer_norm_backward_rows(const T* src, const T* dy, const T* w, const T* b, const T* mean,
+                              const T* var, double eps, int64_t N, int64_t C, T* dx, T* dw,
+                              T* db) {
+  std::vector<T> inv_w(C, T(1));
+  if (FromY && w)
+    for (int64_t i = 0; i < C; ++i) inv_w[i] = T(1) / w[i];
+  const int64_t rows_per_block = std::max<int64_t>(8, (N + 255) / 256);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  const bool sums = dw || db;
+  std::vector<T> part(sums ? 2 * blocks * C : 0);
+#pragma omp parallel if (N * C > kern::kParallelGrain)
+  {
+    std::vector<T> xhat_buf(C);
+    T* __restrict xhat = xhat_buf.data();
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      T* __restrict pw_sum = sums ? part.data() + 2 * blk * C : nullptr;
+      T* __restrict pb_sum = sums ? pw_sum + C : nullptr;
+      if (sums)
+        for (int64_t i = 0; i < 2 * C; ++i) pw_sum[i] = 0;
+      for (int64_t n = blk * rows_per_block; n < std::min(N, (blk + 1) * rows_per_block); ++n) {
+        const T* __restrict sr = src + n * C;
+        const T* __restrict gr = dy + n * C;
+        const T rstd = T(1) / std::sqrt(var[n] + T(eps));
+        const T m = FromY ? T(0) : mean[n];
+        T s1 = 0, s2 = 0;
+#pragma omp simd reduction(+ : s1, s2)
+        for (int64_t i = 0; i < C; ++i) {
+          const T xh = FromY ? (sr[i] - (b ? b[i] : T(0))) * inv_w[i] : (sr[i] - m) * rstd;
+          const T dn = gr[i] * (w ? w[i] : T(1));
+          xhat[i] = xh;
+          s1 += dn;
+          s2 += dn * xh;
+        }
+        s1 /= T(C);
+        s2 /= T(C);
+        if (dx) {
+          T* __restrict dr = dx + n * C;
+#pragma omp simd
+          for (int64_t i = 0; i < C; ++i)
+            dr[i] = (gr[i] * (w ? w[i] : T(1)) - s1 - xhat[i] * s2) * rstd;
+        }
+        if (sums) {
+#pragma omp simd
+          for (int64_t i = 0; i < C; ++i) {
+            pw_sum[i] += gr[i] * xhat[i];
+            pb_sum[i] += gr[i];
+          }
+        }
       }
     }
   }
-  // dw = sum over rows of dy * norm, db = sum over rows of dy: split over columns so each is
-  // summed by one thread in row order.
-  if (dw.defined() || db.defined()) {
-    T* pdw = dw.defined() ? dw.data<T>() : nullptr;
-    T* pdb = db.defined() ? db.data<T>() : nullptr;
-#pragma omp parallel for if (big) schedule(static)
-    for (int64_t i = 0; i < C; ++i) {
-      T sw = 0, sb = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        const T g = pdy[n * C + i];
-        sw += g * (px[n * C + i] - pm[n]) / std::sqrt(pv[n] + T(eps));
-        sb += g;
-      }
-      if (pdw) pdw[i] = sw;
-      if (pdb) pdb[i] = sb;
+  if (!sums) return;
+#pragma omp parallel for if (blocks * C > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < C; ++i) {
+    T sw = 0, sb = 0;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      sw += part[2 * blk * C + i];
+      sb += part[2 * blk * C + C + i];
     }
+    if (dw) dw[i] = sw;
+    if (db) db[i] = sb;
   }
 }
 
@@ -115,7 +161,7 @@ Tensor as_rows(const Tensor& t, int64_t rows, int64_t C) { return reshaped(t, {r
 
 }  // namespace
 
-// layer_norm: x (..., C), w (C), b (C) -> y (..., C); saves x, w, mean (N), var (N)
+// layer_norm: x (..., C), w (C), b (C) -> y (..., C); saves y (or x), w, b, mean, var (N)
 GRAFT_DECLARE_OP("layer_norm", "norm");
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
@@ -166,62 +212,39 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   }
   if (record) {
     const bool has_w = w_in.defined(), has_b = b_in.defined();
-    // x and w as given (so in-place changes to them are caught); b is not needed.
+    bool from_y = false;
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
+    // Saved: y or x (see kMaxShiftOverScale), w, b (only to rebuild xhat from y), mean (only
+    // with x), var. All as given, so in-place changes to them are caught.
     autograd::record(
-        "layer_norm", {x_in, w_in, b_in}, {y}, {x_in, has_w ? w_in : Tensor(), mean, var},
-        [eps, has_w, has_b](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
-          const Tensor& x_in = c.saved[0];
-          const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-          const Tensor x = as_rows(kern::contig(x_in), N, C);
+        "layer_norm", {x_in, w_in, b_in}, {y},
+        {from_y ? y : x_in, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
+        [eps, has_w, has_b, from_y](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
+          const Tensor& src_in = c.saved[0];
+          const int64_t C = src_in.shape().back(), N = C ? src_in.numel() / C : 0;
+          const Tensor src = kern::contig(src_in);
           const Tensor w = has_w ? kern::contig(c.saved[1]) : Tensor();
-          const Tensor &mean = c.saved[2], &var = c.saved[3];
-          const Tensor dy = as_rows(dout[0], N, C);
-          Tensor dx = c.needs[0] ? Tensor::empty(x_in.shape(), x_in.dtype()) : Tensor();
-          Tensor dw = has_w && c.needs[1] ? Tensor::empty({C}, x.dtype()) : Tensor();
-          Tensor db = has_b && c.needs[2] ? Tensor::empty({C}, x.dtype()) : Tensor();
-          if (x.numel() == 0) {
+          const Tensor b = from_y && has_b ? kern::contig(c.saved[2]) : Tensor();
+          const Tensor &mean = c.saved[3], &var = c.saved[4];
+          const Tensor dy = kern::contig(dout[0]);
+          Tensor dx = c.needs[0] ? Tensor::empty(src_in.shape(), src_in.dtype()) : Tensor();
+          Tensor dw = has_w && c.needs[1] ? Tensor::empty({C}, src.dtype()) : Tensor();
+          Tensor db = has_b && c.needs[2] ? Tensor::empty({C}, src.dtype()) : Tensor();
+          if (src.numel() == 0) {
             for (auto* g : {&dx, &dw, &db})
               if (g->defined()) fill_(*g, 0);
             return {dx, dw, db};
           }
-          if (onednn::usable(x)) {
-            // oneDNN's backward needs every diff of the flags it was given and always
-            // computes diff_src; outputs nobody asked for go to scratch buffers.
-            const Tensor dx_buf = dx.defined() ? dx : Tensor::empty(x_in.shape(), x.dtype());
-            const Tensor dw_buf = has_w && !dw.defined() ? Tensor::empty({C}, x.dtype()) : dw;
-            const Tensor db_buf = has_b && !db.defined() ? Tensor::empty({C}, x.dtype()) : db;
-            using lnb = dnnl::layer_normalization_backward;
-            const auto f = ln_flags(has_w, has_b);
-            auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
-            auto hint = ln_fwd_pd(d, stat, eps, f, dnnl::prop_kind::forward_training);
-            const auto kind = has_w || has_b ? dnnl::prop_kind::backward
-                                             : dnnl::prop_kind::backward_data;
-            lnb::primitive_desc pd(lnb::desc(kind, d, d, stat, (float)eps, f),
-                                   onednn::engine(), hint);
-            std::unordered_map<int, dnnl::memory> args{
-                {DNNL_ARG_SRC, onednn::mem(d, x)},
-                {DNNL_ARG_DIFF_DST, onednn::mem(d, dy)},
-                {DNNL_ARG_MEAN, onednn::mem(stat, mean)},
-                {DNNL_ARG_VARIANCE, onednn::mem(stat, var)},
-                {DNNL_ARG_DIFF_SRC, onednn::mem(d, as_rows(dx_buf, N, C))}};
-            if (has_w) {
-              args[DNNL_ARG_SCALE] = onednn::mem(cm, w);
-              args[DNNL_ARG_DIFF_SCALE] = onednn::mem(cm, dw_buf);
-            }
-            if (has_b) {
-              // oneDNN 2.6 lists the shift as an input of the backward although the result
-              // does not depend on it; any (C) buffer satisfies it, so b need not be saved.
-              args[DNNL_ARG_SHIFT] = onednn::mem(cm, db_buf);
-              args[DNNL_ARG_DIFF_SHIFT] = onednn::mem(cm, db_buf);
-            }
-            lnb(pd).execute(onednn::stream(), args);
-            onednn::stream().wait();
-          } else {
-            GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-              layer_norm_backward_loop<T>(dy, x, w, mean, var, eps,
-                                          dx.defined() ? as_rows(dx, N, C) : Tensor(), dw, db);
-            });
-          }
+          GRAFT_DISPATCH_FLOAT(src.dtype(), "layer_norm", [&] {
+            auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+            auto run = [&](auto from_y_tag) {
+              layer_norm_backward_rows<T, decltype(from_y_tag)::value>(
+                  src.data<const T>(), dy.data<const T>(), ptr(w), ptr(b), ptr(mean),
+                  var.data<const T>(), eps, N, C, ptr(dx), ptr(dw), ptr(db));
+            };
+            if (from_y) run(std::true_type());
+            else run(std::false_type());
+          });
           return {dx, dw, db};
         });
   }
@@ -249,5 +272,29 @@ GRAFT_OP_CASE({.name = "layer_norm/weight_only_transposed",
                      return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
                    },
                .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
+// Backward from x (not y): a zero scale, and a shift over kMaxShiftOverScale times its scale.
+GRAFT_OP_CASE({.name = "layer_norm/zero_weight_keeps_x",
+               .op = "layer_norm",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
+                     return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
+                   },
+               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+GRAFT_OP_CASE({.name = "layer_norm/large_shift_keeps_x",
+               .op = "layer_norm",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
+                     return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
+                   },
+               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+GRAFT_OP_CASE({.name = "layer_norm/bias_only_many_rows",
+               .op = "layer_norm",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
+                   },
+               .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
 
 }  // namespace graft
