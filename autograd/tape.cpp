@@ -1,6 +1,8 @@
 #include "autograd/tape.h"
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <mutex>
 #include <unordered_set>
 
@@ -38,6 +40,14 @@ struct Tape {
 };
 
 thread_local Tape t_tape;
+
+using ProfileClock = std::chrono::steady_clock;
+struct Profile {
+  bool on = false;
+  ProfileClock::time_point last;
+  std::map<std::string, OpTime> ops;
+};
+thread_local Profile t_profile;
 thread_local bool t_grad_enabled = true;
 
 std::vector<OpDecl>& decls() {
@@ -113,6 +123,24 @@ bool can_overwrite(const Ctx& c, size_t i) {
   return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1;
 }
 
+void set_profiling(bool on) {
+  t_profile.on = on;
+  t_profile.last = ProfileClock::now();
+}
+
+std::vector<OpTime> profile_report() {
+  std::vector<OpTime> out;
+  for (auto& [name, o] : t_profile.ops) {
+    out.push_back(o);
+    out.back().op = name;
+  }
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) {
+    return a.forward_s + a.backward_s > b.forward_s + b.backward_s;
+  });
+  t_profile.ops.clear();
+  return out;
+}
+
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
@@ -178,6 +206,13 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   }
   t_tape.entries.push_back(std::move(e));
   ++t_tape.live;
+  if (t_profile.on) {
+    const auto now = ProfileClock::now();
+    OpTime& o = t_profile.ops[op];
+    ++o.calls;
+    o.forward_s += std::chrono::duration<double>(now - t_profile.last).count();
+    t_profile.last = now;
+  }
 }
 
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
@@ -260,7 +295,13 @@ void run_backward(int64_t top, bool retain_graph) {
     if (retain_graph) ctx.saved = e.saved;
     else ctx.saved = std::move(e.saved);
     for (auto& r : e.inputs) ctx.needs.push_back(r.needs);
+    const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
     Tensors dins = e.fn(ctx, e.pending);
+    if (t_profile.on) {
+      t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
+      t_profile.last = ProfileClock::now();
+    }
+    ctx.saved.clear();  // a gradient handed out in a saved buffer is then held by dins alone
     e.pending.clear();
     e.owned.clear();
     // Without retain_graph the entry's saved activations go as soon as its backward has run,

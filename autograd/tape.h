@@ -73,6 +73,18 @@ struct SavedBytes {
 };
 std::vector<SavedBytes> saved_bytes_by_op();
 
+// A rough per-op time profile of this thread, off by default. Forward: the time from the
+// previous record() to this op's record() (ops that record nothing are folded into the next one
+// that does); backward: each entry's backward function. For finding where a step goes
+// (bench/graft_bench --what train prints it with GRAFT_PROFILE=1).
+struct OpTime {
+  std::string op;
+  size_t calls = 0;
+  double forward_s = 0, backward_s = 0;
+};
+void set_profiling(bool on);
+std::vector<OpTime> profile_report();  // sorted by total time; also resets the counters
+
 // Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
 // can fail when an op has no gradcheck case.
 bool declare_op(const char* name, const char* family);

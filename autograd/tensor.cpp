@@ -96,7 +96,8 @@ struct BigBlockCache {
   std::mutex m;
   std::multimap<size_t, void*> free_blocks;
   size_t cached = 0;
-  size_t in_use = 0, high_water = 0;  // bytes of big blocks held by storages, and its maximum
+  size_t in_use = 0;      // bytes of big blocks held by storages
+  size_t high_water = 0;  // the most in use so far: the bound on in_use + cached
 };
 BigBlockCache& big_cache() {
   // Never destroyed: tensors held by other static objects may be freed after it would be.
@@ -131,19 +132,26 @@ Storage::Storage(size_t n) : nbytes(n) {
       std::lock_guard<std::mutex> lk(c.m);
       // Best fit within 25%: batches of varying length ask for slightly different sizes.
       auto it = c.free_blocks.lower_bound(capacity);
-      if (it != c.free_blocks.end() && it->first <= capacity + capacity / 4) {
+      const bool fits = it != c.free_blocks.end() && it->first <= capacity + capacity / 4;
+      // The footprint (blocks in use + cached) may grow up to the most ever in use. At that
+      // bound a request takes the smallest larger cached block (its tail unused while held)
+      // rather than have fresh memory mapped (the bound counts what was asked for, so oversized
+      // blocks do not raise it); failing that, the smallest cached blocks are
+      // given back until the new block fits under the bound.
+      const bool at_bound = c.in_use + c.cached + capacity > c.high_water;
+      const bool oversize_ok = at_bound && it != c.free_blocks.end() && it->first <= 2 * capacity &&
+                               c.in_use + it->first <= c.high_water;
+      if (fits || oversize_ok) {
         data = it->second;
         capacity = it->first;
         c.cached -= capacity;
         c.free_blocks.erase(it);
-      } else {
-        // A miss: the footprint (blocks in use + cached) may grow up to the most ever in
-        // use; beyond that, the largest cached blocks are given back first.
+      } else if (at_bound) {
         while (!c.free_blocks.empty() && c.in_use + c.cached + capacity > c.high_water) {
-          auto last = std::prev(c.free_blocks.end());
-          unmap.emplace_back(last->second, last->first);
-          c.cached -= last->first;
-          c.free_blocks.erase(last);
+          auto smallest = c.free_blocks.begin();
+          unmap.emplace_back(smallest->second, smallest->first);
+          c.cached -= smallest->first;
+          c.free_blocks.erase(smallest);
         }
       }
       c.in_use += capacity;

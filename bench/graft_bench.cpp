@@ -160,13 +160,11 @@ void run_train(const Args& a) {
     }
   }
   Tensor tgt_in = from_vector(tin, {b.batch, b.tgt_len});
-  Tensor tgt_out = from_vector(tout, {b.batch * b.tgt_len});
+  Tensor tgt_out = from_vector(tout, {b.batch, b.tgt_len});
   double loss_v = 0, before_bwd_mib = 0;
   auto step = [&] {
-    // The logits are not held past the loss (as in torch_peer.py): cross_entropy's backward
-    // then writes the gradient into their buffer.
-    Tensor loss =
-        cross_entropy(reshape(model.forward(src, tgt_in), {-1, b.vocab}), tgt_out, 0.1, PAD);
+    // linear_cross_entropy inside: the (B*T, V) logits are never held.
+    Tensor loss = model.loss(src, tgt_in, tgt_out, 0.1);
     before_bwd_mib = Storage::live_bytes() / 1048576.0;
     if (std::getenv("GRAFT_TAPE_REPORT")) {
       size_t total = 0;
@@ -182,7 +180,23 @@ void run_train(const Args& a) {
     opt.zero_grad();
     loss_v = loss.item();
   };
-  const double t = time_median(a.warmup, a.steps, step);
+  const bool profile = std::getenv("GRAFT_PROFILE") != nullptr;
+  const double t = time_median(a.warmup, a.steps, [&] {
+    autograd::set_profiling(profile);
+    step();
+    autograd::set_profiling(false);
+  });
+  if (profile) {
+    double total = 0;
+    auto rep = autograd::profile_report();
+    for (auto& o : rep) total += o.forward_s + o.backward_s;
+    const int n = a.warmup + a.steps;
+    std::cerr << "per step (" << n << " steps): op, calls, forward ms, backward ms\n";
+    for (auto& o : rep)
+      std::cerr << "  " << o.op << " " << o.calls / n << " " << o.forward_s * 1e3 / n << " "
+                << o.backward_s * 1e3 / n << "\n";
+    std::cerr << "  total in ops " << total * 1e3 / n << " ms of a " << t * 1e3 << " ms step\n";
+  }
   const double weights_mib = Storage::live_bytes() / 1048576.0;
   emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) +
        ",\"tok_s\":" + num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +

@@ -106,11 +106,26 @@ Tensor Transformer::encode(const Tensor& src) const { return encoder->forward(em
 
 Tensor Transformer::logits(const Tensor& h) const { return linear(h, embedding->weight); }
 
-Tensor Transformer::decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
-                           Tensors* cross_weights) const {
+Tensor Transformer::decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
+                                   Tensors* cross_weights) const {
   if (src.shape()[0] != tgt_in.shape()[0])
     fail("Transformer: source batch " + describe(src) + " and target batch " + describe(tgt_in) + " differ");
-  return logits(decoder->forward(embed(tgt_in), memory, pad_mask(tgt_in), pad_mask(src), cross_weights));
+  return decoder->forward(embed(tgt_in), memory, pad_mask(tgt_in), pad_mask(src), cross_weights);
+}
+
+Tensor Transformer::decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
+                           Tensors* cross_weights) const {
+  return logits(decoder_states(memory, src, tgt_in, cross_weights));
+}
+
+Tensor Transformer::loss(const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out,
+                         double label_smoothing) const {
+  if (tgt_out.shape() != tgt_in.shape())
+    fail("Transformer::loss: tgt_out " + describe(tgt_out) + " must have tgt_in's shape " +
+         describe(tgt_in));
+  Tensor h = decoder_states(encode(src), src, tgt_in);
+  return linear_cross_entropy(reshape(h, {-1, cfg.d_model}), embedding->weight,
+                              reshape(tgt_out, {-1}), label_smoothing, cfg.pad_id);
 }
 
 nn::NamedTensors state_dict(const Transformer& m) { return m.named_parameters(); }

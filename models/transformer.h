@@ -40,6 +40,13 @@ class Transformer : public nn::Module {
   Tensor decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
                 Tensors* cross_weights = nullptr) const;      // logits (B, T, V)
   Tensor forward(const Tensor& src, const Tensor& tgt_in) const { return decode(encode(src), src, tgt_in); }
+  // Teacher-forced training loss: cross_entropy(forward(src, tgt_in), tgt_out) with label
+  // smoothing, pad targets ignored, computed by linear_cross_entropy (the (B*T, V) logits are
+  // never held). tgt_out (B, T) int64.
+  Tensor loss(const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out,
+              double label_smoothing = 0.0) const;
+  Tensor decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
+                        Tensors* cross_weights = nullptr) const;  // (B, T, d), before logits
   Tensor logits(const Tensor& h) const;  // h (B, T, d) -> (B, T, V) through the tied embedding
   Tensor pad_mask(const Tensor& ids) const;  // (B, T) int64, 1 at pad
 

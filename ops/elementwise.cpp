@@ -214,16 +214,13 @@ bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   using namespace onednn;
   if (a.shape() != out.shape() || !usable(a) || b.dtype() != DType::f32 || b.numel() == 0) return false;
   const size_t r = out.shape().size();
-  Shape bs(r, 1), bst(r, 0);
+  Shape bs(r, 1);
   Tensor bc = kern::contig(b);
-  const Shape bcs = contiguous_strides(b.shape());
-  for (size_t i = 0; i < (size_t)b.dim(); ++i) {
-    bs[r - b.dim() + i] = b.shape()[i];
-    bst[r - b.dim() + i] = bcs[i];
-  }
-  for (size_t i = 0; i < r; ++i)
-    if (bst[i] == 0) bst[i] = 1;
-  auto amd = md(a), bmd = md(bs, bst), omd = md(out);
+  for (size_t i = 0; i < (size_t)b.dim(); ++i) bs[r - b.dim() + i] = b.shape()[i];
+  // Dense strides for the padded shape, size-1 dims included: any other stride there makes
+  // oneDNN 2.6 see a permuted layout and run its reference kernel (the (B, T, d) + (T, d)
+  // positional-encoding add took 18-30 ms instead of 0.2).
+  auto amd = md(a), bmd = md(bs, contiguous_strides(bs)), omd = md(out);
   dnnl::binary::desc d(binary_alg(op), amd, bmd, omd);
   dnnl::binary::primitive_desc pd(d, engine());
   dnnl::binary(pd).execute(stream(), {{DNNL_ARG_SRC_0, mem(amd, a)},

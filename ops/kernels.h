@@ -21,6 +21,11 @@ Shape broadcast_strides(const Tensor& t, const Shape& out);
 inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
 
 void check_float(const char* op, const Tensor& t);
+
+// out (M, N) = a (M, K) @ b (K, N), or out += a @ b with accumulate; a and b any strides
+// (transposes as views), out contiguous (a row range of a bigger tensor is fine). Records
+// nothing: for ops that run matmuls inside their own forward or backward. oneDNN for float32.
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 
 // Splits n rows over OpenMP threads when the work is large enough to pay for the fork.

@@ -14,9 +14,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "autograd/gradcheck.h"
+#include "ops/elementwise.h"
 #include "ops/kernels.h"
+#include "ops/shape.h"
 
 namespace graft {
 
@@ -99,6 +103,36 @@ void ce_backward_rows(const T* x, int64_t N, int64_t C, const int64_t* target, c
   }
 }
 
+// Copies target (N) int64 into t and counts the non-ignored entries; throws "<op>: target v at
+// position n is out of range [0, C) for <what>" otherwise. Checked before the parallel loops:
+// exceptions cannot leave an OpenMP region.
+int64_t check_targets(const char* op, const Tensor& target, int64_t C, int64_t ignore_index,
+                      const std::string& what, std::vector<int64_t>& t) {
+  t = target.to_vector<int64_t>();
+  int64_t n_valid = 0;
+  for (size_t n = 0; n < t.size(); ++n) {
+    if (t[n] == ignore_index) continue;
+    if (t[n] < 0 || t[n] >= C)
+      fail(std::string(op) + ": target " + std::to_string(t[n]) + " at position " +
+           std::to_string(n) + " is out of range [0, " + std::to_string(C) + ") for " + what +
+           " (ignore_index " + std::to_string(ignore_index) + ")");
+    ++n_valid;
+  }
+  return n_valid;
+}
+
+template <class T>
+void scale_in_place(T* p, int64_t n, T s) {
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+  for (int64_t k = 0; k < n; ++k) p[k] *= s;
+}
+
+void check_smoothing(const char* op, double label_smoothing) {
+  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
+    fail(std::string(op) + ": label_smoothing must be in [0, 1], got " +
+         std::to_string(label_smoothing));
+}
+
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
@@ -114,20 +148,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
     fail("cross_entropy: logits " + describe(logits) + " need target (N) = " + shape_str({N}) +
          ", got " + describe(target));
   if (C == 0) fail("cross_entropy: logits " + describe(logits) + " have no classes");
-  if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
-    fail("cross_entropy: label_smoothing must be in [0, 1], got " + std::to_string(label_smoothing));
+  check_smoothing("cross_entropy", label_smoothing);
 
-  // Checked before the parallel loop: exceptions cannot leave an OpenMP region.
-  std::vector<int64_t> t = target.to_vector<int64_t>();
-  int64_t n_valid = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    if (t[n] == ignore_index) continue;
-    if (t[n] < 0 || t[n] >= C)
-      fail("cross_entropy: target " + std::to_string(t[n]) + " at position " + std::to_string(n) +
-           " is out of range [0, " + std::to_string(C) + ") for logits " + describe(logits) +
-           " (ignore_index " + std::to_string(ignore_index) + ")");
-    ++n_valid;
-  }
+  std::vector<int64_t> t;
+  const int64_t n_valid = check_targets("cross_entropy", target, C, ignore_index, "logits " + describe(logits), t);
 
   // The row loops read contiguous rows (what lets them vectorise); a transposed view is copied.
   const Tensor xc = kern::contig(logits);
@@ -164,6 +188,80 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
                              label_smoothing, ignore_index, g, dx.data<double>());
           return {dx};
         });
+  }
+  return out;
+}
+
+GRAFT_DECLARE_OP("linear_cross_entropy", "loss");
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
+                            double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+  kern::check_float("linear_cross_entropy", x);
+  kern::check_float("linear_cross_entropy", w);
+  auto what = [&] { return "x " + describe(x) + ", w " + describe(w); };
+  if (!target.defined()) fail("linear_cross_entropy: target is undefined");
+  if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1) || x.dtype() != w.dtype())
+    fail("linear_cross_entropy: needs x (N, d) and w (V, d) of one dtype, got " + what());
+  const int64_t N = x.size(0), V = w.size(0);
+  if (target.dtype() != DType::i64 || target.dim() != 1 || target.size(0) != N)
+    fail("linear_cross_entropy: " + what() + " need target (N) = " + shape_str({N}) +
+         " int64, got " + describe(target));
+  if (V == 0) fail("linear_cross_entropy: " + what() + ": no classes");
+  check_smoothing("linear_cross_entropy", label_smoothing);
+  if (chunk_rows < 0) fail("linear_cross_entropy: chunk_rows must be >= 0");
+  std::vector<int64_t> t;
+  const int64_t n_valid = check_targets("linear_cross_entropy", target, V, ignore_index, what(), t);
+
+  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
+  const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
+  const DType dt = x.dtype();
+  Tensor dx = need_dx ? Tensor::empty({N, x.size(1)}, dt) : Tensor();
+  Tensor dw = need_dw ? Tensor::empty(w.shape(), dt) : Tensor();
+  if (need_dw && N == 0) fill_(dw, 0);
+  const Tensor wt = Tensor::view_of(w, {w.size(1), V}, {w.strides()[1], w.strides()[0]}, w.offset());
+  Tensor buf = Tensor::empty({std::min(rows, N), V}, dt);  // one chunk's logits, then gradient
+  std::vector<double> row_loss(N), lse(N);
+  const double g = n_valid > 0 ? 1.0 / (double)n_valid : 0.0;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
+    auto row_view = [](const Tensor& m, int64_t a, int64_t b) {
+      return Tensor::view_of(m, {b - a, m.size(1)}, m.strides(), m.offset() + a * m.strides()[0]);
+    };
+    const Tensor xc = row_view(x, r0, r1), lc = row_view(buf, 0, n);
+    kern::gemm(xc, wt, lc);  // logits of rows [r0, r1)
+    GRAFT_DISPATCH_FLOAT(dt, "linear_cross_entropy", [&] {
+      ce_forward_rows(lc.data<const T>(), n, V, std::vector<int64_t>(t.begin() + r0, t.begin() + r1),
+                      label_smoothing, ignore_index, lse.data() + r0, row_loss.data() + r0);
+      if (need_dx || need_dw)
+        ce_backward_rows(lc.data<const T>(), n, V, t.data() + r0, lse.data() + r0,
+                         label_smoothing, ignore_index, g, lc.data<T>());
+    });
+    if (need_dx) kern::gemm(lc, w, row_view(dx, r0, r1));                     // dx = G w
+    if (need_dw) kern::gemm(transpose(lc, 0, 1), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
+  }
+  double total = 0;
+  for (double l : row_loss) total += l;
+  Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt);
+  if (need_dx || need_dw) {
+    autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw},
+                     [](const Ctx& c, const Tensors& dout) -> Tensors {
+                       const double s = dout[0].item();
+                       Tensors grads(2);
+                       for (size_t i = 0; i < 2; ++i) {
+                         if (!c.needs[i] || !c.saved[i].defined()) continue;
+                         const Tensor& gi = c.saved[i];  // fresh, contiguous
+                         if (s == 1.0) {
+                           grads[i] = gi;
+                         } else if (autograd::can_overwrite(c, i)) {
+                           GRAFT_DISPATCH_FLOAT(gi.dtype(), "linear_cross_entropy",
+                                                [&] { scale_in_place(gi.data<T>(), gi.numel(), (T)s); });
+                           grads[i] = gi;
+                         } else {
+                           grads[i] = affine(gi, s, 0.0);
+                         }
+                       }
+                       return grads;
+                     });
   }
   return out;
 }
@@ -225,5 +323,24 @@ GRAFT_OP_CASE({.name = "cross_entropy/noncontig",
                      return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
                    },
                .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+
+// Three chunks of 2 rows (the last one short), an ignored target, label smoothing.
+GRAFT_OP_CASE({.name = "linear_cross_entropy/chunks",
+               .op = "linear_cross_entropy",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
+                                    targets({4, 0, 5, 1, 2})};
+                   },
+               .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
+// x as a transposed view, one chunk.
+GRAFT_OP_CASE({.name = "linear_cross_entropy/transposed_x",
+               .op = "linear_cross_entropy",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     return Tensors{case_input_t({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
+                                    targets({4, 0, 3, 1})};
+                   },
+               .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
 
 }  // namespace graft

@@ -8,6 +8,7 @@
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
+#include "ops/matmul.h"
 
 using namespace graft;
 
@@ -159,6 +160,55 @@ BOOST_AUTO_TEST_CASE(gradient_in_the_logits_buffer_is_the_same) {
   const auto fresh = grad_of(1), in_place = grad_of(0), retained = grad_of(2);
   BOOST_TEST(in_place == fresh, boost::test_tools::per_element());
   BOOST_TEST(retained == fresh, boost::test_tools::per_element());
+}
+
+// linear_cross_entropy == cross_entropy(linear(x, w)): loss and both gradients, for several
+// chunk sizes, an upstream gradient other than 1 (scaled in place, or copied under
+// retain_graph), and x or w alone requiring grad.
+BOOST_AUTO_TEST_CASE(linear_cross_entropy_matches_linear_then_cross_entropy) {
+  Generator g(31);
+  Tensor x0 = rand({9, 4}, DType::f64, g, -1, 1), w0 = rand({7, 4}, DType::f64, g, -1, 1);
+  Tensor t = from_vector(std::vector<int64_t>{3, 0, 6, 2, 0, 5, 1, 0, 4}, {9});
+  Tensor xr = x0.detach().requires_grad_(), wr = w0.detach().requires_grad_();
+  Tensor ref = mul(cross_entropy(linear(xr, wr), t, 0.1, 0), scalar(3.0, DType::f64));
+  ref.backward();
+  for (int64_t chunk : {0, 1, 4, 9, 20}) {
+    for (bool retain : {false, true}) {
+      Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_();
+      Tensor loss = mul(linear_cross_entropy(x, w, t, 0.1, 0, chunk), scalar(3.0, DType::f64));
+      BOOST_TEST(std::fabs(loss.item() - ref.item()) < 1e-12);
+      loss.backward(Tensor(), retain);
+      autograd::clear_tape();
+      BOOST_TEST(x.grad().to_vector<double>() == xr.grad().to_vector<double>(),
+                 boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
+      BOOST_TEST(w.grad().to_vector<double>() == wr.grad().to_vector<double>(),
+                 boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
+    }
+  }
+  Tensor w_only = w0.detach().requires_grad_();
+  linear_cross_entropy(x0, w_only, t, 0.1, 0, 4).backward();
+  BOOST_TEST(w_only.grad().defined());
+  // float32 (oneDNN matmuls) against the float64 result.
+  Tensor x32 = cast_copy(x0, DType::f32).requires_grad_(), w32 = cast_copy(w0, DType::f32);
+  Tensor l32 = linear_cross_entropy(x32, w32, t, 0.1, 0, 4);
+  BOOST_TEST(std::fabs(l32.item() * 3 - ref.item()) < 1e-5);
+  l32.backward(scalar(3.0));
+  const auto gx32 = x32.grad().to_vector<float>();
+  const auto gx = xr.grad().to_vector<double>();
+  for (size_t i = 0; i < gx.size(); ++i) BOOST_TEST(std::fabs(gx32[i] - gx[i]) < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(linear_cross_entropy_errors) {
+  Tensor x = ones({3, 4}), w = ones({5, 4});
+  auto t = [](std::vector<int64_t> v) { const int64_t n = (int64_t)v.size(); return from_vector(v, {n}); };
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, ones({5, 3}), t({0, 1, 2})), Error,
+                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"(3, 4)", "(5, 3)"}); });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1})), Error,
+                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"target (N) = (3)"}); });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 5, 1})), Error,
+                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"target 5 at position 1", "[0, 5)"}); });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 2.0), Error,
+                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"label_smoothing"}); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -161,6 +161,28 @@ BOOST_AUTO_TEST_CASE(linear_f32_matches_f64) {
   check_same(b32.grad(), b.grad(), 1e-4);
 }
 
+// Rows 4 KiB apart (1024 float32 columns, >= 256 rows): the weight gradient goes through
+// padded copies (ops/matmul.cpp, aliasing); with and without bias, either operand aliasing.
+BOOST_AUTO_TEST_CASE(linear_backward_with_4k_row_strides_matches_f64) {
+  Generator g(9);
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{1024, 24}, {24, 1024}}) {
+    for (bool bias : {false, true}) {
+      Tensor x = randn({300, in}, DType::f64, g), w = randn({out, in}, DType::f64, g);
+      Tensor b = bias ? randn({out}, DType::f64, g) : Tensor();
+      Tensor x32 = cast_copy(x, DType::f32), w32 = cast_copy(w, DType::f32).requires_grad_();
+      Tensor b32 = bias ? cast_copy(b, DType::f32).requires_grad_() : Tensor();
+      w.requires_grad_();
+      if (bias) b.requires_grad_();
+      Tensor y = linear(x, w, b);
+      Tensor dout = randn(y.shape(), DType::f64, g);
+      y.backward(dout);
+      linear(x32, w32, b32).backward(cast_copy(dout, DType::f32));
+      check_same(w32.grad(), w.grad(), 1e-3);
+      if (bias) check_same(b32.grad(), b.grad(), 1e-3);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(matmul_misuse) {
   BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({4, 5})), Error,
                         [](const Error& e) { return names(e, "matmul: (2, 3) @ (4, 5): inner dims 3 != 4"); });

@@ -664,8 +664,7 @@ TrainResult train(const TrainOptions& opts) {
     const Batch& b = batches[(size_t)s.order[(size_t)s.pos++]];
     lr = o.lr > 0 ? o.lr : noam.lr(s.step + 1);
     opt.set_lr(lr);
-    Tensor lg = model.forward(b.src, b.tgt_in);
-    Tensor loss = cross_entropy(reshape(lg, {-1, cfg.vocab}), reshape(b.tgt_out, {-1}), o.label_smoothing, PAD);
+    Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
     loss.backward();
     const double norm = nn::clip_grad_norm(params, 1.0);
     // A non-finite gradient would poison the Adam moments for good; skipping the update keeps

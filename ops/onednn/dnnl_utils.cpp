@@ -1,5 +1,7 @@
 #include "ops/onednn/dnnl_utils.h"
 
+#include <algorithm>
+
 namespace graft::onednn {
 
 dnnl::engine& engine() {
@@ -15,8 +17,13 @@ dnnl::stream& stream() {
 
 dnnl::memory::desc md(const Shape& shape, const Shape& strides) {
   if (shape.empty()) return dnnl::memory::desc({1}, dnnl::memory::data_type::f32, dims{1});
-  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32,
-                            dims(strides.begin(), strides.end()));
+  // A size-1 dim's stride is meaningless; anything but the dense value there (0 from a
+  // broadcast, 1 from a padded shape, whatever a view left) makes oneDNN see a permuted layout
+  // and pick its reference kernel.
+  dims st(strides.begin(), strides.end());
+  for (size_t d = shape.size(); d-- > 0;)
+    if (shape[d] == 1) st[d] = d + 1 < shape.size() ? st[d + 1] * std::max<int64_t>(shape[d + 1], 1) : 1;
+  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32, st);
 }
 
 dnnl::memory::desc md(const Tensor& t) { return md(t.shape(), t.strides()); }
