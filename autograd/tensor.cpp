@@ -134,24 +134,46 @@ Storage::Storage(size_t n) : nbytes(n) {
       auto it = c.free_blocks.lower_bound(capacity);
       const bool fits = it != c.free_blocks.end() && it->first <= capacity + capacity / 4;
       // The footprint (blocks in use + cached) may grow up to the most ever in use. At that
-      // bound a request takes the smallest larger cached block (its tail unused while held)
-      // rather than have fresh memory mapped (the bound counts what was asked for, so oversized
-      // blocks do not raise it); failing that, the smallest cached blocks are
-      // given back until the new block fits under the bound.
-      const bool at_bound = c.in_use + c.cached + capacity > c.high_water;
-      const bool oversize_ok = at_bound && it != c.free_blocks.end() && it->first <= 2 * capacity &&
-                               c.in_use + it->first <= c.high_water;
-      if (fits || oversize_ok) {
+      // bound a miss splits a larger cached block, or grows the largest smaller one (mremap
+      // keeps its pages and adds only the difference), so memory moves between size classes
+      // (activations in the forward, gradients in the backward) without the page faults and
+      // zeroing of fresh mappings; smallest blocks are given back if the footprint is still
+      // over the bound. Blocks are page ranges of anonymous mappings: any range can be split
+      // off, resized or unmapped on its own.
+      void* resize = nullptr;
+      size_t resize_from = 0;
+      if (fits) {
         data = it->second;
         capacity = it->first;
         c.cached -= capacity;
         c.free_blocks.erase(it);
-      } else if (at_bound) {
+      } else if (c.in_use + c.cached + capacity > c.high_water && it != c.free_blocks.end()) {
+        // A larger block is split: its head serves this request, its tail stays cached.
+        data = it->second;
+        const size_t whole = it->first;
+        c.free_blocks.erase(it);
+        c.free_blocks.emplace(whole - capacity, static_cast<char*>(data) + capacity);
+        c.cached -= capacity;
+      } else if (c.in_use + c.cached + capacity > c.high_water && !c.free_blocks.empty()) {
+        it = std::prev(c.free_blocks.end());  // the largest smaller block, grown
+        resize = it->second;
+        resize_from = it->first;
+        c.cached -= resize_from;
+        c.free_blocks.erase(it);
         while (!c.free_blocks.empty() && c.in_use + c.cached + capacity > c.high_water) {
           auto smallest = c.free_blocks.begin();
           unmap.emplace_back(smallest->second, smallest->first);
           c.cached -= smallest->first;
           c.free_blocks.erase(smallest);
+        }
+      }
+      if (resize) {
+        data = mremap(resize, resize_from, capacity, MREMAP_MAYMOVE);
+        if (data == MAP_FAILED) {
+          data = nullptr;
+          unmap.emplace_back(resize, resize_from);
+        } else if (capacity >= (size_t(2) << 20)) {
+          madvise(data, capacity, MADV_HUGEPAGE);
         }
       }
       c.in_use += capacity;
