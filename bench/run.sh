@@ -96,11 +96,14 @@ echo "bench: op microbenchmarks (forward + backward)" >&2
 result graft "$GB" --what micro
 result pytorch $PY bench/torch_peer.py --what micro
 
-# ---- training steps: warm-up 2, median of 5 --------------------------------------------------
+# ---- training steps: warm-up 2, median of 21 / 9 / 5 (tiny / small / base) --------------------
+# More steps where they are cheap: a shorter step is more exposed to a burst of noise from other
+# tenants of the machine.
 echo "bench: training steps" >&2
 for c in $CONFIGS; do
-  result graft "$GB" --what train --config "$c" --warmup 2 --steps 5
-  result pytorch $PY bench/torch_peer.py --what train --config "$c" --warmup 2 --steps 5
+  case $c in tiny) n=21 ;; small) n=9 ;; *) n=5 ;; esac
+  result graft "$GB" --what train --config "$c" --warmup 2 --steps $n
+  result pytorch $PY bench/torch_peer.py --what train --config "$c" --warmup 2 --steps $n
 done
 
 # ---- decoding: 32 sources x 32 tokens, 32 new tokens, warm-up 1, median of 5 ----------------

@@ -363,7 +363,7 @@ def report(a):
     md.append(f"- sgemm peak (graft/oneDNN f32 2048^3): {fmt(peak_gflops)} GFLOP/s; "
               f"1024^3: graft {fmt(meta.get('graft_1024'))}, PyTorch {fmt(meta.get('torch_1024'))} GFLOP/s "
               f"(PyTorch/graft = {fmt(meta.get('blas_ratio'))})")
-    md.append("- training: median of 5 steps after 2 warm-up steps (forward, backward, Adam); "
+    md.append("- training: median of 21 (tiny), 9 (small), 5 (base) steps after 2 warm-up steps (forward, backward, Adam); "
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
               "in its own process, peak RSS = VmHWM")

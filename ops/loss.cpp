@@ -162,6 +162,14 @@ void scale_in_place(T* p, int64_t n, T s) {
   for (int64_t k = 0; k < n; ++k) p[k] *= s;
 }
 
+// out[rows[i]] = in[i] for rows of length d.
+template <class T>
+void scatter_rows(const T* in, const std::vector<int64_t>& rows, int64_t d, T* out) {
+  const int64_t n = (int64_t)rows.size();
+#pragma omp parallel for if (n * d > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::copy(in + i * d, in + (i + 1) * d, out + rows[i] * d);
+}
+
 void check_smoothing(const char* op, double label_smoothing) {
   if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0))
     fail(std::string(op) + ": label_smoothing must be in [0, 1], got " +
@@ -248,21 +256,34 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   const int64_t n_valid = check_targets("linear_cross_entropy", target, V, ignore_index, what(), t);
 
   const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
-  const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
   const DType dt = x.dtype();
-  Tensor dx = need_dx ? Tensor::empty({N, x.size(1)}, dt) : Tensor();
+  // Rows with an ignored target add nothing to the loss or to either gradient: only the valid
+  // rows are multiplied (gathered into a dense block when some are ignored; their dx rows are 0).
+  std::vector<int64_t> valid;
+  for (int64_t n = 0; n < N; ++n)
+    if (t[n] != ignore_index) valid.push_back(n);
+  Tensor xs = x;
+  if (n_valid < N) {
+    autograd::NoGrad no_grad;
+    xs = index_select(x, 0, from_vector(valid, {n_valid}));
+    for (int64_t i = 0; i < n_valid; ++i) t[i] = t[valid[i]];
+    t.resize(n_valid);
+  }
+  const int64_t Ns = (int64_t)t.size();
+  const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
+  Tensor dx = need_dx ? Tensor::empty({Ns, x.size(1)}, dt) : Tensor();
   Tensor dw = need_dw ? Tensor::empty(w.shape(), dt) : Tensor();
-  if (need_dw && N == 0) fill_(dw, 0);
+  if (need_dw && Ns == 0) fill_(dw, 0);
   const Tensor wt = Tensor::view_of(w, {w.size(1), V}, {w.strides()[1], w.strides()[0]}, w.offset());
-  Tensor buf = Tensor::empty({std::min(rows, N), V}, dt);  // one chunk's logits, then gradient
-  std::vector<double> row_loss(N), lse(N);
+  Tensor buf = Tensor::empty({std::min(rows, Ns), V}, dt);  // one chunk's logits, then gradient
+  std::vector<double> row_loss(Ns), lse(Ns);
   const double g = n_valid > 0 ? 1.0 / (double)n_valid : 0.0;
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
+  for (int64_t r0 = 0; r0 < Ns; r0 += rows) {
+    const int64_t r1 = std::min(Ns, r0 + rows), n = r1 - r0;
     auto row_view = [](const Tensor& m, int64_t a, int64_t b) {
       return Tensor::view_of(m, {b - a, m.size(1)}, m.strides(), m.offset() + a * m.strides()[0]);
     };
-    const Tensor xc = row_view(x, r0, r1), lc = row_view(buf, 0, n);
+    const Tensor xc = row_view(xs, r0, r1), lc = row_view(buf, 0, n);
     kern::gemm(xc, wt, lc);  // logits of rows [r0, r1)
     GRAFT_DISPATCH_FLOAT(dt, "linear_cross_entropy", [&] {
       if (need_dx || need_dw)
@@ -274,6 +295,12 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     });
     if (need_dx) kern::gemm(lc, w, row_view(dx, r0, r1));                     // dx = G w
     if (need_dw) kern::gemm(transpose(lc, 0, 1), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
+  }
+  if (need_dx && Ns < N) {  // back to all N rows, zeros where the target is ignored
+    Tensor full_dx = zeros({N, x.size(1)}, dt);
+    GRAFT_DISPATCH_FLOAT(dt, "linear_cross_entropy",
+                         [&] { scatter_rows(dx.data<const T>(), valid, x.size(1), full_dx.data<T>()); });
+    dx = full_dx;
   }
   double total = 0;
   for (double l : row_loss) total += l;

@@ -185,6 +185,13 @@ BOOST_AUTO_TEST_CASE(linear_cross_entropy_matches_linear_then_cross_entropy) {
                  boost::test_tools::tolerance(1e-12) << boost::test_tools::per_element());
     }
   }
+  // Every target ignored: loss 0 and zero gradients (as cross_entropy), nothing multiplied.
+  Tensor xi = x0.detach().requires_grad_(), wi = w0.detach().requires_grad_();
+  Tensor none = linear_cross_entropy(xi, wi, from_vector(std::vector<int64_t>(9, 0), {9}), 0.1, 0);
+  BOOST_TEST(none.item() == 0.0);
+  none.backward();
+  for (double v : xi.grad().to_vector<double>()) BOOST_TEST(v == 0.0);
+  for (double v : wi.grad().to_vector<double>()) BOOST_TEST(v == 0.0);
   Tensor w_only = w0.detach().requires_grad_();
   linear_cross_entropy(x0, w_only, t, 0.1, 0, 4).backward();
   BOOST_TEST(w_only.grad().defined());
