@@ -430,13 +430,15 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dn
              : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// A (rows, C) operand whose rows lie a multiple of 4 KiB apart, read down its columns (the
-// reduction over rows of dW = dy^T x): the rows all map to the same L1 cache sets and
-// oneDNN 2.6's f32 gemm ran at half speed (measured on this machine, 2048 x 1024 dy with a
-// (2048, 256) x: 80 GFLOP/s, against 170 with the rows 16 floats further apart).
+// A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the
+// reduction over rows of dW = dy^T x): the rows crowd into a few L1 cache sets and oneDNN
+// 2.6's f32 gemm slowed down, to half speed at 4 KiB. Measured on this machine (GFLOP/s, dW
+// of a linear over 2048 or 1024 rows, as is -> with both operands' rows 16 floats further
+// apart, copies included): 256 -> 1024 features 80 -> 170, 1024 -> 256 82 -> 154,
+// 512 -> 512 116 -> 173, 256 -> 512 129 -> 168, 256 -> 768 150 -> 171.
 bool aliasing(const Tensor& t) {
   return t.dim() == 2 && t.size(0) >= 256 && t.strides()[1] == 1 &&
-         (t.strides()[0] * (int64_t)dtype_size(t.dtype())) % 4096 == 0;
+         (t.strides()[0] * (int64_t)dtype_size(t.dtype())) % 1024 == 0;
 }
 
 // t, or a copy of it with rows 16 elements further apart when aliasing(t).
@@ -533,7 +535,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                                                 {DNNL_ARG_DIFF_SRC, onednn::mem(m.x, dx2)}});
             }
             if (dw.defined() && (aliasing(dy) || aliasing(x2))) {
-              // dW = dy^T x as a matmul on copies whose rows are not 4 KiB apart (see aliasing).
+              // dW = dy^T x as a matmul on copies whose rows are not 1 KiB multiples apart (aliasing).
               kern::gemm(transpose(unaliased(dy), 0, 1), unaliased(x2), dw);
               if (db.defined()) db = sum(dy, {0});
             } else if (dw.defined() || db.defined()) {
