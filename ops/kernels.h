@@ -26,6 +26,11 @@ void check_float(const char* op, const Tensor& t);
 // (transposes as views), out contiguous (a row range of a bigger tensor is fine). Records
 // nothing: for ops that run matmuls inside their own forward or backward. oneDNN for float32.
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false);
+// aliasing(t): a 2-D operand of >= 256 rows whose rows lie a multiple of 1 KiB apart; a gemm
+// reducing over those rows (dW = dy^T x) runs far below peak (see ops/matmul.cpp).
+// unaliased(t): t, or a copy with rows 16 elements further apart when aliasing(t).
+bool aliasing(const Tensor& t);
+Tensor unaliased(const Tensor& t);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 
 // Splits n rows over OpenMP threads when the work is large enough to pay for the fork.

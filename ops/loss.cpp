@@ -269,6 +269,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
     for (int64_t i = 0; i < n_valid; ++i) t[i] = t[valid[i]];
     t.resize(n_valid);
   }
+  // dw += G^T x reduces over the chunk's rows of x: rows 1 KiB multiples apart are padded.
+  if (dt == DType::f32 && need_dw && xs.is_contiguous() && kern::aliasing(xs)) xs = kern::unaliased(xs);
   const int64_t Ns = (int64_t)t.size();
   const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
   Tensor dx = need_dx ? Tensor::empty({Ns, x.size(1)}, dt) : Tensor();

@@ -216,6 +216,27 @@ Tensor matmul_core(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+// A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the
+// reduction over rows of dW = dy^T x): the rows crowd into a few L1 cache sets and oneDNN
+// 2.6's f32 gemm slowed down, to half speed at 4 KiB. Measured on this machine (GFLOP/s, dW
+// of a linear over 2048 or 1024 rows, as is -> with both operands' rows 16 floats further
+// apart, copies included): 256 -> 1024 features 80 -> 170, 1024 -> 256 82 -> 154,
+// 512 -> 512 116 -> 173, 256 -> 512 129 -> 168, 256 -> 768 150 -> 171.
+bool kern::aliasing(const Tensor& t) {
+  return t.dim() == 2 && t.size(0) >= 256 && t.strides()[1] == 1 &&
+         (t.strides()[0] * (int64_t)dtype_size(t.dtype())) % 1024 == 0;
+}
+
+// t, or a copy of it with rows 16 elements further apart when aliasing(t).
+Tensor kern::unaliased(const Tensor& t) {
+  if (!aliasing(t)) return t;
+  const int64_t rows = t.size(0), cols = t.size(1), ld = t.strides()[0] + 16;
+  Tensor buf = Tensor::empty({rows, ld}, t.dtype());
+  Tensor v = Tensor::view_of(buf, {rows, cols}, {ld, 1}, 0);
+  copy_into(v, t);
+  return v;
+}
+
 void kern::gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
   if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() ||
       a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1] ||
@@ -430,27 +451,6 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dn
              : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the
-// reduction over rows of dW = dy^T x): the rows crowd into a few L1 cache sets and oneDNN
-// 2.6's f32 gemm slowed down, to half speed at 4 KiB. Measured on this machine (GFLOP/s, dW
-// of a linear over 2048 or 1024 rows, as is -> with both operands' rows 16 floats further
-// apart, copies included): 256 -> 1024 features 80 -> 170, 1024 -> 256 82 -> 154,
-// 512 -> 512 116 -> 173, 256 -> 512 129 -> 168, 256 -> 768 150 -> 171.
-bool aliasing(const Tensor& t) {
-  return t.dim() == 2 && t.size(0) >= 256 && t.strides()[1] == 1 &&
-         (t.strides()[0] * (int64_t)dtype_size(t.dtype())) % 1024 == 0;
-}
-
-// t, or a copy of it with rows 16 elements further apart when aliasing(t).
-Tensor unaliased(const Tensor& t) {
-  if (!aliasing(t)) return t;
-  const int64_t rows = t.size(0), cols = t.size(1), ld = t.strides()[0] + 16;
-  Tensor buf = Tensor::empty({rows, ld}, t.dtype());
-  Tensor v = Tensor::view_of(buf, {rows, cols}, {ld, 1}, 0);
-  copy_into(v, t);
-  return v;
-}
-
 // Flattens the leading dims of a contiguous (..., C) tensor to (rows, C).
 Tensor as_rows(const Tensor& t) {
   const int64_t c = t.shape().back();
@@ -534,9 +534,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                                                 {DNNL_ARG_WEIGHTS, onednn::mem(m.w, w)},
                                                 {DNNL_ARG_DIFF_SRC, onednn::mem(m.x, dx2)}});
             }
-            if (dw.defined() && (aliasing(dy) || aliasing(x2))) {
+            if (dw.defined() && (kern::aliasing(dy) || kern::aliasing(x2))) {
               // dW = dy^T x as a matmul on copies whose rows are not 1 KiB multiples apart (aliasing).
-              kern::gemm(transpose(unaliased(dy), 0, 1), unaliased(x2), dw);
+              kern::gemm(transpose(kern::unaliased(dy), 0, 1), kern::unaliased(x2), dw);
               if (db.defined()) db = sum(dy, {0});
             } else if (dw.defined() || db.defined()) {
               // oneDNN computes dW and db together; whichever was not asked for goes to scratch.
