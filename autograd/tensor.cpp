@@ -84,10 +84,10 @@ int64_t norm_axis(const char* op, int64_t axis, int64_t rank) {
 // Blocks of 1 MiB and more are mapped straight from the OS and, when freed, kept (up to
 // kBigCacheCap bytes) for a later request of the same size class. Without the cache each
 // training step paid page faults and zeroing for every activation (14% of a small-Transformer
-// step in a profile; with it the small benchmark step went from ~900 to ~850 ms). A request
-// the cache cannot serve first unmaps cached blocks of other sizes, at least as many bytes as
-// it asks for, so resident memory tracks the live peak instead of live + cache: the sizes a
-// training step frees in its forward are not the ones its backward asks for.
+// step in a profile). The cache's footprint (in use + cached) is bounded by the most ever in
+// use, so resident memory follows the live peak rather than live + cache (a training step's
+// forward frees activation sizes, its backward asks for gradient sizes); see Storage::Storage
+// for how a miss at that bound reuses cached memory of another size.
 namespace {
 constexpr size_t kBigBlock = size_t(1) << 20;  // smaller blocks: glibc's heap reuses them
 constexpr size_t kBigCacheCap = size_t(1) << 30;
