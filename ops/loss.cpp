@@ -59,7 +59,7 @@ inline double exp_nonpos(double x, double) { return std::exp(x); }  // the float
 // Per valid row of contiguous logits: lse[n] and loss[n]; ignored rows get loss 0. The simd
 // reductions fix the summation order at compile time, so it does not depend on the threads.
 template <class T>
-void ce_forward_rows(const T* x, int64_t N, int64_t C, const std::vector<int64_t>& target,
+void ce_forward_rows(const T* x, int64_t N, int64_t C, const int64_t* target,
                      double eps, int64_t ignore_index, double* lse, double* loss) {
 #pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -201,10 +201,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   Tensor lse = Tensor::empty({N}, DType::f64);
   std::vector<double> row_loss(N);
   if (xc.dtype() == DType::f32)
-    ce_forward_rows(xc.data<const float>(), N, C, t, label_smoothing, ignore_index,
+    ce_forward_rows(xc.data<const float>(), N, C, t.data(), label_smoothing, ignore_index,
                     lse.data<double>(), row_loss.data());
   else
-    ce_forward_rows(xc.data<const double>(), N, C, t, label_smoothing, ignore_index,
+    ce_forward_rows(xc.data<const double>(), N, C, t.data(), label_smoothing, ignore_index,
                     lse.data<double>(), row_loss.data());
   double total = 0;
   for (double l : row_loss) total += l;
@@ -292,7 +292,7 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
         ce_fused_rows(lc.data<T>(), n, V, t.data() + r0, label_smoothing, ignore_index, g,
                       row_loss.data() + r0);
       else
-        ce_forward_rows(lc.data<const T>(), n, V, std::vector<int64_t>(t.begin() + r0, t.begin() + r1),
+        ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0,
                         label_smoothing, ignore_index, lse.data() + r0, row_loss.data() + r0);
     });
     if (need_dx) kern::gemm(lc, w, row_view(dx, r0, r1));                     // dx = G w

@@ -236,6 +236,8 @@ BOOST_AUTO_TEST_CASE(linear_cross_entropy_errors) {
                         [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"target 5 at position 1", "[0, 5)"}); });
   BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 2.0), Error,
                         [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"label_smoothing"}); });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 0.0, -100, -1), Error,
+                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"chunk_rows"}); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

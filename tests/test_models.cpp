@@ -94,6 +94,33 @@ BOOST_AUTO_TEST_CASE(presets_and_errors) {
   BOOST_CHECK_THROW(m.forward(ids({1, 2, 3}, 1), ids({1, 2, 3, 4}, 2)), Error);
 }
 
+// Transformer::loss (linear_cross_entropy on the tied embedding) == cross_entropy(forward),
+// loss and every parameter gradient; a tgt_out of another shape is refused.
+BOOST_AUTO_TEST_CASE(loss_equals_cross_entropy_of_forward) {
+  Transformer m(small_cfg(DType::f64));
+  m.eval();  // no dropout: both passes see the same network
+  Tensor src = ids({5, 6, 7, 3, 0, 8, 9, 3}, 2), tin = ids({2, 9, 10, 0, 2, 4, 11, 12}, 2);
+  Tensor tout = ids({9, 10, 3, 0, 4, 11, 12, 3}, 2);
+  Tensor ref = cross_entropy(reshape(m.forward(src, tin), {-1, m.cfg.vocab}), reshape(tout, {-1}), 0.1, 0);
+  ref.backward();
+  std::vector<std::vector<double>> want;
+  for (auto& [name, p] : m.named_parameters()) want.push_back(p.grad().to_vector<double>());
+  m.zero_grad();
+  Tensor got = m.loss(src, tin, tout, 0.1);
+  BOOST_TEST(std::fabs(got.item() - ref.item()) < 1e-12);
+  got.backward();
+  size_t i = 0;
+  for (auto& [name, p] : m.named_parameters()) {
+    BOOST_TEST(max_abs_diff(p.grad().to_vector<double>(), want[i]) < 1e-12, name);
+    ++i;
+  }
+  BOOST_CHECK_EXCEPTION(m.loss(src, tin, ids({9, 10, 3, 0}, 2), 0.1), Error, [](const Error& e) {
+    const std::string m = e.what();
+    return m.find("Transformer::loss: tgt_out") != std::string::npos && m.find("(2, 2)") != std::string::npos &&
+           m.find("(2, 4)") != std::string::npos;
+  });
+}
+
 BOOST_AUTO_TEST_CASE(decoder_is_causal) {
   for (bool pre_ln : {false, true}) {
     Transformer m(small_cfg(DType::f64, pre_ln));
