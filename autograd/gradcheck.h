@@ -43,7 +43,9 @@ struct OpCase {
   double f32_atol = 1e-4, f32_rtol = 1e-3;  // float32 (oneDNN) path vs float64 path
 };
 
-bool register_case(OpCase c);
+// Adds a case to the registry (names must be unique). The library's own cases are registered by
+// register_op_cases() (ops/cases.h); a program adds its own with explicit calls.
+void register_case(OpCase c);
 
 // Input helpers for cases: a uniform(lo, hi) leaf that requires grad, and the same stored with
 // its last two dims transposed so the op sees a non-contiguous view.
@@ -56,9 +58,3 @@ const std::vector<OpCase>& registered_cases();
 GradcheckResult check_f32_vs_f64(const OpCase& c);
 
 }  // namespace graft
-
-// Registers a case at static-initialisation time; the op libraries are linked whole so the
-// linker cannot drop these objects.
-#define GRAFT_OP_CASE(...)                                                                   \
-  [[maybe_unused]] static const bool GRAFT_CONCAT(graft_case_, __COUNTER__) = \
-      ::graft::register_case(::graft::OpCase __VA_ARGS__)

@@ -314,9 +314,13 @@ void run_backward(int64_t top, bool retain_graph) {
       const Route& r = e.inputs[k];
       Tensor& g = dins[k];
       if (!r.needs || !g.defined()) continue;
-      if (g.shape() != r.shape || g.dtype() != r.dtype)
+      // A gradient of a shape the input was broadcast to is summed back here, once for every
+      // op (add, mul, where, the attention bias...); any other mismatch is a bug in the op.
+      if (g.dtype() != r.dtype || !broadcasts_to(r.shape, g.shape()))
         fail(std::string("backward of '") + e.op + "': gradient for input " + std::to_string(k) +
-             " is " + describe(g) + " but the input is " + describe(Tensor::empty(r.shape, r.dtype)));
+             " is " + describe(g) + " but the input is " + dtype_name(r.dtype) + " " +
+             shape_str(r.shape));
+      if (g.shape() != r.shape) g = sum_to_shape(g, r.shape);
       if (r.index >= 0) {
         Entry& src = t_tape.entries[r.index];
         if (src.pending.empty()) {

@@ -47,8 +47,11 @@ struct Ctx {
 // backward and nothing else (no user handle, no view, no other entry) holds that storage.
 // Lets a backward hand out a gradient in the buffer of an activation it no longer needs.
 bool can_overwrite(const Ctx& c, size_t i);
-// Returns one gradient per input (an undefined Tensor for "none"), each of the input's shape
-// and dtype. dout has one defined gradient per output (zeros where no gradient arrived).
+// Returns one gradient per input (an undefined Tensor for "none"), each of the input's dtype and
+// either of its shape or of a shape it broadcasts to (the tape then sums it down to the input's
+// shape, so ops never call sum_to themselves). dout has one defined contiguous gradient per
+// output (zeros where no gradient arrived). A backward returns fresh gradients (or dout itself);
+// the tape accumulates them, copying before it writes into a buffer it does not own.
 using BackwardFn = std::function<Tensors(const Ctx&, const Tensors& dout)>;
 
 // True when grad mode is on and some input requires grad.

@@ -1,5 +1,6 @@
 #include "autograd/tensor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -556,6 +557,99 @@ void fill_(const Tensor& t, double value) {
     }
   }
   t.bump_version();
+}
+
+Split3 split3(const Shape& s, int64_t first, int64_t last) {
+  Split3 r;
+  for (int64_t d = 0; d < (int64_t)s.size(); ++d) {
+    if (d < first) r.outer *= s[d];
+    else if (d <= last) r.n *= s[d];
+    else r.inner *= s[d];
+  }
+  return r;
+}
+
+bool broadcasts_to(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  const size_t lead = to.size() - from.size();
+  for (size_t i = 0; i < from.size(); ++i)
+    if (from[i] != to[lead + i] && from[i] != 1) return false;
+  return true;
+}
+
+// x viewed as (outer, mid, inner), contiguous: out[o, j] = scale * sum_m x[o, m, j].
+// Parallel over output elements (blocks of j), each summed in m order; the j loop vectorises.
+template <class T>
+static void sum_block(const T* px, T* po, Split3 s, double scale) {
+  const int64_t outer = s.outer, mid = s.n, inner = s.inner;
+  if (inner == 1) {
+#pragma omp parallel for if (outer * mid > 1 << 15) schedule(static)
+    for (int64_t o = 0; o < outer; ++o) {
+      T acc = 0;
+      const T* row = px + o * mid;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t m = 0; m < mid; ++m) acc += row[m];
+      po[o] = (T)(acc * scale);
+    }
+    return;
+  }
+  constexpr int64_t kBlock = 256;
+  const int64_t jblocks = (inner + kBlock - 1) / kBlock;
+#pragma omp parallel for if (outer * mid * inner > 1 << 15) schedule(static)
+  for (int64_t t = 0; t < outer * jblocks; ++t) {
+    const int64_t o = t / jblocks, j0 = (t % jblocks) * kBlock, j1 = std::min(inner, j0 + kBlock);
+    T* out = po + o * inner;
+    for (int64_t j = j0; j < j1; ++j) out[j] = 0;
+    for (int64_t m = 0; m < mid; ++m) {
+      const T* row = px + (o * mid + m) * inner;
+#pragma omp simd
+      for (int64_t j = j0; j < j1; ++j) out[j] += row[j];
+    }
+    if (scale != 1.0)
+      for (int64_t j = j0; j < j1; ++j) out[j] = (T)(out[j] * scale);
+  }
+}
+
+// One run of adjacent axes at a time (last run first).
+Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale) {
+  if (!is_floating(x.dtype())) fail("sum_axes: expected a float tensor, got " + describe(x));
+  Shape shape = x.shape();
+  for (int64_t a : axes) shape[a] = 1;
+  if (x.numel() == 0) return zeros(shape, x.dtype());
+  Tensor cur = x.is_contiguous() && !axes.empty() ? x : contiguous_copy(x);
+  if (axes.empty()) {  // nothing to reduce (a 0-d x): the scaled copy
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "sum_axes", [&] {
+      for (int64_t i = 0; i < cur.numel(); ++i) cur.data<T>()[i] = (T)(cur.data<T>()[i] * scale);
+    });
+    return cur;
+  }
+  shape = x.shape();
+  size_t end = axes.size();
+  while (end > 0) {
+    size_t begin = end - 1;
+    while (begin > 0 && axes[begin - 1] == axes[begin] - 1) --begin;
+    const Split3 s = split3(shape, axes[begin], axes[end - 1]);
+    for (size_t i = begin; i < end; ++i) shape[axes[i]] = 1;
+    Tensor next = Tensor::empty(shape, x.dtype());
+    const double sc = begin == 0 ? scale : 1.0;
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "sum_axes",
+                         [&] { sum_block<T>(cur.data<T>(), next.data<T>(), s, sc); });
+    cur = next;
+    end = begin;
+  }
+  return cur;
+}
+
+Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
+  if (!broadcasts_to(shape, x.shape()))
+    fail("sum_to: cannot reduce " + describe(x) + " to shape " + shape_str(shape));
+  if (x.shape() == shape) return x;
+  const int64_t lead = x.dim() - (int64_t)shape.size();
+  std::vector<int64_t> axes;
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && x.shape()[i] != 1)) axes.push_back(i);
+  Tensor s = axes.empty() ? contiguous_copy(x) : sum_axes(x, axes);
+  return Tensor::view_of(s, shape, contiguous_strides(shape), 0);
 }
 
 }  // namespace graft

@@ -22,6 +22,15 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "(2, 3)"
 int64_t shape_numel(const Shape& s);
 Shape contiguous_strides(const Shape& s);
+// A contiguous shape read as (outer, n, inner) around the axes [first, last]: outer = product of
+// the dims before first, n = product of first..last, inner = product of the dims after last.
+struct Split3 {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+Split3 split3(const Shape& s, int64_t first, int64_t last);
+inline Split3 split3(const Shape& s, int64_t axis) { return split3(s, axis, axis); }
+// True when `from` broadcasts to `to` (NumPy rules: align right, each dim equal or 1).
+bool broadcasts_to(const Shape& from, const Shape& to);
 
 // Every error the library raises on bad input: the message names the op and the shapes.
 struct Error : std::runtime_error {
@@ -163,6 +172,13 @@ void copy_into(const Tensor& dst, const Tensor& src);  // same shape, any stride
 // dst += src, same shape; dst contiguous. Used to accumulate gradients.
 void accumulate_into(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& t, double value);  // in place; bumps the version
+// Sum of a float x over `axes` (sorted, distinct), kept as size-1 dims, times scale: a fresh
+// contiguous tensor, not recorded. Parallel over output elements, each summed in index order, so
+// the result does not depend on the thread count. The reduce ops and the tape both use it.
+Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale = 1.0);
+// x summed down to `shape`, which must broadcast to x's shape; not recorded. The tape uses it to
+// reduce a gradient of a broadcast shape to its input's shape.
+Tensor sum_to_shape(const Tensor& x, const Shape& shape);
 
 // Visits every element offset (in elements, relative to data<T>()) of a strided view in
 // row-major order.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
 #include "ops/reduce.h"
@@ -31,7 +32,7 @@ namespace {
 
 constexpr const char* kOp = "scaled_dot_product_attention";
 
-GRAFT_DECLARE_OP("attention", "attention");
+GRAFT_DECLARE_OP(kOp, "attention");
 
 struct Geom {
   int64_t B, H, Tq, Tk, D, Dv;
@@ -221,34 +222,6 @@ void backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   }
 }
 
-// ---- float32 via oneDNN --------------------------------------------------------------------
-
-// The same storage with the last two dims swapped (K -> K^T): oneDNN reads it through strides.
-Tensor swap_last2(const Tensor& x) {
-  Shape sh = x.shape(), st = x.strides();
-  std::swap(sh[2], sh[3]);
-  std::swap(st[2], st[3]);
-  return Tensor::view_of(x, sh, st, x.offset());
-}
-
-// oneDNN cannot describe stride-0 (broadcast) views; those are materialised.
-Tensor dnnl_operand(const Tensor& x) { return onednn::usable(x) ? x : contiguous_copy(x); }
-
-// out = alpha * (a @ b) batched over the leading (B, H) dims; a and b any strides, out
-// contiguous.
-void bmm_f32(const Tensor& a, const Tensor& b, const Tensor& out, float alpha) {
-  using namespace onednn;
-  const auto amd = md(a), bmd = md(b), omd = md(out);
-  dnnl::matmul::desc d(amd, bmd, omd);
-  dnnl::primitive_attr attr;
-  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-  dnnl::matmul::primitive_desc pd(d, attr, engine());
-  dnnl::matmul(pd).execute(stream(), {{DNNL_ARG_SRC, mem(amd, a)},
-                                      {DNNL_ARG_WEIGHTS, mem(bmd, b)},
-                                      {DNNL_ARG_DST, mem(omd, out)}});
-  stream().wait();
-}
-
 // ---- validation ----------------------------------------------------------------------------
 
 std::string qkv_str(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -310,10 +283,9 @@ void attention_probs(const Tensor& q, const Tensor& k, const Tensor& v, const Ge
                      const Tensor& out) {
   const DType dt = q.dtype();
   if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
-    const Tensor qd = dnnl_operand(q), kd = dnnl_operand(k);
-    bmm_f32(qd, swap_last2(kd), P, (float)scale);  // S = scale Q K^T
+    kern::bmm(q, kern::swap_last2(k), P, scale);  // S = scale Q K^T
     softmax_rows(P.data<float>(), g, m, bias_view<float>(bias, g));
-    if (out.defined()) bmm_f32(P, dnnl_operand(v), out, 1.0f);  // out = P V
+    if (out.defined()) kern::bmm(P, v, out);  // out = P V
   } else if (dt == DType::f32) {
     forward_ref<float>(q, k, v, g, (float)scale, m, bias_view<float>(bias, g), P, out);
   } else {
@@ -323,9 +295,10 @@ void attention_probs(const Tensor& q, const Tensor& k, const Tensor& v, const Ge
 
 // P is recomputed here (same code and inputs as the forward, so the same values), not kept
 // from the forward: one Q K^T matmul and a softmax pass instead of B*H*Tq*Tk floats per layer
-// held from forward to backward.
-Tensors attention_backward(const Ctx& c, const Tensor& dout, const Geom& g, double scale,
-                           const RowMask& m, const Shape& bias_shape) {
+// held from forward to backward. dbias is dS of the full (B, H, Tq, Tk) shape (the bias enters
+// S unscaled); the tape sums it over the dims the bias was broadcast along.
+Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, const Geom& g,
+                                              double scale, const RowMask& m) {
   const Tensor &q = c.saved[0], &k = c.saved[1], &v = c.saved[2], &bias = c.saved[3];
   const DType dt = q.dtype();
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
@@ -338,22 +311,20 @@ Tensors attention_backward(const Ctx& c, const Tensor& dout, const Geom& g, doub
   Tensor dv = need_v ? Tensor::empty(v.shape(), dt) : Tensor();
   Tensor dS = need_ds ? Tensor::empty(P.shape(), dt) : Tensor();
   if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
-    const Tensor qd = dnnl_operand(q), kd = dnnl_operand(k), vd = dnnl_operand(v);
-    if (need_v) bmm_f32(swap_last2(P), dout, dv, 1.0f);  // dV = P^T dO
+    using kern::swap_last2;
+    if (need_v) kern::bmm(swap_last2(P), dout, dv);  // dV = P^T dO
     if (need_ds) {
-      bmm_f32(dout, swap_last2(vd), dS, 1.0f);  // dP = dO V^T
+      kern::bmm(dout, swap_last2(v), dS);  // dP = dO V^T
       softmax_bwd_rows(dS.data<float>(), P.data<const float>(), g);
-      if (need_q) bmm_f32(dS, kd, dq, (float)scale);               // dQ = scale dS K
-      if (need_k) bmm_f32(swap_last2(dS), qd, dk, (float)scale);   // dK = scale dS^T Q
+      if (need_q) kern::bmm(dS, k, dq, scale);               // dQ = scale dS K
+      if (need_k) kern::bmm(swap_last2(dS), q, dk, scale);   // dK = scale dS^T Q
     }
   } else if (dt == DType::f32) {
     backward_ref<float>(q, k, v, P, dout, g, (float)scale, dS, dq, dk, dv);
   } else {
     backward_ref<double>(q, k, v, P, dout, g, scale, dS, dq, dk, dv);
   }
-  // The bias enters S unscaled, so its gradient is dS summed over its broadcast dims.
-  Tensor dbias = need_bias ? sum_to(dS, bias_shape) : Tensor();
-  return {dq, dk, dv, dbias};
+  return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
 
 }  // namespace
@@ -381,14 +352,12 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   res.out = out;
   if (opt.return_weights) res.weights = P;
   if (autograd::needs_record({q, k, v, opt.bias})) {
-    const Shape bias_shape = opt.bias.defined() ? opt.bias.shape() : Shape{};
     auto pad_bytes = std::make_shared<const std::vector<uint8_t>>(std::move(pad));
-    autograd::record("attention", {q, k, v, opt.bias}, {out}, {q, k, v, opt.bias},
-                     [g, scale, bias_shape, pad_bytes, causal = opt.causal](
-                         const Ctx& c, const Tensors& dout) -> Tensors {
+    autograd::record(kOp, {q, k, v, opt.bias}, {out}, {q, k, v, opt.bias},
+                     [g, scale, pad_bytes, causal = opt.causal](const Ctx& c, const Tensors& dout) {
                        const RowMask m{pad_bytes->empty() ? nullptr : pad_bytes->data(), causal,
                                        g.Tq, g.Tk};
-                       return attention_backward(c, dout[0], g, scale, m, bias_shape);
+                       return scaled_dot_product_attention_backward(c, dout[0], g, scale, m);
                      });
   }
   return res;
@@ -415,56 +384,53 @@ Tensors qkv(DType dt, Generator& g, int64_t Tq, int64_t Tk) {
 
 }  // namespace
 
-GRAFT_OP_CASE({.name = "attention/plain",
-               .op = "attention",
-               .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },
-               .fn = [](const Tensors& x) { return attn(x, false); }});
-
-GRAFT_OP_CASE({.name = "attention/causal_square",
-               .op = "attention",
-               .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 4, 4); },
-               .fn = [](const Tensors& x) { return attn(x, true); }});
-
-GRAFT_OP_CASE({.name = "attention/causal_tq_lt_tk",
-               .op = "attention",
-               .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 2, 4); },
-               .fn = [](const Tensors& x) { return attn(x, true); }});
-
-// Batch 1 has every key masked: its outputs and gradients must be 0, not NaN.
-GRAFT_OP_CASE({.name = "attention/padding_all_masked_row",
-               .op = "attention",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     Tensors x = qkv(dt, g, 3, 4);
-                     x.push_back(from_vector(std::vector<int64_t>{0, 0, 1, 0, 1, 1, 1, 1}, {2, 4}));
-                     return x;
-                   },
-               .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); }});
-
-GRAFT_OP_CASE({.name = "attention/broadcast_bias",
-               .op = "attention",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     Tensors x = qkv(dt, g, 3, 4);
-                     x.push_back(case_input({1, 2, 3, 4}, dt, g));
-                     return x;
-                   },
-               .fn = [](const Tensors& x) { return attn(x, true, Extra::bias); }});
-
-// q as the (B, T, H, D) output of a projection, split into heads by a permute view.
-GRAFT_OP_CASE({.name = "attention/noncontig_q",
-               .op = "attention",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({2, 3, 2, 3}, dt, g), case_input({2, 2, 4, 3}, dt, g),
-                                    case_input_t({2, 2, 4, 2}, dt, g)};
-                   },
-               .fn =
-                   [](const Tensors& x) {
-                     AttentionOptions opt;
-                     opt.scale = 0.7;
-                     return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt)
-                         .out;
-                   }});
+void register_attention_cases() {
+  register_case(OpCase{.name = "attention/plain",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },
+                       .fn = [](const Tensors& x) { return attn(x, false); }});
+  register_case(OpCase{.name = "attention/causal_square",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 4, 4); },
+                       .fn = [](const Tensors& x) { return attn(x, true); }});
+  register_case(OpCase{.name = "attention/causal_tq_lt_tk",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 2, 4); },
+                       .fn = [](const Tensors& x) { return attn(x, true); }});
+  // Batch 1 has every key masked: its outputs and gradients must be 0, not NaN.
+  register_case(OpCase{.name = "attention/padding_all_masked_row",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensors x = qkv(dt, g, 3, 4);
+                             x.push_back(from_vector(std::vector<int64_t>{0, 0, 1, 0, 1, 1, 1, 1}, {2, 4}));
+                             return x;
+                           },
+                       .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); }});
+  register_case(OpCase{.name = "attention/broadcast_bias",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensors x = qkv(dt, g, 3, 4);
+                             x.push_back(case_input({1, 2, 3, 4}, dt, g));
+                             return x;
+                           },
+                       .fn = [](const Tensors& x) { return attn(x, true, Extra::bias); }});
+  // q as the (B, T, H, D) output of a projection, split into heads by a permute view.
+  register_case(OpCase{.name = "attention/noncontig_q",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 2, 3}, dt, g), case_input({2, 2, 4, 3}, dt, g),
+                                            case_input_t({2, 2, 4, 2}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             AttentionOptions opt;
+                             opt.scale = 0.7;
+                             return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt)
+                                 .out;
+                           }});
+}
 
 }  // namespace graft

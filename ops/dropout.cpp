@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 
@@ -101,6 +102,21 @@ Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu,
   return out;
 }
 
+// dropout: dx = dout * (keep(i) ? keep_value : 0), the mask recomputed from its starting state.
+Tensor dropout_backward(const Tensor& dout, Mask mask, double keep_value) {
+  Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
+  GRAFT_DISPATCH_FLOAT(dx.dtype(), "dropout", [&] { dropout_bwd<T>(dout, mask, (T)keep_value, dx); });
+  return dx;
+}
+
+// relu_dropout: dx = dout * (out > 0 ? keep_value : 0), from the output alone.
+Tensor relu_dropout_backward(const Tensor& dout, const Tensor& out, double keep_value) {
+  Tensor dx = Tensor::empty(out.shape(), out.dtype());
+  GRAFT_DISPATCH_FLOAT(dx.dtype(), "relu_dropout",
+                       [&] { relu_dropout_bwd<T>(dout, out, (T)keep_value, dx); });
+  return dx;
+}
+
 void check_p(const char* op, double p, const Tensor& x) {
   if (!(p >= 0.0 && p <= 1.0))
     fail(std::string(op) + ": p must be in [0, 1], got p = " + std::to_string(p) + " for x " +
@@ -117,15 +133,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
   if (autograd::needs_record({x}))
-    autograd::record("dropout", {x}, {out}, {},
-                     [mask, keep_value](const Ctx&, const Tensors& dout) -> Tensors {
-                       Tensor dx = Tensor::empty(dout[0].shape(), dout[0].dtype());
-                       if (dx.dtype() == DType::f32)
-                         dropout_bwd<float>(dout[0], mask, (float)keep_value, dx);
-                       else
-                         dropout_bwd<double>(dout[0], mask, keep_value, dx);
-                       return {dx};
-                     });
+    autograd::record("dropout", {x}, {out}, {}, [mask, keep_value](const Ctx&, const Tensors& dout) {
+      return Tensors{dropout_backward(dout[0], mask, keep_value)};
+    });
   return out;
 }
 
@@ -137,48 +147,40 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, true, mask, keep_value);
   if (autograd::needs_record({x}))
-    autograd::record("relu_dropout", {x}, {out}, {out},
-                     [keep_value](const Ctx& c, const Tensors& dout) -> Tensors {
-                       const Tensor& out = c.saved[0];
-                       Tensor dx = Tensor::empty(out.shape(), out.dtype());
-                       if (dx.dtype() == DType::f32)
-                         relu_dropout_bwd<float>(dout[0], out, (float)keep_value, dx);
-                       else
-                         relu_dropout_bwd<double>(dout[0], out, keep_value, dx);
-                       return {dx};
-                     });
+    autograd::record("relu_dropout", {x}, {out}, {out}, [keep_value](const Ctx& c, const Tensors& dout) {
+      return Tensors{relu_dropout_backward(dout[0], c.saved[0], keep_value)};
+    });
   return out;
 }
 
-// A fresh Generator per call so every forward of the gradcheck draws the same mask.
-GRAFT_OP_CASE({.name = "dropout/p0.4",
-               .op = "dropout",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4, 6}, dt, g)}; },
-               .fn =
-                   [](const Tensors& x) {
-                     Generator g(5);
-                     return dropout(x[0], 0.4, true, g);
-                   }});
-
-GRAFT_OP_CASE({.name = "dropout/noncontig",
-               .op = "dropout",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 4}, dt, g)}; },
-               .fn =
-                   [](const Tensors& x) {
-                     Generator g(5);
-                     return dropout(x[0], 0.25, true, g);
-                   }});
-
-
-// relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
-GRAFT_OP_CASE({.name = "relu_dropout/p0.3",
-               .op = "relu_dropout",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)}; },
-               .fn =
-                   [](const Tensors& x) {
-                     Generator g(7);
-                     Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
-                     return relu_dropout(mul(x[0], sign), 0.3, true, g);
-                   }});
+void register_dropout_cases() {
+  // A fresh Generator per call so every forward of the gradcheck draws the same mask.
+  register_case(OpCase{.name = "dropout/p0.4",
+                       .op = "dropout",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4, 6}, dt, g)}; },
+                       .fn =
+                           [](const Tensors& x) {
+                             Generator g(5);
+                             return dropout(x[0], 0.4, true, g);
+                           }});
+  register_case(OpCase{.name = "dropout/noncontig",
+                       .op = "dropout",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 4}, dt, g)}; },
+                       .fn =
+                           [](const Tensors& x) {
+                             Generator g(5);
+                             return dropout(x[0], 0.25, true, g);
+                           }});
+  // relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
+  register_case(OpCase{.name = "relu_dropout/p0.3",
+                       .op = "relu_dropout",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)}; },
+                       .fn =
+                           [](const Tensors& x) {
+                             Generator g(7);
+                             Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
+                             return relu_dropout(mul(x[0], sign), 0.3, true, g);
+                           }});
+}
 
 }  // namespace graft

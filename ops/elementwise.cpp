@@ -3,8 +3,10 @@
 #include "ops/elementwise.h"
 
 #include <cmath>
+#include <unordered_set>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
 #include "ops/reduce.h"
@@ -17,15 +19,7 @@ using dnnl::algorithm;
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Unary ops: one table row per op: the oneDNN algorithm (with alpha, beta), whether its backward
-// reads the output (y) or the input (x), and the float64 reference f(x) and f'(x, y).
-struct Unary {
-  const char* name;
-  algorithm alg;
-  bool use_dst;  // backward needs y (saved) rather than x
-  double (*f)(double x, double a, double b);
-  double (*df)(double x, double y, double a, double b);
-};
+// Unary ops: the rows (see UnaryOp in elementwise.h).
 
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 
@@ -38,97 +32,116 @@ double gelu_tanh_df(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
 }
 
-const Unary kExp{"exp", algorithm::eltwise_exp_use_dst_for_bwd, true,
-                 [](double x, double, double) { return std::exp(x); },
-                 [](double, double y, double, double) { return y; }};
-const Unary kLog{"log", algorithm::eltwise_log, false,
-                 [](double x, double, double) { return std::log(x); },
-                 [](double x, double, double, double) { return 1 / x; }};
-const Unary kSqrt{"sqrt", algorithm::eltwise_sqrt_use_dst_for_bwd, true,
-                  [](double x, double, double) { return std::sqrt(x); },
-                  [](double, double y, double, double) { return 0.5 / y; }};
-// oneDNN eltwise_pow computes alpha * x^beta.
-const Unary kPow{"pow", algorithm::eltwise_pow, false,
-                 [](double x, double a, double b) { return a * std::pow(x, b); },
-                 [](double x, double, double a, double b) { return a * b * std::pow(x, b - 1); }};
-const Unary kTanh{"tanh", algorithm::eltwise_tanh_use_dst_for_bwd, true,
-                  [](double x, double, double) { return std::tanh(x); },
-                  [](double, double y, double, double) { return 1 - y * y; }};
-const Unary kSigmoid{"sigmoid", algorithm::eltwise_logistic_use_dst_for_bwd, true,
-                     [](double x, double, double) { return 1 / (1 + std::exp(-x)); },
-                     [](double, double y, double, double) { return y * (1 - y); }};
-const Unary kRelu{"relu", algorithm::eltwise_relu, false,
-                  [](double x, double, double) { return x > 0 ? x : 0.0; },
-                  [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; }};
-const Unary kGeluErf{"gelu", algorithm::eltwise_gelu_erf, false,
-                     [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
-                     [](double x, double, double, double) {
-                       return 0.5 * (1 + std::erf(x / M_SQRT2)) +
-                              x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
-                     }};
-const Unary kGeluTanh{"gelu_tanh", algorithm::eltwise_gelu_tanh, false,
-                      [](double x, double, double) { return gelu_tanh_f(x); },
-                      [](double x, double, double, double) { return gelu_tanh_df(x); }};
-// oneDNN eltwise_linear computes alpha * x + beta.
-const Unary kAffine{"affine", algorithm::eltwise_linear, false,
-                    [](double x, double a, double b) { return a * x + b; },
-                    [](double, double, double a, double) { return a; }};
+const UnaryOp kExp{.name = "exp",
+                   .f = [](double x, double, double) { return std::exp(x); },
+                   .df = [](double, double y, double, double) { return y; },
+                   .saves = Saves::output, .onednn = Eltwise::exp};
+const UnaryOp kLog{.name = "log",
+                   .f = [](double x, double, double) { return std::log(x); },
+                   .df = [](double x, double, double, double) { return 1 / x; },
+                   .onednn = Eltwise::log, .lo = 0.5, .hi = 2};
+const UnaryOp kSqrt{.name = "sqrt",
+                    .f = [](double x, double, double) { return std::sqrt(x); },
+                    .df = [](double, double y, double, double) { return 0.5 / y; },
+                    .saves = Saves::output, .onednn = Eltwise::sqrt, .lo = 0.5, .hi = 2};
+// oneDNN eltwise_pow computes a * x^b.
+const UnaryOp kPow{.name = "pow",
+                   .f = [](double x, double a, double b) { return a * std::pow(x, b); },
+                   .df = [](double x, double, double a, double b) { return a * b * std::pow(x, b - 1); },
+                   .onednn = Eltwise::pow, .lo = 0.5, .hi = 2, .case_a = 1, .case_b = 2.5};
+const UnaryOp kTanh{.name = "tanh",
+                    .f = [](double x, double, double) { return std::tanh(x); },
+                    .df = [](double, double y, double, double) { return 1 - y * y; },
+                    .saves = Saves::output, .onednn = Eltwise::tanh, .lo = -2, .hi = 2};
+const UnaryOp kSigmoid{.name = "sigmoid",
+                       .f = [](double x, double, double) { return 1 / (1 + std::exp(-x)); },
+                       .df = [](double, double y, double, double) { return y * (1 - y); },
+                       .saves = Saves::output, .onednn = Eltwise::logistic, .lo = -3, .hi = 3};
+const UnaryOp kRelu{.name = "relu",
+                    .f = [](double x, double, double) { return x > 0 ? x : 0.0; },
+                    .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; },
+                    .onednn = Eltwise::relu, .kinks = {0.0}};
+const UnaryOp kGeluErf{.name = "gelu",
+                       .f = [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
+                       .df = [](double x, double, double, double) {
+                         return 0.5 * (1 + std::erf(x / M_SQRT2)) +
+                                x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+                       },
+                       .onednn = Eltwise::gelu_erf, .lo = -3, .hi = 3};
+const UnaryOp kGeluTanh{.name = "gelu_tanh",
+                        .f = [](double x, double, double) { return gelu_tanh_f(x); },
+                        .df = [](double x, double, double, double) { return gelu_tanh_df(x); },
+                        .onednn = Eltwise::gelu_tanh, .lo = -3, .hi = 3};
+// oneDNN eltwise_linear computes a * x + b; the derivative a needs nothing saved.
+const UnaryOp kAffine{.name = "affine",
+                      .f = [](double x, double a, double b) { return a * x + b; },
+                      .df = [](double, double, double a, double) { return a; },
+                      .saves = Saves::nothing, .onednn = Eltwise::linear, .case_a = -0.5, .case_b = 2.5};
 
-GRAFT_DECLARE_OP("exp", "elementwise");
-GRAFT_DECLARE_OP("log", "elementwise");
-GRAFT_DECLARE_OP("sqrt", "elementwise");
-GRAFT_DECLARE_OP("pow", "elementwise");
-GRAFT_DECLARE_OP("tanh", "elementwise");
-GRAFT_DECLARE_OP("sigmoid", "elementwise");
-GRAFT_DECLARE_OP("relu", "elementwise");
-GRAFT_DECLARE_OP("gelu", "elementwise");
-GRAFT_DECLARE_OP("gelu_tanh", "elementwise");
-GRAFT_DECLARE_OP("affine", "elementwise");
+const UnaryOp* const kRows[] = {&kExp, &kLog, &kSqrt, &kPow, &kTanh, &kSigmoid,
+                                &kRelu, &kGeluErf, &kGeluTanh, &kAffine};
 
-Tensor eltwise_fwd_f32(const Unary& u, const Tensor& x, double a, double b) {
-  using namespace onednn;
-  Tensor xc = kern::contig(x);
-  Tensor y = Tensor::empty(x.shape(), DType::f32);
-  if (x.numel() == 0) return y;
-  auto d = md_contiguous(x.shape());
-  dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_training, u.alg, d, (float)a,
-                                   (float)b);
-  dnnl::eltwise_forward::primitive_desc pd(desc, engine());
-  dnnl::eltwise_forward(pd).execute(stream(), {{DNNL_ARG_SRC, mem(d, xc)}, {DNNL_ARG_DST, mem(d, y)}});
-  stream().wait();
-  return y;
+// The oneDNN algorithm of a row; `undef` when oneDNN has none (the reference loop runs). A row
+// whose backward reads y needs oneDNN's use_dst_for_bwd variant of its algorithm.
+algorithm dnnl_algorithm(const UnaryOp& op) {
+  const bool dst = op.saves == Saves::output;
+  switch (op.onednn) {
+    case Eltwise::exp: return dst ? algorithm::eltwise_exp_use_dst_for_bwd : algorithm::eltwise_exp;
+    case Eltwise::sqrt: return dst ? algorithm::eltwise_sqrt_use_dst_for_bwd : algorithm::eltwise_sqrt;
+    case Eltwise::tanh: return dst ? algorithm::eltwise_tanh_use_dst_for_bwd : algorithm::eltwise_tanh;
+    case Eltwise::logistic:
+      return dst ? algorithm::eltwise_logistic_use_dst_for_bwd : algorithm::eltwise_logistic;
+    case Eltwise::relu: return dst ? algorithm::eltwise_relu_use_dst_for_bwd : algorithm::eltwise_relu;
+    case Eltwise::log: return dst ? algorithm::undef : algorithm::eltwise_log;
+    case Eltwise::pow: return dst ? algorithm::undef : algorithm::eltwise_pow;
+    case Eltwise::gelu_erf: return dst ? algorithm::undef : algorithm::eltwise_gelu_erf;
+    case Eltwise::gelu_tanh: return dst ? algorithm::undef : algorithm::eltwise_gelu_tanh;
+    case Eltwise::linear: return algorithm::eltwise_linear;
+    case Eltwise::none: break;
+  }
+  return algorithm::undef;
 }
 
-Tensor eltwise_bwd_f32(const Unary& u, const Tensor& data, const Tensor& dy, double a, double b) {
+dnnl::eltwise_forward::primitive_desc eltwise_fwd_pd(algorithm alg, const dnnl::memory::desc& d,
+                                                     double a, double b) {
+  dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_training, alg, d, (float)a, (float)b);
+  return dnnl::eltwise_forward::primitive_desc(desc, onednn::engine());
+}
+
+// y = f(x) through oneDNN eltwise (x contiguous float32, non-empty).
+void unary_forward_f32(algorithm alg, const Tensor& x, const Tensor& y, double a, double b) {
   using namespace onednn;
-  Tensor dx = Tensor::empty(dy.shape(), DType::f32);
-  if (dy.numel() == 0) return dx;
-  Tensor dc = kern::contig(data);
-  auto d = md_contiguous(dy.shape());
-  dnnl::eltwise_forward::desc fdesc(dnnl::prop_kind::forward_training, u.alg, d, (float)a,
-                                    (float)b);
-  dnnl::eltwise_forward::primitive_desc fpd(fdesc, engine());
-  dnnl::eltwise_backward::desc bdesc(u.alg, d, d, (float)a, (float)b);
-  dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), fpd);
-  dnnl::eltwise_backward(bpd).execute(
-      stream(), {{u.use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, mem(d, dc)},
-                 {DNNL_ARG_DIFF_DST, mem(d, dy)},
-                 {DNNL_ARG_DIFF_SRC, mem(d, dx)}});
+  auto d = md_contiguous(x.shape());
+  dnnl::eltwise_forward(eltwise_fwd_pd(alg, d, a, b))
+      .execute(stream(), {{DNNL_ARG_SRC, mem(d, x)}, {DNNL_ARG_DST, mem(d, y)}});
   stream().wait();
-  return dx;
+}
+
+// dx = dy * f'(data), data being x or y (whichever alg reads); all contiguous float32, non-empty.
+void unary_backward_f32(algorithm alg, bool use_dst, const Tensor& data, const Tensor& dy,
+                        const Tensor& dx, double a, double b) {
+  using namespace onednn;
+  auto d = md_contiguous(dy.shape());
+  dnnl::eltwise_backward::desc bdesc(alg, d, d, (float)a, (float)b);
+  dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), eltwise_fwd_pd(alg, d, a, b));
+  dnnl::eltwise_backward(bpd).execute(stream(), {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, mem(d, data)},
+                                                 {DNNL_ARG_DIFF_DST, mem(d, dy)},
+                                                 {DNNL_ARG_DIFF_SRC, mem(d, dx)}});
+  stream().wait();
 }
 
 template <class T>
-void unary_ref(const Unary& u, const Tensor& x, const Tensor& y, double a, double b) {
+void unary_loop(const UnaryOp& op, const Tensor& x, const Tensor& y, double a, double b) {
   const T* px = x.data<T>();
   T* py = y.data<T>();
   kern::for_each_strided(x.shape(), x.strides(),
-                         [&](int64_t i, int64_t o) { py[i] = (T)u.f(px[o], a, b); });
+                         [&](int64_t i, int64_t o) { py[i] = (T)op.f(px[o], a, b); });
 }
 
+// dx = dy * df(x, y); x or y may be undefined (the row does not read it); all contiguous.
 template <class T>
-void unary_bwd_ref(const Unary& u, const Tensor& x, const Tensor& y, const Tensor& dy,
-                   const Tensor& dx, double a, double b) {
+void unary_backward_loop(const UnaryOp& op, const Tensor& x, const Tensor& y, const Tensor& dy,
+                         const Tensor& dx, double a, double b) {
   const T* px = x.defined() ? x.data<T>() : nullptr;
   const T* py = y.defined() ? y.data<T>() : nullptr;
   const T* pdy = dy.data<T>();
@@ -136,41 +149,76 @@ void unary_bwd_ref(const Unary& u, const Tensor& x, const Tensor& y, const Tenso
   const int64_t n = dy.numel();
 #pragma omp parallel for if (n > kern::kParallelGrain)
   for (int64_t i = 0; i < n; ++i)
-    pdx[i] = pdy[i] * (T)u.df(px ? px[i] : 0.0, py ? py[i] : 0.0, a, b);
+    pdx[i] = pdy[i] * (T)op.df(px ? px[i] : 0.0, py ? py[i] : 0.0, a, b);
 }
 
-Tensor unary(const Unary& u, const Tensor& x, double a = 0, double b = 0) {
-  kern::check_float(u.name, x);
-  Tensor y;
-  if (x.dtype() == DType::f32) {
-    y = eltwise_fwd_f32(u, x, a, b);
-  } else {
-    y = Tensor::empty(x.shape(), x.dtype());
-    unary_ref<double>(u, x, y, a, b);
+// data is what the row saves (x, y, or undefined) -> dx = dout * df.
+Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout, double a, double b) {
+  if (op.saves == Saves::nothing) return unary(kAffine, dout, op.df(0, 0, a, b), 0.0);
+  const Tensor dc = kern::contig(data);
+  Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
+  if (dx.numel() == 0) return dx;
+  const algorithm alg = dnnl_algorithm(op);
+  if (dout.dtype() == DType::f32 && alg != algorithm::undef) {
+    unary_backward_f32(alg, op.saves == Saves::output, dc, dout, dx, a, b);
+    return dx;
   }
-  if (autograd::needs_record({x})) {
-    // affine's gradient is alpha * dout: nothing to keep.
-    if (&u == &kAffine) {
-      autograd::record(u.name, {x}, {y}, {}, [a](const Ctx&, const Tensors& dout) -> Tensors {
-        return {unary(kAffine, dout[0], a, 0.0)};
-      });
-      return y;
-    }
-    const Unary* up = &u;
-    autograd::record(u.name, {x}, {y}, {u.use_dst ? y : x},
-                     [up, a, b](const Ctx& c, const Tensors& dout) -> Tensors {
-                       const Tensor& data = c.saved[0];
-                       if (data.dtype() == DType::f32)
-                         return {eltwise_bwd_f32(*up, data, dout[0], a, b)};
-                       Tensor dc = kern::contig(data);
-                       Tensor dx = Tensor::empty(dout[0].shape(), DType::f64);
-                       unary_bwd_ref<double>(*up, up->use_dst ? Tensor() : dc,
-                                             up->use_dst ? dc : Tensor(), dout[0], dx, a, b);
-                       return {dx};
-                     });
-  }
+  const bool from_y = op.saves == Saves::output;
+  GRAFT_DISPATCH_FLOAT(dout.dtype(), op.name, [&] {
+    unary_backward_loop<T>(op, from_y ? Tensor() : dc, from_y ? dc : Tensor(), dout, dx, a, b);
+  });
+  return dx;
+}
+
+// Case inputs: uniform on [lo, hi], pushed 10% of the range away from every kink.
+Tensor unary_case_input(const UnaryOp& op, DType dt, Generator& g, bool transposed) {
+  Tensor x = transposed ? case_input_t({3, 4}, dt, g, op.lo, op.hi) : case_input({3, 4}, dt, g, op.lo, op.hi);
+  const double margin = 0.1 * (op.hi - op.lo);
+  GRAFT_DISPATCH_FLOAT(dt, op.name, [&] {
+    T* p = x.data<T>();
+    for_each_offset(x.shape(), x.strides(), [&](int64_t o) {
+      for (double k : op.kinks)
+        if (std::fabs(p[o] - k) < margin) p[o] = (T)(p[o] >= k ? k + margin : k - margin);
+    });
+  });
+  return x;
+}
+
+}  // namespace
+
+Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
+  kern::check_float(op.name, x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  const algorithm alg = dnnl_algorithm(op);
+  if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0)
+    unary_forward_f32(alg, kern::contig(x), y, a, b);
+  else
+    GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
+  if (!autograd::needs_record({x})) return y;
+  thread_local std::unordered_set<const char*> declared;
+  if (declared.insert(op.name).second) autograd::declare_op(op.name, op.family);
+  const Tensor saved = op.saves == Saves::input ? x : op.saves == Saves::output ? y : Tensor();
+  const UnaryOp* row = &op;
+  autograd::record(op.name, {x}, {y}, {saved}, [row, a, b](const Ctx& c, const Tensors& dout) {
+    return Tensors{unary_backward(*row, c.saved[0], dout[0], a, b)};
+  });
   return y;
 }
+
+void register_unary_cases(const UnaryOp& op) {
+  autograd::declare_op(op.name, op.family);
+  const UnaryOp* row = &op;
+  for (bool transposed : {false, true})
+    register_case(OpCase{
+        .name = std::string(op.name) + (transposed ? "/transposed" : "/contiguous"),
+        .op = op.name,
+        .make_inputs = [row, transposed](DType dt, Generator& g) {
+          return Tensors{unary_case_input(*row, dt, g, transposed)};
+        },
+        .fn = [row](const Tensors& x) { return unary(*row, x[0], row->case_a, row->case_b); }});
+}
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Binary ops with broadcasting.
@@ -255,55 +303,51 @@ GRAFT_DECLARE_OP("masked_fill", "elementwise");
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_raw("add", BinOp::add, a, b);
+// The binary backwards return gradients of the output's (broadcast) shape; the tape sums them
+// down to each input's shape.
+namespace {
+
+// out = a + b: da = dout, db = dout.
+Tensors add_backward(const Ctx&, const Tensor& dout) { return {dout, dout}; }
+
+// out = a - b: da = dout, db = -dout.
+Tensors sub_backward(const Ctx& c, const Tensor& dout) {
+  return {dout, c.needs[1] ? neg(dout) : Tensor()};
+}
+
+// out = a * b: da = dout * b, db = dout * a; saved {a, b}.
+Tensors mul_backward(const Ctx& c, const Tensor& dout) {
+  const Tensor &a = c.saved[0], &b = c.saved[1];
+  return {c.needs[0] ? mul(dout, b) : Tensor(), c.needs[1] ? mul(dout, a) : Tensor()};
+}
+
+// out = a / b: da = dout / b, db = -dout * out / b; saved {b, out} (out instead of a).
+Tensors div_backward(const Ctx& c, const Tensor& dout) {
+  const Tensor &b = c.saved[0], &out = c.saved[1];
+  const Tensor g = div(dout, b);
+  return {g, c.needs[1] ? neg(mul(g, out)) : Tensor()};
+}
+
+// Runs a recorded binary op: out = binary_raw(a, b), backward `bwd` with `saved`.
+template <class Bwd>
+Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd bwd,
+              bool save_inputs) {
+  Tensor out = binary_raw(name, op, a, b);
   if (autograd::needs_record({a, b})) {
-    autograd::record("add", {a, b}, {out}, {},
-                     [sa = a.shape(), sb = b.shape()](const Ctx& c, const Tensors& dout) -> Tensors {
-                       return {c.needs[0] ? sum_to(dout[0], sa) : Tensor(),
-                               c.needs[1] ? sum_to(dout[0], sb) : Tensor()};
-                     });
+    Tensors saved;
+    if (save_inputs) saved = op == BinOp::div ? Tensors{b, out} : Tensors{a, b};
+    autograd::record(name, {a, b}, {out}, saved,
+                     [bwd](const Ctx& c, const Tensors& dout) { return bwd(c, dout[0]); });
   }
   return out;
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_raw("sub", BinOp::sub, a, b);
-  if (autograd::needs_record({a, b})) {
-    autograd::record("sub", {a, b}, {out}, {},
-                     [sa = a.shape(), sb = b.shape()](const Ctx& c, const Tensors& dout) -> Tensors {
-                       return {c.needs[0] ? sum_to(dout[0], sa) : Tensor(),
-                               c.needs[1] ? neg(sum_to(dout[0], sb)) : Tensor()};
-                     });
-  }
-  return out;
-}
+}  // namespace
 
-Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_raw("mul", BinOp::mul, a, b);
-  if (autograd::needs_record({a, b})) {
-    autograd::record("mul", {a, b}, {out}, {a, b}, [](const Ctx& c, const Tensors& dout) -> Tensors {
-      const Tensor &a = c.saved[0], &b = c.saved[1];
-      return {c.needs[0] ? sum_to(mul(dout[0], b), a.shape()) : Tensor(),
-              c.needs[1] ? sum_to(mul(dout[0], a), b.shape()) : Tensor()};
-    });
-  }
-  return out;
-}
-
-Tensor div(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_raw("div", BinOp::div, a, b);
-  if (autograd::needs_record({a, b})) {
-    // d(a/b)/db = -out / b, so the output is saved instead of a.
-    autograd::record("div", {a, b}, {out}, {b, out}, [sa = a.shape()](const Ctx& c, const Tensors& dout) -> Tensors {
-      const Tensor &b = c.saved[0], &out = c.saved[1];
-      Tensor g = div(dout[0], b);
-      return {c.needs[0] ? sum_to(g, sa) : Tensor(),
-              c.needs[1] ? neg(sum_to(mul(g, out), b.shape())) : Tensor()};
-    });
-  }
-  return out;
-}
+Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinOp::add, a, b, add_backward, false); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinOp::sub, a, b, sub_backward, false); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinOp::mul, a, b, mul_backward, true); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary("div", BinOp::div, a, b, div_backward, true); }
 
 Tensor affine(const Tensor& x, double alpha, double beta) { return unary(kAffine, x, alpha, beta); }
 Tensor neg(const Tensor& x) { return unary(kAffine, x, -1.0, 0.0); }
@@ -366,6 +410,16 @@ Tensor route(const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m,
   return g;
 }
 
+// out = cond ? a : b: da = dout where cond, db = dout elsewhere (output shape; the tape sums).
+Tensors where_backward(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
+  return {c.needs[0] ? route(dout, m, true) : Tensor(), c.needs[1] ? route(dout, m, false) : Tensor()};
+}
+
+// out = mask ? value : x: dx = dout where the mask is off.
+Tensors masked_fill_backward(const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
+  return {route(dout, m, false)};
+}
+
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -377,13 +431,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   auto m = std::make_shared<std::vector<uint8_t>>(bool_mask(cond, out_shape));
   Tensor out = Tensor::empty(out_shape, a.dtype());
   GRAFT_DISPATCH_FLOAT(a.dtype(), "where", [&] { select_ref<T>(*m, a, b, out); });
-  if (autograd::needs_record({a, b})) {
+  if (autograd::needs_record({a, b}))
     autograd::record("where", {a, b}, {out}, {},
-                     [m, sa = a.shape(), sb = b.shape()](const Ctx& c, const Tensors& dout) -> Tensors {
-                       return {c.needs[0] ? sum_to(route(dout[0], m, true), sa) : Tensor(),
-                               c.needs[1] ? sum_to(route(dout[0], m, false), sb) : Tensor()};
-                     });
-  }
+                     [m](const Ctx& c, const Tensors& dout) { return where_backward(c, dout[0], m); });
   return out;
 }
 
@@ -400,11 +450,10 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
     kern::for_each_strided(x.shape(), x.strides(),
                            [&](int64_t i, int64_t o) { po[i] = mm[i] ? (T)value : px[o]; });
   });
-  if (autograd::needs_record({x})) {
-    autograd::record("masked_fill", {x}, {out}, {}, [m](const Ctx&, const Tensors& dout) -> Tensors {
-      return {route(dout[0], m, false)};
+  if (autograd::needs_record({x}))
+    autograd::record("masked_fill", {x}, {out}, {}, [m](const Ctx&, const Tensors& dout) {
+      return masked_fill_backward(dout[0], m);
     });
-  }
   return out;
 }
 
@@ -453,68 +502,38 @@ Tensors one(const Shape& s, DType dt, Generator& g, double lo = -1, double hi = 
 }
 }  // namespace
 
-GRAFT_OP_CASE({.name = "add/broadcast", .op = "add",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)}; },
-               .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
-GRAFT_OP_CASE({.name = "add/noncontig_lhs_broadcast", .op = "add",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
-GRAFT_OP_CASE({.name = "sub/broadcast", .op = "sub",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return sub(x[0], x[1]); }});
-GRAFT_OP_CASE({.name = "mul/broadcast", .op = "mul",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return mul(x[0], x[1]); }});
-GRAFT_OP_CASE({.name = "mul/same_tensor", .op = "mul",
-               .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g); },
-               .fn = [](const Tensors& x) { return mul(x[0], x[0]); }});
-GRAFT_OP_CASE({.name = "div/broadcast", .op = "div",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)}; },
-               .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
-GRAFT_OP_CASE({.name = "affine", .op = "affine",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return 2.5 - x[0] * 0.5; }});
-GRAFT_OP_CASE({.name = "exp", .op = "exp",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return exp(x[0]); }});
-GRAFT_OP_CASE({.name = "log", .op = "log",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, 0.5, 2.0)}; },
-               .fn = [](const Tensors& x) { return log(x[0]); }});
-GRAFT_OP_CASE({.name = "sqrt", .op = "sqrt",
-               .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g, 0.5, 2.0); },
-               .fn = [](const Tensors& x) { return sqrt(x[0]); }});
-GRAFT_OP_CASE({.name = "pow", .op = "pow",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, 0.5, 2.0)}; },
-               .fn = [](const Tensors& x) { return pow(x[0], 2.5); }});
-GRAFT_OP_CASE({.name = "tanh", .op = "tanh",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return tanh(x[0]); }});
-GRAFT_OP_CASE({.name = "sigmoid", .op = "sigmoid",
-               .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g, -3, 3); },
-               .fn = [](const Tensors& x) { return sigmoid(x[0]); }});
-// relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
-GRAFT_OP_CASE({.name = "relu", .op = "relu",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, 0.1, 1)}; },
-               .fn = [](const Tensors& x) {
-                 return relu(mul(x[0], from_vector(std::vector<double>{1, -1, 1, -1}, {4}, x[0].dtype())));
-               }});
-GRAFT_OP_CASE({.name = "gelu/erf", .op = "gelu",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, -3, 3)}; },
-               .fn = [](const Tensors& x) { return gelu(x[0]); }});
-GRAFT_OP_CASE({.name = "gelu/tanh", .op = "gelu_tanh",
-               .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g, -3, 3); },
-               .fn = [](const Tensors& x) { return gelu(x[0], true); }});
-GRAFT_OP_CASE({.name = "where/broadcast", .op = "where",
-               .make_inputs = [](DType dt, Generator& g) {
-                 return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
-                                case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
-               },
-               .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); }});
-GRAFT_OP_CASE({.name = "masked_fill/broadcast", .op = "masked_fill",
-               .make_inputs = [](DType dt, Generator& g) {
-                 return Tensors{case_input_t({2, 3, 4}, dt, g),
-                                from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
-               },
-               .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); }});
+void register_elementwise_cases() {
+  for (const UnaryOp* row : kRows) register_unary_cases(*row);
+  register_case(OpCase{.name = "add/broadcast", .op = "add",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
+  register_case(OpCase{.name = "add/noncontig_lhs_broadcast", .op = "add",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
+  register_case(OpCase{.name = "sub/broadcast", .op = "sub",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return sub(x[0], x[1]); }});
+  register_case(OpCase{.name = "mul/broadcast", .op = "mul",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return mul(x[0], x[1]); }});
+  register_case(OpCase{.name = "mul/same_tensor", .op = "mul",
+                       .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g); },
+                       .fn = [](const Tensors& x) { return mul(x[0], x[0]); }});
+  register_case(OpCase{.name = "div/broadcast", .op = "div",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)}; },
+                       .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
+  register_case(OpCase{.name = "where/broadcast", .op = "where",
+                       .make_inputs = [](DType dt, Generator& g) {
+                         return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
+                                        case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
+                       },
+                       .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); }});
+  register_case(OpCase{.name = "masked_fill/broadcast", .op = "masked_fill",
+                       .make_inputs = [](DType dt, Generator& g) {
+                         return Tensors{case_input_t({2, 3, 4}, dt, g),
+                                        from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
+                       },
+                       .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); }});
+}
 
 }  // namespace graft

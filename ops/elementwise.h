@@ -2,9 +2,35 @@
 // dtype; the output has the broadcast shape. Shape legend: a (..), b (..) -> out broadcast(a, b).
 #pragma once
 
+#include <vector>
+
 #include "autograd/tensor.h"
 
 namespace graft {
+
+// ---- unary ops: one table row each ----------------------------------------------------------
+// An elementwise op y = f(x; a, b) is one row: its name, the float64 reference f and derivative,
+// what the derivative reads, the oneDNN algorithm that runs it in float32 (or none: then float32
+// runs the reference loop too), and the input range and kinks of its default gradcheck cases.
+// unary(row, x, a, b) runs it (forward, and backward dx = dout * df(x, y, a, b)); the row's op is
+// declared by its first recorded use or by register_unary_cases(row), which also registers its
+// two default gradcheck cases: "<name>/contiguous" (3, 4) and "<name>/transposed" (a (3, 4)
+// view of (4, 3) storage). See exp, relu, affine in elementwise.cpp, and examples/custom_op.
+enum class Saves { input, output, nothing };  // what df reads: x, y = f(x), or neither
+enum class Eltwise { none, exp, log, sqrt, pow, tanh, logistic, relu, gelu_erf, gelu_tanh, linear };
+struct UnaryOp {
+  const char* name;
+  double (*f)(double x, double a, double b);
+  double (*df)(double x, double y, double a, double b);  // dy/dx at x, given y = f(x)
+  Saves saves = Saves::input;
+  Eltwise onednn = Eltwise::none;  // oneDNN eltwise algorithm (f = its formula), or none
+  double lo = -1, hi = 1;          // input range of the default cases
+  std::vector<double> kinks = {};  // where f or df is not smooth: case inputs stay 10% of the range away
+  double case_a = 0, case_b = 0;   // a and b of the default cases
+  const char* family = "elementwise";
+};
+Tensor unary(const UnaryOp& op, const Tensor& x, double a = 0, double b = 0);
+void register_unary_cases(const UnaryOp& op);
 
 // out = a + b, a - b, a * b, a / b
 Tensor add(const Tensor& a, const Tensor& b);

@@ -1,5 +1,11 @@
 #include "ops/kernels.h"
 
+#include <algorithm>
+#include <bit>
+#include <string_view>
+
+#include "ops/onednn/dnnl_utils.h"
+
 namespace graft::kern {
 
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
@@ -36,6 +42,188 @@ void check_float(const char* op, const Tensor& t) {
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype())
     fail(std::string(op) + ": dtype mismatch, " + describe(a) + " vs " + describe(b));
+}
+
+// ---- views ----------------------------------------------------------------------------------
+
+Tensor view_as(const Tensor& t, const Shape& shape, const Shape& strides) {
+  return Tensor::view_of(t, shape, strides, t.offset());
+}
+
+Tensor swap_last2(const Tensor& t) {
+  Shape s = t.shape(), st = t.strides();
+  const size_t r = s.size();
+  std::swap(s[r - 1], s[r - 2]);
+  std::swap(st[r - 1], st[r - 2]);
+  return view_as(t, s, st);
+}
+
+Tensor reshaped(const Tensor& t, const Shape& shape) {
+  return view_as(t, shape, contiguous_strides(shape));
+}
+
+Tensor as_rows(const Tensor& t) {
+  const int64_t c = t.shape().back();
+  const Shape lead(t.shape().begin(), t.shape().end() - 1);
+  return reshaped(t, {shape_numel(lead), c});
+}
+
+Tensor row_range(const Tensor& t, int64_t r0, int64_t r1) {
+  return Tensor::view_of(t, {r1 - r0, t.size(1)}, t.strides(), t.offset() + r0 * t.strides()[0]);
+}
+
+bool batch_is_one(const Tensor& t) {
+  for (int64_t d = 0; d + 2 < t.dim(); ++d)
+    if (t.shape()[d] != 1) return false;
+  return true;
+}
+
+int64_t merged_row_stride(const Tensor& t) {
+  int64_t stride = -1;  // stride of the innermost non-1 dim seen so far
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
+    const int64_t n = t.shape()[d], s = t.strides()[d];
+    if (n == 1) continue;
+    if (stride >= 0 && stride != s * n) return -1;
+    stride = s;
+  }
+  // All rows are one row: any stride describes it.
+  return stride < 0 ? t.shape().back() : stride;
+}
+
+// ---- matmul ---------------------------------------------------------------------------------
+
+namespace {
+
+// float32 through oneDNN matmul; alpha as an output scale, accumulate as a sum post-op.
+void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate) {
+  a = onednn::operand(a);
+  b = onednn::operand(b);
+  // b without batch dims and a whose batch rows are evenly spaced: one (B*M, K) @ (K, N)
+  // gemm is faster than B small ones.
+  if (a.dim() > 2 && batch_is_one(b)) {
+    const int64_t rs = merged_row_stride(a);
+    if (rs >= 0) {
+      const int64_t rows = a.numel() / a.shape().back(), K = a.shape().back(),
+                    N = b.shape().back();
+      a = view_as(a, {rows, K}, {rs, a.strides().back()});
+      b = view_as(b, {K, N}, {b.strides()[b.dim() - 2], b.strides().back()});
+      out = reshaped(out, {rows, N});
+    }
+  }
+  const Shape as = onednn::canonical_strides(a.shape(), a.strides()),
+              bs = onednn::canonical_strides(b.shape(), b.strides());
+  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha)};
+  for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
+    key.insert(key.end(), v->begin(), v->end());
+  const auto& c = onednn::cached<dnnl::matmul>(key, [&] {
+    auto a_md = onednn::md(a), b_md = onednn::md(b), o_md = onednn::md(out);
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
+    // A strided batch can land on the reference kernel (orders of magnitude slower); dense
+    // copies are cheap next to that.
+    const bool dense = std::string_view(pd.impl_info_str()).substr(0, 3) == "ref" &&
+                       (!a.is_contiguous() || !b.is_contiguous());
+    if (dense) {
+      a_md = onednn::md_contiguous(a.shape());
+      b_md = onednn::md_contiguous(b.shape());
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, o_md), attr,
+                                        onednn::engine());
+    }
+    return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md}, dense};
+  });
+  if (c.dense_copy) {
+    a = contiguous_copy(a);
+    b = contiguous_copy(b);
+  }
+  c.prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::mem(c.mds[0], a)},
+                                    {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], b)},
+                                    {DNNL_ARG_DST, onednn::mem(c.mds[2], out)}});
+  onednn::stream().wait();
+}
+
+// The reference: rows of the output (batch x M) are split over threads; each row is written by
+// one thread and accumulated in i-k-j order so the inner loop streams a row of b.
+template <class T>
+void bmm_loop(const Tensor& a, const Tensor& b, const Tensor& out, T alpha, bool accumulate) {
+  const int64_t r = out.dim(), M = out.shape()[r - 2], N = out.shape()[r - 1],
+                K = a.shape()[r - 1];
+  const Shape sa = broadcast_strides(a, out.shape()), sb = broadcast_strides(b, out.shape());
+  // broadcast_strides maps against out's last two dims too; only the batch part is used.
+  const int64_t am = a.strides()[r - 2], ak = a.strides()[r - 1];
+  const int64_t bk = b.strides()[r - 2], bn = b.strides()[r - 1];
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  const int64_t rows = out.numel() / std::max<int64_t>(N, 1);
+#pragma omp parallel for if (rows * N * K > kParallelGrain) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t rem = row / M, oa = 0, ob = 0;
+    const int64_t i = row % M;
+    for (int64_t d = r - 3; d >= 0; --d) {
+      const int64_t id = rem % out.shape()[d];
+      rem /= out.shape()[d];
+      oa += id * sa[d];
+      ob += id * sb[d];
+    }
+    std::vector<T> acc(N, T(0));
+    const T* arow = pa + oa + i * am;
+    for (int64_t k = 0; k < K; ++k) {
+      const T aik = arow[k * ak];
+      const T* brow = pb + ob + k * bk;
+      for (int64_t j = 0; j < N; ++j) acc[j] += aik * brow[j * bn];
+    }
+    T* orow = po + row * N;
+    for (int64_t j = 0; j < N; ++j) orow[j] = alpha * acc[j] + (accumulate ? orow[j] : T(0));
+  }
+}
+
+}  // namespace
+
+void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
+  if (out.numel() == 0) return;
+  const int64_t K = a.shape().back();
+  if (K == 0) {  // an empty sum
+    if (!accumulate) fill_(out, 0);
+    return;
+  }
+  if (a.dtype() == DType::f32 && a.dim() <= 12)
+    bmm_f32(a, b, out, (float)alpha, accumulate);
+  else
+    GRAFT_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_loop<T>(a, b, out, (T)alpha, accumulate); });
+}
+
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
+  if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() ||
+      a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1] ||
+      a.shape()[1] != b.shape()[0])
+    fail("gemm: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out));
+  bmm(a, b, out, 1.0, accumulate);
+}
+
+// A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the
+// reduction over rows of dW = dy^T x): the rows crowd into a few L1 cache sets and oneDNN
+// 2.6's f32 gemm slowed down, to half speed at 4 KiB. Measured on an AVX2 machine (GFLOP/s, dW
+// of a linear over 2048 or 1024 rows, as is -> with both operands' rows 16 floats further
+// apart, copies included): 256 -> 1024 features 80 -> 170, 1024 -> 256 82 -> 154,
+// 512 -> 512 116 -> 173, 256 -> 512 129 -> 168, 256 -> 768 150 -> 171.
+bool aliasing(const Tensor& t) {
+  return t.dim() == 2 && t.size(0) >= 256 && t.strides()[1] == 1 &&
+         (t.strides()[0] * (int64_t)dtype_size(t.dtype())) % 1024 == 0;
+}
+
+Tensor unaliased(const Tensor& t) {
+  if (!aliasing(t)) return t;
+  const int64_t rows = t.size(0), cols = t.size(1), ld = t.strides()[0] + 16;
+  Tensor buf = Tensor::empty({rows, ld}, t.dtype());
+  Tensor v = Tensor::view_of(buf, {rows, cols}, {ld, 1}, 0);
+  copy_into(v, t);
+  return v;
 }
 
 }  // namespace graft::kern

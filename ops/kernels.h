@@ -1,5 +1,7 @@
-// Shared helpers for op implementations (internal to ops/): broadcasting, strided iteration
-// with OpenMP, and small checks that produce the library's error messages.
+// Shared helpers for op implementations (internal to ops/): broadcasting, views that record
+// nothing, the one batched-matmul path (oneDNN with a primitive cache for float32, a reference
+// loop for float64), strided iteration with OpenMP, and the checks that produce the library's
+// error messages.
 #pragma once
 
 #include <omp.h>
@@ -21,17 +23,45 @@ Shape broadcast_strides(const Tensor& t, const Shape& out);
 inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
 
 void check_float(const char* op, const Tensor& t);
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 
-// out (M, N) = a (M, K) @ b (K, N), or out += a @ b with accumulate; a and b any strides
-// (transposes as views), out contiguous (a row range of a bigger tensor is fine). Records
-// nothing: for ops that run matmuls inside their own forward or backward. oneDNN for float32.
+// ---- views that record nothing (for operands, and inside forward and backward) ----
+
+// t's storage read with another shape and strides, at t's offset.
+Tensor view_as(const Tensor& t, const Shape& shape, const Shape& strides);
+// The last two dims swapped: the transpose of every matrix in a batch, without a copy.
+Tensor swap_last2(const Tensor& t);
+// A contiguous t read as `shape` (same numel).
+Tensor reshaped(const Tensor& t, const Shape& shape);
+// A contiguous (..., C) t read as (rows, C).
+Tensor as_rows(const Tensor& t);
+// Rows [r0, r1) of a 2-D t.
+Tensor row_range(const Tensor& t, int64_t r0, int64_t r1);
+// True when every batch dim (all but the last two) of t is 1.
+bool batch_is_one(const Tensor& t);
+// If dims [0, rank-1) of t (batch dims and M) can be read as one dim, its stride (the rows of a
+// (B..., M, K) operand laid out as one (B*M, K) matrix); -1 otherwise.
+int64_t merged_row_stride(const Tensor& t);
+
+// ---- matmul into a buffer ----
+
+// out (B..., M, N) = alpha * a (Ba..., M, K) @ b (Bb..., K, N), or out += that with accumulate.
+// a, b, out of equal rank >= 2 and one float dtype; the batch dims of a and b equal those of out
+// or are 1 (broadcast); a and b any strides (transposes and head-split permutes as views), out
+// contiguous (a row range of a bigger tensor is fine). float32 runs oneDNN matmul, its primitive
+// built once per problem and thread; float64 a reference loop. Records nothing: for ops that run
+// matmuls inside their own forward or backward.
+void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
+         bool accumulate = false);
+// bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false);
 // aliasing(t): a 2-D operand of >= 256 rows whose rows lie a multiple of 1 KiB apart; a gemm
-// reducing over those rows (dW = dy^T x) runs far below peak (see ops/matmul.cpp).
+// reducing over those rows (dW = dy^T x) runs far below peak (see kernels.cpp).
 // unaliased(t): t, or a copy with rows 16 elements further apart when aliasing(t).
 bool aliasing(const Tensor& t);
 Tensor unaliased(const Tensor& t);
-void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
+
+// ---- OpenMP loops ----
 
 // Splits n rows over OpenMP threads when the work is large enough to pay for the fork.
 constexpr int64_t kParallelGrain = 1 << 15;

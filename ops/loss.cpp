@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 #include "ops/shape.h"
@@ -176,10 +177,8 @@ void check_smoothing(const char* op, double label_smoothing) {
          std::to_string(label_smoothing));
 }
 
-}  // namespace
-
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
-                     int64_t ignore_index) {
+// cross_entropy's argument checks; the message names every shape.
+void check_cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
   kern::check_float("cross_entropy", logits);
   if (!target.defined()) fail("cross_entropy: target is undefined");
   if (logits.dim() != 2)
@@ -192,142 +191,178 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
          ", got " + describe(target));
   if (C == 0) fail("cross_entropy: logits " + describe(logits) + " have no classes");
   check_smoothing("cross_entropy", label_smoothing);
+}
 
+}  // namespace
+
+// x (N, C) contiguous logits, tgt (N), lse (N) float64, dloss the upstream scalar -> dx (N, C),
+// written into x's own buffer when `overwrite` (nothing else holds the logits): no second (N, C)
+// buffer at the top of backward, where memory peaks.
+Tensor cross_entropy_backward(const Tensor& x, const Tensor& tgt, const Tensor& lse, double dloss,
+                              double eps, int64_t ignore_index, int64_t n_valid, bool overwrite) {
+  Tensor dx = overwrite ? x : Tensor::empty(x.shape(), x.dtype());
+  const double g = n_valid > 0 ? dloss / (double)n_valid : 0.0;
+  const int64_t* pt = tgt.data<const int64_t>();
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "cross_entropy", [&] {
+    ce_backward_rows(x.data<const T>(), x.size(0), x.size(1), pt, lse.data<const double>(), eps,
+                     ignore_index, g, dx.data<T>());
+  });
+  return dx;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
+                     int64_t ignore_index) {
+  check_cross_entropy(logits, target, label_smoothing);
+  const int64_t N = logits.size(0), C = logits.size(1);
   std::vector<int64_t> t;
   const int64_t n_valid = check_targets("cross_entropy", target, C, ignore_index, "logits " + describe(logits), t);
-
   // The row loops read contiguous rows (what lets them vectorise); a transposed view is copied.
   const Tensor xc = kern::contig(logits);
   Tensor lse = Tensor::empty({N}, DType::f64);
   std::vector<double> row_loss(N);
-  if (xc.dtype() == DType::f32)
-    ce_forward_rows(xc.data<const float>(), N, C, t.data(), label_smoothing, ignore_index,
+  GRAFT_DISPATCH_FLOAT(xc.dtype(), "cross_entropy", [&] {
+    ce_forward_rows(xc.data<const T>(), N, C, t.data(), label_smoothing, ignore_index,
                     lse.data<double>(), row_loss.data());
-  else
-    ce_forward_rows(xc.data<const double>(), N, C, t.data(), label_smoothing, ignore_index,
-                    lse.data<double>(), row_loss.data());
+  });
   double total = 0;
   for (double l : row_loss) total += l;
   // All targets ignored: 0 with zero gradient (PyTorch gives NaN here).
   Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, logits.dtype());
-
-  if (autograd::needs_record({logits})) {
-    const Tensor tc = kern::contig(target);
-    autograd::record(
-        "cross_entropy", {logits}, {out}, {xc, tc, lse},
-        [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) -> Tensors {
-          const Tensor &x = c.saved[0], &tgt = c.saved[1], &lse = c.saved[2];
-          // The gradient goes into the logits' own buffer when nothing else holds them: no
-          // second (N, C) buffer at the top of backward, where memory peaks.
-          Tensor dx = autograd::can_overwrite(c, 0) ? x : Tensor::empty(x.shape(), x.dtype());
-          const double g = n_valid > 0 ? dout[0].item() / (double)n_valid : 0.0;
-          const int64_t* pt = tgt.data<const int64_t>();
-          const int64_t N = x.size(0), C = x.size(1);
-          if (x.dtype() == DType::f32)
-            ce_backward_rows(x.data<const float>(), N, C, pt, lse.data<const double>(),
-                             label_smoothing, ignore_index, g, dx.data<float>());
-          else
-            ce_backward_rows(x.data<const double>(), N, C, pt, lse.data<const double>(),
-                             label_smoothing, ignore_index, g, dx.data<double>());
-          return {dx};
-        });
-  }
+  if (autograd::needs_record({logits}))
+    autograd::record("cross_entropy", {logits}, {out}, {xc, kern::contig(target), lse},
+                     [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
+                       const Tensors& s = c.saved;
+                       return Tensors{cross_entropy_backward(
+                           s[0], s[1], s[2], dout[0].item(), label_smoothing, ignore_index,
+                           n_valid, autograd::can_overwrite(c, 0))};
+                     });
   return out;
 }
 
 GRAFT_DECLARE_OP("linear_cross_entropy", "loss");
 
-Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
-                            double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+namespace {
+
+void check_linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
+                                double label_smoothing, int64_t chunk_rows) {
   kern::check_float("linear_cross_entropy", x);
   kern::check_float("linear_cross_entropy", w);
-  auto what = [&] { return "x " + describe(x) + ", w " + describe(w); };
+  const std::string what = "x " + describe(x) + ", w " + describe(w);
   if (!target.defined()) fail("linear_cross_entropy: target is undefined");
   if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1) || x.dtype() != w.dtype())
-    fail("linear_cross_entropy: needs x (N, d) and w (V, d) of one dtype, got " + what());
-  const int64_t N = x.size(0), V = w.size(0);
+    fail("linear_cross_entropy: needs x (N, d) and w (V, d) of one dtype, got " + what);
+  const int64_t N = x.size(0);
   if (target.dtype() != DType::i64 || target.dim() != 1 || target.size(0) != N)
-    fail("linear_cross_entropy: " + what() + " need target (N) = " + shape_str({N}) +
+    fail("linear_cross_entropy: " + what + " need target (N) = " + shape_str({N}) +
          " int64, got " + describe(target));
-  if (V == 0) fail("linear_cross_entropy: " + what() + ": no classes");
+  if (w.size(0) == 0) fail("linear_cross_entropy: " + what + ": no classes");
   check_smoothing("linear_cross_entropy", label_smoothing);
   if (chunk_rows < 0) fail("linear_cross_entropy: chunk_rows must be >= 0");
-  std::vector<int64_t> t;
-  const int64_t n_valid = check_targets("linear_cross_entropy", target, V, ignore_index, what(), t);
+}
 
-  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
-  const DType dt = x.dtype();
-  // Rows with an ignored target add nothing to the loss or to either gradient: only the valid
-  // rows are multiplied (gathered into a dense block when some are ignored; their dx rows are 0).
-  std::vector<int64_t> valid;
-  for (int64_t n = 0; n < N; ++n)
+// Rows with an ignored target add nothing to the loss or to either gradient: only the valid rows
+// are multiplied. Returns x's valid rows (x itself when all are valid) and compacts t to them;
+// valid lists their positions in x.
+Tensor valid_rows(const Tensor& x, std::vector<int64_t>& t, int64_t ignore_index,
+                  std::vector<int64_t>& valid) {
+  for (int64_t n = 0; n < (int64_t)t.size(); ++n)
     if (t[n] != ignore_index) valid.push_back(n);
-  Tensor xs = x;
-  if (n_valid < N) {
-    autograd::NoGrad no_grad;
-    xs = index_select(x, 0, from_vector(valid, {n_valid}));
-    for (int64_t i = 0; i < n_valid; ++i) t[i] = t[valid[i]];
-    t.resize(n_valid);
-  }
-  // dw += G^T x reduces over the chunk's rows of x: rows 1 KiB multiples apart are padded.
-  if (dt == DType::f32 && need_dw && xs.is_contiguous() && kern::aliasing(xs)) xs = kern::unaliased(xs);
-  const int64_t Ns = (int64_t)t.size();
-  const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
-  Tensor dx = need_dx ? Tensor::empty({Ns, x.size(1)}, dt) : Tensor();
-  Tensor dw = need_dw ? Tensor::empty(w.shape(), dt) : Tensor();
-  if (need_dw && Ns == 0) fill_(dw, 0);
-  const Tensor wt = Tensor::view_of(w, {w.size(1), V}, {w.strides()[1], w.strides()[0]}, w.offset());
-  Tensor buf = Tensor::empty({std::min(rows, Ns), V}, dt);  // one chunk's logits, then gradient
-  std::vector<double> row_loss(Ns), lse(Ns);
-  const double g = n_valid > 0 ? 1.0 / (double)n_valid : 0.0;
+  if (valid.size() == t.size()) return x;
+  const int64_t n_valid = (int64_t)valid.size();
+  for (int64_t i = 0; i < n_valid; ++i) t[i] = t[valid[i]];
+  t.resize(n_valid);
+  autograd::NoGrad no_grad;
+  return index_select(x, 0, from_vector(valid, {n_valid}));
+}
+
+struct LceOptions {
+  double label_smoothing;
+  int64_t ignore_index, chunk_rows;
+  double g;  // 1 / number of valid targets: d loss / d row loss
+};
+
+// Chunk by chunk over the rows of xs (Ns, d) with targets t: one chunk's logits in buf, turned
+// into its row losses and, when dx or dw is defined, into d loss / d logits in place, which goes
+// into dx (Ns, d) = G w and dw (V, d) += G^T x.
+void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t,
+                const LceOptions& o, const Tensor& dx, const Tensor& dw, double* row_loss) {
+  const int64_t Ns = (int64_t)t.size(), V = w.size(0);
+  const int64_t rows = o.chunk_rows > 0 ? o.chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
+  const Tensor wt = kern::swap_last2(w);
+  Tensor buf = Tensor::empty({std::min(rows, Ns), V}, xs.dtype());
+  std::vector<double> lse(Ns);
   for (int64_t r0 = 0; r0 < Ns; r0 += rows) {
     const int64_t r1 = std::min(Ns, r0 + rows), n = r1 - r0;
-    auto row_view = [](const Tensor& m, int64_t a, int64_t b) {
-      return Tensor::view_of(m, {b - a, m.size(1)}, m.strides(), m.offset() + a * m.strides()[0]);
-    };
-    const Tensor xc = row_view(xs, r0, r1), lc = row_view(buf, 0, n);
+    const Tensor xc = kern::row_range(xs, r0, r1), lc = kern::row_range(buf, 0, n);
     kern::gemm(xc, wt, lc);  // logits of rows [r0, r1)
-    GRAFT_DISPATCH_FLOAT(dt, "linear_cross_entropy", [&] {
-      if (need_dx || need_dw)
-        ce_fused_rows(lc.data<T>(), n, V, t.data() + r0, label_smoothing, ignore_index, g,
-                      row_loss.data() + r0);
+    GRAFT_DISPATCH_FLOAT(xs.dtype(), "linear_cross_entropy", [&] {
+      if (dx.defined() || dw.defined())
+        ce_fused_rows(lc.data<T>(), n, V, t.data() + r0, o.label_smoothing, o.ignore_index, o.g,
+                      row_loss + r0);
       else
-        ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0,
-                        label_smoothing, ignore_index, lse.data() + r0, row_loss.data() + r0);
+        ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0, o.label_smoothing,
+                        o.ignore_index, lse.data() + r0, row_loss + r0);
     });
-    if (need_dx) kern::gemm(lc, w, row_view(dx, r0, r1));                     // dx = G w
-    if (need_dw) kern::gemm(transpose(lc, 0, 1), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
+    if (dx.defined()) kern::gemm(lc, w, kern::row_range(dx, r0, r1));                   // dx = G w
+    if (dw.defined()) kern::gemm(kern::swap_last2(lc), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
   }
+}
+
+}  // namespace
+
+// The forward already made dx and dw (for an upstream gradient of 1): the backward scales them
+// by the upstream scalar, in place when nothing else holds them.
+Tensors linear_cross_entropy_backward(const Ctx& c, double dloss) {
+  Tensors grads(2);
+  for (size_t i = 0; i < 2; ++i) {
+    if (!c.needs[i] || !c.saved[i].defined()) continue;
+    const Tensor& gi = c.saved[i];  // fresh, contiguous
+    if (dloss == 1.0) {
+      grads[i] = gi;
+    } else if (autograd::can_overwrite(c, i)) {
+      GRAFT_DISPATCH_FLOAT(gi.dtype(), "linear_cross_entropy",
+                           [&] { scale_in_place(gi.data<T>(), gi.numel(), (T)dloss); });
+      grads[i] = gi;
+    } else {
+      grads[i] = affine(gi, dloss, 0.0);
+    }
+  }
+  return grads;
+}
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
+                            double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+  check_linear_cross_entropy(x, w, target, label_smoothing, chunk_rows);
+  const int64_t N = x.size(0), d = x.size(1);
+  std::vector<int64_t> t, valid;
+  const int64_t n_valid = check_targets("linear_cross_entropy", target, w.size(0), ignore_index,
+                                        "x " + describe(x) + ", w " + describe(w), t);
+  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
+  const DType dt = x.dtype();
+  Tensor xs = valid_rows(x, t, ignore_index, valid);
+  // dw += G^T x reduces over the chunk's rows of x: rows 1 KiB multiples apart are padded.
+  if (dt == DType::f32 && need_dw && xs.is_contiguous()) xs = kern::unaliased(xs);
+  const int64_t Ns = (int64_t)t.size();
+  Tensor dx = need_dx ? Tensor::empty({Ns, d}, dt) : Tensor();
+  Tensor dw = need_dw ? Tensor::empty(w.shape(), dt) : Tensor();
+  if (need_dw && Ns == 0) fill_(dw, 0);
+  std::vector<double> row_loss(Ns);
+  const LceOptions o{label_smoothing, ignore_index, chunk_rows, n_valid > 0 ? 1.0 / (double)n_valid : 0.0};
+  lce_chunks(xs, w, t, o, dx, dw, row_loss.data());
   if (need_dx && Ns < N) {  // back to all N rows, zeros where the target is ignored
-    Tensor full_dx = zeros({N, x.size(1)}, dt);
+    Tensor full_dx = zeros({N, d}, dt);
     GRAFT_DISPATCH_FLOAT(dt, "linear_cross_entropy",
-                         [&] { scatter_rows(dx.data<const T>(), valid, x.size(1), full_dx.data<T>()); });
+                         [&] { scatter_rows(dx.data<const T>(), valid, d, full_dx.data<T>()); });
     dx = full_dx;
   }
   double total = 0;
   for (double l : row_loss) total += l;
   Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt);
-  if (need_dx || need_dw) {
+  if (need_dx || need_dw)
     autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw},
-                     [](const Ctx& c, const Tensors& dout) -> Tensors {
-                       const double s = dout[0].item();
-                       Tensors grads(2);
-                       for (size_t i = 0; i < 2; ++i) {
-                         if (!c.needs[i] || !c.saved[i].defined()) continue;
-                         const Tensor& gi = c.saved[i];  // fresh, contiguous
-                         if (s == 1.0) {
-                           grads[i] = gi;
-                         } else if (autograd::can_overwrite(c, i)) {
-                           GRAFT_DISPATCH_FLOAT(gi.dtype(), "linear_cross_entropy",
-                                                [&] { scale_in_place(gi.data<T>(), gi.numel(), (T)s); });
-                           grads[i] = gi;
-                         } else {
-                           grads[i] = affine(gi, s, 0.0);
-                         }
-                       }
-                       return grads;
+                     [](const Ctx& c, const Tensors& dout) {
+                       return linear_cross_entropy_backward(c, dout[0].item());
                      });
-  }
   return out;
 }
 
@@ -340,72 +375,68 @@ Tensor targets(std::vector<int64_t> t) {
 }
 }  // namespace
 
-GRAFT_OP_CASE({.name = "cross_entropy/plain",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({0, 3, 1, 4})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); }});
-
-GRAFT_OP_CASE({.name = "cross_entropy/smoothing",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
-
-GRAFT_OP_CASE({.name = "cross_entropy/ignored_targets",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({5, 4}, dt, g, -2, 2), targets({1, -100, 3, -100, 0})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); }});
-
-// ignore_index may be a real class id (PyTorch allows it): rows with target 1 drop out.
-GRAFT_OP_CASE({.name = "cross_entropy/ignore_index_in_range",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({4, 3}, dt, g, -2, 2), targets({1, 2, 1, 0})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); }});
-
-GRAFT_OP_CASE({.name = "cross_entropy/all_ignored",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({2, 3}, dt, g, -2, 2), targets({-100, -100})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
-
-GRAFT_OP_CASE({.name = "cross_entropy/noncontig",
-               .op = "cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
-                   },
-               .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
-
-// Three chunks of 2 rows (the last one short), an ignored target, label smoothing.
-GRAFT_OP_CASE({.name = "linear_cross_entropy/chunks",
-               .op = "linear_cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
-                                    targets({4, 0, 5, 1, 2})};
-                   },
-               .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
-// x as a transposed view, one chunk.
-GRAFT_OP_CASE({.name = "linear_cross_entropy/transposed_x",
-               .op = "linear_cross_entropy",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input_t({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
-                                    targets({4, 0, 3, 1})};
-                   },
-               .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+void register_loss_cases() {
+  register_case(OpCase{.name = "cross_entropy/plain",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({0, 3, 1, 4})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); }});
+  register_case(OpCase{.name = "cross_entropy/smoothing",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  register_case(OpCase{.name = "cross_entropy/ignored_targets",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({5, 4}, dt, g, -2, 2), targets({1, -100, 3, -100, 0})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); }});
+  // ignore_index may be a real class id (PyTorch allows it): rows with target 1 drop out.
+  register_case(OpCase{.name = "cross_entropy/ignore_index_in_range",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({4, 3}, dt, g, -2, 2), targets({1, 2, 1, 0})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); }});
+  register_case(OpCase{.name = "cross_entropy/all_ignored",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3}, dt, g, -2, 2), targets({-100, -100})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  register_case(OpCase{.name = "cross_entropy/noncontig",
+                       .op = "cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
+                           },
+                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  // Three chunks of 2 rows (the last one short), an ignored target, label smoothing.
+  register_case(OpCase{.name = "linear_cross_entropy/chunks",
+                       .op = "linear_cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
+                                            targets({4, 0, 5, 1, 2})};
+                           },
+                       .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
+  // x as a transposed view, one chunk.
+  register_case(OpCase{.name = "linear_cross_entropy/transposed_x",
+                       .op = "linear_cross_entropy",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
+                                            targets({4, 0, 3, 1})};
+                           },
+                       .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+}
 
 }  // namespace graft

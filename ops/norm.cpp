@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
 
@@ -152,149 +153,162 @@ dnnl::layer_normalization_forward::primitive_desc ln_fwd_pd(const dnnl::memory::
   return lnf::primitive_desc(lnf::desc(kind, d, stat, (float)eps, f), onednn::engine());
 }
 
-// Reshape of a contiguous tensor.
-Tensor reshaped(const Tensor& t, const Shape& shape) {
-  return Tensor::view_of(t, shape, contiguous_strides(shape), t.offset());
-}
-
-Tensor as_rows(const Tensor& t, int64_t rows, int64_t C) { return reshaped(t, {rows, C}); }
-
 }  // namespace
 
 // layer_norm: x (..., C), w (C), b (C) -> y (..., C); saves y (or x), w, b, mean, var (N)
 GRAFT_DECLARE_OP("layer_norm", "norm");
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
-  kern::check_float("layer_norm", x_in);
+namespace {
+
+// layer_norm's argument checks; the message names every shape.
+void check_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  kern::check_float("layer_norm", x);
   auto what = [&] {
-    return "layer_norm: x " + describe(x_in) +
-           (w_in.defined() ? ", w " + describe(w_in) : std::string()) +
-           (b_in.defined() ? ", b " + describe(b_in) : std::string());
+    return "layer_norm: x " + describe(x) + (w.defined() ? ", w " + describe(w) : std::string()) +
+           (b.defined() ? ", b " + describe(b) : std::string());
   };
-  if (x_in.dim() < 1) fail(what() + ": x needs at least 1 dim");
-  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-  for (const Tensor* p : {&w_in, &b_in}) {
+  if (x.dim() < 1) fail(what() + ": x needs at least 1 dim");
+  const int64_t C = x.shape().back();
+  for (const Tensor* p : {&w, &b}) {
     if (!p->defined()) continue;
-    if (p->dtype() != x_in.dtype()) fail(what() + ": dtype mismatch");
+    if (p->dtype() != x.dtype()) fail(what() + ": dtype mismatch");
     if (p->dim() != 1 || p->shape()[0] != C)
-      fail(what() + ": " + (p == &w_in ? "w" : "b") + " must be (" + std::to_string(C) + ")");
+      fail(what() + ": " + (p == &w ? "w" : "b") + " must be (" + std::to_string(C) + ")");
   }
   if (!(eps >= 0)) fail(what() + ": eps " + std::to_string(eps) + " must be >= 0");
+}
 
-  const Tensor x = as_rows(kern::contig(x_in), N, C);
+// float32 forward through oneDNN layer_normalization; in training it also hands out the per-row
+// mean and variance the backward needs.
+void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                            const Tensor& y, const Tensor& mean, const Tensor& var, bool training) {
+  const int64_t C = x.shape().back();
+  auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
+  auto pd = ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()),
+                      training ? dnnl::prop_kind::forward_training
+                               : dnnl::prop_kind::forward_inference);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(d, x)},
+                                             {DNNL_ARG_DST, onednn::mem(d, y)}};
+  if (training) {
+    args[DNNL_ARG_MEAN] = onednn::mem(stat, mean);
+    args[DNNL_ARG_VARIANCE] = onednn::mem(stat, var);
+  }
+  if (w.defined()) args[DNNL_ARG_SCALE] = onednn::mem(cm, w);
+  if (b.defined()) args[DNNL_ARG_SHIFT] = onednn::mem(cm, b);
+  dnnl::layer_normalization_forward(pd).execute(onednn::stream(), args);
+  onednn::stream().wait();
+}
+
+}  // namespace
+
+// src = y when from_y (then b is the shift used to rebuild xhat, mean is unused) or x, dy: all
+// (..., C); w, b (C) or undefined; mean, var (N rows) -> dx (..., C), dw (C), db (C) where needed.
+Tensors layer_norm_backward(const Tensor& src_in, const Tensor& w_in, const Tensor& b_in,
+                            const Tensor& mean, const Tensor& var, const Tensor& dout, double eps,
+                            bool from_y, bool has_w, bool has_b, const std::vector<bool>& needs) {
+  const int64_t C = src_in.shape().back(), N = C ? src_in.numel() / C : 0;
+  const Tensor src = kern::contig(src_in), dy = kern::contig(dout);
+  const Tensor w = has_w ? kern::contig(w_in) : Tensor();
+  const Tensor b = from_y && has_b ? kern::contig(b_in) : Tensor();
+  Tensor dx = needs[0] ? Tensor::empty(src_in.shape(), src_in.dtype()) : Tensor();
+  Tensor dw = has_w && needs[1] ? Tensor::empty({C}, src.dtype()) : Tensor();
+  Tensor db = has_b && needs[2] ? Tensor::empty({C}, src.dtype()) : Tensor();
+  if (src.numel() == 0) {
+    for (auto* g : {&dx, &dw, &db})
+      if (g->defined()) fill_(*g, 0);
+    return {dx, dw, db};
+  }
+  GRAFT_DISPATCH_FLOAT(src.dtype(), "layer_norm", [&] {
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    auto run = [&](auto from_y_tag) {
+      layer_norm_backward_rows<T, decltype(from_y_tag)::value>(
+          src.data<const T>(), dy.data<const T>(), ptr(w), ptr(b), ptr(mean),
+          var.data<const T>(), eps, N, C, ptr(dx), ptr(dw), ptr(db));
+    };
+    if (from_y) run(std::true_type());
+    else run(std::false_type());
+  });
+  return {dx, dw, db};
+}
+
+Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
+  check_layer_norm(x_in, w_in, b_in, eps);
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C});
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
   const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
   Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
   Tensor mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
   const bool record = autograd::needs_record({x_in, w_in, b_in});
-  if (y.numel() > 0) {
-    if (onednn::usable(x)) {
-      auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
-      auto pd = ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()),
-                          record ? dnnl::prop_kind::forward_training
-                                 : dnnl::prop_kind::forward_inference);
-      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(d, x)},
-                                                 {DNNL_ARG_DST, onednn::mem(d, y)}};
-      // In inference oneDNN computes the statistics internally; training hands them out.
-      if (record) {
-        args[DNNL_ARG_MEAN] = onednn::mem(stat, mean);
-        args[DNNL_ARG_VARIANCE] = onednn::mem(stat, var);
-      }
-      if (w.defined()) args[DNNL_ARG_SCALE] = onednn::mem(cm, w);
-      if (b.defined()) args[DNNL_ARG_SHIFT] = onednn::mem(cm, b);
-      dnnl::layer_normalization_forward(pd).execute(onednn::stream(), args);
-      onednn::stream().wait();
-    } else {
-      GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-        layer_norm_loop<T>(x, w, b, eps, as_rows(y, N, C), mean, var);
+  if (y.numel() > 0 && onednn::usable(x))
+    layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
+  else if (y.numel() > 0)
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+      layer_norm_loop<T>(x, w, b, eps, kern::reshaped(y, {N, C}), mean, var);
+    });
+  if (!record) return y;
+  bool from_y = false;
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
+  // Saved: y or x (see kMaxShiftOverScale), w, b (only to rebuild xhat from y), mean (only
+  // with x), var. All as given, so in-place changes to them are caught.
+  autograd::record(
+      "layer_norm", {x_in, w_in, b_in}, {y},
+      {from_y ? y : x_in, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
+      [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined()](const autograd::Ctx& c,
+                                                                    const Tensors& dout) {
+        const Tensors& s = c.saved;
+        return layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w,
+                                   has_b, c.needs);
       });
-    }
-  }
-  if (record) {
-    const bool has_w = w_in.defined(), has_b = b_in.defined();
-    bool from_y = false;
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
-    // Saved: y or x (see kMaxShiftOverScale), w, b (only to rebuild xhat from y), mean (only
-    // with x), var. All as given, so in-place changes to them are caught.
-    autograd::record(
-        "layer_norm", {x_in, w_in, b_in}, {y},
-        {from_y ? y : x_in, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
-        [eps, has_w, has_b, from_y](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
-          const Tensor& src_in = c.saved[0];
-          const int64_t C = src_in.shape().back(), N = C ? src_in.numel() / C : 0;
-          const Tensor src = kern::contig(src_in);
-          const Tensor w = has_w ? kern::contig(c.saved[1]) : Tensor();
-          const Tensor b = from_y && has_b ? kern::contig(c.saved[2]) : Tensor();
-          const Tensor &mean = c.saved[3], &var = c.saved[4];
-          const Tensor dy = kern::contig(dout[0]);
-          Tensor dx = c.needs[0] ? Tensor::empty(src_in.shape(), src_in.dtype()) : Tensor();
-          Tensor dw = has_w && c.needs[1] ? Tensor::empty({C}, src.dtype()) : Tensor();
-          Tensor db = has_b && c.needs[2] ? Tensor::empty({C}, src.dtype()) : Tensor();
-          if (src.numel() == 0) {
-            for (auto* g : {&dx, &dw, &db})
-              if (g->defined()) fill_(*g, 0);
-            return {dx, dw, db};
-          }
-          GRAFT_DISPATCH_FLOAT(src.dtype(), "layer_norm", [&] {
-            auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-            auto run = [&](auto from_y_tag) {
-              layer_norm_backward_rows<T, decltype(from_y_tag)::value>(
-                  src.data<const T>(), dy.data<const T>(), ptr(w), ptr(b), ptr(mean),
-                  var.data<const T>(), eps, N, C, ptr(dx), ptr(dw), ptr(db));
-            };
-            if (from_y) run(std::true_type());
-            else run(std::false_type());
-          });
-          return {dx, dw, db};
-        });
-  }
   return y;
 }
 
-// Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
-GRAFT_OP_CASE({.name = "layer_norm/affine",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5),
-                                    case_input({5}, dt, g)};
-                   },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-GRAFT_OP_CASE({.name = "layer_norm/plain_transposed",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
-GRAFT_OP_CASE({.name = "layer_norm/weight_only_transposed",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
-                   },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
-// Backward from x (not y): a zero scale, and a shift over kMaxShiftOverScale times its scale.
-GRAFT_OP_CASE({.name = "layer_norm/zero_weight_keeps_x",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
-                     return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
-                   },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-GRAFT_OP_CASE({.name = "layer_norm/large_shift_keeps_x",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
-                     return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
-                   },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-GRAFT_OP_CASE({.name = "layer_norm/bias_only_many_rows",
-               .op = "layer_norm",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
-                   },
-               .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
+void register_norm_cases() {
+  // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
+  register_case(OpCase{.name = "layer_norm/affine",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5),
+                                            case_input({5}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(OpCase{.name = "layer_norm/plain_transposed",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
+  register_case(OpCase{.name = "layer_norm/weight_only_transposed",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
+  // Backward from x (not y): a zero scale, and a shift over kMaxShiftOverScale times its scale.
+  register_case(OpCase{.name = "layer_norm/zero_weight_keeps_x",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
+                             return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(OpCase{.name = "layer_norm/large_shift_keeps_x",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
+                             return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(OpCase{.name = "layer_norm/bias_only_many_rows",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
+}
 
 }  // namespace graft

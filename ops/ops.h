@@ -2,6 +2,7 @@
 #pragma once
 
 #include "ops/attention.h"
+#include "ops/cases.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/elementwise.h"
 #include "ops/kernels.h"
 #include "ops/shape.h"
@@ -50,62 +51,14 @@ Shape dropped_shape(const Shape& s, const std::vector<int64_t>& axes) {
   return d;
 }
 
-// x viewed as (outer, mid, inner), contiguous: out[o, j] = scale * sum_m x[o, m, j].
-// Parallel over output elements (blocks of j), each summed in m order, so the result does not
-// depend on the thread count; the j-inner loop vectorises.
-template <class T>
-void sum_block(const T* px, T* po, int64_t outer, int64_t mid, int64_t inner, double scale) {
-  if (inner == 1) {
-#pragma omp parallel for if (outer * mid > kern::kParallelGrain) schedule(static)
-    for (int64_t o = 0; o < outer; ++o) {
-      T acc = 0;
-      const T* row = px + o * mid;
-#pragma omp simd reduction(+ : acc)
-      for (int64_t m = 0; m < mid; ++m) acc += row[m];
-      po[o] = (T)(acc * scale);
-    }
-    return;
-  }
-  constexpr int64_t kBlock = 256;
-  const int64_t jblocks = (inner + kBlock - 1) / kBlock;
-#pragma omp parallel for if (outer * mid * inner > kern::kParallelGrain) schedule(static)
-  for (int64_t t = 0; t < outer * jblocks; ++t) {
-    const int64_t o = t / jblocks, j0 = (t % jblocks) * kBlock, j1 = std::min(inner, j0 + kBlock);
-    T* out = po + o * inner;
-    for (int64_t j = j0; j < j1; ++j) out[j] = 0;
-    for (int64_t m = 0; m < mid; ++m) {
-      const T* row = px + (o * mid + m) * inner;
-#pragma omp simd
-      for (int64_t j = j0; j < j1; ++j) out[j] += row[j];
-    }
-    if (scale != 1.0)
-      for (int64_t j = j0; j < j1; ++j) out[j] = (T)(out[j] * scale);
-  }
+// sum: dx = dout read with the reduced axes kept (keep), broadcast back to x's shape.
+Tensor sum_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep) {
+  return contiguous(broadcast_to(kern::reshaped(dout, keep), x_shape));
 }
 
-// Sums over sorted axes one run of adjacent axes at a time (last run first), giving the
-// kept-dims shape. oneDNN 2.6's reduction primitive runs its reference kernel (ref:any, about
-// 0.1 GB/s measured) for reductions over leading axes, so both precisions use this loop.
-template <class T>
-Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale) {
-  Tensor cur = kern::contig(x);
-  Shape shape = x.shape();
-  size_t end = axes.size();
-  while (end > 0) {
-    size_t begin = end - 1;
-    while (begin > 0 && axes[begin - 1] == axes[begin] - 1) --begin;
-    const int64_t a = axes[begin], b = axes[end - 1];
-    int64_t outer = 1, mid = 1, inner = 1;
-    for (int64_t d = 0; d < a; ++d) outer *= shape[d];
-    for (int64_t d = a; d <= b; ++d) mid *= shape[d];
-    for (int64_t d = b + 1; d < (int64_t)shape.size(); ++d) inner *= shape[d];
-    for (int64_t d = a; d <= b; ++d) shape[d] = 1;
-    Tensor next = Tensor::empty(shape, x.dtype());
-    sum_block<T>(cur.data<T>(), next.data<T>(), outer, mid, inner, begin == 0 ? scale : 1.0);
-    cur = next;
-    end = begin;
-  }
-  return cur;
+// mean: dx = sum_backward / count.
+Tensor mean_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, int64_t count) {
+  return affine(sum_backward(dout, x_shape, keep), 1.0 / (double)count, 0.0);
 }
 
 Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
@@ -116,30 +69,21 @@ Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& a
   int64_t count = 1;
   for (auto a : ax) count *= x.shape()[a];
   if (mean && count == 0) fail(std::string(op) + ": mean over an empty axis of " + describe(x));
-  Tensor out;
-  if (x.numel() == 0) {
-    out = zeros(keep, x.dtype());
-  } else {
-    const double scale = mean ? 1.0 / (double)count : 1.0;
-    out = GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { return sum_axes<T>(x, ax, scale); });
-  }
-  if (!keepdim) out = Tensor::view_of(out, dropped_shape(x.shape(), ax),
-                                      contiguous_strides(dropped_shape(x.shape(), ax)), 0);
-  if (autograd::needs_record({x})) {
-    const double scale = mean ? 1.0 / (double)count : 1.0;
+  const double scale = mean ? 1.0 / (double)count : 1.0;
+  Tensor out = sum_axes(x, ax, scale);
+  if (!keepdim) out = kern::reshaped(out, dropped_shape(x.shape(), ax));
+  if (autograd::needs_record({x}))
     autograd::record(op, {x}, {out}, {},
-                     [xs = x.shape(), keep, scale](const Ctx&, const Tensors& dout) -> Tensors {
-                       Tensor g = Tensor::view_of(dout[0], keep, contiguous_strides(keep), 0);
-                       Tensor dx = contiguous(broadcast_to(g, xs));
-                       return {scale == 1.0 ? dx : affine(dx, scale, 0.0)};
+                     [xs = x.shape(), keep, count, mean](const Ctx&, const Tensors& dout) {
+                       return Tensors{mean ? mean_backward(dout[0], xs, keep, count)
+                                           : sum_backward(dout[0], xs, keep)};
                      });
-  }
   return out;
 }
 
 template <class T>
-void max_ref(const Tensor& xc, int64_t outer, int64_t n, int64_t inner, const Tensor& out,
-             const Tensor& idx) {
+void max_loop(const Tensor& xc, const Split3& s, const Tensor& out, const Tensor& idx) {
+  const int64_t outer = s.outer, n = s.n, inner = s.inner;
   const T* p = xc.data<T>();
   T* po = out.data<T>();
   int64_t* pi = idx.data<int64_t>();
@@ -157,15 +101,23 @@ void max_ref(const Tensor& xc, int64_t outer, int64_t n, int64_t inner, const Te
     }
 }
 
+// max: dx = dout at each slice's argmax, 0 elsewhere.
 template <class T>
-void max_bwd_ref(const Tensor& dout, const Tensor& idx, int64_t outer, int64_t n, int64_t inner,
-                 const Tensor& dx) {
+void max_backward_loop(const Tensor& dout, const Tensor& idx, const Split3& s, const Tensor& dx) {
+  const int64_t outer = s.outer, n = s.n, inner = s.inner;
   const T* pd = dout.data<T>();
   const int64_t* pi = idx.data<int64_t>();
   T* px = dx.data<T>();
   std::fill(px, px + dx.numel(), T(0));
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) px[(o * n + pi[o * inner + i]) * inner + i] += pd[o * inner + i];
+}
+
+// idx (the argmax per slice), dout -> dx of x's shape.
+Tensor max_backward(const Tensor& idx, const Tensor& dout, const Shape& x_shape, const Split3& s) {
+  Tensor dx = Tensor::empty(x_shape, dout.dtype());
+  GRAFT_DISPATCH_FLOAT(dx.dtype(), "max", [&] { max_backward_loop<T>(dout, idx, s, dx); });
+  return dx;
 }
 
 }  // namespace
@@ -183,30 +135,22 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   const int64_t ax = norm_axis("max", axis, x.dim());
   const int64_t n = x.shape()[ax];
   if (n == 0) fail("max: axis " + std::to_string(axis) + " of " + describe(x) + " is empty");
-  int64_t inner = 1, outer = 1;
-  for (int64_t d = ax + 1; d < x.dim(); ++d) inner *= x.shape()[d];
-  for (int64_t d = 0; d < ax; ++d) outer *= x.shape()[d];
+  const Split3 s = split3(x.shape(), ax);
   Shape keep = x.shape();
   keep[ax] = 1;
   Tensor out = Tensor::empty(keep, x.dtype());
   Tensor idx = Tensor::empty(keep, DType::i64);
   Tensor xc = kern::contig(x);
-  GRAFT_DISPATCH_FLOAT(x.dtype(), "max", [&] { max_ref<T>(xc, outer, n, inner, out, idx); });
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "max", [&] { max_loop<T>(xc, s, out, idx); });
   if (!keepdim) {
     Shape d = x.shape();
     d.erase(d.begin() + ax);
-    out = Tensor::view_of(out, d, contiguous_strides(d), 0);
+    out = kern::reshaped(out, d);
   }
-  if (autograd::needs_record({x})) {
-    autograd::record("max", {x}, {out}, {idx},
-                     [xs = x.shape(), outer, n, inner](const Ctx& c, const Tensors& dout) -> Tensors {
-                       Tensor dx = Tensor::empty(xs, dout[0].dtype());
-                       GRAFT_DISPATCH_FLOAT(dx.dtype(), "max", [&] {
-                         max_bwd_ref<T>(dout[0], c.saved[0], outer, n, inner, dx);
-                       });
-                       return {dx};
-                     });
-  }
+  if (autograd::needs_record({x}))
+    autograd::record("max", {x}, {out}, {idx}, [xs = x.shape(), s](const Ctx& c, const Tensors& dout) {
+      return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
+    });
   return out;
 }
 
@@ -225,7 +169,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int6
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - (int64_t)shape.size();
-  if (lead < 0 || kern::broadcast_shapes("sum_to", x.shape(), shape) != x.shape())
+  if (!broadcasts_to(shape, x.shape()))
     fail("sum_to: cannot reduce " + describe(x) + " to shape " + shape_str(shape));
   std::vector<int64_t> axes;
   for (int64_t i = 0; i < x.dim(); ++i)
@@ -234,29 +178,31 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   return reshape(s, shape);
 }
 
-GRAFT_OP_CASE({.name = "sum/axes_keepdim", .op = "sum",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return sum(x[0], {0, -1}, true); }});
-GRAFT_OP_CASE({.name = "sum/all", .op = "sum",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return sum(x[0]); }});
-GRAFT_OP_CASE({.name = "sum/size1_axis", .op = "sum",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return sum(x[0], {0}); }});
-GRAFT_OP_CASE({.name = "mean/axis", .op = "mean",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return mean(x[0], {1}); }});
-GRAFT_OP_CASE({.name = "max/axis", .op = "max",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return max(x[0], 1, true); }});
-GRAFT_OP_CASE({.name = "var/unbiased", .op = "var",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return var(x[0], {-1}); }});
-GRAFT_OP_CASE({.name = "var/biased_all", .op = "var",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return var(x[0], {}, false, 0); }});
-GRAFT_OP_CASE({.name = "sum_to/broadcast", .op = "sum_to",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return sum_to(x[0], {3, 1}); }});
+void register_reduce_cases() {
+  register_case(OpCase{.name = "sum/axes_keepdim", .op = "sum",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return sum(x[0], {0, -1}, true); }});
+  register_case(OpCase{.name = "sum/all", .op = "sum",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return sum(x[0]); }});
+  register_case(OpCase{.name = "sum/size1_axis", .op = "sum",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return sum(x[0], {0}); }});
+  register_case(OpCase{.name = "mean/axis", .op = "mean",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return mean(x[0], {1}); }});
+  register_case(OpCase{.name = "max/axis", .op = "max",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return max(x[0], 1, true); }});
+  register_case(OpCase{.name = "var/unbiased", .op = "var",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return var(x[0], {-1}); }});
+  register_case(OpCase{.name = "var/biased_all", .op = "var",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return var(x[0], {}, false, 0); }});
+  register_case(OpCase{.name = "sum_to/broadcast", .op = "sum_to",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return sum_to(x[0], {3, 1}); }});
+}
 
 }  // namespace graft

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/reduce.h"
 
@@ -48,17 +49,26 @@ int64_t axis_of(const char* op, int64_t axis, const Tensor& x) {
   return axis_of(op, axis, x, x.dim());
 }
 
-// A contiguous tensor read with another shape of the same numel (no copy).
-Tensor as_shape(const Tensor& t, const Shape& shape) {
-  return Tensor::view_of(t, shape, contiguous_strides(shape), t.offset());
+// reshape (and squeeze, unsqueeze: reshapes too): dx = dout read with x's shape.
+Tensor reshape_backward(const Tensor& dout, const Shape& x_shape) {
+  return kern::reshaped(dout, x_shape);
 }
 
-// Records an op whose backward is "reshape dout back to x's shape" (reshape, unsqueeze, squeeze).
 void record_reshape_like(const char* op, const Tensor& x, const Tensor& out) {
   if (!autograd::needs_record({x})) return;
-  autograd::record(op, {x}, {out}, {}, [in = x.shape()](const Ctx&, const Tensors& dout) -> Tensors {
-    return {as_shape(dout[0], in)};
+  autograd::record(op, {x}, {out}, {}, [in = x.shape()](const Ctx&, const Tensors& dout) {
+    return Tensors{reshape_backward(dout[0], in)};
   });
+}
+
+// permute by p: dout axis i is input axis p[i], so the inverse permutation reads dx from it.
+Tensor permute_backward(const Tensor& dout, const std::vector<int64_t>& p) {
+  Shape shape(p.size()), strides(p.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    shape[p[i]] = dout.shape()[i];
+    strides[p[i]] = dout.strides()[i];
+  }
+  return contiguous_copy(kern::view_as(dout, shape, strides));
 }
 
 // Strides that read x's memory as `shape` without a copy, if the layout allows it. Walking x's
@@ -99,18 +109,6 @@ Tensor slice_view(const Tensor& x, int64_t axis, int64_t start, int64_t len, int
   shape[axis] = len;
   strides[axis] *= step;
   return Tensor::view_of(x, shape, strides, offset);
-}
-
-// (outer, n, inner) view of a contiguous shape around `axis`.
-struct Split3 {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Split3 split3(const Shape& s, int64_t axis) {
-  Split3 r;
-  for (int64_t i = 0; i < axis; ++i) r.outer *= s[i];
-  r.n = s[axis];
-  for (int64_t i = axis + 1; i < (int64_t)s.size(); ++i) r.inner *= s[i];
-  return r;
 }
 
 // src (outer, n, row) -> dst (outer, k, row) with dst[o, j] = src[o, idx[j]]; rows of `row_bytes`
@@ -192,20 +190,10 @@ Tensor reshape(const Tensor& x, Shape shape) {
 
   Tensor out;
   if (auto st = view_strides(x, shape)) out = Tensor::view_of(x, shape, *st, x.offset());
-  else out = as_shape(contiguous_copy(x), shape);
+  else out = kern::reshaped(contiguous_copy(x), shape);
   record_reshape_like("reshape", x, out);
   return out;
 }
-
-GRAFT_OP_CASE({.name = "reshape/infer", .op = "reshape",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return reshape(x[0], {4, -1}); }});
-GRAFT_OP_CASE({.name = "reshape/noncontiguous_copy", .op = "reshape",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return reshape(x[0], {6, 4}); }});
-GRAFT_OP_CASE({.name = "reshape/noncontiguous_view", .op = "reshape",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return reshape(x[0], {2, 1, 3, 2, 2}); }});
 
 // ---------------------------------------------------------------------------------------------
 // permute: x (d0, ..., dn) -> out (d[dims[0]], ..., d[dims[n]]), a view.
@@ -230,26 +218,12 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   }
   Tensor out = Tensor::view_of(x, shape, strides, x.offset());
   if (autograd::needs_record({x})) {
-    autograd::record("permute", {x}, {out}, {}, [p](const Ctx&, const Tensors& dout) -> Tensors {
-      // dout axis i is input axis p[i], so the inverse permutation reads it in input order.
-      const Tensor& d = dout[0];
-      Shape shape(p.size()), strides(p.size());
-      for (size_t i = 0; i < p.size(); ++i) {
-        shape[p[i]] = d.shape()[i];
-        strides[p[i]] = d.strides()[i];
-      }
-      return {contiguous_copy(Tensor::view_of(d, shape, strides, d.offset()))};
+    autograd::record("permute", {x}, {out}, {}, [p](const Ctx&, const Tensors& dout) {
+      return Tensors{permute_backward(dout[0], p)};
     });
   }
   return out;
 }
-
-GRAFT_OP_CASE({.name = "permute/3d", .op = "permute",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return permute(x[0], {2, 0, 1}); }});
-GRAFT_OP_CASE({.name = "permute/noncontiguous", .op = "permute",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return permute(x[0], {1, -1, 0}); }});
 
 // transpose: swaps axes d0 and d1; a permute.
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
@@ -261,9 +235,13 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   return permute(x, p);
 }
 
-GRAFT_OP_CASE({.name = "transpose/last_two", .op = "permute",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return transpose(x[0], -1, -2); }});
+// slice: dx = zeros of x's shape with dout written into the sliced positions.
+Tensor slice_backward(const Tensor& dout, const Shape& x_shape, int64_t axis, int64_t start,
+                      int64_t len, int64_t step) {
+  Tensor dx = zeros(x_shape, dout.dtype());
+  copy_into(slice_view(dx, axis, start, len, step), dout);
+  return dx;
+}
 
 // ---------------------------------------------------------------------------------------------
 // slice: x (..., n, ...) -> out (..., len, ...) with elements start, start + step, ... < end
@@ -281,21 +259,12 @@ Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t 
   Tensor out = slice_view(x, a, s, len, step);
   if (autograd::needs_record({x})) {
     autograd::record("slice", {x}, {out}, {},
-                     [in = x.shape(), a, s, len, step](const Ctx&, const Tensors& dout) -> Tensors {
-                       Tensor dx = zeros(in, dout[0].dtype());
-                       copy_into(slice_view(dx, a, s, len, step), dout[0]);
-                       return {dx};
+                     [in = x.shape(), a, s, len, step](const Ctx&, const Tensors& dout) {
+                       return Tensors{slice_backward(dout[0], in, a, s, len, step)};
                      });
   }
   return out;
 }
-
-GRAFT_OP_CASE({.name = "slice/step", .op = "slice",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return slice(x[0], 0, 1, 5, 2); }});
-GRAFT_OP_CASE({.name = "slice/negative_clamped_noncontiguous", .op = "slice",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4, 5}, dt, g)}; },
-               .fn = [](const Tensors& x) { return slice(x[0], -1, -4, 100); }});
 
 // ---------------------------------------------------------------------------------------------
 // unsqueeze: x (...) -> out with a size-1 axis inserted at `axis` (in [-(r+1), r]).
@@ -312,13 +281,6 @@ Tensor unsqueeze(const Tensor& x, int64_t axis) {
   return out;
 }
 
-GRAFT_OP_CASE({.name = "unsqueeze/noncontiguous", .op = "unsqueeze",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return unsqueeze(x[0], 1); }});
-GRAFT_OP_CASE({.name = "unsqueeze/last", .op = "unsqueeze",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return unsqueeze(x[0], -1); }});
-
 // squeeze: x (..., 1, ...) -> out without that axis; the axis must have size 1.
 Tensor squeeze(const Tensor& x, int64_t axis) {
   check_defined("squeeze", x);
@@ -334,13 +296,11 @@ Tensor squeeze(const Tensor& x, int64_t axis) {
   return out;
 }
 
-GRAFT_OP_CASE({.name = "squeeze/noncontiguous", .op = "squeeze",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 1, 3}, dt, g)}; },
-               .fn = [](const Tensors& x) { return squeeze(x[0], -2); }});
-
 // ---------------------------------------------------------------------------------------------
 // broadcast_to: x (...) -> out (shape), NumPy rules, a view with stride 0 on broadcast axes.
-// Backward sums dout over those axes (sum_to).
+// broadcast_to: dx = dout summed over the broadcast axes, which the tape does for every op.
+Tensors broadcast_to_backward(const Tensor& dout) { return {dout}; }
+
 Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   check_defined("broadcast_to", x);
   bool ok = x.dim() <= (int64_t)shape.size();
@@ -353,21 +313,15 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   Tensor out = Tensor::view_of(x, shape, kern::broadcast_strides(x, shape), x.offset());
   if (autograd::needs_record({x})) {
     autograd::record("broadcast_to", {x}, {out}, {},
-                     [in = x.shape()](const Ctx&, const Tensors& dout) -> Tensors {
-                       return {sum_to(dout[0], in)};
-                     });
+                     [](const Ctx&, const Tensors& dout) { return broadcast_to_backward(dout[0]); });
   }
   return out;
 }
 
-GRAFT_OP_CASE({.name = "broadcast_to/lead_and_inner", .op = "broadcast_to",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g)}; },
-               .fn = [](const Tensors& x) { return broadcast_to(x[0], {2, 3, 4}); }});
-GRAFT_OP_CASE({.name = "broadcast_to/noncontiguous", .op = "broadcast_to",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 2}, dt, g)}; },
-               .fn = [](const Tensors& x) { return broadcast_to(x[0], {4, 3, 2}); }});
-
 // ---------------------------------------------------------------------------------------------
+// contiguous: dx = dout.
+Tensors contiguous_backward(const Tensor& dout) { return {dout}; }
+
 // contiguous: x itself when already contiguous, else a recorded copy (gradient passes through).
 Tensor contiguous(const Tensor& x) {
   check_defined("contiguous", x);
@@ -375,13 +329,12 @@ Tensor contiguous(const Tensor& x) {
   Tensor out = contiguous_copy(x);
   if (autograd::needs_record({x}))
     autograd::record("contiguous", {x}, {out}, {},
-                     [](const Ctx&, const Tensors& dout) -> Tensors { return {dout[0]}; });
+                     [](const Ctx&, const Tensors& dout) { return contiguous_backward(dout[0]); });
   return out;
 }
 
-GRAFT_OP_CASE({.name = "contiguous/transposed", .op = "contiguous",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) { return contiguous(x[0]); }});
+// to_dtype: dx = dout cast back to x's dtype.
+Tensor to_dtype_backward(const Tensor& dout, DType x_dtype) { return cast_copy(dout, x_dtype); }
 
 // to_dtype: x itself when already of dtype dt, else a cast copy. Float-to-float casts are
 // recorded (the gradient is cast back); casts to int64 truncate and carry no gradient.
@@ -391,23 +344,22 @@ Tensor to_dtype(const Tensor& x, DType dt) {
   Tensor out = cast_copy(x, dt);
   if (is_floating(dt) && autograd::needs_record({x}))
     autograd::record("to_dtype", {x}, {out}, {},
-                     [in = x.dtype()](const Ctx&, const Tensors& dout) -> Tensors {
-                       return {cast_copy(dout[0], in)};
+                     [in = x.dtype()](const Ctx&, const Tensors& dout) {
+                       return Tensors{to_dtype_backward(dout[0], in)};
                      });
   return out;
 }
 
-// The round trip through float32 rounds x; with a wide central difference (eps 0.1 on a linear
-// function) the rounding error (~1e-7) stays far below atol.
-GRAFT_OP_CASE({.name = "to_dtype/round_trip", .op = "to_dtype",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 const DType other = x[0].dtype() == DType::f32 ? DType::f64 : DType::f32;
-                 return to_dtype(to_dtype(x[0], other), x[0].dtype());
-               },
-               .opt = {.eps = 0.1}});
-
 // ---------------------------------------------------------------------------------------------
+// concat: dxs[i] = the band [starts[i], starts[i] + lens[i]) of dout along axis.
+Tensors concat_backward(const Tensor& dout, int64_t axis, const std::vector<int64_t>& starts,
+                        const std::vector<int64_t>& lens, const std::vector<bool>& needs) {
+  Tensors dxs(lens.size());
+  for (size_t i = 0; i < lens.size(); ++i)
+    if (needs[i]) dxs[i] = contiguous_copy(slice_view(dout, axis, starts[i], lens[i], 1));
+  return dxs;
+}
+
 // concat: xs[i] (..., n_i, ...) -> out (..., sum n_i, ...) along axis; same dtype and same
 // shape except on axis. Backward slices dout.
 Tensor concat(const Tensors& xs, int64_t axis) {
@@ -446,28 +398,24 @@ Tensor concat(const Tensors& xs, int64_t axis) {
     std::vector<int64_t> lens;
     for (auto& x : xs) lens.push_back(x.shape()[a]);
     autograd::record("concat", xs, {out}, {},
-                     [a, starts, lens](const Ctx& c, const Tensors& dout) -> Tensors {
-                       Tensors dxs(lens.size());
-                       for (size_t i = 0; i < lens.size(); ++i)
-                         if (c.needs[i])
-                           dxs[i] = contiguous_copy(slice_view(dout[0], a, starts[i], lens[i], 1));
-                       return dxs;
+                     [a, starts, lens](const Ctx& c, const Tensors& dout) {
+                       return concat_backward(dout[0], a, starts, lens, c.needs);
                      });
   }
   return out;
 }
 
-GRAFT_OP_CASE({.name = "concat/inner_axis_noncontiguous", .op = "concat",
-               .make_inputs = [](DType dt, Generator& g) {
-                 return Tensors{case_input({2, 3}, dt, g), case_input_t({2, 1}, dt, g),
-                                case_input_t({2, 4}, dt, g)};
-               },
-               .fn = [](const Tensors& x) { return concat(x, -1); }});
-GRAFT_OP_CASE({.name = "concat/outer_axis", .op = "concat",
-               .make_inputs = [](DType dt, Generator& g) {
-                 return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
-               },
-               .fn = [](const Tensors& x) { return concat(x, 0); }});
+// split: dx = the pieces' gradients laid back side by side along axis.
+Tensor split_backward(const Tensors& dout, const Shape& x_shape, int64_t axis,
+                      const std::vector<int64_t>& sizes) {
+  Tensor dx = Tensor::empty(x_shape, dout[0].dtype());
+  int64_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    copy_into(slice_view(dx, axis, at, sizes[i], 1), dout[i]);
+    at += sizes[i];
+  }
+  return dx;
+}
 
 // split: x (..., n, ...) -> pieces (..., sizes[i], ...) along axis, views; sum(sizes) == n.
 // One tape entry for all pieces: pieces that received no gradient arrive as zeros.
@@ -491,30 +439,26 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis) 
   }
   if (!pieces.empty() && autograd::needs_record({x})) {
     autograd::record("split", {x}, pieces, {},
-                     [in = x.shape(), a, sizes](const Ctx&, const Tensors& dout) -> Tensors {
-                       Tensor dx = Tensor::empty(in, dout[0].dtype());
-                       int64_t at = 0;
-                       for (size_t i = 0; i < sizes.size(); ++i) {
-                         copy_into(slice_view(dx, a, at, sizes[i], 1), dout[i]);
-                         at += sizes[i];
-                       }
-                       return {dx};
+                     [in = x.shape(), a, sizes](const Ctx&, const Tensors& dout) {
+                       return Tensors{split_backward(dout, in, a, sizes)};
                      });
   }
   return pieces;
 }
 
-GRAFT_OP_CASE({.name = "split/one_piece_used", .op = "split",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 6}, dt, g)}; },
-               .fn = [](const Tensors& x) { return split(x[0], {1, 3, 2}, 1)[1]; }});
-GRAFT_OP_CASE({.name = "split/all_pieces_reordered", .op = "split",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 2, 2}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 Tensors p = split(x[0], {2, 0, 3}, 0);
-                 return concat({p[2], p[1], p[0]}, 0);
-               }});
-
 // ---------------------------------------------------------------------------------------------
+// index_select (and embedding): dx = zeros of x's shape (s: its (outer, n, inner) split around
+// the axis) with dout's rows scatter-added at ids, rows whose id is `skip` left out.
+Tensor index_select_backward(const Tensor& dout, const Tensor& ids, const Shape& x_shape,
+                             const Split3& s, int64_t skip) {
+  Tensor dx = zeros(x_shape, dout.dtype());
+  GRAFT_DISPATCH_FLOAT(dout.dtype(), "index_select", [&] {
+    scatter_add_rows<T>(dx.data<T>(), dout.data<T>(), ids.data<int64_t>(), s.outer, s.n,
+                        ids.numel(), s.inner, skip);
+  });
+  return dx;
+}
+
 // index_select: x (..., n, ...), idx int64 (k) with values in [0, n) -> out (..., k, ...),
 // out[.., j, ..] = x[.., idx[j], ..]. Backward scatter-adds dout into zeros of x's shape.
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
@@ -542,32 +486,21 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
               k, s.inner * esize);
   if (autograd::needs_record({x})) {
     autograd::record("index_select", {x}, {out}, {ic},
-                     [in = x.shape(), s](const Ctx& c, const Tensors& dout) -> Tensors {
-                       const Tensor& d = dout[0];
-                       const Tensor& ids = c.saved[0];
-                       Tensor dx = zeros(in, d.dtype());
-                       GRAFT_DISPATCH_FLOAT(d.dtype(), "index_select", [&] {
-                         scatter_add_rows<T>(dx.data<T>(), d.data<T>(), ids.data<int64_t>(),
-                                             s.outer, s.n, ids.numel(), s.inner, -1);
-                       });
-                       return {dx};
+                     [in = x.shape(), s](const Ctx& c, const Tensors& dout) {
+                       return Tensors{index_select_backward(dout[0], c.saved[0], in, s, -1)};
                      });
   }
   return out;
 }
 
-GRAFT_OP_CASE({.name = "index_select/repeated_rows", .op = "index_select",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 return index_select(x[0], 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
-               }});
-GRAFT_OP_CASE({.name = "index_select/inner_axis_noncontiguous", .op = "index_select",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
-               }});
-
 // ---------------------------------------------------------------------------------------------
+// embedding: dweight (V, C) = dout's rows scatter-added at their ids, padding_idx rows skipped
+// (ids are never negative, so -1 skips nothing when there is no padding).
+Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t V, int64_t C,
+                          int64_t padding_idx) {
+  return index_select_backward(dout, ids, {V, C}, Split3{1, V, C}, padding_idx < 0 ? -1 : padding_idx);
+}
+
 // embedding: weight (V, C), ids int64 (...) in [0, V) -> out (..., C), out[.., :] = weight[id].
 // Backward scatter-adds dout rows into dweight, skipping ids equal to padding_idx (their
 // forward row is still returned, as in PyTorch, but never trained).
@@ -599,42 +532,116 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
               C * dtype_size(weight.dtype()));
   if (autograd::needs_record({weight})) {
     autograd::record("embedding", {weight}, {out}, {ic},
-                     [V, C, padding_idx](const Ctx& c, const Tensors& dout) -> Tensors {
-                       const Tensor& d = dout[0];
-                       const Tensor& ids = c.saved[0];
-                       Tensor dw = zeros({V, C}, d.dtype());
-                       // ids are never negative, so -1 skips nothing when there is no padding.
-                       const int64_t skip = padding_idx < 0 ? -1 : padding_idx;
-                       GRAFT_DISPATCH_FLOAT(d.dtype(), "embedding", [&] {
-                         scatter_add_rows<T>(dw.data<T>(), d.data<T>(), ids.data<int64_t>(), 1, V,
-                                             ids.numel(), C, skip);
-                       });
-                       return {dw};
+                     [V, C, padding_idx](const Ctx& c, const Tensors& dout) {
+                       return Tensors{embedding_backward(dout[0], c.saved[0], V, C, padding_idx)};
                      });
   }
   return out;
 }
 
-GRAFT_OP_CASE({.name = "embedding/repeated_ids", .op = "embedding",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({6, 4}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 return embedding(x[0], from_vector(std::vector<int64_t>{1, 5, 1, 0, 2, 1}, {2, 3}));
-               }});
-GRAFT_OP_CASE({.name = "embedding/noncontiguous_weight", .op = "embedding",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 3}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 return embedding(x[0], from_vector(std::vector<int64_t>{4, 4, 0, 3}, {4}));
-               }});
-// padding_idx rows get no gradient although the forward reads them, which central differences
-// would see; so the case drops the padded positions (flat 1 and 4) from the output and checks
-// the non-padded rows, repeated ids included. tests/test_shape.cpp checks the padded row's zero.
-GRAFT_OP_CASE({.name = "embedding/padding_idx", .op = "embedding",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
-               .fn = [](const Tensors& x) {
-                 Tensor out = embedding(x[0], from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}),
-                                        /*padding_idx=*/0);
-                 return index_select(reshape(out, {6, 3}), 0,
-                                     from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
-               }});
+void register_shape_cases() {
+  register_case(OpCase{.name = "reshape/infer", .op = "reshape",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return reshape(x[0], {4, -1}); }});
+  register_case(OpCase{.name = "reshape/noncontiguous_copy", .op = "reshape",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return reshape(x[0], {6, 4}); }});
+  register_case(OpCase{.name = "reshape/noncontiguous_view", .op = "reshape",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return reshape(x[0], {2, 1, 3, 2, 2}); }});
+  register_case(OpCase{.name = "permute/3d", .op = "permute",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return permute(x[0], {2, 0, 1}); }});
+  register_case(OpCase{.name = "permute/noncontiguous", .op = "permute",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return permute(x[0], {1, -1, 0}); }});
+  register_case(OpCase{.name = "transpose/last_two", .op = "permute",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return transpose(x[0], -1, -2); }});
+  register_case(OpCase{.name = "slice/step", .op = "slice",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return slice(x[0], 0, 1, 5, 2); }});
+  register_case(OpCase{.name = "slice/negative_clamped_noncontiguous", .op = "slice",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4, 5}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return slice(x[0], -1, -4, 100); }});
+  register_case(OpCase{.name = "unsqueeze/noncontiguous", .op = "unsqueeze",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return unsqueeze(x[0], 1); }});
+  register_case(OpCase{.name = "unsqueeze/last", .op = "unsqueeze",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return unsqueeze(x[0], -1); }});
+  register_case(OpCase{.name = "squeeze/noncontiguous", .op = "squeeze",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 1, 3}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return squeeze(x[0], -2); }});
+  register_case(OpCase{.name = "broadcast_to/lead_and_inner", .op = "broadcast_to",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return broadcast_to(x[0], {2, 3, 4}); }});
+  register_case(OpCase{.name = "broadcast_to/noncontiguous", .op = "broadcast_to",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 2}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return broadcast_to(x[0], {4, 3, 2}); }});
+  register_case(OpCase{.name = "contiguous/transposed", .op = "contiguous",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return contiguous(x[0]); }});
+  // The round trip through float32 rounds x; with a wide central difference (eps 0.1 on a linear
+  // function) the rounding error (~1e-7) stays far below atol.
+  register_case(OpCase{.name = "to_dtype/round_trip", .op = "to_dtype",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         const DType other = x[0].dtype() == DType::f32 ? DType::f64 : DType::f32;
+                         return to_dtype(to_dtype(x[0], other), x[0].dtype());
+                       },
+                       .opt = {.eps = 0.1}});
+  register_case(OpCase{.name = "concat/inner_axis_noncontiguous", .op = "concat",
+                       .make_inputs = [](DType dt, Generator& g) {
+                         return Tensors{case_input({2, 3}, dt, g), case_input_t({2, 1}, dt, g),
+                                        case_input_t({2, 4}, dt, g)};
+                       },
+                       .fn = [](const Tensors& x) { return concat(x, -1); }});
+  register_case(OpCase{.name = "concat/outer_axis", .op = "concat",
+                       .make_inputs = [](DType dt, Generator& g) {
+                         return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
+                       },
+                       .fn = [](const Tensors& x) { return concat(x, 0); }});
+  register_case(OpCase{.name = "split/one_piece_used", .op = "split",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 6}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return split(x[0], {1, 3, 2}, 1)[1]; }});
+  register_case(OpCase{.name = "split/all_pieces_reordered", .op = "split",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 2, 2}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         Tensors p = split(x[0], {2, 0, 3}, 0);
+                         return concat({p[2], p[1], p[0]}, 0);
+                       }});
+  register_case(OpCase{.name = "index_select/repeated_rows", .op = "index_select",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return index_select(x[0], 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
+                       }});
+  register_case(OpCase{.name = "index_select/inner_axis_noncontiguous", .op = "index_select",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
+                       }});
+  register_case(OpCase{.name = "embedding/repeated_ids", .op = "embedding",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({6, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return embedding(x[0], from_vector(std::vector<int64_t>{1, 5, 1, 0, 2, 1}, {2, 3}));
+                       }});
+  register_case(OpCase{.name = "embedding/noncontiguous_weight", .op = "embedding",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 3}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return embedding(x[0], from_vector(std::vector<int64_t>{4, 4, 0, 3}, {4}));
+                       }});
+  // padding_idx rows get no gradient although the forward reads them, which central differences
+  // would see; so the case drops the padded positions (flat 1 and 4) from the output and checks
+  // the non-padded rows, repeated ids included. tests/test_shape.cpp checks the padded row's zero.
+  register_case(OpCase{.name = "embedding/padding_idx", .op = "embedding",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         Tensor out = embedding(x[0], from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}),
+                                                /*padding_idx=*/0);
+                         return index_select(reshape(out, {6, 3}), 0,
+                                             from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
+                       }});
+}
 
 }  // namespace graft

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "autograd/gradcheck.h"
+#include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
 
@@ -14,40 +15,25 @@ namespace graft {
 
 namespace {
 
-// A contiguous x seen as (outer, L, inner) around the softmax axis.
-struct Slices {
-  int64_t outer = 1, len = 1, inner = 1;
-};
-
-Slices slices(const Shape& s, int64_t axis) {
-  Slices r;
-  for (int64_t d = 0; d < (int64_t)s.size(); ++d) {
-    if (d < axis) r.outer *= s[d];
-    else if (d == axis) r.len = s[d];
-    else r.inner *= s[d];
-  }
-  return r;
-}
-
 // Each (outer, inner) slice is handled by one thread, in a fixed order along the axis.
 template <class T>
 void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
-  const Slices sl = slices(x.shape(), axis);
+  const Split3 sl = split3(x.shape(), axis);
   const T* px = x.data<T>();
   T* py = y.data<T>();
   const int64_t n = sl.outer * sl.inner;
 #pragma omp parallel for if (x.numel() > kern::kParallelGrain) schedule(static)
   for (int64_t s = 0; s < n; ++s) {
-    const int64_t base = (s / sl.inner) * sl.len * sl.inner + s % sl.inner, st = sl.inner;
+    const int64_t base = (s / sl.inner) * sl.n * sl.inner + s % sl.inner, st = sl.inner;
     T mx = px[base];
-    for (int64_t i = 1; i < sl.len; ++i) mx = std::max(mx, px[base + i * st]);
+    for (int64_t i = 1; i < sl.n; ++i) mx = std::max(mx, px[base + i * st]);
     T sum = 0;
-    for (int64_t i = 0; i < sl.len; ++i) sum += std::exp(px[base + i * st] - mx);
+    for (int64_t i = 0; i < sl.n; ++i) sum += std::exp(px[base + i * st] - mx);
     if (log) {
       const T lse = mx + std::log(sum);
-      for (int64_t i = 0; i < sl.len; ++i) py[base + i * st] = px[base + i * st] - lse;
+      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = px[base + i * st] - lse;
     } else {
-      for (int64_t i = 0; i < sl.len; ++i) py[base + i * st] = std::exp(px[base + i * st] - mx) / sum;
+      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = std::exp(px[base + i * st] - mx) / sum;
     }
   }
 }
@@ -55,18 +41,18 @@ void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
 template <class T>
 void softmax_backward_loop(const Tensor& y, const Tensor& dy, const Tensor& dx, int64_t axis,
                            bool log) {
-  const Slices sl = slices(y.shape(), axis);
+  const Split3 sl = split3(y.shape(), axis);
   const T* py = y.data<T>();
   const T* pdy = dy.data<T>();
   T* pdx = dx.data<T>();
   const int64_t n = sl.outer * sl.inner;
 #pragma omp parallel for if (y.numel() > kern::kParallelGrain) schedule(static)
   for (int64_t s = 0; s < n; ++s) {
-    const int64_t base = (s / sl.inner) * sl.len * sl.inner + s % sl.inner, st = sl.inner;
+    const int64_t base = (s / sl.inner) * sl.n * sl.inner + s % sl.inner, st = sl.inner;
     T dot = 0;
-    for (int64_t i = 0; i < sl.len; ++i)
+    for (int64_t i = 0; i < sl.n; ++i)
       dot += log ? pdy[base + i * st] : pdy[base + i * st] * py[base + i * st];
-    for (int64_t i = 0; i < sl.len; ++i) {
+    for (int64_t i = 0; i < sl.n; ++i) {
       const int64_t o = base + i * st;
       pdx[o] = log ? pdy[o] - std::exp(py[o]) * dot : py[o] * (pdy[o] - dot);
     }
@@ -89,6 +75,25 @@ void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
   onednn::stream().wait();
 }
 
+// oneDNN 2.6 runs its softmax backward on the reference kernel (ref:any: 21 ms for 32768x128,
+// measured); the OpenMP loop is the same formula and ~10x faster, so both precisions use it.
+Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, int64_t axis, bool log) {
+  Tensor dx = Tensor::empty(y.shape(), y.dtype());
+  if (dx.numel() > 0)
+    GRAFT_DISPATCH_FLOAT(y.dtype(), op, [&] { softmax_backward_loop<T>(y, dy, dx, axis, log); });
+  return dx;
+}
+
+// softmax: dx = y * (dy - sum(dy * y)) along axis.
+Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis) {
+  return softmax_like_backward("softmax", y, dy, axis, false);
+}
+
+// log_softmax: dx = dy - exp(y) * sum(dy) along axis.
+Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis) {
+  return softmax_like_backward("log_softmax", y, dy, axis, true);
+}
+
 // x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
 Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool log) {
   kern::check_float(op, x_in);
@@ -108,19 +113,10 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool lo
     }
   }
   if (record)
-    autograd::record(op, {x_in}, {y}, {y},
-                     [axis, log, op](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
-                       const Tensor& y = c.saved[0];
-                       Tensor dx = Tensor::empty(y.shape(), y.dtype());
-                       if (dx.numel() == 0) return {dx};
-                       // oneDNN 2.6 runs its softmax backward on the reference kernel
-                       // (ref:any: 21 ms for 32768x128, measured); the OpenMP loop is the
-                       // same formula and ~10x faster, so both precisions use it.
-                       GRAFT_DISPATCH_FLOAT(y.dtype(), op, [&] {
-                         softmax_backward_loop<T>(y, dout[0], dx, axis, log);
-                       });
-                       return {dx};
-                     });
+    autograd::record(op, {x_in}, {y}, {y}, [axis, log](const autograd::Ctx& c, const Tensors& dout) {
+      return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis)
+                         : softmax_backward(c.saved[0], dout[0], axis)};
+    });
   return y;
 }
 
@@ -131,17 +127,6 @@ GRAFT_DECLARE_OP("softmax", "softmax");
 
 Tensor softmax(const Tensor& x, int64_t axis) { return softmax_impl("softmax", x, axis, false); }
 
-// Wide input range so the outputs are far from uniform and the gradient is not trivially small.
-GRAFT_OP_CASE({.name = "softmax/last_axis",
-               .op = "softmax",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 5}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return softmax(x[0], -1); }});
-GRAFT_OP_CASE({.name = "softmax/middle_axis_transposed",
-               .op = "softmax",
-               .make_inputs =
-                   [](DType dt, Generator& g) { return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return softmax(x[0], 1); }});
-
 // log_softmax: x (...) -> y (...), y = x - max - log(sum(exp(x - max))) along axis
 GRAFT_DECLARE_OP("log_softmax", "softmax");
 
@@ -149,13 +134,25 @@ Tensor log_softmax(const Tensor& x, int64_t axis) {
   return softmax_impl("log_softmax", x, axis, true);
 }
 
-GRAFT_OP_CASE({.name = "log_softmax/last_axis_transposed",
-               .op = "log_softmax",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 5}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return log_softmax(x[0], -1); }});
-GRAFT_OP_CASE({.name = "log_softmax/middle_axis",
-               .op = "log_softmax",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)}; },
-               .fn = [](const Tensors& x) { return log_softmax(x[0], -2); }});
+void register_softmax_cases() {
+  // Wide input range so the outputs are far from uniform and the gradient is not trivially small.
+  register_case(OpCase{.name = "softmax/last_axis",
+                       .op = "softmax",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 5}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return softmax(x[0], -1); }});
+  register_case(OpCase{.name = "softmax/middle_axis_transposed",
+                       .op = "softmax",
+                       .make_inputs =
+                           [](DType dt, Generator& g) { return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return softmax(x[0], 1); }});
+  register_case(OpCase{.name = "log_softmax/last_axis_transposed",
+                       .op = "log_softmax",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 5}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return log_softmax(x[0], -1); }});
+  register_case(OpCase{.name = "log_softmax/middle_axis",
+                       .op = "log_softmax",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return log_softmax(x[0], -2); }});
+}
 
 }  // namespace graft

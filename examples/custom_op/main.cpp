@@ -1,6 +1,10 @@
-// Adding an op from outside the library: softplus(x) = log(1 + exp(x)), written as a primitive
-// with its own backward (d/dx = sigmoid(x)), declared, given a gradcheck case, and checked by the
-// same machinery the library's own ops use (gradcheck in float64, float32 vs float64).
+// Adding ops from outside the library, both ways, checked by the machinery the library's own ops
+// use (gradcheck in float64, float32 against float64):
+//   - softsign(x) = x / (1 + |x|) as one table row (ops/elementwise.h UnaryOp): the row gives the
+//     forward, the derivative, the inputs of its default cases and the kink to keep away from;
+//     float32 runs the reference loop since oneDNN has no softsign algorithm;
+//   - softplus(x) = log(1 + exp(x)) written by hand: forward, a named backward, a recorded tape
+//     entry and a gradcheck case of its own.
 #include <cmath>
 #include <cstdio>
 
@@ -9,11 +13,28 @@
 
 using namespace graft;
 
+// ---- a row-style op ---------------------------------------------------------------------------
+
+// softsign: y = x / (1 + |x|), dy/dx = 1 / (1 + |x|)^2, which has a corner at 0.
+const UnaryOp kSoftsign{.name = "softsign",
+                        .f = [](double x, double, double) { return x / (1 + std::fabs(x)); },
+                        .df = [](double x, double, double, double) {
+                          return 1 / ((1 + std::fabs(x)) * (1 + std::fabs(x)));
+                        },
+                        .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom"};
+
+Tensor softsign(const Tensor& x) { return unary(kSoftsign, x); }
+
+// ---- a hand-written op ------------------------------------------------------------------------
+
 GRAFT_DECLARE_OP("softplus", "custom");
+
+// softplus: dx = dout * sigmoid(x); x is what the forward saved.
+Tensor softplus_backward(const Tensor& x, const Tensor& dout) { return mul(dout, sigmoid(x)); }
 
 // softplus: y = log(1 + exp(x)), elementwise; x (...) -> y (...)
 Tensor softplus(const Tensor& x) {
-  if (!is_floating(x.dtype())) fail("softplus: expected a float tensor, got " + describe(x));
+  if (!x.defined() || !is_floating(x.dtype())) fail("softplus: expected a float tensor");
   Tensor xc = contiguous_copy(x);  // own contiguous buffer: simple loops below
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   GRAFT_DISPATCH_FLOAT(x.dtype(), "softplus", [&] {
@@ -23,30 +44,31 @@ Tensor softplus(const Tensor& x) {
     for (int64_t i = 0; i < x.numel(); ++i) py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
   });
   if (autograd::needs_record({x}))
-    autograd::record("softplus", {x}, {y}, {xc}, [](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
-      return {mul(dout[0], sigmoid(c.saved[0]))};  // dx = dout * sigmoid(x)
+    autograd::record("softplus", {x}, {y}, {xc}, [](const autograd::Ctx& c, const Tensors& dout) {
+      return Tensors{softplus_backward(c.saved[0], dout[0])};
     });
   return y;
 }
 
-GRAFT_OP_CASE({.name = "custom/softplus", .op = "softplus",
-               .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, -3, 3)}; },
-               .fn = [](const Tensors& x) { return softplus(x[0]); }});
-
 int main() {
-  int failures = 0;
+  register_unary_cases(kSoftsign);  // softsign/contiguous and softsign/transposed
+  register_case({.name = "custom/softplus", .op = "softplus",
+                 .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, -3, 3)}; },
+                 .fn = [](const Tensors& x) { return softplus(x[0]); }});
+  int failures = 0, checked = 0;
   for (const OpCase& c : registered_cases()) {
-    if (c.op != "softplus") continue;
+    if (c.op != "softplus" && c.op != "softsign") continue;
     Generator g(1);
     GradcheckResult r64 = gradcheck(c.fn, c.make_inputs(DType::f64, g), c.opt);
     GradcheckResult r32 = check_f32_vs_f64(c);
-    std::printf("%-16s float64 gradcheck: %s  float32 vs float64: %s\n", c.name.c_str(),
+    std::printf("%-20s float64 gradcheck: %s  float32 vs float64: %s\n", c.name.c_str(),
                 r64.ok ? "ok" : r64.message.c_str(), r32.ok ? "ok" : r32.message.c_str());
     failures += !r64.ok + !r32.ok;
+    ++checked;
   }
-  // Use it in a computation like any other op.
+  // Use them in a computation like any other op.
   Tensor x = from_vector(std::vector<double>{-2, 0, 2}, {3}).requires_grad_();
-  sum(softplus(x)).backward();
-  std::printf("softplus([-2, 0, 2]) grad = %s (sigmoid)\n", x.grad().str().c_str());
-  return failures ? 1 : 0;
+  sum(add(softplus(x), softsign(x))).backward();
+  std::printf("d/dx [softplus + softsign] at [-2, 0, 2] = %s\n", x.grad().str().c_str());
+  return failures || checked != 3 ? 1 : 0;
 }

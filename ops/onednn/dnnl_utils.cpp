@@ -15,15 +15,18 @@ dnnl::stream& stream() {
   return s;
 }
 
-dnnl::memory::desc md(const Shape& shape, const Shape& strides) {
-  if (shape.empty()) return dnnl::memory::desc({1}, dnnl::memory::data_type::f32, dims{1});
-  // A size-1 dim's stride is meaningless; anything but the dense value there (0 from a
-  // broadcast, 1 from a padded shape, whatever a view left) makes oneDNN see a permuted layout
-  // and pick its reference kernel.
-  dims st(strides.begin(), strides.end());
+Shape canonical_strides(const Shape& shape, const Shape& strides) {
+  Shape st = strides;
   for (size_t d = shape.size(); d-- > 0;)
     if (shape[d] == 1) st[d] = d + 1 < shape.size() ? st[d + 1] * std::max<int64_t>(shape[d + 1], 1) : 1;
-  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32, st);
+  return st;
+}
+
+dnnl::memory::desc md(const Shape& shape, const Shape& strides) {
+  if (shape.empty()) return dnnl::memory::desc({1}, dnnl::memory::data_type::f32, dims{1});
+  const Shape st = canonical_strides(shape, strides);
+  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32,
+                            dims(st.begin(), st.end()));
 }
 
 dnnl::memory::desc md(const Tensor& t) { return md(t.shape(), t.strides()); }
@@ -44,5 +47,7 @@ bool usable(const Tensor& t) {
     if (t.strides()[i] == 0 && t.shape()[i] != 1) return false;
   return true;
 }
+
+Tensor operand(const Tensor& t) { return usable(t) ? t : contiguous_copy(t); }
 
 }  // namespace graft::onednn

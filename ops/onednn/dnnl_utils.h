@@ -4,6 +4,8 @@
 #pragma once
 
 #include <dnnl.hpp>
+#include <map>
+#include <vector>
 
 #include "autograd/tensor.h"
 
@@ -17,6 +19,10 @@ using dims = dnnl::memory::dims;
 dnnl::memory::desc md(const Tensor& t);
 dnnl::memory::desc md(const Shape& shape, const Shape& strides);
 dnnl::memory::desc md_contiguous(const Shape& shape);
+// The strides with every size-1 dim given the stride a dense layout would give it: its stride is
+// meaningless, and any other value there (0 from a broadcast, 1 from a padded shape, whatever a
+// view left) makes oneDNN see a permuted layout and pick its reference kernel.
+Shape canonical_strides(const Shape& shape, const Shape& strides);
 // Wraps the tensor's data pointer (no copy).
 dnnl::memory mem(const Tensor& t);
 dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t);
@@ -24,5 +30,27 @@ dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t);
 // True when the tensor can be handed to a oneDNN primitive: f32, 1..12 dims, non-empty, and
 // no zero strides (oneDNN cannot describe broadcast views).
 bool usable(const Tensor& t);
+// t itself when usable, else a contiguous copy (oneDNN cannot describe stride-0 dims).
+Tensor operand(const Tensor& t);
+
+// Per-thread cache of built primitives, keyed by the problem (dims, strides, flags). oneDNN's own
+// cache only saves the primitive; the primitive descriptor is still built (malloc-heavy
+// implementation dispatch) on every call, measured at about 40% of a 64x64x64 matmul.
+using Key = std::vector<int64_t>;
+template <class Prim>
+struct Cached {
+  Prim prim;
+  std::vector<dnnl::memory::desc> mds;  // in the order the caller executes them
+  bool dense_copy = false;              // operands must be made dense first (see kern::bmm)
+};
+template <class Prim, class Make>
+const Cached<Prim>& cached(const Key& key, Make&& make) {
+  thread_local std::map<Key, Cached<Prim>> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  // Training loops use a few dozen shapes; a bound keeps a shape-varying caller from leaking.
+  if (cache.size() >= 512) cache.clear();
+  return cache.emplace(key, make()).first->second;
+}
 
 }  // namespace graft::onednn
