@@ -272,6 +272,33 @@ bool sole_owner(const Tensor& g) {
          g.is_contiguous() && t->storage->nbytes == (size_t)g.numel() * dtype_size(g.dtype());
 }
 
+// Hands gradient g to where its input came from: the producing entry's pending gradient (summed
+// with what already arrived there) or the leaf's .grad.
+void route_gradient(const Route& r, const Tensor& g) {
+  if (r.index >= 0) {
+    Entry& src = t_tape.entries[r.index];
+    if (src.pending.empty()) {
+      src.pending.assign(src.out_shapes.size(), Tensor());
+      src.owned.assign(src.out_shapes.size(), false);
+    }
+    Tensor& slot = src.pending[r.slot];
+    // A backward may hand the same buffer to several inputs (add passes dout through),
+    // so a gradient is copied before the first accumulation into it, never written as is.
+    if (!slot.defined()) {
+      slot = g;
+    } else {
+      if (!src.owned[r.slot]) {
+        slot = contiguous_copy(slot);
+        src.owned[r.slot] = true;
+      }
+      accumulate_into(slot, g);
+    }
+  } else if (r.leaf) {
+    if (r.leaf->grad) accumulate_into(Tensor(r.leaf->grad), g);
+    else r.leaf->grad = sole_owner(g) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
+  }
+}
+
 void run_backward(int64_t top, bool retain_graph) {
   for (int64_t i = top; i >= 0; --i) {
     Entry& e = t_tape.entries[i];
@@ -318,31 +345,9 @@ void run_backward(int64_t top, bool retain_graph) {
       // op (add, mul, where, the attention bias...); any other mismatch is a bug in the op.
       if (g.dtype() != r.dtype || !broadcasts_to(r.shape, g.shape()))
         fail(std::string("backward of '") + e.op + "': gradient for input " + std::to_string(k) +
-             " is " + describe(g) + " but the input is " + dtype_name(r.dtype) + " " +
-             shape_str(r.shape));
+             " is " + describe(g) + " but the input is " + describe(r.dtype, r.shape));
       if (g.shape() != r.shape) g = sum_to_shape(g, r.shape);
-      if (r.index >= 0) {
-        Entry& src = t_tape.entries[r.index];
-        if (src.pending.empty()) {
-          src.pending.assign(src.out_shapes.size(), Tensor());
-          src.owned.assign(src.out_shapes.size(), false);
-        }
-        Tensor& slot = src.pending[r.slot];
-        // A backward may hand the same buffer to several inputs (add passes dout through),
-        // so a gradient is copied before the first accumulation into it, never written as is.
-        if (!slot.defined()) {
-          slot = g;
-        } else {
-          if (!src.owned[r.slot]) {
-            slot = contiguous_copy(slot);
-            src.owned[r.slot] = true;
-          }
-          accumulate_into(slot, g);
-        }
-      } else if (r.leaf) {
-        if (r.leaf->grad) accumulate_into(Tensor(r.leaf->grad), g);
-        else r.leaf->grad = sole_owner(g) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
-      }
+      route_gradient(r, g);
     }
   }
 }

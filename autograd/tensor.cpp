@@ -339,10 +339,13 @@ void Tensor::backward(const Tensor& grad, bool retain_graph) const {
   autograd::backward(*this, grad, retain_graph);
 }
 
+std::string describe(DType dt, const Shape& shape) {
+  return std::string(dt == DType::f32 ? "f32 " : dt == DType::f64 ? "f64 " : "i64 ") + shape_str(shape);
+}
+
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "undefined tensor";
-  return std::string(t.dtype() == DType::f32 ? "f32 " : t.dtype() == DType::f64 ? "f64 " : "i64 ") +
-         shape_str(t.shape());
+  return describe(t.dtype(), t.shape());
 }
 
 std::string Tensor::str(int max_elems) const {

@@ -128,6 +128,7 @@ class Tensor {
 using Tensors = std::vector<Tensor>;
 
 std::string describe(const Tensor& t);  // "f32 (2, 3)"
+std::string describe(DType dt, const Shape& shape);
 
 // ---- seedable random numbers ----
 // splitmix64 counter stream: the same seed gives the same numbers whatever the thread count,

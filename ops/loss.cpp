@@ -375,7 +375,9 @@ Tensor targets(std::vector<int64_t> t) {
 }
 }  // namespace
 
-void register_loss_cases() {
+namespace {
+
+void register_cross_entropy_cases() {
   register_case(OpCase{.name = "cross_entropy/plain",
                        .op = "cross_entropy",
                        .make_inputs =
@@ -419,6 +421,9 @@ void register_loss_cases() {
                              return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
                            },
                        .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+}
+
+void register_linear_cross_entropy_cases() {
   // Three chunks of 2 rows (the last one short), an ignored target, label smoothing.
   register_case(OpCase{.name = "linear_cross_entropy/chunks",
                        .op = "linear_cross_entropy",
@@ -437,6 +442,13 @@ void register_loss_cases() {
                                             targets({4, 0, 3, 1})};
                            },
                        .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+}
+
+}  // namespace
+
+void register_loss_cases() {
+  register_cross_entropy_cases();
+  register_linear_cross_entropy_cases();
 }
 
 }  // namespace graft

@@ -66,6 +66,22 @@ bool xhat_from_output(const Tensor& w, const Tensor& b) {
   return true;
 }
 
+// dw[i] = sum over blocks of part[blk][0][i], db[i] = sum of part[blk][1][i] (where non-null),
+// in block order; part holds (blocks, 2, C).
+template <class T>
+void add_block_sums(const T* part, int64_t blocks, int64_t C, T* dw, T* db) {
+#pragma omp parallel for if (blocks * C > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < C; ++i) {
+    T sw = 0, sb = 0;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      sw += part[2 * blk * C + i];
+      sb += part[2 * blk * C + C + i];
+    }
+    if (dw) dw[i] = sw;
+    if (db) db[i] = sb;
+  }
+}
+
 // dx (N, C) and dw/db (C) where non-null, from dy and src = y (FromY) or x, all (N, C)
 // contiguous. With dnorm = dy * w: dx = (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)) * rstd,
 // dw = sum_rows dy * xhat, db = sum_rows dy. The column sums go through per-block partial sums
@@ -124,17 +140,7 @@ void layer_norm_backward_rows(const T* src, const T* dy, const T* w, const T* b,
       }
     }
   }
-  if (!sums) return;
-#pragma omp parallel for if (blocks * C > kern::kParallelGrain) schedule(static)
-  for (int64_t i = 0; i < C; ++i) {
-    T sw = 0, sb = 0;
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      sw += part[2 * blk * C + i];
-      sb += part[2 * blk * C + C + i];
-    }
-    if (dw) dw[i] = sw;
-    if (db) db[i] = sb;
-  }
+  if (sums) add_block_sums(part.data(), blocks, C, dw, db);
 }
 
 dnnl::normalization_flags ln_flags(bool scale, bool shift) {

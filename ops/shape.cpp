@@ -539,7 +539,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   return out;
 }
 
-void register_shape_cases() {
+namespace {
+
+void register_view_cases() {
   register_case(OpCase{.name = "reshape/infer", .op = "reshape",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return reshape(x[0], {4, -1}); }});
@@ -579,6 +581,9 @@ void register_shape_cases() {
   register_case(OpCase{.name = "broadcast_to/noncontiguous", .op = "broadcast_to",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 2}, dt, g)}; },
                        .fn = [](const Tensors& x) { return broadcast_to(x[0], {4, 3, 2}); }});
+}
+
+void register_copy_cases() {
   register_case(OpCase{.name = "contiguous/transposed", .op = "contiguous",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return contiguous(x[0]); }});
@@ -611,6 +616,9 @@ void register_shape_cases() {
                          Tensors p = split(x[0], {2, 0, 3}, 0);
                          return concat({p[2], p[1], p[0]}, 0);
                        }});
+}
+
+void register_gather_cases() {
   register_case(OpCase{.name = "index_select/repeated_rows", .op = "index_select",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
                        .fn = [](const Tensors& x) {
@@ -642,6 +650,14 @@ void register_shape_cases() {
                          return index_select(reshape(out, {6, 3}), 0,
                                              from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
                        }});
+}
+
+}  // namespace
+
+void register_shape_cases() {
+  register_view_cases();
+  register_copy_cases();
+  register_gather_cases();
 }
 
 }  // namespace graft

@@ -264,4 +264,78 @@ BOOST_AUTO_TEST_CASE(undeclared_op_cannot_record) {
                         [](const Error& e) { return has(e, {"never_declared_op", "GRAFT_DECLARE_OP"}); });
 }
 
+// A backward may return a gradient of any shape its input broadcasts to: the tape sums it down
+// (once, for every op). Anything else (a shape the input does not broadcast to, another dtype)
+// is an error naming the op, the gradient and the input.
+BOOST_AUTO_TEST_CASE(tape_sums_broadcast_gradients_and_refuses_other_shapes) {
+  autograd::declare_op("test_bcast_grad", "test");
+  auto op = [](const Tensor& x, Tensor grad) {
+    Tensor y = x.detach();
+    autograd::record("test_bcast_grad", {x}, {y}, {}, [grad](const autograd::Ctx&, const Tensors&) {
+      return Tensors{grad};
+    });
+    return y;
+  };
+  Tensor x = from_vector(std::vector<double>{0, 0, 0}, {3, 1}).requires_grad_();
+  // (2, 3, 4) summed to (3, 1): each row of x gets 2 * 4 elements.
+  Tensor g = from_vector(std::vector<double>(24, 0.5), {2, 3, 4});
+  for (int i = 0; i < 24; ++i) g.data<double>()[i] = i;
+  sum(op(x, g)).backward();
+  // row r collects g[b, r, c] over b, c: sum(4r .. 4r+3) + sum(12 + 4r .. 12 + 4r + 3)
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{60, 92, 124}));
+  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({4, 1}, DType::f64))).backward(), Error, [](const Error& e) {
+    return has(e, {"test_bcast_grad", "gradient for input 0", "(4, 1)", "(3, 1)"});
+  });
+  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({3, 1}, DType::f32))).backward(), Error, [](const Error& e) {
+    return has(e, {"test_bcast_grad", "f32 (3, 1)", "f64 (3, 1)"});
+  });
+  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({3}, DType::f64))).backward(), Error, [](const Error& e) {
+    return has(e, {"test_bcast_grad", "f64 (3)", "f64 (3, 1)"});
+  });
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+// An op defined by a table row: forward, backward and its generated gradcheck cases.
+BOOST_AUTO_TEST_CASE(unary_row_runs_and_registers_its_cases) {
+  static const UnaryOp kCube{.name = "test_cube",
+                             .f = [](double x, double, double) { return x * x * x; },
+                             .df = [](double x, double, double, double) { return 3 * x * x; },
+                             .family = "test"};
+  Tensor x = from_vector(std::vector<double>{1, -2}, {2}).requires_grad_();
+  Tensor y = unary(kCube, x);
+  BOOST_TEST(y.to_vector<double>() == (std::vector<double>{1, -8}));
+  sum(y).backward();
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{3, 12}));
+  register_unary_cases(kCube);
+  int n = 0;
+  for (const OpCase& c : registered_cases()) {
+    if (c.op != "test_cube") continue;
+    ++n;
+    Generator gen(3);
+    GradcheckResult r = gradcheck(c.fn, c.make_inputs(DType::f64, gen), c.opt);
+    BOOST_TEST(r.ok, c.name << ": " << r.message);
+    BOOST_TEST(check_f32_vs_f64(c).ok, c.name);
+  }
+  BOOST_TEST(n == 2);
+  BOOST_CHECK_EXCEPTION(register_unary_cases(kCube), Error,
+                        [](const Error& e) { return has(e, {"duplicate case name", "test_cube/contiguous"}); });
+}
+
+// Case inputs of a row keep 10% of its range away from every kink.
+BOOST_AUTO_TEST_CASE(unary_row_cases_avoid_kinks) {
+  static const UnaryOp kAbs{.name = "test_abs",
+                            .f = [](double x, double, double) { return std::fabs(x); },
+                            .df = [](double x, double, double, double) { return x > 0 ? 1.0 : -1.0; },
+                            .lo = -1, .hi = 1, .kinks = {0.0, 0.5}, .family = "test"};
+  register_unary_cases(kAbs);
+  for (const OpCase& c : registered_cases()) {
+    if (c.op != "test_abs") continue;
+    Generator gen(5);
+    for (double v : c.make_inputs(DType::f64, gen)[0].to_vector<double>()) {
+      BOOST_TEST(std::fabs(v) >= 0.2 - 1e-12);
+      BOOST_TEST(std::fabs(v - 0.5) >= 0.2 - 1e-12);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
