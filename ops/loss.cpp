@@ -31,31 +31,6 @@ namespace {
 
 GRAFT_DECLARE_OP("cross_entropy", "loss");
 
-// e^x for x <= 0 (a little above 0 is fine too) without a libm call, so the row loops
-// vectorise (glibc's expf does not without -ffast-math): e^x = 2^n e^r, n = round(x / ln 2),
-// |r| <= ln 2 / 2, e^r by its degree-7 Taylor polynomial (measured: at most 1.25 ulp from
-// the correctly rounded e^x on [-87, 0.5]). x is clamped at -87 (e^x <= 1.6e-38, so -inf
-// gives 1.6e-38, not NaN) on the bit patterns: as unsigned, every float >= -87 has a pattern
-// <= that of -87 and every float below it a larger one; a float compare there would stop GCC
-// vectorising the loop (it will not if-convert it under -ftrapping-math).
-inline float exp_nonpos(float x) {
-  x = std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u));  // -87.0f
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
-  float r = x - n * 0.693145751953125f;  // ln 2 split in two so n * ln2_hi is exact
-  r = r - n * 1.428606765330187e-06f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * std::bit_cast<float>(((int32_t)n + 127) << 23);
-}
-inline float exp_nonpos(float x, float) { return exp_nonpos(x); }
-inline double exp_nonpos(double x, double) { return std::exp(x); }  // the float64 reference
 
 // Per valid row of contiguous logits: lse[n] and loss[n]; ignored rows get loss 0. The simd
 // reductions fix the summation order at compile time, so it does not depend on the threads.
@@ -76,7 +51,7 @@ void ce_forward_rows(const T* x, int64_t N, int64_t C, const int64_t* target,
     double se = 0, sx = 0;
 #pragma omp simd reduction(+ : se, sx)
     for (int64_t c = 0; c < C; ++c) {
-      se += (double)exp_nonpos(row[c] - mx, T());
+      se += (double)kern::exp_nonpos(row[c] - mx, T());
       sx += (double)row[c];
     }
     lse[n] = (double)mx + std::log(se);
@@ -99,7 +74,7 @@ void ce_backward_rows(const T* x, int64_t N, int64_t C, const int64_t* target, c
     const T* row = x + n * C;
     const T l = (T)lse[n];
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) drow[c] = gt * (exp_nonpos(row[c] - l, T()) - off);
+    for (int64_t c = 0; c < C; ++c) drow[c] = gt * (kern::exp_nonpos(row[c] - l, T()) - off);
     drow[target[n]] -= (T)(g * (1 - eps));
   }
 }
@@ -128,7 +103,7 @@ void ce_fused_rows(T* x, int64_t N, int64_t C, const int64_t* target, double eps
 #pragma omp simd reduction(+ : se, sx)
     for (int64_t c = 0; c < C; ++c) {
       sx += (double)row[c];
-      row[c] = exp_nonpos(row[c] - mx, T());
+      row[c] = kern::exp_nonpos(row[c] - mx, T());
       se += (double)row[c];
     }
     loss[n] = (double)mx + std::log(se) - (1 - eps) * xt - eps / (double)C * sx;
