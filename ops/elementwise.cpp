@@ -468,32 +468,6 @@ Tensor eq(const Tensor& a, double v) {
   return out;
 }
 
-Tensor argmax(const Tensor& x, int64_t axis) {
-  kern::check_float("argmax", x);
-  const int64_t ax = norm_axis("argmax", axis, x.dim());
-  Shape os = x.shape();
-  os.erase(os.begin() + ax);
-  Tensor out = Tensor::empty(os, DType::i64);
-  Tensor xc = kern::contig(x);
-  const int64_t n = x.shape()[ax];
-  if (n == 0) fail("argmax: axis " + std::to_string(axis) + " of " + describe(x) + " is empty");
-  int64_t inner = 1;
-  for (int64_t d = ax + 1; d < x.dim(); ++d) inner *= x.shape()[d];
-  const int64_t outer = out.numel() / std::max<int64_t>(inner, 1);
-  GRAFT_DISPATCH_FLOAT(x.dtype(), "argmax", [&] {
-    const T* p = xc.data<T>();
-    int64_t* po = out.data<int64_t>();
-    for (int64_t o = 0; o < outer; ++o)
-      for (int64_t i = 0; i < inner; ++i) {
-        int64_t best = 0;
-        for (int64_t k = 1; k < n; ++k)
-          if (p[(o * n + k) * inner + i] > p[(o * n + best) * inner + i]) best = k;
-        po[o * inner + i] = best;
-      }
-  });
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Gradcheck cases.
 namespace {

@@ -56,7 +56,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 // Non-differentiable helpers (results never require grad).
 Tensor eq(const Tensor& a, double v);  // 1 where a == v else 0, same dtype as a
-Tensor argmax(const Tensor& x, int64_t axis);  // int64 indices, axis removed
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

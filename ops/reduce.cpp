@@ -130,28 +130,47 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   return reduce_sum("mean", x, axes, keepdim, true);
 }
 
-Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
-  kern::check_float("max", x);
-  const int64_t ax = norm_axis("max", axis, x.dim());
-  const int64_t n = x.shape()[ax];
-  if (n == 0) fail("max: axis " + std::to_string(axis) + " of " + describe(x) + " is empty");
-  const Split3 s = split3(x.shape(), ax);
+namespace {
+
+// out = the maxima along axis (kept as size 1) and idx = their positions.
+struct MaxResult {
+  Tensor out, idx;
+  Split3 split;
+};
+MaxResult max_along(const char* op, const Tensor& x, int64_t axis) {
+  kern::check_float(op, x);
+  const int64_t ax = norm_axis(op, axis, x.dim());
+  if (x.shape()[ax] == 0)
+    fail(std::string(op) + ": axis " + std::to_string(axis) + " of " + describe(x) + " is empty");
   Shape keep = x.shape();
   keep[ax] = 1;
-  Tensor out = Tensor::empty(keep, x.dtype());
-  Tensor idx = Tensor::empty(keep, DType::i64);
-  Tensor xc = kern::contig(x);
-  GRAFT_DISPATCH_FLOAT(x.dtype(), "max", [&] { max_loop<T>(xc, s, out, idx); });
-  if (!keepdim) {
-    Shape d = x.shape();
-    d.erase(d.begin() + ax);
-    out = kern::reshaped(out, d);
-  }
+  MaxResult r{Tensor::empty(keep, x.dtype()), Tensor::empty(keep, DType::i64), split3(x.shape(), ax)};
+  const Tensor xc = kern::contig(x);
+  GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { max_loop<T>(xc, r.split, r.out, r.idx); });
+  return r;
+}
+
+Shape without_axis(const Tensor& x, int64_t axis) {
+  Shape d = x.shape();
+  d.erase(d.begin() + norm_axis("max", axis, x.dim()));
+  return d;
+}
+
+}  // namespace
+
+Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
+  MaxResult r = max_along("max", x, axis);
+  Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))
-    autograd::record("max", {x}, {out}, {idx}, [xs = x.shape(), s](const Ctx& c, const Tensors& dout) {
+    autograd::record("max", {x}, {out}, {r.idx}, [xs = x.shape(), s = r.split](const Ctx& c, const Tensors& dout) {
       return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
     });
   return out;
+}
+
+Tensor argmax(const Tensor& x, int64_t axis) {
+  MaxResult r = max_along("argmax", x, axis);
+  return kern::reshaped(r.idx, without_axis(x, axis));
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {

@@ -10,6 +10,9 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 // max over one axis; the gradient flows to the first maximal element of each slice.
 Tensor max(const Tensor& x, int64_t axis, bool keepdim = false);
+// Index of the first maximal element along axis (NaN counts as maximal, as in PyTorch); int64,
+// axis removed; not differentiable.
+Tensor argmax(const Tensor& x, int64_t axis);
 // var = sum((x - mean)^2) / (N - correction); correction 1 (unbiased) as PyTorch's default.
 Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false,
            int64_t correction = 1);

@@ -56,6 +56,16 @@ BOOST_AUTO_TEST_CASE(elementwise_misuse) {
   BOOST_CHECK_EXCEPTION(argmax(ones({2, 3}), 2), Error, [](const Error& e) { return names(e, {"argmax", "axis 2", "rank 2"}); });
 }
 
+// argmax: the first maximal element along the axis; NaN counts as maximal (PyTorch).
+BOOST_AUTO_TEST_CASE(argmax_values) {
+  const double nan = std::nan("");
+  Tensor x = from_vector(std::vector<double>{1, 3, 3, 2, 7, nan, 5, 0}, {2, 4});
+  BOOST_TEST(argmax(x, 1).to_vector<int64_t>() == (std::vector<int64_t>{1, 1}));
+  BOOST_TEST(argmax(x, 0).to_vector<int64_t>() == (std::vector<int64_t>{1, 1, 1, 0}));
+  BOOST_TEST(argmax(x, 0).shape() == (Shape{4}));
+  BOOST_CHECK_EXCEPTION(argmax(zeros({2, 0}), 1), Error, [](const Error& e) { return names(e, {"argmax", "empty"}); });
+}
+
 BOOST_AUTO_TEST_CASE(reduce_values) {
   for (DType dt : {DType::f32, DType::f64}) {
     Tensor a = vec({1, 2, 3, 4, 5, 6}, {2, 3}, dt);
