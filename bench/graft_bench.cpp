@@ -124,7 +124,7 @@ models::TransformerConfig model_config(const BenchConfig& b) {
   c.dropout = 0.1;
   c.norm_first = false;  // post-LN
   c.final_norm = true;   // LayerNorm after each stack, as nn.Transformer
-  c.learned_pos = false; // sinusoidal
+  c.positions.kind = nn::Positions::sinusoidal;
   c.pad_id = PAD;
   c.bos_id = BOS;
   c.eos_id = 3;

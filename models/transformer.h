@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/decoding.h"
 #include "nn/transformer.h"
 
 namespace graft::models {
@@ -17,7 +18,8 @@ struct TransformerConfig {
   double dropout = 0.1;
   bool norm_first = false;  // post-LN (false) or pre-LN (true)
   bool final_norm = true;   // LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
-  bool learned_pos = false; // learned positions instead of sinusoidal
+  nn::PositionOptions positions;  // kind (sinusoidal, learned, rope, alibi, relative) + settings
+  double attention_dropout = 0.0;  // on the attention probabilities (nn::LayerConfig)
   nn::Activation activation = nn::Activation::relu;
   int64_t pad_id = 0, bos_id = 2, eos_id = 3;
   DType dtype = DType::f32;
@@ -35,7 +37,8 @@ TransformerConfig preset(const std::string& name, int64_t vocab);
 class Transformer : public nn::Module {
  public:
   explicit Transformer(const TransformerConfig& c);
-  Tensor embed(const Tensor& ids, int64_t start = 0) const;  // scaled embedding + positions + dropout
+  // scaled embedding (+ sinusoidal/learned positions start..) + dropout
+  Tensor embed(const Tensor& ids, int64_t start = 0) const;
   Tensor encode(const Tensor& src) const;                    // (B, S, d)
   Tensor decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
                 Tensors* cross_weights = nullptr) const;      // logits (B, T, V)
@@ -66,22 +69,11 @@ class Transformer : public nn::Module {
 nn::NamedTensors state_dict(const Transformer& m);
 void load_state_dict(Transformer& m, const nn::NamedTensors& tensors);  // checks names/shapes/dtypes
 
-// Decoding (inference; runs under NoGrad). Sources are padded with pad_id. Each output is the
-// generated ids without BOS, cut at (and excluding) EOS.
-struct DecodeOptions {
-  int64_t max_len = 64;     // new tokens at most
-  int beam = 1;             // 1: greedy
-  double length_penalty = 1.0;  // GNMT-style ((5 + len) / 6)^alpha on the log-probability
-  bool use_cache = true;    // false: re-run the decoder over the whole prefix each step
-  bool stop_at_eos = true;  // false: always generate max_len tokens (benchmarks)
-};
-std::vector<std::vector<int64_t>> greedy_decode(const Transformer& m, const Tensor& src,
-                                                const DecodeOptions& o);
-std::vector<std::vector<int64_t>> beam_search(const Transformer& m, const Tensor& src,
-                                              const DecodeOptions& o);
-inline std::vector<std::vector<int64_t>> translate(const Transformer& m, const Tensor& src,
-                                                   const DecodeOptions& o) {
-  return o.beam <= 1 ? greedy_decode(m, src, o) : beam_search(m, src, o);
-}
+// Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
+// sampling as the options say. Sources are padded with pad_id. Each output is the generated ids
+// without BOS, cut at (and excluding) EOS.
+Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o);
+Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o);  // beam 1
+Sequences beam_search(const Transformer& m, const Tensor& src, const DecodeOptions& o);
 
 }  // namespace graft::models

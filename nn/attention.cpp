@@ -7,11 +7,14 @@
 
 namespace graft::nn {
 
-MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen)
-    : d(d_), heads(h) {
-  if (d % h != 0)
+MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen,
+                                       double dropout_p, Generator* dropout_gen)
+    : d(d_), heads(h), dropout(dropout_p), dropout_gen_(dropout_gen) {
+  if (h <= 0 || d % h != 0)
     fail("MultiHeadAttention: d_model " + std::to_string(d) + " is not divisible by " +
          std::to_string(h) + " heads");
+  if (!(dropout >= 0 && dropout < 1))
+    fail("MultiHeadAttention: attention dropout must be in [0, 1), got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
   Tensor w = Tensor::empty({3 * d, d}, dt);
   xavier_uniform_(w, gen);
@@ -21,53 +24,56 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
   fill_(out_proj->bias, 0.0);
 }
 
-Tensor MultiHeadAttention::project(const Tensor& x, int64_t part, int64_t parts) const {
-  if (part == 0 && parts == 3) return linear(x, in_proj_weight, in_proj_bias);
-  return linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
-                slice(in_proj_bias, 0, part * d, (part + parts) * d));
-}
-
-Tensor MultiHeadAttention::split_heads(const Tensor& x) const {
+Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t parts) const {
   const int64_t B = x.shape()[0], T = x.shape()[1];
-  return permute(reshape(x, {B, T, heads, d / heads}), {0, 2, 1, 3});
+  const Tensor y = part == 0 && parts == 3
+                       ? linear(x, in_proj_weight, in_proj_bias)
+                       : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
+                                slice(in_proj_bias, 0, part * d, (part + parts) * d));
+  // (B, T, parts * d) -> (B, T, parts, H, Dh) -> parts x (B, H, T, Dh)
+  Tensor p = permute(reshape(y, {B, T, parts, heads, d / heads}), {2, 0, 3, 1, 4});
+  Tensors out;
+  for (Tensor& t : split(p, std::vector<int64_t>(parts, 1), 0)) out.push_back(squeeze(t, 0));
+  return out;
 }
 
-Tensor MultiHeadAttention::merge_heads(const Tensor& x) const {
-  const int64_t B = x.shape()[0], T = x.shape()[2];
-  return reshape(permute(x, {0, 2, 1, 3}), {B, T, d});
+Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& key_padding_mask, bool causal, const Tensor& bias,
+                                  Tensor* weights) const {
+  AttentionOptions opt;
+  opt.causal = causal;
+  opt.key_padding_mask = key_padding_mask;
+  opt.bias = bias;
+  opt.return_weights = weights != nullptr;
+  if (training() && dropout > 0) {
+    opt.dropout = dropout;
+    opt.generator = dropout_gen_ ? dropout_gen_ : &default_generator();
+  }
+  AttentionResult r = scaled_dot_product_attention(q, k, v, opt);
+  if (weights) *weights = r.weights;
+  // (B, H, T, Dh) -> (B, T, d)
+  const int64_t B = r.out.shape()[0], T = r.out.shape()[2];
+  return out_proj->forward(reshape(permute(r.out, {0, 2, 1, 3}), {B, T, d}));
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
                                    const Tensor& key_padding_mask, bool causal,
-                                   Tensor* weights) const {
+                                   Tensor* weights, const AttentionPositions* pos) const {
   if (x.dim() != 3 || x.shape()[2] != d || memory.dim() != 3 || memory.shape()[2] != d ||
       memory.shape()[0] != x.shape()[0])
     fail("MultiHeadAttention: x " + describe(x) + " and memory " + describe(memory) +
          " must be (B, T, " + std::to_string(d) + ") with the same B");
-  Tensor q, k, v;
-  const int64_t B = x.shape()[0], Tq = x.shape()[1], Tk = memory.shape()[1], Dh = d / heads;
-  if (x.same_storage(memory) && x.shape() == memory.shape() && x.offset() == memory.offset()) {
-    // (B, T, 3d) -> (B, T, 3, H, Dh) -> three (B, H, T, Dh) views, no copies.
-    Tensor qkv = reshape(project(x, 0, 3), {B, Tq, 3, heads, Dh});
-    Tensor p = permute(qkv, {2, 0, 3, 1, 4});
-    Tensors parts = split(p, {1, 1, 1}, 0);
-    q = squeeze(parts[0], 0);
-    k = squeeze(parts[1], 0);
-    v = squeeze(parts[2], 0);
-  } else {
-    q = split_heads(project(x, 0, 1));
-    Tensor kv = permute(reshape(project(memory, 1, 2), {B, Tk, 2, heads, Dh}), {2, 0, 3, 1, 4});
-    Tensors parts = split(kv, {1, 1}, 0);
-    k = squeeze(parts[0], 0);
-    v = squeeze(parts[1], 0);
+  const bool self = x.same_storage(memory) && x.shape() == memory.shape() && x.offset() == memory.offset();
+  Tensors qkv = self ? project_heads(x, 0, 3) : project_heads(x, 0, 1);
+  if (!self)
+    for (Tensor& t : project_heads(memory, 1, 2)) qkv.push_back(t);
+  Tensor bias;
+  if (self && pos) {
+    qkv[0] = pos->rotate(qkv[0], 0);
+    qkv[1] = pos->rotate(qkv[1], 0);
+    bias = pos->bias(0, x.shape()[1], x.shape()[1], x.dtype());
   }
-  AttentionOptions opt;
-  opt.causal = causal;
-  opt.key_padding_mask = key_padding_mask;
-  opt.return_weights = weights != nullptr;
-  AttentionResult r = scaled_dot_product_attention(q, k, v, opt);
-  if (weights) *weights = r.weights;
-  return out_proj->forward(merge_heads(r.out));
+  return attend(qkv[0], qkv[1], qkv[2], key_padding_mask, causal, bias, weights);
 }
 
 void KVCache::select_rows(const Tensor& rows) {
@@ -76,8 +82,8 @@ void KVCache::select_rows(const Tensor& rows) {
   if (v.defined()) v = index_select(v, 0, rows);
 }
 
-Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache,
-                                             int64_t capacity) const {
+Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
+                                             const AttentionPositions* pos) const {
   autograd::NoGrad ng;
   const int64_t B = x.shape()[0], T = x.shape()[1], Dh = d / heads;
   if (!cache.k.defined()) {
@@ -88,39 +94,34 @@ Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache,
   if (cache.len + T > cache.k.shape()[2])
     fail("MultiHeadAttention: KV cache of capacity " + std::to_string(cache.k.shape()[2]) +
          " is full (" + std::to_string(cache.len) + " + " + std::to_string(T) + ")");
-  Tensor qkv = permute(reshape(project(x, 0, 3), {B, T, 3, heads, Dh}), {2, 0, 3, 1, 4});
-  Tensors parts = split(qkv, {1, 1, 1}, 0);
-  copy_into(slice(cache.k, 2, cache.len, cache.len + T), squeeze(parts[1], 0));
-  copy_into(slice(cache.v, 2, cache.len, cache.len + T), squeeze(parts[2], 0));
+  Tensors qkv = project_heads(x, 0, 3);
+  const int64_t start = cache.len;
+  if (pos) {
+    qkv[0] = pos->rotate(qkv[0], start);
+    qkv[1] = pos->rotate(qkv[1], start);
+  }
+  copy_into(slice(cache.k, 2, start, start + T), qkv[1]);
+  copy_into(slice(cache.v, 2, start, start + T), qkv[2]);
   cache.len += T;
-  AttentionOptions opt;
-  opt.causal = true;  // aligned to the end: step t sees cached keys 0..t
-  AttentionResult r = scaled_dot_product_attention(squeeze(parts[0], 0),
-                                                   slice(cache.k, 2, 0, cache.len),
-                                                   slice(cache.v, 2, 0, cache.len), opt);
-  return out_proj->forward(merge_heads(r.out));
+  const Tensor bias = pos ? pos->bias(start, T, cache.len, x.dtype()) : Tensor();
+  // causal aligned to the end: step t sees cached keys 0..t
+  return attend(qkv[0], slice(cache.k, 2, 0, cache.len), slice(cache.v, 2, 0, cache.len), Tensor(),
+                true, bias, nullptr);
 }
 
 void MultiHeadAttention::fill_cross_cache(const Tensor& memory, KVCache& cache) const {
   autograd::NoGrad ng;
-  const int64_t B = memory.shape()[0], Tk = memory.shape()[1], Dh = d / heads;
-  Tensor kv = permute(reshape(project(memory, 1, 2), {B, Tk, 2, heads, Dh}), {2, 0, 3, 1, 4});
-  Tensors parts = split(kv, {1, 1}, 0);
-  cache.k = contiguous(squeeze(parts[0], 0));
-  cache.v = contiguous(squeeze(parts[1], 0));
-  cache.len = Tk;
+  Tensors kv = project_heads(memory, 1, 2);
+  cache.k = contiguous(kv[0]);
+  cache.v = contiguous(kv[1]);
+  cache.len = memory.shape()[1];
 }
 
 Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& cache,
                                                 const Tensor& key_padding_mask,
                                                 Tensor* weights) const {
   autograd::NoGrad ng;
-  AttentionOptions opt;
-  opt.key_padding_mask = key_padding_mask;
-  opt.return_weights = weights != nullptr;
-  AttentionResult r = scaled_dot_product_attention(split_heads(project(x, 0, 1)), cache.k, cache.v, opt);
-  if (weights) *weights = r.weights;
-  return out_proj->forward(merge_heads(r.out));
+  return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights);
 }
 
 }  // namespace graft::nn

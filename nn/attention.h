@@ -5,6 +5,7 @@
 #pragma once
 
 #include "nn/layers.h"
+#include "nn/positions.h"
 
 namespace graft::nn {
 
@@ -20,27 +21,37 @@ struct KVCache {
 
 class MultiHeadAttention : public Module {
  public:
-  // No dropout on the attention weights: the fused attention op keeps P un-dropped (residual
-  // and FFN dropout still apply in the layers).
-  MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen);
-  // Self-attention when `memory` is the same tensor as `x` (one packed projection).
+  // dropout: on the attention probabilities while training (nn.MultiheadAttention's `dropout`),
+  // masks drawn from *dropout_gen (default: the global generator).
+  MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
+                     Generator* dropout_gen = nullptr);
+  // Self-attention when `memory` is the same tensor as `x` (one packed projection); `pos` adds
+  // the positional terms of rope/alibi/relative to self-attention (queries and keys at 0..T-1).
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& key_padding_mask = Tensor(),
-                 bool causal = false, Tensor* weights = nullptr) const;
-  // Decoding without recomputation (inference only).
-  Tensor forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity) const;
+                 bool causal = false, Tensor* weights = nullptr,
+                 const AttentionPositions* pos = nullptr) const;
+  // Decoding without recomputation (inference only). New keys are rotated (RoPE) at their
+  // absolute positions before they enter the cache; the bias covers the new queries against
+  // every cached key.
+  Tensor forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
+                           const AttentionPositions* pos = nullptr) const;
   void fill_cross_cache(const Tensor& memory, KVCache& cache) const;
   Tensor forward_cross_cached(const Tensor& x, const KVCache& cache,
                               const Tensor& key_padding_mask, Tensor* weights = nullptr) const;
 
   int64_t d, heads;
+  double dropout;
   Tensor in_proj_weight, in_proj_bias;
   std::shared_ptr<Linear> out_proj;
 
  private:
-  // (B, T, d) -> (B, H, T, Dh) view
-  Tensor split_heads(const Tensor& x) const;
-  Tensor merge_heads(const Tensor& x) const;  // (B, H, T, Dh) -> (B, T, d)
-  Tensor project(const Tensor& x, int64_t part_begin, int64_t parts) const;
+  // Rows [part, part + parts) * d of the packed projection applied to x (B, T, d), as `parts`
+  // (B, H, T, Dh) head views (no copies).
+  Tensors project_heads(const Tensor& x, int64_t part, int64_t parts) const;
+  // The fused attention over head views, heads merged, then out_proj.
+  Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                bool causal, const Tensor& bias, Tensor* weights) const;
+  Generator* dropout_gen_;
 };
 
 }  // namespace graft::nn

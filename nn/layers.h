@@ -62,7 +62,7 @@ class FeedForward : public Module {
 };
 
 // PE(i, 2j) = sin(i / 10000^(2j/d)), PE(i, 2j+1) = cos(i / 10000^(2j/d)) (seeds 000/001).
-// forward(x, start) adds rows start .. start+T-1 to x (B, T, d).
+// forward(x, start) adds rows start .. start+T-1 to x (B, T, d); rows past max_len are computed.
 class SinusoidalPositionalEncoding : public Module {
  public:
   SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt = DType::f32);

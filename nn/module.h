@@ -37,6 +37,11 @@ class Module {
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }
+  // register_module for code outside the class (a stack registering a shared part).
+  template <class M>
+  std::shared_ptr<M> add_module(const std::string& name, std::shared_ptr<M> m) {
+    return register_module(name, m);
+  }
 
  protected:
   Tensor& register_parameter(const std::string& name, Tensor t);

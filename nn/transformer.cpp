@@ -17,9 +17,14 @@ LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dr
   return l;
 }
 
+namespace {
+std::shared_ptr<MultiHeadAttention> make_attention(const LayerConfig& c, Generator& gen, Generator* dg) {
+  return std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen, c.attention_dropout, dg);
+}
+}  // namespace
 
 EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
-  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
+  self_attn = register_module("self_attn", make_attention(c, gen, dg));
   linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
   linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
@@ -33,19 +38,20 @@ Tensor EncoderLayer::ffn(const Tensor& x) const {
   return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x);
 }
 
-Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
+                             const AttentionPositions* pos) const {
   if (cfg.norm_first) {
     Tensor h = norm1->forward(x);
-    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad, causal)));
+    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad, causal, nullptr, pos)));
     return add(y, dropout2->forward(ffn(norm2->forward(y))));
   }
-  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad, causal))));
+  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad, causal, nullptr, pos))));
   return norm2->forward(add(y, dropout2->forward(ffn(y))));
 }
 
 DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
-  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
-  multihead_attn = register_module("multihead_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen));
+  self_attn = register_module("self_attn", make_attention(c, gen, dg));
+  multihead_attn = register_module("multihead_attn", make_attention(c, gen, dg));
   linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
   linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
@@ -76,39 +82,53 @@ Tensor DecoderLayer::block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const
 }
 
 Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
-                             const Tensor& src_pad, Tensor* cross_weights) const {
+                             const Tensor& src_pad, Tensor* cross_weights,
+                             const AttentionPositions* pos) const {
   return block(
-      y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true); },
+      y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true, nullptr, pos); },
       [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); });
 }
 
 Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                                   DecoderLayerCache& cache, int64_t capacity,
-                                  Tensor* cross_weights) const {
+                                  Tensor* cross_weights, const AttentionPositions* pos) const {
   if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
   return block(
-      y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity); },
+      y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
       [&](const Tensor& h) {
         return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights);
       });
 }
 
-Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg) {
+// The stack's positional module, registered under T5's name when it has parameters.
+static std::shared_ptr<AttentionPositions> stack_positions(Module& stack, const LayerConfig& c,
+                                                           const PositionOptions& pos, bool causal,
+                                                           Generator& gen) {
+  auto p = make_attention_positions(pos, c.heads, causal, c.dtype, gen);
+  if (pos.kind == Positions::relative) stack.add_module("relative_attention_bias", p);
+  return p;
+}
+
+Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg,
+                 const PositionOptions& pos, bool causal) {
   for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<EncoderLayer>(c, gen, dg));
   for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
   if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  positions = stack_positions(*this, c, pos, causal, gen);
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
   Tensor h = x;
-  for (auto& l : layers) h = l->forward(h, src_pad, causal);
+  for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
   return norm ? norm->forward(h) : h;
 }
 
-Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg) {
+Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg,
+                 const PositionOptions& pos) {
   for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen, dg));
   for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
   if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  positions = stack_positions(*this, c, pos, true, gen);
 }
 
 Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
@@ -116,7 +136,7 @@ Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt
   Tensor h = y;
   for (auto& l : layers) {
     Tensor w;
-    h = l->forward(h, memory, tgt_pad, src_pad, cross_weights ? &w : nullptr);
+    h = l->forward(h, memory, tgt_pad, src_pad, cross_weights ? &w : nullptr, positions.get());
     if (cross_weights) cross_weights->push_back(w);
   }
   return norm ? norm->forward(h) : h;
@@ -129,7 +149,8 @@ Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor
   Tensor h = y;
   for (size_t i = 0; i < layers.size(); ++i) {
     Tensor w;
-    h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity, cross_weights ? &w : nullptr);
+    h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity, cross_weights ? &w : nullptr,
+                                positions.get());
     if (cross_weights) cross_weights->push_back(w);
   }
   return norm ? norm->forward(h) : h;

@@ -13,6 +13,9 @@ namespace graft::nn {
 struct LayerConfig {
   int64_t d_model = 128, heads = 4, d_ff = 512;
   double dropout = 0.1;
+  // Dropout on the attention probabilities. nn.Transformer passes its one dropout rate to its
+  // attention too; graft keeps it separate (default 0, as before this option existed).
+  double attention_dropout = 0.0;
   Activation activation = Activation::relu;
   bool norm_first = false;  // false: post-LN, true: pre-LN
   double eps = 1e-5;
@@ -26,7 +29,9 @@ class EncoderLayer : public Module {
  public:
   EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
   // x (B, S, d); src_pad (B, S) non-zero = pad; causal for decoder-only stacks
-  Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
+  // pos: the stack's rope/alibi/relative terms for self-attention, or null
+  Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false,
+                 const AttentionPositions* pos = nullptr) const;
   std::shared_ptr<MultiHeadAttention> self_attn;
   std::shared_ptr<Linear> linear1, linear2;
   std::shared_ptr<LayerNorm> norm1, norm2;
@@ -48,10 +53,12 @@ class DecoderLayer : public Module {
   // y (B, T, d) target side, memory (B, S, d); causal self-attention; cross_weights (optional)
   // receives the cross-attention weights (B, H, T, S).
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
-                 const Tensor& src_pad, Tensor* cross_weights = nullptr) const;
+                 const Tensor& src_pad, Tensor* cross_weights = nullptr,
+                 const AttentionPositions* pos = nullptr) const;
   // One or more new target positions with cached keys/values (inference only).
   Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
-                      DecoderLayerCache& cache, int64_t capacity, Tensor* cross_weights = nullptr) const;
+                      DecoderLayerCache& cache, int64_t capacity, Tensor* cross_weights = nullptr,
+                      const AttentionPositions* pos = nullptr) const;
   std::shared_ptr<MultiHeadAttention> self_attn, multihead_attn;
   std::shared_ptr<Linear> linear1, linear2;
   std::shared_ptr<LayerNorm> norm1, norm2, norm3;
@@ -64,19 +71,24 @@ class DecoderLayer : public Module {
   Tensor block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const;
 };
 
+// A stack owns its rope/alibi/relative module (shared by its layers); a relative bias table is
+// registered as "relative_attention_bias" (T5's name), so it is saved as
+// "<stack>.relative_attention_bias.weight" (buckets, heads).
 class Encoder : public Module {
  public:
+  // causal: a decoder-only stack (its relative/alibi terms are then unidirectional)
   Encoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
-          Generator* dropout_gen);
+          Generator* dropout_gen, const PositionOptions& pos = {}, bool causal = false);
   Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
   std::vector<std::shared_ptr<EncoderLayer>> layers;
   std::shared_ptr<LayerNorm> norm;  // null when there is no final LayerNorm
+  std::shared_ptr<AttentionPositions> positions;  // null for sinusoidal/learned
 };
 
 class Decoder : public Module {
  public:
   Decoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
-          Generator* dropout_gen);
+          Generator* dropout_gen, const PositionOptions& pos = {});
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
                  const Tensor& src_pad, Tensors* cross_weights = nullptr) const;
   Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
@@ -84,6 +96,7 @@ class Decoder : public Module {
                       Tensors* cross_weights = nullptr) const;
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<LayerNorm> norm;
+  std::shared_ptr<AttentionPositions> positions;  // null for sinusoidal/learned
 };
 
 }  // namespace graft::nn

@@ -1,14 +1,15 @@
 // Fused scaled dot-product attention, one tape entry with its own backward.
 //
 // Shape legend: q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv), S and P (B, H, Tq, Tk),
-// out (B, H, Tq, Dv). float32: the four matmuls of the forward and backward run as oneDNN
-// batched matmuls over the 4-D views (their strides describe transposes and head-split
-// permutes, so nothing is copied), and the mask + softmax is an OpenMP loop over (b, h, i)
-// rows. float64: plain loops of the same formulas.
+// out (B, H, Tq, Dv). The four matmuls of the forward and backward run through kern::bmm over
+// the 4-D views (their strides describe transposes and head-split permutes, so nothing is
+// copied): oneDNN batched matmuls for float32, the reference loop for float64. The mask +
+// softmax (and the attention dropout) are OpenMP loops over (b, h, i) rows.
 //
 // Memory: the tape keeps q, k, v (views of the projections, no copies) and the bias, not P:
 // the backward recomputes P with one more Q K^T matmul (cheap next to the projections) rather
-// than hold B*H*Tq*Tk floats per layer from forward to backward.
+// than hold B*H*Tq*Tk floats per layer from forward to backward. The dropout mask is recomputed
+// from its generator state, like ops/dropout.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -37,20 +38,6 @@ GRAFT_DECLARE_OP(kOp, "attention");
 struct Geom {
   int64_t B, H, Tq, Tk, D, Dv;
   int64_t rows() const { return B * H * Tq; }
-};
-
-// Reads element (b, h, t, d) of a rank-4 view through its strides.
-template <class T>
-struct View4 {
-  const T* p;
-  int64_t s0, s1, s2, s3;
-  explicit View4(const Tensor& x)
-      : p(x.data<const T>()),
-        s0(x.strides()[0]),
-        s1(x.strides()[1]),
-        s2(x.strides()[2]),
-        s3(x.strides()[3]) {}
-  const T* row(int64_t b, int64_t h, int64_t t) const { return p + b * s0 + h * s1 + t * s2; }
 };
 
 // Which keys a query row may attend: keys [0, end) minus the padded ones.
@@ -135,98 +122,16 @@ void softmax_bwd_rows(T* dp, const T* p, const Geom& g) {
   }
 }
 
-// ---- float64 reference (also used for empty float32 problems oneDNN cannot describe) -------
-
+// In place on P (contiguous, n elements): P *= keep(i) ? keep_value : 0 (attention dropout).
 template <class T>
-void forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g, T scale,
-                 const RowMask& m, const BiasView<T>& bias, const Tensor& P, const Tensor& out) {
-  const View4<T> Q(q), K(k), V(v);
-  T* pp = P.data<T>();
-  T* po = out.defined() ? out.data<T>() : nullptr;
-  const int64_t rows = g.rows();
-#pragma omp parallel for if (rows * g.Tk * g.D > kern::kParallelGrain) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = r % g.Tq, bh = r / g.Tq, h = bh % g.H, b = bh / g.H;
-    T* s = pp + r * g.Tk;
-    const T* qi = Q.row(b, h, i);
-    for (int64_t j = 0; j < g.Tk; ++j) {
-      const T* kj = K.row(b, h, j);
-      T acc = 0;
-      for (int64_t d = 0; d < g.D; ++d) acc += qi[d * Q.s3] * kj[d * K.s3];
-      s[j] = scale * acc;
-    }
-    softmax_row(s, g.Tk, m.end(i), m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
-                bias.col_stride());
-    if (!po) continue;  // P only (the backward's recompute)
-    T* o = po + r * g.Dv;
-    for (int64_t e = 0; e < g.Dv; ++e) o[e] = 0;
-    for (int64_t j = 0; j < g.Tk; ++j) {
-      const T* vj = V.row(b, h, j);
-      for (int64_t e = 0; e < g.Dv; ++e) o[e] += s[j] * vj[e * V.s3];
-    }
-  }
+void apply_dropout(T* p, int64_t n, const kern::DropoutMask& m) {
+  const T kv = (T)m.keep_value;
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] *= m.keep(i) ? kv : T(0);
 }
 
-// dS is written into dS (contiguous (B, H, Tq, Tk)); dq, dk, dv may be undefined (not needed).
-template <class T>
-void backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& P,
-                  const Tensor& dout, const Geom& g, T scale, const Tensor& dS, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv) {
-  const View4<T> Q(q), K(k), V(v);
-  const T* pp = P.data<T>();
-  const T* pdo = dout.data<T>();
-  T* pds = dS.defined() ? dS.data<T>() : nullptr;
-  T* pdq = dq.defined() ? dq.data<T>() : nullptr;
-  T* pdk = dk.defined() ? dk.data<T>() : nullptr;
-  T* pdv = dv.defined() ? dv.data<T>() : nullptr;
-  const int64_t BH = g.B * g.H, Tq = g.Tq, Tk = g.Tk, D = g.D, Dv = g.Dv;
-  // One (b, h) per iteration: every gradient element is written by one thread.
-#pragma omp parallel for if (BH * Tq * Tk * (D + Dv) > kern::kParallelGrain) schedule(static)
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    const int64_t b = bh / g.H, h = bh % g.H;
-    const T* P_ = pp + bh * Tq * Tk;
-    const T* dO = pdo + bh * Tq * Dv;
-    if (pdv) {  // dV = P^T dO
-      T* dV = pdv + bh * Tk * Dv;
-      for (int64_t j = 0; j < Tk; ++j)
-        for (int64_t e = 0; e < Dv; ++e) {
-          T acc = 0;
-          for (int64_t i = 0; i < Tq; ++i) acc += P_[i * Tk + j] * dO[i * Dv + e];
-          dV[j * Dv + e] = acc;
-        }
-    }
-    if (!pds) continue;
-    T* dS_ = pds + bh * Tq * Tk;
-    for (int64_t i = 0; i < Tq; ++i) {  // dP = dO V^T, then dS = P * (dP - rowsum(dP * P))
-      T dot = 0;
-      for (int64_t j = 0; j < Tk; ++j) {
-        const T* vj = V.row(b, h, j);
-        T acc = 0;
-        for (int64_t e = 0; e < Dv; ++e) acc += dO[i * Dv + e] * vj[e * V.s3];
-        dS_[i * Tk + j] = acc;
-        dot += acc * P_[i * Tk + j];
-      }
-      for (int64_t j = 0; j < Tk; ++j) dS_[i * Tk + j] = P_[i * Tk + j] * (dS_[i * Tk + j] - dot);
-    }
-    if (pdq) {  // dQ = scale * dS K
-      T* dQ = pdq + bh * Tq * D;
-      for (int64_t i = 0; i < Tq; ++i)
-        for (int64_t d = 0; d < D; ++d) {
-          T acc = 0;
-          for (int64_t j = 0; j < Tk; ++j) acc += dS_[i * Tk + j] * K.row(b, h, j)[d * K.s3];
-          dQ[i * D + d] = scale * acc;
-        }
-    }
-    if (pdk) {  // dK = scale * dS^T Q
-      T* dK = pdk + bh * Tk * D;
-      for (int64_t j = 0; j < Tk; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          T acc = 0;
-          for (int64_t i = 0; i < Tq; ++i) acc += dS_[i * Tk + j] * Q.row(b, h, i)[d * Q.s3];
-          dK[j * D + d] = scale * acc;
-        }
-    }
-  }
+void apply_dropout(const Tensor& P, const kern::DropoutMask& m) {
+  GRAFT_DISPATCH_FLOAT(P.dtype(), kOp, [&] { apply_dropout(P.data<T>(), P.numel(), m); });
 }
 
 // ---- validation ----------------------------------------------------------------------------
@@ -272,6 +177,9 @@ Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   }
   if (!std::isfinite(opt.scale))
     fail(op + ": scale must be finite, got " + std::to_string(opt.scale));
+  if (!(opt.dropout >= 0 && opt.dropout < 1))
+    fail(op + ": dropout must be in [0, 1), got " + std::to_string(opt.dropout));
+  if (opt.dropout > 0 && !opt.generator) fail(op + ": dropout " + std::to_string(opt.dropout) + " needs a generator");
   return g;
 }
 
@@ -284,54 +192,67 @@ BiasView<T> bias_view(const Tensor& bias, const Geom& g) {
   return bv;
 }
 
-// P = softmax(scale Q K^T + bias) over the attendable keys; also out = P V when out is defined.
-void attention_probs(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g,
-                     double scale, const RowMask& m, const Tensor& bias, const Tensor& P,
-                     const Tensor& out) {
-  const DType dt = q.dtype();
-  if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
-    kern::bmm(q, kern::swap_last2(k), P, scale);  // S = scale Q K^T
-    softmax_rows(P.data<float>(), g, m, bias_view<float>(bias, g));
-    if (out.defined()) kern::bmm(P, v, out);  // out = P V
-  } else if (dt == DType::f32) {
-    forward_ref<float>(q, k, v, g, (float)scale, m, bias_view<float>(bias, g), P, out);
-  } else {
-    forward_ref<double>(q, k, v, g, scale, m, bias_view<double>(bias, g), P, out);
-  }
+// P = softmax(scale Q K^T + bias) over the attendable keys.
+void attention_probs(const Tensor& q, const Tensor& k, const Geom& g, double scale,
+                     const RowMask& m, const Tensor& bias, const Tensor& P) {
+  kern::bmm(q, kern::swap_last2(k), P, scale);  // S = scale Q K^T
+  GRAFT_DISPATCH_FLOAT(P.dtype(), kOp, [&] { softmax_rows(P.data<T>(), g, m, bias_view<T>(bias, g)); });
 }
+
+// The attention's settings that its backward needs again.
+struct AttentionCtx {
+  Geom g;
+  double scale;
+  std::shared_ptr<const std::vector<uint8_t>> pad;  // (B, Tk) flags, or empty
+  bool causal;
+  bool dropout;
+  kern::DropoutMask mask;
+  RowMask row_mask() const { return RowMask{pad->empty() ? nullptr : pad->data(), causal, g.Tq, g.Tk}; }
+};
 
 // P is recomputed here (same code and inputs as the forward, so the same values), not kept
 // from the forward: one Q K^T matmul and a softmax pass instead of B*H*Tq*Tk floats per layer
-// held from forward to backward. dbias is dS of the full (B, H, Tq, Tk) shape (the bias enters
-// S unscaled); the tape sums it over the dims the bias was broadcast along.
-Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, const Geom& g,
-                                              double scale, const RowMask& m) {
+// held from forward to backward. With dropout, Pd = P * mask / (1 - p) is what multiplied V:
+// dV = Pd^T dO, dPd = dO V^T, dP = dPd * mask / (1 - p). dS = P * (dP - rowsum(dP * P));
+// dbias is dS of the full (B, H, Tq, Tk) shape (the bias enters S unscaled), which the tape sums
+// over the dims the bias was broadcast along.
+Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, const AttentionCtx& a) {
+  using kern::bmm;
+  using kern::swap_last2;
   const Tensor &q = c.saved[0], &k = c.saved[1], &v = c.saved[2], &bias = c.saved[3];
+  const Geom& g = a.g;
   const DType dt = q.dtype();
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
-  attention_probs(q, k, v, g, scale, m, bias, P, Tensor());
-  const bool need_q = c.needs[0], need_k = c.needs[1], need_v = c.needs[2];
+  attention_probs(q, k, g, a.scale, a.row_mask(), bias, P);
   const bool need_bias = c.needs.size() > 3 && c.needs[3];
-  const bool need_ds = need_q || need_k || need_bias;
-  Tensor dq = need_q ? Tensor::empty(q.shape(), dt) : Tensor();
-  Tensor dk = need_k ? Tensor::empty(k.shape(), dt) : Tensor();
-  Tensor dv = need_v ? Tensor::empty(v.shape(), dt) : Tensor();
-  Tensor dS = need_ds ? Tensor::empty(P.shape(), dt) : Tensor();
-  if (dt == DType::f32 && P.numel() > 0 && q.numel() > 0 && v.numel() > 0) {
-    using kern::swap_last2;
-    if (need_v) kern::bmm(swap_last2(P), dout, dv);  // dV = P^T dO
-    if (need_ds) {
-      kern::bmm(dout, swap_last2(v), dS);  // dP = dO V^T
-      softmax_bwd_rows(dS.data<float>(), P.data<const float>(), g);
-      if (need_q) kern::bmm(dS, k, dq, scale);               // dQ = scale dS K
-      if (need_k) kern::bmm(swap_last2(dS), q, dk, scale);   // dK = scale dS^T Q
-    }
-  } else if (dt == DType::f32) {
-    backward_ref<float>(q, k, v, P, dout, g, (float)scale, dS, dq, dk, dv);
-  } else {
-    backward_ref<double>(q, k, v, P, dout, g, scale, dS, dq, dk, dv);
+  const bool need_ds = c.needs[0] || c.needs[1] || need_bias;
+  Tensor dq = c.needs[0] ? Tensor::empty(q.shape(), dt) : Tensor();
+  Tensor dk = c.needs[1] ? Tensor::empty(k.shape(), dt) : Tensor();
+  Tensor dv = c.needs[2] ? Tensor::empty(v.shape(), dt) : Tensor();
+  if (dv.defined()) {
+    Tensor Pd = a.dropout ? contiguous_copy(P) : P;
+    if (a.dropout) apply_dropout(Pd, a.mask);
+    bmm(swap_last2(Pd), dout, dv);  // dV = Pd^T dO
   }
+  if (!need_ds) return {dq, dk, dv, Tensor()};
+  Tensor dS = Tensor::empty(P.shape(), dt);
+  bmm(dout, swap_last2(v), dS);  // dPd = dO V^T
+  if (a.dropout) apply_dropout(dS, a.mask);
+  GRAFT_DISPATCH_FLOAT(dt, kOp, [&] { softmax_bwd_rows(dS.data<T>(), P.data<const T>(), g); });
+  if (dq.defined()) bmm(dS, k, dq, a.scale);               // dQ = scale dS K
+  if (dk.defined()) bmm(swap_last2(dS), q, dk, a.scale);   // dK = scale dS^T Q
   return {dq, dk, dv, need_bias ? dS : Tensor()};
+}
+
+// Padding flags as bytes so the row loop does not care about the mask's dtype.
+std::shared_ptr<const std::vector<uint8_t>> pad_flags(const Tensor& key_padding_mask) {
+  std::vector<uint8_t> pad;
+  if (key_padding_mask.defined()) {
+    const auto mv = key_padding_mask.to_vector<double>();
+    pad.resize(mv.size());
+    for (size_t i = 0; i < mv.size(); ++i) pad[i] = mv[i] != 0;
+  }
+  return std::make_shared<const std::vector<uint8_t>>(std::move(pad));
 }
 
 }  // namespace
@@ -339,34 +260,23 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt) {
   const Geom g = validate(q, k, v, opt);
-  const double scale = opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D);
-  const DType dt = q.dtype();
-
-  // Padding flags as bytes so the row loop does not care about the mask's dtype.
-  std::vector<uint8_t> pad;
-  if (opt.key_padding_mask.defined()) {
-    const auto mv = opt.key_padding_mask.to_vector<double>();
-    pad.resize(mv.size());
-    for (size_t i = 0; i < mv.size(); ++i) pad[i] = mv[i] != 0;
-  }
-  const RowMask m{pad.empty() ? nullptr : pad.data(), opt.causal, g.Tq, g.Tk};
-
-  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
-  Tensor out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, dt);
-  attention_probs(q, k, v, g, scale, m, opt.bias, P, out);
-
+  AttentionCtx a{g, opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
+                 pad_flags(opt.key_padding_mask), opt.causal, opt.dropout > 0, {}};
+  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
+  attention_probs(q, k, g, a.scale, a.row_mask(), opt.bias, P);
   AttentionResult res;
-  res.out = out;
-  if (opt.return_weights) res.weights = P;
-  if (autograd::needs_record({q, k, v, opt.bias})) {
-    auto pad_bytes = std::make_shared<const std::vector<uint8_t>>(std::move(pad));
-    autograd::record(kOp, {q, k, v, opt.bias}, {out}, {q, k, v, opt.bias},
-                     [g, scale, pad_bytes, causal = opt.causal](const Ctx& c, const Tensors& dout) {
-                       const RowMask m{pad_bytes->empty() ? nullptr : pad_bytes->data(), causal,
-                                       g.Tq, g.Tk};
-                       return scaled_dot_product_attention_backward(c, dout[0], g, scale, m);
-                     });
+  if (opt.return_weights) res.weights = a.dropout ? contiguous_copy(P) : P;
+  if (a.dropout) {
+    a.mask = kern::DropoutMask::draw(*opt.generator, opt.dropout, P.numel());
+    apply_dropout(P, a.mask);
   }
+  res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
+  kern::bmm(P, v, res.out);  // out = P V
+  if (autograd::needs_record({q, k, v, opt.bias}))
+    autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
+                     [a](const Ctx& c, const Tensors& dout) {
+                       return scaled_dot_product_attention_backward(c, dout[0], a);
+                     });
   return res;
 }
 
@@ -392,6 +302,24 @@ Tensors qkv(DType dt, Generator& g, int64_t Tq, int64_t Tk) {
 }  // namespace
 
 void register_attention_cases() {
+  // A fresh generator per call, so every forward of the gradcheck drops the same entries.
+  register_case(OpCase{.name = "attention/dropout_causal_bias",
+                       .op = "scaled_dot_product_attention",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensors x = qkv(dt, g, 3, 4);
+                             x.push_back(case_input({2, 1, 4}, dt, g));
+                             return x;
+                           },
+                       .fn = [](const Tensors& x) {
+                         Generator gen(9);
+                         AttentionOptions opt;
+                         opt.causal = true;
+                         opt.bias = x[3];
+                         opt.dropout = 0.3;
+                         opt.generator = &gen;
+                         return scaled_dot_product_attention(x[0], x[1], x[2], opt).out;
+                       }});
   register_case(OpCase{.name = "attention/plain",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },

@@ -5,6 +5,7 @@
 // bias: additive, broadcastable to (B, H, Tq, Tk) (ALiBi, relative positions); differentiable.
 // causal: query i attends keys j <= i + (Tk - Tq) (aligned to the end, for cached decoding).
 // A fully masked row yields zeros (and zero gradients), never NaN.
+// dropout (optional): out = (P * mask / (1 - p)) V, see AttentionOptions.
 #pragma once
 
 #include "autograd/tensor.h"
@@ -16,7 +17,12 @@ struct AttentionOptions {
   Tensor key_padding_mask;  // optional
   Tensor bias;              // optional
   double scale = 0;         // 0: 1/sqrt(D)
-  bool return_weights = false;
+  bool return_weights = false;  // the weights before dropout
+  // Dropout on the attention probabilities (nn.MultiheadAttention's `dropout`): P is multiplied
+  // by a mask drawn from *generator (kept with probability 1 - dropout) and by 1/(1 - dropout);
+  // the mask is recomputed from the generator state in backward, never stored.
+  double dropout = 0;
+  Generator* generator = nullptr;
 };
 
 struct AttentionResult {

@@ -14,6 +14,7 @@ void register_op_cases() {
     register_matmul_cases();
     register_norm_cases();
     register_reduce_cases();
+    register_rope_cases();
     register_shape_cases();
     register_softmax_cases();
   });

@@ -15,6 +15,7 @@ void register_loss_cases();
 void register_matmul_cases();
 void register_norm_cases();
 void register_reduce_cases();
+void register_rope_cases();
 void register_shape_cases();
 void register_softmax_cases();
 

@@ -25,27 +25,11 @@ namespace {
 GRAFT_DECLARE_OP("dropout", "dropout");
 GRAFT_DECLARE_OP("relu_dropout", "dropout");
 
-// Must match Generator::next_u64 in autograd/tensor.cpp (tests/test_loss_dropout.cpp checks
-// the mask against sequential gen.uniform() draws).
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-inline uint64_t splitmix64_at(uint64_t state0, uint64_t i) {
-  uint64_t z = state0 + (i + 1) * kGolden;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// The dropout mask is never stored: keep(i) is recomputed from the starting state in backward
-// (one splitmix64 per element, about the cost of reading a stored mask, and no memory held
-// between forward and backward).
-struct Mask {
-  uint64_t state0, threshold;
-  bool keep(int64_t i) const { return (splitmix64_at(state0, (uint64_t)i) >> 11) >= threshold; }
-};
+using kern::DropoutMask;
 
 // out[i] = x[i] * (keep(i) ? keep_value : 0); with relu, max(x[i], 0) in place of x[i].
 template <class T>
-void dropout_fwd(const Tensor& x, const Tensor& out, Mask m, T keep_value, bool relu) {
+void dropout_fwd(const Tensor& x, const Tensor& out, DropoutMask m, T keep_value, bool relu) {
   T* __restrict po = out.data<T>();
   const T* __restrict px = x.data<const T>();
   if (x.is_contiguous()) {
@@ -64,7 +48,7 @@ void dropout_fwd(const Tensor& x, const Tensor& out, Mask m, T keep_value, bool 
 
 // dx[i] = dout[i] * (keep(i) ? keep_value : 0).
 template <class T>
-void dropout_bwd(const Tensor& dout, Mask m, T keep_value, const Tensor& dx) {
+void dropout_bwd(const Tensor& dout, DropoutMask m, T keep_value, const Tensor& dx) {
   const T* __restrict pd = dout.data<const T>();
   T* __restrict px = dx.data<T>();
   const int64_t n = dx.numel();
@@ -87,13 +71,9 @@ void relu_dropout_bwd(const Tensor& dout, const Tensor& out, T keep_value, const
 // Checks p, draws the mask's starting state from gen (advancing it by numel draws) and runs the
 // forward; keep_value is 1 / (1 - p).
 Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu,
-                       Mask& mask, double& keep_value) {
-  const int64_t n = x.numel();
-  mask.state0 = gen.state();
-  gen.set_state(mask.state0 + (uint64_t)n * kGolden);  // as if n uniforms were drawn
-  // u = (z >> 11) * 2^-53 >= p  <=>  (z >> 11) >= ceil(p * 2^53), exact in integers.
-  mask.threshold = (uint64_t)std::ceil(std::ldexp(p, 53));
-  keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+                       DropoutMask& mask, double& keep_value) {
+  mask = DropoutMask::draw(gen, p, x.numel());
+  keep_value = mask.keep_value;
   Tensor out = Tensor::empty(x.shape(), x.dtype());
   if (x.dtype() == DType::f32)
     dropout_fwd<float>(x, out, mask, (float)keep_value, relu);
@@ -103,7 +83,7 @@ Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu,
 }
 
 // dropout: dx = dout * (keep(i) ? keep_value : 0), the mask recomputed from its starting state.
-Tensor dropout_backward(const Tensor& dout, Mask mask, double keep_value) {
+Tensor dropout_backward(const Tensor& dout, DropoutMask mask, double keep_value) {
   Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
   GRAFT_DISPATCH_FLOAT(dx.dtype(), "dropout", [&] { dropout_bwd<T>(dout, mask, (T)keep_value, dx); });
   return dx;
@@ -129,7 +109,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("dropout", x);
   check_p("dropout", p, x);
   if (!training || p == 0.0) return x;
-  Mask mask;
+  DropoutMask mask;
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
   if (autograd::needs_record({x}))
@@ -143,7 +123,7 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("relu_dropout", x);
   check_p("relu_dropout", p, x);
   if (!training || p == 0.0) return relu(x);
-  Mask mask;
+  DropoutMask mask;
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, true, mask, keep_value);
   if (autograd::needs_record({x}))

@@ -91,6 +91,36 @@ inline float exp_nonpos(float x) {
 inline float exp_nonpos(float x, float) { return exp_nonpos(x); }
 inline double exp_nonpos(double x, double) { return std::exp(x); }  // the float64 reference
 
+// ---- dropout masks ----
+
+// A dropout mask that is never stored: element i is kept iff the uniform draw u_i >= p, where
+// u_i is exactly what the i-th gen.uniform() would return. splitmix64 is a counter stream (the
+// state advances by a constant per draw), so keep(i) is computed directly from the starting
+// state, in parallel, identically for any thread count and in backward (one splitmix64, about
+// the cost of reading a stored mask). Must match Generator::next_u64 (autograd/tensor.cpp;
+// tests/test_loss_dropout.cpp checks the mask against sequential draws).
+struct DropoutMask {
+  static constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+  uint64_t state0 = 0, threshold = 0;
+  double keep_value = 1;  // 1 / (1 - p), 0 for p = 1
+  // The mask of n elements starting at gen's state; gen advances as if n uniforms were drawn.
+  static DropoutMask draw(Generator& gen, double p, int64_t n) {
+    DropoutMask m;
+    m.state0 = gen.state();
+    gen.set_state(m.state0 + (uint64_t)n * kGolden);
+    // u = (z >> 11) * 2^-53 >= p  <=>  (z >> 11) >= ceil(p * 2^53), exact in integers.
+    m.threshold = (uint64_t)std::ceil(std::ldexp(p, 53));
+    m.keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    return m;
+  }
+  bool keep(int64_t i) const {
+    uint64_t z = state0 + ((uint64_t)i + 1) * kGolden;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return ((z ^ (z >> 31)) >> 11) >= threshold;
+  }
+};
+
 // ---- OpenMP loops ----
 
 // Splits n rows over OpenMP threads when the work is large enough to pay for the fork.

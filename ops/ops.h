@@ -9,5 +9,6 @@
 #include "ops/matmul.h"
 #include "ops/norm.h"
 #include "ops/reduce.h"
+#include "ops/rope.h"
 #include "ops/shape.h"
 #include "ops/softmax.h"

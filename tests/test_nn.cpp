@@ -53,7 +53,19 @@ BOOST_AUTO_TEST_CASE(sinusoidal_encoding_matches_formula) {
   Tensor x = zeros({2, 3, 8}, DType::f64);
   Tensor y = pe.forward(x, 5);  // positions 5..7
   BOOST_TEST(std::fabs(y.to_vector<double>()[0] - std::sin(5.0)) < 1e-12);
-  BOOST_CHECK_THROW(pe.forward(zeros({1, 48, 8}, DType::f64), 5), Error);
+  // Past the table (issue: sinusoidal extrapolates) the rows follow the same formula.
+  auto far = pe.forward(zeros({1, 48, 8}, DType::f64), 5).to_vector<double>();
+  for (int i : {0, 44, 47})
+    for (int j = 0; j < 4; ++j) {
+      const double angle = (5 + i) / std::pow(10000.0, 2.0 * j / 8.0);
+      BOOST_TEST(std::fabs(far[i * 8 + 2 * j] - std::sin(angle)) < 1e-12);
+      BOOST_TEST(std::fabs(far[i * 8 + 2 * j + 1] - std::cos(angle)) < 1e-12);
+    }
+  BOOST_CHECK_THROW(pe.forward(zeros({1, 3, 8}, DType::f64), -1), Error);
+  LearnedPositionalEncoding lp(50, 8, DType::f64);
+  BOOST_CHECK_EXCEPTION(lp.forward(zeros({1, 48, 8}, DType::f64), 5), Error, [](const Error& e) {
+    return std::string(e.what()).find("max_len 50") != std::string::npos;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(layer_norm_module_and_dropout_modes) {

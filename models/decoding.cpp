@@ -1,0 +1,220 @@
+#include "models/decoding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <tuple>
+
+#include "autograd/tape.h"
+#include "ops/ops.h"
+
+namespace graft::models {
+
+void check_decode_options(const DecodeOptions& o) {
+  const SamplingOptions& s = o.sampling;
+  if (o.max_len < 1) fail("decode: max_len must be >= 1, got " + std::to_string(o.max_len));
+  if (o.beam < 1) fail("decode: beam must be >= 1, got " + std::to_string(o.beam));
+  if (!(s.temperature > 0) || !std::isfinite(s.temperature))
+    fail("decode: temperature must be a finite number > 0, got " + std::to_string(s.temperature));
+  if (s.top_k < 0) fail("decode: top_k must be >= 0 (0: no limit), got " + std::to_string(s.top_k));
+  if (!(s.top_p > 0 && s.top_p <= 1))
+    fail("decode: top_p must be in (0, 1], got " + std::to_string(s.top_p));
+  if (o.sample && o.beam > 1) fail("decode: sampling draws one sequence per input; beam must be 1");
+}
+
+std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o) {
+  const int64_t V = (int64_t)logits.size();
+  if (V == 0) fail("sampling_distribution: no logits");
+  // Token ids from most to least likely (ties: lower id first).
+  std::vector<int64_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  const double top = logits[order[0]] / o.temperature;
+  std::vector<double> p(V, 0.0);
+  double sum = 0;
+  for (int64_t r = 0; r < k; ++r) sum += p[order[r]] = std::exp(logits[order[r]] / o.temperature - top);
+  // Nucleus: the smallest prefix of `order` whose probability reaches top_p.
+  double kept = 0;
+  int64_t n = 0;
+  while (n < k && (n == 0 || kept < o.top_p * sum)) kept += p[order[n++]];
+  for (int64_t r = n; r < k; ++r) p[order[r]] = 0;
+  for (int64_t r = 0; r < n; ++r) p[order[r]] /= kept;
+  return p;
+}
+
+int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o, Generator& gen) {
+  const std::vector<double> p = sampling_distribution(logits, o);
+  const double u = gen.uniform();
+  double c = 0;
+  int64_t last = 0;
+  for (int64_t v = 0; v < (int64_t)p.size(); ++v) {
+    if (p[v] == 0) continue;
+    c += p[v];
+    last = v;
+    if (u < c) return v;
+  }
+  return last;  // u within rounding of 1
+}
+
+namespace {
+
+std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, int64_t eos, bool stop_at_eos) {
+  if (!stop_at_eos) return std::vector<int64_t>(p.begin() + 1, p.end());
+  std::vector<int64_t> out;
+  for (size_t i = 1; i < p.size(); ++i) {
+    if (p[i] == eos) break;
+    out.push_back(p[i]);
+  }
+  return out;
+}
+
+// One token per row per step, chosen by pick(row's logits as doubles); finished rows repeat EOS.
+template <class Pick>
+Sequences token_by_token(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos,
+                         const DecodeOptions& o, Pick&& pick) {
+  autograd::NoGrad ng;
+  std::vector<std::vector<int64_t>> prefix(rows, {bos});
+  std::vector<bool> done(rows, false);
+  for (int64_t t = 0; t < o.max_len; ++t) {
+    const Tensor lg = to_dtype(step.next_logits(prefix), DType::f64);
+    const int64_t V = lg.size(1);
+    const double* pl = lg.data<double>();
+    bool all = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t next = done[r] ? eos : pick(std::vector<double>(pl + r * V, pl + (r + 1) * V));
+      prefix[r].push_back(next);
+      done[r] = done[r] || next == eos;
+      all = all && done[r];
+    }
+    if (all && o.stop_at_eos) break;
+  }
+  Sequences out;
+  for (auto& p : prefix) out.push_back(cut_at_eos(p, eos, o.stop_at_eos));
+  return out;
+}
+
+}  // namespace
+
+Sequences greedy_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+  check_decode_options(o);
+  return token_by_token(step, rows, bos, eos, o, [](const std::vector<double>& l) {
+    return (int64_t)(std::max_element(l.begin(), l.end()) - l.begin());
+  });
+}
+
+Sequences sample_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+  check_decode_options(o);
+  Generator gen(o.seed);
+  return token_by_token(step, rows, bos, eos, o, [&](const std::vector<double>& l) {
+    return sample_token(l, o.sampling, gen);
+  });
+}
+
+namespace {
+
+// Beam state of B inputs x K beams, row r = b * K + k.
+struct Beams {
+  int64_t B, K;
+  std::vector<std::vector<int64_t>> prefix;
+  std::vector<double> score;
+  std::vector<bool> done;
+};
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The K best continuations of input b: (score, beam, token), highest score first; ties go to
+// the lower beam, then the lower token id (as argmax). A finished beam only continues with EOS
+// at no cost. A partial sort: sorting all K*V candidates dominated decoding time.
+std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b,
+                                                                  const std::vector<double>& logp,
+                                                                  int64_t V, int64_t eos) {
+  std::vector<std::tuple<double, int64_t, int64_t>> cand;
+  cand.reserve(s.K * V);
+  for (int64_t k = 0; k < s.K; ++k) {
+    const int64_t r = b * s.K + k;
+    if (s.score[r] == kNegInf) continue;
+    if (s.done[r]) {
+      cand.emplace_back(s.score[r], k, eos);
+      continue;
+    }
+    for (int64_t v = 0; v < V; ++v) cand.emplace_back(s.score[r] + logp[r * V + v], k, v);
+  }
+  const size_t keep = std::min<size_t>(s.K, cand.size());
+  std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {
+    if (std::get<0>(x) != std::get<0>(y)) return std::get<0>(x) > std::get<0>(y);
+    return std::make_pair(std::get<1>(x), std::get<2>(x)) < std::make_pair(std::get<1>(y), std::get<2>(y));
+  });
+  cand.resize(keep);
+  return cand;
+}
+
+// Advances every input's beams by one token; returns false when all are finished.
+bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
+  const Tensor lg = log_softmax(to_dtype(step.next_logits(s.prefix), DType::f64), 1);
+  const int64_t V = lg.size(1);
+  const std::vector<double> logp = lg.to_vector<double>();
+  Beams next{s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
+  std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, eos);
+  for (int64_t b = 0; b < s.B; ++b) {
+    const auto cand = best_candidates(s, b, logp, V, eos);
+    for (int64_t k = 0; k < s.K; ++k) {
+      const int64_t r = b * s.K + k;
+      pick[r] = b * s.K;
+      if (k >= (int64_t)cand.size()) continue;
+      auto [sc, from, tok] = cand[k];
+      pick[r] = b * s.K + from;
+      token[r] = tok;
+      next.score[r] = sc;
+      next.done[r] = s.done[b * s.K + from] || tok == eos;
+    }
+  }
+  step.select(pick);
+  bool all = true;
+  for (int64_t r = 0; r < s.B * s.K; ++r) {
+    next.prefix.push_back(s.prefix[pick[r]]);
+    next.prefix.back().push_back(token[r]);
+    all = all && (next.done[r] || next.score[r] == kNegInf);
+  }
+  s = std::move(next);
+  return !all;
+}
+
+}  // namespace
+
+Sequences beam_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+  check_decode_options(o);
+  autograd::NoGrad ng;
+  const int64_t K = o.beam;
+  Beams s{rows, K, {}, std::vector<double>(rows * K, kNegInf), std::vector<bool>(rows * K, false)};
+  std::vector<int64_t> expand;
+  for (int64_t b = 0; b < rows; ++b)
+    for (int64_t k = 0; k < K; ++k) expand.push_back(b);
+  step.select(expand);
+  s.prefix.assign(rows * K, {bos});
+  for (int64_t b = 0; b < rows; ++b) s.score[b * K] = 0;  // only the first beam is live at the start
+  for (int64_t t = 0; t < o.max_len; ++t)
+    if (!beam_step(step, s, eos) && o.stop_at_eos) break;
+  auto lp = [&](size_t len) { return std::pow((5.0 + (double)len) / 6.0, o.length_penalty); };
+  Sequences out;
+  for (int64_t b = 0; b < rows; ++b) {
+    int64_t best = -1;
+    double best_v = kNegInf;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = b * K + k;
+      if (s.score[r] == kNegInf) continue;
+      const double v = s.score[r] / lp(cut_at_eos(s.prefix[r], eos, true).size());
+      if (best < 0 || v > best_v) best = r, best_v = v;
+    }
+    out.push_back(cut_at_eos(s.prefix[best < 0 ? b * K : best], eos, o.stop_at_eos));
+  }
+  return out;
+}
+
+Sequences decode(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+  if (o.sample) return sample_search(step, rows, bos, eos, o);
+  return o.beam > 1 ? beam_search(step, rows, bos, eos, o) : greedy_search(step, rows, bos, eos, o);
+}
+
+}  // namespace graft::models

@@ -1,0 +1,105 @@
+#include "nn/positions.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace graft::nn {
+
+namespace {
+const char* const kNames[] = {"sinusoidal", "learned", "rope", "alibi", "relative"};
+}
+
+Positions parse_positions(const std::string& name) {
+  for (int i = 0; i < 5; ++i)
+    if (name == kNames[i]) return (Positions)i;
+  fail("positions: unknown kind '" + name + "' (known: sinusoidal, learned, rope, alibi, relative)");
+}
+
+const char* positions_name(Positions p) { return kNames[(int)p]; }
+
+Tensor AttentionPositions::rotate(const Tensor& x, int64_t) const { return x; }
+Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, DType) const { return Tensor(); }
+
+Tensor RotaryPositions::rotate(const Tensor& x, int64_t start) const {
+  const int64_t T = x.size(-2);
+  std::vector<int64_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = start + t;
+  return rope(x, from_vector(pos, {T}), base);
+}
+
+std::vector<double> alibi_slopes(int64_t heads) {
+  auto pow2 = [](int64_t n) {
+    std::vector<double> s(n);
+    for (int64_t h = 1; h <= n; ++h) s[h - 1] = std::pow(2.0, -8.0 * (double)h / (double)n);
+    return s;
+  };
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  std::vector<double> s = pow2(n);
+  const std::vector<double> extra = pow2(2 * n);
+  for (int64_t i = 0; (int64_t)s.size() < heads; i += 2) s.push_back(extra[i]);
+  return s;
+}
+
+AlibiPositions::AlibiPositions(int64_t heads, bool causal) : slopes(alibi_slopes(heads)), causal(causal) {}
+
+Tensor AlibiPositions::bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const {
+  const int64_t H = (int64_t)slopes.size(), rows = causal ? 1 : Tq;
+  std::vector<double> b(H * rows * Tk);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < Tk; ++j)
+        b[(h * rows + i) * Tk + j] = causal ? -slopes[h] * (double)(Tk - 1 - j)
+                                            : -slopes[h] * (double)std::llabs(q_start + i - j);
+  return from_vector(b, {1, H, rows, Tk}, dt);
+}
+
+int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t max_distance) {
+  int64_t ret = 0, n = -relative;
+  if (bidirectional) {
+    buckets /= 2;
+    if (n < 0) ret += buckets;
+    n = std::llabs(n);
+  } else {
+    n = std::max<int64_t>(n, 0);
+  }
+  const int64_t max_exact = buckets / 2;
+  if (n < max_exact) return ret + n;
+  const int64_t large = max_exact + (int64_t)(std::log((double)n / (double)max_exact) /
+                                              std::log((double)max_distance / (double)max_exact) *
+                                              (double)(buckets - max_exact));
+  return ret + std::min(large, buckets - 1);
+}
+
+RelativePositionBias::RelativePositionBias(int64_t heads, bool bidirectional, int64_t buckets,
+                                           int64_t max_distance, DType dt, Generator& gen)
+    : bidirectional(bidirectional), buckets(buckets), max_distance(max_distance) {
+  if (buckets < 4 || max_distance <= buckets / (bidirectional ? 4 : 2))
+    fail("RelativePositionBias: need buckets >= 4 and max_distance > the exact range, got " +
+         std::to_string(buckets) + " buckets, max_distance " + std::to_string(max_distance));
+  weight = register_parameter("weight", randn({buckets, heads}, dt, gen, 0.0, 0.1));
+}
+
+Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t Tk, DType) const {
+  std::vector<int64_t> ids(Tq * Tk);
+  for (int64_t i = 0; i < Tq; ++i)
+    for (int64_t j = 0; j < Tk; ++j)
+      ids[i * Tk + j] = relative_bucket(j - (q_start + i), bidirectional, buckets, max_distance);
+  Tensor b = embedding(weight, from_vector(ids, {Tq, Tk}));  // (Tq, Tk, H)
+  return unsqueeze(permute(b, {2, 0, 1}), 0);                 // (1, H, Tq, Tk)
+}
+
+std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o, int64_t heads,
+                                                             bool causal, DType dt, Generator& gen) {
+  switch (o.kind) {
+    case Positions::rope: return std::make_shared<RotaryPositions>(o.rope_base);
+    case Positions::alibi: return std::make_shared<AlibiPositions>(heads, causal);
+    case Positions::relative:
+      return std::make_shared<RelativePositionBias>(heads, !causal, o.relative_buckets,
+                                                    o.relative_max_distance, dt, gen);
+    default: return nullptr;
+  }
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,80 @@
+// Positional encodings: one kind per model, chosen in its config.
+//   sinusoidal  PE(t, 2j) = sin(t / 10000^(2j/d)), PE(t, 2j+1) = cos(..), added to the embeddings
+//   learned     a (max_len, d) table added to the embeddings; refuses positions >= max_len
+//   rope        q and k head vectors rotated by angle t * base^(-2i/Dh) (ops/rope.h)
+//   alibi       score bias -m_h * (i - j) (causal) or -m_h * |i - j| (bidirectional)
+//   relative    T5's learned score bias b[bucket(j - i), h], shared by the layers of a stack
+// The first two act on the embeddings (nn/layers.h); the last three act inside self-attention
+// through AttentionPositions, given the absolute positions of the queries and keys (so a KV
+// cache's offset is honoured). Cross-attention gets no positional term under any of them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace graft::nn {
+
+enum class Positions { sinusoidal, learned, rope, alibi, relative };
+Positions parse_positions(const std::string& name);  // error lists the five names
+const char* positions_name(Positions p);
+
+struct PositionOptions {
+  Positions kind = Positions::sinusoidal;
+  double rope_base = 10000.0;
+  int64_t relative_buckets = 32, relative_max_distance = 128;
+};
+
+// What a self-attention layer adds for positions. Queries sit at positions q_start .. q_start +
+// Tq - 1 and keys at 0 .. Tk - 1.
+class AttentionPositions : public Module {
+ public:
+  // x (B, H, T, Dh) at positions start .. start + T - 1 -> the transformed x (RoPE), or x.
+  virtual Tensor rotate(const Tensor& x, int64_t start) const;
+  // Additive score bias broadcastable to (B, H, Tq, Tk), or undefined.
+  virtual Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const;
+};
+
+class RotaryPositions : public AttentionPositions {
+ public:
+  explicit RotaryPositions(double base) : base(base) {}
+  Tensor rotate(const Tensor& x, int64_t start) const override;
+  double base;
+};
+
+// ALiBi slopes for H heads: 2^(-8h/H), h = 1..H, for H a power of two; otherwise those of the
+// nearest smaller power of two n followed by every other slope of 2n (Press et al.).
+std::vector<double> alibi_slopes(int64_t heads);
+
+class AlibiPositions : public AttentionPositions {
+ public:
+  AlibiPositions(int64_t heads, bool causal);
+  // causal: -m_h (i - j) equals m_h j up to a per-row constant, which softmax ignores, so the
+  // bias is (1, H, 1, Tk) = -m_h (Tk - 1 - j); bidirectional: (1, H, Tq, Tk) = -m_h |i - j|.
+  Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const override;
+  std::vector<double> slopes;
+  bool causal;
+};
+
+// T5's bucket of a relative position (key - query): exact below buckets/2 (per direction when
+// bidirectional), log-spaced up to max_distance, the last bucket beyond.
+int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t max_distance);
+
+class RelativePositionBias : public AttentionPositions {
+ public:
+  RelativePositionBias(int64_t heads, bool bidirectional, int64_t buckets, int64_t max_distance,
+                       DType dt, Generator& gen);
+  // (1, H, Tq, Tk) = weight[bucket(j - i), h], through embedding (weight gets gradients).
+  Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const override;
+  Tensor weight;  // (buckets, heads)
+  bool bidirectional;
+  int64_t buckets, max_distance;
+};
+
+// The attention-side module of a stack for `o.kind`, or null for sinusoidal and learned.
+// causal: the stack's self-attention is causal (decoder) rather than bidirectional (encoder).
+std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o, int64_t heads,
+                                                             bool causal, DType dt, Generator& gen);
+
+}  // namespace graft::nn

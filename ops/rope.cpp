@@ -1,0 +1,113 @@
+// rope: one OpenMP loop for both precisions (no oneDNN primitive does it). The angles are
+// computed in float64 once per (position, pair) and the backward is the inverse rotation
+// (angle -> -angle), so nothing is saved but the positions.
+#include "ops/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "ops/cases.h"
+#include "ops/kernels.h"
+#include "ops/shape.h"
+
+namespace graft {
+
+using autograd::Ctx;
+
+namespace {
+
+GRAFT_DECLARE_OP("rope", "rope");
+
+// cos and sin of t * base^(-2i/D) for every position t and pair i: (T, D/2) each.
+struct Angles {
+  std::vector<double> cos, sin;
+};
+Angles rope_angles(const std::vector<int64_t>& pos, int64_t D, double base) {
+  const int64_t T = (int64_t)pos.size(), h = D / 2;
+  Angles a{std::vector<double>(T * h), std::vector<double>(T * h)};
+  for (int64_t i = 0; i < h; ++i) {
+    const double theta = std::pow(base, -2.0 * (double)i / (double)D);
+    for (int64_t t = 0; t < T; ++t) {
+      a.cos[t * h + i] = std::cos((double)pos[t] * theta);
+      a.sin[t * h + i] = std::sin((double)pos[t] * theta);
+    }
+  }
+  return a;
+}
+
+// y = x rotated by +angle (sign 1) or -angle (sign -1); x, y contiguous (rows, D), row r at
+// position index r % T.
+template <class T>
+void rope_loop(const T* x, T* y, int64_t rows, int64_t Tn, int64_t D, const Angles& a, T sign) {
+  const int64_t h = D / 2;
+#pragma omp parallel for if (rows * D > kern::kParallelGrain) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * D;
+    T* yr = y + r * D;
+    const double* c = a.cos.data() + (r % Tn) * h;
+    const double* s = a.sin.data() + (r % Tn) * h;
+    for (int64_t i = 0; i < h; ++i) {
+      const T ci = (T)c[i], si = sign * (T)s[i];
+      yr[i] = xr[i] * ci - xr[i + h] * si;
+      yr[i + h] = xr[i + h] * ci + xr[i] * si;
+    }
+  }
+}
+
+Tensor rotate(const Tensor& x_in, const Angles& a, int64_t Tn, double sign) {
+  const Tensor x = kern::contig(x_in);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  const int64_t D = x.shape().back(), rows = D ? x.numel() / D : 0;
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "rope", [&] {
+    rope_loop<T>(x.data<const T>(), y.data<T>(), rows, Tn, D, a, (T)sign);
+  });
+  return y;
+}
+
+void check_rope(const Tensor& x, const Tensor& positions, double base) {
+  kern::check_float("rope", x);
+  const std::string what = "rope: x " + describe(x) + ", positions " + describe(positions);
+  if (x.dim() < 2 || x.shape().back() % 2 != 0)
+    fail(what + ": x must be (..., T, D) with D even");
+  if (positions.dtype() != DType::i64 || positions.dim() != 1 || positions.size(0) != x.size(-2))
+    fail(what + ": positions must be int64 (T) = (" + std::to_string(x.size(-2)) + ")");
+  if (!(base > 1) || !std::isfinite(base)) fail(what + ": base must be finite and > 1, got " + std::to_string(base));
+}
+
+// rope: dx = dout rotated back (by -angle).
+Tensor rope_backward(const Tensor& dout, const std::shared_ptr<const Angles>& a, int64_t Tn) {
+  return rotate(dout, *a, Tn, -1.0);
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, const Tensor& positions, double base) {
+  check_rope(x, positions, base);
+  const int64_t Tn = x.size(-2);
+  auto a = std::make_shared<const Angles>(rope_angles(positions.to_vector<int64_t>(), x.shape().back(), base));
+  Tensor y = rotate(x, *a, Tn, 1.0);
+  if (autograd::needs_record({x}))
+    autograd::record("rope", {x}, {y}, {}, [a, Tn](const Ctx&, const Tensors& dout) {
+      return Tensors{rope_backward(dout[0], a, Tn)};
+    });
+  return y;
+}
+
+void register_rope_cases() {
+  // Heads as a permuted view of a (B, T, H, D) projection, positions not starting at 0.
+  register_case(OpCase{.name = "rope/head_view_offset",
+                       .op = "rope",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 2, 6}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return rope(permute(x[0], {0, 2, 1, 3}), from_vector(std::vector<int64_t>{5, 6, 7}, {3}));
+                       }});
+  register_case(OpCase{.name = "rope/transposed_small_base",
+                       .op = "rope",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) {
+                         return rope(x[0], from_vector(std::vector<int64_t>{0, 3, 1, 9}, {4}), 100.0);
+                       }});
+}
+
+}  // namespace graft

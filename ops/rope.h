@@ -1,0 +1,16 @@
+// Rotary position embedding (Su et al., RoFormer), "rotate half" pairing as in GPT-NeoX/LLaMA:
+// for each row (a head vector of a query or key at absolute position t), with h = D / 2 and
+// theta_i = base^(-2i / D), angle = t * theta_i, i < h:
+//   y[i]     = x[i] cos(angle) - x[i + h] sin(angle)
+//   y[i + h] = x[i + h] cos(angle) + x[i] sin(angle)
+// x (..., T, D) with D even, positions int64 (T) -> y (..., T, D). q·k of two rotated vectors
+// depends on their positions only through the difference.
+#pragma once
+
+#include "autograd/tensor.h"
+
+namespace graft {
+
+Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0);
+
+}  // namespace graft
