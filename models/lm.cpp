@@ -16,10 +16,11 @@ void check_ids(const char* who, const Tensor& ids) {
 DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
   Generator gen(c.seed);
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
-  pos = register_module("pos", std::make_shared<nn::LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen));
+  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   blocks = register_module("blocks", std::make_shared<nn::Encoder>(
-      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen, &dropout_gen));
+      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen,
+      &dropout_gen, c.positions, /*causal=*/true));
 }
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
@@ -32,10 +33,11 @@ EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropou
   Generator gen(c.seed);
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
                                                                            1.0 / std::sqrt((double)c.d_model)));
-  pos = register_module("pos", std::make_shared<nn::SinusoidalPositionalEncoding>(c.max_len, c.d_model, c.dtype));
+  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   encoder = register_module("encoder", std::make_shared<nn::Encoder>(
-      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, c.norm_first, gen, &dropout_gen));
+      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, c.norm_first, gen,
+      &dropout_gen, c.positions));
   head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
 }
 

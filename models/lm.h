@@ -10,6 +10,7 @@ namespace graft::models {
 struct LMConfig {
   int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
   double dropout = 0.1;
+  nn::PositionOptions positions{.kind = nn::Positions::learned};
   bool norm_first = true;
   int64_t pad_id = 0;
   DType dtype = DType::f32;
@@ -23,9 +24,9 @@ class DecoderOnlyLM : public nn::Module {
   LMConfig cfg;
   Generator dropout_gen;
   std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::LearnedPositionalEncoding> pos;
+  std::shared_ptr<nn::EmbeddingPositions> pos;  // "pos.weight" when learned
   std::shared_ptr<nn::Dropout> dropout;
-  std::shared_ptr<nn::Encoder> blocks;  // with the final LayerNorm
+  std::shared_ptr<nn::Encoder> blocks;  // with the final LayerNorm (and rope/alibi/relative)
 };
 
 // Encoder-only classifier (BERT-style without pre-training): Encoder over the tokens, mean over
@@ -33,6 +34,7 @@ class DecoderOnlyLM : public nn::Module {
 struct ClassifierConfig {
   int64_t vocab = 1000, classes = 2, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
   double dropout = 0.1;
+  nn::PositionOptions positions;  // sinusoidal by default
   bool norm_first = false;
   int64_t pad_id = 0;
   DType dtype = DType::f32;
@@ -46,7 +48,7 @@ class EncoderClassifier : public nn::Module {
   ClassifierConfig cfg;
   Generator dropout_gen;
   std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::SinusoidalPositionalEncoding> pos;
+  std::shared_ptr<nn::EmbeddingPositions> pos;
   std::shared_ptr<nn::Dropout> dropout;
   std::shared_ptr<nn::Encoder> encoder;
   std::shared_ptr<nn::Linear> head;

@@ -91,10 +91,8 @@ Transformer::Transformer(const TransformerConfig& c) : cfg(c), dropout_gen(c.see
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(
                                                c.vocab, c.d_model, c.pad_id, c.dtype, gen,
                                                1.0 / std::sqrt((double)c.d_model)));
-  if (c.positions.kind == nn::Positions::learned)
-    learned_pos = register_module("learned_pos", std::make_shared<nn::LearnedPositionalEncoding>(c.max_len, c.d_model, c.dtype, gen));
-  else if (c.positions.kind == nn::Positions::sinusoidal)
-    sin_pos = register_module("sin_pos", std::make_shared<nn::SinusoidalPositionalEncoding>(c.max_len, c.d_model, c.dtype));
+  pos = register_module(c.positions.kind == nn::Positions::learned ? "learned_pos" : "sin_pos",
+                        std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   encoder = register_module("encoder", std::make_shared<nn::Encoder>(c.layer(), c.enc_layers, c.final_norm, gen, &dropout_gen, c.positions));
   decoder = register_module("decoder", std::make_shared<nn::Decoder>(c.layer(), c.dec_layers, c.final_norm, gen, &dropout_gen, c.positions));
@@ -110,8 +108,7 @@ Tensor Transformer::embed(const Tensor& ids, int64_t start) const {
   if (ids.dtype() != DType::i64 || ids.dim() != 2)
     fail("Transformer: token ids must be int64 (B, T), got " + describe(ids));
   Tensor x = affine(embedding->forward(ids), std::sqrt((double)cfg.d_model), 0.0);
-  if (learned_pos) x = learned_pos->forward(x, start);
-  if (sin_pos) x = sin_pos->forward(x, start);
+  x = pos->forward(x, start);
   return dropout->forward(x);
 }
 

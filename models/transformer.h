@@ -56,8 +56,8 @@ class Transformer : public nn::Module {
   TransformerConfig cfg;
   Generator dropout_gen;  // all dropout masks come from here (saved for exact resume)
   std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::SinusoidalPositionalEncoding> sin_pos;
-  std::shared_ptr<nn::LearnedPositionalEncoding> learned_pos;
+  // sinusoidal/learned positions ("sin_pos" buffer / "learned_pos.weight"); identity otherwise
+  std::shared_ptr<nn::EmbeddingPositions> pos;
   std::shared_ptr<nn::Dropout> dropout;
   std::shared_ptr<nn::Encoder> encoder;
   std::shared_ptr<nn::Decoder> decoder;

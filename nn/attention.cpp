@@ -71,7 +71,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
   if (self && pos) {
     qkv[0] = pos->rotate(qkv[0], 0);
     qkv[1] = pos->rotate(qkv[1], 0);
-    bias = pos->bias(0, x.shape()[1], x.shape()[1], x.dtype());
+    bias = pos->bias(0, x.shape()[1], 0, x.shape()[1], x.dtype());
   }
   return attend(qkv[0], qkv[1], qkv[2], key_padding_mask, causal, bias, weights);
 }
@@ -103,7 +103,7 @@ Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, in
   copy_into(slice(cache.k, 2, start, start + T), qkv[1]);
   copy_into(slice(cache.v, 2, start, start + T), qkv[2]);
   cache.len += T;
-  const Tensor bias = pos ? pos->bias(start, T, cache.len, x.dtype()) : Tensor();
+  const Tensor bias = pos ? pos->bias(start, T, 0, cache.len, x.dtype()) : Tensor();
   // causal aligned to the end: step t sees cached keys 0..t
   return attend(qkv[0], slice(cache.k, 2, 0, cache.len), slice(cache.v, 2, 0, cache.len), Tensor(),
                 true, bias, nullptr);

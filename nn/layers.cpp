@@ -60,8 +60,7 @@ Tensor FeedForward::forward(const Tensor& x) const {
   return feed_forward(*linear1, *dropout, *linear2, act, x);
 }
 
-// Rows start .. start + n - 1 of the sinusoidal table (any start >= 0), (n, d).
-static Tensor sinusoid_rows(int64_t start, int64_t n, int64_t d, DType dt) {
+Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt) {
   std::vector<double> v(n * d);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < d; j += 2) {
@@ -72,24 +71,24 @@ static Tensor sinusoid_rows(int64_t start, int64_t n, int64_t d, DType dt) {
   return from_vector(v, {n, d}, dt);
 }
 
-SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt) {
-  table = register_buffer("table", sinusoid_rows(0, max_len, d, dt));
-}
-
-static void check_positions(const char* who, const Tensor& x, int64_t start, int64_t max_len) {
+Tensor add_positions(const Tensor& x, const Tensor& table, int64_t start, bool sinusoidal) {
+  const char* who = sinusoidal ? "SinusoidalPositionalEncoding" : "LearnedPositionalEncoding";
   if (x.dim() != 3) fail(std::string(who) + ": expected (B, T, d), got " + describe(x));
-  if (start < 0 || start + x.shape()[1] > max_len)
-    fail(std::string(who) + ": positions " + std::to_string(start) + ".." +
-         std::to_string(start + x.shape()[1] - 1) + " exceed max_len " + std::to_string(max_len) +
+  const int64_t T = x.shape()[1], max_len = table.shape()[0];
+  if (start < 0 || (!sinusoidal && start + T > max_len))
+    fail(std::string(who) + ": positions " + std::to_string(start) + ".." + std::to_string(start + T - 1) +
+         " exceed max_len " + std::to_string(max_len) +
          " (learned positions exist only below max_len; sinusoidal, rope, alibi and relative extrapolate)");
+  if (start + T <= max_len) return add(x, slice(table, 0, start, start + T));
+  return add(x, sinusoid_table(start, T, table.shape()[1], table.dtype()));
 }
 
-// Positions past the precomputed table (longer sequences than max_len) are computed on the fly.
+SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int64_t d, DType dt) {
+  table = register_buffer("table", sinusoid_table(0, max_len, d, dt));
+}
+
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t start) const {
-  const int64_t T = x.dim() == 3 ? x.shape()[1] : 0, max_len = table.shape()[0];
-  check_positions("SinusoidalPositionalEncoding", x, start, std::max(max_len, start + T));
-  if (start + T <= max_len) return add(x, slice(table, 0, start, start + T));
-  return add(x, sinusoid_rows(start, T, table.shape()[1], table.dtype()));
+  return add_positions(x, table, start, true);
 }
 
 LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d, DType dt,
@@ -98,8 +97,7 @@ LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d,
 }
 
 Tensor LearnedPositionalEncoding::forward(const Tensor& x, int64_t start) const {
-  check_positions("LearnedPositionalEncoding", x, start, weight.shape()[0]);
-  return add(x, slice(weight, 0, start, start + x.shape()[1]));
+  return add_positions(x, weight, start, false);
 }
 
 }  // namespace graft::nn

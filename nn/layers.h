@@ -61,6 +61,12 @@ class FeedForward : public Module {
   Activation act;
 };
 
+// Rows start .. start + n - 1 of the sinusoidal table below, (n, d).
+Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt);
+// x (B, T, d) + rows start .. start + T - 1 of table (max_len, d); rows past max_len are computed
+// when sinusoidal, an error naming max_len otherwise.
+Tensor add_positions(const Tensor& x, const Tensor& table, int64_t start, bool sinusoidal);
+
 // PE(i, 2j) = sin(i / 10000^(2j/d)), PE(i, 2j+1) = cos(i / 10000^(2j/d)) (seeds 000/001).
 // forward(x, start) adds rows start .. start+T-1 to x (B, T, d); rows past max_len are computed.
 class SinusoidalPositionalEncoding : public Module {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "nn/layers.h"
 #include "ops/ops.h"
 
 namespace graft::nn {
@@ -18,8 +19,19 @@ Positions parse_positions(const std::string& name) {
 
 const char* positions_name(Positions p) { return kNames[(int)p]; }
 
+EmbeddingPositions::EmbeddingPositions(Positions k, int64_t max_len, int64_t d, DType dt, Generator& gen)
+    : kind(k) {
+  if (kind == Positions::learned) table = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
+  if (kind == Positions::sinusoidal) table = register_buffer("table", sinusoid_table(0, max_len, d, dt));
+}
+
+Tensor EmbeddingPositions::forward(const Tensor& x, int64_t start) const {
+  if (kind != Positions::learned && kind != Positions::sinusoidal) return x;
+  return add_positions(x, table, start, kind == Positions::sinusoidal);
+}
+
 Tensor AttentionPositions::rotate(const Tensor& x, int64_t) const { return x; }
-Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, DType) const { return Tensor(); }
+Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, int64_t, DType) const { return Tensor(); }
 
 Tensor RotaryPositions::rotate(const Tensor& x, int64_t start) const {
   const int64_t T = x.size(-2);
@@ -44,14 +56,14 @@ std::vector<double> alibi_slopes(int64_t heads) {
 
 AlibiPositions::AlibiPositions(int64_t heads, bool causal) : slopes(alibi_slopes(heads)), causal(causal) {}
 
-Tensor AlibiPositions::bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const {
+Tensor AlibiPositions::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const {
   const int64_t H = (int64_t)slopes.size(), rows = causal ? 1 : Tq;
   std::vector<double> b(H * rows * Tk);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < Tk; ++j)
         b[(h * rows + i) * Tk + j] = causal ? -slopes[h] * (double)(Tk - 1 - j)
-                                            : -slopes[h] * (double)std::llabs(q_start + i - j);
+                                            : -slopes[h] * (double)std::llabs(q_start + i - k_start - j);
   return from_vector(b, {1, H, rows, Tk}, dt);
 }
 
@@ -81,11 +93,11 @@ RelativePositionBias::RelativePositionBias(int64_t heads, bool bidirectional, in
   weight = register_parameter("weight", randn({buckets, heads}, dt, gen, 0.0, 0.1));
 }
 
-Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t Tk, DType) const {
+Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType) const {
   std::vector<int64_t> ids(Tq * Tk);
   for (int64_t i = 0; i < Tq; ++i)
     for (int64_t j = 0; j < Tk; ++j)
-      ids[i * Tk + j] = relative_bucket(j - (q_start + i), bidirectional, buckets, max_distance);
+      ids[i * Tk + j] = relative_bucket(k_start + j - (q_start + i), bidirectional, buckets, max_distance);
   Tensor b = embedding(weight, from_vector(ids, {Tq, Tk}));  // (Tq, Tk, H)
   return unsqueeze(permute(b, {2, 0, 1}), 0);                 // (1, H, Tq, Tk)
 }

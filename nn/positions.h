@@ -27,13 +27,14 @@ struct PositionOptions {
 };
 
 // What a self-attention layer adds for positions. Queries sit at positions q_start .. q_start +
-// Tq - 1 and keys at 0 .. Tk - 1.
+// Tq - 1 and keys at k_start .. k_start + Tk - 1 (a KV cache: keys from 0, new queries at the
+// cache length).
 class AttentionPositions : public Module {
  public:
   // x (B, H, T, Dh) at positions start .. start + T - 1 -> the transformed x (RoPE), or x.
   virtual Tensor rotate(const Tensor& x, int64_t start) const;
   // Additive score bias broadcastable to (B, H, Tq, Tk), or undefined.
-  virtual Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const;
+  virtual Tensor bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const;
 };
 
 class RotaryPositions : public AttentionPositions {
@@ -52,7 +53,7 @@ class AlibiPositions : public AttentionPositions {
   AlibiPositions(int64_t heads, bool causal);
   // causal: -m_h (i - j) equals m_h j up to a per-row constant, which softmax ignores, so the
   // bias is (1, H, 1, Tk) = -m_h (Tk - 1 - j); bidirectional: (1, H, Tq, Tk) = -m_h |i - j|.
-  Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const override;
+  Tensor bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const override;
   std::vector<double> slopes;
   bool causal;
 };
@@ -66,10 +67,21 @@ class RelativePositionBias : public AttentionPositions {
   RelativePositionBias(int64_t heads, bool bidirectional, int64_t buckets, int64_t max_distance,
                        DType dt, Generator& gen);
   // (1, H, Tq, Tk) = weight[bucket(j - i), h], through embedding (weight gets gradients).
-  Tensor bias(int64_t q_start, int64_t Tq, int64_t Tk, DType dt) const override;
+  Tensor bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const override;
   Tensor weight;  // (buckets, heads)
   bool bidirectional;
   int64_t buckets, max_distance;
+};
+
+// The embedding-side part of a kind: forward(x, start) adds sinusoidal or learned positions
+// start .. start + T - 1 to x (B, T, d), and is the identity for rope, alibi and relative.
+// Learned positions are the parameter "weight" (max_len, d), sinusoidal ones the buffer "table".
+class EmbeddingPositions : public Module {
+ public:
+  EmbeddingPositions(Positions kind, int64_t max_len, int64_t d, DType dt, Generator& gen);
+  Tensor forward(const Tensor& x, int64_t start = 0) const;
+  Positions kind;
+  Tensor table;  // (max_len, d): the weight (learned) or the sinusoid table, else undefined
 };
 
 // The attention-side module of a stack for `o.kind`, or null for sinusoidal and learned.

@@ -301,7 +301,9 @@ Tensors qkv(DType dt, Generator& g, int64_t Tq, int64_t Tk) {
 
 }  // namespace
 
-void register_attention_cases() {
+namespace {
+
+void register_attention_dropout_cases() {
   // A fresh generator per call, so every forward of the gradcheck drops the same entries.
   register_case(OpCase{.name = "attention/dropout_causal_bias",
                        .op = "scaled_dot_product_attention",
@@ -320,6 +322,9 @@ void register_attention_cases() {
                          opt.generator = &gen;
                          return scaled_dot_product_attention(x[0], x[1], x[2], opt).out;
                        }});
+}
+
+void register_attention_mask_cases() {
   register_case(OpCase{.name = "attention/plain",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },
@@ -366,6 +371,13 @@ void register_attention_cases() {
                              return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt)
                                  .out;
                            }});
+}
+
+}  // namespace
+
+void register_attention_cases() {
+  register_attention_mask_cases();
+  register_attention_dropout_cases();
 }
 
 }  // namespace graft

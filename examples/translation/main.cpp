@@ -2,6 +2,7 @@
 //   translate generate-data --out data/toy --seed 1 --train 50000 --valid 1000 --test 1000
 //   translate train --data data/toy --out runs/demo --preset tiny --minutes 9
 //   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention a.png]
+//     [--sample --temperature 0.8 --top-k 20 --top-p 0.9 --seed 1]
 //   translate evaluate --run runs/demo --data data/toy/test.tsv
 #include <cstdio>
 #include <filesystem>
@@ -39,11 +40,13 @@ int cmd_train(const tr::TrainOptions& o) {
   return 0;
 }
 
-int cmd_translate(const std::string& run, int beam, int64_t max_len, const std::string& attention) {
+int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_t max_len,
+                  const std::string& attention) {
+  models::check_decode_options(o);  // before loading anything
   auto lr = tr::load_run(run);
   std::vector<std::string> lines;
   for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
-  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, beam, max_len);
+  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, o, max_len);
   for (auto& h : hyps) std::cout << h << '\n';
   std::cout.flush();
   if (!attention.empty()) {
@@ -103,6 +106,10 @@ int main(int argc, char** argv) {
   trn->add_option("--label-smoothing", o.label_smoothing, "label smoothing epsilon");
   trn->add_option("--dropout", o.dropout, "dropout probability");
   trn->add_flag("--pre-ln", o.pre_ln, "pre-LayerNorm blocks (default post-LN)");
+  trn->add_option("--positions", o.positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
+      ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
+  trn->add_option("--attention-dropout", o.attention_dropout, "dropout on the attention probabilities")
+      ->check(CLI::Range(0.0, 0.99));
   trn->add_option("--vocab", o.vocab, "SentencePiece vocabulary size");
   trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps");
   trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps");
@@ -113,10 +120,15 @@ int main(int argc, char** argv) {
 
   auto* tl = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
   std::string t_run, t_att;
-  int t_beam = 1;
+  models::DecodeOptions t_opt;
   int64_t t_max = 0;
   tl->add_option("--run", t_run, "run directory")->required();
-  tl->add_option("--beam", t_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  tl->add_option("--beam", t_opt.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  tl->add_flag("--sample", t_opt.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
+  tl->add_option("--temperature", t_opt.sampling.temperature, "sampling temperature (> 0)");
+  tl->add_option("--top-k", t_opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  tl->add_option("--top-p", t_opt.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
+  tl->add_option("--seed", t_opt.seed, "sampling seed (same seed, same output)");
   tl->add_option("--max-len", t_max, "maximum output pieces (default 2 * source + 10)");
   tl->add_option("--attention", t_att, "PNG heatmap of the first sentence's cross-attention");
 
@@ -135,7 +147,7 @@ int main(int argc, char** argv) {
       if (o.steps <= 0 && o.minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
       return cmd_train(o);
     }
-    if (*tl) return cmd_translate(t_run, t_beam, t_max, t_att);
+    if (*tl) return cmd_translate(t_run, t_opt, t_max, t_att);
     if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
   } catch (const CLI::Error& e) {
     return app.exit(e);

@@ -209,6 +209,16 @@ ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& b
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines, int beam,
                                          int64_t max_len) {
+  models::DecodeOptions o;
+  o.beam = beam;
+  return translate_lines(m, tok, lines, o, max_len);
+}
+
+std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
+                                         const std::vector<std::string>& lines,
+                                         const models::DecodeOptions& opts, int64_t max_len) {
+  models::check_decode_options(opts);
+  const int beam = opts.beam;
   EvalScope es(m);
   std::vector<std::vector<int64_t>> enc(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -231,9 +241,9 @@ std::vector<std::string> translate_lines(models::Transformer& m, const text::Tok
       auto& e = enc[order[k]];
       std::copy(e.begin(), e.end(), src.begin() + (k - begin) * S);
     }
-    models::DecodeOptions o;
-    o.beam = beam;
+    models::DecodeOptions o = opts;
     o.max_len = std::min(m.cfg.max_len - 1, max_len > 0 ? max_len : 2 * S + 10);
+    o.seed = opts.seed + begin;  // each chunk its own stream: same seed, same output
     auto hyps = models::translate(m, ids_tensor(src, (int64_t)(end - begin), S), o);
     for (size_t k = begin; k < end; ++k) {
       std::vector<int> ids(hyps[k - begin].begin(), hyps[k - begin].end());
@@ -328,7 +338,8 @@ nlohmann::json TrainOptions::to_json() const {
   return {{"data_dir", data_dir}, {"preset", preset}, {"steps", steps}, {"minutes", minutes},
           {"batch_tokens", batch_tokens}, {"lr_factor", lr_factor}, {"warmup", warmup},
           {"lr", lr}, {"label_smoothing", label_smoothing}, {"dropout", dropout},
-          {"pre_ln", pre_ln}, {"vocab", vocab}, {"valid_every", valid_every}, {"seed", seed}};
+          {"pre_ln", pre_ln}, {"positions", positions}, {"attention_dropout", attention_dropout},
+          {"vocab", vocab}, {"valid_every", valid_every}, {"seed", seed}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -426,6 +437,8 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   if (o.layers > 0) c.enc_layers = c.dec_layers = o.layers;
   c.dropout = o.dropout;
   c.norm_first = o.pre_ln;
+  c.positions.kind = nn::parse_positions(o.positions);
+  c.attention_dropout = o.attention_dropout;
   c.seed = o.seed;
   if (c.d_model % c.heads)
     fail("train: d_model " + std::to_string(c.d_model) + " is not divisible by heads " + std::to_string(c.heads));

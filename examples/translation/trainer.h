@@ -68,6 +68,8 @@ struct TrainOptions {
   double label_smoothing = 0.1;
   double dropout = 0.1;
   bool pre_ln = false;
+  std::string positions = "sinusoidal";  // sinusoidal, learned, rope, alibi, relative
+  double attention_dropout = 0;
   int vocab = 1000;
   int64_t valid_every = 500;
   int64_t log_every = 100;   // metrics.csv row / non-TTY progress line interval
@@ -110,10 +112,14 @@ struct ForcedMetrics {
 };
 ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& batches);
 
-// Translates sentences in length-sorted chunks; output order matches the input.
+// Translates sentences in length-sorted chunks; output order matches the input. o says greedy,
+// beam or sampling; its max_len is replaced by max_len (0: 2 * source length + 10).
+std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
+                                         const std::vector<std::string>& lines,
+                                         const models::DecodeOptions& o, int64_t max_len = 0);
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines, int beam = 1,
-                                         int64_t max_len = 0 /* 0: from the source length */);
+                                         int64_t max_len = 0);
 
 struct EvalResult {
   ForcedMetrics forced;

@@ -1,0 +1,196 @@
+// The decoding module: sampling distributions computed by hand (temperature, top-k, nucleus),
+// a chi-square check of the sampler's frequencies, sampling's limits equal to greedy, seeds,
+// option errors; and sampling through the Transformer (same seed and any thread count: same
+// tokens).
+#include <omp.h>
+
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <numeric>
+
+#include "models/decoding.h"
+#include "models/transformer.h"
+#include "ops/ops.h"
+
+using namespace graft;
+using namespace graft::models;
+
+namespace {
+
+std::vector<double> logs(const std::vector<double>& p) {
+  std::vector<double> l;
+  for (double x : p) l.push_back(std::log(x));
+  return l;
+}
+
+bool close(const std::vector<double>& a, const std::vector<double>& b, double tol = 1e-12) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::fabs(a[i] - b[i]) > tol) return false;
+  return true;
+}
+
+// Logits that depend on the row's last token: a deterministic toy "model", V = 9, EOS = 8.
+class FakeStep : public DecodeStep {
+ public:
+  Tensor next_logits(const std::vector<std::vector<int64_t>>& prefix) override {
+    std::vector<double> l;
+    for (auto& p : prefix)
+      for (int64_t v = 0; v < 9; ++v)
+        l.push_back(v == 8 ? -1.0 : 2.0 * std::sin(1.3 * (double)v + 0.7 * (double)p.back() + 0.1 * (double)p.size()));
+    return from_vector(l, {(int64_t)prefix.size(), 9});
+  }
+  void select(const std::vector<int64_t>&) override {}
+};
+
+bool has(const Error& e, const std::string& part) {
+  const bool ok = std::string(e.what()).find(part) != std::string::npos;
+  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
+  return ok;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(decoding)
+
+BOOST_AUTO_TEST_CASE(nucleus_keeps_exactly_the_smallest_set_reaching_p) {
+  const std::vector<double> l = logs({0.5, 0.3, 0.1, 0.06, 0.04});
+  SamplingOptions o;
+  o.top_p = 0.75;  // 0.5 < 0.75 <= 0.8
+  BOOST_TEST(close(sampling_distribution(l, o), {0.625, 0.375, 0, 0, 0}));
+  o.top_p = 0.85;  // 0.8 < 0.85 <= 0.9
+  BOOST_TEST(close(sampling_distribution(l, o), {0.5 / 0.9, 0.3 / 0.9, 0.1 / 0.9, 0, 0}));
+  o.top_p = 0.5;  // the top token alone reaches it
+  BOOST_TEST(close(sampling_distribution(l, o), {1, 0, 0, 0, 0}));
+  o.top_p = 1.0;
+  BOOST_TEST(close(sampling_distribution(l, o), {0.5, 0.3, 0.1, 0.06, 0.04}));
+  // top-k first, then the nucleus of what is left: {0.5, 0.3, 0.1} / 0.9, p = 0.85 of that
+  // is reached by 0.5 + 0.3 = 0.889.
+  o.top_k = 3;
+  o.top_p = 0.85;
+  BOOST_TEST(close(sampling_distribution(l, o), {0.625, 0.375, 0, 0, 0}));
+  // Unsorted input and a tie: ranks by logit, the lower id first.
+  const std::vector<double> u = logs({0.1, 0.4, 0.1, 0.4});
+  SamplingOptions k3;
+  k3.top_k = 3;
+  BOOST_TEST(close(sampling_distribution(u, k3), {1.0 / 9, 4.0 / 9, 0, 4.0 / 9}));
+}
+
+BOOST_AUTO_TEST_CASE(temperature_scales_the_logits) {
+  const std::vector<double> l{1.0, 2.0, 0.5};
+  SamplingOptions o;
+  o.temperature = 0.5;
+  std::vector<double> want{std::exp(2.0), std::exp(4.0), std::exp(1.0)};
+  const double z = want[0] + want[1] + want[2];
+  for (double& w : want) w /= z;
+  BOOST_TEST(close(sampling_distribution(l, o), want));
+}
+
+// The sampler's frequencies against the distribution computed here independently: temperature
+// softmax, cut to the top k, cut to the nucleus, renormalised. A wrong renormalisation or an
+// off-by-one in the nucleus moves some expected count by far more than the bound allows.
+BOOST_AUTO_TEST_CASE(sampled_frequencies_pass_chi_square) {
+  const std::vector<double> l{0.3, 2.0, -1.0, 1.5, 0.9, 1.2, -0.4, 0.1};
+  SamplingOptions o;
+  o.temperature = 0.7;
+  o.top_k = 6;
+  o.top_p = 0.9;
+  std::vector<int> order(8);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  std::vector<double> p(8, 0.0);
+  double z = 0;
+  for (int r = 0; r < 6; ++r) z += p[order[r]] = std::exp(l[order[r]] / 0.7);
+  double cum = 0;
+  int keep = 0;
+  while (cum < 0.9 * z) cum += p[order[keep++]];
+  for (int r = keep; r < 8; ++r) p[order[r]] = 0;
+  for (double& x : p) x /= cum;
+  BOOST_TEST(keep == 4);  // the case exercises a real cut
+  Generator g(123);
+  const int N = 40000;
+  std::vector<int> count(8, 0);
+  for (int i = 0; i < N; ++i) ++count[sample_token(l, o, g)];
+  double chi2 = 0;
+  for (int v = 0; v < 8; ++v) {
+    if (p[v] == 0) {
+      BOOST_TEST(count[v] == 0, "token " << v << " is outside the set");
+      continue;
+    }
+    chi2 += std::pow(count[v] - N * p[v], 2) / (N * p[v]);
+  }
+  BOOST_TEST(chi2 < 21.1);  // 3 degrees of freedom: P(chi2 > 21.1) < 1e-4
+}
+
+BOOST_AUTO_TEST_CASE(sampling_limits_equal_greedy_and_seeds_repeat) {
+  DecodeOptions o;
+  o.max_len = 20;
+  o.stop_at_eos = false;
+  FakeStep s;
+  const Sequences greedy = greedy_search(s, 3, 0, 8, o);
+  o.sample = true;
+  o.sampling.top_k = 1;
+  BOOST_TEST(sample_search(s, 3, 0, 8, o) == greedy);
+  o.sampling.top_k = 0;
+  o.sampling.temperature = 1e-3;
+  BOOST_TEST(sample_search(s, 3, 0, 8, o) == greedy);
+  o.sampling.temperature = 1.0;
+  o.seed = 11;
+  const Sequences a = sample_search(s, 3, 0, 8, o);
+  BOOST_TEST(sample_search(s, 3, 0, 8, o) == a);
+  BOOST_TEST(decode(s, 3, 0, 8, o) == a);
+  o.seed = 12;
+  BOOST_TEST(sample_search(s, 3, 0, 8, o) != a);
+  BOOST_TEST(a != greedy);
+}
+
+BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
+  FakeStep s;
+  auto fails = [&](auto set, const std::string& part) {
+    DecodeOptions o;
+    o.sample = true;
+    set(o);
+    BOOST_CHECK_EXCEPTION(decode(s, 1, 0, 8, o), Error, [&](const Error& e) { return has(e, part); });
+  };
+  fails([](DecodeOptions& o) { o.sampling.temperature = 0; }, "temperature must be a finite number > 0, got 0");
+  fails([](DecodeOptions& o) { o.sampling.temperature = -1; }, "temperature");
+  fails([](DecodeOptions& o) { o.sampling.temperature = NAN; }, "temperature");
+  fails([](DecodeOptions& o) { o.sampling.top_p = 0; }, "top_p must be in (0, 1]");
+  fails([](DecodeOptions& o) { o.sampling.top_p = 1.5; }, "top_p must be in (0, 1]");
+  fails([](DecodeOptions& o) { o.sampling.top_k = -1; }, "top_k must be >= 0");
+  fails([](DecodeOptions& o) { o.beam = 0; }, "beam must be >= 1");
+  fails([](DecodeOptions& o) { o.beam = 4; }, "beam must be 1");
+  fails([](DecodeOptions& o) { o.max_len = 0; }, "max_len must be >= 1");
+}
+
+BOOST_AUTO_TEST_CASE(transformer_sampling_repeats_for_any_thread_count) {
+  TransformerConfig c;
+  c.vocab = 23;
+  c.d_model = 16;
+  c.heads = 2;
+  c.d_ff = 24;
+  c.enc_layers = c.dec_layers = 1;
+  c.max_len = 32;
+  c.dropout = 0.0;
+  c.positions.kind = nn::Positions::rope;
+  Transformer m(c);
+  m.eval();
+  Tensor src = from_vector(std::vector<int64_t>{5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, {2, 5}, DType::i64);
+  DecodeOptions o;
+  o.max_len = 15;
+  o.stop_at_eos = false;
+  o.sample = true;
+  o.sampling.top_p = 0.95;
+  o.seed = 3;
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const Sequences one = translate(m, src, o);
+  omp_set_num_threads(std::max(2, threads));
+  BOOST_TEST(translate(m, src, o) == one);
+  omp_set_num_threads(threads);
+  o.use_cache = false;
+  BOOST_TEST(translate(m, src, o) == one);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

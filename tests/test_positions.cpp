@@ -1,0 +1,316 @@
+// Positional encodings: ALiBi slopes and T5 buckets against the papers' values, scores that
+// depend only on i - j (rope, alibi, relative), sequences longer than max_len, cached decoding
+// equal to recomputation for all five kinds, relative-bias gradients, checkpoint names,
+// config round trips, and attention dropout in the layer.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+
+#include "autograd/gradcheck.h"
+#include "models/lm.h"
+#include "models/transformer.h"
+#include "nn/positions.h"
+#include "ops/ops.h"
+
+using namespace graft;
+using namespace graft::models;
+using nn::Positions;
+
+namespace {
+
+const Positions kAll[] = {Positions::sinusoidal, Positions::learned, Positions::rope, Positions::alibi,
+                          Positions::relative};
+
+TransformerConfig cfg(Positions p, DType dt = DType::f32) {
+  TransformerConfig c;
+  c.vocab = 23;
+  c.d_model = 16;
+  c.heads = 2;
+  c.d_ff = 24;
+  c.enc_layers = 2;
+  c.dec_layers = 2;
+  c.max_len = 16;
+  c.dropout = 0.0;
+  c.dtype = dt;
+  c.seed = 5;
+  c.positions.kind = p;
+  return c;
+}
+
+Tensor ids(const std::vector<int64_t>& v, int64_t rows) {
+  return from_vector(v, {rows, (int64_t)v.size() / rows}, DType::i64);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  BOOST_REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
+  return m;
+}
+
+bool has(const Error& e, const std::string& part) {
+  const bool ok = std::string(e.what()).find(part) != std::string::npos;
+  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
+  return ok;
+}
+
+// Self-attention of fixed q, k, v content with every position shifted by `shift`.
+Tensor attend_shifted(const nn::AttentionPositions& pos, const Tensor& q, const Tensor& k,
+                      const Tensor& v, int64_t shift, bool causal) {
+  const int64_t T = q.size(2);
+  AttentionOptions o;
+  o.causal = causal;
+  o.bias = pos.bias(shift, T, shift, T, q.dtype());
+  return scaled_dot_product_attention(pos.rotate(q, shift), pos.rotate(k, shift), v, o).out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(positions)
+
+BOOST_AUTO_TEST_CASE(alibi_slopes_follow_the_paper) {
+  auto s8 = nn::alibi_slopes(8);
+  for (int h = 0; h < 8; ++h) BOOST_TEST(s8[h] == std::pow(2.0, -(h + 1)));
+  // 6 heads: the 4-head slopes, then every other slope of 8 heads (the paper's get_slopes).
+  const std::vector<double> s6{0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125};
+  BOOST_TEST(nn::alibi_slopes(6) == s6);
+  BOOST_TEST(nn::alibi_slopes(1) == std::vector<double>{1.0 / 256});
+}
+
+BOOST_AUTO_TEST_CASE(relative_buckets_follow_t5) {
+  using nn::relative_bucket;
+  // Bidirectional, 32 buckets, max distance 128 (T5's defaults); relative = key - query.
+  BOOST_TEST(relative_bucket(0, true, 32, 128) == 0);
+  BOOST_TEST(relative_bucket(-1, true, 32, 128) == 1);
+  BOOST_TEST(relative_bucket(1, true, 32, 128) == 17);
+  BOOST_TEST(relative_bucket(-7, true, 32, 128) == 7);
+  BOOST_TEST(relative_bucket(-8, true, 32, 128) == 8);
+  BOOST_TEST(relative_bucket(-127, true, 32, 128) == 15);
+  BOOST_TEST(relative_bucket(-100000, true, 32, 128) == 15);
+  BOOST_TEST(relative_bucket(100000, true, 32, 128) == 31);
+  // Unidirectional: future keys all share bucket 0, the past gets all 32.
+  BOOST_TEST(relative_bucket(5, false, 32, 128) == 0);
+  BOOST_TEST(relative_bucket(-15, false, 32, 128) == 15);
+  BOOST_TEST(relative_bucket(-20, false, 32, 128) == 17);
+  BOOST_TEST(relative_bucket(-1000, false, 32, 128) == 31);
+}
+
+// rope, alibi and relative: shifting every position by k leaves the attention output unchanged
+// (the scores depend only on i - j), in both directions of attention.
+BOOST_AUTO_TEST_CASE(scores_depend_only_on_relative_position) {
+  Generator g(7);
+  const int64_t H = 4, T = 6, Dh = 8;
+  Tensor q = randn({2, H, T, Dh}, DType::f64, g), k = randn({2, H, T, Dh}, DType::f64, g),
+         v = randn({2, H, T, Dh}, DType::f64, g);
+  for (Positions p : {Positions::rope, Positions::alibi, Positions::relative})
+    for (bool causal : {false, true}) {
+      nn::PositionOptions po;
+      po.kind = p;
+      auto pos = nn::make_attention_positions(po, H, causal, DType::f64, g);
+      const Tensor a = attend_shifted(*pos, q, k, v, 0, causal);
+      const Tensor b = attend_shifted(*pos, q, k, v, 37, causal);
+      BOOST_TEST(max_abs_diff(a, b) < 1e-9, nn::positions_name(p) << " causal " << causal);
+      // ... and the positional term is not a no-op.
+      AttentionOptions plain;
+      plain.causal = causal;
+      BOOST_TEST(max_abs_diff(a, scaled_dot_product_attention(q, k, v, plain).out) > 1e-3,
+                 nn::positions_name(p) << " causal " << causal);
+    }
+}
+
+// The causal ALiBi bias drops the per-row constant -m i: the same output as -m (i - j).
+BOOST_AUTO_TEST_CASE(causal_alibi_equals_the_full_formula) {
+  Generator g(8);
+  const int64_t H = 3, T = 5;
+  Tensor q = randn({1, H, T, 4}, DType::f64, g), k = randn({1, H, T, 4}, DType::f64, g),
+         v = randn({1, H, T, 4}, DType::f64, g);
+  nn::AlibiPositions alibi(H, true);
+  std::vector<double> full(H * T * T);
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < T; ++j) full[(h * T + i) * T + j] = -alibi.slopes[h] * (double)(i - j);
+  AttentionOptions a, b;
+  a.causal = b.causal = true;
+  a.bias = alibi.bias(0, T, 0, T, DType::f64);
+  b.bias = from_vector(full, {1, H, T, T});
+  BOOST_TEST(a.bias.shape() == (Shape{1, H, 1, T}));  // not materialised per query
+  BOOST_TEST(max_abs_diff(scaled_dot_product_attention(q, k, v, a).out,
+                          scaled_dot_product_attention(q, k, v, b).out) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(longer_than_max_len_except_learned) {
+  std::vector<int64_t> s(2 * 40, 5), t(2 * 40, 6);
+  for (Positions p : kAll) {
+    Transformer m(cfg(p));
+    m.eval();
+    autograd::NoGrad ng;
+    if (p == Positions::learned) {
+      BOOST_CHECK_EXCEPTION(m.forward(ids(s, 2), ids(t, 2)), Error,
+                            [](const Error& e) { return has(e, "max_len 16"); });
+      continue;
+    }
+    Tensor out = m.forward(ids(s, 2), ids(t, 2));
+    BOOST_TEST(out.shape() == (Shape{2, 40, 23}));
+    for (double x : out.to_vector<double>()) BOOST_REQUIRE(std::isfinite(x));
+    DecodeOptions o;
+    o.max_len = 30;  // past max_len too
+    o.stop_at_eos = false;
+    BOOST_TEST(greedy_decode(m, ids(s, 2), o)[0].size() == 30u, nn::positions_name(p));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(cached_decoding_equals_recomputation_for_every_kind) {
+  for (Positions p : kAll) {
+    Transformer m(cfg(p, DType::f64));
+    m.eval();
+    Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, 2);
+    DecodeOptions o;
+    o.max_len = 12;
+    o.stop_at_eos = false;
+    for (int beam : {1, 3}) {
+      o.beam = beam;
+      o.use_cache = true;
+      auto cached = translate(m, src, o);
+      o.use_cache = false;
+      BOOST_TEST(cached == translate(m, src, o), nn::positions_name(p) << " beam " << beam);
+    }
+    // Logits: three cached steps against the full decoder.
+    autograd::NoGrad ng;
+    Tensor memory = m.encode(src);
+    std::vector<nn::DecoderLayerCache> caches;
+    const std::vector<int64_t> prefix{2, 11, 4, 2, 12, 7};  // (2, 3)
+    Tensor whole = m.decode(memory, src, ids(prefix, 2));
+    for (int64_t t = 0; t < 3; ++t) {
+      Tensor h = m.decoder->forward_step(m.embed(ids({prefix[t], prefix[3 + t]}, 2), t), memory,
+                                         m.pad_mask(src), caches, 4);
+      BOOST_TEST(max_abs_diff(m.logits(h), slice(whole, 1, t, t + 1)) < 1e-10, nn::positions_name(p) << " t " << t);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(relative_bias_names_shapes_and_gradients) {
+  TransformerConfig c = cfg(Positions::relative, DType::f64);
+  c.vocab = 7;
+  c.d_model = 4;
+  c.d_ff = 6;
+  c.enc_layers = c.dec_layers = 1;
+  c.positions.relative_buckets = 8;
+  c.positions.relative_max_distance = 12;
+  Transformer m(c);
+  int found = 0;
+  for (auto& [name, t] : state_dict(m))
+    if (name == "encoder.relative_attention_bias.weight" || name == "decoder.relative_attention_bias.weight") {
+      BOOST_TEST(t.shape() == (Shape{8, 2}));
+      ++found;
+    }
+  BOOST_TEST(found == 2);
+  // The whole model (relative tables included) passes the float64 gradcheck.
+  Tensor src = ids({4, 5, 6, 3, 5, 3, 0, 0}, 2);
+  Tensor tin = ids({2, 4, 6, 2, 5, 0}, 2);
+  Tensor tout = from_vector(std::vector<int64_t>{4, 6, 3, 5, 3, 0}, {6}, DType::i64);
+  auto loss = [&](const Tensors&) {
+    return cross_entropy(reshape(m.forward(src, tin), {6, c.vocab}), tout, 0.1, 0);
+  };
+  GradcheckResult r = gradcheck(loss, m.parameters());
+  BOOST_TEST(r.ok, r.message);
+  sum(loss({})).backward();
+  BOOST_TEST(m.encoder->positions->named_parameters()[0].second.grad().defined());
+  // rope and alibi add no tensors: the same names as sinusoidal.
+  auto names = [](const Transformer& t) {
+    std::vector<std::string> n;
+    for (auto& [name, x] : state_dict(t)) n.push_back(name);
+    return n;
+  };
+  BOOST_TEST(names(Transformer(cfg(Positions::rope))) == names(Transformer(cfg(Positions::sinusoidal))));
+  BOOST_TEST(names(Transformer(cfg(Positions::alibi))) == names(Transformer(cfg(Positions::sinusoidal))));
+}
+
+BOOST_AUTO_TEST_CASE(rope_and_alibi_models_pass_float64_gradcheck) {
+  for (Positions p : {Positions::rope, Positions::alibi}) {
+    TransformerConfig c = cfg(p, DType::f64);
+    c.vocab = 7;
+    c.d_model = 4;
+    c.d_ff = 6;
+    c.enc_layers = c.dec_layers = 1;
+    Transformer m(c);
+    Tensor src = ids({4, 5, 6, 3, 5, 3, 0, 0}, 2), tin = ids({2, 4, 6, 2, 5, 0}, 2);
+    Tensor tout = from_vector(std::vector<int64_t>{4, 6, 3, 5, 3, 0}, {6}, DType::i64);
+    GradcheckResult r = gradcheck([&](const Tensors&) {
+      // pad targets ignored: the pad embedding row gets no gradient by design
+      return cross_entropy(reshape(m.forward(src, tin), {6, c.vocab}), tout, 0.0, 0);
+    }, m.parameters());
+    BOOST_TEST(r.ok, nn::positions_name(p) << ": " << r.message);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
+  for (Positions p : kAll) {
+    TransformerConfig c = cfg(p);
+    c.attention_dropout = 0.2;
+    auto back = TransformerConfig::from_json(c.to_json());
+    BOOST_TEST((back.positions.kind == p));
+    BOOST_TEST(back.attention_dropout == 0.2);
+  }
+  auto j = cfg(Positions::sinusoidal).to_json();
+  j.erase("positions");
+  j["learned_pos"] = true;  // a config written before "positions"
+  BOOST_TEST((TransformerConfig::from_json(j).positions.kind == Positions::learned));
+  j["positions"] = "absolute";
+  BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(j), Error, [](const Error& e) {
+    return has(e, "unknown kind 'absolute'") && has(e, "rope, alibi, relative");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {
+  TransformerConfig c = cfg(Positions::rope);
+  c.attention_dropout = 0.5;
+  Transformer m(c);
+  Tensor src = ids({5, 6, 7, 3}, 1), tin = ids({2, 9, 10}, 1);
+  Tensor a = m.forward(src, tin), b = m.forward(src, tin);
+  BOOST_TEST(max_abs_diff(a, b) > 1e-4);  // fresh masks each call
+  sum(a).backward();
+  BOOST_TEST(m.encoder->layers[0]->self_attn->in_proj_weight.grad().defined());
+  m.eval();
+  autograd::NoGrad ng;
+  BOOST_TEST(max_abs_diff(m.forward(src, tin), m.forward(src, tin)) == 0.0);
+  BOOST_CHECK_EXCEPTION(nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.0), Error,
+                        [](const Error& e) { return has(e, "attention dropout must be in [0, 1)"); });
+}
+
+// Every kind in the other two models: the LM stays causal, the classifier ignores padding.
+BOOST_AUTO_TEST_CASE(lm_and_classifier_take_every_kind) {
+  for (Positions p : kAll) {
+    LMConfig lc;
+    lc.vocab = 11;
+    lc.d_model = 16;
+    lc.heads = 2;
+    lc.d_ff = 24;
+    lc.max_len = 16;
+    lc.dropout = 0;
+    lc.dtype = DType::f64;
+    lc.positions.kind = p;
+    DecoderOnlyLM lm(lc);
+    autograd::NoGrad ng;
+    std::vector<int64_t> seq{1, 4, 5, 6, 7, 8, 9, 10};
+    Tensor a = lm.forward(ids(seq, 1));
+    seq[5] = 2;
+    Tensor b = lm.forward(ids(seq, 1));
+    BOOST_TEST(max_abs_diff(slice(a, 1, 0, 5), slice(b, 1, 0, 5)) == 0.0, nn::positions_name(p));
+    BOOST_TEST(max_abs_diff(slice(a, 1, 5, 6), slice(b, 1, 5, 6)) > 0.0, nn::positions_name(p));
+    ClassifierConfig cc;
+    cc.vocab = 9;
+    cc.classes = 3;
+    cc.d_model = 8;
+    cc.heads = 2;
+    cc.d_ff = 12;
+    cc.max_len = 8;
+    cc.dropout = 0;
+    cc.dtype = DType::f64;
+    cc.positions.kind = p;
+    EncoderClassifier cl(cc);
+    BOOST_TEST(max_abs_diff(cl.forward(ids({3, 4, 5}, 1)), cl.forward(ids({3, 4, 5, 0, 0}, 1))) < 1e-12,
+               nn::positions_name(p));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
