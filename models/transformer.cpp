@@ -138,25 +138,6 @@ Tensor Transformer::loss(const Tensor& src, const Tensor& tgt_in, const Tensor& 
                               reshape(tgt_out, {-1}), label_smoothing, cfg.pad_id);
 }
 
-nn::NamedTensors state_dict(const Transformer& m) { return m.named_parameters(); }
-
-void load_state_dict(Transformer& m, const nn::NamedTensors& tensors) {
-  auto params = m.named_parameters();
-  for (auto& [name, p] : params) {
-    auto it = std::find_if(tensors.begin(), tensors.end(), [&](auto& kv) { return kv.first == name; });
-    if (it == tensors.end()) fail("load_state_dict: missing tensor '" + name + "'");
-    if (it->second.shape() != p.shape())
-      fail("load_state_dict: tensor '" + name + "' has shape " + shape_str(it->second.shape()) +
-           " but the model expects " + shape_str(p.shape()));
-    autograd::NoGrad ng;
-    copy_into(p, it->second);
-  }
-  for (auto& [name, t] : tensors) {
-    bool known = std::any_of(params.begin(), params.end(), [&](auto& kv) { return kv.first == name; });
-    if (!known) fail("load_state_dict: unexpected tensor '" + name + "'");
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Decoding: the Transformer's DecodeStep for models/decoding.
 

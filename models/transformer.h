@@ -63,11 +63,9 @@ class Transformer : public nn::Module {
   std::shared_ptr<nn::Decoder> decoder;
 };
 
-// Names, shapes and layouts of the stacks follow nn.Transformer's state_dict
+// state_dict() names, shapes and layouts of the stacks follow nn.Transformer's state_dict
 // ("encoder.layers.0.self_attn.in_proj_weight" ...); the shared embedding is "embedding.weight"
 // and the output projection is tied to it (no separate tensor).
-nn::NamedTensors state_dict(const Transformer& m);
-void load_state_dict(Transformer& m, const nn::NamedTensors& tensors);  // checks names/shapes/dtypes
 
 // Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
 // sampling as the options say. Sources are padded with pad_id. Each output is the generated ids

@@ -428,4 +428,29 @@ nlohmann::json load_json(const std::string& path) {
   }
 }
 
+std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0x100000001b3ull;
+  };
+  for (auto& [name, t0] : tensors) {
+    for (char c : name) mix((unsigned char)c);
+    for (auto d : t0.shape()) mix((uint64_t)d);
+    const Tensor t = t0.is_contiguous() ? t0 : contiguous_copy(t0);
+    const size_t n = (size_t)t.numel() * dtype_size(t.dtype());
+    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      mix(w);
+    }
+    for (; i < n; ++i) mix(p[i]);
+  }
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
 }  // namespace graft::nn

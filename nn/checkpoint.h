@@ -50,6 +50,11 @@ SafetensorsFile load_safetensors(const std::string& path);
 // process must not write the same path at the same time.
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer);
 
+// A hash over every tensor's name, shape and bytes, as 16 hex digits: safetensors carries no
+// checksum of its own, so flipped bits in the data section would otherwise load silently.
+// Checkpoints store it in their metadata and verify it on load.
+std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
+
 void save_json(const std::string& path, const nlohmann::json& j);  // atomic, pretty-printed
 // Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
 nlohmann::json load_json(const std::string& path);

@@ -39,14 +39,6 @@ Tensor Dropout::forward(const Tensor& x) const {
 
 Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(); }
 
-FeedForward::FeedForward(int64_t d, int64_t dff, double p, Activation a, DType dt, Generator& gen,
-                         Generator* dropout_gen)
-    : act(a) {
-  linear1 = register_module("linear1", std::make_shared<Linear>(d, dff, true, dt, gen));
-  dropout = register_module("dropout", std::make_shared<Dropout>(p, dropout_gen));
-  linear2 = register_module("linear2", std::make_shared<Linear>(dff, d, true, dt, gen));
-}
-
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x) {
   Tensor h = linear1.forward(x);
@@ -54,10 +46,6 @@ Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear&
   if (act == Activation::relu)
     return linear2.forward(relu_dropout(h, dropout.p, dropout.training(), dropout.generator()));
   return linear2.forward(dropout.forward(gelu(h)));
-}
-
-Tensor FeedForward::forward(const Tensor& x) const {
-  return feed_forward(*linear1, *dropout, *linear2, act, x);
 }
 
 Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt) {

@@ -47,19 +47,9 @@ class Dropout : public Module {
 enum class Activation { relu, gelu };
 
 // Position-wise FFN: linear2(dropout(act(linear1(x)))). The encoder/decoder layers hold their
-// linear1/linear2 directly (nn.Transformer's names) and share this function.
+// linear1/linear2 directly (nn.Transformer's names) and call this function.
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x);
-
-class FeedForward : public Module {
- public:
-  FeedForward(int64_t d, int64_t dff, double dropout, Activation act, DType dt, Generator& gen,
-              Generator* dropout_gen = nullptr);
-  Tensor forward(const Tensor& x) const;
-  std::shared_ptr<Linear> linear1, linear2;
-  std::shared_ptr<Dropout> dropout;
-  Activation act;
-};
 
 // Rows start .. start + n - 1 of the sinusoidal table below, (n, d).
 Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/tape.h"
+
 namespace graft::nn {
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t) {
@@ -77,6 +79,25 @@ void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
   const double fan_in = (double)w.shape()[1] * receptive, fan_out = (double)w.shape()[0] * receptive;
   const double a = gain * std::sqrt(6.0 / (fan_in + fan_out));
   uniform_(w, -a, a, gen);
+}
+
+void Module::load_state_dict(const NamedTensors& tensors) {
+  const NamedTensors params = named_parameters();
+  auto find = [&](const std::string& name) {
+    return std::find_if(tensors.begin(), tensors.end(), [&](auto& kv) { return kv.first == name; });
+  };
+  for (auto& [name, p] : params) {
+    auto it = find(name);
+    if (it == tensors.end()) fail("load_state_dict: missing tensor '" + name + "'");
+    if (it->second.shape() != p.shape() || it->second.dtype() != p.dtype())
+      fail("load_state_dict: tensor '" + name + "' is " + describe(it->second) + " but the model expects " +
+           describe(p));
+  }
+  for (auto& [name, t] : tensors)
+    if (std::none_of(params.begin(), params.end(), [&](auto& kv) { return kv.first == name; }))
+      fail("load_state_dict: unexpected tensor '" + name + "'");
+  autograd::NoGrad ng;
+  for (auto& [name, p] : params) copy_into(p, find(name)->second);
 }
 
 }  // namespace graft::nn

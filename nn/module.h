@@ -29,6 +29,11 @@ class Module {
   NamedTensors named_buffers() const;
   int64_t num_parameters() const;
   void zero_grad();
+  // The parameters by name (what a checkpoint holds), and loading them back: every name, shape
+  // and dtype must match exactly (missing, unexpected, reshaped or retyped tensors are errors
+  // naming the tensor); values are copied only after everything was checked.
+  NamedTensors state_dict() const { return named_parameters(); }
+  void load_state_dict(const NamedTensors& tensors);
 
   void train(bool on = true);
   void eval() { train(false); }
@@ -58,6 +63,19 @@ class Module {
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+};
+
+// Puts a module in eval mode for a scope and restores its train/eval flag afterwards.
+class EvalScope {
+ public:
+  explicit EvalScope(Module& m) : m_(m), was_(m.training()) { m.eval(); }
+  ~EvalScope() { m_.train(was_); }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  Module& m_;
+  bool was_;
 };
 
 // Initialisers (in place, no tape), drawing from the given generator.

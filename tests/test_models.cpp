@@ -234,7 +234,8 @@ BOOST_AUTO_TEST_CASE(module_train_eval_and_zero_grad) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-#include "models/lm.h"
+#include "models/decoder_only_lm.h"
+#include "models/encoder_classifier.h"
 
 BOOST_AUTO_TEST_SUITE(model_zoo)
 

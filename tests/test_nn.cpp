@@ -131,4 +131,28 @@ BOOST_AUTO_TEST_CASE(encoder_layer_gradcheck_both_placements) {
   }
 }
 
+// load_state_dict checks every name, shape and dtype before it copies anything.
+BOOST_AUTO_TEST_CASE(load_state_dict_checks_names_shapes_dtypes) {
+  Linear a(3, 2, true, DType::f32), b(3, 2, true, DType::f32);
+  b.load_state_dict(a.state_dict());
+  BOOST_TEST(b.weight.to_vector<double>() == a.weight.to_vector<double>());
+  auto expect = [&](NamedTensors t, const std::string& part) {
+    const auto before = b.weight.to_vector<double>();
+    BOOST_CHECK_EXCEPTION(b.load_state_dict(t), Error, [&](const Error& e) {
+      return std::string(e.what()).find(part) != std::string::npos;
+    });
+    BOOST_TEST(b.weight.to_vector<double>() == before);  // nothing copied
+  };
+  expect({{"weight", zeros({2, 3})}}, "missing tensor 'bias'");
+  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2})}, {"extra", zeros({1})}}, "unexpected tensor 'extra'");
+  expect({{"weight", zeros({3, 2})}, {"bias", zeros({2})}}, "tensor 'weight' is f32 (3, 2) but the model expects f32 (2, 3)");
+  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2}, DType::i64)}}, "tensor 'bias' is i64 (2) but the model expects f32 (2)");
+  // EvalScope restores the flag.
+  {
+    EvalScope es(b);
+    BOOST_TEST(!b.training());
+  }
+  BOOST_TEST(b.training());
+}
+
 BOOST_AUTO_TEST_SUITE_END()

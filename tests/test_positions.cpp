@@ -6,7 +6,8 @@
 #include <cmath>
 
 #include "autograd/gradcheck.h"
-#include "models/lm.h"
+#include "models/decoder_only_lm.h"
+#include "models/encoder_classifier.h"
 #include "models/transformer.h"
 #include "nn/positions.h"
 #include "ops/ops.h"
@@ -198,7 +199,7 @@ BOOST_AUTO_TEST_CASE(relative_bias_names_shapes_and_gradients) {
   c.positions.relative_max_distance = 12;
   Transformer m(c);
   int found = 0;
-  for (auto& [name, t] : state_dict(m))
+  for (auto& [name, t] : m.state_dict())
     if (name == "encoder.relative_attention_bias.weight" || name == "decoder.relative_attention_bias.weight") {
       BOOST_TEST(t.shape() == (Shape{8, 2}));
       ++found;
@@ -218,7 +219,7 @@ BOOST_AUTO_TEST_CASE(relative_bias_names_shapes_and_gradients) {
   // rope and alibi add no tensors: the same names as sinusoidal.
   auto names = [](const Transformer& t) {
     std::vector<std::string> n;
-    for (auto& [name, x] : state_dict(t)) n.push_back(name);
+    for (auto& [name, x] : t.state_dict()) n.push_back(name);
     return n;
   };
   BOOST_TEST(names(Transformer(cfg(Positions::rope))) == names(Transformer(cfg(Positions::sinusoidal))));

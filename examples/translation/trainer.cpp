@@ -34,37 +34,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// safetensors carries no checksum of its own, so flipped bits in the data section would load
-// silently; this hash over every tensor's name, shape and bytes catches them.
-uint64_t checksum(const nn::NamedTensors& tensors) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0x100000001b3ull;
-  };
-  for (auto& [name, t0] : tensors) {
-    for (char c : name) mix((unsigned char)c);
-    for (auto d : t0.shape()) mix((uint64_t)d);
-    const Tensor t = t0.is_contiguous() ? t0 : contiguous_copy(t0);
-    const size_t n = (size_t)t.numel() * dtype_size(t.dtype());
-    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      mix(w);
-    }
-    for (; i < n; ++i) mix(p[i]);
-  }
-  return h;
-}
-
-std::string hex64(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
-  return buf;
-}
-
 uint64_t double_bits(double d) {
   uint64_t u;
   std::memcpy(&u, &d, 8);
@@ -79,14 +48,6 @@ double bits_double(uint64_t u) {
 Tensor ids_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols) {
   return from_vector(v, {rows, cols}, DType::i64);
 }
-
-// Keeps the model's train/eval flag as it was when the scope ends.
-struct EvalScope {
-  models::Transformer& m;
-  bool was;
-  explicit EvalScope(models::Transformer& m) : m(m), was(m.training()) { m.eval(); }
-  ~EvalScope() { m.train(was); }
-};
 
 }  // namespace
 
@@ -180,7 +141,7 @@ std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
 // Evaluation and decoding.
 
 ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& batches) {
-  EvalScope es(m);
+  nn::EvalScope es(m);
   autograd::NoGrad ng;
   double nll = 0;
   int64_t correct = 0, tokens = 0;
@@ -219,7 +180,7 @@ std::vector<std::string> translate_lines(models::Transformer& m, const text::Tok
                                          const models::DecodeOptions& opts, int64_t max_len) {
   models::check_decode_options(opts);
   const int beam = opts.beam;
-  EvalScope es(m);
+  nn::EvalScope es(m);
   std::vector<std::vector<int64_t>> enc(lines.size());
   for (size_t i = 0; i < lines.size(); ++i) {
     auto v = tok.encode(lines[i]);
@@ -269,7 +230,7 @@ EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,
 
 Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
                           const std::string& src, const std::string& hyp) {
-  EvalScope es(m);
+  nn::EvalScope es(m);
   autograd::NoGrad ng;
   auto s = tok.encode(src), h = tok.encode(hyp);
   if (s.empty()) fail("cross_attention: empty source sentence");
@@ -297,9 +258,9 @@ Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
 // Checkpoints.
 
 void save_model(const models::Transformer& m, const std::string& path, int64_t step) {
-  auto sd = models::state_dict(m);
+  auto sd = m.state_dict();
   nn::save_safetensors(path, sd, {{"format", "graft-transformer"}, {"step", std::to_string(step)},
-                                  {"checksum", hex64(checksum(sd))}});
+                                  {"checksum", nn::weights_checksum(sd)}});
 }
 
 namespace {
@@ -308,9 +269,9 @@ void verify_checksum(const nn::SafetensorsFile& f, const nn::NamedTensors& tenso
   auto it = f.metadata.find("checksum");
   if (it == f.metadata.end())
     fail(std::string(who) + ": '" + f.path + "': no checksum in the metadata; not a graft checkpoint");
-  if (it->second != hex64(checksum(tensors)))
+  if (it->second != nn::weights_checksum(tensors))
     fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second +
-         ", computed " + hex64(checksum(tensors)) + "): the checkpoint is corrupted");
+         ", computed " + nn::weights_checksum(tensors) + "): the checkpoint is corrupted");
 }
 
 }  // namespace
@@ -318,7 +279,7 @@ void verify_checksum(const nn::SafetensorsFile& f, const nn::NamedTensors& tenso
 void load_model(models::Transformer& m, const std::string& path) {
   nn::SafetensorsFile f = nn::load_safetensors(path);
   verify_checksum(f, f.tensors, "load_model");
-  models::load_state_dict(m, f.tensors);
+  m.load_state_dict(f.tensors);
 }
 
 LoadedRun load_run(const std::string& run_dir) {
@@ -445,16 +406,16 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   return c;
 }
 
-uint64_t batches_fingerprint(const std::vector<Batch>& batches) {
+std::string batches_fingerprint(const std::vector<Batch>& batches) {
   nn::NamedTensors t;
   for (auto& b : batches) t.emplace_back("", b.tgt_out), t.emplace_back("", b.src);
-  return checksum(t);
+  return nn::weights_checksum(t);
 }
 
 void save_train_state(const std::string& path, const models::Transformer& m, const nn::Adam& opt,
-                      const LoopState& s, uint64_t data_fp) {
+                      const LoopState& s, const std::string& data_fp) {
   nn::NamedTensors tensors;
-  for (auto& [n, t] : models::state_dict(m)) tensors.emplace_back("model." + n, t);
+  for (auto& [n, t] : m.state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
   nlohmann::json j = {{"version", kStateVersion},
                       {"step", s.step},
@@ -467,13 +428,13 @@ void save_train_state(const std::string& path, const models::Transformer& m, con
                       {"elapsed_bits", double_bits(s.elapsed)},
                       {"acc_loss_bits", double_bits(s.acc_loss)},
                       {"acc_n", s.acc_n},
-                      {"data_fingerprint", hex64(data_fp)}};
+                      {"data_fingerprint", data_fp}};
   nn::save_safetensors(path, tensors, {{"trainer", j.dump()}, {"optimizer", opt.state_json().dump()},
-                                       {"checksum", hex64(checksum(tensors))}});
+                                       {"checksum", nn::weights_checksum(tensors)}});
 }
 
 void load_train_state(const std::string& path, models::Transformer& m, nn::Adam& opt,
-                      LoopState& s, uint64_t data_fp, int64_t n_batches) {
+                      LoopState& s, const std::string& data_fp, int64_t n_batches) {
   if (!fs::exists(path))
     fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
   nn::SafetensorsFile f;
@@ -492,7 +453,7 @@ void load_train_state(const std::string& path, models::Transformer& m, nn::Adam&
   }
   if (j.value("version", std::string()) != kStateVersion)
     fail("resume: '" + path + "': unknown state version '" + j.value("version", std::string()) + "'");
-  if (j.at("data_fingerprint").get<std::string>() != hex64(data_fp))
+  if (j.at("data_fingerprint").get<std::string>() != data_fp)
     fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
          "(data, --batch-tokens and spm.model must be unchanged)");
   nn::NamedTensors model_t, optim_t;
@@ -512,7 +473,7 @@ void load_train_state(const std::string& path, models::Transformer& m, nn::Adam&
   ns.acc_n = j.at("acc_n").get<int64_t>();
   if ((int64_t)ns.order.size() != n_batches || ns.pos < 0 || ns.pos > n_batches)
     fail("resume: '" + path + "': batch order does not match the " + std::to_string(n_batches) + " batches");
-  models::load_state_dict(m, model_t);
+  m.load_state_dict(model_t);
   opt.load_state(optim_t, oj);
   if (opt.step_count() != ns.step)
     fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
@@ -594,7 +555,7 @@ TrainResult train(const TrainOptions& opts) {
   std::vector<std::string> bleu_src, bleu_ref;
   for (size_t i = 0; i < valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
     bleu_src.push_back(valid_pairs[i].src), bleu_ref.push_back(valid_pairs[i].tgt);
-  const uint64_t data_fp = batches_fingerprint(batches);
+  const std::string data_fp = batches_fingerprint(batches);
   const int64_t nb = (int64_t)batches.size();
   {
     std::ostringstream os;
