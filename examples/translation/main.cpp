@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
   trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps");
   trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps");
   trn->add_option("--seed", o.seed, "seed for initialisation, dropout and batch order");
+  trn->add_option("--patience", o.patience,
+                  "early stopping: stop after N validations without a better valid BLEU (0: off)")
+      ->check(CLI::NonNegativeNumber);
   trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
   steps->excludes(minutes);
   minutes->excludes(steps);

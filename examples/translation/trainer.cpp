@@ -18,6 +18,7 @@
 #include "examples/translation/plot.h"
 #include "nn/checkpoint.h"
 #include "nn/optim.h"
+#include "nn/trainer.h"
 #include "ops/ops.h"
 
 namespace fs = std::filesystem;
@@ -28,21 +29,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t PAD = text::Tokenizer::PAD, BOS = text::Tokenizer::BOS, EOS = text::Tokenizer::EOS;
-constexpr const char* kStateVersion = "graft-translate-state-1";
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-uint64_t double_bits(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-}
-double bits_double(uint64_t u) {
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
 }
 
 Tensor ids_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols) {
@@ -128,13 +117,6 @@ std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t ma
   }
   if (begin < idx.size()) flush(begin, idx.size());
   return batches;
-}
-
-std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[gen.below((uint64_t)i + 1)]);
-  return order;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,87 +290,17 @@ nlohmann::json TrainOptions::to_json() const {
 
 namespace {
 
-struct MetricsRow {
-  int64_t step = 0;
-  double train_loss = NAN, lr = NAN, tps = NAN, vloss = NAN, vppl = NAN, vacc = NAN, vbleu = NAN;
-};
-
-std::string fmt_num(double v) {
-  if (!std::isfinite(v)) return "";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-void write_metrics(const std::string& path, const std::vector<MetricsRow>& rows) {
-  nn::atomic_write(path, [&](std::ostream& os) {
-    os << "step,train_loss,lr,tokens_per_s,valid_loss,valid_ppl,valid_acc,valid_bleu\n";
-    for (auto& r : rows)
-      os << r.step << ',' << fmt_num(r.train_loss) << ',' << fmt_num(r.lr) << ',' << fmt_num(r.tps)
-         << ',' << fmt_num(r.vloss) << ',' << fmt_num(r.vppl) << ',' << fmt_num(r.vacc) << ','
-         << fmt_num(r.vbleu) << '\n';
-  });
-}
-
-// Rows up to `last_step` of an earlier run, so a resumed run's CSV has no rows from steps that
-// are about to be redone.
-std::vector<MetricsRow> read_metrics(const std::string& path, int64_t last_step) {
-  std::vector<MetricsRow> rows;
-  std::ifstream in(path);
-  std::string line;
-  if (!std::getline(in, line)) return rows;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) f.push_back(cell);
-    while (f.size() < 8) f.push_back("");
-    auto num = [](const std::string& s) { return s.empty() ? NAN : std::stod(s); };
-    MetricsRow r;
-    try {
-      r.step = std::stoll(f[0]);
-      r.train_loss = num(f[1]), r.lr = num(f[2]), r.tps = num(f[3]), r.vloss = num(f[4]);
-      r.vppl = num(f[5]), r.vacc = num(f[6]), r.vbleu = num(f[7]);
-    } catch (const std::exception&) {
-      continue;
-    }
-    if (r.step <= last_step) rows.push_back(r);
-  }
-  return rows;
-}
-
-void plot_curves(const std::string& path, const std::vector<MetricsRow>& rows) {
+void plot_curves(const std::string& path, const std::vector<nn::MetricsRow>& rows) {
   plot::Series tl{"train loss (label-smoothed)", {}, {}}, vl{"valid NLL", {}, {}}, bl{"valid BLEU", {}, {}};
   for (auto& r : rows) {
     if (std::isfinite(r.train_loss)) tl.x.push_back((double)r.step), tl.y.push_back(r.train_loss);
-    if (std::isfinite(r.vloss)) vl.x.push_back((double)r.step), vl.y.push_back(r.vloss);
-    if (std::isfinite(r.vbleu)) bl.x.push_back((double)r.step), bl.y.push_back(r.vbleu);
+    if (r.valid.count("loss")) vl.x.push_back((double)r.step), vl.y.push_back(r.valid.at("loss"));
+    if (r.valid.count("bleu")) bl.x.push_back((double)r.step), bl.y.push_back(r.valid.at("bleu"));
   }
   plot::Panel loss{"loss", "step", "cross-entropy (nats/token)", {tl, vl}, true};
   plot::Panel bleu{"validation BLEU (greedy)", "step", "BLEU", {bl}, false};
   plot::line_chart(path, {loss, bleu});
 }
-
-std::string fmt_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  char buf[32];
-  const long t = (long)(s + 0.5);
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-// Everything besides tensors that an exact resume needs.
-struct LoopState {
-  int64_t step = 0, epoch = 0, pos = 0;
-  std::vector<int64_t> order;  // this epoch's batch order
-  Generator batch_gen;
-  double elapsed = 0;          // training seconds before this call
-  double acc_loss = 0;         // loss sum / count since the last metrics row
-  int64_t acc_n = 0;
-};
 
 models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   auto c = models::preset(o.preset, vocab);
@@ -410,77 +322,6 @@ std::string batches_fingerprint(const std::vector<Batch>& batches) {
   nn::NamedTensors t;
   for (auto& b : batches) t.emplace_back("", b.tgt_out), t.emplace_back("", b.src);
   return nn::weights_checksum(t);
-}
-
-void save_train_state(const std::string& path, const models::Transformer& m, const nn::Adam& opt,
-                      const LoopState& s, const std::string& data_fp) {
-  nn::NamedTensors tensors;
-  for (auto& [n, t] : m.state_dict()) tensors.emplace_back("model." + n, t);
-  for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
-  nlohmann::json j = {{"version", kStateVersion},
-                      {"step", s.step},
-                      {"epoch", s.epoch},
-                      {"pos", s.pos},
-                      {"order", s.order},
-                      {"batch_gen", s.batch_gen.state()},
-                      {"dropout_gen", m.dropout_gen.state()},
-                      {"default_gen", default_generator().state()},
-                      {"elapsed_bits", double_bits(s.elapsed)},
-                      {"acc_loss_bits", double_bits(s.acc_loss)},
-                      {"acc_n", s.acc_n},
-                      {"data_fingerprint", data_fp}};
-  nn::save_safetensors(path, tensors, {{"trainer", j.dump()}, {"optimizer", opt.state_json().dump()},
-                                       {"checksum", nn::weights_checksum(tensors)}});
-}
-
-void load_train_state(const std::string& path, models::Transformer& m, nn::Adam& opt,
-                      LoopState& s, const std::string& data_fp, int64_t n_batches) {
-  if (!fs::exists(path))
-    fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
-  nn::SafetensorsFile f;
-  try {
-    f = nn::load_safetensors(path);
-  } catch (const std::exception& e) {
-    fail(std::string("resume: the checkpoint is truncated or corrupted: ") + e.what());
-  }
-  verify_checksum(f, f.tensors, "resume");
-  nlohmann::json j, oj;
-  try {
-    j = nlohmann::json::parse(f.metadata.at("trainer"));
-    oj = nlohmann::json::parse(f.metadata.at("optimizer"));
-  } catch (const std::exception& e) {
-    fail("resume: '" + path + "': bad trainer/optimizer metadata: " + e.what());
-  }
-  if (j.value("version", std::string()) != kStateVersion)
-    fail("resume: '" + path + "': unknown state version '" + j.value("version", std::string()) + "'");
-  if (j.at("data_fingerprint").get<std::string>() != data_fp)
-    fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
-         "(data, --batch-tokens and spm.model must be unchanged)");
-  nn::NamedTensors model_t, optim_t;
-  for (auto& [n, t] : f.tensors) {
-    if (n.rfind("model.", 0) == 0) model_t.emplace_back(n.substr(6), t);
-    else if (n.rfind("optim.", 0) == 0) optim_t.emplace_back(n.substr(6), t);
-    else fail("resume: '" + path + "': unexpected tensor '" + n + "'");
-  }
-  LoopState ns;
-  ns.step = j.at("step").get<int64_t>();
-  ns.epoch = j.at("epoch").get<int64_t>();
-  ns.pos = j.at("pos").get<int64_t>();
-  ns.order = j.at("order").get<std::vector<int64_t>>();
-  ns.batch_gen.set_state(j.at("batch_gen").get<uint64_t>());
-  ns.elapsed = bits_double(j.at("elapsed_bits").get<uint64_t>());
-  ns.acc_loss = bits_double(j.at("acc_loss_bits").get<uint64_t>());
-  ns.acc_n = j.at("acc_n").get<int64_t>();
-  if ((int64_t)ns.order.size() != n_batches || ns.pos < 0 || ns.pos > n_batches)
-    fail("resume: '" + path + "': batch order does not match the " + std::to_string(n_batches) + " batches");
-  m.load_state_dict(model_t);
-  opt.load_state(optim_t, oj);
-  if (opt.step_count() != ns.step)
-    fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
-         " but the trainer at step " + std::to_string(ns.step));
-  m.dropout_gen.set_state(j.at("dropout_gen").get<uint64_t>());
-  default_generator().set_state(j.at("default_gen").get<uint64_t>());
-  s = std::move(ns);
 }
 
 }  // namespace
@@ -510,7 +351,6 @@ TrainResult train(const TrainOptions& opts) {
   if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and log interval must be >= 1");
   const std::string run = o.run_dir;
   fs::create_directories(run);
-  const bool tty = !o.quiet && isatty(2);
   auto say = [&](const std::string& s) {
     if (!o.quiet) std::cerr << s << std::endl;
   };
@@ -555,7 +395,6 @@ TrainResult train(const TrainOptions& opts) {
   std::vector<std::string> bleu_src, bleu_ref;
   for (size_t i = 0; i < valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
     bleu_src.push_back(valid_pairs[i].src), bleu_ref.push_back(valid_pairs[i].tgt);
-  const std::string data_fp = batches_fingerprint(batches);
   const int64_t nb = (int64_t)batches.size();
   {
     std::ostringstream os;
@@ -565,126 +404,53 @@ TrainResult train(const TrainOptions& opts) {
     say(os.str());
   }
 
-  auto params = model.named_parameters();
-  nn::Adam opt(params, o.lr > 0 ? o.lr : 1e-3, 0.9, 0.98, 1e-9);
-  const nn::NoamSchedule noam{o.lr_factor, cfg.d_model, o.warmup};
-
-  LoopState s;
-  s.batch_gen = Generator(o.seed * 0x2545F4914F6CDD1Dull + 17);
-  std::vector<MetricsRow> rows;
-  const std::string state_path = run + "/train_state.safetensors";
-  if (o.resume) {
-    load_train_state(state_path, model, opt, s, data_fp, nb);
-    rows = read_metrics(run + "/metrics.csv", s.step);
-    say("resumed at step " + std::to_string(s.step) + " (epoch " + std::to_string(s.epoch) + ", batch " +
-        std::to_string(s.pos) + "/" + std::to_string(nb) + ")");
-  } else {
-    manual_seed(o.seed);
-    s.order = shuffled_order(nb, s.batch_gen);
-  }
-
-  TrainResult res;
-  res.first_step = s.step;
-  const auto t_start = Clock::now();
-  auto elapsed = [&] { return s.elapsed + seconds_since(t_start); };
-  auto done = [&] {
-    return (o.steps > 0 && s.step >= o.steps) || (o.minutes > 0 && elapsed() >= o.minutes * 60.0);
+  nn::TrainTask task;
+  task.model = &model;
+  task.batches = nb;
+  task.loss = [&](int64_t i) {
+    const Batch& b = batches[(size_t)i];
+    return model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
   };
-
-  int64_t tok_total = 0, tok_interval = 0;
-  auto t_interval = Clock::now(), t_draw = Clock::now();
-  double lr = 0, last_tps = 0;
-  int64_t last_valid_step = -1;
-  double valid_seconds = 0;
-
-  auto validate_and_save = [&]() {
-    const auto t0 = Clock::now();
+  task.tokens = [&](int64_t i) { return batches[(size_t)i].tgt_tokens; };
+  task.metric_names = {"loss", "ppl", "acc", "bleu"};
+  task.validate = [&]() -> std::map<std::string, double> {
     ForcedMetrics fm = teacher_forced(model, valid_batches);
-    ValidMetrics vm{fm.loss, fm.ppl, fm.acc, 0};
-    if (!bleu_src.empty()) vm.bleu = text::corpus_bleu(translate_lines(model, tok, bleu_src), bleu_ref).score;
-    res.last_valid = vm;
-    MetricsRow r;
-    r.step = s.step;
-    if (!rows.empty() && rows.back().step == s.step) {
-      r = rows.back();
-      rows.pop_back();
-    }
-    r.vloss = vm.loss, r.vppl = vm.ppl, r.vacc = vm.acc, r.vbleu = vm.bleu;
-    rows.push_back(r);
-    save_model(model, run + "/model.safetensors", s.step);
-    LoopState snap = s;
-    snap.elapsed = elapsed();
-    save_train_state(state_path, model, opt, snap, data_fp);
-    write_metrics(run + "/metrics.csv", rows);
-    if (o.plot) plot_curves(run + "/curves.png", rows);
-    last_valid_step = s.step;
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "step %lld  valid loss %.4f  ppl %.3f  acc %.2f%%  BLEU %.2f  (%.1f s)",
-                  (long long)s.step, vm.loss, vm.ppl, 100 * vm.acc, vm.bleu, seconds_since(t0));
-    if (tty) std::cerr << "\r\033[K";
-    say(buf);
-    // Validation time is not training throughput.
-    t_interval = Clock::now();
-    tok_interval = 0;
-    valid_seconds += seconds_since(t0);
+    double bleu = 0;
+    if (!bleu_src.empty()) bleu = text::corpus_bleu(translate_lines(model, tok, bleu_src), bleu_ref).score;
+    return {{"loss", fm.loss}, {"ppl", fm.ppl}, {"acc", fm.acc}, {"bleu", bleu}};
   };
-
-  while (!done()) {
-    if (s.pos == nb) {
-      ++s.epoch;
-      s.pos = 0;
-      s.order = shuffled_order(nb, s.batch_gen);
-    }
-    const Batch& b = batches[(size_t)s.order[(size_t)s.pos++]];
-    lr = o.lr > 0 ? o.lr : noam.lr(s.step + 1);
-    opt.set_lr(lr);
-    Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
-    loss.backward();
-    const double norm = nn::clip_grad_norm(params, 1.0);
-    // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
-    // the run alive and deterministic.
-    if (std::isfinite(norm)) opt.step();
-    opt.zero_grad();
-    ++s.step;
-    const double lv = loss.item();
-    res.losses.push_back(lv);
-    s.acc_loss += lv;
-    ++s.acc_n;
-    tok_total += b.tgt_tokens;
-    tok_interval += b.tgt_tokens;
-
-    const bool log_row = s.step % o.log_every == 0;
-    if (log_row) {
-      last_tps = (double)tok_interval / std::max(1e-9, seconds_since(t_interval));
-      rows.push_back({s.step, s.acc_loss / (double)s.acc_n, lr, last_tps, NAN, NAN, NAN, NAN});
-      s.acc_loss = 0;
-      s.acc_n = 0;
-      t_interval = Clock::now();
-      tok_interval = 0;
-    }
-    if (!o.quiet && (tty ? seconds_since(t_draw) > 0.2 : log_row)) {
-      t_draw = Clock::now();
-      const double tps = last_tps > 0 ? last_tps
-                                      : (double)tok_interval / std::max(1e-9, seconds_since(t_interval));
-      double eta = NAN;
-      const double per_step = seconds_since(t_start) / (double)(s.step - res.first_step);
-      if (o.steps > 0) eta = per_step * (double)(o.steps - s.step);
-      if (o.minutes > 0) eta = std::isfinite(eta) ? std::min(eta, o.minutes * 60 - elapsed()) : o.minutes * 60 - elapsed();
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s",
-                    (long long)s.step, (long long)s.epoch, lv, lr, tps, fmt_duration(eta).c_str());
-      if (tty) std::cerr << "\r\033[K" << buf << std::flush;
-      else std::cerr << buf << std::endl;
-    }
-    if (s.step % o.valid_every == 0) validate_and_save();
-  }
-  if (last_valid_step != s.step) validate_and_save();
-  if (!o.quiet) {
-    if (tty) std::cerr << "\n";
-  }
-  res.last_step = s.step;
-  res.train_seconds = seconds_since(t_start);
-  res.tokens_per_s = (double)tok_total / std::max(1e-9, res.train_seconds - valid_seconds);
+  task.stop_metric = "bleu";
+  task.higher_is_better = true;
+  task.generators = {&model.dropout_gen};
+  task.data_fingerprint = batches_fingerprint(batches);
+  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
+    save_model(model, run + "/model.safetensors", step);
+    if (o.plot) plot_curves(run + "/curves.png", rows);
+  };
+  nn::LoopOptions lo;
+  lo.run_dir = run;
+  lo.steps = o.steps;
+  lo.minutes = o.minutes;
+  lo.lr = o.lr;
+  lo.lr_factor = o.lr_factor;
+  lo.d_model = cfg.d_model;
+  lo.warmup = o.warmup;
+  lo.valid_every = o.valid_every;
+  lo.log_every = o.log_every;
+  lo.patience = o.patience;
+  lo.seed = o.seed;
+  lo.resume = o.resume;
+  lo.quiet = o.quiet;
+  const nn::LoopResult lr = nn::train_loop(task, lo);
+  TrainResult res;
+  res.first_step = lr.first_step;
+  res.last_step = lr.last_step;
+  res.losses = lr.losses;
+  auto metric = [&](const char* n) { return lr.last_valid.count(n) ? lr.last_valid.at(n) : NAN; };
+  res.last_valid = {metric("loss"), metric("ppl"), metric("acc"), metric("bleu")};
+  res.tokens_per_s = lr.tokens_per_s;
+  res.train_seconds = lr.train_seconds;
+  res.stopped_early = lr.stopped_early;
   return res;
 }
 

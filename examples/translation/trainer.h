@@ -51,8 +51,6 @@ struct Batch {
 std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
                                 int64_t max_len, size_t* dropped = nullptr);
 
-// Fisher-Yates over 0..n-1 drawn from gen.
-std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
 
 // ---- training ----
 
@@ -74,6 +72,7 @@ struct TrainOptions {
   int64_t valid_every = 500;
   int64_t log_every = 100;   // metrics.csv row / non-TTY progress line interval
   int64_t bleu_sentences = 200;
+  int64_t patience = 0;      // early stopping: validations without a better valid BLEU (0: off)
   uint64_t seed = 1;
   // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
   // come from its config.json; steps, minutes and the reporting options still come from here.
@@ -97,6 +96,7 @@ struct TrainResult {
   ValidMetrics last_valid;
   double tokens_per_s = 0;    // target tokens per second of training (this call)
   double train_seconds = 0;   // this call
+  bool stopped_early = false;
 };
 
 // Trains into opts.run_dir (created). Throws graft::Error / std::runtime_error with a message

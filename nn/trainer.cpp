@@ -1,0 +1,411 @@
+#include "nn/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "autograd/tape.h"
+#include "nn/checkpoint.h"
+#include "nn/optim.h"
+
+namespace graft::nn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kStateVersion = "graft-train-state-2";
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+uint64_t double_bits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+double bits_double(uint64_t u) {
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+
+std::string fmt_num(double v) {
+  if (!std::isfinite(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  const long t = (long)(s + 0.5);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+// ---- metrics.csv ----
+
+void write_metrics(const std::string& path, const std::vector<std::string>& names,
+                   const std::vector<MetricsRow>& rows) {
+  atomic_write(path, [&](std::ostream& os) {
+    os << "step,train_loss,lr,tokens_per_s";
+    for (auto& n : names) os << ",valid_" << n;
+    os << '\n';
+    for (auto& r : rows) {
+      os << r.step << ',' << fmt_num(r.train_loss) << ',' << fmt_num(r.lr) << ',' << fmt_num(r.tokens_per_s);
+      for (auto& n : names) {
+        auto it = r.valid.find(n);
+        os << ',' << (it == r.valid.end() ? "" : fmt_num(it->second));
+      }
+      os << '\n';
+    }
+  });
+}
+
+// Rows up to `last_step` of an earlier run, so a resumed run's CSV has no rows from steps that
+// are about to be redone.
+std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<std::string>& names,
+                                     int64_t last_step) {
+  std::vector<MetricsRow> rows;
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
+    f.resize(4 + names.size());
+    auto num = [](const std::string& s) { return s.empty() ? NAN : std::stod(s); };
+    MetricsRow r;
+    try {
+      r.step = std::stoll(f[0]);
+      r.train_loss = num(f[1]), r.lr = num(f[2]), r.tokens_per_s = num(f[3]);
+      for (size_t i = 0; i < names.size(); ++i)
+        if (!f[4 + i].empty()) r.valid[names[i]] = num(f[4 + i]);
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (r.step <= last_step) rows.push_back(r);
+  }
+  return rows;
+}
+
+// ---- the train state ----
+
+// Everything besides tensors that an exact resume needs.
+struct LoopState {
+  int64_t step = 0, epoch = 0, pos = 0;
+  std::vector<int64_t> order;  // this epoch's batch order
+  Generator batch_gen;
+  double elapsed = 0;          // training seconds before this call
+  double acc_loss = 0;         // loss sum / count since the last metrics row
+  int64_t acc_n = 0;
+  double best = NAN;           // early stopping: the best stop_metric so far
+  int64_t since_best = 0;      // validations since it improved
+};
+
+void save_train_state(const std::string& path, const TrainTask& task, const Optimizer& opt,
+                      const LoopState& s) {
+  NamedTensors tensors;
+  for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
+  for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
+  std::vector<uint64_t> gens;
+  for (Generator* g : task.generators) gens.push_back(g->state());
+  const nlohmann::json j = {{"version", kStateVersion},     {"step", s.step},
+                            {"epoch", s.epoch},             {"pos", s.pos},
+                            {"order", s.order},             {"batch_gen", s.batch_gen.state()},
+                            {"generators", gens},           {"default_gen", default_generator().state()},
+                            {"elapsed_bits", double_bits(s.elapsed)},
+                            {"acc_loss_bits", double_bits(s.acc_loss)},
+                            {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
+                            {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint}};
+  save_safetensors(path, tensors, {{"trainer", j.dump()}, {"optimizer", opt.state_json().dump()},
+                                   {"checksum", weights_checksum(tensors)}});
+}
+
+// The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
+SafetensorsFile read_train_state(const std::string& path, const std::string& data_fp,
+                                 nlohmann::json& j, nlohmann::json& oj) {
+  if (!fs::exists(path))
+    fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
+  SafetensorsFile f;
+  try {
+    f = load_safetensors(path);
+  } catch (const std::exception& e) {
+    fail(std::string("resume: the checkpoint is truncated or corrupted: ") + e.what());
+  }
+  auto it = f.metadata.find("checksum");
+  if (it == f.metadata.end())
+    fail("resume: '" + path + "': no checksum in the metadata; not a graft checkpoint");
+  if (it->second != weights_checksum(f.tensors))
+    fail("resume: '" + path + "': checksum mismatch (stored " + it->second + ", computed " +
+         weights_checksum(f.tensors) + "): the checkpoint is corrupted");
+  try {
+    j = nlohmann::json::parse(f.metadata.at("trainer"));
+    oj = nlohmann::json::parse(f.metadata.at("optimizer"));
+  } catch (const std::exception& e) {
+    fail("resume: '" + path + "': bad trainer/optimizer metadata: " + e.what());
+  }
+  if (j.value("version", std::string()) != kStateVersion)
+    fail("resume: '" + path + "': unknown state version '" + j.value("version", std::string()) + "'");
+  if (j.at("data_fingerprint").get<std::string>() != data_fp)
+    fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
+         "(data, batch size and tokenizer must be unchanged)");
+  return f;
+}
+
+void load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt, LoopState& s) {
+  nlohmann::json j, oj;
+  const SafetensorsFile f = read_train_state(path, task.data_fingerprint, j, oj);
+  NamedTensors model_t, optim_t;
+  for (auto& [n, t] : f.tensors) {
+    if (n.rfind("model.", 0) == 0) model_t.emplace_back(n.substr(6), t);
+    else if (n.rfind("optim.", 0) == 0) optim_t.emplace_back(n.substr(6), t);
+    else fail("resume: '" + path + "': unexpected tensor '" + n + "'");
+  }
+  LoopState ns;
+  std::vector<uint64_t> gens;
+  try {
+    ns.step = j.at("step").get<int64_t>();
+    ns.epoch = j.at("epoch").get<int64_t>();
+    ns.pos = j.at("pos").get<int64_t>();
+    ns.order = j.at("order").get<std::vector<int64_t>>();
+    ns.batch_gen.set_state(j.at("batch_gen").get<uint64_t>());
+    gens = j.at("generators").get<std::vector<uint64_t>>();
+    ns.elapsed = bits_double(j.at("elapsed_bits").get<uint64_t>());
+    ns.acc_loss = bits_double(j.at("acc_loss_bits").get<uint64_t>());
+    ns.acc_n = j.at("acc_n").get<int64_t>();
+    ns.best = bits_double(j.at("best_bits").get<uint64_t>());
+    ns.since_best = j.at("since_best").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("resume: '" + path + "': bad trainer metadata: " + e.what());
+  }
+  const int64_t nb = task.batches;
+  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb ||
+      std::any_of(ns.order.begin(), ns.order.end(), [&](int64_t i) { return i < 0 || i >= nb; }))
+    fail("resume: '" + path + "': batch order does not match the " + std::to_string(nb) + " batches");
+  if (gens.size() != task.generators.size())
+    fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
+         std::to_string(task.generators.size()) + " generators");
+  task.model->load_state_dict(model_t);
+  opt.load_state(optim_t, oj);
+  if (opt.step_count() != ns.step)
+    fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
+         " but the trainer at step " + std::to_string(ns.step));
+  for (size_t i = 0; i < gens.size(); ++i) task.generators[i]->set_state(gens[i]);
+  default_generator().set_state(j.at("default_gen").get<uint64_t>());
+  s = std::move(ns);
+}
+
+void check_task(const TrainTask& t, const LoopOptions& o) {
+  if (!t.model || !t.loss || !t.tokens || !t.validate) fail("train: the task needs a model, loss, tokens and validate");
+  if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
+  if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
+  if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
+  if (o.patience < 0) fail("train: patience must be >= 0");
+  if (o.patience > 0 && std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
+    fail("train: early stopping metric '" + t.stop_metric + "' is not a validation metric");
+}
+
+// ---- the loop ----
+
+class Loop {
+ public:
+  Loop(const TrainTask& task, const LoopOptions& o)
+      : t_(task), o_(o), params_(task.model->named_parameters()),
+        opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
+        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!o.quiet && isatty(2)) {}
+
+  LoopResult run() {
+    start();
+    while (!done()) {
+      train_step();
+      if (s_.step % o_.valid_every == 0 && validate_and_save()) break;
+    }
+    if (last_valid_step_ != s_.step) validate_and_save();
+    if (tty_) std::cerr << "\n";
+    res_.last_step = s_.step;
+    res_.train_seconds = seconds_since(t_start_);
+    res_.tokens_per_s = (double)tok_total_ / std::max(1e-9, res_.train_seconds - valid_seconds_);
+    return res_;
+  }
+
+ private:
+  void say(const std::string& s) const {
+    if (o_.quiet) return;
+    if (tty_) std::cerr << "\r\033[K";
+    std::cerr << s << std::endl;
+  }
+  double elapsed() const { return s_.elapsed + seconds_since(t_start_); }
+  bool done() const {
+    return (o_.steps > 0 && s_.step >= o_.steps) || (o_.minutes > 0 && elapsed() >= o_.minutes * 60.0);
+  }
+
+  void start() {
+    s_.batch_gen = Generator(o_.seed * 0x2545F4914F6CDD1Dull + 17);
+    if (o_.resume) {
+      load_train_state(state_path(), t_, opt_, s_);
+      rows_ = read_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, s_.step);
+      say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) + ", batch " +
+          std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
+    } else {
+      manual_seed(o_.seed);
+      s_.order = shuffled_order(t_.batches, s_.batch_gen);
+    }
+    res_.first_step = s_.step;
+    t_start_ = t_interval_ = t_draw_ = Clock::now();
+  }
+
+  std::string state_path() const { return o_.run_dir + "/train_state.safetensors"; }
+
+  void train_step() {
+    if (s_.pos == t_.batches) {
+      ++s_.epoch;
+      s_.pos = 0;
+      s_.order = shuffled_order(t_.batches, s_.batch_gen);
+    }
+    const int64_t b = s_.order[(size_t)s_.pos++];
+    lr_ = o_.lr > 0 ? o_.lr : noam_.lr(s_.step + 1);
+    opt_.set_lr(lr_);
+    Tensor loss = t_.loss(b);
+    const double lv = loss.item();
+    if (!std::isfinite(lv)) {
+      autograd::clear_tape();
+      fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(s_.step + 1) +
+           " (the last good state is in '" + state_path() + "')");
+    }
+    loss.backward();
+    // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
+    // the run alive and deterministic.
+    if (std::isfinite(clip_grad_norm(params_, o_.clip))) opt_.step();
+    opt_.zero_grad();
+    ++s_.step;
+    res_.losses.push_back(lv);
+    s_.acc_loss += lv;
+    ++s_.acc_n;
+    const int64_t n = t_.tokens(b);
+    tok_total_ += n;
+    tok_interval_ += n;
+    log(lv);
+  }
+
+  void log(double lv) {
+    const bool row = s_.step % o_.log_every == 0;
+    if (row) {
+      last_tps_ = (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
+      rows_.push_back({s_.step, s_.acc_loss / (double)s_.acc_n, lr_, last_tps_, {}});
+      s_.acc_loss = 0;
+      s_.acc_n = 0;
+      t_interval_ = Clock::now();
+      tok_interval_ = 0;
+    }
+    if (o_.quiet || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
+    t_draw_ = Clock::now();
+    const double tps = last_tps_ > 0 ? last_tps_ : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
+    const double per_step = seconds_since(t_start_) / (double)(s_.step - res_.first_step);
+    double eta = o_.steps > 0 ? per_step * (double)(o_.steps - s_.step) : NAN;
+    if (o_.minutes > 0) eta = std::isfinite(eta) ? std::min(eta, o_.minutes * 60 - elapsed()) : o_.minutes * 60 - elapsed();
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s", (long long)s_.step,
+                  (long long)s_.epoch, lv, lr_, tps, fmt_duration(eta).c_str());
+    if (tty_) std::cerr << "\r\033[K" << buf << std::flush;
+    else std::cerr << buf << std::endl;
+  }
+
+  // Returns true when early stopping ends the run.
+  bool validate_and_save() {
+    const auto t0 = Clock::now();
+    std::map<std::string, double> vm;
+    {
+      EvalScope es(*t_.model);
+      autograd::NoGrad ng;
+      vm = t_.validate();
+    }
+    res_.last_valid = vm;
+    MetricsRow r{s_.step, NAN, NAN, NAN, {}};
+    if (!rows_.empty() && rows_.back().step == s_.step) {
+      r = rows_.back();
+      rows_.pop_back();
+    }
+    r.valid = vm;
+    rows_.push_back(r);
+    const bool stop = update_early_stopping(vm);
+    LoopState snap = s_;
+    snap.elapsed = elapsed();
+    save_train_state(state_path(), t_, opt_, snap);
+    write_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, rows_);
+    if (t_.on_validated) t_.on_validated(s_.step, rows_);
+    last_valid_step_ = s_.step;
+    std::ostringstream os;
+    os << "step " << s_.step << " ";
+    for (auto& n : t_.metric_names) os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "  (%.1f s)", seconds_since(t0));
+    say(os.str() + buf);
+    // Validation time is not training throughput.
+    t_interval_ = Clock::now();
+    tok_interval_ = 0;
+    valid_seconds_ += seconds_since(t0);
+    if (stop) {
+      res_.stopped_early = true;
+      say("early stopping: valid " + t_.stop_metric + " has not improved for " + std::to_string(o_.patience) +
+          " validations (best " + fmt_num(s_.best) + ")");
+    }
+    return stop;
+  }
+
+  bool update_early_stopping(const std::map<std::string, double>& vm) {
+    if (o_.patience <= 0) return false;
+    auto it = vm.find(t_.stop_metric);
+    const double v = it == vm.end() ? NAN : it->second;
+    const bool better = std::isfinite(v) && (!std::isfinite(s_.best) || (t_.higher_is_better ? v > s_.best : v < s_.best));
+    if (better) {
+      s_.best = v;
+      s_.since_best = 0;
+    } else {
+      ++s_.since_best;
+    }
+    return s_.since_best >= o_.patience;
+  }
+
+  const TrainTask& t_;
+  const LoopOptions& o_;
+  NamedTensors params_;
+  Adam opt_;
+  NoamSchedule noam_;
+  bool tty_;
+  LoopState s_;
+  LoopResult res_;
+  std::vector<MetricsRow> rows_;
+  Clock::time_point t_start_, t_interval_, t_draw_;
+  int64_t tok_total_ = 0, tok_interval_ = 0, last_valid_step_ = -1;
+  double lr_ = 0, last_tps_ = 0, valid_seconds_ = 0;
+};
+
+}  // namespace
+
+std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[gen.below((uint64_t)i + 1)]);
+  return order;
+}
+
+LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
+  check_task(task, o);
+  fs::create_directories(o.run_dir);
+  return Loop(task, o).run();
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,89 @@
+// The training loop, written once for every model family: Adam with the Noam schedule (or a
+// constant lr), gradient clipping, periodic validation through a callback, a progress line
+// (loss, lr, tokens/s, ETA; redrawn in place on a TTY), metrics.csv, a time or step budget,
+// early stopping, and one atomically written train state with exact resume.
+//
+// It lives in nn/ because it needs only what nn/ has (Module, optimizers, schedules,
+// checkpoints): a family plugs in through TrainTask, which names its batches by index and gives
+// the loss of one batch and the metrics of a validation, so no program retypes the loop.
+//
+// A run directory holds (besides what the program adds through on_validated):
+//   train_state.safetensors  the weights, the optimizer moments, and in the metadata the step,
+//                            every RNG state, the epoch, its batch order and the position in
+//                            it, the data fingerprint: everything an exact resume needs, in ONE
+//                            file, so a crash between two writes can never pair weights of one
+//                            step with moments of another
+//   metrics.csv              step, train_loss, lr, tokens_per_s, valid_<metric>...
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace graft::nn {
+
+struct MetricsRow {
+  int64_t step = 0;
+  double train_loss = NAN, lr = NAN, tokens_per_s = NAN;
+  std::map<std::string, double> valid;  // empty on rows without a validation
+};
+
+// What the loop needs from a model family. Batches are the program's own, by index.
+struct TrainTask {
+  Module* model = nullptr;
+  int64_t batches = 0;                          // training batches per epoch
+  std::function<Tensor(int64_t batch)> loss;    // the batch's scalar training loss, recorded
+  std::function<int64_t(int64_t batch)> tokens; // what the batch trains on (for tokens/s)
+  // Validation metrics by name (the model is in eval mode meanwhile); metric_names lists them
+  // in the order of the CSV columns.
+  std::function<std::map<std::string, double>()> validate;
+  std::vector<std::string> metric_names;
+  // Early stopping watches this metric ("" or patience 0: never stop early).
+  std::string stop_metric;
+  bool higher_is_better = false;
+  // Generators an exact resume restores besides the loop's own (e.g. the model's dropout).
+  std::vector<Generator*> generators;
+  // A resume refuses a train state made from other data or batching.
+  std::string data_fingerprint;
+  // After each validation and save: the program writes what else it keeps (weights for
+  // inference, curves); rows holds every metrics row so far.
+  std::function<void(int64_t step, const std::vector<MetricsRow>& rows)> on_validated;
+};
+
+struct LoopOptions {
+  std::string run_dir;
+  int64_t steps = 0;     // stop after this many steps (0: no step limit)
+  double minutes = 0;    // stop after this much training time, summed over resumes (0: none)
+  double lr = 0;         // > 0: constant learning rate, else Noam(lr_factor, d_model, warmup)
+  double lr_factor = 1.0;
+  int64_t d_model = 512, warmup = 4000;
+  double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-9;
+  double clip = 1.0;     // global gradient-norm clip
+  int64_t valid_every = 500, log_every = 100;
+  int64_t patience = 0;  // stop when stop_metric has not improved for this many validations
+  uint64_t seed = 1;     // batch order and the global generator
+  bool resume = false;   // continue run_dir's train state exactly
+  bool quiet = false;
+};
+
+struct LoopResult {
+  int64_t first_step = 0, last_step = 0;
+  std::vector<double> losses;               // losses[i]: the loss of step first_step + 1 + i
+  std::map<std::string, double> last_valid;
+  double tokens_per_s = 0, train_seconds = 0;
+  bool stopped_early = false;
+};
+
+// Trains task.model until the budget is spent (or early stopping), validating every
+// valid_every steps and at the end. Throws graft::Error naming the file on a bad train state,
+// and naming the step on a non-finite loss.
+LoopResult train_loop(const TrainTask& task, const LoopOptions& o);
+
+// Fisher-Yates over 0..n-1 drawn from gen.
+std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
+
+}  // namespace graft::nn
