@@ -561,37 +561,4 @@ double clip_grad_norm(const NamedParams& params, double max_norm) {
   return norm;
 }
 
-void save_optimizer(const Optimizer& opt, const std::string& prefix) {
-  const std::string step = std::to_string(opt.step_count());
-  save_safetensors(prefix + ".optim.safetensors", opt.state_tensors(),
-                   {{"optimizer", opt.name()}, {"step", step}});
-  save_json(prefix + ".optim.json", opt.state_json());
-}
-
-void load_optimizer(Optimizer& opt, const std::string& prefix) {
-  const std::string tpath = prefix + ".optim.safetensors", jpath = prefix + ".optim.json";
-  const nlohmann::json j = load_json(jpath);
-  SafetensorsFile f = load_safetensors(tpath);
-  auto meta = [&](const char* key) {
-    auto it = f.metadata.find(key);
-    if (it == f.metadata.end())
-      fail("load_optimizer: '" + tpath + "' has no '" + key + "' metadata; not an optimizer file");
-    return it->second;
-  };
-  const std::string type = meta("optimizer"), step = meta("step");
-  const std::string jstep = j.is_object() && j.contains("step") ? j["step"].dump() : "?";
-  const std::string jtype =
-      j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                   : "?";
-  if (type != jtype || step != jstep)
-    fail("load_optimizer: '" + tpath + "' holds " + type + " state from step " + step + " but '" +
-         jpath + "' holds " + jtype + " state from step " + jstep +
-         " (a save was interrupted between the two files?)");
-  try {
-    opt.load_state(f.tensors, j);
-  } catch (const Error& e) {
-    fail(std::string(e.what()) + " (loading '" + prefix + ".optim.*')");
-  }
-}
-
 }  // namespace graft::nn

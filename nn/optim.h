@@ -163,10 +163,5 @@ struct NoamSchedule {
 // skip the step.
 double clip_grad_norm(const NamedParams& params, double max_norm);
 
-// "<prefix>.optim.safetensors" (state_tensors) and "<prefix>.optim.json" (state_json), each
-// written atomically; the tensors are written first and both carry the step count, so a crash
-// between the two writes is caught on load instead of pairing mismatched halves.
-void save_optimizer(const Optimizer& opt, const std::string& prefix);
-void load_optimizer(Optimizer& opt, const std::string& prefix);
 
 }  // namespace graft::nn
