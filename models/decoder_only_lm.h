@@ -3,6 +3,7 @@
 // ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
 #pragma once
 
+#include "models/decoding.h"
 #include "nn/transformer.h"
 
 namespace graft::models {
@@ -20,7 +21,9 @@ struct LMConfig {
 class DecoderOnlyLM : public nn::Module {
  public:
   explicit DecoderOnlyLM(const LMConfig& c);
-  Tensor forward(const Tensor& ids) const;
+  Tensor forward(const Tensor& ids) const;                  // logits (B, T, V)
+  Tensor embed(const Tensor& ids, int64_t start = 0) const;  // embedding + positions + dropout
+  Tensor logits(const Tensor& h) const;                     // through the tied embedding
   LMConfig cfg;
   Generator dropout_gen;
   std::shared_ptr<nn::Embedding> embedding;
@@ -28,5 +31,12 @@ class DecoderOnlyLM : public nn::Module {
   std::shared_ptr<nn::Dropout> dropout;
   std::shared_ptr<nn::Encoder> blocks;  // with the final LayerNorm (and rope/alibi/relative)
 };
+
+// Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,
+// beam or sampling as the options say, through models/decoding with a KV cache (or, with
+// o.use_cache false, re-running the whole prefix). Stops a row at eos (eos < 0: never). Each
+// result is the generated tokens only.
+Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts,
+                   int64_t eos, const DecodeOptions& o);
 
 }  // namespace graft::models

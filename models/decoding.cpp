@@ -60,10 +60,11 @@ int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
 
 namespace {
 
-std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, int64_t eos, bool stop_at_eos) {
-  if (!stop_at_eos) return std::vector<int64_t>(p.begin() + 1, p.end());
+// The generated part of p (after its first `skip` tokens), cut at EOS.
+std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int64_t eos, bool stop_at_eos) {
+  if (!stop_at_eos) return std::vector<int64_t>(p.begin() + (long)skip, p.end());
   std::vector<int64_t> out;
-  for (size_t i = 1; i < p.size(); ++i) {
+  for (size_t i = skip; i < p.size(); ++i) {
     if (p[i] == eos) break;
     out.push_back(p[i]);
   }
@@ -71,11 +72,20 @@ std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, int64_t eos, bool
 }
 
 // One token per row per step, chosen by pick(row's logits as doubles); finished rows repeat EOS.
+void check_start(const Sequences& start) {
+  if (start.empty() || start[0].empty()) fail("decode: needs at least one row with a first token");
+  for (auto& s : start)
+    if (s.size() != start[0].size()) fail("decode: every row must start with the same number of tokens");
+}
+
 template <class Pick>
-Sequences token_by_token(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos,
+Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
                          const DecodeOptions& o, Pick&& pick) {
+  check_start(start);
   autograd::NoGrad ng;
-  std::vector<std::vector<int64_t>> prefix(rows, {bos});
+  const int64_t rows = (int64_t)start.size();
+  const size_t skip = start[0].size();
+  std::vector<std::vector<int64_t>> prefix = start;
   std::vector<bool> done(rows, false);
   for (int64_t t = 0; t < o.max_len; ++t) {
     const Tensor lg = to_dtype(step.next_logits(prefix), DType::f64);
@@ -91,23 +101,23 @@ Sequences token_by_token(DecodeStep& step, int64_t rows, int64_t bos, int64_t eo
     if (all && o.stop_at_eos) break;
   }
   Sequences out;
-  for (auto& p : prefix) out.push_back(cut_at_eos(p, eos, o.stop_at_eos));
+  for (auto& p : prefix) out.push_back(cut_at_eos(p, skip, eos, o.stop_at_eos));
   return out;
 }
 
 }  // namespace
 
-Sequences greedy_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
-  return token_by_token(step, rows, bos, eos, o, [](const std::vector<double>& l) {
+  return token_by_token(step, start, eos, o, [](const std::vector<double>& l) {
     return (int64_t)(std::max_element(l.begin(), l.end()) - l.begin());
   });
 }
 
-Sequences sample_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
   Generator gen(o.seed);
-  return token_by_token(step, rows, bos, eos, o, [&](const std::vector<double>& l) {
+  return token_by_token(step, start, eos, o, [&](const std::vector<double>& l) {
     return sample_token(l, o.sampling, gen);
   });
 }
@@ -183,16 +193,18 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
 
 }  // namespace
 
-Sequences beam_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
+Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
+  check_start(start);
   autograd::NoGrad ng;
-  const int64_t K = o.beam;
+  const int64_t K = o.beam, rows = (int64_t)start.size();
+  const size_t skip = start[0].size();
   Beams s{rows, K, {}, std::vector<double>(rows * K, kNegInf), std::vector<bool>(rows * K, false)};
   std::vector<int64_t> expand;
   for (int64_t b = 0; b < rows; ++b)
     for (int64_t k = 0; k < K; ++k) expand.push_back(b);
   step.select(expand);
-  s.prefix.assign(rows * K, {bos});
+  for (int64_t r : expand) s.prefix.push_back(start[r]);
   for (int64_t b = 0; b < rows; ++b) s.score[b * K] = 0;  // only the first beam is live at the start
   for (int64_t t = 0; t < o.max_len; ++t)
     if (!beam_step(step, s, eos) && o.stop_at_eos) break;
@@ -204,17 +216,17 @@ Sequences beam_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, 
     for (int64_t k = 0; k < K; ++k) {
       const int64_t r = b * K + k;
       if (s.score[r] == kNegInf) continue;
-      const double v = s.score[r] / lp(cut_at_eos(s.prefix[r], eos, true).size());
+      const double v = s.score[r] / lp(cut_at_eos(s.prefix[r], skip, eos, true).size());
       if (best < 0 || v > best_v) best = r, best_v = v;
     }
-    out.push_back(cut_at_eos(s.prefix[best < 0 ? b * K : best], eos, o.stop_at_eos));
+    out.push_back(cut_at_eos(s.prefix[best < 0 ? b * K : best], skip, eos, o.stop_at_eos));
   }
   return out;
 }
 
-Sequences decode(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o) {
-  if (o.sample) return sample_search(step, rows, bos, eos, o);
-  return o.beam > 1 ? beam_search(step, rows, bos, eos, o) : greedy_search(step, rows, bos, eos, o);
+Sequences decode(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
+  if (o.sample) return sample_search(step, start, eos, o);
+  return o.beam > 1 ? beam_search(step, start, eos, o) : greedy_search(step, start, eos, o);
 }
 
 }  // namespace graft::models

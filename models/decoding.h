@@ -52,11 +52,13 @@ class DecodeStep {
 
 using Sequences = std::vector<std::vector<int64_t>>;
 
-// `rows` sequences from BOS; each result without BOS, cut at (and excluding) EOS. Dispatches on
-// o.sample and o.beam; runs under NoGrad.
-Sequences decode(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o);
-Sequences greedy_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o);
-Sequences sample_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o);
-Sequences beam_search(DecodeStep& step, int64_t rows, int64_t bos, int64_t eos, const DecodeOptions& o);
+// Continues each row of `start` (its first tokens: BOS for a translation, a prompt for a
+// language model; all rows of one length); each result is the generated tokens only, cut at
+// (and excluding) EOS (eos < 0: never stops early). Dispatches on o.sample and o.beam; runs
+// under NoGrad.
+Sequences decode(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
 
 }  // namespace graft::models

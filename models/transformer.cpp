@@ -206,7 +206,7 @@ Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions
   check_src(m, src, o);
   autograd::NoGrad ng;
   TransformerStep step(m, src, o);
-  return decode(step, src.shape()[0], m.cfg.bos_id, m.cfg.eos_id, o);
+  return decode(step, Sequences(src.shape()[0], {m.cfg.bos_id}), m.cfg.eos_id, o);
 }
 
 Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o) {

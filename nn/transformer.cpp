@@ -38,15 +38,26 @@ Tensor EncoderLayer::ffn(const Tensor& x) const {
   return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x);
 }
 
-Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
-                             const AttentionPositions* pos) const {
+// The two sublayers with residuals; sa(h) is the self-attention, so the full pass and cached
+// decoding share the same wiring.
+template <class SelfAttn>
+Tensor EncoderLayer::block(const Tensor& x, SelfAttn&& sa) const {
   if (cfg.norm_first) {
-    Tensor h = norm1->forward(x);
-    Tensor y = add(x, dropout1->forward(self_attn->forward(h, h, src_pad, causal, nullptr, pos)));
+    Tensor y = add(x, dropout1->forward(sa(norm1->forward(x))));
     return add(y, dropout2->forward(ffn(norm2->forward(y))));
   }
-  Tensor y = norm1->forward(add(x, dropout1->forward(self_attn->forward(x, x, src_pad, causal, nullptr, pos))));
+  Tensor y = norm1->forward(add(x, dropout1->forward(sa(x))));
   return norm2->forward(add(y, dropout2->forward(ffn(y))));
+}
+
+Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
+                             const AttentionPositions* pos) const {
+  return block(x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); });
+}
+
+Tensor EncoderLayer::forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
+                                  const AttentionPositions* pos) const {
+  return block(x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); });
 }
 
 DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
@@ -120,6 +131,13 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
 Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
   Tensor h = x;
   for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
+  return norm ? norm->forward(h) : h;
+}
+
+Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const {
+  if (caches.size() != layers.size()) caches.resize(layers.size());
+  Tensor h = x;
+  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward_step(h, caches[i], capacity, positions.get());
   return norm ? norm->forward(h) : h;
 }
 

@@ -32,6 +32,9 @@ class EncoderLayer : public Module {
   // pos: the stack's rope/alibi/relative terms for self-attention, or null
   Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false,
                  const AttentionPositions* pos = nullptr) const;
+  // New positions of a causal (decoder-only) stack with cached keys/values (inference only).
+  Tensor forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
+                      const AttentionPositions* pos = nullptr) const;
   std::shared_ptr<MultiHeadAttention> self_attn;
   std::shared_ptr<Linear> linear1, linear2;
   std::shared_ptr<LayerNorm> norm1, norm2;
@@ -40,6 +43,8 @@ class EncoderLayer : public Module {
 
  private:
   Tensor ffn(const Tensor& x) const;
+  template <class SelfAttn>
+  Tensor block(const Tensor& x, SelfAttn&& sa) const;
 };
 
 // Caches of one decoder layer during incremental decoding.
@@ -80,6 +85,8 @@ class Encoder : public Module {
   Encoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
           Generator* dropout_gen, const PositionOptions& pos = {}, bool causal = false);
   Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
+  // A causal stack, new positions only, one cache per layer (inference only).
+  Tensor forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const;
   std::vector<std::shared_ptr<EncoderLayer>> layers;
   std::shared_ptr<LayerNorm> norm;  // null when there is no final LayerNorm
   std::shared_ptr<AttentionPositions> positions;  // null for sinusoidal/learned

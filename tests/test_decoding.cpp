@@ -128,20 +128,20 @@ BOOST_AUTO_TEST_CASE(sampling_limits_equal_greedy_and_seeds_repeat) {
   o.max_len = 20;
   o.stop_at_eos = false;
   FakeStep s;
-  const Sequences greedy = greedy_search(s, 3, 0, 8, o);
+  const Sequences greedy = greedy_search(s, Sequences(3, {0}), 8, o);
   o.sample = true;
   o.sampling.top_k = 1;
-  BOOST_TEST(sample_search(s, 3, 0, 8, o) == greedy);
+  BOOST_TEST(sample_search(s, Sequences(3, {0}), 8, o) == greedy);
   o.sampling.top_k = 0;
   o.sampling.temperature = 1e-3;
-  BOOST_TEST(sample_search(s, 3, 0, 8, o) == greedy);
+  BOOST_TEST(sample_search(s, Sequences(3, {0}), 8, o) == greedy);
   o.sampling.temperature = 1.0;
   o.seed = 11;
-  const Sequences a = sample_search(s, 3, 0, 8, o);
-  BOOST_TEST(sample_search(s, 3, 0, 8, o) == a);
-  BOOST_TEST(decode(s, 3, 0, 8, o) == a);
+  const Sequences a = sample_search(s, Sequences(3, {0}), 8, o);
+  BOOST_TEST(sample_search(s, Sequences(3, {0}), 8, o) == a);
+  BOOST_TEST(decode(s, Sequences(3, {0}), 8, o) == a);
   o.seed = 12;
-  BOOST_TEST(sample_search(s, 3, 0, 8, o) != a);
+  BOOST_TEST(sample_search(s, Sequences(3, {0}), 8, o) != a);
   BOOST_TEST(a != greedy);
 }
 
@@ -151,7 +151,7 @@ BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
     DecodeOptions o;
     o.sample = true;
     set(o);
-    BOOST_CHECK_EXCEPTION(decode(s, 1, 0, 8, o), Error, [&](const Error& e) { return has(e, part); });
+    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error, [&](const Error& e) { return has(e, part); });
   };
   fails([](DecodeOptions& o) { o.sampling.temperature = 0; }, "temperature must be a finite number > 0, got 0");
   fails([](DecodeOptions& o) { o.sampling.temperature = -1; }, "temperature");

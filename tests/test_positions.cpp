@@ -278,6 +278,56 @@ BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {
                         [](const Error& e) { return has(e, "attention dropout must be in [0, 1)"); });
 }
 
+// LM generation through the decoding module: cached equals recomputation (greedy and beam) for
+// every kind, sampling repeats by seed, and the prompt's continuation is what forward predicts.
+BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
+  for (Positions p : kAll) {
+    LMConfig lc;
+    lc.vocab = 13;
+    lc.d_model = 16;
+    lc.heads = 2;
+    lc.d_ff = 24;
+    lc.max_len = 24;
+    lc.dropout = 0.1;  // generate runs in eval mode
+    lc.dtype = DType::f64;
+    lc.positions.kind = p;
+    DecoderOnlyLM lm(lc);
+    const Sequences prompts{{1, 4, 5}, {2, 7, 7}};
+    DecodeOptions o;
+    o.max_len = 10;
+    o.stop_at_eos = false;
+    for (int beam : {1, 3}) {
+      o.beam = beam;
+      o.use_cache = true;
+      auto cached = generate(lm, prompts, -1, o);
+      o.use_cache = false;
+      BOOST_TEST(cached == generate(lm, prompts, -1, o), nn::positions_name(p) << " beam " << beam);
+      BOOST_TEST(cached[0].size() == 10u);
+    }
+    o.beam = 1;
+    o.use_cache = true;
+    auto greedy = generate(lm, prompts, -1, o);
+    {
+      autograd::NoGrad ng;
+      lm.eval();
+      auto lg = lm.forward(ids({1, 4, 5, 2, 7, 7}, 2));
+      BOOST_TEST(argmax(slice(lg, 1, 2, 3), 2).to_vector<int64_t>()[0] == greedy[0][0]);
+      lm.train();
+    }
+    o.sample = true;
+    o.seed = 5;
+    BOOST_TEST(generate(lm, prompts, -1, o) == generate(lm, prompts, -1, o));
+    BOOST_TEST(lm.training());  // generate restores the mode
+  }
+  LMConfig lc;
+  lc.max_len = 8;
+  DecoderOnlyLM learned(lc);
+  DecodeOptions o;
+  o.max_len = 10;
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error, [](const Error& e) { return has(e, "max_len 8"); });
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error, [](const Error& e) { return has(e, "equal lengths"); });
+}
+
 // Every kind in the other two models: the LM stays causal, the classifier ignores padding.
 BOOST_AUTO_TEST_CASE(lm_and_classifier_take_every_kind) {
   for (Positions p : kAll) {
