@@ -3,6 +3,8 @@
 // ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "models/decoding.h"
 #include "nn/transformer.h"
 
@@ -16,6 +18,10 @@ struct LMConfig {
   int64_t pad_id = 0;
   DType dtype = DType::f32;
   uint64_t seed = 1;
+
+  nlohmann::json to_json() const;
+  // Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
+  static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
 };
 
 class DecoderOnlyLM : public nn::Module {

@@ -1,0 +1,265 @@
+#include "examples/lm/lm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "autograd/tape.h"
+#include "nn/checkpoint.h"
+#include "ops/ops.h"
+
+namespace graft::lm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+// Well-formed UTF-8 lead/continuation structure (overlong forms are not checked).
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = (unsigned char)s[i];
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k)
+      if (((unsigned char)s[i + k] >> 6) != 2) return false;
+    i += len;
+  }
+  return true;
+}
+
+// Characters a predicted token covers: a UTF-8 lead byte or an ASCII byte starts one, a
+// continuation byte none, EOS one (the document's end), BOS none (never predicted: it follows EOS).
+int64_t chars_of(int64_t token) {
+  if (token == kEOS) return 1;
+  if (token >= 256) return 0;
+  return (token & 0xC0) == 0x80 ? 0 : 1;
+}
+
+nlohmann::json options_json(const TrainOptions& o, int64_t context) {
+  return {{"text", o.text}, {"preset", o.preset}, {"positions", o.positions}, {"context", context},
+          {"batch_rows", o.batch_rows}, {"lr_factor", o.lr_factor}, {"warmup", o.warmup},
+          {"dropout", o.dropout}, {"seed", o.seed}};
+}
+
+}  // namespace
+
+std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
+  std::vector<std::string> docs;
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot read '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    if (!valid_utf8(text)) fail("'" + path + "' is not UTF-8 text");
+    const bool fortune = text.find("\n%\n") != std::string::npos || text.rfind("%\n", 0) == 0;
+    std::istringstream lines(text);
+    std::string line, cur;
+    auto flush = [&] {
+      const std::string d = trim(cur);
+      if (!d.empty()) docs.push_back(d);
+      cur.clear();
+    };
+    while (std::getline(lines, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (fortune ? line == "%" : trim(line).empty()) flush();
+      else cur += line + "\n";
+    }
+    flush();
+  }
+  return docs;
+}
+
+void split_documents(const std::vector<std::string>& docs, int64_t valid_every, uint64_t seed,
+                     std::vector<std::string>& train, std::vector<std::string>& valid) {
+  if (docs.size() < 2) fail("need at least 2 documents to split train/valid, got " + std::to_string(docs.size()));
+  Generator g(seed);
+  const std::vector<int64_t> order = nn::shuffled_order((int64_t)docs.size(), g);
+  for (size_t i = 0; i < order.size(); ++i) (i % (size_t)valid_every == 0 ? valid : train).push_back(docs[order[i]]);
+  if (train.empty()) std::swap(train, valid), valid.push_back(train.back()), train.pop_back();
+}
+
+std::vector<int64_t> encode(const std::string& text) {
+  std::vector<int64_t> t;
+  for (unsigned char c : text) t.push_back(c);
+  return t;
+}
+
+std::string decode(const std::vector<int64_t>& tokens) {
+  std::string s;
+  for (int64_t t : tokens)
+    if (t >= 0 && t < 256) s.push_back((char)(unsigned char)t);
+  return s;
+}
+
+std::vector<int64_t> token_stream(const std::vector<std::string>& docs) {
+  std::vector<int64_t> s;
+  for (auto& d : docs) {
+    s.push_back(kBOS);
+    for (unsigned char c : d) s.push_back(c);
+    s.push_back(kEOS);
+  }
+  return s;
+}
+
+std::vector<Batch> make_batches(const std::vector<int64_t>& stream, int64_t len, int64_t rows) {
+  if (len < 1 || rows < 1) fail("context and batch rows must be >= 1");
+  const int64_t windows = ((int64_t)stream.size() - 1) / len;
+  std::vector<Batch> out;
+  for (int64_t w0 = 0; w0 < windows; w0 += rows) {
+    const int64_t n = std::min(rows, windows - w0);
+    std::vector<int64_t> in, tg;
+    for (int64_t w = w0; w < w0 + n; ++w) {
+      in.insert(in.end(), stream.begin() + w * len, stream.begin() + (w + 1) * len);
+      tg.insert(tg.end(), stream.begin() + w * len + 1, stream.begin() + (w + 1) * len + 1);
+    }
+    out.push_back({from_vector(in, {n, len}), from_vector(tg, {n, len}), n * len});
+  }
+  return out;
+}
+
+Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, int64_t context) {
+  nn::EvalScope es(m);
+  autograd::NoGrad ng;
+  Metrics r;
+  double nll = 0;
+  for (const Batch& b : make_batches(stream, context, 8)) {
+    Tensor lg = reshape(m.forward(b.input), {-1, kVocab});
+    nll += cross_entropy(lg, reshape(b.target, {-1})).item() * (double)b.tokens;
+    for (int64_t t : b.target.to_vector<int64_t>()) r.chars += chars_of(t);
+    r.tokens += b.tokens;
+  }
+  if (r.tokens == 0) fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
+  r.loss = nll / (double)r.tokens;
+  r.ppl = std::exp(r.loss);
+  r.bpc = nll / std::log(2.0) / (double)std::max<int64_t>(r.chars, 1);
+  return r;
+}
+
+models::LMConfig preset(const std::string& name) {
+  models::LMConfig c;
+  c.vocab = kVocab;
+  c.pad_id = kPAD;
+  if (name == "lm-mini") {
+    c.d_model = 128, c.heads = 4, c.d_ff = 512, c.layers = 2, c.max_len = 128;
+  } else if (name == "lm-small") {
+    c.d_model = 256, c.heads = 4, c.d_ff = 1024, c.layers = 4, c.max_len = 256;
+  } else {
+    fail("unknown preset '" + name + "' (known: lm-mini, lm-small)");
+  }
+  return c;
+}
+
+namespace {
+
+void save_weights(const models::DecoderOnlyLM& m, const std::string& path, int64_t step) {
+  const nn::NamedTensors sd = m.state_dict();
+  nn::save_safetensors(path, sd, {{"step", std::to_string(step)}, {"checksum", nn::weights_checksum(sd)}});
+}
+
+models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::json& saved) {
+  const std::string cfg_path = o.run_dir + "/config.json";
+  if (o.resume) {
+    saved = nn::load_json(cfg_path);
+    context = saved.at("train").at("context").get<int64_t>();
+    return models::LMConfig::from_json(saved.at("model"), cfg_path);
+  }
+  models::LMConfig c = preset(o.preset);
+  c.positions.kind = nn::parse_positions(o.positions);
+  c.dropout = o.dropout;
+  c.seed = o.seed;
+  context = o.context > 0 ? o.context : c.max_len;
+  c.max_len = std::max(c.max_len, context);
+  fs::create_directories(o.run_dir);
+  nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
+  return c;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& opts) {
+  TrainOptions o = opts;
+  int64_t context = 0;
+  nlohmann::json saved;
+  const models::LMConfig cfg = run_config(o, context, saved);
+  if (o.resume) {  // an exact continuation trains on the same data and batches
+    const auto& t = saved.at("train");
+    o.text = t.at("text").get<std::vector<std::string>>();
+    o.batch_rows = t.at("batch_rows").get<int64_t>();
+    o.lr_factor = t.at("lr_factor").get<double>();
+    o.warmup = t.at("warmup").get<int64_t>();
+    o.seed = t.at("seed").get<uint64_t>();
+  }
+  std::vector<std::string> train_docs, valid_docs;
+  split_documents(read_documents(o.text), 20, o.seed, train_docs, valid_docs);
+  const std::vector<int64_t> valid_stream = token_stream(valid_docs);
+  const std::vector<Batch> batches = make_batches(token_stream(train_docs), context, o.batch_rows);
+  models::DecoderOnlyLM model(cfg);
+  if (!o.quiet)
+    std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
+              << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
+              << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
+
+  nn::TrainTask task;
+  task.model = &model;
+  task.batches = (int64_t)batches.size();
+  task.loss = [&](int64_t i) {
+    return cross_entropy(reshape(model.forward(batches[i].input), {-1, kVocab}), reshape(batches[i].target, {-1}));
+  };
+  task.tokens = [&](int64_t i) { return batches[i].tokens; };
+  task.metric_names = {"loss", "bpc"};
+  task.validate = [&]() -> std::map<std::string, double> {
+    const Metrics v = evaluate(model, valid_stream, context);
+    return {{"loss", v.loss}, {"bpc", v.bpc}};
+  };
+  task.stop_metric = "bpc";
+  task.generators = {&model.dropout_gen};
+  std::vector<std::pair<std::string, Tensor>> fp;
+  for (auto& b : batches) fp.emplace_back("", b.input);
+  task.data_fingerprint = nn::weights_checksum(fp);
+  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
+    save_weights(model, o.run_dir + "/model.safetensors", step);
+  };
+  nn::LoopOptions lo;
+  lo.run_dir = o.run_dir;
+  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr_factor = o.lr_factor, lo.d_model = cfg.d_model;
+  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
+  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  TrainResult r;
+  r.loop = nn::train_loop(task, lo);
+  r.valid = evaluate(model, valid_stream, context);
+  r.context = context;
+  return r;
+}
+
+LoadedRun load_run(const std::string& run_dir) {
+  const std::string cfg_path = run_dir + "/config.json";
+  const nlohmann::json j = nn::load_json(cfg_path);
+  LoadedRun r;
+  try {
+    r.context = j.at("train").at("context").get<int64_t>();
+    r.text = j.at("train").at("text").get<std::vector<std::string>>();
+    r.seed = j.at("train").at("seed").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("'" + cfg_path + "': bad \"train\" section: " + e.what());
+  }
+  r.model = std::make_unique<models::DecoderOnlyLM>(models::LMConfig::from_json(j.at("model"), cfg_path));
+  const std::string w = run_dir + "/model.safetensors";
+  const nn::SafetensorsFile f = nn::load_safetensors(w);
+  auto it = f.metadata.find("checksum");
+  if (it == f.metadata.end() || it->second != nn::weights_checksum(f.tensors))
+    fail("'" + w + "': missing or mismatching checksum: the weights are corrupted or not this run's");
+  r.model->load_state_dict(f.tensors);
+  r.model->eval();
+  return r;
+}
+
+}  // namespace graft::lm

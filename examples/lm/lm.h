@@ -1,0 +1,80 @@
+// The language-model example's reusable half: documents from text files, byte-level tokens,
+// training through nn::train_loop, evaluation in bits per character. main.cpp is the command
+// line over these; the tests call them directly.
+//
+// Tokens are bytes (ids 0..255) plus BOS 256 (a document starts) and EOS 257 (it ends); PAD 258
+// never enters a window. Byte tokens need no tokenizer file and make bits per character
+// tokenizer-independent: the NLL of every predicted token (bytes and EOS) summed in bits over the
+// characters it covers (UTF-8 code points, and one per EOS).
+//
+// A run directory holds config.json (model + training options), model.safetensors (the weights,
+// checksummed), train_state.safetensors and metrics.csv (nn::train_loop).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/decoder_only_lm.h"
+#include "nn/trainer.h"
+
+namespace graft::lm {
+
+constexpr int64_t kBOS = 256, kEOS = 257, kPAD = 258, kVocab = 259;
+
+// Documents of text files: a file of fortune cookies (lines holding only "%" separate them) or
+// plain text (blank lines separate paragraphs). Leading/trailing whitespace is trimmed; empty
+// documents are dropped. Throws naming the file when it cannot be read or is not UTF-8.
+std::vector<std::string> read_documents(const std::vector<std::string>& paths);
+// Every k-th document (by a seeded shuffle) goes to validation; both sides non-empty.
+void split_documents(const std::vector<std::string>& docs, int64_t valid_every, uint64_t seed,
+                     std::vector<std::string>& train, std::vector<std::string>& valid);
+// BOS doc EOS BOS doc EOS ... as byte tokens.
+std::vector<int64_t> token_stream(const std::vector<std::string>& docs);
+std::vector<int64_t> encode(const std::string& text);   // bytes only
+std::string decode(const std::vector<int64_t>& tokens);  // bytes; specials dropped
+
+// Windows of `len + 1` tokens cut from the stream (the last partial one dropped), `rows` per
+// batch: inputs = window[:-1], targets = window[1:].
+struct Batch {
+  Tensor input, target;  // int64 (rows, len)
+  int64_t tokens = 0;
+};
+std::vector<Batch> make_batches(const std::vector<int64_t>& stream, int64_t len, int64_t rows);
+
+struct Metrics {
+  double loss = 0, ppl = 0, bpc = 0;  // mean NLL per token (nats), exp(loss), bits per character
+  int64_t tokens = 0, chars = 0;
+};
+// Scores every token of non-overlapping windows of `context` tokens (the model in eval mode).
+Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, int64_t context);
+
+// Presets: lm-mini (d 128, 4 heads, ff 512, 2 layers, context 128), lm-small (d 256, 4 heads,
+// ff 1024, 4 layers, context 256). Throws naming the known presets.
+models::LMConfig preset(const std::string& name);
+
+struct TrainOptions {
+  std::vector<std::string> text;  // files
+  std::string run_dir, preset = "lm-mini", positions = "learned";
+  int64_t context = 0;            // 0: the preset's
+  int64_t batch_rows = 16, steps = 0, valid_every = 200, log_every = 50, patience = 0;
+  double minutes = 0, lr_factor = 1.0, dropout = 0.1;
+  int64_t warmup = 400;
+  uint64_t seed = 1;
+  bool resume = false, quiet = false;
+};
+struct TrainResult {
+  nn::LoopResult loop;
+  Metrics valid;        // at the training context
+  int64_t context = 0;
+};
+TrainResult train(const TrainOptions& o);
+
+struct LoadedRun {
+  std::unique_ptr<models::DecoderOnlyLM> model;
+  int64_t context = 0;  // the training context
+  std::vector<std::string> text;
+  uint64_t seed = 1;
+};
+LoadedRun load_run(const std::string& run_dir);
+
+}  // namespace graft::lm

@@ -1,0 +1,79 @@
+// The language-model example's library: documents, byte tokens, bits per character, and a tiny
+// model learning a text through nn::train_loop, then generating it back.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "examples/lm/lm.h"
+
+using namespace graft;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path write(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("graft_test_lm_" + name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(lm_example)
+
+BOOST_AUTO_TEST_CASE(documents_from_fortune_and_plain_files) {
+  auto f = write("f.txt", "first one\n  two lines\n%\n\n%\nsecond\n%\n");
+  auto p = write("p.txt", "para one\nstill one\n\n\npara two\r\n");
+  auto docs = lm::read_documents({f.string(), p.string()});
+  BOOST_TEST(docs == (std::vector<std::string>{"first one\n  two lines", "second", "para one\nstill one", "para two"}));
+  auto bad = write("bad.txt", std::string("ok\xff\n"));
+  BOOST_CHECK_EXCEPTION(lm::read_documents({bad.string()}), Error,
+                        [](const Error& e) { return std::string(e.what()).find("not UTF-8") != std::string::npos; });
+  std::vector<std::string> tr, va;
+  lm::split_documents(docs, 2, 1, tr, va);
+  BOOST_TEST(tr.size() + va.size() == 4u);
+  BOOST_TEST(!tr.empty());
+  BOOST_TEST(!va.empty());
+}
+
+BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
+  // "é" is two bytes, one character; each document's EOS counts as one character.
+  const std::vector<int64_t> s = lm::token_stream({"aé", "b"});
+  BOOST_TEST(s == (std::vector<int64_t>{lm::kBOS, 'a', 0xC3, 0xA9, lm::kEOS, lm::kBOS, 'b', lm::kEOS}));
+  models::LMConfig c = lm::preset("lm-mini");
+  c.d_model = 16, c.heads = 2, c.d_ff = 16, c.layers = 1, c.max_len = 8, c.dtype = DType::f64;
+  models::DecoderOnlyLM m(c);
+  const lm::Metrics r = lm::evaluate(m, s, 7);  // one window: predicts tokens 1..7
+  BOOST_TEST(r.tokens == 7);
+  BOOST_TEST(r.chars == 5);  // a, é, EOS, b, EOS (the é continuation byte and BOS cover none)
+  BOOST_TEST(std::fabs(r.bpc - r.loss * 7 / std::log(2.0) / 5) < 1e-9);
+  BOOST_CHECK_THROW(lm::preset("lm-huge"), Error);
+}
+
+BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "the cat sat on the mat.\n%\n";
+  auto f = write("cats.txt", text);
+  lm::TrainOptions o;
+  o.text = {f.string()};
+  o.run_dir = (fs::temp_directory_path() / "graft_test_lm_run").string();
+  fs::remove_all(o.run_dir);
+  o.positions = "rope";
+  o.context = 24;
+  o.batch_rows = 8;
+  o.steps = 150;
+  o.valid_every = 150;
+  o.warmup = 30;
+  o.lr_factor = 2.0;
+  o.dropout = 0.0;
+  o.quiet = true;
+  lm::TrainResult r = lm::train(o);
+  BOOST_TEST(r.valid.bpc < 0.5);
+  lm::LoadedRun run = lm::load_run(o.run_dir);
+  models::DecodeOptions d;
+  d.max_len = 30;
+  std::vector<int64_t> prompt{lm::kBOS};
+  for (int64_t t : lm::encode("the cat ")) prompt.push_back(t);
+  BOOST_TEST(lm::decode(models::generate(*run.model, {prompt}, lm::kEOS, d)[0]) == "sat on the mat.");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
