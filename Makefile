@@ -6,7 +6,7 @@ DEPS = cmake g++ make ccache pkg-config libdnnl-dev libboost-test-dev libsentenc
        nlohmann-json3-dev libcli11-dev libcairo2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo bench clean
+.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation
 
 deps:
 	@missing=""; for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -26,6 +26,27 @@ test: build
 demo: configure
 	cmake --build $(BUILD) -j$(JOBS) --target translate
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/demo.sh $(BUILD)
+
+# Real text for the LM example: Debian's English fortune cookies.
+fortunes:
+	@dpkg -s fortunes >/dev/null 2>&1 || { echo "installing: fortunes"; $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fortunes; }
+
+# Trains the byte-level LM (lm-mini, rope) on the fortunes and evaluates it.
+LM_MINUTES ?= 5
+lm: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target lm
+	rm -rf runs/lm
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/lm/lm train --out runs/lm --preset lm-mini --positions rope \
+	  --minutes $(LM_MINUTES) --batch-rows 16 --warmup 400 --valid-every 500
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/lm/lm evaluate --run runs/lm
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/lm/lm generate --run runs/lm --prompt "A fool" --max-new 120 \
+	  --sample --top-p 0.9 --seed 1
+
+# The length-extrapolation table of the README (5 trainings of lm-mini).
+lm-extrapolation: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target lm
+	./examples/lm/extrapolation.sh $(BUILD)
 
 bench: build
 	./bench/run.sh $(BUILD)

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "autograd/tape.h"
+#include "models/config_json.h"
 #include "ops/ops.h"
 
 namespace graft::models {
@@ -15,43 +16,24 @@ void check_ids(const char* who, const Tensor& ids) {
 }  // namespace
 
 nlohmann::json LMConfig::to_json() const {
-  return {{"vocab", vocab}, {"d_model", d_model}, {"heads", heads}, {"d_ff", d_ff}, {"layers", layers},
-          {"max_len", max_len}, {"dropout", dropout}, {"positions", nn::positions_name(positions.kind)},
-          {"rope_base", positions.rope_base}, {"relative_buckets", positions.relative_buckets},
-          {"relative_max_distance", positions.relative_max_distance}, {"norm_first", norm_first},
-          {"pad_id", pad_id}, {"dtype", dtype_name(dtype)}, {"seed", seed}};
+  nlohmann::json j = {{"vocab", vocab}, {"d_model", d_model}, {"heads", heads}, {"d_ff", d_ff},
+                      {"layers", layers}, {"max_len", max_len}, {"dropout", dropout},
+                      {"norm_first", norm_first}, {"pad_id", pad_id}, {"dtype", dtype_name(dtype)},
+                      {"seed", seed}};
+  j.update(positions_json(positions));
+  return j;
 }
 
 LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) {
   LMConfig c;
-  std::string field;
-  auto get = [&](const char* name, auto& v) {
-    field = name;
-    v = j.at(name).get<std::remove_reference_t<decltype(v)>>();
-  };
-  try {
-    get("vocab", c.vocab), get("d_model", c.d_model), get("heads", c.heads), get("d_ff", c.d_ff);
-    get("layers", c.layers), get("max_len", c.max_len), get("dropout", c.dropout);
-    get("norm_first", c.norm_first), get("pad_id", c.pad_id), get("seed", c.seed);
-    std::string pos, dt;
-    get("positions", pos), get("dtype", dt);
-    get("rope_base", c.positions.rope_base), get("relative_buckets", c.positions.relative_buckets);
-    get("relative_max_distance", c.positions.relative_max_distance);
-    field = "positions";
-    c.positions.kind = nn::parse_positions(pos);
-    field = "dtype";
-    if (dt != "float32" && dt != "float64") fail("must be float32 or float64, got '" + dt + "'");
-    c.dtype = dt == "float64" ? DType::f64 : DType::f32;
-  } catch (const std::exception& e) {
-    fail(where + ": field \"" + field + "\": " + e.what());
-  }
-  auto positive = [&](const char* name, int64_t v) {
-    if (v <= 0 || v > (int64_t(1) << 24)) fail(where + ": field \"" + name + "\" must be in [1, 2^24], got " + std::to_string(v));
-  };
-  positive("vocab", c.vocab), positive("d_model", c.d_model), positive("heads", c.heads);
-  positive("d_ff", c.d_ff), positive("layers", c.layers), positive("max_len", c.max_len);
-  if (c.d_model % c.heads) fail(where + ": d_model " + std::to_string(c.d_model) + " is not divisible by heads " + std::to_string(c.heads));
-  if (!(c.dropout >= 0 && c.dropout < 1)) fail(where + ": field \"dropout\" must be in [0, 1)");
+  const ConfigReader r(j, where);
+  r.size("vocab", c.vocab), r.size("d_model", c.d_model), r.size("heads", c.heads);
+  r.size("d_ff", c.d_ff), r.size("layers", c.layers, 1024), r.size("max_len", c.max_len);
+  r.probability("dropout", c.dropout);
+  r.get("norm_first", c.norm_first), r.get("pad_id", c.pad_id), r.get("seed", c.seed);
+  c.dtype = r.dtype("dtype");
+  r.positions(c.positions);
+  if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
   return c;
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "models/config_json.h"
 #include "ops/ops.h"
 
 namespace graft::models {
@@ -12,6 +13,28 @@ void check_ids(const char* who, const Tensor& ids) {
     fail(std::string(who) + ": token ids must be int64 (B, T), got " + describe(ids));
 }
 }  // namespace
+
+nlohmann::json ClassifierConfig::to_json() const {
+  nlohmann::json j = {{"vocab", vocab}, {"classes", classes}, {"d_model", d_model}, {"heads", heads},
+                      {"d_ff", d_ff}, {"layers", layers}, {"max_len", max_len}, {"dropout", dropout},
+                      {"norm_first", norm_first}, {"pad_id", pad_id}, {"dtype", dtype_name(dtype)},
+                      {"seed", seed}};
+  j.update(positions_json(positions));
+  return j;
+}
+
+ClassifierConfig ClassifierConfig::from_json(const nlohmann::json& j, const std::string& where) {
+  ClassifierConfig c;
+  const ConfigReader r(j, where);
+  r.size("vocab", c.vocab), r.size("classes", c.classes), r.size("d_model", c.d_model);
+  r.size("heads", c.heads), r.size("d_ff", c.d_ff), r.size("layers", c.layers, 1024), r.size("max_len", c.max_len);
+  r.probability("dropout", c.dropout);
+  r.get("norm_first", c.norm_first), r.get("pad_id", c.pad_id), r.get("seed", c.seed);
+  c.dtype = r.dtype("dtype");
+  r.positions(c.positions);
+  if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
+  return c;
+}
 
 EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 9) {
   Generator gen(c.seed);

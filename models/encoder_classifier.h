@@ -2,6 +2,8 @@
 // the non-pad positions, then a linear head. ids (B, T) -> logits (B, classes).
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "nn/transformer.h"
 
 namespace graft::models {
@@ -14,6 +16,10 @@ struct ClassifierConfig {
   int64_t pad_id = 0;
   DType dtype = DType::f32;
   uint64_t seed = 1;
+
+  nlohmann::json to_json() const;
+  // Errors name the field and `where` (e.g. the file).
+  static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");
 };
 
 class EncoderClassifier : public nn::Module {

@@ -6,58 +6,47 @@
 #include <numeric>
 
 #include "autograd/tape.h"
+#include "models/config_json.h"
 #include "ops/ops.h"
 
 namespace graft::models {
 
 nlohmann::json TransformerConfig::to_json() const {
-  return {{"vocab", vocab},           {"d_model", d_model},   {"heads", heads},
-          {"d_ff", d_ff},             {"enc_layers", enc_layers}, {"dec_layers", dec_layers},
-          {"max_len", max_len},       {"dropout", dropout},   {"norm_first", norm_first},
-          {"final_norm", final_norm}, {"positions", nn::positions_name(positions.kind)},
-          {"rope_base", positions.rope_base}, {"relative_buckets", positions.relative_buckets},
-          {"relative_max_distance", positions.relative_max_distance},
-          {"attention_dropout", attention_dropout},
-          {"activation", activation == nn::Activation::relu ? "relu" : "gelu"},
-          {"pad_id", pad_id},         {"bos_id", bos_id},     {"eos_id", eos_id},
-          {"dtype", dtype_name(dtype)}, {"seed", seed}};
+  nlohmann::json j = {{"vocab", vocab},           {"d_model", d_model},   {"heads", heads},
+                      {"d_ff", d_ff},             {"enc_layers", enc_layers}, {"dec_layers", dec_layers},
+                      {"max_len", max_len},       {"dropout", dropout},   {"norm_first", norm_first},
+                      {"final_norm", final_norm}, {"attention_dropout", attention_dropout},
+                      {"activation", activation == nn::Activation::relu ? "relu" : "gelu"},
+                      {"pad_id", pad_id},         {"bos_id", bos_id},     {"eos_id", eos_id},
+                      {"dtype", dtype_name(dtype)}, {"seed", seed}};
+  j.update(positions_json(positions));
+  return j;
 }
 
-TransformerConfig TransformerConfig::from_json(const nlohmann::json& j) {
+TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const std::string& where) {
   TransformerConfig c;
-  try {
-    c.vocab = j.at("vocab").get<int64_t>();
-    c.d_model = j.at("d_model").get<int64_t>();
-    c.heads = j.at("heads").get<int64_t>();
-    c.d_ff = j.at("d_ff").get<int64_t>();
-    c.enc_layers = j.at("enc_layers").get<int64_t>();
-    c.dec_layers = j.at("dec_layers").get<int64_t>();
-    c.max_len = j.at("max_len").get<int64_t>();
-    c.dropout = j.at("dropout").get<double>();
-    c.norm_first = j.at("norm_first").get<bool>();
-    c.final_norm = j.at("final_norm").get<bool>();
-    // Configs written before "positions" existed say "learned_pos": true/false.
-    c.positions.kind = j.contains("positions")
-                           ? nn::parse_positions(j.at("positions").get<std::string>())
-                           : (j.value("learned_pos", false) ? nn::Positions::learned : nn::Positions::sinusoidal);
-    c.positions.rope_base = j.value("rope_base", 10000.0);
-    c.positions.relative_buckets = j.value("relative_buckets", int64_t(32));
-    c.positions.relative_max_distance = j.value("relative_max_distance", int64_t(128));
-    c.attention_dropout = j.value("attention_dropout", 0.0);
-    const std::string act = j.value("activation", std::string("relu"));
-    if (act != "relu" && act != "gelu") fail("activation must be relu or gelu, got '" + act + "'");
-    c.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
-    c.pad_id = j.at("pad_id").get<int64_t>();
-    c.bos_id = j.at("bos_id").get<int64_t>();
-    c.eos_id = j.at("eos_id").get<int64_t>();
-    const std::string dt = j.value("dtype", std::string("float32"));
-    c.dtype = dt == "float64" ? DType::f64 : DType::f32;
-    c.seed = j.value("seed", uint64_t(1));
-  } catch (const nlohmann::json::exception& e) {
-    fail(std::string("TransformerConfig: bad config: ") + e.what());
-  }
-  if (c.vocab <= 0 || c.d_model <= 0 || c.heads <= 0 || c.d_model % c.heads || c.max_len <= 0)
-    fail("TransformerConfig: inconsistent sizes: " + c.to_json().dump());
+  const ConfigReader r(j, where);
+  r.size("vocab", c.vocab), r.size("d_model", c.d_model), r.size("heads", c.heads), r.size("d_ff", c.d_ff);
+  r.size("enc_layers", c.enc_layers, 1024), r.size("dec_layers", c.dec_layers, 1024), r.size("max_len", c.max_len);
+  r.probability("dropout", c.dropout);
+  r.get("norm_first", c.norm_first), r.get("final_norm", c.final_norm);
+  // Configs written before "positions" existed say "learned_pos": true/false.
+  bool learned = false;
+  r.get_or_keep("learned_pos", learned);
+  if (learned) c.positions.kind = nn::Positions::learned;
+  r.positions(c.positions);
+  c.attention_dropout = 0.0;
+  if (j.contains("attention_dropout")) r.probability("attention_dropout", c.attention_dropout);
+  std::string act = "relu";
+  r.get_or_keep("activation", act);
+  if (act != "relu" && act != "gelu") r.bad("activation", "must be relu or gelu, got '" + act + "'");
+  c.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+  r.get("pad_id", c.pad_id), r.get("bos_id", c.bos_id), r.get("eos_id", c.eos_id);
+  for (auto [name, id] : {std::pair{"pad_id", c.pad_id}, {"bos_id", c.bos_id}, {"eos_id", c.eos_id}})
+    if (id < 0 || id >= c.vocab) r.bad(name, "must be a token id in [0, vocab " + std::to_string(c.vocab) + ")");
+  c.dtype = r.dtype("dtype");
+  r.get_or_keep("seed", c.seed);
+  if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
   return c;
 }
 

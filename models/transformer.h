@@ -26,7 +26,8 @@ struct TransformerConfig {
   uint64_t seed = 1;
 
   nlohmann::json to_json() const;
-  static TransformerConfig from_json(const nlohmann::json& j);  // clear errors on bad fields
+  // Errors name the field and `where` (e.g. the file) for a missing, mistyped or out-of-range value.
+  static TransformerConfig from_json(const nlohmann::json& j, const std::string& where = "TransformerConfig");
   nn::LayerConfig layer() const;
 };
 

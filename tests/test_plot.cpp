@@ -1,4 +1,4 @@
-// Tests for graft::plot (examples/translation/plot.h): PNG output, sizes,
+// Tests for graft::plot (examples/common/plot.h): PNG output, sizes,
 // heatmap colouring and error handling.
 #include <boost/test/unit_test.hpp>
 
@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "examples/translation/plot.h"
+#include "examples/common/plot.h"
 
 namespace fs = std::filesystem;
 using graft::plot::Panel;

@@ -257,9 +257,24 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
   j["learned_pos"] = true;  // a config written before "positions"
   BOOST_TEST((TransformerConfig::from_json(j).positions.kind == Positions::learned));
   j["positions"] = "absolute";
-  BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(j), Error, [](const Error& e) {
-    return has(e, "unknown kind 'absolute'") && has(e, "rope, alibi, relative");
+  BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(j, "run/config.json"), Error, [](const Error& e) {
+    return has(e, "run/config.json: field \"positions\"") && has(e, "unknown kind 'absolute'") &&
+           has(e, "rope, alibi, relative");
   });
+  // Every field is named: a missing size, a wrong type, an id outside the vocabulary.
+  auto bad = [&](const char* field, nlohmann::json v, const std::string& part) {
+    auto k = cfg(Positions::rope).to_json();
+    if (v.is_null()) k.erase(field);
+    else k[field] = v;
+    BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(k, "c.json"), Error,
+                          [&](const Error& e) { return has(e, std::string("c.json: field \"") + field + "\" " + part); });
+  };
+  bad("d_model", nullptr, "is missing");
+  bad("heads", "four", "has the wrong type");
+  bad("enc_layers", -2, "must be in [1, 1024]");
+  bad("eos_id", 99, "must be a token id in [0, vocab 23)");
+  bad("dropout", 1.5, "must be in [0, 1)");
+  bad("dtype", "int8", "must be float32 or float64");
 }
 
 BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {

@@ -11,7 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "examples/translation/plot.h"
+#include "examples/common/plot.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
 

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
-#include "examples/translation/plot.h"
+#include "examples/common/plot.h"
 #include "nn/checkpoint.h"
 #include "nn/optim.h"
 #include "nn/trainer.h"
@@ -270,7 +270,7 @@ LoadedRun load_run(const std::string& run_dir) {
   if (!r.config.contains("model"))
     fail("load_run: '" + run_dir + "/config.json' has no \"model\" section");
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
-  auto cfg = models::TransformerConfig::from_json(r.config["model"]);
+  auto cfg = models::TransformerConfig::from_json(r.config["model"], run_dir + "/config.json");
   r.model = std::make_unique<models::Transformer>(cfg);
   load_model(*r.model, run_dir + "/model.safetensors");
   r.model->eval();
@@ -380,7 +380,7 @@ TrainResult train(const TrainOptions& opts) {
 
   models::TransformerConfig cfg;
   if (o.resume) {
-    cfg = models::TransformerConfig::from_json(saved.at("model"));
+    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
   } else {
     cfg = make_config(o, tok.vocab_size());
     nn::save_json(run + "/config.json", {{"model", cfg.to_json()}, {"train", o.to_json()}});

@@ -1,5 +1,5 @@
 // graft::plot implementation: layout and drawing with cairo, atomic PNG output.
-#include "examples/translation/plot.h"
+#include "examples/common/plot.h"
 
 #include <cairo.h>
 

@@ -1,0 +1,76 @@
+// The classifier example's reusable half: TSV data (label<TAB>text), the language-identification
+// corpus built from Debian's fortunes packages, byte-level tokens, training through
+// nn::train_loop and evaluation (accuracy, macro-F1, confusion matrix). main.cpp is the command
+// line over these; the tests call them directly.
+//
+// Tokens are the text's bytes (ids 0..255) and PAD 256. The model is models::EncoderClassifier:
+// masked mean pooling over the non-pad positions, so padding never changes a prediction.
+// A run directory holds config.json (model, labels, training options), model.safetensors
+// (checksummed), train_state.safetensors and metrics.csv.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "models/encoder_classifier.h"
+#include "nn/trainer.h"
+
+namespace graft::classify {
+
+constexpr int64_t kPAD = 256, kVocab = 257, kMaxBytes = 160;
+
+struct Example {
+  std::string label, text;
+};
+
+// label<TAB>text per line (labels are strings); empty lines are skipped, any other line without
+// exactly one tab or with an empty side is an error naming the file and line; texts longer than
+// kMaxBytes bytes are cut there (at a UTF-8 boundary).
+std::vector<Example> read_tsv(const std::string& path);
+void write_tsv(const std::string& path, const std::vector<Example>& examples);  // atomic
+
+// The language-identification task: lines of 20..160 bytes from the fortunes of eight languages
+// (en, de, es, it, pt, pl, cs, ga; see the README for the files), at most `per_language` lines
+// each, split 80/10/10 train/valid/test by source fortune (all lines of one fortune in one
+// split), seeded. Throws naming the missing directory when a package is not installed.
+struct Splits {
+  std::vector<Example> train, valid, test;
+};
+Splits build_langid(const std::string& fortunes_dir, int64_t per_language, uint64_t seed);
+
+std::vector<int64_t> encode(const std::string& text);
+
+struct Metrics {
+  double accuracy = 0, macro_f1 = 0;
+  std::vector<std::vector<int64_t>> confusion;  // [true][predicted]
+  int64_t n = 0;
+};
+// label ids index `labels`; an example whose label is not among them is an error naming it.
+Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data);
+// (label, probability) of each text.
+std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m,
+                                                    const std::vector<std::string>& labels,
+                                                    const std::vector<std::string>& texts);
+
+struct TrainOptions {
+  std::string data_dir, run_dir, positions = "sinusoidal";
+  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2;
+  int64_t batch_rows = 64, steps = 0, valid_every = 200, log_every = 50, patience = 0, warmup = 200;
+  double minutes = 0, lr_factor = 1.0, dropout = 0.1;
+  uint64_t seed = 1;
+  bool resume = false, quiet = false;
+};
+struct TrainResult {
+  nn::LoopResult loop;
+  Metrics valid;
+};
+TrainResult train(const TrainOptions& o);
+
+struct LoadedRun {
+  std::unique_ptr<models::EncoderClassifier> model;
+  std::vector<std::string> labels;
+};
+LoadedRun load_run(const std::string& run_dir);
+
+}  // namespace graft::classify
