@@ -428,6 +428,23 @@ nlohmann::json load_json(const std::string& path) {
   }
 }
 
+void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
+                  int64_t step, const std::string& format) {
+  save_safetensors(path, sd, {{"format", format}, {"step", std::to_string(step)}, {"checksum", weights_checksum(sd)}});
+}
+
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who) {
+  SafetensorsFile f = load_safetensors(path);
+  auto it = f.metadata.find("checksum");
+  if (it == f.metadata.end())
+    fail(std::string(who) + ": '" + f.path + "': no checksum in the metadata; not a graft checkpoint");
+  const std::string sum = weights_checksum(f.tensors);
+  if (it->second != sum)
+    fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second + ", computed " + sum +
+         "): the checkpoint is corrupted");
+  return std::move(f.tensors);
+}
+
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
   uint64_t h = 0xcbf29ce484222325ull;
   auto mix = [&](uint64_t v) {

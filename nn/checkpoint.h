@@ -55,6 +55,14 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 // Checkpoints store it in their metadata and verify it on load.
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
 
+// A module's weights for inference: its state_dict with the step and weights_checksum in the
+// metadata, written atomically ...
+void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict, const std::string& path,
+                  int64_t step, const std::string& format);
+// ... and read back: the checksum verified (errors "<who>: '<path>': ..." name the file), the
+// tensors returned for load_state_dict.
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who);
+
 void save_json(const std::string& path, const nlohmann::json& j);  // atomic, pretty-printed
 // Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
 nlohmann::json load_json(const std::string& path);

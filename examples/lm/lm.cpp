@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
+#include "examples/common/utf8.h"
 #include "nn/checkpoint.h"
 #include "ops/ops.h"
 
@@ -20,19 +21,6 @@ namespace {
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-}
-
-// Well-formed UTF-8 lead/continuation structure (overlong forms are not checked).
-bool valid_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = (unsigned char)s[i];
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k)
-      if (((unsigned char)s[i + k] >> 6) != 2) return false;
-    i += len;
-  }
-  return true;
 }
 
 // Characters a predicted token covers: a UTF-8 lead byte or an ASCII byte starts one, a
@@ -59,7 +47,7 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string text = ss.str();
-    if (!valid_utf8(text)) fail("'" + path + "' is not UTF-8 text");
+    if (!text::valid_utf8(text)) fail("'" + path + "' is not UTF-8 text");
     const bool fortune = text.find("\n%\n") != std::string::npos || text.rfind("%\n", 0) == 0;
     std::istringstream lines(text);
     std::string line, cur;
@@ -160,11 +148,6 @@ models::LMConfig preset(const std::string& name) {
 
 namespace {
 
-void save_weights(const models::DecoderOnlyLM& m, const std::string& path, int64_t step) {
-  const nn::NamedTensors sd = m.state_dict();
-  nn::save_safetensors(path, sd, {{"step", std::to_string(step)}, {"checksum", nn::weights_checksum(sd)}});
-}
-
 models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::json& saved) {
   const std::string cfg_path = o.run_dir + "/config.json";
   if (o.resume) {
@@ -226,7 +209,7 @@ TrainResult train(const TrainOptions& opts) {
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
-    save_weights(model, o.run_dir + "/model.safetensors", step);
+    nn::save_weights(model.state_dict(), o.run_dir + "/model.safetensors", step, "graft-lm");
   };
   nn::LoopOptions lo;
   lo.run_dir = o.run_dir;
@@ -252,12 +235,7 @@ LoadedRun load_run(const std::string& run_dir) {
     fail("'" + cfg_path + "': bad \"train\" section: " + e.what());
   }
   r.model = std::make_unique<models::DecoderOnlyLM>(models::LMConfig::from_json(j.at("model"), cfg_path));
-  const std::string w = run_dir + "/model.safetensors";
-  const nn::SafetensorsFile f = nn::load_safetensors(w);
-  auto it = f.metadata.find("checksum");
-  if (it == f.metadata.end() || it->second != nn::weights_checksum(f.tensors))
-    fail("'" + w + "': missing or mismatching checksum: the weights are corrupted or not this run's");
-  r.model->load_state_dict(f.tensors);
+  r.model->load_state_dict(nn::load_weights(run_dir + "/model.safetensors", "load_run"));
   r.model->eval();
   return r;
 }

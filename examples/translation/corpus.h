@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "examples/common/utf8.h"
+
 namespace graft::text {
 
 // Every line read lands in exactly one of the other buckets, so
@@ -37,9 +39,5 @@ struct Pair {
 std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
                            size_t max_bytes = 1000, size_t max_words = 0);
 
-// Strict UTF-8 well-formedness (RFC 3629 / Unicode Table 3-7): rejects stray
-// continuation bytes, C0/C1 and other overlong forms, UTF-16 surrogates
-// (U+D800..U+DFFF), code points above U+10FFFF, and truncated sequences.
-bool valid_utf8(std::string_view s);
 
 }  // namespace graft::text

@@ -240,28 +240,11 @@ Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
 // Checkpoints.
 
 void save_model(const models::Transformer& m, const std::string& path, int64_t step) {
-  auto sd = m.state_dict();
-  nn::save_safetensors(path, sd, {{"format", "graft-transformer"}, {"step", std::to_string(step)},
-                                  {"checksum", nn::weights_checksum(sd)}});
+  nn::save_weights(m.state_dict(), path, step, "graft-transformer");
 }
-
-namespace {
-
-void verify_checksum(const nn::SafetensorsFile& f, const nn::NamedTensors& tensors, const char* who) {
-  auto it = f.metadata.find("checksum");
-  if (it == f.metadata.end())
-    fail(std::string(who) + ": '" + f.path + "': no checksum in the metadata; not a graft checkpoint");
-  if (it->second != nn::weights_checksum(tensors))
-    fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second +
-         ", computed " + nn::weights_checksum(tensors) + "): the checkpoint is corrupted");
-}
-
-}  // namespace
 
 void load_model(models::Transformer& m, const std::string& path) {
-  nn::SafetensorsFile f = nn::load_safetensors(path);
-  verify_checksum(f, f.tensors, "load_model");
-  m.load_state_dict(f.tensors);
+  m.load_state_dict(nn::load_weights(path, "load_model"));
 }
 
 LoadedRun load_run(const std::string& run_dir) {

@@ -1,0 +1,292 @@
+#include "examples/classify/classify.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "autograd/tape.h"
+#include "examples/common/utf8.h"
+#include "nn/checkpoint.h"
+#include "ops/ops.h"
+
+namespace graft::classify {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Cuts s to at most n bytes without splitting a UTF-8 character.
+std::string cut_utf8(const std::string& s, size_t n) {
+  if (s.size() <= n) return s;
+  size_t k = n;
+  while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) --k;
+  return s.substr(0, k);
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
+}
+
+// A fortune file's fortunes (separated by lines holding only "%"), each as its cleaned lines:
+// control characters (the overstrike backspaces of old fortune files, tabs) dropped.
+std::vector<std::vector<std::string>> fortunes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::vector<std::string>> out(1);
+  for (std::string line; std::getline(in, line);) {
+    if (line == "%" || line == "%\r") {
+      out.emplace_back();
+      continue;
+    }
+    std::string clean;
+    for (char c : line)
+      if ((unsigned char)c >= 0x20 && c != 0x7F) clean.push_back(c);
+    clean = trim(clean);
+    if (!clean.empty() && text::valid_utf8(clean)) out.back().push_back(clean);
+  }
+  return out;
+}
+
+// The files of each language: each fortune file once, its ".u8" version when the package ships
+// a non-empty one (de, es, cs, ... convert legacy encodings there; pl ships UTF-8 originals and
+// empty ".u8" files). Lines that are not UTF-8 are dropped by fortunes_of.
+std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(const std::string& dir) {
+  auto files_in = [&](const std::string& sub) {
+    if (!fs::is_directory(dir + "/" + sub))
+      fail("'" + dir + "/" + sub + "' is missing (apt-get install fortunes-" + sub + ")");
+    std::vector<std::string> f;
+    for (auto& e : fs::directory_iterator(dir + "/" + sub)) {
+      const fs::path p = e.path();
+      if (p.extension() == ".dat" || p.extension() == ".u8" || !fs::is_regular_file(p)) continue;
+      const fs::path u8 = p.string() + ".u8";
+      f.push_back(fs::exists(u8) && fs::file_size(u8) > 0 ? u8.string() : p.string());
+    }
+    std::sort(f.begin(), f.end());
+    return f;
+  };
+  std::vector<std::string> en;
+  for (const char* f : {"fortunes", "literature", "wisdom", "people", "humorists", "science", "work"})
+    en.push_back(dir + "/" + f);
+  return {{"en", en},          {"de", files_in("de")}, {"es", files_in("es")}, {"it", files_in("it")},
+          {"pt", {dir + "/brasil"}}, {"pl", files_in("pl")}, {"cs", files_in("cs")}, {"ga", files_in("ga")}};
+}
+
+int64_t label_index(const std::vector<std::string>& labels, const std::string& l) {
+  auto it = std::find(labels.begin(), labels.end(), l);
+  if (it == labels.end()) fail("label '" + l + "' is not one of the model's labels");
+  return it - labels.begin();
+}
+
+// Batches of up to `rows` texts padded with PAD to the longest; texts sorted by length first.
+struct Batch {
+  Tensor ids, labels;
+  int64_t tokens = 0;
+};
+std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vector<std::string>& labels,
+                                int64_t rows) {
+  std::vector<size_t> order(data.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return data[a].text.size() < data[b].text.size(); });
+  std::vector<Batch> out;
+  for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
+    const size_t b1 = std::min(order.size(), b0 + (size_t)rows);
+    size_t T = 1;
+    for (size_t k = b0; k < b1; ++k) T = std::max(T, data[order[k]].text.size());
+    std::vector<int64_t> ids((b1 - b0) * T, kPAD), lab;
+    Batch b;
+    for (size_t k = b0; k < b1; ++k) {
+      const std::string& t = data[order[k]].text;
+      for (size_t i = 0; i < t.size(); ++i) ids[(k - b0) * T + i] = (unsigned char)t[i];
+      lab.push_back(label_index(labels, data[order[k]].label));
+      b.tokens += (int64_t)t.size();
+    }
+    b.ids = from_vector(ids, {(int64_t)(b1 - b0), (int64_t)T});
+    b.labels = from_vector(lab, {(int64_t)lab.size()});
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Example> read_tsv(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read '" + path + "'");
+  std::vector<Example> out;
+  int64_t no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (trim(line).empty()) continue;
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos)
+      fail("'" + path + "' line " + std::to_string(no) + ": expected label<TAB>text");
+    Example e{trim(line.substr(0, tab)), cut_utf8(trim(line.substr(tab + 1)), kMaxBytes)};
+    if (e.label.empty() || e.text.empty())
+      fail("'" + path + "' line " + std::to_string(no) + ": empty label or text");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void write_tsv(const std::string& path, const std::vector<Example>& examples) {
+  nn::atomic_write(path, [&](std::ostream& os) {
+    for (auto& e : examples) os << e.label << '\t' << e.text << '\n';
+  });
+}
+
+Splits build_langid(const std::string& dir, int64_t per_language, uint64_t seed) {
+  Splits s;
+  Generator g(seed);
+  for (auto& [lang, files] : langid_sources(dir)) {
+    std::vector<std::vector<std::string>> fortunes;
+    for (auto& f : files)
+      for (auto& fo : fortunes_of(f))
+        if (!fo.empty()) fortunes.push_back(fo);
+    const std::vector<int64_t> order = nn::shuffled_order((int64_t)fortunes.size(), g);
+    int64_t taken = 0;
+    for (size_t i = 0; i < order.size() && taken < per_language; ++i) {
+      auto& split = i % 10 == 0 ? s.test : i % 10 == 1 ? s.valid : s.train;  // by fortune
+      for (auto& line : fortunes[order[i]])
+        if (line.size() >= 20 && line.size() <= (size_t)kMaxBytes && taken < per_language) {
+          split.push_back({lang, line});
+          ++taken;
+        }
+    }
+  }
+  return s;
+}
+
+std::vector<int64_t> encode(const std::string& text) {
+  std::vector<int64_t> t;
+  for (unsigned char c : text) t.push_back(c);
+  return t;
+}
+
+Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data) {
+  nn::EvalScope es(m);
+  autograd::NoGrad ng;
+  const int64_t C = (int64_t)labels.size();
+  Metrics r;
+  r.confusion.assign(C, std::vector<int64_t>(C, 0));
+  for (const Batch& b : make_batches(data, labels, 64)) {
+    const auto pred = argmax(m.forward(b.ids), 1).to_vector<int64_t>();
+    const auto gold = b.labels.to_vector<int64_t>();
+    for (size_t i = 0; i < gold.size(); ++i) ++r.confusion[gold[i]][pred[i]];
+  }
+  double f1 = 0;
+  int64_t correct = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    int64_t tp = r.confusion[c][c], fp = 0, fn = 0;
+    for (int64_t o = 0; o < C; ++o)
+      if (o != c) fp += r.confusion[o][c], fn += r.confusion[c][o];
+    correct += tp;
+    r.n += tp + fn;
+    f1 += tp == 0 ? 0.0 : 2.0 * tp / (double)(2 * tp + fp + fn);
+  }
+  if (r.n == 0) fail("no examples to evaluate");
+  r.accuracy = (double)correct / (double)r.n;
+  r.macro_f1 = f1 / (double)C;
+  return r;
+}
+
+std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m,
+                                                    const std::vector<std::string>& labels,
+                                                    const std::vector<std::string>& texts) {
+  nn::EvalScope es(m);
+  autograd::NoGrad ng;
+  std::vector<std::pair<std::string, double>> out;
+  for (const std::string& t0 : texts) {
+    const std::string t = cut_utf8(trim(t0), kMaxBytes);
+    if (t.empty()) {
+      out.emplace_back("", 0.0);
+      continue;
+    }
+    const std::vector<int64_t> ids = encode(t);
+    auto p = softmax(m.forward(from_vector(ids, {1, (int64_t)ids.size()})), 1).to_vector<double>();
+    const int64_t best = std::max_element(p.begin(), p.end()) - p.begin();
+    out.emplace_back(labels[best], p[best]);
+  }
+  return out;
+}
+
+TrainResult train(const TrainOptions& o) {
+  const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
+  const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
+  if (train_set.empty() || valid_set.empty())
+    fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
+  const std::string cfg_path = o.run_dir + "/config.json";
+  std::vector<std::string> labels;
+  models::ClassifierConfig c;
+  if (o.resume) {
+    const nlohmann::json j = nn::load_json(cfg_path);
+    c = models::ClassifierConfig::from_json(j.at("model"), cfg_path);
+    labels = j.at("labels").get<std::vector<std::string>>();
+  } else {
+    for (auto& e : train_set)
+      if (std::find(labels.begin(), labels.end(), e.label) == labels.end()) labels.push_back(e.label);
+    std::sort(labels.begin(), labels.end());
+    c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
+    c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
+    c.dropout = o.dropout, c.seed = o.seed;
+    c.positions.kind = nn::parse_positions(o.positions);
+    fs::create_directories(o.run_dir);
+    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
+  }
+  models::EncoderClassifier model(c);
+  const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
+  nn::TrainTask task;
+  task.model = &model;
+  task.batches = (int64_t)batches.size();
+  task.loss = [&](int64_t i) { return cross_entropy(model.forward(batches[i].ids), batches[i].labels); };
+  task.tokens = [&](int64_t i) { return batches[i].tokens; };
+  task.metric_names = {"accuracy", "macro_f1"};
+  task.validate = [&]() -> std::map<std::string, double> {
+    const Metrics v = evaluate(model, labels, valid_set);
+    return {{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
+  };
+  task.stop_metric = "macro_f1";
+  task.higher_is_better = true;
+  task.generators = {&model.dropout_gen};
+  std::vector<std::pair<std::string, Tensor>> fp;
+  for (auto& b : batches) fp.emplace_back("", b.ids);
+  task.data_fingerprint = nn::weights_checksum(fp);
+  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
+    nn::save_weights(model.state_dict(), o.run_dir + "/model.safetensors", step, "graft-classifier");
+  };
+  nn::LoopOptions lo;
+  lo.run_dir = o.run_dir;
+  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr_factor = o.lr_factor, lo.d_model = c.d_model;
+  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
+  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  TrainResult r;
+  r.loop = nn::train_loop(task, lo);
+  r.valid = evaluate(model, labels, valid_set);
+  return r;
+}
+
+LoadedRun load_run(const std::string& run_dir) {
+  const std::string cfg_path = run_dir + "/config.json";
+  const nlohmann::json j = nn::load_json(cfg_path);
+  LoadedRun r;
+  try {
+    r.labels = j.at("labels").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("'" + cfg_path + "': field \"labels\": " + e.what());
+  }
+  const models::ClassifierConfig c = models::ClassifierConfig::from_json(j.at("model"), cfg_path);
+  if ((int64_t)r.labels.size() != c.classes)
+    fail("'" + cfg_path + "': " + std::to_string(r.labels.size()) + " labels for " +
+         std::to_string(c.classes) + " classes");
+  r.model = std::make_unique<models::EncoderClassifier>(c);
+  r.model->load_state_dict(nn::load_weights(run_dir + "/model.safetensors", "load_run"));
+  r.model->eval();
+  return r;
+}
+
+}  // namespace graft::classify

@@ -1,0 +1,87 @@
+// The classifier example's library: TSV reading, a small task learned through nn::train_loop,
+// predictions independent of the padding their batch needed, and the metrics.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "examples/classify/classify.h"
+
+using namespace graft;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path dir_for(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("graft_test_classify_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+bool has(const Error& e, const std::string& part) {
+  const bool ok = std::string(e.what()).find(part) != std::string::npos;
+  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
+  return ok;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(classify_example)
+
+BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
+  const fs::path d = dir_for("tsv");
+  std::ofstream(d / "ok.tsv") << "de\tEin Satz.\r\n\n en \t  a sentence \n" << "x\t" << std::string(200, 'a') << "\n";
+  auto ex = classify::read_tsv((d / "ok.tsv").string());
+  BOOST_TEST(ex.size() == 3u);
+  BOOST_TEST(ex[0].label == "de");
+  BOOST_TEST(ex[1].label == "en");
+  BOOST_TEST(ex[1].text == "a sentence");
+  BOOST_TEST(ex[2].text.size() == (size_t)classify::kMaxBytes);
+  // A multi-byte character straddling the cut is dropped whole.
+  std::ofstream(d / "cut.tsv") << "x\t" << std::string(159, 'a') << "é\n";
+  BOOST_TEST(classify::read_tsv((d / "cut.tsv").string())[0].text == std::string(159, 'a'));
+  std::ofstream(d / "bad.tsv") << "de\tok\nno tab here\n";
+  BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "bad.tsv").string()), Error,
+                        [](const Error& e) { return has(e, "bad.tsv' line 2: expected label<TAB>text"); });
+  BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "missing.tsv").string()), Error,
+                        [](const Error& e) { return has(e, "cannot read"); });
+}
+
+BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
+  const fs::path d = dir_for("task");
+  std::vector<classify::Example> train, valid;
+  Generator g(4);
+  auto word = [&](const char* letters) {
+    std::string w;
+    const int n = 3 + (int)g.below(9);
+    for (int i = 0; i < n; ++i) w.push_back(letters[g.below(4)]);
+    return w;
+  };
+  for (int i = 0; i < 200; ++i) {
+    (i % 5 ? train : valid).push_back({"vowel", word("aeio")});
+    (i % 5 ? train : valid).push_back({"consonant", word("tkpr")});
+  }
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), valid);
+  classify::TrainOptions o;
+  o.data_dir = d.string();
+  o.run_dir = (d / "run").string();
+  o.d_model = 16, o.heads = 2, o.d_ff = 32, o.layers = 1;
+  o.batch_rows = 16, o.steps = 120, o.valid_every = 60, o.warmup = 20, o.lr_factor = 2.0;
+  o.positions = "alibi";
+  o.quiet = true;
+  classify::TrainResult r = classify::train(o);
+  BOOST_TEST(r.valid.accuracy == 1.0);
+  BOOST_TEST(r.valid.macro_f1 == 1.0);
+  BOOST_TEST(r.valid.confusion[0][0] + r.valid.confusion[1][1] == 80);
+  classify::LoadedRun run = classify::load_run(o.run_dir);
+  BOOST_TEST(run.labels == (std::vector<std::string>{"consonant", "vowel"}));
+  // predict scores each text alone; evaluate batched it with longer ones (padding): same labels.
+  auto p = classify::predict(*run.model, run.labels, {"aeiaeo", "tkkp", "", "  "});
+  BOOST_TEST(p[0].first == "vowel");
+  BOOST_TEST(p[1].first == "consonant");
+  BOOST_TEST(p[2].first.empty());  // an empty line gets no invented label
+  BOOST_TEST(p[0].second > 0.5);
+  BOOST_CHECK_EXCEPTION(classify::evaluate(*run.model, run.labels, {{"klingon", "tkp"}}), Error,
+                        [](const Error& e) { return has(e, "label 'klingon' is not one of the model's labels"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
