@@ -47,4 +47,33 @@ nlohmann::json positions_json(const nn::PositionOptions& p) {
           {"relative_buckets", p.relative_buckets}, {"relative_max_distance", p.relative_max_distance}};
 }
 
+nlohmann::json StackConfig::stack_json() const {
+  nlohmann::json j = {{"vocab", vocab}, {"d_model", d_model}, {"heads", heads}, {"d_ff", d_ff},
+                      {"layers", layers}, {"max_len", max_len}, {"dropout", dropout},
+                      {"norm_first", norm_first}, {"pad_id", pad_id}, {"dtype", dtype_name(dtype)},
+                      {"seed", seed}};
+  j.update(positions_json(positions));
+  return j;
+}
+
+void StackConfig::read_stack(const ConfigReader& r) {
+  r.size("vocab", vocab), r.size("d_model", d_model), r.size("heads", heads), r.size("d_ff", d_ff);
+  r.size("layers", layers, 1024), r.size("max_len", max_len);
+  r.probability("dropout", dropout);
+  r.get("norm_first", norm_first), r.get("pad_id", pad_id), r.get("seed", seed);
+  dtype = r.dtype("dtype");
+  r.positions(positions);
+  if (d_model % heads) r.bad("heads", "must divide d_model " + std::to_string(d_model));
+  if (pad_id < 0 || pad_id >= vocab) r.bad("pad_id", "must be a token id in [0, vocab " + std::to_string(vocab) + ")");
+}
+
+nn::LayerConfig StackConfig::layer() const {
+  return nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype);
+}
+
+void check_token_ids(const char* who, const Tensor& ids) {
+  if (ids.dtype() != DType::i64 || ids.dim() != 2)
+    fail(std::string(who) + ": token ids must be int64 (B, T), got " + describe(ids));
+}
+
 }  // namespace graft::models

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/positions.h"
+#include "nn/transformer.h"
 
 namespace graft::models {
 
@@ -43,5 +44,24 @@ class ConfigReader {
 
 // The same fields written back.
 nlohmann::json positions_json(const nn::PositionOptions& p);
+
+// What the single-stack models (DecoderOnlyLM, EncoderClassifier) share: sizes, dropout,
+// positions, LayerNorm placement, pad id, dtype, seed. Their configs derive from it.
+struct StackConfig {
+  int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
+  double dropout = 0.1;
+  nn::PositionOptions positions;
+  bool norm_first = false;
+  int64_t pad_id = 0;
+  DType dtype = DType::f32;
+  uint64_t seed = 1;
+
+  nlohmann::json stack_json() const;
+  void read_stack(const ConfigReader& r);  // every field required, range-checked
+  nn::LayerConfig layer() const;
+};
+
+// A model's token ids: int64 (B, T), else an error naming `who` and the tensor.
+void check_token_ids(const char* who, const Tensor& ids);
 
 }  // namespace graft::models

@@ -8,32 +8,10 @@
 
 namespace graft::models {
 
-namespace {
-void check_ids(const char* who, const Tensor& ids) {
-  if (ids.dtype() != DType::i64 || ids.dim() != 2)
-    fail(std::string(who) + ": token ids must be int64 (B, T), got " + describe(ids));
-}
-}  // namespace
-
-nlohmann::json LMConfig::to_json() const {
-  nlohmann::json j = {{"vocab", vocab}, {"d_model", d_model}, {"heads", heads}, {"d_ff", d_ff},
-                      {"layers", layers}, {"max_len", max_len}, {"dropout", dropout},
-                      {"norm_first", norm_first}, {"pad_id", pad_id}, {"dtype", dtype_name(dtype)},
-                      {"seed", seed}};
-  j.update(positions_json(positions));
-  return j;
-}
 
 LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) {
   LMConfig c;
-  const ConfigReader r(j, where);
-  r.size("vocab", c.vocab), r.size("d_model", c.d_model), r.size("heads", c.heads);
-  r.size("d_ff", c.d_ff), r.size("layers", c.layers, 1024), r.size("max_len", c.max_len);
-  r.probability("dropout", c.dropout);
-  r.get("norm_first", c.norm_first), r.get("pad_id", c.pad_id), r.get("seed", c.seed);
-  c.dtype = r.dtype("dtype");
-  r.positions(c.positions);
-  if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
+  c.read_stack(ConfigReader(j, where));
   return c;
 }
 
@@ -43,12 +21,12 @@ DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 3
   pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   blocks = register_module("blocks", std::make_shared<nn::Encoder>(
-      nn::layer_config(c.d_model, c.heads, c.d_ff, c.dropout, c.norm_first, c.dtype), c.layers, true, gen,
+      c.layer(), c.layers, true, gen,
       &dropout_gen, c.positions, /*causal=*/true));
 }
 
 Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
-  check_ids("DecoderOnlyLM", ids);
+  check_token_ids("DecoderOnlyLM", ids);
   return dropout->forward(pos->forward(embedding->forward(ids), start));
 }
 

@@ -5,21 +5,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/config_json.h"
 #include "models/decoding.h"
 #include "nn/transformer.h"
 
 namespace graft::models {
 
-struct LMConfig {
-  int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
-  double dropout = 0.1;
-  nn::PositionOptions positions{.kind = nn::Positions::learned};
-  bool norm_first = true;
-  int64_t pad_id = 0;
-  DType dtype = DType::f32;
-  uint64_t seed = 1;
-
-  nlohmann::json to_json() const;
+struct LMConfig : StackConfig {
+  LMConfig() {
+    positions.kind = nn::Positions::learned;
+    norm_first = true;
+  }
+  nlohmann::json to_json() const { return stack_json(); }
   // Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
 };

@@ -166,7 +166,8 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
   const int64_t V = lg.size(1);
   const std::vector<double> logp = lg.to_vector<double>();
   Beams next{s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
-  std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, eos);
+  // Dead beams (score -inf) carry a valid id that is never used: EOS, or 0 when there is none.
+  std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, std::max<int64_t>(eos, 0));
   for (int64_t b = 0; b < s.B; ++b) {
     const auto cand = best_candidates(s, b, logp, V, eos);
     for (int64_t k = 0; k < s.K; ++k) {

@@ -4,19 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/config_json.h"
 #include "nn/transformer.h"
 
 namespace graft::models {
 
-struct ClassifierConfig {
-  int64_t vocab = 1000, classes = 2, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
-  double dropout = 0.1;
-  nn::PositionOptions positions;  // sinusoidal by default
-  bool norm_first = false;
-  int64_t pad_id = 0;
-  DType dtype = DType::f32;
-  uint64_t seed = 1;
-
+struct ClassifierConfig : StackConfig {
+  int64_t classes = 2;
   nlohmann::json to_json() const;
   // Errors name the field and `where` (e.g. the file).
   static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");

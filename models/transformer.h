@@ -69,7 +69,8 @@ class Transformer : public nn::Module {
 // and the output projection is tied to it (no separate tensor).
 
 // Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
-// sampling as the options say. Sources are padded with pad_id. Each output is the generated ids
+// sampling as the options say. It runs in the model's current mode: call eval() first (the
+// translation program does), or dropout applies. Sources are padded with pad_id. Each output is the generated ids
 // without BOS, cut at (and excluding) EOS.
 Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o);
 Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o);  // beam 1

@@ -129,7 +129,8 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
                             {"elapsed_bits", double_bits(s.elapsed)},
                             {"acc_loss_bits", double_bits(s.acc_loss)},
                             {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
-                            {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint}};
+                            {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint},
+                            {"optimizer_steps", opt.step_count()}};
   save_safetensors(path, tensors, {{"trainer", j.dump()}, {"optimizer", opt.state_json().dump()},
                                    {"checksum", weights_checksum(tensors)}});
 }
@@ -200,9 +201,11 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
          std::to_string(task.generators.size()) + " generators");
   task.model->load_state_dict(model_t);
   opt.load_state(optim_t, oj);
-  if (opt.step_count() != ns.step)
+  // Steps whose gradient was not finite did not update the optimizer: its count is its own.
+  if (opt.step_count() != j.at("optimizer_steps").get<int64_t>() || opt.step_count() > ns.step)
     fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
-         " but the trainer at step " + std::to_string(ns.step));
+         " but the trainer state says " + j.at("optimizer_steps").dump() + " (trainer step " +
+         std::to_string(ns.step) + ")");
   for (size_t i = 0; i < gens.size(); ++i) task.generators[i]->set_state(gens[i]);
   default_generator().set_state(j.at("default_gen").get<uint64_t>());
   s = std::move(ns);
@@ -229,11 +232,19 @@ class Loop {
 
   LoopResult run() {
     start();
+    if (o_.patience > 0 && s_.since_best >= o_.patience) {  // a resumed run that had stopped early
+      say("the run had stopped early at step " + std::to_string(s_.step) + "; nothing to do");
+      res_.stopped_early = true;
+      res_.last_step = s_.step;
+      return res_;
+    }
     while (!done()) {
       train_step();
-      if (s_.step % o_.valid_every == 0 && validate_and_save()) break;
+      if (s_.step % o_.valid_every == 0 && validate_and_save(true)) break;
     }
-    if (last_valid_step_ != s_.step) validate_and_save();
+    // Off the validation cadence (a time budget): validate and save for the record, without
+    // counting it for early stopping, so a resumed run stops where an uninterrupted one would.
+    if (last_valid_step_ != s_.step) validate_and_save(false);
     if (tty_) std::cerr << "\n";
     res_.last_step = s_.step;
     res_.train_seconds = seconds_since(t_start_);
@@ -323,8 +334,8 @@ class Loop {
     else std::cerr << buf << std::endl;
   }
 
-  // Returns true when early stopping ends the run.
-  bool validate_and_save() {
+  // Returns true when early stopping ends the run (only validations on the cadence count).
+  bool validate_and_save(bool counts) {
     const auto t0 = Clock::now();
     std::map<std::string, double> vm;
     {
@@ -340,7 +351,7 @@ class Loop {
     }
     r.valid = vm;
     rows_.push_back(r);
-    const bool stop = update_early_stopping(vm);
+    const bool stop = counts && update_early_stopping(vm);
     LoopState snap = s_;
     snap.elapsed = elapsed();
     save_train_state(state_path(), t_, opt_, snap);

@@ -121,7 +121,8 @@ static std::shared_ptr<AttentionPositions> stack_positions(Module& stack, const 
 }
 
 Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg,
-                 const PositionOptions& pos, bool causal) {
+                 const PositionOptions& pos, bool causal)
+    : causal_(causal) {
   for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<EncoderLayer>(c, gen, dg));
   for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
   if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
@@ -129,12 +130,16 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
+  if (positions && causal != causal_)
+    fail(std::string("Encoder: its alibi/relative terms were built for ") + (causal_ ? "causal" : "bidirectional") +
+         " attention, called " + (causal ? "causal" : "bidirectional"));
   Tensor h = x;
   for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
   return norm ? norm->forward(h) : h;
 }
 
 Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const {
+  if (positions && !causal_) fail("Encoder: cached steps need a causal stack; this one is bidirectional");
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = x;
   for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward_step(h, caches[i], capacity, positions.get());

@@ -90,6 +90,9 @@ class Encoder : public Module {
   std::vector<std::shared_ptr<EncoderLayer>> layers;
   std::shared_ptr<LayerNorm> norm;  // null when there is no final LayerNorm
   std::shared_ptr<AttentionPositions> positions;  // null for sinusoidal/learned
+
+ private:
+  bool causal_;  // what the positional terms were built for
 };
 
 class Decoder : public Module {

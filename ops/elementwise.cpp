@@ -198,24 +198,23 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   thread_local std::unordered_set<const char*> declared;
   if (declared.insert(op.name).second) autograd::declare_op(op.name, op.family);
   const Tensor saved = op.saves == Saves::input ? x : op.saves == Saves::output ? y : Tensor();
-  const UnaryOp* row = &op;
-  autograd::record(op.name, {x}, {y}, {saved}, [row, a, b](const Ctx& c, const Tensors& dout) {
-    return Tensors{unary_backward(*row, c.saved[0], dout[0], a, b)};
+  // The row by value: a caller's row need not outlive the tape.
+  autograd::record(op.name, {x}, {y}, {saved}, [row = op, a, b](const Ctx& c, const Tensors& dout) {
+    return Tensors{unary_backward(row, c.saved[0], dout[0], a, b)};
   });
   return y;
 }
 
 void register_unary_cases(const UnaryOp& op) {
   autograd::declare_op(op.name, op.family);
-  const UnaryOp* row = &op;
   for (bool transposed : {false, true})
     register_case(OpCase{
         .name = std::string(op.name) + (transposed ? "/transposed" : "/contiguous"),
         .op = op.name,
-        .make_inputs = [row, transposed](DType dt, Generator& g) {
-          return Tensors{unary_case_input(*row, dt, g, transposed)};
+        .make_inputs = [row = op, transposed](DType dt, Generator& g) {
+          return Tensors{unary_case_input(row, dt, g, transposed)};
         },
-        .fn = [row](const Tensors& x) { return unary(*row, x[0], row->case_a, row->case_b); }});
+        .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); }});
 }
 
 namespace {

@@ -14,6 +14,8 @@ namespace graft {
 // runs the reference loop too), and the input range and kinks of its default gradcheck cases.
 // unary(row, x, a, b) runs it (forward, and backward dx = dout * df(x, y, a, b)); the row's op is
 // declared by its first recorded use or by register_unary_cases(row), which also registers its
+// (the tape and the cases keep copies of the row, so it may be a temporary; its name must be a
+// string literal)
 // two default gradcheck cases: "<name>/contiguous" (3, 4) and "<name>/transposed" (a (3, 4)
 // view of (4, 3) storage). See exp, relu, affine in elementwise.cpp, and examples/custom_op.
 enum class Saves { input, output, nothing };  // what df reads: x, y = f(x), or neither

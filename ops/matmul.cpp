@@ -98,8 +98,9 @@ Tensors matmul_backward(const Tensor& a, const Tensor& b, const Tensor& dout,
     const int64_t rs = kern::batch_is_one(p.b) ? kern::merged_row_stride(p.a) : -1;
     if (r > 2 && rs >= 0) {
       const int64_t K = p.a.shape().back(), rows = p.a.numel() / K;
-      db = matmul_core(view_as(p.a, {K, rows}, {p.a.strides().back(), rs}),
-                       reshaped(g, {rows, g.shape().back()}));
+      db = reshaped(matmul_core(view_as(p.a, {K, rows}, {p.a.strides().back(), rs}),
+                                reshaped(g, {rows, g.shape().back()})),
+                    p.b.shape());  // (K, N) as b's promoted (1..., K, N)
     } else {
       db = matmul_core(swap_last2(p.a), g);
     }
@@ -344,6 +345,13 @@ void register_matmul_cases() {
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({2, 3, 4}, dt, g), case_input_t({4, 5}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+  register_case(OpCase{.name = "matmul/batched_times_size1_batch",
+                       .op = "matmul",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 4}, dt, g), case_input({1, 4, 5}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
   register_case(OpCase{.name = "matmul/transposed_a_batched",

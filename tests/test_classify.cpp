@@ -63,16 +63,16 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   classify::write_tsv((d / "valid.tsv").string(), valid);
   classify::TrainOptions o;
   o.data_dir = d.string();
-  o.run_dir = (d / "run").string();
+  o.loop.run_dir = (d / "run").string();
   o.d_model = 16, o.heads = 2, o.d_ff = 32, o.layers = 1;
-  o.batch_rows = 16, o.steps = 120, o.valid_every = 60, o.warmup = 20, o.lr_factor = 2.0;
+  o.batch_rows = 16, o.loop.steps = 120, o.loop.valid_every = 60, o.loop.warmup = 20, o.loop.lr_factor = 2.0;
   o.positions = "alibi";
-  o.quiet = true;
+  o.loop.quiet = true;
   classify::TrainResult r = classify::train(o);
   BOOST_TEST(r.valid.accuracy == 1.0);
   BOOST_TEST(r.valid.macro_f1 == 1.0);
   BOOST_TEST(r.valid.confusion[0][0] + r.valid.confusion[1][1] == 80);
-  classify::LoadedRun run = classify::load_run(o.run_dir);
+  classify::LoadedRun run = classify::load_run(o.loop.run_dir);
   BOOST_TEST(run.labels == (std::vector<std::string>{"consonant", "vowel"}));
   // predict scores each text alone; evaluate batched it with longer ones (padding): same labels.
   auto p = classify::predict(*run.model, run.labels, {"aeiaeo", "tkkp", "", "  "});

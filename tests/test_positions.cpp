@@ -341,6 +341,18 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   o.max_len = 10;
   BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error, [](const Error& e) { return has(e, "max_len 8"); });
   BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error, [](const Error& e) { return has(e, "equal lengths"); });
+  // More beams than tokens with no EOS: the empty beams never reach the model.
+  LMConfig tiny;
+  tiny.vocab = 3, tiny.d_model = 8, tiny.heads = 2, tiny.d_ff = 8, tiny.layers = 1, tiny.max_len = 16;
+  tiny.positions.kind = Positions::alibi;
+  DecoderOnlyLM small(tiny);
+  o.max_len = 4;
+  o.beam = 5;
+  BOOST_TEST(generate(small, {{1}}, -1, o)[0].size() == 4u);
+  // A stack built causal refuses bidirectional use (its alibi bias assumes causal attention).
+  autograd::NoGrad ng;
+  BOOST_CHECK_EXCEPTION(small.blocks->forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
+                        [](const Error& e) { return has(e, "built for causal attention, called bidirectional"); });
 }
 
 // Every kind in the other two models: the LM stays causal, the classifier ignores padding.

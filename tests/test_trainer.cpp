@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "nn/layers.h"
 #include "nn/trainer.h"
@@ -118,6 +119,61 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
   t.task.stop_metric = "bleu";
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
                         [](const Error& e) { return has(e, "early stopping metric 'bleu' is not a validation metric"); });
+}
+
+// A step whose gradient is not finite skips the update (the loss stays finite): the run goes on,
+// saves, and its own state resumes exactly (the optimizer's step count is kept separately).
+BOOST_AUTO_TEST_CASE(skipped_update_then_exact_resume) {
+  auto poisoned = [](Toy& t) {
+    auto good = t.task.loss;
+    auto calls = std::make_shared<int>(0);
+    t.task.loss = [&t, good, calls](int64_t i) {
+      Tensor l = good(i);
+      if (++*calls != 7) return l;
+      // + 0 * sqrt(w - w): 0 in the forward, 0 * inf = NaN in the gradient of w.
+      Tensor z = sum(sqrt(sub(t.model.weight, t.model.weight.detach())));
+      return add(l, mul(z, scalar(0.0, DType::f64)));
+    };
+  };
+  manual_seed(1);
+  Toy a(3);
+  poisoned(a);
+  nn::LoopResult whole = nn::train_loop(a.task, opts(fresh_dir("skip_whole"), 30));
+  for (double l : whole.losses) BOOST_REQUIRE(std::isfinite(l));
+  manual_seed(1);
+  Toy b(3);
+  poisoned(b);
+  const fs::path dir = fresh_dir("skip_split");
+  nn::train_loop(b.task, opts(dir, 20));
+  Toy c(3);
+  nn::LoopOptions o = opts(dir, 30);
+  o.resume = true;
+  nn::LoopResult rest = nn::train_loop(c.task, o);
+  BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
+  BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
+}
+
+// An early stop survives a resume, and an extra validation at the end of a budget does not
+// count toward it.
+BOOST_AUTO_TEST_CASE(early_stop_is_final_and_budget_end_validation_does_not_count) {
+  manual_seed(1);
+  Toy t(3);
+  t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };
+  const fs::path dir = fresh_dir("early_resume");
+  nn::LoopOptions o = opts(dir, 25);  // validations at 10, 20 (cadence) and 25 (budget end)
+  o.patience = 2;
+  nn::LoopResult r = nn::train_loop(t.task, o);
+  BOOST_TEST(!r.stopped_early);
+  BOOST_TEST(r.last_step == 25);
+  o.steps = 1000;
+  o.resume = true;
+  r = nn::train_loop(t.task, o);  // 30 is the second validation without improvement
+  BOOST_TEST(r.stopped_early);
+  BOOST_TEST(r.last_step == 30);
+  r = nn::train_loop(t.task, o);
+  BOOST_TEST(r.stopped_early);
+  BOOST_TEST(r.last_step == 30);
+  BOOST_TEST(r.losses.empty());
 }
 
 BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {

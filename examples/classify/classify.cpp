@@ -220,10 +220,10 @@ TrainResult train(const TrainOptions& o) {
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
   if (train_set.empty() || valid_set.empty())
     fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
-  const std::string cfg_path = o.run_dir + "/config.json";
+  const std::string cfg_path = o.loop.run_dir + "/config.json";
   std::vector<std::string> labels;
   models::ClassifierConfig c;
-  if (o.resume) {
+  if (o.loop.resume) {
     const nlohmann::json j = nn::load_json(cfg_path);
     c = models::ClassifierConfig::from_json(j.at("model"), cfg_path);
     labels = j.at("labels").get<std::vector<std::string>>();
@@ -233,9 +233,9 @@ TrainResult train(const TrainOptions& o) {
     std::sort(labels.begin(), labels.end());
     c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
     c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
-    c.dropout = o.dropout, c.seed = o.seed;
+    c.dropout = o.dropout, c.seed = o.loop.seed;
     c.positions.kind = nn::parse_positions(o.positions);
-    fs::create_directories(o.run_dir);
+    fs::create_directories(o.loop.run_dir);
     nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
   }
   models::EncoderClassifier model(c);
@@ -257,13 +257,10 @@ TrainResult train(const TrainOptions& o) {
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
-    nn::save_weights(model.state_dict(), o.run_dir + "/model.safetensors", step, "graft-classifier");
+    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier");
   };
-  nn::LoopOptions lo;
-  lo.run_dir = o.run_dir;
-  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr_factor = o.lr_factor, lo.d_model = c.d_model;
-  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  nn::LoopOptions lo = o.loop;
+  lo.d_model = c.d_model;
   TrainResult r;
   r.loop = nn::train_loop(task, lo);
   r.valid = evaluate(model, labels, valid_set);

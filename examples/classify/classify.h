@@ -54,12 +54,16 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
                                                     const std::vector<std::string>& texts);
 
 struct TrainOptions {
-  std::string data_dir, run_dir, positions = "sinusoidal";
-  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2;
-  int64_t batch_rows = 64, steps = 0, valid_every = 200, log_every = 50, patience = 0, warmup = 200;
-  double minutes = 0, lr_factor = 1.0, dropout = 0.1;
-  uint64_t seed = 1;
-  bool resume = false, quiet = false;
+  std::string data_dir, positions = "sinusoidal";
+  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 64;
+  double dropout = 0.1;
+  // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
+  nn::LoopOptions loop;
+  TrainOptions() {
+    loop.warmup = 200;
+    loop.valid_every = 200;
+    loop.log_every = 50;
+  }
 };
 struct TrainResult {
   nn::LoopResult loop;

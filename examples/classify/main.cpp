@@ -47,21 +47,21 @@ int main(int argc, char** argv) {
   auto* trn = app.add_subcommand("train", "train (or --resume) a classifier into a run directory");
   classify::TrainOptions o;
   trn->add_option("--data", o.data_dir, "directory with train.tsv and valid.tsv")->required();
-  trn->add_option("--out", o.run_dir, "run directory")->required();
+  trn->add_option("--out", o.loop.run_dir, "run directory")->required();
   trn->add_option("--positions", o.positions, "sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   trn->add_option("--d-model", o.d_model, "model width")->check(CLI::Range(4, 4096));
   trn->add_option("--heads", o.heads, "attention heads")->check(CLI::Range(1, 64));
   trn->add_option("--layers", o.layers, "encoder layers")->check(CLI::Range(1, 64));
   trn->add_option("--batch-rows", o.batch_rows, "texts per batch")->check(CLI::Range(1, 4096));
-  auto* steps = trn->add_option("--steps", o.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
-  trn->add_option("--warmup", o.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
-  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
-  trn->add_option("--patience", o.patience, "early stopping after N validations without a better macro-F1")
+  auto* steps = trn->add_option("--steps", o.loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = trn->add_option("--minutes", o.loop.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
+  trn->add_option("--warmup", o.loop.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
+  trn->add_option("--valid-every", o.loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
+  trn->add_option("--patience", o.loop.patience, "early stopping after N validations without a better macro-F1")
       ->check(CLI::Range(0, 1 << 20));
-  trn->add_option("--seed", o.seed, "seed");
-  trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
+  trn->add_option("--seed", o.loop.seed, "seed");
+  trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
   steps->excludes(minutes);
 
   auto* ev = app.add_subcommand("evaluate", "accuracy, macro-F1 and a confusion-matrix PNG");
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*trn) {
-      if (o.steps <= 0 && o.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
+      if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
       auto r = classify::train(o);
       std::printf("trained steps %lld..%lld in %.1f s%s; valid accuracy %.2f%%, macro-F1 %.4f\n",
                   (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,

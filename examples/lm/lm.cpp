@@ -33,8 +33,8 @@ int64_t chars_of(int64_t token) {
 
 nlohmann::json options_json(const TrainOptions& o, int64_t context) {
   return {{"text", o.text}, {"preset", o.preset}, {"positions", o.positions}, {"context", context},
-          {"batch_rows", o.batch_rows}, {"lr_factor", o.lr_factor}, {"warmup", o.warmup},
-          {"dropout", o.dropout}, {"seed", o.seed}};
+          {"batch_rows", o.batch_rows}, {"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup},
+          {"dropout", o.dropout}, {"seed", o.loop.seed}};
 }
 
 }  // namespace
@@ -149,8 +149,8 @@ models::LMConfig preset(const std::string& name) {
 namespace {
 
 models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::json& saved) {
-  const std::string cfg_path = o.run_dir + "/config.json";
-  if (o.resume) {
+  const std::string cfg_path = o.loop.run_dir + "/config.json";
+  if (o.loop.resume) {
     saved = nn::load_json(cfg_path);
     context = saved.at("train").at("context").get<int64_t>();
     return models::LMConfig::from_json(saved.at("model"), cfg_path);
@@ -158,10 +158,10 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   models::LMConfig c = preset(o.preset);
   c.positions.kind = nn::parse_positions(o.positions);
   c.dropout = o.dropout;
-  c.seed = o.seed;
+  c.seed = o.loop.seed;
   context = o.context > 0 ? o.context : c.max_len;
   c.max_len = std::max(c.max_len, context);
-  fs::create_directories(o.run_dir);
+  fs::create_directories(o.loop.run_dir);
   nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
   return c;
 }
@@ -173,20 +173,20 @@ TrainResult train(const TrainOptions& opts) {
   int64_t context = 0;
   nlohmann::json saved;
   const models::LMConfig cfg = run_config(o, context, saved);
-  if (o.resume) {  // an exact continuation trains on the same data and batches
+  if (o.loop.resume) {  // an exact continuation trains on the same data and batches
     const auto& t = saved.at("train");
     o.text = t.at("text").get<std::vector<std::string>>();
     o.batch_rows = t.at("batch_rows").get<int64_t>();
-    o.lr_factor = t.at("lr_factor").get<double>();
-    o.warmup = t.at("warmup").get<int64_t>();
-    o.seed = t.at("seed").get<uint64_t>();
+    o.loop.lr_factor = t.at("lr_factor").get<double>();
+    o.loop.warmup = t.at("warmup").get<int64_t>();
+    o.loop.seed = t.at("seed").get<uint64_t>();
   }
   std::vector<std::string> train_docs, valid_docs;
-  split_documents(read_documents(o.text), 20, o.seed, train_docs, valid_docs);
+  split_documents(read_documents(o.text), 20, o.loop.seed, train_docs, valid_docs);
   const std::vector<int64_t> valid_stream = token_stream(valid_docs);
   const std::vector<Batch> batches = make_batches(token_stream(train_docs), context, o.batch_rows);
   models::DecoderOnlyLM model(cfg);
-  if (!o.quiet)
+  if (!o.loop.quiet)
     std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
               << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
               << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
@@ -209,13 +209,10 @@ TrainResult train(const TrainOptions& opts) {
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
-    nn::save_weights(model.state_dict(), o.run_dir + "/model.safetensors", step, "graft-lm");
+    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm");
   };
-  nn::LoopOptions lo;
-  lo.run_dir = o.run_dir;
-  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr_factor = o.lr_factor, lo.d_model = cfg.d_model;
-  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  nn::LoopOptions lo = o.loop;
+  lo.d_model = cfg.d_model;
   TrainResult r;
   r.loop = nn::train_loop(task, lo);
   r.valid = evaluate(model, valid_stream, context);

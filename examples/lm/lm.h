@@ -54,13 +54,17 @@ models::LMConfig preset(const std::string& name);
 
 struct TrainOptions {
   std::vector<std::string> text;  // files
-  std::string run_dir, preset = "lm-mini", positions = "learned";
+  std::string preset = "lm-mini", positions = "learned";
   int64_t context = 0;            // 0: the preset's
-  int64_t batch_rows = 16, steps = 0, valid_every = 200, log_every = 50, patience = 0;
-  double minutes = 0, lr_factor = 1.0, dropout = 0.1;
-  int64_t warmup = 400;
-  uint64_t seed = 1;
-  bool resume = false, quiet = false;
+  int64_t batch_rows = 16;
+  double dropout = 0.1;
+  // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
+  nn::LoopOptions loop;
+  TrainOptions() {
+    loop.warmup = 400;
+    loop.valid_every = 200;
+    loop.log_every = 50;
+  }
 };
 struct TrainResult {
   nn::LoopResult loop;

@@ -42,22 +42,22 @@ int main(int argc, char** argv) {
   auto* trn = app.add_subcommand("train", "train (or --resume) a language model into a run directory");
   lm::TrainOptions o;
   trn->add_option("--text", o.text, "UTF-8 text files (fortune files or paragraphs); default: Debian's English fortunes");
-  trn->add_option("--out", o.run_dir, "run directory")->required();
+  trn->add_option("--out", o.loop.run_dir, "run directory")->required();
   trn->add_option("--preset", o.preset, "lm-mini or lm-small")->check(CLI::IsMember({"lm-mini", "lm-small"}));
   trn->add_option("--positions", o.positions, "sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   trn->add_option("--context", o.context, "training context in tokens (default: the preset's)")->check(CLI::Range(1, 1 << 16));
   trn->add_option("--batch-rows", o.batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
-  auto* steps = trn->add_option("--steps", o.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
-  trn->add_option("--warmup", o.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
-  trn->add_option("--lr-factor", o.lr_factor, "Noam factor")->check(CLI::Range(1e-6, 1e3));
+  auto* steps = trn->add_option("--steps", o.loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = trn->add_option("--minutes", o.loop.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
+  trn->add_option("--warmup", o.loop.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
+  trn->add_option("--lr-factor", o.loop.lr_factor, "Noam factor")->check(CLI::Range(1e-6, 1e3));
   trn->add_option("--dropout", o.dropout, "dropout")->check(CLI::Range(0.0, 0.99));
-  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
-  trn->add_option("--patience", o.patience, "early stopping after N validations without a better bpc (0: off)")
+  trn->add_option("--valid-every", o.loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
+  trn->add_option("--patience", o.loop.patience, "early stopping after N validations without a better bpc (0: off)")
       ->check(CLI::Range(0, 1 << 20));
-  trn->add_option("--seed", o.seed, "seed for initialisation, dropout, batch order and the split");
-  trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
+  trn->add_option("--seed", o.loop.seed, "seed for initialisation, dropout, batch order and the split");
+  trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
   steps->excludes(minutes);
 
   auto* gen = app.add_subcommand("generate", "continue a prompt");
@@ -83,8 +83,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*trn) {
-      if (o.steps <= 0 && o.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
-      if (o.text.empty() && !o.resume) o.text = default_text();
+      if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
+      if (o.text.empty() && !o.loop.resume) o.text = default_text();
       lm::TrainResult r = lm::train(o);
       std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s)%s\n", (long long)r.loop.first_step,
                   (long long)r.loop.last_step, r.loop.train_seconds, r.loop.tokens_per_s,
