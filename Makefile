@@ -6,7 +6,7 @@ DEPS = cmake g++ make ccache pkg-config libdnnl-dev libboost-test-dev libsentenc
        nlohmann-json3-dev libcli11-dev libcairo2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation
+.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation classify
 
 deps:
 	@missing=""; for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -27,10 +27,13 @@ demo: configure
 	cmake --build $(BUILD) -j$(JOBS) --target translate
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/demo.sh $(BUILD)
 
-# Real text for the LM example: Debian's English fortune cookies.
+# Real text for the LM and classifier examples: Debian's fortune cookies, English and seven
+# other languages.
+FORTUNES = fortunes fortunes-de fortunes-es fortunes-it fortunes-br fortunes-pl fortunes-cs fortunes-ga
 fortunes:
-	@dpkg -s fortunes >/dev/null 2>&1 || { echo "installing: fortunes"; $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fortunes; }
+	@missing=""; for p in $(FORTUNES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
 
 # Trains the byte-level LM (lm-mini, rope) on the fortunes and evaluates it.
 LM_MINUTES ?= 5
@@ -47,6 +50,18 @@ lm: configure fortunes
 lm-extrapolation: configure fortunes
 	cmake --build $(BUILD) -j$(JOBS) --target lm
 	./examples/lm/extrapolation.sh $(BUILD)
+
+# Language identification over the fortunes: data, training (CLASSIFY_MINUTES), test metrics.
+CLASSIFY_MINUTES ?= 4
+classify: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target classify
+	$(BUILD)/examples/classify/classify prepare --out data/langid
+	rm -rf runs/langid
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify train --data data/langid --out runs/langid \
+	  --minutes $(CLASSIFY_MINUTES) --valid-every 200 --patience 4
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify evaluate --run runs/langid --data data/langid/test.tsv
+	printf 'Das ist ein schöner Tag.\nTo jest piękny dzień.\nIs fearr rith maith ná droch sheasamh.\n' | \
+	  $(BUILD)/examples/classify/classify predict --run runs/langid
 
 bench: build
 	./bench/run.sh $(BUILD)

@@ -240,6 +240,10 @@ TrainResult train(const TrainOptions& o) {
   }
   models::EncoderClassifier model(c);
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
+  if (!o.loop.quiet)
+    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
+              << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
+              << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();

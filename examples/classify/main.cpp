@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/classify/classify.h"
+#include "examples/common/cli.h"
 #include "examples/common/plot.h"
 
 using namespace graft;
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
   std::string r_run;
   pr->add_option("--run", r_run, "run directory")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     if (*prep) {
       auto s = classify::build_langid(p_dir, p_per, p_seed);

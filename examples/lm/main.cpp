@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "examples/common/cli.h"
 #include "examples/lm/lm.h"
 
 using namespace graft;
@@ -80,7 +81,7 @@ int main(int argc, char** argv) {
   ev->add_option("--run", e_run, "run directory")->required();
   ev->add_option("--context", e_context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     if (*trn) {
       if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");

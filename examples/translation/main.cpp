@@ -11,6 +11,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "examples/common/cli.h"
+
 #include "examples/common/plot.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
@@ -143,7 +145,7 @@ int main(int argc, char** argv) {
   ev->add_option("--beam", e_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
   ev->add_option("--samples", e_samples, "sample translations to print");
 
-  CLI11_PARSE(app, argc, argv);
+  if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
   try {
     if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
     if (*trn) {
