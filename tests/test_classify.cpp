@@ -84,4 +84,25 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
                         [](const Error& e) { return has(e, "label 'klingon' is not one of the model's labels"); });
 }
 
+// The program's --resume continues bit-exactly.
+BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
+  const fs::path d = dir_for("resume");
+  std::vector<classify::Example> ex;
+  for (int i = 0; i < 60; ++i) ex.push_back({i % 2 ? "odd" : "even", std::string(3 + i % 7, i % 2 ? 'x' : 'y')});
+  classify::write_tsv((d / "train.tsv").string(), ex);
+  classify::write_tsv((d / "valid.tsv").string(), ex);
+  auto run = [&](const std::string& name, int64_t steps, bool resume) {
+    classify::TrainOptions o;
+    o.data_dir = d.string();
+    o.loop.run_dir = (d / name).string();
+    o.d_model = 8, o.heads = 2, o.d_ff = 8, o.layers = 1, o.batch_rows = 8;
+    o.loop.steps = steps, o.loop.valid_every = 10, o.loop.resume = resume, o.loop.quiet = true;
+    return classify::train(o);
+  };
+  const classify::TrainResult whole = run("whole", 30, false);
+  run("split", 15, false);
+  const classify::TrainResult rest = run("split", 30, true);
+  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 15, whole.loop.losses.end()));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

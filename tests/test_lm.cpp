@@ -76,4 +76,31 @@ BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
   BOOST_TEST(lm::decode(models::generate(*run.model, {prompt}, lm::kEOS, d)[0]) == "sat on the mat.");
 }
 
+// The program's --resume continues bit-exactly: 40 steps straight equal 25 + a resumed 15.
+BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "a rolling stone gathers no moss " + std::to_string(i) + "\n%\n";
+  auto f = write("moss.txt", text);
+  auto run = [&](const std::string& name, int64_t steps, bool resume) {
+    lm::TrainOptions o;
+    o.text = {f.string()};
+    o.loop.run_dir = (fs::temp_directory_path() / ("graft_test_lm_" + name)).string();
+    if (!resume) fs::remove_all(o.loop.run_dir);
+    o.positions = "alibi";
+    o.context = 16;
+    o.batch_rows = 4;
+    o.loop.steps = steps;
+    o.loop.valid_every = 10;
+    o.loop.resume = resume;
+    o.loop.quiet = true;
+    return lm::train(o);
+  };
+  const lm::TrainResult whole = run("whole", 40, false);
+  run("split", 25, false);
+  const lm::TrainResult rest = run("split", 40, true);
+  BOOST_TEST(rest.loop.first_step == 25);
+  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 25, whole.loop.losses.end()));
+  BOOST_TEST(rest.valid.bpc == whole.valid.bpc);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

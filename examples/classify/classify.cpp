@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
+#include "examples/common/curves.h"
 #include "examples/common/utf8.h"
 #include "nn/checkpoint.h"
 #include "ops/ops.h"
@@ -260,8 +261,9 @@ TrainResult train(const TrainOptions& o) {
   std::vector<std::pair<std::string, Tensor>> fp;
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
-  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
+  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier");
+    if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation");
   };
   nn::LoopOptions lo = o.loop;
   lo.d_model = c.d_model;

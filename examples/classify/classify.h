@@ -57,6 +57,7 @@ struct TrainOptions {
   std::string data_dir, positions = "sinusoidal";
   int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 64;
   double dropout = 0.1;
+  bool plot = true;  // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
   nn::LoopOptions loop;
   TrainOptions() {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
+#include "examples/common/curves.h"
 #include "examples/common/utf8.h"
 #include "nn/checkpoint.h"
 #include "ops/ops.h"
@@ -208,8 +209,9 @@ TrainResult train(const TrainOptions& opts) {
   std::vector<std::pair<std::string, Tensor>> fp;
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
-  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>&) {
+  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm");
+    if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character");
   };
   nn::LoopOptions lo = o.loop;
   lo.d_model = cfg.d_model;

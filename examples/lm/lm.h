@@ -58,6 +58,7 @@ struct TrainOptions {
   int64_t context = 0;            // 0: the preset's
   int64_t batch_rows = 16;
   double dropout = 0.1;
+  bool plot = true;  // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
   nn::LoopOptions loop;
   TrainOptions() {

@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "autograd/tape.h"
-#include "examples/common/plot.h"
+#include "examples/common/curves.h"
 #include "nn/checkpoint.h"
 #include "nn/optim.h"
 #include "nn/trainer.h"
@@ -273,17 +273,6 @@ nlohmann::json TrainOptions::to_json() const {
 
 namespace {
 
-void plot_curves(const std::string& path, const std::vector<nn::MetricsRow>& rows) {
-  plot::Series tl{"train loss (label-smoothed)", {}, {}}, vl{"valid NLL", {}, {}}, bl{"valid BLEU", {}, {}};
-  for (auto& r : rows) {
-    if (std::isfinite(r.train_loss)) tl.x.push_back((double)r.step), tl.y.push_back(r.train_loss);
-    if (r.valid.count("loss")) vl.x.push_back((double)r.step), vl.y.push_back(r.valid.at("loss"));
-    if (r.valid.count("bleu")) bl.x.push_back((double)r.step), bl.y.push_back(r.valid.at("bleu"));
-  }
-  plot::Panel loss{"loss", "step", "cross-entropy (nats/token)", {tl, vl}, true};
-  plot::Panel bleu{"validation BLEU (greedy)", "step", "BLEU", {bl}, false};
-  plot::line_chart(path, {loss, bleu});
-}
 
 models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   auto c = models::preset(o.preset, vocab);
@@ -408,7 +397,7 @@ TrainResult train(const TrainOptions& opts) {
   task.data_fingerprint = batches_fingerprint(batches);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     save_model(model, run + "/model.safetensors", step);
-    if (o.plot) plot_curves(run + "/curves.png", rows);
+    if (o.plot) plot::learning_curves(run + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
   };
   nn::LoopOptions lo;
   lo.run_dir = run;

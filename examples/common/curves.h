@@ -1,0 +1,17 @@
+// Learning curves every example program draws (curves.png in its run directory), from the
+// rows nn::train_loop keeps: the training loss with the validation loss (when the task reports
+// one, "loss") on a log axis, and the named validation metrics in a second panel.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "nn/trainer.h"
+
+namespace graft::plot {
+
+void learning_curves(const std::string& png_path, const std::vector<nn::MetricsRow>& rows,
+                     const std::string& loss_label, const std::vector<std::string>& metrics,
+                     const std::string& metrics_title);
+
+}  // namespace graft::plot
