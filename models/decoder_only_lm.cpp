@@ -20,9 +20,7 @@ DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 3
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
   pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
-  blocks = register_module("blocks", std::make_shared<nn::Encoder>(
-      c.layer(), c.layers, true, gen,
-      &dropout_gen, c.positions, /*causal=*/true));
+  blocks = register_module("blocks", std::make_shared<nn::CausalStack>(c.layer(), c.layers, gen, &dropout_gen, c.positions));
 }
 
 Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
@@ -33,7 +31,7 @@ Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
 Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, embedding->weight); }
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
-  return logits(blocks->forward(embed(ids), eq(ids, (double)cfg.pad_id), true));
+  return logits(blocks->forward(embed(ids), eq(ids, (double)cfg.pad_id)));
 }
 
 namespace {
@@ -52,7 +50,7 @@ class LMStep : public DecodeStep {
     for (auto& p : prefix) ids.insert(ids.end(), p.begin() + from, p.end());
     const Tensor x = lm_.embed(from_vector(ids, {rows, t - from}, DType::i64), from);
     const Tensor h = use_cache_ ? lm_.blocks->forward_step(x, caches_, capacity_)
-                                : lm_.blocks->forward(x, Tensor(), true);
+                                : lm_.blocks->forward(x, Tensor());
     fed_ = t;
     return reshape(lm_.logits(slice(h, 1, t - from - 1, t - from)), {rows, lm_.cfg.vocab});
   }

@@ -1,5 +1,5 @@
-// Decoder-only language model (GPT-style, pre-LN by default): causal self-attention blocks
-// (EncoderLayer with a causal mask), a final LayerNorm and logits through the tied embedding.
+// Decoder-only language model (GPT-style, pre-LN by default): a causal self-attention block
+// stack (nn::CausalStack), a final LayerNorm and logits through the tied embedding.
 // ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
 #pragma once
 
@@ -32,7 +32,7 @@ class DecoderOnlyLM : public nn::Module {
   std::shared_ptr<nn::Embedding> embedding;
   std::shared_ptr<nn::EmbeddingPositions> pos;  // "pos.weight" when learned
   std::shared_ptr<nn::Dropout> dropout;
-  std::shared_ptr<nn::Encoder> blocks;  // with the final LayerNorm (and rope/alibi/relative)
+  std::shared_ptr<nn::CausalStack> blocks;  // with the final LayerNorm (and rope/alibi/relative)
 };
 
 // Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,

@@ -95,6 +95,16 @@ class Encoder : public Module {
   bool causal_;  // what the positional terms were built for
 };
 
+// A decoder-only (language model) stack: the encoder's blocks with causal self-attention, and
+// its positional terms unidirectional.
+class CausalStack : public Encoder {
+ public:
+  CausalStack(const LayerConfig& c, int64_t num_layers, Generator& gen, Generator* dropout_gen,
+              const PositionOptions& pos = {})
+      : Encoder(c, num_layers, /*final_norm=*/true, gen, dropout_gen, pos, /*causal=*/true) {}
+  Tensor forward(const Tensor& x, const Tensor& pad) const { return Encoder::forward(x, pad, true); }
+};
+
 class Decoder : public Module {
  public:
   Decoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,

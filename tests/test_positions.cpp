@@ -351,7 +351,7 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   BOOST_TEST(generate(small, {{1}}, -1, o)[0].size() == 4u);
   // A stack built causal refuses bidirectional use (its alibi bias assumes causal attention).
   autograd::NoGrad ng;
-  BOOST_CHECK_EXCEPTION(small.blocks->forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
+  BOOST_CHECK_EXCEPTION(small.blocks->Encoder::forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
                         [](const Error& e) { return has(e, "built for causal attention, called bidirectional"); });
 }
 
