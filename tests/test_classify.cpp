@@ -6,8 +6,10 @@
 #include <fstream>
 
 #include "examples/classify/classify.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::names;
 namespace fs = std::filesystem;
 
 namespace {
@@ -16,11 +18,6 @@ fs::path dir_for(const std::string& name) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
-}
-bool has(const Error& e, const std::string& part) {
-  const bool ok = std::string(e.what()).find(part) != std::string::npos;
-  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
-  return ok;
 }
 }  // namespace
 
@@ -40,9 +37,9 @@ BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
   BOOST_TEST(classify::read_tsv((d / "cut.tsv").string())[0].text == std::string(159, 'a'));
   std::ofstream(d / "bad.tsv") << "de\tok\nno tab here\n";
   BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "bad.tsv").string()), Error,
-                        [](const Error& e) { return has(e, "bad.tsv' line 2: expected label<TAB>text"); });
+                        [](const Error& e) { return names(e, "bad.tsv' line 2: expected label<TAB>text"); });
   BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "missing.tsv").string()), Error,
-                        [](const Error& e) { return has(e, "cannot read"); });
+                        [](const Error& e) { return names(e, "cannot read"); });
 }
 
 BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
@@ -81,7 +78,7 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   BOOST_TEST(p[2].first.empty());  // an empty line gets no invented label
   BOOST_TEST(p[0].second > 0.5);
   BOOST_CHECK_EXCEPTION(classify::evaluate(*run.model, run.labels, {{"klingon", "tkp"}}), Error,
-                        [](const Error& e) { return has(e, "label 'klingon' is not one of the model's labels"); });
+                        [](const Error& e) { return names(e, "label 'klingon' is not one of the model's labels"); });
 }
 
 // The program's --resume continues bit-exactly.

@@ -12,8 +12,10 @@
 #include "models/decoding.h"
 #include "models/transformer.h"
 #include "ops/ops.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::names;
 using namespace graft::models;
 
 namespace {
@@ -44,11 +46,6 @@ class FakeStep : public DecodeStep {
   void select(const std::vector<int64_t>&) override {}
 };
 
-bool has(const Error& e, const std::string& part) {
-  const bool ok = std::string(e.what()).find(part) != std::string::npos;
-  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
-  return ok;
-}
 
 }  // namespace
 
@@ -151,7 +148,7 @@ BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
     DecodeOptions o;
     o.sample = true;
     set(o);
-    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error, [&](const Error& e) { return has(e, part); });
+    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error, [&](const Error& e) { return names(e, part); });
   };
   fails([](DecodeOptions& o) { o.sampling.temperature = 0; }, "temperature must be a finite number > 0, got 0");
   fails([](DecodeOptions& o) { o.sampling.temperature = -1; }, "temperature");

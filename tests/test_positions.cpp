@@ -11,8 +11,10 @@
 #include "models/transformer.h"
 #include "nn/positions.h"
 #include "ops/ops.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::names;
 using namespace graft::models;
 using nn::Positions;
 
@@ -49,11 +51,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-bool has(const Error& e, const std::string& part) {
-  const bool ok = std::string(e.what()).find(part) != std::string::npos;
-  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
-  return ok;
-}
 
 // Self-attention of fixed q, k, v content with every position shifted by `shift`.
 Tensor attend_shifted(const nn::AttentionPositions& pos, const Tensor& q, const Tensor& k,
@@ -147,7 +144,7 @@ BOOST_AUTO_TEST_CASE(longer_than_max_len_except_learned) {
     autograd::NoGrad ng;
     if (p == Positions::learned) {
       BOOST_CHECK_EXCEPTION(m.forward(ids(s, 2), ids(t, 2)), Error,
-                            [](const Error& e) { return has(e, "max_len 16"); });
+                            [](const Error& e) { return names(e, "max_len 16"); });
       continue;
     }
     Tensor out = m.forward(ids(s, 2), ids(t, 2));
@@ -258,8 +255,8 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
   BOOST_TEST((TransformerConfig::from_json(j).positions.kind == Positions::learned));
   j["positions"] = "absolute";
   BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(j, "run/config.json"), Error, [](const Error& e) {
-    return has(e, "run/config.json: field \"positions\"") && has(e, "unknown kind 'absolute'") &&
-           has(e, "rope, alibi, relative");
+    return names(e, "run/config.json: field \"positions\"") && names(e, "unknown kind 'absolute'") &&
+           names(e, "rope, alibi, relative");
   });
   // Every field is named: a missing size, a wrong type, an id outside the vocabulary.
   auto bad = [&](const char* field, nlohmann::json v, const std::string& part) {
@@ -267,7 +264,7 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
     if (v.is_null()) k.erase(field);
     else k[field] = v;
     BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(k, "c.json"), Error,
-                          [&](const Error& e) { return has(e, std::string("c.json: field \"") + field + "\" " + part); });
+                          [&](const Error& e) { return names(e, std::string("c.json: field \"") + field + "\" " + part); });
   };
   bad("d_model", nullptr, "is missing");
   bad("heads", "four", "has the wrong type");
@@ -290,7 +287,7 @@ BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {
   autograd::NoGrad ng;
   BOOST_TEST(max_abs_diff(m.forward(src, tin), m.forward(src, tin)) == 0.0);
   BOOST_CHECK_EXCEPTION(nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.0), Error,
-                        [](const Error& e) { return has(e, "attention dropout must be in [0, 1)"); });
+                        [](const Error& e) { return names(e, "attention dropout must be in [0, 1)"); });
 }
 
 // LM generation through the decoding module: cached equals recomputation (greedy and beam) for
@@ -339,8 +336,8 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   DecoderOnlyLM learned(lc);
   DecodeOptions o;
   o.max_len = 10;
-  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error, [](const Error& e) { return has(e, "max_len 8"); });
-  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error, [](const Error& e) { return has(e, "equal lengths"); });
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error, [](const Error& e) { return names(e, "max_len 8"); });
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error, [](const Error& e) { return names(e, "equal lengths"); });
   // More beams than tokens with no EOS: the empty beams never reach the model.
   LMConfig tiny;
   tiny.vocab = 3, tiny.d_model = 8, tiny.heads = 2, tiny.d_ff = 8, tiny.layers = 1, tiny.max_len = 16;
@@ -352,7 +349,7 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   // A stack built causal refuses bidirectional use (its alibi bias assumes causal attention).
   autograd::NoGrad ng;
   BOOST_CHECK_EXCEPTION(small.blocks->Encoder::forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
-                        [](const Error& e) { return has(e, "built for causal attention, called bidirectional"); });
+                        [](const Error& e) { return names(e, "built for causal attention, called bidirectional"); });
 }
 
 // Every kind in the other two models: the LM stays causal, the classifier ignores padding.

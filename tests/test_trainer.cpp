@@ -9,8 +9,10 @@
 #include "nn/layers.h"
 #include "nn/trainer.h"
 #include "ops/ops.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::names;
 namespace fs = std::filesystem;
 
 namespace {
@@ -61,11 +63,6 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-bool has(const Error& e, const std::string& part) {
-  const bool ok = std::string(e.what()).find(part) != std::string::npos;
-  if (!ok) BOOST_TEST_MESSAGE("message was: " << e.what());
-  return ok;
-}
 
 }  // namespace
 
@@ -118,7 +115,7 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
   o.patience = 1;
   t.task.stop_metric = "bleu";
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
-                        [](const Error& e) { return has(e, "early stopping metric 'bleu' is not a validation metric"); });
+                        [](const Error& e) { return names(e, "early stopping metric 'bleu' is not a validation metric"); });
 }
 
 // A step whose gradient is not finite skips the update (the loss stays finite): the run goes on,
@@ -183,14 +180,14 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   int calls = 0;
   t.task.loss = [&](int64_t i) { return ++calls == 3 ? affine(good(i), NAN, 0.0) : good(i); };
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("nan"), 10)), Error,
-                        [](const Error& e) { return has(e, "the loss is nan at step 3"); });
+                        [](const Error& e) { return names(e, "the loss is nan at step 3"); });
   Toy e(3);
   e.task.batches = 0;
   BOOST_CHECK_EXCEPTION(nn::train_loop(e.task, opts(fresh_dir("empty"), 10)), Error,
-                        [](const Error& x) { return has(x, "no training batches"); });
+                        [](const Error& x) { return names(x, "no training batches"); });
   Toy ok(3);
   BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, opts(fresh_dir("nobudget"), 0)), Error,
-                        [](const Error& x) { return has(x, "give a step budget"); });
+                        [](const Error& x) { return names(x, "give a step budget"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
