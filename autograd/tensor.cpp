@@ -56,9 +56,16 @@ std::string shape_str(const Shape& s) {
   return r + ")";
 }
 
+// Element counts and strides are checked: a product past 2^63 - 1 would wrap, and a tiny
+// buffer would then be written far past its end.
 int64_t shape_numel(const Shape& s) {
+  for (auto d : s)
+    if (d < 0) fail("shape " + shape_str(s) + " has a negative dimension");
+  for (auto d : s)
+    if (d == 0) return 0;
   int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s)
+    if (__builtin_mul_overflow(n, d, &n)) fail("shape " + shape_str(s) + " has more than 2^63 - 1 elements");
   return n;
 }
 
@@ -67,7 +74,8 @@ Shape contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= std::max<int64_t>(s[i], 1);
+    if (__builtin_mul_overflow(acc, std::max<int64_t>(s[i], 1), &acc))
+      fail("shape " + shape_str(s) + ": its strides overflow int64");
   }
   return st;
 }
@@ -220,16 +228,40 @@ size_t Storage::cached_bytes() {
 Tensor Tensor::empty(const Shape& shape, DType dt) {
   for (auto d : shape)
     if (d < 0) fail("empty: negative dimension in shape " + shape_str(shape));
+  const int64_t n = shape_numel(shape);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(n, (int64_t)dtype_size(dt), &bytes))
+    fail("empty: shape " + shape_str(shape) + " of " + dtype_name(dt) + " needs more than 2^63 bytes");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dt));
+  try {
+    impl->storage = std::make_shared<Storage>((size_t)bytes);
+  } catch (const std::bad_alloc&) {
+    fail("empty: cannot allocate " + std::to_string(bytes) + " bytes for shape " + shape_str(shape) + " of " +
+         dtype_name(dt));
+  }
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dt;
   return Tensor(std::move(impl));
 }
 
+// The view must lie inside the storage: its lowest and highest element (through negative and
+// positive strides) within [0, elements of the storage), computed without overflow.
 Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& strides,
                        int64_t offset) {
+  if (shape.size() != strides.size())
+    fail("view_of: shape " + shape_str(shape) + " and strides " + shape_str(strides) + " differ in rank");
+  if (shape_numel(shape) > 0) {
+    __int128 lo = offset, hi = offset;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      const __int128 span = (__int128)(shape[i] - 1) * strides[i];
+      (span < 0 ? lo : hi) += span;
+    }
+    const int64_t elems = (int64_t)(base.impl_->storage->nbytes / dtype_size(base.dtype()));
+    if (lo < 0 || hi >= elems)
+      fail("view_of: shape " + shape_str(shape) + ", strides " + shape_str(strides) + ", offset " +
+           std::to_string(offset) + " reach outside a storage of " + std::to_string(elems) + " elements");
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.impl_->storage;
   impl->shape = shape;

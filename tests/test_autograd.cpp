@@ -264,6 +264,26 @@ BOOST_AUTO_TEST_CASE(undeclared_op_cannot_record) {
                         [](const Error& e) { return has(e, {"never_declared_op", "GRAFT_DECLARE_OP"}); });
 }
 
+// Sizes whose product would overflow int64 are errors before anything is allocated or written,
+// and a view must lie inside its storage.
+BOOST_AUTO_TEST_CASE(overflowing_sizes_and_views_outside_storage_are_errors) {
+  const int64_t big = int64_t(1) << 40;
+  BOOST_CHECK_EXCEPTION(Tensor::empty({big, big}), Error, [](const Error& e) { return has(e, {"more than 2^63 - 1 elements"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::empty({int64_t(1) << 61}, DType::f64), Error, [](const Error& e) { return has(e, {"needs more than 2^63 bytes"}); });
+  BOOST_CHECK_EXCEPTION(randn({big, big, 4}), Error, [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_TEST(Tensor::empty({0, big}).numel() == 0);  // an empty tensor with a big dim is fine ...
+  // ... unless even its strides would wrap.
+  BOOST_CHECK_EXCEPTION(Tensor::empty({0, big, big}), Error, [](const Error& e) { return has(e, {"strides overflow"}); });
+  Tensor t = zeros({2, 3});
+  BOOST_CHECK_EXCEPTION(reshape(t, {big, big}), Error, [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2, 4}, {3, 1}, 0), Error,
+                        [](const Error& e) { return has(e, {"view_of", "outside a storage of 6 elements"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {-1}, 0), Error, [](const Error& e) { return has(e, {"outside"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {3}, {int64_t(1) << 62}, 0), Error, [](const Error& e) { return has(e, {"outside"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {1, 1}, 0), Error, [](const Error& e) { return has(e, {"differ in rank"}); });
+  BOOST_TEST(Tensor::view_of(t, {3}, {-2}, 5).to_vector<double>().size() == 3u);  // 5, 3, 1: inside
+}
+
 // A backward may return a gradient of any shape its input broadcasts to: the tape sums it down
 // (once, for every op). Anything else (a shape the input does not broadcast to, another dtype)
 // is an error naming the op, the gradient and the input.
