@@ -192,6 +192,8 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
   } catch (const nlohmann::json::exception& e) {
     fail("resume: '" + path + "': bad trainer metadata: " + e.what());
   }
+  if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 || ns.since_best < 0)
+    fail("resume: '" + path + "': bad trainer metadata (negative counters or a non-finite elapsed time)");
   const int64_t nb = task.batches;
   if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb ||
       std::any_of(ns.order.begin(), ns.order.end(), [&](int64_t i) { return i < 0 || i >= nb; }))
@@ -217,6 +219,11 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
   if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
   if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
   if (o.patience < 0) fail("train: patience must be >= 0");
+  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
+  if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
+  if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");
+  if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
   if (o.patience > 0 && std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
     fail("train: early stopping metric '" + t.stop_metric + "' is not a validation metric");
 }

@@ -188,6 +188,17 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   Toy ok(3);
   BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, opts(fresh_dir("nobudget"), 0)), Error,
                         [](const Error& x) { return names(x, "give a step budget"); });
+  // Options that would train forever or wrongly: a NaN time budget, a negative or NaN lr.
+  auto refuse = [&](auto set, const std::string& part) {
+    nn::LoopOptions o = opts(fresh_dir("badopt"), 10);
+    set(o);
+    BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, o), Error, [&](const Error& x) { return names(x, part); });
+  };
+  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; }, "give a step budget");
+  refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "--minutes must be a finite number");
+  refuse([](nn::LoopOptions& o) { o.lr = -1; }, "--lr must be a finite number >= 0");
+  refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "--lr must be a finite number >= 0");
+  refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr factor must be");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
