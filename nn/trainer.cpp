@@ -216,14 +216,7 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
 void check_task(const TrainTask& t, const LoopOptions& o) {
   if (!t.model || !t.loss || !t.tokens || !t.validate) fail("train: the task needs a model, loss, tokens and validate");
   if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
-  if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
-  if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
-  if (o.patience < 0) fail("train: patience must be >= 0");
-  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
-  if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
-  if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
-  if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");
-  if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
+  check_loop_options(o);
   if (o.patience > 0 && std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
     fail("train: early stopping metric '" + t.stop_metric + "' is not a validation metric");
 }
@@ -412,6 +405,17 @@ class Loop {
 };
 
 }  // namespace
+
+void check_loop_options(const LoopOptions& o) {
+  if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
+  if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
+  if (o.patience < 0) fail("train: patience must be >= 0");
+  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
+  if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
+  if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");
+  if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
+}
 
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
   std::vector<int64_t> order(n);

@@ -83,6 +83,10 @@ struct LoopResult {
 // and naming the step on a non-finite loss.
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o);
 
+// The options' own checks (budget, lr, schedule, clip, intervals), which train_loop runs too:
+// a program calls it before any expensive preparation. Errors name the option.
+void check_loop_options(const LoopOptions& o);
+
 // Fisher-Yates over 0..n-1 drawn from gen.
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
 

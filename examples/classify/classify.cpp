@@ -217,6 +217,7 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
 }
 
 TrainResult train(const TrainOptions& o) {
+  nn::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
   if (train_set.empty() || valid_set.empty())

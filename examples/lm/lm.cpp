@@ -170,6 +170,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
 }  // namespace
 
 TrainResult train(const TrainOptions& opts) {
+  nn::check_loop_options(opts.loop);  // before any data work
   TrainOptions o = opts;
   int64_t context = 0;
   nlohmann::json saved;

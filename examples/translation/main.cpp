@@ -155,10 +155,11 @@ int main(int argc, char** argv) {
     if (*tl) return cmd_translate(t_run, t_opt, t_max, t_att);
     if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
   } catch (const CLI::Error& e) {
-    return app.exit(e);
+    std::cerr << "translate: " << e.what() << '\n';
+    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << '\n';
-    return 1;
+    std::cerr << "translate: " << e.what() << '\n';
+    return 2;
   }
   return 0;
 }

@@ -319,9 +319,13 @@ TrainResult train(const TrainOptions& opts) {
       fail("resume: '" + o.run_dir + "/config.json': bad \"train\" section: " + e.what());
     }
   }
-  if (o.steps <= 0 && o.minutes <= 0) fail("train: give --steps or --minutes");
-  if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and log interval must be >= 1");
   const std::string run = o.run_dir;
+  nn::LoopOptions lo;  // checked now, before the data and SentencePiece work
+  lo.run_dir = run;
+  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
+  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
+  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  nn::check_loop_options(lo);
   fs::create_directories(run);
   auto say = [&](const std::string& s) {
     if (!o.quiet) std::cerr << s << std::endl;
@@ -399,20 +403,7 @@ TrainResult train(const TrainOptions& opts) {
     save_model(model, run + "/model.safetensors", step);
     if (o.plot) plot::learning_curves(run + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
   };
-  nn::LoopOptions lo;
-  lo.run_dir = run;
-  lo.steps = o.steps;
-  lo.minutes = o.minutes;
-  lo.lr = o.lr;
-  lo.lr_factor = o.lr_factor;
   lo.d_model = cfg.d_model;
-  lo.warmup = o.warmup;
-  lo.valid_every = o.valid_every;
-  lo.log_every = o.log_every;
-  lo.patience = o.patience;
-  lo.seed = o.seed;
-  lo.resume = o.resume;
-  lo.quiet = o.quiet;
   const nn::LoopResult lr = nn::train_loop(task, lo);
   TrainResult res;
   res.first_step = lr.first_step;
