@@ -6,8 +6,10 @@
 #include "autograd/gradcheck.h"
 #include "models/transformer.h"
 #include "ops/ops.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::ids;
 using namespace graft::models;
 
 namespace {
@@ -26,10 +28,6 @@ TransformerConfig small_cfg(DType dt = DType::f32, bool pre_ln = false) {
   c.dtype = dt;
   c.seed = 3;
   return c;
-}
-
-Tensor ids(const std::vector<int64_t>& v, int64_t rows) {
-  return from_vector(v, {rows, (int64_t)v.size() / rows}, DType::i64);
 }
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {

@@ -14,6 +14,7 @@
 #include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::ids;
 using graft::testing::names;
 using namespace graft::models;
 using nn::Positions;
@@ -37,10 +38,6 @@ TransformerConfig cfg(Positions p, DType dt = DType::f32) {
   c.seed = 5;
   c.positions.kind = p;
   return c;
-}
-
-Tensor ids(const std::vector<int64_t>& v, int64_t rows) {
-  return from_vector(v, {rows, (int64_t)v.size() / rows}, DType::i64);
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

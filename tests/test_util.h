@@ -35,6 +35,11 @@ inline bool names(const Error& e, const std::string& part) {
   return m.find(part) != std::string::npos;
 }
 
+// Token ids as an int64 (rows, n / rows) tensor.
+inline Tensor ids(const std::vector<int64_t>& v, int64_t rows) {
+  return from_vector(v, {rows, (int64_t)v.size() / rows}, DType::i64);
+}
+
 // The last two dims of t swapped, as a view (no copy).
 inline Tensor tview(const Tensor& t) {
   Shape s = t.shape(), st = t.strides();
