@@ -6,7 +6,7 @@ DEPS = cmake g++ make ccache pkg-config libdnnl-dev libboost-test-dev libsentenc
        nlohmann-json3-dev libcli11-dev libcairo2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation classify
+.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
 deps:
 	@missing=""; for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -62,6 +62,32 @@ classify: configure fortunes
 	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify evaluate --run runs/langid --data data/langid/test.tsv
 	printf 'Das ist ein schöner Tag.\nTo jest piękny dzień.\nIs fearr rith maith ná droch sheasamh.\n' | \
 	  $(BUILD)/examples/classify/classify predict --run runs/langid
+
+# The library and the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in
+# their own build directory; the first report stops the test. Leaks inside third-party
+# libraries only (fontconfig under cairo) are suppressed in tests/lsan.supp.
+SANITIZE_BUILD ?= build-sanitize
+test-sanitize: deps
+	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAFT_SANITIZE=ON
+	cmake --build $(SANITIZE_BUILD) -j$(JOBS)
+	cd $(SANITIZE_BUILD) && OMP_NUM_THREADS=$(JOBS) \
+	  ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
+	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  ctest --output-on-failure -j1
+
+# libFuzzer over every reader of outside bytes (fuzz/), FUZZ_SECONDS each, with clang's
+# sanitizers; new crashing inputs land in fuzz/regressions/<target> (replayed by `make test`).
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_DEPS = clang libclang-rt-14-dev libomp-14-dev
+fuzz: deps
+	@missing=""; for p in $(FUZZ_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAFT_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_safetensors fuzz_train_state fuzz_config fuzz_tsv fuzz_bleu
+	./fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 bench: build
 	./bench/run.sh $(BUILD)

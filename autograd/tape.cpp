@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_set>
@@ -22,6 +24,7 @@ struct Route {
 
 struct Entry {
   const char* op = "";
+  std::string path;  // the module path it was recorded under (anomaly mode only)
   std::vector<Route> inputs;
   std::vector<Shape> out_shapes;
   std::vector<DType> out_dtypes;
@@ -49,6 +52,34 @@ struct Profile {
 };
 thread_local Profile t_profile;
 thread_local bool t_grad_enabled = true;
+
+bool anomaly_from_env() {
+  const char* v = std::getenv("GRAFT_DETECT_ANOMALY");
+  return v && *v && std::string(v) != "0";
+}
+thread_local bool t_anomaly = anomaly_from_env();
+thread_local std::vector<std::string> t_scopes;
+
+std::string in_path(const std::string& path) { return path.empty() ? std::string() : " in " + path; }
+
+// Anomaly mode's forward check: inputs that reach a recorded op already non-finite came from
+// outside the tape (data, a parameter, an op run without grad); outputs name this op.
+void check_forward(const char* op, const Tensors& inputs, const Tensors& outputs) {
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (const char* bad = inputs[k].defined() ? nonfinite_kind(inputs[k]) : nullptr)
+      fail(std::string("anomaly: input ") + std::to_string(k) + " of '" + op + "' (" + describe(inputs[k]) + ")" +
+           in_path(name_scope_path()) + " holds " + bad + " (it was made outside the tape: data, a parameter or an op run without grad)");
+  for (auto& o : outputs)
+    if (const char* bad = nonfinite_kind(o))
+      fail(std::string("anomaly: forward of '") + op + "' (" + describe(o) + ")" + in_path(name_scope_path()) +
+           " produced " + bad);
+}
+
+void check_backward(const Entry& e, const Tensors& dins) {
+  for (auto& g : dins)
+    if (const char* bad = g.defined() ? nonfinite_kind(g) : nullptr)
+      fail(std::string("anomaly: backward of '") + e.op + "' (" + describe(g) + ")" + in_path(e.path) + " produced " + bad);
+}
 
 std::vector<OpDecl>& decls() {
   static std::vector<OpDecl> d;
@@ -142,6 +173,40 @@ std::vector<OpTime> profile_report() {
 }
 
 bool grad_enabled() { return t_grad_enabled; }
+
+bool anomaly_mode() { return t_anomaly; }
+void set_anomaly_mode(bool on) { t_anomaly = on; }
+
+NameScope::NameScope(const std::string& name) {
+  if (!t_anomaly || name.empty()) return;
+  t_scopes.push_back(name);
+  pushed_ = true;
+}
+NameScope::~NameScope() {
+  if (pushed_) t_scopes.pop_back();
+}
+
+std::string name_scope_path() {
+  std::string p;
+  for (auto& s : t_scopes) p += (p.empty() ? "" : ".") + s;
+  return p;
+}
+
+namespace {
+template <class T>
+const char* nonfinite_in(const T* p, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return std::isnan(p[i]) ? "NaN" : "Inf";
+  return nullptr;
+}
+}  // namespace
+
+const char* nonfinite_kind(const Tensor& t) {
+  if (!is_floating(t.dtype())) return nullptr;
+  const Tensor c = t.is_contiguous() ? t : contiguous_copy(t);
+  if (c.dtype() == DType::f32) return nonfinite_in(static_cast<const float*>(c.raw()), c.numel());
+  return nonfinite_in(static_cast<const double*>(c.raw()), c.numel());
+}
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
 bool declare_op(const char* name, const char* family) {
@@ -171,8 +236,10 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
       fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
     checked.insert(op);
   }
+  if (t_anomaly) check_forward(op, inputs, outputs);
   Entry e;
   e.op = op;
+  if (t_anomaly) e.path = name_scope_path();
   for (auto& t : inputs) {
     Route r;
     if (t.defined()) {
@@ -328,6 +395,7 @@ void run_backward(int64_t top, bool retain_graph) {
       t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
       t_profile.last = ProfileClock::now();
     }
+    if (t_anomaly) check_backward(e, dins);
     ctx.saved.clear();  // a gradient handed out in a saved buffer is then held by dins alone
     e.pending.clear();
     e.owned.clear();

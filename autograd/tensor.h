@@ -21,6 +21,9 @@ inline bool is_floating(DType dt) { return dt == DType::f32 || dt == DType::f64;
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "(2, 3)"
 int64_t shape_numel(const Shape& s);
+// Counts with overflow checks: a result that does not fit int64 is an error naming `what`.
+int64_t checked_mul(int64_t a, int64_t b, const char* what);
+int64_t checked_add(int64_t a, int64_t b, const char* what);
 Shape contiguous_strides(const Shape& s);
 // A contiguous shape read as (outer, n, inner) around the axes [first, last]: outer = product of
 // the dims before first, n = product of first..last, inner = product of the dims after last.

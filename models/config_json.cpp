@@ -1,5 +1,11 @@
 #include "models/config_json.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "autograd/text.h"
+
 namespace graft::models {
 
 void ConfigReader::bad(const char* name, const std::string& why) const {
@@ -19,7 +25,7 @@ void ConfigReader::probability(const char* name, double& v) const {
 DType ConfigReader::dtype(const char* name) const {
   std::string s = "float32";
   get_or_keep(name, s);
-  if (s != "float32" && s != "float64") bad(name, "must be float32 or float64, got '" + s + "'");
+  if (s != "float32" && s != "float64") bad(name, "must be float32 or float64, got '" + text::printable(s) + "'");
   return s == "float64" ? DType::f64 : DType::f32;
 }
 
@@ -69,6 +75,43 @@ void StackConfig::read_stack(const ConfigReader& r) {
 
 nn::LayerConfig StackConfig::layer() const {
   return nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype);
+}
+
+int64_t embedding_parameters(int64_t vocab, int64_t d_model, int64_t max_len, nn::Positions kind) {
+  const int64_t table = checked_mul(vocab, d_model, "parameter count");
+  if (kind != nn::Positions::learned) return table;
+  return checked_add(table, checked_mul(max_len, d_model, "parameter count"), "parameter count");
+}
+
+int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind) {
+  return kind == nn::Positions::sinusoidal ? checked_mul(max_len, d_model, "buffer size") : 0;
+}
+
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where) {
+  const int64_t elements = checked_add(checked_mul(parameters, 4, "model size"), buffers, "model size");
+  const double bytes = (double)elements * (double)dtype_size(dt);
+  const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (memory > 0 && bytes > memory) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB of weights, gradients and Adam moments, "
+                  "more than this machine's %.1f GiB of memory", (long long)parameters, bytes / (1 << 30),
+                  memory / (1 << 30));
+    fail(where + ": the config describes a model of " + buf);
+  }
+}
+
+void check_weights_count(int64_t parameters, const std::vector<std::pair<std::string, Tensor>>& weights,
+                         const std::string& config_path, const std::string& weights_path) {
+  int64_t held = 0;
+  for (auto& [name, t] : weights) held = checked_add(held, t.numel(), "weights");
+  if (held != parameters)
+    fail("'" + config_path + "' describes a model of " + std::to_string(parameters) + " parameters but '" +
+         weights_path + "' holds " + std::to_string(held) + ": they do not belong together");
+}
+
+int64_t StackConfig::stack_parameters(bool final_norm) const {
+  return checked_add(embedding_parameters(vocab, d_model, max_len, positions.kind),
+                     nn::encoder_parameters(layer(), layers, final_norm, positions), "parameter count");
 }
 
 void check_token_ids(const char* who, const Tensor& ids) {

@@ -2,10 +2,13 @@
 // or out-of-range field is an error naming the field and where it came from (e.g. the file).
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
+#include "nn/checkpoint.h"
 #include "nn/positions.h"
 #include "nn/transformer.h"
 
@@ -15,13 +18,29 @@ class ConfigReader {
  public:
   ConfigReader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
-  // Required field.
+  // Required field, of exactly the JSON type T needs: 2.5 is not an integer, -1 is not an
+  // unsigned seed, "3" is not a number (nlohmann would convert the first two silently).
   template <class T>
   void get(const char* name, T& v) const {
+    if (!j_.is_object()) bad(name, "cannot be read: the section is not a JSON object");
+    if (!j_.contains(name)) bad(name, "is missing");
+    const nlohmann::json& x = j_[name];
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!x.is_boolean()) bad(name, "must be true or false, got " + nn::json_excerpt(x));
+    } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+      if (!x.is_number_unsigned()) bad(name, "must be a non-negative integer, got " + nn::json_excerpt(x));
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)))
+        bad(name, "must be an integer, got " + nn::json_excerpt(x));
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!x.is_number()) bad(name, "must be a number, got " + nn::json_excerpt(x));
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!x.is_string()) bad(name, "must be a string, got " + nn::json_excerpt(x));
+    }
     try {
-      v = j_.at(name).get<T>();
-    } catch (const std::exception& e) {
-      bad(name, j_.contains(name) ? "has the wrong type (" + std::string(e.what()) + ")" : "is missing");
+      v = x.get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      bad(name, "has the wrong type (" + nn::json_message(e) + ")");
     }
   }
   // Optional field: left as is when absent.
@@ -57,9 +76,45 @@ struct StackConfig {
   uint64_t seed = 1;
 
   nlohmann::json stack_json() const;
+  int64_t stack_parameters(bool final_norm) const;  // embedding + positions + the layers
   void read_stack(const ConfigReader& r);  // every field required, range-checked
   nn::LayerConfig layer() const;
 };
+
+// What a config costs before the model is built: its parameter count (each config's
+// parameter_count(), equal to the built model's num_parameters(); tested) and the buffer
+// elements (the sinusoid table). Errors on int64 overflow.
+int64_t embedding_parameters(int64_t vocab, int64_t d_model, int64_t max_len, nn::Positions kind);
+int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind);
+
+// Refuses, naming `where` (the config file), a model whose training state (weights, gradients
+// and Adam's two moments: 4 copies, plus the buffers) would not fit in this machine's memory:
+// checked before any module is built, so a config with 10^9 layers fails in microseconds.
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where);
+
+// Loading: the weights file must hold exactly the parameters the config describes, checked
+// before the model is built (config_path and weights_path are named in the error).
+void check_weights_count(int64_t parameters, const std::vector<std::pair<std::string, Tensor>>& weights,
+                         const std::string& config_path, const std::string& weights_path);
+
+// check_model_memory for any family's config.
+template <class Config>
+void check_config_memory(const Config& c, const std::string& where) {
+  check_model_memory(c.parameter_count(), buffer_elements(c.d_model, c.max_len, c.positions.kind), c.dtype, where);
+}
+
+// A run directory's weights for config c, in the order that keeps a bad directory from costing
+// anything: the weights file (its checksum, its fingerprints of the tied files), then the
+// config's sizes against it and against memory. Build the model only after this.
+template <class Config>
+std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, const std::string& config_path,
+                                                             const std::string& weights_path,
+                                                             const std::vector<std::string>& tied_files) {
+  auto w = nn::load_weights(weights_path, "load_run", tied_files);
+  check_weights_count(c.parameter_count(), w, config_path, weights_path);
+  check_config_memory(c, config_path);
+  return w;
+}
 
 // A model's token ids: int64 (B, T), else an error naming `who` and the tensor.
 void check_token_ids(const char* who, const Tensor& ids);

@@ -31,6 +31,7 @@ Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
 Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, embedding->weight); }
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
+  const auto named = scope();
   return logits(blocks->forward(embed(ids), eq(ids, (double)cfg.pad_id)));
 }
 

@@ -17,6 +17,7 @@ struct LMConfig : StackConfig {
     norm_first = true;
   }
   nlohmann::json to_json() const { return stack_json(); }
+  int64_t parameter_count() const { return stack_parameters(/*final_norm=*/true); }
   // Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
 };

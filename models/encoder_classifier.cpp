@@ -22,6 +22,11 @@ ClassifierConfig ClassifierConfig::from_json(const nlohmann::json& j, const std:
   return c;
 }
 
+int64_t ClassifierConfig::parameter_count() const {
+  const int64_t head = checked_add(checked_mul(d_model, classes, "parameter count"), classes, "parameter count");
+  return checked_add(stack_parameters(/*final_norm=*/norm_first), head, "parameter count");
+}
+
 EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 9) {
   Generator gen(c.seed);
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
@@ -35,6 +40,7 @@ EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropou
 }
 
 Tensor EncoderClassifier::forward(const Tensor& ids) const {
+  const auto named = scope();
   check_token_ids("EncoderClassifier", ids);
   Tensor pad = eq(ids, (double)cfg.pad_id);
   Tensor x = affine(embedding->forward(ids), std::sqrt((double)cfg.d_model), 0.0);

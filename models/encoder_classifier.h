@@ -12,6 +12,7 @@ namespace graft::models {
 struct ClassifierConfig : StackConfig {
   int64_t classes = 2;
   nlohmann::json to_json() const;
+  int64_t parameter_count() const;
   // Errors name the field and `where` (e.g. the file).
   static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");
 };

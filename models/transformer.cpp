@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "autograd/tape.h"
+#include "autograd/text.h"
 #include "models/config_json.h"
 #include "ops/ops.h"
 
@@ -39,7 +40,7 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const st
   if (j.contains("attention_dropout")) r.probability("attention_dropout", c.attention_dropout);
   std::string act = "relu";
   r.get_or_keep("activation", act);
-  if (act != "relu" && act != "gelu") r.bad("activation", "must be relu or gelu, got '" + act + "'");
+  if (act != "relu" && act != "gelu") r.bad("activation", "must be relu or gelu, got '" + text::printable(act) + "'");
   c.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
   r.get("pad_id", c.pad_id), r.get("bos_id", c.bos_id), r.get("eos_id", c.eos_id);
   for (auto [name, id] : {std::pair{"pad_id", c.pad_id}, {"bos_id", c.bos_id}, {"eos_id", c.eos_id}})
@@ -48,6 +49,12 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const st
   r.get_or_keep("seed", c.seed);
   if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
   return c;
+}
+
+int64_t TransformerConfig::parameter_count() const {
+  int64_t n = embedding_parameters(vocab, d_model, max_len, positions.kind);
+  n = checked_add(n, nn::encoder_parameters(layer(), enc_layers, final_norm, positions), "parameter count");
+  return checked_add(n, nn::decoder_parameters(layer(), dec_layers, final_norm, positions), "parameter count");
 }
 
 nn::LayerConfig TransformerConfig::layer() const {
@@ -70,7 +77,7 @@ TransformerConfig preset(const std::string& name, int64_t vocab) {
       c.enc_layers = c.dec_layers = p.l;
       return c;
     }
-  fail("preset: unknown preset '" + name + "' (known: tiny, small, base, big)");
+  fail("preset: unknown preset '" + text::printable(name) + "' (known: tiny, small, base, big)");
 }
 
 Transformer::Transformer(const TransformerConfig& c) : cfg(c), dropout_gen(c.seed * 7919 + 1) {
@@ -119,6 +126,7 @@ Tensor Transformer::decode(const Tensor& memory, const Tensor& src, const Tensor
 
 Tensor Transformer::loss(const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out,
                          double label_smoothing) const {
+  const auto named = scope();
   if (tgt_out.shape() != tgt_in.shape())
     fail("Transformer::loss: tgt_out " + describe(tgt_out) + " must have tgt_in's shape " +
          describe(tgt_in));

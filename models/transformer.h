@@ -26,6 +26,7 @@ struct TransformerConfig {
   uint64_t seed = 1;
 
   nlohmann::json to_json() const;
+  int64_t parameter_count() const;  // num_parameters() of the model it builds, without building it
   // Errors name the field and `where` (e.g. the file) for a missing, mistyped or out-of-range value.
   static TransformerConfig from_json(const nlohmann::json& j, const std::string& where = "TransformerConfig");
   nn::LayerConfig layer() const;

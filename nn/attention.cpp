@@ -59,6 +59,7 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
                                    const Tensor& key_padding_mask, bool causal,
                                    Tensor* weights, const AttentionPositions* pos) const {
+  const auto named = scope();
   if (x.dim() != 3 || x.shape()[2] != d || memory.dim() != 3 || memory.shape()[2] != d ||
       memory.shape()[0] != x.shape()[0])
     fail("MultiHeadAttention: x " + describe(x) + " and memory " + describe(memory) +
@@ -84,6 +85,7 @@ void KVCache::select_rows(const Tensor& rows) {
 
 Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
                                              const AttentionPositions* pos) const {
+  const auto named = scope();
   autograd::NoGrad ng;
   const int64_t B = x.shape()[0], T = x.shape()[1], Dh = d / heads;
   if (!cache.k.defined()) {
@@ -120,6 +122,7 @@ void MultiHeadAttention::fill_cross_cache(const Tensor& memory, KVCache& cache) 
 Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& cache,
                                                 const Tensor& key_padding_mask,
                                                 Tensor* weights) const {
+  const auto named = scope();
   autograd::NoGrad ng;
   return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights);
 }

@@ -14,6 +14,8 @@
 #include <set>
 #include <streambuf>
 
+#include "autograd/text.h"
+
 namespace graft::nn {
 
 // Tensor bytes go to and from disk with a plain memcpy, which is only the little-endian layout
@@ -29,6 +31,11 @@ using ojson = nlohmann::ordered_json;
 // Same bound as the reference implementation: a header this large is corruption or an attack,
 // and refusing it up front keeps a bogus length from driving a huge allocation.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Far more tensors than any model has; the bound keeps a header of tiny entries from costing
+// more than a bounded amount of work and memory.
+constexpr size_t kMaxHeaderEntries = 1'000'000;
+// config.json and other JSON side files are small; anything larger is not ours.
+constexpr uint64_t kMaxJsonFileBytes = 16u << 20;
 constexpr const char* kMetadataKey = "__metadata__";
 
 const char* st_dtype(DType dt) {
@@ -48,17 +55,12 @@ bool parse_st_dtype(const std::string& s, DType& out) {
   return true;
 }
 
-std::string squote(const std::string& s) { return "'" + s + "'"; }
-
-// nlohmann prefixes its messages with a "[json.exception.parse_error.101] " tag that means
-// nothing to a user; the rest ("parse error at line L, column C: ...") is what they need.
-std::string json_what(const nlohmann::json::exception& e) {
-  std::string m = e.what();
-  if (!m.empty() && m[0] == '[') {
-    const size_t close = m.find("] ");
-    if (close != std::string::npos) m.erase(0, close + 2);
-  }
-  return m;
+// Names and paths from a file may hold any bytes: quoted, they print escaped.
+std::string squote(const std::string& s) {
+  std::string q = "'";  // appended rather than `"'" + x + "'"`, which trips g++ 12's -Wrestrict
+  q += text::printable(s);
+  q += '\'';
+  return q;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -77,13 +79,13 @@ struct Entry {
 
 // A non-negative JSON integer that fits int64 (nlohmann stores those as number_unsigned;
 // negatives are number_integer and 2.0 is number_float, both rejected).
-bool as_index(const ojson& v, uint64_t& out) {
+bool as_index(const nlohmann::json& v, uint64_t& out) {
   if (!v.is_number_unsigned()) return false;
   out = v.get<uint64_t>();
   return out <= uint64_t(std::numeric_limits<int64_t>::max());
 }
 
-Entry parse_entry(const std::string& path, const std::string& name, const ojson& v,
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
                   uint64_t data_size) {
   auto bad = [&](const std::string& msg) -> void { load_fail(path, "tensor " + squote(name) + ": " + msg); };
   Entry e;
@@ -94,24 +96,24 @@ Entry parse_entry(const std::string& path, const std::string& name, const ojson&
   for (const auto& [key, _] : v.items())
     if (key != "dtype" && key != "shape" && key != "data_offsets") bad("unexpected key " + squote(key));
 
-  const ojson& dt = v["dtype"];
-  if (!dt.is_string()) bad("dtype is not a string (got " + dt.dump() + ")");
+  const nlohmann::json& dt = v["dtype"];
+  if (!dt.is_string()) bad("dtype is not a string (got " + json_excerpt(dt) + ")");
   if (!parse_st_dtype(dt.get<std::string>(), e.dtype))
     bad("unsupported dtype " + squote(dt.get<std::string>()) + " (supported: F32, F64, I64)");
 
-  const ojson& sh = v["shape"];
-  if (!sh.is_array()) bad("shape is not a list (got " + sh.dump() + ")");
+  const nlohmann::json& sh = v["shape"];
+  if (!sh.is_array()) bad("shape is not a list (got " + json_excerpt(sh) + ")");
   // Every stride must fit int64 too, so the bound uses max(d, 1): a zero dimension must not
   // hide an overflowing product of the others.
   uint64_t extent = 1, numel = 1;
   for (size_t i = 0; i < sh.size(); ++i) {
     uint64_t d = 0;
     if (!as_index(sh[i], d))
-      bad("shape entry " + std::to_string(i) + " is " + sh[i].dump() +
+      bad("shape entry " + std::to_string(i) + " is " + json_excerpt(sh[i]) +
           ", expected a non-negative integer");
     if (__builtin_mul_overflow(extent, std::max<uint64_t>(d, 1), &extent) ||
         extent > uint64_t(std::numeric_limits<int64_t>::max()))
-      bad("shape " + sh.dump() + " is too large (element count overflows int64)");
+      bad("shape " + json_excerpt(sh) + " is too large (element count overflows int64)");
     numel *= d;  // <= extent, cannot overflow
     e.shape.push_back(int64_t(d));
   }
@@ -119,11 +121,11 @@ Entry parse_entry(const std::string& path, const std::string& name, const ojson&
   if (__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes))
     bad("shape " + shape_str(e.shape) + " of " + st_dtype(e.dtype) + " is too large (byte count overflows)");
 
-  const ojson& off = v["data_offsets"];
+  const nlohmann::json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2)
-    bad("data_offsets must be a list of two integers [begin, end] (got " + off.dump() + ")");
+    bad("data_offsets must be a list of two integers [begin, end] (got " + json_excerpt(off) + ")");
   if (!as_index(off[0], e.begin) || !as_index(off[1], e.end))
-    bad("data_offsets " + off.dump() + " are not non-negative integers");
+    bad("data_offsets " + json_excerpt(off) + " are not non-negative integers");
   if (e.begin > e.end)
     bad("data_offsets begin " + std::to_string(e.begin) + " is after end " + std::to_string(e.end));
   if (e.end > data_size)
@@ -135,6 +137,36 @@ Entry parse_entry(const std::string& path, const std::string& name, const ojson&
                         " needs " + std::to_string(nbytes));
   return e;
 }
+
+// A SAX handler that records the keys of the outermost object in order and the first key
+// that appears twice; parse errors throw (nlohmann's parse_error).
+struct TopLevelKeys : nlohmann::json_sax<nlohmann::json> {
+  std::vector<std::string> keys;
+  std::set<std::string> seen;
+  std::string duplicate;
+  int depth = 0;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth == 1) {
+      keys.push_back(k);
+      if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    throw e;  // caught as nlohmann::json::exception, like a DOM parse error
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Writing
@@ -180,7 +212,7 @@ int fsync_retry(int fd) {
   fail("atomic_write: " + squote(path) + ": " + what + ": " + std::strerror(err ? err : EIO));
 }
 
-std::string read_whole_file(const char* op, const std::string& path) {
+std::string read_whole_file(const char* op, const std::string& path, uint64_t max_bytes) {
   auto bad = [&](const std::string& msg) -> void { fail(std::string(op) + ": " + squote(path) + ": " + msg); };
   std::error_code ec;
   const auto st = fs::status(path, ec);
@@ -192,6 +224,8 @@ std::string read_whole_file(const char* op, const std::string& path) {
   const std::streamoff size = in.tellg();
   in.seekg(0, std::ios::beg);
   if (size < 0 || !in) bad("cannot determine the file size");
+  if (uint64_t(size) > max_bytes)
+    bad("file is " + std::to_string(size) + " bytes, more than the " + std::to_string(max_bytes) + " this kind of file may have");
   std::string s(size_t(size), '\0');
   in.read(s.data(), size);
   if (in.gcount() != size) bad("file shrank while being read");
@@ -201,6 +235,21 @@ std::string read_whole_file(const char* op, const std::string& path) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+
+std::string json_message(const nlohmann::json::exception& e) {
+  std::string m = e.what();
+  if (!m.empty() && m[0] == '[') {
+    const size_t close = m.find("] ");
+    if (close != std::string::npos) m.erase(0, close + 2);
+  }
+  return m;
+}
+
+std::string json_excerpt(const nlohmann::json& v) {
+  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
 
 const Tensor& SafetensorsFile::at(const std::string& name) const {
   for (const auto& [n, t] : tensors)
@@ -242,7 +291,7 @@ void save_safetensors(const std::string& path,
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    bad("cannot encode the header (names and metadata must be UTF-8): " + json_what(e));
+    bad("cannot encode the header (names and metadata must be UTF-8): " + json_message(e));
   }
   // Padding with spaces (valid JSON whitespace) puts the data at an 8-byte aligned offset, so
   // readers that map the file can use the tensors in place.
@@ -296,21 +345,23 @@ SafetensorsFile load_safetensors(const std::string& path) {
   in.read(text.data(), std::streamsize(n));
   if (uint64_t(in.gcount()) != n) load_fail(path, "file shrank while being read");
 
-  // The DOM silently keeps the last of two equal keys, which would drop a tensor: catch
-  // duplicates while parsing instead.
-  std::string duplicate;
-  std::set<std::string> keys;
-  ojson header;
+  // Structure first: a legal header nests three levels ({ "name": { "shape": [ ] } }), and
+  // checking that before nlohmann builds anything keeps a deeply nested header from exhausting
+  // the stack.
+  check_json_text(text, 3, kMaxHeaderEntries, "load_safetensors: " + squote(path) + ": header");
+  // The DOM silently keeps the last of two equal keys, which would drop a tensor, and its map
+  // sorts them: a SAX pass records the top-level keys in header order and finds duplicates
+  // (nlohmann's callback parser would do it in quadratic time), then the DOM is built.
+  TopLevelKeys top;
+  nlohmann::json header;
   try {
-    header = ojson::parse(text, [&](int depth, ojson::parse_event_t ev, ojson& parsed) {
-      if (depth == 1 && ev == ojson::parse_event_t::key && parsed.is_string() &&
-          !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-      return true;
-    });
+    nlohmann::json::sax_parse(text, &top);
+    header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    load_fail(path, "header is not valid JSON: " + json_what(e));
+    load_fail(path, "header is not valid JSON: " + json_message(e));
   }
+  const std::vector<std::string>& keys = top.keys;
+  const std::string& duplicate = top.duplicate;
   if (!header.is_object())
     load_fail(path, "header is not a JSON object (got " + std::string(header.type_name()) + ")");
   if (!duplicate.empty()) load_fail(path, "tensor " + squote(duplicate) + " appears twice in the header");
@@ -318,14 +369,15 @@ SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsFile out;
   out.path = path;
   std::vector<Entry> entries;
-  for (const auto& [key, v] : header.items()) {
+  for (const std::string& key : keys) {
+    const nlohmann::json& v = header[key];
     if (key == kMetadataKey) {
       if (!v.is_object())
         load_fail(path, "__metadata__ is not a JSON object (got " + std::string(v.type_name()) + ")");
       for (const auto& [mk, mv] : v.items()) {
         if (!mv.is_string())
           load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " +
-                              mv.dump() + ")");
+                              json_excerpt(mv) + ")");
         out.metadata[mk] = mv.get<std::string>();
       }
       continue;
@@ -412,28 +464,75 @@ void save_json(const std::string& path, const nlohmann::json& j) {
   try {
     text = j.dump(2);
   } catch (const nlohmann::json::exception& e) {
-    fail("save_json: " + squote(path) + ": cannot encode: " + json_what(e));
+    fail("save_json: " + squote(path) + ": cannot encode: " + json_message(e));
   }
   text += '\n';
   atomic_write(path, [&](std::ostream& os) { os.write(text.data(), std::streamsize(text.size())); });
 }
 
 nlohmann::json load_json(const std::string& path) {
-  const std::string text = read_whole_file("load_json", path);
+  return parse_json(read_whole_file("load_json", path, kMaxJsonFileBytes), "load_json: " + squote(path), 32);
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& where, int max_depth) {
+  check_json_text(text, max_depth, std::numeric_limits<size_t>::max(), where);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     // nlohmann's message carries "at line L, column C", which is what a person needs to fix it.
-    fail("load_json: " + squote(path) + ": " + json_what(e));
+    fail(where + ": " + json_message(e));
   }
 }
 
-void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
-                  int64_t step, const std::string& format) {
-  save_safetensors(path, sd, {{"format", format}, {"step", std::to_string(step)}, {"checksum", weights_checksum(sd)}});
+void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values, const std::string& where) {
+  int depth = 0;
+  size_t top = 0;  // values directly inside the outermost container (counted by their commas)
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > max_depth)
+        fail(where + ": JSON nested more than " + std::to_string(max_depth) + " levels deep; not a file of this kind");
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == ',' && depth == 1 && ++top >= max_top_level_values) {
+      fail(where + ": more than " + std::to_string(max_top_level_values) + " entries");
+    }
+  }
 }
 
-std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who) {
+namespace {
+
+// Side files are small (a config, a tokenizer model); the bound keeps a wrong path from being
+// read whole.
+constexpr uint64_t kMaxTiedFileBytes = 256u << 20;
+
+std::string fingerprint_key(const std::string& file) {
+  return "fingerprint:" + fs::path(file).filename().string();
+}
+
+std::string file_fingerprint(const std::string& file, const char* who) {
+  return text_checksum(read_whole_file(who, file, kMaxTiedFileBytes));
+}
+
+}  // namespace
+
+void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
+                  int64_t step, const std::string& format, const std::vector<std::string>& tied_files) {
+  std::map<std::string, std::string> meta = {{"format", format}, {"step", std::to_string(step)},
+                                             {"checksum", weights_checksum(sd)}};
+  for (auto& f : tied_files) meta[fingerprint_key(f)] = file_fingerprint(f, "save_weights");
+  save_safetensors(path, sd, meta);
+}
+
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who,
+                                                         const std::vector<std::string>& tied_files) {
   SafetensorsFile f = load_safetensors(path);
   auto it = f.metadata.find("checksum");
   if (it == f.metadata.end())
@@ -442,21 +541,28 @@ std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path
   if (it->second != sum)
     fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second + ", computed " + sum +
          "): the checkpoint is corrupted");
+  for (auto& file : tied_files) {
+    auto fp = f.metadata.find(fingerprint_key(file));
+    if (fp == f.metadata.end())
+      fail(std::string(who) + ": '" + f.path + "' carries no fingerprint of '" + file +
+           "' (written before run fingerprints existed, or not by this program): retrain or re-save it");
+    if (fp->second != file_fingerprint(file, who))
+      fail(std::string(who) + ": '" + file + "' does not match the weights in '" + f.path +
+           "': it was edited or comes from another run");
+  }
   return std::move(f.tensors);
 }
 
-std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+namespace {
+
+// FNV-style mixing of 64-bit words; not cryptographic, but any flipped bit changes it.
+struct Hash64 {
   uint64_t h = 0xcbf29ce484222325ull;
-  auto mix = [&](uint64_t v) {
+  void mix(uint64_t v) {
     h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
     h *= 0x100000001b3ull;
-  };
-  for (auto& [name, t0] : tensors) {
-    for (char c : name) mix((unsigned char)c);
-    for (auto d : t0.shape()) mix((uint64_t)d);
-    const Tensor t = t0.is_contiguous() ? t0 : contiguous_copy(t0);
-    const size_t n = (size_t)t.numel() * dtype_size(t.dtype());
-    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+  }
+  void bytes(const unsigned char* p, size_t n) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
       uint64_t w;
@@ -465,9 +571,31 @@ std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& 
     }
     for (; i < n; ++i) mix(p[i]);
   }
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
-  return buf;
+  std::string hex() const {
+    char buf[20];
+    std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+    return buf;
+  }
+};
+
+}  // namespace
+
+std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  Hash64 h;
+  for (auto& [name, t0] : tensors) {
+    for (char c : name) h.mix((unsigned char)c);
+    for (auto d : t0.shape()) h.mix((uint64_t)d);
+    const Tensor t = t0.is_contiguous() ? t0 : contiguous_copy(t0);
+    h.bytes(static_cast<const unsigned char*>(t.raw()), (size_t)t.numel() * dtype_size(t.dtype()));
+  }
+  return h.hex();
+}
+
+std::string text_checksum(const std::string& text) {
+  Hash64 h;
+  h.mix(text.size());
+  h.bytes(reinterpret_cast<const unsigned char*>(text.data()), text.size());
+  return h.hex();
 }
 
 }  // namespace graft::nn

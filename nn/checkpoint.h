@@ -54,17 +54,38 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 // checksum of its own, so flipped bits in the data section would otherwise load silently.
 // Checkpoints store it in their metadata and verify it on load.
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
+// The same over text (metadata, side files), so they can be tied to the weights.
+std::string text_checksum(const std::string& text);
 
-// A module's weights for inference: its state_dict with the step and weights_checksum in the
-// metadata, written atomically ...
+// A module's weights for inference: its state_dict with the step, weights_checksum and the
+// fingerprint (text_checksum of the bytes) of each tied side file in the metadata, written
+// atomically. Tied files are a run directory's config.json and tokenizer: a weights file must
+// never load beside a config or tokenizer of another run, or one edited since.
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict, const std::string& path,
-                  int64_t step, const std::string& format);
-// ... and read back: the checksum verified (errors "<who>: '<path>': ..." name the file), the
-// tensors returned for load_state_dict.
-std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who);
+                  int64_t step, const std::string& format, const std::vector<std::string>& tied_files = {});
+// ... and read back: the checksum and every tied file's fingerprint verified (errors
+// "<who>: '<file>': ..." name the file that does not match), the tensors returned for
+// load_state_dict.
+std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who,
+                                                         const std::vector<std::string>& tied_files = {});
+
+// nlohmann's message without its "[json.exception.parse_error.101] " tag, which means nothing
+// to a user; the rest ("parse error at line L, column C: ...") is what they need.
+std::string json_message(const nlohmann::json::exception& e);
+
+// A JSON value for an error message: compact, invalid UTF-8 replaced, cut after 80 characters.
+std::string json_excerpt(const nlohmann::json& v);
 
 void save_json(const std::string& path, const nlohmann::json& j);  // atomic, pretty-printed
 // Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
+// Files over 16 MiB or nested over 32 levels are refused before parsing.
 nlohmann::json load_json(const std::string& path);
+// Parses JSON from outside (a file, checkpoint metadata) after check_json_text; errors start
+// with where.
+nlohmann::json parse_json(const std::string& text, const std::string& where, int max_depth);
+// The structure check run before any outside JSON is parsed, in one linear pass that builds
+// nothing: no more than max_depth levels of nesting, no more than max_top_level_values values
+// in the outermost container. Errors start with where.
+void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values, const std::string& where);
 
 }  // namespace graft::nn

@@ -12,7 +12,10 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt, Generator& gen)
   if (has_bias) bias = register_parameter("bias", rand({out}, dt, gen, -bound, bound));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+  const auto named = scope();
+  return linear(x, weight, bias);
+}
 
 Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generator& gen,
                      double init_std)
@@ -23,16 +26,23 @@ Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generato
   weight = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids, padding_idx); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  const auto named = scope();
+  return embedding(weight, ids, padding_idx);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt) : eps(eps_) {
   weight = register_parameter("weight", ones({dim}, dt));
   bias = register_parameter("bias", zeros({dim}, dt));
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight, bias, eps); }
+Tensor LayerNorm::forward(const Tensor& x) const {
+  const auto named = scope();
+  return layer_norm(x, weight, bias, eps);
+}
 
 Tensor Dropout::forward(const Tensor& x) const {
+  const auto named = scope();
   if (!training() || p == 0) return x;
   return dropout(x, p, true, generator());
 }
@@ -76,6 +86,7 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int6
 }
 
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t start) const {
+  const auto named = scope();
   return add_positions(x, table, start, true);
 }
 
@@ -85,6 +96,7 @@ LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d,
 }
 
 Tensor LearnedPositionalEncoding::forward(const Tensor& x, int64_t start) const {
+  const auto named = scope();
   return add_positions(x, weight, start, false);
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/tape.h"
 #include "autograd/tensor.h"
 
 namespace graft::nn {
@@ -54,14 +55,20 @@ class Module {
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     children_.emplace_back(name, m);
+    if (m && m->scope_name_.empty()) m->scope_name_ = name;  // a shared part keeps its first name
     return m;
   }
+  // Pushes this module's name (as registered in its parent) for the ops its forward records, so
+  // anomaly errors name the module path; free while anomaly mode is off. Forwards start with
+  //   const auto s = scope();
+  autograd::NameScope scope() const { return autograd::NameScope(scope_name_); }
 
  private:
   void collect(const std::string& prefix, NamedTensors& out, bool buffers,
                std::vector<const TensorImpl*>& seen) const;
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::string scope_name_;
   bool training_ = true;
 };
 

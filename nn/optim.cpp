@@ -151,19 +151,19 @@ const nlohmann::json& need(const nlohmann::json& j, const char* key) {
 double need_number(const nlohmann::json& j, const char* key) {
   const auto& v = need(j, key);
   if (!v.is_number())
-    fail(std::string("load_state: '") + key + "' must be a number, got " + v.dump());
+    fail(std::string("load_state: '") + key + "' must be a number, got " + json_excerpt(v));
   return v.get<double>();
 }
 int64_t need_int(const nlohmann::json& j, const char* key) {
   const auto& v = need(j, key);
   if (!v.is_number_integer() || v.get<int64_t>() < 0)
-    fail(std::string("load_state: '") + key + "' must be an integer >= 0, got " + v.dump());
+    fail(std::string("load_state: '") + key + "' must be an integer >= 0, got " + json_excerpt(v));
   return v.get<int64_t>();
 }
 bool need_bool(const nlohmann::json& j, const char* key) {
   const auto& v = need(j, key);
   if (!v.is_boolean())
-    fail(std::string("load_state: '") + key + "' must be true or false, got " + v.dump());
+    fail(std::string("load_state: '") + key + "' must be true or false, got " + json_excerpt(v));
   return v.get<bool>();
 }
 
@@ -250,10 +250,10 @@ nlohmann::json Optimizer::state_json() const {
 
 void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
                            const nlohmann::json& j) {
-  if (!j.is_object()) fail("load_state: expected a JSON object, got " + j.dump());
+  if (!j.is_object()) fail("load_state: expected a JSON object, got " + json_excerpt(j));
   const auto& type = need(j, "type");
   if (!type.is_string() || type.get<std::string>() != name())
-    fail("load_state: the state is for optimizer " + type.dump() + " but this one is " + name());
+    fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " + name());
   const int64_t step = need_int(j, "step");
   const double lr = need_number(j, "lr");
   check_nonneg("load_state", "lr", lr);
@@ -262,7 +262,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
   if (!saved_names.is_array()) fail("load_state: 'params' must be an array of names");
   std::set<std::string> saved, mine;
   for (const auto& n : saved_names) {
-    if (!n.is_string()) fail("load_state: 'params' holds a non-string " + n.dump());
+    if (!n.is_string()) fail("load_state: 'params' holds a non-string " + json_excerpt(n));
     saved.insert(n.get<std::string>());
   }
   for (const auto& [n, p] : params_) {
@@ -484,7 +484,7 @@ void Adam::check_hyper(const nlohmann::json& j) const {
     const auto& v = steps.at(pname);
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > step)
       fail("load_state: 'param_steps' of '" + pname + "' must be an integer in [0, " +
-           std::to_string(step) + "], got " + v.dump());
+           std::to_string(step) + "], got " + json_excerpt(v));
   }
 }
 

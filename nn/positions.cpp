@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "autograd/text.h"
 #include "nn/layers.h"
 #include "ops/ops.h"
 
@@ -14,7 +15,7 @@ const char* const kNames[] = {"sinusoidal", "learned", "rope", "alibi", "relativ
 Positions parse_positions(const std::string& name) {
   for (int i = 0; i < 5; ++i)
     if (name == kNames[i]) return (Positions)i;
-  fail("positions: unknown kind '" + name + "' (known: sinusoidal, learned, rope, alibi, relative)");
+  fail("positions: unknown kind '" + text::printable(name) + "' (known: sinusoidal, learned, rope, alibi, relative)");
 }
 
 const char* positions_name(Positions p) { return kNames[(int)p]; }
@@ -26,6 +27,7 @@ EmbeddingPositions::EmbeddingPositions(Positions k, int64_t max_len, int64_t d, 
 }
 
 Tensor EmbeddingPositions::forward(const Tensor& x, int64_t start) const {
+  const auto named = scope();
   if (kind != Positions::learned && kind != Positions::sinusoidal) return x;
   return add_positions(x, table, start, kind == Positions::sinusoidal);
 }

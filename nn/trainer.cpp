@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kStateVersion = "graft-train-state-2";
+constexpr const char* kStateVersion = "graft-train-state-3";
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -131,8 +131,10 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
                             {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
                             {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint},
                             {"optimizer_steps", opt.step_count()}};
-  save_safetensors(path, tensors, {{"trainer", j.dump()}, {"optimizer", opt.state_json().dump()},
-                                   {"checksum", weights_checksum(tensors)}});
+  const std::string trainer = j.dump(), optimizer = opt.state_json().dump();
+  save_safetensors(path, tensors, {{"trainer", trainer}, {"optimizer", optimizer},
+                                   {"checksum", weights_checksum(tensors)},
+                                   {"metadata_checksum", text_checksum(trainer + '\n' + optimizer)}});
 }
 
 // The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
@@ -152,15 +154,19 @@ SafetensorsFile read_train_state(const std::string& path, const std::string& dat
   if (it->second != weights_checksum(f.tensors))
     fail("resume: '" + path + "': checksum mismatch (stored " + it->second + ", computed " +
          weights_checksum(f.tensors) + "): the checkpoint is corrupted");
-  try {
-    j = nlohmann::json::parse(f.metadata.at("trainer"));
-    oj = nlohmann::json::parse(f.metadata.at("optimizer"));
-  } catch (const std::exception& e) {
-    fail("resume: '" + path + "': bad trainer/optimizer metadata: " + e.what());
-  }
-  if (j.value("version", std::string()) != kStateVersion)
-    fail("resume: '" + path + "': unknown state version '" + j.value("version", std::string()) + "'");
-  if (j.at("data_fingerprint").get<std::string>() != data_fp)
+  auto meta = [&](const char* key) {
+    auto m = f.metadata.find(key);
+    if (m == f.metadata.end()) fail("resume: '" + path + "': no '" + key + "' metadata; not a graft train state");
+    return m->second;
+  };
+  const std::string trainer = meta("trainer"), optimizer = meta("optimizer");
+  if (meta("metadata_checksum") != text_checksum(trainer + '\n' + optimizer))
+    fail("resume: '" + path + "': checksum mismatch in the trainer/optimizer metadata: the checkpoint is corrupted");
+  j = parse_json(trainer, "resume: '" + path + "': trainer metadata", 4);
+  oj = parse_json(optimizer, "resume: '" + path + "': optimizer metadata", 8);
+  if (!j.is_object() || !j.contains("version") || j["version"] != kStateVersion)
+    fail("resume: '" + path + "': not a train state of this version (" + kStateVersion + ")");
+  if (!j.contains("data_fingerprint") || j["data_fingerprint"] != data_fp)
     fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
          "(data, batch size and tokenizer must be unchanged)");
   return f;
@@ -177,6 +183,8 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
   }
   LoopState ns;
   std::vector<uint64_t> gens;
+  int64_t optimizer_steps = 0;
+  uint64_t default_gen = 0;
   try {
     ns.step = j.at("step").get<int64_t>();
     ns.epoch = j.at("epoch").get<int64_t>();
@@ -189,8 +197,10 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
     ns.acc_n = j.at("acc_n").get<int64_t>();
     ns.best = bits_double(j.at("best_bits").get<uint64_t>());
     ns.since_best = j.at("since_best").get<int64_t>();
+    optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    default_gen = j.at("default_gen").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
-    fail("resume: '" + path + "': bad trainer metadata: " + e.what());
+    fail("resume: '" + path + "': bad trainer metadata: " + json_message(e));
   }
   if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 || ns.since_best < 0)
     fail("resume: '" + path + "': bad trainer metadata (negative counters or a non-finite elapsed time)");
@@ -201,15 +211,19 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
   if (gens.size() != task.generators.size())
     fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
          std::to_string(task.generators.size()) + " generators");
-  task.model->load_state_dict(model_t);
-  opt.load_state(optim_t, oj);
+  try {
+    task.model->load_state_dict(model_t);
+    opt.load_state(optim_t, oj);
+  } catch (const Error& e) {
+    fail("resume: '" + path + "': " + e.what());
+  }
   // Steps whose gradient was not finite did not update the optimizer: its count is its own.
-  if (opt.step_count() != j.at("optimizer_steps").get<int64_t>() || opt.step_count() > ns.step)
+  if (opt.step_count() != optimizer_steps || opt.step_count() > ns.step)
     fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
-         " but the trainer state says " + j.at("optimizer_steps").dump() + " (trainer step " +
+         " but the trainer state says " + std::to_string(optimizer_steps) + " (trainer step " +
          std::to_string(ns.step) + ")");
   for (size_t i = 0; i < gens.size(); ++i) task.generators[i]->set_state(gens[i]);
-  default_generator().set_state(j.at("default_gen").get<uint64_t>());
+  default_generator().set_state(default_gen);
   s = std::move(ns);
 }
 
@@ -294,7 +308,8 @@ class Loop {
     if (!std::isfinite(lv)) {
       autograd::clear_tape();
       fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(s_.step + 1) +
-           " (the last good state is in '" + state_path() + "')");
+           " (the last good state is in '" + state_path() + "'" +
+           (autograd::anomaly_mode() ? ")" : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
     }
     loss.backward();
     // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
@@ -370,8 +385,9 @@ class Loop {
     valid_seconds_ += seconds_since(t0);
     if (stop) {
       res_.stopped_early = true;
-      say("early stopping: valid " + t_.stop_metric + " has not improved for " + std::to_string(o_.patience) +
-          " validations (best " + fmt_num(s_.best) + ")");
+      say("early stopping: valid " + t_.stop_metric + " has not improved" +
+          (o_.min_delta > 0 ? " by more than " + fmt_num(o_.min_delta) : std::string()) + " for " +
+          std::to_string(o_.patience) + " validations (best " + fmt_num(s_.best) + ")");
     }
     return stop;
   }
@@ -380,7 +396,8 @@ class Loop {
     if (o_.patience <= 0) return false;
     auto it = vm.find(t_.stop_metric);
     const double v = it == vm.end() ? NAN : it->second;
-    const bool better = std::isfinite(v) && (!std::isfinite(s_.best) || (t_.higher_is_better ? v > s_.best : v < s_.best));
+    const double gain = t_.higher_is_better ? v - s_.best : s_.best - v;
+    const bool better = std::isfinite(v) && (!std::isfinite(s_.best) || gain > o_.min_delta);
     if (better) {
       s_.best = v;
       s_.since_best = 0;
@@ -410,6 +427,7 @@ void check_loop_options(const LoopOptions& o) {
   if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
   if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
   if (o.patience < 0) fail("train: patience must be >= 0");
+  if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta)) fail("train: --min-delta must be a finite number >= 0");
   if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
   if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");

@@ -65,6 +65,7 @@ struct LoopOptions {
   double clip = 1.0;     // global gradient-norm clip
   int64_t valid_every = 500, log_every = 100;
   int64_t patience = 0;  // stop when stop_metric has not improved for this many validations
+  double min_delta = 0;  // an improvement counts only when it beats the best by more than this
   uint64_t seed = 1;     // batch order and the global generator
   bool resume = false;   // continue run_dir's train state exactly
   bool quiet = false;

@@ -52,11 +52,13 @@ Tensor EncoderLayer::block(const Tensor& x, SelfAttn&& sa) const {
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
                              const AttentionPositions* pos) const {
+  const auto named = scope();
   return block(x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); });
 }
 
 Tensor EncoderLayer::forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
                                   const AttentionPositions* pos) const {
+  const auto named = scope();
   return block(x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); });
 }
 
@@ -95,6 +97,7 @@ Tensor DecoderLayer::block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const
 Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
                              const Tensor& src_pad, Tensor* cross_weights,
                              const AttentionPositions* pos) const {
+  const auto named = scope();
   return block(
       y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true, nullptr, pos); },
       [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); });
@@ -103,6 +106,7 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
 Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                                   DecoderLayerCache& cache, int64_t capacity,
                                   Tensor* cross_weights, const AttentionPositions* pos) const {
+  const auto named = scope();
   if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
   return block(
       y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
@@ -120,6 +124,36 @@ static std::shared_ptr<AttentionPositions> stack_positions(Module& stack, const 
   return p;
 }
 
+namespace {
+
+constexpr const char* kCount = "parameter count";
+
+int64_t attention_parameters(int64_t d) {  // packed in-projection + out-projection, with biases
+  return checked_add(checked_mul(4, checked_mul(d, d, kCount), kCount), 4 * d, kCount);
+}
+
+int64_t stack_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos,
+                         int64_t attentions, int64_t norms) {
+  const int64_t d = c.d_model;
+  const int64_t ffn = checked_add(checked_mul(2, checked_mul(d, c.d_ff, kCount), kCount), c.d_ff + d, kCount);
+  int64_t layer = checked_add(checked_mul(attentions, attention_parameters(d), kCount), ffn, kCount);
+  layer = checked_add(layer, checked_mul(norms, 2 * d, kCount), kCount);
+  int64_t n = checked_mul(layers, layer, kCount);
+  if (final_norm) n = checked_add(n, 2 * d, kCount);
+  if (pos.kind == Positions::relative) n = checked_add(n, checked_mul(pos.relative_buckets, c.heads, kCount), kCount);
+  return n;
+}
+
+}  // namespace
+
+int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos) {
+  return stack_parameters(c, layers, final_norm, pos, 1, 2);
+}
+
+int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos) {
+  return stack_parameters(c, layers, final_norm, pos, 2, 3);
+}
+
 Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg,
                  const PositionOptions& pos, bool causal)
     : causal_(causal) {
@@ -130,6 +164,7 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
 }
 
 Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
+  const auto named = scope();
   if (positions && causal != causal_)
     fail(std::string("Encoder: its alibi/relative terms were built for ") + (causal_ ? "causal" : "bidirectional") +
          " attention, called " + (causal ? "causal" : "bidirectional"));
@@ -139,6 +174,7 @@ Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) con
 }
 
 Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const {
+  const auto named = scope();
   if (positions && !causal_) fail("Encoder: cached steps need a causal stack; this one is bidirectional");
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = x;
@@ -156,6 +192,7 @@ Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
 
 Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
                         const Tensor& src_pad, Tensors* cross_weights) const {
+  const auto named = scope();
   Tensor h = y;
   for (auto& l : layers) {
     Tensor w;
@@ -168,6 +205,7 @@ Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt
 Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                              std::vector<DecoderLayerCache>& caches, int64_t capacity,
                              Tensors* cross_weights) const {
+  const auto named = scope();
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = y;
   for (size_t i = 0; i < layers.size(); ++i) {

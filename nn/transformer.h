@@ -25,6 +25,12 @@ LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dr
                          bool norm_first, DType dtype,
                          Activation activation = Activation::relu);
 
+// Parameter counts from the sizes alone, before anything is allocated, so a config can be
+// checked against memory and against its weights file first (equal to num_parameters() of the
+// built stack; tested). Errors on int64 overflow.
+int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos);
+int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos);
+
 class EncoderLayer : public Module {
  public:
   EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);

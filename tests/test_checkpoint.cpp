@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -477,6 +478,70 @@ BOOST_AUTO_TEST_CASE(json_round_trip_and_errors) {
   }
   BOOST_CHECK_THROW(nn::load_json(td.file("absent.json")), Error);
   BOOST_CHECK_THROW(nn::save_json(path, nlohmann::json("bad\xff")), Error);
+}
+
+// The header's structure is checked before nlohmann builds anything: a deeply nested header
+// (which overflowed the parser's stack) and one with too many entries are refused by name, and
+// 200,000 tiny entries load in linear time.
+BOOST_AUTO_TEST_CASE(header_structure_limits) {
+  TempDir td;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_load_error(td, st_file(deep), {"header: JSON nested more than 3 levels deep"});
+  expect_load_error(td, st_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[[1]],\"data_offsets\":[0,4]}}", "abcd"),
+                    {"nested more than 3 levels"});
+  // Brackets inside strings do not count.
+  const std::string path = td.file("names.safetensors");
+  nn::save_safetensors(path, {{"[[[{{{", from_vector(std::vector<float>{1.f}, {1})}}, {{"k", "]]]}}"}});
+  BOOST_TEST(nn::load_safetensors(path).contains("[[[{{{"));
+
+  std::string many = "{";
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) many += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  many += "}";
+  write_bytes(td.file("many.safetensors"), st_file(many));
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto f = nn::load_safetensors(td.file("many.safetensors"));
+  BOOST_TEST(f.tensors.size() == size_t(n));
+  BOOST_TEST(f.tensors[1].first == "t1");  // header order kept for equal (empty) regions
+  // Not a timing target: minutes (the old quadratic parse) versus well under one second.
+  BOOST_TEST(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30.0);
+}
+
+BOOST_AUTO_TEST_CASE(json_text_checks) {
+  BOOST_CHECK_EXCEPTION(nn::parse_json(std::string(50, '[') + std::string(50, ']'), "cfg", 32), Error,
+                        [](const Error& e) { return std::string(e.what()).find("cfg: JSON nested more than 32") == 0; });
+  BOOST_CHECK_EXCEPTION(nn::check_json_text("[1,2,3]", 4, 2, "x"), Error,
+                        [](const Error& e) { return std::string(e.what()) == "x: more than 2 entries"; });
+  BOOST_CHECK_NO_THROW(nn::check_json_text("[\"\\\"[[[[\"]", 1, 10, "x"));  // an escaped quote in a string
+  BOOST_TEST(nn::json_excerpt(nlohmann::json(std::string(200, 'a'))).size() == 80u);
+  TempDir td;
+  write_bytes(td.file("big.json"), "[" + std::string(17 << 20, ' ') + "]");
+  BOOST_CHECK_EXCEPTION(nn::load_json(td.file("big.json")), Error,
+                        [](const Error& e) { return std::string(e.what()).find("more than the 16777216") != std::string::npos; });
+}
+
+// Weights carry fingerprints of their run's side files: an edited or swapped config or
+// tokenizer is named on load.
+BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
+  TempDir td;
+  const std::string cfg = td.file("config.json"), tok = td.file("spm.model"), w = td.file("model.safetensors");
+  write_bytes(cfg, "{\"heads\": 4}\n");
+  write_bytes(tok, "tokenizer bytes");
+  const std::vector<std::pair<std::string, Tensor>> sd = {{"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}};
+  nn::save_weights(sd, w, 3, "test", {cfg, tok});
+  BOOST_TEST(nn::load_weights(w, "load", {cfg, tok}).size() == 1u);
+  write_bytes(cfg, "{\"heads\": 8}\n");
+  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
+    return std::string(e.what()) == "load: '" + cfg + "' does not match the weights in '" + w +
+                                        "': it was edited or comes from another run";
+  });
+  write_bytes(cfg, "{\"heads\": 4}\n");
+  write_bytes(tok, "another run's tokenizer");
+  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error,
+                        [&](const Error& e) { return std::string(e.what()).find("'" + tok + "' does not match") != std::string::npos; });
+  nn::save_weights(sd, w, 3, "test");  // no fingerprints
+  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg}), Error,
+                        [&](const Error& e) { return std::string(e.what()).find("carries no fingerprint of") != std::string::npos; });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -296,3 +296,51 @@ BOOST_AUTO_TEST_CASE(encoder_classifier_gradcheck_and_padding) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// A config's size is known before anything is built: parameter_count() equals the built
+// model's num_parameters() for every family, positional kind and LayerNorm placement, and a
+// config too large for memory (or that overflows int64) is refused without allocating.
+BOOST_AUTO_TEST_SUITE(config_sizes)
+
+BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
+  for (auto kind : {nn::Positions::sinusoidal, nn::Positions::learned, nn::Positions::rope, nn::Positions::alibi,
+                    nn::Positions::relative})
+    for (bool pre : {false, true}) {
+      TransformerConfig t;
+      t.vocab = 37, t.d_model = 16, t.heads = 2, t.d_ff = 24, t.enc_layers = 2, t.dec_layers = 1, t.max_len = 20;
+      t.positions.kind = kind, t.norm_first = pre, t.final_norm = true;
+      BOOST_TEST(t.parameter_count() == Transformer(t).num_parameters());
+      t.final_norm = false;
+      BOOST_TEST(t.parameter_count() == Transformer(t).num_parameters());
+      LMConfig l;
+      l.vocab = 29, l.d_model = 16, l.heads = 4, l.d_ff = 8, l.layers = 3, l.max_len = 12;
+      l.positions.kind = kind, l.norm_first = pre;
+      BOOST_TEST(l.parameter_count() == DecoderOnlyLM(l).num_parameters());
+      ClassifierConfig c;
+      c.vocab = 31, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 2, c.max_len = 10, c.classes = 5;
+      c.positions.kind = kind, c.norm_first = pre;
+      BOOST_TEST(c.parameter_count() == EncoderClassifier(c).num_parameters());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(oversized_configs_are_refused_before_building) {
+  TransformerConfig t;
+  t.enc_layers = 1000000000;  // 10^9 layers
+  BOOST_CHECK_EXCEPTION(check_config_memory(t, "run/config.json"), Error, [](const Error& e) {
+    return testing::names(e, "run/config.json: the config describes a model of") &&
+           testing::names(e, "more than this machine's");
+  });
+  t.enc_layers = 2;
+  t.vocab = int64_t(1) << 40, t.d_model = int64_t(1) << 30;
+  BOOST_CHECK_EXCEPTION(check_config_memory(t, "c.json"), Error,
+                        [](const Error& e) { return testing::names(e, "parameter count: the count overflows int64"); });
+  TransformerConfig ok;
+  BOOST_CHECK_NO_THROW(check_config_memory(ok, "c.json"));
+  const std::vector<std::pair<std::string, Tensor>> w = {{"a", zeros({3, 4})}};
+  BOOST_CHECK_EXCEPTION(check_weights_count(13, w, "c.json", "m.safetensors"), Error, [](const Error& e) {
+    return std::string(e.what()) ==
+           "'c.json' describes a model of 13 parameters but 'm.safetensors' holds 12: they do not belong together";
+  });
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -264,7 +264,10 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
                           [&](const Error& e) { return names(e, std::string("c.json: field \"") + field + "\" " + part); });
   };
   bad("d_model", nullptr, "is missing");
-  bad("heads", "four", "has the wrong type");
+  bad("heads", "four", "must be an integer, got \"four\"");
+  bad("heads", 2.5, "must be an integer, got 2.5");
+  bad("seed", -1, "must be a non-negative integer, got -1");
+  bad("norm_first", 1, "must be true or false, got 1");
   bad("enc_layers", -2, "must be in [1, 1024]");
   bad("eos_id", 99, "must be a token id in [0, vocab 23)");
   bad("dropout", 1.5, "must be in [0, 1)");

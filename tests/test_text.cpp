@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "examples/common/lines.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
 #include "examples/translation/tokenizer.h"
@@ -281,6 +282,33 @@ BOOST_AUTO_TEST_CASE(read_tsv_open_failures) {
   BOOST_TEST(error_of([&] { read_tsv(dir.path.string(), st); }) ==
              "read_tsv: error reading '" + dir.path.string() + "': Is a directory");
   BOOST_TEST(st.read == 0u);
+}
+
+// An overlong line costs at most the cap while reading; the lines around it are intact, CRLF
+// endings and NUL bytes are kept apart correctly, and a last line without "\n" is read.
+BOOST_AUTO_TEST_CASE(line_reader_caps_while_reading) {
+  TempDir dir;
+  const std::string path = (dir.path / "lines.txt").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "short\r\n" << std::string(5000000, 'x') << "\n" << std::string("a\0b", 3) << "\n"
+        << "12345\r\n" << "123456\n" << "last";
+  }
+  FILE* f = std::fopen(path.c_str(), "rb");
+  BOOST_REQUIRE(f);
+  LineReader r(f, 5);
+  std::string line;
+  bool too_long = false;
+  std::vector<std::pair<std::string, bool>> got;
+  while (r.next(line, too_long, "test")) got.emplace_back(line, too_long);
+  std::fclose(f);
+  const std::vector<std::pair<std::string, bool>> want = {
+      {"short", false}, {"", true}, {std::string("a\0b", 3), false}, {"12345", false}, {"", true}, {"last", false}};
+  BOOST_TEST(got.size() == want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    BOOST_TEST(got[i].first == want[i].first, "line " << i);
+    BOOST_TEST(got[i].second == want[i].second, "line " << i);
+  }
 }
 
 // ----------------------------------------------------------------- tokenizer

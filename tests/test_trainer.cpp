@@ -118,6 +118,27 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
                         [](const Error& e) { return names(e, "early stopping metric 'bleu' is not a validation metric"); });
 }
 
+// With min_delta, improvements no larger than it do not reset the patience count.
+BOOST_AUTO_TEST_CASE(early_stopping_min_delta) {
+  manual_seed(1);
+  Toy t(3);
+  auto calls = std::make_shared<int>(0);
+  // mse 1.0, 0.9, 0.85, 0.84, ...: the third and later gains are below 0.1.
+  t.task.validate = [calls]() -> std::map<std::string, double> {
+    const double v[] = {1.0, 0.9, 0.85, 0.84, 0.83, 0.82};
+    return {{"mse", v[std::min((*calls)++, 5)]}};
+  };
+  nn::LoopOptions o = opts(fresh_dir("min_delta"), 1000);
+  o.patience = 2;
+  o.min_delta = 0.095;
+  nn::LoopResult r = nn::train_loop(t.task, o);
+  // 10: first (best 1.0), 20: 0.9 counts (gain 0.1), 30: 0.85 and 40: 0.84 do not: stop at 40.
+  BOOST_TEST(r.stopped_early);
+  BOOST_TEST(r.last_step == 40);
+  o.min_delta = -1;
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) { return names(e, "--min-delta"); });
+}
+
 // A step whose gradient is not finite skips the update (the loss stays finite): the run goes on,
 // saves, and its own state resumes exactly (the optimizer's step count is kept separately).
 BOOST_AUTO_TEST_CASE(skipped_update_then_exact_resume) {

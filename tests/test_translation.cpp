@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "nn/checkpoint.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
 #include "nn/optim.h"
@@ -202,7 +203,10 @@ BOOST_AUTO_TEST_CASE(interrupted_and_resumed_run_matches_exactly) {
   for (size_t i = 0; i < joined.size(); ++i)
     BOOST_TEST(std::memcmp(&joined[i], &full.losses[i], sizeof(double)) == 0,
                "step " << i + 1 << ": " << joined[i] << " vs " << full.losses[i]);
-  BOOST_TEST((read_bytes(dir / "full/model.safetensors") == read_bytes(dir / "split/model.safetensors")));
+  // The same weights bit for bit (the files' metadata differ: each run's config.json says its
+  // own step budget, and the weights carry its fingerprint).
+  BOOST_TEST(nn::weights_checksum(nn::load_weights(dir / "full/model.safetensors", "test")) ==
+             nn::weights_checksum(nn::load_weights(dir / "split/model.safetensors", "test")));
   // The curves agree too: same steps, same train_loss cells.
   auto sa = column(dir / "full/metrics.csv", 1), sb = column(dir / "split/metrics.csv", 1);
   auto ka = column(dir / "full/metrics.csv", 0), kb = column(dir / "split/metrics.csv", 0);
@@ -283,6 +287,64 @@ BOOST_AUTO_TEST_CASE(bad_corpus_lines_are_skipped_and_counted) {
   BOOST_TEST(pairs[1].tgt == "die Katze schläft .");
   BOOST_CHECK_EXCEPTION(tr::load_corpus(dir / "missing.tsv", st), std::exception,
                         [](const std::exception& e) { return message_has(e, "cannot open"); });
+}
+
+// A run directory's parts belong together: an edited config.json or another run's spm.model is
+// named on load. Empty input lines translate to empty lines, overlong ones are cut and counted.
+BOOST_AUTO_TEST_CASE(run_directory_is_tied_and_odd_inputs_are_handled) {
+  TempDir dir("tied");
+  write_toy_corpus(dir / "data");
+  tr::train(tiny_options(dir / "data", dir / "run", 4));
+  auto run = tr::load_run(dir / "run");
+  std::string long_line;
+  for (int i = 0; i < 400; ++i) long_line += "the dog ";
+  size_t truncated = 0;
+  auto out = tr::translate_lines(*run.model, *run.tok, {"", "  \t ", "the dog runs .", long_line}, 1, 0, &truncated);
+  BOOST_REQUIRE(out.size() == 4u);
+  BOOST_TEST(out[0] == "");
+  BOOST_TEST(out[1] == "");
+  BOOST_TEST(truncated == 1u);
+
+  const std::string cfg = dir / "run/config.json";
+  const std::string original = read_bytes(cfg);
+  std::string edited = original;
+  const std::string heads = "\"heads\": 2";
+  BOOST_REQUIRE(edited.find(heads) != std::string::npos);
+  edited.replace(edited.find(heads), heads.size(), "\"heads\": 4");
+  std::ofstream(cfg, std::ios::binary | std::ios::trunc) << edited;
+  BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception, [&](const std::exception& e) {
+    return message_has(e, "'" + cfg + "' does not match the weights");
+  });
+  std::ofstream(cfg, std::ios::binary | std::ios::trunc) << original;
+  tr::train(tiny_options(dir / "data", dir / "other", 2));
+  fs::copy_file(dir / "other/spm.model", dir / "run/spm.model", fs::copy_options::overwrite_existing);
+  BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception,
+                        [&](const std::exception& e) { return message_has(e, "spm.model' does not match the weights"); });
+}
+
+// A corpus none of whose pairs fits the model stops with an error, not a crash.
+BOOST_AUTO_TEST_CASE(corpus_longer_than_max_len_everywhere) {
+  TempDir dir("toolong");
+  fs::create_directories(dir / "data");
+  for (const char* split : {"train.tsv", "valid.tsv"}) {
+    std::ofstream f(dir / (std::string("data/") + split));
+    // 450 pseudo-random letters a side: within the reader's 1000 bytes, but far more than the
+    // 255 tokens the model takes (a 40-piece vocabulary cannot merge much).
+    uint32_t x = 12345;
+    for (int k = 0; k < 40; ++k) {
+      std::string a, b;
+      for (int i = 0; i < 450; ++i) {
+        x = x * 1664525u + 1013904223u;
+        a += char('a' + (x >> 24) % 26);
+        b += char('a' + (x >> 16) % 26);
+      }
+      f << a << '\t' << b << '\n';
+    }
+  }
+  auto o = tiny_options(dir / "data", dir / "run", 4);
+  o.vocab = 40;
+  BOOST_CHECK_EXCEPTION(tr::train(o), std::exception,
+                        [](const std::exception& e) { return message_has(e, "pairs of") && message_has(e, "train.tsv' fits the model"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,16 +1,21 @@
 #include "examples/classify/classify.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "autograd/tape.h"
 #include "examples/common/curves.h"
-#include "examples/common/utf8.h"
+#include "examples/common/lines.h"
+#include "autograd/text.h"
 #include "nn/checkpoint.h"
 #include "ops/ops.h"
 
@@ -115,20 +120,24 @@ std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vec
 }  // namespace
 
 std::vector<Example> read_tsv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read '" + path + "'");
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) fail("cannot read '" + path + "': " + std::strerror(errno));
   std::vector<Example> out;
   int64_t no = 0;
-  for (std::string line; std::getline(in, line);) {
+  text::LineReader reader(f.get(), kMaxLineBytes);
+  bool too_long = false;
+  for (std::string line; reader.next(line, too_long, "error reading '" + path + "'");) {
     ++no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string where = "'" + path + "' line " + std::to_string(no);
+    if (too_long) fail(where + ": longer than " + std::to_string(kMaxLineBytes) + " bytes");
+    if (!text::valid_utf8(line)) fail(where + ": not UTF-8 text");
     if (trim(line).empty()) continue;
     const size_t tab = line.find('\t');
     if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos)
-      fail("'" + path + "' line " + std::to_string(no) + ": expected label<TAB>text");
+      fail(where + ": expected label<TAB>text");
     Example e{trim(line.substr(0, tab)), cut_utf8(trim(line.substr(tab + 1)), kMaxBytes)};
     if (e.label.empty() || e.text.empty())
-      fail("'" + path + "' line " + std::to_string(no) + ": empty label or text");
+      fail(where + ": empty label or text");
     out.push_back(std::move(e));
   }
   return out;
@@ -216,6 +225,35 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
   return out;
 }
 
+namespace {
+
+models::ClassifierConfig config_model(const nlohmann::json& j, const std::string& cfg_path) {
+  if (!j.is_object() || !j.contains("model")) fail("'" + cfg_path + "' has no \"model\" section");
+  models::ClassifierConfig c = models::ClassifierConfig::from_json(j["model"], cfg_path);
+  models::check_config_memory(c, cfg_path);
+  return c;
+}
+
+// The label names: a list of distinct strings, one per class.
+std::vector<std::string> config_labels(const nlohmann::json& j, const models::ClassifierConfig& c,
+                                       const std::string& cfg_path) {
+  std::vector<std::string> labels;
+  try {
+    labels = j.at("labels").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" + nn::json_message(e) + ")");
+  }
+  if ((int64_t)labels.size() != c.classes)
+    fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " + std::to_string(c.classes) + " classes");
+  std::vector<std::string> sorted = labels;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    fail("'" + cfg_path + "': field \"labels\" names a label twice");
+  return labels;
+}
+
+}  // namespace
+
 TrainResult train(const TrainOptions& o) {
   nn::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
@@ -227,8 +265,8 @@ TrainResult train(const TrainOptions& o) {
   models::ClassifierConfig c;
   if (o.loop.resume) {
     const nlohmann::json j = nn::load_json(cfg_path);
-    c = models::ClassifierConfig::from_json(j.at("model"), cfg_path);
-    labels = j.at("labels").get<std::vector<std::string>>();
+    c = config_model(j, cfg_path);
+    labels = config_labels(j, c, cfg_path);
   } else {
     for (auto& e : train_set)
       if (std::find(labels.begin(), labels.end(), e.label) == labels.end()) labels.push_back(e.label);
@@ -237,6 +275,7 @@ TrainResult train(const TrainOptions& o) {
     c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
     c.dropout = o.dropout, c.seed = o.loop.seed;
     c.positions.kind = nn::parse_positions(o.positions);
+    models::check_config_memory(c, "train");
     fs::create_directories(o.loop.run_dir);
     nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
   }
@@ -263,7 +302,7 @@ TrainResult train(const TrainOptions& o) {
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier");
+    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
     if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation");
   };
   nn::LoopOptions lo = o.loop;
@@ -277,18 +316,12 @@ TrainResult train(const TrainOptions& o) {
 LoadedRun load_run(const std::string& run_dir) {
   const std::string cfg_path = run_dir + "/config.json";
   const nlohmann::json j = nn::load_json(cfg_path);
+  const models::ClassifierConfig c = config_model(j, cfg_path);
   LoadedRun r;
-  try {
-    r.labels = j.at("labels").get<std::vector<std::string>>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("'" + cfg_path + "': field \"labels\": " + e.what());
-  }
-  const models::ClassifierConfig c = models::ClassifierConfig::from_json(j.at("model"), cfg_path);
-  if ((int64_t)r.labels.size() != c.classes)
-    fail("'" + cfg_path + "': " + std::to_string(r.labels.size()) + " labels for " +
-         std::to_string(c.classes) + " classes");
+  r.labels = config_labels(j, c, cfg_path);
+  auto weights = models::load_run_weights(c, cfg_path, run_dir + "/model.safetensors", {cfg_path});
   r.model = std::make_unique<models::EncoderClassifier>(c);
-  r.model->load_state_dict(nn::load_weights(run_dir + "/model.safetensors", "load_run"));
+  r.model->load_state_dict(weights);
   r.model->eval();
   return r;
 }

@@ -18,14 +18,16 @@
 namespace graft::classify {
 
 constexpr int64_t kPAD = 256, kVocab = 257, kMaxBytes = 160;
+constexpr size_t kMaxLineBytes = 1 << 16;  // a TSV line longer than this is an error
 
 struct Example {
   std::string label, text;
 };
 
 // label<TAB>text per line (labels are strings); empty lines are skipped, any other line without
-// exactly one tab or with an empty side is an error naming the file and line; texts longer than
-// kMaxBytes bytes are cut there (at a UTF-8 boundary).
+// exactly one tab or with an empty side, not UTF-8, or over kMaxLineBytes (found while reading) is
+// an error naming the file and line; texts longer than kMaxBytes bytes are cut there (at a
+// UTF-8 boundary).
 std::vector<Example> read_tsv(const std::string& path);
 void write_tsv(const std::string& path, const std::vector<Example>& examples);  // atomic
 

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/classify/classify.h"
+#include "autograd/tape.h"
 #include "examples/common/cli.h"
 #include "examples/common/plot.h"
 
@@ -43,7 +44,8 @@ int main(int argc, char** argv) {
   prep->add_option("--out", p_out, "output directory")->required();
   prep->add_option("--fortunes", p_dir, "fortunes directory");
   prep->add_option("--per-language", p_per, "lines per language at most")->check(CLI::Range(int64_t(10), int64_t(1) << 30));
-  prep->add_option("--seed", p_seed, "split seed");
+  prep->add_option("--seed", p_seed, "split seed")
+      ->check(cli::seed_range());
 
   auto* trn = app.add_subcommand("train", "train (or --resume) a classifier into a run directory");
   classify::TrainOptions o;
@@ -61,8 +63,14 @@ int main(int argc, char** argv) {
   trn->add_option("--valid-every", o.loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
   trn->add_option("--patience", o.loop.patience, "early stopping after N validations without a better macro-F1")
       ->check(CLI::Range(0, 1 << 20));
-  trn->add_option("--seed", o.loop.seed, "seed");
+  trn->add_option("--min-delta", o.loop.min_delta, "early stopping: an improvement of the macro-F1 must exceed this")
+      ->check(CLI::NonNegativeNumber);
+  trn->add_option("--seed", o.loop.seed, "seed")
+      ->check(cli::seed_range());
   trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
+  bool detect_anomaly = false;
+  trn->add_flag("--detect-anomaly", detect_anomaly,
+                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
   steps->excludes(minutes);
 
   auto* ev = app.add_subcommand("evaluate", "accuracy, macro-F1 and a confusion-matrix PNG");
@@ -76,6 +84,7 @@ int main(int argc, char** argv) {
   pr->add_option("--run", r_run, "run directory")->required();
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*prep) {
       auto s = classify::build_langid(p_dir, p_per, p_seed);

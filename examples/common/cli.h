@@ -8,10 +8,33 @@
 
 #include <CLI/CLI.hpp>
 
+#include "autograd/text.h"
+
 namespace graft::cli {
+
+// Seeds are unsigned: "-1" must not wrap to 2^64 - 1.
+inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) << 62); }
 
 // -1 when the program should go on, else the exit code.
 inline int parse(CLI::App& app, int argc, char** argv) {
+  const std::string prog = std::filesystem::path(argv[0]).filename().string();
+  // CLI11 says "A subcommand is required" or "arguments were not expected" for a mistyped
+  // subcommand; name it and the known ones instead.
+  if (app.get_require_subcommand_min() > 0) {
+    std::string known;
+    bool found = argc < 2 || argv[1][0] == '-';
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found |= argc >= 2 && sub->get_name() == argv[1];
+    }
+    if (argc < 2 || !found) {
+      std::cerr << prog << ": "
+                << (argc < 2 ? std::string("a subcommand is required")
+                             : "unknown subcommand '" + text::printable(argv[1]) + "'")
+                << " (one of: " << known << "; see --help)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
     return -1;
@@ -20,7 +43,7 @@ inline int parse(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << std::filesystem::path(argv[0]).filename().string() << ": " << e.what() << " (see --help)\n";
+    std::cerr << prog << ": " << text::printable(e.what(), 400) << " (see --help)\n";
     return 2;
   }
 }

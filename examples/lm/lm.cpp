@@ -9,7 +9,7 @@
 
 #include "autograd/tape.h"
 #include "examples/common/curves.h"
-#include "examples/common/utf8.h"
+#include "autograd/text.h"
 #include "nn/checkpoint.h"
 #include "ops/ops.h"
 
@@ -43,6 +43,12 @@ nlohmann::json options_json(const TrainOptions& o, int64_t context) {
 std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
   std::vector<std::string> docs;
   for (const std::string& path : paths) {
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) fail("cannot read '" + path + "': " + ec.message());
+    if (size > kMaxTextFileBytes)
+      fail("'" + path + "' is " + std::to_string(size) + " bytes; text files over " + std::to_string(kMaxTextFileBytes) +
+           " bytes are not read (split it)");
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot read '" + path + "'");
     std::stringstream ss;
@@ -142,7 +148,7 @@ models::LMConfig preset(const std::string& name) {
   } else if (name == "lm-small") {
     c.d_model = 256, c.heads = 4, c.d_ff = 1024, c.layers = 4, c.max_len = 256;
   } else {
-    fail("unknown preset '" + name + "' (known: lm-mini, lm-small)");
+    fail("unknown preset '" + text::printable(name) + "' (known: lm-mini, lm-small)");
   }
   return c;
 }
@@ -153,8 +159,16 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (o.loop.resume) {
     saved = nn::load_json(cfg_path);
-    context = saved.at("train").at("context").get<int64_t>();
-    return models::LMConfig::from_json(saved.at("model"), cfg_path);
+    try {
+      context = saved.at("train").at("context").get<int64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      fail("resume: '" + cfg_path + "': bad \"train\" section: " + nn::json_message(e));
+    }
+    if (!saved.contains("model")) fail("resume: '" + cfg_path + "' has no \"model\" section");
+    models::LMConfig c = models::LMConfig::from_json(saved["model"], cfg_path);
+    if (context < 1 || context > c.max_len) fail("resume: '" + cfg_path + "': context must be in [1, max_len]");
+    models::check_config_memory(c, cfg_path);
+    return c;
   }
   models::LMConfig c = preset(o.preset);
   c.positions.kind = nn::parse_positions(o.positions);
@@ -162,6 +176,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   c.seed = o.loop.seed;
   context = o.context > 0 ? o.context : c.max_len;
   c.max_len = std::max(c.max_len, context);
+  models::check_config_memory(c, "train");
   fs::create_directories(o.loop.run_dir);
   nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
   return c;
@@ -176,12 +191,19 @@ TrainResult train(const TrainOptions& opts) {
   nlohmann::json saved;
   const models::LMConfig cfg = run_config(o, context, saved);
   if (o.loop.resume) {  // an exact continuation trains on the same data and batches
-    const auto& t = saved.at("train");
-    o.text = t.at("text").get<std::vector<std::string>>();
-    o.batch_rows = t.at("batch_rows").get<int64_t>();
-    o.loop.lr_factor = t.at("lr_factor").get<double>();
-    o.loop.warmup = t.at("warmup").get<int64_t>();
-    o.loop.seed = t.at("seed").get<uint64_t>();
+    try {
+      const auto& t = saved.at("train");
+      o.text = t.at("text").get<std::vector<std::string>>();
+      o.batch_rows = t.at("batch_rows").get<int64_t>();
+      o.loop.lr_factor = t.at("lr_factor").get<double>();
+      o.loop.warmup = t.at("warmup").get<int64_t>();
+      o.loop.seed = t.at("seed").get<uint64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      fail("resume: '" + o.loop.run_dir + "/config.json': bad \"train\" section: " + nn::json_message(e));
+    }
+    if (o.batch_rows < 1 || o.batch_rows > 4096)
+      fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
+    nn::check_loop_options(o.loop);
   }
   std::vector<std::string> train_docs, valid_docs;
   split_documents(read_documents(o.text), 20, o.loop.seed, train_docs, valid_docs);
@@ -211,7 +233,8 @@ TrainResult train(const TrainOptions& opts) {
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm");
+    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
+                     {o.loop.run_dir + "/config.json"});
     if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character");
   };
   nn::LoopOptions lo = o.loop;
@@ -232,10 +255,14 @@ LoadedRun load_run(const std::string& run_dir) {
     r.text = j.at("train").at("text").get<std::vector<std::string>>();
     r.seed = j.at("train").at("seed").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
-    fail("'" + cfg_path + "': bad \"train\" section: " + e.what());
+    fail("'" + cfg_path + "': bad \"train\" section: " + nn::json_message(e));
   }
-  r.model = std::make_unique<models::DecoderOnlyLM>(models::LMConfig::from_json(j.at("model"), cfg_path));
-  r.model->load_state_dict(nn::load_weights(run_dir + "/model.safetensors", "load_run"));
+  if (!j.contains("model")) fail("'" + cfg_path + "' has no \"model\" section");
+  const models::LMConfig c = models::LMConfig::from_json(j["model"], cfg_path);
+  if (r.context < 1 || r.context > c.max_len) fail("'" + cfg_path + "': context must be in [1, max_len]");
+  auto weights = models::load_run_weights(c, cfg_path, run_dir + "/model.safetensors", {cfg_path});
+  r.model = std::make_unique<models::DecoderOnlyLM>(c);
+  r.model->load_state_dict(weights);
   r.model->eval();
   return r;
 }

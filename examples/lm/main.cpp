@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "autograd/tape.h"
 #include "examples/common/cli.h"
 #include "examples/lm/lm.h"
 
@@ -57,8 +58,14 @@ int main(int argc, char** argv) {
   trn->add_option("--valid-every", o.loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
   trn->add_option("--patience", o.loop.patience, "early stopping after N validations without a better bpc (0: off)")
       ->check(CLI::Range(0, 1 << 20));
-  trn->add_option("--seed", o.loop.seed, "seed for initialisation, dropout, batch order and the split");
+  trn->add_option("--min-delta", o.loop.min_delta, "early stopping: an improvement of the bpc must exceed this")
+      ->check(CLI::NonNegativeNumber);
+  trn->add_option("--seed", o.loop.seed, "seed for initialisation, dropout, batch order and the split")
+      ->check(cli::seed_range());
   trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
+  bool detect_anomaly = false;
+  trn->add_flag("--detect-anomaly", detect_anomaly,
+                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
   steps->excludes(minutes);
 
   auto* gen = app.add_subcommand("generate", "continue a prompt");
@@ -73,7 +80,8 @@ int main(int argc, char** argv) {
   gen->add_option("--temperature", g.sampling.temperature, "sampling temperature (> 0)");
   gen->add_option("--top-k", g.sampling.top_k, "sample among the k most likely tokens (0: all)");
   gen->add_option("--top-p", g.sampling.top_p, "nucleus probability, in (0, 1]");
-  gen->add_option("--seed", g.seed, "sampling seed");
+  gen->add_option("--seed", g.seed, "sampling seed")
+      ->check(cli::seed_range());
 
   auto* ev = app.add_subcommand("evaluate", "validation loss, perplexity and bits per character");
   std::string e_run;
@@ -82,6 +90,7 @@ int main(int argc, char** argv) {
   ev->add_option("--context", e_context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*trn) {
       if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");

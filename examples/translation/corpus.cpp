@@ -1,13 +1,13 @@
 #include "corpus.h"
 
+#include "examples/common/lines.h"
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
-
-#include <sys/types.h>  // ssize_t for POSIX getline
 
 namespace graft::text {
 namespace {
@@ -47,27 +47,24 @@ std::string CorpusStats::summary() const {
 
 std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
                            size_t max_bytes, size_t max_words) {
-  // stdio rather than iostreams: fopen reliably sets errno for the error
-  // message, and POSIX getline keeps embedded NUL bytes instead of choking.
+  // stdio rather than iostreams: fopen reliably sets errno for the error message.
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) {
     throw std::runtime_error("read_tsv: cannot open '" + path + "': " + std::strerror(errno));
   }
-  // getline may realloc the buffer, so ownership lives in a struct that the
-  // destructor can free even if push_back throws mid-file.
-  struct LineBuf {
-    char* p = nullptr;
-    size_t cap = 0;
-    ~LineBuf() { std::free(p); }
-  } lb;
   std::vector<Pair> out;
   bool first = true;
-  ssize_t got;
-  while ((got = ::getline(&lb.p, &lb.cap, f.get())) >= 0) {
-    std::string_view line(lb.p, static_cast<size_t>(got));
+  LineReader reader(f.get(), max_bytes ? max_bytes : kHardLineCap);
+  std::string buf;
+  bool too_long = false;
+  while (reader.next(buf, too_long, "read_tsv: error reading '" + path + "'")) {
     ++stats.read;
-    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (too_long) {
+      ++stats.too_long;
+      first = false;
+      continue;
+    }
+    std::string_view line(buf);
     if (first && line.substr(0, 3) == "\xEF\xBB\xBF") line.remove_prefix(3);
     first = false;
 
@@ -77,10 +74,6 @@ std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
     }
     if (!valid_utf8(line)) {
       ++stats.bad_utf8;
-      continue;
-    }
-    if (max_bytes && line.size() > max_bytes) {
-      ++stats.too_long;
       continue;
     }
     const size_t tab = line.find('\t');
@@ -100,11 +93,6 @@ std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
     }
     ++stats.kept;
     out.push_back(Pair{std::string(src), std::string(tgt)});
-  }
-  const bool failed = std::ferror(f.get()) != 0;
-  const int err = errno;
-  if (failed) {
-    throw std::runtime_error("read_tsv: error reading '" + path + "': " + std::strerror(err));
   }
   return out;
 }

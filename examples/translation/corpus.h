@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "examples/common/utf8.h"
+#include "autograd/text.h"
 
 namespace graft::text {
 
@@ -20,18 +20,21 @@ struct CorpusStats {
   std::string summary() const;
 };
 
+constexpr size_t kHardLineCap = 1 << 20;
+
 struct Pair {
   std::string src, tgt;
 };
 
 // Reads `path` line by line (LF or CRLF endings; a leading UTF-8 BOM is
 // ignored). Each side is trimmed of ASCII whitespace. Checks, in order:
+//   too_long  - the line (without its line ending) exceeds max_bytes, found while
+//               reading: no more than max_bytes of a line is ever held;
 //   empty     - the line is blank or whitespace only;
 //   bad_utf8  - the line is not well-formed UTF-8 (see valid_utf8);
-//   too_long  - the line (without its line ending) exceeds max_bytes;
 //   malformed - not exactly one tab, or a side is empty after trimming;
 //   too_long  - max_words > 0 and a side has more whitespace-separated words.
-// max_bytes == 0 or max_words == 0 disables that limit.
+// max_words == 0 disables the word limit; max_bytes == 0 means kHardLineCap.
 // Stats are accumulated into `stats` (not reset), so several files can share
 // one tally. Throws std::runtime_error("read_tsv: cannot open '<path>':
 // <strerror>") when the file cannot be opened, and a similar "error reading"

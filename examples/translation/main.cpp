@@ -11,8 +11,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "autograd/tape.h"
 #include "examples/common/cli.h"
 
+#include "examples/common/lines.h"
 #include "examples/common/plot.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
@@ -47,10 +49,22 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
   models::check_decode_options(o);  // before loading anything
   auto lr = tr::load_run(run);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
-  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, o, max_len);
+  size_t overlong = 0, truncated = 0;
+  text::LineReader reader(stdin, text::kHardLineCap);
+  bool too_long = false;
+  for (std::string line; reader.next(line, too_long, "error reading standard input");) {
+    overlong += too_long;  // an overlong line stays an empty output line, in its place
+    lines.push_back(too_long ? std::string() : line);
+  }
+  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, o, max_len, &truncated);
   for (auto& h : hyps) std::cout << h << '\n';
   std::cout.flush();
+  if (overlong)
+    std::cerr << "translate: " << overlong << " input line(s) over " << text::kHardLineCap
+              << " bytes were not translated (empty output lines)\n";
+  if (truncated)
+    std::cerr << "translate: " << truncated << " input line(s) longer than the model's max_len ("
+              << lr.model->cfg.max_len << " tokens) were truncated\n";
   if (!attention.empty()) {
     if (lines.empty()) throw std::runtime_error("--attention: no input sentence");
     auto a = tr::cross_attention(*lr.model, *lr.tok, lines[0], hyps[0]);
@@ -70,9 +84,17 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   auto r = tr::evaluate(*lr.model, *lr.tok, pairs, beam);
   std::printf("%s\n", r.bleu.str().c_str());
   std::printf("signature: %s\n", r.bleu.signature.c_str());
-  std::printf("decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",
-              beam > 1 ? ("beam " + std::to_string(beam)).c_str() : "greedy", 100 * r.forced.acc,
-              r.forced.ppl, (long long)r.forced.tokens);
+  const std::string decoding = beam > 1 ? "beam " + std::to_string(beam) : "greedy";
+  if (r.forced.tokens > 0)
+    std::printf("decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",
+                decoding.c_str(), 100 * r.forced.acc, r.forced.ppl, (long long)r.forced.tokens);
+  else
+    std::printf("decoding: %s; no teacher-forced metrics: no pair fits the model's max_len\n", decoding.c_str());
+  if (r.forced_dropped)
+    std::printf("%zu pair(s) longer than the model's max_len (%lld tokens) left out of the teacher-forced metrics\n",
+                r.forced_dropped, (long long)lr.model->cfg.max_len);
+  if (r.truncated)
+    std::printf("%zu source(s) longer than max_len truncated for decoding\n", r.truncated);
   for (int i = 0; i < samples && i < (int)pairs.size(); ++i)
     std::printf("\nSRC: %s\nREF: %s\nHYP: %s\n", pairs[i].src.c_str(), pairs[i].tgt.c_str(), r.hyps[i].c_str());
   return 0;
@@ -89,37 +111,47 @@ int main(int argc, char** argv) {
   uint64_t g_seed = 1;
   size_t g_train = 50000, g_valid = 1000, g_test = 1000;
   gen->add_option("--out", g_out, "output directory")->required();
-  gen->add_option("--seed", g_seed, "generator seed");
-  gen->add_option("--train", g_train, "training pairs");
-  gen->add_option("--valid", g_valid, "validation pairs");
-  gen->add_option("--test", g_test, "test pairs");
+  gen->add_option("--seed", g_seed, "generator seed")
+      ->check(cli::seed_range());
+  gen->add_option("--train", g_train, "training pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  gen->add_option("--valid", g_valid, "validation pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  gen->add_option("--test", g_test, "test pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
 
   auto* trn = app.add_subcommand("train", "train (or --resume) a model into a run directory");
   tr::TrainOptions o;
   trn->add_option("--data", o.data_dir, "directory with train.tsv and valid.tsv")->required();
   trn->add_option("--out", o.run_dir, "run directory")->required();
   trn->add_option("--preset", o.preset, "model preset (tiny, small, base, big)");
-  auto* steps = trn->add_option("--steps", o.steps, "training steps");
-  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget (total over resumes)");
-  trn->add_option("--batch-tokens", o.batch_tokens, "padded target tokens per batch");
-  trn->add_option("--lr-factor", o.lr_factor, "Noam schedule factor");
-  trn->add_option("--warmup", o.warmup, "Noam warmup steps");
-  trn->add_option("--lr", o.lr, "constant learning rate (replaces the Noam schedule)");
-  trn->add_option("--label-smoothing", o.label_smoothing, "label smoothing epsilon");
-  trn->add_option("--dropout", o.dropout, "dropout probability");
+  auto* steps = trn->add_option("--steps", o.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget (total over resumes)")
+                      ->check(CLI::Range(0.01, 1e6));
+  trn->add_option("--batch-tokens", o.batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  trn->add_option("--lr-factor", o.lr_factor, "Noam schedule factor")->check(CLI::Range(1e-6, 1e3));
+  trn->add_option("--warmup", o.warmup, "Noam warmup steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  trn->add_option("--lr", o.lr, "constant learning rate (replaces the Noam schedule)")->check(CLI::Range(0.0, 10.0));
+  trn->add_option("--label-smoothing", o.label_smoothing, "label smoothing epsilon")->check(CLI::Range(0.0, 0.99));
+  trn->add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
   trn->add_flag("--pre-ln", o.pre_ln, "pre-LayerNorm blocks (default post-LN)");
   trn->add_option("--positions", o.positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   trn->add_option("--attention-dropout", o.attention_dropout, "dropout on the attention probabilities")
       ->check(CLI::Range(0.0, 0.99));
-  trn->add_option("--vocab", o.vocab, "SentencePiece vocabulary size");
-  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps");
-  trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps");
-  trn->add_option("--seed", o.seed, "seed for initialisation, dropout and batch order");
+  trn->add_option("--vocab", o.vocab, "SentencePiece vocabulary size")->check(CLI::Range(8, 1 << 20));
+  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  trn->add_option("--seed", o.seed, "seed for initialisation, dropout and batch order")
+      ->check(cli::seed_range());
   trn->add_option("--patience", o.patience,
                   "early stopping: stop after N validations without a better valid BLEU (0: off)")
       ->check(CLI::NonNegativeNumber);
+  trn->add_option("--min-delta", o.min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
+      ->check(CLI::NonNegativeNumber);
   trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
+  bool detect_anomaly = false;
+  trn->add_flag("--detect-anomaly", detect_anomaly,
+                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
   steps->excludes(minutes);
   minutes->excludes(steps);
 
@@ -133,8 +165,10 @@ int main(int argc, char** argv) {
   tl->add_option("--temperature", t_opt.sampling.temperature, "sampling temperature (> 0)");
   tl->add_option("--top-k", t_opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
   tl->add_option("--top-p", t_opt.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
-  tl->add_option("--seed", t_opt.seed, "sampling seed (same seed, same output)");
-  tl->add_option("--max-len", t_max, "maximum output pieces (default 2 * source + 10)");
+  tl->add_option("--seed", t_opt.seed, "sampling seed (same seed, same output)")
+      ->check(cli::seed_range());
+  tl->add_option("--max-len", t_max, "maximum output pieces (default 2 * source + 10)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   tl->add_option("--attention", t_att, "PNG heatmap of the first sentence's cross-attention");
 
   auto* ev = app.add_subcommand("evaluate", "BLEU, token accuracy and perplexity on a TSV file");
@@ -143,9 +177,10 @@ int main(int argc, char** argv) {
   ev->add_option("--run", e_run, "run directory")->required();
   ev->add_option("--data", e_data, "source<TAB>reference file")->required();
   ev->add_option("--beam", e_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  ev->add_option("--samples", e_samples, "sample translations to print");
+  ev->add_option("--samples", e_samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
     if (*trn) {

@@ -16,6 +16,7 @@
 
 #include "autograd/tape.h"
 #include "examples/common/curves.h"
+#include "models/config_json.h"
 #include "nn/checkpoint.h"
 #include "nn/optim.h"
 #include "nn/trainer.h"
@@ -151,26 +152,31 @@ ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& b
 
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines, int beam,
-                                         int64_t max_len) {
+                                         int64_t max_len, size_t* truncated) {
   models::DecodeOptions o;
   o.beam = beam;
-  return translate_lines(m, tok, lines, o, max_len);
+  return translate_lines(m, tok, lines, o, max_len, truncated);
 }
 
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines,
-                                         const models::DecodeOptions& opts, int64_t max_len) {
+                                         const models::DecodeOptions& opts, int64_t max_len,
+                                         size_t* truncated) {
   models::check_decode_options(opts);
   const int beam = opts.beam;
   nn::EvalScope es(m);
   std::vector<std::vector<int64_t>> enc(lines.size());
+  std::vector<size_t> order;  // the lines to decode: an empty one translates to an empty line
+  if (truncated) *truncated = 0;
   for (size_t i = 0; i < lines.size(); ++i) {
     auto v = tok.encode(lines[i]);
     enc[i].assign(v.begin(), v.end());
-    if ((int64_t)enc[i].size() > m.cfg.max_len) enc[i].resize(m.cfg.max_len);
+    if ((int64_t)enc[i].size() > m.cfg.max_len) {
+      enc[i].resize(m.cfg.max_len);
+      if (truncated) ++*truncated;
+    }
+    if (!enc[i].empty()) order.push_back(i);
   }
-  std::vector<size_t> order(lines.size());
-  std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return enc[a].size() < enc[b].size(); });
   std::vector<std::string> out(lines.size());
   // Beams multiply the rows, so the chunk shrinks to keep the decoder's working set similar.
@@ -199,13 +205,13 @@ std::vector<std::string> translate_lines(models::Transformer& m, const text::Tok
 EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,
                     const std::vector<text::Pair>& pairs, int beam, int64_t batch_tokens) {
   EvalResult r;
-  r.forced = teacher_forced(m, make_batches(encode_pairs(tok, pairs), batch_tokens, m.cfg.max_len));
+  r.forced = teacher_forced(m, make_batches(encode_pairs(tok, pairs), batch_tokens, m.cfg.max_len, &r.forced_dropped));
   std::vector<std::string> srcs, refs;
   for (auto& p : pairs) {
     srcs.push_back(p.src);
     refs.push_back(p.tgt);
   }
-  r.hyps = translate_lines(m, tok, srcs, beam);
+  r.hyps = translate_lines(m, tok, srcs, beam, 0, &r.truncated);
   r.bleu = text::corpus_bleu(r.hyps, refs);
   return r;
 }
@@ -239,23 +245,35 @@ Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
 // ---------------------------------------------------------------------------------------------
 // Checkpoints.
 
-void save_model(const models::Transformer& m, const std::string& path, int64_t step) {
-  nn::save_weights(m.state_dict(), path, step, "graft-transformer");
+void save_model(const models::Transformer& m, const std::string& path, int64_t step,
+                const std::vector<std::string>& tied_files) {
+  nn::save_weights(m.state_dict(), path, step, "graft-transformer", tied_files);
 }
 
 void load_model(models::Transformer& m, const std::string& path) {
   m.load_state_dict(nn::load_weights(path, "load_model"));
 }
 
+std::vector<std::string> tied_files(const std::string& run_dir) {
+  return {run_dir + "/config.json", run_dir + "/spm.model"};
+}
+
 LoadedRun load_run(const std::string& run_dir) {
   LoadedRun r;
-  r.config = nn::load_json(run_dir + "/config.json");
-  if (!r.config.contains("model"))
-    fail("load_run: '" + run_dir + "/config.json' has no \"model\" section");
+  const std::string cfg_path = run_dir + "/config.json", weights_path = run_dir + "/model.safetensors";
+  r.config = nn::load_json(cfg_path);
+  if (!r.config.is_object() || !r.config.contains("model"))
+    fail("load_run: '" + cfg_path + "' has no \"model\" section");
+  auto cfg = models::TransformerConfig::from_json(r.config["model"], cfg_path);
+  // The weights (whose size the file bounds) first, tied to this config and tokenizer, and
+  // matched against the config's sizes: only then is anything built.
+  auto weights = models::load_run_weights(cfg, cfg_path, weights_path, tied_files(run_dir));
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
-  auto cfg = models::TransformerConfig::from_json(r.config["model"], run_dir + "/config.json");
+  if (r.tok->vocab_size() != cfg.vocab)
+    fail("load_run: '" + run_dir + "/spm.model' has " + std::to_string(r.tok->vocab_size()) + " pieces but '" +
+         cfg_path + "' says vocab " + std::to_string(cfg.vocab));
   r.model = std::make_unique<models::Transformer>(cfg);
-  load_model(*r.model, run_dir + "/model.safetensors");
+  r.model->load_state_dict(weights);
   r.model->eval();
   return r;
 }
@@ -290,6 +308,21 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   return c;
 }
 
+// Every option that is not the loop's, before any data is read: the error names the option.
+void check_train_options(const TrainOptions& o) {
+  auto bad = [](const std::string& m) { fail("train: " + m); };
+  if (o.batch_tokens < 1 || o.batch_tokens > (int64_t(1) << 30)) bad("--batch-tokens must be in [1, 2^30]");
+  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) bad("--label-smoothing must be in [0, 1)");
+  if (!(o.dropout >= 0 && o.dropout < 1)) bad("--dropout must be in [0, 1)");
+  if (!(o.attention_dropout >= 0 && o.attention_dropout < 1)) bad("--attention-dropout must be in [0, 1)");
+  if (o.vocab < 8 || o.vocab > (1 << 20)) bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
+  if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
+  for (auto [name, v] : {std::pair{"--d-model", o.d_model}, {"--heads", o.heads}, {"--d-ff", o.d_ff}, {"--layers", o.layers}})
+    if (v < 0 || v > (int64_t(1) << 24)) bad(std::string(name) + " must be in [0, 2^24] (0: the preset's)");
+  if (o.layers > 1024) bad("--layers must be <= 1024");
+  (void)models::preset(o.preset, 8);  // an unknown preset names the known ones
+}
+
 std::string batches_fingerprint(const std::vector<Batch>& batches) {
   nn::NamedTensors t;
   for (auto& b : batches) t.emplace_back("", b.tgt_out), t.emplace_back("", b.src);
@@ -316,7 +349,7 @@ TrainResult train(const TrainOptions& opts) {
       o.label_smoothing = t.at("label_smoothing").get<double>();
       o.seed = t.at("seed").get<uint64_t>();
     } catch (const nlohmann::json::exception& e) {
-      fail("resume: '" + o.run_dir + "/config.json': bad \"train\" section: " + e.what());
+      fail("resume: '" + o.run_dir + "/config.json': bad \"train\" section: " + nn::json_message(e));
     }
   }
   const std::string run = o.run_dir;
@@ -324,8 +357,16 @@ TrainResult train(const TrainOptions& opts) {
   lo.run_dir = run;
   lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
   nn::check_loop_options(lo);
+  check_train_options(o);
+  models::TransformerConfig cfg;
+  if (o.resume) {
+    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
+    models::check_config_memory(cfg, o.run_dir + "/config.json");
+  } else {
+    models::check_config_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
+  }
   fs::create_directories(run);
   auto say = [&](const std::string& s) {
     if (!o.quiet) std::cerr << s << std::endl;
@@ -337,6 +378,7 @@ TrainResult train(const TrainOptions& opts) {
   say("train.tsv: " + st_train.summary());
   say("valid.tsv: " + st_valid.summary());
   if (train_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/train.tsv'");
+  if (valid_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/valid.tsv'");
 
   const std::string spm = run + "/spm.model";
   if (!(o.resume && fs::exists(spm))) {
@@ -354,10 +396,7 @@ TrainResult train(const TrainOptions& opts) {
   }
   text::Tokenizer tok(spm);
 
-  models::TransformerConfig cfg;
-  if (o.resume) {
-    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
-  } else {
+  if (!o.resume) {
     cfg = make_config(o, tok.vocab_size());
     nn::save_json(run + "/config.json", {{"model", cfg.to_json()}, {"train", o.to_json()}});
   }
@@ -366,8 +405,17 @@ TrainResult train(const TrainOptions& opts) {
 
   size_t dropped = 0;
   auto batches = make_batches(encode_pairs(tok, train_pairs), o.batch_tokens, cfg.max_len, &dropped);
-  auto valid_batches = make_batches(encode_pairs(tok, valid_pairs), o.batch_tokens, cfg.max_len);
-  if (dropped) say("dropped " + std::to_string(dropped) + " training pairs longer than the model's max_len");
+  size_t valid_dropped = 0;
+  auto valid_batches = make_batches(encode_pairs(tok, valid_pairs), o.batch_tokens, cfg.max_len, &valid_dropped);
+  const std::string limit = " (" + std::to_string(cfg.max_len - 1) + " tokens a side, the model's max_len - 1)";
+  if (batches.empty())
+    fail("train: none of the " + std::to_string(train_pairs.size()) + " pairs of '" + o.data_dir +
+         "/train.tsv' fits the model" + limit);
+  if (valid_batches.empty())
+    fail("train: none of the " + std::to_string(valid_pairs.size()) + " pairs of '" + o.data_dir +
+         "/valid.tsv' fits the model" + limit + ": nothing to validate on");
+  if (dropped) say("dropped " + std::to_string(dropped) + " training pairs longer than" + limit);
+  if (valid_dropped) say("dropped " + std::to_string(valid_dropped) + " validation pairs longer than" + limit);
   std::vector<std::string> bleu_src, bleu_ref;
   for (size_t i = 0; i < valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
     bleu_src.push_back(valid_pairs[i].src), bleu_ref.push_back(valid_pairs[i].tgt);
@@ -400,7 +448,7 @@ TrainResult train(const TrainOptions& opts) {
   task.generators = {&model.dropout_gen};
   task.data_fingerprint = batches_fingerprint(batches);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    save_model(model, run + "/model.safetensors", step);
+    save_model(model, run + "/model.safetensors", step, tied_files(run));
     if (o.plot) plot::learning_curves(run + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
   };
   lo.d_model = cfg.d_model;

@@ -14,6 +14,7 @@
 //   metrics.csv, curves.png   the learning curves
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -73,6 +74,7 @@ struct TrainOptions {
   int64_t log_every = 100;   // metrics.csv row / non-TTY progress line interval
   int64_t bleu_sentences = 200;
   int64_t patience = 0;      // early stopping: validations without a better valid BLEU (0: off)
+  double min_delta = 0;      // early stopping: a better BLEU must beat the best by more than this
   uint64_t seed = 1;
   // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
   // come from its config.json; steps, minutes and the reporting options still come from here.
@@ -105,24 +107,30 @@ TrainResult train(const TrainOptions& opts);
 
 // ---- evaluation and decoding ----
 
-// Teacher-forced loss (unsmoothed NLL per target token), token accuracy and perplexity.
+// Teacher-forced loss (unsmoothed NLL per target token), token accuracy and perplexity; NaN
+// when there were no tokens (say so rather than print 0).
 struct ForcedMetrics {
-  double loss = 0, ppl = 0, acc = 0;
+  double loss = NAN, ppl = NAN, acc = NAN;
   int64_t tokens = 0;
 };
 ForcedMetrics teacher_forced(models::Transformer& m, const std::vector<Batch>& batches);
 
 // Translates sentences in length-sorted chunks; output order matches the input. o says greedy,
-// beam or sampling; its max_len is replaced by max_len (0: 2 * source length + 10).
+// beam or sampling; its max_len is replaced by max_len (0: 2 * source length + 10). An empty or
+// whitespace-only line gives an empty line; a source longer than the model's max_len is cut to
+// it and counted in *truncated.
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines,
-                                         const models::DecodeOptions& o, int64_t max_len = 0);
+                                         const models::DecodeOptions& o, int64_t max_len = 0,
+                                         size_t* truncated = nullptr);
 std::vector<std::string> translate_lines(models::Transformer& m, const text::Tokenizer& tok,
                                          const std::vector<std::string>& lines, int beam = 1,
-                                         int64_t max_len = 0);
+                                         int64_t max_len = 0, size_t* truncated = nullptr);
 
 struct EvalResult {
   ForcedMetrics forced;
+  size_t forced_dropped = 0;  // pairs longer than max_len, left out of the teacher-forced metrics
+  size_t truncated = 0;       // sources longer than max_len, cut to it for decoding
   text::BleuResult bleu;
   std::vector<std::string> hyps;
 };
@@ -146,11 +154,15 @@ struct LoadedRun {
   std::unique_ptr<text::Tokenizer> tok;
   nlohmann::json config;
 };
-// config.json + spm.model + model.safetensors (checksum-verified), model in eval mode.
+// config.json + spm.model + model.safetensors, model in eval mode. The weights' checksum and
+// their fingerprints of config.json and spm.model are verified, and the config's sizes matched
+// against the weights file, before the model is built; errors name the file.
 LoadedRun load_run(const std::string& run_dir);
 
-// The weights with a checksum in the metadata, written atomically.
-void save_model(const models::Transformer& m, const std::string& path, int64_t step);
+// The weights with a checksum (and the fingerprints of tied_files) in the metadata, written
+// atomically.
+void save_model(const models::Transformer& m, const std::string& path, int64_t step,
+                const std::vector<std::string>& tied_files = {});
 // Verifies the checksum; throws "load_model: '<path>': ..." on any problem.
 void load_model(models::Transformer& m, const std::string& path);
 

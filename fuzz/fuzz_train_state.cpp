@@ -1,0 +1,108 @@
+// Fuzz target: the train state's metadata, the part of a checkpoint --resume trusts most (step,
+// epoch, batch order and position, generator states, optimizer state). The input is the trainer
+// JSON, a NUL byte, the optimizer JSON; the target wraps them in an otherwise genuine state
+// file with correct checksums, so the fuzzer reaches the validation behind them, and resumes a
+// toy run from it. Resuming must either continue or throw graft::Error.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "fuzz/fuzz_util.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "nn/trainer.h"
+#include "ops/ops.h"
+
+using namespace graft;
+namespace fs = std::filesystem;
+
+namespace {
+
+// y = 2x + 1, a Linear(1, 1), 4 batches of 4 points.
+struct Toy {
+  nn::Linear model{1, 1, true, DType::f64, default_generator()};
+  std::vector<Tensor> xs, ys;
+  nn::TrainTask task;
+  Toy() {
+    Generator g(1);
+    for (int b = 0; b < 4; ++b) {
+      xs.push_back(rand({4, 1}, DType::f64, g, -1, 1));
+      ys.push_back(affine(xs.back(), 2.0, 1.0));
+    }
+    task.model = &model;
+    task.batches = 4;
+    task.loss = [this](int64_t i) {
+      Tensor d = sub(model.forward(xs[i]), ys[i]);
+      return mean(mul(d, d));
+    };
+    task.tokens = [](int64_t) { return int64_t(4); };
+    task.metric_names = {"mse"};
+    task.validate = [this]() -> std::map<std::string, double> { return {{"mse", task.loss(0).item()}}; };
+    task.stop_metric = "mse";
+  }
+};
+
+nn::LoopOptions options(const std::string& dir, bool resume) {
+  nn::LoopOptions o;
+  o.run_dir = dir;
+  o.steps = 6;
+  o.lr = 0.05;
+  o.valid_every = 3;
+  o.log_every = 3;
+  o.patience = 2;
+  o.quiet = true;
+  o.resume = resume;
+  return o;
+}
+
+std::string run_dir() {
+  const char* shm = "/dev/shm";  // fsync is free there; every execution writes a state
+  const fs::path base = fs::is_directory(shm) ? fs::path(shm) : fs::temp_directory_path();
+  return (base / ("graft_fuzz_state_" + std::to_string(::getpid()))).string();
+}
+
+// A genuine state after 3 steps, made once.
+const nn::SafetensorsFile& genuine() {
+  static const nn::SafetensorsFile f = [] {
+    const std::string dir = run_dir() + "_seed";
+    fs::create_directories(dir);
+    fuzz::remove_at_exit(dir);
+    fuzz::remove_at_exit(run_dir());
+    Toy t;
+    nn::LoopOptions o = options(dir, false);
+    o.steps = 3;
+    nn::train_loop(t.task, o);
+    return nn::load_safetensors(dir + "/train_state.safetensors");
+  }();
+  return f;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  const size_t cut = in.find('\0');
+  const std::string trainer = in.substr(0, cut);
+  const std::string optimizer = cut == std::string::npos ? genuine().metadata.at("optimizer") : in.substr(cut + 1);
+  std::map<std::string, std::string> meta = genuine().metadata;
+  meta["trainer"] = trainer;
+  meta["optimizer"] = optimizer;
+  meta["metadata_checksum"] = nn::text_checksum(trainer + '\n' + optimizer);
+  const std::string dir = run_dir();
+  fs::create_directories(dir);
+  try {
+    nn::save_safetensors(dir + "/train_state.safetensors", genuine().tensors, meta);
+  } catch (const Error&) {
+    return 0;  // metadata that is not UTF-8 cannot be written
+  }
+  Toy t;
+  try {
+    const nn::LoopResult r = nn::train_loop(t.task, options(dir, true));
+    if (r.last_step < r.first_step) __builtin_trap();
+  } catch (const Error&) {
+  }
+  return 0;
+}
