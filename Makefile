@@ -2,7 +2,7 @@
 # Each target installs missing Debian packages, configures, builds with both cores and runs.
 BUILD ?= build
 JOBS ?= 2
-DEPS = cmake g++ make ccache pkg-config libdnnl-dev libboost-test-dev libsentencepiece-dev \
+DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev libsentencepiece-dev \
        nlohmann-json3-dev libcli11-dev libcairo2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -1,6 +1,7 @@
 #include "nn/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -457,6 +458,21 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
   ::close(dfd);
   // Some filesystems cannot fsync a directory and say EINVAL; the data itself is durable.
   if (r != 0 && err != EINVAL) io_fail(path, "written, but fsync of its directory failed", err);
+}
+
+int remove_stale_temp_files(const std::string& dir) {
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at + 5 >= name.size()) continue;
+    const std::string pid = name.substr(at + 5);
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
+    if (fs::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 void save_json(const std::string& path, const nlohmann::json& j) {

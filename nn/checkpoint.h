@@ -50,6 +50,10 @@ SafetensorsFile load_safetensors(const std::string& path);
 // process must not write the same path at the same time.
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer);
 
+// Removes the temp files atomic_write left in dir when its process was killed mid-save
+// ("<name>.tmp.<pid>" of a pid no longer running); returns how many.
+int remove_stale_temp_files(const std::string& dir);
+
 // A hash over every tensor's name, shape and bytes, as 16 hex digits: safetensors carries no
 // checksum of its own, so flipped bits in the data section would otherwise load silently.
 // Checkpoints store it in their metadata and verify it on load.

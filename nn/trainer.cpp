@@ -445,6 +445,7 @@ std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   check_task(task, o);
   fs::create_directories(o.run_dir);
+  remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
   return Loop(task, o).run();
 }
 

@@ -1,6 +1,9 @@
 #include <boost/test/unit_test.hpp>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cmath>
@@ -542,6 +545,33 @@ BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
   nn::save_weights(sd, w, 3, "test");  // no fingerprints
   BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg}), Error,
                         [&](const Error& e) { return std::string(e.what()).find("carries no fingerprint of") != std::string::npos; });
+}
+
+// A write that runs out of space (here: a file-size limit, which fails writes like a full disk
+// does) fails with an error naming the file, keeps the previous file whole and leaves no temp.
+BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
+  TempDir td;
+  const std::string path = td.file("w.safetensors");
+  nn::save_safetensors(path, {{"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}});
+  const std::string before = read_bytes(path);
+  rlimit old{};
+  BOOST_REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* prev = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  BOOST_REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string msg;
+  try {
+    nn::save_safetensors(path, {{"w", zeros({1 << 18})}});
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, prev);
+  BOOST_TEST(msg.find("atomic_write: '" + path + "'") != std::string::npos, msg);
+  BOOST_TEST(msg.find("File too large") != std::string::npos, msg);
+  BOOST_TEST(read_bytes(path) == before);
+  BOOST_TEST(td.listing() == std::vector<std::string>{"w.safetensors"});
 }
 
 BOOST_AUTO_TEST_SUITE_END()

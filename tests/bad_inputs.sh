@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Bad inputs, as a new user and a hostile file would give them, against the three programs: each
+# must end with the expected exit code (2 for a usage or input error, never a signal) and one
+# clear line on stderr containing the expected words. A ctest test (bad_inputs) runs it; with
+# --markdown it prints the README's table of inputs and the exact messages.
+#   tests/bad_inputs.sh BUILD_DIR [--markdown]
+set -uo pipefail
+BUILD=$(cd "$1" && pwd)
+MARKDOWN=${2:-}
+T=$BUILD/examples/translation/translate
+LM=$BUILD/examples/lm/lm
+CL=$BUILD/examples/classify/classify
+W=$(mktemp -d /tmp/graft_bad_inputs.XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+failures=0
+
+# case KIND DESCRIPTION EXPECTED_RC EXPECTED_WORDS -- COMMAND...  (stdin from $STDIN if set)
+case_() {
+  local kind=$1 what=$2 want_rc=$3 want=$4
+  shift 5
+  local out err rc
+  if [[ -n ${STDIN:-} ]]; then
+    "$@" <"$STDIN" >"$W/out" 2>"$W/err"
+  else
+    "$@" </dev/null >"$W/out" 2>"$W/err"
+  fi
+  rc=$?
+  err=$(grep -v '^\(train.tsv\|valid.tsv\|trained SentencePiece\|model:\|step \)' "$W/err" | tail -n 1)
+  [[ -z $err ]] && err=$(head -c 200 "$W/out" | tr '\n' '|')
+  if [[ -n $MARKDOWN ]]; then
+    printf '| %s | %s | %s | `%s` |\n' "$kind" "$what" "$rc" "${err//|/\\|}"
+  fi
+  if [[ $rc -ne $want_rc || $err != *"$want"* ]]; then
+    echo "FAIL: $kind / $what: exit $rc (want $want_rc), message: $err (want: $want)" >&2
+    failures=$((failures + 1))
+  fi
+}
+
+# A small corpus and a trained run to damage copies of.
+"$T" generate-data --out "$W/data" --seed 1 --train 300 --valid 30 --test 10 >/dev/null
+"$T" train --data "$W/data" --out "$W/run" --steps 2 --vocab 100 --valid-every 2 >/dev/null 2>&1 ||
+  { echo "bad_inputs: could not train the reference run" >&2; exit 1; }
+fresh() { rm -rf "$W/r" && cp -r "$W/run" "$W/r"; }
+[[ -n $MARKDOWN ]] && printf '| kind | input | exit | message |\n|---|---|---:|---|\n'
+
+D=$W/data
+case_ CLI "no subcommand" 2 "a subcommand is required" -- "$T"
+case_ CLI "unknown subcommand \`translate trian\`" 2 "unknown subcommand 'trian'" -- "$T" trian
+case_ CLI "\`--seed -1\`" 2 "--seed: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --seed -1
+case_ CLI "\`--steps 99999999999999999999\`" 2 "--steps: Value" -- "$T" train --data "$D" --out "$W/x" --steps 99999999999999999999
+case_ CLI "\`--lr nan\`" 2 "--lr must be a finite number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr nan
+case_ CLI "\`--lr -1\`" 2 "--lr: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr -1
+case_ CLI "\`--minutes nan\`" 2 "--minutes" -- "$T" train --data "$D" --out "$W/x" --minutes nan
+case_ CLI "\`--vocab 2147483000\`" 2 "--vocab: Value 2147483000 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --vocab 2147483000
+case_ CLI "\`--preset huge\`" 2 "unknown preset 'huge'" -- "$T" train --data "$D" --out "$W/x" --steps 5 --preset huge
+case_ CLI "\`--positions absolute\`" 2 "--positions" -- "$T" train --data "$D" --out "$W/x" --steps 5 --positions absolute
+case_ CLI "\`--beam 0\`" 2 "--beam: Value 0 not in range" -- "$T" translate --run "$W/run" --beam 0
+case_ CLI "\`--temperature 0\` when sampling" 2 "temperature" -- "$T" translate --run "$W/run" --sample --temperature 0
+case_ CLI "lm \`--max-new -3\`" 2 "--max-new" -- "$LM" generate --run "$W/nothing" --max-new -3
+case_ CLI "classify, a run that does not exist" 2 "load_json: '$W/nothing/config.json': cannot open" -- "$CL" evaluate --run "$W/nothing" --data "$D/test.tsv"
+
+mkdir -p "$W/empty" && : >"$W/empty/train.tsv" && : >"$W/empty/valid.tsv"
+case_ corpus "no such directory" 2 "read_tsv: cannot open '$W/none/train.tsv'" -- "$T" train --data "$W/none" --out "$W/x" --steps 5
+case_ corpus "empty train.tsv" 2 "no usable sentence pairs in '$W/empty/train.tsv'" -- "$T" train --data "$W/empty" --out "$W/x" --steps 5
+mkdir -p "$W/long"
+python3 - "$W/long" <<'EOF'
+import random, sys
+random.seed(1)
+for split in ("train", "valid"):
+    with open(f"{sys.argv[1]}/{split}.tsv", "w") as f:
+        for _ in range(40):
+            a = "".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(450))
+            b = "".join(random.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(450))
+            f.write(f"{a}\t{b}\n")
+EOF
+case_ corpus "every pair longer than the model's max_len" 2 "fits the model (255 tokens a side" -- "$T" train --data "$W/long" --out "$W/x" --steps 5 --vocab 40
+mkdir -p "$W/bin" && head -c 3000000 /dev/urandom | tr -d '\n' >"$W/bin/train.tsv" && cp "$W/bin/train.tsv" "$W/bin/valid.tsv"
+case_ corpus "3 MB of random bytes, no newline" 2 "no usable sentence pairs" -- "$T" train --data "$W/bin" --out "$W/x" --steps 5
+
+fresh; head -c 1000 "$W/run/model.safetensors" >"$W/r/model.safetensors"
+case_ checkpoint "model.safetensors truncated" 2 "is larger than the" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; python3 -c "
+import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[-5]^=1; open(p,'wb').write(b)" "$W/r/model.safetensors"
+case_ checkpoint "one flipped bit in the tensor data" 2 "checksum mismatch" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; python3 -c "
+import struct,sys; h=b'['*100000+b']'*100000; open(sys.argv[1],'wb').write(struct.pack('<Q',len(h))+h)" "$W/r/model.safetensors"
+case_ checkpoint "header nested 100,000 levels deep" 2 "nested more than 3 levels deep" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; python3 -c "
+import struct,sys; open(sys.argv[1],'wb').write(struct.pack('<Q',2**62)+b'{}')" "$W/r/model.safetensors"
+case_ checkpoint "header length 2^62" 2 "exceeds the limit" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; head -c 3000 "$W/run/train_state.safetensors" >"$W/r/train_state.safetensors"
+case_ checkpoint "train_state.safetensors truncated, --resume" 2 "truncated or corrupted" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; rm "$W/r/train_state.safetensors"
+case_ checkpoint "--resume without a train state" 2 "nothing to resume" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+
+fresh; sed -i 's/"heads": 4/"heads": 8/' "$W/r/config.json"
+case_ config "heads edited in config.json" 2 "config.json' does not match the weights" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; sed -i 's/"enc_layers": 2/"enc_layers": 1000000000/' "$W/r/config.json"
+case_ config "enc_layers 10^9, --resume" 2 "field \"enc_layers\" must be in [1, 1024]" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"d_ff": 512/"d_ff": 16000000/' "$W/r/config.json"
+case_ config "d_ff 1.6·10^7 (8·10^9 parameters), --resume" 2 "the config describes a model of" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"eos_id": 3/"eos_id": 99999/' "$W/r/config.json"
+case_ config "eos_id outside the vocabulary, --resume" 2 "field \"eos_id\" must be a token id" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"d_ff": 512/"d_ff": 512.5/' "$W/r/config.json"
+case_ config "a size that is not an integer, --resume" 2 "field \"d_ff\" must be an integer, got 512.5" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"dtype": "float32"/"dtype": "float16"/' "$W/r/config.json"
+case_ config "dtype float16, --resume" 2 "field \"dtype\" must be float32 or float64" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; printf '{"model": {' >"$W/r/config.json"
+case_ config "config.json cut short" 2 "config.json': parse error at line 1" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; python3 -c "import sys; open(sys.argv[1],'w').write('['*100+']'*100)" "$W/r/config.json"
+case_ config "config.json nested 100 levels" 2 "nested more than 32 levels" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+
+"$T" train --data "$D" --out "$W/other" --steps 2 --vocab 90 --seed 2 >/dev/null 2>&1
+fresh; cp "$W/other/spm.model" "$W/r/spm.model"
+case_ tokenizer "spm.model of another run" 2 "spm.model' does not match the weights" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+
+printf '\n   \nthe dog runs .\n' >"$W/stdin"
+STDIN=$W/stdin case_ input "empty and blank lines on stdin" 0 "||" -- "$T" translate --run "$W/run"
+python3 -c "import sys; open(sys.argv[1],'w').write('the dog '*150000+'\n')" "$W/stdin"
+STDIN=$W/stdin case_ input "a 1.2 MB line on stdin" 0 "over 1048576 bytes were not translated" -- "$T" translate --run "$W/run"
+python3 -c "import sys; open(sys.argv[1],'w').write('the dog '*400+'\n')" "$W/stdin"
+STDIN=$W/stdin case_ input "a line longer than max_len" 0 "were truncated" -- "$T" translate --run "$W/run"
+
+case_ lm "a text file that does not exist" 2 "cannot read '$W/none.txt'" -- "$LM" train --out "$W/lm" --text "$W/none.txt" --steps 2
+printf 'one paragraph only\n' >"$W/one.txt"
+case_ lm "a text with one document" 2 "need at least 2 documents" -- "$LM" train --out "$W/lm" --text "$W/one.txt" --steps 2
+head -c 5000 /dev/urandom >"$W/bin.txt"
+case_ lm "a binary file as text" 2 "is not UTF-8 text" -- "$LM" train --out "$W/lm" --text "$W/bin.txt" --steps 2
+mkdir -p "$W/tsv" && printf 'en\thello there\nno tab here\n' >"$W/tsv/train.tsv" && cp "$W/tsv/train.tsv" "$W/tsv/valid.tsv"
+case_ classify "a TSV line without a tab" 2 "train.tsv' line 2: expected label<TAB>text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
+printf 'en\thello \xff\xfe there\n' >"$W/tsv/train.tsv"
+case_ classify "a TSV line that is not UTF-8" 2 "line 1: not UTF-8 text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
+
+if [[ $failures -gt 0 ]]; then
+  echo "bad_inputs: $failures case(s) failed" >&2
+  exit 1
+fi
+[[ -z $MARKDOWN ]] && echo "bad_inputs: every case gave its expected exit code and message"
+exit 0
