@@ -44,6 +44,20 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+namespace {
+
+// C1 controls (U+0080..U+009F: terminal escape introducers) and the bidirectional overrides and
+// isolates (U+202A..U+202E, U+2066..U+2069), which would reorder what a reader sees.
+bool invisible_control(std::string_view s, size_t i, size_t len) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + i;
+  if (len == 2) return p[0] == 0xC2 && p[1] < 0xA0;
+  if (len == 3 && p[0] == 0xE2 && p[1] == 0x80) return p[2] >= 0xAA && p[2] <= 0xAE;
+  if (len == 3 && p[0] == 0xE2 && p[1] == 0x81) return p[2] >= 0xA6 && p[2] <= 0xA9;
+  return false;
+}
+
+}  // namespace
+
 std::string printable(std::string_view s, size_t max_bytes) {
   std::string out;
   for (size_t i = 0; i < s.size();) {
@@ -53,7 +67,7 @@ std::string printable(std::string_view s, size_t max_bytes) {
     }
     const unsigned char b = (unsigned char)s[i];
     const size_t len = utf8_sequence_length(s, i);
-    if (len > 1 || (len == 1 && b >= 0x20 && b != 0x7F && b != '\\')) {
+    if ((len > 1 && !invisible_control(s, i, len)) || (len == 1 && b >= 0x20 && b != 0x7F && b != '\\')) {
       out.append(s.substr(i, len));
       i += len;
       continue;

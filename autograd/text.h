@@ -14,8 +14,9 @@ bool valid_utf8(std::string_view s);
 // The length of the well-formed UTF-8 sequence starting at s[i] (1 to 4), 0 if there is none.
 size_t utf8_sequence_length(std::string_view s, size_t i);
 
-// s for an error message: well-formed UTF-8 kept, control characters, DEL, backslashes and
-// invalid bytes written as \xNN (\\ for a backslash), cut after max_bytes with "...".
+// s for an error message: well-formed UTF-8 kept; control characters (C0, DEL, C1), the
+// bidirectional overrides, backslashes and invalid bytes written as \xNN per byte (\\ for a
+// backslash); cut after max_bytes with "...".
 std::string printable(std::string_view s, size_t max_bytes = 200);
 
 }  // namespace graft::text

@@ -12,6 +12,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${FUZZ_WORK:-$BUILD/fuzz-work}
 status=0
 for t in $TARGETS; do
+  rm -rf "$WORK/$t-artifacts"
   mkdir -p "$WORK/$t" "$WORK/$t-artifacts"
   echo "== fuzz_$t for $SECONDS_EACH s"
   # -timeout: an input slower than 10 s counts as a hang; -rss_limit_mb bounds memory.
@@ -22,7 +23,7 @@ for t in $TARGETS; do
     status=1
     echo "fuzz_$t FOUND A PROBLEM: see $WORK/$t.log"
   fi
-  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|cov: " "$WORK/$t.log" | tail -4
+  grep -E "^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)|cov: " "$WORK/$t.log" | tail -4 || true
   for a in "$WORK/$t-artifacts"/*; do
     [[ -f $a ]] || continue
     cp "$a" "$HERE/regressions/$t/"

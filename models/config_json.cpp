@@ -87,15 +87,30 @@ int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind) {
   return kind == nn::Positions::sinusoidal ? checked_mul(max_len, d_model, "buffer size") : 0;
 }
 
-void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where) {
-  const int64_t elements = checked_add(checked_mul(parameters, 4, "model size"), buffers, "model size");
+namespace {
+
+// Physical memory, or the cgroup (v2) limit when it is smaller.
+double memory_limit_bytes() {
+  double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  if (FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    double limit = 0;
+    if (std::fscanf(f, "%lf", &limit) == 1 && limit > 0 && (memory <= 0 || limit < memory)) memory = limit;
+    std::fclose(f);  // "max" (no limit) does not parse as a number
+  }
+  return memory;
+}
+
+}  // namespace
+
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies) {
+  const int64_t elements = checked_add(checked_mul(parameters, copies, "model size"), buffers, "model size");
   const double bytes = (double)elements * (double)dtype_size(dt);
-  const double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+  const double memory = memory_limit_bytes();
   if (memory > 0 && bytes > memory) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB of weights, gradients and Adam moments, "
-                  "more than this machine's %.1f GiB of memory", (long long)parameters, bytes / (1 << 30),
-                  memory / (1 << 30));
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB of %s, more than this machine's %.1f GiB of memory",
+                  (long long)parameters, bytes / (1 << 30),
+                  copies > 1 ? "weights, gradients and Adam moments" : "weights", memory / (1 << 30));
     fail(where + ": the config describes a model of " + buf);
   }
 }

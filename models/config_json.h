@@ -87,10 +87,11 @@ struct StackConfig {
 int64_t embedding_parameters(int64_t vocab, int64_t d_model, int64_t max_len, nn::Positions kind);
 int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind);
 
-// Refuses, naming `where` (the config file), a model whose training state (weights, gradients
-// and Adam's two moments: 4 copies, plus the buffers) would not fit in this machine's memory:
-// checked before any module is built, so a config with 10^9 layers fails in microseconds.
-void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where);
+// Refuses, naming `where` (the config file), a model that would not fit in this machine's memory
+// (the smaller of physical memory and the cgroup limit): for training (copies = 4: weights,
+// gradients and Adam's two moments) or inference (copies = 1), plus the buffers. Checked
+// before any module is built, so a config with 10^9 layers fails in microseconds.
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies = 4);
 
 // Loading: the weights file must hold exactly the parameters the config describes, checked
 // before the model is built (config_path and weights_path are named in the error).
@@ -99,8 +100,15 @@ void check_weights_count(int64_t parameters, const std::vector<std::pair<std::st
 
 // check_model_memory for any family's config.
 template <class Config>
-void check_config_memory(const Config& c, const std::string& where) {
-  check_model_memory(c.parameter_count(), buffer_elements(c.d_model, c.max_len, c.positions.kind), c.dtype, where);
+void check_config_memory(const Config& c, const std::string& where, int copies = 4) {
+  try {
+    check_model_memory(c.parameter_count(), buffer_elements(c.d_model, c.max_len, c.positions.kind), c.dtype, where,
+                       copies);
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    if (m.rfind(where, 0) == 0) throw;
+    fail(where + ": " + m);  // an overflow while counting: name the file too
+  }
 }
 
 // A run directory's weights for config c, in the order that keeps a bad directory from costing
@@ -112,7 +120,7 @@ std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, co
                                                              const std::vector<std::string>& tied_files) {
   auto w = nn::load_weights(weights_path, "load_run", tied_files);
   check_weights_count(c.parameter_count(), w, config_path, weights_path);
-  check_config_memory(c, config_path);
+  check_config_memory(c, config_path, /*copies=*/1);
   return w;
 }
 

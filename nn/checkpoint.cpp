@@ -247,7 +247,7 @@ std::string json_message(const nlohmann::json::exception& e) {
 }
 
 std::string json_excerpt(const nlohmann::json& v) {
-  std::string s = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
   if (s.size() > 80) s = s.substr(0, 77) + "...";
   return s;
 }
@@ -533,11 +533,11 @@ std::string fingerprint_key(const std::string& file) {
   return "fingerprint:" + fs::path(file).filename().string();
 }
 
+}  // namespace
+
 std::string file_fingerprint(const std::string& file, const char* who) {
   return text_checksum(read_whole_file(who, file, kMaxTiedFileBytes));
 }
-
-}  // namespace
 
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
                   int64_t step, const std::string& format, const std::vector<std::string>& tied_files) {

@@ -60,6 +60,8 @@ int remove_stale_temp_files(const std::string& dir);
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
 // The same over text (metadata, side files), so they can be tied to the weights.
 std::string text_checksum(const std::string& text);
+// text_checksum of a side file's bytes (at most 256 MiB); errors start with who.
+std::string file_fingerprint(const std::string& file, const char* who);
 
 // A module's weights for inference: its state_dict with the step, weights_checksum and the
 // fingerprint (text_checksum of the bytes) of each tied side file in the metadata, written

@@ -93,13 +93,13 @@ void Module::load_state_dict(const NamedTensors& tensors) {
     if (it->second->shape() != p.shape() || it->second->dtype() != p.dtype())
       fail("load_state_dict: tensor '" + name + "' is " + describe(*it->second) + " but the model expects " +
            describe(p));
-    given.erase(it);
   }
-  if (!given.empty()) fail("load_state_dict: unexpected tensor '" + given.begin()->first + "'");
+  if (given.size() != params.size()) {
+    for (auto& [name, t] : params) given.erase(name);
+    fail("load_state_dict: unexpected tensor '" + given.begin()->first + "'");
+  }
   autograd::NoGrad ng;
-  std::map<std::string, const Tensor*> src;
-  for (auto& [name, t] : tensors) src.emplace(name, &t);
-  for (auto& [name, p] : params) copy_into(p, *src.at(name));
+  for (auto& [name, p] : params) copy_into(p, *given.at(name));
 }
 
 }  // namespace graft::nn

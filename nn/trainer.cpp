@@ -115,8 +115,19 @@ struct LoopState {
   int64_t since_best = 0;      // validations since it improved
 };
 
+// The fingerprint of each of the task's tied files, by file name.
+nlohmann::json tied_fingerprints(const TrainTask& task) {
+  nlohmann::json out = nlohmann::json::object();
+  for (auto& f : task.tied_files) out[fs::path(f).filename().string()] = file_fingerprint(f, "train");
+  return out;
+}
+
+std::string metadata_checksum(const std::string& trainer, const std::string& optimizer) {
+  return text_checksum(trainer + '\n' + optimizer);
+}
+
 void save_train_state(const std::string& path, const TrainTask& task, const Optimizer& opt,
-                      const LoopState& s) {
+                      const LoopState& s, const nlohmann::json& tied) {
   NamedTensors tensors;
   for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
@@ -130,15 +141,15 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
                             {"acc_loss_bits", double_bits(s.acc_loss)},
                             {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
                             {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint},
-                            {"optimizer_steps", opt.step_count()}};
+                            {"optimizer_steps", opt.step_count()}, {"tied", tied}};
   const std::string trainer = j.dump(), optimizer = opt.state_json().dump();
   save_safetensors(path, tensors, {{"trainer", trainer}, {"optimizer", optimizer},
                                    {"checksum", weights_checksum(tensors)},
-                                   {"metadata_checksum", text_checksum(trainer + '\n' + optimizer)}});
+                                   {"metadata_checksum", metadata_checksum(trainer, optimizer)}});
 }
 
 // The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
-SafetensorsFile read_train_state(const std::string& path, const std::string& data_fp,
+SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
                                  nlohmann::json& j, nlohmann::json& oj) {
   if (!fs::exists(path))
     fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
@@ -160,21 +171,32 @@ SafetensorsFile read_train_state(const std::string& path, const std::string& dat
     return m->second;
   };
   const std::string trainer = meta("trainer"), optimizer = meta("optimizer");
-  if (meta("metadata_checksum") != text_checksum(trainer + '\n' + optimizer))
+  const size_t v = trainer.find("\"version\":\"");
+  if (v != std::string::npos && trainer.compare(v + 11, std::strlen(kStateVersion), kStateVersion) != 0)
+    fail("resume: '" + path + "': written by another version of graft (this one reads " + kStateVersion +
+         " train states); start a new run");
+  if (meta("metadata_checksum") != metadata_checksum(trainer, optimizer))
     fail("resume: '" + path + "': checksum mismatch in the trainer/optimizer metadata: the checkpoint is corrupted");
   j = parse_json(trainer, "resume: '" + path + "': trainer metadata", 4);
   oj = parse_json(optimizer, "resume: '" + path + "': optimizer metadata", 8);
   if (!j.is_object() || !j.contains("version") || j["version"] != kStateVersion)
     fail("resume: '" + path + "': not a train state of this version (" + kStateVersion + ")");
-  if (!j.contains("data_fingerprint") || j["data_fingerprint"] != data_fp)
+  if (!j.contains("data_fingerprint") || j["data_fingerprint"] != task.data_fingerprint)
     fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
          "(data, batch size and tokenizer must be unchanged)");
+  const nlohmann::json now = tied_fingerprints(task);
+  for (auto& f : task.tied_files) {
+    const std::string name = fs::path(f).filename().string();
+    if (!j.contains("tied") || !j["tied"].is_object() || !j["tied"].contains(name) || j["tied"][name] != now[name])
+      fail("resume: '" + f + "' is not the file the interrupted run started with (edited since, or from "
+           "another run); a resume needs the same config and tokenizer");
+  }
   return f;
 }
 
 void load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt, LoopState& s) {
   nlohmann::json j, oj;
-  const SafetensorsFile f = read_train_state(path, task.data_fingerprint, j, oj);
+  const SafetensorsFile f = read_train_state(path, task, j, oj);
   NamedTensors model_t, optim_t;
   for (auto& [n, t] : f.tensors) {
     if (n.rfind("model.", 0) == 0) model_t.emplace_back(n.substr(6), t);
@@ -242,7 +264,8 @@ class Loop {
   Loop(const TrainTask& task, const LoopOptions& o)
       : t_(task), o_(o), params_(task.model->named_parameters()),
         opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
-        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!o.quiet && isatty(2)) {}
+        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!o.quiet && isatty(2)),
+        tied_(tied_fingerprints(task)) {}
 
   LoopResult run() {
     start();
@@ -369,7 +392,7 @@ class Loop {
     const bool stop = counts && update_early_stopping(vm);
     LoopState snap = s_;
     snap.elapsed = elapsed();
-    save_train_state(state_path(), t_, opt_, snap);
+    save_train_state(state_path(), t_, opt_, snap, tied_);
     write_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, rows_);
     if (t_.on_validated) t_.on_validated(s_.step, rows_);
     last_valid_step_ = s_.step;
@@ -413,6 +436,7 @@ class Loop {
   Adam opt_;
   NoamSchedule noam_;
   bool tty_;
+  nlohmann::json tied_;  // the tied files' fingerprints as this run found them at its start
   LoopState s_;
   LoopResult res_;
   std::vector<MetricsRow> rows_;
@@ -424,11 +448,11 @@ class Loop {
 }  // namespace
 
 void check_loop_options(const LoopOptions& o) {
+  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
   if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
   if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
   if (o.patience < 0) fail("train: patience must be >= 0");
   if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta)) fail("train: --min-delta must be a finite number >= 0");
-  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
   if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
   if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");

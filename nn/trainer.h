@@ -47,8 +47,11 @@ struct TrainTask {
   bool higher_is_better = false;
   // Generators an exact resume restores besides the loop's own (e.g. the model's dropout).
   std::vector<Generator*> generators;
-  // A resume refuses a train state made from other data or batching.
+  // A resume refuses a train state made from other data or batching ...
   std::string data_fingerprint;
+  // ... or when one of these side files (config.json, the tokenizer) is not the file the run
+  // started with: their fingerprints are taken at the start and kept in the train state.
+  std::vector<std::string> tied_files;
   // After each validation and save: the program writes what else it keeps (weights for
   // inference, curves); rows holds every metrics row so far.
   std::function<void(int64_t step, const std::vector<MetricsRow>& rows)> on_validated;

@@ -51,7 +51,7 @@ case_ CLI "\`--seed -1\`" 2 "--seed: Value -1 not in range" -- "$T" train --data
 case_ CLI "\`--steps 99999999999999999999\`" 2 "--steps: Value" -- "$T" train --data "$D" --out "$W/x" --steps 99999999999999999999
 case_ CLI "\`--lr nan\`" 2 "--lr must be a finite number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr nan
 case_ CLI "\`--lr -1\`" 2 "--lr: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr -1
-case_ CLI "\`--minutes nan\`" 2 "--minutes" -- "$T" train --data "$D" --out "$W/x" --minutes nan
+case_ CLI "\`--minutes nan\`" 2 "--minutes must be a finite number" -- "$T" train --data "$D" --out "$W/x" --minutes nan
 case_ CLI "\`--vocab 2147483000\`" 2 "--vocab: Value 2147483000 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --vocab 2147483000
 case_ CLI "\`--preset huge\`" 2 "unknown preset 'huge'" -- "$T" train --data "$D" --out "$W/x" --steps 5 --preset huge
 case_ CLI "\`--positions absolute\`" 2 "--positions" -- "$T" train --data "$D" --out "$W/x" --steps 5 --positions absolute
@@ -111,7 +111,8 @@ case_ config "config.json cut short" 2 "config.json': parse error at line 1" -- 
 fresh; python3 -c "import sys; open(sys.argv[1],'w').write('['*100+']'*100)" "$W/r/config.json"
 case_ config "config.json nested 100 levels" 2 "nested more than 32 levels" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
 
-"$T" train --data "$D" --out "$W/other" --steps 2 --vocab 90 --seed 2 >/dev/null 2>&1
+"$T" train --data "$D" --out "$W/other" --steps 2 --vocab 90 --seed 2 >/dev/null 2>&1 ||
+  { echo "bad_inputs: could not train the second reference run" >&2; exit 1; }
 fresh; cp "$W/other/spm.model" "$W/r/spm.model"
 case_ tokenizer "spm.model of another run" 2 "spm.model' does not match the weights" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
 

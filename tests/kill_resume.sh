@@ -54,11 +54,17 @@ while :; do
   pid=$!
   if [[ $kills -lt $KILLS ]]; then
     # A moment within the uninterrupted run's duration, in milliseconds.
-    ms=$((RANDOM % (whole_ms + 1)))
+    ms=$(((RANDOM << 15 | RANDOM) % (whole_ms + 1)))  # RANDOM alone stops at 32767
     sleep "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
     if kill -9 "$pid" 2>/dev/null; then
-      wait "$pid" 2>/dev/null || true
-      kills=$((kills + 1))
+      rc=0
+      wait "$pid" 2>/dev/null || rc=$?
+      if [[ $rc -ne 137 && $rc -ne 0 ]]; then
+        echo "kill_resume: a run failed before the kill came (exit $rc):" >&2
+        tail -n 5 "$W/log" >&2
+        exit 1
+      fi
+      [[ $rc -eq 137 ]] && kills=$((kills + 1))
       # Whatever the kill interrupted, no temp file may be mistaken for a state, and a state
       # that exists must be whole (the next --resume checks it; a corrupt one fails the test).
       continue

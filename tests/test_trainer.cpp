@@ -215,7 +215,7 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
     set(o);
     BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, o), Error, [&](const Error& x) { return names(x, part); });
   };
-  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; }, "give a step budget");
+  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; }, "--minutes must be a finite number");
   refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "--minutes must be a finite number");
   refuse([](nn::LoopOptions& o) { o.lr = -1; }, "--lr must be a finite number >= 0");
   refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "--lr must be a finite number >= 0");

@@ -301,6 +301,7 @@ TrainResult train(const TrainOptions& o) {
   std::vector<std::pair<std::string, Tensor>> fp;
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
+  task.tied_files = {cfg_path};
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
     if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation");

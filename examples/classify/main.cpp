@@ -11,7 +11,6 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/classify/classify.h"
-#include "autograd/tape.h"
 #include "examples/common/cli.h"
 #include "examples/common/plot.h"
 
@@ -68,9 +67,7 @@ int main(int argc, char** argv) {
   trn->add_option("--seed", o.loop.seed, "seed")
       ->check(cli::seed_range());
   trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
-  bool detect_anomaly = false;
-  trn->add_flag("--detect-anomaly", detect_anomaly,
-                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+  cli::add_detect_anomaly(trn);
   steps->excludes(minutes);
 
   auto* ev = app.add_subcommand("evaluate", "accuracy, macro-F1 and a confusion-matrix PNG");
@@ -84,7 +81,6 @@ int main(int argc, char** argv) {
   pr->add_option("--run", r_run, "run directory")->required();
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*prep) {
       auto s = classify::build_langid(p_dir, p_per, p_seed);

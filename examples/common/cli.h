@@ -8,12 +8,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include "autograd/tape.h"
 #include "autograd/text.h"
 
 namespace graft::cli {
 
 // Seeds are unsigned: "-1" must not wrap to 2^64 - 1.
 inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) << 62); }
+
+// --detect-anomaly: anomaly mode for the whole run (autograd/tape.h).
+inline void add_detect_anomaly(CLI::App* sub) {
+  sub->add_flag_callback("--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
+                         "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+}
 
 // -1 when the program should go on, else the exit code.
 inline int parse(CLI::App& app, int argc, char** argv) {

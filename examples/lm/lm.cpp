@@ -232,6 +232,7 @@ TrainResult train(const TrainOptions& opts) {
   std::vector<std::pair<std::string, Tensor>> fp;
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
+  task.tied_files = {o.loop.run_dir + "/config.json"};
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
                      {o.loop.run_dir + "/config.json"});

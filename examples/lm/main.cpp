@@ -10,7 +10,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "autograd/tape.h"
 #include "examples/common/cli.h"
 #include "examples/lm/lm.h"
 
@@ -63,9 +62,7 @@ int main(int argc, char** argv) {
   trn->add_option("--seed", o.loop.seed, "seed for initialisation, dropout, batch order and the split")
       ->check(cli::seed_range());
   trn->add_flag("--resume", o.loop.resume, "continue the run in --out exactly where it stopped");
-  bool detect_anomaly = false;
-  trn->add_flag("--detect-anomaly", detect_anomaly,
-                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+  cli::add_detect_anomaly(trn);
   steps->excludes(minutes);
 
   auto* gen = app.add_subcommand("generate", "continue a prompt");
@@ -90,7 +87,6 @@ int main(int argc, char** argv) {
   ev->add_option("--context", e_context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*trn) {
       if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");

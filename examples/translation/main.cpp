@@ -11,7 +11,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "autograd/tape.h"
 #include "examples/common/cli.h"
 
 #include "examples/common/lines.h"
@@ -149,9 +148,7 @@ int main(int argc, char** argv) {
   trn->add_option("--min-delta", o.min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
       ->check(CLI::NonNegativeNumber);
   trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
-  bool detect_anomaly = false;
-  trn->add_flag("--detect-anomaly", detect_anomaly,
-                "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+  cli::add_detect_anomaly(trn);
   steps->excludes(minutes);
   minutes->excludes(steps);
 
@@ -180,7 +177,6 @@ int main(int argc, char** argv) {
   ev->add_option("--samples", e_samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
 
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
-  if (detect_anomaly) autograd::set_anomaly_mode(true);
   try {
     if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
     if (*trn) {

@@ -447,6 +447,7 @@ TrainResult train(const TrainOptions& opts) {
   task.higher_is_better = true;
   task.generators = {&model.dropout_gen};
   task.data_fingerprint = batches_fingerprint(batches);
+  task.tied_files = tied_files(run);
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     save_model(model, run + "/model.safetensors", step, tied_files(run));
     if (o.plot) plot::learning_curves(run + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
