@@ -96,6 +96,8 @@ case_ checkpoint "--resume without a train state" 2 "nothing to resume" -- "$T" 
 
 fresh; sed -i 's/"heads": 4/"heads": 8/' "$W/r/config.json"
 case_ config "heads edited in config.json" 2 "config.json' does not match the weights" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; sed -i 's/"heads": 4/"heads": 8/' "$W/r/config.json"
+case_ config "heads edited in config.json, --resume" 2 "config.json' is not the file the interrupted run started with" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; sed -i 's/"enc_layers": 2/"enc_layers": 1000000000/' "$W/r/config.json"
 case_ config "enc_layers 10^9, --resume" 2 "field \"enc_layers\" must be in [1, 1024]" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; sed -i 's/"d_ff": 512/"d_ff": 16000000/' "$W/r/config.json"

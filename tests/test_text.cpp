@@ -208,6 +208,16 @@ BOOST_AUTO_TEST_CASE(bleu_size_mismatch_names_both_sizes) {
 
 // -------------------------------------------------------------------- corpus
 
+BOOST_AUTO_TEST_CASE(printable_escapes_what_a_terminal_would_act_on) {
+  BOOST_TEST(printable("Grüße, 日本") == "Grüße, 日本");
+  BOOST_TEST(printable("a\nb\x1b[31m\x7f") == "a\\x0Ab\\x1B[31m\\x7F");
+  BOOST_TEST(printable("\xff\xfe ok") == "\\xFF\\xFE ok");
+  BOOST_TEST(printable("back\\slash") == "back\\\\slash");
+  BOOST_TEST(printable("\xc2\x9b" "1m") == "\\xC2\\x9B" "1m");             // C1 CSI
+  BOOST_TEST(printable("x\xe2\x80\xaey") == "x\\xE2\\x80\\xAEy");       // right-to-left override
+  BOOST_TEST(printable(std::string(300, 'a'), 10) == "aaaaaaaaaa...");
+}
+
 BOOST_AUTO_TEST_CASE(valid_utf8_cases) {
   BOOST_TEST(valid_utf8(""));
   BOOST_TEST(valid_utf8("plain ascii"));
