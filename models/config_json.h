@@ -18,30 +18,14 @@ class ConfigReader {
  public:
   ConfigReader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
-  // Required field, of exactly the JSON type T needs: 2.5 is not an integer, -1 is not an
-  // unsigned seed, "3" is not a number (nlohmann would convert the first two silently).
+  // Required field, of exactly the JSON type T needs (nn::json_complaint): 2.5 is not an
+  // integer, -1 is not an unsigned seed, "3" is not a number.
   template <class T>
   void get(const char* name, T& v) const {
     if (!j_.is_object()) bad(name, "cannot be read: the section is not a JSON object");
     if (!j_.contains(name)) bad(name, "is missing");
-    const nlohmann::json& x = j_[name];
-    if constexpr (std::is_same_v<T, bool>) {
-      if (!x.is_boolean()) bad(name, "must be true or false, got " + nn::json_excerpt(x));
-    } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
-      if (!x.is_number_unsigned()) bad(name, "must be a non-negative integer, got " + nn::json_excerpt(x));
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!x.is_number_integer() || (x.is_number_unsigned() && x.get<uint64_t>() > uint64_t(INT64_MAX)))
-        bad(name, "must be an integer, got " + nn::json_excerpt(x));
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (!x.is_number()) bad(name, "must be a number, got " + nn::json_excerpt(x));
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      if (!x.is_string()) bad(name, "must be a string, got " + nn::json_excerpt(x));
-    }
-    try {
-      v = x.get<T>();
-    } catch (const nlohmann::json::exception& e) {
-      bad(name, "has the wrong type (" + nn::json_message(e) + ")");
-    }
+    if (std::string c = nn::json_complaint<T>(j_[name]); !c.empty()) bad(name, c);
+    v = j_[name].get<T>();
   }
   // Optional field: left as is when absent.
   template <class T>

@@ -9,9 +9,11 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -81,6 +83,45 @@ std::string json_message(const nlohmann::json::exception& e);
 
 // A JSON value for an error message: compact, invalid UTF-8 replaced, cut after 80 characters.
 std::string json_excerpt(const nlohmann::json& v);
+
+// Reading JSON from outside (files, checkpoint metadata) as exactly the C++ type it must be:
+// json_complaint<T>(v) is "" when v fits T, else what is wrong ("must be an integer, got 2.5").
+// An integer type needs a JSON integer in its range (nlohmann would convert 2.5 to 2, and a
+// float beyond the range with undefined behaviour), an unsigned one a non-negative integer, a
+// double any number, bool a boolean, std::string a string, std::vector<T> an array of such.
+template <class T>
+std::string json_complaint(const nlohmann::json& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return "must be true or false, got " + json_excerpt(v);
+  } else if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max()))
+      return "must be a non-negative integer, got " + json_excerpt(v);
+  } else if constexpr (std::is_integral_v<T>) {
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                                             : v.is_number_integer() && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                                   v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
+    if (!fits) return "must be an integer, got " + json_excerpt(v);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) return "must be a number, got " + json_excerpt(v);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return "must be a string, got " + json_excerpt(v);
+  } else {  // std::vector<E>
+    if (!v.is_array()) return "must be a list, got " + json_excerpt(v);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (std::string c = json_complaint<typename T::value_type>(v[i]); !c.empty())
+        return "entry " + std::to_string(i) + " " + c;
+  }
+  return {};
+}
+
+// obj[key] as T, else an Error "<where>: '<key>' is missing" / "<where>: '<key>' <complaint>".
+template <class T>
+T json_field(const nlohmann::json& obj, const char* key, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key)) fail(where + ": '" + key + "' is missing");
+  const nlohmann::json& v = obj[key];
+  if (std::string c = json_complaint<T>(v); !c.empty()) fail(where + ": '" + key + "' " + c);
+  return v.get<T>();
+}
 
 void save_json(const std::string& path, const nlohmann::json& j);  // atomic, pretty-printed
 // Throws a graft::Error naming the path and, for malformed JSON, the parse error position.

@@ -476,7 +476,7 @@ void Adam::check_hyper(const nlohmann::json& j) const {
   check_beta("load_state", "beta2", need_number(j, "beta2"));
   check_nonneg("load_state", "eps", need_number(j, "eps"));
   check_nonneg("load_state", "weight_decay", need_number(j, "weight_decay"));
-  const int64_t step = j.at("step").get<int64_t>();
+  const int64_t step = need_int(j, "step");
   const auto& steps = need(j, "param_steps");
   if (!steps.is_object()) fail("load_state: 'param_steps' must be an object");
   for (const auto& [pname, p] : params_) {

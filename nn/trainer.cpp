@@ -207,23 +207,20 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
   std::vector<uint64_t> gens;
   int64_t optimizer_steps = 0;
   uint64_t default_gen = 0;
-  try {
-    ns.step = j.at("step").get<int64_t>();
-    ns.epoch = j.at("epoch").get<int64_t>();
-    ns.pos = j.at("pos").get<int64_t>();
-    ns.order = j.at("order").get<std::vector<int64_t>>();
-    ns.batch_gen.set_state(j.at("batch_gen").get<uint64_t>());
-    gens = j.at("generators").get<std::vector<uint64_t>>();
-    ns.elapsed = bits_double(j.at("elapsed_bits").get<uint64_t>());
-    ns.acc_loss = bits_double(j.at("acc_loss_bits").get<uint64_t>());
-    ns.acc_n = j.at("acc_n").get<int64_t>();
-    ns.best = bits_double(j.at("best_bits").get<uint64_t>());
-    ns.since_best = j.at("since_best").get<int64_t>();
-    optimizer_steps = j.at("optimizer_steps").get<int64_t>();
-    default_gen = j.at("default_gen").get<uint64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("resume: '" + path + "': bad trainer metadata: " + json_message(e));
-  }
+  const std::string where = "resume: '" + path + "': trainer metadata";
+  ns.step = json_field<int64_t>(j, "step", where);
+  ns.epoch = json_field<int64_t>(j, "epoch", where);
+  ns.pos = json_field<int64_t>(j, "pos", where);
+  ns.order = json_field<std::vector<int64_t>>(j, "order", where);
+  ns.batch_gen.set_state(json_field<uint64_t>(j, "batch_gen", where));
+  gens = json_field<std::vector<uint64_t>>(j, "generators", where);
+  ns.elapsed = bits_double(json_field<uint64_t>(j, "elapsed_bits", where));
+  ns.acc_loss = bits_double(json_field<uint64_t>(j, "acc_loss_bits", where));
+  ns.acc_n = json_field<int64_t>(j, "acc_n", where);
+  ns.best = bits_double(json_field<uint64_t>(j, "best_bits", where));
+  ns.since_best = json_field<int64_t>(j, "since_best", where);
+  optimizer_steps = json_field<int64_t>(j, "optimizer_steps", where);
+  default_gen = json_field<uint64_t>(j, "default_gen", where);
   if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 || ns.since_best < 0)
     fail("resume: '" + path + "': bad trainer metadata (negative counters or a non-finite elapsed time)");
   const int64_t nb = task.batches;

@@ -471,7 +471,7 @@ void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double h
                                                           {ax + inset, ay + ah - inset - lh}}};
   size_t best = 0, best_hits = SIZE_MAX;
   for (size_t c = 0; c < corners.size(); ++c) {
-    const auto [lx, ly] = corners[c];
+    const double lx = corners[c].first, ly = corners[c].second;  // no structured binding: clang 14 cannot capture one
     size_t hits = 0;
     auto inside = [&](double x, double y) { return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh; };
     for (const auto& pts : data)

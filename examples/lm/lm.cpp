@@ -159,11 +159,8 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (o.loop.resume) {
     saved = nn::load_json(cfg_path);
-    try {
-      context = saved.at("train").at("context").get<int64_t>();
-    } catch (const nlohmann::json::exception& e) {
-      fail("resume: '" + cfg_path + "': bad \"train\" section: " + nn::json_message(e));
-    }
+    context = nn::json_field<int64_t>(saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(),
+                                      "context", "resume: '" + cfg_path + "': \"train\" section");
     if (!saved.contains("model")) fail("resume: '" + cfg_path + "' has no \"model\" section");
     models::LMConfig c = models::LMConfig::from_json(saved["model"], cfg_path);
     if (context < 1 || context > c.max_len) fail("resume: '" + cfg_path + "': context must be in [1, max_len]");
@@ -191,16 +188,13 @@ TrainResult train(const TrainOptions& opts) {
   nlohmann::json saved;
   const models::LMConfig cfg = run_config(o, context, saved);
   if (o.loop.resume) {  // an exact continuation trains on the same data and batches
-    try {
-      const auto& t = saved.at("train");
-      o.text = t.at("text").get<std::vector<std::string>>();
-      o.batch_rows = t.at("batch_rows").get<int64_t>();
-      o.loop.lr_factor = t.at("lr_factor").get<double>();
-      o.loop.warmup = t.at("warmup").get<int64_t>();
-      o.loop.seed = t.at("seed").get<uint64_t>();
-    } catch (const nlohmann::json::exception& e) {
-      fail("resume: '" + o.loop.run_dir + "/config.json': bad \"train\" section: " + nn::json_message(e));
-    }
+    const nlohmann::json& t = saved["train"];  // an object: run_config read "context" from it
+    const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
+    o.text = nn::json_field<std::vector<std::string>>(t, "text", where);
+    o.batch_rows = nn::json_field<int64_t>(t, "batch_rows", where);
+    o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
+    o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
+    o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
     if (o.batch_rows < 1 || o.batch_rows > 4096)
       fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
     nn::check_loop_options(o.loop);
@@ -251,13 +245,11 @@ LoadedRun load_run(const std::string& run_dir) {
   const std::string cfg_path = run_dir + "/config.json";
   const nlohmann::json j = nn::load_json(cfg_path);
   LoadedRun r;
-  try {
-    r.context = j.at("train").at("context").get<int64_t>();
-    r.text = j.at("train").at("text").get<std::vector<std::string>>();
-    r.seed = j.at("train").at("seed").get<uint64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("'" + cfg_path + "': bad \"train\" section: " + nn::json_message(e));
-  }
+  const nlohmann::json train = j.is_object() ? j.value("train", nlohmann::json()) : nlohmann::json();
+  const std::string where = "'" + cfg_path + "': \"train\" section";
+  r.context = nn::json_field<int64_t>(train, "context", where);
+  r.text = nn::json_field<std::vector<std::string>>(train, "text", where);
+  r.seed = nn::json_field<uint64_t>(train, "seed", where);
   if (!j.contains("model")) fail("'" + cfg_path + "' has no \"model\" section");
   const models::LMConfig c = models::LMConfig::from_json(j["model"], cfg_path);
   if (r.context < 1 || r.context > c.max_len) fail("'" + cfg_path + "': context must be in [1, max_len]");

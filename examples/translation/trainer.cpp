@@ -340,17 +340,15 @@ TrainResult train(const TrainOptions& opts) {
     saved = nn::load_json(o.run_dir + "/config.json");
     // An exact continuation needs the interrupted run's schedule, batches and loss, whatever
     // the command line says now; only the stopping rule and the reporting may change.
-    try {
-      const auto& t = saved.at("train");
-      o.batch_tokens = t.at("batch_tokens").get<int64_t>();
-      o.lr_factor = t.at("lr_factor").get<double>();
-      o.warmup = t.at("warmup").get<int64_t>();
-      o.lr = t.at("lr").get<double>();
-      o.label_smoothing = t.at("label_smoothing").get<double>();
-      o.seed = t.at("seed").get<uint64_t>();
-    } catch (const nlohmann::json::exception& e) {
-      fail("resume: '" + o.run_dir + "/config.json': bad \"train\" section: " + nn::json_message(e));
-    }
+    const nlohmann::json t = saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
+    const std::string where = "resume: '" + o.run_dir + "/config.json': \"train\" section";
+    o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
+    o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
+    o.warmup = nn::json_field<int64_t>(t, "warmup", where);
+    o.lr = nn::json_field<double>(t, "lr", where);
+    o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
+    o.seed = nn::json_field<uint64_t>(t, "seed", where);
+    if (!saved.contains("model")) fail("resume: '" + o.run_dir + "/config.json' has no \"model\" section");
   }
   const std::string run = o.run_dir;
   nn::LoopOptions lo;  // checked now, before the data and SentencePiece work
