@@ -574,4 +574,21 @@ BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
   BOOST_TEST(td.listing() == std::vector<std::string>{"w.safetensors"});
 }
 
+// JSON from outside is read as exactly its type: no float becomes an integer (a float beyond the
+// range would be undefined behaviour in the conversion), no negative becomes unsigned.
+BOOST_AUTO_TEST_CASE(typed_json_reads) {
+  using nlohmann::json;
+  BOOST_TEST(nn::json_complaint<int64_t>(json(-3)).empty());
+  BOOST_TEST(nn::json_complaint<int64_t>(json(2.5)) == "must be an integer, got 2.5");
+  BOOST_TEST(nn::json_complaint<uint64_t>(json(4.6e23)) == "must be a non-negative integer, got 4.6e+23");
+  BOOST_TEST(nn::json_complaint<uint64_t>(json(-1)) == "must be a non-negative integer, got -1");
+  BOOST_TEST(nn::json_complaint<int64_t>(json(uint64_t(1) << 63)) == "must be an integer, got 9223372036854775808");
+  BOOST_TEST(nn::json_complaint<int>(json(int64_t(1) << 40)) == "must be an integer, got 1099511627776");
+  BOOST_TEST(nn::json_complaint<std::vector<int64_t>>(json::parse("[1, \"a\"]")) ==
+             "entry 1 must be an integer, got \"a\"");
+  BOOST_TEST(nn::json_complaint<double>(json("3")) == "must be a number, got \"3\"");
+  BOOST_CHECK_EXCEPTION(nn::json_field<int64_t>(json::object(), "step", "state"), Error,
+                        [](const Error& e) { return std::string(e.what()) == "state: 'step' is missing"; });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
