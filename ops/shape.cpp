@@ -163,20 +163,21 @@ void copy_band(const char* src, char* dst, int64_t outer, int64_t len, int64_t a
 Tensor reshape(const Tensor& x, Shape shape) {
   check_defined("reshape", x);
   const Shape requested = shape;
-  int64_t infer = -1, known = 1;
+  int64_t infer = -1;
+  Shape given = shape;  // the -1 counted as 1, for the overflow-checked product below
   for (int64_t i = 0; i < (int64_t)shape.size(); ++i) {
     if (shape[i] == -1) {
       if (infer >= 0)
         fail("reshape: " + describe(x) + " to " + shape_str(requested) +
              ": only one dimension can be -1");
       infer = i;
+      given[i] = 1;
     } else if (shape[i] < 0) {
       fail("reshape: " + describe(x) + " to " + shape_str(requested) + ": invalid dimension " +
            std::to_string(shape[i]));
-    } else {
-      known *= shape[i];
     }
   }
+  const int64_t known = shape_numel(given);
   if (infer >= 0) {
     if (known == 0 || x.numel() % known != 0)
       fail("reshape: cannot reshape " + describe(x) + " (" + std::to_string(x.numel()) +

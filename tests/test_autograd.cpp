@@ -276,6 +276,7 @@ BOOST_AUTO_TEST_CASE(overflowing_sizes_and_views_outside_storage_are_errors) {
   BOOST_CHECK_EXCEPTION(Tensor::empty({0, big, big}), Error, [](const Error& e) { return has(e, {"strides overflow"}); });
   Tensor t = zeros({2, 3});
   BOOST_CHECK_EXCEPTION(reshape(t, {big, big}), Error, [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_CHECK_EXCEPTION(reshape(t, {big, big, -1}), Error, [](const Error& e) { return has(e, {"2^63"}); });
   BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2, 4}, {3, 1}, 0), Error,
                         [](const Error& e) { return has(e, {"view_of", "outside a storage of 6 elements"}); });
   BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {-1}, 0), Error, [](const Error& e) { return has(e, {"outside"}); });
