@@ -378,6 +378,12 @@ class Loop {
       autograd::NoGrad ng;
       vm = t_.validate();
     }
+    // A run whose validation is not finite must not end "successfully" (nor overwrite the last
+    // good state with this one).
+    for (auto& [name, v] : vm)
+      if (!std::isfinite(v))
+        fail("train: validation " + name + " is " + std::to_string(v) + " at step " + std::to_string(s_.step) +
+             " (the last good state is in '" + state_path() + "')");
     res_.last_valid = vm;
     MetricsRow r{s_.step, NAN, NAN, NAN, {}};
     if (!rows_.empty() && rows_.back().step == s_.step) {

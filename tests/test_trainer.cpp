@@ -118,6 +118,15 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
                         [](const Error& e) { return names(e, "early stopping metric 'bleu' is not a validation metric"); });
 }
 
+// A validation that is not finite stops the run with an error naming the metric and the step.
+BOOST_AUTO_TEST_CASE(non_finite_validation_is_an_error) {
+  manual_seed(1);
+  Toy t(3);
+  t.task.validate = []() -> std::map<std::string, double> { return {{"mse", NAN}}; };
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("valid_nan"), 30)), Error,
+                        [](const Error& e) { return names(e, "train: validation mse is nan at step 10"); });
+}
+
 // With min_delta, improvements no larger than it do not reset the patience count.
 BOOST_AUTO_TEST_CASE(early_stopping_min_delta) {
   manual_seed(1);

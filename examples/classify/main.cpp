@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::exception& e) {
-    std::cerr << "classify: " << e.what() << '\n';
+    std::cerr << "classify: " << cli::error_line(e) << '\n';
     return 2;
   }
   return 0;

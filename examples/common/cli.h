@@ -5,6 +5,9 @@
 
 #include <filesystem>
 #include <iostream>
+#include <new>
+#include <stdexcept>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -20,6 +23,14 @@ inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) 
 inline void add_detect_anomaly(CLI::App* sub) {
   sub->add_flag_callback("--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
                          "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+}
+
+// The one line a program prints for an error: the message escaped, and the standard library's
+// internal names ("std::bad_alloc", "vector::reserve") replaced by what they mean.
+inline std::string error_line(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory";
+  if (dynamic_cast<const std::length_error*>(&e)) return "a requested size is too large (" + text::printable(e.what()) + ")";
+  return text::printable(e.what(), 1000);
 }
 
 // -1 when the program should go on, else the exit code.

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::exception& e) {
-    std::cerr << "lm: " << e.what() << '\n';
+    std::cerr << "lm: " << cli::error_line(e) << '\n';
     return 2;
   }
   return 0;

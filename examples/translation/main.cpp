@@ -186,10 +186,10 @@ int main(int argc, char** argv) {
     if (*tl) return cmd_translate(t_run, t_opt, t_max, t_att);
     if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
   } catch (const CLI::Error& e) {
-    std::cerr << "translate: " << e.what() << '\n';
+    std::cerr << "translate: " << cli::error_line(e) << '\n';
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "translate: " << e.what() << '\n';
+    std::cerr << "translate: " << cli::error_line(e) << '\n';
     return 2;
   }
   return 0;

@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <filesystem>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -66,6 +67,12 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
+  // SentencePiece reads the whole file: refuse one far larger than any tokenizer first.
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(model_path, ec);
+  if (!ec && size > kMaxModelBytes)
+    throw std::runtime_error("Tokenizer: '" + model_path + "' is " + std::to_string(size) +
+                             " bytes, more than the " + std::to_string(kMaxModelBytes) + " a tokenizer model may have");
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
     throw std::runtime_error("Tokenizer: cannot load model '" + model_path +

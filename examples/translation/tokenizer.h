@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@ class Tokenizer {
                     int vocab_size, ModelType type = ModelType::Unigram);
 
   // Throws std::runtime_error naming the path if the model cannot be loaded.
+  static constexpr uintmax_t kMaxModelBytes = uintmax_t(64) << 20;
+  // Loads a SentencePiece model (at most kMaxModelBytes); errors name the file.
   explicit Tokenizer(const std::string& model_path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
