@@ -80,7 +80,7 @@ test-sanitize: deps
 # sanitizers; new crashing inputs land in fuzz/regressions/<target> (replayed by `make test`).
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_DEPS = clang libclang-rt-14-dev libomp-14-dev
+FUZZ_DEPS = clang-14 libclang-rt-14-dev libomp-14-dev
 fuzz: deps
 	@missing=""; for p in $(FUZZ_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \

@@ -15,34 +15,16 @@
 #include "nn/layers.h"
 #include "nn/trainer.h"
 #include "ops/ops.h"
+#include "tests/toy_task.h"
 
 using namespace graft;
 namespace fs = std::filesystem;
 
 namespace {
 
-// y = 2x + 1, a Linear(1, 1), 4 batches of 4 points.
-struct Toy {
-  nn::Linear model{1, 1, true, DType::f64, default_generator()};
-  std::vector<Tensor> xs, ys;
-  nn::TrainTask task;
-  Toy() {
-    Generator g(1);
-    for (int b = 0; b < 4; ++b) {
-      xs.push_back(rand({4, 1}, DType::f64, g, -1, 1));
-      ys.push_back(affine(xs.back(), 2.0, 1.0));
-    }
-    task.model = &model;
-    task.batches = 4;
-    task.loss = [this](int64_t i) {
-      Tensor d = sub(model.forward(xs[i]), ys[i]);
-      return mean(mul(d, d));
-    };
-    task.tokens = [](int64_t) { return int64_t(4); };
-    task.metric_names = {"mse"};
-    task.validate = [this]() -> std::map<std::string, double> { return {{"mse", task.loss(0).item()}}; };
-    task.stop_metric = "mse";
-  }
+// The toy task of test_trainer, with 4 batches.
+struct Toy : testing::ToyTask {
+  Toy() : ToyTask(1, 4) {}
 };
 
 nn::LoopOptions options(const std::string& dir, bool resume) {

@@ -10,6 +10,7 @@
 #include "nn/trainer.h"
 #include "ops/ops.h"
 #include "tests/test_util.h"
+#include "tests/toy_task.h"
 
 using namespace graft;
 using graft::testing::names;
@@ -17,34 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// y = 2 x + 1 on 8 batches of 4 points, a Linear(1, 1) and mean squared error.
-struct Toy {
-  nn::Linear model{1, 1, true, DType::f64, default_generator()};
-  std::vector<Tensor> xs, ys;
-  nn::TrainTask task;
-  explicit Toy(uint64_t seed) {
-    Generator g(seed);
-    for (int b = 0; b < 8; ++b) {
-      Tensor x = rand({4, 1}, DType::f64, g, -1, 1);
-      xs.push_back(x);
-      ys.push_back(affine(x, 2.0, 1.0));
-    }
-    task.model = &model;
-    task.batches = 8;
-    task.loss = [this](int64_t i) {
-      Tensor d = sub(model.forward(xs[i]), ys[i]);
-      return mean(mul(d, d));
-    };
-    task.tokens = [](int64_t) { return int64_t(4); };
-    task.metric_names = {"mse"};
-    task.validate = [this]() -> std::map<std::string, double> {
-      double s = 0;
-      for (int i = 0; i < 8; ++i) s += task.loss(i).item();
-      return {{"mse", s / 8}};
-    };
-    task.stop_metric = "mse";
-  }
-};
+using Toy = graft::testing::ToyTask;
 
 nn::LoopOptions opts(const fs::path& dir, int64_t steps) {
   nn::LoopOptions o;

@@ -1,0 +1,44 @@
+// A toy training task for the library loop, shared by test_trainer and the train-state fuzz
+// target: y = 2 x + 1 on `batches` batches of 4 points, a Linear(1, 1) in float64, mean squared
+// error; validation reports the mean of the batch losses as "mse".
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+#include "nn/trainer.h"
+#include "ops/ops.h"
+
+namespace graft::testing {
+
+struct ToyTask {
+  nn::Linear model{1, 1, true, DType::f64, default_generator()};
+  std::vector<Tensor> xs, ys;
+  nn::TrainTask task;
+  explicit ToyTask(uint64_t seed, int batches = 8) {
+    Generator g(seed);
+    for (int b = 0; b < batches; ++b) {
+      Tensor x = rand({4, 1}, DType::f64, g, -1, 1);
+      xs.push_back(x);
+      ys.push_back(affine(x, 2.0, 1.0));
+    }
+    task.model = &model;
+    task.batches = batches;
+    task.loss = [this](int64_t i) {
+      Tensor d = sub(model.forward(xs[i]), ys[i]);
+      return mean(mul(d, d));
+    };
+    task.tokens = [](int64_t) { return int64_t(4); };
+    task.metric_names = {"mse"};
+    task.validate = [this]() -> std::map<std::string, double> {
+      double s = 0;
+      for (int64_t i = 0; i < task.batches; ++i) s += task.loss(i).item();
+      return {{"mse", s / (double)task.batches}};
+    };
+    task.stop_metric = "mse";
+  }
+};
+
+}  // namespace graft::testing
