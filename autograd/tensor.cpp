@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -435,11 +436,22 @@ Generator& default_generator() {
 void manual_seed(uint64_t seed) { default_generator().set_state(seed); }
 
 // ---- creation ----
+// A double as int64: a value outside int64's range (or NaN) would be undefined behaviour in the
+// cast, so it is an error instead.
+static int64_t int64_of(double v, const char* op) {
+  if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+    fail(std::string(op) + ": " + std::to_string(v) + " does not fit an int64 tensor");
+  return (int64_t)v;
+}
+
 template <class T, class F>
 static void fill_seq(const Tensor& t, F&& f) {
   T* p = t.data<T>();
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) p[i] = (T)f(i);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, int64_t>) p[i] = int64_of(f(i), "fill");
+    else p[i] = (T)f(i);
+  }
 }
 
 static void fill_all(const Tensor& t, const std::function<double(int64_t)>& f) {
@@ -465,7 +477,7 @@ Tensor scalar(double value, DType dt) { return full({}, value, dt); }
 
 Tensor arange(double start, double end, double step, DType dt) {
   if (step == 0) fail("arange: step must be non-zero");
-  int64_t n = (int64_t)std::ceil((end - start) / step);
+  int64_t n = int64_of(std::ceil((end - start) / step), "arange");
   if (n < 0) n = 0;
   Tensor t = Tensor::empty({n}, dt);
   fill_all(t, [&](int64_t i) { return start + (double)i * step; });
@@ -479,9 +491,11 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dt) {
     fail("from_vector: " + std::to_string(values.size()) + " values do not fill shape " +
          shape_str(shape));
   Tensor t = Tensor::empty(shape, dt);
-  fill_all(t, [&](int64_t i) { return (double)values[i]; });
-  if (dt == DType::i64)  // exact for ids beyond 2^53
+  if (dt == DType::i64 && std::is_integral_v<T>) {  // exact for ids beyond 2^53
     for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = (int64_t)values[i];
+    return t;
+  }
+  fill_all(t, [&](int64_t i) { return (double)values[i]; });
   return t;
 }
 template Tensor from_vector(const std::vector<float>&, const Shape&, DType);
@@ -549,6 +563,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   if (dst.shape() != src.shape())
     fail("copy_into: destination " + describe(dst) + " and source " + describe(src) +
          " differ in shape");
+  if (dst.dtype() == DType::i64 && is_floating(src.dtype()))  // the cast of NaN or +-1e30 is UB
+    for (double v : src.to_vector<double>()) int64_of(v, "copy_into (to int64)");
   switch (dst.dtype()) {
     case DType::f32: copy_from<float>(dst, src); break;
     case DType::f64: copy_from<double>(dst, src); break;
@@ -599,7 +615,8 @@ void fill_(const Tensor& t, double value) {
     }
     case DType::i64: {
       int64_t* p = t.data<int64_t>();
-      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = (int64_t)value; });
+      const int64_t v = int64_of(value, "fill_");
+      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = v; });
       break;
     }
   }
