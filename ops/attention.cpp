@@ -21,6 +21,7 @@
 #include "autograd/gradcheck.h"
 #include "ops/cases.h"
 #include "ops/kernels.h"
+#include "ops/precision.h"
 #include "ops/onednn/dnnl_utils.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
@@ -274,7 +275,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   kern::bmm(P, v, res.out);  // out = P V
   if (autograd::needs_record({q, k, v, opt.bias}))
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
-                     [a](const Ctx& c, const Tensors& dout) {
+                     [a, prec = precision_state()](const Ctx& c, const Tensors& dout) {
+                       PrecisionGuard guard(prec);
                        return scaled_dot_product_attention_backward(c, dout[0], a);
                      });
   return res;

@@ -4,7 +4,9 @@
 #include <bit>
 #include <string_view>
 
+#include "ops/bf16.h"
 #include "ops/onednn/dnnl_utils.h"
+#include "ops/precision.h"
 
 namespace graft::kern {
 
@@ -94,55 +96,86 @@ int64_t merged_row_stride(const Tensor& t) {
 
 namespace {
 
-// float32 through oneDNN matmul; alpha as an output scale, accumulate as a sum post-op.
-void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate) {
+// b without batch dims and a whose batch rows are evenly spaced: one (B*M, K) @ (K, N) gemm is
+// faster than B small ones, so the operands are read that way.
+void merge_batch(Tensor& a, Tensor& b, Tensor& out) {
+  if (a.dim() <= 2 || !batch_is_one(b)) return;
+  const int64_t rs = merged_row_stride(a);
+  if (rs < 0) return;
+  const int64_t rows = a.numel() / a.shape().back(), K = a.shape().back(), N = b.shape().back();
+  a = view_as(a, {rows, K}, {rs, a.strides().back()});
+  b = view_as(b, {K, N}, {b.strides()[b.dim() - 2], b.strides().back()});
+  out = reshaped(out, {rows, N});
+}
+
+bool is_dense(const Shape& shape, const Shape& strides) {
+  return onednn::canonical_strides(shape, strides) ==
+         onednn::canonical_strides(shape, contiguous_strides(shape));
+}
+
+// The oneDNN matmul of operands a, b (shapes and strides as, bs, element type dt) into out
+// (float32); alpha as an output scale, accumulate as a sum post-op.
+onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const Shape& b,
+                                         const Shape& bs, const Tensor& out,
+                                         dnnl::memory::data_type dt, float alpha, bool accumulate) {
+  auto a_md = onednn::md(a, as, dt), b_md = onednn::md(b, bs, dt), o_md = onednn::md(out);
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
+  // A strided batch can land on the reference kernel (orders of magnitude slower); dense
+  // copies are cheap next to that.
+  const bool dense = std::string_view(pd.impl_info_str()).substr(0, 3) == "ref" &&
+                     (!is_dense(a, as) || !is_dense(b, bs));
+  if (dense) {
+    a_md = onednn::md(a, contiguous_strides(a), dt);
+    b_md = onednn::md(b, contiguous_strides(b), dt);
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
+  }
+  return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md}, dense};
+}
+
+// float32 through oneDNN matmul, with bf16 operands under PrecisionGuard(bf16) (ops/precision.h):
+// oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul).
+void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool b_is_weight) {
+  const bool bf16 = matmul_precision() == Precision::bf16;
+  const bool bf16_kernel = bf16 && bf16_path() == Bf16Path::onednn;
+  if (bf16 && !bf16_kernel) {
+    a = rounded_to_bf16(a, false);
+    b = rounded_to_bf16(b, b_is_weight);
+  }
   a = onednn::operand(a);
   b = onednn::operand(b);
-  // b without batch dims and a whose batch rows are evenly spaced: one (B*M, K) @ (K, N)
-  // gemm is faster than B small ones.
-  if (a.dim() > 2 && batch_is_one(b)) {
-    const int64_t rs = merged_row_stride(a);
-    if (rs >= 0) {
-      const int64_t rows = a.numel() / a.shape().back(), K = a.shape().back(),
-                    N = b.shape().back();
-      a = view_as(a, {rows, K}, {rs, a.strides().back()});
-      b = view_as(b, {K, N}, {b.strides()[b.dim() - 2], b.strides().back()});
-      out = reshaped(out, {rows, N});
-    }
-  }
-  const Shape as = onednn::canonical_strides(a.shape(), a.strides()),
-              bs = onednn::canonical_strides(b.shape(), b.strides());
-  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha)};
+  merge_batch(a, b, out);
+  const Shape as = onednn::canonical_strides(a.shape(), bf16_kernel ? bf16_strides(a) : a.strides()),
+              bs = onednn::canonical_strides(b.shape(), bf16_kernel ? bf16_strides(b) : b.strides());
+  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel};
   for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
     key.insert(key.end(), v->begin(), v->end());
-  const auto& c = onednn::cached<dnnl::matmul>(key, [&] {
-    auto a_md = onednn::md(a), b_md = onednn::md(b), o_md = onednn::md(out);
-    dnnl::primitive_attr attr;
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (accumulate) {
-      dnnl::post_ops po;
-      po.append_sum(1.0f);
-      attr.set_post_ops(po);
+  const auto dt = bf16_kernel ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  const auto& c = onednn::cached<dnnl::matmul>(
+      key, [&] { return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate); });
+  void *pa, *pb;
+  Bf16Operand a16, b16;
+  if (bf16_kernel) {
+    a16 = to_bf16(a, c.dense_copy, false);
+    b16 = to_bf16(b, c.dense_copy, b_is_weight);
+    pa = a16.data();
+    pb = b16.data();
+  } else {
+    if (c.dense_copy) {
+      a = contiguous_copy(a);
+      b = contiguous_copy(b);
     }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
-    // A strided batch can land on the reference kernel (orders of magnitude slower); dense
-    // copies are cheap next to that.
-    const bool dense = std::string_view(pd.impl_info_str()).substr(0, 3) == "ref" &&
-                       (!a.is_contiguous() || !b.is_contiguous());
-    if (dense) {
-      a_md = onednn::md_contiguous(a.shape());
-      b_md = onednn::md_contiguous(b.shape());
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, o_md), attr,
-                                        onednn::engine());
-    }
-    return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md}, dense};
-  });
-  if (c.dense_copy) {
-    a = contiguous_copy(a);
-    b = contiguous_copy(b);
+    pa = a.raw();
+    pb = b.raw();
   }
-  c.prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::mem(c.mds[0], a)},
-                                    {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], b)},
+  c.prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::mem(c.mds[0], pa)},
+                                    {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], pb)},
                                     {DNNL_ARG_DST, onednn::mem(c.mds[2], out)}});
   onednn::stream().wait();
 }
@@ -185,7 +218,8 @@ void bmm_loop(const Tensor& a, const Tensor& b, const Tensor& out, T alpha, bool
 
 }  // namespace
 
-void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
+void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate,
+         bool b_is_weight) {
   if (out.numel() == 0) return;
   const int64_t K = a.shape().back();
   if (K == 0) {  // an empty sum
@@ -193,17 +227,17 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool
     return;
   }
   if (a.dtype() == DType::f32 && a.dim() <= 12)
-    bmm_f32(a, b, out, (float)alpha, accumulate);
+    bmm_f32(a, b, out, (float)alpha, accumulate, b_is_weight);
   else
     GRAFT_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_loop<T>(a, b, out, (T)alpha, accumulate); });
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate) {
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, bool b_is_weight) {
   if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() ||
       a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1] ||
       a.shape()[1] != b.shape()[0])
     fail("gemm: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out));
-  bmm(a, b, out, 1.0, accumulate);
+  bmm(a, b, out, 1.0, accumulate, b_is_weight);
 }
 
 // A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the

@@ -53,12 +53,15 @@ int64_t merged_row_stride(const Tensor& t);
 // a, b, out of equal rank >= 2 and one float dtype; the batch dims of a and b equal those of out
 // or are 1 (broadcast); a and b any strides (transposes and head-split permutes as views), out
 // contiguous (a row range of a bigger tensor is fine). float32 runs oneDNN matmul, its primitive
-// built once per problem and thread; float64 a reference loop. Records nothing: for ops that run
-// matmuls inside their own forward or backward.
+// built once per problem and thread, with bf16 operands under PrecisionGuard(bf16)
+// (ops/precision.h); float64 a reference loop. b_is_weight: b is (a view of) a weight, whose
+// bf16 copy is kept until it changes. Records nothing: for ops that run matmuls inside their own
+// forward or backward.
 void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
-         bool accumulate = false);
+         bool accumulate = false, bool b_is_weight = false);
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false);
+void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false,
+          bool b_is_weight = false);
 // aliasing(t): a 2-D operand of >= 256 rows whose rows lie a multiple of 1 KiB apart; a gemm
 // reducing over those rows (dW = dy^T x) runs far below peak (see kernels.cpp).
 // unaliased(t): t, or a copy with rows 16 elements further apart when aliasing(t).

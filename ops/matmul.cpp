@@ -8,6 +8,7 @@
 #include "ops/cases.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
+#include "ops/precision.h"
 #include "ops/reduce.h"
 #include "ops/shape.h"
 
@@ -119,7 +120,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor out = reshaped(matmul_core(p.a, p.b), p.out_shape);
   if (autograd::needs_record({a, b}))
     autograd::record("matmul", {a, b}, {out}, {a, b},
-                     [](const autograd::Ctx& c, const Tensors& dout) {
+                     [prec = precision_state()](const autograd::Ctx& c, const Tensors& dout) {
+                       PrecisionGuard guard(prec);
                        return matmul_backward(c.saved[0], c.saved[1], dout[0], c.needs);
                      });
   return out;
@@ -267,6 +269,34 @@ void linear_backward_weights_f32(const LinearMds& m, const Tensor& x2, const Ten
   onednn::stream().wait();
 }
 
+// y2 (N, OUT) += b (OUT) on every row.
+void add_bias_rows(const Tensor& y2, const Tensor& b) {
+  const int64_t N = y2.shape()[0], OUT = y2.shape()[1];
+  float* py = y2.data<float>();
+  const float* pb = b.data<const float>();
+#pragma omp parallel for if (N * OUT > kern::kParallelGrain) schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OUT; ++o) py[n * OUT + o] += pb[o];
+}
+
+// Under PrecisionGuard(bf16), linear's matmuls go through kern::bmm (bf16 operands, the weight's
+// copy made once per change) and the bias is added in float32.
+bool linear_in_bf16(const Tensor& x) {
+  return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
+}
+
+void linear_forward_bf16(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, /*b_is_weight=*/true);
+  if (b.defined()) add_bias_rows(y2, b);
+}
+
+void linear_backward_bf16(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
+                          const Tensor& dw, Tensor& db) {
+  if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, /*b_is_weight=*/true);
+  if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
+  if (db.defined()) db = sum(dy, {0});
+}
+
 // linear's argument checks; the message names every shape.
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   kern::check_float("linear", x);
@@ -301,7 +331,9 @@ Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout,
   Tensor dw = needs[1] ? Tensor::empty(w.shape(), w.dtype()) : Tensor();
   Tensor db = has_bias && needs[2] ? Tensor::empty({w.shape()[0]}, w.dtype()) : Tensor();
   const Tensor dx2 = dx.defined() ? kern::as_rows(dx) : Tensor();
-  if (x.dtype() == DType::f32 && x2.numel() > 0 && dy.numel() > 0) {
+  if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
+    linear_backward_bf16(dy, x2, w, dx2, dw, db);
+  } else if (x.dtype() == DType::f32 && x2.numel() > 0 && dy.numel() > 0) {
     const LinearMds m(x2.shape()[0], x2.shape()[1], w.shape()[0], has_bias);
     if (dx.defined()) linear_backward_data_f32(m, dy, w, dx2);
     if (dw.defined() || db.defined()) linear_backward_weights_f32(m, x2, dy, dw, db);
@@ -320,13 +352,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(y_shape, x.dtype());
   const Tensor y2 = kern::as_rows(y);
   const bool record = autograd::needs_record({x, w, b});
-  if (x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0)
+  if (linear_in_bf16(x) && x2.numel() > 0 && y2.numel() > 0)
+    linear_forward_bf16(x2, wc, bc, y2);
+  else if (x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0)
     linear_forward_f32(x2, wc, bc, y2, record);
   else
     GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record)
     autograd::record("linear", {x, w, b}, {y}, {x, w},
-                     [has_bias = b.defined()](const autograd::Ctx& c, const Tensors& dout) {
+                     [has_bias = b.defined(), prec = precision_state()](const autograd::Ctx& c,
+                                                                         const Tensors& dout) {
+                       PrecisionGuard guard(prec);
                        return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
                      });
   return y;

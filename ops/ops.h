@@ -8,6 +8,7 @@
 #include "ops/loss.h"
 #include "ops/matmul.h"
 #include "ops/norm.h"
+#include "ops/precision.h"
 #include "ops/reduce.h"
 #include "ops/rope.h"
 #include "ops/shape.h"

@@ -22,11 +22,10 @@ Shape canonical_strides(const Shape& shape, const Shape& strides) {
   return st;
 }
 
-dnnl::memory::desc md(const Shape& shape, const Shape& strides) {
-  if (shape.empty()) return dnnl::memory::desc({1}, dnnl::memory::data_type::f32, dims{1});
+dnnl::memory::desc md(const Shape& shape, const Shape& strides, dnnl::memory::data_type dt) {
+  if (shape.empty()) return dnnl::memory::desc({1}, dt, dims{1});
   const Shape st = canonical_strides(shape, strides);
-  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dnnl::memory::data_type::f32,
-                            dims(st.begin(), st.end()));
+  return dnnl::memory::desc(dims(shape.begin(), shape.end()), dt, dims(st.begin(), st.end()));
 }
 
 dnnl::memory::desc md(const Tensor& t) { return md(t.shape(), t.strides()); }
@@ -38,6 +37,8 @@ dnnl::memory::desc md_contiguous(const Shape& shape) {
 dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) {
   return dnnl::memory(d, engine(), t.raw());
 }
+
+dnnl::memory mem(const dnnl::memory::desc& d, void* data) { return dnnl::memory(d, engine(), data); }
 
 dnnl::memory mem(const Tensor& t) { return mem(md(t), t); }
 

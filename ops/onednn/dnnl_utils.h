@@ -17,7 +17,8 @@ dnnl::stream& stream();
 using dims = dnnl::memory::dims;
 // Describes an f32 tensor with its own strides; rank 0 is described as (1).
 dnnl::memory::desc md(const Tensor& t);
-dnnl::memory::desc md(const Shape& shape, const Shape& strides);
+dnnl::memory::desc md(const Shape& shape, const Shape& strides,
+                      dnnl::memory::data_type dt = dnnl::memory::data_type::f32);
 dnnl::memory::desc md_contiguous(const Shape& shape);
 // The strides with every size-1 dim given the stride a dense layout would give it: its stride is
 // meaningless, and any other value there (0 from a broadcast, 1 from a padded shape, whatever a
@@ -26,6 +27,7 @@ Shape canonical_strides(const Shape& shape, const Shape& strides);
 // Wraps the tensor's data pointer (no copy).
 dnnl::memory mem(const Tensor& t);
 dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t);
+dnnl::memory mem(const dnnl::memory::desc& d, void* data);
 
 // True when the tensor can be handed to a oneDNN primitive: f32, 1..12 dims, non-empty, and
 // no zero strides (oneDNN cannot describe broadcast views).

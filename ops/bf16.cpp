@@ -1,0 +1,115 @@
+#include "ops/bf16.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <tuple>
+
+#include "ops/kernels.h"
+
+namespace graft::kern {
+
+bool dense_span(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.shape()[d] != 1) dims.push_back({t.strides()[d], t.shape()[d]});
+  std::sort(dims.begin(), dims.end());
+  int64_t expect = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expect) return false;
+    expect *= size;
+  }
+  return true;
+}
+
+Shape bf16_strides(const Tensor& t) {
+  return dense_span(t) ? t.strides() : contiguous_strides(t.shape());
+}
+
+namespace {
+
+// Writes conv(x) for every element x of t: in storage order over its span when `span`, else in
+// row-major order of t's shape.
+template <class Out, class Conv>
+void convert(const Tensor& t, bool span, Out* dst, Conv conv) {
+  const float* src = t.data<const float>();
+  const int64_t n = t.numel();
+  if (span) {
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = conv(src[i]);
+  } else {
+    for_each_strided(t.shape(), t.strides(), [&](int64_t i, int64_t o) { dst[i] = conv(src[o]); });
+  }
+}
+
+// Converted copies of weights, by source span; an entry is good while its source storage lives
+// at the same version.
+struct Reused {
+  std::weak_ptr<Storage> source;
+  uint64_t version = 0;
+  std::shared_ptr<Storage> copy;
+};
+using ReuseKey = std::tuple<const Storage*, int64_t, int64_t, bool>;  // storage, offset, numel, rounded
+std::mutex reuse_mutex;
+std::atomic<uint64_t> weight_copies{0};
+std::map<ReuseKey, Reused>& reuse_cache() {
+  static std::map<ReuseKey, Reused> cache;
+  return cache;
+}
+
+// The copy of t's span (`rounded`: float32 values, else bf16 bits), from the cache when `reuse`.
+template <class Make>
+std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, Make make) {
+  if (!reuse) return make();
+  const std::shared_ptr<Storage>& src = t.impl()->storage;
+  const ReuseKey key{src.get(), t.offset(), t.numel(), rounded};
+  std::lock_guard<std::mutex> lock(reuse_mutex);
+  auto& cache = reuse_cache();
+  auto it = cache.find(key);
+  if (it != cache.end() && it->second.source.lock() == src && it->second.version == src->version)
+    return it->second.copy;
+  std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
+  Reused r{src, src->version, make()};
+  ++weight_copies;
+  cache[key] = r;
+  return r.copy;
+}
+
+}  // namespace
+
+uint64_t bf16_weight_copies() { return weight_copies; }
+
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse) {
+  const bool span = !contiguous && dense_span(t);
+  Bf16Operand out;
+  out.shape = t.shape();
+  out.strides = span ? t.strides() : contiguous_strides(t.shape());
+  auto make = [&] {
+    auto s = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
+    convert(t, span, static_cast<uint16_t*>(s->data), bf16_bits);
+    return s;
+  };
+  out.storage = span_copy(t, false, reuse && span, make);
+  return out;
+}
+
+Tensor rounded_to_bf16(const Tensor& t, bool reuse) {
+  const bool span = dense_span(t);
+  const Shape strides = span ? t.strides() : contiguous_strides(t.shape());
+  auto make = [&] {
+    auto s = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 4);
+    convert(t, span, static_cast<float*>(s->data),
+            [](float x) { return bf16_to_float(bf16_bits(x)); });
+    return s;
+  };
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = span_copy(t, true, reuse && span, make);
+  impl->shape = t.shape();
+  impl->strides = strides;
+  impl->dtype = DType::f32;
+  return Tensor(impl);
+}
+
+}  // namespace graft::kern

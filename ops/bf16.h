@@ -1,0 +1,45 @@
+// bfloat16 operands for the matmuls (internal to ops/; the switch is ops/precision.h). A bf16
+// copy of a float32 operand lives in its own storage; when the operand fills a dense span of its
+// storage in some dim order (contiguous, or a transpose of contiguous), the span is converted in
+// storage order and keeps the operand's strides, else the copy is contiguous.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <memory>
+
+#include "autograd/tensor.h"
+
+namespace graft::kern {
+
+// Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, overflow gives inf.
+inline uint16_t bf16_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : rounded);
+}
+inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>((uint32_t)b << 16); }
+
+// True when t's elements fill exactly [offset, offset + numel) of its storage, in some order of
+// its dims (size-1 dims ignored).
+bool dense_span(const Tensor& t);
+
+// A bf16 copy of a float32 tensor for oneDNN: its shape, the strides it was written with.
+struct Bf16Operand {
+  std::shared_ptr<Storage> storage;
+  Shape shape, strides;
+  void* data() const { return storage->data; }
+};
+// The strides to_bf16(t, false, ..) writes: t's own when dense_span(t), else contiguous.
+Shape bf16_strides(const Tensor& t);
+// t (float32, any strides) in bf16: contiguous when `contiguous`, else with bf16_strides(t).
+// With `reuse`, a dense-span copy is kept until t's storage changes version or dies, and later
+// calls for the same span return it (for weights: converted once per optimizer step).
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse);
+// How many reused copies were made (ops/precision.h: bf16_weight_copies_made).
+uint64_t bf16_weight_copies();
+// The reference path: t's values rounded to bf16, as a float32 tensor (same layout rule and
+// reuse as to_bf16).
+Tensor rounded_to_bf16(const Tensor& t, bool reuse);
+
+}  // namespace graft::kern

@@ -1,0 +1,109 @@
+#include "ops/precision.h"
+
+#include <cstdio>
+#include <mutex>
+#include <string_view>
+
+#include "ops/bf16.h"
+#include "ops/onednn/dnnl_utils.h"
+
+namespace graft {
+
+namespace {
+
+thread_local Precision current_precision = Precision::fp32;
+thread_local Bf16Path current_path = Bf16Path::automatic;
+
+// impl_info_str of an n^3 matmul with operands of type dt and a float32 output, or "" when
+// oneDNN has no implementation.
+std::string probe_matmul(dnnl::memory::data_type dt, int64_t n) {
+  using dnnl::memory;
+  try {
+    const memory::desc a({n, n}, dt, memory::format_tag::ab), b({n, n}, dt, memory::format_tag::ab),
+        c({n, n}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), onednn::engine());
+    return pd.impl_info_str();
+  } catch (const dnnl::error&) {
+    return "";
+  }
+}
+
+const std::string& bf16_probe() {
+  static const std::string name = probe_matmul(dnnl::memory::data_type::bf16, 64);
+  return name;
+}
+
+}  // namespace
+
+Precision parse_precision(const std::string& s, const std::string& what) {
+  if (s == "fp32") return Precision::fp32;
+  if (s == "bf16") return Precision::bf16;
+  fail(what + ": unknown precision '" + s + "' (one of: fp32, bf16)");
+}
+
+const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
+const char* bf16_path_name(Bf16Path p) {
+  switch (p) {
+    case Bf16Path::onednn: return "onednn";
+    case Bf16Path::reference: return "reference";
+    default: return "automatic";
+  }
+}
+
+PrecisionGuard::PrecisionGuard(Precision p, Bf16Path path)
+    : prev_precision_(current_precision), prev_path_(current_path) {
+  if (p == Precision::bf16 && path == Bf16Path::onednn && !bf16_kernel_available())
+    fail(bf16_unavailable_reason("PrecisionGuard(bf16, onednn):"));
+  current_precision = p;
+  current_path = path;
+}
+
+PrecisionGuard::~PrecisionGuard() {
+  current_precision = prev_precision_;
+  current_path = prev_path_;
+}
+
+Precision matmul_precision() { return current_precision; }
+
+PrecisionState precision_state() { return {current_precision, current_path}; }
+
+Bf16Path bf16_path() {
+  if (current_path != Bf16Path::automatic) return current_path;
+  if (bf16_kernel_available()) return Bf16Path::onednn;
+  static std::once_flag said;
+  std::call_once(said, [] { std::fprintf(stderr, "graft: %s\n", bf16_description().c_str()); });
+  return Bf16Path::reference;
+}
+
+bool bf16_kernel_available() {
+  const std::string& name = bf16_probe();
+  return !name.empty() && std::string_view(name).substr(0, 3) != "ref";
+}
+
+std::string matmul_kernel_name(Precision p) {
+  const std::string name = probe_matmul(
+      p == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, 1024);
+  return name.empty() ? "none (oneDNN has no implementation)" : name;
+}
+
+std::string bf16_description() {
+  if (bf16_kernel_available()) return "bf16 matmuls: oneDNN " + matmul_kernel_name(Precision::bf16);
+  const dnnl_version_t* v = dnnl_version();
+  return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
+         std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         " has no bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX; best here: " +
+         (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
+}
+
+std::string bf16_unavailable_reason(const std::string& what) {
+  if (bf16_kernel_available()) return "";
+  return what + " bf16: oneDNN has no bf16 matmul kernel for this CPU (it needs AVX512_BF16 or "
+                "AMX), so bf16 would only be slower than fp32; use fp32";
+}
+
+uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }
+
+float round_to_bf16(float x) { return kern::bf16_to_float(kern::bf16_bits(x)); }
+
+}  // namespace graft
