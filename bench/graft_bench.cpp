@@ -4,6 +4,8 @@
 //   graft_bench --what greedy --config ...  [--beam 4]          (decode: --what greedy / beam)
 //   graft_bench --what micro                                    (op microbenchmarks)
 //   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
+//   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
+//   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
 // memory (VmHWM) read at the end. One configuration per process, so peak memory is per config.
@@ -34,6 +36,7 @@ struct Args {
   std::string what = "train", config = "tiny";
   int warmup = 2, steps = 5, beam = 1;
   int64_t n = 2048;
+  Precision precision = Precision::fp32;
 };
 
 Args parse(int argc, char** argv) {
@@ -53,6 +56,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--beam") a.beam = std::stoi(val());
     else if (k == "--n") a.n = std::stoll(val());
+    else if (k == "--precision") a.precision = parse_precision(val(), "--precision");
     else {
       std::cerr << "graft_bench: unknown argument " << k << "\n";
       std::exit(2);
@@ -131,7 +135,10 @@ models::TransformerConfig model_config(const BenchConfig& b) {
   return c;
 }
 
-void emit(const std::string& body) { std::cout << "RESULT {" << body << "}" << std::endl; }
+void emit(const std::string& body) {
+  std::cout << "RESULT {" << body << ",\"precision\":\"" << precision_name(matmul_precision())
+            << "\"}" << std::endl;
+}
 
 std::string num(double v) {
   std::ostringstream os;
@@ -246,6 +253,12 @@ void run_sgemm(const Args& a) {
        ",\"gflops\":" + num(2.0 * n * n * n / t / 1e9));
 }
 
+void run_kernels() {
+  emit("\"what\":\"kernels\",\"f32\":\"" + matmul_kernel_name(Precision::fp32) + "\",\"bf16\":\"" +
+       matmul_kernel_name(Precision::bf16) + "\",\"bf16_available\":" +
+       (bf16_kernel_available() ? "true" : "false"));
+}
+
 // Forward + backward of one op against a random upstream gradient; the leaf grads are dropped
 // before each call so every call does the same work.
 double fwd_bwd(const Args& a, Tensors leaves, const std::function<Tensor()>& fwd,
@@ -311,7 +324,7 @@ void run_micro(const Args& a) {
     double t = fwd_bwd(a, {x}, [&] { return cross_entropy(x, tgt, 0.1, PAD); }, Tensor());
     row("cross_entropy", "2048x8000", t, 3.0 * N * V * 4, "GB/s");
   }
-  std::cout << "RESULT {\"what\":\"micro\",\"ops\":[" << os.str() << "]}" << std::endl;
+  emit("\"what\":\"micro\",\"ops\":[" + os.str() + "]");
 }
 
 }  // namespace
@@ -319,6 +332,11 @@ void run_micro(const Args& a) {
 int main(int argc, char** argv) {
   try {
     Args a = parse(argc, argv);
+    if (a.precision == Precision::bf16 && !bf16_kernel_available()) {
+      std::cerr << "graft_bench: " << bf16_unavailable_reason("--precision") << "\n";
+      return 3;
+    }
+    PrecisionGuard guard(a.precision, Bf16Path::onednn);
     if (a.what == "train") run_train(a);
     else if (a.what == "greedy") run_decode(a);
     else if (a.what == "beam") {
@@ -326,8 +344,9 @@ int main(int argc, char** argv) {
       run_decode(a);
     } else if (a.what == "micro") run_micro(a);
     else if (a.what == "sgemm") run_sgemm(a);
+    else if (a.what == "kernels") run_kernels();
     else {
-      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm)\n";
+      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm, kernels)\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -88,7 +88,7 @@ Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse) {
   out.strides = span ? t.strides() : contiguous_strides(t.shape());
   auto make = [&] {
     auto s = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
-    convert(t, span, static_cast<uint16_t*>(s->data), bf16_bits);
+    convert(t, span, static_cast<uint16_t*>(s->data), [](float x) { return bf16_bits(x); });
     return s;
   };
   out.storage = span_copy(t, false, reuse && span, make);

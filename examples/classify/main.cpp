@@ -80,7 +80,11 @@ int main(int argc, char** argv) {
   std::string r_run;
   pr->add_option("--run", r_run, "run directory")->required();
 
+  cli::add_precision(trn);
+  cli::add_precision(ev);
+  cli::add_precision(pr);
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  PrecisionGuard precision(cli::precision_choice());
   try {
     if (*prep) {
       auto s = classify::build_langid(p_dir, p_per, p_seed);

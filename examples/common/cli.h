@@ -13,6 +13,7 @@
 
 #include "autograd/tape.h"
 #include "autograd/text.h"
+#include "ops/precision.h"
 
 namespace graft::cli {
 
@@ -23,6 +24,30 @@ inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) 
 inline void add_detect_anomaly(CLI::App* sub) {
   sub->add_flag_callback("--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
                          "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+}
+
+// --precision fp32|bf16: the matmul precision of the whole run (ops/precision.h), entered by
+// `PrecisionGuard guard(cli::precision_choice());` after parsing. bf16 on a CPU where oneDNN has
+// no bf16 kernel is refused as a usage error (the reference path would only be slower).
+inline Precision& precision_choice() {
+  static Precision p = Precision::fp32;
+  return p;
+}
+inline void add_precision(CLI::App* sub) {
+  sub->add_option_function<std::string>(
+         "--precision",
+         [](const std::string& s) {
+           const Precision p = parse_precision(s, "--precision");
+           if (p == Precision::bf16) {
+             const std::string why = bf16_unavailable_reason("--precision");
+             if (!why.empty()) throw CLI::ValidationError(why);
+             std::cerr << bf16_description() << '\n';
+           }
+           precision_choice() = p;
+         },
+         "matmul precision: fp32 (default) or bf16 (bf16 operands, float32 accumulation and "
+         "everything else float32; needs a CPU with AVX512_BF16 or AMX)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
 // The one line a program prints for an error: the message escaped, and the standard library's

@@ -86,7 +86,11 @@ int main(int argc, char** argv) {
   ev->add_option("--run", e_run, "run directory")->required();
   ev->add_option("--context", e_context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
 
+  cli::add_precision(trn);
+  cli::add_precision(gen);
+  cli::add_precision(ev);
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  PrecisionGuard precision(cli::precision_choice());
   try {
     if (*trn) {
       if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");

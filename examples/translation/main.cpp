@@ -176,7 +176,11 @@ int main(int argc, char** argv) {
   ev->add_option("--beam", e_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
   ev->add_option("--samples", e_samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
 
+  cli::add_precision(trn);
+  cli::add_precision(tl);
+  cli::add_precision(ev);
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
+  PrecisionGuard precision(cli::precision_choice());
   try {
     if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
     if (*trn) {
