@@ -6,7 +6,7 @@ DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev li
        nlohmann-json3-dev libcli11-dev libcairo2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo bench clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build test demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
 deps:
 	@missing=""; for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -91,6 +91,11 @@ fuzz: deps
 
 bench: build
 	./bench/run.sh $(BUILD)
+
+# Time to validation BLEU 95 on the toy translation task, fp32 and (where the CPU has the kernels)
+# bf16: minutes, so not part of `make bench`.
+bench-quality: build
+	./bench/quality.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

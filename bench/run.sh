@@ -68,9 +68,11 @@ field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
 echo "bench: sgemm peak and OpenBLAS core type" >&2
 g1024=$("$GB" --what sgemm --n 1024 | grep '^RESULT ')
 best_ct="" best_gf=0 best_line=""
-# This CPU has AVX2 but no AVX-512, so SKYLAKEX kernels are not an option: OpenBLAS's own
-# detection (unset) against forcing HASWELL.
-for ct in "" HASWELL; do
+# OpenBLAS's own detection (unset) against forcing HASWELL (AVX2) and, on CPUs with AVX-512,
+# SKYLAKEX: whichever is fastest here is what PyTorch runs with.
+coretypes=("" HASWELL)
+grep -qw avx512f /proc/cpuinfo && coretypes+=(SKYLAKEX)
+for ct in "${coretypes[@]}"; do
   line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
   gf=$(field "$line" gflops)
   echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
@@ -91,6 +93,15 @@ echo "pytorch ${best_line#RESULT }" >>"$RES"
 result graft "$GB" --what sgemm --n 2048
 result pytorch $PY bench/torch_peer.py --what sgemm --n 2048
 
+# ---- the oneDNN kernels, and bf16 where this CPU has a bf16 kernel ---------------------------
+kern=$("$GB" --what kernels | grep '^RESULT ')
+kernel_f32=$(sed -n 's/.*"f32":"\([^"]*\)".*/\1/p' <<<"$kern")
+kernel_bf16=$(sed -n 's/.*"bf16":"\([^"]*\)".*/\1/p' <<<"$kern")
+BF16=false
+grep -q '"bf16_available":true' <<<"$kern" && BF16=true
+echo "  oneDNN matmul kernels: f32 $kernel_f32, bf16 $kernel_bf16 (bf16 rows: $BF16)" >&2
+$BF16 && result graft "$GB" --what sgemm --n 2048 --precision bf16
+
 # ---- op microbenchmarks ----------------------------------------------------------------------
 echo "bench: op microbenchmarks (forward + backward)" >&2
 result graft "$GB" --what micro
@@ -104,6 +115,10 @@ for c in $CONFIGS; do
   case $c in tiny) n=21 ;; small) n=9 ;; *) n=5 ;; esac
   result graft "$GB" --what train --config "$c" --warmup 2 --steps $n
   result pytorch $PY bench/torch_peer.py --what train --config "$c" --warmup 2 --steps $n
+  if $BF16; then
+    result graft "$GB" --what train --config "$c" --warmup 2 --steps $n --precision bf16
+    result pytorch $PY bench/torch_peer.py --what train --config "$c" --warmup 2 --steps $n --precision bf16
+  fi
 done
 
 # ---- decoding: 32 sources x 32 tokens, 32 new tokens, warm-up 1, median of 5 ----------------
@@ -114,6 +129,22 @@ for what in greedy beam; do
     result pytorch $PY bench/torch_peer.py --what "$what" --config "$c" --warmup 1 --steps 5
   done
 done
+for c in $CONFIGS; do  # the KV-cached PyTorch peer, and bf16 greedy on both sides
+  result pytorch $PY bench/torch_peer.py --what greedy_cached --config "$c" --warmup 1 --steps 5
+  if $BF16; then
+    result graft "$GB" --what greedy --config "$c" --warmup 1 --steps 5 --precision bf16
+    result pytorch $PY bench/torch_peer.py --what greedy_cached --config "$c" --warmup 1 --steps 5 --precision bf16
+  fi
+done
+# The cached peer must decode what nn.Transformer's full recomputation decodes.
+for c in $CONFIGS; do
+  full=$(grep "^pytorch .*\"what\": \"greedy\", \"config\": \"$c\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+  cached=$(grep "^pytorch .*\"what\": \"greedy_cached\", \"config\": \"$c\".*\"precision\": \"fp32\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+  if [ -n "$full" ] && [ "$full" != "$cached" ]; then
+    echo "bench: the KV-cached PyTorch peer decodes other ids than nn.Transformer ($c): refusing its numbers" >&2
+    exit 1
+  fi
+done
 
 # ---- report ----------------------------------------------------------------------------------
 META=$(mktemp /tmp/graft_bench.XXXXXX.json)
@@ -122,7 +153,8 @@ torchv=$($PY bench/torch_peer.py --what version)
 cat >"$META" <<EOF
 {"date": "$(date -u '+%Y-%m-%d %H:%M UTC')", "cpu": "$cpu", "nproc": $(nproc), "threads": $THREADS,
  "load": "$LOAD", "torch": "$torchv", "blas": "$(basename "$(dirname "$blas")") ($(basename "$blas"))",
- "coretype": "$best_ct", "graft_1024": $gg, "torch_1024": $best_gf, "blas_ratio": $ratio,
+ "coretype": "$best_ct", "graft_1024": $gg, "kernel_f32": "$kernel_f32", "kernel_bf16": "$kernel_bf16",
+ "bf16_available": $BF16, "torch_1024": $best_gf, "blas_ratio": $ratio,
  "seconds": $(( $(date +%s) - START ))}
 EOF
 $PY bench/torch_peer.py --report "$RES" --meta "$META" --csv "$OUT/latest.csv" --md "$OUT/latest.md"

@@ -2,7 +2,9 @@
 """PyTorch side of `make bench` (bench/run.sh runs it next to graft_bench), and the report.
 
   torch_peer.py --what train  --config tiny|small|base [--warmup 2] [--steps 5]
-  torch_peer.py --what greedy|beam --config ...
+  torch_peer.py --what greedy|beam --config ...       (nn.Transformer re-running the prefix)
+  torch_peer.py --what greedy_cached --config ...     (an incremental KV-cached decoder)
+  --precision bf16 (train, greedy_cached): under torch.autocast("cpu", dtype=torch.bfloat16)
   torch_peer.py --what micro
   torch_peer.py --what sgemm [--n 1024]
   torch_peer.py --report RESULTS.jsonl --csv OUT.csv --md OUT.md   (no torch needed)
@@ -58,6 +60,12 @@ def time_median(warmup, steps, f):
         f()
         ts.append(time.perf_counter() - t0)
     return median(ts)
+
+
+def ids_crc(ys):
+    """CRC-32 of the generated ids: the two greedy peers must agree."""
+    import zlib
+    return zlib.crc32(" ".join(map(str, ys.reshape(-1).tolist())).encode())
 
 
 def emit(d):
@@ -127,7 +135,8 @@ def run_train(torch, a):
     state = {}
 
     def step():
-        loss = crit(model(src, tgt_in).reshape(-1, V), tgt_out)  # logits not held (as graft)
+        with autocast(torch, a):  # bf16: the matmuls in bf16, as torch.autocast decides
+            loss = crit(model(src, tgt_in).reshape(-1, V), tgt_out)  # logits not held (as graft)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)  # graft drops grads too (PyTorch 2's default)
@@ -136,7 +145,12 @@ def run_train(torch, a):
     t = time_median(a.warmup, a.steps, step)
     emit({"what": "train", "config": a.config, "ms": t * 1e3, "tok_s": target_tokens / t,
           "target_tokens": target_tokens, "params": sum(p.numel() for p in model.parameters()),
-          "loss": state["loss"], "peak_rss_mib": peak_rss_mib()})
+          "loss": state["loss"], "peak_rss_mib": peak_rss_mib(), "precision": a.precision})
+
+
+def autocast(torch, a):
+    """torch.autocast("cpu", dtype=torch.bfloat16) under --precision bf16, else a no-op."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16")
 
 
 def run_decode(torch, a, beam):
@@ -193,7 +207,88 @@ def run_decode(torch, a, beam):
     t = time_median(0, a.steps, lambda: res.__setitem__("ys", f()))
     emit({"what": "beam" if beam > 1 else "greedy", "config": a.config, "beam": beam,
           "ms": t * 1e3, "tok_s": B * NEW / t, "produced": int(res["ys"][:, 1:].numel()),
+          "ids_crc": ids_crc(res["ys"][:, 1:]),
           "peak_rss_mib": peak_rss_mib()})
+
+
+def run_decode_cached(torch, a):
+    """Greedy decoding with an incremental KV cache, the way fairseq's incremental decoding does
+    it, on nn.Transformer's own decoder weights: per layer, the self-attention keys and values
+    of earlier positions are kept and the new position's appended; the cross-attention keys
+    and values of the encoder output are computed once. Each step runs the decoder on the new
+    position only (post-LN layers, ReLU, final LayerNorm), as graft's cached decoding does."""
+    F = torch.nn.functional
+    d, h, ff, L, V, _, _, _ = CONFIGS[a.config]
+    B, S, NEW = 32, 32, 32
+    hd = d // h
+    torch.manual_seed(1)
+    model = build_model(torch, a.config)
+    model.eval()
+    src = torch.tensor(make_ids(B, S, V, 3), dtype=torch.int64)
+    W = model.embedding.weight
+    layers = model.tr.decoder.layers
+    if a.precision == "bf16":
+        # 1.13's fused encoder-layer fast path (taken in eval mode) fails under autocast
+        # ("expected scalar type BFloat16 but found Float"): the layers run their ordinary path,
+        # in train mode with every dropout module in eval mode, i.e. the same computation.
+        for lyr in model.tr.encoder.layers:
+            lyr.train()
+            for m in lyr.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.eval()
+
+    def heads(x):  # (B, T, d) -> (B, h, T, hd)
+        return x.view(B, -1, h, hd).transpose(1, 2)
+
+    def attend(q, k, v, pad=None):
+        s = torch.matmul(q, k.transpose(-2, -1)) * hd ** -0.5
+        if pad is not None:
+            s = s.masked_fill(pad[:, None, None, :], float("-inf"))
+        o = torch.matmul(torch.softmax(s, -1), v)
+        return o.transpose(1, 2).reshape(B, -1, d)
+
+    def greedy(NEW=NEW):
+        with torch.no_grad(), autocast(torch, a):
+            src_pad = src == PAD
+            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            cross = []  # per layer: (k, v) of the memory, computed once
+            for lyr in layers:
+                _, wk, wv = lyr.multihead_attn.in_proj_weight.chunk(3)
+                _, bk, bv = lyr.multihead_attn.in_proj_bias.chunk(3)
+                cross.append((heads(F.linear(memory, wk, bk)), heads(F.linear(memory, wv, bv))))
+            cache = [None] * len(layers)  # per layer: (k, v) of the positions so far
+            tok = torch.full((B, 1), BOS, dtype=torch.int64)
+            out_ids = []
+            for t in range(NEW):
+                x = model.drop(model.embedding(tok) * math.sqrt(d) + model.pe[t:t + 1])
+                for i, lyr in enumerate(layers):
+                    qkv = F.linear(x, lyr.self_attn.in_proj_weight, lyr.self_attn.in_proj_bias)
+                    q, k, v = (heads(y) for y in qkv.chunk(3, -1))
+                    if cache[i] is not None:
+                        k = torch.cat([cache[i][0], k], 2)
+                        v = torch.cat([cache[i][1], v], 2)
+                    cache[i] = (k, v)
+                    sa = lyr.self_attn.out_proj(attend(q, k, v))
+                    x = lyr.norm1(x + sa)
+                    wq = lyr.multihead_attn.in_proj_weight[:d]
+                    bq = lyr.multihead_attn.in_proj_bias[:d]
+                    ca = lyr.multihead_attn.out_proj(
+                        attend(heads(F.linear(x, wq, bq)), cross[i][0], cross[i][1], src_pad))
+                    x = lyr.norm2(x + ca)
+                    x = lyr.norm3(x + lyr.linear2(F.relu(lyr.linear1(x))))
+                x = model.tr.decoder.norm(x)
+                tok = F.linear(x[:, -1], W).argmax(-1)[:, None]
+                out_ids.append(tok)
+            return torch.cat(out_ids, 1)
+
+    res = {}
+    for _ in range(a.warmup):
+        greedy(4)
+    t = time_median(0, a.steps, lambda: res.__setitem__("ys", greedy()))
+    emit({"what": "greedy_cached", "config": a.config, "beam": 1, "ms": t * 1e3,
+          "tok_s": B * NEW / t, "produced": int(res["ys"].numel()), "ids_crc": ids_crc(res["ys"]),
+          "peak_rss_mib": peak_rss_mib(),
+          "precision": a.precision})
 
 
 def run_sgemm(torch, a):
@@ -292,9 +387,10 @@ def report(a):
         side, js = line.split(" ", 1)
         res[side].append(json.loads(js))
 
-    def find(side, what, config=None, **kw):
+    def find(side, what, config=None, precision="fp32", **kw):
         for r in res[side]:
             if r.get("what") == what and (config is None or r.get("config") == config) and \
+                    r.get("precision", "fp32") == precision and \
                     all(r.get(k) == v for k, v in kw.items()):
                 return r
         return None
@@ -323,6 +419,26 @@ def report(a):
         fl = model_flops(c)
         mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / peak_gflops * 100.0) if r else None
         add("train_mfu", c, mfu(g), mfu(p), "% of sgemm peak", True)
+    for c in CONFIGS:  # bf16 (rows only where this CPU has oneDNN bf16 kernels)
+        gb, pb = find("graft", "train", c, "bf16"), find("pytorch", "train", c, "bf16")
+        gf, pf = find("graft", "train", c), find("pytorch", "train", c)
+        tok = lambda r: r["tok_s"] if r else None
+        if gb or pb:
+            add("train_throughput_bf16", c, tok(gb), tok(pb), "target tok/s", True)
+            add("train_throughput_bf16_vs_fp32", c, tok(gb), tok(pf), "target tok/s", True)
+            # graft against itself: the "pytorch" column holds graft fp32 here.
+            add("train_bf16_speedup_vs_graft_fp32", c, tok(gb), tok(gf), "target tok/s", True)
+            add("train_peak_rss_bf16", c, gb["peak_rss_mib"] if gb else None,
+                pb["peak_rss_mib"] if pb else None, "MiB", False)
+    for c in CONFIGS:
+        g, p = find("graft", "greedy", c), find("pytorch", "greedy_cached", c)
+        add("greedy_decode_cached_peer", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
+            "new tok/s", True)
+    for c in CONFIGS:
+        g, p = find("graft", "greedy", c, "bf16"), find("pytorch", "greedy_cached", c, "bf16")
+        if g or p:
+            add("greedy_decode_bf16", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
+                "new tok/s", True)
     for what in ("greedy", "beam"):
         for c in CONFIGS:
             g, p = find("graft", what, c), find("pytorch", what, c)
@@ -337,6 +453,9 @@ def report(a):
     s_g, s_p = find("graft", "sgemm", n=2048), find("pytorch", "sgemm", n=2048)
     add("sgemm_2048", "f32 2048^3", s_g["gflops"] if s_g else None,
         s_p["gflops"] if s_p else None, "GFLOP/s", True)
+    s_g = find("graft", "sgemm", None, "bf16", n=2048)
+    if s_g:
+        add("bf16_gemm_2048", "bf16 2048^3, f32 out", s_g["gflops"], None, "GFLOP/s", True)
     s_g, s_p = find("graft", "sgemm", n=1024), find("pytorch", "sgemm", n=1024)
     add("sgemm_1024", "f32 1024^3", s_g["gflops"] if s_g else None,
         s_p["gflops"] if s_p else None, "GFLOP/s", True)
@@ -363,6 +482,17 @@ def report(a):
     md.append(f"- sgemm peak (graft/oneDNN f32 2048^3): {fmt(peak_gflops)} GFLOP/s; "
               f"1024^3: graft {fmt(meta.get('graft_1024'))}, PyTorch {fmt(meta.get('torch_1024'))} GFLOP/s "
               f"(PyTorch/graft = {fmt(meta.get('blas_ratio'))})")
+    md.append(f"- oneDNN matmul kernels (impl_info_str, 1024^3): f32 {meta.get('kernel_f32', '?')}, "
+              f"bf16 {meta.get('kernel_bf16', '?')}"
+              + ("" if meta.get("bf16_available", False) else " (no bf16 kernel: bf16 rows not measured)"))
+    md.append("- bf16 rows: graft --precision bf16 (bf16 matmul operands, float32 accumulation) against "
+              "PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16); train_throughput_bf16_vs_fp32 "
+              "compares with PyTorch fp32; train_bf16_speedup_vs_graft_fp32 has graft fp32 in the "
+              "PyTorch column")
+    md.append("- greedy_decode_cached_peer / greedy_decode_bf16: against a PyTorch decoder with an "
+              "incremental KV cache (fairseq-style; its ids equal nn.Transformer's full recomputation, "
+              "checked by CRC in the run); greedy_decode / beam4_decode: against nn.Transformer "
+              "re-running the prefix")
     md.append("- training: median of 21 (tiny), 9 (small), 5 (base) steps after 2 warm-up steps (forward, backward, Adam); "
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
@@ -391,6 +521,7 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     ap.add_argument("--report")
     ap.add_argument("--meta")
@@ -408,6 +539,8 @@ def main():
         run_train(torch, a)
     elif a.what == "greedy":
         run_decode(torch, a, 1)
+    elif a.what == "greedy_cached":
+        run_decode_cached(torch, a)
     elif a.what == "beam":
         run_decode(torch, a, a.beam)
     elif a.what == "micro":

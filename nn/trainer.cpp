@@ -250,7 +250,8 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
   if (!t.model || !t.loss || !t.tokens || !t.validate) fail("train: the task needs a model, loss, tokens and validate");
   if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
   check_loop_options(o);
-  if (o.patience > 0 && std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
+  if ((o.patience > 0 || !std::isnan(o.stop_at)) &&
+      std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
     fail("train: early stopping metric '" + t.stop_metric + "' is not a validation metric");
 }
 
@@ -392,7 +393,7 @@ class Loop {
     }
     r.valid = vm;
     rows_.push_back(r);
-    const bool stop = counts && update_early_stopping(vm);
+    const bool stop = counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
     LoopState snap = s_;
     snap.elapsed = elapsed();
     save_train_state(state_path(), t_, opt_, snap, tied_);
@@ -409,13 +410,30 @@ class Loop {
     t_interval_ = Clock::now();
     tok_interval_ = 0;
     valid_seconds_ += seconds_since(t0);
-    if (stop) {
+    if (res_.reached_target) {
+      say("reached valid " + t_.stop_metric + " " + fmt_num(o_.stop_at) + " at step " +
+          std::to_string(s_.step) + " after " + fmt_num(res_.seconds_to_target) +
+          " s of training (" + fmt_num(res_.wall_seconds_to_target) + " s wall)");
+    } else if (stop) {
       res_.stopped_early = true;
       say("early stopping: valid " + t_.stop_metric + " has not improved" +
           (o_.min_delta > 0 ? " by more than " + fmt_num(o_.min_delta) : std::string()) + " for " +
           std::to_string(o_.patience) + " validations (best " + fmt_num(s_.best) + ")");
     }
     return stop;
+  }
+
+  // this_valid_s: the seconds this validation took, not training time.
+  bool reached_target(const std::map<std::string, double>& vm, double this_valid_s) {
+    if (std::isnan(o_.stop_at)) return false;
+    auto it = vm.find(t_.stop_metric);
+    if (it == vm.end() || !std::isfinite(it->second)) return false;
+    if (t_.higher_is_better ? it->second < o_.stop_at : it->second > o_.stop_at) return false;
+    res_.reached_target = true;
+    res_.target_step = s_.step;
+    res_.wall_seconds_to_target = seconds_since(t_start_);
+    res_.seconds_to_target = res_.wall_seconds_to_target - valid_seconds_ - this_valid_s;
+    return true;
   }
 
   bool update_early_stopping(const std::map<std::string, double>& vm) {

@@ -69,6 +69,9 @@ struct LoopOptions {
   int64_t valid_every = 500, log_every = 100;
   int64_t patience = 0;  // stop when stop_metric has not improved for this many validations
   double min_delta = 0;  // an improvement counts only when it beats the best by more than this
+  // Time to quality: stop at the first validation whose stop_metric reaches this (>= when higher
+  // is better, else <=); NaN: never.
+  double stop_at = NAN;
   uint64_t seed = 1;     // batch order and the global generator
   bool resume = false;   // continue run_dir's train state exactly
   bool quiet = false;
@@ -80,6 +83,11 @@ struct LoopResult {
   std::map<std::string, double> last_valid;
   double tokens_per_s = 0, train_seconds = 0;
   bool stopped_early = false;
+  // stop_at reached: at which step, after how many seconds of training (validation excluded,
+  // this call only) and of wall time since the call began.
+  bool reached_target = false;
+  int64_t target_step = 0;
+  double seconds_to_target = 0, wall_seconds_to_target = 0;
 };
 
 // Trains task.model until the budget is spent (or early stopping), validating every

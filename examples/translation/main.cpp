@@ -147,6 +147,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   trn->add_option("--min-delta", o.min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
       ->check(CLI::NonNegativeNumber);
+  trn->add_option("--stop-at-bleu", o.stop_at_bleu,
+                  "time to quality: stop at the first validation with valid BLEU >= this")
+      ->check(CLI::Range(0.0, 100.0));
   trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
   cli::add_detect_anomaly(trn);
   steps->excludes(minutes);

@@ -355,7 +355,7 @@ TrainResult train(const TrainOptions& opts) {
   lo.run_dir = run;
   lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
+  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
   nn::check_loop_options(lo);
   check_train_options(o);
   models::TransformerConfig cfg;

@@ -75,6 +75,7 @@ struct TrainOptions {
   int64_t bleu_sentences = 200;
   int64_t patience = 0;      // early stopping: validations without a better valid BLEU (0: off)
   double min_delta = 0;      // early stopping: a better BLEU must beat the best by more than this
+  double stop_at_bleu = NAN; // time to quality: stop once valid BLEU reaches this (NaN: never)
   uint64_t seed = 1;
   // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
   // come from its config.json; steps, minutes and the reporting options still come from here.
