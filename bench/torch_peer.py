@@ -80,9 +80,13 @@ def emit(d):
 # 0 (residual, FFN and embedding dropout stay 0.1 on both sides).
 
 def build_model(torch, name):
+    d, h, ff, L, V, _, _, _ = CONFIGS[name]
+    return build_seq2seq(torch, d, h, ff, L, V)
+
+
+def build_seq2seq(torch, d, h, ff, L, V, dropout=0.1):
     nn = torch.nn
     F = torch.nn.functional
-    d, h, ff, L, V, _, _, _ = CONFIGS[name]
 
     class Seq2Seq(nn.Module):
         def __init__(self):
@@ -92,7 +96,7 @@ def build_model(torch, name):
             nn.init.normal_(self.embedding.weight, 0.0, d ** -0.5)
             with torch.no_grad():
                 self.embedding.weight[PAD].zero_()
-            self.tr = nn.Transformer(d, h, L, L, ff, 0.1, batch_first=True, norm_first=False)
+            self.tr = nn.Transformer(d, h, L, L, ff, dropout, batch_first=True, norm_first=False)
             for m in self.tr.modules():
                 if isinstance(m, nn.MultiheadAttention):
                     m.dropout = 0.0
@@ -102,7 +106,7 @@ def build_model(torch, name):
             pe[:, 0::2] = torch.sin(pos * div)
             pe[:, 1::2] = torch.cos(pos * div)
             self.register_buffer("pe", pe)
-            self.drop = nn.Dropout(0.1)
+            self.drop = nn.Dropout(dropout)
 
         def embed(self, ids):
             return self.drop(self.embedding(ids) * math.sqrt(self.d) + self.pe[: ids.size(1)])

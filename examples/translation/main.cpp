@@ -4,15 +4,17 @@
 //   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention a.png]
 //     [--sample --temperature 0.8 --top-k 20 --top-p 0.9 --seed 1]
 //   translate evaluate --run runs/demo --data data/toy/test.tsv
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "examples/common/cli.h"
-
 #include "examples/common/lines.h"
 #include "examples/common/plot.h"
 #include "examples/translation/toydata.h"
@@ -99,6 +101,23 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   return 0;
 }
 
+// As many references as there are hypothesis lines, from the start of the TSV.
+int cmd_score(const std::string& run, const std::string& data, const std::string& hyp_ids) {
+  text::CorpusStats st;
+  auto pairs = tr::load_corpus(data, st);
+  std::ifstream in(hyp_ids);
+  if (!in) throw std::runtime_error("score: cannot open '" + hyp_ids + "'");
+  const size_t n = (size_t)std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  if (n > pairs.size())
+    throw std::runtime_error("score: '" + hyp_ids + "' has " + std::to_string(n) + " lines, '" + data +
+                             "' only " + std::to_string(pairs.size()) + " pairs");
+  std::vector<std::string> refs;
+  for (size_t i = 0; i < n; ++i) refs.push_back(pairs[i].tgt);
+  text::Tokenizer tok(run + "/spm.model");
+  std::printf("%s\n", tr::bleu_of_ids(tok, hyp_ids, refs).str().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +169,8 @@ int main(int argc, char** argv) {
   trn->add_option("--stop-at-bleu", o.stop_at_bleu,
                   "time to quality: stop at the first validation with valid BLEU >= this")
       ->check(CLI::Range(0.0, 100.0));
+  trn->add_option("--dump-batches", o.dump_batches,
+                  "write the batches, their order and the initial weights for a peer implementation (bench)");
   trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
   cli::add_detect_anomaly(trn);
   steps->excludes(minutes);
@@ -182,6 +203,13 @@ int main(int argc, char** argv) {
   cli::add_precision(trn);
   cli::add_precision(tl);
   cli::add_precision(ev);
+  auto* sc = app.add_subcommand(
+      "score", "BLEU of hypotheses given as token ids (a line of ids per sentence), decoded with a run's SentencePiece model, against the first references of a TSV");
+  std::string s_run, s_data, s_hyp;
+  sc->add_option("--run", s_run, "run directory (its spm.model)")->required();
+  sc->add_option("--data", s_data, "source<TAB>reference file")->required();
+  sc->add_option("--hyp-ids", s_hyp, "hypothesis ids, one sentence per line")->required();
+
   if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
   PrecisionGuard precision(cli::precision_choice());
   try {
@@ -192,6 +220,7 @@ int main(int argc, char** argv) {
     }
     if (*tl) return cmd_translate(t_run, t_opt, t_max, t_att);
     if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
+    if (*sc) return cmd_score(s_run, s_data, s_hyp);
   } catch (const CLI::Error& e) {
     std::cerr << "translate: " << cli::error_line(e) << '\n';
     return 2;

@@ -242,6 +242,31 @@ Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
   return a;
 }
 
+text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_ids_file,
+                             const std::vector<std::string>& refs) {
+  std::ifstream in(hyp_ids_file);
+  if (!in) fail("bleu_of_ids: cannot open '" + hyp_ids_file + "'");
+  std::vector<std::string> hyps;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::vector<int> ids;
+    int64_t id;
+    while (ls >> id) {
+      if (id < 0 || id >= tok.vocab_size())
+        fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) + ": id " +
+             std::to_string(id) + " outside the vocabulary (" + std::to_string(tok.vocab_size()) + ")");
+      ids.push_back((int)id);
+    }
+    if (!ls.eof()) fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) + " is not ids");
+    hyps.push_back(tok.decode(ids));
+  }
+  if (hyps.size() != refs.size())
+    fail("bleu_of_ids: '" + hyp_ids_file + "' has " + std::to_string(hyps.size()) + " lines for " +
+         std::to_string(refs.size()) + " references");
+  return text::corpus_bleu(hyps, refs);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Checkpoints.
 
@@ -327,6 +352,38 @@ std::string batches_fingerprint(const std::vector<Batch>& batches) {
   nn::NamedTensors t;
   for (auto& b : batches) t.emplace_back("", b.tgt_out), t.emplace_back("", b.src);
   return nn::weights_checksum(t);
+}
+
+}  // namespace
+
+namespace {
+
+// TrainOptions::dump_batches: the batches and BLEU sources now, the per-step order as training
+// goes (task.loss), the initial weights beside.
+std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& model,
+                              const std::vector<Batch>& batches, const text::Tokenizer& tok,
+                              const std::vector<std::string>& bleu_src) {
+  if (o.resume) fail("train: --dump-batches records a whole run from step 0; not with --resume");
+  std::ofstream f(o.dump_batches, std::ios::trunc);
+  if (!f) fail("train: cannot write '" + o.dump_batches + "'");
+  auto rows = [](const Tensor& t) {
+    const auto v = t.to_vector<int64_t>();
+    const int64_t B = t.size(0), L = t.size(1);
+    nlohmann::json j = nlohmann::json::array();
+    for (int64_t r = 0; r < B; ++r) j.push_back(std::vector<int64_t>(v.begin() + r * L, v.begin() + (r + 1) * L));
+    return j;
+  };
+  for (size_t i = 0; i < batches.size(); ++i)
+    f << nlohmann::json{{"batch", i}, {"src", rows(batches[i].src)}, {"tgt_in", rows(batches[i].tgt_in)},
+                        {"tgt_out", rows(batches[i].tgt_out)}}.dump() << "\n";
+  for (const std::string& s : bleu_src) {
+    auto ids = tok.encode(s);
+    if ((int64_t)ids.size() > model.cfg.max_len) ids.resize(model.cfg.max_len);  // as translate_lines
+    f << nlohmann::json{{"bleu_src", std::vector<int64_t>(ids.begin(), ids.end())}}.dump() << "\n";
+  }
+  f << std::flush;
+  save_model(model, o.dump_batches + ".init.safetensors", 0, {});
+  return f;
 }
 
 }  // namespace
@@ -426,11 +483,14 @@ TrainResult train(const TrainOptions& opts) {
     say(os.str());
   }
 
+  std::ofstream dump;
+  if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, batches, tok, bleu_src);
   nn::TrainTask task;
   task.model = &model;
   task.batches = nb;
   task.loss = [&](int64_t i) {
     const Batch& b = batches[(size_t)i];
+    if (dump.is_open()) dump << "{\"step_batch\":" << i << "}\n" << std::flush;
     return model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
   };
   task.tokens = [&](int64_t i) { return batches[(size_t)i].tgt_tokens; };

@@ -76,6 +76,10 @@ struct TrainOptions {
   int64_t patience = 0;      // early stopping: validations without a better valid BLEU (0: off)
   double min_delta = 0;      // early stopping: a better BLEU must beat the best by more than this
   double stop_at_bleu = NAN; // time to quality: stop once valid BLEU reaches this (NaN: never)
+  // For a peer implementation trained on the same data (bench/torch_quality.py): writes every
+  // batch's ids, the BLEU sources' ids and then, per step, the batch it trained on, as JSON
+  // lines to this file, and the initial weights to <file>.init.safetensors. Not with resume.
+  std::string dump_batches;
   uint64_t seed = 1;
   // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
   // come from its config.json; steps, minutes and the reporting options still come from here.
@@ -147,6 +151,11 @@ struct Attention {
 };
 Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
                           const std::string& src, const std::string& hyp);
+
+// Corpus BLEU (sacreBLEU defaults, text::corpus_bleu) of hypotheses given as token ids, one
+// line of space-separated ids per sentence, decoded with tok, against refs (same count).
+text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_ids_file,
+                             const std::vector<std::string>& refs);
 
 // ---- checkpoints ----
 
