@@ -252,7 +252,8 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
   check_loop_options(o);
   if ((o.patience > 0 || !std::isnan(o.stop_at)) &&
       std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
-    fail("train: early stopping metric '" + t.stop_metric + "' is not a validation metric");
+    fail(std::string("train: ") + (o.patience > 0 ? "early stopping" : "stop_at") + " metric '" +
+         t.stop_metric + "' is not a validation metric");
 }
 
 // ---- the loop ----

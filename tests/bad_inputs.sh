@@ -58,6 +58,15 @@ case_ CLI "\`--positions absolute\`" 2 "--positions" -- "$T" train --data "$D" -
 case_ CLI "\`--beam 0\`" 2 "--beam: Value 0 not in range" -- "$T" translate --run "$W/run" --beam 0
 case_ CLI "\`--temperature 0\` when sampling" 2 "temperature" -- "$T" translate --run "$W/run" --sample --temperature 0
 case_ CLI "lm \`--max-new -3\`" 2 "--max-new" -- "$LM" generate --run "$W/nothing" --max-new -3
+case_ CLI "\`--precision fp16\`" 2 "--precision: fp16 not in {fp32,bf16}" -- "$T" train --data "$D" --out "$W/x" --steps 5 --precision fp16
+case_ CLI "\`--stop-at-bleu 101\`" 2 "--stop-at-bleu: Value 101 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --stop-at-bleu 101
+case_ CLI "\`--dump-batches\` with \`--resume\`" 2 "--dump-batches records a whole run from step 0; not with --resume" -- "$T" train --data "$D" --out "$W/run" --steps 5 --resume --dump-batches "$W/dump.jsonl"
+printf '5 6 7\n' >"$W/one.ids"
+printf '5 x 7\n' >"$W/bad.ids"
+printf '5 999999\n' >"$W/big.ids"
+case_ CLI "score: ids that are not numbers" 2 "line 1 is not ids" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/bad.ids"
+case_ CLI "score: an id outside the vocabulary" 2 "id 999999 outside the vocabulary" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/big.ids"
+case_ CLI "score: no such ids file" 2 "score: cannot open '$W/none.ids'" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/none.ids"
 case_ CLI "classify, a run that does not exist" 2 "load_json: '$W/nothing/config.json': cannot open" -- "$CL" evaluate --run "$W/nothing" --data "$D/test.tsv"
 
 mkdir -p "$W/empty" && : >"$W/empty/train.tsv" && : >"$W/empty/valid.tsv"

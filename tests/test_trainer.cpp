@@ -92,6 +92,33 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
                         [](const Error& e) { return names(e, "early stopping metric 'bleu' is not a validation metric"); });
 }
 
+// Time to quality: the run stops at the first validation whose metric reaches stop_at, and says
+// when; a target never reached leaves the run to its budget.
+BOOST_AUTO_TEST_CASE(stop_at_a_target_metric) {
+  manual_seed(1);
+  Toy t(3);
+  nn::LoopOptions o = opts(fresh_dir("target"), 1000);
+  o.stop_at = 0.01;  // mse: lower is better
+  nn::LoopResult r = nn::train_loop(t.task, o);
+  BOOST_TEST(r.reached_target);
+  BOOST_TEST(r.last_step == r.target_step);
+  BOOST_TEST(r.target_step % 10 == 0);
+  BOOST_TEST(r.target_step < 1000);
+  BOOST_TEST(r.last_valid.at("mse") <= 0.01);
+  BOOST_TEST(r.seconds_to_target > 0.0);
+  BOOST_TEST(r.seconds_to_target <= r.wall_seconds_to_target);
+  BOOST_TEST(!r.stopped_early);
+  Toy u(3);
+  o = opts(fresh_dir("target_missed"), 40);
+  o.stop_at = -1;  // unreachable
+  r = nn::train_loop(u.task, o);
+  BOOST_TEST(!r.reached_target);
+  BOOST_TEST(r.last_step == 40);
+  u.task.stop_metric = "bleu";
+  BOOST_CHECK_EXCEPTION(nn::train_loop(u.task, o), Error,
+                        [](const Error& e) { return names(e, "metric 'bleu' is not a validation metric"); });
+}
+
 // A validation that is not finite stops the run with an error naming the metric and the step.
 BOOST_AUTO_TEST_CASE(non_finite_validation_is_an_error) {
   manual_seed(1);
