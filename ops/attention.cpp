@@ -20,6 +20,7 @@
 
 #include "autograd/gradcheck.h"
 #include "ops/cases.h"
+#include "ops/bf16.h"
 #include "ops/kernels.h"
 #include "ops/precision.h"
 #include "ops/onednn/dnnl_utils.h"
@@ -240,8 +241,11 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, 
   bmm(dout, swap_last2(v), dS);  // dPd = dO V^T
   if (a.dropout) apply_dropout(dS, a.mask);
   GRAFT_DISPATCH_FLOAT(dt, kOp, [&] { softmax_bwd_rows(dS.data<T>(), P.data<const T>(), g); });
-  if (dq.defined()) bmm(dS, k, dq, a.scale);               // dQ = scale dS K
-  if (dk.defined()) bmm(swap_last2(dS), q, dk, a.scale);   // dK = scale dS^T Q
+  {
+    kern::Bf16ReuseScope reuse;  // under bf16, dS converted once for both
+    if (dq.defined()) bmm(dS, k, dq, a.scale);               // dQ = scale dS K
+    if (dk.defined()) bmm(swap_last2(dS), q, dk, a.scale);   // dK = scale dS^T Q
+  }
   return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
 

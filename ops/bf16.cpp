@@ -77,21 +77,60 @@ std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, Ma
   return r.copy;
 }
 
+// Per-thread buffers for the two operands of one matmul: an operand converted just before its
+// matmul and dead after it is written into its slot's buffer, kept from call to call, since
+// fresh pages (faulted in and zeroed by the kernel) cost more than the conversion itself.
+std::shared_ptr<Storage> scratch(int slot, size_t bytes) {
+  thread_local std::shared_ptr<Storage> buf[2];
+  std::shared_ptr<Storage>& s = buf[slot];
+  if (!s || s->nbytes < bytes || s.use_count() > 1)  // too small, or still held by someone
+    s = std::make_shared<Storage>(std::max(bytes, s ? s->nbytes + s->nbytes / 4 : 0));
+  return s;
+}
+
+// What each slot's buffer holds, when a Bf16ReuseScope is open: the span of which storage, in
+// which buffer.
+struct SlotMemo {
+  const Storage* source = nullptr;
+  int64_t offset = 0, numel = 0;
+  const void* buffer = nullptr;
+};
+thread_local int reuse_scopes = 0;
+thread_local SlotMemo slot_memo[2];
+
 }  // namespace
+
+Bf16ReuseScope::Bf16ReuseScope() {
+  if (reuse_scopes++ == 0) slot_memo[0] = slot_memo[1] = SlotMemo{};
+}
+Bf16ReuseScope::~Bf16ReuseScope() {
+  if (--reuse_scopes == 0) slot_memo[0] = slot_memo[1] = SlotMemo{};
+}
 
 uint64_t bf16_weight_copies() { return weight_copies; }
 
-Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse) {
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot) {
   const bool span = !contiguous && dense_span(t);
   Bf16Operand out;
   out.shape = t.shape();
   out.strides = span ? t.strides() : contiguous_strides(t.shape());
-  auto make = [&] {
-    auto s = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
+  const size_t bytes = (size_t)std::max<int64_t>(t.numel(), 1) * 2;
+  auto fill = [&](const std::shared_ptr<Storage>& s) {
     convert(t, span, static_cast<uint16_t*>(s->data), [](float x) { return bf16_bits(x); });
     return s;
   };
-  out.storage = span_copy(t, false, reuse && span, make);
+  if (reuse && span) {
+    out.storage = span_copy(t, false, true, [&] { return fill(std::make_shared<Storage>(bytes)); });
+    return out;
+  }
+  std::shared_ptr<Storage> buf = scratch(slot, bytes);
+  const SlotMemo want{span && reuse_scopes > 0 ? t.impl()->storage.get() : nullptr, t.offset(),
+                      t.numel(), buf->data};
+  SlotMemo& memo = slot_memo[slot];
+  const bool same = want.source && memo.source == want.source && memo.offset == want.offset &&
+                    memo.numel == want.numel && memo.buffer == want.buffer;
+  out.storage = same ? buf : fill(buf);
+  memo = want;
   return out;
 }
 

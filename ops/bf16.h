@@ -34,8 +34,21 @@ struct Bf16Operand {
 Shape bf16_strides(const Tensor& t);
 // t (float32, any strides) in bf16: contiguous when `contiguous`, else with bf16_strides(t).
 // With `reuse`, a dense-span copy is kept until t's storage changes version or dies, and later
-// calls for the same span return it (for weights: converted once per optimizer step).
-Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse);
+// calls for the same span return it (for weights: converted once per optimizer step). Any other
+// copy is written into this thread's buffer for `slot` (0 or 1, one per operand of a matmul),
+// valid until the next to_bf16 for that slot on this thread.
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot);
+// While one is open on this thread, an operand whose span was the last one converted into its
+// slot's buffer is not converted again (linear's backward reads dy for both dx and dW). Only for
+// code that writes none of its matmul operands in place between the matmuls.
+class Bf16ReuseScope {
+ public:
+  Bf16ReuseScope();
+  ~Bf16ReuseScope();
+  Bf16ReuseScope(const Bf16ReuseScope&) = delete;
+  Bf16ReuseScope& operator=(const Bf16ReuseScope&) = delete;
+};
+
 // How many reused copies were made (ops/precision.h: bf16_weight_copies_made).
 uint64_t bf16_weight_copies();
 // The reference path: t's values rounded to bf16, as a float32 tensor (same layout rule and

@@ -162,8 +162,8 @@ void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool 
   void *pa, *pb;
   Bf16Operand a16, b16;
   if (bf16_kernel) {
-    a16 = to_bf16(a, c.dense_copy, false);
-    b16 = to_bf16(b, c.dense_copy, b_is_weight);
+    a16 = to_bf16(a, c.dense_copy, false, 0);
+    b16 = to_bf16(b, c.dense_copy, b_is_weight, 1);
     pa = a16.data();
     pb = b16.data();
   } else {

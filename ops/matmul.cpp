@@ -6,6 +6,7 @@
 
 #include "autograd/gradcheck.h"
 #include "ops/cases.h"
+#include "ops/bf16.h"
 #include "ops/kernels.h"
 #include "ops/onednn/dnnl_utils.h"
 #include "ops/precision.h"
@@ -292,6 +293,7 @@ void linear_forward_bf16(const Tensor& x2, const Tensor& w, const Tensor& b, con
 
 void linear_backward_bf16(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
                           const Tensor& dw, Tensor& db) {
+  kern::Bf16ReuseScope reuse;  // dy converted once for both matmuls
   if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, /*b_is_weight=*/true);
   if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
   if (db.defined()) db = sum(dy, {0});

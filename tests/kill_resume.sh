@@ -82,6 +82,9 @@ while :; do
     exit 1
   fi
   rm -rf "$W/split"
+  # The uninterrupted run may have been timed on a busier machine (ctest runs tests side by
+  # side): a run that outlives no kill narrows the window, so kills keep landing.
+  whole_ms=$((whole_ms * 2 / 3 > 300 ? whole_ms * 2 / 3 : 300))
 done
 
 if ! same_weights "$W/whole/model.safetensors" "$W/split/model.safetensors"; then
