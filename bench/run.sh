@@ -43,19 +43,7 @@ field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
 # ---- BLAS check: pick the faster OpenBLAS core type and compare with oneDNN ----------------
 echo "bench: sgemm peak and OpenBLAS core type" >&2
 g1024=$("$GB" --what sgemm --n 1024 | grep '^RESULT ')
-best_ct="" best_gf=0 best_line=""
-# OpenBLAS's own detection (unset) against forcing HASWELL (AVX2) and, on CPUs with AVX-512,
-# SKYLAKEX: whichever is fastest here is what PyTorch runs with.
-coretypes=("" HASWELL)
-grep -qw avx512f /proc/cpuinfo && coretypes+=(SKYLAKEX)
-for ct in "${coretypes[@]}"; do
-  line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
-  gf=$(field "$line" gflops)
-  echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
-  if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
-    best_ct=$ct best_gf=$gf best_line=$line
-  fi
-done
+pick_openblas_coretype
 [ -n "$best_ct" ] && export OPENBLAS_CORETYPE=$best_ct
 gg=$(field "$g1024" gflops)
 ratio=$(awk -v a="$best_gf" -v b="$gg" 'BEGIN { printf "%.2f", a / b }')

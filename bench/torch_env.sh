@@ -27,3 +27,28 @@ case "$blas" in
   *) echo "bench: libblas.so.3 is $blas, not OpenBLAS (openmp): refusing to benchmark" >&2; exit 1 ;;
 esac
 
+
+# pick_openblas_coretype [train]: OpenBLAS's own detection (unset) against forcing HASWELL (AVX2)
+# and, on CPUs with AVX-512, SKYLAKEX, timed by PyTorch's 1024^3 sgemm, or with `train` by
+# PyTorch's tiny training step (small, varied shapes: on this project's Xeon the two core types
+# that tie on the sgemm differ 1.7x on the toy translation steps). Sets best_ct, best_gf (the
+# sgemm GFLOP/s, or 1000 / step ms) and best_line (the winner's RESULT line).
+pick_openblas_coretype() {
+  local coretypes=("" HASWELL) ct line gf
+  grep -qw avx512f /proc/cpuinfo && coretypes+=(SKYLAKEX)
+  best_ct="" best_gf=0 best_line=""
+  for ct in "${coretypes[@]}"; do
+    if [ "${1:-}" = train ]; then
+      line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what train --config tiny --warmup 1 --steps 5 | grep '^RESULT ')
+      gf=$(sed -n 's/.*"ms": *\([0-9.eE+-]*\).*/\1/p' <<<"$line" | awk '{ print 1000 / $1 }')
+      echo "  PyTorch tiny training step, OPENBLAS_CORETYPE=${ct:-(unset)}: $(awk -v g="$gf" 'BEGIN { printf "%.0f", 1000 / g }') ms" >&2
+    else
+      line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
+      gf=$(sed -n 's/.*"gflops": *\([0-9.eE+-]*\).*/\1/p' <<<"$line")
+      echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
+    fi
+    if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
+      best_ct=$ct best_gf=$gf best_line=$line
+    fi
+  done
+}
