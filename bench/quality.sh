@@ -48,7 +48,7 @@ for p in $precisions; do
   log=$("$TRANSLATE" train --data data/toy --out "$run" --preset tiny --minutes 20 \
     --batch-tokens 4096 --lr-factor 1 --warmup 400 --label-smoothing 0.1 --dropout 0.1 \
     --vocab 1000 --valid-every 50 --seed 1 --positions sinusoidal --stop-at-bleu "$TARGET" \
-    --precision "$p" "${dump[@]}" 2>&1 | tr '\r' '\n' | tee /dev/stderr | grep '^reached valid' || true)
+    --precision "$p" "${dump[@]}" 2>&1 | tr '\r' '\n' | tee -a /dev/stderr | grep '^reached valid' || true)
   # "reached valid bleu 95 at step N after X s of training (Y s wall)"
   if [ -z "$log" ]; then
     echo "| graft $p | not reached in 20 min | | |" >>"$OUT/quality.md"
