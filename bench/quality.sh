@@ -24,7 +24,6 @@ export OMP_NUM_THREADS=$THREADS
 pick_openblas_coretype train
 [ -n "$best_ct" ] && export OPENBLAS_CORETYPE=$best_ct
 TRANSLATE=$BUILD/examples/translation/translate
-export OMP_NUM_THREADS=$THREADS
 [ -f data/toy/train.tsv ] ||
   "$TRANSLATE" generate-data --out data/toy --seed 1 --train 50000 --valid 1000 --test 1000
 
@@ -52,7 +51,7 @@ for p in $precisions; do
   # "reached valid bleu 95 at step N after X s of training (Y s wall)"
   if [ -z "$log" ]; then
     echo "| graft $p | not reached in 20 min | | |" >>"$OUT/quality.md"
-    echo "time_to_bleu_$TARGET,tiny,,,,$p" >>"$OUT/quality.csv"
+    echo "time_to_bleu_$TARGET,graft $p,,,,$p" >>"$OUT/quality.csv"
     continue
   fi
   step=$(sed -n 's/.* at step \([0-9]*\) .*/\1/p' <<<"$log")
