@@ -63,12 +63,11 @@ done
 line=$($PY bench/torch_quality.py --dump runs/quality-fp32.batches.jsonl --run runs/quality-fp32 \
   --data data/toy/valid.tsv --translate "$TRANSLATE" --bleu "$TARGET" --valid-every 50 --minutes 30 |
   grep '^RESULT ' || true)
-val() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p" <<<"$line"; }
 if grep -q '"reached": true' <<<"$line"; then
-  echo "| PyTorch fp32 | $(val seconds_to_bleu) | $(val wall_seconds) | $(val step) |" >>"$OUT/quality.md"
-  echo "time_to_bleu_$TARGET,pytorch fp32,$(val seconds_to_bleu),$(val wall_seconds),$(val step),fp32" >>"$OUT/quality.csv"
+  echo "| PyTorch fp32 | $(field "$line" seconds_to_bleu) | $(field "$line" wall_seconds) | $(field "$line" step) |" >>"$OUT/quality.md"
+  echo "time_to_bleu_$TARGET,pytorch fp32,$(field "$line" seconds_to_bleu),$(field "$line" wall_seconds),$(field "$line" step),fp32" >>"$OUT/quality.csv"
 else
-  echo "| PyTorch fp32 | not reached in 30 min | | ${line:+$(val step)} |" >>"$OUT/quality.md"
+  echo "| PyTorch fp32 | not reached in 30 min | | ${line:+$(field "$line" step)} |" >>"$OUT/quality.md"
   echo "time_to_bleu_$TARGET,pytorch fp32,,,,fp32" >>"$OUT/quality.csv"
 fi
 cat "$OUT/quality.md"

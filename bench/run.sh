@@ -38,7 +38,6 @@ result() {
   echo "$side ${line#RESULT }" >>"$RES"
   echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-200 >&2
 }
-field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
 
 # ---- BLAS check: pick the faster OpenBLAS core type and compare with oneDNN ----------------
 echo "bench: sgemm peak and OpenBLAS core type" >&2

@@ -28,6 +28,9 @@ case "$blas" in
 esac
 
 
+# field LINE KEY: the number after "KEY": in a RESULT line.
+field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
+
 # pick_openblas_coretype [train]: OpenBLAS's own detection (unset) against forcing HASWELL (AVX2)
 # and, on CPUs with AVX-512, SKYLAKEX, timed by PyTorch's 1024^3 sgemm, or with `train` by
 # PyTorch's tiny training step (small, varied shapes: on this project's Xeon the two core types
@@ -40,11 +43,11 @@ pick_openblas_coretype() {
   for ct in "${coretypes[@]}"; do
     if [ "${1:-}" = train ]; then
       line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what train --config tiny --warmup 1 --steps 5 | grep '^RESULT ')
-      gf=$(sed -n 's/.*"ms": *\([0-9.eE+-]*\).*/\1/p' <<<"$line" | awk '{ print 1000 / $1 }')
+      gf=$(field "$line" ms | awk '{ print 1000 / $1 }')
       echo "  PyTorch tiny training step, OPENBLAS_CORETYPE=${ct:-(unset)}: $(awk -v g="$gf" 'BEGIN { printf "%.0f", 1000 / g }') ms" >&2
     else
       line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
-      gf=$(sed -n 's/.*"gflops": *\([0-9.eE+-]*\).*/\1/p' <<<"$line")
+      gf=$(field "$line" gflops)
       echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
     fi
     if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
