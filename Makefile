@@ -64,13 +64,14 @@ classify: configure fortunes
 	  $(BUILD)/examples/classify/classify predict --run runs/langid
 
 # The library and the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in
-# their own build directory; the first report stops the test. Leaks inside third-party
-# libraries only (fontconfig under cairo) are suppressed in tests/lsan.supp.
+# their own build directory, at one thread (`make test` runs two); the first report stops the
+# test. Leaks inside third-party libraries only (fontconfig under cairo) are suppressed in
+# tests/lsan.supp.
 SANITIZE_BUILD ?= build-sanitize
 test-sanitize: deps
-	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAFT_SANITIZE=ON
+	cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAFT_SANITIZE=ON -DGRAFT_TEST_THREADS=1
 	cmake --build $(SANITIZE_BUILD) -j$(JOBS)
-	cd $(SANITIZE_BUILD) && OMP_NUM_THREADS=$(JOBS) \
+	cd $(SANITIZE_BUILD) && OMP_NUM_THREADS=1 \
 	  ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \

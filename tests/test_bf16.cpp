@@ -1,12 +1,13 @@
 // bf16 mixed precision (ops/precision.h): the matmul ops forward and backward against float32
 // within bf16 tolerances, the oneDNN bf16 kernel against the reference path (rounded operands,
-// float32 products), weight copies made once per change, a tiny Transformer trained 200 steps in
-// both precisions, and bf16 decoding. Every test runs the reference path; the oneDNN path too
+// float32 products), weight copies made once per change, a tiny Transformer trained to the same
+// criterion in both precisions, and bf16 decoding. Every test runs the reference path; the oneDNN path too
 // where this CPU has a bf16 kernel. Which ran is printed, so nothing is skipped silently.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <memory>
 
 #include "autograd/tape.h"
 #include "models/transformer.h"
@@ -239,61 +240,102 @@ Batch reverse_batch(Generator& g, int64_t B) {
   return {ids(src, B), ids(tin, B), ids(tout, B)};
 }
 
-// `steps` Adam steps (lr 1e-3, batches of 32, the same data order for every call), then the loss
-// on 8 fixed held-out batches (eval mode, float32 matmuls, label smoothing as in training), and
-// the bf16 weight copies the last step made.
-struct TrainResult {
-  double final_loss = 0;
-  uint64_t copies_last_step = 0;
+// A tiny Transformer learning to reverse sequences in one precision: Adam steps (lr 1e-3, batches
+// of 32, the same data order for every run) and the loss on 8 fixed held-out batches (eval mode,
+// float32 matmuls, label smoothing as in training).
+struct TinyRun {
+  models::Transformer m{tiny_cfg()};  // the same seed, so the same initial weights, for every run
+  nn::Adam opt{m.named_parameters(), 1e-3};
+  Generator data{77};
+  Precision precision;
+  Bf16Path path;
+  int64_t steps = 0;
+  uint64_t copies_last_step = 0;  // the bf16 weight copies the last step made
+  explicit TinyRun(Precision p = Precision::fp32, Bf16Path bp = Bf16Path::onednn) : precision(p), path(bp) {}
+
+  void train(int n) {
+    PrecisionGuard guard(precision, path);
+    for (int s = 0; s < n; ++s, ++steps) {
+      const uint64_t c0 = bf16_weight_copies_made();
+      const Batch b = reverse_batch(data, 32);
+      opt.zero_grad();
+      Tensor loss = m.loss(b.src, b.tgt_in, b.tgt_out, 0.1);
+      loss.backward();
+      opt.step();
+      copies_last_step = bf16_weight_copies_made() - c0;
+    }
+  }
+  double held_out_loss() {
+    PrecisionGuard fp32(Precision::fp32);
+    nn::EvalScope eval(m);
+    autograd::NoGrad ng;
+    Generator held_out(78);
+    double l = 0;
+    for (int i = 0; i < 8; ++i) {
+      const Batch b = reverse_batch(held_out, 32);
+      l += m.loss(b.src, b.tgt_in, b.tgt_out, 0.1).item() / 8;
+    }
+    return l;
+  }
 };
-TrainResult train_tiny(models::Transformer& m, int steps) {
-  nn::Adam opt(m.named_parameters(), 1e-3);
-  Generator data(77);
-  TrainResult r;
-  for (int s = 0; s < steps; ++s) {
-    const uint64_t c0 = bf16_weight_copies_made();
-    const Batch b = reverse_batch(data, 32);
-    opt.zero_grad();
-    Tensor loss = m.loss(b.src, b.tgt_in, b.tgt_out, 0.1);
-    loss.backward();
-    opt.step();
-    r.copies_last_step = bf16_weight_copies_made() - c0;
+
+// The task is learned once the held-out loss is below this (from ln 24 = 3.2 at the start; the
+// label-smoothed floor is about 0.63). A run drops from ~2.4 to ~0.7 within a hundred-odd steps
+// somewhere between steps 100 and 400 (it depends on the initial weights): a comparison at a
+// fixed step inside that drop would measure when the drop came, not how well bf16 trains.
+constexpr double kLearned = 0.7;
+constexpr int kEvery = 50, kCap = 3000;
+
+// Trains until the held-out loss is below kLearned (checked every kEvery steps, at most kCap
+// steps); returns the step it got there, or -1.
+int train_until_learned(TinyRun& r) {
+  while (r.steps < kCap) {
+    r.train(kEvery);
+    if (r.held_out_loss() < kLearned) return (int)r.steps;
   }
-  PrecisionGuard fp32(Precision::fp32);
-  nn::EvalScope eval(m);
-  autograd::NoGrad ng;
-  Generator held_out(78);
-  for (int i = 0; i < 8; ++i) {
-    const Batch b = reverse_batch(held_out, 32);
-    r.final_loss += m.loss(b.src, b.tgt_in, b.tgt_out, 0.1).item() / 8;
-  }
-  return r;
+  return -1;
 }
 
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(bf16_model_tests)
 
+// bf16 training tracks float32 from the same initial weights: it learns the task within one
+// check of the step float32 does, and once both have learned and trained one more interval
+// side by side (the flat part of the curve), their held-out losses are within 2%.
 BOOST_AUTO_TEST_CASE(tiny_transformer_trains_alike_in_bf16_and_fp32) {
-  models::Transformer fp(tiny_cfg());
-  const double want = train_tiny(fp, 200).final_loss;
-  for (Bf16Path path : paths()) {
-    models::Transformer m(tiny_cfg());  // same seed, same initial weights
-    PrecisionGuard guard(Precision::bf16, path);
-    const TrainResult r = train_tiny(m, 200);
-    std::cout << "test_bf16: tiny Transformer, 200 steps: final loss fp32 " << want << ", bf16 ("
-              << bf16_path_name(path) << ") " << r.final_loss << "\n";
-    BOOST_TEST(std::fabs(r.final_loss - want) <= 0.02 * want);
-    BOOST_TEST(r.final_loss < 2.0);  // it learned (the start is ln 24 = 3.2)
+  std::vector<std::unique_ptr<TinyRun>> runs;
+  runs.push_back(std::make_unique<TinyRun>());
+  for (Bf16Path path : paths()) runs.push_back(std::make_unique<TinyRun>(Precision::bf16, path));
+  std::vector<int> learned;
+  int64_t common = 0;
+  for (auto& r : runs) {
+    learned.push_back(train_until_learned(*r));
+    BOOST_TEST_REQUIRE(learned.back() > 0, "did not learn the task in " << kCap << " steps");
+    common = std::max(common, r->steps + kEvery);
+  }
+  for (auto& r : runs) r->train((int)(common - r->steps));
+  const double want = runs[0]->held_out_loss();
+  std::cout << "test_bf16: tiny Transformer learned (held-out loss < " << kLearned << ") at step "
+            << learned[0] << " in fp32; held-out loss at step " << common << ": " << want << "\n";
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const TinyRun& bf = *runs[i];
+    const double got = runs[i]->held_out_loss();
+    std::cout << "test_bf16: bf16 (" << bf16_path_name(bf.path) << ") learned at step " << learned[i]
+              << "; held-out loss at step " << common << ": " << got << "\n";
+    BOOST_TEST(std::abs(learned[i] - learned[0]) <= kEvery);
+    BOOST_TEST(std::fabs(got - want) <= 0.02 * want);
     // Weights: one bf16 copy per weight view per step, not one per use.
-    BOOST_TEST(r.copies_last_step > 0u);
-    BOOST_TEST(r.copies_last_step <= 2 * m.named_parameters().size());
+    BOOST_TEST(bf.copies_last_step > 0u);
+    BOOST_TEST(bf.copies_last_step <= 2 * runs[i]->m.named_parameters().size());
   }
 }
 
 BOOST_AUTO_TEST_CASE(bf16_decoding_matches_fp32_and_converts_weights_once) {
-  models::Transformer m(tiny_cfg());
-  train_tiny(m, 400);
+  TinyRun run;
+  BOOST_TEST_REQUIRE(train_until_learned(run) > 0, "float32 did not learn the task in " << kCap << " steps");
+  run.train(kEvery);  // onto the flat part of the curve, where the choices have wide margins
+  models::Transformer& m = run.m;
   m.eval();
   Generator g(99);
   const Batch b = reverse_batch(g, 32);

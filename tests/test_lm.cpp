@@ -60,14 +60,23 @@ BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
   o.positions = "rope";
   o.context = 24;
   o.batch_rows = 8;
-  o.loop.steps = 150;
-  o.loop.valid_every = 150;
+  // Trained to a criterion, not a step count (the step at which a run gets there depends on the
+  // build's and the CPU's summation order). Validation's first window is a whole document from
+  // its BOS, exactly the context generation sees, so once the validation tokens' bits in all are
+  // below 0.5, every one of them has p > 2^-0.5 > 0.7 and greedy decoding must follow the text
+  // (the KV-cached path's rounding differences are far below that margin). 250 steps got there
+  // in Release on an AMD EPYC; the cap is eight times that.
+  o.loop.steps = 2000;
+  o.loop.valid_every = 10;
+  o.loop.stop_at = 0.005;
   o.loop.warmup = 30;
   o.loop.lr_factor = 2.0;
   o.dropout = 0.0;
   o.loop.quiet = true;
   lm::TrainResult r = lm::train(o);
-  BOOST_TEST(r.valid.bpc < 0.5);
+  BOOST_TEST_MESSAGE("valid bpc " << r.valid.bpc << " over " << r.valid.chars << " characters after " << r.loop.last_step << " steps");
+  BOOST_TEST_REQUIRE(r.loop.reached_target, "validation bpc " << r.valid.bpc << " after " << r.loop.last_step << " steps");
+  BOOST_TEST(r.valid.bpc * r.valid.chars < 0.5);
   lm::LoadedRun run = lm::load_run(o.loop.run_dir);
   models::DecodeOptions d;
   d.max_len = 30;

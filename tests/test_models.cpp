@@ -256,12 +256,15 @@ BOOST_AUTO_TEST_CASE(decoder_only_lm_is_causal_and_learns) {
     Tensor b = lm.forward(ids(changed, 1));
     BOOST_TEST(max_abs_diff(rows(a, 0, 0, 6), rows(b, 0, 0, 6)) == 0.0);
   }
-  // Memorise one sequence: next-token loss goes to near zero.
+  // Memorise one sequence: next-token loss goes to near zero. Trained to that criterion, not a
+  // step count (where a run crosses it depends on the summation order of the build and CPU);
+  // 175 steps got there in Release on an AMD EPYC; the cap is over ten times that.
   std::vector<std::pair<std::string, Tensor>> params = lm.named_parameters();
   Tensor in = ids(std::vector<int64_t>(seq.begin(), seq.end() - 1), 1);
   Tensor target = from_vector(std::vector<int64_t>(seq.begin() + 1, seq.end()), {9}, DType::i64);
-  double loss_v = 0;
-  for (int step = 0; step < 300; ++step) {
+  double loss_v = 1e9;
+  int step = 0;
+  for (; step < 3000 && loss_v >= 0.05; ++step) {
     Tensor loss = cross_entropy(reshape(lm.forward(in), {9, c.vocab}), target);
     loss_v = loss.item();
     loss.backward();
@@ -271,6 +274,7 @@ BOOST_AUTO_TEST_CASE(decoder_only_lm_is_causal_and_learns) {
       p.zero_grad();
     }
   }
+  BOOST_TEST_MESSAGE("decoder-only LM: loss " << loss_v << " after " << step << " steps");
   BOOST_TEST(loss_v < 0.05);
 }
 
