@@ -3,15 +3,18 @@
 BUILD ?= build
 JOBS ?= 2
 DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev libsentencepiece-dev \
-       nlohmann-json3-dev libcli11-dev libcairo2-dev
+       nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build test install docs interop demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
-deps:
-	@missing=""; for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
+apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+
+deps:
+	$(call apt_install,$(DEPS))
 
 configure: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
@@ -22,6 +25,26 @@ build: configure
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=$(JOBS) ctest --output-on-failure -j1
 
+# The libraries, public headers, CMake package, graft.pc and the three programs into PREFIX
+# (docs/install.md).
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The API reference from the public headers (Doxygen) into $(BUILD)/docs/html; any warning
+# (an undocumented public symbol, a broken reference) fails it.
+DOC_DEPS = doxygen graphviz
+docs:
+	$(call apt_install,$(DOC_DEPS))
+	mkdir -p $(BUILD)
+	doxygen docs/Doxyfile
+
+# Weights to and from PyTorch's nn.Transformer, checked both ways on one batch (logits, loss,
+# every gradient); docs/interop.md has the figures.
+interop: build
+	$(call apt_install,python3-torch)
+	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
+
 # The demo builds only what it runs (the translate program), to stay within its time budget.
 demo: configure
 	cmake --build $(BUILD) -j$(JOBS) --target translate
@@ -31,9 +54,7 @@ demo: configure
 # other languages.
 FORTUNES = fortunes fortunes-de fortunes-es fortunes-it fortunes-br fortunes-pl fortunes-cs fortunes-ga
 fortunes:
-	@missing=""; for p in $(FORTUNES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+	$(call apt_install,$(FORTUNES))
 
 # Trains the byte-level LM (lm-mini, rope) on the fortunes and evaluates it.
 LM_MINUTES ?= 5
@@ -83,9 +104,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_DEPS = clang-14 libclang-rt-14-dev libomp-14-dev
 fuzz: deps
-	@missing=""; for p in $(FUZZ_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+	$(call apt_install,$(FUZZ_DEPS))
 	CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAFT_FUZZ=ON
 	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_safetensors fuzz_train_state fuzz_config fuzz_tsv fuzz_bleu
 	./fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)

@@ -1,4 +1,4 @@
-#include "autograd/gradcheck.h"
+#include "graft/autograd/gradcheck.h"
 
 #include <cmath>
 #include <mutex>

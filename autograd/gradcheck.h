@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "autograd/tensor.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

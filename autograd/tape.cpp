@@ -1,4 +1,6 @@
-#include "autograd/tape.h"
+#include "graft/autograd/tape.h"
+
+#include "graft/autograd/graph.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,7 +26,7 @@ struct Route {
 
 struct Entry {
   const char* op = "";
-  std::string path;  // the module path it was recorded under (anomaly mode only)
+  std::string path;  // the module path it was recorded under (anomaly mode or KeepModulePaths)
   std::vector<Route> inputs;
   std::vector<Shape> out_shapes;
   std::vector<DType> out_dtypes;
@@ -59,6 +61,8 @@ bool anomaly_from_env() {
 }
 thread_local bool t_anomaly = anomaly_from_env();
 thread_local std::vector<std::string> t_scopes;
+thread_local int t_keep_paths = 0;  // live KeepModulePaths objects
+bool keeping_paths() { return t_anomaly || t_keep_paths > 0; }
 
 std::string in_path(const std::string& path) { return path.empty() ? std::string() : " in " + path; }
 
@@ -178,7 +182,7 @@ bool anomaly_mode() { return t_anomaly; }
 void set_anomaly_mode(bool on) { t_anomaly = on; }
 
 NameScope::NameScope(const std::string& name) {
-  if (!t_anomaly || name.empty()) return;
+  if (!keeping_paths() || name.empty()) return;
   t_scopes.push_back(name);
   pushed_ = true;
 }
@@ -239,7 +243,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   if (t_anomaly) check_forward(op, inputs, outputs);
   Entry e;
   e.op = op;
-  if (t_anomaly) e.path = name_scope_path();
+  if (keeping_paths()) e.path = name_scope_path();
   for (auto& t : inputs) {
     Route r;
     if (t.defined()) {
@@ -426,6 +430,125 @@ size_t tape_size() { return t_tape.live; }
 void clear_tape() {
   for (auto& e : t_tape.entries) free_entry(e);
   compact_if_empty();
+}
+
+// ---- graph_dot ---------------------------------------------------------------------------------
+
+KeepModulePaths::KeepModulePaths() { ++t_keep_paths; }
+KeepModulePaths::~KeepModulePaths() { --t_keep_paths; }
+
+namespace {
+
+std::string dot_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string shape_text(DType dt, const Shape& shape) {
+  std::string s = std::string(dtype_name(dt)) + " (";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// "e12" (entry 12), "l3" (leaf 3). Built by appending: g++ 12 warns falsely (-Wrestrict, GCC
+// bug 105329) on "e" + std::to_string(i).
+std::string node_id(char kind, int64_t i) {
+  std::string s(1, kind);
+  return s += std::to_string(i);
+}
+
+// The entries `root` depends on, in tape order.
+std::vector<int64_t> entries_behind(int64_t root) {
+  std::vector<bool> seen(t_tape.entries.size(), false);
+  std::vector<int64_t> stack{root}, out;
+  seen[root] = true;
+  while (!stack.empty()) {
+    const int64_t i = stack.back();
+    stack.pop_back();
+    out.push_back(i);
+    for (const Route& r : t_tape.entries[i].inputs)
+      if (r.index >= 0 && !seen[r.index]) seen[r.index] = true, stack.push_back(r.index);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Module paths as nested clusters: each node of the tree holds its entries and its children.
+struct Cluster {
+  std::vector<int64_t> entries;
+  std::map<std::string, Cluster> children;
+};
+
+void write_cluster(std::string& dot, const std::string& label, const Cluster& c, int& next_id, int depth) {
+  const std::string pad(2 * depth, ' ');
+  if (depth > 0)
+    dot += pad + "subgraph cluster_" + std::to_string(next_id++) + " {\n" + pad + "  label=\"" + dot_escape(label) + "\";\n";
+  for (int64_t i : c.entries) {
+    const Entry& e = t_tape.entries[i];
+    std::string text = dot_escape(e.op);
+    for (size_t k = 0; k < e.out_shapes.size(); ++k) text += "\\n" + shape_text(e.out_dtypes[k], e.out_shapes[k]);
+    dot += pad + "  " + node_id('e', i) + " [label=\"" + text + "\"];\n";
+  }
+  for (const auto& [name, child] : c.children) write_cluster(dot, name, child, next_id, depth + 1);
+  if (depth > 0) dot += pad + "}\n";
+}
+
+}  // namespace
+
+std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, Tensor>>& leaf_names) {
+  if (!t.defined()) fail("graph_dot: the tensor is undefined");
+  const TensorImpl* ti = t.impl();
+  if (from_old_epoch(ti)) fail("graph_dot: the tensor's graph was freed (the tape was cleared since it was made)");
+  std::map<const TensorImpl*, std::string> names;
+  for (const auto& [name, leaf] : leaf_names)
+    if (leaf.defined()) names.emplace(leaf.impl(), name);
+  auto leaf_label = [&](const TensorImpl* leaf, DType dt, const Shape& shape) {
+    auto it = names.find(leaf);
+    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" + shape_text(dt, shape);
+  };
+  std::string dot = "digraph graft {\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
+  if (ti->tape_index < 0) {  // nothing recorded behind it
+    dot += "  l0 [shape=ellipse, label=\"" + leaf_label(ti, t.dtype(), t.shape()) + "\"];\n}\n";
+    return dot;
+  }
+  const std::vector<int64_t> entries = entries_behind(ti->tape_index);
+  Cluster top;
+  for (int64_t i : entries) {
+    Cluster* c = &top;
+    const std::string& path = t_tape.entries[i].path;
+    for (size_t start = 0; !path.empty() && start <= path.size();) {
+      const size_t dot_at = std::min(path.find('.', start), path.size());
+      c = &c->children[path.substr(start, dot_at - start)];
+      start = dot_at + 1;
+    }
+    c->entries.push_back(i);
+  }
+  int next_cluster = 0;
+  write_cluster(dot, "", top, next_cluster, 0);
+  std::map<const TensorImpl*, int> leaves;
+  std::string edges;
+  for (int64_t i : entries) {
+    for (const Route& r : t_tape.entries[i].inputs) {
+      std::string from;
+      if (r.index >= 0) {
+        from = node_id('e', r.index);
+      } else if (r.leaf) {
+        auto [it, added] = leaves.emplace(r.leaf.get(), (int)leaves.size());
+        from = node_id('l', it->second);
+        if (added)
+          dot += "  " + from + " [shape=ellipse, style=filled, fillcolor=\"#dde8f5\", label=\"" +
+                 leaf_label(r.leaf.get(), r.dtype, r.shape) + "\"];\n";
+      } else {
+        continue;  // an input that needs no gradient (data, ids)
+      }
+      edges += "  " + from + " -> " + node_id('e', i) + ";\n";
+    }
+  }
+  return dot + edges + "}\n";
 }
 
 }  // namespace graft::autograd

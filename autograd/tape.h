@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::autograd {
 

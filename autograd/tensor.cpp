@@ -1,4 +1,4 @@
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 
 #include <sys/mman.h>
 
-#include "autograd/tape.h"
+#include "graft/autograd/tape.h"
 
 namespace graft {
 

@@ -1,4 +1,4 @@
-#include "autograd/text.h"
+#include "graft/autograd/text.h"
 
 #include <cstdio>
 

@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "models/transformer.h"
-#include "nn/optim.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/models/transformer.h"
+#include "graft/nn/optim.h"
+#include "graft/ops/ops.h"
 
 using namespace graft;
 using Clock = std::chrono::steady_clock;

@@ -3,10 +3,10 @@
 #include <cstdint>
 #include <string>
 
-#include "models/decoder_only_lm.h"
-#include "models/encoder_classifier.h"
-#include "models/transformer.h"
-#include "nn/checkpoint.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/models/encoder_classifier.h"
+#include "graft/models/transformer.h"
+#include "graft/nn/checkpoint.h"
 
 using namespace graft;
 

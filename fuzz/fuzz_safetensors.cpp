@@ -7,7 +7,7 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "nn/checkpoint.h"
+#include "graft/nn/checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = graft::fuzz::write_temp("safetensors", data, size);

@@ -11,10 +11,10 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "nn/checkpoint.h"
-#include "nn/layers.h"
-#include "nn/trainer.h"
-#include "ops/ops.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/trainer.h"
+#include "graft/ops/ops.h"
 #include "tests/toy_task.h"
 
 using namespace graft;

@@ -1,10 +1,10 @@
-#include "models/config_json.h"
+#include "graft/models/config_json.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-#include "autograd/text.h"
+#include "graft/autograd/text.h"
 
 namespace graft::models {
 

@@ -8,9 +8,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "nn/checkpoint.h"
-#include "nn/positions.h"
-#include "nn/transformer.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/positions.h"
+#include "graft/nn/transformer.h"
 
 namespace graft::models {
 

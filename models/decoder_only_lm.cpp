@@ -1,10 +1,10 @@
-#include "models/decoder_only_lm.h"
+#include "graft/models/decoder_only_lm.h"
 
 #include <cmath>
 
-#include "autograd/tape.h"
-#include "models/config_json.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/models/config_json.h"
+#include "graft/ops/ops.h"
 
 namespace graft::models {
 

@@ -5,9 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/config_json.h"
-#include "models/decoding.h"
-#include "nn/transformer.h"
+#include "graft/models/config_json.h"
+#include "graft/models/decoding.h"
+#include "graft/nn/transformer.h"
 
 namespace graft::models {
 

@@ -1,4 +1,4 @@
-#include "models/decoding.h"
+#include "graft/models/decoding.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <numeric>
 #include <tuple>
 
-#include "autograd/tape.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/ops.h"
 
 namespace graft::models {
 

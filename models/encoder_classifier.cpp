@@ -1,9 +1,9 @@
-#include "models/encoder_classifier.h"
+#include "graft/models/encoder_classifier.h"
 
 #include <cmath>
 
-#include "models/config_json.h"
-#include "ops/ops.h"
+#include "graft/models/config_json.h"
+#include "graft/ops/ops.h"
 
 namespace graft::models {
 

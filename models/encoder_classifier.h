@@ -4,8 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/config_json.h"
-#include "nn/transformer.h"
+#include "graft/models/config_json.h"
+#include "graft/nn/transformer.h"
 
 namespace graft::models {
 

@@ -1,14 +1,14 @@
-#include "models/transformer.h"
+#include "graft/models/transformer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-#include "autograd/tape.h"
-#include "autograd/text.h"
-#include "models/config_json.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
+#include "graft/models/config_json.h"
+#include "graft/ops/ops.h"
 
 namespace graft::models {
 

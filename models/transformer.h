@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/decoding.h"
-#include "nn/transformer.h"
+#include "graft/models/decoding.h"
+#include "graft/nn/transformer.h"
 
 namespace graft::models {
 

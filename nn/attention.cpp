@@ -1,9 +1,9 @@
-#include "nn/attention.h"
+#include "graft/nn/attention.h"
 
 #include <cmath>
 
-#include "autograd/tape.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/ops.h"
 
 namespace graft::nn {
 

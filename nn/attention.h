@@ -4,8 +4,8 @@
 // x (B, Tq, d), memory (B, Tk, d), key_padding_mask (B, Tk) non-zero = pad.
 #pragma once
 
-#include "nn/layers.h"
-#include "nn/positions.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/positions.h"
 
 namespace graft::nn {
 

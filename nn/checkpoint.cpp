@@ -1,4 +1,4 @@
-#include "nn/checkpoint.h"
+#include "graft/nn/checkpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 #include <set>
 #include <streambuf>
 
-#include "autograd/text.h"
+#include "graft/autograd/text.h"
 
 namespace graft::nn {
 
@@ -312,23 +312,29 @@ void save_safetensors(const std::string& path,
   });
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+namespace {
+
+// Opens the file and returns its size; errors for a missing file or a non-file.
+uint64_t open_checked(const std::string& path, std::ifstream& in) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st))
     load_fail(path, "cannot open: " + (ec ? ec.message() : std::string("no such file")));
   if (!fs::is_regular_file(st)) load_fail(path, "not a regular file");
-  std::ifstream in(path, std::ios::binary);
+  in.open(path, std::ios::binary);
   if (!in) load_fail(path, std::string("cannot open: ") + std::strerror(errno));
   in.seekg(0, std::ios::end);
   const std::streamoff fsize = in.tellg();
   in.seekg(0, std::ios::beg);
   if (fsize < 0 || !in) load_fail(path, "cannot determine the file size");
-  const uint64_t file_size = uint64_t(fsize);
+  return uint64_t(fsize);
+}
 
+// The 8-byte little-endian header length and the header text, both checked against the limits
+// and the file size before anything is allocated.
+std::string read_header_text(const std::string& path, std::ifstream& in, uint64_t file_size) {
   if (file_size < 8)
-    load_fail(path, "file is " + std::to_string(file_size) +
-                        " bytes, too short for the 8-byte header length");
+    load_fail(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
   if (in.gcount() != 8) load_fail(path, "file shrank while being read");
@@ -340,12 +346,15 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (n > file_size - 8)
     load_fail(path, "header length " + std::to_string(n) + " is larger than the " +
                         std::to_string(file_size - 8) + " bytes after the length field");
-  const uint64_t data_size = file_size - 8 - n;
-
   std::string text(n, '\0');
   in.read(text.data(), std::streamsize(n));
   if (uint64_t(in.gcount()) != n) load_fail(path, "file shrank while being read");
+  return text;
+}
 
+// The header's entries in header order, its metadata into out.metadata.
+std::vector<Entry> parse_header(const std::string& path, const std::string& text, uint64_t data_size,
+                                SafetensorsFile& out) {
   // Structure first: a legal header nests three levels ({ "name": { "shape": [ ] } }), and
   // checking that before nlohmann builds anything keeps a deeply nested header from exhausting
   // the stack.
@@ -361,34 +370,31 @@ SafetensorsFile load_safetensors(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     load_fail(path, "header is not valid JSON: " + json_message(e));
   }
-  const std::vector<std::string>& keys = top.keys;
-  const std::string& duplicate = top.duplicate;
   if (!header.is_object())
     load_fail(path, "header is not a JSON object (got " + std::string(header.type_name()) + ")");
-  if (!duplicate.empty()) load_fail(path, "tensor " + squote(duplicate) + " appears twice in the header");
-
-  SafetensorsFile out;
-  out.path = path;
+  if (!top.duplicate.empty()) load_fail(path, "tensor " + squote(top.duplicate) + " appears twice in the header");
   std::vector<Entry> entries;
-  for (const std::string& key : keys) {
+  for (const std::string& key : top.keys) {
     const nlohmann::json& v = header[key];
-    if (key == kMetadataKey) {
-      if (!v.is_object())
-        load_fail(path, "__metadata__ is not a JSON object (got " + std::string(v.type_name()) + ")");
-      for (const auto& [mk, mv] : v.items()) {
-        if (!mv.is_string())
-          load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " +
-                              json_excerpt(mv) + ")");
-        out.metadata[mk] = mv.get<std::string>();
-      }
+    if (key != kMetadataKey) {
+      entries.push_back(parse_entry(path, key, v, data_size));
       continue;
     }
-    entries.push_back(parse_entry(path, key, v, data_size));
+    if (!v.is_object())
+      load_fail(path, "__metadata__ is not a JSON object (got " + std::string(v.type_name()) + ")");
+    for (const auto& [mk, mv] : v.items()) {
+      if (!mv.is_string())
+        load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " + json_excerpt(mv) + ")");
+      out.metadata[mk] = mv.get<std::string>();
+    }
   }
+  return entries;
+}
 
-  // The regions must tile [0, data_size) exactly, as the reference implementation requires:
-  // a gap or an overlap means the header and the data disagree. Stable, so equal (empty)
-  // regions keep their header order, which for files written here is the save order.
+// The regions must tile [0, data_size) exactly, as the reference implementation requires: a gap
+// or an overlap means the header and the data disagree. Sorts the entries into file order
+// (stable, so equal empty regions keep their header order, the save order of files written here).
+void check_regions_tile(const std::string& path, std::vector<Entry>& entries, uint64_t data_size) {
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -399,9 +405,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
       const std::string after =
           prev ? "the previous tensor " + squote(prev->name) + " ends at byte " + std::to_string(cursor)
                : std::string("the data section starts at byte 0");
-      load_fail(path, "tensor " + squote(e.name) + " starts at byte " + std::to_string(e.begin) +
-                          " but " + after + " (" + (e.begin < cursor ? "overlap" : "gap") +
-                          "; data regions must be contiguous)");
+      load_fail(path, "tensor " + squote(e.name) + " starts at byte " + std::to_string(e.begin) + " but " + after +
+                          " (" + (e.begin < cursor ? "overlap" : "gap") + "; data regions must be contiguous)");
     }
     cursor = e.end;
     prev = &e;
@@ -409,7 +414,19 @@ SafetensorsFile load_safetensors(const std::string& path) {
   if (cursor != data_size)
     load_fail(path, "trailing data: the tensors cover " + std::to_string(cursor) + " bytes of the " +
                         std::to_string(data_size) + "-byte data section");
+}
 
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in;
+  const uint64_t file_size = open_checked(path, in);
+  const std::string text = read_header_text(path, in, file_size);
+  const uint64_t data_size = file_size - 8 - text.size();
+  SafetensorsFile out;
+  out.path = path;
+  std::vector<Entry> entries = parse_header(path, text, data_size, out);
+  check_regions_tile(path, entries, data_size);
   // Everything is validated, so the reads below are exactly the data section, in file order.
   // Reading straight into each tensor's storage avoids holding the file twice in memory.
   out.tensors.reserve(entries.size());
@@ -418,8 +435,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
     const uint64_t nbytes = e.end - e.begin;
     if (nbytes > 0) {
       in.read(static_cast<char*>(t.raw()), std::streamsize(nbytes));
-      if (uint64_t(in.gcount()) != nbytes)
-        load_fail(path, "file shrank while reading tensor " + squote(e.name));
+      if (uint64_t(in.gcount()) != nbytes) load_fail(path, "file shrank while reading tensor " + squote(e.name));
     }
     out.tensors.emplace_back(e.name, std::move(t));
   }

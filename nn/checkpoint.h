@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::nn {
 

@@ -1,8 +1,8 @@
-#include "nn/layers.h"
+#include "graft/nn/layers.h"
 
 #include <cmath>
 
-#include "ops/ops.h"
+#include "graft/ops/ops.h"
 
 namespace graft::nn {
 

@@ -1,7 +1,7 @@
 // Basic layers. Shapes: B batch, T time, C/d model width.
 #pragma once
 
-#include "nn/module.h"
+#include "graft/nn/module.h"
 
 namespace graft::nn {
 

@@ -1,10 +1,10 @@
-#include "nn/module.h"
+#include "graft/nn/module.h"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 
-#include "autograd/tape.h"
+#include "graft/autograd/tape.h"
 
 namespace graft::nn {
 

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "autograd/tensor.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::nn {
 

@@ -1,4 +1,4 @@
-#include "nn/optim.h"
+#include "graft/nn/optim.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +9,8 @@
 #if defined(__SSE2__)
 #endif
 
-#include "autograd/tape.h"
-#include "nn/checkpoint.h"
+#include "graft/autograd/tape.h"
+#include "graft/nn/checkpoint.h"
 
 namespace graft::nn {
 

@@ -1,10 +1,10 @@
-#include "nn/positions.h"
+#include "graft/nn/positions.h"
 
 #include <cmath>
 
-#include "autograd/text.h"
-#include "nn/layers.h"
-#include "ops/ops.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/layers.h"
+#include "graft/ops/ops.h"
 
 namespace graft::nn {
 

@@ -1,4 +1,4 @@
-#include "nn/trainer.h"
+#include "graft/nn/trainer.h"
 
 #include <unistd.h>
 
@@ -11,9 +11,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "autograd/tape.h"
-#include "nn/checkpoint.h"
-#include "nn/optim.h"
+#include "graft/autograd/tape.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/optim.h"
 
 namespace graft::nn {
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/module.h"
+#include "graft/nn/module.h"
 
 namespace graft::nn {
 

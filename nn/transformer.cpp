@@ -1,6 +1,6 @@
-#include "nn/transformer.h"
+#include "graft/nn/transformer.h"
 
-#include "ops/ops.h"
+#include "graft/ops/ops.h"
 
 namespace graft::nn {
 

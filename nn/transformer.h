@@ -5,8 +5,8 @@
 // (self_attn, multihead_attn, linear1, linear2, norm1..3) and the stacks' "layers.<i>" / "norm".
 #pragma once
 
-#include "nn/attention.h"
-#include "nn/layers.h"
+#include "graft/nn/attention.h"
+#include "graft/nn/layers.h"
 
 namespace graft::nn {
 

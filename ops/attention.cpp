@@ -10,7 +10,7 @@
 // the backward recomputes P with one more Q K^T matmul (cheap next to the projections) rather
 // than hold B*H*Tq*Tk floats per layer from forward to backward. The dropout mask is recomputed
 // from its generator state, like ops/dropout.
-#include "ops/attention.h"
+#include "graft/ops/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,14 +18,14 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/bf16.h"
-#include "ops/kernels.h"
-#include "ops/precision.h"
-#include "ops/onednn/dnnl_utils.h"
-#include "ops/reduce.h"
-#include "ops/shape.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/bf16.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/precision.h"
+#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/reduce.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 

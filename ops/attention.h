@@ -8,7 +8,7 @@
 // dropout (optional): out = (P * mask / (1 - p)) V, see AttentionOptions.
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

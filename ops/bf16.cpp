@@ -1,4 +1,4 @@
-#include "ops/bf16.h"
+#include "graft/ops/bf16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "ops/kernels.h"
+#include "graft/ops/kernels.h"
 
 namespace graft::kern {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::kern {
 

@@ -1,4 +1,4 @@
-#include "ops/cases.h"
+#include "graft/ops/cases.h"
 
 #include <mutex>
 

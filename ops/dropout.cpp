@@ -6,15 +6,15 @@
 // starting state: the loop runs in parallel yet gives the mask a sequential walk would, for any
 // thread count and either float dtype. Cost: one splitmix64 (~8 integer ops) per element, no
 // float conversion (u >= p is compared on the integer), so it runs at about memory speed.
-#include "ops/dropout.h"
+#include "graft/ops/dropout.h"
 
 #include <cmath>
 #include <limits>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/elementwise.h"
-#include "ops/kernels.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/kernels.h"
 
 namespace graft {
 

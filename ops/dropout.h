@@ -2,7 +2,7 @@
 // thread count and either float dtype); identity when !training or p == 0.
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

@@ -1,15 +1,15 @@
 // Elementwise ops. float32 runs on oneDNN eltwise/binary primitives (forward and backward);
 // float64 runs the plain reference loops of the same formulas.
-#include "ops/elementwise.h"
+#include "graft/ops/elementwise.h"
 
 #include <cmath>
 #include <unordered_set>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/kernels.h"
-#include "ops/onednn/dnnl_utils.h"
-#include "ops/reduce.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/reduce.h"
 
 namespace graft {
 

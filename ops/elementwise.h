@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

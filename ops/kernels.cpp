@@ -1,12 +1,12 @@
-#include "ops/kernels.h"
+#include "graft/ops/kernels.h"
 
 #include <algorithm>
 #include <bit>
 #include <string_view>
 
-#include "ops/bf16.h"
-#include "ops/onednn/dnnl_utils.h"
-#include "ops/precision.h"
+#include "graft/ops/bf16.h"
+#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/precision.h"
 
 namespace graft::kern {
 

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <string>
 
-#include "autograd/tape.h"
-#include "autograd/tensor.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::kern {
 

@@ -8,7 +8,7 @@
 // Both directions are OpenMP loops over rows (for float32 too: the cost is one exp per logit
 // each way); per-row losses are summed afterwards in row order, so the result does not depend
 // on the thread count.
-#include "ops/loss.h"
+#include "graft/ops/loss.h"
 
 #include <algorithm>
 #include <bit>
@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/elementwise.h"
-#include "ops/kernels.h"
-#include "ops/shape.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 

@@ -5,7 +5,7 @@
 // logits (N, C) float, target (N) int64 -> scalar. All targets ignored gives 0 (not NaN).
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

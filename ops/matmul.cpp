@@ -1,17 +1,17 @@
 // matmul and linear. float32 runs oneDNN (kern::bmm for matmul; inner_product for linear) on the
 // tensors' own strides, so transposed views are read in place; float64 runs reference loops.
-#include "ops/matmul.h"
+#include "graft/ops/matmul.h"
 
 #include <algorithm>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/bf16.h"
-#include "ops/kernels.h"
-#include "ops/onednn/dnnl_utils.h"
-#include "ops/precision.h"
-#include "ops/reduce.h"
-#include "ops/shape.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/bf16.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/precision.h"
+#include "graft/ops/reduce.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 

@@ -3,7 +3,7 @@
 // their strides, without a copy.
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

@@ -3,17 +3,17 @@
 // loop. The backward is one OpenMP row loop for both (llm.c's layernorm_backward formulas), which
 // rebuilds the normalised rows from the output where that is exact enough (see
 // kMaxShiftOverScale): oneDNN 2.6's backward needs the input, and runs its non-jit "simple" kernel.
-#include "ops/norm.h"
+#include "graft/ops/norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/kernels.h"
-#include "ops/onednn/dnnl_utils.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/onednn/dnnl_utils.h"
 
 namespace graft {
 

@@ -2,7 +2,7 @@
 // x (..., C), w (C) and b (C) optional (undefined) -> y (..., C).
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

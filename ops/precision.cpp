@@ -1,11 +1,11 @@
-#include "ops/precision.h"
+#include "graft/ops/precision.h"
 
 #include <cstdio>
 #include <mutex>
 #include <string_view>
 
-#include "ops/bf16.h"
-#include "ops/onednn/dnnl_utils.h"
+#include "graft/ops/bf16.h"
+#include "graft/ops/onednn/dnnl_utils.h"
 
 namespace graft {
 

@@ -1,15 +1,15 @@
 // Reductions: OpenMP loops in both precisions (see sum_axes for why not oneDNN's reduction);
 // max keeps the argmax for its backward.
-#include "ops/reduce.h"
+#include "graft/ops/reduce.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/elementwise.h"
-#include "ops/kernels.h"
-#include "ops/shape.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 

@@ -2,7 +2,7 @@
 // keepdim keeps reduced axes with size 1. x (...) -> out (... without axes).
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

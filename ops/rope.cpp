@@ -1,15 +1,15 @@
 // rope: one OpenMP loop for both precisions (no oneDNN primitive does it). The angles are
 // computed in float64 once per (position, pair) and the backward is the inverse rotation
 // (angle -> -angle), so nothing is saved but the positions.
-#include "ops/rope.h"
+#include "graft/ops/rope.h"
 
 #include <cmath>
 #include <vector>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/kernels.h"
-#include "ops/shape.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 

@@ -7,7 +7,7 @@
 // depends on their positions only through the difference.
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

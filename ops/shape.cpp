@@ -3,16 +3,16 @@
 // contiguous gradient of the input's shape. Copying ops (concat, index_select, embedding,
 // contiguous, to_dtype) move bytes with OpenMP loops; none of them needs arithmetic, so float32
 // and float64 share one path (and int64 tensors work wherever no gradient is involved).
-#include "ops/shape.h"
+#include "graft/ops/shape.h"
 
 #include <algorithm>
 #include <cstring>
 #include <optional>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/kernels.h"
-#include "ops/reduce.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/reduce.h"
 
 namespace graft {
 

@@ -2,7 +2,7 @@
 // share storage when the layout allows (reshape of non-viewable data copies, as PyTorch does).
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

@@ -2,14 +2,14 @@
 // and an OpenMP backward loop (see below); float64 runs reference loops. Both save only the output y:
 //   softmax:     dx = y * (dy - sum(dy * y))
 //   log_softmax: dx = dy - exp(y) * sum(dy)
-#include "ops/softmax.h"
+#include "graft/ops/softmax.h"
 
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
-#include "ops/kernels.h"
-#include "ops/onednn/dnnl_utils.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
+#include "graft/ops/kernels.h"
+#include "graft/ops/onednn/dnnl_utils.h"
 
 namespace graft {
 

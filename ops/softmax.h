@@ -1,7 +1,7 @@
 // softmax / log_softmax over one axis: y_i = exp(x_i - max) / sum_j exp(x_j - max).
 #pragma once
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 

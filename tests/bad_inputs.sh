@@ -60,6 +60,7 @@ case_ CLI "\`--temperature 0\` when sampling" 2 "temperature" -- "$T" translate 
 case_ CLI "lm \`--max-new -3\`" 2 "--max-new" -- "$LM" generate --run "$W/nothing" --max-new -3
 case_ CLI "\`--precision fp16\`" 2 "--precision: fp16 not in {fp32,bf16}" -- "$T" train --data "$D" --out "$W/x" --steps 5 --precision fp16
 case_ CLI "\`--stop-at-bleu 101\`" 2 "--stop-at-bleu: Value 101 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --stop-at-bleu 101
+case_ CLI "\`--graph step.txt\`" 2 "graph: 'step.txt': the file name must end in .dot, .svg, .png or .pdf" -- "$T" train --data "$D" --out "$W/x" --steps 5 --graph step.txt
 case_ CLI "\`--dump-batches\` with \`--resume\`" 2 "--dump-batches records a whole run from step 0; not with --resume" -- "$T" train --data "$D" --out "$W/run" --steps 5 --resume --dump-batches "$W/dump.jsonl"
 printf '5 6 7\n' >"$W/one.ids"
 printf '5 x 7\n' >"$W/bad.ids"
@@ -102,6 +103,8 @@ fresh; head -c 3000 "$W/run/train_state.safetensors" >"$W/r/train_state.safetens
 case_ checkpoint "train_state.safetensors truncated, --resume" 2 "truncated or corrupted" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; rm "$W/r/train_state.safetensors"
 case_ checkpoint "--resume without a train state" 2 "nothing to resume" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+case_ checkpoint "forward: a batch file without \"src\"" 2 "no tensor 'src' in '$W/run/model.safetensors'" -- "$T" forward --run "$W/run" --batch "$W/run/model.safetensors" --out "$W/fw.safetensors"
+case_ checkpoint "import-weights: a train state instead of weights" 2 "they do not belong together" -- "$T" import-weights --run "$W/r" --weights "$W/run/train_state.safetensors"
 
 fresh; sed -i 's/"heads": 4/"heads": 8/' "$W/r/config.json"
 case_ config "heads edited in config.json" 2 "config.json' does not match the weights" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
@@ -139,6 +142,13 @@ printf 'one paragraph only\n' >"$W/one.txt"
 case_ lm "a text with one document" 2 "need at least 2 documents" -- "$LM" train --out "$W/lm" --text "$W/one.txt" --steps 2
 head -c 5000 /dev/urandom >"$W/bin.txt"
 case_ lm "a binary file as text" 2 "is not UTF-8 text" -- "$LM" train --out "$W/lm" --text "$W/bin.txt" --steps 2
+python3 -c "import sys; open(sys.argv[1],'w').write(''.join(f'a rolling stone {i} gathers no moss\n%\n' for i in range(60)))" "$W/moss.txt"
+"$LM" train --out "$W/lmrun" --text "$W/moss.txt" --steps 2 --context 16 --valid-every 2 >/dev/null 2>&1 ||
+  { echo "bad_inputs: could not train the reference lm run" >&2; exit 1; }
+case_ lm "evaluate --text: any text, scored" 0 "text (context 16): loss" -- "$LM" evaluate --run "$W/lmrun" --text "$W/moss.txt"
+printf 'short\n' >"$W/short.txt"
+case_ lm "evaluate --text: a text shorter than one window" 2 "the text is shorter than one window of 16 tokens" -- "$LM" evaluate --run "$W/lmrun" --text "$W/short.txt"
+case_ lm "evaluate --text: no such file" 2 "--text: File does not exist" -- "$LM" evaluate --run "$W/lmrun" --text "$W/none.txt"
 mkdir -p "$W/tsv" && printf 'en\thello there\nno tab here\n' >"$W/tsv/train.tsv" && cp "$W/tsv/train.tsv" "$W/tsv/valid.tsv"
 case_ classify "a TSV line without a tab" 2 "train.tsv' line 2: expected label<TAB>text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
 printf 'en\thello \xff\xfe there\n' >"$W/tsv/train.tsv"

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <memory>
 
-#include "autograd/tape.h"
-#include "nn/layers.h"
-#include "nn/module.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/module.h"
+#include "graft/ops/ops.h"
 #include "test_util.h"
 
 using namespace graft;

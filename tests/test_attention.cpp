@@ -5,9 +5,9 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/tape.h"
-#include "ops/attention.h"
-#include "ops/shape.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/attention.h"
+#include "graft/ops/shape.h"
 
 using namespace graft;
 

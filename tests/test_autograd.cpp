@@ -3,8 +3,8 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "ops/ops.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/ops.h"
 
 using namespace graft;
 

@@ -9,10 +9,10 @@
 #include <limits>
 #include <memory>
 
-#include "autograd/tape.h"
-#include "models/transformer.h"
-#include "nn/optim.h"
-#include "ops/ops.h"
+#include "graft/autograd/tape.h"
+#include "graft/models/transformer.h"
+#include "graft/nn/optim.h"
+#include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace graft;

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "autograd/tensor.h"
-#include "nn/checkpoint.h"
+#include "graft/autograd/tensor.h"
+#include "graft/nn/checkpoint.h"
 
 using namespace graft;
 namespace fs = std::filesystem;

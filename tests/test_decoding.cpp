@@ -9,9 +9,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "models/decoding.h"
-#include "models/transformer.h"
-#include "ops/ops.h"
+#include "graft/models/decoding.h"
+#include "graft/models/transformer.h"
+#include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace graft;

@@ -3,7 +3,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "ops/ops.h"
+#include "graft/ops/ops.h"
 
 using namespace graft;
 

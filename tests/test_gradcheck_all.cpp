@@ -5,8 +5,8 @@
 #include <boost/test/unit_test.hpp>
 #include <set>
 
-#include "autograd/gradcheck.h"
-#include "ops/cases.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/cases.h"
 
 using namespace graft;
 

@@ -4,11 +4,11 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/tape.h"
-#include "ops/dropout.h"
-#include "ops/elementwise.h"
-#include "ops/loss.h"
-#include "ops/matmul.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/dropout.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/loss.h"
+#include "graft/ops/matmul.h"
 #include "tests/test_util.h"
 
 using namespace graft;

@@ -3,8 +3,8 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/tape.h"
-#include "ops/matmul.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/matmul.h"
 #include "tests/test_util.h"
 
 using namespace graft;

@@ -3,9 +3,9 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "models/transformer.h"
-#include "ops/ops.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/models/transformer.h"
+#include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -232,8 +232,8 @@ BOOST_AUTO_TEST_CASE(module_train_eval_and_zero_grad) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-#include "models/decoder_only_lm.h"
-#include "models/encoder_classifier.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/models/encoder_classifier.h"
 
 BOOST_AUTO_TEST_SUITE(model_zoo)
 

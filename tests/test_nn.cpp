@@ -2,9 +2,9 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "nn/transformer.h"
-#include "ops/ops.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/nn/transformer.h"
+#include "graft/ops/ops.h"
 
 using namespace graft;
 using namespace graft::nn;

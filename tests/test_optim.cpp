@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tensor.h"
-#include "nn/checkpoint.h"
-#include "nn/optim.h"
+#include "graft/autograd/tensor.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/optim.h"
 
 using namespace graft;
 using namespace graft::nn;

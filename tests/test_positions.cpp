@@ -5,12 +5,12 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "autograd/gradcheck.h"
-#include "models/decoder_only_lm.h"
-#include "models/encoder_classifier.h"
-#include "models/transformer.h"
-#include "nn/positions.h"
-#include "ops/ops.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/models/encoder_classifier.h"
+#include "graft/models/transformer.h"
+#include "graft/nn/positions.h"
+#include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace graft;

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "ops/reduce.h"
-#include "ops/shape.h"
+#include "graft/autograd/tape.h"
+#include "graft/ops/reduce.h"
+#include "graft/ops/shape.h"
 
 using namespace graft;
 

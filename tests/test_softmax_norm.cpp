@@ -3,8 +3,8 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
-#include "ops/norm.h"
-#include "ops/softmax.h"
+#include "graft/ops/norm.h"
+#include "graft/ops/softmax.h"
 #include "tests/test_util.h"
 
 using namespace graft;

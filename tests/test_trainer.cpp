@@ -6,9 +6,9 @@
 #include <fstream>
 #include <memory>
 
-#include "nn/layers.h"
-#include "nn/trainer.h"
-#include "ops/ops.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/trainer.h"
+#include "graft/ops/ops.h"
 #include "tests/test_util.h"
 #include "tests/toy_task.h"
 

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tape.h"
-#include "nn/checkpoint.h"
+#include "graft/autograd/tape.h"
+#include "graft/nn/checkpoint.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
-#include "nn/optim.h"
-#include "ops/ops.h"
+#include "graft/nn/optim.h"
+#include "graft/ops/ops.h"
 
 namespace fs = std::filesystem;
 using namespace graft;
@@ -216,6 +216,24 @@ BOOST_AUTO_TEST_CASE(interrupted_and_resumed_run_matches_exactly) {
   for (size_t i = 0; i < kb.size(); ++i)
     if (!sb[i].empty()) lb.push_back(kb[i] + ":" + sb[i]);
   BOOST_TEST(la == lb, boost::test_tools::per_element());
+}
+
+// --graph draws one training step's graph (clustered by module, every parameter named) and
+// leaves the run as it would be without it: the same losses bit for bit (dropout is on).
+BOOST_AUTO_TEST_CASE(graph_of_a_step_leaves_the_run_unchanged) {
+  TempDir dir("graph");
+  write_toy_corpus(dir / "data");
+  auto plain = tr::train(tiny_options(dir / "data", dir / "plain", 6));
+  auto o = tiny_options(dir / "data", dir / "drawn", 6);
+  o.graph = dir / "step.dot";
+  auto drawn = tr::train(o);
+  BOOST_TEST(drawn.losses == plain.losses);
+  const std::string dot = read_bytes(dir / "step.dot");
+  BOOST_TEST(dot.rfind("digraph graft {", 0) == 0u);
+  BOOST_TEST(dot.find("label=\"decoder\"") != std::string::npos);
+  BOOST_TEST(dot.find("label=\"encoder.layers.0.self_attn.in_proj_weight\\n") != std::string::npos);
+  o.graph = dir / "step.txt";
+  BOOST_CHECK_EXCEPTION(tr::train(o), Error, [](const Error& e) { return message_has(e, "must end in .dot, .svg, .png or .pdf"); });
 }
 
 BOOST_AUTO_TEST_CASE(damaged_checkpoints_give_clear_errors) {

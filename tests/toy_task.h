@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "nn/layers.h"
-#include "nn/trainer.h"
-#include "ops/ops.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/trainer.h"
+#include "graft/ops/ops.h"
 
 namespace graft::testing {
 

@@ -12,12 +12,13 @@
 #include <memory>
 #include <sstream>
 
-#include "autograd/tape.h"
+#include "graft/models/run.h"
+#include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
-#include "autograd/text.h"
-#include "nn/checkpoint.h"
-#include "ops/ops.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/ops/ops.h"
 
 namespace graft::classify {
 
@@ -228,8 +229,7 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
 namespace {
 
 models::ClassifierConfig config_model(const nlohmann::json& j, const std::string& cfg_path) {
-  if (!j.is_object() || !j.contains("model")) fail("'" + cfg_path + "' has no \"model\" section");
-  models::ClassifierConfig c = models::ClassifierConfig::from_json(j["model"], cfg_path);
+  models::ClassifierConfig c = models::ClassifierConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
   models::check_config_memory(c, cfg_path);
   return c;
 }
@@ -315,15 +315,10 @@ TrainResult train(const TrainOptions& o) {
 }
 
 LoadedRun load_run(const std::string& run_dir) {
-  const std::string cfg_path = run_dir + "/config.json";
-  const nlohmann::json j = nn::load_json(cfg_path);
-  const models::ClassifierConfig c = config_model(j, cfg_path);
+  auto loaded = models::load_run_model<models::EncoderClassifier>(run_dir);
   LoadedRun r;
-  r.labels = config_labels(j, c, cfg_path);
-  auto weights = models::load_run_weights(c, cfg_path, run_dir + "/model.safetensors", {cfg_path});
-  r.model = std::make_unique<models::EncoderClassifier>(c);
-  r.model->load_state_dict(weights);
-  r.model->eval();
+  r.labels = config_labels(loaded.config, loaded.model->cfg, run_dir + "/config.json");
+  r.model = std::move(loaded.model);
   return r;
 }
 

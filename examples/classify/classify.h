@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "models/encoder_classifier.h"
-#include "nn/trainer.h"
+#include "graft/models/encoder_classifier.h"
+#include "graft/nn/trainer.h"
 
 namespace graft::classify {
 

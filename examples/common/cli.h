@@ -4,16 +4,18 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "autograd/tape.h"
-#include "autograd/text.h"
-#include "ops/precision.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
+#include "graft/ops/precision.h"
 
 namespace graft::cli {
 
@@ -89,6 +91,28 @@ inline int parse(CLI::App& app, int argc, char** argv) {
     std::cerr << prog << ": " << text::printable(e.what(), 400) << " (see --help)\n";
     return 2;
   }
+}
+
+// One subcommand of a program: its CLI11 app, whose options are bound to what `run` reads.
+struct Command {
+  CLI::App* sub = nullptr;
+  std::function<int()> run;
+};
+
+// A program's main after its subcommands are added: parses (usage errors exit 2), enters the
+// --precision chosen, runs the subcommand given; any error is one line "<prog>: <message>" on
+// stderr and exit code 2.
+inline int run_commands(CLI::App& app, const std::vector<Command>& commands, int argc, char** argv) {
+  if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
+  PrecisionGuard precision(precision_choice());
+  try {
+    for (const Command& c : commands)
+      if (*c.sub) return c.run();
+  } catch (const std::exception& e) {
+    std::cerr << std::filesystem::path(argv[0]).filename().string() << ": " << error_line(e) << '\n';
+    return 2;
+  }
+  return 0;
 }
 
 }  // namespace graft::cli

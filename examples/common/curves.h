@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "nn/trainer.h"
+#include "graft/nn/trainer.h"
 
 namespace graft::plot {
 

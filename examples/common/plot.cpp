@@ -312,145 +312,192 @@ std::vector<Point> usable_points(const Series& s, bool log_y) {
   return pts;
 }
 
-void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double height) {
-  const bool log_y = panel.log_y;
-  std::vector<std::vector<Point>> data;
+// A panel's plot area on the page: where the axes go, their ranges and ticks, the fonts' line
+// heights, and the data in axis units.
+struct PanelLayout {
+  double px0 = 0, pw = 0;          // the panel's column on the page
+  double ax = 0, ay = 0, aw = 1, ah = 1;  // the plot area
+  Range xr{0, 1}, yr{0, 1};
+  Ticks xt, yt;
+  double title_h = 0, label_h = 0, tick_h = 0;
+  std::vector<std::vector<Point>> data;  // per series, in axis units (log10 on a log axis)
+  double sx(double x) const { return ax + (x - xr.lo) / (xr.hi - xr.lo) * aw; }
+  double sy(double y) const { return ay + ah - (y - yr.lo) / (yr.hi - yr.lo) * ah; }
+};
+
+constexpr double kTickFont = 11, kLabelFont = 12.5, kTitleFont = 15, kTickLen = 4;
+
+// The data's range, padded (an empty panel gets 0..1; log axes 1..10).
+void fit_ranges(const Panel& panel, PanelLayout& L) {
   double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
   for (const Series& s : panel.series) {
-    data.push_back(usable_points(s, log_y));
-    for (const Point& p : data.back()) {
+    L.data.push_back(usable_points(s, panel.log_y));
+    for (const Point& p : L.data.back()) {
       xmin = std::min(xmin, p.x);
       xmax = std::max(xmax, p.x);
       ymin = std::min(ymin, p.y);
       ymax = std::max(ymax, p.y);
     }
   }
-  Range xr{0, 1}, yr{0, 1};  // log axes: 1..10
   if (xmin <= xmax) {
-    xr = pad_range(xmin, xmax, 0.03, 0.5);
-    yr = pad_range(ymin, ymax, 0.05, 0.5);
+    L.xr = pad_range(xmin, xmax, 0.03, 0.5);
+    L.yr = pad_range(ymin, ymax, 0.05, 0.5);
   }
+}
 
-  const std::string title = clean_utf8(panel.title), xlabel = clean_utf8(panel.xlabel),
-                    ylabel = clean_utf8(panel.ylabel);
-  const double tick_font = 11, label_font = 12.5, title_font = 15, tick_len = 4;
+// Margins from the title, labels and tick labels; x ticks thinned until their labels do not
+// collide.
+PanelLayout lay_out_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double height) {
+  PanelLayout L;
+  L.px0 = px0, L.pw = pw;
+  fit_ranges(panel, L);
+  set_font(cr, kTitleFont, true);
+  L.title_h = line_height(cr);
+  set_font(cr, kLabelFont);
+  L.label_h = line_height(cr);
+  set_font(cr, kTickFont);
+  L.tick_h = line_height(cr);
+  const double top = 8 + (clean_utf8(panel.title).empty() ? 6 : L.title_h + 8);
+  const double bottom = 6 + (clean_utf8(panel.xlabel).empty() ? 0 : L.label_h + 4) + L.tick_h + kTickLen + 4;
+  L.ay = top, L.ah = std::max(1.0, height - top - bottom);
 
-  // Vertical layout.
-  set_font(cr, title_font, true);
-  const double title_h = line_height(cr);
-  set_font(cr, label_font);
-  const double label_h = line_height(cr);
-  set_font(cr, tick_font);
-  const double tick_h = line_height(cr);
-  const double top = 8 + (title.empty() ? 6 : title_h + 8);
-  const double bottom = 6 + (xlabel.empty() ? 0 : label_h + 4) + tick_h + tick_len + 4;
-  const double ay = top, ah = std::max(1.0, height - top - bottom);
-
-  // Y ticks decide the left margin.
-  const int ytarget = std::max(2, static_cast<int>(ah / 45));
-  const Ticks yt = log_y ? log_ticks(yr.lo, yr.hi, ytarget) : linear_ticks(yr.lo, yr.hi, ytarget);
+  const int ytarget = std::max(2, static_cast<int>(L.ah / 45));
+  L.yt = panel.log_y ? log_ticks(L.yr.lo, L.yr.hi, ytarget) : linear_ticks(L.yr.lo, L.yr.hi, ytarget);
   double ytick_w = 0;
-  for (const auto& l : yt.labels) ytick_w = std::max(ytick_w, text_width(cr, l));
-  const double left = 8 + (ylabel.empty() ? 0 : label_h + 6) + ytick_w + tick_len + 4;
+  for (const auto& l : L.yt.labels) ytick_w = std::max(ytick_w, text_width(cr, l));
+  const double left = 8 + (clean_utf8(panel.ylabel).empty() ? 0 : L.label_h + 6) + ytick_w + kTickLen + 4;
   const double right = 16;
-  const double ax = px0 + left, aw = std::max(1.0, pw - left - right);
+  L.ax = px0 + left, L.aw = std::max(1.0, pw - left - right);
 
-  // X ticks: fewer until the labels do not collide.
-  Ticks xt;
-  for (int target = std::max(2, static_cast<int>(aw / 80)); target >= 1; --target) {
-    xt = linear_ticks(xr.lo, xr.hi, target);
+  for (int target = std::max(2, static_cast<int>(L.aw / 80)); target >= 1; --target) {
+    L.xt = linear_ticks(L.xr.lo, L.xr.hi, target);
     double w = 0;
-    for (const auto& l : xt.labels) w = std::max(w, text_width(cr, l));
-    const double spacing = xt.pos.size() >= 2 ? (xt.pos[1] - xt.pos[0]) / (xr.hi - xr.lo) * aw : aw;
+    for (const auto& l : L.xt.labels) w = std::max(w, text_width(cr, l));
+    const double spacing = L.xt.pos.size() >= 2 ? (L.xt.pos[1] - L.xt.pos[0]) / (L.xr.hi - L.xr.lo) * L.aw : L.aw;
     if (spacing >= w + 12) break;
   }
+  return L;
+}
 
-  auto sx = [&](double x) { return ax + (x - xr.lo) / (xr.hi - xr.lo) * aw; };
-  auto sy = [&](double y) { return ay + ah - (y - yr.lo) / (yr.hi - yr.lo) * ah; };
-
-  // Grid.
+void draw_grid(cairo_t* cr, const PanelLayout& L) {
   cairo_set_line_width(cr, 1);
   cairo_set_source_rgb(cr, 0.9, 0.9, 0.9);
-  for (const double v : xt.pos) {
-    const double x = std::round(sx(v)) + 0.5;
-    cairo_move_to(cr, x, ay);
-    cairo_line_to(cr, x, ay + ah);
+  for (const double v : L.xt.pos) {
+    const double x = std::round(L.sx(v)) + 0.5;
+    cairo_move_to(cr, x, L.ay);
+    cairo_line_to(cr, x, L.ay + L.ah);
   }
-  for (const double v : yt.pos) {
-    const double y = std::round(sy(v)) + 0.5;
-    cairo_move_to(cr, ax, y);
-    cairo_line_to(cr, ax + aw, y);
+  for (const double v : L.yt.pos) {
+    const double y = std::round(L.sy(v)) + 0.5;
+    cairo_move_to(cr, L.ax, y);
+    cairo_line_to(cr, L.ax + L.aw, y);
   }
   cairo_stroke(cr);
+}
 
-  // Series.
+// Each series as a line, with dots when it has few points, clipped to the plot area.
+void draw_series(cairo_t* cr, const PanelLayout& L) {
   cairo_save(cr);
-  cairo_rectangle(cr, ax, ay, aw, ah);
+  cairo_rectangle(cr, L.ax, L.ay, L.aw, L.ah);
   cairo_clip(cr);
   cairo_set_line_join(cr, CAIRO_LINE_JOIN_ROUND);
   cairo_set_line_cap(cr, CAIRO_LINE_CAP_ROUND);
-  for (size_t i = 0; i < data.size(); ++i) {
+  for (size_t i = 0; i < L.data.size(); ++i) {
     const Rgb c = kPalette[i % kPalette.size()];
     cairo_set_source_rgb(cr, c.r, c.g, c.b);
-    const auto& pts = data[i];
+    const auto& pts = L.data[i];
     if (pts.size() >= 2) {
       cairo_set_line_width(cr, 1.8);
-      cairo_move_to(cr, sx(pts[0].x), sy(pts[0].y));
-      for (size_t k = 1; k < pts.size(); ++k) cairo_line_to(cr, sx(pts[k].x), sy(pts[k].y));
+      cairo_move_to(cr, L.sx(pts[0].x), L.sy(pts[0].y));
+      for (size_t k = 1; k < pts.size(); ++k) cairo_line_to(cr, L.sx(pts[k].x), L.sy(pts[k].y));
       cairo_stroke(cr);
     }
     if (pts.size() <= 40) {
       const double r = pts.size() == 1 ? 4 : 2.8;
       for (const Point& p : pts) {
         cairo_new_sub_path(cr);
-        cairo_arc(cr, sx(p.x), sy(p.y), r, 0, 2 * kPi);
+        cairo_arc(cr, L.sx(p.x), L.sy(p.y), r, 0, 2 * kPi);
       }
       cairo_fill(cr);
     }
   }
   cairo_restore(cr);
+}
 
-  // Frame, tick marks and tick labels.
+// Frame, tick marks and tick labels.
+void draw_frame_and_ticks(cairo_t* cr, const PanelLayout& L) {
+  const double ax = L.ax, ay = L.ay, aw = L.aw, ah = L.ah;
   cairo_set_source_rgb(cr, 0.25, 0.25, 0.25);
   cairo_set_line_width(cr, 1);
   cairo_rectangle(cr, std::round(ax) + 0.5, std::round(ay) + 0.5, std::round(aw), std::round(ah));
-  for (const double v : xt.pos) {
-    const double x = std::round(sx(v)) + 0.5;
+  for (const double v : L.xt.pos) {
+    const double x = std::round(L.sx(v)) + 0.5;
     cairo_move_to(cr, x, std::round(ay + ah) + 0.5);
-    cairo_line_to(cr, x, std::round(ay + ah) + 0.5 + tick_len);
+    cairo_line_to(cr, x, std::round(ay + ah) + 0.5 + kTickLen);
   }
-  for (const double v : yt.pos) {
-    const double y = std::round(sy(v)) + 0.5;
+  for (const double v : L.yt.pos) {
+    const double y = std::round(L.sy(v)) + 0.5;
     cairo_move_to(cr, std::round(ax) + 0.5, y);
-    cairo_line_to(cr, std::round(ax) + 0.5 - tick_len, y);
+    cairo_line_to(cr, std::round(ax) + 0.5 - kTickLen, y);
   }
   cairo_stroke(cr);
   cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
-  set_font(cr, tick_font);
-  for (size_t i = 0; i < xt.pos.size(); ++i) {
-    const double w = text_width(cr, xt.labels[i]);
-    const double x = std::clamp(sx(xt.pos[i]), px0 + 2 + w / 2, px0 + pw - 2 - w / 2);
-    draw_text(cr, xt.labels[i], x, ay + ah + tick_len + 3 + tick_h / 2, 0.5);
+  set_font(cr, kTickFont);
+  for (size_t i = 0; i < L.xt.pos.size(); ++i) {
+    const double w = text_width(cr, L.xt.labels[i]);
+    const double x = std::clamp(L.sx(L.xt.pos[i]), L.px0 + 2 + w / 2, L.px0 + L.pw - 2 - w / 2);
+    draw_text(cr, L.xt.labels[i], x, ay + ah + kTickLen + 3 + L.tick_h / 2, 0.5);
   }
-  for (size_t i = 0; i < yt.pos.size(); ++i)
-    draw_text(cr, yt.labels[i], ax - tick_len - 4, sy(yt.pos[i]), 1.0);
+  for (size_t i = 0; i < L.yt.pos.size(); ++i)
+    draw_text(cr, L.yt.labels[i], ax - kTickLen - 4, L.sy(L.yt.pos[i]), 1.0);
+}
 
-  // Axis labels and title.
+void draw_labels_and_title(cairo_t* cr, const PanelLayout& L, const std::string& title, const std::string& xlabel,
+                           const std::string& ylabel) {
   cairo_set_source_rgb(cr, 0, 0, 0);
-  set_font(cr, label_font);
+  set_font(cr, kLabelFont);
   if (!xlabel.empty())
-    draw_text(cr, fit_text(cr, xlabel, aw), ax + aw / 2, ay + ah + tick_len + 3 + tick_h + 4 + label_h / 2, 0.5);
-  if (!ylabel.empty())
-    draw_text_up(cr, fit_text(cr, ylabel, ah), px0 + 8 + label_h / 2, ay + ah / 2, 0.5);
-  if (!title.empty()) {
-    set_font(cr, title_font, true);
-    const std::string t = fit_text(cr, title, pw - 16);
-    const double w = text_width(cr, t);  // centred over the plot area, kept inside the panel
-    draw_text(cr, t, std::clamp(ax + aw / 2, px0 + 8 + w / 2, std::max(px0 + 8 + w / 2, px0 + pw - 8 - w / 2)),
-              8 + title_h / 2, 0.5);
-  }
+    draw_text(cr, fit_text(cr, xlabel, L.aw), L.ax + L.aw / 2,
+              L.ay + L.ah + kTickLen + 3 + L.tick_h + 4 + L.label_h / 2, 0.5);
+  if (!ylabel.empty()) draw_text_up(cr, fit_text(cr, ylabel, L.ah), L.px0 + 8 + L.label_h / 2, L.ay + L.ah / 2, 0.5);
+  if (title.empty()) return;
+  set_font(cr, kTitleFont, true);
+  const std::string t = fit_text(cr, title, L.pw - 16);
+  const double w = text_width(cr, t);  // centred over the plot area, kept inside the panel
+  draw_text(cr, t,
+            std::clamp(L.ax + L.aw / 2, L.px0 + 8 + w / 2, std::max(L.px0 + 8 + w / 2, L.px0 + L.pw - 8 - w / 2)),
+            8 + L.title_h / 2, 0.5);
+}
 
-  // Legend, in the plot corner that hides the fewest data points.
+// Of the plot area's four corners, the one where a box of lw x lh hides the fewest data points
+// (and segment midpoints).
+std::pair<double, double> emptiest_corner(const PanelLayout& L, double lw, double lh) {
+  const double inset = 8;
+  const std::array<std::pair<double, double>, 4> corners{{{L.ax + L.aw - inset - lw, L.ay + inset},
+                                                          {L.ax + inset, L.ay + inset},
+                                                          {L.ax + L.aw - inset - lw, L.ay + L.ah - inset - lh},
+                                                          {L.ax + inset, L.ay + L.ah - inset - lh}}};
+  size_t best = 0, best_hits = SIZE_MAX;
+  for (size_t c = 0; c < corners.size(); ++c) {
+    const double lx = corners[c].first, ly = corners[c].second;  // no structured binding: clang 14 cannot capture one
+    size_t hits = 0;
+    auto inside = [&](double x, double y) { return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh; };
+    for (const auto& pts : L.data)
+      for (size_t k = 0; k < pts.size(); ++k) {
+        const double x = L.sx(pts[k].x), y = L.sy(pts[k].y);
+        hits += inside(x, y);
+        if (k > 0) hits += inside((x + L.sx(pts[k - 1].x)) / 2, (y + L.sy(pts[k - 1].y)) / 2);
+      }
+    if (hits < best_hits) {
+      best_hits = hits;
+      best = c;
+    }
+  }
+  return corners[best];
+}
+
+// The legend of the named series, in the plot corner that hides the fewest data points.
+void draw_legend(cairo_t* cr, const PanelLayout& L, const Panel& panel) {
   std::vector<std::pair<std::string, size_t>> entries;
   for (size_t i = 0; i < panel.series.size(); ++i)
     if (!panel.series[i].name.empty()) entries.emplace_back(clean_utf8(panel.series[i].name), i);
@@ -459,33 +506,12 @@ void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double h
   set_font(cr, lfont);
   double name_w = 0;
   for (auto& e : entries) {
-    e.first = fit_text(cr, e.first, std::max(40.0, aw * 0.6));
+    e.first = fit_text(cr, e.first, std::max(40.0, L.aw * 0.6));
     name_w = std::max(name_w, text_width(cr, e.first));
   }
   const double lw = padding + sample_w + 6 + name_w + padding;
   const double lh = padding * 2 + row_h * static_cast<double>(entries.size()) - 4;
-  const double inset = 8;
-  const std::array<std::pair<double, double>, 4> corners{{{ax + aw - inset - lw, ay + inset},
-                                                          {ax + inset, ay + inset},
-                                                          {ax + aw - inset - lw, ay + ah - inset - lh},
-                                                          {ax + inset, ay + ah - inset - lh}}};
-  size_t best = 0, best_hits = SIZE_MAX;
-  for (size_t c = 0; c < corners.size(); ++c) {
-    const double lx = corners[c].first, ly = corners[c].second;  // no structured binding: clang 14 cannot capture one
-    size_t hits = 0;
-    auto inside = [&](double x, double y) { return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh; };
-    for (const auto& pts : data)
-      for (size_t k = 0; k < pts.size(); ++k) {
-        const double x = sx(pts[k].x), y = sy(pts[k].y);
-        hits += inside(x, y);
-        if (k > 0) hits += inside((x + sx(pts[k - 1].x)) / 2, (y + sy(pts[k - 1].y)) / 2);
-      }
-    if (hits < best_hits) {
-      best_hits = hits;
-      best = c;
-    }
-  }
-  const auto [lx, ly] = corners[best];
+  const auto [lx, ly] = emptiest_corner(L, lw, lh);
   cairo_rectangle(cr, std::round(lx) + 0.5, std::round(ly) + 0.5, std::round(lw), std::round(lh));
   cairo_set_source_rgba(cr, 1, 1, 1, 0.88);
   cairo_fill_preserve(cr);
@@ -500,13 +526,22 @@ void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double h
     cairo_move_to(cr, lx + padding, y);
     cairo_line_to(cr, lx + padding + sample_w, y);
     cairo_stroke(cr);
-    if (data[entries[k].second].size() <= 40) {  // same rule as for the curve
+    if (L.data[entries[k].second].size() <= 40) {  // same rule as for the curve
       cairo_arc(cr, lx + padding + sample_w / 2, y, 2.8, 0, 2 * kPi);
       cairo_fill(cr);
     }
     cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
     draw_text(cr, entries[k].first, lx + padding + sample_w + 6, y, 0);
   }
+}
+
+void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double height) {
+  const PanelLayout L = lay_out_panel(cr, panel, px0, pw, height);
+  draw_grid(cr, L);
+  draw_series(cr, L);
+  draw_frame_and_ticks(cr, L);
+  draw_labels_and_title(cr, L, clean_utf8(panel.title), clean_utf8(panel.xlabel), clean_utf8(panel.ylabel));
+  draw_legend(cr, L, panel);
 }
 
 // ---------------------------------------------------------------- heatmap

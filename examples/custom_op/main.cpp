@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "autograd/gradcheck.h"
-#include "ops/ops.h"
+#include "graft/autograd/gradcheck.h"
+#include "graft/ops/ops.h"
 
 using namespace graft;
 

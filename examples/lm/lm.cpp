@@ -7,11 +7,12 @@
 #include <iostream>
 #include <sstream>
 
-#include "autograd/tape.h"
+#include "graft/models/run.h"
+#include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
-#include "autograd/text.h"
-#include "nn/checkpoint.h"
-#include "ops/ops.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/ops/ops.h"
 
 namespace graft::lm {
 
@@ -161,7 +162,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
     saved = nn::load_json(cfg_path);
     context = nn::json_field<int64_t>(saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(),
                                       "context", "resume: '" + cfg_path + "': \"train\" section");
-    if (!saved.contains("model")) fail("resume: '" + cfg_path + "' has no \"model\" section");
+    models::model_section(saved, cfg_path, "resume");
     models::LMConfig c = models::LMConfig::from_json(saved["model"], cfg_path);
     if (context < 1 || context > c.max_len) fail("resume: '" + cfg_path + "': context must be in [1, max_len]");
     models::check_config_memory(c, cfg_path);
@@ -242,21 +243,16 @@ TrainResult train(const TrainOptions& opts) {
 }
 
 LoadedRun load_run(const std::string& run_dir) {
-  const std::string cfg_path = run_dir + "/config.json";
-  const nlohmann::json j = nn::load_json(cfg_path);
+  auto loaded = models::load_run_model<models::DecoderOnlyLM>(run_dir);
+  const std::string where = "'" + run_dir + "/config.json': \"train\" section";
+  const nlohmann::json train = loaded.config.value("train", nlohmann::json());
   LoadedRun r;
-  const nlohmann::json train = j.is_object() ? j.value("train", nlohmann::json()) : nlohmann::json();
-  const std::string where = "'" + cfg_path + "': \"train\" section";
   r.context = nn::json_field<int64_t>(train, "context", where);
   r.text = nn::json_field<std::vector<std::string>>(train, "text", where);
   r.seed = nn::json_field<uint64_t>(train, "seed", where);
-  if (!j.contains("model")) fail("'" + cfg_path + "' has no \"model\" section");
-  const models::LMConfig c = models::LMConfig::from_json(j["model"], cfg_path);
-  if (r.context < 1 || r.context > c.max_len) fail("'" + cfg_path + "': context must be in [1, max_len]");
-  auto weights = models::load_run_weights(c, cfg_path, run_dir + "/model.safetensors", {cfg_path});
-  r.model = std::make_unique<models::DecoderOnlyLM>(c);
-  r.model->load_state_dict(weights);
-  r.model->eval();
+  if (r.context < 1 || r.context > loaded.model->cfg.max_len)
+    fail("'" + run_dir + "/config.json': context must be in [1, max_len]");
+  r.model = std::move(loaded.model);
   return r;
 }
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "models/decoder_only_lm.h"
-#include "nn/trainer.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/nn/trainer.h"
 
 namespace graft::lm {
 

@@ -152,7 +152,11 @@ int order_of(const std::string& key) {
 // byte of a multi-byte character corresponds one-to-one with Python's
 // code-point match on that character, and continuation bytes can never start
 // a match, so the left-to-right non-overlapping scan also agrees.
-std::string tokenize_13a(const std::string& input) {
+namespace {
+
+// Rules 1-4: drop <skipped>, join dash-newline, newlines to spaces, unescape the four entities;
+// then pad with a space on each side.
+std::string unescape_13a(const std::string& input) {
   std::string line = input;
   replace_all(line, "<skipped>", "");
   replace_all(line, "-\n", "");
@@ -161,26 +165,30 @@ std::string tokenize_13a(const std::string& input) {
   replace_all(line, "&amp;", "&");
   replace_all(line, "&lt;", "<");
   replace_all(line, "&gt;", ">");
-  line = " " + line + " ";
+  return " " + line + " ";
+}
 
-  {
-    auto is_sym = [](char ch) {
-      const auto c = static_cast<unsigned char>(ch);
-      return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') ||
-             (c >= ' ' && c <= '&') || (c >= '(' && c <= '+') ||
-             (c >= ':' && c <= '@') || c == '/';
-    };
-    std::string out;
-    out.reserve(line.size() * 2);
-    for (char c : line) {
-      if (is_sym(c)) {
-        out += ' ', out += c, out += ' ';
-      } else {
-        out += c;
-      }
+// Rule 5a: spaces around every ASCII symbol but ' , - . (digits and letters untouched).
+std::string space_symbols(const std::string& line) {
+  auto is_sym = [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return (c >= '{' && c <= '~') || (c >= '[' && c <= '`') || (c >= ' ' && c <= '&') ||
+           (c >= '(' && c <= '+') || (c >= ':' && c <= '@') || c == '/';
+  };
+  std::string out;
+  out.reserve(line.size() * 2);
+  for (char c : line) {
+    if (is_sym(c)) {
+      out += ' ', out += c, out += ' ';
+    } else {
+      out += c;
     }
-    line = std::move(out);
   }
+  return out;
+}
+
+// Rules 5b-5d: . and , split off unless between digits, and a dash after a digit.
+std::string split_punctuation(std::string line) {
   auto not_digit = [](char c) { return !is_digit(c); };
   auto dot_comma = [](char c) { return c == '.' || c == ','; };
   line = sub_pair(line, not_digit, dot_comma, [](std::string& o, char x, char y) {
@@ -189,17 +197,25 @@ std::string tokenize_13a(const std::string& input) {
   line = sub_pair(line, dot_comma, not_digit, [](std::string& o, char x, char y) {
     o += ' ', o += x, o += ' ', o += y;
   });
-  line = sub_pair(line, is_digit, [](char c) { return c == '-'; },
-                  [](std::string& o, char x, char y) {
-                    o += x, o += ' ', o += y, o += ' ';
-                  });
+  return sub_pair(line, is_digit, [](char c) { return c == '-'; }, [](std::string& o, char x, char y) {
+    o += x, o += ' ', o += y, o += ' ';
+  });
+}
 
+// Rule 6: whitespace collapsed to single spaces (Python str.split semantics).
+std::string collapse_whitespace(const std::string& line) {
   std::string joined;
   for (const auto& tok : py_split(line)) {
     if (!joined.empty()) joined += ' ';
     joined += tok;
   }
   return joined;
+}
+
+}  // namespace
+
+std::string tokenize_13a(const std::string& input) {
+  return collapse_whitespace(split_punctuation(space_symbols(unescape_13a(input))));
 }
 
 BleuResult corpus_bleu(const std::vector<std::string>& hyps,

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "autograd/text.h"
+#include "graft/autograd/text.h"
 
 namespace graft::text {
 

@@ -4,12 +4,15 @@
 //   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention a.png]
 //     [--sample --temperature 0.8 --top-k 20 --top-p 0.9 --seed 1]
 //   translate evaluate --run runs/demo --data data/toy/test.tsv
+//   translate forward --run runs/demo --batch batch.safetensors --out outputs.safetensors
+//   translate import-weights --run runs/from-torch --weights torch.safetensors
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +20,7 @@
 #include "examples/common/cli.h"
 #include "examples/common/lines.h"
 #include "examples/common/plot.h"
+#include "examples/translation/interop.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
 
@@ -118,115 +122,160 @@ int cmd_score(const std::string& run, const std::string& data, const std::string
   return 0;
 }
 
+// Each subcommand: its options (kept alive by the closure that runs it) and its CLI.
+
+cli::Command add_generate(CLI::App& app) {
+  struct Args {
+    std::string out;
+    uint64_t seed = 1;
+    size_t train = 50000, valid = 1000, test = 1000;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("generate-data", "write a toy English->German corpus");
+  sub->add_option("--out", a->out, "output directory")->required();
+  sub->add_option("--seed", a->seed, "generator seed")
+      ->check(cli::seed_range());
+  sub->add_option("--train", a->train, "training pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  sub->add_option("--valid", a->valid, "validation pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  sub->add_option("--test", a->test, "test pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  return {sub, [a] { return cmd_generate(a->out, a->seed, a->train, a->valid, a->test); }};
+}
+
+cli::Command add_train(CLI::App& app) {
+  auto o = std::make_shared<tr::TrainOptions>();
+  auto* sub = app.add_subcommand("train", "train (or --resume) a model into a run directory");
+  sub->add_option("--data", o->data_dir, "directory with train.tsv and valid.tsv")->required();
+  sub->add_option("--out", o->run_dir, "run directory")->required();
+  sub->add_option("--preset", o->preset, "model preset (tiny, small, base, big)");
+  auto* steps = sub->add_option("--steps", o->steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
+                      ->check(CLI::Range(0.01, 1e6));
+  sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  sub->add_option("--lr-factor", o->lr_factor, "Noam schedule factor")->check(CLI::Range(1e-6, 1e3));
+  sub->add_option("--warmup", o->warmup, "Noam warmup steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  sub->add_option("--lr", o->lr, "constant learning rate (replaces the Noam schedule)")->check(CLI::Range(0.0, 10.0));
+  sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
+  sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
+  sub->add_option("--positions", o->positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
+      ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
+  sub->add_option("--attention-dropout", o->attention_dropout, "dropout on the attention probabilities")
+      ->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--vocab", o->vocab, "SentencePiece vocabulary size")->check(CLI::Range(8, 1 << 20));
+  sub->add_option("--valid-every", o->valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  sub->add_option("--log-every", o->log_every, "metrics row / non-TTY progress line every N steps")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  sub->add_option("--seed", o->seed, "seed for initialisation, dropout and batch order")
+      ->check(cli::seed_range());
+  sub->add_option("--patience", o->patience,
+                  "early stopping: stop after N validations without a better valid BLEU (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--min-delta", o->min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--stop-at-bleu", o->stop_at_bleu,
+                  "time to quality: stop at the first validation with valid BLEU >= this")
+      ->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--dump-batches", o->dump_batches,
+                  "write the batches, their order and the initial weights for a peer implementation (bench)");
+  sub->add_option("--graph", o->graph,
+                  "also draw one training step's recorded graph into FILE (.svg/.png/.pdf via Graphviz, or .dot)");
+  sub->add_flag("--resume", o->resume, "continue the run in --out exactly where it stopped");
+  cli::add_detect_anomaly(sub);
+  steps->excludes(minutes);
+  minutes->excludes(steps);
+  cli::add_precision(sub);
+  return {sub, [o] {
+            if (o->steps <= 0 && o->minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
+            return cmd_train(*o);
+          }};
+}
+
+cli::Command add_translate(CLI::App& app) {
+  struct Args {
+    std::string run, attention;
+    models::DecodeOptions opt;
+    int64_t max_len = 0;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
+  sub->add_option("--run", a->run, "run directory")->required();
+  sub->add_option("--beam", a->opt.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  sub->add_flag("--sample", a->opt.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
+  sub->add_option("--temperature", a->opt.sampling.temperature, "sampling temperature (> 0)");
+  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  sub->add_option("--top-p", a->opt.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
+  sub->add_option("--seed", a->opt.seed, "sampling seed (same seed, same output)")
+      ->check(cli::seed_range());
+  sub->add_option("--max-len", a->max_len, "maximum output pieces (default 2 * source + 10)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  sub->add_option("--attention", a->attention, "PNG heatmap of the first sentence's cross-attention");
+  cli::add_precision(sub);
+  return {sub, [a] { return cmd_translate(a->run, a->opt, a->max_len, a->attention); }};
+}
+
+cli::Command add_evaluate(CLI::App& app) {
+  struct Args {
+    std::string run, data;
+    int beam = 1, samples = 5;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("evaluate", "BLEU, token accuracy and perplexity on a TSV file");
+  sub->add_option("--run", a->run, "run directory")->required();
+  sub->add_option("--data", a->data, "source<TAB>reference file")->required();
+  sub->add_option("--beam", a->beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  sub->add_option("--samples", a->samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
+  cli::add_precision(sub);
+  return {sub, [a] { return cmd_evaluate(a->run, a->data, a->beam, a->samples); }};
+}
+
+cli::Command add_score(CLI::App& app) {
+  struct Args {
+    std::string run, data, hyp_ids;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand(
+      "score", "BLEU of hypotheses given as token ids (a line of ids per sentence), decoded with a run's SentencePiece model, against the first references of a TSV");
+  sub->add_option("--run", a->run, "run directory (its spm.model)")->required();
+  sub->add_option("--data", a->data, "source<TAB>reference file")->required();
+  sub->add_option("--hyp-ids", a->hyp_ids, "hypothesis ids, one sentence per line")->required();
+  return {sub, [a] { return cmd_score(a->run, a->data, a->hyp_ids); }};
+}
+
+cli::Command add_forward(CLI::App& app) {
+  struct Args {
+    std::string run, batch, out;
+    double label_smoothing = 0.1;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("forward", "a run's logits, loss and parameter gradients on one batch of ids "
+                                            "(safetensors in and out), to compare with another implementation");
+  sub->add_option("--run", a->run, "run directory")->required();
+  sub->add_option("--batch", a->batch, "safetensors file with int64 src, tgt_in, tgt_out")->required();
+  sub->add_option("--out", a->out, "safetensors file to write logits, loss and grad.<parameter> into")->required();
+  sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")->check(CLI::Range(0.0, 0.99));
+  return {sub, [a] { return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0; }};
+}
+
+cli::Command add_import_weights(CLI::App& app) {
+  struct Args {
+    std::string run, weights;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("import-weights", "write a run's model.safetensors from plain safetensors weights "
+                                                   "under graft's names (e.g. saved from PyTorch)");
+  sub->add_option("--run", a->run, "run directory with config.json and spm.model")->required();
+  sub->add_option("--weights", a->weights, "safetensors file with every parameter, float32")->required();
+  return {sub, [a] { return tr::import_weights(a->run, a->weights), 0; }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"graft toy translation: generate data, train a Transformer, translate, evaluate"};
   app.require_subcommand(1);
-
-  auto* gen = app.add_subcommand("generate-data", "write a toy English->German corpus");
-  std::string g_out;
-  uint64_t g_seed = 1;
-  size_t g_train = 50000, g_valid = 1000, g_test = 1000;
-  gen->add_option("--out", g_out, "output directory")->required();
-  gen->add_option("--seed", g_seed, "generator seed")
-      ->check(cli::seed_range());
-  gen->add_option("--train", g_train, "training pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
-  gen->add_option("--valid", g_valid, "validation pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
-  gen->add_option("--test", g_test, "test pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
-
-  auto* trn = app.add_subcommand("train", "train (or --resume) a model into a run directory");
-  tr::TrainOptions o;
-  trn->add_option("--data", o.data_dir, "directory with train.tsv and valid.tsv")->required();
-  trn->add_option("--out", o.run_dir, "run directory")->required();
-  trn->add_option("--preset", o.preset, "model preset (tiny, small, base, big)");
-  auto* steps = trn->add_option("--steps", o.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = trn->add_option("--minutes", o.minutes, "training time budget (total over resumes)")
-                      ->check(CLI::Range(0.01, 1e6));
-  trn->add_option("--batch-tokens", o.batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  trn->add_option("--lr-factor", o.lr_factor, "Noam schedule factor")->check(CLI::Range(1e-6, 1e3));
-  trn->add_option("--warmup", o.warmup, "Noam warmup steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  trn->add_option("--lr", o.lr, "constant learning rate (replaces the Noam schedule)")->check(CLI::Range(0.0, 10.0));
-  trn->add_option("--label-smoothing", o.label_smoothing, "label smoothing epsilon")->check(CLI::Range(0.0, 0.99));
-  trn->add_option("--dropout", o.dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
-  trn->add_flag("--pre-ln", o.pre_ln, "pre-LayerNorm blocks (default post-LN)");
-  trn->add_option("--positions", o.positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
-      ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
-  trn->add_option("--attention-dropout", o.attention_dropout, "dropout on the attention probabilities")
-      ->check(CLI::Range(0.0, 0.99));
-  trn->add_option("--vocab", o.vocab, "SentencePiece vocabulary size")->check(CLI::Range(8, 1 << 20));
-  trn->add_option("--valid-every", o.valid_every, "validate and checkpoint every N steps")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  trn->add_option("--log-every", o.log_every, "metrics row / non-TTY progress line every N steps")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  trn->add_option("--seed", o.seed, "seed for initialisation, dropout and batch order")
-      ->check(cli::seed_range());
-  trn->add_option("--patience", o.patience,
-                  "early stopping: stop after N validations without a better valid BLEU (0: off)")
-      ->check(CLI::NonNegativeNumber);
-  trn->add_option("--min-delta", o.min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
-      ->check(CLI::NonNegativeNumber);
-  trn->add_option("--stop-at-bleu", o.stop_at_bleu,
-                  "time to quality: stop at the first validation with valid BLEU >= this")
-      ->check(CLI::Range(0.0, 100.0));
-  trn->add_option("--dump-batches", o.dump_batches,
-                  "write the batches, their order and the initial weights for a peer implementation (bench)");
-  trn->add_flag("--resume", o.resume, "continue the run in --out exactly where it stopped");
-  cli::add_detect_anomaly(trn);
-  steps->excludes(minutes);
-  minutes->excludes(steps);
-
-  auto* tl = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
-  std::string t_run, t_att;
-  models::DecodeOptions t_opt;
-  int64_t t_max = 0;
-  tl->add_option("--run", t_run, "run directory")->required();
-  tl->add_option("--beam", t_opt.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  tl->add_flag("--sample", t_opt.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
-  tl->add_option("--temperature", t_opt.sampling.temperature, "sampling temperature (> 0)");
-  tl->add_option("--top-k", t_opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  tl->add_option("--top-p", t_opt.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
-  tl->add_option("--seed", t_opt.seed, "sampling seed (same seed, same output)")
-      ->check(cli::seed_range());
-  tl->add_option("--max-len", t_max, "maximum output pieces (default 2 * source + 10)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  tl->add_option("--attention", t_att, "PNG heatmap of the first sentence's cross-attention");
-
-  auto* ev = app.add_subcommand("evaluate", "BLEU, token accuracy and perplexity on a TSV file");
-  std::string e_run, e_data;
-  int e_beam = 1, e_samples = 5;
-  ev->add_option("--run", e_run, "run directory")->required();
-  ev->add_option("--data", e_data, "source<TAB>reference file")->required();
-  ev->add_option("--beam", e_beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  ev->add_option("--samples", e_samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
-
-  cli::add_precision(trn);
-  cli::add_precision(tl);
-  cli::add_precision(ev);
-  auto* sc = app.add_subcommand(
-      "score", "BLEU of hypotheses given as token ids (a line of ids per sentence), decoded with a run's SentencePiece model, against the first references of a TSV");
-  std::string s_run, s_data, s_hyp;
-  sc->add_option("--run", s_run, "run directory (its spm.model)")->required();
-  sc->add_option("--data", s_data, "source<TAB>reference file")->required();
-  sc->add_option("--hyp-ids", s_hyp, "hypothesis ids, one sentence per line")->required();
-
-  if (const int rc = cli::parse(app, argc, argv); rc >= 0) return rc;
-  PrecisionGuard precision(cli::precision_choice());
-  try {
-    if (*gen) return cmd_generate(g_out, g_seed, g_train, g_valid, g_test);
-    if (*trn) {
-      if (o.steps <= 0 && o.minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
-      return cmd_train(o);
-    }
-    if (*tl) return cmd_translate(t_run, t_opt, t_max, t_att);
-    if (*ev) return cmd_evaluate(e_run, e_data, e_beam, e_samples);
-    if (*sc) return cmd_score(s_run, s_data, s_hyp);
-  } catch (const CLI::Error& e) {
-    std::cerr << "translate: " << cli::error_line(e) << '\n';
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "translate: " << cli::error_line(e) << '\n';
-    return 2;
-  }
-  return 0;
+  const std::vector<cli::Command> commands = {add_generate(app), add_train(app),   add_translate(app),
+                                              add_evaluate(app), add_score(app),   add_forward(app),
+                                              add_import_weights(app)};
+  return cli::run_commands(app, commands, argc, argv);
 }

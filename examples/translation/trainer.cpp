@@ -14,13 +14,16 @@
 #include <numeric>
 #include <sstream>
 
-#include "autograd/tape.h"
+#include "graft/autograd/graph.h"
+#include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
-#include "models/config_json.h"
-#include "nn/checkpoint.h"
-#include "nn/optim.h"
-#include "nn/trainer.h"
-#include "ops/ops.h"
+#include "examples/common/graph_file.h"
+#include "graft/models/config_json.h"
+#include "graft/models/run.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/optim.h"
+#include "graft/nn/trainer.h"
+#include "graft/ops/ops.h"
 
 namespace fs = std::filesystem;
 
@@ -284,22 +287,15 @@ std::vector<std::string> tied_files(const std::string& run_dir) {
 }
 
 LoadedRun load_run(const std::string& run_dir) {
+  // The weights are tied to spm.model too: the tokenizer is checked before it is read.
+  auto loaded = models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"});
   LoadedRun r;
-  const std::string cfg_path = run_dir + "/config.json", weights_path = run_dir + "/model.safetensors";
-  r.config = nn::load_json(cfg_path);
-  if (!r.config.is_object() || !r.config.contains("model"))
-    fail("load_run: '" + cfg_path + "' has no \"model\" section");
-  auto cfg = models::TransformerConfig::from_json(r.config["model"], cfg_path);
-  // The weights (whose size the file bounds) first, tied to this config and tokenizer, and
-  // matched against the config's sizes: only then is anything built.
-  auto weights = models::load_run_weights(cfg, cfg_path, weights_path, tied_files(run_dir));
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
-  if (r.tok->vocab_size() != cfg.vocab)
+  if (r.tok->vocab_size() != loaded.model->cfg.vocab)
     fail("load_run: '" + run_dir + "/spm.model' has " + std::to_string(r.tok->vocab_size()) + " pieces but '" +
-         cfg_path + "' says vocab " + std::to_string(cfg.vocab));
-  r.model = std::make_unique<models::Transformer>(cfg);
-  r.model->load_state_dict(weights);
-  r.model->eval();
+         run_dir + "/config.json' says vocab " + std::to_string(loaded.model->cfg.vocab));
+  r.model = std::move(loaded.model);
+  r.config = std::move(loaded.config);
   return r;
 }
 
@@ -316,6 +312,21 @@ nlohmann::json TrainOptions::to_json() const {
 
 namespace {
 
+
+// The graph of one training step's loss, clustered by module, drawn into `path`. The dropout
+// generator is put back, so the run trains as it would without the drawing.
+void draw_step_graph(models::Transformer& model, const Batch& b, double label_smoothing, const std::string& path) {
+  const uint64_t dropout_state = model.dropout_gen.state();
+  std::string dot;
+  {
+    autograd::KeepModulePaths paths;
+    Tensor loss = model.loss(b.src, b.tgt_in, b.tgt_out, label_smoothing);
+    dot = autograd::graph_dot(loss, model.named_parameters());
+  }
+  autograd::clear_tape();
+  model.dropout_gen.set_state(dropout_state);
+  plot::write_graph(dot, path);
+}
 
 models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   auto c = models::preset(o.preset, vocab);
@@ -341,6 +352,7 @@ void check_train_options(const TrainOptions& o) {
   if (!(o.dropout >= 0 && o.dropout < 1)) bad("--dropout must be in [0, 1)");
   if (!(o.attention_dropout >= 0 && o.attention_dropout < 1)) bad("--attention-dropout must be in [0, 1)");
   if (o.vocab < 8 || o.vocab > (1 << 20)) bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
+  if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
   for (auto [name, v] : {std::pair{"--d-model", o.d_model}, {"--heads", o.heads}, {"--d-ff", o.d_ff}, {"--layers", o.layers}})
     if (v < 0 || v > (int64_t(1) << 24)) bad(std::string(name) + " must be in [0, 2^24] (0: the preset's)");
@@ -388,130 +400,133 @@ std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& 
 
 }  // namespace
 
-TrainResult train(const TrainOptions& opts) {
-  TrainOptions o = opts;
-  nlohmann::json saved;
-  if (o.resume) {
-    if (!fs::exists(o.run_dir + "/config.json"))
-      fail("resume: '" + o.run_dir + "/config.json' is missing (nothing to resume; drop --resume to start fresh)");
-    saved = nn::load_json(o.run_dir + "/config.json");
-    // An exact continuation needs the interrupted run's schedule, batches and loss, whatever
-    // the command line says now; only the stopping rule and the reporting may change.
-    const nlohmann::json t = saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
-    const std::string where = "resume: '" + o.run_dir + "/config.json': \"train\" section";
-    o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
-    o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-    o.warmup = nn::json_field<int64_t>(t, "warmup", where);
-    o.lr = nn::json_field<double>(t, "lr", where);
-    o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
-    o.seed = nn::json_field<uint64_t>(t, "seed", where);
-    if (!saved.contains("model")) fail("resume: '" + o.run_dir + "/config.json' has no \"model\" section");
-  }
-  const std::string run = o.run_dir;
-  nn::LoopOptions lo;  // checked now, before the data and SentencePiece work
-  lo.run_dir = run;
+namespace {
+
+// An exact continuation needs the interrupted run's schedule, batches and loss, whatever the
+// command line says now; only the stopping rule and the reporting may change. Returns the run's
+// config.json (empty when not resuming).
+nlohmann::json apply_resumed_options(TrainOptions& o) {
+  if (!o.resume) return {};
+  const std::string cfg_path = o.run_dir + "/config.json";
+  if (!fs::exists(cfg_path))
+    fail("resume: '" + cfg_path + "' is missing (nothing to resume; drop --resume to start fresh)");
+  nlohmann::json saved = nn::load_json(cfg_path);
+  const nlohmann::json t = saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
+  const std::string where = "resume: '" + cfg_path + "': \"train\" section";
+  o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
+  o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
+  o.warmup = nn::json_field<int64_t>(t, "warmup", where);
+  o.lr = nn::json_field<double>(t, "lr", where);
+  o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
+  o.seed = nn::json_field<uint64_t>(t, "seed", where);
+  models::model_section(saved, cfg_path, "resume");
+  return saved;
+}
+
+nn::LoopOptions loop_options(const TrainOptions& o) {
+  nn::LoopOptions lo;
+  lo.run_dir = o.run_dir;
   lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed, lo.resume = o.resume, lo.quiet = o.quiet;
-  nn::check_loop_options(lo);
-  check_train_options(o);
-  models::TransformerConfig cfg;
-  if (o.resume) {
-    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
-    models::check_config_memory(cfg, o.run_dir + "/config.json");
-  } else {
-    models::check_config_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
-  }
-  fs::create_directories(run);
-  auto say = [&](const std::string& s) {
-    if (!o.quiet) std::cerr << s << std::endl;
-  };
+  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed;
+  lo.resume = o.resume, lo.quiet = o.quiet;
+  return lo;
+}
 
+using Say = std::function<void(const std::string&)>;
+
+// run/spm.model, trained on the training pairs' both sides unless a resumed run has it.
+void ensure_tokenizer(const TrainOptions& o, const std::vector<text::Pair>& train_pairs, const Say& say) {
+  const std::string spm = o.run_dir + "/spm.model";
+  if (o.resume && fs::exists(spm)) return;
+  if (o.resume) fail("resume: '" + spm + "' is missing");
+  std::vector<std::string> sents;
+  sents.reserve(2 * train_pairs.size());
+  for (auto& p : train_pairs) sents.push_back(p.src), sents.push_back(p.tgt);
+  auto t0 = Clock::now();
+  text::Tokenizer::train(sents, o.run_dir + "/spm", o.vocab);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f", seconds_since(t0));
+  // The trainer may settle on fewer pieces than requested on a small language.
+  say("trained SentencePiece (" + std::to_string(text::Tokenizer(spm).vocab_size()) + " of " +
+      std::to_string(o.vocab) + " requested pieces) in " + buf + " s");
+}
+
+// A split's batches; an error when none fits the model.
+std::vector<Batch> batches_that_fit(const text::Tokenizer& tok, const std::vector<text::Pair>& pairs,
+                                    const TrainOptions& o, int64_t max_len, const char* split, const Say& say) {
+  size_t dropped = 0;
+  auto batches = make_batches(encode_pairs(tok, pairs), o.batch_tokens, max_len, &dropped);
+  const std::string limit = " (" + std::to_string(max_len - 1) + " tokens a side, the model's max_len - 1)";
+  if (batches.empty())
+    fail("train: none of the " + std::to_string(pairs.size()) + " pairs of '" + o.data_dir + "/" + split +
+         ".tsv' fits the model" + limit + (std::string(split) == "valid" ? ": nothing to validate on" : ""));
+  if (dropped) say("dropped " + std::to_string(dropped) + " " + (std::string(split) == "valid" ? "validation" : "training") +
+                   " pairs longer than" + limit);
+  return batches;
+}
+
+// The corpus pairs (counts said), and the batches and BLEU sentences made from them.
+struct TrainData {
+  std::vector<text::Pair> train_pairs, valid_pairs;
+  std::vector<Batch> batches, valid_batches;
+  std::vector<std::string> bleu_src, bleu_ref;
+};
+
+TrainData load_pairs(const TrainOptions& o, const Say& say) {
+  TrainData d;
   text::CorpusStats st_train, st_valid;
-  auto train_pairs = load_corpus(o.data_dir + "/train.tsv", st_train);
-  auto valid_pairs = load_corpus(o.data_dir + "/valid.tsv", st_valid);
+  d.train_pairs = load_corpus(o.data_dir + "/train.tsv", st_train);
+  d.valid_pairs = load_corpus(o.data_dir + "/valid.tsv", st_valid);
   say("train.tsv: " + st_train.summary());
   say("valid.tsv: " + st_valid.summary());
-  if (train_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/train.tsv'");
-  if (valid_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/valid.tsv'");
+  if (d.train_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/train.tsv'");
+  if (d.valid_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/valid.tsv'");
+  return d;
+}
 
-  const std::string spm = run + "/spm.model";
-  if (!(o.resume && fs::exists(spm))) {
-    if (o.resume) fail("resume: '" + spm + "' is missing");
-    std::vector<std::string> sents;
-    sents.reserve(2 * train_pairs.size());
-    for (auto& p : train_pairs) sents.push_back(p.src), sents.push_back(p.tgt);
-    auto t0 = Clock::now();
-    text::Tokenizer::train(sents, run + "/spm", o.vocab);
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.1f", seconds_since(t0));
-    // The trainer may settle on fewer pieces than requested on a small language.
-    say("trained SentencePiece (" + std::to_string(text::Tokenizer(spm).vocab_size()) + " of " +
-        std::to_string(o.vocab) + " requested pieces) in " + buf + " s");
-  }
-  text::Tokenizer tok(spm);
+void batch_data(TrainData& d, const text::Tokenizer& tok, const TrainOptions& o, int64_t max_len, const Say& say) {
+  d.batches = batches_that_fit(tok, d.train_pairs, o, max_len, "train", say);
+  d.valid_batches = batches_that_fit(tok, d.valid_pairs, o, max_len, "valid", say);
+  for (size_t i = 0; i < d.valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
+    d.bleu_src.push_back(d.valid_pairs[i].src), d.bleu_ref.push_back(d.valid_pairs[i].tgt);
+}
 
-  if (!o.resume) {
-    cfg = make_config(o, tok.vocab_size());
-    nn::save_json(run + "/config.json", {{"model", cfg.to_json()}, {"train", o.to_json()}});
-  }
-  models::Transformer model(cfg);
-  model.train();
-
-  size_t dropped = 0;
-  auto batches = make_batches(encode_pairs(tok, train_pairs), o.batch_tokens, cfg.max_len, &dropped);
-  size_t valid_dropped = 0;
-  auto valid_batches = make_batches(encode_pairs(tok, valid_pairs), o.batch_tokens, cfg.max_len, &valid_dropped);
-  const std::string limit = " (" + std::to_string(cfg.max_len - 1) + " tokens a side, the model's max_len - 1)";
-  if (batches.empty())
-    fail("train: none of the " + std::to_string(train_pairs.size()) + " pairs of '" + o.data_dir +
-         "/train.tsv' fits the model" + limit);
-  if (valid_batches.empty())
-    fail("train: none of the " + std::to_string(valid_pairs.size()) + " pairs of '" + o.data_dir +
-         "/valid.tsv' fits the model" + limit + ": nothing to validate on");
-  if (dropped) say("dropped " + std::to_string(dropped) + " training pairs longer than" + limit);
-  if (valid_dropped) say("dropped " + std::to_string(valid_dropped) + " validation pairs longer than" + limit);
-  std::vector<std::string> bleu_src, bleu_ref;
-  for (size_t i = 0; i < valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
-    bleu_src.push_back(valid_pairs[i].src), bleu_ref.push_back(valid_pairs[i].tgt);
-  const int64_t nb = (int64_t)batches.size();
-  {
-    std::ostringstream os;
-    os << "model: " << model.num_parameters() << " parameters (d " << cfg.d_model << ", " << cfg.heads
-       << " heads, ff " << cfg.d_ff << ", " << cfg.enc_layers << "+" << cfg.dec_layers << " layers, vocab "
-       << cfg.vocab << "); " << nb << " batches of <= " << o.batch_tokens << " target tokens";
-    say(os.str());
-  }
-
-  std::ofstream dump;
-  if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, batches, tok, bleu_src);
+// What nn::train_loop needs: the loss of a batch (recorded into `dump` when it is open),
+// validation (teacher-forced loss, perplexity and accuracy, greedy BLEU), the weights and curves
+// written at each validation.
+nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, const TrainData& d,
+                        const TrainOptions& o, std::ofstream& dump) {
   nn::TrainTask task;
   task.model = &model;
-  task.batches = nb;
-  task.loss = [&](int64_t i) {
-    const Batch& b = batches[(size_t)i];
+  task.batches = (int64_t)d.batches.size();
+  task.loss = [&model, &d, &o, &dump](int64_t i) {
+    const Batch& b = d.batches[(size_t)i];
     if (dump.is_open()) dump << "{\"step_batch\":" << i << "}\n" << std::flush;
     return model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
   };
-  task.tokens = [&](int64_t i) { return batches[(size_t)i].tgt_tokens; };
+  task.tokens = [&d](int64_t i) { return d.batches[(size_t)i].tgt_tokens; };
   task.metric_names = {"loss", "ppl", "acc", "bleu"};
-  task.validate = [&]() -> std::map<std::string, double> {
-    ForcedMetrics fm = teacher_forced(model, valid_batches);
+  task.validate = [&model, &tok, &d]() -> std::map<std::string, double> {
+    ForcedMetrics fm = teacher_forced(model, d.valid_batches);
     double bleu = 0;
-    if (!bleu_src.empty()) bleu = text::corpus_bleu(translate_lines(model, tok, bleu_src), bleu_ref).score;
+    if (!d.bleu_src.empty()) bleu = text::corpus_bleu(translate_lines(model, tok, d.bleu_src), d.bleu_ref).score;
     return {{"loss", fm.loss}, {"ppl", fm.ppl}, {"acc", fm.acc}, {"bleu", bleu}};
   };
   task.stop_metric = "bleu";
   task.higher_is_better = true;
   task.generators = {&model.dropout_gen};
-  task.data_fingerprint = batches_fingerprint(batches);
-  task.tied_files = tied_files(run);
-  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    save_model(model, run + "/model.safetensors", step, tied_files(run));
-    if (o.plot) plot::learning_curves(run + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
+  task.data_fingerprint = batches_fingerprint(d.batches);
+  task.tied_files = tied_files(o.run_dir);
+  task.on_validated = [&model, &o](int64_t step, const std::vector<nn::MetricsRow>& rows) {
+    save_model(model, o.run_dir + "/model.safetensors", step, tied_files(o.run_dir));
+    if (o.plot)
+      plot::learning_curves(o.run_dir + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
   };
-  lo.d_model = cfg.d_model;
-  const nn::LoopResult lr = nn::train_loop(task, lo);
+  return task;
+}
+
+TrainResult result_of(const nn::LoopResult& lr) {
   TrainResult res;
   res.first_step = lr.first_step;
   res.last_step = lr.last_step;
@@ -522,6 +537,51 @@ TrainResult train(const TrainOptions& opts) {
   res.train_seconds = lr.train_seconds;
   res.stopped_early = lr.stopped_early;
   return res;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& opts) {
+  TrainOptions o = opts;
+  const nlohmann::json saved = apply_resumed_options(o);
+  nn::LoopOptions lo = loop_options(o);
+  nn::check_loop_options(lo);  // before the data and SentencePiece work
+  check_train_options(o);
+  models::TransformerConfig cfg;
+  if (o.resume) {
+    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
+    models::check_config_memory(cfg, o.run_dir + "/config.json");
+  } else {
+    models::check_config_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
+  }
+  fs::create_directories(o.run_dir);
+  const Say say = [&o](const std::string& s) {
+    if (!o.quiet) std::cerr << s << std::endl;
+  };
+
+  TrainData d = load_pairs(o, say);
+  ensure_tokenizer(o, d.train_pairs, say);
+  const text::Tokenizer tok(o.run_dir + "/spm.model");
+  if (!o.resume) {
+    cfg = make_config(o, tok.vocab_size());
+    nn::save_json(o.run_dir + "/config.json", {{"model", cfg.to_json()}, {"train", o.to_json()}});
+  }
+  models::Transformer model(cfg);
+  model.train();
+  batch_data(d, tok, o, cfg.max_len, say);
+  {
+    std::ostringstream os;
+    os << "model: " << model.num_parameters() << " parameters (d " << cfg.d_model << ", " << cfg.heads
+       << " heads, ff " << cfg.d_ff << ", " << cfg.enc_layers << "+" << cfg.dec_layers << " layers, vocab "
+       << cfg.vocab << "); " << d.batches.size() << " batches of <= " << o.batch_tokens << " target tokens";
+    say(os.str());
+  }
+  if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
+  std::ofstream dump;
+  if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
+  const nn::TrainTask task = make_task(model, tok, d, o, dump);
+  lo.d_model = cfg.d_model;
+  return result_of(nn::train_loop(task, lo));
 }
 
 }  // namespace graft::translation

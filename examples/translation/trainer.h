@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
 #include "examples/translation/tokenizer.h"
-#include "models/transformer.h"
+#include "graft/models/transformer.h"
 
 namespace graft::translation {
 
@@ -86,6 +86,9 @@ struct TrainOptions {
   bool resume = false;
   bool quiet = false;        // no progress output (tests)
   bool plot = true;          // write curves.png
+  // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf
+  // through Graphviz, .dot as text) before training; it leaves the run as without it.
+  std::string graph;
   // Overrides of the preset (0: keep the preset's value); the tests use tiny models.
   int64_t d_model = 0, heads = 0, d_ff = 0, layers = 0;
 
@@ -173,6 +176,8 @@ LoadedRun load_run(const std::string& run_dir);
 // atomically.
 void save_model(const models::Transformer& m, const std::string& path, int64_t step,
                 const std::vector<std::string>& tied_files = {});
+// The side files a run's weights are tied to: its config.json and spm.model.
+std::vector<std::string> tied_files(const std::string& run_dir);
 // Verifies the checksum; throws "load_model: '<path>': ..." on any problem.
 void load_model(models::Transformer& m, const std::string& path);
 

@@ -1,4 +1,4 @@
-#include "ops/onednn/dnnl_utils.h"
+#include "graft/ops/onednn/dnnl_utils.h"
 
 #include <algorithm>
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <vector>
 
-#include "autograd/tensor.h"
+#include "graft/autograd/tensor.h"
 
 namespace graft::onednn {
 

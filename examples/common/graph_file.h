@@ -1,0 +1,15 @@
+// Writing a recorded graph (autograd::graph_dot) to a file a person can open: FILE.dot as DOT
+// text, anything else (FILE.svg, FILE.png, FILE.pdf) rendered by Graphviz's `dot` in that format.
+#pragma once
+
+#include <string>
+
+namespace graft::plot {
+
+// Throws graft::Error naming the file when it cannot be written, and saying how to install
+// Graphviz when `dot` is missing.
+void write_graph(const std::string& dot_text, const std::string& path);
+// The file name's check alone (its extension), for a program to run before any work.
+void check_graph_file_name(const std::string& path);
+
+}  // namespace graft::plot

@@ -1,0 +1,39 @@
+/// @file
+/// The umbrella header: every public header of graft's four layers, for programs that use the
+/// library as a whole. `#include <graft/graft.h>` and link `graft::graft` (CMake) or
+/// `pkg-config --cflags --libs graft`.
+///
+/// The layers, each with its own headers under graft/:
+/// - autograd: Tensor, the tape, backward(), NoGrad, gradcheck();
+/// - ops: every differentiable op (graft/ops/ops.h) and mixed precision;
+/// - nn: Module, layers, attention, positional encodings, optimizers, schedules, checkpoints,
+///   the training loop;
+/// - models: the encoder-decoder Transformer, the decoder-only LM, the encoder classifier, and
+///   decoding (greedy, beam, sampling).
+#pragma once
+
+#include "graft/version.h"
+
+#include "graft/autograd/gradcheck.h"
+#include "graft/autograd/graph.h"
+#include "graft/autograd/tape.h"
+#include "graft/autograd/tensor.h"
+#include "graft/autograd/text.h"
+
+#include "graft/ops/ops.h"
+
+#include "graft/nn/attention.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/layers.h"
+#include "graft/nn/module.h"
+#include "graft/nn/optim.h"
+#include "graft/nn/positions.h"
+#include "graft/nn/trainer.h"
+#include "graft/nn/transformer.h"
+
+#include "graft/models/config_json.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/models/decoding.h"
+#include "graft/models/encoder_classifier.h"
+#include "graft/models/run.h"
+#include "graft/models/transformer.h"

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# graft as an installed library (ctest: installed_library). Installs the build into a temporary
+# prefix, then checks what a user of that prefix gets:
+#   - the libraries with their SONAME, the CMake package, graft.pc, the programs in bin/;
+#   - no internal header installed, and every installed header compiles on its own;
+#   - tests/consumer built twice, through find_package(graft) and through pkg-config, and run
+#     against a checkpoint written by the installed `translate`;
+#   - every ```cpp block of README.md and docs/*.md compiled against the prefix and run (doc
+#     tests: the documentation cannot drift from the API).
+#   tests/installed_library.sh BUILD_DIR
+set -euo pipefail
+BUILD=$(cd "$1" && pwd)
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+W=$(mktemp -d /tmp/graft_install.XXXXXX)
+trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT  # KEEP=1 keeps the prefix for a look
+P=$W/prefix
+fail() { echo "installed_library: $*" >&2; exit 1; }
+
+cmake --install "$BUILD" --prefix "$P" >/dev/null
+LIBDIR=$(dirname "$(find "$P" -name graft.pc -path '*/pkgconfig/*' | head -n 1)")/..
+[[ -f $LIBDIR/pkgconfig/graft.pc ]] || fail "no graft.pc under $P"
+LIBDIR=$(cd "$LIBDIR" && pwd)
+VERSION=$(sed -n 's/^project(graft VERSION \([0-9.]*\).*/\1/p' "$SRC/CMakeLists.txt")
+[[ -n $VERSION ]] || fail "no version in CMakeLists.txt's project()"
+
+# What is installed.
+for prog in translate lm classify; do [[ -x $P/bin/$prog ]] || fail "bin/$prog is not installed"; done
+[[ -f $LIBDIR/cmake/graft/graftConfig.cmake && -f $LIBDIR/cmake/graft/graftConfigVersion.cmake ]] ||
+  fail "the CMake package is not installed"
+for layer in autograd ops nn models; do
+  lib=$LIBDIR/libgraft_$layer.so
+  if [[ -e $lib ]]; then
+    soname=$(objdump -p "$lib" | awk '/SONAME/ {print $2}')
+    [[ $soname == "libgraft_$layer.so.${VERSION%.*}" ]] || fail "$lib: SONAME '$soname', want libgraft_$layer.so.${VERSION%.*}"
+    [[ -f $LIBDIR/libgraft_$layer.so.$VERSION ]] || fail "libgraft_$layer.so.$VERSION is not installed"
+  else
+    [[ -f $LIBDIR/libgraft_$layer.a ]] || fail "neither libgraft_$layer.so nor .a is installed"
+  fi
+done
+for internal in ops/kernels.h ops/bf16.h ops/onednn; do
+  [[ ! -e $P/include/graft/$internal ]] || fail "the internal header $internal is installed"
+done
+grep -rq 'dnnl\|oneapi' "$P/include/graft" && fail "an installed header mentions oneDNN: $(grep -rl 'dnnl\|oneapi' "$P/include/graft")"
+grep -q "#define GRAFT_VERSION_STRING \"$VERSION\"" "$P/include/graft/version.h" || fail "graft/version.h does not say $VERSION"
+
+export PKG_CONFIG_PATH=$LIBDIR/pkgconfig
+[[ $(pkg-config --modversion graft) == "$VERSION" ]] || fail "graft.pc says $(pkg-config --modversion graft), want $VERSION"
+read -r -a CFLAGS <<<"$(pkg-config --cflags graft)"
+read -r -a LIBS <<<"$(pkg-config --libs graft)"
+
+# Every installed header on its own: one translation unit each.
+n=0
+while IFS= read -r h; do
+  rel=${h#"$P/include/"}
+  echo "#include <$rel>" >"$W/one.cpp"
+  g++ "${CFLAGS[@]}" -fsyntax-only "$W/one.cpp" 2>"$W/err" || { cat "$W/err" >&2; fail "<$rel> does not compile on its own"; }
+  n=$((n + 1))
+done < <(find "$P/include/graft" -name '*.h' | sort)
+echo "installed_library: $n installed headers compile on their own"
+
+# A checkpoint from the installed program (a few steps of a tiny model).
+"$P/bin/translate" generate-data --out "$W/data" --seed 3 --train 200 --valid 10 --test 5 >/dev/null
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$P/bin/translate" train --data "$W/data" --out "$W/run" --steps 4 \
+  --batch-tokens 256 --vocab 100 --warmup 2 --valid-every 4 >/dev/null 2>"$W/train.log" ||
+  { cat "$W/train.log" >&2; fail "the installed translate did not train"; }
+
+# The consumer through find_package(graft) ...
+cmake -S "$SRC/tests/consumer" -B "$W/cmake" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYPE=Release >"$W/log" 2>&1 ||
+  { cat "$W/log" >&2; fail "find_package(graft) failed"; }
+cmake --build "$W/cmake" >"$W/log" 2>&1 || { cat "$W/log" >&2; fail "the consumer did not build through find_package"; }
+"$W/cmake/consumer" "$W/run" || fail "the consumer built through find_package failed"
+# ... and through pkg-config (the rpath stands in for installing into a system directory).
+g++ -O1 "${CFLAGS[@]}" -DPACKAGE_VERSION="\"$(pkg-config --modversion graft)\"" "$SRC/tests/consumer/main.cpp" \
+  "${LIBS[@]}" -Wl,-rpath,"$LIBDIR" -o "$W/consumer_pc" 2>"$W/log" || { cat "$W/log" >&2; fail "the consumer did not build through pkg-config"; }
+"$W/consumer_pc" "$W/run" || fail "the consumer built through pkg-config failed"
+echo "installed_library: find_package and pkg-config consumers both ran against $P"
+
+# Doc tests: each ```cpp block is a whole program.
+shopt -s nullglob
+mkdir -p "$W/doc"
+python3 - "$W/doc" "$SRC/README.md" "$SRC"/docs/*.md <<'PY'
+import os, re, sys
+out = sys.argv[1]
+for path in sys.argv[2:]:
+    lines = open(path, encoding="utf-8").read().split("\n")
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() == "```cpp":
+            start = i + 1
+            j = start
+            while j < len(lines) and lines[j].strip() != "```":
+                j += 1
+            name = re.sub(r"[^A-Za-z0-9]+", "_", os.path.relpath(path, os.path.dirname(sys.argv[2]))) + f"_L{start}"
+            with open(os.path.join(out, name + ".cpp"), "w", encoding="utf-8") as f:
+                f.write(f'#line {start + 1} "{path}"\n' + "\n".join(lines[start:j]) + "\n")
+            i = j
+        i += 1
+PY
+n=0
+for cpp in "$W"/doc/*.cpp; do
+  [[ -e $cpp ]] || break
+  name=$(basename "$cpp" .cpp)
+  g++ -O1 "${CFLAGS[@]}" "$cpp" "${LIBS[@]}" -Wl,-rpath,"$LIBDIR" -o "$W/doc/$name" 2>"$W/err" ||
+    { cat "$W/err" >&2; fail "the C++ example $name does not compile against the installed library"; }
+  (cd "$W/doc" && timeout 120 "./$name" >"$W/doc/$name.out" 2>&1) ||
+    { tail -n 20 "$W/doc/$name.out" >&2; fail "the C++ example $name failed when run"; }
+  n=$((n + 1))
+done
+[[ $n -gt 0 ]] || fail "README.md and docs/ hold no ```cpp example"
+echo "installed_library: $n C++ examples of the README and docs/ compiled and ran"
