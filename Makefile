@@ -6,7 +6,7 @@ DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev li
        nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test install docs interop demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build test install docs interop graph demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
 # $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
 apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -44,6 +44,16 @@ docs:
 interop: build
 	$(call apt_install,python3-torch)
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
+
+# One training step of the tiny translation model as a picture (autograd::graph_dot, rendered by
+# Graphviz): runs/graph/step.svg.
+graph: configure
+	cmake --build $(BUILD) -j$(JOBS) --target translate
+	$(BUILD)/examples/translation/translate generate-data --out runs/graph/data --train 200 --valid 10 --test 5 >/dev/null
+	rm -rf runs/graph/run
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/translation/translate train --data runs/graph/data --out runs/graph/run \
+	  --preset tiny --steps 1 --vocab 100 --graph runs/graph/step.svg
+	@echo "wrote runs/graph/step.svg"
 
 # The demo builds only what it runs (the translate program), to stay within its time budget.
 demo: configure
