@@ -31,12 +31,12 @@ PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-# The API reference from the public headers (Doxygen) into $(BUILD)/docs/html; any warning
+# The API reference from the public headers (Doxygen) into build/docs/html; any warning
 # (an undocumented public symbol, a broken reference) fails it.
 DOC_DEPS = doxygen graphviz
 docs:
 	$(call apt_install,$(DOC_DEPS))
-	mkdir -p $(BUILD)
+	mkdir -p build
 	doxygen docs/Doxyfile
 
 # Weights to and from PyTorch's nn.Transformer, checked both ways on one batch (logits, loss,

@@ -1,5 +1,6 @@
-// gradcheck: compares the tape's analytic gradients with central differences in float64,
-// and the registry of op cases that the generic tests (tests/test_gradcheck_all.cpp) run.
+/// @file
+/// gradcheck: compares the tape's analytic gradients with central differences in float64,
+/// and the registry of op cases that the generic tests (tests/test_gradcheck_all.cpp) run.
 #pragma once
 
 #include <functional>
@@ -11,50 +12,67 @@
 
 namespace graft {
 
+/// The function under test: the op applied to its inputs, one output tensor.
 using OpFn = std::function<Tensor(const Tensors&)>;
 
-// PyTorch gradcheck's defaults. |analytic - numeric| <= atol + rtol * |numeric| per element.
+/// Tolerances of gradcheck(), PyTorch gradcheck's defaults: an element passes when
+/// |analytic - numeric| <= atol + rtol * |numeric|.
 struct GradcheckOptions {
-  double eps = 1e-6;
-  double atol = 1e-5;
-  double rtol = 1e-3;
-  uint64_t seed = 1234;  // for the random upstream gradient
+  double eps = 1e-6;   ///< central-difference step
+  double atol = 1e-5;  ///< absolute tolerance
+  double rtol = 1e-3;  ///< relative tolerance (of |numeric|)
+  uint64_t seed = 1234;  ///< for the random upstream gradient
 };
 
+/// The verdict of gradcheck() or check_f32_vs_f64().
 struct GradcheckResult {
-  bool ok = true;
-  std::string message;  // the worst element on failure: input, index, analytic, numeric
-  double max_abs_err = 0;
+  bool ok = true;  ///< every element within tolerance
+  std::string message;  ///< the worst element on failure: input, index, analytic, numeric
+  double max_abs_err = 0;  ///< the largest absolute difference seen
 };
 
-// Checks d(sum(fn(inputs) * g))/d(input) for every float64 input that requires grad, with g a
-// random upstream gradient (all ones would hide transposed-gradient bugs).
+/// Checks d(sum(fn(inputs) * g))/d(input) for every float64 input that requires grad, with g a
+/// random upstream gradient (all ones would hide transposed-gradient bugs): the tape's gradient
+/// against central differences of step opt.eps. Inputs are modified in place while it runs and
+/// restored; their .grad is cleared. A result that does not require grad is a failed result,
+/// not an error.
+/// @throws graft::Error when an input that requires grad is not float64 or the output is not
+///         float (and whatever fn throws).
 GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt = {});
 
-// One registered case for the generic tests. make_inputs builds the inputs in the requested
-// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
-// that should be checked come back with requires_grad set.
+/// One registered case for the generic tests. make_inputs builds the inputs in the requested
+/// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
+/// that should be checked come back with requires_grad set.
 struct OpCase {
-  std::string name;  // unique, e.g. "add/broadcast"
-  std::string op;    // the declared op it covers, e.g. "add"
+  std::string name;  ///< unique, such as "add/broadcast"
+  std::string op;    ///< the declared op it covers, such as "add"
+  /// Builds the inputs in a float dtype from a seeded generator.
   std::function<Tensors(DType, Generator&)> make_inputs;
-  OpFn fn;
-  GradcheckOptions opt{};
-  double f32_atol = 1e-4, f32_rtol = 1e-3;  // float32 (oneDNN) path vs float64 path
+  OpFn fn;  ///< the op applied to the inputs
+  GradcheckOptions opt{};  ///< tolerances of the float64 gradcheck
+  /// Tolerances of the float32 (oneDNN) path vs the float64 path (check_f32_vs_f64()); f32_atol
+  /// is relative to the largest float64 value (or 1).
+  ///@{
+  double f32_atol = 1e-4, f32_rtol = 1e-3;
+  ///@}
 };
 
-// Adds a case to the registry (names must be unique). The library's own cases are registered by
-// register_op_cases() (ops/cases.h); a program adds its own with explicit calls.
+/// Adds a case to the registry (names must be unique). The library's own cases are registered by
+/// register_op_cases() (ops/cases.h); a program adds its own with explicit calls. Thread-safe.
+/// @throws graft::Error when a case of that name is already registered.
 void register_case(OpCase c);
 
-// Input helpers for cases: a uniform(lo, hi) leaf that requires grad, and the same stored with
-// its last two dims transposed so the op sees a non-contiguous view.
+/// Input helper for cases: a uniform(lo, hi) leaf of `shape` that requires grad.
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
+/// Input helper for cases: like case_input(), but stored with its last two dims transposed, so
+/// the op sees a non-contiguous view of `shape`.
+/// @throws graft::Error when `shape` has fewer than 2 dims.
 Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
+/// Every case registered so far, in registration order.
 const std::vector<OpCase>& registered_cases();
 
-// Runs the case's float32 forward and backward and compares output and input gradients with
-// the float64 path (same input values, same upstream gradient).
+/// Runs the case's float32 forward and backward and compares output and input gradients with
+/// the float64 path (same input values, same upstream gradient).
 GradcheckResult check_f32_vs_f64(const OpCase& c);
 
 }  // namespace graft

@@ -24,7 +24,7 @@ class KeepModulePaths {
 /// The graph recorded behind `t` as Graphviz DOT (`dot -Tsvg` renders it): one box per tape
 /// entry that `t` depends on (its op name, and the dtype and shape of each output), grouped into
 /// nested clusters by the module path it was recorded under (when a KeepModulePaths was alive),
-/// one ellipse per leaf that requires grad, named from `leaf_names` (e.g. a module's
+/// one ellipse per leaf that requires grad, named from `leaf_names` (such as a module's
 /// named_parameters()) or "leaf" otherwise, and an edge from each input to its op.
 /// Entries already run by backward() are drawn as well; the graph of a tensor that no op
 /// recorded is its leaf alone.

@@ -1,17 +1,20 @@
-// The tape: when grad mode is on and an input requires grad, each differentiable op appends
-// one entry (its inputs' routes, the tensors its backward needs, and the backward function) to
-// the calling thread's tape. backward() walks the tape in reverse, hands each entry the
-// gradients of its outputs, and routes the returned input gradients either to the entry that
-// produced that input or, for a leaf, into its .grad.
-//
-// Writing an op (see README "Adding an op"):
-//   Tensor out = ...forward...;
-//   if (autograd::needs_record({a, b}))
-//     autograd::record("mul", {a, b}, {out}, /*saved=*/{a, b},
-//       [](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
-//         return {dout[0] * c.saved[1], dout[0] * c.saved[0]};   // one per input
-//       });
-// Capture tensors through `saved` (not in the lambda) so in-place changes are detected.
+/// @file
+/// The tape: when grad mode is on and an input requires grad, each differentiable op appends
+/// one entry (its inputs' routes, the tensors its backward needs, and the backward function) to
+/// the calling thread's tape. backward() walks the tape in reverse, hands each entry the
+/// gradients of its outputs, and routes the returned input gradients either to the entry that
+/// produced that input or, for a leaf, into its .grad.
+///
+/// Writing an op (see README "Adding an op"):
+/// @code
+///   Tensor out = ...forward...;
+///   if (autograd::needs_record({a, b}))
+///     autograd::record("mul", {a, b}, {out}, /*saved=*/{a, b},
+///       [](const autograd::Ctx& c, const Tensors& dout) -> Tensors {
+///         return {dout[0] * c.saved[1], dout[0] * c.saved[0]};   // one per input
+///       });
+/// @endcode
+/// Capture tensors through `saved` (not in the lambda) so in-place changes are detected.
 #pragma once
 
 #include <functional>
@@ -20,15 +23,21 @@
 
 #include "graft/autograd/tensor.h"
 
+/// The tape, grad mode, anomaly mode, profiling and the op declarations.
 namespace graft::autograd {
 
+/// Whether ops record on this thread's tape (on by default; see NoGrad).
 bool grad_enabled();
+/// Turns recording on or off for this thread; prefer the NoGrad guard.
 void set_grad_enabled(bool on);
 
-// Inside a NoGrad scope no op records anything (inference, optimizer updates).
+/// Inside a NoGrad scope no op records anything (inference, optimizer updates). Restores the
+/// previous setting when it ends, so scopes nest; per thread.
 class NoGrad {
  public:
+  /// Turns grad mode off for this thread.
   NoGrad() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  /// Restores the grad mode in force before.
   ~NoGrad() { set_grad_enabled(prev_); }
   NoGrad(const NoGrad&) = delete;
   NoGrad& operator=(const NoGrad&) = delete;
@@ -37,17 +46,24 @@ class NoGrad {
   bool prev_;
 };
 
-// Anomaly mode: while on, every op that records checks its inputs and outputs, and every
-// backward its input gradients, for NaN/Inf, and the first offender throws an error naming the
-// op, forward or backward, the shape and the module path it was recorded under, e.g.
-//   anomaly: backward of 'sqrt' (f32 (8, 16)) in decoder.layers.1.linear1 produced Inf
-// Off by default (it reads every tensor once more); GRAFT_DETECT_ANOMALY=1 in the environment
-// turns it on for a whole program. Per thread, like the tape.
+/// Whether anomaly mode is on for this thread.
+///
+/// Anomaly mode: while on, every op that records checks its inputs and outputs, and every
+/// backward its input gradients, for NaN/Inf, and the first offender throws an error naming the
+/// op, forward or backward, the shape and the module path it was recorded under, e.g.
+/// `anomaly: backward of 'sqrt' (f32 (8, 16)) in decoder.layers.1.linear1 produced Inf`.
+/// Off by default (it reads every tensor once more); GRAFT_DETECT_ANOMALY=1 in the environment
+/// turns it on for a whole program. Per thread, like the tape.
 bool anomaly_mode();
+/// Turns anomaly mode on or off for this thread; prefer the AnomalyMode guard.
 void set_anomaly_mode(bool on);
+/// Anomaly mode (see anomaly_mode()) for a scope: sets it, and restores the previous setting
+/// when the scope ends.
 class AnomalyMode {
  public:
+  /// Turns anomaly mode on (or, with false, off) for this thread.
   explicit AnomalyMode(bool on = true) : prev_(anomaly_mode()) { set_anomaly_mode(on); }
+  /// Restores the setting in force before.
   ~AnomalyMode() { set_anomaly_mode(prev_); }
   AnomalyMode(const AnomalyMode&) = delete;
   AnomalyMode& operator=(const AnomalyMode&) = delete;
@@ -56,12 +72,14 @@ class AnomalyMode {
   bool prev_;
 };
 
-// A module's name pushed for the ops it records (Module::scope()); the pushed names, joined
-// with '.', are the path anomaly errors name. Does nothing while anomaly mode is off, so
-// module code pays one flag test per forward.
+/// A module's name pushed for the ops it records (Module::scope()); the pushed names, joined
+/// with '.', are the path anomaly errors and graph_dot() name. Does nothing unless anomaly mode
+/// is on or a KeepModulePaths is alive, so module code pays one flag test per forward.
 class NameScope {
  public:
+  /// Pushes `name` (an empty name pushes nothing).
   explicit NameScope(const std::string& name);
+  /// Pops what the constructor pushed.
   ~NameScope();
   NameScope(const NameScope&) = delete;
   NameScope& operator=(const NameScope&) = delete;
@@ -69,74 +87,120 @@ class NameScope {
  private:
   bool pushed_ = false;
 };
-std::string name_scope_path();  // "" at the top level
+/// The names pushed on this thread, joined with '.', such as "decoder.layers.1.linear1"; "" at the
+/// top level.
+std::string name_scope_path();
 
-// "NaN", "Inf" or nullptr: the first kind of non-finite value in a floating tensor.
+/// "NaN", "Inf" or nullptr: the first kind of non-finite value in a floating tensor (nullptr
+/// for an int64 tensor).
 const char* nonfinite_kind(const Tensor& t);
 
+/// What a backward function receives besides the output gradients.
 struct Ctx {
-  Tensors saved;            // checked against in-place modification before backward runs
-  std::vector<bool> needs;  // needs[i]: input i wants a gradient (skip the work otherwise)
-  bool last_use = false;    // the entry is freed after this backward (no retain_graph)
+  /// The tensors record() was given to save; checked against in-place modification before
+  /// backward runs.
+  Tensors saved;
+  std::vector<bool> needs;  ///< needs[i]: input i wants a gradient (skip the work otherwise)
+  bool last_use = false;    ///< the entry is freed after this backward (no retain_graph)
 };
 
-// True when a backward may write into its saved tensor saved[i]: this is the entry's last
-// backward and nothing else (no user handle, no view, no other entry) holds that storage.
-// Lets a backward hand out a gradient in the buffer of an activation it no longer needs.
+/// True when a backward may write into its saved tensor saved[i]: this is the entry's last
+/// backward and nothing else (no user handle, no view, no other entry) holds that storage.
+/// Lets a backward hand out a gradient in the buffer of an activation it no longer needs.
 bool can_overwrite(const Ctx& c, size_t i);
-// Returns one gradient per input (an undefined Tensor for "none"), each of the input's dtype and
-// either of its shape or of a shape it broadcasts to (the tape then sums it down to the input's
-// shape, so ops never call sum_to themselves). dout has one defined contiguous gradient per
-// output (zeros where no gradient arrived). A backward returns fresh gradients (or dout itself);
-// the tape accumulates them, copying before it writes into a buffer it does not own.
+/// An op's backward: given the Ctx and the gradients of the op's outputs (dout), the gradients
+/// of its inputs.
+///
+/// Returns one gradient per input (an undefined Tensor for "none"), each of the input's dtype and
+/// either of its shape or of a shape it broadcasts to (the tape then sums it down to the input's
+/// shape, so ops never call sum_to themselves). dout has one defined contiguous gradient per
+/// output (zeros where no gradient arrived). A backward returns fresh gradients (or dout itself);
+/// the tape accumulates them, copying before it writes into a buffer it does not own.
 using BackwardFn = std::function<Tensors(const Ctx&, const Tensors& dout)>;
 
-// True when grad mode is on and some input requires grad.
+/// True when grad mode is on and some input requires grad.
 bool needs_record(const Tensors& inputs);
-// Appends an entry; marks the outputs as requiring grad and produced by it.
+/// Appends an entry to this thread's tape; marks the outputs as requiring grad and produced by
+/// it. `op` must be a string literal declared with GRAFT_DECLARE_OP; `saved` are the tensors
+/// `fn` reads (their versions are remembered, see Ctx::saved).
+/// @throws graft::Error when `op` was never declared, or (in anomaly mode) an input or output
+///         holds NaN or Inf.
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn);
 
+/// Reverse-mode pass from `root`: seeds it with `grad` (ones for a one-element root when `grad`
+/// is undefined), runs every entry `root` depends on in reverse, and accumulates into the .grad
+/// of each leaf that requires grad. Without `retain_graph` each entry is freed once its backward
+/// has run, so memory falls during the pass. Tensor::backward() calls it.
+/// @throws graft::Error when `root` is undefined or does not require grad, `grad` is missing
+///         for a non-scalar root or does not match its shape and dtype, a saved tensor was
+///         modified in place after its op ran, an entry was already freed by an earlier
+///         backward (run the forward again, or pass retain_graph), a backward returned the wrong
+///         number or shape of gradients, or (in anomaly mode) a gradient holds NaN or Inf.
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 
-// Number of live (not yet freed) entries on this thread's tape.
+/// Number of live (not yet freed) entries on this thread's tape.
 size_t tape_size();
-// Frees every entry without running backward (e.g. after an evaluation that forgot NoGrad).
+/// Frees every entry without running backward (after an evaluation that forgot NoGrad, say).
+/// Tensors recorded before it can no longer be differentiated.
 void clear_tape();
 
-// Memory the live tape keeps alive through saved tensors, per op name: each storage is counted
-// once, under the first entry (in tape order) that saves it. For finding what a model's
-// activations cost (bench/graft_bench --what train prints it with GRAFT_TAPE_REPORT=1).
+/// Memory the live tape keeps alive through saved tensors, for one op name (see
+/// saved_bytes_by_op()).
 struct SavedBytes {
-  std::string op;
+  std::string op;  ///< the op name
+  /// How many live entries of the op there are, and the bytes of the storages they save.
+  ///@{
   size_t entries = 0, bytes = 0;
+  ///@}
 };
+/// Memory the live tape keeps alive through saved tensors, per op name, most bytes first: each
+/// storage is counted once, under the first entry (in tape order) that saves it. For finding
+/// what a model's activations cost (bench/graft_bench --what train prints it with
+/// GRAFT_TAPE_REPORT=1).
 std::vector<SavedBytes> saved_bytes_by_op();
 
-// A rough per-op time profile of this thread, off by default. Forward: the time from the
-// previous record() to this op's record() (ops that record nothing are folded into the next one
-// that does); backward: each entry's backward function. For finding where a step goes
-// (bench/graft_bench --what train prints it with GRAFT_PROFILE=1).
+/// One op's line of profile_report().
+///
+/// A rough per-op time profile of this thread, off by default. Forward: the time from the
+/// previous record() to this op's record() (ops that record nothing are folded into the next one
+/// that does); backward: each entry's backward function. For finding where a step goes
+/// (bench/graft_bench --what train prints it with GRAFT_PROFILE=1).
 struct OpTime {
-  std::string op;
-  size_t calls = 0;
+  std::string op;    ///< the op name
+  size_t calls = 0;  ///< forward calls that recorded
+  /// Seconds spent in the forward and in the backward of the op.
+  ///@{
   double forward_s = 0, backward_s = 0;
+  ///@}
 };
+/// Starts (or stops) the per-op profile of this thread; see OpTime.
 void set_profiling(bool on);
-std::vector<OpTime> profile_report();  // sorted by total time; also resets the counters
+/// The profile so far, one OpTime per op, sorted by total time; also resets the counters.
+std::vector<OpTime> profile_report();
 
-// Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
-// can fail when an op has no gradcheck case.
+/// Declares op `name` of `family` (the ops/ file stem); always returns true, so it can
+/// initialise a static (GRAFT_DECLARE_OP). Declaring a name twice is harmless.
+///
+/// Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
+/// can fail when an op has no gradcheck case.
 bool declare_op(const char* name, const char* family);
+/// One declared op.
 struct OpDecl {
+  /// The op name and its family.
+  ///@{
   std::string name, family;
+  ///@}
 };
+/// Every op declared so far, in declaration order.
 const std::vector<OpDecl>& declared_ops();
 
 }  // namespace graft::autograd
 
 #define GRAFT_CONCAT_INNER(a, b) a##b
 #define GRAFT_CONCAT(a, b) GRAFT_CONCAT_INNER(a, b)
+/// Declares an op at namespace scope in its .cpp file: `GRAFT_DECLARE_OP("mul", "elementwise");`
+/// (see declare_op()); record() refuses an op that was never declared.
 #define GRAFT_DECLARE_OP(name, family)                          \
   [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
       ::graft::autograd::declare_op(name, family)

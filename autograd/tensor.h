@@ -1,8 +1,10 @@
-// Tensor: an N-d array handle (float32, float64 or int64) with shape, strides and a shared
-// storage, plus the autograd fields (requires_grad, grad, the tape entry that produced it).
-//
-// Views (reshape of contiguous data, permute/transpose, slice) share storage; every in-place
-// write bumps the storage's version counter so the tape can detect a saved tensor that changed.
+/// @file
+/// Tensor: an N-d array handle (float32, float64 or int64) with shape, strides and a shared
+/// storage, plus the autograd fields (requires_grad, grad, the tape entry that produced it);
+/// dtypes and shapes, the library's Error, seeded random numbers, creation and raw copies.
+///
+/// Views (reshape of contiguous data, permute/transpose, slice) share storage; every in-place
+/// write bumps the storage's version counter so the tape can detect a saved tensor that changed.
 #pragma once
 
 #include <cstdint>
@@ -11,181 +13,302 @@
 #include <string>
 #include <vector>
 
+/// graft: tensors, autograd, ops, layers and models. The autograd layer and the ops live in
+/// this namespace itself; nn and models in graft::nn and graft::models.
 namespace graft {
 
+/// Element type of a tensor: f32 (float), f64 (double: the reference precision of gradcheck)
+/// or i64 (int64_t: token ids, indices; never requires grad).
 enum class DType { f32, f64, i64 };
+/// Bytes per element: 4 for f32, 8 for f64 and i64.
 size_t dtype_size(DType dt);
+/// The dtype as text: "float32", "float64" or "int64".
 const char* dtype_name(DType dt);
+/// True for f32 and f64, the dtypes that can carry gradients.
 inline bool is_floating(DType dt) { return dt == DType::f32 || dt == DType::f64; }
 
+/// Sizes of a tensor's dimensions, outermost first; {} is a scalar (0-d).
 using Shape = std::vector<int64_t>;
-std::string shape_str(const Shape& s);  // "(2, 3)"
+/// A shape as text, such as "(2, 3)"; "()" for a scalar.
+std::string shape_str(const Shape& s);
+/// Number of elements (1 for a scalar).
+/// @throws graft::Error when a dimension is negative or the product exceeds 2^63 - 1.
 int64_t shape_numel(const Shape& s);
-// Counts with overflow checks: a result that does not fit int64 is an error naming `what`.
+/// a * b, for counts (elements, parameters, bytes) that must not wrap.
+/// @throws graft::Error "<what>: the count overflows int64" when the result does not fit int64.
 int64_t checked_mul(int64_t a, int64_t b, const char* what);
+/// a + b with the same overflow check as checked_mul().
+/// @throws graft::Error "<what>: the count overflows int64" when the result does not fit int64.
 int64_t checked_add(int64_t a, int64_t b, const char* what);
+/// Row-major strides (in elements) of a contiguous tensor of shape `s`: (2, 3, 4) -> (12, 4, 1).
+/// @throws graft::Error when a stride overflows int64.
 Shape contiguous_strides(const Shape& s);
-// A contiguous shape read as (outer, n, inner) around the axes [first, last]: outer = product of
-// the dims before first, n = product of first..last, inner = product of the dims after last.
+/// A contiguous shape read as (outer, n, inner) around the axes [first, last]: outer = product of
+/// the dims before first, n = product of first..last, inner = product of the dims after last.
+/// The form every reduction and axis op loops over.
 struct Split3 {
+  /// The three products; a part with no dims gives 1.
+  ///@{
   int64_t outer = 1, n = 1, inner = 1;
+  ///@}
 };
+/// `s` split as (outer, n, inner) around the axes [first, last]; see Split3. The axes must
+/// already be normalised (non-negative); they are not checked.
 Split3 split3(const Shape& s, int64_t first, int64_t last);
+/// `s` split around the single (non-negative) axis `axis`: split3(s, axis, axis).
 inline Split3 split3(const Shape& s, int64_t axis) { return split3(s, axis, axis); }
-// True when `from` broadcasts to `to` (NumPy rules: align right, each dim equal or 1).
+/// True when `from` broadcasts to `to` (NumPy rules: align right, each dim equal or 1).
 bool broadcasts_to(const Shape& from, const Shape& to);
 
-// Every error the library raises on bad input: the message names the op and the shapes.
+/// Every error the library raises on bad input: the message names the op and the shapes,
+/// as in "matmul: (2, 3) @ (4, 5): inner dims 3 != 4".
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// Throws graft::Error with message `msg`; the one place the library raises its errors.
+/// @throws graft::Error always.
 [[noreturn]] void fail(const std::string& msg);
-// Normalises a possibly negative axis against a rank, or throws "<op>: axis a out of range for rank r".
+/// Normalises a possibly negative axis against a rank (-1 is the last axis).
+/// @throws graft::Error "<op>: axis a out of range for rank r" unless -rank <= axis < rank.
 int64_t norm_axis(const char* op, int64_t axis, int64_t rank);
 
-// Raw, 64-byte aligned memory. The version counter is shared by all views of the storage.
+/// Raw, 64-byte aligned memory shared by a tensor and all its views. The version counter is
+/// shared by all views of the storage.
 struct Storage {
+  /// Allocates `nbytes` uninitialised bytes (big blocks are reused from a process-wide cache).
+  /// @throws std::bad_alloc when the memory cannot be had.
   explicit Storage(size_t nbytes);
+  /// Returns the memory (big blocks to the cache).
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
-  void* data = nullptr;
-  size_t nbytes = 0;
-  size_t capacity = 0;  // bytes actually allocated (>= nbytes; big blocks come from a cache)
-  uint64_t version = 0;
-  static size_t live_bytes();  // bytes held by all storages: lets tests check memory stays flat
-  static size_t peak_live_bytes();  // the most live_bytes() has been since reset_peak_live_bytes()
+  void* data = nullptr;  ///< the first byte (64-byte aligned)
+  size_t nbytes = 0;     ///< bytes requested
+  size_t capacity = 0;  ///< bytes actually allocated (>= nbytes; big blocks come from a cache)
+  uint64_t version = 0;  ///< bumped by every in-place write through any view (Tensor::bump_version)
+  static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
+  static size_t peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
+  /// Starts a new peak measurement at the current live_bytes().
   static void reset_peak_live_bytes();
-  static size_t cached_bytes();  // freed big blocks kept for reuse (not counted in live_bytes)
+  static size_t cached_bytes();  ///< freed big blocks kept for reuse (not counted in live_bytes)
 };
 
+/// The state behind a Tensor handle, shared by the handles that copy it. Library code reads it
+/// through Tensor's accessors; the tape fields belong to autograd.
 struct TensorImpl {
-  std::shared_ptr<Storage> storage;
-  int64_t offset = 0;  // in elements
+  std::shared_ptr<Storage> storage;  ///< the memory, shared with every view
+  int64_t offset = 0;  ///< in elements
+  /// Layout: the size and the stride (in elements) of each dimension.
+  ///@{
   Shape shape, strides;
-  DType dtype = DType::f32;
-  bool requires_grad = false;
-  std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves only)
-  // Tape position of the op that produced this tensor; -1 for leaves.
+  ///@}
+  DType dtype = DType::f32;     ///< element type
+  bool requires_grad = false;   ///< a gradient is wanted (leaf) or flows through it (op output)
+  std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves only)
+  /// Tape position of the op that produced this tensor; -1 for leaves.
   int64_t tape_index = -1;
+  /// Which tape generation tape_index refers to (clear_tape() starts a new one).
   uint64_t tape_epoch = 0;
-  int tape_slot = 0;
+  int tape_slot = 0;        ///< which output of its tape entry this tensor is
 };
 
+/// An N-d array handle: shape, strides, dtype and a shared Storage, plus the autograd state.
+/// Copying a Tensor copies the handle (both name the same data); views share storage. A
+/// default-constructed Tensor is undefined (defined() is false): the accessors other than
+/// defined(), impl() and impl_ptr() must not be called on it (they do not check).
 class Tensor {
  public:
+  /// An undefined tensor ("none": an absent optional input, a missing gradient).
   Tensor() = default;
+  /// A handle on existing state.
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
-  // Fresh contiguous, uninitialised storage.
+  /// Fresh contiguous, uninitialised storage.
+  /// @throws graft::Error when a dimension is negative, the size overflows, or the memory
+  ///         cannot be allocated.
   static Tensor empty(const Shape& shape, DType dt = DType::f32);
-  // A view on another tensor's storage.
+  /// A view on another tensor's storage (same dtype); `strides` and `offset` in elements.
+  /// Records nothing on the tape: the autograd-aware views are in ops/shape.h.
+  /// @throws graft::Error when shape and strides differ in rank or the view reaches outside
+  ///         the storage.
   static Tensor view_of(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
 
-  bool defined() const { return impl_ != nullptr; }
-  TensorImpl* impl() const { return impl_.get(); }
-  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool defined() const { return impl_ != nullptr; }  ///< false for a default-constructed tensor
+  TensorImpl* impl() const { return impl_.get(); }   ///< the shared state (null when undefined)
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }  ///< the owning pointer
 
-  const Shape& shape() const { return impl_->shape; }
-  const Shape& strides() const { return impl_->strides; }
-  int64_t offset() const { return impl_->offset; }
-  int64_t dim() const { return (int64_t)impl_->shape.size(); }
-  int64_t size(int64_t axis) const;  // negative axes count from the end
-  int64_t numel() const { return shape_numel(impl_->shape); }
-  DType dtype() const { return impl_->dtype; }
+  const Shape& shape() const { return impl_->shape; }      ///< size of each dimension
+  const Shape& strides() const { return impl_->strides; }  ///< in elements, per dimension
+  int64_t offset() const { return impl_->offset; }         ///< of element 0, in elements
+  int64_t dim() const { return (int64_t)impl_->shape.size(); }  ///< the rank (0 for a scalar)
+  /// Size of one dimension; negative axes count from the end.
+  /// @throws graft::Error when the axis is out of range.
+  int64_t size(int64_t axis) const;
+  int64_t numel() const { return shape_numel(impl_->shape); }  ///< number of elements
+  DType dtype() const { return impl_->dtype; }  ///< element type
+  /// True when the elements lie in row-major order without gaps (size-1 dims may have any stride).
   bool is_contiguous() const;
+  /// True when both tensors view the same Storage (possibly different parts of it).
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
 
-  // Typed pointer to element 0 of this view; throws if T does not match the dtype.
+  /// Typed pointer to element 0 of this view (T float, double or int64_t, optionally const);
+  /// index it with the strides.
+  /// @throws graft::Error when T does not match the dtype.
   template <class T>
   T* data() const;
+  /// Untyped pointer to element 0 of this view.
   void* raw() const;
 
-  // Scalar value of a one-element tensor, converted to double.
+  /// Scalar value of a one-element tensor, converted to double.
+  /// @throws graft::Error when the tensor does not have exactly one element.
   double item() const;
-  // Copy of the elements in row-major order, converted to T.
+  /// Copy of the elements in row-major order, converted to T (float, double or int64_t).
   template <class T>
   std::vector<T> to_vector() const;
 
-  // ---- autograd ----
+  /// True for a leaf that wants a gradient, or an op output that a gradient flows through.
   bool requires_grad() const { return impl_->requires_grad; }
-  // Marks a leaf as a parameter whose gradient should be accumulated.
+  /// Marks a leaf as a parameter whose gradient should be accumulated (or, with false, stops it).
+  /// @throws graft::Error for an int64 tensor, or for a tensor an op on the tape produced
+  ///         (detach() it first).
   Tensor& requires_grad_(bool on = true);
+  /// True when no op on the tape produced this tensor.
   bool is_leaf() const { return impl_->tape_index < 0; }
+  /// The gradient accumulated by backward() (leaves only); undefined when none arrived yet.
   Tensor grad() const;
+  /// Replaces the accumulated gradient (an undefined `g` drops it).
+  /// @throws graft::Error when `g` does not have this tensor's shape and dtype.
   void set_grad(const Tensor& g);
-  void zero_grad();  // drops the accumulated gradient
-  // Same storage, cut from the tape: no gradient flows through it.
+  void zero_grad();  ///< drops the accumulated gradient (grad() becomes undefined)
+  /// Same storage, cut from the tape: no gradient flows through it.
   Tensor detach() const;
-  // Reverse-mode pass from this tensor; a non-scalar needs an explicit upstream gradient.
+  /// Reverse-mode pass from this tensor (autograd::backward()); a non-scalar needs an explicit
+  /// upstream gradient of its shape and dtype. Without retain_graph each tape entry is freed
+  /// once its backward has run, so a second backward through it is an error.
+  /// @throws graft::Error when this tensor does not require grad, `grad` is missing or does not
+  ///         match, a saved tensor was modified in place since the forward, or an entry was
+  ///         already freed.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
-  // In-place writes must call this so the tape can detect stale saved tensors.
+  /// In-place writes must call this so the tape can detect stale saved tensors.
   void bump_version() const { ++impl_->storage->version; }
+  /// The storage's version counter (shared by all views).
   uint64_t version() const { return impl_->storage->version; }
 
-  std::string str(int max_elems = 16) const;  // "Tensor f32 (2, 3) [..]"
+  /// For printing: dtype, shape and the first `max_elems` values, such as
+  /// "Tensor f32 (2, 3) [1, 2, ...]".
+  std::string str(int max_elems = 16) const;
 
  private:
   std::shared_ptr<TensorImpl> impl_;
 };
+/// A list of tensors: op inputs and outputs, gradients, parameters.
 using Tensors = std::vector<Tensor>;
 
-std::string describe(const Tensor& t);  // "f32 (2, 3)"
+/// dtype and shape for messages, such as "f32 (2, 3)"; "undefined tensor" when `t` is undefined.
+std::string describe(const Tensor& t);
+/// dtype and shape for messages, such as "f32 (2, 3)".
 std::string describe(DType dt, const Shape& shape);
 
 // ---- seedable random numbers ----
-// splitmix64 counter stream: the same seed gives the same numbers whatever the thread count,
-// because every fill walks the elements in order on one thread.
+/// A seedable random number generator: a splitmix64 counter stream. The same seed gives the
+/// same numbers whatever the thread count, because every fill walks the elements in order on
+/// one thread. Its whole state is one word (state()/set_state() save and restore it exactly).
 class Generator {
  public:
+  /// A generator starting from `seed`.
   explicit Generator(uint64_t seed = 0x9E3779B97F4A7C15ull) : state_(seed) {}
-  uint64_t next_u64();
-  double uniform();  // [0, 1)
-  double normal();   // standard normal (Box-Muller, no cached second value: state is one word)
-  uint64_t below(uint64_t n);  // unbiased integer in [0, n)
-  uint64_t state() const { return state_; }
-  void set_state(uint64_t s) { state_ = s; }
+  uint64_t next_u64();  ///< the next 64 random bits
+  double uniform();  ///< uniform in [0, 1), 53 random bits
+  double normal();   ///< standard normal (Box-Muller, no cached second value: state is one word)
+  /// Unbiased integer in [0, n) (rejection sampling, no modulo bias).
+  /// @throws graft::Error when n is 0.
+  uint64_t below(uint64_t n);
+  uint64_t state() const { return state_; }  ///< the whole state, to save
+  void set_state(uint64_t s) { state_ = s; }  ///< restores a state from state()
 
  private:
   uint64_t state_;
 };
+/// The process-wide generator (seed 42) that creation and layers use when given none. Not
+/// synchronised: draw from it on one thread at a time.
 Generator& default_generator();
+/// Restarts default_generator() from `seed`.
 void manual_seed(uint64_t seed);
 
 // ---- creation ----
+/// A fresh tensor of zeros.
+/// @throws graft::Error for a negative dimension or a size that overflows.
 Tensor zeros(const Shape& shape, DType dt = DType::f32);
+/// A fresh tensor of ones.
+/// @throws graft::Error for a negative dimension or a size that overflows.
 Tensor ones(const Shape& shape, DType dt = DType::f32);
+/// A fresh tensor with every element `value` (converted to dt).
+/// @throws graft::Error for a bad shape, or a value that does not fit an int64 tensor.
 Tensor full(const Shape& shape, double value, DType dt = DType::f32);
+/// start, start + step, ... (< end for a positive step, > end for a negative one): a 1-D tensor
+/// of ceil((end - start) / step) elements, or none.
+/// @throws graft::Error when step is 0, or a value does not fit an int64 tensor.
 Tensor arange(double start, double end, double step = 1.0, DType dt = DType::f32);
+/// 0, 1, ..., n - 1 as a 1-D tensor (int64 by default).
 Tensor arange(int64_t n, DType dt = DType::i64);
+/// A 0-d tensor holding `value`.
 Tensor scalar(double value, DType dt = DType::f32);
+/// A fresh tensor of `shape` and dtype `dt` filled from `values` in row-major order (T float,
+/// double, int64_t or int; integer values into int64 are exact beyond 2^53).
+/// @throws graft::Error when values.size() is not the number of elements of `shape`, or a
+///         value does not fit an int64 tensor.
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dt);
+/// A float32 tensor from `values` (row-major).
+/// @throws graft::Error when values.size() does not match `shape`.
 Tensor from_vector(const std::vector<float>& values, const Shape& shape);
+/// A float64 tensor from `values` (row-major).
+/// @throws graft::Error when values.size() does not match `shape`.
 Tensor from_vector(const std::vector<double>& values, const Shape& shape);
+/// An int64 tensor from `values` (row-major).
+/// @throws graft::Error when values.size() does not match `shape`.
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape);
+/// Uniform in [lo, hi), drawn from `gen` in element order.
+/// @throws graft::Error for a bad shape.
 Tensor rand(const Shape& shape, DType dt = DType::f32, Generator& gen = default_generator(),
             double lo = 0.0, double hi = 1.0);
+/// Normal with the given mean and standard deviation, drawn from `gen` in element order.
+/// @throws graft::Error for a bad shape.
 Tensor randn(const Shape& shape, DType dt = DType::f32, Generator& gen = default_generator(),
              double mean = 0.0, double std = 1.0);
 
 // Copies without recording on the tape (the autograd-aware versions live in ops/shape.h).
-Tensor contiguous_copy(const Tensor& t);       // always a fresh contiguous tensor
-Tensor cast_copy(const Tensor& t, DType dt);   // fresh contiguous tensor of another dtype
-void copy_into(const Tensor& dst, const Tensor& src);  // same shape, any strides and dtypes
-// dst += src, same shape; dst contiguous. Used to accumulate gradients.
+/// A fresh contiguous copy of `t`, not recorded on the tape (ops/shape.h has contiguous()).
+Tensor contiguous_copy(const Tensor& t);
+/// A fresh contiguous copy of `t` converted to `dt`, not recorded (ops/shape.h has to_dtype()).
+/// @throws graft::Error when a float value does not fit int64 (NaN, +-inf, out of range).
+Tensor cast_copy(const Tensor& t, DType dt);
+/// Copies src's elements into dst (same shape, any strides and dtypes), converting; not
+/// recorded; bumps dst's version.
+/// @throws graft::Error when the shapes differ, or a float value does not fit an int64 dst.
+void copy_into(const Tensor& dst, const Tensor& src);
+/// dst += src, same shape; dst contiguous. Used to accumulate gradients. Not recorded; bumps
+/// dst's version.
+/// @throws graft::Error unless dst and src have the same shape and float dtype and dst is
+///         contiguous.
 void accumulate_into(const Tensor& dst, const Tensor& src);
-void fill_(const Tensor& t, double value);  // in place; bumps the version
-// Sum of a float x over `axes` (sorted, distinct), kept as size-1 dims, times scale: a fresh
-// contiguous tensor, not recorded. Parallel over output elements, each summed in index order, so
-// the result does not depend on the thread count. The reduce ops and the tape both use it.
+/// Sets every element of `t` (any strides) to `value`, in place; not recorded; bumps the version.
+/// @throws graft::Error when `value` does not fit an int64 tensor.
+void fill_(const Tensor& t, double value);
+/// Sum of a float x over `axes` (sorted, distinct), kept as size-1 dims, times scale: a fresh
+/// contiguous tensor, not recorded. Parallel over output elements, each summed in index order, so
+/// the result does not depend on the thread count. The reduce ops and the tape both use it.
+/// x (...) -> (... with each axis in `axes` of size 1).
+/// @throws graft::Error when x is not float.
 Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale = 1.0);
-// x summed down to `shape`, which must broadcast to x's shape; not recorded. The tape uses it to
-// reduce a gradient of a broadcast shape to its input's shape.
+/// x summed down to `shape`, which must broadcast to x's shape; not recorded. The tape uses it to
+/// reduce a gradient of a broadcast shape to its input's shape. Returns x itself when the shapes
+/// are equal.
+/// @throws graft::Error (naming "sum_to") when `shape` does not broadcast to x's shape.
 Tensor sum_to_shape(const Tensor& x, const Shape& shape);
 
-// Visits every element offset (in elements, relative to data<T>()) of a strided view in
-// row-major order.
+/// Visits every element offset (in elements, relative to data<T>()) of a strided view in
+/// row-major order: f(int64_t offset) once per element, nothing for an empty shape.
 template <class F>
 void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
   const int64_t n = shape_numel(shape);
@@ -209,7 +332,10 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
   }
 }
 
-// Calls f.template operator()<T>() with T the C++ type of a floating dtype.
+/// Runs the lambda given as the last argument with `T` the C++ type of the floating dtype `dt`
+/// (float or double) in scope, and returns its result: write
+/// `GRAFT_DISPATCH_FLOAT(x.dtype(), "myop", [&] { loop<T>(x); });`.
+/// @throws graft::Error "<opname>: expected a float32 or float64 tensor, got int64" otherwise.
 #define GRAFT_DISPATCH_FLOAT(dt, opname, ...)                                          \
   [&] {                                                                                \
     if ((dt) == ::graft::DType::f32) {                                                 \

@@ -1,5 +1,6 @@
-// One JSON reader for the model configs (Transformer, LM, classifier): every missing, mistyped
-// or out-of-range field is an error naming the field and where it came from (e.g. the file).
+/// @file
+/// One JSON reader for the model configs (Transformer, LM, classifier): every missing, mistyped
+/// or out-of-range field is an error naming the field and where it came from (such as the file).
 #pragma once
 
 #include <cstdint>
@@ -12,14 +13,21 @@
 #include "graft/nn/positions.h"
 #include "graft/nn/transformer.h"
 
+/// The models (Transformer, decoder-only LM, encoder classifier), their configs, decoding and
+/// loading from a run directory.
 namespace graft::models {
 
+/// Reads the fields of one JSON object (a config's "model" section); every error is
+/// `<where>: field "<name>" ...` (see bad()).
 class ConfigReader {
  public:
+  /// Reads from `j` (kept by reference: it must outlive the reader); `where` names it in errors.
   ConfigReader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
-  // Required field, of exactly the JSON type T needs (nn::json_complaint): 2.5 is not an
-  // integer, -1 is not an unsigned seed, "3" is not a number.
+  /// Required field, of exactly the JSON type T needs (nn::json_complaint): 2.5 is not an
+  /// integer, -1 is not an unsigned seed, "3" is not a number.
+  /// @throws graft::Error when the section is not an object, or the field is missing or of
+  ///         the wrong type.
   template <class T>
   void get(const char* name, T& v) const {
     if (!j_.is_object()) bad(name, "cannot be read: the section is not a JSON object");
@@ -27,17 +35,27 @@ class ConfigReader {
     if (std::string c = nn::json_complaint<T>(j_[name]); !c.empty()) bad(name, c);
     v = j_[name].get<T>();
   }
-  // Optional field: left as is when absent.
+  /// Optional field: left as is when absent.
+  /// @throws graft::Error when the field is present but of the wrong type.
   template <class T>
   void get_or_keep(const char* name, T& v) const {
     if (j_.contains(name)) get(name, v);
   }
-  // A size in [1, max].
+  /// A required size in [1, max].
+  /// @throws graft::Error when missing, not an integer, or out of range.
   void size(const char* name, int64_t& v, int64_t max = int64_t(1) << 24) const;
-  void probability(const char* name, double& v) const;  // in [0, 1)
-  DType dtype(const char* name) const;                  // "float32" | "float64"
-  // "positions" (+ rope_base, relative_buckets, relative_max_distance), each optional.
+  /// A required probability in [0, 1).
+  /// @throws graft::Error when missing, not a number, or out of range.
+  void probability(const char* name, double& v) const;
+  /// An optional dtype, "float32" (the default) or "float64".
+  /// @throws graft::Error for another value.
+  DType dtype(const char* name) const;
+  /// "positions" (+ rope_base, relative_buckets, relative_max_distance), each optional.
+  /// @throws graft::Error for an unknown kind, rope_base <= 1, relative_buckets outside
+  ///         [4, 4096] or relative_max_distance outside [1, 2^24].
   void positions(nn::PositionOptions& p) const;
+  /// Throws the reader's error for field `name`: `<where>: field "<name>" <why>`.
+  /// @throws graft::Error always.
   [[noreturn]] void bad(const char* name, const std::string& why) const;
 
  private:
@@ -45,44 +63,66 @@ class ConfigReader {
   std::string where_;
 };
 
-// The same fields written back.
+/// The fields ConfigReader::positions() reads, written back.
 nlohmann::json positions_json(const nn::PositionOptions& p);
 
-// What the single-stack models (DecoderOnlyLM, EncoderClassifier) share: sizes, dropout,
-// positions, LayerNorm placement, pad id, dtype, seed. Their configs derive from it.
+/// What the single-stack models (DecoderOnlyLM, EncoderClassifier) share: sizes, dropout,
+/// positions, LayerNorm placement, pad id, dtype, seed. Their configs derive from it.
 struct StackConfig {
+  /// Vocabulary size, model width, attention heads (dividing d_model), FFN width, number of
+  /// layers, and the longest sequence (the learned or precomputed position table).
+  ///@{
   int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
-  double dropout = 0.1;
-  nn::PositionOptions positions;
-  bool norm_first = false;
-  int64_t pad_id = 0;
-  DType dtype = DType::f32;
-  uint64_t seed = 1;
+  ///@}
+  double dropout = 0.1;  ///< on the embeddings and in every layer
+  nn::PositionOptions positions;  ///< the positional encoding and its settings
+  bool norm_first = false;  ///< pre-LN (true) or post-LN (false)
+  int64_t pad_id = 0;  ///< the padding token, in [0, vocab)
+  DType dtype = DType::f32;  ///< of every parameter
+  uint64_t seed = 1;  ///< initialisation and dropout masks
 
+  /// The fields as JSON (read_stack() reads them back).
   nlohmann::json stack_json() const;
-  int64_t stack_parameters(bool final_norm) const;  // embedding + positions + the layers
-  void read_stack(const ConfigReader& r);  // every field required, range-checked
+  /// Parameter count of embedding + positions + the layers (+ a final LayerNorm when
+  /// final_norm), without building anything.
+  /// @throws graft::Error when the count overflows int64.
+  int64_t stack_parameters(bool final_norm) const;
+  /// Reads every field (required, range-checked; dtype and the position settings optional).
+  /// @throws graft::Error naming the field for a missing, mistyped or out-of-range value, heads
+  ///         not dividing d_model, or pad_id outside [0, vocab).
+  void read_stack(const ConfigReader& r);
+  /// The LayerConfig of each layer.
   nn::LayerConfig layer() const;
 };
 
-// What a config costs before the model is built: its parameter count (each config's
-// parameter_count(), equal to the built model's num_parameters(); tested) and the buffer
-// elements (the sinusoid table). Errors on int64 overflow.
+/// Parameters of the token embedding and, for learned positions, the position table.
+///
+/// What a config costs before the model is built: its parameter count (each config's
+/// parameter_count(), equal to the built model's num_parameters(); tested) and the buffer
+/// elements (the sinusoid table). Errors on int64 overflow.
+/// @throws graft::Error when the count overflows int64.
 int64_t embedding_parameters(int64_t vocab, int64_t d_model, int64_t max_len, nn::Positions kind);
+/// Buffer elements (the sinusoid table; 0 for other kinds), see embedding_parameters().
+/// @throws graft::Error when the count overflows int64.
 int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind);
 
-// Refuses, naming `where` (the config file), a model that would not fit in this machine's memory
-// (the smaller of physical memory and the cgroup limit): for training (copies = 4: weights,
-// gradients and Adam's two moments) or inference (copies = 1), plus the buffers. Checked
-// before any module is built, so a config with 10^9 layers fails in microseconds.
+/// Refuses, naming `where` (the config file), a model that would not fit in this machine's memory
+/// (the smaller of physical memory and the cgroup limit): for training (copies = 4: weights,
+/// gradients and Adam's two moments) or inference (copies = 1), plus the buffers. Checked
+/// before any module is built, so a config with 10^9 layers fails in microseconds.
+/// @throws graft::Error "<where>: the config describes a model of ..." when it does not fit,
+///         or "model size: the count overflows int64".
 void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies = 4);
 
-// Loading: the weights file must hold exactly the parameters the config describes, checked
-// before the model is built (config_path and weights_path are named in the error).
+/// Loading: the weights file must hold exactly the parameters the config describes, checked
+/// before the model is built (config_path and weights_path are named in the error).
+/// @throws graft::Error when the element counts differ.
 void check_weights_count(int64_t parameters, const std::vector<std::pair<std::string, Tensor>>& weights,
                          const std::string& config_path, const std::string& weights_path);
 
-// check_model_memory for any family's config.
+/// check_model_memory for any family's config (a type with parameter_count(), d_model,
+/// max_len, positions and dtype).
+/// @throws graft::Error naming `where` when the model does not fit or its size overflows.
 template <class Config>
 void check_config_memory(const Config& c, const std::string& where, int copies = 4) {
   try {
@@ -95,9 +135,10 @@ void check_config_memory(const Config& c, const std::string& where, int copies =
   }
 }
 
-// A run directory's weights for config c, in the order that keeps a bad directory from costing
-// anything: the weights file (its checksum, its fingerprints of the tied files), then the
-// config's sizes against it and against memory. Build the model only after this.
+/// A run directory's weights for config c, in the order that keeps a bad directory from costing
+/// anything: the weights file (its checksum, its fingerprints of the tied files), then the
+/// config's sizes against it and against memory. Build the model only after this.
+/// @throws graft::Error from nn::load_weights(), check_weights_count() or check_config_memory().
 template <class Config>
 std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, const std::string& config_path,
                                                              const std::string& weights_path,
@@ -108,7 +149,8 @@ std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, co
   return w;
 }
 
-// A model's token ids: int64 (B, T), else an error naming `who` and the tensor.
+/// A model's token ids: int64 (B, T), else an error naming `who` and the tensor.
+/// @throws graft::Error "<who>: token ids must be int64 (B, T), got ...".
 void check_token_ids(const char* who, const Tensor& ids);
 
 }  // namespace graft::models

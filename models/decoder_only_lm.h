@@ -1,6 +1,7 @@
-// Decoder-only language model (GPT-style, pre-LN by default): a causal self-attention block
-// stack (nn::CausalStack), a final LayerNorm and logits through the tied embedding.
-// ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
+/// @file
+/// Decoder-only language model (GPT-style, pre-LN by default): a causal self-attention block
+/// stack (nn::CausalStack), a final LayerNorm and logits through the tied embedding.
+/// ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,35 +12,56 @@
 
 namespace graft::models {
 
+/// The LM's config: a StackConfig with learned positions and pre-LN by default.
 struct LMConfig : StackConfig {
+  /// The defaults of StackConfig, but learned positions and pre-LN.
   LMConfig() {
     positions.kind = nn::Positions::learned;
     norm_first = true;
   }
+  /// The fields as JSON (from_json() reads them back).
   nlohmann::json to_json() const { return stack_json(); }
+  /// num_parameters() of the model it builds, without building it.
+  /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const { return stack_parameters(/*final_norm=*/true); }
-  // Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
+  /// Reads a config written by to_json().
+  /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
+  /// @throws graft::Error as StackConfig::read_stack().
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
 };
 
+/// The decoder-only language model (see the file's description). Parameters: "embedding.weight"
+/// (V, d), "pos.weight" (learned positions), "blocks.layers.<i>.*", "blocks.norm.*".
 class DecoderOnlyLM : public nn::Module {
  public:
+  /// Builds the model of config c, initialised from c.seed (embedding N(0, 0.02^2)).
+  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings).
   explicit DecoderOnlyLM(const LMConfig& c);
-  Tensor forward(const Tensor& ids) const;                  // logits (B, T, V)
-  Tensor embed(const Tensor& ids, int64_t start = 0) const;  // embedding + positions + dropout
-  Tensor logits(const Tensor& h) const;                     // through the tied embedding
-  LMConfig cfg;
-  Generator dropout_gen;
-  std::shared_ptr<nn::Embedding> embedding;
-  std::shared_ptr<nn::EmbeddingPositions> pos;  // "pos.weight" when learned
-  std::shared_ptr<nn::Dropout> dropout;
-  std::shared_ptr<nn::CausalStack> blocks;  // with the final LayerNorm (and rope/alibi/relative)
+  /// ids (B, T) int64 -> logits (B, T, V); ids equal to pad_id are masked as keys.
+  /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned
+  ///         positions) T > max_len.
+  Tensor forward(const Tensor& ids) const;
+  /// ids (B, T) at positions start.. -> (B, T, d): embedding + positions + dropout.
+  /// @throws graft::Error as forward().
+  Tensor embed(const Tensor& ids, int64_t start = 0) const;
+  /// h (B, T, d) -> logits (B, T, V) through the tied embedding.
+  Tensor logits(const Tensor& h) const;
+  LMConfig cfg;  ///< the config it was built from
+  Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
+  std::shared_ptr<nn::Embedding> embedding;  ///< "embedding": tokens in, logits out (tied)
+  std::shared_ptr<nn::EmbeddingPositions> pos;  ///< "pos.weight" when learned
+  std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
+  std::shared_ptr<nn::CausalStack> blocks;  ///< with the final LayerNorm (and rope/alibi/relative)
 };
 
-// Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,
-// beam or sampling as the options say, through models/decoding with a KV cache (or, with
-// o.use_cache false, re-running the whole prefix). Stops a row at eos (eos < 0: never). Each
-// result is the generated tokens only.
+/// Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,
+/// beam or sampling as the options say, through models/decoding with a KV cache (or, with
+/// o.use_cache false, re-running the whole prefix). Stops a row at eos (eos < 0: never). Each
+/// result is the generated tokens only. Runs under NoGrad with the model in eval mode (its
+/// mode is restored afterwards).
+/// @throws graft::Error for bad options, no prompt or an empty one, prompts of different
+///         lengths, an id outside the vocabulary, or (learned positions) prompt + max_len
+///         beyond the config's max_len.
 Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts,
                    int64_t eos, const DecodeOptions& o);
 

@@ -1,7 +1,8 @@
-// Decoding, written once for every generative model against a small step interface: greedy,
-// beam search (GNMT length penalty) and sampling (temperature, top-k, top-p, combinable, drawn
-// from a seeded Generator). A model plugs in by implementing DecodeStep (the encoder-decoder
-// Transformer in models/transformer.cpp).
+/// @file
+/// Decoding, written once for every generative model against a small step interface: greedy,
+/// beam search (GNMT length penalty) and sampling (temperature, top-k, top-p, combinable, drawn
+/// from a seeded Generator). A model plugs in by implementing DecodeStep (the encoder-decoder
+/// Transformer in models/transformer.cpp, the decoder-only LM in models/decoder_only_lm.cpp).
 #pragma once
 
 #include <vector>
@@ -10,55 +11,73 @@
 
 namespace graft::models {
 
+/// How sampling picks a token (DecodeOptions::sample); the three filters combine.
 struct SamplingOptions {
-  double temperature = 1.0;  // > 0; logits are divided by it
-  int64_t top_k = 0;         // keep the k most likely tokens (0: all)
-  double top_p = 1.0;        // then the smallest set whose probability reaches p, in (0, 1]
+  double temperature = 1.0;  ///< > 0; logits are divided by it
+  int64_t top_k = 0;         ///< keep the k most likely tokens (0: all)
+  double top_p = 1.0;        ///< then the smallest set whose probability reaches p, in (0, 1]
 };
 
+/// How decode() continues the rows: greedy, beam search or sampling, and for how long.
 struct DecodeOptions {
-  int64_t max_len = 64;         // new tokens at most
-  int beam = 1;                 // 1: greedy (or sampling)
-  double length_penalty = 1.0;  // GNMT-style ((5 + len) / 6)^alpha on the log-probability
-  bool use_cache = true;        // false: re-run the decoder over the whole prefix each step
-  bool stop_at_eos = true;      // false: always generate max_len tokens (benchmarks)
-  bool sample = false;          // draw each token instead of taking the most likely one
-  SamplingOptions sampling;
-  uint64_t seed = 0;            // the sampling generator's seed: same seed, same tokens
+  int64_t max_len = 64;         ///< new tokens at most
+  int beam = 1;                 ///< 1: greedy (or sampling)
+  double length_penalty = 1.0;  ///< GNMT-style ((5 + len) / 6)^alpha on the log-probability
+  bool use_cache = true;        ///< false: re-run the decoder over the whole prefix each step
+  bool stop_at_eos = true;      ///< false: always generate max_len tokens (benchmarks)
+  bool sample = false;          ///< draw each token instead of taking the most likely one
+  SamplingOptions sampling;  ///< the sampling filters (when sample is set)
+  uint64_t seed = 0;            ///< the sampling generator's seed: same seed, same tokens
 };
 
-// Throws naming the option (temperature, top_k, top_p, beam, max_len) for values a decoder must
-// not receive: temperature <= 0 or not finite, top_k < 0, top_p outside (0, 1], beam < 1,
-// sampling together with a beam.
+/// Checks the options before any decoding work.
+/// Throws naming the option (temperature, top_k, top_p, beam, max_len) for values a decoder must
+/// not receive: temperature <= 0 or not finite, top_k < 0, top_p outside (0, 1], beam < 1,
+/// sampling together with a beam.
+/// @throws graft::Error "decode: ..." for max_len < 1 and the values above.
 void check_decode_options(const DecodeOptions& o);
 
-// The distribution sampling draws from for one row of logits: softmax(logits / temperature)
-// restricted to the top_k most likely tokens, then to the smallest set of the most likely whose
-// probability sum reaches top_p, renormalised; zeros elsewhere. Ties rank the lower id first.
+/// The distribution sampling draws from for one row of logits: softmax(logits / temperature)
+/// restricted to the top_k most likely tokens, then to the smallest set of the most likely whose
+/// probability sum reaches top_p, renormalised; zeros elsewhere. Ties rank the lower id first.
+/// The options are not checked here (check_decode_options() does).
+/// @throws graft::Error when logits is empty.
 std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o);
-// One draw from sampling_distribution (one gen.uniform()).
+/// One draw from sampling_distribution (one gen.uniform()).
+/// @throws graft::Error when logits is empty.
 int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o, Generator& gen);
 
-// What decoding needs from a model.
+/// What decoding needs from a model.
 class DecodeStep {
  public:
   virtual ~DecodeStep() = default;
-  // Logits of the next token for every row (rows, V), given each row's tokens so far (starting
-  // with BOS; with a cache only the newest one is new).
+  /// Logits of the next token for every row (rows, V), given each row's tokens so far (starting
+  /// with BOS; with a cache only the newest one is new).
   virtual Tensor next_logits(const std::vector<std::vector<int64_t>>& prefix) = 0;
-  // Keep only the given rows, in this order (beam search reorders and copies rows).
+  /// Keep only the given rows, in this order (beam search reorders and copies rows).
   virtual void select(const std::vector<int64_t>& rows) = 0;
 };
 
+/// Token id sequences, one per row.
 using Sequences = std::vector<std::vector<int64_t>>;
 
-// Continues each row of `start` (its first tokens: BOS for a translation, a prompt for a
-// language model; all rows of one length); each result is the generated tokens only, cut at
-// (and excluding) EOS (eos < 0: never stops early). Dispatches on o.sample and o.beam; runs
-// under NoGrad.
+/// Continues each row of `start` (its first tokens: BOS for a translation, a prompt for a
+/// language model; all rows of one length); each result is the generated tokens only, cut at
+/// (and excluding) EOS (eos < 0: never stops early). Dispatches on o.sample and o.beam; runs
+/// under NoGrad.
+/// @throws graft::Error for bad options (check_decode_options()), no rows, an empty first row,
+///         or rows of different lengths; and whatever the step throws.
 Sequences decode(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+/// decode() taking the most likely token at each step (o.beam and o.sample are ignored).
+/// @throws graft::Error as decode().
 Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+/// decode() drawing each token from sampling_distribution() with a Generator seeded by o.seed
+/// (o.beam is ignored).
+/// @throws graft::Error as decode().
 Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+/// decode() keeping the o.beam best continuations of each row by log-probability, the result
+/// chosen with the GNMT length penalty (o.length_penalty); o.sample is not consulted.
+/// @throws graft::Error as decode().
 Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
 
 }  // namespace graft::models

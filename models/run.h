@@ -17,7 +17,7 @@
 namespace graft::models {
 
 /// The "model" section of a run's config.json.
-/// @throws graft::Error "<who>: '<config_path>' has no "model" section" when it is missing.
+/// @throws graft::Error naming `who` and `config_path` when the section is missing.
 inline const nlohmann::json& model_section(const nlohmann::json& config, const std::string& config_path,
                                            const std::string& who) {
   if (!config.is_object() || !config.contains("model"))
@@ -33,6 +33,8 @@ struct LoadedModel {
   nlohmann::json config;         ///< run_dir/config.json as read
 };
 
+/// Loads a trained model and its config from a run directory.
+///
 /// Loads run_dir/config.json and run_dir/model.safetensors into a Model (Transformer,
 /// DecoderOnlyLM or EncoderClassifier), in the order that keeps a bad directory from costing
 /// anything: the config's "model" section, then the weights (checksum, and the fingerprints of

@@ -1,8 +1,15 @@
-// The encoder-decoder Transformer (seeds 000-004) with one shared source/target embedding tied
-// to the output projection:
-//   X = Dropout(E[src] * sqrt(d) + PE),  H = Encoder(X)
-//   Y = Dropout(E[tgt_in] * sqrt(d) + PE),  logits = Decoder(Y, H) E^T
-// src (B, S), tgt_in (B, T) int64 ids with pad_id for padding -> logits (B, T, V).
+/// @file
+/// The encoder-decoder Transformer (seeds 000-004) with one shared source/target embedding tied
+/// to the output projection. In formulas:
+/// @code
+///   X = Dropout(E[src] * sqrt(d) + PE),  H = Encoder(X)
+///   Y = Dropout(E[tgt_in] * sqrt(d) + PE),  logits = Decoder(Y, H) E^T
+/// @endcode
+/// src (B, S), tgt_in (B, T) int64 ids with pad_id for padding -> logits (B, T, V).
+///
+/// state_dict() names, shapes and layouts of the stacks follow nn.Transformer's state_dict
+/// ("encoder.layers.0.self_attn.in_proj_weight" ...); the shared embedding is "embedding.weight"
+/// and the output projection is tied to it (no separate tensor).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -12,69 +19,106 @@
 
 namespace graft::models {
 
+/// The Transformer's sizes and options (its config.json "model" section).
 struct TransformerConfig {
+  /// Vocabulary size (shared by source and target), model width, attention heads (dividing
+  /// d_model), FFN width, and the number of encoder and decoder layers.
+  ///@{
   int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, enc_layers = 2, dec_layers = 2;
-  int64_t max_len = 256;
-  double dropout = 0.1;
-  bool norm_first = false;  // post-LN (false) or pre-LN (true)
-  bool final_norm = true;   // LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
-  nn::PositionOptions positions;  // kind (sinusoidal, learned, rope, alibi, relative) + settings
-  double attention_dropout = 0.0;  // on the attention probabilities (nn::LayerConfig)
-  nn::Activation activation = nn::Activation::relu;
+  ///@}
+  int64_t max_len = 256;  ///< the longest sequence with learned positions (the table's size)
+  double dropout = 0.1;  ///< on the embeddings and in every layer
+  bool norm_first = false;  ///< post-LN (false) or pre-LN (true)
+  bool final_norm = true;   ///< LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
+  nn::PositionOptions positions;  ///< kind (sinusoidal, learned, rope, alibi, relative) + settings
+  double attention_dropout = 0.0;  ///< on the attention probabilities (nn::LayerConfig)
+  nn::Activation activation = nn::Activation::relu;  ///< the FFN's activation
+  /// The padding, begin-of-sequence and end-of-sequence token ids, each in [0, vocab).
+  ///@{
   int64_t pad_id = 0, bos_id = 2, eos_id = 3;
-  DType dtype = DType::f32;
-  uint64_t seed = 1;
+  ///@}
+  DType dtype = DType::f32;  ///< of every parameter
+  uint64_t seed = 1;  ///< initialisation and dropout masks
 
-  nlohmann::json to_json() const;
-  int64_t parameter_count() const;  // num_parameters() of the model it builds, without building it
-  // Errors name the field and `where` (e.g. the file) for a missing, mistyped or out-of-range value.
+  nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
+  /// num_parameters() of the model it builds, without building it.
+  /// @throws graft::Error when the count overflows int64.
+  int64_t parameter_count() const;
+  /// Reads a config written by to_json() (older configs with "learned_pos" too).
+  /// Errors name the field and `where` (e.g. the file) for a missing, mistyped or out-of-range value.
+  /// @throws graft::Error naming the field, or for heads not dividing d_model.
   static TransformerConfig from_json(const nlohmann::json& j, const std::string& where = "TransformerConfig");
+  /// The LayerConfig of each encoder and decoder layer.
   nn::LayerConfig layer() const;
 };
 
-// tiny (128, 4 heads, FFN 512, 2+2), small (256, 4, 1024, 3+3), base (512, 8, 2048, 6+6),
-// big (1024, 16, 4096, 6+6). Throws naming the known presets for an unknown name.
+/// A config of a named size, other fields at their defaults: tiny (128, 4 heads, FFN 512, 2+2),
+/// small (256, 4, 1024, 3+3), base (512, 8, 2048, 6+6), big (1024, 16, 4096, 6+6).
+/// @throws graft::Error naming the known presets for an unknown name.
 TransformerConfig preset(const std::string& name, int64_t vocab);
 
+/// The encoder-decoder Transformer (see the file's description). Initialised as nn.Transformer
+/// (Xavier-uniform matrices in the stacks), the shared embedding from N(0, 1/d).
 class Transformer : public nn::Module {
  public:
+  /// Builds the model of config c, initialised from c.seed.
+  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings).
   explicit Transformer(const TransformerConfig& c);
-  // scaled embedding (+ sinusoidal/learned positions start..) + dropout
+  /// ids (B, T) at positions start.. -> (B, T, d): scaled embedding (+ sinusoidal/learned
+  /// positions start..) + dropout.
+  /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned
+  ///         positions) start + T > max_len.
   Tensor embed(const Tensor& ids, int64_t start = 0) const;
-  Tensor encode(const Tensor& src) const;                    // (B, S, d)
+  /// src (B, S) -> memory (B, S, d), the encoder output.
+  /// @throws graft::Error as embed().
+  Tensor encode(const Tensor& src) const;
+  /// memory (B, S, d), src (B, S), tgt_in (B, T) -> logits (B, T, V); cross_weights, when
+  /// given, receives each decoder layer's cross-attention weights (B, H, T, S).
+  /// @throws graft::Error when src and tgt_in differ in batch size, or as embed().
   Tensor decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
-                Tensors* cross_weights = nullptr) const;      // logits (B, T, V)
+                Tensors* cross_weights = nullptr) const;
+  /// src (B, S), tgt_in (B, T) -> logits (B, T, V): decode(encode(src), src, tgt_in).
+  /// @throws graft::Error as decode().
   Tensor forward(const Tensor& src, const Tensor& tgt_in) const { return decode(encode(src), src, tgt_in); }
-  // Teacher-forced training loss: cross_entropy(forward(src, tgt_in), tgt_out) with label
-  // smoothing, pad targets ignored, computed by linear_cross_entropy (the (B*T, V) logits are
-  // never held). tgt_out (B, T) int64.
+  /// Teacher-forced training loss: cross_entropy(forward(src, tgt_in), tgt_out) with label
+  /// smoothing, pad targets ignored, computed by linear_cross_entropy (the (B*T, V) logits are
+  /// never held). tgt_out (B, T) int64.
+  /// @throws graft::Error when tgt_out's shape differs from tgt_in's, a target is outside
+  ///         [0, V), or as decode().
   Tensor loss(const Tensor& src, const Tensor& tgt_in, const Tensor& tgt_out,
               double label_smoothing = 0.0) const;
+  /// The decoder output before the logits: memory (B, S, d), src (B, S), tgt_in (B, T) ->
+  /// (B, T, d).
+  /// @throws graft::Error as decode().
   Tensor decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
-                        Tensors* cross_weights = nullptr) const;  // (B, T, d), before logits
-  Tensor logits(const Tensor& h) const;  // h (B, T, d) -> (B, T, V) through the tied embedding
-  Tensor pad_mask(const Tensor& ids) const;  // (B, T) int64, 1 at pad
+                        Tensors* cross_weights = nullptr) const;
+  Tensor logits(const Tensor& h) const;  ///< h (B, T, d) -> (B, T, V) through the tied embedding
+  Tensor pad_mask(const Tensor& ids) const;  ///< (B, T) int64, 1 at pad
 
-  TransformerConfig cfg;
-  Generator dropout_gen;  // all dropout masks come from here (saved for exact resume)
-  std::shared_ptr<nn::Embedding> embedding;
-  // sinusoidal/learned positions ("sin_pos" buffer / "learned_pos.weight"); identity otherwise
+  TransformerConfig cfg;  ///< the config it was built from
+  Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
+  std::shared_ptr<nn::Embedding> embedding;  ///< "embedding": source, target and output projection
+  /// sinusoidal/learned positions ("sin_pos" buffer / "learned_pos.weight"); identity otherwise
   std::shared_ptr<nn::EmbeddingPositions> pos;
-  std::shared_ptr<nn::Dropout> dropout;
-  std::shared_ptr<nn::Encoder> encoder;
-  std::shared_ptr<nn::Decoder> decoder;
+  std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
+  std::shared_ptr<nn::Encoder> encoder;  ///< "encoder"
+  std::shared_ptr<nn::Decoder> decoder;  ///< "decoder"
 };
 
-// state_dict() names, shapes and layouts of the stacks follow nn.Transformer's state_dict
-// ("encoder.layers.0.self_attn.in_proj_weight" ...); the shared embedding is "embedding.weight"
-// and the output projection is tied to it (no separate tensor).
-
-// Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
-// sampling as the options say. It runs in the model's current mode: call eval() first (the
-// translation program does), or dropout applies. Sources are padded with pad_id. Each output is the generated ids
-// without BOS, cut at (and excluding) EOS.
+/// Translates a batch of sources: src (B, S) int64 -> B id sequences.
+///
+/// Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
+/// sampling as the options say. It runs in the model's current mode: call eval() first (the
+/// translation program does), or dropout applies. Sources are padded with pad_id. Each output is the generated ids
+/// without BOS, cut at (and excluding) EOS.
+/// @throws graft::Error when src is not int64 (B, S), for bad options (check_decode_options()),
+///         or (learned positions) max_len + 1 > the config's max_len.
 Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o);
-Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o);  // beam 1
+/// translate() with greedy decoding (beam 1, no sampling).
+/// @throws graft::Error as translate().
+Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o);
+/// translate() with beam search of width o.beam (no sampling).
+/// @throws graft::Error as translate().
 Sequences beam_search(const Transformer& m, const Tensor& src, const DecodeOptions& o);
 
 }  // namespace graft::models

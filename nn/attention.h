@@ -1,7 +1,10 @@
-// Multi-head attention with nn.MultiheadAttention's parameter layout: a packed
-// in_proj_weight (3d, d) and in_proj_bias (3d) holding [W_Q; W_K; W_V], and out_proj (d, d).
-//   head_i = softmax(Q_i K_i^T / sqrt(d/h) + masks) V_i;   out = concat(head_1..h) W_O^T + b_O
-// x (B, Tq, d), memory (B, Tk, d), key_padding_mask (B, Tk) non-zero = pad.
+/// @file
+/// Multi-head attention with nn.MultiheadAttention's parameter layout: a packed
+/// in_proj_weight (3d, d) and in_proj_bias (3d) holding [W_Q; W_K; W_V], and out_proj (d, d).
+/// @code
+///   head_i = softmax(Q_i K_i^T / sqrt(d/h) + masks) V_i;   out = concat(head_1..h) W_O^T + b_O
+/// @endcode
+/// x (B, Tq, d), memory (B, Tk, d), key_padding_mask (B, Tk) non-zero = pad.
 #pragma once
 
 #include "graft/nn/layers.h"
@@ -9,40 +12,67 @@
 
 namespace graft::nn {
 
-// Keys and values kept across decoding steps: (B, H, capacity, Dh) buffers of which the first
-// `len` positions are filled. Self-attention appends one step at a time; cross-attention fills
-// it once from the encoder output.
+/// Keys and values kept across decoding steps: (B, H, capacity, Dh) buffers of which the first
+/// `len` positions are filled. Self-attention appends one step at a time; cross-attention fills
+/// it once from the encoder output. A default KVCache is empty; the first step allocates it.
 struct KVCache {
+  /// The key and value buffers, (B, H, capacity, Dh) (self-attention) or (B, H, Tk, Dh)
+  /// (cross-attention); undefined until the first step.
+  ///@{
   Tensor k, v;
-  int64_t len = 0;
-  // Keeps only the batch rows in `rows` (int64), in that order (beam search reordering).
+  ///@}
+  int64_t len = 0;  ///< positions filled
+  /// Keeps only the batch rows in `rows` (int64), in that order (beam search reordering).
+  /// @throws graft::Error when an index is outside [0, B) (see index_select()).
   void select_rows(const Tensor& rows);
 };
 
+/// Multi-head attention (see the file's description): xavier-uniform in-projection, zero
+/// biases, as nn.MultiheadAttention initialises them.
 class MultiHeadAttention : public Module {
  public:
-  // dropout: on the attention probabilities while training (nn.MultiheadAttention's `dropout`),
-  // masks drawn from *dropout_gen (default: the global generator).
+  /// Attention of width d with `heads` heads (head size d / heads), parameters drawn from gen.
+  /// dropout: on the attention probabilities while training (nn.MultiheadAttention's `dropout`),
+  /// masks drawn from *dropout_gen (default: the global generator).
+  /// @throws graft::Error when heads does not divide d (or is not positive), or dropout is
+  ///         outside [0, 1).
   MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
                      Generator* dropout_gen = nullptr);
-  // Self-attention when `memory` is the same tensor as `x` (one packed projection); `pos` adds
-  // the positional terms of rope/alibi/relative to self-attention (queries and keys at 0..T-1).
+  /// x (B, Tq, d) attending to memory (B, Tk, d) -> (B, Tq, d). Self-attention when `memory` is
+  /// the same tensor as `x` (one packed projection); `pos` adds the positional terms of
+  /// rope/alibi/relative to self-attention (queries and keys at 0..T-1). `weights`, when given,
+  /// receives the attention weights (B, H, Tq, Tk) of each head, without gradient.
+  /// @throws graft::Error when x or memory is not (B, T, d) with the same B, or the mask is not
+  ///         (B, Tk) (see scaled_dot_product_attention()).
   Tensor forward(const Tensor& x, const Tensor& memory, const Tensor& key_padding_mask = Tensor(),
                  bool causal = false, Tensor* weights = nullptr,
                  const AttentionPositions* pos = nullptr) const;
-  // Decoding without recomputation (inference only). New keys are rotated (RoPE) at their
-  // absolute positions before they enter the cache; the bias covers the new queries against
-  // every cached key.
+  /// Decoding without recomputation (inference only, runs under NoGrad): the self-attention of
+  /// the new positions x (B, T, d) -> (B, T, d) against every cached key, causal, after
+  /// appending their keys and values to `cache` (allocated with `capacity` positions on the
+  /// first call). New keys are rotated (RoPE) at their absolute positions before they enter the
+  /// cache; the bias covers the new queries against every cached key.
+  /// @throws graft::Error when the cache would overflow its capacity.
   Tensor forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
                            const AttentionPositions* pos = nullptr) const;
+  /// Fills `cache` with the keys and values of memory (B, Tk, d), once per source (inference
+  /// only, no tape).
   void fill_cross_cache(const Tensor& memory, KVCache& cache) const;
+  /// Cross-attention of x (B, T, d) against a cache filled by fill_cross_cache() -> (B, T, d)
+  /// (inference only, no tape); key_padding_mask (B, Tk) or undefined; `weights` as in forward().
   Tensor forward_cross_cached(const Tensor& x, const KVCache& cache,
                               const Tensor& key_padding_mask, Tensor* weights = nullptr) const;
 
+  /// The model width and the number of heads.
+  ///@{
   int64_t d, heads;
-  double dropout;
+  ///@}
+  double dropout;  ///< on the attention probabilities while training
+  /// The parameters "in_proj_weight" (3d, d) and "in_proj_bias" (3d): [W_Q; W_K; W_V].
+  ///@{
   Tensor in_proj_weight, in_proj_bias;
-  std::shared_ptr<Linear> out_proj;
+  ///@}
+  std::shared_ptr<Linear> out_proj;  ///< "out_proj", (d, d) with bias
 
  private:
   // Rows [part, part + parts) * d of the packed projection applied to x (B, T, d), as `parts`

@@ -1,11 +1,14 @@
-// Checkpoint files: tensors in the safetensors format, JSON side files, and the atomic write
-// that every checkpoint file goes through so a crash mid-save never destroys the last good one.
-//
-// safetensors layout: an 8-byte little-endian header length N, N bytes of JSON header
-//   {"__metadata__": {str: str}, "name": {"dtype": "F32"|"F64"|"I64", "shape": [...],
-//    "data_offsets": [begin, end]}, ...}
-// then the raw little-endian tensor bytes; offsets are relative to the first byte after the
-// header. The data regions tile the data section exactly: no gaps, no overlap, no trailing bytes.
+/// @file
+/// Checkpoint files: tensors in the safetensors format, JSON side files, and the atomic write
+/// that every checkpoint file goes through so a crash mid-save never destroys the last good one.
+///
+/// safetensors layout: an 8-byte little-endian header length N, N bytes of JSON header
+/// @code
+///   {"__metadata__": {str: str}, "name": {"dtype": "F32"|"F64"|"I64", "shape": [...],
+///    "data_offsets": [begin, end]}, ...}
+/// @endcode
+/// then the raw little-endian tensor bytes; offsets are relative to the first byte after the
+/// header. The data regions tile the data section exactly: no gaps, no overlap, no trailing bytes.
 #pragma once
 
 #include <functional>
@@ -23,72 +26,93 @@
 
 namespace graft::nn {
 
-// Writes the tensors in the order given (names must be unique and not "__metadata__");
-// non-contiguous tensors are written as their contiguous copy. Bit-exact: loading the file
-// gives back the same bytes. Goes through atomic_write.
+/// Writes the tensors in the order given (names must be unique and not `__metadata__`);
+/// non-contiguous tensors are written as their contiguous copy. Bit-exact: loading the file
+/// gives back the same bytes. Goes through atomic_write.
+/// @throws graft::Error "save_safetensors: '<path>': ..." for a reserved, repeated or non-UTF-8
+///         name, an undefined tensor, or (from atomic_write) an I/O failure.
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// A loaded safetensors file (load_safetensors()).
 struct SafetensorsFile {
-  // In data-offset order, which is the order they were saved in for files written here.
+  /// In data-offset order, which is the order they were saved in for files written here.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  std::map<std::string, std::string> metadata;
-  std::string path;  // where it was loaded from, for error messages
+  std::map<std::string, std::string> metadata;  ///< the header's `__metadata__` (empty when absent)
+  std::string path;  ///< where it was loaded from, for error messages
 
-  // Throws a graft::Error naming the missing tensor and the file.
+  /// The tensor named `name`.
+  /// @throws graft::Error naming the missing tensor and the file.
   const Tensor& at(const std::string& name) const;
+  /// Whether a tensor named `name` is in the file.
   bool contains(const std::string& name) const;
 };
 
-// Validates the whole file before trusting any of it; every problem is a graft::Error whose
-// message starts with "load_safetensors: '<path>': " and names the tensor involved.
+/// Reads a safetensors file (F32, F64 and I64 tensors).
+/// Validates the whole file before trusting any of it; every problem is a graft::Error whose
+/// message starts with "load_safetensors: '<path>': " and names the tensor involved.
+/// @throws graft::Error for a missing or unreadable file, a header that is too long, not JSON
+///         or malformed, an unknown dtype, a shape that does not match its byte range, or data
+///         regions that do not tile the data section.
 SafetensorsFile load_safetensors(const std::string& path);
 
-// Writes "<path>.tmp.<pid>", flushes and fsyncs it, renames it over path, then fsyncs the
-// directory. If the writer throws or any step fails, the temp file is removed and whatever
-// was at path before is untouched; the writer's own exception is rethrown unchanged, I/O
-// failures are graft::Errors naming path. The temp name is per process, so two threads of one
-// process must not write the same path at the same time.
+/// Writes a file atomically: `writer` fills the stream, and `path` then holds either all of it
+/// or what it held before.
+///
+/// Writes "<path>.tmp.<pid>", flushes and fsyncs it, renames it over path, then fsyncs the
+/// directory. If the writer throws or any step fails, the temp file is removed and whatever
+/// was at path before is untouched; the writer's own exception is rethrown unchanged, I/O
+/// failures are graft::Errors naming path. The temp name is per process, so two threads of one
+/// process must not write the same path at the same time.
+/// @throws graft::Error "atomic_write: '<path>': ..." when creating, writing, syncing or
+///         renaming fails (and whatever `writer` throws).
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer);
 
-// Removes the temp files atomic_write left in dir when its process was killed mid-save
-// ("<name>.tmp.<pid>" of a pid no longer running); returns how many.
+/// Removes the temp files atomic_write left in dir when its process was killed mid-save
+/// ("<name>.tmp.<pid>" of a pid no longer running); returns how many. A directory that
+/// cannot be read counts as none.
 int remove_stale_temp_files(const std::string& dir);
 
-// A hash over every tensor's name, shape and bytes, as 16 hex digits: safetensors carries no
-// checksum of its own, so flipped bits in the data section would otherwise load silently.
-// Checkpoints store it in their metadata and verify it on load.
+/// A hash over every tensor's name, shape and bytes, as 16 hex digits: safetensors carries no
+/// checksum of its own, so flipped bits in the data section would otherwise load silently.
+/// Checkpoints store it in their metadata and verify it on load. Not cryptographic.
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
-// The same over text (metadata, side files), so they can be tied to the weights.
+/// The same over text (metadata, side files), so they can be tied to the weights.
 std::string text_checksum(const std::string& text);
-// text_checksum of a side file's bytes (at most 256 MiB); errors start with who.
+/// text_checksum of a side file's bytes (at most 256 MiB); errors start with who.
+/// @throws graft::Error "<who>: '<file>': ..." when the file is missing, not a regular file,
+///         unreadable or larger than 256 MiB.
 std::string file_fingerprint(const std::string& file, const char* who);
 
-// A module's weights for inference: its state_dict with the step, weights_checksum and the
-// fingerprint (text_checksum of the bytes) of each tied side file in the metadata, written
-// atomically. Tied files are a run directory's config.json and tokenizer: a weights file must
-// never load beside a config or tokenizer of another run, or one edited since.
+/// A module's weights for inference: its state_dict with the step, weights_checksum and the
+/// fingerprint (text_checksum of the bytes) of each tied side file in the metadata, written
+/// atomically. Tied files are a run directory's config.json and tokenizer: a weights file must
+/// never load beside a config or tokenizer of another run, or one edited since. `format` is
+/// stored as the metadata "format".
+/// @throws graft::Error when a tied file cannot be read, or as save_safetensors().
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict, const std::string& path,
                   int64_t step, const std::string& format, const std::vector<std::string>& tied_files = {});
-// ... and read back: the checksum and every tied file's fingerprint verified (errors
-// "<who>: '<file>': ..." name the file that does not match), the tensors returned for
-// load_state_dict.
+/// Reads weights written by save_weights(): the checksum and every tied file's fingerprint
+/// verified (errors "<who>: '<file>': ..." name the file that does not match), the tensors
+/// returned for load_state_dict.
+/// @throws graft::Error when the file does not load (see load_safetensors()), has no checksum
+///         or a wrong one, or lacks or mismatches the fingerprint of a tied file.
 std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who,
                                                          const std::vector<std::string>& tied_files = {});
 
-// nlohmann's message without its "[json.exception.parse_error.101] " tag, which means nothing
-// to a user; the rest ("parse error at line L, column C: ...") is what they need.
+/// nlohmann's message without its "[json.exception.parse_error.101] " tag, which means nothing
+/// to a user; the rest ("parse error at line L, column C: ...") is what they need.
 std::string json_message(const nlohmann::json::exception& e);
 
-// A JSON value for an error message: compact, invalid UTF-8 replaced, cut after 80 characters.
+/// A JSON value for an error message: compact, invalid UTF-8 replaced, cut after 80 characters.
 std::string json_excerpt(const nlohmann::json& v);
 
-// Reading JSON from outside (files, checkpoint metadata) as exactly the C++ type it must be:
-// json_complaint<T>(v) is "" when v fits T, else what is wrong ("must be an integer, got 2.5").
-// An integer type needs a JSON integer in its range (nlohmann would convert 2.5 to 2, and a
-// float beyond the range with undefined behaviour), an unsigned one a non-negative integer, a
-// double any number, bool a boolean, std::string a string, std::vector<T> an array of such.
+/// Reading JSON from outside (files, checkpoint metadata) as exactly the C++ type it must be:
+/// json_complaint<T>(v) is "" when v fits T, else what is wrong ("must be an integer, got 2.5").
+/// An integer type needs a JSON integer in its range (nlohmann would convert 2.5 to 2, and a
+/// float beyond the range with undefined behaviour), an unsigned one a non-negative integer, a
+/// double any number, bool a boolean, std::string a string, std::vector<T> an array of such.
 template <class T>
 std::string json_complaint(const nlohmann::json& v) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -114,7 +138,9 @@ std::string json_complaint(const nlohmann::json& v) {
   return {};
 }
 
-// obj[key] as T, else an Error "<where>: '<key>' is missing" / "<where>: '<key>' <complaint>".
+/// obj[key] as T, else an Error "<where>: '<key>' is missing" / "<where>: '<key>' <complaint>".
+/// @throws graft::Error when obj is not an object, key is missing, or its value does not fit T
+///         (json_complaint()).
 template <class T>
 T json_field(const nlohmann::json& obj, const char* key, const std::string& where) {
   if (!obj.is_object() || !obj.contains(key)) fail(where + ": '" + key + "' is missing");
@@ -123,16 +149,24 @@ T json_field(const nlohmann::json& obj, const char* key, const std::string& wher
   return v.get<T>();
 }
 
-void save_json(const std::string& path, const nlohmann::json& j);  // atomic, pretty-printed
-// Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
-// Files over 16 MiB or nested over 32 levels are refused before parsing.
+/// Writes j to path, pretty-printed (2-space indent) with a final newline, through atomic_write.
+/// @throws graft::Error "save_json: '<path>': ..." when j cannot be encoded (invalid UTF-8) or
+///         the write fails.
+void save_json(const std::string& path, const nlohmann::json& j);
+/// Reads and parses a JSON file.
+/// Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
+/// Files over 16 MiB or nested over 32 levels are refused before parsing.
+/// @throws graft::Error "load_json: '<path>': ..." for a missing, unreadable, too large, too
+///         deeply nested or malformed file.
 nlohmann::json load_json(const std::string& path);
-// Parses JSON from outside (a file, checkpoint metadata) after check_json_text; errors start
-// with where.
+/// Parses JSON from outside (a file, checkpoint metadata) after check_json_text; errors start
+/// with where.
+/// @throws graft::Error for nesting deeper than max_depth or malformed JSON.
 nlohmann::json parse_json(const std::string& text, const std::string& where, int max_depth);
-// The structure check run before any outside JSON is parsed, in one linear pass that builds
-// nothing: no more than max_depth levels of nesting, no more than max_top_level_values values
-// in the outermost container. Errors start with where.
+/// The structure check run before any outside JSON is parsed, in one linear pass that builds
+/// nothing: no more than max_depth levels of nesting, no more than max_top_level_values values
+/// in the outermost container. Errors start with where.
+/// @throws graft::Error when either limit is exceeded.
 void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values, const std::string& where);
 
 }  // namespace graft::nn

@@ -1,6 +1,7 @@
-// Module: a tree of named parameters and child modules, with a train/eval flag.
-// Parameter names are hierarchical ("encoder.layers.0.self_attn.in_proj_weight"), as in
-// PyTorch's state_dict, so checkpoints can move between the two frameworks.
+/// @file
+/// Module: a tree of named parameters and child modules, with a train/eval flag.
+/// Parameter names are hierarchical ("encoder.layers.0.self_attn.in_proj_weight"), as in
+/// PyTorch's state_dict, so checkpoints can move between the two frameworks.
 #pragma once
 
 #include <memory>
@@ -11,10 +12,15 @@
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
 
+/// Layers, attention, positional encodings, optimizers, checkpoints and the training loop.
 namespace graft::nn {
 
+/// Tensors by name, in order: parameters, buffers, a state_dict.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+/// The base of every layer and model: a tree of named parameters, buffers and child modules,
+/// with a train/eval flag. A subclass registers its parts in its constructor
+/// (register_parameter(), register_buffer(), register_module()) and gives its own forward().
 class Module {
  public:
   virtual ~Module() = default;
@@ -22,45 +28,61 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // Every parameter once (a tensor shared by two modules, e.g. tied embeddings, is listed
-  // under its first name), in registration order.
+  /// Every parameter once (a tensor shared by two modules, such as tied embeddings, is listed
+  /// under its first name), in registration order, with its dotted path as the name.
   NamedTensors named_parameters() const;
+  /// The tensors of named_parameters(), for an optimizer or gradient clipping.
   Tensors parameters() const;
-  // Non-trainable state (e.g. the sinusoidal table); not saved.
+  /// Non-trainable state (such as the sinusoidal table); not saved.
   NamedTensors named_buffers() const;
+  /// Total number of parameter elements (each shared tensor counted once).
   int64_t num_parameters() const;
+  /// Drops the accumulated gradient of every parameter.
   void zero_grad();
-  // The parameters by name (what a checkpoint holds), and loading them back: every name, shape
-  // and dtype must match exactly (missing, unexpected, reshaped or retyped tensors are errors
-  // naming the tensor); values are copied only after everything was checked.
+  /// The parameters by name (what a checkpoint holds); see load_state_dict().
   NamedTensors state_dict() const { return named_parameters(); }
+  /// Loads parameters by name: every name, shape
+  /// and dtype must match exactly (missing, unexpected, reshaped or retyped tensors are errors
+  /// naming the tensor); values are copied only after everything was checked.
+  /// @throws graft::Error "load_state_dict: ..." for a tensor given twice, missing, unexpected,
+  ///         or of another shape or dtype than the model's.
   void load_state_dict(const NamedTensors& tensors);
 
+  /// Sets training mode (dropout active) on this module and every descendant; false = eval().
   void train(bool on = true);
+  /// Evaluation mode (dropout off) for this module and every descendant: train(false).
   void eval() { train(false); }
+  /// Whether this module is in training mode (the default).
   bool training() const { return training_; }
 
+  /// The direct children with the names they were registered under, in order.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }
-  // register_module for code outside the class (a stack registering a shared part).
+  /// register_module for code outside the class (a stack registering a shared part).
+  /// Returns `m`.
   template <class M>
   std::shared_ptr<M> add_module(const std::string& name, std::shared_ptr<M> m) {
     return register_module(name, m);
   }
 
  protected:
+  /// Registers a parameter (marking it as requiring grad) under `name`; returns a reference to
+  /// the stored handle. An undefined tensor is kept but listed nowhere.
   Tensor& register_parameter(const std::string& name, Tensor t);
+  /// Registers a buffer: non-trainable state, listed by named_buffers(), not saved.
   Tensor& register_buffer(const std::string& name, Tensor t);
+  /// Registers a child module under `name` (its parameters become "name.<param>"); returns `m`.
+  /// A module registered under two parents keeps its first name in anomaly paths.
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     children_.emplace_back(name, m);
     if (m && m->scope_name_.empty()) m->scope_name_ = name;  // a shared part keeps its first name
     return m;
   }
-  // Pushes this module's name (as registered in its parent) for the ops its forward records, so
-  // anomaly errors name the module path; free while anomaly mode is off. Forwards start with
-  //   const auto s = scope();
+  /// Pushes this module's name (as registered in its parent) for the ops its forward records, so
+  /// anomaly errors name the module path; free while anomaly mode is off. Forwards start with
+  /// `const auto s = scope();`.
   autograd::NameScope scope() const { return autograd::NameScope(scope_name_); }
 
  private:
@@ -72,10 +94,12 @@ class Module {
   bool training_ = true;
 };
 
-// Puts a module in eval mode for a scope and restores its train/eval flag afterwards.
+/// Puts a module in eval mode for a scope and restores its train/eval flag afterwards.
 class EvalScope {
  public:
+  /// Puts `m` (and its descendants) in eval mode.
   explicit EvalScope(Module& m) : m_(m), was_(m.training()) { m.eval(); }
+  /// Restores the flag `m` had before.
   ~EvalScope() { m_.train(was_); }
   EvalScope(const EvalScope&) = delete;
   EvalScope& operator=(const EvalScope&) = delete;
@@ -86,8 +110,13 @@ class EvalScope {
 };
 
 // Initialisers (in place, no tape), drawing from the given generator.
+/// Xavier/Glorot uniform init, in place, no tape: U(-a, a) with
+/// a = gain * sqrt(6 / (fan_in + fan_out)), as torch.nn.init.xavier_uniform_.
+/// @throws graft::Error when w has fewer than 2 dims.
 void xavier_uniform_(const Tensor& w, Generator& gen, double gain = 1.0);
+/// Fills w with U(lo, hi) drawn from gen, in place, no tape.
 void uniform_(const Tensor& w, double lo, double hi, Generator& gen);
+/// Fills w with N(mean, std^2) drawn from gen, in place, no tape.
 void normal_(const Tensor& w, double mean, double std, Generator& gen);
 
 }  // namespace graft::nn

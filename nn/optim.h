@@ -1,19 +1,20 @@
-// Optimizers (SGD, Adam, AdamW), the Noam learning-rate schedule, global gradient-norm clipping
-// and optimizer checkpoints. Every update follows torch.optim's formulas:
-//
-//   SGD    g = grad + wd*p;  buf = momentum*buf + g;  g = nesterov ? g + momentum*buf : buf
-//          p -= lr*g                                         (dampening 0; no momentum: p -= lr*g)
-//   Adam   g = grad + wd*p;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
-//          p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   (t counts this param's steps)
-//   AdamW  p *= 1 - lr*wd, then the Adam update with no L2 term
-//
-// Each parameter is updated in one fused pass (read p, grad and the moments once, write them
-// once) inside a single OpenMP region per step. A parameter whose grad is undefined is skipped,
-// as in PyTorch: its moments and its Adam step count t stay as they were.
-//
-// State is allocated when the optimizer is built (zeros), so state_tensors() always names the
-// same tensors; for SGD's dampening-0 momentum a zero buffer gives exactly PyTorch's
-// "buf = grad on the first step".
+/// @file
+/// Optimizers (SGD, Adam, AdamW), the Noam learning-rate schedule, global gradient-norm clipping
+/// and optimizer checkpoints. Every update follows torch.optim's formulas:
+/// @code
+///   SGD    g = grad + wd*p;  buf = momentum*buf + g;  g = nesterov ? g + momentum*buf : buf
+///          p -= lr*g                                         (dampening 0; no momentum: p -= lr*g)
+///   Adam   g = grad + wd*p;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+///          p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)   (t counts this param's steps)
+///   AdamW  p *= 1 - lr*wd, then the Adam update with no L2 term
+/// @endcode
+/// Each parameter is updated in one fused pass (read p, grad and the moments once, write them
+/// once) inside a single OpenMP region per step. A parameter whose grad is undefined is skipped,
+/// as in PyTorch: its moments and its Adam step count t stay as they were.
+///
+/// State is allocated when the optimizer is built (zeros), so state_tensors() always names the
+/// same tensors; for SGD's dampening-0 momentum a zero buffer gives exactly PyTorch's
+/// "buf = grad on the first step".
 #pragma once
 
 #include <cstdint>
@@ -27,80 +28,103 @@
 
 namespace graft::nn {
 
-// Leaf float tensors (f32 or f64, contiguous) with unique names.
+/// The parameters an optimizer updates, by name (such as Module::named_parameters()).
+/// Leaf float tensors (f32 or f64, contiguous) with unique names.
 using NamedParams = std::vector<std::pair<std::string, Tensor>>;
 
+/// The base of SGD, Adam and AdamW: the parameters, the learning rate, the step count and the
+/// exact-resume state.
 class Optimizer {
  public:
+  /// Takes the parameters to update.
+  /// @throws graft::Error "Optimizer: ..." when the list is empty, a name is empty or repeated,
+  ///         or a parameter is undefined, not float, not a leaf, not contiguous, or the same
+  ///         tensor as an earlier one.
   explicit Optimizer(NamedParams params);
   virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a grad; runs under autograd::NoGrad and bumps the
-  // version of every tensor it writes. Increments step_count() even if no param had a grad.
+  /// One update of every parameter that has a grad; runs under autograd::NoGrad and bumps the
+  /// version of every tensor it writes. Increments step_count() even if no param had a grad.
+  /// @throws graft::Error when a grad's shape or dtype differs from its parameter's.
   virtual void step() = 0;
-  // Drops every parameter's grad (PyTorch's set_to_none=True).
+  /// Drops every parameter's grad (PyTorch's set_to_none=True).
   void zero_grad();
 
-  double lr() const { return lr_; }
-  void set_lr(double lr);  // lr >= 0
-  int64_t step_count() const { return step_count_; }
-  const NamedParams& params() const { return params_; }
-  virtual const char* name() const = 0;  // "SGD", "Adam", "AdamW": checked on load
+  double lr() const { return lr_; }  ///< the learning rate of the next step
+  /// Sets the learning rate of the next steps (for instance from NoamSchedule).
+  /// @throws graft::Error when lr is negative or NaN.
+  void set_lr(double lr);
+  int64_t step_count() const { return step_count_; }  ///< steps taken so far
+  const NamedParams& params() const { return params_; }  ///< the parameters, in the order given
+  virtual const char* name() const = 0;  ///< "SGD", "Adam", "AdamW": checked on load
 
-  // Exact-resume state. The tensors are "<param name>.<buffer>" and alias the live buffers
-  // (save them before the next step). state_json() holds the type, step count, lr, the
-  // hyper-parameters and the parameter names.
+  /// Exact-resume state: the optimizer's per-parameter buffers. The tensors are
+  /// "<param name>.<buffer>" and alias the live buffers (save them before the next step).
   virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
+  /// Exact-resume state: the type, step count, lr, the hyper-parameters and the parameter names.
   virtual nlohmann::json state_json() const;
-  // Restores state saved by an optimizer of the same type over parameters with the same names,
-  // shapes and dtypes; the saved lr and hyper-parameters replace the current ones (as
-  // torch's load_state_dict does). Everything is validated before anything is changed, and
-  // every problem is a graft::Error starting "load_state: ".
+  /// Restores state saved by an optimizer of the same type over parameters with the same names,
+  /// shapes and dtypes; the saved lr and hyper-parameters replace the current ones (as
+  /// torch's load_state_dict does). Everything is validated before anything is changed, and
+  /// every problem is a graft::Error starting "load_state: ".
+  /// @throws graft::Error "load_state: ..." for another optimizer type, other parameter names, a
+  ///         missing, unexpected, reshaped or retyped tensor, or a missing or malformed field.
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const nlohmann::json& j);
 
  protected:
-  // The buffer suffixes this optimizer keeps per parameter ("exp_avg", ...), in order.
+  /// The buffer suffixes this optimizer keeps per parameter ("exp_avg", ...), in order.
   virtual std::vector<std::string> buffer_names() const = 0;
-  // The live buffers for one suffix, one per parameter (same order as params()).
+  /// The live buffers for one suffix, one per parameter (same order as params()).
   virtual const std::vector<Tensor>& buffers(size_t which) const = 0;
-  // Reads and validates the hyper-parameters from j (throws before changing anything)...
+  /// Reads and validates the hyper-parameters from j (throws before changing anything)...
   virtual void check_hyper(const nlohmann::json& j) const = 0;
-  // ...and applies them once everything has been validated.
+  /// ...and applies them once everything has been validated.
   virtual void load_hyper(const nlohmann::json& j) = 0;
 
-  // The grads of all params as contiguous tensors (undefined where a param has none), checked
-  // against their params; `total` gets the number of elements that will be updated.
+  /// The grads of all params as contiguous tensors (undefined where a param has none), checked
+  /// against their params; `total` gets the number of elements that will be updated.
+  /// @throws graft::Error "<opname>: grad of '<name>' is ... but the parameter is ..." for a
+  ///         grad of another shape or dtype.
   std::vector<Tensor> grads_for_step(const char* opname, int64_t& total) const;
-  // Zeros shaped like every parameter.
+  /// Zeros shaped like every parameter.
   std::vector<Tensor> zeros_like_params() const;
+  /// state_tensors() built from buffer_names() and buffers().
   std::vector<std::pair<std::string, Tensor>> collect_state() const;
 
-  NamedParams params_;
-  double lr_ = 0;
-  int64_t step_count_ = 0;
+  NamedParams params_;  ///< the parameters, in the order given
+  double lr_ = 0;  ///< the learning rate of the next step
+  int64_t step_count_ = 0;  ///< steps taken so far
 };
 
+/// Stochastic gradient descent with optional momentum (dampening 0), Nesterov momentum and L2
+/// weight decay, as torch.optim.SGD.
 class SGD : public Optimizer {
  public:
+  /// SGD over `params`; the state "<param>.momentum_buffer" exists only when momentum != 0.
+  /// @throws graft::Error for a negative lr, momentum or weight_decay, nesterov without
+  ///         momentum, or bad parameters (see Optimizer).
   SGD(NamedParams params, double lr, double momentum = 0, double weight_decay = 0,
       bool nesterov = false);
-  void step() override;
-  const char* name() const override { return "SGD"; }
+  void step() override;  ///< one SGD update (see Optimizer::step())
+  const char* name() const override { return "SGD"; }  ///< "SGD"
+  /// The momentum buffers (none without momentum).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
-  nlohmann::json state_json() const override;
+  nlohmann::json state_json() const override;  ///< adds momentum, weight_decay, nesterov
 
-  double momentum() const { return momentum_; }
-  double weight_decay() const { return weight_decay_; }
-  bool nesterov() const { return nesterov_; }
+  double momentum() const { return momentum_; }  ///< the momentum factor (0: none)
+  double weight_decay() const { return weight_decay_; }  ///< the L2 factor
+  bool nesterov() const { return nesterov_; }  ///< Nesterov momentum
 
  protected:
-  std::vector<std::string> buffer_names() const override;
-  const std::vector<Tensor>& buffers(size_t which) const override;
+  std::vector<std::string> buffer_names() const override;  ///< {"momentum_buffer"} or none
+  const std::vector<Tensor>& buffers(size_t which) const override;  ///< the momentum buffers
+  /// Checks the saved momentum, weight_decay and nesterov; momentum must keep the buffers'
+  /// existence (zero stays zero, non-zero stays non-zero).
   void check_hyper(const nlohmann::json& j) const override;
-  void load_hyper(const nlohmann::json& j) override;
+  void load_hyper(const nlohmann::json& j) override;  ///< applies the checked hyper-parameters
 
  private:
   double momentum_, weight_decay_;
@@ -108,29 +132,39 @@ class SGD : public Optimizer {
   std::vector<Tensor> momentum_buffer_;  // empty when momentum == 0
 };
 
+/// Adam (Kingma and Ba) with bias correction and optional L2 weight decay, as torch.optim.Adam;
+/// per-parameter step counts, so a parameter without a grad does not age.
 class Adam : public Optimizer {
  public:
+  /// Adam over `params`; the state is "<param>.exp_avg" and "<param>.exp_avg_sq".
+  /// @throws graft::Error "Adam: ..." for a negative lr, eps or weight_decay, a beta outside
+  ///         [0, 1), or bad parameters (see Optimizer).
   Adam(NamedParams params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
        double eps = 1e-8, double weight_decay = 0);
-  void step() override;
-  const char* name() const override { return "Adam"; }
+  void step() override;  ///< one Adam (or AdamW) update (see Optimizer::step())
+  const char* name() const override { return "Adam"; }  ///< "Adam"
+  /// The two moments of each parameter.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
+  /// Optimizer::state_json() plus betas, eps, weight_decay and the per-parameter steps.
   nlohmann::json state_json() const override;
 
-  double beta1() const { return beta1_; }
-  double beta2() const { return beta2_; }
-  double eps() const { return eps_; }
-  double weight_decay() const { return weight_decay_; }
-  // Steps taken by parameter i (fewer than step_count() if it sometimes had no grad).
+  double beta1() const { return beta1_; }  ///< decay of the first moment
+  double beta2() const { return beta2_; }  ///< decay of the second moment
+  double eps() const { return eps_; }  ///< added to the denominator
+  double weight_decay() const { return weight_decay_; }  ///< L2 (Adam) or decoupled (AdamW) factor
+  /// Steps taken by parameter i (fewer than step_count() if it sometimes had no grad).
+  /// @throws std::out_of_range when i >= params().size().
   int64_t param_step(size_t i) const { return param_steps_.at(i); }
 
  protected:
+  /// The shared constructor: decoupled selects AdamW's decay, opname names the errors.
   Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
        double weight_decay, bool decoupled, const char* opname);
-  std::vector<std::string> buffer_names() const override;
-  const std::vector<Tensor>& buffers(size_t which) const override;
+  std::vector<std::string> buffer_names() const override;  ///< {"exp_avg", "exp_avg_sq"}
+  const std::vector<Tensor>& buffers(size_t which) const override;  ///< the first or second moments
+  /// Checks the saved betas, eps, weight_decay and per-parameter steps.
   void check_hyper(const nlohmann::json& j) const override;
-  void load_hyper(const nlohmann::json& j) override;
+  void load_hyper(const nlohmann::json& j) override;  ///< applies the checked hyper-parameters
 
  private:
   double beta1_, beta2_, eps_, weight_decay_;
@@ -139,28 +173,38 @@ class Adam : public Optimizer {
   std::vector<int64_t> param_steps_;
 };
 
+/// AdamW (Loshchilov and Hutter): Adam with decoupled weight decay (p *= 1 - lr*wd before the
+/// update), as torch.optim.AdamW.
 class AdamW : public Adam {
  public:
+  /// AdamW over `params`, torch's defaults (weight_decay 1e-2).
+  /// @throws graft::Error "AdamW: ..." for the same bad values as Adam.
   AdamW(NamedParams params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
         double eps = 1e-8, double weight_decay = 1e-2);
-  const char* name() const override { return "AdamW"; }
+  const char* name() const override { return "AdamW"; }  ///< "AdamW"
 };
 
-// Noam (Vaswani et al.): lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
-// rising linearly for `warmup` steps, peaking at step == warmup, then decaying as step^-0.5.
-// Steps count from 1: call opt.set_lr(noam.lr(opt.step_count() + 1)) before each opt.step().
+/// Noam (Vaswani et al.): lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+/// rising linearly for `warmup` steps, peaking at step == warmup, then decaying as step^-0.5.
+/// Steps count from 1: call opt.set_lr(noam.lr(opt.step_count() + 1)) before each opt.step().
 struct NoamSchedule {
-  double factor;
+  double factor;  ///< scales the whole curve
+  /// The model width and the number of warm-up steps.
+  ///@{
   int64_t d_model, warmup;
-  double lr(int64_t step) const;  // step >= 1, d_model >= 1, warmup >= 1, factor >= 0
+  ///@}
+  /// The learning rate of step `step` (from 1).
+  /// @throws graft::Error unless step >= 1, d_model >= 1, warmup >= 1 and factor >= 0.
+  double lr(int64_t step) const;
 };
 
-// Scales every grad by max_norm / (norm + 1e-6) when that is below 1 (torch's
-// clip_grad_norm_), where norm is the L2 norm over all grads together, and returns that norm.
-// Params without a grad are skipped. The norm is summed in double over fixed blocks of 4096
-// elements combined in order, so it does not depend on the thread count. A non-finite norm is
-// returned with the grads left untouched (torch would scale them to NaN): check the result to
-// skip the step.
+/// Scales every grad by max_norm / (norm + 1e-6) when that is below 1 (torch's
+/// clip_grad_norm_), where norm is the L2 norm over all grads together, and returns that norm.
+/// Params without a grad are skipped. The norm is summed in double over fixed blocks of 4096
+/// elements combined in order, so it does not depend on the thread count. A non-finite norm is
+/// returned with the grads left untouched (torch would scale them to NaN): check the result to
+/// skip the step.
+/// @throws graft::Error when max_norm is negative or NaN, or a grad is not float.
 double clip_grad_norm(const NamedParams& params, double max_norm);
 
 

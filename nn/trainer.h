@@ -1,19 +1,19 @@
-// The training loop, written once for every model family: Adam with the Noam schedule (or a
-// constant lr), gradient clipping, periodic validation through a callback, a progress line
-// (loss, lr, tokens/s, ETA; redrawn in place on a TTY), metrics.csv, a time or step budget,
-// early stopping, and one atomically written train state with exact resume.
-//
-// It lives in nn/ because it needs only what nn/ has (Module, optimizers, schedules,
-// checkpoints): a family plugs in through TrainTask, which names its batches by index and gives
-// the loss of one batch and the metrics of a validation, so no program retypes the loop.
-//
-// A run directory holds (besides what the program adds through on_validated):
-//   train_state.safetensors  the weights, the optimizer moments, and in the metadata the step,
-//                            every RNG state, the epoch, its batch order and the position in
-//                            it, the data fingerprint: everything an exact resume needs, in ONE
-//                            file, so a crash between two writes can never pair weights of one
-//                            step with moments of another
-//   metrics.csv              step, train_loss, lr, tokens_per_s, valid_<metric>...
+/// @file
+/// The training loop, written once for every model family: Adam with the Noam schedule (or a
+/// constant lr), gradient clipping, periodic validation through a callback, a progress line
+/// (loss, lr, tokens/s, ETA; redrawn in place on a TTY), metrics.csv, a time or step budget,
+/// early stopping, and one atomically written train state with exact resume.
+///
+/// It lives in nn/ because it needs only what nn/ has (Module, optimizers, schedules,
+/// checkpoints): a family plugs in through TrainTask, which names its batches by index and gives
+/// the loss of one batch and the metrics of a validation, so no program retypes the loop.
+///
+/// A run directory holds (besides what the program adds through on_validated):
+/// - train_state.safetensors: the weights, the optimizer moments, and in the metadata the step,
+///   every RNG state, the epoch, its batch order and the position in it, the data fingerprint:
+///   everything an exact resume needs, in ONE file, so a crash between two writes can never pair
+///   weights of one step with moments of another
+/// - metrics.csv: step, train_loss, lr, tokens_per_s, valid_<metric>...
 #pragma once
 
 #include <cmath>
@@ -26,80 +26,120 @@
 
 namespace graft::nn {
 
+/// One line of metrics.csv.
 struct MetricsRow {
-  int64_t step = 0;
+  int64_t step = 0;  ///< the step the row was written after
+  /// The mean training loss, the learning rate and the throughput since the previous row (NaN
+  /// when unknown).
+  ///@{
   double train_loss = NAN, lr = NAN, tokens_per_s = NAN;
-  std::map<std::string, double> valid;  // empty on rows without a validation
+  ///@}
+  std::map<std::string, double> valid;  ///< empty on rows without a validation
 };
 
-// What the loop needs from a model family. Batches are the program's own, by index.
+/// What the loop needs from a model family. Batches are the program's own, by index.
+/// model, loss, tokens and validate are required.
 struct TrainTask {
-  Module* model = nullptr;
-  int64_t batches = 0;                          // training batches per epoch
-  std::function<Tensor(int64_t batch)> loss;    // the batch's scalar training loss, recorded
-  std::function<int64_t(int64_t batch)> tokens; // what the batch trains on (for tokens/s)
-  // Validation metrics by name (the model is in eval mode meanwhile); metric_names lists them
-  // in the order of the CSV columns.
+  Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
+  int64_t batches = 0;                          ///< training batches per epoch
+  std::function<Tensor(int64_t batch)> loss;    ///< the batch's scalar training loss, recorded
+  std::function<int64_t(int64_t batch)> tokens; ///< what the batch trains on (for tokens/s)
+  /// Validation metrics by name (the model is in eval mode meanwhile); metric_names lists them
+  /// in the order of the CSV columns.
   std::function<std::map<std::string, double>()> validate;
-  std::vector<std::string> metric_names;
-  // Early stopping watches this metric ("" or patience 0: never stop early).
+  std::vector<std::string> metric_names;  ///< the metrics validate returns, in CSV column order
+  /// Early stopping watches this metric ("" or patience 0: never stop early).
   std::string stop_metric;
+  /// Whether stop_metric improves upwards (accuracy) or downwards (loss).
   bool higher_is_better = false;
-  // Generators an exact resume restores besides the loop's own (e.g. the model's dropout).
+  /// Generators an exact resume restores besides the loop's own (such as the model's
+  /// dropout generator).
   std::vector<Generator*> generators;
-  // A resume refuses a train state made from other data or batching ...
+  /// Identifies the training data and batching: a resume refuses a train state made from other
+  /// data or batching.
   std::string data_fingerprint;
-  // ... or when one of these side files (config.json, the tokenizer) is not the file the run
-  // started with: their fingerprints are taken at the start and kept in the train state.
+  /// Side files (config.json, the tokenizer) tied to the run: a resume refuses to continue when
+  /// one of them is not the file the run started with (their fingerprints are taken at the
+  /// start and kept in the train state).
   std::vector<std::string> tied_files;
-  // After each validation and save: the program writes what else it keeps (weights for
-  // inference, curves); rows holds every metrics row so far.
+  /// After each validation and save: the program writes what else it keeps (weights for
+  /// inference, curves); rows holds every metrics row so far.
   std::function<void(int64_t step, const std::vector<MetricsRow>& rows)> on_validated;
 };
 
+/// The loop's settings: budget, optimizer and schedule, intervals, stopping rules.
 struct LoopOptions {
-  std::string run_dir;
-  int64_t steps = 0;     // stop after this many steps (0: no step limit)
-  double minutes = 0;    // stop after this much training time, summed over resumes (0: none)
-  double lr = 0;         // > 0: constant learning rate, else Noam(lr_factor, d_model, warmup)
-  double lr_factor = 1.0;
+  std::string run_dir;  ///< where the train state and metrics.csv go (created when missing)
+  int64_t steps = 0;     ///< stop after this many steps (0: no step limit)
+  double minutes = 0;    ///< stop after this much training time, summed over resumes (0: none)
+  double lr = 0;         ///< > 0: constant learning rate, else Noam(lr_factor, d_model, warmup)
+  double lr_factor = 1.0;  ///< the Noam schedule's factor
+  /// The Noam schedule's model width and warm-up steps.
+  ///@{
   int64_t d_model = 512, warmup = 4000;
+  ///@}
+  /// Adam's betas and epsilon (the Transformer paper's values).
+  ///@{
   double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-9;
-  double clip = 1.0;     // global gradient-norm clip
+  ///@}
+  double clip = 1.0;     ///< global gradient-norm clip
+  /// Steps between validations (and saves), and between progress lines and metrics rows.
+  ///@{
   int64_t valid_every = 500, log_every = 100;
-  int64_t patience = 0;  // stop when stop_metric has not improved for this many validations
-  double min_delta = 0;  // an improvement counts only when it beats the best by more than this
-  // Time to quality: stop at the first validation whose stop_metric reaches this (>= when higher
-  // is better, else <=); NaN: never.
+  ///@}
+  int64_t patience = 0;  ///< stop when stop_metric has not improved for this many validations
+  double min_delta = 0;  ///< an improvement counts only when it beats the best by more than this
+  /// Time to quality: stop at the first validation whose stop_metric reaches this (>= when higher
+  /// is better, else <=); NaN: never.
   double stop_at = NAN;
-  uint64_t seed = 1;     // batch order and the global generator
-  bool resume = false;   // continue run_dir's train state exactly
-  bool quiet = false;
+  uint64_t seed = 1;     ///< batch order and the global generator
+  bool resume = false;   ///< continue run_dir's train state exactly
+  bool quiet = false;  ///< no progress lines
 };
 
+/// What train_loop() did.
 struct LoopResult {
+  /// The step the call started from (0, or the resumed step) and the step it ended at.
+  ///@{
   int64_t first_step = 0, last_step = 0;
-  std::vector<double> losses;               // losses[i]: the loss of step first_step + 1 + i
-  std::map<std::string, double> last_valid;
+  ///@}
+  std::vector<double> losses;               ///< losses[i]: the loss of step first_step + 1 + i
+  std::map<std::string, double> last_valid;  ///< the metrics of the last validation
+  /// Training throughput of this call (validation time excluded) and the seconds the call's
+  /// loop ran (validation included).
+  ///@{
   double tokens_per_s = 0, train_seconds = 0;
-  bool stopped_early = false;
-  // stop_at reached: at which step, after how many seconds of training (validation excluded,
-  // this call only) and of wall time since the call began.
+  ///@}
+  bool stopped_early = false;  ///< early stopping (patience) ended the run
+  /// stop_at reached: at which step, after how many seconds of training (validation excluded,
+  /// this call only) and of wall time since the call began.
   bool reached_target = false;
-  int64_t target_step = 0;
+  int64_t target_step = 0;  ///< the step stop_at was reached at
+  /// Training seconds and wall seconds until stop_at was reached.
+  ///@{
   double seconds_to_target = 0, wall_seconds_to_target = 0;
+  ///@}
 };
 
-// Trains task.model until the budget is spent (or early stopping), validating every
-// valid_every steps and at the end. Throws graft::Error naming the file on a bad train state,
-// and naming the step on a non-finite loss.
+/// Trains task.model until the budget is spent (or early stopping), validating every
+/// valid_every steps and at the end. Throws graft::Error naming the file on a bad train state,
+/// and naming the step on a non-finite loss. A step whose gradient norm is not finite is
+/// skipped, so the Adam moments stay clean.
+/// @throws graft::Error "train: ..." for a task without model, loss, tokens or validate, no
+///         batches, bad options (check_loop_options()), a stop metric that validate does not
+///         return, or a non-finite loss or metric; "resume: '<path>': ..." for a missing,
+///         corrupted or mismatched train state (other data, edited tied files, another
+///         optimizer state); and the errors of the task's own callbacks and of saving.
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o);
 
-// The options' own checks (budget, lr, schedule, clip, intervals), which train_loop runs too:
-// a program calls it before any expensive preparation. Errors name the option.
+/// The options' own checks (budget, lr, schedule, clip, intervals), which train_loop runs too:
+/// a program calls it before any expensive preparation. Errors name the option.
+/// @throws graft::Error "train: ..." when there is no step or time budget, or minutes, lr,
+///         lr_factor, clip, min_delta, warmup, d_model, valid_every, log_every or patience is
+///         out of range.
 void check_loop_options(const LoopOptions& o);
 
-// Fisher-Yates over 0..n-1 drawn from gen.
+/// Fisher-Yates over 0..n-1 drawn from gen.
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
 
 }  // namespace graft::nn

@@ -1,4 +1,5 @@
-// Everything in ops/: include this to get every op.
+/// @file
+/// Everything in ops/: include this to get every op.
 #pragma once
 
 #include "graft/ops/attention.h"

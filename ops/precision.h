@@ -1,48 +1,67 @@
-// Mixed precision: the switch that makes float32 matmuls run with bfloat16 operands.
-//
-// Under PrecisionGuard(Precision::bf16), every float32 matmul of the ops (matmul, linear, the four
-// batched matmuls of scaled_dot_product_attention, the output projection of
-// linear_cross_entropy) rounds its two operands to bfloat16 and multiplies them with float32
-// accumulation into a float32 output. Everything else (layer norm, softmax, the loss, the
-// optimizers, every gradient that reaches a parameter) stays float32, and float64 is never
-// touched (it is the reference). Weights are converted once per change, not once per use: the
-// bf16 copy of a matmul weight is kept until its storage's version changes (the optimizers bump
-// it on every step), so a training step converts each weight once and inference converts it
-// once at the first use. An op's backward runs in the precision its forward ran in.
-//
-// Two paths compute a bf16 matmul:
-//   onednn     oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs)
-//   reference  the operands rounded to bf16 (round to nearest even) but kept as float32, then
-//              the float32 matmul: the same numbers as bf16 products summed in float32, at
-//              float32 speed. Where oneDNN has no bf16 kernel, Bf16Path::automatic takes it and
-//              says so once on stderr; the examples' --precision bf16 refuses instead (nothing
-//              to gain there).
-// The switch is per thread (like torch.autocast) and nests.
+/// @file
+/// Mixed precision: the switch that makes float32 matmuls run with bfloat16 operands.
+///
+/// Under PrecisionGuard(Precision::bf16), every float32 matmul of the ops (matmul, linear, the four
+/// batched matmuls of scaled_dot_product_attention, the output projection of
+/// linear_cross_entropy) rounds its two operands to bfloat16 and multiplies them with float32
+/// accumulation into a float32 output. Everything else (layer norm, softmax, the loss, the
+/// optimizers, every gradient that reaches a parameter) stays float32, and float64 is never
+/// touched (it is the reference). Weights are converted once per change, not once per use: the
+/// bf16 copy of a matmul weight is kept until its storage's version changes (the optimizers bump
+/// it on every step), so a training step converts each weight once and inference converts it
+/// once at the first use. An op's backward runs in the precision its forward ran in.
+///
+/// Two paths compute a bf16 matmul:
+/// - onednn: oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs)
+/// - reference: the operands rounded to bf16 (round to nearest even) but kept as float32, then
+///   the float32 matmul: the same numbers as bf16 products summed in float32, at
+///   float32 speed. Where oneDNN has no bf16 kernel, Bf16Path::automatic takes it and
+///   says so once on stderr; the examples' --precision bf16 refuses instead (nothing
+///   to gain there).
+///
+/// The switch is per thread (like torch.autocast) and nests.
 #pragma once
 
 #include <string>
 
 namespace graft {
 
+/// The precision of float32 matmuls: fp32 (plain float32) or bf16 (bfloat16 operands, float32
+/// accumulation and output).
 enum class Precision { fp32, bf16 };
+/// How a bf16 matmul is computed: automatic (oneDNN's kernel when this CPU has one, else the
+/// reference path), onednn (the kernel; an error where there is none) or reference (operands
+/// rounded to bf16, multiplied in float32).
 enum class Bf16Path { automatic, onednn, reference };
 
-// "fp32" or "bf16"; anything else is an error naming `what` (e.g. "--precision").
+/// Parses a precision name, such as a command-line value.
+/// @throws graft::Error "<what>: unknown precision '<s>' (one of: fp32, bf16)" for anything but
+///         "fp32" or "bf16".
 Precision parse_precision(const std::string& s, const std::string& what);
+/// "fp32" or "bf16".
 const char* precision_name(Precision p);
 
-// The setting in force on this thread, to enter again later: an op's backward runs under the
-// setting its forward ran under.
+/// The setting in force on this thread, to enter again later: an op's backward runs under the
+/// setting its forward ran under.
 struct PrecisionState {
-  Precision precision = Precision::fp32;
-  Bf16Path path = Bf16Path::automatic;
+  Precision precision = Precision::fp32;  ///< the matmul precision
+  Bf16Path path = Bf16Path::automatic;    ///< the bf16 path (as set, not resolved)
 };
+/// The setting in force on this thread (PrecisionGuard(state) enters it again).
 PrecisionState precision_state();
 
+/// Sets the matmul precision of this thread for a scope and restores the previous setting when
+/// the scope ends; nests.
 class PrecisionGuard {
  public:
+  /// Enters precision `p` with bf16 path `path`.
+  /// @throws graft::Error when `p` is bf16 and `path` is onednn on a CPU without a oneDNN bf16
+  ///         kernel (see bf16_unavailable_reason()).
   explicit PrecisionGuard(Precision p, Bf16Path path = Bf16Path::automatic);
+  /// Enters a setting saved by precision_state().
+  /// @throws graft::Error as the other constructor.
   explicit PrecisionGuard(const PrecisionState& s) : PrecisionGuard(s.precision, s.path) {}
+  /// Restores the setting in force before.
   ~PrecisionGuard();
   PrecisionGuard(const PrecisionGuard&) = delete;
   PrecisionGuard& operator=(const PrecisionGuard&) = delete;
@@ -52,30 +71,32 @@ class PrecisionGuard {
   Bf16Path prev_path_;
 };
 
-// The matmul precision in force on this thread.
+/// The matmul precision in force on this thread.
 Precision matmul_precision();
-// The path a bf16 matmul takes on this thread now: onednn or reference (automatic resolved).
+/// The path a bf16 matmul takes on this thread now: onednn or reference (automatic resolved;
+/// the first time automatic resolves to reference it says so on stderr).
 Bf16Path bf16_path();
+/// "automatic", "onednn" or "reference".
 const char* bf16_path_name(Bf16Path p);
 
-// Whether oneDNN has a bf16 matmul kernel for this CPU (probed once: a small bf16 matmul whose
-// implementation is not oneDNN's reference loop).
+/// Whether oneDNN has a bf16 matmul kernel for this CPU (probed once: a small bf16 matmul whose
+/// implementation is not oneDNN's reference loop).
 bool bf16_kernel_available();
-// The oneDNN implementations a 1024^3 matmul gets here (impl_info_str, e.g.
-// "brg:avx512_core_amx_bf16"), or why there is none: for bench headers and test logs.
+/// The oneDNN implementations a 1024^3 matmul gets here (impl_info_str, such as
+/// "brg:avx512_core_amx_bf16"), or why there is none: for bench headers and test logs.
 std::string matmul_kernel_name(Precision p);
-// One line for logs: "bf16 matmuls: oneDNN brg:avx512_core_amx_bf16" or
-// "bf16 matmuls: reference path (operands rounded to bf16, float32 products): ...".
+/// One line for logs: "bf16 matmuls: oneDNN brg:avx512_core_amx_bf16" or
+/// "bf16 matmuls: reference path (operands rounded to bf16, float32 products): ...".
 std::string bf16_description();
-// The error to give when bf16 was asked for on a machine without a kernel (empty when there is
-// one): "<what> bf16: oneDNN has no bf16 matmul kernel for this CPU ...".
+/// The error to give when bf16 was asked for on a machine without a kernel (empty when there is
+/// one): "<what> bf16: oneDNN has no bf16 matmul kernel for this CPU ...".
 std::string bf16_unavailable_reason(const std::string& what);
 
-// How many bf16 copies of weights (b_is_weight operands) have been made in this process: a
-// training step adds one per weight view, an inference run adds them once (for tests).
+/// How many bf16 copies of weights (b_is_weight operands) have been made in this process: a
+/// training step adds one per weight view, an inference run adds them once (for tests).
 uint64_t bf16_weight_copies_made();
 
-// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
+/// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
 float round_to_bf16(float x);
 
 }  // namespace graft

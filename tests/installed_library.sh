@@ -106,5 +106,5 @@ for cpp in "$W"/doc/*.cpp; do
     { tail -n 20 "$W/doc/$name.out" >&2; fail "the C++ example $name failed when run"; }
   n=$((n + 1))
 done
-[[ $n -gt 0 ]] || fail "README.md and docs/ hold no ```cpp example"
+[[ $n -gt 0 ]] || fail 'README.md and docs/ hold no C++ example (a block fenced as cpp)'
 echo "installed_library: $n C++ examples of the README and docs/ compiled and ran"
