@@ -9,9 +9,17 @@
 namespace graft::models {
 
 
+nlohmann::json LMConfig::to_json() const {
+  nlohmann::json j = stack_json();
+  j["scale_embedding"] = scale_embedding;
+  return j;
+}
+
 LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) {
   LMConfig c;
-  c.read_stack(ConfigReader(j, where));
+  const ConfigReader r(j, where);
+  c.read_stack(r);
+  r.get_or_keep("scale_embedding", c.scale_embedding);
   return c;
 }
 
@@ -25,7 +33,9 @@ DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 3
 
 Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
   check_token_ids("DecoderOnlyLM", ids);
-  return dropout->forward(pos->forward(embedding->forward(ids), start));
+  Tensor x = embedding->forward(ids);
+  if (cfg.scale_embedding) x = affine(x, std::sqrt((double)cfg.d_model), 0.0);
+  return dropout->forward(pos->forward(x, start));
 }
 
 Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, embedding->weight); }

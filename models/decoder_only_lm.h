@@ -19,8 +19,13 @@ struct LMConfig : StackConfig {
     positions.kind = nn::Positions::learned;
     norm_first = true;
   }
+  /// Multiply the token embeddings by sqrt(d_model) before the positions are added, as the
+  /// original Transformer does, so that sinusoidal positions (values in [-1, 1]) do not drown
+  /// the tokens (the lm program sets it for sinusoidal positions). A config file without the
+  /// field reads as false, which is what runs made before it did.
+  bool scale_embedding = false;
   /// The fields as JSON (from_json() reads them back).
-  nlohmann::json to_json() const { return stack_json(); }
+  nlohmann::json to_json() const;
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const { return stack_parameters(/*final_norm=*/true); }

@@ -11,21 +11,30 @@
 
 namespace graft::models {
 
+namespace {
+
+// The sampling options' ranges; errors start with `who`.
+void check_sampling_options(const SamplingOptions& s, const char* who) {
+  if (!(s.temperature > 0) || !std::isfinite(s.temperature))
+    fail(std::string(who) + ": temperature must be a finite number > 0, got " + std::to_string(s.temperature));
+  if (s.top_k < 0) fail(std::string(who) + ": top_k must be >= 0 (0: no limit), got " + std::to_string(s.top_k));
+  if (!(s.top_p > 0 && s.top_p <= 1))
+    fail(std::string(who) + ": top_p must be in (0, 1], got " + std::to_string(s.top_p));
+}
+
+}  // namespace
+
 void check_decode_options(const DecodeOptions& o) {
-  const SamplingOptions& s = o.sampling;
   if (o.max_len < 1) fail("decode: max_len must be >= 1, got " + std::to_string(o.max_len));
   if (o.beam < 1) fail("decode: beam must be >= 1, got " + std::to_string(o.beam));
-  if (!(s.temperature > 0) || !std::isfinite(s.temperature))
-    fail("decode: temperature must be a finite number > 0, got " + std::to_string(s.temperature));
-  if (s.top_k < 0) fail("decode: top_k must be >= 0 (0: no limit), got " + std::to_string(s.top_k));
-  if (!(s.top_p > 0 && s.top_p <= 1))
-    fail("decode: top_p must be in (0, 1], got " + std::to_string(s.top_p));
+  check_sampling_options(o.sampling, "decode");
   if (o.sample && o.beam > 1) fail("decode: sampling draws one sequence per input; beam must be 1");
 }
 
 std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o) {
   const int64_t V = (int64_t)logits.size();
   if (V == 0) fail("sampling_distribution: no logits");
+  check_sampling_options(o, "sampling_distribution");
   // Token ids from most to least likely (ties: lower id first).
   std::vector<int64_t> order(V);
   std::iota(order.begin(), order.end(), 0);

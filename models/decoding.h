@@ -40,8 +40,8 @@ void check_decode_options(const DecodeOptions& o);
 /// The distribution sampling draws from for one row of logits: softmax(logits / temperature)
 /// restricted to the top_k most likely tokens, then to the smallest set of the most likely whose
 /// probability sum reaches top_p, renormalised; zeros elsewhere. Ties rank the lower id first.
-/// The options are not checked here (check_decode_options() does).
-/// @throws graft::Error when logits is empty.
+/// @throws graft::Error "sampling_distribution: ..." when logits is empty or an option is out of
+///         the ranges check_decode_options() names.
 std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o);
 /// One draw from sampling_distribution (one gen.uniform()).
 /// @throws graft::Error when logits is empty.

@@ -159,6 +159,15 @@ BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
   fails([](DecodeOptions& o) { o.beam = 0; }, "beam must be >= 1");
   fails([](DecodeOptions& o) { o.beam = 4; }, "beam must be 1");
   fails([](DecodeOptions& o) { o.max_len = 0; }, "max_len must be >= 1");
+  // The public sampling_distribution checks its options itself (temperature 0 would divide by 0).
+  SamplingOptions so;
+  so.temperature = 0;
+  BOOST_CHECK_EXCEPTION(sampling_distribution({1.0, 2.0}, so), Error, [](const Error& e) {
+    return names(e, "sampling_distribution: temperature must be a finite number > 0, got 0");
+  });
+  so.temperature = 1, so.top_p = 0;
+  BOOST_CHECK_EXCEPTION(sampling_distribution({1.0, 2.0}, so), Error,
+                        [](const Error& e) { return names(e, "sampling_distribution: top_p must be in (0, 1]"); });
 }
 
 BOOST_AUTO_TEST_CASE(transformer_sampling_repeats_for_any_thread_count) {

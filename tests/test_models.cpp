@@ -237,6 +237,33 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(model_zoo)
 
+// scale_embedding multiplies the token embeddings by sqrt(d_model) before the positions are
+// added, round-trips through JSON, and a config file written before the field reads as false.
+BOOST_AUTO_TEST_CASE(decoder_only_lm_scale_embedding) {
+  LMConfig c;
+  c.vocab = 11, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 8, c.dropout = 0.0;
+  c.positions.kind = nn::Positions::sinusoidal;
+  c.dtype = DType::f64;
+  nlohmann::json j = c.to_json();
+  BOOST_TEST(j.at("scale_embedding") == false);
+  j.erase("scale_embedding");
+  BOOST_TEST(!LMConfig::from_json(j).scale_embedding);  // an old file
+  c.scale_embedding = true;
+  BOOST_TEST(LMConfig::from_json(c.to_json()).scale_embedding);
+  j["scale_embedding"] = 1;  // not a boolean
+  BOOST_CHECK_THROW(LMConfig::from_json(j), Error);
+  DecoderOnlyLM scaled(c);
+  c.scale_embedding = false;
+  DecoderOnlyLM plain(c);  // the same seed: the same weights
+  autograd::NoGrad ng;
+  const Tensor x = ids({1, 2, 3, 4}, 1);
+  const auto a = scaled.embed(x).to_vector<double>(), b = plain.embed(x).to_vector<double>();
+  const auto e = plain.embedding->forward(x).to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs((a[i] - b[i]) - 3.0 * e[i]));  // (4 - 1) E
+  BOOST_TEST(worst < 1e-12);
+}
+
 BOOST_AUTO_TEST_CASE(decoder_only_lm_is_causal_and_learns) {
   LMConfig c;
   c.vocab = 11;

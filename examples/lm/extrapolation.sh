@@ -3,16 +3,17 @@
 # lm-mini model trained at context T once per position kind (same data, steps and seed), then
 # bits per character on the validation documents at T, 2T and 4T (learned positions: T only,
 # they do not exist past max_len = T).
-#   examples/lm/extrapolation.sh BUILD_DIR [T] [STEPS]
+#   examples/lm/extrapolation.sh BUILD_DIR [T] [STEPS] [KINDS]   (KINDS: e.g. "sinusoidal rope"; default all five)
 set -euo pipefail
 BUILD=${1:-build}
 T=${2:-64}
 STEPS=${3:-600}
+KINDS=${4:-sinusoidal learned rope alibi relative}
 LM=$BUILD/examples/lm/lm
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 echo "| positions | bpc at T=$T | 2T=$((2 * T)) | 4T=$((4 * T)) | train tokens/s |"
 echo "|---|---:|---:|---:|---:|"
-for p in sinusoidal learned rope alibi relative; do
+for p in $KINDS; do
   run=runs/lm_extrap_$p
   rm -rf "$run"
   tps=$("$LM" train --out "$run" --preset lm-mini --positions "$p" --context "$T" --batch-rows 32 \

@@ -170,6 +170,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   }
   models::LMConfig c = preset(o.preset);
   c.positions.kind = nn::parse_positions(o.positions);
+  c.scale_embedding = c.positions.kind == nn::Positions::sinusoidal;  // as the original Transformer
   c.dropout = o.dropout;
   c.seed = o.loop.seed;
   context = o.context > 0 ? o.context : c.max_len;
