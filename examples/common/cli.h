@@ -15,12 +15,24 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/text.h"
+#include "graft/models/decoding.h"
 #include "graft/ops/precision.h"
 
 namespace graft::cli {
 
 // Seeds are unsigned: "-1" must not wrap to 2^64 - 1.
 inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) << 62); }
+
+// --beam, --sample, --temperature, --top-k, --top-p, --seed: how a program decodes
+// (models/decoding.h; check_decode_options() checks the values before any work).
+inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
+  sub->add_option("--beam", o.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
+  sub->add_flag("--sample", o.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
+  sub->add_option("--temperature", o.sampling.temperature, "sampling temperature (> 0)");
+  sub->add_option("--top-k", o.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  sub->add_option("--top-p", o.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
+  sub->add_option("--seed", o.seed, "sampling seed (same seed, same output)")->check(seed_range());
+}
 
 // --detect-anomaly: anomaly mode for the whole run (autograd/tape.h).
 inline void add_detect_anomaly(CLI::App* sub) {

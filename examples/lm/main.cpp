@@ -112,13 +112,7 @@ cli::Command add_generate(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--prompt", a->prompt, "text to continue (may be empty)");
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--beam", a->opt.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  sub->add_flag("--sample", a->opt.sample, "sample instead of greedy/beam");
-  sub->add_option("--temperature", a->opt.sampling.temperature, "sampling temperature (> 0)");
-  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus probability, in (0, 1]");
-  sub->add_option("--seed", a->opt.seed, "sampling seed")
-      ->check(cli::seed_range());
+  cli::add_decoding_options(sub, a->opt);
   cli::add_precision(sub);
   return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt); }};
 }

@@ -200,13 +200,7 @@ cli::Command add_translate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
   sub->add_option("--run", a->run, "run directory")->required();
-  sub->add_option("--beam", a->opt.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  sub->add_flag("--sample", a->opt.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
-  sub->add_option("--temperature", a->opt.sampling.temperature, "sampling temperature (> 0)");
-  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  sub->add_option("--top-p", a->opt.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
-  sub->add_option("--seed", a->opt.seed, "sampling seed (same seed, same output)")
-      ->check(cli::seed_range());
+  cli::add_decoding_options(sub, a->opt);
   sub->add_option("--max-len", a->max_len, "maximum output pieces (default 2 * source + 10)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--attention", a->attention, "PNG heatmap of the first sentence's cross-attention");
