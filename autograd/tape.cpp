@@ -448,12 +448,6 @@ std::string dot_escape(const std::string& s) {
   return out;
 }
 
-std::string shape_text(DType dt, const Shape& shape) {
-  std::string s = std::string(dtype_name(dt)) + " (";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
-}
-
 // "e12" (entry 12), "l3" (leaf 3). Built by appending: g++ 12 warns falsely (-Wrestrict, GCC
 // bug 105329) on "e" + std::to_string(i).
 std::string node_id(char kind, int64_t i) {
@@ -490,7 +484,7 @@ void write_cluster(std::string& dot, const std::string& label, const Cluster& c,
   for (int64_t i : c.entries) {
     const Entry& e = t_tape.entries[i];
     std::string text = dot_escape(e.op);
-    for (size_t k = 0; k < e.out_shapes.size(); ++k) text += "\\n" + shape_text(e.out_dtypes[k], e.out_shapes[k]);
+    for (size_t k = 0; k < e.out_shapes.size(); ++k) text += "\\n" + describe(e.out_dtypes[k], e.out_shapes[k]);
     dot += pad + "  " + node_id('e', i) + " [label=\"" + text + "\"];\n";
   }
   for (const auto& [name, child] : c.children) write_cluster(dot, name, child, next_id, depth + 1);
@@ -508,7 +502,7 @@ std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, 
     if (leaf.defined()) names.emplace(leaf.impl(), name);
   auto leaf_label = [&](const TensorImpl* leaf, DType dt, const Shape& shape) {
     auto it = names.find(leaf);
-    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" + shape_text(dt, shape);
+    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" + describe(dt, shape);
   };
   std::string dot = "digraph graft {\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
   if (ti->tape_index < 0) {  // nothing recorded behind it

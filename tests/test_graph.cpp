@@ -50,14 +50,14 @@ BOOST_AUTO_TEST_CASE(one_node_per_entry_and_named_leaves) {
   const std::string dot = autograd::graph_dot(loss, {{"weight", w}, {"bias", b}});
   BOOST_TEST(op_nodes(dot) == autograd::tape_size());
   BOOST_TEST(autograd::tape_size() == 4u);
-  BOOST_TEST(dot.find("label=\"weight\\nfloat32 (3, 2)\"") != std::string::npos, dot);
-  BOOST_TEST(dot.find("label=\"bias\\nfloat32 (2)\"") != std::string::npos, dot);
-  BOOST_TEST(dot.find("relu\\nfloat32 (4, 2)") != std::string::npos, dot);
+  BOOST_TEST(dot.find("label=\"weight\\nf32 (3, 2)\"") != std::string::npos, dot);
+  BOOST_TEST(dot.find("label=\"bias\\nf32 (2)\"") != std::string::npos, dot);
+  BOOST_TEST(dot.find("relu\\nf32 (4, 2)") != std::string::npos, dot);
   BOOST_TEST(count(dot, R"(-> e\d+;)") == 5u);  // w, b, matmul, add, relu each feed one op
   BOOST_TEST(dot.find("cluster") == std::string::npos);  // no module paths kept
   check_dot_parses(dot);
   // An unnamed leaf is "leaf"; a tensor nothing recorded is its own graph.
-  BOOST_TEST(autograd::graph_dot(loss).find("label=\"leaf\\nfloat32 (3, 2)\"") != std::string::npos);
+  BOOST_TEST(autograd::graph_dot(loss).find("label=\"leaf\\nf32 (3, 2)\"") != std::string::npos);
   BOOST_TEST(op_nodes(autograd::graph_dot(w)) == 0u);
   check_dot_parses(autograd::graph_dot(w));
   autograd::clear_tape();

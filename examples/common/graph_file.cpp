@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -32,8 +34,8 @@ bool run_dot(const std::string& format, const std::string& in, const std::string
   pid_t pid = 0;
   if (posix_spawnp(&pid, "dot", nullptr, nullptr, argv.data(), environ) != 0) return false;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-  }
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) fail("graph: waiting for Graphviz's dot: " + std::string(std::strerror(errno)));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return false;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
     fail("graph: Graphviz's dot could not render '" + out + "' (exit status " + std::to_string(WEXITSTATUS(status)) + ")");
