@@ -588,10 +588,11 @@ void line_chart(const std::string& png_path, const std::vector<Panel>& panels, i
   write_png_atomic(fn, cr.get(), surface.get(), png_path);
 }
 
-void heatmap(const std::string& png_path, const std::vector<std::vector<double>>& m,
-             const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
-             const std::string& title) {
-  const char* fn = "heatmap";
+namespace {
+
+// The matrix is rectangular, the labels match it, and it is small enough to draw.
+void check_heatmap_input(const char* fn, const std::vector<std::vector<double>>& m,
+                         const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels) {
   if (m.empty() || m[0].empty()) fail(fn, "matrix is empty");
   const size_t rows = m.size(), cols = m[0].size();
   for (size_t r = 1; r < rows; ++r)
@@ -604,57 +605,76 @@ void heatmap(const std::string& png_path, const std::vector<std::vector<double>>
   if (col_labels.size() != cols)
     fail(fn, "matrix is " + dims + " but " + std::to_string(col_labels.size()) + " column labels");
   if (rows > 4000 || cols > 4000) fail(fn, "matrix is " + dims + ", too large to draw (max 4000x4000)");
+}
 
+// Where a heatmap's parts go. The labels decide the image size, so they are measured first.
+struct HeatmapLayout {
+  size_t rows = 0, cols = 0, stride = 1;  // every stride-th row/column is labelled
+  double cell = 0, font = 0;
+  std::vector<std::string> rl, cl;  // labels, cleaned and fitted
+  double title_h = 0;
+  double grid_w = 0, grid_h = 0, bar_w = 16, bar_h = 0, x0 = 0, y0 = 0, bar_x = 0;
+  int width = 0, height = 0;
+};
+
+constexpr double kHeatMargin = 14, kHeatTickLen = 4, kHeatTickFont = 11, kHeatTitleFont = 16;
+
+HeatmapLayout lay_out_heatmap(const char* fn, size_t rows, size_t cols, const std::vector<std::string>& row_labels,
+                              const std::vector<std::string>& col_labels, const std::string& title) {
+  HeatmapLayout L;
+  L.rows = rows, L.cols = cols;
   // Cell size: large for short sentences, never below 14 px while labels can
   // still be shown on every row/column; huge matrices get thinned labels.
   const size_t maxdim = std::max(rows, cols);
-  double cell = std::clamp(std::floor(640.0 / static_cast<double>(maxdim)), 14.0, 40.0);
-  if (maxdim > 160) cell = std::max(2.0, std::floor(2400.0 / static_cast<double>(maxdim)));
-  const double font = std::clamp(cell * 0.62, 10.0, 14.0);
-  const size_t stride = static_cast<size_t>(std::ceil((font + 2) / cell));
-  const double max_label_w = 180, margin = 14, tick_len = 4, tick_font = 11;
+  L.cell = std::clamp(std::floor(640.0 / static_cast<double>(maxdim)), 14.0, 40.0);
+  if (maxdim > 160) L.cell = std::max(2.0, std::floor(2400.0 / static_cast<double>(maxdim)));
+  L.font = std::clamp(L.cell * 0.62, 10.0, 14.0);
+  L.stride = static_cast<size_t>(std::ceil((L.font + 2) / L.cell));
+  const double max_label_w = 180;
 
-  // Measure on a scratch surface (labels decide the image size).
-  std::vector<std::string> rl(rows), cl(cols);
-  double row_w = 0, col_w = 0, title_w = 0, title_h = 0, bar_label_w = 0;
+  // Measure on a scratch surface.
+  L.rl.resize(rows), L.cl.resize(cols);
+  double row_w = 0, col_w = 0, title_w = 0, bar_label_w = 0;
   {
     auto [scratch_surface, scratch] = make_canvas(fn, 1, 1);
     cairo_t* c = scratch.get();
-    set_font(c, font);
+    set_font(c, L.font);
     for (size_t r = 0; r < rows; ++r) {
-      rl[r] = fit_text(c, clean_utf8(row_labels[r]), max_label_w);
-      if (r % stride == 0) row_w = std::max(row_w, text_width(c, rl[r]));
+      L.rl[r] = fit_text(c, clean_utf8(row_labels[r]), max_label_w);
+      if (r % L.stride == 0) row_w = std::max(row_w, text_width(c, L.rl[r]));
     }
     for (size_t k = 0; k < cols; ++k) {
-      cl[k] = fit_text(c, clean_utf8(col_labels[k]), max_label_w);
-      if (k % stride == 0) col_w = std::max(col_w, text_width(c, cl[k]));
+      L.cl[k] = fit_text(c, clean_utf8(col_labels[k]), max_label_w);
+      if (k % L.stride == 0) col_w = std::max(col_w, text_width(c, L.cl[k]));
     }
-    set_font(c, tick_font);
+    set_font(c, kHeatTickFont);
     bar_label_w = text_width(c, "0.75");
-    set_font(c, 16, true);
-    title_h = line_height(c);
+    set_font(c, kHeatTitleFont, true);
+    L.title_h = line_height(c);
     title_w = text_width(c, clean_utf8(title));
   }
 
-  const double grid_w = cell * static_cast<double>(cols), grid_h = cell * static_cast<double>(rows);
-  const double bar_gap = 24, bar_w = 16, bar_h = std::max(grid_h, 160.0);
-  const double content_w =
-      margin + row_w + tick_len + 4 + grid_w + bar_gap + bar_w + tick_len + 4 + bar_label_w + margin;
-  const double title_box = title_w + 2 * margin;
+  L.grid_w = L.cell * static_cast<double>(cols), L.grid_h = L.cell * static_cast<double>(rows);
+  const double bar_gap = 24;
+  L.bar_h = std::max(L.grid_h, 160.0);
+  const double content_w = kHeatMargin + row_w + kHeatTickLen + 4 + L.grid_w + bar_gap + L.bar_w + kHeatTickLen + 4 +
+                           bar_label_w + kHeatMargin;
+  const double title_box = title_w + 2 * kHeatMargin;
   const double shift = title_box > content_w ? std::floor((title_box - content_w) / 2) : 0;  // centre under title
-  const double x0 = std::round(shift + margin + row_w + tick_len + 4);
-  const double y0 = std::round(margin + (title.empty() ? 0 : title_h + 12));
-  const double bar_x = x0 + grid_w + bar_gap;
-  const double content_h = y0 + std::max(grid_h + tick_len + 4 + col_w, bar_h) + margin;
-  const int width = static_cast<int>(std::ceil(std::max(content_w, title_box)));
-  const int height = static_cast<int>(std::ceil(content_h));
-  auto [surface, crp] = make_canvas(fn, width, height);
-  cairo_t* cr = crp.get();
+  L.x0 = std::round(shift + kHeatMargin + row_w + kHeatTickLen + 4);
+  L.y0 = std::round(kHeatMargin + (title.empty() ? 0 : L.title_h + 12));
+  L.bar_x = L.x0 + L.grid_w + bar_gap;
+  const double content_h = L.y0 + std::max(L.grid_h + kHeatTickLen + 4 + col_w, L.bar_h) + kHeatMargin;
+  L.width = static_cast<int>(std::ceil(std::max(content_w, title_box)));
+  L.height = static_cast<int>(std::ceil(content_h));
+  return L;
+}
 
-  // Cells, crisp edges (integer cell size and origin).
+// Cells and the colour bar, with crisp edges (integer cell size and origin).
+void draw_heatmap_cells(cairo_t* cr, const HeatmapLayout& L, const std::vector<std::vector<double>>& m) {
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
-  for (size_t r = 0; r < rows; ++r)
-    for (size_t k = 0; k < cols; ++k) {
+  for (size_t r = 0; r < L.rows; ++r)
+    for (size_t k = 0; k < L.cols; ++k) {
       const double v = m[r][k];
       if (std::isfinite(v)) {
         const Rgb c = ramp(v);
@@ -662,60 +682,75 @@ void heatmap(const std::string& png_path, const std::vector<std::vector<double>>
       } else {
         cairo_set_source_rgb(cr, 0.8, 0.8, 0.8);
       }
-      cairo_rectangle(cr, x0 + cell * static_cast<double>(k), y0 + cell * static_cast<double>(r), cell, cell);
+      cairo_rectangle(cr, L.x0 + L.cell * static_cast<double>(k), L.y0 + L.cell * static_cast<double>(r), L.cell, L.cell);
       cairo_fill(cr);
     }
-  // Colour bar.
-  const int bar_steps = static_cast<int>(bar_h);
+  const int bar_steps = static_cast<int>(L.bar_h);
   for (int i = 0; i < bar_steps; ++i) {
     const Rgb c = ramp(1.0 - (i + 0.5) / bar_steps);
     cairo_set_source_rgb(cr, c.r, c.g, c.b);
-    cairo_rectangle(cr, bar_x, y0 + i, bar_w, 1);
+    cairo_rectangle(cr, L.bar_x, L.y0 + i, L.bar_w, 1);
     cairo_fill(cr);
   }
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
+}
 
-  // Frames and tick marks.
+void draw_heatmap_frames(cairo_t* cr, const HeatmapLayout& L) {
   cairo_set_source_rgb(cr, 0.3, 0.3, 0.3);
   cairo_set_line_width(cr, 1);
-  cairo_rectangle(cr, x0 - 0.5, y0 - 0.5, grid_w + 1, grid_h + 1);
-  cairo_rectangle(cr, bar_x - 0.5, y0 - 0.5, bar_w + 1, bar_h + 1);
-  for (size_t r = 0; r < rows; r += stride) {
-    const double y = std::round(y0 + cell * (static_cast<double>(r) + 0.5)) + 0.5;
-    cairo_move_to(cr, x0 - 0.5, y);
-    cairo_line_to(cr, x0 - 0.5 - tick_len, y);
+  cairo_rectangle(cr, L.x0 - 0.5, L.y0 - 0.5, L.grid_w + 1, L.grid_h + 1);
+  cairo_rectangle(cr, L.bar_x - 0.5, L.y0 - 0.5, L.bar_w + 1, L.bar_h + 1);
+  for (size_t r = 0; r < L.rows; r += L.stride) {
+    const double y = std::round(L.y0 + L.cell * (static_cast<double>(r) + 0.5)) + 0.5;
+    cairo_move_to(cr, L.x0 - 0.5, y);
+    cairo_line_to(cr, L.x0 - 0.5 - kHeatTickLen, y);
   }
-  for (size_t k = 0; k < cols; k += stride) {
-    const double x = std::round(x0 + cell * (static_cast<double>(k) + 0.5)) + 0.5;
-    cairo_move_to(cr, x, y0 + grid_h + 0.5);
-    cairo_line_to(cr, x, y0 + grid_h + 0.5 + tick_len);
+  for (size_t k = 0; k < L.cols; k += L.stride) {
+    const double x = std::round(L.x0 + L.cell * (static_cast<double>(k) + 0.5)) + 0.5;
+    cairo_move_to(cr, x, L.y0 + L.grid_h + 0.5);
+    cairo_line_to(cr, x, L.y0 + L.grid_h + 0.5 + kHeatTickLen);
   }
   for (int i = 0; i <= 4; ++i) {
-    const double y = std::round(y0 + bar_h * (1 - i / 4.0)) - (i == 0 ? 0.5 : -0.5);
-    cairo_move_to(cr, bar_x + bar_w + 0.5, y);
-    cairo_line_to(cr, bar_x + bar_w + 0.5 + tick_len, y);
+    const double y = std::round(L.y0 + L.bar_h * (1 - i / 4.0)) - (i == 0 ? 0.5 : -0.5);
+    cairo_move_to(cr, L.bar_x + L.bar_w + 0.5, y);
+    cairo_line_to(cr, L.bar_x + L.bar_w + 0.5 + kHeatTickLen, y);
   }
   cairo_stroke(cr);
+}
 
-  // Labels.
+void draw_heatmap_labels(cairo_t* cr, const HeatmapLayout& L, const std::string& title) {
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
-  set_font(cr, font);
-  for (size_t r = 0; r < rows; r += stride)
-    draw_text(cr, rl[r], x0 - tick_len - 4, y0 + cell * (static_cast<double>(r) + 0.5), 1.0);
-  for (size_t k = 0; k < cols; k += stride)
-    draw_text_up(cr, cl[k], x0 + cell * (static_cast<double>(k) + 0.5), y0 + grid_h + tick_len + 4, 1.0);
-  set_font(cr, tick_font);
+  set_font(cr, L.font);
+  for (size_t r = 0; r < L.rows; r += L.stride)
+    draw_text(cr, L.rl[r], L.x0 - kHeatTickLen - 4, L.y0 + L.cell * (static_cast<double>(r) + 0.5), 1.0);
+  for (size_t k = 0; k < L.cols; k += L.stride)
+    draw_text_up(cr, L.cl[k], L.x0 + L.cell * (static_cast<double>(k) + 0.5), L.y0 + L.grid_h + kHeatTickLen + 4, 1.0);
+  set_font(cr, kHeatTickFont);
   for (int i = 0; i <= 4; ++i) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "%.2g", i / 4.0);
-    draw_text(cr, buf, bar_x + bar_w + tick_len + 4, y0 + bar_h * (1 - i / 4.0), 0);
+    draw_text(cr, buf, L.bar_x + L.bar_w + kHeatTickLen + 4, L.y0 + L.bar_h * (1 - i / 4.0), 0);
   }
   if (!title.empty()) {
     cairo_set_source_rgb(cr, 0, 0, 0);
-    set_font(cr, 16, true);
-    draw_text(cr, clean_utf8(title), width / 2.0, margin + title_h / 2, 0.5);
+    set_font(cr, kHeatTitleFont, true);
+    draw_text(cr, clean_utf8(title), L.width / 2.0, kHeatMargin + L.title_h / 2, 0.5);
   }
-  write_png_atomic(fn, cr, surface.get(), png_path);
+}
+
+}  // namespace
+
+void heatmap(const std::string& png_path, const std::vector<std::vector<double>>& m,
+             const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
+             const std::string& title) {
+  const char* fn = "heatmap";
+  check_heatmap_input(fn, m, row_labels, col_labels);
+  const HeatmapLayout L = lay_out_heatmap(fn, m.size(), m[0].size(), row_labels, col_labels, title);
+  auto [surface, crp] = make_canvas(fn, L.width, L.height);
+  draw_heatmap_cells(crp.get(), L, m);
+  draw_heatmap_frames(crp.get(), L);
+  draw_heatmap_labels(crp.get(), L, title);
+  write_png_atomic(fn, crp.get(), surface.get(), png_path);
 }
 
 }  // namespace graft::plot
