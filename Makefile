@@ -3,10 +3,11 @@
 BUILD ?= build
 JOBS ?= 2
 DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev libsentencepiece-dev \
-       nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz
+       nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz \
+       libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test install docs interop graph demo bench bench-quality clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build test install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
 # $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
 apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -93,6 +94,12 @@ classify: configure fortunes
 	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify evaluate --run runs/langid --data data/langid/test.tsv
 	printf 'Das ist ein schöner Tag.\nTo jest piękny dzień.\nIs fearr rith maith ná droch sheasamh.\n' | \
 	  $(BUILD)/examples/classify/classify predict --run runs/langid
+
+# Data parallel on this machine (docs/data-parallel.md): target tokens/s for ranks x threads, the
+# share of a step spent waiting for the gradient sums with and without overlap, and the scaling
+# model for 8 and 64 ranks. BLEU_STEPS=750 adds the test BLEU of one process against 2 ranks.
+bench-mpi: build
+	./bench/data_parallel.sh $(BUILD)
 
 # The library and the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer, in
 # their own build directory, at one thread (`make test` runs two); the first report stops the

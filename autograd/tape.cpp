@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace graft::autograd {
@@ -61,6 +62,7 @@ bool anomaly_from_env() {
 }
 thread_local bool t_anomaly = anomaly_from_env();
 thread_local std::vector<std::string> t_scopes;
+thread_local GradReadyHook t_grad_ready;
 thread_local int t_keep_paths = 0;  // live KeepModulePaths objects
 bool keeping_paths() { return t_anomaly || t_keep_paths > 0; }
 
@@ -133,7 +135,8 @@ void compact_if_empty() {
 }  // namespace
 
 namespace {
-void run_backward(int64_t top, bool retain_graph);
+void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at);
+std::vector<std::vector<TensorImpl*>> leaves_ready_at(int64_t top);
 }
 
 std::vector<SavedBytes> saved_bytes_by_op() {
@@ -320,7 +323,7 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     e.pending[ri->tape_slot] = seed;
   }
   try {
-    run_backward(top, retain_graph);
+    run_backward(top, retain_graph, t_grad_ready ? leaves_ready_at(top) : std::vector<std::vector<TensorImpl*>>());
   } catch (...) {
     // A failed backward leaves half-routed gradients behind; drop this graph so the next
     // backward starts clean instead of replaying stale state.
@@ -370,12 +373,34 @@ void route_gradient(const Route& r, const Tensor& g) {
   }
 }
 
-void run_backward(int64_t top, bool retain_graph) {
+// ready_at[i]: the leaves whose earliest use is entry i, so their gradient is complete once
+// entry i has run (or been passed over). In tape order, so every rank of a data-parallel job
+// sees the same sequence.
+std::vector<std::vector<TensorImpl*>> leaves_ready_at(int64_t top) {
+  std::unordered_map<TensorImpl*, int64_t> first;
+  std::vector<TensorImpl*> order;
+  for (int64_t i = 0; i <= top; ++i)
+    for (const Route& r : t_tape.entries[i].inputs)
+      if (r.leaf && r.needs && first.emplace(r.leaf.get(), i).second) order.push_back(r.leaf.get());
+  std::vector<std::vector<TensorImpl*>> ready_at((size_t)top + 1);
+  for (TensorImpl* leaf : order) ready_at[(size_t)first[leaf]].push_back(leaf);
+  return ready_at;
+}
+
+void fire_ready(const std::vector<std::vector<TensorImpl*>>& ready_at, int64_t i) {
+  if (ready_at.empty()) return;
+  for (TensorImpl* leaf : ready_at[(size_t)i]) t_grad_ready(leaf);
+}
+
+void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at) {
   for (int64_t i = top; i >= 0; --i) {
     Entry& e = t_tape.entries[i];
     bool any = false;
     for (auto& p : e.pending) any |= p.defined();
-    if (!any) continue;
+    if (!any) {
+      fire_ready(ready_at, i);
+      continue;
+    }
     if (e.freed) already_freed(e.op);
     for (size_t s = 0; s < e.saved.size(); ++s) {
       if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
@@ -421,11 +446,15 @@ void run_backward(int64_t top, bool retain_graph) {
       if (g.shape() != r.shape) g = sum_to_shape(g, r.shape);
       route_gradient(r, g);
     }
+    fire_ready(ready_at, i);
   }
 }
 }  // namespace
 
 size_t tape_size() { return t_tape.live; }
+
+GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) { t_grad_ready = std::move(hook); }
+GradReadyScope::~GradReadyScope() { t_grad_ready = std::move(prev_); }
 
 void clear_tape() {
   for (auto& e : t_tape.entries) free_entry(e);

@@ -139,6 +139,26 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
 ///         number or shape of gradients, or (in anomaly mode) a gradient holds NaN or Inf.
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 
+/// Called by backward() once a leaf's gradient is complete: every entry that routes a gradient
+/// to the leaf has run (the earliest of them in tape order). Data-parallel training starts
+/// summing a parameter's gradient across ranks then, while backward goes on with the rest.
+/// Leaves that no entry behind the root uses are not reported.
+using GradReadyHook = std::function<void(TensorImpl* leaf)>;
+/// Installs a GradReadyHook for this thread's backward() calls while the scope lives (scopes
+/// nest: the previous hook comes back when it ends).
+class GradReadyScope {
+ public:
+  /// Installs `hook` (an empty function installs none).
+  explicit GradReadyScope(GradReadyHook hook);
+  /// Restores the hook in force before.
+  ~GradReadyScope();
+  GradReadyScope(const GradReadyScope&) = delete;
+  GradReadyScope& operator=(const GradReadyScope&) = delete;
+
+ private:
+  GradReadyHook prev_;
+};
+
 /// Number of live (not yet freed) entries on this thread's tape.
 size_t tape_size();
 /// Frees every entry without running backward (after an evaluation that forgot NoGrad, say).

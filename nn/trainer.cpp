@@ -13,6 +13,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/gradient_buckets.h"
 #include "graft/nn/optim.h"
 
 namespace graft::nn {
@@ -126,17 +127,42 @@ std::string metadata_checksum(const std::string& trainer, const std::string& opt
   return text_checksum(trainer + '\n' + optimizer);
 }
 
+// One rank's generators, as the train state keeps them: the default generator, then the task's.
+std::vector<uint64_t> generator_states(const TrainTask& task) {
+  std::vector<uint64_t> v{default_generator().state()};
+  for (Generator* g : task.generators) v.push_back(g->state());
+  return v;
+}
+void set_generator_states(const TrainTask& task, const std::vector<uint64_t>& v) {
+  default_generator().set_state(v.at(0));
+  for (size_t i = 0; i < task.generators.size(); ++i) task.generators[i]->set_state(v.at(i + 1));
+}
+// Rank r > 0 draws its dropout masks from streams of its own, derived from rank 0's (so from the
+// seed) and r: a splitmix64 step of each state mixed with the rank.
+std::vector<uint64_t> rank_streams(std::vector<uint64_t> v, int rank) {
+  if (rank == 0) return v;
+  for (uint64_t& s : v) {
+    uint64_t z = s + 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    s = z ^ (z >> 31);
+  }
+  return v;
+}
+
+// `ranks`: every rank's generator_states(), rank by rank.
 void save_train_state(const std::string& path, const TrainTask& task, const Optimizer& opt,
-                      const LoopState& s, const nlohmann::json& tied) {
+                      const LoopState& s, const nlohmann::json& tied,
+                      const std::vector<std::vector<uint64_t>>& ranks) {
   NamedTensors tensors;
   for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
-  std::vector<uint64_t> gens;
-  for (Generator* g : task.generators) gens.push_back(g->state());
+  const std::vector<uint64_t> gens(ranks[0].begin() + 1, ranks[0].end());
   const nlohmann::json j = {{"version", kStateVersion},     {"step", s.step},
                             {"epoch", s.epoch},             {"pos", s.pos},
                             {"order", s.order},             {"batch_gen", s.batch_gen.state()},
-                            {"generators", gens},           {"default_gen", default_generator().state()},
+                            {"generators", gens},           {"default_gen", ranks[0][0]},
+                            {"rank_generators", ranks},
                             {"elapsed_bits", double_bits(s.elapsed)},
                             {"acc_loss_bits", double_bits(s.acc_loss)},
                             {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
@@ -194,7 +220,10 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
   return f;
 }
 
-void load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt, LoopState& s) {
+// Restores the weights, the optimizer and the loop state; returns every saved rank's generator
+// states (one rank for a run saved before data parallelism).
+std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt,
+                                                    LoopState& s) {
   nlohmann::json j, oj;
   const SafetensorsFile f = read_train_state(path, task, j, oj);
   NamedTensors model_t, optim_t;
@@ -230,6 +259,16 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
   if (gens.size() != task.generators.size())
     fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
          std::to_string(task.generators.size()) + " generators");
+  std::vector<std::vector<uint64_t>> ranks{{default_gen}};
+  ranks[0].insert(ranks[0].end(), gens.begin(), gens.end());
+  if (j.contains("rank_generators")) {
+    ranks = json_field<std::vector<std::vector<uint64_t>>>(j, "rank_generators", where);
+    for (auto& r : ranks)
+      if (r.size() != gens.size() + 1)
+        fail("resume: '" + path + "': a rank's generator states do not match the " +
+             std::to_string(task.generators.size()) + " generators");
+    if (ranks.empty()) fail("resume: '" + path + "': no rank's generator states");
+  }
   try {
     task.model->load_state_dict(model_t);
     opt.load_state(optim_t, oj);
@@ -241,9 +280,41 @@ void load_train_state(const std::string& path, const TrainTask& task, Optimizer&
     fail("resume: '" + path + "': optimizer is at step " + std::to_string(opt.step_count()) +
          " but the trainer state says " + std::to_string(optimizer_steps) + " (trainer step " +
          std::to_string(ns.step) + ")");
-  for (size_t i = 0; i < gens.size(); ++i) task.generators[i]->set_state(gens[i]);
-  default_generator().set_state(default_gen);
   s = std::move(ns);
+  return ranks;
+}
+
+// What every rank must agree on: the data, the tied files, the parameters and the options that
+// shape the run.
+std::string run_identity(const TrainTask& t, const LoopOptions& o, const nlohmann::json& tied) {
+  nlohmann::json params = nlohmann::json::array();
+  for (auto& [n, p] : t.model->named_parameters()) params.push_back({n, p.shape(), dtype_name(p.dtype())});
+  const nlohmann::json j = {{"data", t.data_fingerprint}, {"tied", tied}, {"params", params},
+                            {"batches", t.batches},       {"steps", o.steps}, {"minutes", o.minutes},
+                            {"lr", o.lr},                 {"lr_factor", o.lr_factor}, {"warmup", o.warmup},
+                            {"clip", o.clip},             {"seed", o.seed}, {"resume", o.resume},
+                            {"valid_every", o.valid_every}, {"patience", o.patience}};
+  return j.dump();
+}
+
+void check_ranks_agree(Communicator& c, const TrainTask& t, const LoopOptions& o, const nlohmann::json& tied) {
+  if (c.size() == 1) return;
+  const std::string mine = run_identity(t, o, tied);
+  const bool same = c.broadcast_string(mine, 0) == mine;
+  const auto flags = c.allgather({same ? 0ull : 1ull});
+  std::string differ;
+  for (int r = 0; r < c.size(); ++r)
+    if (flags[(size_t)r][0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    fail("train: the ranks disagree on the training data, config or options (rank " + differ +
+         " differs from rank 0): every rank must run the same command on the same data");
+  if (!t.examples) fail("train: the task cannot be split across " + std::to_string(c.size()) + " ranks (it gives no examples per batch)");
+  int64_t largest = 0;
+  for (int64_t b = 0; b < t.batches; ++b) largest = std::max(largest, t.examples(b));
+  if (largest < c.size())
+    fail("train: the data is too small for " + std::to_string(c.size()) + " ranks: its largest batch has " +
+         std::to_string(largest) + " example" + (largest == 1 ? "" : "s") +
+         ", so some rank would never train (more data, larger batches, or fewer ranks)");
 }
 
 void check_task(const TrainTask& t, const LoopOptions& o) {
@@ -260,14 +331,28 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
 
 class Loop {
  public:
-  Loop(const TrainTask& task, const LoopOptions& o)
-      : t_(task), o_(o), params_(task.model->named_parameters()),
+  Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm)
+      : t_(task), o_(o), comm_(comm), rank_(comm.rank()), ranks_(comm.size()),
+        quiet_(o.quiet || rank_ != 0), params_(task.model->named_parameters()),
         opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
-        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!o.quiet && isatty(2)),
+        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!quiet_ && isatty(2)),
         tied_(tied_fingerprints(task)) {}
 
   LoopResult run() {
-    start();
+    on_every_rank(comm_, [&] { check_ranks_agree(comm_, t_, o_, tied_); });
+    on_every_rank(comm_, [&] { start(); });
+    if (ranks_ == 1) return train();
+    try {
+      return train();
+    } catch (const std::exception& e) {
+      comm_.abort("train: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + ": " + e.what() +
+                  " (stopping every rank)", 1);
+    }
+    throw;  // not reached: abort() ends every rank
+  }
+
+ private:
+  LoopResult train() {
     if (o_.patience > 0 && s_.since_best >= o_.patience) {  // a resumed run that had stopped early
       say("the run had stopped early at step " + std::to_string(s_.step) + "; nothing to do");
       res_.stopped_early = true;
@@ -285,31 +370,72 @@ class Loop {
     res_.last_step = s_.step;
     res_.train_seconds = seconds_since(t_start_);
     res_.tokens_per_s = (double)tok_total_ / std::max(1e-9, res_.train_seconds - valid_seconds_);
+    res_.ranks = ranks_;
+    if (sync_) summarise_data_parallel();
     return res_;
   }
 
- private:
+  // The gradient sums' share of the training time, in the result and in one line.
+  void summarise_data_parallel() {
+    res_.buckets = sync_->bucket_count();
+    res_.gradient_bytes = sync_->total_bytes();
+    res_.allreduce_wait_seconds = sync_->wait_seconds();
+    const double train_s = res_.train_seconds - valid_seconds_;
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "data parallel: %d ranks (%s), %zu gradient bucket%s (%.1f MB a step, overlap %s); "
+                  "waited %.2f s for the sums after backward (%.1f%% of %.1f s of training)",
+                  ranks_, comm_.name().c_str(), res_.buckets, res_.buckets == 1 ? "" : "s",
+                  (double)res_.gradient_bytes / 1e6, o_.overlap ? "on" : "off", res_.allreduce_wait_seconds,
+                  100.0 * res_.allreduce_wait_seconds / std::max(1e-9, train_s), train_s);
+    say(buf);
+  }
+
   void say(const std::string& s) const {
-    if (o_.quiet) return;
+    if (quiet_) return;
     if (tty_) std::cerr << "\r\033[K";
     std::cerr << s << std::endl;
   }
   double elapsed() const { return s_.elapsed + seconds_since(t_start_); }
-  bool done() const {
-    return (o_.steps > 0 && s_.step >= o_.steps) || (o_.minutes > 0 && elapsed() >= o_.minutes * 60.0);
+  // The time budget is rank 0's clock, so every rank stops after the same step.
+  bool done() {
+    if (o_.steps > 0 && s_.step >= o_.steps) return true;
+    if (!(o_.minutes > 0)) return false;
+    Tensor up = full({1}, elapsed() >= o_.minutes * 60.0 ? 1.0 : 0.0, DType::i64);
+    comm_.broadcast(up, 0);
+    return up.item() != 0;
   }
 
   void start() {
     s_.batch_gen = Generator(o_.seed * 0x2545F4914F6CDD1Dull + 17);
     if (o_.resume) {
-      load_train_state(state_path(), t_, opt_, s_);
+      const auto saved = load_train_state(state_path(), t_, opt_, s_);
       rows_ = read_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, s_.step);
       say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) + ", batch " +
           std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
+      if ((int)saved.size() == ranks_) {
+        set_generator_states(t_, saved[(size_t)rank_]);
+      } else {
+        // Another rank count shards each batch differently: the result cannot be the one the
+        // saved ranks would have reached, only one as good. Dropout streams start anew per rank.
+        set_generator_states(t_, rank_streams(saved[0], rank_));
+        say("the run was saved by " + std::to_string(saved.size()) + " rank" + (saved.size() == 1 ? "" : "s") +
+            " and resumes on " + std::to_string(ranks_) + ": each rank's dropout stream is derived anew "
+            "(same weights, optimizer and batch order; not bit-identical to resuming on " +
+            std::to_string(saved.size()) + ")");
+      }
     } else {
       manual_seed(o_.seed);
       s_.order = shuffled_order(t_.batches, s_.batch_gen);
+      // Rank 0's initial weights on every rank; dropout streams per rank.
+      for (auto& [n, p] : params_) {
+        comm_.broadcast(p, 0);
+        p.bump_version();
+      }
+      set_generator_states(t_, rank_streams(generator_states(t_), rank_));
     }
+    if (ranks_ > 1)
+      sync_ = std::make_unique<GradientBuckets>(params_, comm_, (size_t)(o_.bucket_mb * (1 << 20)), o_.overlap);
     res_.first_step = s_.step;
     t_start_ = t_interval_ = t_draw_ = Clock::now();
   }
@@ -325,15 +451,20 @@ class Loop {
     const int64_t b = s_.order[(size_t)s_.pos++];
     lr_ = o_.lr > 0 ? o_.lr : noam_.lr(s_.step + 1);
     opt_.set_lr(lr_);
-    Tensor loss = t_.loss(b);
-    const double lv = loss.item();
+    const Shard shard{rank_, ranks_};
+    // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
+    const auto [first, last] = ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(t_.examples(b), shard);
+    const bool has_rows = first < last;
+    const Tensor loss = has_rows ? t_.loss(b, shard) : Tensor();
+    const double lv = global_loss(loss);
     if (!std::isfinite(lv)) {
       autograd::clear_tape();
       fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(s_.step + 1) +
            " (the last good state is in '" + state_path() + "'" +
            (autograd::anomaly_mode() ? ")" : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
     }
-    loss.backward();
+    if (has_rows) backward(loss);
+    else sync_->finish();
     // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
     // the run alive and deterministic.
     if (std::isfinite(clip_grad_norm(params_, o_.clip))) opt_.step();
@@ -348,6 +479,47 @@ class Loop {
     log(lv);
   }
 
+  // The batch's loss: the sum of the ranks' parts.
+  double global_loss(const Tensor& loss) {
+    if (loss.defined() ? loss.numel() != 1 : ranks_ == 1)
+      fail("train: the task's loss is " + describe(loss) + ", not a scalar");
+    if (ranks_ == 1) return loss.item();
+    Tensor v = full({1}, loss.defined() ? loss.item() : 0.0, DType::f64);
+    comm_.allreduce_sum(v);
+    return v.item();
+  }
+
+  // Backward; on several ranks each gradient bucket's sum starts as soon as it is complete.
+  void backward(const Tensor& loss) {
+    if (!sync_) return loss.backward();
+    {
+      autograd::GradReadyScope hook([this](TensorImpl* leaf) { sync_->grad_ready(leaf); });
+      loss.backward();
+    }
+    sync_->finish();
+  }
+
+  // Rank 0's validation metrics, on every rank (the others wait meanwhile).
+  std::map<std::string, double> validate_on_rank0() {
+    std::map<std::string, double> vm;
+    if (rank_ == 0) {
+      EvalScope es(*t_.model);
+      autograd::NoGrad ng;
+      vm = t_.validate();
+    }
+    if (ranks_ == 1) return vm;
+    const size_t n = t_.metric_names.size();
+    Tensor v = zeros({(int64_t)(2 * n)}, DType::f64);  // (present, value) per metric
+    double* d = v.data<double>();
+    for (size_t i = 0; i < n; ++i)
+      if (auto it = vm.find(t_.metric_names[i]); it != vm.end()) d[2 * i] = 1, d[2 * i + 1] = it->second;
+    comm_.broadcast(v, 0);
+    vm.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (d[2 * i] != 0) vm[t_.metric_names[i]] = d[2 * i + 1];
+    return vm;
+  }
+
   void log(double lv) {
     const bool row = s_.step % o_.log_every == 0;
     if (row) {
@@ -358,7 +530,7 @@ class Loop {
       t_interval_ = Clock::now();
       tok_interval_ = 0;
     }
-    if (o_.quiet || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
+    if (quiet_ || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
     t_draw_ = Clock::now();
     const double tps = last_tps_ > 0 ? last_tps_ : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
     const double per_step = seconds_since(t_start_) / (double)(s_.step - res_.first_step);
@@ -374,12 +546,7 @@ class Loop {
   // Returns true when early stopping ends the run (only validations on the cadence count).
   bool validate_and_save(bool counts) {
     const auto t0 = Clock::now();
-    std::map<std::string, double> vm;
-    {
-      EvalScope es(*t_.model);
-      autograd::NoGrad ng;
-      vm = t_.validate();
-    }
+    const std::map<std::string, double> vm = validate_on_rank0();
     // A run whose validation is not finite must not end "successfully" (nor overwrite the last
     // good state with this one).
     for (auto& [name, v] : vm)
@@ -397,9 +564,12 @@ class Loop {
     const bool stop = counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
     LoopState snap = s_;
     snap.elapsed = elapsed();
-    save_train_state(state_path(), t_, opt_, snap, tied_);
-    write_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, rows_);
-    if (t_.on_validated) t_.on_validated(s_.step, rows_);
+    const auto generators = comm_.allgather(generator_states(t_));
+    if (rank_ == 0) {  // rank 0 alone writes files
+      save_train_state(state_path(), t_, opt_, snap, tied_, generators);
+      write_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, rows_);
+      if (t_.on_validated) t_.on_validated(s_.step, rows_);
+    }
     last_valid_step_ = s_.step;
     std::ostringstream os;
     os << "step " << s_.step << " ";
@@ -454,7 +624,11 @@ class Loop {
 
   const TrainTask& t_;
   const LoopOptions& o_;
+  Communicator& comm_;
+  const int rank_, ranks_;
+  const bool quiet_;  // o.quiet, or a rank other than 0
   NamedTensors params_;
+  std::unique_ptr<GradientBuckets> sync_;  // on several ranks
   Adam opt_;
   NoamSchedule noam_;
   bool tty_;
@@ -479,6 +653,7 @@ void check_loop_options(const LoopOptions& o) {
   if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
   if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");
   if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
+  if (!(o.bucket_mb > 0) || !(o.bucket_mb <= 4096)) fail("train: the gradient bucket size must be in (0, 4096] MiB");
 }
 
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
@@ -489,10 +664,15 @@ std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
 }
 
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
-  check_task(task, o);
-  fs::create_directories(o.run_dir);
-  remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
-  return Loop(task, o).run();
+  Communicator& comm = o.comm ? *o.comm : world_communicator();
+  on_every_rank(comm, [&] {
+    check_task(task, o);
+    if (comm.rank() == 0) {
+      fs::create_directories(o.run_dir);
+      remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
+    }
+  });
+  return Loop(task, o, comm).run();
 }
 
 }  // namespace graft::nn

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "graft/nn/communicator.h"
 #include "graft/nn/module.h"
 
 namespace graft::nn {
@@ -42,7 +43,14 @@ struct MetricsRow {
 struct TrainTask {
   Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
   int64_t batches = 0;                          ///< training batches per epoch
-  std::function<Tensor(int64_t batch)> loss;    ///< the batch's scalar training loss, recorded
+  /// The scalar training loss (recorded) of `shard`'s part of the batch, scaled so the parts of
+  /// all ranks add up to the whole batch's loss: the shard's mean times its share of the batch's
+  /// items (shard_of() and shard_loss() do both). With one process the shard is the whole batch.
+  /// Called only for a shard with rows (shard_rows()); a rank without rows adds nothing.
+  std::function<Tensor(int64_t batch, Shard shard)> loss;
+  /// The rows (examples) of a batch, which shards split (shard_rows()). Needed on more than one
+  /// rank; the largest batch must give every rank a row.
+  std::function<int64_t(int64_t batch)> examples;
   std::function<int64_t(int64_t batch)> tokens; ///< what the batch trains on (for tokens/s)
   /// Validation metrics by name (the model is in eval mode meanwhile); metric_names lists them
   /// in the order of the CSV columns.
@@ -95,6 +103,16 @@ struct LoopOptions {
   uint64_t seed = 1;     ///< batch order and the global generator
   bool resume = false;   ///< continue run_dir's train state exactly
   bool quiet = false;  ///< no progress lines
+  /// Data parallel: the ranks that train the model together (nullptr: world_communicator(), a
+  /// single process unless mpirun started the program). Each rank takes a shard of every batch;
+  /// the gradients are summed across the ranks; rank 0 validates, writes the train state,
+  /// metrics.csv and progress.
+  Communicator* comm = nullptr;
+  /// Gradient bucket size for the cross-rank sums, in MiB (> 0).
+  double bucket_mb = 25;
+  /// Start each bucket's sum during backward as soon as its gradients are complete (off: sum
+  /// every bucket after backward).
+  bool overlap = true;
 };
 
 /// What train_loop() did.
@@ -111,6 +129,13 @@ struct LoopResult {
   double tokens_per_s = 0, train_seconds = 0;
   ///@}
   bool stopped_early = false;  ///< early stopping (patience) ended the run
+  int ranks = 1;               ///< the number of ranks that trained
+  /// Data parallel: the gradient buckets and bytes summed per step, and the seconds this call
+  /// waited for the sums after backward (what the overlap did not hide).
+  ///@{
+  size_t buckets = 0, gradient_bytes = 0;
+  double allreduce_wait_seconds = 0;
+  ///@}
   /// stop_at reached: at which step, after how many seconds of training (validation excluded,
   /// this call only) and of wall time since the call began.
   bool reached_target = false;
@@ -122,8 +147,13 @@ struct LoopResult {
 };
 
 /// Trains task.model until the budget is spent (or early stopping), validating every
-/// valid_every steps and at the end. Throws graft::Error naming the file on a bad train state,
-/// and naming the step on a non-finite loss. A step whose gradient norm is not finite is
+/// valid_every steps and at the end. On several ranks (LoopOptions::comm) rank 0's initial
+/// weights go to every rank, every rank takes its shard of each batch and applies the same
+/// step; checks that find a disagreement between the ranks (data, config, options) or a batch
+/// too small to shard throw on every rank before any step, and an error on one rank during
+/// training ends every rank through Communicator::abort() (the others would wait forever).
+/// Throws graft::Error naming the file on a bad train state, and naming the step on a
+/// non-finite loss. A step whose gradient norm is not finite is
 /// skipped, so the Adam moments stay clean.
 /// @throws graft::Error "train: ..." for a task without model, loss, tokens or validate, no
 ///         batches, bad options (check_loop_options()), a stop metric that validate does not

@@ -155,8 +155,8 @@ BOOST_AUTO_TEST_CASE(skipped_update_then_exact_resume) {
   auto poisoned = [](Toy& t) {
     auto good = t.task.loss;
     auto calls = std::make_shared<int>(0);
-    t.task.loss = [&t, good, calls](int64_t i) {
-      Tensor l = good(i);
+    t.task.loss = [&t, good, calls](int64_t i, nn::Shard sh) {
+      Tensor l = good(i, sh);
       if (++*calls != 7) return l;
       // + 0 * sqrt(w - w): 0 in the forward, 0 * inf = NaN in the gradient of w.
       Tensor z = sum(sqrt(sub(t.model.weight, t.model.weight.detach())));
@@ -209,7 +209,7 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   Toy t(3);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i) { return ++calls == 3 ? affine(good(i), NAN, 0.0) : good(i); };
+  t.task.loss = [&](int64_t i, nn::Shard sh) { return ++calls == 3 ? affine(good(i, sh), NAN, 0.0) : good(i, sh); };
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("nan"), 10)), Error,
                         [](const Error& e) { return names(e, "the loss is nan at step 3"); });
   Toy e(3);

@@ -276,19 +276,27 @@ TrainResult train(const TrainOptions& o) {
     c.dropout = o.dropout, c.seed = o.loop.seed;
     c.positions.kind = nn::parse_positions(o.positions);
     models::check_config_memory(c, "train");
-    fs::create_directories(o.loop.run_dir);
-    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
+    // Under mpirun rank 0 alone writes the run's files; the others wait for them.
+    nn::on_rank0(nn::world_communicator(), [&] {
+      fs::create_directories(o.loop.run_dir);
+      nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
+    });
   }
   models::EncoderClassifier model(c);
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
-  if (!o.loop.quiet)
+  if (!o.loop.quiet && nn::world_communicator().rank() == 0)
     std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
               << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
               << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
-  task.loss = [&](int64_t i) { return cross_entropy(model.forward(batches[i].ids), batches[i].labels); };
+  task.loss = [&](int64_t i, nn::Shard s) {
+    const Tensor ids = nn::shard_of(batches[i].ids, s);
+    return nn::shard_loss(cross_entropy(model.forward(ids), nn::shard_of(batches[i].labels, s)), ids.size(0),
+                          batches[i].ids.size(0));
+  };
+  task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
   task.metric_names = {"accuracy", "macro_f1"};
   task.validate = [&]() -> std::map<std::string, double> {

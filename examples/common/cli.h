@@ -16,6 +16,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/autograd/text.h"
 #include "graft/models/decoding.h"
+#include "graft/nn/communicator.h"
 #include "graft/ops/precision.h"
 
 namespace graft::cli {
@@ -38,6 +39,15 @@ inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
 inline void add_detect_anomaly(CLI::App* sub) {
   sub->add_flag_callback("--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
                          "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+}
+
+// --bucket-mb, --no-overlap: how data-parallel training (under mpirun) sums the gradients
+// (nn::LoopOptions::bucket_mb and overlap).
+inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& overlap) {
+  sub->add_option("--bucket-mb", bucket_mb, "under mpirun: gradient bucket size in MiB for the cross-rank sums")
+      ->check(CLI::Range(0.01, 4096.0));
+  sub->add_flag_callback("--no-overlap", [&overlap] { overlap = false; },
+                         "under mpirun: sum the gradients after backward instead of during it (for measuring)");
 }
 
 // --precision fp32|bf16: the matmul precision of the whole run (ops/precision.h), entered by
@@ -121,7 +131,10 @@ inline int run_commands(CLI::App& app, const std::vector<Command>& commands, int
     for (const Command& c : commands)
       if (*c.sub) return c.run();
   } catch (const std::exception& e) {
-    std::cerr << std::filesystem::path(argv[0]).filename().string() << ": " << error_line(e) << '\n';
+    const std::string line = std::filesystem::path(argv[0]).filename().string() + ": " + error_line(e);
+    // Under mpirun the other ranks may be waiting for this one in a collective: end them all.
+    if (nn::launched_by_mpi() && nn::mpi_available()) nn::world_communicator().abort(line, 2);
+    std::cerr << line << '\n';
     return 2;
   }
   return 0;

@@ -176,8 +176,11 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   context = o.context > 0 ? o.context : c.max_len;
   c.max_len = std::max(c.max_len, context);
   models::check_config_memory(c, "train");
-  fs::create_directories(o.loop.run_dir);
-  nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
+  // Under mpirun rank 0 alone writes the run's files; the others wait for them.
+  nn::on_rank0(nn::world_communicator(), [&] {
+    fs::create_directories(o.loop.run_dir);
+    nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
+  });
   return c;
 }
 
@@ -206,7 +209,7 @@ TrainResult train(const TrainOptions& opts) {
   const std::vector<int64_t> valid_stream = token_stream(valid_docs);
   const std::vector<Batch> batches = make_batches(token_stream(train_docs), context, o.batch_rows);
   models::DecoderOnlyLM model(cfg);
-  if (!o.loop.quiet)
+  if (!o.loop.quiet && nn::world_communicator().rank() == 0)
     std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
               << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
               << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
@@ -214,9 +217,13 @@ TrainResult train(const TrainOptions& opts) {
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
-  task.loss = [&](int64_t i) {
-    return cross_entropy(reshape(model.forward(batches[i].input), {-1, kVocab}), reshape(batches[i].target, {-1}));
+  task.loss = [&](int64_t i, nn::Shard s) {
+    const Tensor input = nn::shard_of(batches[i].input, s);
+    const Tensor mean = cross_entropy(reshape(model.forward(input), {-1, kVocab}),
+                                      reshape(nn::shard_of(batches[i].target, s), {-1}));
+    return nn::shard_loss(mean, input.size(0), batches[i].input.size(0));  // every row is full
   };
+  task.examples = [&](int64_t i) { return batches[i].input.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
   task.metric_names = {"loss", "bpc"};
   task.validate = [&]() -> std::map<std::string, double> {

@@ -95,6 +95,7 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--seed", o->loop.seed, "seed for initialisation, dropout, batch order and the split")
       ->check(cli::seed_range());
   sub->add_flag("--resume", o->loop.resume, "continue the run in --out exactly where it stopped");
+  cli::add_data_parallel_options(sub, o->loop.bucket_mb, o->loop.overlap);
   cli::add_detect_anomaly(sub);
   steps->excludes(minutes);
   cli::add_precision(sub);

@@ -168,6 +168,7 @@ cli::Command add_train(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   sub->add_option("--seed", o->seed, "seed for initialisation, dropout and batch order")
       ->check(cli::seed_range());
+  cli::add_data_parallel_options(sub, o->bucket_mb, o->overlap);
   sub->add_option("--patience", o->patience,
                   "early stopping: stop after N validations without a better valid BLEU (0: off)")
       ->check(CLI::NonNegativeNumber);

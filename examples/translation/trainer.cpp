@@ -430,6 +430,7 @@ nn::LoopOptions loop_options(const TrainOptions& o) {
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
   lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed;
   lo.resume = o.resume, lo.quiet = o.quiet;
+  lo.bucket_mb = o.bucket_mb, lo.overlap = o.overlap;
   return lo;
 }
 
@@ -500,11 +501,16 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)d.batches.size();
-  task.loss = [&model, &d, &o, &dump](int64_t i) {
+  task.loss = [&model, &d, &o, &dump](int64_t i, nn::Shard s) {
     const Batch& b = d.batches[(size_t)i];
     if (dump.is_open()) dump << "{\"step_batch\":" << i << "}\n" << std::flush;
-    return model.loss(b.src, b.tgt_in, b.tgt_out, o.label_smoothing);
+    const Tensor tgt_out = nn::shard_of(b.tgt_out, s);
+    const auto ids = tgt_out.to_vector<int64_t>();
+    const int64_t targets = (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != PAD; });
+    return nn::shard_loss(model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), tgt_out, o.label_smoothing),
+                          targets, b.tgt_tokens);
   };
+  task.examples = [&d](int64_t i) { return d.batches[(size_t)i].src.size(0); };
   task.tokens = [&d](int64_t i) { return d.batches[(size_t)i].tgt_tokens; };
   task.metric_names = {"loss", "ppl", "acc", "bleu"};
   task.validate = [&model, &tok, &d]() -> std::map<std::string, double> {
@@ -554,18 +560,24 @@ TrainResult train(const TrainOptions& opts) {
   } else {
     models::check_config_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
   }
-  fs::create_directories(o.run_dir);
-  const Say say = [&o](const std::string& s) {
-    if (!o.quiet) std::cerr << s << std::endl;
+  // Under mpirun rank 0 alone writes the run's files and talks; the others wait for them.
+  nn::Communicator& comm = nn::world_communicator();
+  const bool rank0 = comm.rank() == 0;
+  const Say say = [&o, rank0](const std::string& s) {
+    if (!o.quiet && rank0) std::cerr << s << std::endl;
   };
 
   TrainData d = load_pairs(o, say);
-  ensure_tokenizer(o, d.train_pairs, say);
+  nn::on_rank0(comm, [&] {
+    fs::create_directories(o.run_dir);
+    ensure_tokenizer(o, d.train_pairs, say);
+    if (!o.resume)
+      nn::save_json(o.run_dir + "/config.json",
+                    {{"model", make_config(o, text::Tokenizer(o.run_dir + "/spm.model").vocab_size()).to_json()},
+                     {"train", o.to_json()}});
+  });
   const text::Tokenizer tok(o.run_dir + "/spm.model");
-  if (!o.resume) {
-    cfg = make_config(o, tok.vocab_size());
-    nn::save_json(o.run_dir + "/config.json", {{"model", cfg.to_json()}, {"train", o.to_json()}});
-  }
+  if (!o.resume) cfg = make_config(o, tok.vocab_size());
   models::Transformer model(cfg);
   model.train();
   batch_data(d, tok, o, cfg.max_len, say);
@@ -576,9 +588,11 @@ TrainResult train(const TrainOptions& opts) {
        << cfg.vocab << "); " << d.batches.size() << " batches of <= " << o.batch_tokens << " target tokens";
     say(os.str());
   }
-  if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
   std::ofstream dump;
-  if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
+  nn::on_rank0(comm, [&] {
+    if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
+    if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
+  });
   const nn::TrainTask task = make_task(model, tok, d, o, dump);
   lo.d_model = cfg.d_model;
   return result_of(nn::train_loop(task, lo));

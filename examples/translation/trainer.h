@@ -85,6 +85,8 @@ struct TrainOptions {
   // come from its config.json; steps, minutes and the reporting options still come from here.
   bool resume = false;
   bool quiet = false;        // no progress output (tests)
+  double bucket_mb = 25;     // data parallel: gradient bucket size (nn::LoopOptions)
+  bool overlap = true;       // data parallel: sum the buckets during backward
   bool plot = true;          // write curves.png
   // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf
   // through Graphviz, .dot as text) before training; it leaves the run as without it.
