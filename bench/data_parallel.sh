@@ -11,9 +11,10 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-PRESETS=${DP_PRESETS:-tiny small}
+PRESETS=${DP_PRESETS-tiny small}  # empty: BLEU only
 STEPS=${DP_STEPS:-40}
 CORES=${DP_CORES:-$(nproc)}
+BUCKET_MB=${DP_BUCKET_MB:-1}  # small enough that even tiny's 4 MB of gradients make several buckets
 T=$BUILD/examples/translation/translate
 W=$(mktemp -d /tmp/graft_dp_bench.XXXXXX)
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT
@@ -25,7 +26,7 @@ echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $CORES cores; $(mpirun --ver
 RECIPE=(--data "$W/data" --batch-tokens 4096 --lr-factor 1 --warmup 400 --label-smoothing 0.1 --dropout 0.1
         --vocab 1000 --seed 1 --positions relative)
 
-# train RANKS THREADS NAME ARGS...: one run; prints "tokens/s wait_share_percent grad_MB".
+# train RANKS THREADS NAME ARGS...: one run; prints "tokens/s wait_share_percent grad_MB buckets".
 train() {
   local ranks=$1 threads=$2 name=$3
   shift 3
@@ -33,50 +34,51 @@ train() {
   if ((ranks > 1)); then launch=(bash tests/mpi/mpirun.sh mpirun "$ranks"); fi
   OMP_NUM_THREADS=$threads "${launch[@]}" "$T" train "${RECIPE[@]}" --out "$W/$name" "$@" \
     >"$W/$name.out" 2>"$W/$name.err" || { cat "$W/$name.err" >&2; exit 1; }
-  local tps wait mb
+  local tps wait mb buckets
   tps=$(sed -n 's/.*(\([0-9.]*\) target tokens\/s).*/\1/p' "$W/$name.out" | tail -1)
   wait=$(sed -n 's/.*waited .* s for the sums after backward (\([0-9.]*\)% of.*/\1/p' "$W/$name.err" | tail -1)
   mb=$(sed -n 's/.*(\([0-9.]*\) MB a step.*/\1/p' "$W/$name.err" | tail -1)
-  echo "$tps ${wait:--} ${mb:--}"
+  buckets=$(sed -n 's/.*, \([0-9]*\) gradient bucket.*/\1/p' "$W/$name.err" | tail -1)
+  echo "$tps ${wait:--} ${mb:--} ${buckets:--}"
 }
 
-{
-  echo "| preset | ranks x threads | overlap | target tokens/s | waiting for the sums |"
+[[ -n $PRESETS ]] && {
+  echo "| preset | ranks x threads | overlap | target tokens/s | waiting for the sums (share of training) |"
   echo "|---|---|---|---:|---:|"
   for p in $PRESETS; do
     args=(--preset "$p" --steps "$STEPS" --valid-every 100000)
     read -r t11 _ _ < <(train 1 1 "$p-1x1" "${args[@]}")
     read -r t1n _ _ < <(train 1 "$CORES" "$p-1x$CORES" "${args[@]}")
-    read -r tn1 wn1 mb < <(train "$CORES" 1 "$p-${CORES}x1" "${args[@]}")
-    read -r tno wno _ < <(train "$CORES" 1 "$p-${CORES}x1-no" "${args[@]}" --no-overlap)
+    read -r tn1 wn1 mb nb < <(train "$CORES" 1 "$p-${CORES}x1" "${args[@]}" --bucket-mb "$BUCKET_MB")
+    read -r tno wno _ _ < <(train "$CORES" 1 "$p-${CORES}x1-no" "${args[@]}" --bucket-mb "$BUCKET_MB" --no-overlap)
     echo "| $p | 1 x 1 | | $t11 | |"
     echo "| $p | 1 x $CORES | | $t1n | |"
-    echo "| $p | $CORES x 1 | on | $tn1 | $wn1% |"
+    echo "| $p | $CORES x 1 | on ($nb buckets of $BUCKET_MB MiB) | $tn1 | $wn1% |"
     echo "| $p | $CORES x 1 | off | $tno | $wno% |"
-    echo "$p $t11 $mb" >>"$W/model.in"
+    echo "$p $t1n $mb" >>"$W/model.in"
   done
 } | tee "$W/table.md"
 
-# The scaling model: ranks = machines like this one running 1 rank x CORES threads each, every
-# rank keeping a 4096-token batch (the global batch grows with the ranks). A step is the measured
-# compute c = 4096 / (tokens/s at 1 x 1) / CORES (ideal threading) plus a ring allreduce of the
-# gradient bytes B, 2 (N-1)/N B / bandwidth + 2 (N-1) * 50 us latency, of which at most the backward
-# (2/3 of c) is hidden with overlap.
-echo
-python3 - "$W/model.in" "$CORES" <<'PY'
-import sys
-cores = int(sys.argv[2])
-print("| preset | gradient MB | compute s/step | ranks | link | allreduce s | step s (no overlap / overlap) | efficiency (overlap) |")
-print("|---|---:|---:|---:|---|---:|---|---:|")
+# The scaling model: ranks = machines like this one, each running 1 rank x CORES threads and
+# keeping a 4096-token batch (the global batch grows with the ranks). A step is the measured
+# compute c = 4096 / (tokens/s at 1 x CORES) plus a ring allreduce of the gradient bytes B,
+# 2 (N-1)/N B / bandwidth + 2 (N-1) x 50 us of latency per bucket (buckets of 25 MiB, as one
+# would take across hosts); with overlap at most the backward (taken as 2/3 of c) hides it.
+# Efficiency: c / step.
+[[ -s $W/model.in ]] && echo && python3 - "$W/model.in" <<'PY'
+import math, sys
+print("| preset | gradient MB (buckets) | compute s/step | ranks | link | allreduce s/step | efficiency without / with overlap |")
+print("|---|---:|---:|---:|---|---:|---|")
 for line in open(sys.argv[1]):
     p, tps, mb = line.split()
-    c = 4096 / float(tps) / cores
+    buckets = math.ceil(float(mb) * 1e6 / (25 << 20))
+    c = 4096 / float(tps)
     B = float(mb) * 1e6
     for n in (8, 64):
         for gbps in (10, 100):
-            a = 2 * (n - 1) / n * B / (gbps * 1e9 / 8) + 2 * (n - 1) * 50e-6
+            a = 2 * (n - 1) / n * B / (gbps * 1e9 / 8) + buckets * 2 * (n - 1) * 50e-6
             no, ov = c + a, c + max(0.0, a - 2 * c / 3)
-            print(f"| {p} | {mb} | {c:.3f} | {n} | {gbps} Gb/s | {a:.3f} | {no:.3f} / {ov:.3f} | {100 * c / ov:.0f}% |")
+            print(f"| {p} | {mb} ({buckets}) | {c:.3f} | {n} | {gbps} Gb/s | {a:.3f} | {100 * c / no:.1f}% / {100 * c / ov:.1f}% |")
 PY
 
 if [[ -n ${BLEU_STEPS:-} ]]; then

@@ -108,8 +108,9 @@ struct LoopOptions {
   /// the gradients are summed across the ranks; rank 0 validates, writes the train state,
   /// metrics.csv and progress.
   Communicator* comm = nullptr;
-  /// Gradient bucket size for the cross-rank sums, in MiB (> 0).
-  double bucket_mb = 25;
+  /// Gradient bucket size for the cross-rank sums, in MiB (> 0): smaller buckets start sooner
+  /// (more overlap), larger ones make fewer calls (less latency across many hosts).
+  double bucket_mb = 4;
   /// Start each bucket's sum during backward as soon as its gradients are complete (off: sum
   /// every bucket after backward).
   bool overlap = true;

@@ -45,6 +45,7 @@ int cmd_prepare(const std::string& out, const std::string& fortunes, int64_t per
 int cmd_train(const classify::TrainOptions& o) {
   if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
   auto r = classify::train(o);
+  if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf("trained steps %lld..%lld in %.1f s%s; valid accuracy %.2f%%, macro-F1 %.4f\n",
               (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
               r.loop.stopped_early ? " (stopped early)" : "", 100 * r.valid.accuracy, r.valid.macro_f1);

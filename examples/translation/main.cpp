@@ -42,6 +42,7 @@ int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n
 
 int cmd_train(const tr::TrainOptions& o) {
   auto r = tr::train(o);
+  if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf("trained steps %lld..%lld in %.1f s (%.0f target tokens/s); valid loss %.4f ppl %.3f "
               "acc %.2f%% BLEU %.2f\n",
               (long long)r.first_step, (long long)r.last_step, r.train_seconds, r.tokens_per_s,

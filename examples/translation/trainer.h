@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "graft/autograd/tensor.h"
+#include "graft/nn/trainer.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
 #include "examples/translation/tokenizer.h"
@@ -85,7 +86,7 @@ struct TrainOptions {
   // come from its config.json; steps, minutes and the reporting options still come from here.
   bool resume = false;
   bool quiet = false;        // no progress output (tests)
-  double bucket_mb = 25;     // data parallel: gradient bucket size (nn::LoopOptions)
+  double bucket_mb = nn::LoopOptions{}.bucket_mb;  // data parallel: gradient bucket size in MiB
   bool overlap = true;       // data parallel: sum the buckets during backward
   bool plot = true;          // write curves.png
   // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf

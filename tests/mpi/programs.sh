@@ -11,11 +11,13 @@ trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1
 two() { bash "$here/mpirun.sh" "$mpiexec" 2 "$@"; }
 
-# expect_run NAME LOG FILES...: the log says two ranks trained, and the run directory has FILES.
+# expect_run NAME LOG FILES...: the log says two ranks trained, rank 0 alone reported the result,
+# and the run directory has FILES.
 expect_run() {
   local name=$1 log=$2
   shift 2
   grep -q "data parallel: 2 ranks" "$log" || { echo "FAIL $name: no data-parallel summary"; cat "$log"; exit 1; }
+  [[ $(grep -c "^trained steps" "$log") == 1 ]] || { echo "FAIL $name: not one result line"; cat "$log"; exit 1; }
   for f in "$@"; do [[ -s $f ]] || { echo "FAIL $name: $f missing"; exit 1; }; done
   echo "ok   $name: $(grep -m1 "data parallel: 2 ranks" "$log")"
 }
