@@ -24,7 +24,7 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;  ///< this process's index in [0, size())
   virtual int size() const = 0;  ///< the number of ranks
-  /// "single process", "MPI (Open MPI 4.1.4)", ...: for messages.
+  /// "single process", "MPI (Open MPI v4.1.4)", ...: for messages.
   virtual std::string name() const = 0;
 
   /// Sums a contiguous f32, f64 or i64 tensor in place across the ranks (blocking).

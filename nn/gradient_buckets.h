@@ -28,14 +28,16 @@ class GradientBuckets {
  public:
   /// Buckets of at most `bucket_bytes` (a parameter larger than that gets a bucket of its own),
   /// filled in the reverse order of `params` (the order backward completes them in: the last
-  /// layers first), one dtype per bucket. With `overlap` off, finish() sums every bucket after
+  /// layers first), one dtype per bucket; parameters that do not require grad are left out. With `overlap` off, finish() sums every bucket after
   /// backward instead (for measuring what the overlap gains).
   /// @throws graft::Error when bucket_bytes is 0 or a parameter is not f32 or f64.
   GradientBuckets(const NamedTensors& params, Communicator& comm, size_t bucket_bytes, bool overlap);
 
   /// For autograd::GradReadyScope: `leaf`'s gradient is complete. When that completes the next
   /// bucket in order (overlap on), it is copied together and its sum started, and so on for the
-  /// complete buckets after it (in bucket order on every rank). Other leaves are ignored.
+  /// complete buckets after it (in bucket order on every rank). Other leaves are ignored. One
+  /// backward per finish(): a parameter the backward never reaches (unused in this forward)
+  /// holds its bucket and the later ones back until finish().
   void grad_ready(TensorImpl* leaf);
   /// After backward: starts the buckets not started yet (a parameter without a gradient counts
   /// as zeros), waits for every sum, and writes the sums into the parameters' .grad. A

@@ -289,11 +289,17 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
 std::string run_identity(const TrainTask& t, const LoopOptions& o, const nlohmann::json& tied) {
   nlohmann::json params = nlohmann::json::array();
   for (auto& [n, p] : t.model->named_parameters()) params.push_back({n, p.shape(), dtype_name(p.dtype())});
-  const nlohmann::json j = {{"data", t.data_fingerprint}, {"tied", tied}, {"params", params},
-                            {"batches", t.batches},       {"steps", o.steps}, {"minutes", o.minutes},
-                            {"lr", o.lr},                 {"lr_factor", o.lr_factor}, {"warmup", o.warmup},
-                            {"clip", o.clip},             {"seed", o.seed}, {"resume", o.resume},
-                            {"valid_every", o.valid_every}, {"patience", o.patience}};
+  // Every option that changes the arithmetic, the number or order of the collective calls, or
+  // when the run stops.
+  const nlohmann::json options = {
+      {"steps", o.steps},         {"minutes", o.minutes},     {"lr", o.lr},           {"lr_factor", o.lr_factor},
+      {"d_model", o.d_model},     {"warmup", o.warmup},       {"beta1", o.beta1},     {"beta2", o.beta2},
+      {"adam_eps", o.adam_eps},   {"clip", o.clip},           {"seed", o.seed},       {"resume", o.resume},
+      {"valid_every", o.valid_every}, {"patience", o.patience}, {"min_delta", o.min_delta},
+      {"stop_at", o.stop_at},     {"bucket_mb", o.bucket_mb}, {"overlap", o.overlap}};
+  const nlohmann::json j = {{"data", t.data_fingerprint}, {"config", t.run_config}, {"tied", tied},
+                            {"params", params},          {"batches", t.batches}, {"metrics", t.metric_names},
+                            {"stop_metric", t.stop_metric}, {"options", options}};
   return j.dump();
 }
 
@@ -335,12 +341,15 @@ class Loop {
       : t_(task), o_(o), comm_(comm), rank_(comm.rank()), ranks_(comm.size()),
         quiet_(o.quiet || rank_ != 0), params_(task.model->named_parameters()),
         opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
-        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!quiet_ && isatty(2)),
-        tied_(tied_fingerprints(task)) {}
+        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!quiet_ && isatty(2)) {}
 
+  // Each step below either runs on every rank or fails on every rank (on_every_rank() holds no
+  // collective call inside; the checks and synchronise_start() fail alike on every rank).
   LoopResult run() {
-    on_every_rank(comm_, [&] { check_ranks_agree(comm_, t_, o_, tied_); });
+    on_every_rank(comm_, [&] { tied_ = tied_fingerprints(t_); });
+    check_ranks_agree(comm_, t_, o_, tied_);
     on_every_rank(comm_, [&] { start(); });
+    synchronise_start();
     if (ranks_ == 1) return train();
     try {
       return train();
@@ -397,6 +406,28 @@ class Loop {
     std::cerr << s << std::endl;
   }
   double elapsed() const { return s_.elapsed + seconds_since(t_start_); }
+  // A fresh run takes rank 0's initial weights on every rank. A resumed one checks that every
+  // rank loaded the same state (one shared run directory), else the ranks would drift apart.
+  void synchronise_start() {
+    if (ranks_ == 1) return;
+    if (!o_.resume) {
+      for (auto& [n, p] : params_) {
+        comm_.broadcast(p, 0);
+        p.bump_version();
+      }
+      return;
+    }
+    NamedTensors state = params_;
+    for (auto& [n, t] : opt_.state_tensors()) state.emplace_back("optim." + n, t);
+    const uint64_t sum = std::stoull(weights_checksum(state).substr(0, 16), nullptr, 16);
+    const auto all = comm_.allgather({(uint64_t)s_.step, sum});
+    for (int r = 1; r < ranks_; ++r)
+      if (all[(size_t)r] != all[0])
+        fail("resume: rank " + std::to_string(r) + " loaded another train state than rank 0 (step " +
+             std::to_string(all[(size_t)r][0]) + " against " + std::to_string(all[0][0]) +
+             "): every rank must read the same run directory (a shared filesystem)");
+  }
+
   // The time budget is rank 0's clock, so every rank stops after the same step.
   bool done() {
     if (o_.steps > 0 && s_.step >= o_.steps) return true;
@@ -427,12 +458,7 @@ class Loop {
     } else {
       manual_seed(o_.seed);
       s_.order = shuffled_order(t_.batches, s_.batch_gen);
-      // Rank 0's initial weights on every rank; dropout streams per rank.
-      for (auto& [n, p] : params_) {
-        comm_.broadcast(p, 0);
-        p.bump_version();
-      }
-      set_generator_states(t_, rank_streams(generator_states(t_), rank_));
+      set_generator_states(t_, rank_streams(generator_states(t_), rank_));  // dropout streams per rank
     }
     if (ranks_ > 1)
       sync_ = std::make_unique<GradientBuckets>(params_, comm_, (size_t)(o_.bucket_mb * (1 << 20)), o_.overlap);

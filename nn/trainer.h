@@ -66,6 +66,9 @@ struct TrainTask {
   /// Identifies the training data and batching: a resume refuses a train state made from other
   /// data or batching.
   std::string data_fingerprint;
+  /// What the program built the model and the batches from (its config.json's JSON, say). On
+  /// several ranks every rank must give the same, checked before any step (not saved).
+  std::string run_config;
   /// Side files (config.json, the tokenizer) tied to the run: a resume refuses to continue when
   /// one of them is not the file the run started with (their fingerprints are taken at the
   /// start and kept in the train state).

@@ -310,6 +310,7 @@ TrainResult train(const TrainOptions& o) {
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {cfg_path};
+  task.run_config = nlohmann::json{{"model", c.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
     if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation");
@@ -318,7 +319,7 @@ TrainResult train(const TrainOptions& o) {
   lo.d_model = c.d_model;
   TrainResult r;
   r.loop = nn::train_loop(task, lo);
-  r.valid = evaluate(model, labels, valid_set);
+  if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, labels, valid_set);  // rank 0 reports
   return r;
 }
 

@@ -236,6 +236,7 @@ TrainResult train(const TrainOptions& opts) {
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {o.loop.run_dir + "/config.json"};
+  task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", options_json(o, context)}}.dump();
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
                      {o.loop.run_dir + "/config.json"});
@@ -245,7 +246,7 @@ TrainResult train(const TrainOptions& opts) {
   lo.d_model = cfg.d_model;
   TrainResult r;
   r.loop = nn::train_loop(task, lo);
-  r.valid = evaluate(model, valid_stream, context);
+  if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, valid_stream, context);  // rank 0 reports
   r.context = context;
   return r;
 }

@@ -593,7 +593,8 @@ TrainResult train(const TrainOptions& opts) {
     if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
     if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
   });
-  const nn::TrainTask task = make_task(model, tok, d, o, dump);
+  nn::TrainTask task = make_task(model, tok, d, o, dump);
+  task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", o.to_json()}}.dump();
   lo.d_model = cfg.d_model;
   return result_of(nn::train_loop(task, lo));
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# A rank that throws, or is killed with SIGKILL, in the middle of data-parallel training ends the
-# whole job with a non-zero exit status and a message naming the cause, within two minutes (never
-# a hang; rank 0 is waiting for it in the gradient sum at the time).
+# A rank that throws (in its loss, or in its backward with gradient sums in flight), or is killed
+# with SIGKILL, in the middle of data-parallel training ends the whole job with a non-zero exit
+# status and a message naming the cause, within two minutes (never a hang: rank 0 is waiting for
+# it in a sum at the time).
 #   tests/mpi/failures.sh MPIEXEC TEST_MPI
 set -uo pipefail
 here=$(dirname "$0")
@@ -23,5 +24,6 @@ case_() {
 }
 
 case_ rank_throws "train: rank 1 of 2: a failure injected on rank 1 (stopping every rank)"
+case_ rank_throws_in_backward "train: rank 1 of 2: a failure injected in rank 1's backward (stopping every rank)"
 case_ rank_killed "exited on signal 9"
 exit $((failures > 0))

@@ -267,6 +267,12 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
   }
   {
     Tiny t(0.0);
+    if (rank == 1) t.task.run_config = "{\"heads\": 4}";  // a model option that keeps the shapes
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(shared_dir("disagree_config"), 20, world())), Error,
+                          [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
+  }
+  {
+    Tiny t(0.0);
     const fs::path dir = shared_dir("disagree_steps");
     BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(dir, rank == 1 ? 21 : 20, world())), Error,
                           [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
@@ -283,10 +289,27 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
   }
 }
 
+// Ranks that resume from different train states (run directories that are not one shared
+// directory) are refused before any step.
+BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
+  const fs::path at10 = shared_dir("states_10"), at20 = shared_dir("states_20");
+  {
+    Tiny a(0.0), b(0.0);
+    nn::train_loop(a.task, options(at10, 10, world()));
+    nn::train_loop(b.task, options(at20, 20, world()));
+  }
+  Tiny t(0.0);
+  nn::LoopOptions o = options(world().rank() == 0 ? at10 : at20, 30, world());
+  o.resume = true;
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    return names(e, "resume: rank 1 loaded another train state than rank 0 (step 20 against 10)");
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
-// Run one at a time by failures.sh (disabled otherwise): rank 1 fails at its third step while
-// rank 0 waits for it in the gradient sum.
+// Run one at a time by failures.sh (disabled otherwise): rank 1 fails at its third step, in its
+// loss (rank 0 then waits for it in the loss's sum) or in its backward (with sums in flight).
 BOOST_AUTO_TEST_SUITE(failures, *boost::unit_test::disabled())
 
 BOOST_AUTO_TEST_CASE(rank_throws) {
@@ -298,6 +321,31 @@ BOOST_AUTO_TEST_CASE(rank_throws) {
     return good(i, s);
   };
   nn::train_loop(t.task, options(shared_dir("throws"), 20, world()));
+}
+
+// An op that passes its input through and throws in backward on rank 1: the failure comes while
+// rank 1 has gradient sums in flight (the op is the first on the tape, so its backward runs last).
+GRAFT_DECLARE_OP("fail_in_backward_on_rank1", "test");
+Tensor fail_in_backward_on_rank1(const Tensor& x) {
+  Tensor y = x.detach();
+  autograd::record("fail_in_backward_on_rank1", {x}, {y}, {}, [](const autograd::Ctx&, const Tensors& dout) -> Tensors {
+    if (world().rank() == 1) fail("a failure injected in rank 1's backward");
+    return {dout[0]};
+  });
+  return y;
+}
+
+BOOST_AUTO_TEST_CASE(rank_throws_in_backward) {
+  Tiny t(0.0);
+  auto good = t.task.loss;
+  int calls = 0;
+  t.task.loss = [&](int64_t i, nn::Shard s) {
+    if (++calls < 3) return good(i, s);
+    const Tensor first = t.model.named_parameters()[0].second;
+    const Tensor through = fail_in_backward_on_rank1(first);
+    return add(good(i, s), affine(sum(through), 0.0, 0.0));
+  };
+  nn::train_loop(t.task, options(shared_dir("throws_in_backward"), 20, world()));
 }
 
 BOOST_AUTO_TEST_CASE(rank_killed) {
