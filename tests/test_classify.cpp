@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "examples/classify/classify.h"
+#include "examples/classify/naive_bayes.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -89,6 +90,51 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   BOOST_TEST(p[0].second > 0.5);
   BOOST_CHECK_EXCEPTION(classify::evaluate(*run.model, run.labels, {{"klingon", "tkp"}}), Error,
                         [](const Error& e) { return names(e, "label 'klingon' is not one of the model's labels"); });
+}
+
+// The metrics of a confusion matrix, by hand: 7 of 8 right; F1 6/7 and 8/9.
+BOOST_AUTO_TEST_CASE(metrics_of_a_confusion_matrix) {
+  const classify::Metrics m = classify::metrics_of({{3, 1}, {0, 4}});
+  BOOST_TEST(m.n == 8);
+  BOOST_TEST(m.accuracy == 7.0 / 8.0);
+  BOOST_TEST(std::fabs(m.macro_f1 - (6.0 / 7.0 + 8.0 / 9.0) / 2) < 1e-15);
+  BOOST_CHECK_EXCEPTION(classify::metrics_of({{0, 0}, {0, 0}}), Error,
+                        [](const Error& e) { return names(e, "no examples to evaluate"); });
+}
+
+// The Naive Bayes baseline: the smoothed probabilities by hand on a two-text corpus, a small
+// task learned, and its errors.
+BOOST_AUTO_TEST_CASE(naive_bayes_baseline) {
+  const std::vector<std::string> labels{"x", "y"};
+  // x saw "ab" (grams a, b, ab), y saw "b" (gram b); V = 3, alpha 1:
+  // P(a|x) = 2/6, P(a|y) = 1/4; P(b|x) = 2/6, P(b|y) = 2/4; equal priors.
+  const classify::NaiveBayes nb({{"x", "ab"}, {"y", "b"}}, labels);
+  BOOST_TEST(nb.predict("a") == 0);    // 1/3 > 1/4
+  BOOST_TEST(nb.predict("b") == 1);    // 1/2 > 1/3
+  BOOST_TEST(nb.predict("aab") == 0);  // seen grams a, a, ab, b (aa, aab unseen): x 1/81 > y 1/128
+  BOOST_TEST(nb.predict("zzz") == 0);  // nothing seen: the priors tie, the first label
+  // Two "languages" of different letters: every held-out word right.
+  Generator g(5);
+  auto word = [&](const char* letters) {
+    std::string w;
+    for (int i = 0, n = 3 + (int)g.below(9); i < n; ++i) w.push_back(letters[g.below(4)]);
+    return w;
+  };
+  std::vector<classify::Example> train, valid;
+  for (int i = 0; i < 200; ++i) {
+    (i % 5 ? train : valid).push_back({"vowel", word("aeio")});
+    (i % 5 ? train : valid).push_back({"consonant", word("tkpr")});
+  }
+  const std::vector<std::string> vc{"consonant", "vowel"};
+  const classify::Metrics m = classify::evaluate(classify::NaiveBayes(train, vc), vc, valid);
+  BOOST_TEST(m.accuracy == 1.0);
+  BOOST_TEST(m.n == 80);
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"z", "a"}}, labels), Error,
+                        [](const Error& e) { return names(e, "label 'z' is not one of the model's labels"); });
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({}, labels), Error,
+                        [](const Error& e) { return names(e, "naive bayes: no training examples"); });
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"x", "a"}}, labels, 0.0), Error,
+                        [](const Error& e) { return names(e, "alpha must be a finite number > 0"); });
 }
 
 // The program's --resume continues bit-exactly.

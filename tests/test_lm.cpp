@@ -5,9 +5,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
+#include "tests/test_util.h"
 
 using namespace graft;
+using graft::testing::names;
 namespace fs = std::filesystem;
 
 namespace {
@@ -47,6 +50,34 @@ BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
   BOOST_TEST(r.chars == 5);  // a, é, EOS, b, EOS (the é continuation byte and BOS cover none)
   BOOST_TEST(std::fabs(r.bpc - r.loss * 7 / std::log(2.0) / 5) < 1e-9);
   BOOST_CHECK_THROW(lm::preset("lm-huge"), Error);
+}
+
+// The Kneser-Ney baseline: a unigram by hand, every conditional distribution sums to 1, a
+// repeated text becomes cheap, and its errors.
+BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
+  // Order 1 on {1, 1, 2}: counts 2 and 1, D = n1 / (n1 + 2 n2) = 1/3, 2 types of 3 tokens, and
+  // 258 symbols below: P(1) = (2 - 1/3) / 3 + (1/3) (2/3) / 258.
+  const std::vector<int64_t> tiny{1, 1, 2};
+  BOOST_TEST(std::fabs(lm::KneserNey(tiny, 1).prob(tiny, 1) - ((2 - 1.0 / 3) / 3 + (1.0 / 3) * (2.0 / 3) / 258)) < 1e-15);
+  const std::vector<int64_t> train = lm::token_stream({"the cat sat on the mat", "a cat is not a hat", "the end"});
+  const lm::KneserNey kn(train, 4);
+  for (size_t i : {size_t(1), size_t(5), size_t(12), size_t(30)}) {
+    std::vector<int64_t> s = train;
+    double total = 0;
+    for (int64_t w = 0; w < lm::kVocab - 1; ++w) s[i] = w, total += kn.prob(s, i);
+    BOOST_TEST(std::fabs(total - 1.0) < 1e-12, "position " << i << ": " << total);
+  }
+  std::string rep;
+  for (int i = 0; i < 200; ++i) rep += "abcd ";
+  const std::vector<int64_t> seen = lm::token_stream({rep});
+  const lm::Metrics m = lm::evaluate(lm::KneserNey(seen, 3), seen, 16);
+  BOOST_TEST(m.bpc < 0.2, "bits/char " << m.bpc);
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 0), Error, [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 8), Error, [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey({1, lm::kPAD, 2}, 2), Error,
+                        [](const Error& e) { return names(e, "token 258 is outside the vocabulary"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 5), Error, [](const Error& e) { return names(e, "a stream of 3 tokens"); });
+  BOOST_CHECK_EXCEPTION(lm::evaluate(kn, tiny, 16), Error, [](const Error& e) { return names(e, "shorter than one window"); });
 }
 
 BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {

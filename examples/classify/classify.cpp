@@ -14,6 +14,7 @@
 
 #include "graft/models/run.h"
 #include "graft/autograd/tape.h"
+#include "examples/classify/naive_bayes.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
 #include "graft/autograd/text.h"
@@ -82,12 +83,6 @@ std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(con
           {"pt", {dir + "/brasil"}}, {"pl", files_in("pl")}, {"cs", files_in("cs")}, {"ga", files_in("ga")}};
 }
 
-int64_t label_index(const std::vector<std::string>& labels, const std::string& l) {
-  auto it = std::find(labels.begin(), labels.end(), l);
-  if (it == labels.end()) fail("label '" + l + "' is not one of the model's labels");
-  return it - labels.begin();
-}
-
 // Batches of up to `rows` texts padded with PAD to the longest; texts sorted by length first.
 struct Batch {
   Tensor ids, labels;
@@ -119,6 +114,32 @@ std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vec
 }
 
 }  // namespace
+
+int64_t label_index(const std::vector<std::string>& labels, const std::string& l) {
+  auto it = std::find(labels.begin(), labels.end(), l);
+  if (it == labels.end()) fail("label '" + l + "' is not one of the model's labels");
+  return it - labels.begin();
+}
+
+Metrics metrics_of(std::vector<std::vector<int64_t>> confusion) {
+  const int64_t C = (int64_t)confusion.size();
+  Metrics r;
+  r.confusion = std::move(confusion);
+  double f1 = 0;
+  int64_t correct = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    int64_t tp = r.confusion[c][c], fp = 0, fn = 0;
+    for (int64_t o = 0; o < C; ++o)
+      if (o != c) fp += r.confusion[o][c], fn += r.confusion[c][o];
+    correct += tp;
+    r.n += tp + fn;
+    f1 += tp == 0 ? 0.0 : 2.0 * tp / (double)(2 * tp + fp + fn);
+  }
+  if (r.n == 0) fail("no examples to evaluate");
+  r.accuracy = (double)correct / (double)r.n;
+  r.macro_f1 = f1 / (double)C;
+  return r;
+}
 
 std::vector<Example> read_tsv(const std::string& path) {
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
@@ -182,28 +203,14 @@ Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& l
                  const std::vector<Example>& data) {
   nn::EvalScope es(m);
   autograd::NoGrad ng;
-  const int64_t C = (int64_t)labels.size();
-  Metrics r;
-  r.confusion.assign(C, std::vector<int64_t>(C, 0));
+  const size_t C = labels.size();
+  std::vector<std::vector<int64_t>> confusion(C, std::vector<int64_t>(C, 0));
   for (const Batch& b : make_batches(data, labels, 64)) {
     const auto pred = argmax(m.forward(b.ids), 1).to_vector<int64_t>();
     const auto gold = b.labels.to_vector<int64_t>();
-    for (size_t i = 0; i < gold.size(); ++i) ++r.confusion[gold[i]][pred[i]];
+    for (size_t i = 0; i < gold.size(); ++i) ++confusion[gold[i]][pred[i]];
   }
-  double f1 = 0;
-  int64_t correct = 0;
-  for (int64_t c = 0; c < C; ++c) {
-    int64_t tp = r.confusion[c][c], fp = 0, fn = 0;
-    for (int64_t o = 0; o < C; ++o)
-      if (o != c) fp += r.confusion[o][c], fn += r.confusion[c][o];
-    correct += tp;
-    r.n += tp + fn;
-    f1 += tp == 0 ? 0.0 : 2.0 * tp / (double)(2 * tp + fp + fn);
-  }
-  if (r.n == 0) fail("no examples to evaluate");
-  r.accuracy = (double)correct / (double)r.n;
-  r.macro_f1 = f1 / (double)C;
-  return r;
+  return metrics_of(std::move(confusion));
 }
 
 std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m,
@@ -284,10 +291,16 @@ TrainResult train(const TrainOptions& o) {
   }
   models::EncoderClassifier model(c);
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
-  if (!o.loop.quiet && nn::world_communicator().rank() == 0)
+  const bool rank0 = nn::world_communicator().rank() == 0;
+  TrainResult r;
+  if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
+  if (!o.loop.quiet && rank0) {
     std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
               << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
               << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
+    std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
+                 100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
+  }
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
@@ -313,11 +326,12 @@ TrainResult train(const TrainOptions& o) {
   task.run_config = nlohmann::json{{"model", c.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
-    if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation");
+    if (o.plot)
+      plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation",
+                            {"Naive Bayes", {{"accuracy", r.baseline_valid.accuracy}, {"macro_f1", r.baseline_valid.macro_f1}}});
   };
   nn::LoopOptions lo = o.loop;
   lo.d_model = c.d_model;
-  TrainResult r;
   r.loop = nn::train_loop(task, lo);
   if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, labels, valid_set);  // rank 0 reports
   return r;
@@ -327,6 +341,7 @@ LoadedRun load_run(const std::string& run_dir) {
   auto loaded = models::load_run_model<models::EncoderClassifier>(run_dir);
   LoadedRun r;
   r.labels = config_labels(loaded.config, loaded.model->cfg, run_dir + "/config.json");
+  if (auto it = loaded.config.find("data"); it != loaded.config.end() && it->is_string()) r.data_dir = *it;
   r.model = std::move(loaded.model);
   return r;
 }

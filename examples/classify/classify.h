@@ -42,11 +42,19 @@ Splits build_langid(const std::string& fortunes_dir, int64_t per_language, uint6
 
 std::vector<int64_t> encode(const std::string& text);
 
+// How the programs name the baseline of naive_bayes.h.
+constexpr const char* kBaselineName = "byte 1-4-gram Naive Bayes";
+
 struct Metrics {
   double accuracy = 0, macro_f1 = 0;
   std::vector<std::vector<int64_t>> confusion;  // [true][predicted]
   int64_t n = 0;
 };
+// The index of `label` in `labels`; throws naming the label when it is not there.
+int64_t label_index(const std::vector<std::string>& labels, const std::string& label);
+// Accuracy and macro-F1 (the mean over classes of 2TP / (2TP + FP + FN), 0 for a class never
+// right) of a confusion matrix [true][predicted]; throws when it counts no example.
+Metrics metrics_of(std::vector<std::vector<int64_t>> confusion);
 // label ids index `labels`; an example whose label is not among them is an error naming it.
 Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,
                  const std::vector<Example>& data);
@@ -70,13 +78,14 @@ struct TrainOptions {
 };
 struct TrainResult {
   nn::LoopResult loop;
-  Metrics valid;
+  Metrics valid, baseline_valid;  // the model's and the Naive Bayes baseline's (naive_bayes.h), rank 0
 };
 TrainResult train(const TrainOptions& o);
 
 struct LoadedRun {
   std::unique_ptr<models::EncoderClassifier> model;
   std::vector<std::string> labels;
+  std::string data_dir;  // config.json's "data": where train.tsv was (empty when not recorded)
 };
 LoadedRun load_run(const std::string& run_dir);
 

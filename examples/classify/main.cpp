@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/classify/classify.h"
+#include "examples/classify/naive_bayes.h"
 #include "examples/common/cli.h"
 #include "examples/common/plot.h"
 
@@ -52,11 +53,24 @@ int cmd_train(const classify::TrainOptions& o) {
   return 0;
 }
 
-int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path) {
+// The model's scores, then the Naive Bayes baseline's on the same data, trained on the run's
+// train.tsv (or `baseline_train`).
+int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
+                 std::string baseline_train) {
   auto run = classify::load_run(run_dir);
-  auto m = classify::evaluate(*run.model, run.labels, classify::read_tsv(data));
+  const std::vector<classify::Example> examples = classify::read_tsv(data);
+  auto m = classify::evaluate(*run.model, run.labels, examples);
   std::printf("%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f\n", data.c_str(), (long long)m.n,
               100 * m.accuracy, m.macro_f1);
+  if (baseline_train.empty() && !run.data_dir.empty()) baseline_train = run.data_dir + "/train.tsv";
+  if (baseline_train.empty()) {
+    std::printf("baseline: the run does not record its data directory; give --baseline-train\n");
+  } else {
+    const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(baseline_train), run.labels),
+                                      run.labels, examples);
+    std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n", classify::kBaselineName,
+                baseline_train.c_str(), 100 * b.accuracy, b.macro_f1);
+  }
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
   confusion_png(png, m, run.labels);
   std::printf("confusion matrix: %s\n", png.c_str());
@@ -122,15 +136,17 @@ cli::Command add_train(CLI::App& app) {
 
 cli::Command add_evaluate(CLI::App& app) {
   struct Args {
-    std::string run, data, png;
+    std::string run, data, png, baseline_train;
   };
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("evaluate", "accuracy, macro-F1 and a confusion-matrix PNG");
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--data", a->data, "label<TAB>text file")->required();
   sub->add_option("--confusion", a->png, "confusion-matrix PNG (default: <run>/confusion.png)");
+  sub->add_option("--baseline-train", a->baseline_train,
+                  "train the Naive Bayes baseline on this label<TAB>text file (default: the run's train.tsv)");
   cli::add_precision(sub);
-  return {sub, [a] { return cmd_evaluate(a->run, a->data, a->png); }};
+  return {sub, [a] { return cmd_evaluate(a->run, a->data, a->png, a->baseline_train); }};
 }
 
 cli::Command add_predict(CLI::App& app) {

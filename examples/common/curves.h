@@ -3,6 +3,7 @@
 // one, "loss") on a log axis, and the named validation metrics in a second panel.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -10,8 +11,15 @@
 
 namespace graft::plot {
 
+// `baselines`: a flat line per named metric (a baseline's score on the same validation data,
+// "baseline <name>" with its description) across the steps, so the curve shows where the model
+// passes it.
+struct Baseline {
+  std::string name;  // "Naive Bayes", ...
+  std::map<std::string, double> metrics;
+};
 void learning_curves(const std::string& png_path, const std::vector<nn::MetricsRow>& rows,
                      const std::string& loss_label, const std::vector<std::string>& metrics,
-                     const std::string& metrics_title);
+                     const std::string& metrics_title, const Baseline& baseline = {});
 
 }  // namespace graft::plot

@@ -10,6 +10,7 @@
 #include "graft/models/run.h"
 #include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
+#include "examples/lm/kneser_ney.h"
 #include "graft/autograd/text.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"
@@ -23,14 +24,6 @@ namespace {
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
   return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);
-}
-
-// Characters a predicted token covers: a UTF-8 lead byte or an ASCII byte starts one, a
-// continuation byte none, EOS one (the document's end), BOS none (never predicted: it follows EOS).
-int64_t chars_of(int64_t token) {
-  if (token == kEOS) return 1;
-  if (token >= 256) return 0;
-  return (token & 0xC0) == 0x80 ? 0 : 1;
 }
 
 nlohmann::json options_json(const TrainOptions& o, int64_t context) {
@@ -94,6 +87,12 @@ std::string decode(const std::vector<int64_t>& tokens) {
   for (int64_t t : tokens)
     if (t >= 0 && t < 256) s.push_back((char)(unsigned char)t);
   return s;
+}
+
+int64_t chars_of(int64_t token) {
+  if (token == kEOS) return 1;
+  if (token >= 256) return 0;
+  return (token & 0xC0) == 0x80 ? 0 : 1;
 }
 
 std::vector<int64_t> token_stream(const std::vector<std::string>& docs) {
@@ -209,10 +208,16 @@ TrainResult train(const TrainOptions& opts) {
   const std::vector<int64_t> valid_stream = token_stream(valid_docs);
   const std::vector<Batch> batches = make_batches(token_stream(train_docs), context, o.batch_rows);
   models::DecoderOnlyLM model(cfg);
-  if (!o.loop.quiet && nn::world_communicator().rank() == 0)
+  const bool rank0 = nn::world_communicator().rank() == 0;
+  TrainResult r;
+  if (rank0)  // the baseline, for the curves
+    r.baseline_valid = evaluate(KneserNey(token_stream(train_docs), kBaselineOrder), valid_stream, context);
+  if (!o.loop.quiet && rank0) {
     std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
               << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
               << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
+    std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName, r.baseline_valid.bpc);
+  }
 
   nn::TrainTask task;
   task.model = &model;
@@ -240,11 +245,12 @@ TrainResult train(const TrainOptions& opts) {
   task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
                      {o.loop.run_dir + "/config.json"});
-    if (o.plot) plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character");
+    if (o.plot)
+      plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character",
+                            {"Kneser-Ney 7-gram", {{"bpc", r.baseline_valid.bpc}}});
   };
   nn::LoopOptions lo = o.loop;
   lo.d_model = cfg.d_model;
-  TrainResult r;
   r.loop = nn::train_loop(task, lo);
   if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, valid_stream, context);  // rank 0 reports
   r.context = context;

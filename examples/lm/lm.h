@@ -32,6 +32,9 @@ void split_documents(const std::vector<std::string>& docs, int64_t valid_every, 
 // BOS doc EOS BOS doc EOS ... as byte tokens.
 std::vector<int64_t> token_stream(const std::vector<std::string>& docs);
 std::vector<int64_t> encode(const std::string& text);   // bytes only
+// Characters a predicted token covers: a UTF-8 lead byte or an ASCII byte starts one, a
+// continuation byte none, EOS one (the document's end), BOS none (never predicted: it follows EOS).
+int64_t chars_of(int64_t token);
 std::string decode(const std::vector<int64_t>& tokens);  // bytes; specials dropped
 
 // Windows of `len + 1` tokens cut from the stream (the last partial one dropped), `rows` per
@@ -71,6 +74,7 @@ struct TrainOptions {
 struct TrainResult {
   nn::LoopResult loop;
   Metrics valid;        // at the training context
+  Metrics baseline_valid;  // the Kneser-Ney baseline's (kneser_ney.h) on the same tokens; rank 0
   int64_t context = 0;
 };
 TrainResult train(const TrainOptions& o);

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/common/cli.h"
+#include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
 
 using namespace graft;
@@ -60,16 +61,17 @@ int cmd_generate(const std::string& run_dir, const std::string& prompt_text, con
 }
 
 // The run's validation documents, or every document of `text` when given.
+// Then the Kneser-Ney baseline trained on the run's training documents, on the same tokens.
 int cmd_evaluate(const std::string& run_dir, int64_t context, const std::vector<std::string>& text) {
   lm::LoadedRun run = lm::load_run(run_dir);
   const int64_t ctx = context > 0 ? context : run.context;
-  if (!text.empty()) {
-    print_metrics("text", lm::evaluate(*run.model, lm::token_stream(lm::read_documents(text)), ctx), ctx);
-    return 0;
-  }
   std::vector<std::string> train_docs, valid_docs;
   lm::split_documents(lm::read_documents(run.text), 20, run.seed, train_docs, valid_docs);
-  print_metrics("valid", lm::evaluate(*run.model, lm::token_stream(valid_docs), ctx), ctx);
+  const char* what = text.empty() ? "valid" : "text";
+  const std::vector<int64_t> stream = lm::token_stream(text.empty() ? valid_docs : lm::read_documents(text));
+  print_metrics(what, lm::evaluate(*run.model, stream, ctx), ctx);
+  const lm::Metrics b = lm::evaluate(lm::KneserNey(lm::token_stream(train_docs), lm::kBaselineOrder), stream, ctx);
+  std::printf("baseline (%s, trained on the run's training documents): %.4f bits/char\n", lm::kBaselineName, b.bpc);
   return 0;
 }
 
