@@ -65,7 +65,7 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
 
 struct TrainOptions {
   std::string data_dir, positions = "sinusoidal";
-  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 64;
+  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 512;  // 512: best of 64..1024 (docs/classify.md)
   double dropout = 0.1;
   bool plot = true;  // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)

@@ -115,6 +115,8 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--d-model", o->d_model, "model width")->check(CLI::Range(4, 4096));
   sub->add_option("--heads", o->heads, "attention heads")->check(CLI::Range(1, 64));
   sub->add_option("--layers", o->layers, "encoder layers")->check(CLI::Range(1, 64));
+  sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
+  sub->add_option("--dropout", o->dropout, "dropout")->check(CLI::Range(0.0, 0.99));
   sub->add_option("--batch-rows", o->batch_rows, "texts per batch")->check(CLI::Range(1, 4096));
   auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
