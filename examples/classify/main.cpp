@@ -62,18 +62,21 @@ int cmd_evaluate(const std::string& run_dir, const std::string& data, const std:
   auto m = classify::evaluate(*run.model, run.labels, examples);
   std::printf("%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f\n", data.c_str(), (long long)m.n,
               100 * m.accuracy, m.macro_f1);
-  if (baseline_train.empty() && !run.data_dir.empty()) baseline_train = run.data_dir + "/train.tsv";
-  if (baseline_train.empty()) {
-    std::printf("baseline: the run does not record its data directory; give --baseline-train\n");
-  } else {
-    const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(baseline_train), run.labels),
-                                      run.labels, examples);
-    std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n", classify::kBaselineName,
-                baseline_train.c_str(), 100 * b.accuracy, b.macro_f1);
-  }
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
   confusion_png(png, m, run.labels);
   std::printf("confusion matrix: %s\n", png.c_str());
+  // The run's own train.tsv may have moved since (its path is relative to where training ran):
+  // then the baseline is skipped with a note; a --baseline-train that cannot be read is an error.
+  const std::string recorded = run.data_dir.empty() ? "" : run.data_dir + "/train.tsv";
+  const std::string train = baseline_train.empty() ? recorded : baseline_train;
+  if (train.empty() || (baseline_train.empty() && !std::filesystem::is_regular_file(train))) {
+    std::printf("baseline: skipped (%s; give --baseline-train FILE)\n",
+                train.empty() ? "the run does not record its data directory" : ("no file '" + train + "'").c_str());
+    return 0;
+  }
+  const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(train), run.labels), run.labels, examples);
+  std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n", classify::kBaselineName,
+              train.c_str(), 100 * b.accuracy, b.macro_f1);
   return 0;
 }
 
