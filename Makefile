@@ -112,7 +112,7 @@ test-sanitize: deps
 	cd $(SANITIZE_BUILD) && OMP_NUM_THREADS=1 \
 	  ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	  ctest --output-on-failure -j1
 
 # libFuzzer over every reader of outside bytes (fuzz/), FUZZ_SECONDS each, with clang's
