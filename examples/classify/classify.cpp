@@ -261,46 +261,42 @@ std::vector<std::string> config_labels(const nlohmann::json& j, const models::Cl
 
 }  // namespace
 
-TrainResult train(const TrainOptions& o) {
-  nn::check_loop_options(o.loop);  // before any data work
-  const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
-  const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
-  if (train_set.empty() || valid_set.empty())
-    fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
+namespace {
+
+// The run's model config and labels: from config.json on --resume, else from the options and the
+// training labels (config.json written by rank 0).
+models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Example>& train_set,
+                                    std::vector<std::string>& labels) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
-  std::vector<std::string> labels;
   models::ClassifierConfig c;
   if (o.loop.resume) {
     const nlohmann::json j = nn::load_json(cfg_path);
     c = config_model(j, cfg_path);
     labels = config_labels(j, c, cfg_path);
-  } else {
-    for (auto& e : train_set)
-      if (std::find(labels.begin(), labels.end(), e.label) == labels.end()) labels.push_back(e.label);
-    std::sort(labels.begin(), labels.end());
-    c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
-    c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
-    c.dropout = o.dropout, c.seed = o.loop.seed;
-    c.positions.kind = nn::parse_positions(o.positions);
-    models::check_config_memory(c, "train");
-    // Under mpirun rank 0 alone writes the run's files; the others wait for them.
-    nn::on_rank0(nn::world_communicator(), [&] {
-      fs::create_directories(o.loop.run_dir);
-      nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
-    });
+    return c;
   }
-  models::EncoderClassifier model(c);
-  const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
-  const bool rank0 = nn::world_communicator().rank() == 0;
-  TrainResult r;
-  if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
-  if (!o.loop.quiet && rank0) {
-    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
-              << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
-              << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
-    std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
-                 100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
-  }
+  for (auto& e : train_set)
+    if (std::find(labels.begin(), labels.end(), e.label) == labels.end()) labels.push_back(e.label);
+  std::sort(labels.begin(), labels.end());
+  c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
+  c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
+  c.dropout = o.dropout, c.seed = o.loop.seed;
+  c.positions.kind = nn::parse_positions(o.positions);
+  models::check_config_memory(c, "train");
+  // Under mpirun rank 0 alone writes the run's files; the others wait for them.
+  nn::on_rank0(nn::world_communicator(), [&] {
+    fs::create_directories(o.loop.run_dir);
+    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
+  });
+  return c;
+}
+
+// What nn::train_loop needs: the sharded loss, validation, and the weights and curves (with the
+// baseline's lines) written at each validation.
+nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batch>& batches,
+                        const std::vector<std::string>& labels, const std::vector<Example>& valid_set,
+                        const TrainOptions& o, const Metrics& baseline) {
+  const std::string cfg_path = o.loop.run_dir + "/config.json";
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
@@ -323,17 +319,44 @@ TrainResult train(const TrainOptions& o) {
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {cfg_path};
-  task.run_config = nlohmann::json{{"model", c.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
-  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
+  task.run_config =
+      nlohmann::json{{"model", model.cfg.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
+  task.on_validated = [&model, &o, &baseline, cfg_path](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
     if (o.plot)
       plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation",
-                            {"Naive Bayes", {{"accuracy", r.baseline_valid.accuracy}, {"macro_f1", r.baseline_valid.macro_f1}}});
+                            {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
   };
+  return task;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o) {
+  nn::check_loop_options(o.loop);  // before any data work
+  const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
+  const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
+  if (train_set.empty() || valid_set.empty())
+    fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
+  std::vector<std::string> labels;
+  const models::ClassifierConfig c = run_config(o, train_set, labels);
+  models::EncoderClassifier model(c);
+  const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
+  const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
+  TrainResult r;
+  if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
+  if (!o.loop.quiet && rank0) {
+    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
+              << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
+              << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
+    std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
+                 100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
+  }
+  const nn::TrainTask task = make_task(model, batches, labels, valid_set, o, r.baseline_valid);
   nn::LoopOptions lo = o.loop;
   lo.d_model = c.d_model;
   r.loop = nn::train_loop(task, lo);
-  if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, labels, valid_set);  // rank 0 reports
+  if (rank0) r.valid = evaluate(model, labels, valid_set);
   return r;
 }
 

@@ -183,42 +183,26 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   return c;
 }
 
-}  // namespace
+// On --resume, the training options config.json saved (an exact continuation trains on the same
+// data and batches); run_config() already read "context" from the same object.
+void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
+  const nlohmann::json& t = saved["train"];
+  const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
+  o.text = nn::json_field<std::vector<std::string>>(t, "text", where);
+  o.batch_rows = nn::json_field<int64_t>(t, "batch_rows", where);
+  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
+  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
+  o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
+  if (o.batch_rows < 1 || o.batch_rows > 4096)
+    fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
+  nn::check_loop_options(o.loop);
+}
 
-TrainResult train(const TrainOptions& opts) {
-  nn::check_loop_options(opts.loop);  // before any data work
-  TrainOptions o = opts;
-  int64_t context = 0;
-  nlohmann::json saved;
-  const models::LMConfig cfg = run_config(o, context, saved);
-  if (o.loop.resume) {  // an exact continuation trains on the same data and batches
-    const nlohmann::json& t = saved["train"];  // an object: run_config read "context" from it
-    const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
-    o.text = nn::json_field<std::vector<std::string>>(t, "text", where);
-    o.batch_rows = nn::json_field<int64_t>(t, "batch_rows", where);
-    o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-    o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
-    o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
-    if (o.batch_rows < 1 || o.batch_rows > 4096)
-      fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
-    nn::check_loop_options(o.loop);
-  }
-  std::vector<std::string> train_docs, valid_docs;
-  split_documents(read_documents(o.text), 20, o.loop.seed, train_docs, valid_docs);
-  const std::vector<int64_t> valid_stream = token_stream(valid_docs);
-  const std::vector<Batch> batches = make_batches(token_stream(train_docs), context, o.batch_rows);
-  models::DecoderOnlyLM model(cfg);
-  const bool rank0 = nn::world_communicator().rank() == 0;
-  TrainResult r;
-  if (rank0)  // the baseline, for the curves
-    r.baseline_valid = evaluate(KneserNey(token_stream(train_docs), kBaselineOrder), valid_stream, context);
-  if (!o.loop.quiet && rank0) {
-    std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
-              << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
-              << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
-    std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName, r.baseline_valid.bpc);
-  }
-
+// What nn::train_loop needs: the sharded loss, validation, and the weights and curves (with the
+// baseline's line) written at each validation.
+nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& batches,
+                        const std::vector<int64_t>& valid_stream, int64_t context, const TrainOptions& o,
+                        const Metrics& baseline) {
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
@@ -231,7 +215,7 @@ TrainResult train(const TrainOptions& opts) {
   task.examples = [&](int64_t i) { return batches[i].input.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
   task.metric_names = {"loss", "bpc"};
-  task.validate = [&]() -> std::map<std::string, double> {
+  task.validate = [&model, &valid_stream, context]() -> std::map<std::string, double> {
     const Metrics v = evaluate(model, valid_stream, context);
     return {{"loss", v.loss}, {"bpc", v.bpc}};
   };
@@ -241,18 +225,46 @@ TrainResult train(const TrainOptions& opts) {
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {o.loop.run_dir + "/config.json"};
-  task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", options_json(o, context)}}.dump();
-  task.on_validated = [&](int64_t step, const std::vector<nn::MetricsRow>& rows) {
+  task.run_config = nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
+  task.on_validated = [&model, &o, &baseline](int64_t step, const std::vector<nn::MetricsRow>& rows) {
     nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
                      {o.loop.run_dir + "/config.json"});
     if (o.plot)
       plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character",
-                            {"Kneser-Ney 7-gram", {{"bpc", r.baseline_valid.bpc}}});
+                            {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
   };
+  return task;
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& opts) {
+  nn::check_loop_options(opts.loop);  // before any data work
+  TrainOptions o = opts;
+  int64_t context = 0;
+  nlohmann::json saved;
+  const models::LMConfig cfg = run_config(o, context, saved);
+  if (o.loop.resume) apply_saved_training(o, saved);
+  std::vector<std::string> train_docs, valid_docs;
+  split_documents(read_documents(o.text), 20, o.loop.seed, train_docs, valid_docs);
+  const std::vector<int64_t> train_stream = token_stream(train_docs), valid_stream = token_stream(valid_docs);
+  const std::vector<Batch> batches = make_batches(train_stream, context, o.batch_rows);
+  models::DecoderOnlyLM model(cfg);
+  const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
+  TrainResult r;
+  if (rank0)  // the baseline, for the curves
+    r.baseline_valid = evaluate(KneserNey(train_stream, kBaselineOrder), valid_stream, context);
+  if (!o.loop.quiet && rank0) {
+    std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
+              << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
+              << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
+    std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName, r.baseline_valid.bpc);
+  }
+  const nn::TrainTask task = make_task(model, batches, valid_stream, context, o, r.baseline_valid);
   nn::LoopOptions lo = o.loop;
   lo.d_model = cfg.d_model;
   r.loop = nn::train_loop(task, lo);
-  if (nn::world_communicator().rank() == 0) r.valid = evaluate(model, valid_stream, context);  // rank 0 reports
+  if (rank0) r.valid = evaluate(model, valid_stream, context);
   r.context = context;
   return r;
 }
