@@ -70,17 +70,13 @@ Metrics evaluate(const KneserNey& kn, const std::vector<int64_t>& stream, int64_
   if (context < 1) fail("evaluate: the context must be >= 1");
   const int64_t windows = ((int64_t)stream.size() - 1) / context;
   if (windows < 1) fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
-  Metrics r;
   double nll = 0;
+  int64_t chars = 0;
   for (int64_t i = 1; i <= windows * context; ++i) {
     nll -= std::log(kn.prob(stream, (size_t)i));
-    r.chars += chars_of(stream[(size_t)i]);
+    chars += chars_of(stream[(size_t)i]);
   }
-  r.tokens = windows * context;
-  r.loss = nll / (double)r.tokens;
-  r.ppl = std::exp(r.loss);
-  r.bpc = nll / std::log(2.0) / (double)std::max<int64_t>(r.chars, 1);
-  return r;
+  return metrics_of(nll, windows * context, chars);
 }
 
 }  // namespace graft::lm

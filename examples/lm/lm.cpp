@@ -133,9 +133,15 @@ Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, i
     r.tokens += b.tokens;
   }
   if (r.tokens == 0) fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
-  r.loss = nll / (double)r.tokens;
+  return metrics_of(nll, r.tokens, r.chars);
+}
+
+Metrics metrics_of(double nll, int64_t tokens, int64_t chars) {
+  Metrics r;
+  r.tokens = tokens, r.chars = chars;
+  r.loss = nll / (double)tokens;
   r.ppl = std::exp(r.loss);
-  r.bpc = nll / std::log(2.0) / (double)std::max<int64_t>(r.chars, 1);
+  r.bpc = nll / std::log(2.0) / (double)std::max<int64_t>(chars, 1);
   return r;
 }
 

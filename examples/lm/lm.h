@@ -49,6 +49,8 @@ struct Metrics {
   double loss = 0, ppl = 0, bpc = 0;  // mean NLL per token (nats), exp(loss), bits per character
   int64_t tokens = 0, chars = 0;
 };
+// The metrics of `nll` nats summed over `tokens` predicted tokens covering `chars` characters.
+Metrics metrics_of(double nll, int64_t tokens, int64_t chars);
 // Scores every token of non-overlapping windows of `context` tokens (the model in eval mode).
 Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, int64_t context);
 
