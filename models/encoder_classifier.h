@@ -1,6 +1,8 @@
 /// @file
 /// Encoder-only classifier (BERT-style without pre-training): Encoder over the tokens, mean over
-/// the non-pad positions, then a linear head. ids (B, T) -> logits (B, classes).
+/// the non-pad positions, then a linear head. ids (B, T) -> logits (B, classes). Optionally each
+/// position's input also holds hashed embeddings of the n-grams that end there (fastText's
+/// subword features), which give the encoder a bag of n-grams from its first layer on.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -14,13 +16,19 @@ namespace graft::models {
 /// LayerNorm only when pre-LN (norm_first).
 struct ClassifierConfig : StackConfig {
   int64_t classes = 2;  ///< output classes
+  /// > 0: the n-grams of 2..ngram_max tokens ending at each position are hashed into this many
+  /// rows of a second embedding table, added to the token embedding; 0: tokens alone.
+  int64_t ngram_buckets = 0;
+  int64_t ngram_max = 4;  ///< the longest n-gram hashed, in [2, 8]
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const;
   /// Reads a config written by to_json().
   /// Errors name the field and `where` (e.g. the file).
-  /// @throws graft::Error as StackConfig::read_stack(), or for classes outside [1, 2^24].
+  /// @throws graft::Error as StackConfig::read_stack(), for classes outside [1, 2^24],
+  ///         ngram_buckets outside [0, 2^24] or ngram_max outside [2, 8]. A config without the
+  ///         n-gram fields (graft 0.2) reads as tokens alone.
   static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");
 };
 
@@ -35,9 +43,15 @@ class EncoderClassifier : public nn::Module {
   /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned
   ///         positions) T > max_len.
   Tensor forward(const Tensor& ids) const;
+  /// The rows of `ngrams` for ids (B, T): (B, T, ngram_max - 1), the hashed n-gram of 2, 3, ...
+  /// tokens ending at each position, or row ngram_buckets ("no n-gram") where the n-gram would
+  /// start before the text or hold a pad.
+  /// @throws graft::Error when the config has no n-gram table.
+  Tensor ngram_ids(const Tensor& ids) const;
   ClassifierConfig cfg;  ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
   std::shared_ptr<nn::Embedding> embedding;  ///< "embedding", scaled by sqrt(d) on the way in
+  std::shared_ptr<nn::Embedding> ngrams;  ///< "ngrams" (ngram_buckets + 1 rows, the last "no n-gram"), or null
   std::shared_ptr<nn::EmbeddingPositions> pos;  ///< "pos" (learned or sinusoidal positions)
   std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
   std::shared_ptr<nn::Encoder> encoder;  ///< "encoder", bidirectional

@@ -154,7 +154,8 @@ case_ classify "a TSV line without a tab" 2 "train.tsv' line 2: expected label<T
 printf 'en\thello \xff\xfe there\n' >"$W/tsv/train.tsv"
 case_ classify "a TSV line that is not UTF-8" 2 "line 1: not UTF-8 text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
 printf 'en\thello there\nde\tguten Tag\n' >"$W/tsv/train.tsv" && cp "$W/tsv/train.tsv" "$W/tsv/valid.tsv"
-"$CL" train --data "$W/tsv" --out "$W/clrun" --steps 2 --valid-every 2 >/dev/null 2>&1 ||
+case_ classify "--ngram-max outside [2, 8]" 2 "--ngram-max: Value 9 not in range 2 to 8" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2 --ngram-max 9
+"$CL" train --data "$W/tsv" --out "$W/clrun" --steps 2 --valid-every 2 --ngram-buckets 1024 >/dev/null 2>&1 ||
   { echo "bad_inputs: could not train the reference classify run" >&2; exit 1; }
 case_ classify "evaluate: a --baseline-train file that does not exist" 2 "cannot read '$W/none.tsv'" -- \
   "$CL" evaluate --run "$W/clrun" --data "$W/tsv/valid.tsv" --baseline-train "$W/none.tsv"

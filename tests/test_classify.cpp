@@ -7,6 +7,7 @@
 
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
+#include "graft/nn/checkpoint.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -63,6 +64,7 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   o.data_dir = d.string();
   o.loop.run_dir = (d / "run").string();
   o.d_model = 16, o.heads = 2, o.d_ff = 32, o.layers = 1;
+  o.ngram_buckets = 256, o.ngram_max = 3, o.dropout = 0.1;  // n-gram inputs through train, save, load, predict
   // Trained to a criterion (every validation text right), not a step count: the step at which a
   // run gets there depends on the build's and the CPU's summation order. 20 steps got there in
   // Release on an AMD EPYC; the cap is 1500.
@@ -148,7 +150,7 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
     classify::TrainOptions o;
     o.data_dir = d.string();
     o.loop.run_dir = (d / name).string();
-    o.d_model = 8, o.heads = 2, o.d_ff = 8, o.layers = 1, o.batch_rows = 8;
+    o.d_model = 8, o.heads = 2, o.d_ff = 8, o.layers = 1, o.batch_rows = 8, o.ngram_buckets = 64;
     o.loop.steps = steps, o.loop.valid_every = 10, o.loop.resume = resume, o.loop.quiet = true;
     return classify::train(o);
   };
@@ -156,6 +158,57 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   run("split", 15, false);
   const classify::TrainResult rest = run("split", 30, true);
   BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 15, whole.loop.losses.end()));
+}
+
+// model.safetensors holds the weights of the first validation with the highest macro-F1, not the
+// latest: here validation's labels are the training labels swapped, so training makes it worse.
+BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
+  const fs::path d = dir_for("best");
+  std::vector<classify::Example> train, valid;
+  for (int i = 0; i < 60; ++i) {
+    const std::string text(3 + i % 7, i % 2 ? 'x' : 'y');
+    train.push_back({i % 2 ? "odd" : "even", text});
+    valid.push_back({i % 2 ? "even" : "odd", text});
+  }
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), valid);
+  classify::TrainOptions o;
+  o.data_dir = d.string();
+  o.loop.run_dir = (d / "run").string();
+  o.d_model = 8, o.heads = 2, o.d_ff = 8, o.layers = 1, o.batch_rows = 8, o.ngram_buckets = 64;
+  o.loop.steps = 60, o.loop.valid_every = 10, o.loop.quiet = true;
+  const classify::TrainResult r = classify::train(o);
+  std::ifstream csv(d / "run" / "metrics.csv");
+  std::string line;
+  std::getline(csv, line);
+  BOOST_TEST(line == "step,train_loss,lr,tokens_per_s,valid_accuracy,valid_macro_f1");
+  int64_t best_step = -1;
+  double best = -1;
+  while (std::getline(csv, line)) {
+    const size_t last = line.rfind(',');
+    if (last + 1 == line.size()) continue;  // no validation on this row
+    if (const double f1 = std::stod(line.substr(last + 1)); f1 > best) best = f1, best_step = std::stoll(line);
+  }
+  BOOST_TEST_REQUIRE(best_step < 60);  // else the test could not tell the best from the latest
+  const nn::SafetensorsFile saved = nn::load_safetensors((d / "run" / "model.safetensors").string());
+  BOOST_TEST(saved.metadata.at("step") == std::to_string(best_step));
+  BOOST_TEST(std::fabs(r.valid.macro_f1 - best) < 1e-6);  // train() reports the saved weights
+}
+
+// The rule behind it: the newest validation must beat every earlier one.
+BOOST_AUTO_TEST_CASE(newest_is_best_needs_a_strictly_higher_metric) {
+  auto row = [](int64_t step, double f1) {
+    nn::MetricsRow r;
+    r.step = step;
+    if (f1 >= 0) r.valid["macro_f1"] = f1;
+    return r;
+  };
+  BOOST_TEST(classify::newest_is_best({row(10, 0.5)}, "macro_f1"));
+  BOOST_TEST(classify::newest_is_best({row(10, 0.5), row(15, -1), row(20, 0.6)}, "macro_f1"));
+  BOOST_TEST(!classify::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1"));  // a tie keeps the earlier
+  BOOST_TEST(!classify::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1"));
+  BOOST_TEST(!classify::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1"));  // no validation on the newest
+  BOOST_TEST(!classify::newest_is_best({}, "macro_f1"));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -305,25 +305,75 @@ BOOST_AUTO_TEST_CASE(decoder_only_lm_is_causal_and_learns) {
   BOOST_TEST(loss_v < 0.05);
 }
 
-BOOST_AUTO_TEST_CASE(encoder_classifier_gradcheck_and_padding) {
+namespace {
+ClassifierConfig tiny_classifier_config(int64_t ngram_buckets) {
   ClassifierConfig c;
-  c.vocab = 9;
-  c.classes = 3;
-  c.d_model = 4;
-  c.heads = 2;
-  c.d_ff = 6;
-  c.layers = 1;
-  c.max_len = 8;
-  c.dropout = 0.0;
-  c.dtype = DType::f64;
+  c.vocab = 9, c.classes = 3, c.d_model = 4, c.heads = 2, c.d_ff = 6, c.layers = 1, c.max_len = 8;
+  c.dropout = 0.0, c.dtype = DType::f64, c.ngram_buckets = ngram_buckets, c.ngram_max = 3;
+  return c;
+}
+}  // namespace
+
+// Bytes alone and with hashed n-gram inputs: every parameter's gradient (the n-gram table's
+// included), and trailing pads change nothing.
+BOOST_AUTO_TEST_CASE(encoder_classifier_gradcheck_and_padding) {
+  for (int64_t buckets : {0, 11}) {
+    EncoderClassifier m(tiny_classifier_config(buckets));
+    Tensor x = ids({3, 4, 5, 0, 6, 7, 8, 2}, 2);
+    Tensor y = from_vector(std::vector<int64_t>{1, 2}, {2}, DType::i64);
+    GradcheckResult r = gradcheck([&](const Tensors&) { return cross_entropy(m.forward(x), y); }, m.parameters());
+    BOOST_TEST(r.ok, "ngram_buckets " << buckets << ": " << r.message);
+    autograd::NoGrad ng;
+    Tensor a = m.forward(ids({3, 4, 5}, 1)), b = m.forward(ids({3, 4, 5, 0, 0}, 1));
+    BOOST_TEST(max_abs_diff(a.to_vector<double>(), b.to_vector<double>()) < 1e-12);
+  }
+}
+
+// Hashed n-gram inputs: each order's bucket depends only on the n tokens ending at a position,
+// and an n-gram that would start before the text or hold a pad gets the "no n-gram" row.
+BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_ids) {
+  const ClassifierConfig c = tiny_classifier_config(11);
   EncoderClassifier m(c);
-  Tensor x = ids({3, 4, 5, 0, 6, 7, 8, 2}, 2);
-  Tensor y = from_vector(std::vector<int64_t>{1, 2}, {2}, DType::i64);
-  GradcheckResult r = gradcheck([&](const Tensors&) { return cross_entropy(m.forward(x), y); }, m.parameters());
-  BOOST_TEST(r.ok, r.message);
-  autograd::NoGrad ng;
-  Tensor a = m.forward(ids({3, 4, 5}, 1)), b = m.forward(ids({3, 4, 5, 0, 0}, 1));
-  BOOST_TEST(max_abs_diff(a.to_vector<double>(), b.to_vector<double>()) < 1e-12);
+  BOOST_TEST(m.num_parameters() == c.parameter_count());
+  // Rows: 3 4 5 3 4 and 6 3 4 0(pad) 7.
+  const auto g = m.ngram_ids(ids({3, 4, 5, 3, 4, 6, 3, 4, 0, 7}, 2)).to_vector<int64_t>();
+  BOOST_TEST(g.size() == 20u);  // (2, 5, 2): orders 2 and 3 at each position
+  auto at = [&](int b, int t, int n) { return g[(size_t)((b * 5 + t) * 2 + n - 2)]; };
+  const int64_t none = c.ngram_buckets;
+  BOOST_TEST(at(0, 0, 2) == none);
+  BOOST_TEST(at(0, 0, 3) == none);
+  BOOST_TEST(at(0, 1, 3) == none);
+  BOOST_TEST(at(0, 1, 2) != none);
+  BOOST_TEST(at(0, 1, 2) == at(0, 4, 2));  // "3 4" twice in one row
+  BOOST_TEST(at(0, 1, 2) == at(1, 2, 2));  // and in the other
+  BOOST_TEST(at(0, 2, 3) != none);
+  for (int n : {2, 3}) BOOST_TEST(at(1, 3, n) == none);  // the pad
+  BOOST_TEST(at(1, 4, 2) == none);  // "0 7" holds the pad
+  bool spread = false;  // 11 buckets: the distinct n-grams do not all share one
+  for (int64_t v : g) spread = spread || (v != none && v != at(0, 1, 2));
+  BOOST_TEST(spread);
+  BOOST_CHECK_THROW(EncoderClassifier(tiny_classifier_config(0)).ngram_ids(ids({3, 4}, 1)), Error);
+}
+
+BOOST_AUTO_TEST_CASE(classifier_config_ngram_fields) {
+  ClassifierConfig c;
+  c.ngram_buckets = 4096, c.ngram_max = 5;
+  const ClassifierConfig back = ClassifierConfig::from_json(c.to_json());
+  BOOST_TEST(back.ngram_buckets == 4096);
+  BOOST_TEST(back.ngram_max == 5);
+  nlohmann::json old = c.to_json();
+  old.erase("ngram_buckets"), old.erase("ngram_max");
+  BOOST_TEST(ClassifierConfig::from_json(old).ngram_buckets == 0);  // a graft 0.2 config
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"ngram_buckets", -1}, {"ngram_buckets", (1 << 24) + 1},
+                              {"ngram_max", 1}, {"ngram_max", 9}}) {
+    nlohmann::json j = c.to_json();
+    j[field] = value;
+    BOOST_CHECK_EXCEPTION(ClassifierConfig::from_json(j, "run/config.json"), Error, [&](const Error& e) {
+      return std::string(e.what()).find(std::string("run/config.json: field \"") + field + "\"") != std::string::npos;
+    });
+  }
+  c.ngram_max = 9;
+  BOOST_CHECK_THROW(EncoderClassifier{c}, Error);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -350,6 +400,8 @@ BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
       ClassifierConfig c;
       c.vocab = 31, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 2, c.max_len = 10, c.classes = 5;
       c.positions.kind = kind, c.norm_first = pre;
+      BOOST_TEST(c.parameter_count() == EncoderClassifier(c).num_parameters());
+      c.ngram_buckets = 13;
       BOOST_TEST(c.parameter_count() == EncoderClassifier(c).num_parameters());
     }
 }

@@ -322,6 +322,9 @@ BOOST_AUTO_TEST_CASE(run_directory_is_tied_and_odd_inputs_are_handled) {
   BOOST_TEST(out[0] == "");
   BOOST_TEST(out[1] == "");
   BOOST_TEST(truncated == 1u);
+  // The copy-source baseline scores each source as its own hypothesis.
+  BOOST_TEST(tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "the dog runs ."}}).copy_source.score > 99.999);
+  BOOST_TEST(tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "der Hund rennt ."}}).copy_source.score < 20.0);
 
   const std::string cfg = dir / "run/config.json";
   const std::string original = read_bytes(cfg);

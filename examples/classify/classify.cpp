@@ -121,6 +121,14 @@ int64_t label_index(const std::vector<std::string>& labels, const std::string& l
   return it - labels.begin();
 }
 
+bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric) {
+  if (rows.empty() || !rows.back().valid.count(metric)) return false;
+  const double newest = rows.back().valid.at(metric);
+  for (size_t i = 0; i + 1 < rows.size(); ++i)
+    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > it->second)) return false;
+  return true;
+}
+
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion) {
   const int64_t C = (int64_t)confusion.size();
   Metrics r;
@@ -281,6 +289,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
   c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
   c.dropout = o.dropout, c.seed = o.loop.seed;
+  c.ngram_buckets = o.ngram_buckets, c.ngram_max = o.ngram_max;
   c.positions.kind = nn::parse_positions(o.positions);
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
@@ -291,8 +300,10 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   return c;
 }
 
-// What nn::train_loop needs: the sharded loss, validation, and the weights and curves (with the
-// baseline's lines) written at each validation.
+// What nn::train_loop needs: the sharded loss, validation, and the curves (with the baseline's
+// lines) written at each validation. model.safetensors holds the best validated weights (by
+// macro-F1; the validation accuracy of a class with few lines swings from one validation to the
+// next), train_state.safetensors the latest.
 nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batch>& batches,
                         const std::vector<std::string>& labels, const std::vector<Example>& valid_set,
                         const TrainOptions& o, const Metrics& baseline) {
@@ -322,7 +333,8 @@ nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batc
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
   task.on_validated = [&model, &o, &baseline, cfg_path](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
+    if (newest_is_best(rows, "macro_f1"))
+      nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
     if (o.plot)
       plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation",
                             {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
@@ -356,7 +368,7 @@ TrainResult train(const TrainOptions& o) {
   nn::LoopOptions lo = o.loop;
   lo.d_model = c.d_model;
   r.loop = nn::train_loop(task, lo);
-  if (rank0) r.valid = evaluate(model, labels, valid_set);
+  if (rank0) r.valid = evaluate(*load_run(o.loop.run_dir).model, labels, valid_set);  // the saved (best) weights
   return r;
 }
 

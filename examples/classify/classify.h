@@ -55,6 +55,10 @@ int64_t label_index(const std::vector<std::string>& labels, const std::string& l
 // Accuracy and macro-F1 (the mean over classes of 2TP / (2TP + FP + FN), 0 for a class never
 // right) of a confusion matrix [true][predicted]; throws when it counts no example.
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion);
+
+// True when the newest row's validation `metric` is higher than every earlier validation's
+// (a tie keeps the earlier): train() then writes model.safetensors.
+bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric);
 // label ids index `labels`; an example whose label is not among them is an error naming it.
 Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,
                  const std::vector<Example>& data);
@@ -66,7 +70,10 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
 struct TrainOptions {
   std::string data_dir, positions = "sinusoidal";
   int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 512;  // 512: best of 64..1024 (docs/classify.md)
-  double dropout = 0.1;
+  // Hashed byte 2..5-gram inputs (models::ClassifierConfig) and dropout 0.3: the best measured
+  // (docs/classify.md).
+  int64_t ngram_buckets = 262144, ngram_max = 5;
+  double dropout = 0.3;
   bool plot = true;  // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
   nn::LoopOptions loop;
@@ -78,7 +85,9 @@ struct TrainOptions {
 };
 struct TrainResult {
   nn::LoopResult loop;
-  Metrics valid, baseline_valid;  // the model's and the Naive Bayes baseline's (naive_bayes.h), rank 0
+  // The saved model's (the best validated weights) and the Naive Bayes baseline's (naive_bayes.h),
+  // on rank 0.
+  Metrics valid, baseline_valid;
 };
 TrainResult train(const TrainOptions& o);
 

@@ -1,4 +1,4 @@
-// classify: an encoder-only Transformer classifier (byte-level, masked mean pooling).
+// classify: an encoder-only Transformer classifier (bytes plus hashed byte n-grams, masked mean pooling).
 //   classify prepare --out data/langid            (language identification from Debian's fortunes)
 //   classify train --data data/langid --out runs/langid [--minutes 3] [--positions rope]
 //   classify evaluate --run runs/langid --data data/langid/test.tsv [--confusion cm.png]
@@ -47,7 +47,7 @@ int cmd_train(const classify::TrainOptions& o) {
   if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
   auto r = classify::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
-  std::printf("trained steps %lld..%lld in %.1f s%s; valid accuracy %.2f%%, macro-F1 %.4f\n",
+  std::printf("trained steps %lld..%lld in %.1f s%s; best validated weights: valid accuracy %.2f%%, macro-F1 %.4f\n",
               (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
               r.loop.stopped_early ? " (stopped early)" : "", 100 * r.valid.accuracy, r.valid.macro_f1);
   return 0;
@@ -119,11 +119,16 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--heads", o->heads, "attention heads")->check(CLI::Range(1, 64));
   sub->add_option("--layers", o->layers, "encoder layers")->check(CLI::Range(1, 64));
   sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
-  sub->add_option("--dropout", o->dropout, "dropout")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout (default 0.3)")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--ngram-buckets", o->ngram_buckets,
+                  "hashed byte n-gram inputs: rows of their embedding table (default 262144; 0: bytes alone)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  sub->add_option("--ngram-max", o->ngram_max, "the longest hashed n-gram, in bytes (default 5)")->check(CLI::Range(2, 8));
   sub->add_option("--batch-rows", o->batch_rows, "texts per batch")->check(CLI::Range(1, 4096));
   auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
   sub->add_option("--warmup", o->loop.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--lr-factor", o->loop.lr_factor, "Noam factor")->check(CLI::Range(1e-6, 1e3));
   sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
   sub->add_option("--patience", o->loop.patience, "early stopping after N validations without a better macro-F1")
       ->check(CLI::Range(0, 1 << 20));

@@ -90,6 +90,7 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   auto r = tr::evaluate(*lr.model, *lr.tok, pairs, beam);
   std::printf("%s\n", r.bleu.str().c_str());
   std::printf("signature: %s\n", r.bleu.signature.c_str());
+  std::printf("baseline (copy the source): BLEU %.2f\n", r.copy_source.score);
   const std::string decoding = beam > 1 ? "beam " + std::to_string(beam) : "greedy";
   if (r.forced.tokens > 0)
     std::printf("decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",

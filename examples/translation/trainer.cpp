@@ -216,6 +216,7 @@ EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,
   }
   r.hyps = translate_lines(m, tok, srcs, beam, 0, &r.truncated);
   r.bleu = text::corpus_bleu(r.hyps, refs);
+  r.copy_source = text::corpus_bleu(srcs, refs);
   return r;
 }
 

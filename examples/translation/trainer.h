@@ -143,6 +143,7 @@ struct EvalResult {
   size_t forced_dropped = 0;  // pairs longer than max_len, left out of the teacher-forced metrics
   size_t truncated = 0;       // sources longer than max_len, cut to it for decoding
   text::BleuResult bleu;
+  text::BleuResult copy_source;  // the baseline: each source sentence itself as the hypothesis
   std::vector<std::string> hyps;
 };
 EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,

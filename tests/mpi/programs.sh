@@ -45,6 +45,6 @@ rows = [f"{lab}\t{w} {w} number {i}" for i in range(40) for lab, w in (("a", "ap
 for name in ("train", "valid", "test"):
     open(f"{sys.argv[1]}/{name}.tsv", "w").write("\n".join(rows) + "\n")
 PY
-two "$BUILD/examples/classify/classify" train --data "$W/tsv" --out "$W/cl" --steps 4 --valid-every 2 \
+two "$BUILD/examples/classify/classify" train --data "$W/tsv" --out "$W/cl" --steps 4 --valid-every 2 --ngram-buckets 1024 \
   >"$W/cl.log" 2>&1 || { cat "$W/cl.log"; exit 1; }
 expect_run classify "$W/cl.log" "$W/cl/train_state.safetensors" "$W/cl/metrics.csv"
