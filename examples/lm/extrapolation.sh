@@ -16,7 +16,7 @@ echo "|---|---:|---:|---:|---:|"
 for p in $KINDS; do
   run=runs/lm_extrap_$p
   rm -rf "$run"
-  tps=$("$LM" train --out "$run" --preset lm-mini --positions "$p" --context "$T" --batch-rows 32 \
+  tps=$("$LM" train --out "$run" --preset lm-mini --positions "$p" --context "$T" --batch-rows 32 --dropout 0.1 \
         --steps "$STEPS" --warmup 200 --valid-every "$STEPS" --seed 1 2>/dev/null |
         sed -n 's/.*(\([0-9.]*\) tokens\/s).*/\1/p')
   row="| $p"
