@@ -12,14 +12,14 @@
 
 namespace graft::models {
 
-/// The classifier's config: a StackConfig plus the number of classes. The encoder has a final
-/// LayerNorm only when pre-LN (norm_first).
+/// The classifier's config: a StackConfig plus the number of classes and the hashed n-gram
+/// inputs. The encoder has a final LayerNorm only when pre-LN (norm_first).
 struct ClassifierConfig : StackConfig {
   int64_t classes = 2;  ///< output classes
   /// > 0: the n-grams of 2..ngram_max tokens ending at each position are hashed into this many
   /// rows of a second embedding table, added to the token embedding; 0: tokens alone.
   int64_t ngram_buckets = 0;
-  int64_t ngram_max = 4;  ///< the longest n-gram hashed, in [2, 8]
+  int64_t ngram_max = 5;  ///< the longest n-gram hashed, in [2, 8]
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
@@ -36,7 +36,8 @@ struct ClassifierConfig : StackConfig {
 class EncoderClassifier : public nn::Module {
  public:
   /// Builds the model of config c, initialised from c.seed.
-  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings).
+  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings,
+  ///         ngram_buckets outside [0, 2^24] or ngram_max outside [2, 8]).
   explicit EncoderClassifier(const ClassifierConfig& c);
   /// ids (B, T) int64 -> logits (B, classes); pad_id positions are masked and left out of the
   /// mean (an all-padding row pools to zeros).
@@ -45,7 +46,8 @@ class EncoderClassifier : public nn::Module {
   Tensor forward(const Tensor& ids) const;
   /// The rows of `ngrams` for ids (B, T): (B, T, ngram_max - 1), the hashed n-gram of 2, 3, ...
   /// tokens ending at each position, or row ngram_buckets ("no n-gram") where the n-gram would
-  /// start before the text or hold a pad.
+  /// start before the text or hold a pad. The hash (FNV-1a over n and the tokens, splitmix64's
+  /// finaliser, modulo ngram_buckets) is part of the saved-model format: frozen, and pinned by a test.
   /// @throws graft::Error when the config has no n-gram table.
   Tensor ngram_ids(const Tensor& ids) const;
   ClassifierConfig cfg;  ///< the config it was built from

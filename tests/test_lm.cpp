@@ -129,6 +129,7 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
     o.positions = "alibi";
     o.context = 16;
     o.batch_rows = 4;
+    o.dropout = 0.1;  // the dropout generator's state must resume too
     o.loop.steps = steps;
     o.loop.valid_every = 10;
     o.loop.resume = resume;

@@ -355,6 +355,21 @@ BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_ids) {
   BOOST_CHECK_THROW(EncoderClassifier(tiny_classifier_config(0)).ngram_ids(ids({3, 4}, 1)), Error);
 }
 
+// The hash is part of the saved-model format (a saved n-gram table is only right with the same
+// buckets): these values, worked out once from its definition by a separate Python version of it,
+// must never change.
+BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_hash_is_frozen) {
+  ClassifierConfig c = tiny_classifier_config(1 << 18);
+  c.vocab = 128;
+  const auto g = EncoderClassifier(c).ngram_ids(ids({97, 98, 99, 97, 98}, 1)).to_vector<int64_t>();  // "abcab"
+  auto at = [&](int t, int n) { return g[(size_t)(t * 2 + n - 2)]; };
+  BOOST_TEST(at(1, 2) == 169742);  // "ab"
+  BOOST_TEST(at(2, 2) == 30821);   // "bc"
+  BOOST_TEST(at(2, 3) == 170414);  // "abc"
+  BOOST_TEST(at(4, 3) == 182732);  // "cab"
+  BOOST_TEST(at(4, 2) == 169742);  // "ab" again
+}
+
 BOOST_AUTO_TEST_CASE(classifier_config_ngram_fields) {
   ClassifierConfig c;
   c.ngram_buckets = 4096, c.ngram_max = 5;

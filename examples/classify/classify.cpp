@@ -122,10 +122,18 @@ int64_t label_index(const std::vector<std::string>& labels, const std::string& l
 }
 
 bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric) {
+  // Compared as metrics.csv holds them (6 significant digits), so that a resumed run, whose
+  // earlier rows come from that file, decides as the uninterrupted run did.
+  auto as_saved = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6g", v);
+    return std::strtod(buf, nullptr);
+  };
   if (rows.empty() || !rows.back().valid.count(metric)) return false;
-  const double newest = rows.back().valid.at(metric);
+  const double newest = as_saved(rows.back().valid.at(metric));
   for (size_t i = 0; i + 1 < rows.size(); ++i)
-    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > it->second)) return false;
+    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > as_saved(it->second)))
+      return false;
   return true;
 }
 
@@ -271,16 +279,27 @@ std::vector<std::string> config_labels(const nlohmann::json& j, const models::Cl
 
 namespace {
 
-// The run's model config and labels: from config.json on --resume, else from the options and the
-// training labels (config.json written by rank 0).
+// On --resume, the learning-rate schedule config.json saved (a run of graft 0.2 saved none: the
+// options given stay).
+void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path, nn::LoopOptions& loop) {
+  if (!saved.contains("train")) return;
+  const std::string where = "resume: '" + cfg_path + "': \"train\" section";
+  loop.lr_factor = nn::json_field<double>(saved["train"], "lr_factor", where);
+  loop.warmup = nn::json_field<int64_t>(saved["train"], "warmup", where);
+  nn::check_loop_options(loop);
+}
+
+// The run's model config and labels: from config.json on --resume (with the saved schedule put
+// into `loop`), else from the options and the training labels (config.json written by rank 0).
 models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Example>& train_set,
-                                    std::vector<std::string>& labels) {
+                                    std::vector<std::string>& labels, nn::LoopOptions& loop) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   models::ClassifierConfig c;
   if (o.loop.resume) {
     const nlohmann::json j = nn::load_json(cfg_path);
     c = config_model(j, cfg_path);
     labels = config_labels(j, c, cfg_path);
+    apply_saved_schedule(j, cfg_path, loop);
     return c;
   }
   for (auto& e : train_set)
@@ -295,7 +314,8 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
     fs::create_directories(o.loop.run_dir);
-    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}});
+    const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup}};
+    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});
   });
   return c;
 }
@@ -351,7 +371,8 @@ TrainResult train(const TrainOptions& o) {
   if (train_set.empty() || valid_set.empty())
     fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
   std::vector<std::string> labels;
-  const models::ClassifierConfig c = run_config(o, train_set, labels);
+  nn::LoopOptions lo = o.loop;
+  const models::ClassifierConfig c = run_config(o, train_set, labels, lo);
   models::EncoderClassifier model(c);
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
   const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
@@ -365,7 +386,6 @@ TrainResult train(const TrainOptions& o) {
                  100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
   }
   const nn::TrainTask task = make_task(model, batches, labels, valid_set, o, r.baseline_valid);
-  nn::LoopOptions lo = o.loop;
   lo.d_model = c.d_model;
   r.loop = nn::train_loop(task, lo);
   if (rank0) r.valid = evaluate(*load_run(o.loop.run_dir).model, labels, valid_set);  // the saved (best) weights

@@ -3,10 +3,11 @@
 // nn::train_loop and evaluation (accuracy, macro-F1, confusion matrix). main.cpp is the command
 // line over these; the tests call them directly.
 //
-// Tokens are the text's bytes (ids 0..255) and PAD 256. The model is models::EncoderClassifier:
-// masked mean pooling over the non-pad positions, so padding never changes a prediction.
-// A run directory holds config.json (model, labels, training options), model.safetensors
-// (checksummed), train_state.safetensors and metrics.csv.
+// Tokens are the text's bytes (ids 0..255) and PAD 256. The model is models::EncoderClassifier
+// (by default with hashed byte 2..5-gram inputs): masked mean pooling over the non-pad positions,
+// so padding never changes a prediction. A run directory holds config.json (model, labels, data,
+// the learning-rate schedule), model.safetensors (the best validated weights, checksummed),
+// train_state.safetensors (the latest) and metrics.csv.
 #pragma once
 
 #include <string>
@@ -56,8 +57,9 @@ int64_t label_index(const std::vector<std::string>& labels, const std::string& l
 // right) of a confusion matrix [true][predicted]; throws when it counts no example.
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion);
 
-// True when the newest row's validation `metric` is higher than every earlier validation's
-// (a tie keeps the earlier): train() then writes model.safetensors.
+// True when the newest row's validation `metric` is higher than every earlier validation's, all
+// taken to the 6 significant digits metrics.csv keeps (a tie keeps the earlier): train() then
+// writes model.safetensors.
 bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric);
 // label ids index `labels`; an example whose label is not among them is an error naming it.
 Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,

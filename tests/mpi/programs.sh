@@ -47,4 +47,4 @@ for name in ("train", "valid", "test"):
 PY
 two "$BUILD/examples/classify/classify" train --data "$W/tsv" --out "$W/cl" --steps 4 --valid-every 2 --ngram-buckets 1024 \
   >"$W/cl.log" 2>&1 || { cat "$W/cl.log"; exit 1; }
-expect_run classify "$W/cl.log" "$W/cl/train_state.safetensors" "$W/cl/metrics.csv"
+expect_run classify "$W/cl.log" "$W/cl/train_state.safetensors" "$W/cl/metrics.csv" "$W/cl/model.safetensors"
