@@ -210,6 +210,13 @@ std::string describe(const Tensor& t);
 std::string describe(DType dt, const Shape& shape);
 
 // ---- seedable random numbers ----
+/// splitmix64's finaliser: 64 bits mixed so that neighbouring inputs give unrelated outputs. The
+/// output function of Generator, of the dropout masks' counter stream and of hashed n-grams.
+constexpr uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 /// A seedable random number generator: a splitmix64 counter stream. The same seed gives the
 /// same numbers whatever the thread count, because every fill walks the elements in order on
 /// one thread. Its whole state is one word (state()/set_state() save and restore it exactly).

@@ -12,14 +12,11 @@ namespace {
 constexpr int64_t kMaxNgramBuckets = int64_t(1) << 24, kMaxNgram = 8;
 
 // The bucket of the n tokens ending at t[end]: an FNV-1a walk over n and the tokens, then
-// splitmix64's finaliser, so that neighbouring n-grams land far apart.
+// splitmix64's finaliser (mix64), so that neighbouring n-grams land far apart.
 int64_t ngram_bucket(const int64_t* t, int64_t end, int64_t n, int64_t buckets) {
   uint64_t h = 0xcbf29ce484222325ULL ^ (uint64_t)n;
   for (int64_t k = end - n + 1; k <= end; ++k) h = (h ^ (uint64_t)t[k]) * 0x100000001b3ULL;
-  h ^= h >> 30, h *= 0xbf58476d1ce4e5b9ULL;
-  h ^= h >> 27, h *= 0x94d049bb133111ebULL;
-  h ^= h >> 31;
-  return (int64_t)(h % (uint64_t)buckets);
+  return (int64_t)(mix64(h) % (uint64_t)buckets);
 }
 
 }  // namespace

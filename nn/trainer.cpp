@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,19 @@ std::string fmt_duration(double s) {
 }
 
 // ---- metrics.csv ----
+
+// A row as metrics.csv holds it (fmt_num's 6 significant digits; a value not finite is NaN, an
+// empty field). The loop keeps its rows so: they equal what a resumed run reads back, and what
+// on_validated decides from them, an interrupted run decides the same.
+MetricsRow as_written(MetricsRow r) {
+  auto round = [](double v) {
+    const std::string s = fmt_num(v);
+    return s.empty() ? NAN : std::strtod(s.c_str(), nullptr);
+  };
+  r.train_loss = round(r.train_loss), r.lr = round(r.lr), r.tokens_per_s = round(r.tokens_per_s);
+  for (auto& [name, v] : r.valid) v = round(v);
+  return r;
+}
 
 void write_metrics(const std::string& path, const std::vector<std::string>& names,
                    const std::vector<MetricsRow>& rows) {
@@ -141,12 +155,7 @@ void set_generator_states(const TrainTask& task, const std::vector<uint64_t>& v)
 // seed) and r: a splitmix64 step of each state mixed with the rank.
 std::vector<uint64_t> rank_streams(std::vector<uint64_t> v, int rank) {
   if (rank == 0) return v;
-  for (uint64_t& s : v) {
-    uint64_t z = s + 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    s = z ^ (z >> 31);
-  }
+  for (uint64_t& s : v) s = mix64(s + 0x9E3779B97F4A7C15ull * (uint64_t)(rank + 1));
   return v;
 }
 
@@ -550,7 +559,7 @@ class Loop {
     const bool row = s_.step % o_.log_every == 0;
     if (row) {
       last_tps_ = (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
-      rows_.push_back({s_.step, s_.acc_loss / (double)s_.acc_n, lr_, last_tps_, {}});
+      rows_.push_back(as_written({s_.step, s_.acc_loss / (double)s_.acc_n, lr_, last_tps_, {}}));
       s_.acc_loss = 0;
       s_.acc_n = 0;
       t_interval_ = Clock::now();
@@ -586,7 +595,7 @@ class Loop {
       rows_.pop_back();
     }
     r.valid = vm;
-    rows_.push_back(r);
+    rows_.push_back(as_written(r));
     const bool stop = counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
     LoopState snap = s_;
     snap.elapsed = elapsed();

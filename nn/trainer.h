@@ -27,7 +27,9 @@
 
 namespace graft::nn {
 
-/// One line of metrics.csv.
+/// One line of metrics.csv. The rows the loop hands to TrainTask::on_validated hold the values as
+/// the file does (6 significant digits), so a resumed run, which reads its earlier rows back from
+/// the file, sees the same numbers an uninterrupted one did.
 struct MetricsRow {
   int64_t step = 0;  ///< the step the row was written after
   /// The mean training loss, the learning rate and the throughput since the previous row (NaN

@@ -116,12 +116,7 @@ struct DropoutMask {
     m.keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
     return m;
   }
-  bool keep(int64_t i) const {
-    uint64_t z = state0 + ((uint64_t)i + 1) * kGolden;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return ((z ^ (z >> 31)) >> 11) >= threshold;
-  }
+  bool keep(int64_t i) const { return (mix64(state0 + ((uint64_t)i + 1) * kGolden) >> 11) >= threshold; }
 };
 
 // ---- OpenMP loops ----

@@ -46,6 +46,8 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
   manual_seed(1);
   Toy t(3);
   const fs::path dir = fresh_dir("learns");
+  std::vector<nn::MetricsRow> seen;  // what on_validated was handed last
+  t.task.on_validated = [&](int64_t, const std::vector<nn::MetricsRow>& rows) { seen = rows; };
   nn::LoopResult r = nn::train_loop(t.task, opts(dir, 200));
   BOOST_TEST(r.last_step == 200);
   BOOST_TEST(r.last_valid.at("mse") < 1e-3);
@@ -55,6 +57,17 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
   std::getline(csv, header);
   BOOST_TEST(header == "step,train_loss,lr,tokens_per_s,valid_mse");
   BOOST_TEST(fs::exists(dir / "train_state.safetensors"));
+  // The rows handed to on_validated hold exactly the numbers of the file (what a resumed run
+  // reads back): train loss and validation MSE of every row.
+  size_t n = 0;
+  for (std::string line; std::getline(csv, line); ++n) {
+    BOOST_REQUIRE(n < seen.size());
+    const size_t a = line.find(','), b = line.find(',', a + 1), last = line.rfind(',');
+    BOOST_TEST(std::stoll(line) == seen[n].step);
+    BOOST_TEST(std::stod(line.substr(a + 1, b - a - 1)) == seen[n].train_loss);
+    if (last + 1 < line.size()) BOOST_TEST(std::stod(line.substr(last + 1)) == seen[n].valid.at("mse"));
+  }
+  BOOST_TEST(n == seen.size());
 }
 
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {

@@ -4,7 +4,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -123,18 +122,10 @@ int64_t label_index(const std::vector<std::string>& labels, const std::string& l
 }
 
 bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric) {
-  // Compared as metrics.csv holds them (6 significant digits), so that a resumed run, whose
-  // earlier rows come from that file, decides as the uninterrupted run did.
-  auto as_saved = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
-    return std::strtod(buf, nullptr);
-  };
   if (rows.empty() || !rows.back().valid.count(metric)) return false;
-  const double newest = as_saved(rows.back().valid.at(metric));
+  const double newest = rows.back().valid.at(metric);
   for (size_t i = 0; i + 1 < rows.size(); ++i)
-    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > as_saved(it->second)))
-      return false;
+    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > it->second)) return false;
   return true;
 }
 
