@@ -5,6 +5,7 @@
 //   graft_bench --what micro                                    (op microbenchmarks)
 //   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
+//   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
@@ -18,6 +19,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -147,6 +149,47 @@ std::string num(double v) {
   return os.str();
 }
 
+// The op families whose time counts as matmul work: the linear layers, and the attention and
+// the output projection + loss, whose time is mostly their matmuls.
+bool matmul_family(const std::string& family) {
+  return family == "matmul" || family == "attention" || family == "loss";
+}
+
+// Three more steps with the per-op profile on: milliseconds per step by op family (ops/ file
+// stem; "untracked" is the step's wall time outside any op: the optimizer, zeroing grads), as
+// JSON fields, with the attention share and the non-matmul share (everything but
+// matmul_family()) of the step. With `print`, the per-op lines go to stderr as well.
+std::string profile_step(const std::function<void()>& step, bool print) {
+  constexpr int n = 3;
+  autograd::profile_report();  // resets
+  autograd::set_profiling(true);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < n; ++i) step();
+  const double wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / n;
+  autograd::set_profiling(false);
+  std::map<std::string, std::string> family_of;
+  for (const auto& d : autograd::declared_ops()) family_of[d.name] = d.family;
+  std::map<std::string, double> ms;
+  double in_ops = 0;
+  for (const auto& o : autograd::profile_report()) {
+    const double m = (o.forward_s + o.backward_s) * 1e3 / n;
+    ms[family_of.count(o.op) ? family_of[o.op] : "other"] += m;
+    in_ops += m;
+    if (print)
+      std::cerr << "  " << o.op << " " << o.calls / n << " calls, forward " << o.forward_s * 1e3 / n
+                << " ms, backward " << o.backward_s * 1e3 / n << " ms\n";
+  }
+  ms["untracked"] = std::max(0.0, wall_ms - in_ops);
+  double matmul_ms = 0;
+  std::string fields = "\"profile_ms\":{";
+  for (const auto& [fam, m] : ms) {
+    fields += (fields.back() == '{' ? "\"" : ",\"") + fam + "\":" + num(m);
+    if (matmul_family(fam)) matmul_ms += m;
+  }
+  return fields + "},\"profile_step_ms\":" + num(wall_ms) + ",\"attention_share\":" +
+         num(ms["attention"] / wall_ms) + ",\"nonmatmul_share\":" + num(1 - matmul_ms / wall_ms);
+}
+
 void run_train(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
@@ -187,23 +230,8 @@ void run_train(const Args& a) {
     opt.zero_grad();
     loss_v = loss.item();
   };
-  const bool profile = std::getenv("GRAFT_PROFILE") != nullptr;
-  const double t = time_median(a.warmup, a.steps, [&] {
-    autograd::set_profiling(profile);
-    step();
-    autograd::set_profiling(false);
-  });
-  if (profile) {
-    double total = 0;
-    auto rep = autograd::profile_report();
-    for (auto& o : rep) total += o.forward_s + o.backward_s;
-    const int n = a.warmup + a.steps;
-    std::cerr << "per step (" << n << " steps): op, calls, forward ms, backward ms\n";
-    for (auto& o : rep)
-      std::cerr << "  " << o.op << " " << o.calls / n << " " << o.forward_s * 1e3 / n << " "
-                << o.backward_s * 1e3 / n << "\n";
-    std::cerr << "  total in ops " << total * 1e3 / n << " ms of a " << t * 1e3 << " ms step\n";
-  }
+  const double t = time_median(a.warmup, a.steps, step);
+  const std::string shares = profile_step(step, std::getenv("GRAFT_PROFILE") != nullptr);
   const double weights_mib = Storage::live_bytes() / 1048576.0;
   emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) +
        ",\"tok_s\":" + num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +
@@ -211,7 +239,19 @@ void run_train(const Args& a) {
        ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"live_mib\":" + num(weights_mib) +
        ",\"peak_live_mib\":" + num(Storage::peak_live_bytes() / 1048576.0) +
        ",\"before_backward_mib\":" + num(before_bwd_mib) +
-       ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0));
+       ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0) + "," + shares);
+}
+
+// The bytes of weights one decoding step reads: every decoder parameter and the tied output
+// projection (V x d), at 2 bytes under bf16 (its matmuls read bf16 copies), else 4; of the
+// cross-attention's packed projection only the query third (its keys and values are computed
+// once per source).
+double decoder_weight_bytes(const models::Transformer& model) {
+  int64_t n = model.embedding->weight.numel();
+  for (const auto& [name, p] : model.named_parameters())
+    if (name.rfind("decoder.", 0) == 0)
+      n += name.find("multihead_attn.in_proj") != std::string::npos ? p.numel() / 3 : p.numel();
+  return double(n) * (matmul_precision() == Precision::bf16 ? 2 : 4);
 }
 
 void run_decode(const Args& a) {
@@ -237,10 +277,36 @@ void run_decode(const Args& a) {
   w.max_len = 4;
   for (int i = 0; i < a.warmup; ++i) models::translate(model, src, w);
   const double t = time_median(0, a.steps, f);
+  // The decoding steps' share: the time minus the encoder's (timed on its own, same source).
+  const double t_enc = time_median(0, a.steps, [&] {
+    autograd::NoGrad ng;
+    model.encode(src);
+  });
+  const double gbs = decoder_weight_bytes(model) * NEW / (t - t_enc) / 1e9;
   emit(std::string("\"what\":\"") + (a.beam > 1 ? "beam" : "greedy") + "\",\"config\":\"" + b.name +
        "\",\"beam\":" + std::to_string(a.beam) + ",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
        num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
-       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"encode_ms\":" + num(t_enc * 1e3) + ",\"weight_gbs\":" + num(gbs));
+}
+
+// A STREAM-like triad z = x + s y over three float arrays of 2^25 elements (128 MiB each, far
+// beyond the caches) on the OpenMP threads: the best of 6 runs in GB/s, counting the two reads
+// and the write of each element as STREAM does. Decoding's weight reads are measured against it.
+void run_stream() {
+  const int64_t n = int64_t(1) << 25;
+  std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n, 0.0f);
+  float* __restrict pz = z.data();
+  const float* __restrict px = x.data();
+  const float* __restrict py = y.data();
+  double best = 1e30;
+  for (int r = 0; r < 6; ++r) {
+    const auto t0 = Clock::now();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) pz[i] = px[i] + 3.0f * py[i];
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  emit("\"what\":\"stream\",\"mib\":" + num(3.0 * n * 4 / 1048576) + ",\"gbs\":" +
+       num(3.0 * n * sizeof(float) / best / 1e9) + ",\"check\":" + num(z[n / 2]));
 }
 
 void run_sgemm(const Args& a) {
@@ -345,8 +411,9 @@ int main(int argc, char** argv) {
     } else if (a.what == "micro") run_micro(a);
     else if (a.what == "sgemm") run_sgemm(a);
     else if (a.what == "kernels") run_kernels();
+    else if (a.what == "stream") run_stream();
     else {
-      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm, kernels)\n";
+      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm, kernels, stream)\n";
       return 2;
     }
   } catch (const std::exception& e) {

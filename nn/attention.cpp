@@ -25,16 +25,11 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
 }
 
 Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t parts) const {
-  const int64_t B = x.shape()[0], T = x.shape()[1];
   const Tensor y = part == 0 && parts == 3
                        ? linear(x, in_proj_weight, in_proj_bias)
                        : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
                                 slice(in_proj_bias, 0, part * d, (part + parts) * d));
-  // (B, T, parts * d) -> (B, T, parts, H, Dh) -> parts x (B, H, T, Dh)
-  Tensor p = permute(reshape(y, {B, T, parts, heads, d / heads}), {2, 0, 3, 1, 4});
-  Tensors out;
-  for (Tensor& t : split(p, std::vector<int64_t>(parts, 1), 0)) out.push_back(squeeze(t, 0));
-  return out;
+  return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
 }
 
 Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -51,9 +46,7 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
   }
   AttentionResult r = scaled_dot_product_attention(q, k, v, opt);
   if (weights) *weights = r.weights;
-  // (B, H, T, Dh) -> (B, T, d)
-  const int64_t B = r.out.shape()[0], T = r.out.shape()[2];
-  return out_proj->forward(reshape(permute(r.out, {0, 2, 1, 3}), {B, T, d}));
+  return out_proj->forward(merge_heads(r.out));  // (B, H, T, Dh) -> (B, T, d)
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,

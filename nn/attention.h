@@ -76,9 +76,9 @@ class MultiHeadAttention : public Module {
 
  private:
   // Rows [part, part + parts) * d of the packed projection applied to x (B, T, d), as `parts`
-  // (B, H, T, Dh) head views (no copies).
+  // dense (B, H, T, Dh) tensors (split_heads()).
   Tensors project_heads(const Tensor& x, int64_t part, int64_t parts) const;
-  // The fused attention over head views, heads merged, then out_proj.
+  // The fused attention over the heads, heads merged (merge_heads()), then out_proj.
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                 bool causal, const Tensor& bias, Tensor* weights) const;
   Generator* dropout_gen_;

@@ -44,37 +44,17 @@ void convert(const Tensor& t, bool span, Out* dst, Conv conv) {
   }
 }
 
-// Converted copies of weights, by source span; an entry is good while its source storage lives
-// at the same version.
-struct Reused {
-  std::weak_ptr<Storage> source;
-  uint64_t version = 0;
-  std::shared_ptr<Storage> copy;
-};
-using ReuseKey = std::tuple<const Storage*, int64_t, int64_t, bool>;  // storage, offset, numel, rounded
-std::mutex reuse_mutex;
 std::atomic<uint64_t> weight_copies{0};
-std::map<ReuseKey, Reused>& reuse_cache() {
-  static std::map<ReuseKey, Reused> cache;
-  return cache;
-}
 
-// The copy of t's span (`rounded`: float32 values, else bf16 bits), from the cache when `reuse`.
+// The copy of t's span (`rounded`: float32 values, else bf16 bits), from derived_copy() when
+// `reuse`.
 template <class Make>
 std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, Make make) {
   if (!reuse) return make();
-  const std::shared_ptr<Storage>& src = t.impl()->storage;
-  const ReuseKey key{src.get(), t.offset(), t.numel(), rounded};
-  std::lock_guard<std::mutex> lock(reuse_mutex);
-  auto& cache = reuse_cache();
-  auto it = cache.find(key);
-  if (it != cache.end() && it->second.source.lock() == src && it->second.version == src->version)
-    return it->second.copy;
-  std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
-  Reused r{src, src->version, make()};
-  ++weight_copies;
-  cache[key] = r;
-  return r.copy;
+  return derived_copy(t, rounded ? 1 : 0, [&] {
+    ++weight_copies;
+    return make();
+  });
 }
 
 // Per-thread buffers for the two operands of one matmul: an operand converted just before its

@@ -10,6 +10,7 @@ void register_op_cases() {
     register_attention_cases();
     register_dropout_cases();
     register_elementwise_cases();
+    register_heads_cases();
     register_loss_cases();
     register_matmul_cases();
     register_norm_cases();

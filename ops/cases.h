@@ -17,6 +17,7 @@ void register_op_cases();
 void register_attention_cases();
 void register_dropout_cases();
 void register_elementwise_cases();
+void register_heads_cases();
 void register_loss_cases();
 void register_matmul_cases();
 void register_norm_cases();

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <bit>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <string_view>
 
 #include "graft/ops/bf16.h"
@@ -217,6 +220,37 @@ void bmm_loop(const Tensor& a, const Tensor& b, const Tensor& out, T alpha, bool
 }
 
 }  // namespace
+
+namespace {
+// Copies derived from weights, by source span and kind; an entry is good while its source
+// storage lives at the same version.
+struct Derived {
+  std::weak_ptr<Storage> source;
+  uint64_t version = 0;
+  std::shared_ptr<Storage> copy;
+};
+using DerivedKey = std::tuple<const Storage*, int64_t, int64_t, uint64_t>;  // storage, offset, numel, tag
+std::mutex derived_mutex;
+std::map<DerivedKey, Derived>& derived_cache() {
+  static std::map<DerivedKey, Derived> cache;
+  return cache;
+}
+}  // namespace
+
+std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
+                                      const std::function<std::shared_ptr<Storage>()>& make) {
+  const std::shared_ptr<Storage>& src = t.impl()->storage;
+  const DerivedKey key{src.get(), t.offset(), t.numel(), tag};
+  std::lock_guard<std::mutex> lock(derived_mutex);
+  auto& cache = derived_cache();
+  auto it = cache.find(key);
+  if (it != cache.end() && it->second.source.lock() == src && it->second.version == src->version)
+    return it->second.copy;
+  std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
+  Derived d{src, src->version, make()};
+  cache[key] = d;
+  return d.copy;
+}
 
 void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate,
          bool b_is_weight) {

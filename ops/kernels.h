@@ -4,6 +4,9 @@
 // error messages.
 #pragma once
 
+#include <functional>
+#include <memory>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -62,6 +65,12 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false,
           bool b_is_weight = false);
+// A copy derived from weight t's span (converted to bf16, reordered to a matmul's layout), made
+// by `make` once per version of t's storage and kept while that storage lives; `tag` tells the
+// kinds of copies of one span apart. Thread-safe.
+std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
+                                      const std::function<std::shared_ptr<Storage>()>& make);
+
 // aliasing(t): a 2-D operand of >= 256 rows whose rows lie a multiple of 1 KiB apart; a gemm
 // reducing over those rows (dW = dy^T x) runs far below peak (see kernels.cpp).
 // unaliased(t): t, or a copy with rows 16 elements further apart when aliasing(t).

@@ -208,7 +208,34 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dn
              : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// float32 forward through oneDNN inner_product, its primitive cached per problem.
+// A number naming a weights layout (dims, strides, blocks), so each layout gets its own copy.
+uint64_t layout_tag(const dnnl::memory::desc& d) {
+  const auto& b = d.data.format_desc.blocking;
+  uint64_t h = 0x51ed;
+  auto mixin = [&](int64_t v) { h = mix64(h ^ (uint64_t)v); };
+  for (int i = 0; i < d.data.ndims; ++i) mixin(d.data.dims[i]), mixin(b.strides[i]);
+  for (int i = 0; i < b.inner_nblks; ++i) mixin(b.inner_blks[i]), mixin(b.inner_idxs[i]);
+  return h | (uint64_t(1) << 63);  // apart from the bf16 copies' tags
+}
+
+// w in the layout `best` that the inference primitive reads fastest (oneDNN's choice for
+// format "any"): reordered once per version of w (kern::derived_copy), kept while w lives.
+// Decoding reads every weight once per token; its 32-row steps read plain weights through
+// gemm:jit at about half the rate brgemm reads its blocked ones (docs/performance.md).
+std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::desc& plain,
+                                           const dnnl::memory::desc& best) {
+  return kern::derived_copy(w, layout_tag(best), [&] {
+    auto s = std::make_shared<Storage>(best.get_size());
+    auto src = onednn::mem(plain, w);
+    auto dst = onednn::mem(best, s->data);
+    dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+    onednn::stream().wait();
+    return s;
+  });
+}
+
+// float32 forward through oneDNN inner_product, its primitive cached per problem. Without a
+// tape (inference) the weights come in the primitive's preferred layout (reordered_weights()).
 void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
                         bool training) {
   const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
@@ -217,11 +244,18 @@ void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, cons
   using ipf = dnnl::inner_product_forward;
   const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias}, [&] {
     LinearMds m(N, IN, OUT, has_bias);
-    return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y}};
+    if (training) return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y, m.w}};
+    const auto plain = m.w;
+    m.w = dnnl::memory::desc(m.w.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+    const auto pd = linear_fwd_pd(m, kind);
+    return onednn::Cached<ipf>{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
   });
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], x2)},
-                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], w)},
-                                             {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
+  const bool reorder = c.mds[1] != c.mds[4];
+  const std::shared_ptr<Storage> wr = reorder ? reordered_weights(w, c.mds[4], c.mds[1]) : nullptr;
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, onednn::mem(c.mds[0], x2)},
+      {DNNL_ARG_WEIGHTS, reorder ? onednn::mem(c.mds[1], wr->data) : onednn::mem(c.mds[1], w)},
+      {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
   if (has_bias) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
   c.prim.execute(onednn::stream(), args);
   onednn::stream().wait();

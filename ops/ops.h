@@ -6,6 +6,7 @@
 #include "graft/ops/cases.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/heads.h"
 #include "graft/ops/loss.h"
 #include "graft/ops/matmul.h"
 #include "graft/ops/norm.h"

@@ -161,6 +161,26 @@ BOOST_AUTO_TEST_CASE(linear_f32_matches_f64) {
   check_same(b32.grad(), b.grad(), 1e-4);
 }
 
+// Without a tape, linear reads its weights in oneDNN's preferred layout, reordered once per
+// weight version: the values match float64 for the shapes decoding uses (32 rows, and one row),
+// and an in-place update of the weights is seen by the next call.
+BOOST_AUTO_TEST_CASE(linear_inference_layout_matches_f64_and_follows_updates) {
+  Generator g(6);
+  Tensor w = randn({512, 256}, DType::f64, g), b = randn({512}, DType::f64, g);
+  Tensor w32 = cast_copy(w, DType::f32), b32 = cast_copy(b, DType::f32);
+  autograd::NoGrad ng;
+  for (int64_t rows : {32, 1}) {
+    Tensor x = randn({rows, 256}, DType::f64, g);
+    check_same(linear(cast_copy(x, DType::f32), w32, b32), linear(x, w, b), 1e-4);
+  }
+  Tensor x = randn({32, 256}, DType::f64, g);
+  Tensor x32 = cast_copy(x, DType::f32);
+  linear(x32, w32, b32);  // the reordered copy of the current weights
+  fill_(w, 0.5);
+  fill_(w32, 0.5);  // bumps the version: the next call must reorder again
+  check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+}
+
 // Rows 4 KiB apart (1024 float32 columns, >= 256 rows): the weight gradient goes through
 // padded copies (ops/matmul.cpp, aliasing); with and without bias, either operand aliasing.
 BOOST_AUTO_TEST_CASE(linear_backward_with_4k_row_strides_matches_f64) {

@@ -7,6 +7,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/ops/reduce.h"
+#include "graft/ops/heads.h"
 #include "graft/ops/shape.h"
 
 using namespace graft;
@@ -383,3 +384,26 @@ BOOST_AUTO_TEST_CASE(embedding_errors) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// split_heads against the view it replaces: y (B, T, parts * H * Dh) as (B, T, parts, H, Dh)
+// permuted to (parts, B, H, T, Dh); merge_heads undoes it; bad shapes name the op.
+BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
+  Generator g(3);
+  const int64_t B = 2, T = 5, P = 3, H = 2, Dh = 4;
+  Tensor y = randn({B, T, P * H * Dh}, DType::f32, g);
+  Tensors parts = split_heads(y, P, H);
+  BOOST_REQUIRE_EQUAL(parts.size(), (size_t)P);
+  Tensor want = permute(reshape(y, {B, T, P, H, Dh}), {2, 0, 3, 1, 4});
+  for (int64_t p = 0; p < P; ++p) {
+    BOOST_CHECK(parts[p].is_contiguous());
+    BOOST_CHECK(parts[p].shape() == Shape({B, H, T, Dh}));
+    const auto got = parts[p].to_vector<double>();
+    const auto ref = contiguous(squeeze(slice(want, 0, p, p + 1), 0)).to_vector<double>();
+    BOOST_CHECK(got == ref);
+  }
+  Tensor one = randn({B, T, H * Dh}, DType::f32, g);
+  BOOST_CHECK(merge_heads(split_heads(one, 1, H)[0]).to_vector<double>() == one.to_vector<double>());
+  BOOST_CHECK_THROW(split_heads(y, 5, H), Error);
+  BOOST_CHECK_THROW(split_heads(randn({2, 3}, DType::f32, g), 1, 1), Error);
+  BOOST_CHECK_THROW(merge_heads(y), Error);
+}
