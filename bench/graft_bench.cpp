@@ -2,6 +2,8 @@
 //
 //   graft_bench --what train  --config tiny|small|base [--warmup 2] [--steps 5]
 //   graft_bench --what greedy --config ...  [--beam 4]          (decode: --what greedy / beam)
+//   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
+//                                 (the zoo: the models `make lm` and `make classify` train)
 //   graft_bench --what micro                                    (op microbenchmarks)
 //   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
@@ -25,6 +27,8 @@
 #include <vector>
 
 #include "graft/autograd/tape.h"
+#include "graft/models/decoder_only_lm.h"
+#include "graft/models/encoder_classifier.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/optim.h"
 #include "graft/ops/ops.h"
@@ -309,6 +313,148 @@ void run_stream() {
        num(3.0 * n * sizeof(float) / best / 1e9) + ",\"check\":" + num(z[n / 2]));
 }
 
+// ---- the model zoo: the decoder-only LM of `make lm` and the classifier of `make classify` ----
+
+// Byte-token batch shared with torch_peer.py: row b holds L - (b % short_mod) tokens followed by
+// `pad`; token (b, t) = (b * 131 + t * 31 + salt * 17) % 256 (the zoo's tokens are bytes).
+std::vector<int64_t> byte_ids(int64_t B, int64_t L, int64_t salt, int64_t short_mod, int64_t pad) {
+  std::vector<int64_t> ids(B * L, pad);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < L - (b % short_mod); ++t) ids[b * L + t] = (b * 131 + t * 31 + salt * 17) % 256;
+  return ids;
+}
+
+// The model `make lm` trains: examples/lm's preset lm-mini (vocab 259 = bytes + BOS, EOS, PAD
+// 258), with the Makefile's --positions rope and the program's defaults (dropout 0, pre-LN,
+// ReLU, tied embedding, final LayerNorm); batches of 16 rows x 128 tokens, no label smoothing.
+constexpr int64_t kLMVocab = 259, kLMPad = 258, kLMRows = 16, kLMContext = 128;
+models::LMConfig lm_config() {
+  models::LMConfig c;
+  c.vocab = kLMVocab, c.pad_id = kLMPad;
+  c.d_model = 128, c.heads = 4, c.d_ff = 512, c.layers = 2, c.max_len = kLMContext;
+  c.positions.kind = nn::Positions::rope;
+  c.dropout = 0.0;
+  return c;
+}
+
+void run_lm_train(const Args& a) {
+  models::DecoderOnlyLM model(lm_config());
+  model.train();
+  nn::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);
+  // Windows of 129 tokens: input = [:-1], target = [1:] (every row full, as examples/lm cuts them).
+  const auto w = byte_ids(kLMRows, kLMContext + 1, 4, 1, kLMPad);
+  std::vector<int64_t> in, out;
+  for (int64_t r = 0; r < kLMRows; ++r)
+    for (int64_t t = 0; t < kLMContext; ++t) {
+      in.push_back(w[r * (kLMContext + 1) + t]);
+      out.push_back(w[r * (kLMContext + 1) + t + 1]);
+    }
+  Tensor input = from_vector(in, {kLMRows, kLMContext}), target = from_vector(out, {kLMRows * kLMContext});
+  double loss_v = 0;
+  const double t = time_median(a.warmup, a.steps, [&] {  // the loss examples/lm trains on
+    Tensor loss = cross_entropy(reshape(model.forward(input), {-1, kLMVocab}), target);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_v = loss.item();
+  });
+  const int64_t tokens = kLMRows * kLMContext;
+  emit("\"what\":\"lm_train\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
+       ",\"tokens\":" + std::to_string(tokens) + ",\"params\":" + std::to_string(model.num_parameters()) +
+       ",\"loss\":" + num(loss_v) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
+// Sampling at temperature 1 (no top-k / top-p) with the KV cache: 32 prompts of 32 bytes, 64 new
+// tokens each, no early stop; the prompts' forward pass is inside the timing.
+void run_lm_sample(const Args& a) {
+  models::DecoderOnlyLM model(lm_config());
+  const int64_t B = 32, P = 32, NEW = 64;
+  const auto flat = byte_ids(B, P, 5, 1, kLMPad);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t b = 0; b < B; ++b) prompts.emplace_back(flat.begin() + b * P, flat.begin() + (b + 1) * P);
+  models::DecodeOptions o;
+  o.max_len = NEW;
+  o.sample = true;
+  o.stop_at_eos = false;
+  o.use_cache = true;
+  o.seed = 1;
+  int64_t produced = 0;
+  models::DecodeOptions w = o;  // warm-up runs: 4 new tokens, as run_decode's
+  w.max_len = 4;
+  for (int i = 0; i < a.warmup; ++i) models::generate(model, prompts, -1, w);
+  const double t = time_median(0, a.steps, [&] {
+    produced = 0;
+    for (auto& r : models::generate(model, prompts, -1, o)) produced += (int64_t)r.size();
+  });
+  emit("\"what\":\"lm_sample\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
+       num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
+       ",\"params\":" + std::to_string(model.num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
+// The model `make classify` trains: examples/classify's defaults (d 64, 4 heads, FFN 128, 2
+// layers, post-LN without a final LayerNorm, sinusoidal positions, ReLU, dropout 0.3, byte
+// 2..5-gram inputs hashed into 262,144 rows, 8 languages, PAD 256, max_len 160). One batch of
+// 512 lines (--batch-rows 512) of 64 - (b % 8) bytes, near the training lines' median of 57.
+constexpr int64_t kClsPad = 256, kClsRows = 512, kClsLen = 64, kClsClasses = 8;
+models::ClassifierConfig cls_config() {
+  models::ClassifierConfig c;
+  c.vocab = 257, c.pad_id = kClsPad, c.classes = kClsClasses, c.max_len = 160;
+  c.d_model = 64, c.heads = 4, c.d_ff = 128, c.layers = 2;
+  c.dropout = 0.3;
+  c.ngram_buckets = 262144, c.ngram_max = 5;
+  c.positions.kind = nn::Positions::sinusoidal;
+  return c;
+}
+
+int64_t count_not(const std::vector<int64_t>& v, int64_t pad) {
+  return (int64_t)std::count_if(v.begin(), v.end(), [pad](int64_t x) { return x != pad; });
+}
+
+void run_cls_train(const Args& a) {
+  models::EncoderClassifier model(cls_config());
+  model.train();
+  nn::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);  // dense, n-gram table included
+  const auto ids_v = byte_ids(kClsRows, kClsLen, 6, 8, kClsPad);
+  std::vector<int64_t> labels_v(kClsRows);
+  for (int64_t b = 0; b < kClsRows; ++b) labels_v[b] = b % kClsClasses;
+  Tensor ids = from_vector(ids_v, {kClsRows, kClsLen}), labels = from_vector(labels_v, {kClsRows});
+  double loss_v = 0;
+  const double t = time_median(a.warmup, a.steps, [&] {  // the loss examples/classify trains on
+    Tensor loss = cross_entropy(model.forward(ids), labels);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    loss_v = loss.item();
+  });
+  const int64_t tokens = count_not(ids_v, kClsPad);
+  emit("\"what\":\"cls_train\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
+       ",\"tokens\":" + std::to_string(tokens) + ",\"params\":" + std::to_string(model.num_parameters()) +
+       ",\"loss\":" + num(loss_v) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
+// Inference over the same 512 lines in batches of 64 rows (as classify evaluate batches), eval
+// mode, no tape; a timed run classifies all 512.
+void run_cls_infer(const Args& a) {
+  models::EncoderClassifier model(cls_config());
+  model.eval();
+  autograd::NoGrad ng;
+  const int64_t R = 64;
+  const auto ids_v = byte_ids(kClsRows, kClsLen, 6, 8, kClsPad);
+  std::vector<Tensor> batches;
+  for (int64_t r = 0; r < kClsRows; r += R)
+    batches.push_back(from_vector(std::vector<int64_t>(ids_v.begin() + r * kClsLen, ids_v.begin() + (r + R) * kClsLen),
+                                  {R, kClsLen}));
+  int64_t predicted = 0;
+  const double t = time_median(a.warmup, a.steps, [&] {
+    predicted = 0;
+    for (auto& b : batches) predicted += (int64_t)argmax(model.forward(b), -1).to_vector<int64_t>().size();
+  });
+  const int64_t tokens = count_not(ids_v, kClsPad);
+  emit("\"what\":\"cls_infer\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
+       ",\"tokens\":" + std::to_string(tokens) + ",\"predicted\":" + std::to_string(predicted) + ",\"params\":" +
+       std::to_string(model.num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
 void run_sgemm(const Args& a) {
   autograd::NoGrad ng;
   const int64_t n = a.n;
@@ -408,12 +554,17 @@ int main(int argc, char** argv) {
     else if (a.what == "beam") {
       if (a.beam <= 1) a.beam = 4;
       run_decode(a);
-    } else if (a.what == "micro") run_micro(a);
+    } else if (a.what == "lm_train") run_lm_train(a);
+    else if (a.what == "lm_sample") run_lm_sample(a);
+    else if (a.what == "cls_train") run_cls_train(a);
+    else if (a.what == "cls_infer") run_cls_infer(a);
+    else if (a.what == "micro") run_micro(a);
     else if (a.what == "sgemm") run_sgemm(a);
     else if (a.what == "kernels") run_kernels();
     else if (a.what == "stream") run_stream();
     else {
-      std::cerr << "graft_bench: unknown --what " << a.what << " (train, greedy, beam, micro, sgemm, kernels, stream)\n";
+      std::cerr << "graft_bench: unknown --what " << a.what
+                << " (train, greedy, beam, lm_train, lm_sample, cls_train, cls_infer, micro, sgemm, kernels, stream)\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -109,6 +109,17 @@ for c in $CONFIGS; do
   fi
 done
 
+# ---- the zoo: make lm's LM and make classify's classifier, fp32 (bench/graft_bench.cpp) --------
+# lm_train: 16 x 128 tokens a step, warm-up 2, median of 21; lm_sample: 32 prompts x 32 bytes, 64
+# new tokens sampled with a KV cache, warm-up 1 (4 new tokens), median of 9; cls_train: 512 lines
+# a step, warm-up 2, median of 9; cls_infer: the 512 lines in batches of 64, median of 9.
+echo "bench: the zoo (lm, classify)" >&2
+for spec in "lm_train 2 21" "lm_sample 1 9" "cls_train 2 9" "cls_infer 2 9"; do
+  read -r what w n <<<"$spec"
+  result graft "$GB" --what "$what" --warmup "$w" --steps "$n"
+  result pytorch $PY bench/torch_peer.py --what "$what" --warmup "$w" --steps "$n"
+done
+
 # ---- report ----------------------------------------------------------------------------------
 META=$(mktemp /tmp/graft_bench.XXXXXX.json)
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)

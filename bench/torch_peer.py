@@ -5,6 +5,8 @@
   torch_peer.py --what greedy|beam --config ...       (nn.Transformer re-running the prefix)
   torch_peer.py --what greedy_cached --config ...     (an incremental KV-cached decoder)
   --precision bf16 (train, greedy_cached): under torch.autocast("cpu", dtype=torch.bfloat16)
+  torch_peer.py --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
+                                                      (the zoo: make lm's and make classify's models)
   torch_peer.py --what micro
   torch_peer.py --what sgemm [--n 1024]
   torch_peer.py --report RESULTS.jsonl --csv OUT.csv --md OUT.md   (no torch needed)
@@ -363,6 +365,245 @@ def run_micro(torch, a):
 
 
 # --------------------------------------------------------------------------------------------
+# The model zoo (graft_bench's "the model zoo" section): the decoder-only LM `make lm` trains
+# and the encoder classifier `make classify` trains, with the same shapes, batches and
+# hyper-parameters as graft's side.
+
+# examples/lm's preset lm-mini with the Makefile's --positions rope and the program's defaults:
+# byte vocabulary 259 (PAD 258), pre-LN, ReLU, dropout 0, tied embedding, final LayerNorm, no
+# label smoothing; batches of 16 rows x 128 tokens.
+LM = dict(d=128, h=4, ff=512, L=2, V=259, pad=258, rows=16, ctx=128, dropout=0.0, rope_base=10000.0)
+# examples/classify's defaults: d 64, 4 heads, FFN 128, 2 layers, post-LN without a final
+# LayerNorm, sinusoidal positions, ReLU, dropout 0.3, byte 2..5-gram inputs hashed into 262,144
+# rows (+1 "no n-gram" row), 8 classes, PAD 256, max_len 160; one batch of 512 lines of
+# 64 - (b % 8) bytes (the training lines' median is 57).
+CLS = dict(d=64, h=4, ff=128, L=2, V=257, pad=256, classes=8, max_len=160, buckets=262144,
+           ngram_max=5, dropout=0.3, rows=512, len=64)
+
+
+def byte_ids(B, L, salt, short_mod, pad):
+    """Row b: L - (b % short_mod) tokens then pad; token (b, t) = (131 b + 31 t + 17 salt) % 256."""
+    return [[(b * 131 + t * 31 + salt * 17) % 256 if t < L - (b % short_mod) else pad
+             for t in range(L)] for b in range(B)]
+
+
+def build_lm(torch):
+    """A nanoGPT-style causal Transformer with graft's DecoderOnlyLM's structure: pre-LN blocks
+    (attention with a fused q,k,v projection and biases, FFN with ReLU), RoPE on queries and keys
+    ("rotate half", as graft's ops/rope.h), a final LayerNorm, logits through the tied embedding.
+    forward(ids, start, caches): caches None in training; else one [k, v] list per block that
+    grows with each call (the keys and values after RoPE), queries at positions start.."""
+    nn, F = torch.nn, torch.nn.functional
+    d, h, ff, L, V, p = LM["d"], LM["h"], LM["ff"], LM["L"], LM["V"], LM["dropout"]
+    hd, n = d // h, LM["ctx"]
+    inv = LM["rope_base"] ** (-torch.arange(0, hd // 2, dtype=torch.float32) * 2.0 / hd)
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+
+    def rope(x, cos, sin):
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.out_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.linear1, self.linear2 = nn.Linear(d, ff), nn.Linear(ff, d)
+            self.drop = nn.Dropout(p)
+
+        def attn(self, x, cos, sin, mask, cache):
+            B, T, _ = x.shape
+            q, k, v = (y.view(B, T, h, hd).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            if cache is not None:
+                if cache:
+                    k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+                cache[:] = [k, v]
+            s = torch.matmul(q, k.transpose(-2, -1)) * hd ** -0.5
+            o = torch.matmul(torch.softmax(s.masked_fill(mask, float("-inf")), -1), v)
+            return self.out_proj(o.transpose(1, 2).reshape(B, T, d))
+
+        def forward(self, x, cos, sin, mask, cache):
+            x = x + self.drop(self.attn(self.norm1(x), cos, sin, mask, cache))
+            return x + self.drop(self.linear2(self.drop(F.relu(self.linear1(self.norm2(x))))))
+
+    class LMModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(V, d, padding_idx=LM["pad"])
+            nn.init.normal_(self.embedding.weight, 0.0, 0.02)
+            self.drop = nn.Dropout(p)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.norm = nn.LayerNorm(d)
+            self.register_buffer("cos", ang.cos())
+            self.register_buffer("sin", ang.sin())
+            self.register_buffer("future", torch.ones(n, n, dtype=torch.bool).triu(1))
+
+        def forward(self, ids, start=0, caches=None, last=False):
+            T = ids.size(1)
+            cos, sin = self.cos[start:start + T], self.sin[start:start + T]
+            mask = self.future[start:start + T, :start + T]  # key after query: masked
+            x = self.drop(self.embedding(ids))
+            for i, blk in enumerate(self.blocks):
+                x = blk(x, cos, sin, mask, None if caches is None else caches[i])
+            x = self.norm(x)
+            return F.linear(x[:, -1:] if last else x, self.embedding.weight)  # last: as graft's generate
+
+    return LMModel()
+
+
+def adam(torch, model):
+    """The optimiser of the training rows (dense Adam, as graft's)."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+def train_rows(torch, a, what, config, model, loss_fn, tokens):
+    """Times forward + backward + Adam (median of a.steps after a.warmup) and emits the row."""
+    opt, state = adam(torch, model), {}
+    model.train()
+
+    def step():
+        loss = loss_fn()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        state["loss"] = loss.item()
+
+    t = time_median(a.warmup, a.steps, step)
+    emit({"what": what, "config": config, "ms": t * 1e3, "tok_s": tokens / t, "tokens": tokens,
+          "params": sum(p.numel() for p in model.parameters()), "loss": state["loss"],
+          "peak_rss_mib": peak_rss_mib(), "precision": "fp32"})
+
+
+def run_lm_train(torch, a):
+    F = torch.nn.functional
+    torch.manual_seed(1)
+    model = build_lm(torch)
+    R, T, V = LM["rows"], LM["ctx"], LM["V"]
+    w = torch.tensor(byte_ids(R, T + 1, 4, 1, LM["pad"]), dtype=torch.int64)
+    inp, tgt = w[:, :-1].contiguous(), w[:, 1:].reshape(-1).contiguous()
+    train_rows(torch, a, "lm_train", "lm-mini", model,
+               lambda: F.cross_entropy(model(inp).reshape(-1, V), tgt), R * T)
+
+
+def run_lm_sample(torch, a):
+    """Sampling at temperature 1 (softmax, torch.multinomial, a seeded generator) with the KV
+    cache of build_lm: the prompts in one pass, then one new position per step; 32 prompts of
+    32 bytes, 64 new tokens, no early stop (as graft's models::generate here)."""
+    torch.manual_seed(1)
+    model = build_lm(torch)
+    model.eval()
+    B, P, NEW = 32, 32, 64
+    prompts = torch.tensor(byte_ids(B, P, 5, 1, LM["pad"]), dtype=torch.int64)
+
+    def sample(new=NEW):
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            caches, x, start, out = [[] for _ in model.blocks], prompts, 0, []
+            for _ in range(new):
+                logits = model(x, start, caches, last=True)[:, -1]
+                start += x.size(1)
+                x = torch.multinomial(torch.softmax(logits / 1.0, -1), 1, generator=gen)
+                out.append(x)
+            return torch.cat(out, 1)
+
+    res = {}
+    for _ in range(a.warmup):  # warm-up: 4 new tokens, as graft's
+        sample(4)
+    t = time_median(0, a.steps, lambda: res.__setitem__("ys", sample()))
+    emit({"what": "lm_sample", "config": "lm-mini", "ms": t * 1e3, "tok_s": B * NEW / t,
+          "produced": int(res["ys"].numel()), "params": sum(p.numel() for p in model.parameters()),
+          "peak_rss_mib": peak_rss_mib(), "precision": "fp32"})
+
+
+def build_classifier(torch):
+    """graft's EncoderClassifier in PyTorch: (token embedding + the sum of the ngram_max - 1
+    n-gram embeddings) * sqrt(d) + sinusoidal positions, dropout, nn.TransformerEncoder (post-LN,
+    ReLU, no final LayerNorm; attention-probability dropout 0 as graft's), the mean over the
+    non-pad positions, a linear head. forward(ids, ngram_ids (B, T, ngram_max - 1))."""
+    nn, F = torch.nn, torch.nn.functional
+    c = CLS
+    d, p = c["d"], c["dropout"]
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(c["V"], d, padding_idx=c["pad"])
+            self.ngrams = nn.Embedding(c["buckets"] + 1, d)  # dense gradients, as graft's
+            for e in (self.embedding, self.ngrams):
+                nn.init.normal_(e.weight, 0.0, d ** -0.5)
+            with torch.no_grad():
+                self.embedding.weight[c["pad"]].zero_()
+            pos = torch.arange(c["max_len"], dtype=torch.float32)[:, None]
+            div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+            pe = torch.zeros(c["max_len"], d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+            self.register_buffer("pe", pe)
+            self.drop = nn.Dropout(p)
+            layer = nn.TransformerEncoderLayer(d, c["h"], c["ff"], p, batch_first=True, norm_first=False)
+            self.encoder = nn.TransformerEncoder(layer, c["L"])
+            for m in self.encoder.modules():
+                if isinstance(m, nn.MultiheadAttention):
+                    m.dropout = 0.0
+            self.head = nn.Linear(d, c["classes"])
+
+        def forward(self, ids, ngram_ids):
+            pad = ids == c["pad"]
+            x = (self.embedding(ids) + self.ngrams(ngram_ids).sum(2)) * math.sqrt(d)
+            hid = self.encoder(self.drop(x + self.pe[: ids.size(1)]), src_key_padding_mask=pad)
+            keep = (~pad).to(hid.dtype)
+            w = keep / keep.sum(1, keepdim=True).clamp_min(1.0)
+            return self.head((hid * w[..., None]).sum(1))
+
+    return Classifier()
+
+
+def cls_batch(torch):
+    """The 512 lines, their labels (b % 8) and n-gram rows. graft hashes each line's n-grams
+    (FNV-1a + splitmix64, models/encoder_classifier.cpp); here the rows are random ids of the
+    same shape, "no n-gram" where graft has it (pad positions and n-grams starting before the
+    line): the throughput does not depend on which rows the hash picks."""
+    c, K = CLS, CLS["ngram_max"] - 1
+    ids = torch.tensor(byte_ids(c["rows"], c["len"], 6, 8, c["pad"]), dtype=torch.int64)
+    g = torch.Generator().manual_seed(1)
+    ng = torch.randint(0, c["buckets"], (c["rows"], c["len"], K), generator=g)
+    pos = torch.arange(c["len"])[None, :, None]
+    n = torch.arange(2, c["ngram_max"] + 1)[None, None, :]
+    none = (ids == c["pad"])[..., None] | (pos + 1 < n)  # no pad inside a line: only its tail
+    ng = ng.masked_fill(none, c["buckets"])
+    return ids, torch.arange(c["rows"]) % c["classes"], ng, int((ids != c["pad"]).sum())
+
+
+def run_cls_train(torch, a):
+    F = torch.nn.functional
+    torch.manual_seed(1)
+    model = build_classifier(torch)
+    ids, labels, ng, tokens = cls_batch(torch)
+    train_rows(torch, a, "cls_train", "classify", model,
+               lambda: F.cross_entropy(model(ids, ng), labels), tokens)
+
+
+def run_cls_infer(torch, a):
+    """The same 512 lines in batches of 64 rows (as classify evaluate), eval mode, no grad:
+    nn.TransformerEncoder takes 1.13's fast path here (nested tensors skip the padding)."""
+    torch.manual_seed(1)
+    model = build_classifier(torch)
+    model.eval()
+    ids, _, ng, tokens = cls_batch(torch)
+    batches = list(zip(ids.split(64), ng.split(64)))
+    res = {}
+
+    def infer():
+        with torch.no_grad():
+            res["n"] = sum(model(i, g).argmax(-1).numel() for i, g in batches)
+
+    t = time_median(a.warmup, a.steps, infer)
+    emit({"what": "cls_infer", "config": "classify", "ms": t * 1e3, "tok_s": tokens / t,
+          "tokens": tokens, "predicted": res["n"], "params": sum(p.numel() for p in model.parameters()),
+          "peak_rss_mib": peak_rss_mib(), "precision": "fp32"})
+
+
+# --------------------------------------------------------------------------------------------
 # Report: one table from the RESULT lines of both sides.
 
 def model_flops(name):
@@ -380,6 +621,15 @@ def model_flops(name):
           + B * S * L * 2 * d * d + B * T * d * V)
     att = 12 * B * d * (L * S * S + L * (T * T + T * S))
     return 6 * mm + att
+
+
+# The zoo's rows: --what, benchmark name, config column, unit.
+ZOO_ROWS = (
+    ("lm_train", "lm_train_throughput", "lm-mini rope, 16 x 128 tokens", "tok/s"),
+    ("lm_sample", "lm_sample_cached", "lm-mini rope, 32 prompts x 32 bytes, 64 new", "new tok/s"),
+    ("cls_train", "cls_train_throughput", "classify, 512 lines x 57-64 bytes", "tok/s"),
+    ("cls_infer", "cls_infer_throughput", "classify, 512 lines, batches of 64", "tok/s"),
+)
 
 
 def report(a):
@@ -448,6 +698,14 @@ def report(a):
             g, p = find("graft", what, c), find("pytorch", what, c)
             name = "greedy_decode" if what == "greedy" else "beam4_decode"
             add(name, c, g["tok_s"] if g else None, p["tok_s"] if p else None, "new tok/s", True)
+    for what, name, config, unit in ZOO_ROWS:  # the zoo: throughput and peak RSS
+        g, p = find("graft", what), find("pytorch", what)
+        add(name, config, g["tok_s"] if g else None, p["tok_s"] if p else None, unit, True)
+        add(what + "_peak_rss", config, g["peak_rss_mib"] if g else None,
+            p["peak_rss_mib"] if p else None, "MiB", False)
+        if g and p and g.get("params") != p.get("params"):
+            print(f"report: {what}: graft has {g.get('params')} parameters, PyTorch "
+                  f"{p.get('params')}: not the same model", file=sys.stderr)
     gm, pm = find("graft", "micro"), find("pytorch", "micro")
     for i, op in enumerate((gm or pm or {"ops": []})["ops"]):
         go = gm["ops"][i] if gm else None
@@ -501,6 +759,18 @@ def report(a):
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
               "in its own process, peak RSS = VmHWM")
+    zoo_params = {w: (find("graft", w) or find("pytorch", w) or {}).get("params")
+                  for w in ("lm_train", "cls_train")}
+    md.append("- zoo (fp32): lm_* is the model `make lm` trains (lm-mini: d 128, 4 heads, FFN 512, 2 layers, "
+              "pre-LN, rope, ReLU, dropout 0, tied embedding, byte vocabulary 259; "
+              f"{zoo_params['lm_train'] or '?'} parameters) against a nanoGPT-style PyTorch model; "
+              "lm_train: median of 21 steps of 16 x 128 tokens (forward, backward, Adam); lm_sample_cached: "
+              "sampling at temperature 1 with a KV cache on both sides, median of 9 runs; cls_* is the model "
+              "`make classify` trains (d 64, 4 heads, FFN 128, 2 layers, post-LN, sinusoidal, dropout 0.3, "
+              "hashed byte 2-5-grams in 262,144 rows with dense Adam; "
+              f"{zoo_params['cls_train'] or '?'} parameters) against nn.TransformerEncoder with the same "
+              "inputs, pooling and head; cls_train: median of 9 steps of 512 lines; cls_infer: eval mode, "
+              "no grad, median of 9 runs; tok/s counts non-pad input tokens")
     md.append("- ratio: graft/PyTorch for throughputs, PyTorch/graft for times and memory "
               "(> 1: graft better)")
     md.append("- MFU = model FLOPs / step time / sgemm peak, model FLOPs = 6 * (matmul weights x "
@@ -547,6 +817,14 @@ def main():
         run_decode_cached(torch, a)
     elif a.what == "beam":
         run_decode(torch, a, a.beam)
+    elif a.what == "lm_train":
+        run_lm_train(torch, a)
+    elif a.what == "lm_sample":
+        run_lm_sample(torch, a)
+    elif a.what == "cls_train":
+        run_cls_train(torch, a)
+    elif a.what == "cls_infer":
+        run_cls_infer(torch, a)
     elif a.what == "micro":
         run_micro(torch, a)
     elif a.what == "sgemm":
