@@ -55,6 +55,7 @@ echo "graft ${g1024#RESULT }" >>"$RES"
 echo "pytorch ${best_line#RESULT }" >>"$RES"
 result graft "$GB" --what sgemm --n 2048
 result pytorch $PY bench/torch_peer.py --what sgemm --n 2048
+result graft "$GB" --what stream  # memory bandwidth: decoding's weight reads are measured against it
 
 # ---- the oneDNN kernels, and bf16 where this CPU has a bf16 kernel ---------------------------
 kern=$("$GB" --what kernels | grep '^RESULT ')

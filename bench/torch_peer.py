@@ -653,6 +653,7 @@ def report(a):
     peak = find("graft", "sgemm", n=2048)
     peak_gflops = peak["gflops"] if peak else float("nan")
     rows = []  # benchmark, config, graft, pytorch, unit, ratio
+    profile_lines = []  # the per-family split of the base steps, below the table
 
     def add(bench, config, g, p, unit, higher_better):
         if g is None or p is None:
@@ -693,6 +694,24 @@ def report(a):
         if g or p:
             add("greedy_decode_bf16", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
                 "new tok/s", True)
+    stream = find("graft", "stream")
+    triad = stream["gbs"] if stream else None
+    for prec in ("fp32", "bf16"):  # decoding steps' weight reads against the triad's bandwidth
+        for c in CONFIGS:
+            g = find("graft", "greedy", c, prec)
+            if g and "weight_gbs" in g:
+                # the "pytorch" column holds the STREAM-like triad: ratio = share of the bandwidth
+                add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True)
+    for prec in ("fp32", "bf16"):  # where a training step goes (graft_bench's profile pass)
+        for c in CONFIGS:
+            g = find("graft", "train", c, prec)
+            if g and "profile_ms" in g:
+                add("train_attention_share_" + prec, c, 100 * g["attention_share"], None, "% of step", True)
+                add("train_nonmatmul_share_" + prec, c, 100 * g["nonmatmul_share"], None, "% of step", True)
+                if c == "base":
+                    fams = ", ".join(f"{k} {v:.0f}" for k, v in sorted(g["profile_ms"].items()))
+                    profile_lines.append(f"- base {prec} step ({g['profile_step_ms']:.0f} ms profiled), "
+                                         f"ms by op family: {fams}")
     for what in ("greedy", "beam"):
         for c in CONFIGS:
             g, p = find("graft", what, c), find("pytorch", what, c)
@@ -721,6 +740,7 @@ def report(a):
     s_g, s_p = find("graft", "sgemm", n=1024), find("pytorch", "sgemm", n=1024)
     add("sgemm_1024", "f32 1024^3", s_g["gflops"] if s_g else None,
         s_p["gflops"] if s_p else None, "GFLOP/s", True)
+    add("stream_triad", "3 x 128 MiB float32", triad, None, "GB/s", True)
 
     def fmt(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -771,6 +791,11 @@ def report(a):
               f"{zoo_params['cls_train'] or '?'} parameters) against nn.TransformerEncoder with the same "
               "inputs, pooling and head; cls_train: median of 9 steps of 512 lines; cls_infer: eval mode, "
               "no grad, median of 9 runs; tok/s counts non-pad input tokens")
+    md.append("- greedy_weight_read_*: the bytes of decoder weights (and the tied output projection) one "
+              "decoding step reads x 32 steps / (decode time - encoder time), against the STREAM-like triad "
+              "(the PyTorch column; ratio = share of the bandwidth); train_*_share: graft's per-op profile "
+              "of 3 more steps, attention = the fused attention op, non-matmul = everything but the linear "
+              "layers, the attention op and the output projection + loss (optimizer included)")
     md.append("- ratio: graft/PyTorch for throughputs, PyTorch/graft for times and memory "
               "(> 1: graft better)")
     md.append("- MFU = model FLOPs / step time / sgemm peak, model FLOPs = 6 * (matmul weights x "
@@ -781,6 +806,9 @@ def report(a):
     md.append("|---|---|---:|---:|---|---:|")
     for b, c, g, p, u, r in rows:
         md.append(f"| {b} | {c} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} |")
+    if profile_lines:
+        md.append("")
+        md.extend(profile_lines)
     text = "\n".join(md) + "\n"
     with open(a.md, "w") as f:
         f.write(text)
