@@ -114,12 +114,55 @@ namespace {
 constexpr size_t kBigBlock = size_t(1) << 20;  // smaller blocks: glibc's heap reuses them
 constexpr size_t kBigCacheCap = size_t(1) << 30;
 
+// Free ranges are kept by size (best fit) and by address: a freed range merges with free
+// neighbours, so memory split off for small requests joins up again and can serve large ones.
+// Without the merging, splits fragmented the cache step after step and the large requests
+// grew blocks with fresh pages (35 mremaps and 88 munmaps in a bf16 base step).
 struct BigBlockCache {
   std::mutex m;
-  std::multimap<size_t, void*> free_blocks;
+  std::multimap<size_t, char*> by_size;
+  std::map<char*, size_t> by_addr;
   size_t cached = 0;
   size_t in_use = 0;      // bytes of big blocks held by storages
   size_t high_water = 0;  // the most in use so far: the bound on in_use + cached
+
+  // Removes the free range at p of n bytes from both indexes.
+  void unlink(char* p, size_t n) {
+    by_addr.erase(p);
+    for (auto [it, end] = by_size.equal_range(n); it != end; ++it)
+      if (it->second == p) {
+        by_size.erase(it);
+        return;
+      }
+  }
+  // Takes the free range `it` (by size) out of the cache.
+  char* take(std::multimap<size_t, char*>::iterator it) {
+    char* p = it->second;
+    cached -= it->first;
+    by_addr.erase(p);
+    by_size.erase(it);
+    return p;
+  }
+  // Adds the free range [p, p + n), merged with the free ranges that touch it.
+  void put(char* p, size_t n) {
+    cached += n;
+    auto next = by_addr.find(p + n);
+    if (next != by_addr.end()) {
+      const size_t more = next->second;
+      unlink(next->first, more);
+      n += more;
+    }
+    auto prev = by_addr.lower_bound(p);
+    if (prev != by_addr.begin() && std::prev(prev)->first + std::prev(prev)->second == p) {
+      --prev;
+      p = prev->first;
+      const size_t before = prev->second;
+      unlink(p, before);
+      n += before;
+    }
+    by_addr[p] = n;
+    by_size.emplace(n, p);
+  }
 };
 BigBlockCache& big_cache() {
   // Never destroyed: tensors held by other static objects may be freed after it would be.
@@ -153,40 +196,32 @@ Storage::Storage(size_t n) : nbytes(n) {
     {
       std::lock_guard<std::mutex> lk(c.m);
       // Best fit within 25%: batches of varying length ask for slightly different sizes.
-      auto it = c.free_blocks.lower_bound(capacity);
-      const bool fits = it != c.free_blocks.end() && it->first <= capacity + capacity / 4;
-      // The footprint (blocks in use + cached) may grow up to the most ever in use. At that
-      // bound a miss splits a larger cached block, or grows the largest smaller one (mremap
-      // keeps its pages and adds only the difference), so memory moves between size classes
-      // (activations in the forward, gradients in the backward) without the page faults and
-      // zeroing of fresh mappings; smallest blocks are given back if the footprint is still
-      // over the bound. Blocks are page ranges of anonymous mappings: any range can be split
-      // off, resized or unmapped on its own.
+      auto it = c.by_size.lower_bound(capacity);
+      const bool fits = it != c.by_size.end() && it->first <= capacity + capacity / 4;
+      // A miss splits a larger cached range (its tail stays cached); without one, the
+      // footprint (blocks in use + cached) may grow up to the most ever in use, and at that
+      // bound the largest cached range is grown instead (mremap keeps its pages and adds only
+      // the difference), so memory moves between size classes (activations in the forward,
+      // gradients in the backward) without the page faults and zeroing of fresh mappings;
+      // smallest ranges are given back if the footprint is still over the bound. Ranges are
+      // page ranges of anonymous mappings: any range can be split off or unmapped on its own
+      // (a range merged across two mappings cannot be grown: then a fresh one is mapped).
       void* resize = nullptr;
       size_t resize_from = 0;
       if (fits) {
-        data = it->second;
         capacity = it->first;
-        c.cached -= capacity;
-        c.free_blocks.erase(it);
-      } else if (c.in_use + c.cached + capacity > c.high_water && it != c.free_blocks.end()) {
-        // A larger block is split: its head serves this request, its tail stays cached.
-        data = it->second;
+        data = c.take(it);
+      } else if (it != c.by_size.end()) {
         const size_t whole = it->first;
-        c.free_blocks.erase(it);
-        c.free_blocks.emplace(whole - capacity, static_cast<char*>(data) + capacity);
-        c.cached -= capacity;
-      } else if (c.in_use + c.cached + capacity > c.high_water && !c.free_blocks.empty()) {
-        it = std::prev(c.free_blocks.end());  // the largest smaller block, grown
-        resize = it->second;
-        resize_from = it->first;
-        c.cached -= resize_from;
-        c.free_blocks.erase(it);
-        while (!c.free_blocks.empty() && c.in_use + c.cached + capacity > c.high_water) {
-          auto smallest = c.free_blocks.begin();
-          unmap.emplace_back(smallest->second, smallest->first);
-          c.cached -= smallest->first;
-          c.free_blocks.erase(smallest);
+        char* p = c.take(it);
+        c.put(p + capacity, whole - capacity);
+        data = p;
+      } else if (c.in_use + c.cached + capacity > c.high_water && !c.by_size.empty()) {
+        resize_from = std::prev(c.by_size.end())->first;  // the largest smaller range, grown
+        resize = c.take(std::prev(c.by_size.end()));
+        while (!c.by_size.empty() && c.in_use + c.cached + capacity > c.high_water) {
+          const size_t bytes = c.by_size.begin()->first;
+          unmap.emplace_back(c.take(c.by_size.begin()), bytes);
         }
       }
       if (resize) {
@@ -218,8 +253,7 @@ Storage::~Storage() {
       std::lock_guard<std::mutex> lk(c.m);
       c.in_use -= capacity;
       if (c.cached + capacity <= kBigCacheCap) {
-        c.free_blocks.emplace(capacity, data);
-        c.cached += capacity;
+        c.put(static_cast<char*>(data), capacity);
         return;
       }
     }

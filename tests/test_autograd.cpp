@@ -234,6 +234,25 @@ BOOST_AUTO_TEST_CASE(big_block_cache_reuses_memory_across_sizes) {
              Storage::peak_live_bytes() * 3 / 2 + (size_t(8) << 20));
 }
 
+// Ranges split off a cached block join up again when both are freed: a request of the whole
+// block's size then gets the block back (sizes chosen to be their own size classes: 44 MiB is
+// a 48 MiB block, 22 MiB a 24 MiB one).
+BOOST_AUTO_TEST_CASE(big_block_cache_merges_freed_neighbours) {
+  const int64_t whole = int64_t(11) << 20, half = whole / 2;  // floats: 44 and 22 MiB
+  char* p = nullptr;
+  {
+    Tensor a = Tensor::empty({whole});
+    p = static_cast<char*>(a.raw());
+  }
+  {
+    Tensor b = Tensor::empty({half}), c = Tensor::empty({half});
+    BOOST_TEST((static_cast<char*>(b.raw()) == p));  // split off the cached block's head
+    BOOST_TEST((static_cast<char*>(c.raw()) == p + (size_t(24) << 20)));  // its tail
+  }
+  Tensor d = Tensor::empty({whole});
+  BOOST_TEST((static_cast<char*>(d.raw()) == p));
+}
+
 BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
   // A deliberately wrong backward: the library's gradcheck must catch it and name the element.
   autograd::declare_op("test_wrong_square", "test");
