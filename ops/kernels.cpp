@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <string_view>
 
 #include "graft/ops/bf16.h"
@@ -117,11 +118,16 @@ bool is_dense(const Shape& shape, const Shape& strides) {
 }
 
 // The oneDNN matmul of operands a, b (shapes and strides as, bs, element type dt) into out
-// (float32); alpha as an output scale, accumulate as a sum post-op.
+// (float32); alpha as an output scale, accumulate as a sum post-op, and with `bias` a float32
+// bias of out's last dim added by the kernel as it writes out.
 onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const Shape& b,
                                          const Shape& bs, const Tensor& out,
-                                         dnnl::memory::data_type dt, float alpha, bool accumulate) {
+                                         dnnl::memory::data_type dt, float alpha, bool accumulate,
+                                         bool bias) {
   auto a_md = onednn::md(a, as, dt), b_md = onednn::md(b, bs, dt), o_md = onednn::md(out);
+  Shape bias_shape(out.dim(), 1);
+  bias_shape.back() = out.shape().back();
+  const auto bias_md = bias ? onednn::md_contiguous(bias_shape) : dnnl::memory::desc();
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (accumulate) {
@@ -129,7 +135,10 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
+  auto desc = [&] {
+    return bias ? dnnl::matmul::desc(a_md, b_md, bias_md, o_md) : dnnl::matmul::desc(a_md, b_md, o_md);
+  };
+  dnnl::matmul::primitive_desc pd(desc(), attr, onednn::engine());
   // A strided batch can land on the reference kernel (orders of magnitude slower); dense
   // copies are cheap next to that.
   const bool dense = std::string_view(pd.impl_info_str()).substr(0, 3) == "ref" &&
@@ -137,14 +146,15 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
   if (dense) {
     a_md = onednn::md(a, contiguous_strides(a), dt);
     b_md = onednn::md(b, contiguous_strides(b), dt);
-    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, o_md), attr, onednn::engine());
+    pd = dnnl::matmul::primitive_desc(desc(), attr, onednn::engine());
   }
-  return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md}, dense};
+  return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md, bias_md}, dense};
 }
 
 // float32 through oneDNN matmul, with bf16 operands under PrecisionGuard(bf16) (ops/precision.h):
 // oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul).
-void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool b_is_weight) {
+void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool b_is_weight,
+             const Tensor& bias) {
   const bool bf16 = matmul_precision() == Precision::bf16;
   const bool bf16_kernel = bf16 && bf16_path() == Bf16Path::onednn;
   if (bf16 && !bf16_kernel) {
@@ -156,12 +166,13 @@ void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool 
   merge_batch(a, b, out);
   const Shape as = onednn::canonical_strides(a.shape(), bf16_kernel ? bf16_strides(a) : a.strides()),
               bs = onednn::canonical_strides(b.shape(), bf16_kernel ? bf16_strides(b) : b.strides());
-  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel};
+  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel,
+                  bias.defined()};
   for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
     key.insert(key.end(), v->begin(), v->end());
   const auto dt = bf16_kernel ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   const auto& c = onednn::cached<dnnl::matmul>(
-      key, [&] { return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate); });
+      key, [&] { return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate, bias.defined()); });
   void *pa, *pb;
   Bf16Operand a16, b16;
   if (bf16_kernel) {
@@ -177,9 +188,11 @@ void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool 
     pa = a.raw();
     pb = b.raw();
   }
-  c.prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::mem(c.mds[0], pa)},
-                                    {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], pb)},
-                                    {DNNL_ARG_DST, onednn::mem(c.mds[2], out)}});
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], pa)},
+                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], pb)},
+                                             {DNNL_ARG_DST, onednn::mem(c.mds[2], out)}};
+  if (bias.defined()) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[3], bias.raw());
+  c.prim.execute(onednn::stream(), args);
   onednn::stream().wait();
 }
 
@@ -261,9 +274,18 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool
     return;
   }
   if (a.dtype() == DType::f32 && a.dim() <= 12)
-    bmm_f32(a, b, out, (float)alpha, accumulate, b_is_weight);
+    bmm_f32(a, b, out, (float)alpha, accumulate, b_is_weight, Tensor());
   else
     GRAFT_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_loop<T>(a, b, out, (T)alpha, accumulate); });
+}
+
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool b_is_weight) {
+  if (a.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || a.dim() != 2 ||
+      b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() || a.shape()[1] != b.shape()[0] ||
+      bias.shape()[0] != out.shape()[1] || a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1])
+    fail("gemm_bias: a " + describe(a) + " @ b " + describe(b) + " + bias " + describe(bias) + " into " + describe(out));
+  if (out.numel() == 0) return;
+  bmm_f32(a, b, out, 1.0f, false, b_is_weight, bias);
 }
 
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, bool b_is_weight) {

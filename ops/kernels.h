@@ -62,6 +62,10 @@ int64_t merged_row_stride(const Tensor& t);
 // forward or backward.
 void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
          bool accumulate = false, bool b_is_weight = false);
+// out = a @ b + bias (float32, 2-D, bias (N) added by the matmul kernel as it writes out); K
+// must be > 0. Follows the precision setting like bmm.
+void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+               bool b_is_weight = false);
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false,
           bool b_is_weight = false);

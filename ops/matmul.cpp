@@ -304,25 +304,15 @@ void linear_backward_weights_f32(const LinearMds& m, const Tensor& x2, const Ten
   onednn::stream().wait();
 }
 
-// y2 (N, OUT) += b (OUT) on every row.
-void add_bias_rows(const Tensor& y2, const Tensor& b) {
-  const int64_t N = y2.shape()[0], OUT = y2.shape()[1];
-  float* py = y2.data<float>();
-  const float* pb = b.data<const float>();
-#pragma omp parallel for if (N * OUT > kern::kParallelGrain) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < OUT; ++o) py[n * OUT + o] += pb[o];
-}
-
 // Under PrecisionGuard(bf16), linear's matmuls go through kern::bmm (bf16 operands, the weight's
-// copy made once per change) and the bias is added in float32.
+// copy made once per change), the bias added in float32 by the forward matmul's kernel.
 bool linear_in_bf16(const Tensor& x) {
   return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
 }
 
 void linear_forward_bf16(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
-  kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, /*b_is_weight=*/true);
-  if (b.defined()) add_bias_rows(y2, b);
+  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, /*b_is_weight=*/true);
+  else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, /*b_is_weight=*/true);
 }
 
 void linear_backward_bf16(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
