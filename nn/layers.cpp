@@ -41,6 +41,11 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   return layer_norm(x, weight, bias, eps);
 }
 
+Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& r) const {
+  const auto named = scope();
+  return add_layer_norm(x, r, weight, bias, eps);
+}
+
 Tensor Dropout::forward(const Tensor& x) const {
   const auto named = scope();
   if (!training() || p == 0) return x;

@@ -45,6 +45,9 @@ class LayerNorm : public Module {
   /// x (..., dim) -> y (..., dim).
   /// @throws graft::Error when x's last dim is not `dim` or its dtype differs, or eps < 0.
   Tensor forward(const Tensor& x) const;
+  /// forward(x + r) as one op (add_layer_norm(): the residual add of a post-LN block fused in).
+  /// @throws graft::Error as forward(), and when r differs from x in shape or dtype.
+  Tensor forward_add(const Tensor& x, const Tensor& r) const;
   /// The parameters "weight" and "bias", both (dim).
   ///@{
   Tensor weight, bias;

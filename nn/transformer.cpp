@@ -46,8 +46,8 @@ Tensor EncoderLayer::block(const Tensor& x, SelfAttn&& sa) const {
     Tensor y = add(x, dropout1->forward(sa(norm1->forward(x))));
     return add(y, dropout2->forward(ffn(norm2->forward(y))));
   }
-  Tensor y = norm1->forward(add(x, dropout1->forward(sa(x))));
-  return norm2->forward(add(y, dropout2->forward(ffn(y))));
+  Tensor y = norm1->forward_add(x, dropout1->forward(sa(x)));
+  return norm2->forward_add(y, dropout2->forward(ffn(y)));
 }
 
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
@@ -89,9 +89,9 @@ Tensor DecoderLayer::block(const Tensor& y, SelfAttn&& sa, CrossAttn&& ca) const
     x = add(x, dropout2->forward(ca(norm2->forward(x))));
     return add(x, dropout3->forward(ffn(norm3->forward(x))));
   }
-  Tensor x = norm1->forward(add(y, dropout1->forward(sa(y))));
-  x = norm2->forward(add(x, dropout2->forward(ca(x))));
-  return norm3->forward(add(x, dropout3->forward(ffn(x))));
+  Tensor x = norm1->forward_add(y, dropout1->forward(sa(y)));
+  x = norm2->forward_add(x, dropout2->forward(ca(x)));
+  return norm3->forward_add(x, dropout3->forward(ffn(x)));
 }
 
 Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,

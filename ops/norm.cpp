@@ -13,36 +13,53 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/kernels.h"
+#include "graft/ops/shape.h"
 #include "graft/ops/onednn/dnnl_utils.h"
 
 namespace graft {
 
 namespace {
 
-// x (N, C) contiguous, w/b (C) or undefined -> y (N, C), mean (N), var (N) (biased)
+// x (N, C) contiguous, w/b (C) or undefined -> y (N, C), mean (N), var (N) (biased). With r
+// (N, C) contiguous, the rows normalised are x + r (add_layer_norm), written to s when s is
+// defined. One pass per row: the row (or its sum) is read once from memory.
 template <class T>
-void layer_norm_loop(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
-                     const Tensor& y, const Tensor& mean, const Tensor& var) {
+void layer_norm_loop(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps,
+                     const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& s) {
   const int64_t N = x.shape()[0], C = x.shape()[1];
   const T* px = x.data<T>();
+  const T* pr = r.defined() ? r.data<T>() : nullptr;
   const T* pw = w.defined() ? w.data<T>() : nullptr;
   const T* pb = b.defined() ? b.data<T>() : nullptr;
   T *py = y.data<T>(), *pm = mean.data<T>(), *pv = var.data<T>();
-#pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const T* xr = px + n * C;
-    T m = 0;
-    for (int64_t i = 0; i < C; ++i) m += xr[i];
-    m /= T(C);
-    T v = 0;
-    for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
-    v /= T(C);
-    const T rstd = T(1) / std::sqrt(v + T(eps));
-    T* yr = py + n * C;
-    for (int64_t i = 0; i < C; ++i)
-      yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
-    pm[n] = m;
-    pv[n] = v;
+  T* ps = s.defined() ? s.data<T>() : nullptr;
+#pragma omp parallel if (N * C > kern::kParallelGrain)
+  {
+    std::vector<T> buf(pr && !ps ? C : 0);
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* xr = px + n * C;
+      if (pr) {
+        T* sr = ps ? ps + n * C : buf.data();
+#pragma omp simd
+        for (int64_t i = 0; i < C; ++i) sr[i] = xr[i] + pr[n * C + i];
+        xr = sr;
+      }
+      T m = 0;
+#pragma omp simd reduction(+ : m)
+      for (int64_t i = 0; i < C; ++i) m += xr[i];
+      m /= T(C);
+      T v = 0;
+#pragma omp simd reduction(+ : v)
+      for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
+      v /= T(C);
+      const T rstd = T(1) / std::sqrt(v + T(eps));
+      T* yr = py + n * C;
+#pragma omp simd
+      for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
+      pm[n] = m;
+      pv[n] = v;
+    }
   }
 }
 
@@ -166,11 +183,12 @@ GRAFT_DECLARE_OP("layer_norm", "norm");
 
 namespace {
 
-// layer_norm's argument checks; the message names every shape.
-void check_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  kern::check_float("layer_norm", x);
+// layer_norm's (or add_layer_norm's) argument checks; the message names every shape.
+void check_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                      const char* op = "layer_norm") {
+  kern::check_float(op, x);
   auto what = [&] {
-    return "layer_norm: x " + describe(x) + (w.defined() ? ", w " + describe(w) : std::string()) +
+    return std::string(op) + ": x " + describe(x) + (w.defined() ? ", w " + describe(w) : std::string()) +
            (b.defined() ? ", b " + describe(b) : std::string());
   };
   if (x.dim() < 1) fail(what() + ": x needs at least 1 dim");
@@ -250,7 +268,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
     layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
   else if (y.numel() > 0)
     GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-      layer_norm_loop<T>(x, w, b, eps, kern::reshaped(y, {N, C}), mean, var);
+      layer_norm_loop<T>(x, Tensor(), w, b, eps, kern::reshaped(y, {N, C}), mean, var, Tensor());
     });
   if (!record) return y;
   bool from_y = false;
@@ -269,7 +287,69 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   return y;
 }
 
+GRAFT_DECLARE_OP("add_layer_norm", "norm");
+
+// add_layer_norm: layer_norm(x + r) in one pass per row (our loop for float32 too: oneDNN's
+// would need x + r written out first). The sum is written out only when the backward needs it
+// (xhat not rebuildable from y, see kMaxShiftOverScale). Backward: layer_norm's, with dx handed
+// to both x and r.
+Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in, const Tensor& b_in,
+                      double eps) {
+  check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
+  if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
+    fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " + describe(x_in));
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C}), r = kern::reshaped(kern::contig(r_in), {N, C});
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
+  const bool record = autograd::needs_record({x_in, r_in, w_in, b_in});
+  bool from_y = false;
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
+  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
+  Tensor mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
+  Tensor sum = record && !from_y ? Tensor::empty(x_in.shape(), x_in.dtype()) : Tensor();
+  if (y.numel() > 0)
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
+      layer_norm_loop<T>(x, r, w, b, eps, kern::reshaped(y, {N, C}), mean, var,
+                         sum.defined() ? kern::reshaped(sum, {N, C}) : Tensor());
+    });
+  if (!record) return y;
+  autograd::record(
+      "add_layer_norm", {x_in, r_in, w_in, b_in}, {y},
+      {from_y ? y : sum, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
+      [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined()](const autograd::Ctx& c,
+                                                                    const Tensors& dout) {
+        const Tensors& s = c.saved;
+        const std::vector<bool> needs{c.needs[0] || c.needs[1], c.needs[2], c.needs[3]};
+        Tensors g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b, needs);
+        return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(), g[1], g[2]};
+      });
+  return y;
+}
+
 void register_norm_cases() {
+  // add_layer_norm: xhat rebuilt from y (small shift), and from the kept sum (a shift 100x the
+  // scale, past kMaxShiftOverScale); a residual without gradient.
+  for (double shift : {1.0, 100.0})
+    register_case(OpCase{.name = shift == 1.0 ? "add_layer_norm/from_output" : "add_layer_norm/kept_sum",
+                         .op = "add_layer_norm",
+                         .make_inputs =
+                             [shift](DType dt, Generator& g) {
+                               return Tensors{case_input({2, 3, 5}, dt, g, -1, 1), case_input_t({2, 5, 3}, dt, g, -1, 1),
+                                              case_input({5}, dt, g, 0.5, 1.5), case_input({5}, dt, g, -shift, shift)};
+                             },
+                         .fn = [](const Tensors& x) {
+                           return add_layer_norm(x[0], permute(x[1], {0, 2, 1}), x[2], x[3], 1e-5);
+                         }});
+  register_case(OpCase{.name = "add_layer_norm/constant_residual",
+                       .op = "add_layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             Tensor r = case_input({4, 6}, dt, g);
+                             r.requires_grad_(false);
+                             return Tensors{case_input({4, 6}, dt, g), r, case_input({6}, dt, g, 0.5, 1.5)};
+                           },
+                       .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); }});
   // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
   register_case(OpCase{.name = "layer_norm/affine",
                        .op = "layer_norm",

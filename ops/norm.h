@@ -13,4 +13,11 @@ namespace graft {
 ///         differs from x in dtype or is not (C), or eps < 0.
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
 
+/// layer_norm(x + r, w, b, eps) as one op (a post-LN Transformer's residual add and LayerNorm):
+/// one pass over each row, and the sum is not kept unless the backward needs it. x and r have
+/// one shape (no broadcasting); differentiable in x, r, w and b.
+/// @throws graft::Error "add_layer_norm: ..." for what layer_norm() rejects, and when r is
+///         undefined or differs from x in dtype or shape.
+Tensor add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps = 1e-5);
+
 }  // namespace graft
