@@ -88,8 +88,8 @@ for side in $sides; do
     echo "time_to_bleu_$TARGET,$name,,,,${side/pytorch/fp32},$n" >>"$OUT/quality.csv"
     continue
   fi
-  read -r secs wall step <<<"$(sed -n "${k}p" <<<"$lines")"
-  all=$(cut -d' ' -f1 <<<"$lines" | paste -sd' ')
+  read -r secs wall step <<<"$(sed -n "${k}p" <<<"$lines" | awk '{ printf "%.1f %.1f %s", $1, $2, $3 }')"
+  all=$(awk '{ printf "%s%.1f", NR > 1 ? " " : "", $1 }' <<<"$lines")
   echo "| $name | $secs | $wall | $step | $n of $RUNS | $all |" >>"$OUT/quality.md"
   echo "time_to_bleu_$TARGET,$name,$secs,$wall,$step,${side/pytorch/fp32},$n" >>"$OUT/quality.csv"
 done

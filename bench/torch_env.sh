@@ -46,9 +46,15 @@ pick_openblas_coretype() {
       gf=$(field "$line" ms | awk '{ print 1000 / $1 }')
       echo "  PyTorch tiny training step, OPENBLAS_CORETYPE=${ct:-(unset)}: $(awk -v g="$gf" 'BEGIN { printf "%.0f", 1000 / g }') ms" >&2
     else
-      line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
-      gf=$(field "$line" gflops)
-      echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s" >&2
+      # The best of 3 processes: core types within a few percent swap places from run to run.
+      line="" gf=0
+      for _ in 1 2 3; do
+        local l g
+        l=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
+        g=$(field "$l" gflops)
+        if awk -v a="$g" -v b="$gf" 'BEGIN { exit !(a > b) }'; then line=$l gf=$g; fi
+      done
+      echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s (best of 3)" >&2
     fi
     if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
       best_ct=$ct best_gf=$gf best_line=$line

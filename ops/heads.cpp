@@ -1,7 +1,8 @@
 // split_heads / merge_heads: one copy kernel moves whole runs of Dh elements between the row
-// layout (B, T, parts, H, Dh) and one part's head layout (B, H, T, Dh). Byte copies, so every
-// dtype shares the path; split_heads' backward is merge's copy and merge_heads' backward is
-// split's.
+// layout (B, T, parts, H, Dh) and one part's head layout (B, H, T, Dh). Byte copies, so both
+// float dtypes share the path; split_heads' backward is merge's copy and merge_heads' backward is
+// split's. split_heads' parts are views of one buffer, so they share one version counter: an
+// in-place write to one part counts as a change of all of them for the tape's saved-tensor check.
 #include "graft/ops/heads.h"
 
 #include <cstring>

@@ -259,7 +259,11 @@ std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
   auto it = cache.find(key);
   if (it != cache.end() && it->second.source.lock() == src && it->second.version == src->version)
     return it->second.copy;
-  std::erase_if(cache, [](const auto& kv) { return kv.second.source.expired(); });
+  // Copies of weights that died or changed since are never hit again: dropped on every miss.
+  std::erase_if(cache, [](const auto& kv) {
+    const std::shared_ptr<Storage> s = kv.second.source.lock();
+    return !s || s->version != kv.second.version;
+  });
   Derived d{src, src->version, make()};
   cache[key] = d;
   return d.copy;
@@ -280,10 +284,13 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool
 }
 
 void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool b_is_weight) {
-  if (a.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || a.dim() != 2 ||
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || bias.dtype() != DType::f32 ||
+      out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || a.dim() != 2 ||
       b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() || a.shape()[1] != b.shape()[0] ||
+      a.shape()[1] == 0 ||
       bias.shape()[0] != out.shape()[1] || a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1])
-    fail("gemm_bias: a " + describe(a) + " @ b " + describe(b) + " + bias " + describe(bias) + " into " + describe(out));
+    fail("gemm_bias: a " + describe(a) + " @ b " + describe(b) + " + bias " + describe(bias) + " into " +
+         describe(out) + ": float32, 2-D, K > 0 and matching shapes required");
   if (out.numel() == 0) return;
   bmm_f32(a, b, out, 1.0f, false, b_is_weight, bias);
 }

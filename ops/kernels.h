@@ -70,8 +70,8 @@ void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tenso
 void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false,
           bool b_is_weight = false);
 // A copy derived from weight t's span (converted to bf16, reordered to a matmul's layout), made
-// by `make` once per version of t's storage and kept while that storage lives; `tag` tells the
-// kinds of copies of one span apart. Thread-safe.
+// by `make` once per version of t's storage; `tag` tells the kinds of copies of one span apart.
+// A copy is kept until its source changes or dies and some later call misses. Thread-safe.
 std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
                                       const std::function<std::shared_ptr<Storage>()>& make);
 

@@ -235,22 +235,20 @@ BOOST_AUTO_TEST_CASE(big_block_cache_reuses_memory_across_sizes) {
 }
 
 // Ranges split off a cached block join up again when both are freed: a request of the whole
-// block's size then gets the block back (sizes chosen to be their own size classes: 44 MiB is
-// a 48 MiB block, 22 MiB a 24 MiB one).
+// block's size then gets the block back. Sizes far above what other tests leave in the cache
+// (176 MiB is a 192 MiB block, 88 MiB a 96 MiB one; the pages are never touched), and addresses
+// compared with b's, in case a's block merged with a cached range below it.
 BOOST_AUTO_TEST_CASE(big_block_cache_merges_freed_neighbours) {
-  const int64_t whole = int64_t(11) << 20, half = whole / 2;  // floats: 44 and 22 MiB
-  char* p = nullptr;
+  const int64_t whole = int64_t(44) << 20, half = whole / 2;  // floats: 176 and 88 MiB
+  { Tensor a = Tensor::empty({whole}); }
+  char* head = nullptr;
   {
-    Tensor a = Tensor::empty({whole});
-    p = static_cast<char*>(a.raw());
-  }
-  {
-    Tensor b = Tensor::empty({half}), c = Tensor::empty({half});
-    BOOST_TEST((static_cast<char*>(b.raw()) == p));  // split off the cached block's head
-    BOOST_TEST((static_cast<char*>(c.raw()) == p + (size_t(24) << 20)));  // its tail
+    Tensor b = Tensor::empty({half}), c = Tensor::empty({half});  // both split off a's block
+    head = static_cast<char*>(b.raw());
+    BOOST_TEST((static_cast<char*>(c.raw()) == head + (size_t(96) << 20)));
   }
   Tensor d = Tensor::empty({whole});
-  BOOST_TEST((static_cast<char*>(d.raw()) == p));
+  BOOST_TEST((static_cast<char*>(d.raw()) == head));
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {

@@ -383,8 +383,6 @@ BOOST_AUTO_TEST_CASE(embedding_errors) {
                         mentions({"embedding", "padding_idx 5", "(5, 3)"}));
 }
 
-BOOST_AUTO_TEST_SUITE_END()
-
 // split_heads against the view it replaces: y (B, T, parts * H * Dh) as (B, T, parts, H, Dh)
 // permuted to (parts, B, H, T, Dh); merge_heads undoes it; bad shapes name the op.
 BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
@@ -407,3 +405,5 @@ BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
   BOOST_CHECK_THROW(split_heads(randn({2, 3}, DType::f32, g), 1, 1), Error);
   BOOST_CHECK_THROW(merge_heads(y), Error);
 }
+
+BOOST_AUTO_TEST_SUITE_END()
