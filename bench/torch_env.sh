@@ -31,31 +31,24 @@ esac
 # field LINE KEY: the number after "KEY": in a RESULT line.
 field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
 
-# pick_openblas_coretype [train]: OpenBLAS's own detection (unset) against forcing HASWELL (AVX2)
-# and, on CPUs with AVX-512, SKYLAKEX, timed by PyTorch's 1024^3 sgemm, or with `train` by
-# PyTorch's tiny training step (small, varied shapes: on this project's Xeon the two core types
-# that tie on the sgemm differ 1.7x on the toy translation steps). Sets best_ct, best_gf (the
-# sgemm GFLOP/s, or 1000 / step ms) and best_line (the winner's RESULT line).
+# pick_openblas_coretype: OpenBLAS's own detection (unset) against forcing HASWELL (AVX2) and, on
+# CPUs with AVX-512, SKYLAKEX, timed by PyTorch's 1024^3 sgemm, the best of 3 processes each (core
+# types within a few percent swap places from run to run). On this project's Xeon two core types
+# that tied on the sgemm were 1.7x apart on the toy translation steps (docs/performance.md): the
+# pick is logged so a reader can see how close it was. Sets best_ct, best_gf (GFLOP/s) and
+# best_line (the winner's RESULT line).
 pick_openblas_coretype() {
-  local coretypes=("" HASWELL) ct line gf
+  local coretypes=("" HASWELL) ct line gf l g
   grep -qw avx512f /proc/cpuinfo && coretypes+=(SKYLAKEX)
   best_ct="" best_gf=0 best_line=""
   for ct in "${coretypes[@]}"; do
-    if [ "${1:-}" = train ]; then
-      line=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what train --config tiny --warmup 1 --steps 5 | grep '^RESULT ')
-      gf=$(field "$line" ms | awk '{ print 1000 / $1 }')
-      echo "  PyTorch tiny training step, OPENBLAS_CORETYPE=${ct:-(unset)}: $(awk -v g="$gf" 'BEGIN { printf "%.0f", 1000 / g }') ms" >&2
-    else
-      # The best of 3 processes: core types within a few percent swap places from run to run.
-      line="" gf=0
-      for _ in 1 2 3; do
-        local l g
-        l=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
-        g=$(field "$l" gflops)
-        if awk -v a="$g" -v b="$gf" 'BEGIN { exit !(a > b) }'; then line=$l gf=$g; fi
-      done
-      echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s (best of 3)" >&2
-    fi
+    line="" gf=0
+    for _ in 1 2 3; do
+      l=$(OPENBLAS_CORETYPE=$ct $PY bench/torch_peer.py --what sgemm --n 1024 | grep '^RESULT ')
+      g=$(field "$l" gflops)
+      if awk -v a="$g" -v b="$gf" 'BEGIN { exit !(a > b) }'; then line=$l gf=$g; fi
+    done
+    echo "  PyTorch 1024^3 sgemm, OPENBLAS_CORETYPE=${ct:-(unset)}: $gf GFLOP/s (best of 3)" >&2
     if awk -v a="$gf" -v b="$best_gf" 'BEGIN { exit !(a > b) }'; then
       best_ct=$ct best_gf=$gf best_line=$line
     fi
