@@ -189,12 +189,12 @@ std::string profile_step(const std::function<void()>& step, bool print) {
   }
   ms["untracked"] = std::max(0.0, wall_ms - in_ops);
   double matmul_ms = 0;
-  std::string fields = "\"profile_ms\":{";
+  std::string fields;
   for (const auto& [fam, m] : ms) {
-    fields += (fields.back() == '{' ? "\"" : ",\"") + fam + "\":" + num(m);
+    fields += (fields.empty() ? "\"" : ",\"") + fam + "\":" + num(m);
     if (matmul_family(fam)) matmul_ms += m;
   }
-  return fields + "},\"profile_step_ms\":" + num(wall_ms) + ",\"attention_share\":" +
+  return "\"profile_ms\":{" + fields + "},\"profile_step_ms\":" + num(wall_ms) + ",\"attention_share\":" +
          num(ms["attention"] / wall_ms) + ",\"nonmatmul_share\":" + num(1 - matmul_ms / wall_ms);
 }
 

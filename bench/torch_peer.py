@@ -837,30 +837,14 @@ def main():
     warnings.filterwarnings("ignore")  # 1.13's "nested tensors are a prototype" from the encoder fast path
     import torch
     torch.set_num_threads(a.threads)
-    if a.what == "train":
-        run_train(torch, a)
-    elif a.what == "greedy":
-        run_decode(torch, a, 1)
-    elif a.what == "greedy_cached":
-        run_decode_cached(torch, a)
-    elif a.what == "beam":
-        run_decode(torch, a, a.beam)
-    elif a.what == "lm_train":
-        run_lm_train(torch, a)
-    elif a.what == "lm_sample":
-        run_lm_sample(torch, a)
-    elif a.what == "cls_train":
-        run_cls_train(torch, a)
-    elif a.what == "cls_infer":
-        run_cls_infer(torch, a)
-    elif a.what == "micro":
-        run_micro(torch, a)
-    elif a.what == "sgemm":
-        run_sgemm(torch, a)
-    elif a.what == "version":
-        print(torch.__version__)
-    else:
+    runs = {"train": run_train, "greedy": lambda t, a: run_decode(t, a, 1),
+            "greedy_cached": run_decode_cached, "beam": lambda t, a: run_decode(t, a, a.beam),
+            "lm_train": run_lm_train, "lm_sample": run_lm_sample, "cls_train": run_cls_train,
+            "cls_infer": run_cls_infer, "micro": run_micro, "sgemm": run_sgemm,
+            "version": lambda t, a: print(t.__version__)}
+    if a.what not in runs:
         sys.exit(f"torch_peer.py: unknown --what {a.what}")
+    runs[a.what](torch, a)
 
 
 if __name__ == "__main__":

@@ -326,7 +326,9 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
   return y;
 }
 
-void register_norm_cases() {
+namespace {
+
+void register_add_layer_norm_cases() {
   // add_layer_norm with a non-contiguous residual: xhat rebuilt from y (shift within the scale),
   // and from the kept sum (every shift over kMaxShiftOverScale = 64 times its scale <= 1.5).
   for (bool kept : {false, true})
@@ -348,6 +350,12 @@ void register_norm_cases() {
                              return Tensors{case_input({4, 6}, dt, g), r, case_input({6}, dt, g, 0.5, 1.5)};
                            },
                        .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); }});
+}
+
+}  // namespace
+
+void register_norm_cases() {
+  register_add_layer_norm_cases();
   // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
   register_case(OpCase{.name = "layer_norm/affine",
                        .op = "layer_norm",
