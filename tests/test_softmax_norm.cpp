@@ -131,6 +131,17 @@ BOOST_AUTO_TEST_CASE(misuse) {
                         [](const Error& e) { return names(e, "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"); });
   BOOST_CHECK_EXCEPTION(layer_norm(scalar(1.0), Tensor(), Tensor()), Error,
                         [](const Error& e) { return names(e, "layer_norm: x f32 (): x needs at least 1 dim"); });
+  // add_layer_norm: the residual must match x (no broadcasting); the checks name the fused op.
+  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({4}), zeros({4}), Tensor()), Error, [](const Error& e) {
+    return names(e, "add_layer_norm: r f32 (4) must have the dtype and shape of x f32 (2, 4)");
+  });
+  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({2, 4}, DType::f64), Tensor(), Tensor()), Error,
+                        [](const Error& e) { return names(e, "add_layer_norm: r f64 (2, 4) must have the dtype"); });
+  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), Tensor(), Tensor(), Tensor()), Error,
+                        [](const Error& e) { return names(e, "add_layer_norm: r undefined tensor must have"); });
+  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor()), Error, [](const Error& e) {
+    return names(e, "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)");
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
