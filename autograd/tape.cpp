@@ -33,6 +33,8 @@ struct Entry {
   std::vector<DType> out_dtypes;
   Tensors saved;
   std::vector<uint64_t> saved_versions;
+  std::vector<std::shared_ptr<Storage>> kept;
+  bool marked = false;  // the storages of `saved` count this entry in Storage::saved_by_tape
   BackwardFn fn;
   Tensors pending;  // gradients arriving for each output during backward
   std::vector<bool> owned;  // pending[k] is our own buffer (safe to accumulate into in place)
@@ -108,11 +110,28 @@ bool from_old_epoch(const TensorImpl* t) {
   return t->tape_index >= 0 && t->tape_epoch != t_tape.epoch;
 }
 
+// Marks (or unmarks) the storages of e's saved tensors as saved by the tape, once per storage.
+void mark_saved(Entry& e, bool on) {
+  if (e.marked == on) return;
+  e.marked = on;
+  for (size_t i = 0; i < e.saved.size(); ++i) {
+    if (!e.saved[i].defined()) continue;
+    Storage* s = e.saved[i].impl()->storage.get();
+    bool repeat = false;  // a handful of saved tensors: a scan beats a set
+    for (size_t j = 0; j < i && !repeat; ++j) repeat = e.saved[j].defined() && e.saved[j].impl()->storage.get() == s;
+    if (repeat) continue;
+    if (on) ++s->saved_by_tape;
+    else --s->saved_by_tape;
+  }
+}
+
 void free_entry(Entry& e) {
   if (e.freed) return;
+  mark_saved(e, false);
   e.freed = true;
   e.saved.clear();
   e.saved.shrink_to_fit();
+  e.kept.clear();
   e.pending.clear();
   e.owned.clear();
   e.fn = nullptr;
@@ -150,6 +169,8 @@ std::vector<SavedBytes> saved_bytes_by_op() {
     for (auto& t : e.saved)
       if (t.defined() && seen.insert(t.impl()->storage.get()).second)
         it->bytes += t.impl()->storage->nbytes;
+    for (auto& k : e.kept)
+      if (k && seen.insert(k.get()).second) it->bytes += k->nbytes;
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
   return out;
@@ -235,6 +256,11 @@ bool needs_record(const Tensors& inputs) {
 
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn) {
+  record(op, inputs, outputs, std::move(saved), {}, std::move(fn));
+}
+
+void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
+            std::vector<std::shared_ptr<Storage>> kept, BackwardFn fn) {
   // Op names are string literals: remember the pointers already checked, so the hot path is one
   // hash lookup instead of a locked scan of every declared name.
   thread_local std::unordered_set<const char*> checked;
@@ -266,6 +292,8 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   }
   for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
   e.saved = std::move(saved);
+  mark_saved(e, true);
+  e.kept = std::move(kept);
   e.fn = std::move(fn);
   const int64_t index = (int64_t)t_tape.entries.size();
   int slot = 0;
@@ -415,8 +443,13 @@ void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<
     Ctx ctx;
     ctx.last_use = !retain_graph;
     // On the last use the entry gives its saved tensors away (see can_overwrite).
-    if (retain_graph) ctx.saved = e.saved;
-    else ctx.saved = std::move(e.saved);
+    if (retain_graph) {
+      ctx.saved = e.saved;
+    } else {
+      mark_saved(e, false);
+      ctx.saved = std::move(e.saved);
+    }
+    ctx.kept = e.kept;
     for (auto& r : e.inputs) ctx.needs.push_back(r.needs);
     const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
     Tensors dins = e.fn(ctx, e.pending);

@@ -100,6 +100,9 @@ struct Ctx {
   /// The tensors record() was given to save; checked against in-place modification before
   /// backward runs.
   Tensors saved;
+  /// The private buffers record() was given to keep (such as the bfloat16 copy of an activation
+  /// an op multiplies with again in backward): no one else writes them, so no version check.
+  std::vector<std::shared_ptr<Storage>> kept;
   std::vector<bool> needs;  ///< needs[i]: input i wants a gradient (skip the work otherwise)
   bool last_use = false;    ///< the entry is freed after this backward (no retain_graph)
 };
@@ -127,6 +130,10 @@ bool needs_record(const Tensors& inputs);
 ///         holds NaN or Inf.
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn);
+/// record() for an op that also keeps private buffers for its backward (Ctx::kept), in place of
+/// a saved tensor: freed with the entry and counted by saved_bytes_by_op().
+void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
+            std::vector<std::shared_ptr<Storage>> kept, BackwardFn fn);
 
 /// Reverse-mode pass from `root`: seeds it with `grad` (ones for a one-element root when `grad`
 /// is undefined), runs every entry `root` depends on in reverse, and accumulates into the .grad

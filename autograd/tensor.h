@@ -7,6 +7,7 @@
 /// write bumps the storage's version counter so the tape can detect a saved tensor that changed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -86,6 +87,9 @@ struct Storage {
   size_t nbytes = 0;     ///< bytes requested
   size_t capacity = 0;  ///< bytes actually allocated (>= nbytes; big blocks come from a cache)
   uint64_t version = 0;  ///< bumped by every in-place write through any view (Tensor::bump_version)
+  /// How many live tape entries save a tensor of this storage: an op may keep a smaller copy of an
+  /// input for its backward instead of the input itself only when no other entry keeps it anyway.
+  std::atomic<uint32_t> saved_by_tape{0};
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
   static size_t peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
   /// Starts a new peak measurement at the current live_bytes().

@@ -195,9 +195,9 @@ BiasView<T> bias_view(const Tensor& bias, const Geom& g) {
 }
 
 // P = softmax(scale Q K^T + bias) over the attendable keys.
-void attention_probs(const Tensor& q, const Tensor& k, const Geom& g, double scale,
+void attention_probs(const kern::Operand& q, const kern::Operand& k, const Geom& g, double scale,
                      const RowMask& m, const Tensor& bias, const Tensor& P) {
-  kern::bmm(q, kern::swap_last2(k), P, scale);  // S = scale Q K^T
+  kern::bmm(q, kern::transposed(k), P, scale);  // S = scale Q K^T
   GRAFT_DISPATCH_FLOAT(P.dtype(), kOp, [&] { softmax_rows(P.data<T>(), g, m, bias_view<T>(bias, g)); });
 }
 
@@ -212,39 +212,54 @@ struct AttentionCtx {
   RowMask row_mask() const { return RowMask{pad->empty() ? nullptr : pad->data(), causal, g.Tq, g.Tk}; }
 };
 
+// q, k, v as the matmuls read them: the caller's tensors, or bf16 copies kept for backward.
+struct QKV {
+  kern::Operand q, k, v;
+};
+
+// Under the oneDNN bf16 path every matmul reads q, k and v as bf16: when no other tape entry
+// keeps them, bf16 copies made once serve the forward and are kept for backward in their place
+// (half the bytes, no conversions in backward).
+bool keep_qkv_in_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return kern::keep_bf16_of(q) && kern::keep_bf16_of(k) && kern::keep_bf16_of(v);
+}
+QKV kept_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return QKV{kern::kept_bf16(q), kern::kept_bf16(k), kern::kept_bf16(v)};
+}
+
 // P is recomputed here (same code and inputs as the forward, so the same values), not kept
 // from the forward: one Q K^T matmul and a softmax pass instead of B*H*Tq*Tk floats per layer
 // held from forward to backward. With dropout, Pd = P * mask / (1 - p) is what multiplied V:
 // dV = Pd^T dO, dPd = dO V^T, dP = dPd * mask / (1 - p). dS = P * (dP - rowsum(dP * P));
 // dbias is dS of the full (B, H, Tq, Tk) shape (the bias enters S unscaled), which the tape sums
 // over the dims the bias was broadcast along.
-Tensors scaled_dot_product_attention_backward(const Ctx& c, const Tensor& dout, const AttentionCtx& a) {
+Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const Tensor& bias,
+                                              const Tensor& dout, const AttentionCtx& a) {
   using kern::bmm;
-  using kern::swap_last2;
-  const Tensor &q = c.saved[0], &k = c.saved[1], &v = c.saved[2], &bias = c.saved[3];
+  using kern::transposed;
   const Geom& g = a.g;
-  const DType dt = q.dtype();
+  const DType dt = dout.dtype();
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
-  attention_probs(q, k, g, a.scale, a.row_mask(), bias, P);
+  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), bias, P);
   const bool need_bias = c.needs.size() > 3 && c.needs[3];
   const bool need_ds = c.needs[0] || c.needs[1] || need_bias;
-  Tensor dq = c.needs[0] ? Tensor::empty(q.shape(), dt) : Tensor();
-  Tensor dk = c.needs[1] ? Tensor::empty(k.shape(), dt) : Tensor();
-  Tensor dv = c.needs[2] ? Tensor::empty(v.shape(), dt) : Tensor();
+  Tensor dq = c.needs[0] ? Tensor::empty(in.q.shape(), dt) : Tensor();
+  Tensor dk = c.needs[1] ? Tensor::empty(in.k.shape(), dt) : Tensor();
+  Tensor dv = c.needs[2] ? Tensor::empty(in.v.shape(), dt) : Tensor();
   if (dv.defined()) {
     Tensor Pd = a.dropout ? contiguous_copy(P) : P;
     if (a.dropout) apply_dropout(Pd, a.mask);
-    bmm(swap_last2(Pd), dout, dv);  // dV = Pd^T dO
+    bmm(kern::swap_last2(Pd), dout, dv);  // dV = Pd^T dO
   }
   if (!need_ds) return {dq, dk, dv, Tensor()};
   Tensor dS = Tensor::empty(P.shape(), dt);
-  bmm(dout, swap_last2(v), dS);  // dPd = dO V^T
+  bmm(dout, transposed(in.v), dS);  // dPd = dO V^T
   if (a.dropout) apply_dropout(dS, a.mask);
   GRAFT_DISPATCH_FLOAT(dt, kOp, [&] { softmax_bwd_rows(dS.data<T>(), P.data<const T>(), g); });
   {
     kern::Bf16ReuseScope reuse;  // under bf16, dS converted once for both
-    if (dq.defined()) bmm(dS, k, dq, a.scale);               // dQ = scale dS K
-    if (dk.defined()) bmm(swap_last2(dS), q, dk, a.scale);   // dK = scale dS^T Q
+    if (dq.defined()) bmm(dS, in.k, dq, a.scale);                        // dQ = scale dS K
+    if (dk.defined()) bmm(kern::swap_last2(dS), in.q, dk, a.scale);      // dK = scale dS^T Q
   }
   return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
@@ -267,8 +282,11 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const Geom g = validate(q, k, v, opt);
   AttentionCtx a{g, opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
                  pad_flags(opt.key_padding_mask), opt.causal, opt.dropout > 0, {}};
+  const bool record = autograd::needs_record({q, k, v, opt.bias});
+  const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
+  const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
-  attention_probs(q, k, g, a.scale, a.row_mask(), opt.bias, P);
+  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), opt.bias, P);
   AttentionResult res;
   if (opt.return_weights) res.weights = a.dropout ? contiguous_copy(P) : P;
   if (a.dropout) {
@@ -276,13 +294,22 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     apply_dropout(P, a.mask);
   }
   res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
-  kern::bmm(P, v, res.out);  // out = P V
-  if (autograd::needs_record({q, k, v, opt.bias}))
+  kern::bmm(P, in.v, res.out);  // out = P V
+  if (!record) return res;
+  auto backward = [a, prec = precision_state()](const Ctx& c, const QKV& in, const Tensor& bias, const Tensor& dout) {
+    PrecisionGuard guard(prec);
+    return scaled_dot_product_attention_backward(c, in, bias, dout, a);
+  };
+  if (keep) {
+    autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {opt.bias},
+                     {in.q.kept.storage, in.k.kept.storage, in.v.kept.storage},
+                     [backward, in](const Ctx& c, const Tensors& dout) { return backward(c, in, c.saved[0], dout[0]); });
+  } else {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
-                     [a, prec = precision_state()](const Ctx& c, const Tensors& dout) {
-                       PrecisionGuard guard(prec);
-                       return scaled_dot_product_attention_backward(c, dout[0], a);
+                     [backward](const Ctx& c, const Tensors& dout) {
+                       return backward(c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3], dout[0]);
                      });
+  }
   return res;
 }
 

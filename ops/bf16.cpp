@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "graft/ops/kernels.h"
+#include "graft/ops/precision.h"
 
 namespace graft::kern {
 
@@ -112,6 +113,20 @@ Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot) {
   out.storage = same ? buf : fill(buf);
   memo = want;
   return out;
+}
+
+Bf16Operand kept_bf16(const Tensor& t) {
+  Bf16Operand out;
+  out.shape = t.shape();
+  out.strides = contiguous_strides(t.shape());
+  out.storage = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
+  convert(t, t.is_contiguous(), static_cast<uint16_t*>(out.storage->data), [](float x) { return bf16_bits(x); });
+  return out;
+}
+
+bool keep_bf16_of(const Tensor& x) {
+  return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16 &&
+         bf16_path() == Bf16Path::onednn && x.impl()->storage->saved_by_tape == 0;
 }
 
 Tensor rounded_to_bf16(const Tensor& t, bool reuse) {

@@ -38,6 +38,12 @@ Shape bf16_strides(const Tensor& t);
 // copy is written into this thread's buffer for `slot` (0 or 1, one per operand of a matmul),
 // valid until the next to_bf16 for that slot on this thread.
 Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot);
+// t (float32, any strides) in bf16, contiguous, in storage of its own: the copy an op converts
+// an activation into for its forward matmul and keeps for its backward one, in place of t.
+Bf16Operand kept_bf16(const Tensor& t);
+// Whether an op should keep kept_bf16(x) for its backward instead of saving x: under the oneDNN
+// bf16 path, when no tape entry saves x's storage already (else the copy would add memory).
+bool keep_bf16_of(const Tensor& x);
 // While one is open on this thread, an operand whose span was the last one converted into its
 // slot's buffer is not converted again (linear's backward reads dy for both dx and dW). Only for
 // code that writes none of its matmul operands in place between the matmuls.

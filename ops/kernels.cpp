@@ -151,22 +151,52 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
   return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md, bias_md}, dense};
 }
 
+// The layout oneDNN is told for an operand: a kept bf16 copy's own, else the tensor's (its
+// bf16 copy's strides on the bf16 kernel).
+Shape operand_strides(const Operand& o, bool bf16_kernel) {
+  if (o.is_kept()) return onednn::canonical_strides(o.kept.shape, o.kept.strides);
+  return onednn::canonical_strides(o.f32.shape(), bf16_kernel ? bf16_strides(o.f32) : o.f32.strides());
+}
+
+// A row-major copy of a kept bf16 operand read through other strides (a transpose view).
+Bf16Operand dense_bf16(const Bf16Operand& k) {
+  Bf16Operand d;
+  d.shape = k.shape;
+  d.strides = contiguous_strides(k.shape);
+  int64_t n = 1;
+  for (int64_t s : k.shape) n *= s;
+  d.storage = std::make_shared<Storage>((size_t)std::max<int64_t>(n, 1) * 2);
+  const uint16_t* src = static_cast<const uint16_t*>(k.data());
+  uint16_t* dst = static_cast<uint16_t*>(d.data());
+  for_each_strided(k.shape, k.strides, [&](int64_t i, int64_t o) { dst[i] = src[o]; });
+  return d;
+}
+
+// The operand's bf16 copy for the kernel (slot 0 for a, 1 for b): a kept one as it is, unless
+// the primitive needs dense operands and it is a transpose view.
+Bf16Operand kernel_bf16(const Operand& o, bool dense, bool reuse, int slot) {
+  if (!o.is_kept()) return to_bf16(o.f32, dense, reuse, slot);
+  return dense && !is_dense(o.kept.shape, o.kept.strides) ? dense_bf16(o.kept) : o.kept;
+}
+
 // float32 through oneDNN matmul, with bf16 operands under PrecisionGuard(bf16) (ops/precision.h):
-// oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul).
-void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool b_is_weight,
+// oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul). A kept bf16
+// operand (Operand::bf16) is multiplied as it is; it needs the bf16 kernel.
+void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, bool b_is_weight,
              const Tensor& bias) {
   const bool bf16 = matmul_precision() == Precision::bf16;
   const bool bf16_kernel = bf16 && bf16_path() == Bf16Path::onednn;
+  if ((a.is_kept() || b.is_kept()) && !bf16_kernel)
+    fail("bmm: a kept bf16 operand needs the oneDNN bf16 path (PrecisionGuard(bf16) on a CPU with a kernel)");
   if (bf16 && !bf16_kernel) {
-    a = rounded_to_bf16(a, false);
-    b = rounded_to_bf16(b, b_is_weight);
+    a.f32 = rounded_to_bf16(a.f32, false);
+    b.f32 = rounded_to_bf16(b.f32, b_is_weight);
   }
-  a = onednn::operand(a);
-  b = onednn::operand(b);
-  merge_batch(a, b, out);
-  const Shape as = onednn::canonical_strides(a.shape(), bf16_kernel ? bf16_strides(a) : a.strides()),
-              bs = onednn::canonical_strides(b.shape(), bf16_kernel ? bf16_strides(b) : b.strides());
-  onednn::Key key{a.dim(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel,
+  if (!a.is_kept()) a.f32 = onednn::operand(a.f32);
+  if (!b.is_kept()) b.f32 = onednn::operand(b.f32);
+  if (!a.is_kept() && !b.is_kept()) merge_batch(a.f32, b.f32, out);
+  const Shape as = operand_strides(a, bf16_kernel), bs = operand_strides(b, bf16_kernel);
+  onednn::Key key{(int64_t)a.shape().size(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel,
                   bias.defined()};
   for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
     key.insert(key.end(), v->begin(), v->end());
@@ -176,17 +206,17 @@ void bmm_f32(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate, bool 
   void *pa, *pb;
   Bf16Operand a16, b16;
   if (bf16_kernel) {
-    a16 = to_bf16(a, c.dense_copy, false, 0);
-    b16 = to_bf16(b, c.dense_copy, b_is_weight, 1);
+    a16 = kernel_bf16(a, c.dense_copy, false, 0);
+    b16 = kernel_bf16(b, c.dense_copy, b_is_weight, 1);
     pa = a16.data();
     pb = b16.data();
   } else {
     if (c.dense_copy) {
-      a = contiguous_copy(a);
-      b = contiguous_copy(b);
+      a.f32 = contiguous_copy(a.f32);
+      b.f32 = contiguous_copy(b.f32);
     }
-    pa = a.raw();
-    pb = b.raw();
+    pa = a.f32.raw();
+    pb = b.f32.raw();
   }
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], pa)},
                                              {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], pb)},
@@ -269,7 +299,16 @@ std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
   return d.copy;
 }
 
-void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate,
+Operand transposed(const Operand& o) {
+  if (!o.is_kept()) return swap_last2(o.f32);
+  Bf16Operand t = o.kept;
+  const size_t r = t.shape.size();
+  std::swap(t.shape[r - 1], t.shape[r - 2]);
+  std::swap(t.strides[r - 1], t.strides[r - 2]);
+  return t;
+}
+
+void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha, bool accumulate,
          bool b_is_weight) {
   if (out.numel() == 0) return;
   const int64_t K = a.shape().back();
@@ -277,29 +316,36 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool
     if (!accumulate) fill_(out, 0);
     return;
   }
-  if (a.dtype() == DType::f32 && a.dim() <= 12)
+  if (a.is_kept() || b.is_kept() || (a.f32.dtype() == DType::f32 && a.f32.dim() <= 12))
     bmm_f32(a, b, out, (float)alpha, accumulate, b_is_weight, Tensor());
   else
-    GRAFT_DISPATCH_FLOAT(a.dtype(), "bmm", [&] { bmm_loop<T>(a, b, out, (T)alpha, accumulate); });
+    GRAFT_DISPATCH_FLOAT(a.f32.dtype(), "bmm", [&] { bmm_loop<T>(a.f32, b.f32, out, (T)alpha, accumulate); });
 }
 
-void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out, bool b_is_weight) {
-  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || bias.dtype() != DType::f32 ||
-      out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || a.dim() != 2 ||
-      b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() || a.shape()[1] != b.shape()[0] ||
-      a.shape()[1] == 0 ||
-      bias.shape()[0] != out.shape()[1] || a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1])
-    fail("gemm_bias: a " + describe(a) + " @ b " + describe(b) + " + bias " + describe(bias) + " into " +
-         describe(out) + ": float32, 2-D, K > 0 and matching shapes required");
+namespace {
+std::string describe_operand(const Operand& o) {
+  return o.is_kept() ? "bfloat16 " + shape_str(o.kept.shape) + " (kept)" : describe(o.f32);
+}
+bool operand_is_f32(const Operand& o) { return o.is_kept() || o.f32.dtype() == DType::f32; }
+}  // namespace
+
+void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out, bool b_is_weight) {
+  const Shape &sa = a.shape(), &sb = b.shape();
+  if (!operand_is_f32(a) || !operand_is_f32(b) || bias.dtype() != DType::f32 ||
+      out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || sa.size() != 2 ||
+      sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[1] != sb[0] || sa[1] == 0 ||
+      bias.shape()[0] != out.shape()[1] || sa[0] != out.shape()[0] || sb[1] != out.shape()[1])
+    fail("gemm_bias: a " + describe_operand(a) + " @ b " + describe_operand(b) + " + bias " + describe(bias) +
+         " into " + describe(out) + ": float32, 2-D, K > 0 and matching shapes required");
   if (out.numel() == 0) return;
   bmm_f32(a, b, out, 1.0f, false, b_is_weight, bias);
 }
 
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate, bool b_is_weight) {
-  if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2 || !out.is_contiguous() ||
-      a.shape()[0] != out.shape()[0] || b.shape()[1] != out.shape()[1] ||
-      a.shape()[1] != b.shape()[0])
-    fail("gemm: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out));
+void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate, bool b_is_weight) {
+  const Shape &sa = a.shape(), &sb = b.shape();
+  if (sa.size() != 2 || sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[0] != out.shape()[0] ||
+      sb[1] != out.shape()[1] || sa[1] != sb[0])
+    fail("gemm: a " + describe_operand(a) + " @ b " + describe_operand(b) + " into " + describe(out));
   bmm(a, b, out, 1.0, accumulate, b_is_weight);
 }
 

@@ -17,6 +17,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
+#include "graft/ops/bf16.h"
 
 namespace graft::kern {
 
@@ -52,6 +53,19 @@ int64_t merged_row_stride(const Tensor& t);
 
 // ---- matmul into a buffer ----
 
+// A matmul operand: a float32 tensor, or the bf16 copy of one that an op made in forward and
+// keeps for its backward (kept_bf16), multiplied as it is (the oneDNN bf16 path only).
+struct Operand {
+  Tensor f32;
+  Bf16Operand kept;  // storage set: the kept bf16 copy (f32 undefined)
+  Operand(const Tensor& t) : f32(t) {}  // NOLINT: a tensor is an operand
+  Operand(Bf16Operand k) : kept(std::move(k)) {}  // NOLINT: so is a kept copy
+  bool is_kept() const { return kept.storage != nullptr; }
+  const Shape& shape() const { return is_kept() ? kept.shape : f32.shape(); }
+};
+// The operand with its last two dims swapped (a transpose view, nothing copied).
+Operand transposed(const Operand& o);
+
 // out (B..., M, N) = alpha * a (Ba..., M, K) @ b (Bb..., K, N), or out += that with accumulate.
 // a, b, out of equal rank >= 2 and one float dtype; the batch dims of a and b equal those of out
 // or are 1 (broadcast); a and b any strides (transposes and head-split permutes as views), out
@@ -60,14 +74,14 @@ int64_t merged_row_stride(const Tensor& t);
 // (ops/precision.h); float64 a reference loop. b_is_weight: b is (a view of) a weight, whose
 // bf16 copy is kept until it changes. Records nothing: for ops that run matmuls inside their own
 // forward or backward.
-void bmm(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
+void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha = 1.0,
          bool accumulate = false, bool b_is_weight = false);
 // out = a @ b + bias (float32, 2-D, bias (N) added by the matmul kernel as it writes out); K
 // must be > 0. Follows the precision setting like bmm.
-void gemm_bias(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out,
+void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out,
                bool b_is_weight = false);
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
-void gemm(const Tensor& a, const Tensor& b, const Tensor& out, bool accumulate = false,
+void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate = false,
           bool b_is_weight = false);
 // A copy derived from weight t's span (converted to bf16, reordered to a matmul's layout), made
 // by `make` once per version of t's storage; `tag` tells the kinds of copies of one span apart.

@@ -310,12 +310,12 @@ bool linear_in_bf16(const Tensor& x) {
   return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
 }
 
-void linear_forward_bf16(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
   if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, /*b_is_weight=*/true);
   else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, /*b_is_weight=*/true);
 }
 
-void linear_backward_bf16(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
+void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tensor& w, const Tensor& dx2,
                           const Tensor& dw, Tensor& db) {
   kern::Bf16ReuseScope reuse;  // dy converted once for both matmuls
   if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, /*b_is_weight=*/true);
@@ -347,27 +347,69 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 // linear: x (..., IN), w (OUT, IN), b (OUT) -> y (..., OUT) = x W^T + b
 GRAFT_DECLARE_OP("linear", "matmul");
 
+namespace {
+// linear's gradients, allocated where needed: dx like x, dw like w, db (OUT) with a bias.
+struct LinearGrads {
+  Tensor dx, dw, db;
+  LinearGrads(const Shape& x_shape, const Tensor& w, bool has_bias, const std::vector<bool>& needs)
+      : dx(needs[0] ? Tensor::empty(x_shape, w.dtype()) : Tensor()),
+        dw(needs[1] ? Tensor::empty(w.shape(), w.dtype()) : Tensor()),
+        db(has_bias && needs[2] ? Tensor::empty({w.shape()[0]}, w.dtype()) : Tensor()) {}
+  Tensor dx_rows() const { return dx.defined() ? kern::as_rows(dx) : Tensor(); }
+};
+
+// The backward of a bf16 linear that kept x16 = bf16(x) (rows, IN) from its forward instead of x.
+Tensors linear_backward_kept(const kern::Bf16Operand& x16, const Shape& x_shape, const Tensor& w_in,
+                             const Tensor& dout, bool has_bias, const std::vector<bool>& needs) {
+  const Tensor w = kern::contig(w_in), dy = kern::as_rows(dout);
+  LinearGrads g(x_shape, w, has_bias, needs);
+  linear_backward_bf16(dy, x16, w, g.dx_rows(), g.dw, g.db);
+  return {g.dx, g.dw, g.db};
+}
+}  // namespace
+
 // x (..., IN), w (OUT, IN), dy (..., OUT) -> dx (..., IN), dw (OUT, IN), db (OUT) where needed
 // (db only with a bias).
 Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout, bool has_bias,
                         const std::vector<bool>& needs) {
   const Tensor x2 = kern::as_rows(kern::contig(x)), w = kern::contig(w_in);
   const Tensor dy = kern::as_rows(dout);
-  Tensor dx = needs[0] ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
-  Tensor dw = needs[1] ? Tensor::empty(w.shape(), w.dtype()) : Tensor();
-  Tensor db = has_bias && needs[2] ? Tensor::empty({w.shape()[0]}, w.dtype()) : Tensor();
-  const Tensor dx2 = dx.defined() ? kern::as_rows(dx) : Tensor();
+  LinearGrads g(x.shape(), w, has_bias, needs);
+  const Tensor dx2 = g.dx_rows();
   if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
-    linear_backward_bf16(dy, x2, w, dx2, dw, db);
+    linear_backward_bf16(dy, x2, w, dx2, g.dw, g.db);
   } else if (x.dtype() == DType::f32 && x2.numel() > 0 && dy.numel() > 0) {
     const LinearMds m(x2.shape()[0], x2.shape()[1], w.shape()[0], has_bias);
-    if (dx.defined()) linear_backward_data_f32(m, dy, w, dx2);
-    if (dw.defined() || db.defined()) linear_backward_weights_f32(m, x2, dy, dw, db);
+    if (g.dx.defined()) linear_backward_data_f32(m, dy, w, dx2);
+    if (g.dw.defined() || g.db.defined()) linear_backward_weights_f32(m, x2, dy, g.dw, g.db);
   } else {
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_backward_loop<T>(dy, x2, w, dx2, dw, db); });
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_backward_loop<T>(dy, x2, w, dx2, g.dw, g.db); });
   }
-  return {dx, dw, db};
+  return {g.dx, g.dw, g.db};
 }
+
+namespace {
+// Under the oneDNN bf16 path the forward converts x to bf16 anyway: when no other tape entry
+// keeps x, that copy is kept for dW instead of x (half the bytes, and no second conversion).
+// Without a weight gradient to come, x is not needed at all.
+void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y,
+                   const std::shared_ptr<kern::Bf16Operand>& x16) {
+  const bool has_bias = b.defined();
+  const PrecisionState prec = precision_state();
+  if (!x16) {
+    autograd::record("linear", {x, w, b}, {y}, {x, w}, [has_bias, prec](const autograd::Ctx& c, const Tensors& dout) {
+      PrecisionGuard guard(prec);
+      return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
+    });
+    return;
+  }
+  autograd::record("linear", {x, w, b}, {y}, {w}, {x16->storage},
+                   [has_bias, prec, x16, x_shape = x.shape()](const autograd::Ctx& c, const Tensors& dout) {
+                     PrecisionGuard guard(prec);
+                     return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
+                   });
+}
+}  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_linear(x, w, b);
@@ -378,19 +420,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(y_shape, x.dtype());
   const Tensor y2 = kern::as_rows(y);
   const bool record = autograd::needs_record({x, w, b});
-  if (linear_in_bf16(x) && x2.numel() > 0 && y2.numel() > 0)
+  const bool bf16 = linear_in_bf16(x) && x2.numel() > 0 && y2.numel() > 0;
+  std::shared_ptr<kern::Bf16Operand> x16;
+  if (bf16 && record && w.requires_grad() && kern::keep_bf16_of(x))
+    x16 = std::make_shared<kern::Bf16Operand>(kern::kept_bf16(x2));
+  if (x16)
+    linear_forward_bf16(*x16, wc, bc, y2);
+  else if (bf16)
     linear_forward_bf16(x2, wc, bc, y2);
   else if (x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0)
     linear_forward_f32(x2, wc, bc, y2, record);
   else
     GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
-  if (record)
-    autograd::record("linear", {x, w, b}, {y}, {x, w},
-                     [has_bias = b.defined(), prec = precision_state()](const autograd::Ctx& c,
-                                                                         const Tensors& dout) {
-                       PrecisionGuard guard(prec);
-                       return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
-                     });
+  if (record) record_linear(x, w, b, y, x16);
   return y;
 }
 

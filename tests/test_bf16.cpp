@@ -169,6 +169,67 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward) {
     });
 }
 
+// The FFN under bf16: on the oneDNN path relu_dropout keeps one bit per element and linear2
+// keeps its input as bf16; the reference path keeps relu_dropout's float32 output. Both must
+// give the same gradients.
+BOOST_AUTO_TEST_CASE(ffn_forward_backward) {
+  Generator g(16);
+  const Tensors in{randn({64, 96}, DType::f32, g), randn({128, 96}, DType::f32, g, 0, 0.1),
+                   randn({128}, DType::f32, g), randn({80, 128}, DType::f32, g, 0, 0.1),
+                   randn({80}, DType::f32, g)};
+  // Two bf16 matmuls in a row (and relu's kink moved by the first one's rounding): ~2% off
+  // float32; the two paths must still agree within 1e-4.
+  check_bf16("ffn", in, randn({64, 80}, DType::f32, g), 3e-2, [](const Tensors& x) {
+    Generator drop(5);
+    return linear(relu_dropout(linear(x[0], x[1], x[2]), 0.3, true, drop), x[3], x[4]);
+  });
+}
+
+namespace {
+// The bytes the live tape keeps for `op` (see autograd::saved_bytes_by_op).
+size_t saved_bytes(const std::string& op) {
+  for (const auto& r : autograd::saved_bytes_by_op())
+    if (r.op == op) return r.bytes;
+  return 0;
+}
+}  // namespace
+
+// On the oneDNN bf16 path linear keeps its input as bf16 (2 bytes an element) in place of the
+// float32 input, unless another tape entry keeps that input anyway; relu_dropout keeps a bit
+// per element. On the reference path nothing changes.
+BOOST_AUTO_TEST_CASE(bf16_keeps_activations_in_half_the_bytes) {
+  if (!bf16_kernel_available()) {
+    std::cout << "test_bf16: kept bf16 activations: no oneDNN bf16 kernel here, the float32 ones are kept" << std::endl;
+    return;
+  }
+  Generator g(17);
+  Tensor w = randn({32, 256}, DType::f32, g).requires_grad_();
+  const size_t w_bytes = 32 * 256 * 4, x_numel = 64 * 256;
+  PrecisionGuard guard(Precision::bf16, Bf16Path::onednn);
+  {
+    Tensor x = randn({64, 256}, DType::f32, g).requires_grad_();
+    Tensor y = linear(x, w);
+    BOOST_TEST(saved_bytes("linear") == w_bytes + x_numel * 2);
+    sum(y).backward();
+  }
+  {
+    Tensor x = randn({64, 256}, DType::f32, g).requires_grad_();
+    Tensor m = mul(x, x);  // mul keeps x: linear keeps no second copy of it
+    BOOST_TEST(x.impl()->storage->saved_by_tape == 1u);
+    Tensor y = linear(x, w);
+    BOOST_TEST(saved_bytes("linear") == w_bytes);
+    sum(add(y, sum(m))).backward();
+    BOOST_TEST(x.impl()->storage->saved_by_tape == 0u);  // the entries are freed
+  }
+  {
+    Tensor x = randn({64, 256}, DType::f32, g).requires_grad_();
+    Generator drop(3);
+    Tensor y = relu_dropout(x, 0.5, true, drop);
+    BOOST_TEST(saved_bytes("relu_dropout") == x_numel / 8);
+    sum(y).backward();
+  }
+}
+
 BOOST_AUTO_TEST_CASE(linear_cross_entropy_forward_backward) {
   Generator g(14);
   std::vector<int64_t> t(96);
