@@ -93,21 +93,24 @@ for what in greedy beam; do
     result pytorch $PY bench/torch_peer.py --what "$what" --config "$c" --warmup 1 --steps 5
   done
 done
-for c in $CONFIGS; do  # the KV-cached PyTorch peer, and bf16 greedy on both sides
+for c in $CONFIGS; do  # the KV-cached PyTorch peers (greedy, beam 4), and bf16 greedy on both sides
   result pytorch $PY bench/torch_peer.py --what greedy_cached --config "$c" --warmup 1 --steps 5
+  result pytorch $PY bench/torch_peer.py --what beam_cached --config "$c" --warmup 1 --steps 5
   if $BF16; then
     result graft "$GB" --what greedy --config "$c" --warmup 1 --steps 5 --precision bf16
     result pytorch $PY bench/torch_peer.py --what greedy_cached --config "$c" --warmup 1 --steps 5 --precision bf16
   fi
 done
-# The cached peer must decode what nn.Transformer's full recomputation decodes.
-for c in $CONFIGS; do
-  full=$(grep "^pytorch .*\"what\": \"greedy\", \"config\": \"$c\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-  cached=$(grep "^pytorch .*\"what\": \"greedy_cached\", \"config\": \"$c\".*\"precision\": \"fp32\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-  if [ -n "$full" ] && [ "$full" != "$cached" ]; then
-    echo "bench: the KV-cached PyTorch peer decodes other ids than nn.Transformer ($c): refusing its numbers" >&2
-    exit 1
-  fi
+# The cached peers must decode what nn.Transformer's full recomputation decodes.
+for what in greedy beam; do
+  for c in $CONFIGS; do
+    full=$(grep "^pytorch .*\"what\": \"$what\", \"config\": \"$c\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+    cached=$(grep "^pytorch .*\"what\": \"${what}_cached\", \"config\": \"$c\".*\"precision\": \"fp32\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+    if [ -n "$full" ] && [ "$full" != "$cached" ]; then
+      echo "bench: the KV-cached PyTorch $what peer decodes other ids than nn.Transformer ($c): refusing its numbers" >&2
+      exit 1
+    fi
+  done
 done
 
 # ---- the zoo: make lm's LM and make classify's classifier, fp32 (bench/graft_bench.cpp) --------

@@ -3,8 +3,8 @@
 
   torch_peer.py --what train  --config tiny|small|base [--warmup 2] [--steps 5]
   torch_peer.py --what greedy|beam --config ...       (nn.Transformer re-running the prefix)
-  torch_peer.py --what greedy_cached --config ...     (an incremental KV-cached decoder)
-  --precision bf16 (train, greedy_cached): under torch.autocast("cpu", dtype=torch.bfloat16)
+  torch_peer.py --what greedy_cached|beam_cached --config ...  (an incremental KV-cached decoder)
+  --precision bf16 (train, greedy_cached, beam_cached): under torch.autocast("cpu", dtype=torch.bfloat16)
   torch_peer.py --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
                                                       (the zoo: make lm's and make classify's models)
   torch_peer.py --what micro
@@ -206,95 +206,158 @@ def run_decode(torch, a, beam):
                 ys = torch.cat([ys[rows], (idx % V).reshape(-1, 1)], 1)
             return ys[::K]
 
-    f = beam_search if beam > 1 else greedy
-    res = {}
-    for _ in range(a.warmup):  # warm-up: 4 new tokens; the timed runs decode all 32
-        f(4)
-    t = time_median(0, a.steps, lambda: res.__setitem__("ys", f()))
+    t, ys = time_decode(a, beam_search if beam > 1 else greedy)
     emit({"what": "beam" if beam > 1 else "greedy", "config": a.config, "beam": beam,
-          "ms": t * 1e3, "tok_s": B * NEW / t, "produced": int(res["ys"][:, 1:].numel()),
-          "ids_crc": ids_crc(res["ys"][:, 1:]),
+          "ms": t * 1e3, "tok_s": B * NEW / t, "produced": int(ys[:, 1:].numel()),
+          "ids_crc": ids_crc(ys[:, 1:]),
           "peak_rss_mib": peak_rss_mib()})
 
 
-def run_decode_cached(torch, a):
-    """Greedy decoding with an incremental KV cache, the way fairseq's incremental decoding does
-    it, on nn.Transformer's own decoder weights: per layer, the self-attention keys and values
-    of earlier positions are kept and the new position's appended; the cross-attention keys
-    and values of the encoder output are computed once. Each step runs the decoder on the new
-    position only (post-LN layers, ReLU, final LayerNorm), as graft's cached decoding does."""
-    F = torch.nn.functional
-    d, h, ff, L, V, _, _, _ = CONFIGS[a.config]
-    B, S, NEW = 32, 32, 32
-    hd = d // h
+def time_decode(a, f):
+    """Warm-up runs of 4 new tokens, then the median of a.steps full runs: (seconds, last ids)."""
+    res = {}
+    for _ in range(a.warmup):
+        f(4)
+    t = time_median(0, a.steps, lambda: res.__setitem__("ys", f()))
+    return t, res["ys"]
+
+
+def cached_decoding_model(torch, a):
+    """The decoding model (seed 1, eval mode) and the 32 x 32 source batch, for the KV-cached
+    peers. Under bf16, 1.13's fused encoder-layer fast path (taken in eval mode) fails under
+    autocast ("expected scalar type BFloat16 but found Float"): the layers run their ordinary
+    path, in train mode with every dropout module in eval mode, i.e. the same computation."""
+    V = CONFIGS[a.config][4]
     torch.manual_seed(1)
     model = build_model(torch, a.config)
     model.eval()
-    src = torch.tensor(make_ids(B, S, V, 3), dtype=torch.int64)
-    W = model.embedding.weight
-    layers = model.tr.decoder.layers
     if a.precision == "bf16":
-        # 1.13's fused encoder-layer fast path (taken in eval mode) fails under autocast
-        # ("expected scalar type BFloat16 but found Float"): the layers run their ordinary path,
-        # in train mode with every dropout module in eval mode, i.e. the same computation.
         for lyr in model.tr.encoder.layers:
             lyr.train()
             for m in lyr.modules():
                 if isinstance(m, torch.nn.Dropout):
                     m.eval()
+    return model, torch.tensor(make_ids(32, 32, V, 3), dtype=torch.int64)
 
-    def heads(x):  # (B, T, d) -> (B, h, T, hd)
-        return x.view(B, -1, h, hd).transpose(1, 2)
+
+def incremental_decoder(torch, model):
+    """nn.Transformer's decoder run one new position at a time, the way fairseq's incremental
+    decoding does it, on the model's own weights: per layer, the self-attention keys and values
+    of earlier positions are kept in `cache` and the new position's appended; the cross-attention
+    keys and values of the encoder output come from cross_kv, computed once. Post-LN layers,
+    ReLU, final LayerNorm, as graft's cached decoding. Returns (cross_kv, step)."""
+    F = torch.nn.functional
+    d, h = model.tr.d_model, model.tr.nhead
+    hd = d // h
+    layers = model.tr.decoder.layers
+
+    def heads(x):  # (N, T, d) -> (N, h, T, hd)
+        return x.view(x.size(0), -1, h, hd).transpose(1, 2)
 
     def attend(q, k, v, pad=None):
         s = torch.matmul(q, k.transpose(-2, -1)) * hd ** -0.5
         if pad is not None:
             s = s.masked_fill(pad[:, None, None, :], float("-inf"))
         o = torch.matmul(torch.softmax(s, -1), v)
-        return o.transpose(1, 2).reshape(B, -1, d)
+        return o.transpose(1, 2).reshape(q.size(0), -1, d)
+
+    def cross_kv(memory):
+        """Per layer: (k, v) of the encoder output."""
+        cross = []
+        for lyr in layers:
+            _, wk, wv = lyr.multihead_attn.in_proj_weight.chunk(3)
+            _, bk, bv = lyr.multihead_attn.in_proj_bias.chunk(3)
+            cross.append((heads(F.linear(memory, wk, bk)), heads(F.linear(memory, wv, bv))))
+        return cross
+
+    def step(tok, t, cache, cross, src_pad):
+        """Decodes position t for tok (N, 1), appending its keys and values to cache (a list
+        with one (k, v) or None per layer); returns the logits (N, V)."""
+        x = model.drop(model.embedding(tok) * math.sqrt(d) + model.pe[t:t + 1])
+        for i, lyr in enumerate(layers):
+            qkv = F.linear(x, lyr.self_attn.in_proj_weight, lyr.self_attn.in_proj_bias)
+            q, k, v = (heads(y) for y in qkv.chunk(3, -1))
+            if cache[i] is not None:
+                k = torch.cat([cache[i][0], k], 2)
+                v = torch.cat([cache[i][1], v], 2)
+            cache[i] = (k, v)
+            x = lyr.norm1(x + lyr.self_attn.out_proj(attend(q, k, v)))
+            wq = lyr.multihead_attn.in_proj_weight[:d]
+            bq = lyr.multihead_attn.in_proj_bias[:d]
+            ca = lyr.multihead_attn.out_proj(
+                attend(heads(F.linear(x, wq, bq)), cross[i][0], cross[i][1], src_pad))
+            x = lyr.norm2(x + ca)
+            x = lyr.norm3(x + lyr.linear2(F.relu(lyr.linear1(x))))
+        x = model.tr.decoder.norm(x)
+        return F.linear(x[:, -1], model.embedding.weight)
+
+    return cross_kv, step
+
+
+def run_decode_cached(torch, a):
+    """Greedy decoding with the incremental KV-cached decoder: each step runs the decoder on
+    the new position only, as graft's cached decoding does."""
+    model, src = cached_decoding_model(torch, a)
+    cross_kv, step = incremental_decoder(torch, model)
+    B, NEW = src.size(0), 32
 
     def greedy(NEW=NEW):
         with torch.no_grad(), autocast(torch, a):
             src_pad = src == PAD
             memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
-            cross = []  # per layer: (k, v) of the memory, computed once
-            for lyr in layers:
-                _, wk, wv = lyr.multihead_attn.in_proj_weight.chunk(3)
-                _, bk, bv = lyr.multihead_attn.in_proj_bias.chunk(3)
-                cross.append((heads(F.linear(memory, wk, bk)), heads(F.linear(memory, wv, bv))))
-            cache = [None] * len(layers)  # per layer: (k, v) of the positions so far
+            cross = cross_kv(memory)
+            cache = [None] * len(model.tr.decoder.layers)
             tok = torch.full((B, 1), BOS, dtype=torch.int64)
             out_ids = []
             for t in range(NEW):
-                x = model.drop(model.embedding(tok) * math.sqrt(d) + model.pe[t:t + 1])
-                for i, lyr in enumerate(layers):
-                    qkv = F.linear(x, lyr.self_attn.in_proj_weight, lyr.self_attn.in_proj_bias)
-                    q, k, v = (heads(y) for y in qkv.chunk(3, -1))
-                    if cache[i] is not None:
-                        k = torch.cat([cache[i][0], k], 2)
-                        v = torch.cat([cache[i][1], v], 2)
-                    cache[i] = (k, v)
-                    sa = lyr.self_attn.out_proj(attend(q, k, v))
-                    x = lyr.norm1(x + sa)
-                    wq = lyr.multihead_attn.in_proj_weight[:d]
-                    bq = lyr.multihead_attn.in_proj_bias[:d]
-                    ca = lyr.multihead_attn.out_proj(
-                        attend(heads(F.linear(x, wq, bq)), cross[i][0], cross[i][1], src_pad))
-                    x = lyr.norm2(x + ca)
-                    x = lyr.norm3(x + lyr.linear2(F.relu(lyr.linear1(x))))
-                x = model.tr.decoder.norm(x)
-                tok = F.linear(x[:, -1], W).argmax(-1)[:, None]
+                tok = step(tok, t, cache, cross, src_pad).argmax(-1)[:, None]
                 out_ids.append(tok)
             return torch.cat(out_ids, 1)
 
-    res = {}
-    for _ in range(a.warmup):
-        greedy(4)
-    t = time_median(0, a.steps, lambda: res.__setitem__("ys", greedy()))
+    t, ys = time_decode(a, greedy)
     emit({"what": "greedy_cached", "config": a.config, "beam": 1, "ms": t * 1e3,
-          "tok_s": B * NEW / t, "produced": int(res["ys"].numel()), "ids_crc": ids_crc(res["ys"]),
+          "tok_s": B * NEW / t, "produced": int(ys.numel()), "ids_crc": ids_crc(ys),
           "peak_rss_mib": peak_rss_mib(),
           "precision": a.precision})
+
+
+def run_beam_cached(torch, a):
+    """Beam search exactly as run_decode's (no length penalty, no early stop, the best beam of
+    each source), on the incremental KV-cached decoder: each step the self-attention caches
+    follow the surviving beams (index_select on the batch dim, as fairseq's reorder of its
+    incremental state), and the cross-attention keys and values of the B*K expanded encoder
+    output are computed once."""
+    F = torch.nn.functional
+    V = CONFIGS[a.config][4]
+    model, src = cached_decoding_model(torch, a)
+    cross_kv, step = incremental_decoder(torch, model)
+    B, NEW, K = src.size(0), 32, a.beam
+
+    def beam_search(NEW=NEW):
+        with torch.no_grad(), autocast(torch, a):
+            src_pad = src == PAD
+            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            src_pad = src_pad.repeat_interleave(K, 0)
+            cross = cross_kv(memory.repeat_interleave(K, 0))
+            cache = [None] * len(model.tr.decoder.layers)
+            ys = torch.full((B * K, 1), BOS, dtype=torch.int64)
+            score = torch.full((B, K), float("-inf"))
+            score[:, 0] = 0.0
+            base = (torch.arange(B) * K)[:, None]
+            for t in range(NEW):
+                # scores in float32 also under bf16: beam sums of log-probabilities
+                logp = F.log_softmax(step(ys[:, -1:], t, cache, cross, src_pad).float(), -1)
+                cand = (score.reshape(B * K, 1) + logp).reshape(B, K * V)
+                score, idx = cand.topk(K, dim=1)
+                rows = (base + torch.div(idx, V, rounding_mode="floor")).reshape(-1)
+                ys = torch.cat([ys[rows], (idx % V).reshape(-1, 1)], 1)
+                cache[:] = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in cache]
+            return ys[::K]
+
+    t, ys = time_decode(a, beam_search)
+    emit({"what": "beam_cached", "config": a.config, "beam": K, "ms": t * 1e3,
+          "tok_s": B * NEW / t, "produced": int(ys[:, 1:].numel()), "ids_crc": ids_crc(ys[:, 1:]),
+          "peak_rss_mib": peak_rss_mib(), "precision": a.precision})
 
 
 def run_sgemm(torch, a):
@@ -694,6 +757,10 @@ def report(a):
         if g or p:
             add("greedy_decode_bf16", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
                 "new tok/s", True)
+    for c in CONFIGS:
+        g, p = find("graft", "beam", c), find("pytorch", "beam_cached", c)
+        add("beam4_decode_cached_peer", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
+            "new tok/s", True)
     stream = find("graft", "stream")
     triad = stream["gbs"] if stream else None
     for prec in ("fp32", "bf16"):  # decoding steps' weight reads against the triad's bandwidth
@@ -771,10 +838,11 @@ def report(a):
               "PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16); train_throughput_bf16_vs_fp32 "
               "compares with PyTorch fp32; train_bf16_speedup_vs_graft_fp32 has graft fp32 in the "
               "PyTorch column")
-    md.append("- greedy_decode_cached_peer / greedy_decode_bf16: against a PyTorch decoder with an "
-              "incremental KV cache (fairseq-style; its ids equal nn.Transformer's full recomputation, "
-              "checked by CRC in the run); greedy_decode / beam4_decode: against nn.Transformer "
-              "re-running the prefix")
+    md.append("- greedy_decode_cached_peer / greedy_decode_bf16 / beam4_decode_cached_peer: against a "
+              "PyTorch decoder with an incremental KV cache (fairseq-style; beam search reorders the "
+              "self-attention caches by the surviving beams each step; its ids equal nn.Transformer's "
+              "full recomputation, checked by CRC in the run); greedy_decode / beam4_decode: against "
+              "nn.Transformer re-running the prefix")
     md.append("- training: median of 21 (tiny), 9 (small), 5 (base) steps after 2 warm-up steps (forward, backward, Adam); "
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
@@ -839,6 +907,7 @@ def main():
     torch.set_num_threads(a.threads)
     runs = {"train": run_train, "greedy": lambda t, a: run_decode(t, a, 1),
             "greedy_cached": run_decode_cached, "beam": lambda t, a: run_decode(t, a, a.beam),
+            "beam_cached": run_beam_cached,
             "lm_train": run_lm_train, "lm_sample": run_lm_sample, "cls_train": run_cls_train,
             "cls_infer": run_cls_infer, "micro": run_micro, "sgemm": run_sgemm,
             "version": lambda t, a: print(t.__version__)}
