@@ -25,8 +25,27 @@ bool dense_span(const Tensor& t) {
   return true;
 }
 
+namespace {
+// A transpose view of rows that are contiguous (K^T of a KV cache's first T positions): its
+// copy is written in the source's row order and read through swapped strides.
+bool transposed_rows(const Tensor& t) {
+  const int64_t r = t.dim();
+  return r >= 2 && t.strides()[r - 1] != 1 && t.strides()[r - 2] == 1 && t.shape()[r - 1] > 1;
+}
+Shape swapped_last2(Shape s) {
+  std::swap(s[s.size() - 1], s[s.size() - 2]);
+  return s;
+}
+// t with its last two dims swapped, as a view (no copy).
+Tensor swapped_view(const Tensor& t) {
+  return view_as(t, swapped_last2(t.shape()), swapped_last2(t.strides()));
+}
+}  // namespace
+
 Shape bf16_strides(const Tensor& t) {
-  return dense_span(t) ? t.strides() : contiguous_strides(t.shape());
+  if (dense_span(t)) return t.strides();
+  if (transposed_rows(t)) return swapped_last2(contiguous_strides(swapped_last2(t.shape())));
+  return contiguous_strides(t.shape());
 }
 
 namespace {
@@ -40,6 +59,21 @@ void convert(const Tensor& t, bool span, Out* dst, Conv conv) {
   if (span) {
 #pragma omp parallel for if (n > kParallelGrain) schedule(static)
     for (int64_t i = 0; i < n; ++i) dst[i] = conv(src[i]);
+  } else if (t.dim() >= 2 && t.strides().back() == 1) {
+    // Rows of a view (a KV cache's first T positions, a head-split slice): each row is
+    // contiguous, so rows are converted in parallel, each by a vectorised loop.
+    const int64_t cols = t.shape().back(), rows = n / std::max<int64_t>(cols, 1);
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t rem = r, off = 0;
+      for (int64_t d = t.dim() - 2; d >= 0; --d) {
+        off += (rem % t.shape()[d]) * t.strides()[d];
+        rem /= t.shape()[d];
+      }
+      const float* s = src + off;
+      Out* o = dst + r * cols;
+      for (int64_t c = 0; c < cols; ++c) o[c] = conv(s[c]);
+    }
   } else {
     for_each_strided(t.shape(), t.strides(), [&](int64_t i, int64_t o) { dst[i] = conv(src[o]); });
   }
@@ -50,10 +84,10 @@ std::atomic<uint64_t> weight_copies{0};
 // The copy of t's span (`rounded`: float32 values, else bf16 bits), from derived_copy() when
 // `reuse`.
 template <class Make>
-std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, Make make) {
+std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, bool weight, Make make) {
   if (!reuse) return make();
   return derived_copy(t, rounded ? 1 : 0, [&] {
-    ++weight_copies;
+    if (weight) ++weight_copies;
     return make();
   });
 }
@@ -89,19 +123,21 @@ Bf16ReuseScope::~Bf16ReuseScope() {
 }
 
 uint64_t bf16_weight_copies() { return weight_copies; }
+void count_bf16_weight_copy() { ++weight_copies; }
 
-Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot) {
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot, bool weight) {
   const bool span = !contiguous && dense_span(t);
+  const bool swap = !contiguous && !span && transposed_rows(t);
   Bf16Operand out;
   out.shape = t.shape();
-  out.strides = span ? t.strides() : contiguous_strides(t.shape());
+  out.strides = contiguous ? contiguous_strides(t.shape()) : bf16_strides(t);
   const size_t bytes = (size_t)std::max<int64_t>(t.numel(), 1) * 2;
   auto fill = [&](const std::shared_ptr<Storage>& s) {
-    convert(t, span, static_cast<uint16_t*>(s->data), [](float x) { return bf16_bits(x); });
+    convert(swap ? swapped_view(t) : t, span, static_cast<uint16_t*>(s->data), [](float x) { return bf16_bits(x); });
     return s;
   };
   if (reuse && span) {
-    out.storage = span_copy(t, false, true, [&] { return fill(std::make_shared<Storage>(bytes)); });
+    out.storage = span_copy(t, false, true, weight, [&] { return fill(std::make_shared<Storage>(bytes)); });
     return out;
   }
   std::shared_ptr<Storage> buf = scratch(slot, bytes);
@@ -129,7 +165,7 @@ bool keep_bf16_of(const Tensor& x) {
          bf16_path() == Bf16Path::onednn && x.impl()->storage->saved_by_tape == 0;
 }
 
-Tensor rounded_to_bf16(const Tensor& t, bool reuse) {
+Tensor rounded_to_bf16(const Tensor& t, bool reuse, bool weight) {
   const bool span = dense_span(t);
   const Shape strides = span ? t.strides() : contiguous_strides(t.shape());
   auto make = [&] {
@@ -139,7 +175,7 @@ Tensor rounded_to_bf16(const Tensor& t, bool reuse) {
     return s;
   };
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = span_copy(t, true, reuse && span, make);
+  impl->storage = span_copy(t, true, reuse && span, weight, make);
   impl->shape = t.shape();
   impl->strides = strides;
   impl->dtype = DType::f32;

@@ -30,14 +30,16 @@ struct Bf16Operand {
   Shape shape, strides;
   void* data() const { return storage->data; }
 };
-// The strides to_bf16(t, false, ..) writes: t's own when dense_span(t), else contiguous.
+// The strides to_bf16(t, false, ..) writes: t's own when dense_span(t), those of a transpose of
+// a contiguous copy when t is a transpose view of contiguous rows (K^T), else contiguous.
 Shape bf16_strides(const Tensor& t);
 // t (float32, any strides) in bf16: contiguous when `contiguous`, else with bf16_strides(t).
 // With `reuse`, a dense-span copy is kept until t's storage changes version or dies, and later
 // calls for the same span return it (for weights: converted once per optimizer step). Any other
 // copy is written into this thread's buffer for `slot` (0 or 1, one per operand of a matmul),
 // valid until the next to_bf16 for that slot on this thread.
-Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot);
+// A kept copy counts as a weight's (bf16_weight_copies) unless `weight` is false.
+Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot, bool weight = true);
 // t (float32, any strides) in bf16, contiguous, in storage of its own: the copy an op converts
 // an activation into for its forward matmul and keeps for its backward one, in place of t.
 Bf16Operand kept_bf16(const Tensor& t);
@@ -57,8 +59,10 @@ class Bf16ReuseScope {
 
 // How many reused copies were made (ops/precision.h: bf16_weight_copies_made).
 uint64_t bf16_weight_copies();
+// Counts a bf16 copy of a weight made elsewhere (linear's inference layout under bf16).
+void count_bf16_weight_copy();
 // The reference path: t's values rounded to bf16, as a float32 tensor (same layout rule and
 // reuse as to_bf16).
-Tensor rounded_to_bf16(const Tensor& t, bool reuse);
+Tensor rounded_to_bf16(const Tensor& t, bool reuse, bool weight = true);
 
 }  // namespace graft::kern

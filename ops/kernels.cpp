@@ -174,15 +174,15 @@ Bf16Operand dense_bf16(const Bf16Operand& k) {
 
 // The operand's bf16 copy for the kernel (slot 0 for a, 1 for b): a kept one as it is, unless
 // the primitive needs dense operands and it is a transpose view.
-Bf16Operand kernel_bf16(const Operand& o, bool dense, bool reuse, int slot) {
-  if (!o.is_kept()) return to_bf16(o.f32, dense, reuse, slot);
+Bf16Operand kernel_bf16(const Operand& o, bool dense, BCopy copy, int slot) {
+  if (!o.is_kept()) return to_bf16(o.f32, dense, copy != BCopy::per_call, slot, copy == BCopy::weight);
   return dense && !is_dense(o.kept.shape, o.kept.strides) ? dense_bf16(o.kept) : o.kept;
 }
 
 // float32 through oneDNN matmul, with bf16 operands under PrecisionGuard(bf16) (ops/precision.h):
 // oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul). A kept bf16
 // operand (Operand::bf16) is multiplied as it is; it needs the bf16 kernel.
-void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, bool b_is_weight,
+void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCopy b_copy,
              const Tensor& bias) {
   const bool bf16 = matmul_precision() == Precision::bf16;
   const bool bf16_kernel = bf16 && bf16_path() == Bf16Path::onednn;
@@ -190,7 +190,7 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, boo
     fail("bmm: a kept bf16 operand needs the oneDNN bf16 path (PrecisionGuard(bf16) on a CPU with a kernel)");
   if (bf16 && !bf16_kernel) {
     a.f32 = rounded_to_bf16(a.f32, false);
-    b.f32 = rounded_to_bf16(b.f32, b_is_weight);
+    b.f32 = rounded_to_bf16(b.f32, b_copy != BCopy::per_call, b_copy == BCopy::weight);
   }
   if (!a.is_kept()) a.f32 = onednn::operand(a.f32);
   if (!b.is_kept()) b.f32 = onednn::operand(b.f32);
@@ -206,8 +206,8 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, boo
   void *pa, *pb;
   Bf16Operand a16, b16;
   if (bf16_kernel) {
-    a16 = kernel_bf16(a, c.dense_copy, false, 0);
-    b16 = kernel_bf16(b, c.dense_copy, b_is_weight, 1);
+    a16 = kernel_bf16(a, c.dense_copy, BCopy::per_call, 0);
+    b16 = kernel_bf16(b, c.dense_copy, b_copy, 1);
     pa = a16.data();
     pb = b16.data();
   } else {
@@ -309,7 +309,7 @@ Operand transposed(const Operand& o) {
 }
 
 void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha, bool accumulate,
-         bool b_is_weight) {
+         BCopy b_copy) {
   if (out.numel() == 0) return;
   const int64_t K = a.shape().back();
   if (K == 0) {  // an empty sum
@@ -317,7 +317,7 @@ void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha, bo
     return;
   }
   if (a.is_kept() || b.is_kept() || (a.f32.dtype() == DType::f32 && a.f32.dim() <= 12))
-    bmm_f32(a, b, out, (float)alpha, accumulate, b_is_weight, Tensor());
+    bmm_f32(a, b, out, (float)alpha, accumulate, b_copy, Tensor());
   else
     GRAFT_DISPATCH_FLOAT(a.f32.dtype(), "bmm", [&] { bmm_loop<T>(a.f32, b.f32, out, (T)alpha, accumulate); });
 }
@@ -329,7 +329,7 @@ std::string describe_operand(const Operand& o) {
 bool operand_is_f32(const Operand& o) { return o.is_kept() || o.f32.dtype() == DType::f32; }
 }  // namespace
 
-void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out, bool b_is_weight) {
+void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out, BCopy b_copy) {
   const Shape &sa = a.shape(), &sb = b.shape();
   if (!operand_is_f32(a) || !operand_is_f32(b) || bias.dtype() != DType::f32 ||
       out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || sa.size() != 2 ||
@@ -338,15 +338,15 @@ void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Ten
     fail("gemm_bias: a " + describe_operand(a) + " @ b " + describe_operand(b) + " + bias " + describe(bias) +
          " into " + describe(out) + ": float32, 2-D, K > 0 and matching shapes required");
   if (out.numel() == 0) return;
-  bmm_f32(a, b, out, 1.0f, false, b_is_weight, bias);
+  bmm_f32(a, b, out, 1.0f, false, b_copy, bias);
 }
 
-void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate, bool b_is_weight) {
+void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate, BCopy b_copy) {
   const Shape &sa = a.shape(), &sb = b.shape();
   if (sa.size() != 2 || sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[0] != out.shape()[0] ||
       sb[1] != out.shape()[1] || sa[1] != sb[0])
     fail("gemm: a " + describe_operand(a) + " @ b " + describe_operand(b) + " into " + describe(out));
-  bmm(a, b, out, 1.0, accumulate, b_is_weight);
+  bmm(a, b, out, 1.0, accumulate, b_copy);
 }
 
 // A (rows, C) operand whose rows lie a multiple of 1 KiB apart, read down its columns (the

@@ -53,6 +53,12 @@ int64_t merged_row_stride(const Tensor& t);
 
 // ---- matmul into a buffer ----
 
+// How b's bf16 copy lives (under the bf16 path): made for the call (per_call); kept until b
+// changes, as a weight's (weight: counted by bf16_weight_copies_made()); or kept the same way for
+// an activation that stays unchanged from call to call (steady: the encoder keys and values of
+// cached decoding's cross-attention).
+enum class BCopy { per_call, weight, steady };
+
 // A matmul operand: a float32 tensor, or the bf16 copy of one that an op made in forward and
 // keeps for its backward (kept_bf16), multiplied as it is (the oneDNN bf16 path only).
 struct Operand {
@@ -71,18 +77,18 @@ Operand transposed(const Operand& o);
 // or are 1 (broadcast); a and b any strides (transposes and head-split permutes as views), out
 // contiguous (a row range of a bigger tensor is fine). float32 runs oneDNN matmul, its primitive
 // built once per problem and thread, with bf16 operands under PrecisionGuard(bf16)
-// (ops/precision.h); float64 a reference loop. b_is_weight: b is (a view of) a weight, whose
-// bf16 copy is kept until it changes. Records nothing: for ops that run matmuls inside their own
-// forward or backward.
+// (ops/precision.h); float64 a reference loop. b_copy: how b's bf16 copy lives (BCopy). Either
+// operand may be a kept bf16 copy (Operand). Records nothing: for ops that run matmuls inside
+// their own forward or backward.
 void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha = 1.0,
-         bool accumulate = false, bool b_is_weight = false);
+         bool accumulate = false, BCopy b_copy = BCopy::per_call);
 // out = a @ b + bias (float32, 2-D, bias (N) added by the matmul kernel as it writes out); K
 // must be > 0. Follows the precision setting like bmm.
 void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out,
-               bool b_is_weight = false);
+               BCopy b_copy = BCopy::per_call);
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
 void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate = false,
-          bool b_is_weight = false);
+          BCopy b_copy = BCopy::per_call);
 // A copy derived from weight t's span (converted to bf16, reordered to a matmul's layout), made
 // by `make` once per version of t's storage; `tag` tells the kinds of copies of one span apart.
 // A copy is kept until its source changes or dies and some later call misses. Thread-safe.

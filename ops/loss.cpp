@@ -269,7 +269,7 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
   for (int64_t r0 = 0; r0 < Ns; r0 += rows) {
     const int64_t r1 = std::min(Ns, r0 + rows), n = r1 - r0;
     const Tensor xc = kern::row_range(xs, r0, r1), lc = kern::row_range(buf, 0, n);
-    kern::gemm(xc, wt, lc, false, /*b_is_weight=*/true);  // logits of rows [r0, r1)
+    kern::gemm(xc, wt, lc, false, kern::BCopy::weight);  // logits of rows [r0, r1)
     GRAFT_DISPATCH_FLOAT(xs.dtype(), "linear_cross_entropy", [&] {
       if (dx.defined() || dw.defined())
         ce_fused_rows(lc.data<T>(), n, V, t.data() + r0, o.label_smoothing, o.ignore_index, o.g,
@@ -278,7 +278,7 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
         ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0, o.label_smoothing,
                         o.ignore_index, lse.data() + r0, row_loss + r0);
     });
-    if (dx.defined()) kern::gemm(lc, w, kern::row_range(dx, r0, r1), false, true);      // dx = G w
+    if (dx.defined()) kern::gemm(lc, w, kern::row_range(dx, r0, r1), false, kern::BCopy::weight);      // dx = G w
     if (dw.defined()) kern::gemm(kern::swap_last2(lc), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
   }
 }

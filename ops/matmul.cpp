@@ -208,23 +208,27 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dn
              : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// A number naming a weights layout (dims, strides, blocks), so each layout gets its own copy.
+// A number naming a weights layout (data type, dims, strides, blocks), so each layout gets its
+// own copy.
 uint64_t layout_tag(const dnnl::memory::desc& d) {
   const auto& b = d.data.format_desc.blocking;
   uint64_t h = 0x51ed;
   auto mixin = [&](int64_t v) { h = mix64(h ^ (uint64_t)v); };
+  mixin((int64_t)d.data.data_type);
   for (int i = 0; i < d.data.ndims; ++i) mixin(d.data.dims[i]), mixin(b.strides[i]);
   for (int i = 0; i < b.inner_nblks; ++i) mixin(b.inner_blks[i]), mixin(b.inner_idxs[i]);
   return h | (uint64_t(1) << 63);  // apart from the bf16 copies' tags
 }
 
 // w in the layout `best` that the inference primitive reads fastest (oneDNN's choice for
-// format "any"): reordered once per version of w (kern::derived_copy), kept while w lives.
-// Decoding reads every weight once per token; its 32-row steps read plain weights through
-// gemm:jit at about half the rate brgemm reads its blocked ones (docs/performance.md).
+// format "any", in its data type: float32, or bf16 under the bf16 path): reordered (and
+// converted) once per version of w (kern::derived_copy), kept while w lives. Decoding reads
+// every weight once per token; its 32-row steps read plain weights through gemm:jit at about
+// half the rate brgemm reads its blocked ones (docs/performance.md).
 std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::desc& plain,
                                            const dnnl::memory::desc& best) {
   return kern::derived_copy(w, layout_tag(best), [&] {
+    if (best.data_type() == dnnl::memory::data_type::bf16) kern::count_bf16_weight_copy();
     auto s = std::make_shared<Storage>(best.get_size());
     auto src = onednn::mem(plain, w);
     auto dst = onednn::mem(best, s->data);
@@ -234,28 +238,49 @@ std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::
   });
 }
 
-// float32 forward through oneDNN inner_product, its primitive cached per problem. Without a
-// tape (inference) the weights come in the primitive's preferred layout (reordered_weights()).
-void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
-                        bool training) {
+// Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
+// weights in the primitive's preferred layout (reordered_weights()). With bf16, x and w are
+// read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
+void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2, bool bf16) {
   const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
   const bool has_bias = b.defined();
-  const auto kind = training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+  const auto kind = dnnl::prop_kind::forward_inference;
+  const auto dt = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   using ipf = dnnl::inner_product_forward;
-  const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias}, [&] {
+  const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias, bf16}, [&] {
     LinearMds m(N, IN, OUT, has_bias);
-    if (training) return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y, m.w}};
     const auto plain = m.w;
-    m.w = dnnl::memory::desc(m.w.dims(), dnnl::memory::data_type::f32, dnnl::memory::format_tag::any);
+    m.x = dnnl::memory::desc(m.x.dims(), dt, dnnl::memory::format_tag::ab);
+    m.w = dnnl::memory::desc(m.w.dims(), dt, dnnl::memory::format_tag::any);
     const auto pd = linear_fwd_pd(m, kind);
     return onednn::Cached<ipf>{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
   });
   const bool reorder = c.mds[1] != c.mds[4];
   const std::shared_ptr<Storage> wr = reorder ? reordered_weights(w, c.mds[4], c.mds[1]) : nullptr;
+  const kern::Bf16Operand x16 = bf16 ? kern::to_bf16(x2, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, onednn::mem(c.mds[0], x2)},
+      {DNNL_ARG_SRC, bf16 ? onednn::mem(c.mds[0], x16.data()) : onednn::mem(c.mds[0], x2)},
       {DNNL_ARG_WEIGHTS, reorder ? onednn::mem(c.mds[1], wr->data) : onednn::mem(c.mds[1], w)},
       {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
+  if (has_bias) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
+  c.prim.execute(onednn::stream(), args);
+  onednn::stream().wait();
+}
+
+// float32 training forward through oneDNN inner_product on plain weights, its primitive cached
+// per problem.
+void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
+  const bool has_bias = b.defined();
+  const auto kind = dnnl::prop_kind::forward_training;
+  using ipf = dnnl::inner_product_forward;
+  const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias}, [&] {
+    LinearMds m(N, IN, OUT, has_bias);
+    return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y}};
+  });
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], x2)},
+                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], w)},
+                                             {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
   if (has_bias) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
   c.prim.execute(onednn::stream(), args);
   onednn::stream().wait();
@@ -311,14 +336,14 @@ bool linear_in_bf16(const Tensor& x) {
 }
 
 void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
-  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, /*b_is_weight=*/true);
-  else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, /*b_is_weight=*/true);
+  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, kern::BCopy::weight);
+  else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, kern::BCopy::weight);
 }
 
 void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tensor& w, const Tensor& dx2,
                           const Tensor& dw, Tensor& db) {
   kern::Bf16ReuseScope reuse;  // dy converted once for both matmuls
-  if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, /*b_is_weight=*/true);
+  if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, kern::BCopy::weight);
   if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
   if (db.defined()) db = sum(dy, {0});
 }
@@ -424,12 +449,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   std::shared_ptr<kern::Bf16Operand> x16;
   if (bf16 && record && w.requires_grad() && kern::keep_bf16_of(x))
     x16 = std::make_shared<kern::Bf16Operand>(kern::kept_bf16(x2));
+  const bool f32 = x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0;
   if (x16)
     linear_forward_bf16(*x16, wc, bc, y2);
+  else if (bf16 && !record && bf16_path() == Bf16Path::onednn)
+    linear_forward_inference(x2, wc, bc, y2, /*bf16=*/true);
   else if (bf16)
     linear_forward_bf16(x2, wc, bc, y2);
-  else if (x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0)
-    linear_forward_f32(x2, wc, bc, y2, record);
+  else if (f32 && !record)
+    linear_forward_inference(x2, wc, bc, y2, /*bf16=*/false);
+  else if (f32)
+    linear_forward_f32(x2, wc, bc, y2);
   else
     GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record) record_linear(x, w, b, y, x16);

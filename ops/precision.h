@@ -92,7 +92,7 @@ std::string bf16_description();
 /// one): "<what> bf16: oneDNN has no bf16 matmul kernel for this CPU ...".
 std::string bf16_unavailable_reason(const std::string& what);
 
-/// How many bf16 copies of weights (b_is_weight operands) have been made in this process: a
+/// How many bf16 copies of weights have been made in this process: a
 /// training step adds one per weight view, an inference run adds them once (for tests).
 uint64_t bf16_weight_copies_made();
 

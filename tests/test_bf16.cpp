@@ -152,6 +152,14 @@ BOOST_AUTO_TEST_CASE(matmul_forward_backward) {
   const Tensors bt{randn({2, 3, 24, 32}, DType::f32, g), randn({2, 3, 40, 32}, DType::f32, g)};
   check_bf16("matmul transposed", bt, randn({2, 3, 24, 40}, DType::f32, g), 1e-2,
              [](const Tensors& x) { return matmul(x[0], transpose(x[1], -1, -2)); });
+  // Row views of bigger tensors, as a KV cache's first positions (and K^T of them): converted
+  // row by row.
+  const Tensors cache{randn({2, 3, 24, 32}, DType::f32, g), randn({2, 3, 64, 32}, DType::f32, g),
+                      randn({2, 3, 64, 32}, DType::f32, g)};
+  check_bf16("matmul on cache views", cache, randn({2, 3, 24, 32}, DType::f32, g), 1e-2, [](const Tensors& x) {
+    const Tensor k = slice(x[1], 2, 0, 40), v = slice(x[2], 2, 0, 40);
+    return matmul(matmul(x[0], transpose(k, -1, -2)), v);
+  });
 }
 
 BOOST_AUTO_TEST_CASE(attention_forward_backward) {
