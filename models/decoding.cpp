@@ -143,14 +143,29 @@ struct Beams {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// The K largest entries of row[0, V) as (value, token), largest first; ties go to the lower
+// token (as argmax). One pass with a K-long sorted list: K is small, V is the vocabulary.
+template <class T>
+std::vector<std::pair<T, int64_t>> top_tokens(const T* row, int64_t V, int64_t K) {
+  std::vector<std::pair<T, int64_t>> top;
+  top.reserve(K + 1);
+  for (int64_t v = 0; v < V; ++v) {
+    if ((int64_t)top.size() == K && !(row[v] > top.back().first)) continue;
+    auto at = std::find_if(top.begin(), top.end(), [&](const auto& e) { return row[v] > e.first; });
+    top.insert(at, {row[v], v});
+    if ((int64_t)top.size() > K) top.pop_back();
+  }
+  return top;
+}
+
 // The K best continuations of input b: (score, beam, token), highest score first; ties go to
 // the lower beam, then the lower token id (as argmax). A finished beam only continues with EOS
-// at no cost. A partial sort: sorting all K*V candidates dominated decoding time.
-std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b,
-                                                                  const std::vector<double>& logp,
+// at no cost. Only each beam's K best tokens can be among the K best continuations, so those
+// K * K are ranked (ranking all K * V dominated decoding time).
+template <class T>
+std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b, const T* logp,
                                                                   int64_t V, int64_t eos) {
   std::vector<std::tuple<double, int64_t, int64_t>> cand;
-  cand.reserve(s.K * V);
   for (int64_t k = 0; k < s.K; ++k) {
     const int64_t r = b * s.K + k;
     if (s.score[r] == kNegInf) continue;
@@ -158,7 +173,7 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
       cand.emplace_back(s.score[r], k, eos);
       continue;
     }
-    for (int64_t v = 0; v < V; ++v) cand.emplace_back(s.score[r] + logp[r * V + v], k, v);
+    for (const auto& [lp, v] : top_tokens(logp + r * V, V, s.K)) cand.emplace_back(s.score[r] + (double)lp, k, v);
   }
   const size_t keep = std::min<size_t>(s.K, cand.size());
   std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {
@@ -171,14 +186,16 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
 
 // Advances every input's beams by one token; returns false when all are finished.
 bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
-  const Tensor lg = log_softmax(to_dtype(step.next_logits(s.prefix), DType::f64), 1);
+  // Log-probabilities in the model's dtype (float32: the vectorised log_softmax; PyTorch's beam
+  // search does the same), the beams' running scores in double.
+  const Tensor lg = contiguous(log_softmax(step.next_logits(s.prefix), 1));
   const int64_t V = lg.size(1);
-  const std::vector<double> logp = lg.to_vector<double>();
   Beams next{s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
   // Dead beams (score -inf) carry a valid id that is never used: EOS, or 0 when there is none.
   std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, std::max<int64_t>(eos, 0));
   for (int64_t b = 0; b < s.B; ++b) {
-    const auto cand = best_candidates(s, b, logp, V, eos);
+    const auto cand = lg.dtype() == DType::f64 ? best_candidates(s, b, lg.data<const double>(), V, eos)
+                                               : best_candidates(s, b, lg.data<const float>(), V, eos);
     for (int64_t k = 0; k < s.K; ++k) {
       const int64_t r = b * s.K + k;
       pick[r] = b * s.K;

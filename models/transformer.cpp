@@ -150,7 +150,9 @@ class TransformerStep : public DecodeStep {
  public:
   TransformerStep(const Transformer& m, const Tensor& src, const DecodeOptions& o)
       : m_(m), memory_(m.encode(src)), src_(src), src_pad_(m.pad_mask(src)),
-        capacity_(o.max_len + 1), use_cache_(o.use_cache) {}
+        capacity_(o.max_len + 1), use_cache_(o.use_cache), source_(src.shape()[0]) {
+    std::iota(source_.begin(), source_.end(), 0);
+  }
 
   Tensor next_logits(const std::vector<std::vector<int64_t>>& prefix) override {
     const int64_t rows = (int64_t)prefix.size(), t = (int64_t)prefix[0].size();
@@ -167,12 +169,18 @@ class TransformerStep : public DecodeStep {
     return reshape(slice(lg, 1, t - 1, t), {rows, m_.cfg.vocab});
   }
 
+  // The self-attention caches follow the rows; what depends only on a row's source (the encoder
+  // output, the cross-attention cache, the padding) is gathered again only when some row's
+  // source changes: beam search reorders beams within each source, so after its first expansion
+  // that copy (as large as the self-attention caches) is skipped.
   void select(const std::vector<int64_t>& rows) override {
     Tensor r = from_vector(rows, {(int64_t)rows.size()}, DType::i64);
-    for (auto& c : caches_) {
-      c.self.select_rows(r);
-      c.cross.select_rows(r);
-    }
+    for (auto& c : caches_) c.self.select_rows(r);
+    std::vector<int64_t> source(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) source[i] = source_[rows[i]];
+    if (source == source_) return;
+    source_ = std::move(source);
+    for (auto& c : caches_) c.cross.select_rows(r);
     memory_ = index_select(memory_, 0, r);
     src_ = index_select(src_, 0, r);
     src_pad_ = index_select(src_pad_, 0, r);
@@ -184,6 +192,7 @@ class TransformerStep : public DecodeStep {
   std::vector<nn::DecoderLayerCache> caches_;
   int64_t capacity_;
   bool use_cache_;
+  std::vector<int64_t> source_;  // the source (row of src) of each row
 };
 
 // Learned positions exist only below max_len; the other kinds extrapolate.
