@@ -808,6 +808,10 @@ def report(a):
     add("sgemm_1024", "f32 1024^3", s_g["gflops"] if s_g else None,
         s_p["gflops"] if s_p else None, "GFLOP/s", True)
     add("stream_triad", "3 x 128 MiB float32", triad, None, "GB/s", True)
+    for prec in ("fp32", "bf16"):  # decoding-shaped linears alone, against the triad
+        if stream and "linear32_gbs_" + prec in stream:
+            add("linear32_weight_read_" + prec, "32 rows, 24 x (2048 x 512) weights", stream["linear32_gbs_" + prec],
+                triad, "GB/s", True)
 
     def fmt(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
