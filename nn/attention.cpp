@@ -70,10 +70,18 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
   return attend(qkv[0], qkv[1], qkv[2], key_padding_mask, causal, bias, weights);
 }
 
+// Reordering beams keeps the batch size: the rows are then moved within the buffers, and only
+// their filled positions (a fresh gather would copy every row's whole capacity each step).
 void KVCache::select_rows(const Tensor& rows) {
   autograd::NoGrad ng;
-  if (k.defined()) k = index_select(k, 0, rows);
-  if (v.defined()) v = index_select(v, 0, rows);
+  if (!k.defined()) return;
+  if (rows.dim() == 1 && rows.numel() == k.shape()[0] && len > 0) {
+    select_rows_(slice(k, 2, 0, len), rows);
+    select_rows_(slice(v, 2, 0, len), rows);
+    return;
+  }
+  k = index_select(k, 0, rows);
+  v = index_select(v, 0, rows);
 }
 
 Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,

@@ -494,6 +494,59 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
   return out;
 }
 
+namespace {
+// Calls f(offset) with the element offset of each contiguous last-dim run of row `row` of x.
+template <class F>
+void for_each_run(const Tensor& x, int64_t row, F&& f) {
+  const int64_t r = x.dim(), runs = x.numel() / std::max<int64_t>(x.shape()[0], 1) /
+                                    std::max<int64_t>(x.shape()[r - 1], 1);
+  for (int64_t k = 0; k < runs; ++k) {
+    int64_t rem = k, off = x.offset() + row * x.strides()[0];
+    for (int64_t d = r - 2; d >= 1; --d) {
+      off += (rem % x.shape()[d]) * x.strides()[d];
+      rem /= x.shape()[d];
+    }
+    f(off);
+  }
+}
+}  // namespace
+
+void select_rows_(const Tensor& x, const Tensor& idx) {
+  check_defined("select_rows_", x);
+  check_defined("select_rows_", idx);
+  if (x.dim() < 2 || x.strides().back() != 1)
+    fail("select_rows_: x " + describe(x) + " needs >= 2 dims and a contiguous last dim");
+  const int64_t B = x.shape()[0];
+  if (idx.dtype() != DType::i64 || idx.dim() != 1 || idx.numel() != B)
+    fail("select_rows_: index must be a 1-D int64 tensor of " + std::to_string(B) + " entries, got " +
+         describe(idx) + " (x " + describe(x) + ")");
+  const std::vector<int64_t> from = idx.to_vector<int64_t>();
+  std::vector<int64_t> moved;
+  for (int64_t i = 0; i < B; ++i) {
+    if (from[i] < 0 || from[i] >= B)
+      fail("select_rows_: index " + std::to_string(from[i]) + " (position " + std::to_string(i) +
+           ") out of range for " + std::to_string(B) + " rows (x " + describe(x) + ")");
+    if (from[i] != i) moved.push_back(i);
+  }
+  if (moved.empty() || x.numel() == 0) return;
+  const size_t es = dtype_size(x.dtype()), run = (size_t)x.shape().back() * es;
+  const int64_t row_elems = x.numel() / B;
+  std::vector<char> held((size_t)moved.size() * row_elems * es);  // the source rows, read first
+  char* base = static_cast<char*>(x.impl()->storage->data);
+  const int64_t m = (int64_t)moved.size();
+#pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
+  for (int64_t j = 0; j < m; ++j) {
+    char* out = held.data() + (size_t)j * row_elems * es;
+    for_each_run(x, from[moved[j]], [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
+  }
+#pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
+  for (int64_t j = 0; j < m; ++j) {
+    const char* in = held.data() + (size_t)j * row_elems * es;
+    for_each_run(x, moved[j], [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
+  }
+  x.bump_version();
+}
+
 // ---------------------------------------------------------------------------------------------
 // embedding: dweight (V, C) = dout's rows scatter-added at their ids, padding_idx rows skipped
 // (ids are never negative, so -1 skips nothing when there is no padding).

@@ -54,6 +54,13 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
 /// x (..., n, ...), idx (k) -> out (..., k, ...), a fresh tensor.
 /// @throws graft::Error when idx is not a 1-D int64 tensor or an index is outside [0, n).
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx);
+/// x[i] = x[idx[i]] along axis 0, in place, every old row read before any is written (a
+/// selection with repeats, as beam search reorders its caches); rows with idx[i] == i are not
+/// copied. x may be a view whose last dim is contiguous (a KV cache's first positions). Not
+/// recorded (no gradient); bumps x's version.
+/// @throws graft::Error when idx is not a 1-D int64 tensor of x.size(0) entries, an index is
+///         outside [0, x.size(0)), or x's last dim is not contiguous.
+void select_rows_(const Tensor& x, const Tensor& idx);
 /// Embedding lookup: weight (V, C), ids int64 (...) -> out (..., C). Backward scatter-adds into
 /// dweight; rows of padding_idx get no gradient (padding_idx < 0: none).
 /// @throws graft::Error when weight is undefined, not float or not 2-D, ids is not int64,
