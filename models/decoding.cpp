@@ -80,7 +80,7 @@ std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int6
   return out;
 }
 
-// One token per row per step, chosen by pick(row's logits as doubles); finished rows repeat EOS.
+// One token per row per step, chosen by pick(row's V logits as doubles, V); finished rows repeat EOS.
 void check_start(const Sequences& start) {
   if (start.empty() || start[0].empty()) fail("decode: needs at least one row with a first token");
   for (auto& s : start)
@@ -102,7 +102,7 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
     const double* pl = lg.data<double>();
     bool all = true;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t next = done[r] ? eos : pick(std::vector<double>(pl + r * V, pl + (r + 1) * V));
+      const int64_t next = done[r] ? eos : pick(pl + r * V, V);
       prefix[r].push_back(next);
       done[r] = done[r] || next == eos;
       all = all && done[r];
@@ -118,16 +118,16 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
 
 Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
-  return token_by_token(step, start, eos, o, [](const std::vector<double>& l) {
-    return (int64_t)(std::max_element(l.begin(), l.end()) - l.begin());
+  return token_by_token(step, start, eos, o, [](const double* l, int64_t V) {
+    return (int64_t)(std::max_element(l, l + V) - l);  // the first of equal maxima
   });
 }
 
 Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
   Generator gen(o.seed);
-  return token_by_token(step, start, eos, o, [&](const std::vector<double>& l) {
-    return sample_token(l, o.sampling, gen);
+  return token_by_token(step, start, eos, o, [&](const double* l, int64_t V) {
+    return sample_token(std::vector<double>(l, l + V), o.sampling, gen);
   });
 }
 
