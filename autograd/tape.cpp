@@ -34,6 +34,8 @@ struct Entry {
   Tensors saved;
   std::vector<uint64_t> saved_versions;
   std::vector<std::shared_ptr<Storage>> kept;
+  // The storages the kept buffers were made from, and their versions then (checked like saved).
+  std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> kept_sources;
   bool marked = false;  // the storages of `saved` count this entry in Storage::saved_by_tape
   BackwardFn fn;
   Tensors pending;  // gradients arriving for each output during backward
@@ -41,10 +43,16 @@ struct Entry {
   bool freed = false;
 };
 
+void mark_saved(Entry& e, bool on);
+
 struct Tape {
   std::vector<Entry> entries;
   uint64_t epoch = 1;
   size_t live = 0;
+  // A thread that ends with entries on its tape leaves no storage counted as saved.
+  ~Tape() {
+    for (auto& e : entries) mark_saved(e, false);
+  }
 };
 
 thread_local Tape t_tape;
@@ -132,6 +140,7 @@ void free_entry(Entry& e) {
   e.saved.clear();
   e.saved.shrink_to_fit();
   e.kept.clear();
+  e.kept_sources.clear();
   e.pending.clear();
   e.owned.clear();
   e.fn = nullptr;
@@ -154,6 +163,24 @@ void compact_if_empty() {
 }  // namespace
 
 namespace {
+// Backward reads what the entry saved and kept: fails if a saved tensor, or a tensor a kept buffer
+// was made from, was written in place since the op ran.
+void check_unmodified(const Entry& e) {
+  for (size_t s = 0; s < e.saved.size(); ++s) {
+    if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
+      fail(std::string("backward of '") + e.op + "': saved tensor " + std::to_string(s) + " (" +
+           describe(e.saved[s]) + ") was modified in place after the op ran (version " +
+           std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) + ")");
+  }
+  for (size_t s = 0; s < e.kept_sources.size(); ++s) {
+    const std::shared_ptr<Storage> src = e.kept_sources[s].first.lock();
+    if (src && src->version != e.kept_sources[s].second)
+      fail(std::string("backward of '") + e.op + "': the tensor kept buffer " + std::to_string(s) +
+           " was made from was modified in place after the op ran (version " +
+           std::to_string(e.kept_sources[s].second) + " -> " + std::to_string(src->version) + ")");
+  }
+}
+
 void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at);
 std::vector<std::vector<TensorImpl*>> leaves_ready_at(int64_t top);
 }
@@ -256,11 +283,11 @@ bool needs_record(const Tensors& inputs) {
 
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn) {
-  record(op, inputs, outputs, std::move(saved), {}, std::move(fn));
+  record(op, inputs, outputs, std::move(saved), std::vector<KeptBuffer>{}, std::move(fn));
 }
 
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
-            std::vector<std::shared_ptr<Storage>> kept, BackwardFn fn) {
+            const std::vector<KeptBuffer>& kept, BackwardFn fn) {
   // Op names are string literals: remember the pointers already checked, so the hot path is one
   // hash lookup instead of a locked scan of every declared name.
   thread_local std::unordered_set<const char*> checked;
@@ -293,7 +320,11 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
   e.saved = std::move(saved);
   mark_saved(e, true);
-  e.kept = std::move(kept);
+  for (const KeptBuffer& k : kept) {
+    e.kept.push_back(k.buffer);
+    const auto& src = k.source.impl()->storage;
+    e.kept_sources.emplace_back(src, src->version);
+  }
   e.fn = std::move(fn);
   const int64_t index = (int64_t)t_tape.entries.size();
   int slot = 0;
@@ -430,13 +461,7 @@ void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<
       continue;
     }
     if (e.freed) already_freed(e.op);
-    for (size_t s = 0; s < e.saved.size(); ++s) {
-      if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
-        fail(std::string("backward of '") + e.op + "': saved tensor " + std::to_string(s) +
-             " (" + describe(e.saved[s]) + ") was modified in place after the op ran (version " +
-             std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) +
-             ")");
-    }
+    check_unmodified(e);
     for (size_t k = 0; k < e.pending.size(); ++k)
       if (!e.pending[k].defined()) e.pending[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
       else if (!e.pending[k].is_contiguous()) e.pending[k] = contiguous_copy(e.pending[k]);

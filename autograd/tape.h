@@ -130,10 +130,18 @@ bool needs_record(const Tensors& inputs);
 ///         holds NaN or Inf.
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn);
-/// record() for an op that also keeps private buffers for its backward (Ctx::kept), in place of
-/// a saved tensor: freed with the entry and counted by saved_bytes_by_op().
+/// A private buffer an op keeps for its backward in place of a saved tensor (Ctx::kept): made
+/// from `source` (a bf16 copy of an input, a bit mask of an output). The tape holds the buffer,
+/// frees it with the entry and counts it in saved_bytes_by_op(); it does not keep `source` alive,
+/// but backward fails, as for a saved tensor, when `source` was modified in place after the op
+/// ran while it lives.
+struct KeptBuffer {
+  std::shared_ptr<Storage> buffer;  ///< the op's own memory
+  Tensor source;                    ///< what it was made from (held weakly by the tape)
+};
+/// record() for an op that also keeps private buffers for its backward (see KeptBuffer).
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
-            std::vector<std::shared_ptr<Storage>> kept, BackwardFn fn);
+            const std::vector<KeptBuffer>& kept, BackwardFn fn);
 
 /// Reverse-mode pass from `root`: seeds it with `grad` (ones for a one-element root when `grad`
 /// is undefined), runs every entry `root` depends on in reverse, and accumulates into the .grad

@@ -297,9 +297,6 @@ void run_decode(const Args& a) {
        ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"encode_ms\":" + num(t_enc * 1e3) + ",\"weight_gbs\":" + num(gbs));
 }
 
-// A STREAM-like triad z = x + s y over three float arrays of 2^25 elements (128 MiB each, far
-// beyond the caches) on the OpenMP threads: the best of 6 runs in GB/s, counting the two reads
-// and the write of each element as STREAM does. Decoding's weight reads are measured against it.
 // The weight-read rate of decoding-shaped inference linears alone: 32 rows through 24 distinct
 // 2048 x 512 weights (96 MiB in float32, past the caches, as a base decoder's 117 MB), no tape,
 // each in the layout oneDNN reads fastest (reordered once, as decoding does): the most a
@@ -322,6 +319,10 @@ double linear32_gbs(Precision p) {
   return bytes / best / 1e9;
 }
 
+// A STREAM-like triad z = x + s y over three float arrays of 2^25 elements (128 MiB each, far
+// beyond the caches) on the OpenMP threads: the best of 6 runs in GB/s, counting the two reads
+// and the write of each element as STREAM does. Decoding's weight reads are measured against it.
+// The same line carries linear32_gbs() in fp32 and, where oneDNN has the kernel, bf16.
 void run_stream() {
   const int64_t n = int64_t(1) << 25;
   std::vector<float> x(n, 1.0f), y(n, 2.0f), z(n, 0.0f);

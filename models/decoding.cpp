@@ -80,13 +80,13 @@ std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int6
   return out;
 }
 
-// One token per row per step, chosen by pick(row's V logits as doubles, V); finished rows repeat EOS.
 void check_start(const Sequences& start) {
   if (start.empty() || start[0].empty()) fail("decode: needs at least one row with a first token");
   for (auto& s : start)
     if (s.size() != start[0].size()) fail("decode: every row must start with the same number of tokens");
 }
 
+// One token per row per step, chosen by pick(row's V logits as doubles, V); finished rows repeat EOS.
 template <class Pick>
 Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
                          const DecodeOptions& o, Pick&& pick) {
@@ -145,11 +145,14 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // The K largest entries of row[0, V) as (value, token), largest first; ties go to the lower
 // token (as argmax). One pass with a K-long sorted list: K is small, V is the vocabulary.
+// @throws graft::Error on a NaN log-probability (a model that produced NaN logits).
 template <class T>
 std::vector<std::pair<T, int64_t>> top_tokens(const T* row, int64_t V, int64_t K) {
   std::vector<std::pair<T, int64_t>> top;
   top.reserve(K + 1);
   for (int64_t v = 0; v < V; ++v) {
+    if (std::isnan(row[v]))
+      fail("beam_search: the model's log-probability of token " + std::to_string(v) + " is NaN");
     if ((int64_t)top.size() == K && !(row[v] > top.back().first)) continue;
     auto at = std::find_if(top.begin(), top.end(), [&](const auto& e) { return row[v] > e.first; });
     top.insert(at, {row[v], v});

@@ -174,6 +174,10 @@ class TransformerStep : public DecodeStep {
   // source changes: beam search reorders beams within each source, so after its first expansion
   // that copy (as large as the self-attention caches) is skipped.
   void select(const std::vector<int64_t>& rows) override {
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] < 0 || rows[i] >= (int64_t)source_.size())
+        fail("decode: row " + std::to_string(rows[i]) + " (position " + std::to_string(i) +
+             ") selected from " + std::to_string(source_.size()) + " rows");
     Tensor r = from_vector(rows, {(int64_t)rows.size()}, DType::i64);
     for (auto& c : caches_) c.self.select_rows(r);
     std::vector<int64_t> source(rows.size());

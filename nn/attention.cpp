@@ -34,8 +34,9 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
 
 Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& key_padding_mask, bool causal, const Tensor& bias,
-                                  Tensor* weights) const {
+                                  Tensor* weights, bool steady_kv) const {
   AttentionOptions opt;
+  opt.steady_kv = steady_kv;
   opt.causal = causal;
   opt.key_padding_mask = key_padding_mask;
   opt.bias = bias;
@@ -77,11 +78,11 @@ void KVCache::select_rows(const Tensor& rows) {
   if (!k.defined()) return;
   if (rows.dim() == 1 && rows.numel() == k.shape()[0] && len > 0) {
     select_rows_(slice(k, 2, 0, len), rows);
-    select_rows_(slice(v, 2, 0, len), rows);
+    if (v.defined()) select_rows_(slice(v, 2, 0, len), rows);
     return;
   }
   k = index_select(k, 0, rows);
-  v = index_select(v, 0, rows);
+  if (v.defined()) v = index_select(v, 0, rows);
 }
 
 Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
@@ -125,7 +126,8 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
                                                 Tensor* weights) const {
   const auto named = scope();
   autograd::NoGrad ng;
-  return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights);
+  return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
+                /*steady_kv=*/true);
 }
 
 }  // namespace graft::nn

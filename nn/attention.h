@@ -22,7 +22,8 @@ struct KVCache {
   Tensor k, v;
   ///@}
   int64_t len = 0;  ///< positions filled
-  /// Keeps only the batch rows in `rows` (int64), in that order (beam search reordering).
+  /// Keeps only the batch rows in `rows` (int64), in that order (beam search reordering): in
+  /// place when the batch size stays (copies of this cache share its buffers and see it too).
   /// @throws graft::Error when an index is outside [0, B) (see index_select()).
   void select_rows(const Tensor& rows);
 };
@@ -78,9 +79,10 @@ class MultiHeadAttention : public Module {
   // Rows [part, part + parts) * d of the packed projection applied to x (B, T, d), as `parts`
   // dense (B, H, T, Dh) tensors (split_heads()).
   Tensors project_heads(const Tensor& x, int64_t part, int64_t parts) const;
-  // The fused attention over the heads, heads merged (merge_heads()), then out_proj.
+  // The fused attention over the heads, heads merged (merge_heads()), then out_proj; steady_kv:
+  // k and v are a cross-attention cache's (AttentionOptions::steady_kv).
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                bool causal, const Tensor& bias, Tensor* weights) const;
+                bool causal, const Tensor& bias, Tensor* weights, bool steady_kv = false) const;
   Generator* dropout_gen_;
 };
 

@@ -195,8 +195,7 @@ BiasView<T> bias_view(const Tensor& bias, const Geom& g) {
 }
 
 // P = softmax(scale Q K^T + bias) over the attendable keys.
-// With `reuse_kv` (inference) the bf16 copies of k and v are kept while they stay unchanged, like
-// weights': cached decoding's cross-attention reads the same encoder keys and values every step.
+// With `reuse_kv` the bf16 copy of k is kept while k stays unchanged (AttentionOptions::steady_kv).
 void attention_probs(const kern::Operand& q, const kern::Operand& k, const Geom& g, double scale,
                      const RowMask& m, const Tensor& bias, const Tensor& P, bool reuse_kv = false) {
   kern::bmm(q, kern::transposed(k), P, scale, false, reuse_kv ? kern::BCopy::steady : kern::BCopy::per_call);  // S = scale Q K^T
@@ -288,7 +287,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
   const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
-  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), opt.bias, P, !record);
+  const bool steady = !record && opt.steady_kv;
+  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), opt.bias, P, steady);
   AttentionResult res;
   if (opt.return_weights) res.weights = a.dropout ? contiguous_copy(P) : P;
   if (a.dropout) {
@@ -296,7 +296,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     apply_dropout(P, a.mask);
   }
   res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
-  kern::bmm(P, in.v, res.out, 1.0, false, record ? kern::BCopy::per_call : kern::BCopy::steady);  // out = P V
+  kern::bmm(P, in.v, res.out, 1.0, false, steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
   if (!record) return res;
   auto backward = [a, prec = precision_state()](const Ctx& c, const QKV& in, const Tensor& bias, const Tensor& dout) {
     PrecisionGuard guard(prec);
@@ -304,7 +304,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   };
   if (keep) {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {opt.bias},
-                     {in.q.kept.storage, in.k.kept.storage, in.v.kept.storage},
+                     {{in.q.kept.storage, q}, {in.k.kept.storage, k}, {in.v.kept.storage, v}},
                      [backward, in](const Ctx& c, const Tensors& dout) { return backward(c, in, c.saved[0], dout[0]); });
   } else {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},

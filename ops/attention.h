@@ -32,6 +32,10 @@ struct AttentionOptions {
   /// Applied whenever it is > 0: the caller decides (training only).
   double dropout = 0;
   Generator* generator = nullptr;  ///< where the dropout mask comes from; required when dropout > 0
+  /// k and v stay the same from call to call (cached decoding's cross-attention keys and values):
+  /// without a tape, under bf16, their bf16 copies are then kept until they change, instead of
+  /// being converted at every call.
+  bool steady_kv = false;
 };
 
 /// What scaled_dot_product_attention() returns.

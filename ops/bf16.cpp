@@ -65,12 +65,7 @@ void convert(const Tensor& t, bool span, Out* dst, Conv conv) {
     const int64_t cols = t.shape().back(), rows = n / std::max<int64_t>(cols, 1);
 #pragma omp parallel for if (n > kParallelGrain) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      int64_t rem = r, off = 0;
-      for (int64_t d = t.dim() - 2; d >= 0; --d) {
-        off += (rem % t.shape()[d]) * t.strides()[d];
-        rem /= t.shape()[d];
-      }
-      const float* s = src + off;
+      const float* s = src + run_offset(t.shape(), t.strides(), r, 0);
       Out* o = dst + r * cols;
       for (int64_t c = 0; c < cols; ++c) o[c] = conv(s[c]);
     }
@@ -151,18 +146,53 @@ Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot, bool
   return out;
 }
 
+namespace {
+// The kept copies alive, by the view they were made from, so that ops reading the same activation
+// (q, k and v as one tensor; one input to several linears) keep one copy between them. Weak: an
+// entry lives while some tape entry holds its copy.
+struct KeptKey {
+  const Storage* source;
+  int64_t offset;
+  Shape shape, strides;
+  auto operator<=>(const KeptKey&) const = default;
+};
+struct KeptEntry {
+  std::weak_ptr<Storage> source, copy;
+  uint64_t version = 0;
+};
+std::mutex kept_mutex;
+std::map<KeptKey, KeptEntry>& kept_copies() {
+  static auto* m = new std::map<KeptKey, KeptEntry>;  // never destroyed: storages may outlive it
+  return *m;
+}
+}  // namespace
+
 Bf16Operand kept_bf16(const Tensor& t) {
   Bf16Operand out;
   out.shape = t.shape();
   out.strides = contiguous_strides(t.shape());
+  const std::shared_ptr<Storage>& src = t.impl()->storage;
+  const KeptKey key{src.get(), t.offset(), t.shape(), t.strides()};
+  std::lock_guard<std::mutex> lock(kept_mutex);
+  auto& copies = kept_copies();
+  auto it = copies.find(key);
+  if (it != copies.end() && it->second.source.lock() == src && it->second.version == src->version)
+    if ((out.storage = it->second.copy.lock())) return out;
+  std::erase_if(copies, [](const auto& kv) { return kv.second.copy.expired() || kv.second.source.expired(); });
   out.storage = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
   convert(t, t.is_contiguous(), static_cast<uint16_t*>(out.storage->data), [](float x) { return bf16_bits(x); });
+  copies[key] = KeptEntry{src, out.storage, src->version};
   return out;
 }
 
+bool bf16_kernel_in_force() {
+  return matmul_precision() == Precision::bf16 && bf16_path() == Bf16Path::onednn;
+}
+
 bool keep_bf16_of(const Tensor& x) {
-  return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16 &&
-         bf16_path() == Bf16Path::onednn && x.impl()->storage->saved_by_tape == 0;
+  // A leaf is held by its owner anyway: a copy would only add memory.
+  return x.dtype() == DType::f32 && bf16_kernel_in_force() && !x.is_leaf() &&
+         x.impl()->storage->saved_by_tape == 0;
 }
 
 Tensor rounded_to_bf16(const Tensor& t, bool reuse, bool weight) {

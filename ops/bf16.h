@@ -35,16 +35,20 @@ struct Bf16Operand {
 Shape bf16_strides(const Tensor& t);
 // t (float32, any strides) in bf16: contiguous when `contiguous`, else with bf16_strides(t).
 // With `reuse`, a dense-span copy is kept until t's storage changes version or dies, and later
-// calls for the same span return it (for weights: converted once per optimizer step). Any other
+// calls for the same span return it (see kern::BCopy for who asks for that). Any other
 // copy is written into this thread's buffer for `slot` (0 or 1, one per operand of a matmul),
 // valid until the next to_bf16 for that slot on this thread.
 // A kept copy counts as a weight's (bf16_weight_copies) unless `weight` is false.
 Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot, bool weight = true);
 // t (float32, any strides) in bf16, contiguous, in storage of its own: the copy an op converts
-// an activation into for its forward matmul and keeps for its backward one, in place of t.
+// an activation into for its forward matmul and keeps for its backward one, in place of t. Ops
+// asking for the same view of unchanged values while an earlier copy lives get that copy.
 Bf16Operand kept_bf16(const Tensor& t);
+// Whether float32 matmuls run on oneDNN's bf16 kernel on this thread now.
+bool bf16_kernel_in_force();
 // Whether an op should keep kept_bf16(x) for its backward instead of saving x: under the oneDNN
-// bf16 path, when no tape entry saves x's storage already (else the copy would add memory).
+// bf16 path, when x is an activation (made by a recorded op, not a leaf its owner holds) that
+// no tape entry saves already (else the copy would add memory).
 bool keep_bf16_of(const Tensor& x);
 // While one is open on this thread, an operand whose span was the last one converted into its
 // slot's buffer is not converted again (linear's backward reads dy for both dx and dW). Only for

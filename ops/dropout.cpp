@@ -15,7 +15,6 @@
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/kernels.h"
-#include "graft/ops/precision.h"
 
 namespace graft {
 
@@ -175,9 +174,9 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (!autograd::needs_record({x})) return out;
   // Under the oneDNN bf16 path the next linear keeps out only as bf16 (kern::keep_bf16_of):
   // keeping out here too would hold its float32 bytes, so one bit per element stands in.
-  if (x.dtype() == DType::f32 && matmul_precision() == Precision::bf16 && bf16_path() == Bf16Path::onednn) {
+  if (x.dtype() == DType::f32 && kern::bf16_kernel_in_force()) {
     std::shared_ptr<Storage> bits = positive_bits(out);
-    autograd::record("relu_dropout", {x}, {out}, {}, {bits}, [keep_value](const Ctx& c, const Tensors& dout) {
+    autograd::record("relu_dropout", {x}, {out}, {}, {{bits, out}}, [keep_value](const Ctx& c, const Tensors& dout) {
       return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
     });
     return out;

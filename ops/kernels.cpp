@@ -185,7 +185,7 @@ Bf16Operand kernel_bf16(const Operand& o, bool dense, BCopy copy, int slot) {
 void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCopy b_copy,
              const Tensor& bias) {
   const bool bf16 = matmul_precision() == Precision::bf16;
-  const bool bf16_kernel = bf16 && bf16_path() == Bf16Path::onednn;
+  const bool bf16_kernel = bf16_kernel_in_force();
   if ((a.is_kept() || b.is_kept()) && !bf16_kernel)
     fail("bmm: a kept bf16 operand needs the oneDNN bf16 path (PrecisionGuard(bf16) on a CPU with a kernel)");
   if (bf16 && !bf16_kernel) {

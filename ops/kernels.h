@@ -185,6 +185,17 @@ void for_each_bcast2(const Shape& out, const Shape& sa, const Shape& sb, F&& f) 
   }
 }
 
+// The element offset (from the tensor's first element) of the `run`-th last-dim run over dims
+// [first, rank - 1) of a tensor of `shape` and `strides`, runs in row-major order.
+inline int64_t run_offset(const Shape& shape, const Shape& strides, int64_t run, int64_t first) {
+  int64_t off = 0;
+  for (int64_t d = (int64_t)shape.size() - 2; d >= first; --d) {
+    off += (run % shape[d]) * strides[d];
+    run /= shape[d];
+  }
+  return off;
+}
+
 // Same with one input.
 template <class F>
 void for_each_strided(const Shape& shape, const Shape& sa, F&& f) {

@@ -238,6 +238,17 @@ std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::
   });
 }
 
+// Runs a cached inner_product forward (mds: x, w, b, y) on x, w at those pointers, b and y2.
+void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c, void* x, void* w,
+                           const Tensor& b, const Tensor& y2) {
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], x)},
+                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], w)},
+                                             {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
+  if (b.defined()) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
+  c.prim.execute(onednn::stream(), args);
+  onednn::stream().wait();
+}
+
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (reordered_weights()). With bf16, x and w are
 // read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
@@ -258,13 +269,7 @@ void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b
   const bool reorder = c.mds[1] != c.mds[4];
   const std::shared_ptr<Storage> wr = reorder ? reordered_weights(w, c.mds[4], c.mds[1]) : nullptr;
   const kern::Bf16Operand x16 = bf16 ? kern::to_bf16(x2, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, bf16 ? onednn::mem(c.mds[0], x16.data()) : onednn::mem(c.mds[0], x2)},
-      {DNNL_ARG_WEIGHTS, reorder ? onednn::mem(c.mds[1], wr->data) : onednn::mem(c.mds[1], w)},
-      {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
-  if (has_bias) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
-  c.prim.execute(onednn::stream(), args);
-  onednn::stream().wait();
+  execute_inner_product(c, bf16 ? x16.data() : x2.raw(), reorder ? wr->data : w.raw(), b, y2);
 }
 
 // float32 training forward through oneDNN inner_product on plain weights, its primitive cached
@@ -278,12 +283,7 @@ void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, cons
     LinearMds m(N, IN, OUT, has_bias);
     return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y}};
   });
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], x2)},
-                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], w)},
-                                             {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
-  if (has_bias) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
-  c.prim.execute(onednn::stream(), args);
-  onednn::stream().wait();
+  execute_inner_product(c, x2.raw(), w.raw(), b, y2);
 }
 
 // dx (N, IN) = dy (N, OUT) @ w (OUT, IN), through oneDNN inner_product backward-data.
@@ -329,21 +329,26 @@ void linear_backward_weights_f32(const LinearMds& m, const Tensor& x2, const Ten
   onednn::stream().wait();
 }
 
-// Under PrecisionGuard(bf16), linear's matmuls go through kern::bmm (bf16 operands, the weight's
-// copy made once per change), the bias added in float32 by the forward matmul's kernel.
+// Under PrecisionGuard(bf16), linear's matmuls go through kern::bmm (bf16 operands), the bias
+// added in float32 by the forward matmul's kernel. Inference keeps each weight's bf16 copy until
+// the weight changes (decoding reads it every step); training converts it for each use, once in
+// the forward and once in the backward: kept from one to the other, a base model's copies (92 MiB)
+// would all be alive at the start of backward, the step's memory peak, for one conversion pass
+// (~2% of a bf16 base step) saved.
 bool linear_in_bf16(const Tensor& x) {
   return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
 }
 
-void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
-  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, kern::BCopy::weight);
-  else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, kern::BCopy::weight);
+void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                         kern::BCopy w_copy) {
+  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, w_copy);
+  else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, w_copy);
 }
 
 void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tensor& w, const Tensor& dx2,
                           const Tensor& dw, Tensor& db) {
   kern::Bf16ReuseScope reuse;  // dy converted once for both matmuls
-  if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, kern::BCopy::weight);
+  if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, kern::BCopy::per_call);
   if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
   if (db.defined()) db = sum(dy, {0});
 }
@@ -428,7 +433,7 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
     });
     return;
   }
-  autograd::record("linear", {x, w, b}, {y}, {w}, {x16->storage},
+  autograd::record("linear", {x, w, b}, {y}, {w}, {{x16->storage, x}},
                    [has_bias, prec, x16, x_shape = x.shape()](const autograd::Ctx& c, const Tensors& dout) {
                      PrecisionGuard guard(prec);
                      return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
@@ -450,12 +455,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (bf16 && record && w.requires_grad() && kern::keep_bf16_of(x))
     x16 = std::make_shared<kern::Bf16Operand>(kern::kept_bf16(x2));
   const bool f32 = x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0;
+  const kern::BCopy w_copy = record ? kern::BCopy::per_call : kern::BCopy::weight;
   if (x16)
-    linear_forward_bf16(*x16, wc, bc, y2);
-  else if (bf16 && !record && bf16_path() == Bf16Path::onednn)
+    linear_forward_bf16(*x16, wc, bc, y2, w_copy);
+  else if (bf16 && !record && kern::bf16_kernel_in_force())
     linear_forward_inference(x2, wc, bc, y2, /*bf16=*/true);
   else if (bf16)
-    linear_forward_bf16(x2, wc, bc, y2);
+    linear_forward_bf16(x2, wc, bc, y2, w_copy);
   else if (f32 && !record)
     linear_forward_inference(x2, wc, bc, y2, /*bf16=*/false);
   else if (f32)

@@ -6,10 +6,10 @@
 /// linear_cross_entropy) rounds its two operands to bfloat16 and multiplies them with float32
 /// accumulation into a float32 output. Everything else (layer norm, softmax, the loss, the
 /// optimizers, every gradient that reaches a parameter) stays float32, and float64 is never
-/// touched (it is the reference). Weights are converted once per change, not once per use: the
-/// bf16 copy of a matmul weight is kept until its storage's version changes (the optimizers bump
-/// it on every step), so a training step converts each weight once and inference converts it
-/// once at the first use. An op's backward runs in the precision its forward ran in.
+/// touched (it is the reference). Without a tape (inference) the bf16 copy of a matmul weight is
+/// kept until its storage's version changes, so decoding converts each weight once; in training
+/// linear converts its weight at each use (forward, backward), so no copy is alive at the start
+/// of backward, the step's memory peak. An op's backward runs in the precision its forward ran in.
 ///
 /// Two paths compute a bf16 matmul:
 /// - onednn: oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs)
@@ -92,8 +92,8 @@ std::string bf16_description();
 /// one): "<what> bf16: oneDNN has no bf16 matmul kernel for this CPU ...".
 std::string bf16_unavailable_reason(const std::string& what);
 
-/// How many bf16 copies of weights have been made in this process: a
-/// training step adds one per weight view, an inference run adds them once (for tests).
+/// How many kept bf16 copies of weights have been made in this process: a training step adds
+/// one for the output projection's weight, an inference run one per weight, once (for tests).
 uint64_t bf16_weight_copies_made();
 
 /// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.

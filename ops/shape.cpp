@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "graft/autograd/gradcheck.h"
@@ -498,24 +499,19 @@ namespace {
 // Calls f(offset) with the element offset of each contiguous last-dim run of row `row` of x.
 template <class F>
 void for_each_run(const Tensor& x, int64_t row, F&& f) {
-  const int64_t r = x.dim(), runs = x.numel() / std::max<int64_t>(x.shape()[0], 1) /
-                                    std::max<int64_t>(x.shape()[r - 1], 1);
-  for (int64_t k = 0; k < runs; ++k) {
-    int64_t rem = k, off = x.offset() + row * x.strides()[0];
-    for (int64_t d = r - 2; d >= 1; --d) {
-      off += (rem % x.shape()[d]) * x.strides()[d];
-      rem /= x.shape()[d];
-    }
-    f(off);
-  }
+  const int64_t runs = x.numel() / std::max<int64_t>(x.shape()[0], 1) / std::max<int64_t>(x.shape().back(), 1);
+  for (int64_t k = 0; k < runs; ++k)
+    f(x.offset() + row * x.strides()[0] + kern::run_offset(x.shape(), x.strides(), k, 1));
 }
 }  // namespace
 
 void select_rows_(const Tensor& x, const Tensor& idx) {
   check_defined("select_rows_", x);
   check_defined("select_rows_", idx);
-  if (x.dim() < 2 || x.strides().back() != 1)
-    fail("select_rows_: x " + describe(x) + " needs >= 2 dims and a contiguous last dim");
+  int64_t row_extent = 1;  // elements from a row's first to its last, +1
+  for (int64_t d = 1; d < x.dim(); ++d) row_extent += (x.shape()[d] - 1) * x.strides()[d];
+  if (x.dim() < 2 || x.strides().back() != 1 || (x.shape()[0] > 1 && x.strides()[0] < row_extent))
+    fail("select_rows_: x " + describe(x) + " needs >= 2 dims, a contiguous last dim and rows that do not overlap");
   const int64_t B = x.shape()[0];
   if (idx.dtype() != DType::i64 || idx.dim() != 1 || idx.numel() != B)
     fail("select_rows_: index must be a 1-D int64 tensor of " + std::to_string(B) + " entries, got " +
@@ -531,17 +527,17 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
   if (moved.empty() || x.numel() == 0) return;
   const size_t es = dtype_size(x.dtype()), run = (size_t)x.shape().back() * es;
   const int64_t row_elems = x.numel() / B;
-  std::vector<char> held((size_t)moved.size() * row_elems * es);  // the source rows, read first
+  std::unique_ptr<char[]> held(new char[(size_t)moved.size() * row_elems * es]);  // the source rows, read first
   char* base = static_cast<char*>(x.impl()->storage->data);
   const int64_t m = (int64_t)moved.size();
 #pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
   for (int64_t j = 0; j < m; ++j) {
-    char* out = held.data() + (size_t)j * row_elems * es;
+    char* out = held.get() + (size_t)j * row_elems * es;
     for_each_run(x, from[moved[j]], [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
   }
 #pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
   for (int64_t j = 0; j < m; ++j) {
-    const char* in = held.data() + (size_t)j * row_elems * es;
+    const char* in = held.get() + (size_t)j * row_elems * es;
     for_each_run(x, moved[j], [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
   }
   x.bump_version();

@@ -46,6 +46,16 @@ class FakeStep : public DecodeStep {
   void select(const std::vector<int64_t>&) override {}
 };
 
+// FakeStep's logits with token 3 NaN in every row: a broken model.
+class NanStep : public FakeStep {
+ public:
+  Tensor next_logits(const std::vector<std::vector<int64_t>>& prefix) override {
+    std::vector<double> l = FakeStep::next_logits(prefix).to_vector<double>();
+    for (size_t r = 0; r < prefix.size(); ++r) l[r * 9 + 3] = std::nan("");
+    return from_vector(l, {(int64_t)prefix.size(), 9});
+  }
+};
+
 
 }  // namespace
 
@@ -140,6 +150,16 @@ BOOST_AUTO_TEST_CASE(sampling_limits_equal_greedy_and_seeds_repeat) {
   o.seed = 12;
   BOOST_TEST(sample_search(s, Sequences(3, {0}), 8, o) != a);
   BOOST_TEST(a != greedy);
+}
+
+// Beam search over NaN log-probabilities names the cause instead of ranking them.
+BOOST_AUTO_TEST_CASE(beam_search_refuses_nan_logits) {
+  NanStep step;
+  DecodeOptions o;
+  o.beam = 3;
+  o.max_len = 4;
+  BOOST_CHECK_EXCEPTION(beam_search(step, {{1}, {2}}, 8, o), Error,
+                        [](const Error& e) { return std::string(e.what()).find("NaN") != std::string::npos; });
 }
 
 BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
