@@ -100,8 +100,8 @@ struct Ctx {
   /// The tensors record() was given to save; checked against in-place modification before
   /// backward runs.
   Tensors saved;
-  /// The private buffers record() was given to keep (such as the bfloat16 copy of an activation
-  /// an op multiplies with again in backward): no one else writes them, so no version check.
+  /// The private buffers record() was given to keep (KeptBuffer::buffer, in that order), such as
+  /// the bfloat16 copy of an activation an op multiplies with again in backward.
   std::vector<std::shared_ptr<Storage>> kept;
   std::vector<bool> needs;  ///< needs[i]: input i wants a gradient (skip the work otherwise)
   bool last_use = false;    ///< the entry is freed after this backward (no retain_graph)

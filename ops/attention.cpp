@@ -6,7 +6,8 @@
 // copied): oneDNN batched matmuls for float32, the reference loop for float64. The mask +
 // softmax (and the attention dropout) are OpenMP loops over (b, h, i) rows.
 //
-// Memory: the tape keeps q, k, v (the caller's tensors, no copies) and the bias, not P:
+// Memory: the tape keeps q, k, v (the caller's tensors, no copies; under the oneDNN bf16 path
+// their bf16 copies instead, when nothing else keeps them) and the bias, not P:
 // the backward recomputes P with one more Q K^T matmul (cheap next to the projections) rather
 // than hold B*H*Tq*Tk floats per layer from forward to backward. The dropout mask is recomputed
 // from its generator state, like ops/dropout.

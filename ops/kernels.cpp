@@ -181,7 +181,7 @@ Bf16Operand kernel_bf16(const Operand& o, bool dense, BCopy copy, int slot) {
 
 // float32 through oneDNN matmul, with bf16 operands under PrecisionGuard(bf16) (ops/precision.h):
 // oneDNN's bf16 kernel, or the reference path (operands rounded, float32 matmul). A kept bf16
-// operand (Operand::bf16) is multiplied as it is; it needs the bf16 kernel.
+// operand (Operand::kept) is multiplied as it is; it needs the bf16 kernel.
 void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCopy b_copy,
              const Tensor& bias) {
   const bool bf16 = matmul_precision() == Precision::bf16;
