@@ -508,9 +508,12 @@ void for_each_run(const Tensor& x, int64_t row, F&& f) {
 void select_rows_(const Tensor& x, const Tensor& idx) {
   check_defined("select_rows_", x);
   check_defined("select_rows_", idx);
-  int64_t row_extent = 1;  // elements from a row's first to its last, +1
-  for (int64_t d = 1; d < x.dim(); ++d) row_extent += (x.shape()[d] - 1) * x.strides()[d];
-  if (x.dim() < 2 || x.strides().back() != 1 || (x.shape()[0] > 1 && x.strides()[0] < row_extent))
+  auto rows_overlap = [&] {
+    int64_t row_extent = 1;  // elements from a row's first to its last, +1
+    for (int64_t d = 1; d < x.dim(); ++d) row_extent += (x.shape()[d] - 1) * x.strides()[d];
+    return x.numel() > 0 && x.shape()[0] > 1 && x.strides()[0] < row_extent;
+  };
+  if (x.dim() < 2 || x.strides().back() != 1 || rows_overlap())
     fail("select_rows_: x " + describe(x) + " needs >= 2 dims, a contiguous last dim and rows that do not overlap");
   const int64_t B = x.shape()[0];
   if (idx.dtype() != DType::i64 || idx.dim() != 1 || idx.numel() != B)

@@ -356,6 +356,9 @@ BOOST_AUTO_TEST_CASE(select_rows_errors) {
   BOOST_CHECK_EXCEPTION(select_rows_(x, i64({0, 1}, {2})), Error, mentions({"select_rows_", "5 entries", "(2)"}));
   BOOST_CHECK_EXCEPTION(select_rows_(transpose(zeros({3, 5}), 0, 1), i64({0, 1, 2, 3, 4}, {5})), Error,
                         mentions({"select_rows_", "contiguous last dim"}));
+  BOOST_CHECK_EXCEPTION(select_rows_(zeros({5}), i64({0, 1, 2, 3, 4}, {5})), Error, mentions({"select_rows_", ">= 2 dims"}));
+  BOOST_CHECK_EXCEPTION(select_rows_(broadcast_to(zeros({1, 3}), {5, 3}), i64({0, 1, 2, 3, 4}, {5})), Error,
+                        mentions({"select_rows_", "do not overlap"}));
 }
 
 BOOST_AUTO_TEST_CASE(index_select_errors) {
