@@ -210,66 +210,85 @@ size_t saved_bytes(const std::string& op) {
 }
 }  // namespace
 
+namespace {
+// Where oneDNN has a bf16 kernel: the oneDNN bf16 path in force, a weight and a leaf to make
+// activations from. Elsewhere (no kernel: the float32 tensors are kept) `ok` is false.
+struct KeptSetup {
+  bool ok = bf16_kernel_available();
+  Generator g{17};
+  Tensor w = randn({32, 256}, DType::f32, g).requires_grad_();
+  Tensor leaf = randn({64, 256}, DType::f32, g).requires_grad_();
+  const size_t w_bytes = 32 * 256 * 4, n = 64 * 256;
+  std::unique_ptr<PrecisionGuard> guard;
+  KeptSetup() {
+    if (ok) guard = std::make_unique<PrecisionGuard>(Precision::bf16, Bf16Path::onednn);
+    else std::cout << "test_bf16: kept bf16 activations: no oneDNN bf16 kernel here, the float32 ones are kept" << std::endl;
+  }
+  Tensor activation() const { return affine(leaf, 1.0, 0.0); }  // affine keeps nothing
+};
+}  // namespace
+
 // On the oneDNN bf16 path linear keeps an activation it reads as bf16 (2 bytes an element) in
 // place of the float32 one, unless another tape entry keeps it anyway or it is a leaf (its owner
-// holds it); attention keeps one copy of q = k = v; relu_dropout keeps a bit per element; an
-// in-place write to what a copy was made from still fails backward; the saved counts return to
-// zero. On the reference path nothing changes.
-BOOST_AUTO_TEST_CASE(bf16_keeps_activations_in_half_the_bytes) {
-  if (!bf16_kernel_available()) {
-    std::cout << "test_bf16: kept bf16 activations: no oneDNN bf16 kernel here, the float32 ones are kept" << std::endl;
-    return;
-  }
-  Generator g(17);
-  Tensor w = randn({32, 256}, DType::f32, g).requires_grad_();
-  const size_t w_bytes = 32 * 256 * 4, n = 64 * 256;
-  PrecisionGuard guard(Precision::bf16, Bf16Path::onednn);
-  Tensor leaf = randn({64, 256}, DType::f32, g).requires_grad_();
+// holds it). On the reference path nothing changes.
+BOOST_AUTO_TEST_CASE(bf16_linear_keeps_activations_in_half_the_bytes) {
+  KeptSetup k;
+  if (!k.ok) return;
   {
-    Tensor x = affine(leaf, 1.0, 0.0);  // an activation no entry keeps (affine keeps nothing)
-    Tensor y = linear(x, w);
-    BOOST_TEST(saved_bytes("linear") == w_bytes + n * 2);
+    Tensor y = linear(k.activation(), k.w);
+    BOOST_TEST(saved_bytes("linear") == k.w_bytes + k.n * 2);
     sum(y).backward();
   }
   {
-    Tensor y = linear(leaf, w);  // a leaf: kept as it is
-    BOOST_TEST(saved_bytes("linear") == w_bytes + n * 4);
+    Tensor y = linear(k.leaf, k.w);  // a leaf: kept as it is
+    BOOST_TEST(saved_bytes("linear") == k.w_bytes + k.n * 4);
     sum(y).backward();
   }
   {
-    Tensor x = affine(leaf, 1.0, 0.0);
+    Tensor x = k.activation();
     Tensor m = mul(x, x);  // mul keeps x: linear keeps no second copy of it
     BOOST_TEST(x.impl()->storage->saved_by_tape == 1u);
-    Tensor y = linear(x, w);
-    BOOST_TEST(saved_bytes("linear") == w_bytes);
+    Tensor y = linear(x, k.w);
+    BOOST_TEST(saved_bytes("linear") == k.w_bytes);
     sum(add(y, sum(m))).backward();
     BOOST_TEST(x.impl()->storage->saved_by_tape == 0u);  // the entries are freed
   }
+}
+
+// Attention keeps one bf16 copy of q = k = v; relu_dropout keeps a bit per element.
+BOOST_AUTO_TEST_CASE(bf16_attention_and_relu_dropout_keep_less) {
+  KeptSetup k;
+  if (!k.ok) return;
   {
-    Tensor x = affine(reshape(leaf, {2, 4, 32, 64}), 1.0, 0.0);  // q = k = v: one bf16 copy
+    Tensor x = affine(reshape(k.leaf, {2, 4, 32, 64}), 1.0, 0.0);
     Tensor y = scaled_dot_product_attention(x, x, x, AttentionOptions{}).out;
-    BOOST_TEST(saved_bytes("scaled_dot_product_attention") == n * 2);
+    BOOST_TEST(saved_bytes("scaled_dot_product_attention") == k.n * 2);
     sum(y).backward();
   }
   {
-    Tensor x = affine(leaf, 1.0, 0.0);
     Generator drop(3);
-    Tensor y = relu_dropout(x, 0.5, true, drop);
-    BOOST_TEST(saved_bytes("relu_dropout") == n / 8);
+    Tensor y = relu_dropout(k.activation(), 0.5, true, drop);
+    BOOST_TEST(saved_bytes("relu_dropout") == k.n / 8);
     sum(y).backward();
   }
+}
+
+// An in-place write to what a kept copy was made from still fails backward; the saved counts
+// return to zero after a retained graph is cleared.
+BOOST_AUTO_TEST_CASE(bf16_kept_copies_follow_their_sources) {
+  KeptSetup k;
+  if (!k.ok) return;
   {
-    Tensor x = affine(leaf, 1.0, 0.0);
-    Tensor y = linear(x, w);
+    Tensor x = k.activation();
+    Tensor y = linear(x, k.w);
     fill_(x, 0.5);  // after the forward: the kept copy no longer matches x
-    BOOST_CHECK_EXCEPTION(sum(y).backward(), Error,
-                          [](const Error& e) {
-                            return testing::names(e, "backward of 'linear'") && testing::names(e, "modified in place");
-                          });
+    BOOST_CHECK_EXCEPTION(sum(y).backward(), Error, [](const Error& e) {
+      return testing::names(e, "backward of 'linear'") && testing::names(e, "modified in place");
+    });
     autograd::clear_tape();
   }
   {
-    Tensor x = affine(leaf, 1.0, 0.0);
+    Tensor x = k.activation();
     Tensor m = mul(x, x);
     sum(m).backward(Tensor(), /*retain_graph=*/true);
     BOOST_TEST(x.impl()->storage->saved_by_tape == 1u);  // retained
