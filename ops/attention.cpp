@@ -5,6 +5,8 @@
 // the 4-D views (their strides describe transposes and head-split permutes, so nothing is
 // copied): oneDNN batched matmuls for float32, the reference loop for float64. The mask +
 // softmax (and the attention dropout) are OpenMP loops over (b, h, i) rows.
+// Without a tape, a call with few query rows per head (cached decoding) takes one loop over
+// (b, h, i) rows instead (few_queries_attention).
 //
 // Memory: the tape keeps q, k, v (the caller's tensors, no copies; under the oneDNN bf16 path
 // their bf16 copies instead, when nothing else keeps them) and the bias, not P:
@@ -266,6 +268,66 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
   return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
 
+// ---- few queries per head, no tape (cached decoding) ------------------------------------------
+//
+// Decoding one token attends 1 query row per head over the cached keys: the batched matmuls
+// become B*H matrix-vector products, which oneDNN runs as gemv after a transposed copy of K, per
+// call. This loop instead reads each key and value row once per query, scores, softmax and the
+// weighted sum of values in one pass over (b, h, i). Same mask, bias and softmax as the matmul
+// path (softmax_row); only the order of the dot products' sums differs.
+constexpr int64_t kFewQueries = 4;
+
+// Whether few_queries_attention serves this call: no tape, no dropout, no weights asked for,
+// few query rows, the head dim contiguous in q, k and v (the KV cache's slices are), and not
+// under the oneDNN bf16 path (whose matmuls read kept bf16 copies of a steady K and V: half the
+// bytes this loop would read).
+bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g, bool record,
+                 const AttentionOptions& opt) {
+  if (record || opt.return_weights || opt.dropout > 0 || g.Tq > kFewQueries || kern::bf16_kernel_in_force())
+    return false;
+  return q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1;
+}
+
+// out (contiguous (B, H, Tq, Dv)) = softmax(scale q k^T + bias, masked) v, row by row.
+template <class T>
+void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Geom& g, double scale, const RowMask& m, const BiasView<T>& bias) {
+  const T *qp = q.data<const T>(), *kp = k.data<const T>(), *vp = v.data<const T>();
+  const Shape &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
+  T* op = out.data<T>();
+  const int64_t rows = g.rows(), D = g.D, Dv = g.Dv;
+  const T sc = (T)scale;
+#pragma omp parallel if (rows * g.Tk * (D + Dv) > kern::kParallelGrain)
+  {
+    std::vector<T> s(g.Tk);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r % g.Tq, bh = r / g.Tq, h = bh % g.H, b = bh / g.H, end = m.end(i);
+      const T* qi = qp + b * qs[0] + h * qs[1] + i * qs[2];
+      const T* kb = kp + b * ks[0] + h * ks[1];
+      const T* vb = vp + b * vs[0] + h * vs[1];
+      for (int64_t j = 0; j < end; ++j) {
+        const T* kj = kb + j * ks[2];
+        T acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t e = 0; e < D; ++e) acc += qi[e] * kj[e];
+        s[j] = sc * acc;
+      }
+      softmax_row(s.data(), g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
+                  bias.col_stride());
+      T* o = op + r * Dv;
+      std::fill(o, o + Dv, T(0));
+      for (int64_t j = 0; j < end; ++j) {
+        const T p = s[j];
+        if (p == 0) continue;  // masked keys (and every key of an all-masked row)
+        const T* vj = vb + j * vs[2];
+#pragma omp simd
+        for (int64_t e = 0; e < Dv; ++e) o[e] += p * vj[e];
+      }
+    }
+  }
+}
+
 // Padding flags as bytes so the row loop does not care about the mask's dtype.
 std::shared_ptr<const std::vector<uint8_t>> pad_flags(const Tensor& key_padding_mask) {
   std::vector<uint8_t> pad;
@@ -285,6 +347,14 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   AttentionCtx a{g, opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
                  pad_flags(opt.key_padding_mask), opt.causal, opt.dropout > 0, {}};
   const bool record = autograd::needs_record({q, k, v, opt.bias});
+  if (few_queries(q, k, v, g, record, opt)) {
+    AttentionResult res;
+    res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
+    GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] {
+      few_queries_attention<T>(q, k, v, res.out, g, a.scale, a.row_mask(), bias_view<T>(opt.bias, g));
+    });
+    return res;
+  }
   const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
   const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
