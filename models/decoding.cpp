@@ -86,7 +86,8 @@ void check_start(const Sequences& start) {
     if (s.size() != start[0].size()) fail("decode: every row must start with the same number of tokens");
 }
 
-// One token per row per step, chosen by pick(row's V logits as doubles, V); finished rows repeat EOS.
+// One token per row per step, chosen by pick(the step's (rows, V) logits) -> a token per row;
+// finished rows repeat EOS.
 template <class Pick>
 Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
                          const DecodeOptions& o, Pick&& pick) {
@@ -97,12 +98,10 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
   std::vector<std::vector<int64_t>> prefix = start;
   std::vector<bool> done(rows, false);
   for (int64_t t = 0; t < o.max_len; ++t) {
-    const Tensor lg = to_dtype(step.next_logits(prefix), DType::f64);
-    const int64_t V = lg.size(1);
-    const double* pl = lg.data<double>();
+    const std::vector<int64_t> picked = pick(step.next_logits(prefix));
     bool all = true;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t next = done[r] ? eos : pick(pl + r * V, V);
+      const int64_t next = done[r] ? eos : picked[r];
       prefix[r].push_back(next);
       done[r] = done[r] || next == eos;
       all = all && done[r];
@@ -116,18 +115,32 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
 
 }  // namespace
 
+// The argmax op on the model's logits (the first of equal maxima), no float64 copy of them.
+// argmax takes a NaN for the maximum, as PyTorch's: a row with one is refused, as in beam search.
 Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
-  return token_by_token(step, start, eos, o, [](const double* l, int64_t V) {
-    return (int64_t)(std::max_element(l, l + V) - l);  // the first of equal maxima
+  return token_by_token(step, start, eos, o, [](const Tensor& logits) {
+    const std::vector<int64_t> best = argmax(logits, 1).to_vector<int64_t>();
+    const std::vector<double> top = max(logits, 1).to_vector<double>();
+    for (size_t r = 0; r < best.size(); ++r)
+      if (std::isnan(top[r]))
+        fail("greedy_search: the model's logit of token " + std::to_string(best[r]) + " (row " +
+             std::to_string(r) + ") is NaN");
+    return best;
   });
 }
 
 Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
   check_decode_options(o);
   Generator gen(o.seed);
-  return token_by_token(step, start, eos, o, [&](const double* l, int64_t V) {
-    return sample_token(std::vector<double>(l, l + V), o.sampling, gen);
+  return token_by_token(step, start, eos, o, [&](const Tensor& logits) {
+    const Tensor lg = to_dtype(logits, DType::f64);
+    const int64_t V = lg.size(1);
+    const double* pl = lg.data<double>();
+    std::vector<int64_t> picked(lg.size(0));
+    for (int64_t r = 0; r < lg.size(0); ++r)
+      picked[r] = sample_token(std::vector<double>(pl + r * V, pl + (r + 1) * V), o.sampling, gen);
+    return picked;
   });
 }
 

@@ -162,6 +162,16 @@ BOOST_AUTO_TEST_CASE(beam_search_refuses_nan_logits) {
                         [](const Error& e) { return std::string(e.what()).find("NaN") != std::string::npos; });
 }
 
+// So does greedy search (the argmax op would pick the NaN, as PyTorch's argmax does).
+BOOST_AUTO_TEST_CASE(greedy_search_refuses_nan_logits) {
+  NanStep step;
+  DecodeOptions o;
+  o.max_len = 4;
+  BOOST_CHECK_EXCEPTION(greedy_search(step, {{1}, {2}}, 8, o), Error, [](const Error& e) {
+    return std::string(e.what()).find("logit of token 3 (row 0) is NaN") != std::string::npos;
+  });
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
   FakeStep s;
   auto fails = [&](auto set, const std::string& part) {
