@@ -160,7 +160,7 @@ class TransformerStep : public DecodeStep {
       std::vector<int64_t> last(rows);
       for (int64_t r = 0; r < rows; ++r) last[r] = prefix[r].back();
       Tensor h = m_.decoder->forward_step(m_.embed(ids_tensor(last, rows), t - 1), memory_, src_pad_,
-                                          caches_, capacity_);
+                                          caches_, capacity_, nullptr, group_);
       return reshape(m_.logits(h), {rows, m_.cfg.vocab});
     }
     std::vector<int64_t> all;
@@ -169,10 +169,11 @@ class TransformerStep : public DecodeStep {
     return reshape(slice(lg, 1, t - 1, t), {rows, m_.cfg.vocab});
   }
 
-  // The self-attention caches follow the rows; what depends only on a row's source (the encoder
-  // output, the cross-attention cache, the padding) is gathered again only when some row's
-  // source changes: beam search reorders beams within each source, so after its first expansion
-  // that copy (as large as the self-attention caches) is skipped.
+  // The self-attention caches follow the rows. What depends only on a row's source (the encoder
+  // output, the cross-attention cache, the padding: the source rows) is not copied per row when
+  // the rows are G consecutive ones per source, in the sources' order (beam search's beams):
+  // the cached decoder then reads each source row once for its G rows (group_). Otherwise the
+  // source rows are gathered per row, and only when some row's source changes.
   void select(const std::vector<int64_t>& rows) override {
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i] < 0 || rows[i] >= (int64_t)source_.size())
@@ -184,10 +185,19 @@ class TransformerStep : public DecodeStep {
     for (size_t i = 0; i < rows.size(); ++i) source[i] = source_[rows[i]];
     if (source == source_) return;
     source_ = std::move(source);
-    for (auto& c : caches_) c.cross.select_rows(r);
-    memory_ = index_select(memory_, 0, r);
-    src_ = index_select(src_, 0, r);
-    src_pad_ = index_select(src_pad_, 0, r);
+    if (use_cache_ && grouped_by_source()) {
+      group_ = (int64_t)source_.size() / memory_.shape()[0];
+      return;
+    }
+    std::vector<int64_t> from(rows.size());  // the source row each row reads now
+    for (size_t i = 0; i < rows.size(); ++i) from[i] = rows[i] / group_;
+    Tensor f = from_vector(from, {(int64_t)from.size()}, DType::i64);
+    for (auto& c : caches_) c.cross.select_rows(f);
+    memory_ = index_select(memory_, 0, f);
+    src_ = index_select(src_, 0, f);
+    src_pad_ = index_select(src_pad_, 0, f);
+    group_ = 1;
+    ungathered_ = false;
   }
 
  private:
@@ -196,7 +206,19 @@ class TransformerStep : public DecodeStep {
   std::vector<nn::DecoderLayerCache> caches_;
   int64_t capacity_;
   bool use_cache_;
+  // Whether source_ is G consecutive rows of each source in order, and the source rows are
+  // still the encoder's (one per source, in order).
+  bool grouped_by_source() const {
+    const int64_t n = memory_.shape()[0], rows = (int64_t)source_.size();
+    if (!ungathered_ || rows % n != 0) return false;
+    for (int64_t i = 0; i < rows; ++i)
+      if (source_[i] != i / (rows / n)) return false;
+    return true;
+  }
+
   std::vector<int64_t> source_;  // the source (row of src) of each row
+  int64_t group_ = 1;            // rows per source row: row i reads source row i / group_
+  bool ungathered_ = true;       // memory_, src_, src_pad_ hold one row per source, in order
 };
 
 // Learned positions exist only below max_len; the other kinds extrapolate.

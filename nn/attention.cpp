@@ -122,12 +122,27 @@ void MultiHeadAttention::fill_cross_cache(const Tensor& memory, KVCache& cache) 
 }
 
 Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& cache,
-                                                const Tensor& key_padding_mask,
-                                                Tensor* weights) const {
+                                                const Tensor& key_padding_mask, Tensor* weights,
+                                                int64_t group) const {
   const auto named = scope();
   autograd::NoGrad ng;
-  return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
-                /*steady_kv=*/true);
+  if (group == 1)
+    return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
+                  /*steady_kv=*/true);
+  const int64_t rows = cache.k.defined() ? cache.k.shape()[0] : 0;
+  if (group < 1 || x.dim() != 3 || x.shape()[1] != 1 || x.shape()[0] != group * rows)
+    fail("MultiHeadAttention: grouped cross-attention needs x (group " + std::to_string(group) + " x " +
+         std::to_string(rows) + " cache rows, 1, d), got x " + describe(x));
+  // The G rows of one cache row as G query positions of it: (B G, 1, d) -> (B, G, d) -> heads.
+  const Tensor q = project_heads(reshape(x, {rows, group, d}), 0, 1)[0];
+  AttentionOptions opt;
+  opt.steady_kv = true;
+  opt.key_padding_mask = key_padding_mask;
+  opt.return_weights = weights != nullptr;
+  AttentionResult r = scaled_dot_product_attention(q, cache.k, cache.v, opt);
+  // (B, H, G, Tk) -> (B G, H, 1, Tk), as the ungrouped call gives them
+  if (weights) *weights = reshape(contiguous(permute(r.weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
+  return out_proj->forward(reshape(merge_heads(r.out), {rows * group, 1, d}));
 }
 
 }  // namespace graft::nn

@@ -61,8 +61,12 @@ class MultiHeadAttention : public Module {
   void fill_cross_cache(const Tensor& memory, KVCache& cache) const;
   /// Cross-attention of x (B, T, d) against a cache filled by fill_cross_cache() -> (B, T, d)
   /// (inference only, no tape); key_padding_mask (B, Tk) or undefined; `weights` as in forward().
-  Tensor forward_cross_cached(const Tensor& x, const KVCache& cache,
-                              const Tensor& key_padding_mask, Tensor* weights = nullptr) const;
+  /// With group G > 1, x holds G consecutive rows per cache row, one position each (beam
+  /// search's beams of one source): x (B G, 1, d), rows b G .. b G + G - 1 attend to cache row
+  /// b, whose keys and values are then read once for all G.
+  /// @throws graft::Error when x's rows are not group x the cache's, or T > 1 with group > 1.
+  Tensor forward_cross_cached(const Tensor& x, const KVCache& cache, const Tensor& key_padding_mask,
+                              Tensor* weights = nullptr, int64_t group = 1) const;
 
   /// The model width and the number of heads.
   ///@{

@@ -105,13 +105,13 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
 
 Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                                   DecoderLayerCache& cache, int64_t capacity,
-                                  Tensor* cross_weights, const AttentionPositions* pos) const {
+                                  Tensor* cross_weights, const AttentionPositions* pos, int64_t group) const {
   const auto named = scope();
   if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
   return block(
       y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
       [&](const Tensor& h) {
-        return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights);
+        return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights, group);
       });
 }
 
@@ -204,14 +204,14 @@ Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt
 
 Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                              std::vector<DecoderLayerCache>& caches, int64_t capacity,
-                             Tensors* cross_weights) const {
+                             Tensors* cross_weights, int64_t group) const {
   const auto named = scope();
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = y;
   for (size_t i = 0; i < layers.size(); ++i) {
     Tensor w;
     h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity, cross_weights ? &w : nullptr,
-                                positions.get());
+                                positions.get(), group);
     if (cross_weights) cross_weights->push_back(w);
   }
   return norm ? norm->forward(h) : h;

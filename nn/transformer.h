@@ -114,11 +114,13 @@ class DecoderLayer : public Module {
                  const Tensor& src_pad, Tensor* cross_weights = nullptr,
                  const AttentionPositions* pos = nullptr) const;
   /// One or more new target positions with cached keys/values (inference only):
-  /// y (B, T, d) -> (B, T, d); the cross cache is filled from memory on the first call.
+  /// y (B, T, d) -> (B, T, d); the cross cache is filled from memory on the first call. With
+  /// group G > 1, memory and src_pad have B / G rows, y's rows g G .. g G + G - 1 belong to
+  /// memory row g (MultiHeadAttention::forward_cross_cached) and T is 1.
   /// @throws graft::Error when the self-attention cache would overflow `capacity`.
   Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                       DecoderLayerCache& cache, int64_t capacity, Tensor* cross_weights = nullptr,
-                      const AttentionPositions* pos = nullptr) const;
+                      const AttentionPositions* pos = nullptr, int64_t group = 1) const;
   /// "self_attn" (causal, over the target) and "multihead_attn" (cross, over the memory).
   ///@{
   std::shared_ptr<MultiHeadAttention> self_attn, multihead_attn;
@@ -198,11 +200,12 @@ class Decoder : public Module {
   Tensor forward(const Tensor& y, const Tensor& memory, const Tensor& tgt_pad,
                  const Tensor& src_pad, Tensors* cross_weights = nullptr) const;
   /// New target positions with one cache per layer (inference only): y (B, T, d) -> (B, T, d);
-  /// `caches` is resized to the number of layers; cross_weights as in forward().
+  /// `caches` is resized to the number of layers; cross_weights as in forward(); group as in
+  /// DecoderLayer::forward_step().
   /// @throws graft::Error when a cache would overflow `capacity`.
   Tensor forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
                       std::vector<DecoderLayerCache>& caches, int64_t capacity,
-                      Tensors* cross_weights = nullptr) const;
+                      Tensors* cross_weights = nullptr, int64_t group = 1) const;
   std::vector<std::shared_ptr<DecoderLayer>> layers;  ///< "layers.<i>"
   std::shared_ptr<LayerNorm> norm;  ///< null when there is no final LayerNorm
   std::shared_ptr<AttentionPositions> positions;  ///< null for sinusoidal/learned

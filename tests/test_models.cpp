@@ -177,6 +177,24 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_full_recomputation) {
   }
 }
 
+// Cached beam search reads each source's encoder output and cross-attention cache once for its
+// beams (grouped); the full recomputation gathers them per beam: the same sequences (float64).
+BOOST_AUTO_TEST_CASE(cached_beam_search_equals_full_recomputation) {
+  Transformer m(small_cfg(DType::f64));
+  m.eval();
+  Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0, 12, 3, 0, 0, 0}, 3);
+  DecodeOptions o;
+  o.max_len = 8;
+  o.beam = 3;
+  for (bool stop : {false, true}) {
+    o.stop_at_eos = stop;
+    o.use_cache = true;
+    auto cached = beam_search(m, src, o);
+    o.use_cache = false;
+    BOOST_TEST(cached == beam_search(m, src, o));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(beam_one_equals_greedy_and_beam_is_no_worse) {
   Transformer m(small_cfg());
   m.eval();

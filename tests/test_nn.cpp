@@ -5,9 +5,11 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/nn/transformer.h"
 #include "graft/ops/ops.h"
+#include "test_util.h"
 
 using namespace graft;
 using namespace graft::nn;
+using namespace graft::testing;
 
 BOOST_AUTO_TEST_SUITE(nn_layers)
 
@@ -153,6 +155,33 @@ BOOST_AUTO_TEST_CASE(load_state_dict_checks_names_shapes_dtypes) {
     BOOST_TEST(!b.training());
   }
   BOOST_TEST(b.training());
+}
+
+// Grouped cross-attention (beam search's G beams per source) reads each cache row once for its
+// G query rows: the same outputs and weights as the ungrouped call over a cache whose rows are
+// repeated G times; a batch that is not G x the cache's, or T > 1, is refused.
+BOOST_AUTO_TEST_CASE(grouped_cross_attention_equals_repeated_cache_rows) {
+  Generator g(8);
+  MultiHeadAttention mha(8, 2, DType::f64, g);
+  const int64_t G = 3;
+  const Tensor mem = randn({2, 4, 8}, DType::f64, g), x = randn({2 * G, 1, 8}, DType::f64, g);
+  const Tensor pad = from_vector(std::vector<int64_t>{0, 0, 1, 0, 0, 0, 0, 1}, {2, 4}, DType::i64);
+  const Tensor rep = from_vector(std::vector<int64_t>{0, 0, 0, 1, 1, 1}, {2 * G}, DType::i64);
+  KVCache grouped, repeated;
+  mha.fill_cross_cache(mem, grouped);
+  mha.fill_cross_cache(index_select(mem, 0, rep), repeated);
+  Tensor wg, wr;
+  const Tensor yg = mha.forward_cross_cached(x, grouped, pad, &wg, G);
+  const Tensor yr = mha.forward_cross_cached(x, repeated, index_select(pad, 0, rep), &wr);
+  BOOST_TEST(yg.shape() == (Shape{2 * G, 1, 8}));
+  BOOST_TEST(wg.shape() == wr.shape());
+  check_same(yg, yr, 1e-12);
+  check_same(wg, wr, 1e-12);
+  check_same(mha.forward_cross_cached(x, grouped, pad, nullptr, G), yr, 1e-12);  // the no-weights path
+  BOOST_CHECK_EXCEPTION(mha.forward_cross_cached(x, grouped, pad, nullptr, 2), Error,
+                        [](const Error& e) { return names(e, "grouped cross-attention"); });
+  BOOST_CHECK_EXCEPTION(mha.forward_cross_cached(randn({2 * G, 2, 8}, DType::f64, g), grouped, pad, nullptr, G),
+                        Error, [](const Error& e) { return names(e, "grouped cross-attention"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
