@@ -278,13 +278,12 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
 constexpr int64_t kFewQueries = 4;
 
 // Whether few_queries_attention serves this call: no tape, no dropout, no weights asked for,
-// few query rows, the head dim contiguous in q, k and v (the KV cache's slices are), and not
-// under the oneDNN bf16 path (whose matmuls read kept bf16 copies of a steady K and V: half the
-// bytes this loop would read).
+// few query rows, and the head dim contiguous in q, k and v (the KV cache's slices are). Under
+// the oneDNN bf16 path too: this float32 loop over the cache beat the bf16 matmuls over kept bf16
+// copies of a steady K and V (half the bytes, but gemv calls and a transposed copy per call).
 bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g, bool record,
                  const AttentionOptions& opt) {
-  if (record || opt.return_weights || opt.dropout > 0 || g.Tq > kFewQueries || kern::bf16_kernel_in_force())
-    return false;
+  if (record || opt.return_weights || opt.dropout > 0 || g.Tq > kFewQueries) return false;
   return q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1;
 }
 

@@ -185,6 +185,28 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward) {
   });
 }
 
+// Cached decoding's attention (no tape, one query row per head, steady cross K/V) runs the
+// float32 row loop under bf16 as well: the same values as without bf16, and within bf16's error
+// of the matmul path that a taped call takes.
+BOOST_AUTO_TEST_CASE(decoding_attention_runs_in_float32_under_bf16) {
+  Generator g(17);
+  const Tensor q = randn({2, 4, 1, 16}, DType::f32, g), k = randn({2, 4, 24, 16}, DType::f32, g),
+               v = randn({2, 4, 24, 16}, DType::f32, g);
+  AttentionOptions o;
+  o.steady_kv = true;
+  const auto fp32 = scaled_dot_product_attention(q, k, v, o).out.to_vector<double>();
+  for (Bf16Path path : paths()) {
+    PrecisionGuard guard(Precision::bf16, path);
+    const Tensor fast = scaled_dot_product_attention(q, k, v, o).out;
+    BOOST_TEST(fast.to_vector<double>() == fp32, boost::test_tools::per_element());
+    Tensor qt = q.detach();
+    qt.requires_grad_();
+    const Tensor taped = scaled_dot_product_attention(qt, k, v, o).out;
+    autograd::clear_tape();
+    BOOST_TEST(rel_err(fast, taped) < 1e-2, bf16_path_name(path));
+  }
+}
+
 // The FFN under bf16: on the oneDNN path relu_dropout keeps one bit per element and linear2
 // keeps its input as bf16; the reference path keeps relu_dropout's float32 output. Both must
 // give the same gradients.
