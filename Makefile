@@ -7,7 +7,7 @@ DEPS = cmake g++ make ccache pkg-config python3 libdnnl-dev libboost-test-dev li
        libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build test install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build test test-avx2 install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify test-sanitize fuzz
 
 # $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
 apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -25,6 +25,12 @@ build: configure
 
 test: build
 	cd $(BUILD) && OMP_NUM_THREADS=$(JOBS) ctest --output-on-failure -j1
+
+# The suite again with oneDNN's kernels capped at AVX2 (DNNL_MAX_CPU_ISA), the ones an AVX2-only CPU
+# runs: every float32-vs-float64 check through them, bf16 on its reference path only. graft's own
+# loops stay compiled for this machine (-march=native).
+test-avx2: build
+	cd $(BUILD) && OMP_NUM_THREADS=$(JOBS) DNNL_MAX_CPU_ISA=AVX2 ctest --output-on-failure -j1
 
 # The libraries, public headers, CMake package, graft.pc and the three programs into PREFIX
 # (docs/install.md).

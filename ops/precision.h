@@ -12,7 +12,8 @@
 /// of backward, the step's memory peak. An op's backward runs in the precision its forward ran in.
 ///
 /// Two paths compute a bf16 matmul:
-/// - onednn: oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs)
+/// - onednn: oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs,
+///   and only a float32-widening one, slower than float32, for AVX-512 without AVX512_BF16)
 /// - reference: the operands rounded to bf16 (round to nearest even) but kept as float32, then
 ///   the float32 matmul: the same numbers as bf16 products summed in float32, at
 ///   float32 speed. Where oneDNN has no bf16 kernel, Bf16Path::automatic takes it and
@@ -79,8 +80,10 @@ Bf16Path bf16_path();
 /// "automatic", "onednn" or "reference".
 const char* bf16_path_name(Bf16Path p);
 
-/// Whether oneDNN has a bf16 matmul kernel for this CPU (probed once: a small bf16 matmul whose
-/// implementation is not oneDNN's reference loop).
+/// Whether oneDNN has a native bf16 matmul kernel for this CPU (probed once): oneDNN's effective
+/// ISA has AVX512_BF16 (or AMX), and a small bf16 matmul's implementation is not its reference
+/// loop. On AVX-512 without AVX512_BF16 oneDNN's bf16 gemm widens to float32 and runs slower than
+/// float32: no kernel. `DNNL_MAX_CPU_ISA` (oneDNN's cap on the ISA it dispatches for) counts.
 bool bf16_kernel_available();
 /// The oneDNN implementations a 1024^3 matmul gets here (impl_info_str, such as
 /// "brg:avx512_core_amx_bf16"), or why there is none: for bench headers and test logs.
@@ -89,7 +92,7 @@ std::string matmul_kernel_name(Precision p);
 /// "bf16 matmuls: reference path (operands rounded to bf16, float32 products): ...".
 std::string bf16_description();
 /// The error to give when bf16 was asked for on a machine without a kernel (empty when there is
-/// one): "<what> bf16: oneDNN has no bf16 matmul kernel for this CPU ...".
+/// one): "<what> bf16: oneDNN has no native bf16 matmul kernel for this CPU ...".
 std::string bf16_unavailable_reason(const std::string& what);
 
 /// How many kept bf16 copies of weights have been made in this process: a training step adds

@@ -59,6 +59,7 @@ case_ CLI "\`--beam 0\`" 2 "--beam: Value 0 not in range" -- "$T" translate --ru
 case_ CLI "\`--temperature 0\` when sampling" 2 "temperature" -- "$T" translate --run "$W/run" --sample --temperature 0
 case_ CLI "lm \`--max-new -3\`" 2 "--max-new" -- "$LM" generate --run "$W/nothing" --max-new -3
 case_ CLI "\`--precision fp16\`" 2 "--precision: fp16 not in {fp32,bf16}" -- "$T" train --data "$D" --out "$W/x" --steps 5 --precision fp16
+case_ CLI "\`--precision bf16\` where oneDNN has no native bf16 kernel (here: oneDNN capped at AVX-512 without AVX512_BF16)" 2 "no native bf16 matmul kernel" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$T" train --data "$D" --out "$W/x" --steps 5 --precision bf16
 case_ CLI "\`--stop-at-bleu 101\`" 2 "--stop-at-bleu: Value 101 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --stop-at-bleu 101
 case_ CLI "\`--graph step.txt\`" 2 "graph: 'step.txt': the file name must end in .dot, .svg, .png or .pdf" -- "$T" train --data "$D" --out "$W/x" --steps 5 --graph step.txt
 case_ CLI "\`--dump-batches\` with \`--resume\`" 2 "--dump-batches records a whole run from step 0; not with --resume" -- "$T" train --data "$D" --out "$W/run" --steps 5 --resume --dump-batches "$W/dump.jsonl"
