@@ -33,8 +33,10 @@ struct AttentionOptions {
   double dropout = 0;
   Generator* generator = nullptr;  ///< where the dropout mask comes from; required when dropout > 0
   /// k and v stay the same from call to call (cached decoding's cross-attention keys and values):
-  /// without a tape, under bf16, their bf16 copies are then kept until they change, instead of
-  /// being converted at every call.
+  /// without a tape, under bf16, where the batched matmuls run (more than 4 query rows per head,
+  /// weights asked for, or a head dim that is not contiguous), their bf16 copies are then kept
+  /// until they change, instead of being converted at every call. (At most 4 query rows per head
+  /// take the float32 row loop, which reads k and v as they are.)
   bool steady_kv = false;
 };
 

@@ -37,10 +37,15 @@ const std::string& bf16_probe() {
 // bf16 natively: AVX512_BF16 (the AMX mask includes it). On AVX-512 without it oneDNN 2.6 still
 // offers bf16 matmuls (gemm:jit, widening to float32 on the fly), 2.4x slower than its float32
 // ones on a small training step (AMD EPYC Zen 5 with the ISA capped at AVX512_CORE).
+// The ISA masks are x86's; elsewhere the probe decides alone.
 bool native_bf16_isa() {
+#if defined(__x86_64__) || defined(_M_X64)
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   return (isa & bf16) == bf16;
+#else
+  return true;
+#endif
 }
 
 }  // namespace
@@ -105,8 +110,8 @@ std::string bf16_description() {
   const dnnl_version_t* v = dnnl_version();
   return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
          std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX; its bf16 matmul "
-         "here: " + (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
+         " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
+         "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " + (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
 }
 
 std::string bf16_unavailable_reason(const std::string& what) {

@@ -4,7 +4,8 @@
 /// Under PrecisionGuard(Precision::bf16), every float32 matmul of the ops (matmul, linear, the four
 /// batched matmuls of scaled_dot_product_attention, the output projection of
 /// linear_cross_entropy) rounds its two operands to bfloat16 and multiplies them with float32
-/// accumulation into a float32 output. Everything else (layer norm, softmax, the loss, the
+/// accumulation into a float32 output; attention without a tape over at most 4 query rows per
+/// head (cached decoding) runs its float32 row loop instead (it was faster). Everything else (layer norm, softmax, the loss, the
 /// optimizers, every gradient that reaches a parameter) stays float32, and float64 is never
 /// touched (it is the reference). Without a tape (inference) the bf16 copy of a matmul weight is
 /// kept until its storage's version changes, so decoding converts each weight once; in training
@@ -16,7 +17,7 @@
 ///   and only a float32-widening one, slower than float32, for AVX-512 without AVX512_BF16)
 /// - reference: the operands rounded to bf16 (round to nearest even) but kept as float32, then
 ///   the float32 matmul: the same numbers as bf16 products summed in float32, at
-///   float32 speed. Where oneDNN has no bf16 kernel, Bf16Path::automatic takes it and
+///   float32 speed. Where oneDNN has no native bf16 kernel, Bf16Path::automatic takes it and
 ///   says so once on stderr; the examples' --precision bf16 refuses instead (nothing
 ///   to gain there).
 ///
@@ -84,6 +85,7 @@ const char* bf16_path_name(Bf16Path p);
 /// ISA has AVX512_BF16 (or AMX), and a small bf16 matmul's implementation is not its reference
 /// loop. On AVX-512 without AVX512_BF16 oneDNN's bf16 gemm widens to float32 and runs slower than
 /// float32: no kernel. `DNNL_MAX_CPU_ISA` (oneDNN's cap on the ISA it dispatches for) counts.
+/// The ISA test is for x86-64; elsewhere the probe alone decides.
 bool bf16_kernel_available();
 /// The oneDNN implementations a 1024^3 matmul gets here (impl_info_str, such as
 /// "brg:avx512_core_amx_bf16"), or why there is none: for bench headers and test logs.
