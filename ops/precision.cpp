@@ -111,7 +111,8 @@ std::string bf16_description() {
   return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
          std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
          " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
-         "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " + (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
+         "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " +
+         (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
 }
 
 std::string bf16_unavailable_reason(const std::string& what) {

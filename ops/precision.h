@@ -5,12 +5,13 @@
 /// batched matmuls of scaled_dot_product_attention, the output projection of
 /// linear_cross_entropy) rounds its two operands to bfloat16 and multiplies them with float32
 /// accumulation into a float32 output; attention without a tape over at most 4 query rows per
-/// head (cached decoding) runs its float32 row loop instead (it was faster). Everything else (layer norm, softmax, the loss, the
-/// optimizers, every gradient that reaches a parameter) stays float32, and float64 is never
-/// touched (it is the reference). Without a tape (inference) the bf16 copy of a matmul weight is
-/// kept until its storage's version changes, so decoding converts each weight once; in training
-/// linear converts its weight at each use (forward, backward), so no copy is alive at the start
-/// of backward, the step's memory peak. An op's backward runs in the precision its forward ran in.
+/// head (cached decoding) runs its float32 row loop instead (it was faster). Everything else
+/// (layer norm, softmax, the loss, the optimizers, every gradient that reaches a parameter) stays
+/// float32, and float64 is never touched (it is the reference). Without a tape (inference) the
+/// bf16 copy of a matmul weight is kept until its storage's version changes, so decoding converts
+/// each weight once; in training linear converts its weight at each use (forward, backward), so
+/// no copy is alive at the start of backward, the step's memory peak. An op's backward runs in
+/// the precision its forward ran in.
 ///
 /// Two paths compute a bf16 matmul:
 /// - onednn: oneDNN's bf16 kernel (AMX or AVX512_BF16; oneDNN 2.6 has none for AVX2-only CPUs,
