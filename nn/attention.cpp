@@ -135,14 +135,10 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
          std::to_string(rows) + " cache rows, 1, d), got x " + describe(x));
   // The G rows of one cache row as G query positions of it: (B G, 1, d) -> (B, G, d) -> heads.
   const Tensor q = project_heads(reshape(x, {rows, group, d}), 0, 1)[0];
-  AttentionOptions opt;
-  opt.steady_kv = true;
-  opt.key_padding_mask = key_padding_mask;
-  opt.return_weights = weights != nullptr;
-  AttentionResult r = scaled_dot_product_attention(q, cache.k, cache.v, opt);
+  const Tensor y = attend(q, cache.k, cache.v, key_padding_mask, false, Tensor(), weights, /*steady_kv=*/true);
   // (B, H, G, Tk) -> (B G, H, 1, Tk), as the ungrouped call gives them
-  if (weights) *weights = reshape(contiguous(permute(r.weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
-  return out_proj->forward(reshape(merge_heads(r.out), {rows * group, 1, d}));
+  if (weights) *weights = reshape(contiguous(permute(*weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
+  return reshape(y, {rows * group, 1, d});
 }
 
 }  // namespace graft::nn
