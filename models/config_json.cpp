@@ -8,18 +8,32 @@
 
 namespace graft::models {
 
-void ConfigReader::bad(const char* name, const std::string& why) const {
-  fail(where_ + ": field \"" + name + "\" " + why);
+void bad_field(const std::string& where, const char* name, const std::string& why) {
+  fail(where + ": field \"" + name + "\" " + why);
 }
 
-void ConfigReader::size(const char* name, int64_t& v, int64_t max) const {
-  get(name, v);
+void ConfigCheck::size(const char* name, int64_t v, int64_t max) const {
   if (v < 1 || v > max) bad(name, "must be in [1, " + std::to_string(max) + "], got " + std::to_string(v));
 }
 
-void ConfigReader::probability(const char* name, double& v) const {
-  get(name, v);
+void ConfigCheck::probability(const char* name, double v) const {
   if (!(v >= 0 && v < 1)) bad(name, "must be in [0, 1), got " + std::to_string(v));
+}
+
+void ConfigCheck::token_id(const char* name, int64_t id, int64_t vocab) const {
+  if (id < 0 || id >= vocab)
+    bad(name, "must be a token id in [0, vocab " + std::to_string(vocab) + "), got " + std::to_string(id));
+}
+
+void ConfigCheck::heads_divide(int64_t heads, int64_t d_model) const {
+  if (d_model % heads) bad("heads", "must divide d_model " + std::to_string(d_model) + ", got " + std::to_string(heads));
+}
+
+void ConfigCheck::positions(const nn::PositionOptions& p) const {
+  if (!(p.rope_base > 1)) bad("rope_base", "must be > 1");
+  if (p.relative_buckets < 4 || p.relative_buckets > 4096) bad("relative_buckets", "must be in [4, 4096]");
+  if (p.relative_max_distance < 1 || p.relative_max_distance > (int64_t(1) << 24))
+    bad("relative_max_distance", "must be in [1, 2^24]");
 }
 
 DType ConfigReader::dtype(const char* name) const {
@@ -40,12 +54,8 @@ void ConfigReader::positions(nn::PositionOptions& p) const {
     }
   }
   get_or_keep("rope_base", p.rope_base);
-  if (!(p.rope_base > 1)) bad("rope_base", "must be > 1");
   get_or_keep("relative_buckets", p.relative_buckets);
   get_or_keep("relative_max_distance", p.relative_max_distance);
-  if (p.relative_buckets < 4 || p.relative_buckets > 4096) bad("relative_buckets", "must be in [4, 4096]");
-  if (p.relative_max_distance < 1 || p.relative_max_distance > (int64_t(1) << 24))
-    bad("relative_max_distance", "must be in [1, 2^24]");
 }
 
 nlohmann::json positions_json(const nn::PositionOptions& p) {
@@ -63,14 +73,22 @@ nlohmann::json StackConfig::stack_json() const {
 }
 
 void StackConfig::read_stack(const ConfigReader& r) {
-  r.size("vocab", vocab), r.size("d_model", d_model), r.size("heads", heads), r.size("d_ff", d_ff);
-  r.size("layers", layers, 1024), r.size("max_len", max_len);
-  r.probability("dropout", dropout);
+  r.get("vocab", vocab), r.get("d_model", d_model), r.get("heads", heads), r.get("d_ff", d_ff);
+  r.get("layers", layers), r.get("max_len", max_len);
+  r.get("dropout", dropout);
   r.get("norm_first", norm_first), r.get("pad_id", pad_id), r.get("seed", seed);
   dtype = r.dtype("dtype");
   r.positions(positions);
-  if (d_model % heads) r.bad("heads", "must divide d_model " + std::to_string(d_model));
-  if (pad_id < 0 || pad_id >= vocab) r.bad("pad_id", "must be a token id in [0, vocab " + std::to_string(vocab) + ")");
+}
+
+void StackConfig::validate_stack(const std::string& where) const {
+  const ConfigCheck c(where);
+  c.size("vocab", vocab), c.size("d_model", d_model), c.size("heads", heads), c.size("d_ff", d_ff);
+  c.size("layers", layers, kMaxLayers), c.size("max_len", max_len, kMaxLen);
+  c.probability("dropout", dropout);
+  c.heads_divide(heads, d_model);
+  c.token_id("pad_id", pad_id, vocab);
+  c.positions(positions);
 }
 
 nn::LayerConfig StackConfig::layer() const {
@@ -102,15 +120,20 @@ double memory_limit_bytes() {
 
 }  // namespace
 
-void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies) {
+double model_peak_bytes(int64_t parameters, int64_t buffers, DType dt, int copies) {
   const int64_t elements = checked_add(checked_mul(parameters, copies, "model size"), buffers, "model size");
-  const double bytes = (double)elements * (double)dtype_size(dt);
+  return (double)elements * (double)dtype_size(dt) + (double)buffers * (double)sizeof(double);
+}
+
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies) {
+  const double bytes = model_peak_bytes(parameters, buffers, dt, copies);
   const double memory = memory_limit_bytes();
   if (memory > 0 && bytes > memory) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB of %s, more than this machine's %.1f GiB of memory",
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB at its peak (%s), more than this machine's %.1f GiB of memory",
                   (long long)parameters, bytes / (1 << 30),
-                  copies > 1 ? "weights, gradients and Adam moments" : "weights", memory / (1 << 30));
+                  copies == 4 ? "weights, gradients and Adam moments" : copies == 2 ? "the loaded weights and the model's" : "weights",
+                  memory / (1 << 30));
     fail(where + ": the config describes a model of " + buf);
   }
 }

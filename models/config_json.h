@@ -17,7 +17,52 @@
 /// loading from a run directory.
 namespace graft::models {
 
-/// Reads the fields of one JSON object (a config's "model" section); every error is
+/// The largest max_len of any config: 2^16 = 65536 positions (the lm program's --context
+/// bound). The learned or sinusoidal position table has max_len x d_model elements, and its
+/// time and memory are spent when the model is built, before a single token is read.
+constexpr int64_t kMaxLen = int64_t(1) << 16;
+/// The most layers of one stack (layers, enc_layers, dec_layers).
+constexpr int64_t kMaxLayers = 1024;
+/// The largest other size (vocab, d_model, heads, d_ff, classes, ngram_buckets).
+constexpr int64_t kMaxSize = int64_t(1) << 24;
+
+/// Throws `<where>: field "<name>" <why>`, the one form of every config error.
+/// @throws graft::Error always.
+[[noreturn]] void bad_field(const std::string& where, const char* name, const std::string& why);
+
+/// The range checks of a config's values, written once: each family's validate() uses them,
+/// and both its from_json() and its model's constructor call validate(). Errors are
+/// bad_field()'s.
+class ConfigCheck {
+ public:
+  /// `where` names the config in errors (a file, or the model being built).
+  explicit ConfigCheck(std::string where) : where_(std::move(where)) {}
+  /// A size in [1, max].
+  /// @throws graft::Error when v is outside [1, max].
+  void size(const char* name, int64_t v, int64_t max = kMaxSize) const;
+  /// A probability in [0, 1) (NaN is refused).
+  /// @throws graft::Error when v is outside [0, 1) or NaN.
+  void probability(const char* name, double v) const;
+  /// A token id in [0, vocab).
+  /// @throws graft::Error when id is outside [0, vocab).
+  void token_id(const char* name, int64_t id, int64_t vocab) const;
+  /// heads divides d_model.
+  /// @throws graft::Error naming "heads" when it does not.
+  void heads_divide(int64_t heads, int64_t d_model) const;
+  /// The position settings: rope_base > 1, relative_buckets in [4, 4096],
+  /// relative_max_distance in [1, 2^24].
+  /// @throws graft::Error naming the field out of range.
+  void positions(const nn::PositionOptions& p) const;
+  /// Throws bad_field(where, name, why).
+  /// @throws graft::Error always.
+  [[noreturn]] void bad(const char* name, const std::string& why) const { bad_field(where_, name, why); }
+
+ private:
+  std::string where_;
+};
+
+/// Reads the fields of one JSON object (a config's "model" section) by type; the ranges are
+/// checked afterwards by the config's validate() (ConfigCheck). Every error is
 /// `<where>: field "<name>" ...` (see bad()).
 class ConfigReader {
  public:
@@ -41,22 +86,16 @@ class ConfigReader {
   void get_or_keep(const char* name, T& v) const {
     if (j_.contains(name)) get(name, v);
   }
-  /// A required size in [1, max].
-  /// @throws graft::Error when missing, not an integer, or out of range.
-  void size(const char* name, int64_t& v, int64_t max = int64_t(1) << 24) const;
-  /// A required probability in [0, 1).
-  /// @throws graft::Error when missing, not a number, or out of range.
-  void probability(const char* name, double& v) const;
   /// An optional dtype, "float32" (the default) or "float64".
   /// @throws graft::Error for another value.
   DType dtype(const char* name) const;
-  /// "positions" (+ rope_base, relative_buckets, relative_max_distance), each optional.
-  /// @throws graft::Error for an unknown kind, rope_base <= 1, relative_buckets outside
-  ///         [4, 4096] or relative_max_distance outside [1, 2^24].
+  /// "positions" (+ rope_base, relative_buckets, relative_max_distance), each optional; their
+  /// ranges are ConfigCheck::positions()'.
+  /// @throws graft::Error for an unknown kind or a mistyped field.
   void positions(nn::PositionOptions& p) const;
   /// Throws the reader's error for field `name`: `<where>: field "<name>" <why>`.
   /// @throws graft::Error always.
-  [[noreturn]] void bad(const char* name, const std::string& why) const;
+  [[noreturn]] void bad(const char* name, const std::string& why) const { bad_field(where_, name, why); }
 
  private:
   const nlohmann::json& j_;
@@ -87,10 +126,15 @@ struct StackConfig {
   /// final_norm), without building anything.
   /// @throws graft::Error when the count overflows int64.
   int64_t stack_parameters(bool final_norm) const;
-  /// Reads every field (required, range-checked; dtype and the position settings optional).
-  /// @throws graft::Error naming the field for a missing, mistyped or out-of-range value, heads
-  ///         not dividing d_model, or pad_id outside [0, vocab).
+  /// Reads every field (required; dtype and the position settings optional), by type only:
+  /// validate() checks the ranges.
+  /// @throws graft::Error naming the field for a missing or mistyped value.
   void read_stack(const ConfigReader& r);
+  /// Checks every range: sizes in [1, kMaxSize], layers in [1, kMaxLayers], max_len in
+  /// [1, kMaxLen], dropout in [0, 1), heads dividing d_model, pad_id in [0, vocab), the
+  /// position settings. Errors name `where` and the field.
+  /// @throws graft::Error naming the first field out of range.
+  void validate_stack(const std::string& where) const;
   /// The LayerConfig of each layer.
   nn::LayerConfig layer() const;
 };
@@ -106,10 +150,17 @@ int64_t embedding_parameters(int64_t vocab, int64_t d_model, int64_t max_len, nn
 /// @throws graft::Error when the count overflows int64.
 int64_t buffer_elements(int64_t d_model, int64_t max_len, nn::Positions kind);
 
-/// Refuses, naming `where` (the config file), a model that would not fit in this machine's memory
-/// (the smaller of physical memory and the cgroup limit): for training (copies = 4: weights,
-/// gradients and Adam's two moments) or inference (copies = 1), plus the buffers. Checked
-/// before any module is built, so a config with 10^9 layers fails in microseconds.
+/// The peak bytes of building a model of `parameters` parameters and `buffers` buffer elements
+/// of dtype dt, with `copies` values per parameter (4 for training: weights, gradients and
+/// Adam's two moments; 2 for loading: the weights file's tensors and the model's; 1 for a model
+/// alone). A sinusoid table is built in float64 before its conversion to dt, so each buffer
+/// element costs 8 more bytes while it is built: a float32 table peaks at 3 times its size.
+/// @throws graft::Error "model size: the count overflows int64".
+double model_peak_bytes(int64_t parameters, int64_t buffers, DType dt, int copies);
+
+/// Refuses, naming `where` (the config file), a model whose model_peak_bytes() exceed this
+/// machine's memory (the smaller of physical memory and the cgroup limit). Checked before any
+/// module is built, so a config with 10^9 layers fails in microseconds.
 /// @throws graft::Error "<where>: the config describes a model of ..." when it does not fit,
 ///         or "model size: the count overflows int64".
 void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies = 4);
@@ -145,7 +196,7 @@ std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, co
                                                              const std::vector<std::string>& tied_files) {
   auto w = nn::load_weights(weights_path, "load_run", tied_files);
   check_weights_count(c.parameter_count(), w, config_path, weights_path);
-  check_config_memory(c, config_path, /*copies=*/1);
+  check_config_memory(c, config_path, /*copies=*/2);  // the file's tensors and the model's
   return w;
 }
 

@@ -20,10 +20,12 @@ LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) 
   const ConfigReader r(j, where);
   c.read_stack(r);
   r.get_or_keep("scale_embedding", c.scale_embedding);
+  c.validate(where);
   return c;
 }
 
 DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
+  c.validate("DecoderOnlyLM");
   Generator gen(c.seed);
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
   pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));

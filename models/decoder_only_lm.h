@@ -29,10 +29,14 @@ struct LMConfig : StackConfig {
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const { return stack_parameters(/*final_norm=*/true); }
-  /// Reads a config written by to_json().
+  /// Reads a config written by to_json(), then validate()s it.
   /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
-  /// @throws graft::Error as StackConfig::read_stack().
+  /// @throws graft::Error as StackConfig::read_stack() and validate().
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
+  /// Checks every range (StackConfig::validate_stack()), the one check both from_json() and
+  /// DecoderOnlyLM's constructor make.
+  /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
+  void validate(const std::string& where = "LMConfig") const { validate_stack(where); }
 };
 
 /// The decoder-only language model (see the file's description). Parameters: "embedding.weight"
@@ -40,7 +44,7 @@ struct LMConfig : StackConfig {
 class DecoderOnlyLM : public nn::Module {
  public:
   /// Builds the model of config c, initialised from c.seed (embedding N(0, 0.02^2)).
-  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings).
+  /// @throws graft::Error "DecoderOnlyLM: field ..." when c.validate() refuses c.
   explicit DecoderOnlyLM(const LMConfig& c);
   /// ids (B, T) int64 -> logits (B, T, V); ids equal to pad_id are masked as keys.
   /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned

@@ -35,6 +35,12 @@ std::vector<double> sampling_distribution(const std::vector<double>& logits, con
   const int64_t V = (int64_t)logits.size();
   if (V == 0) fail("sampling_distribution: no logits");
   check_sampling_options(o, "sampling_distribution");
+  // As greedy and beam search: a NaN (or +inf, whose softmax is NaN) is the model's fault, and
+  // drawing from it would pick a token silently.
+  for (int64_t v = 0; v < V; ++v)
+    if (std::isnan(logits[v]) || logits[v] == std::numeric_limits<double>::infinity())
+      fail("sample_token: the model's logit of token " + std::to_string(v) + " is " +
+           (std::isnan(logits[v]) ? "NaN" : "+inf"));
   // Token ids from most to least likely (ties: lower id first).
   std::vector<int64_t> order(V);
   std::iota(order.begin(), order.end(), 0);

@@ -41,10 +41,11 @@ void check_decode_options(const DecodeOptions& o);
 /// restricted to the top_k most likely tokens, then to the smallest set of the most likely whose
 /// probability sum reaches top_p, renormalised; zeros elsewhere. Ties rank the lower id first.
 /// @throws graft::Error "sampling_distribution: ..." when logits is empty or an option is out of
-///         the ranges check_decode_options() names.
+///         the ranges check_decode_options() names; "sample_token: the model's logit of token
+///         <v> is NaN" (or +inf) for a logit that is, as greedy and beam search refuse one.
 std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o);
 /// One draw from sampling_distribution (one gen.uniform()).
-/// @throws graft::Error when logits is empty.
+/// @throws graft::Error as sampling_distribution(): no logits, a NaN or +inf logit.
 int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o, Generator& gen);
 
 /// What decoding needs from a model.

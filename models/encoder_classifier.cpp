@@ -34,14 +34,20 @@ ClassifierConfig ClassifierConfig::from_json(const nlohmann::json& j, const std:
   ClassifierConfig c;
   const ConfigReader r(j, where);
   c.read_stack(r);
-  r.size("classes", c.classes);
+  r.get("classes", c.classes);
   r.get_or_keep("ngram_buckets", c.ngram_buckets);
   r.get_or_keep("ngram_max", c.ngram_max);
-  if (c.ngram_buckets < 0 || c.ngram_buckets > kMaxNgramBuckets)
-    r.bad("ngram_buckets", "must be in [0, 2^24], got " + std::to_string(c.ngram_buckets));
-  if (c.ngram_max < 2 || c.ngram_max > kMaxNgram)
-    r.bad("ngram_max", "must be in [2, 8], got " + std::to_string(c.ngram_max));
+  c.validate(where);
   return c;
+}
+
+void ClassifierConfig::validate(const std::string& where) const {
+  validate_stack(where);
+  const ConfigCheck c(where);
+  c.size("classes", classes);
+  if (ngram_buckets < 0 || ngram_buckets > kMaxNgramBuckets)
+    c.bad("ngram_buckets", "must be in [0, 2^24], got " + std::to_string(ngram_buckets));
+  if (ngram_max < 2 || ngram_max > kMaxNgram) c.bad("ngram_max", "must be in [2, 8], got " + std::to_string(ngram_max));
 }
 
 int64_t ClassifierConfig::parameter_count() const {
@@ -53,12 +59,10 @@ int64_t ClassifierConfig::parameter_count() const {
 }
 
 EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 9) {
+  c.validate("EncoderClassifier");
   Generator gen(c.seed);
   embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
                                                                            1.0 / std::sqrt((double)c.d_model)));
-  if (c.ngram_buckets < 0 || c.ngram_buckets > kMaxNgramBuckets || c.ngram_max < 2 || c.ngram_max > kMaxNgram)
-    fail("EncoderClassifier: ngram_buckets must be in [0, 2^24] and ngram_max in [2, 8], got " +
-         std::to_string(c.ngram_buckets) + " and " + std::to_string(c.ngram_max));
   if (c.ngram_buckets > 0)  // row ngram_buckets: "no n-gram here", learned like the others
     ngrams = register_module("ngrams", std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.d_model, -1, c.dtype, gen,
                                                                        1.0 / std::sqrt((double)c.d_model)));

@@ -24,20 +24,22 @@ struct ClassifierConfig : StackConfig {
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const;
-  /// Reads a config written by to_json().
-  /// Errors name the field and `where` (e.g. the file).
-  /// @throws graft::Error as StackConfig::read_stack(), for classes outside [1, 2^24],
-  ///         ngram_buckets outside [0, 2^24] or ngram_max outside [2, 8]. A config without the
-  ///         n-gram fields (graft 0.2) reads as tokens alone.
+  /// Reads a config written by to_json(), then validate()s it. Errors name the field and
+  /// `where` (e.g. the file). A config without the n-gram fields (graft 0.2) reads as tokens alone.
+  /// @throws graft::Error as StackConfig::read_stack() and validate().
   static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");
+  /// Checks every range, the one check both from_json() and EncoderClassifier's constructor
+  /// make: StackConfig::validate_stack(), classes in [1, 2^24], ngram_buckets in [0, 2^24],
+  /// ngram_max in [2, 8].
+  /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
+  void validate(const std::string& where = "ClassifierConfig") const;
 };
 
 /// The encoder classifier (see the file's description).
 class EncoderClassifier : public nn::Module {
  public:
   /// Builds the model of config c, initialised from c.seed.
-  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings,
-  ///         ngram_buckets outside [0, 2^24] or ngram_max outside [2, 8]).
+  /// @throws graft::Error "EncoderClassifier: field ..." when c.validate() refuses c.
   explicit EncoderClassifier(const ClassifierConfig& c);
   /// ids (B, T) int64 -> logits (B, classes); pad_id positions are masked and left out of the
   /// mean (an all-padding row pools to zeros).

@@ -27,9 +27,9 @@ nlohmann::json TransformerConfig::to_json() const {
 TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const std::string& where) {
   TransformerConfig c;
   const ConfigReader r(j, where);
-  r.size("vocab", c.vocab), r.size("d_model", c.d_model), r.size("heads", c.heads), r.size("d_ff", c.d_ff);
-  r.size("enc_layers", c.enc_layers, 1024), r.size("dec_layers", c.dec_layers, 1024), r.size("max_len", c.max_len);
-  r.probability("dropout", c.dropout);
+  r.get("vocab", c.vocab), r.get("d_model", c.d_model), r.get("heads", c.heads), r.get("d_ff", c.d_ff);
+  r.get("enc_layers", c.enc_layers), r.get("dec_layers", c.dec_layers), r.get("max_len", c.max_len);
+  r.get("dropout", c.dropout);
   r.get("norm_first", c.norm_first), r.get("final_norm", c.final_norm);
   // Configs written before "positions" existed say "learned_pos": true/false.
   bool learned = false;
@@ -37,18 +37,27 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const st
   if (learned) c.positions.kind = nn::Positions::learned;
   r.positions(c.positions);
   c.attention_dropout = 0.0;
-  if (j.contains("attention_dropout")) r.probability("attention_dropout", c.attention_dropout);
+  r.get_or_keep("attention_dropout", c.attention_dropout);
   std::string act = "relu";
   r.get_or_keep("activation", act);
   if (act != "relu" && act != "gelu") r.bad("activation", "must be relu or gelu, got '" + text::printable(act) + "'");
   c.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
   r.get("pad_id", c.pad_id), r.get("bos_id", c.bos_id), r.get("eos_id", c.eos_id);
-  for (auto [name, id] : {std::pair{"pad_id", c.pad_id}, {"bos_id", c.bos_id}, {"eos_id", c.eos_id}})
-    if (id < 0 || id >= c.vocab) r.bad(name, "must be a token id in [0, vocab " + std::to_string(c.vocab) + ")");
   c.dtype = r.dtype("dtype");
   r.get_or_keep("seed", c.seed);
-  if (c.d_model % c.heads) r.bad("heads", "must divide d_model " + std::to_string(c.d_model));
+  c.validate(where);
   return c;
+}
+
+void TransformerConfig::validate(const std::string& where) const {
+  const ConfigCheck c(where);
+  c.size("vocab", vocab), c.size("d_model", d_model), c.size("heads", heads), c.size("d_ff", d_ff);
+  c.size("enc_layers", enc_layers, kMaxLayers), c.size("dec_layers", dec_layers, kMaxLayers);
+  c.size("max_len", max_len, kMaxLen);
+  c.probability("dropout", dropout), c.probability("attention_dropout", attention_dropout);
+  c.heads_divide(heads, d_model);
+  c.token_id("pad_id", pad_id, vocab), c.token_id("bos_id", bos_id, vocab), c.token_id("eos_id", eos_id, vocab);
+  c.positions(positions);
 }
 
 int64_t TransformerConfig::parameter_count() const {
@@ -81,6 +90,7 @@ TransformerConfig preset(const std::string& name, int64_t vocab) {
 }
 
 Transformer::Transformer(const TransformerConfig& c) : cfg(c), dropout_gen(c.seed * 7919 + 1) {
+  c.validate("Transformer");
   Generator gen(c.seed);
   // Shared embedding ~ N(0, d^-1/2): scaled by sqrt(d) it has unit variance at the input, and as
   // the tied output projection it gives logits of unit scale.

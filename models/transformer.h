@@ -44,10 +44,17 @@ struct TransformerConfig {
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const;
-  /// Reads a config written by to_json() (older configs with "learned_pos" too).
-  /// Errors name the field and `where` (e.g. the file) for a missing, mistyped or out-of-range value.
-  /// @throws graft::Error naming the field, or for heads not dividing d_model.
+  /// Reads a config written by to_json() (older configs with "learned_pos" too), then
+  /// validate()s it. Errors name the field and `where` (e.g. the file) for a missing, mistyped
+  /// or out-of-range value.
+  /// @throws graft::Error naming the field, as validate() for a value out of range.
   static TransformerConfig from_json(const nlohmann::json& j, const std::string& where = "TransformerConfig");
+  /// Checks every range, the one check both from_json() and the Transformer's constructor make:
+  /// sizes in [1, kMaxSize], enc_layers and dec_layers in [1, kMaxLayers], max_len in
+  /// [1, kMaxLen], dropout and attention_dropout in [0, 1), heads dividing d_model, pad_id,
+  /// bos_id and eos_id in [0, vocab), the position settings (ConfigCheck).
+  /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
+  void validate(const std::string& where = "TransformerConfig") const;
   /// The LayerConfig of each encoder and decoder layer.
   nn::LayerConfig layer() const;
 };
@@ -62,7 +69,7 @@ TransformerConfig preset(const std::string& name, int64_t vocab);
 class Transformer : public nn::Module {
  public:
   /// Builds the model of config c, initialised from c.seed.
-  /// @throws graft::Error for a bad config (heads not dividing d_model, bad position settings).
+  /// @throws graft::Error "Transformer: field ..." when c.validate() refuses c.
   explicit Transformer(const TransformerConfig& c);
   /// ids (B, T) at positions start.. -> (B, T, d): scaled embedding (+ sinusoidal/learned
   /// positions start..) + dropout.

@@ -172,6 +172,22 @@ BOOST_AUTO_TEST_CASE(greedy_search_refuses_nan_logits) {
   });
 }
 
+// And sampling: all-NaN logits once drew token 0; one NaN or +inf logit is refused too.
+BOOST_AUTO_TEST_CASE(sampling_refuses_nan_logits) {
+  SamplingOptions so;
+  Generator gen(1);
+  BOOST_CHECK_EXCEPTION(sample_token(std::vector<double>(5, std::nan("")), so, gen), Error,
+                        [](const Error& e) { return names(e, "sample_token: the model's logit of token 0 is NaN"); });
+  BOOST_CHECK_EXCEPTION(sample_token({0.5, 1.0, INFINITY}, so, gen), Error,
+                        [](const Error& e) { return names(e, "logit of token 2 is +inf"); });
+  BOOST_TEST(sample_token({-INFINITY, 1.0, -INFINITY}, so, gen) == 1);  // -inf: a masked token
+  NanStep step;
+  DecodeOptions o;
+  o.sample = true, o.max_len = 4;
+  BOOST_CHECK_EXCEPTION(sample_search(step, {{1}, {2}}, 8, o), Error,
+                        [](const Error& e) { return names(e, "logit of token 3 is NaN"); });
+}
+
 BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
   FakeStep s;
   auto fails = [&](auto set, const std::string& part) {

@@ -409,6 +409,45 @@ BOOST_AUTO_TEST_CASE(classifier_config_ngram_fields) {
   BOOST_CHECK_THROW(EncoderClassifier{c}, Error);
 }
 
+// Each family validates in one place: the constructor refuses what from_json refuses, with the
+// same message (the constructor path once built an LM of -1 layers and max_len 0).
+BOOST_AUTO_TEST_CASE(constructors_and_from_json_validate_alike) {
+  auto both = [](auto c, const auto& build, const std::string& who, const std::string& why) {
+    using Config = decltype(c);
+    BOOST_CHECK_EXCEPTION(Config::from_json(c.to_json(), "c.json"), Error,
+                          [&](const Error& e) { return testing::names(e, "c.json: field " + why); });
+    BOOST_CHECK_EXCEPTION(build(c), Error, [&](const Error& e) { return testing::names(e, who + ": field " + why); });
+  };
+  auto lm = [](const LMConfig& c) { DecoderOnlyLM m(c); };
+  auto tr = [](const TransformerConfig& c) { Transformer m(c); };
+  auto cl = [](const ClassifierConfig& c) { EncoderClassifier m(c); };
+  LMConfig l;
+  l.layers = -1;
+  both(l, lm, "DecoderOnlyLM", "\"layers\" must be in [1, 1024], got -1");
+  l.layers = 2, l.max_len = 0;
+  both(l, lm, "DecoderOnlyLM", "\"max_len\" must be in [1, 65536], got 0");
+  l.max_len = kMaxLen + 1;
+  both(l, lm, "DecoderOnlyLM", "\"max_len\" must be in [1, 65536], got 65537");
+  l.max_len = 16, l.dropout = NAN;
+  both(l, lm, "DecoderOnlyLM", "\"dropout\" must be in [0, 1)");
+  TransformerConfig t = small_cfg();
+  t.max_len = 3000000;  // once a 4.5 GB sinusoid table, built before the first token
+  both(t, tr, "Transformer", "\"max_len\" must be in [1, 65536], got 3000000");
+  t.max_len = 32, t.eos_id = 23;
+  both(t, tr, "Transformer", "\"eos_id\" must be a token id in [0, vocab 23), got 23");
+  t.eos_id = 3, t.heads = 3;
+  both(t, tr, "Transformer", "\"heads\" must divide d_model 16, got 3");
+  t.heads = 2, t.attention_dropout = 1;
+  both(t, tr, "Transformer", "\"attention_dropout\" must be in [0, 1), got 1");
+  ClassifierConfig c = tiny_classifier_config(0);
+  c.classes = 0;
+  both(c, cl, "EncoderClassifier", "\"classes\" must be in [1, 16777216], got 0");
+  c.classes = 3, c.positions.relative_buckets = 2;
+  both(c, cl, "EncoderClassifier", "\"relative_buckets\" must be in [4, 4096]");
+  l.dropout = 0, l.max_len = kMaxLen;  // the largest max_len is accepted
+  BOOST_CHECK_NO_THROW(LMConfig::from_json(l.to_json()));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // A config's size is known before anything is built: parameter_count() equals the built
@@ -452,6 +491,9 @@ BOOST_AUTO_TEST_CASE(oversized_configs_are_refused_before_building) {
                         [](const Error& e) { return testing::names(e, "parameter count: the count overflows int64"); });
   TransformerConfig ok;
   BOOST_CHECK_NO_THROW(check_config_memory(ok, "c.json"));
+  // The peak counts the float64 staging of a sinusoid table: a float32 table peaks at 3x.
+  BOOST_TEST(model_peak_bytes(10, 100, DType::f32, 2) == 10 * 2 * 4 + 100 * (4 + 8));
+  BOOST_TEST(model_peak_bytes(10, 0, DType::f64, 4) == 10 * 4 * 8);
   const std::vector<std::pair<std::string, Tensor>> w = {{"a", zeros({3, 4})}};
   BOOST_CHECK_EXCEPTION(check_weights_count(13, w, "c.json", "m.safetensors"), Error, [](const Error& e) {
     return std::string(e.what()) ==

@@ -47,6 +47,7 @@ void import_weights(const std::string& run_dir, const std::string& weights_path)
   const nlohmann::json j = nn::load_json(cfg_path);
   const models::TransformerConfig cfg =
       models::TransformerConfig::from_json(models::model_section(j, cfg_path, "import-weights"), cfg_path);
+  models::check_config_memory(cfg, cfg_path, /*copies=*/2);  // the file's tensors and the model's
   const nn::SafetensorsFile w = nn::load_safetensors(weights_path);
   models::check_weights_count(cfg.parameter_count(), w.tensors, cfg_path, weights_path);
   models::Transformer m(cfg);
