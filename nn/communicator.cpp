@@ -1,5 +1,6 @@
 #include "graft/nn/communicator.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -23,6 +24,24 @@ void SingleProcessCommunicator::abort(const std::string& message, int code) {
   std::exit(code);
 }
 
+void Communicator::set_collective_timeout(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    fail("data parallel: the collective timeout must be a number of seconds >= 0 (0: wait forever), got " +
+         std::to_string(seconds));
+  collective_timeout_ = seconds;
+}
+
+double collective_timeout_from_environment() {
+  const char* s = std::getenv("GRAFT_COLLECTIVE_TIMEOUT");
+  if (!s || !*s) return Communicator::kDefaultCollectiveTimeout;
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  if (*end != '\0' || !std::isfinite(v) || v < 0)
+    fail(std::string("data parallel: GRAFT_COLLECTIVE_TIMEOUT='") + s +
+         "' is not a number of seconds >= 0 (0: wait forever)");
+  return v;
+}
+
 bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
     if (const char* s = std::getenv(v); s && *s) return true;
@@ -33,7 +52,10 @@ Communicator& world_communicator() {
   static std::unique_ptr<Communicator> world = []() -> std::unique_ptr<Communicator> {
     if (!launched_by_mpi()) return std::make_unique<SingleProcessCommunicator>();
 #ifdef GRAFT_HAVE_MPI
-    return make_mpi_communicator();
+    const double timeout = collective_timeout_from_environment();  // before MPI starts
+    std::unique_ptr<Communicator> mpi = make_mpi_communicator();
+    mpi->set_collective_timeout(timeout);
+    return mpi;
 #else
     fail("this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set), "
          "but graft was built without MPI: install libopenmpi-dev and rebuild (make), or run without mpirun");

@@ -48,6 +48,22 @@ class Communicator {
   /// Prints `message` to stderr and ends every rank of the job with exit code `code` (the only
   /// way out when one rank fails while the others wait in a collective).
   [[noreturn]] virtual void abort(const std::string& message, int code) = 0;
+
+  /// The watchdog: how long a blocking call (a collective, wait_all()) may wait for the other
+  /// ranks before it ends the job, naming the ranks that did not answer (a rank stopped with
+  /// SIGSTOP, hung, or busy longer than that). 0 waits forever. Set the same on every rank;
+  /// kDefaultCollectiveTimeout unless changed. One process never waits, so it has no effect there.
+  /// @throws graft::Error unless `seconds` is finite and >= 0.
+  void set_collective_timeout(double seconds);
+  /// The watchdog's timeout in seconds (0: none); see set_collective_timeout().
+  double collective_timeout() const { return collective_timeout_; }
+
+  /// The default collective timeout, in seconds: longer than any wait of a healthy run (rank 0
+  /// validating or saving while the others wait), short enough to end a stalled job the same hour.
+  static constexpr double kDefaultCollectiveTimeout = 600;
+
+ private:
+  double collective_timeout_ = kDefaultCollectiveTimeout;
 };
 
 /// One process: rank 0 of 1; the collectives return at once and leave the data as it is.
@@ -72,10 +88,17 @@ bool mpi_available();
 /// True when a launcher (mpirun, mpiexec, srun) started this process as one rank of several:
 /// OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set.
 bool launched_by_mpi();
+/// The collective timeout that world_communicator() gives an MPI communicator: the environment
+/// variable GRAFT_COLLECTIVE_TIMEOUT (seconds, 0: wait forever) when set, else
+/// Communicator::kDefaultCollectiveTimeout.
+/// @throws graft::Error when GRAFT_COLLECTIVE_TIMEOUT is set to anything but a number >= 0.
+double collective_timeout_from_environment();
 /// The process-wide communicator: MPI's when launched_by_mpi() (initialising MPI on the first
-/// call, finalising it at exit), a SingleProcessCommunicator otherwise.
+/// call, finalising it at exit; its collective timeout from collective_timeout_from_environment()),
+/// a SingleProcessCommunicator otherwise.
 /// @throws graft::Error when started by mpirun but built without MPI (the ranks would each
-///         train a model of their own and overwrite each other's files).
+///         train a model of their own and overwrite each other's files), or as
+///         collective_timeout_from_environment().
 Communicator& world_communicator();
 
 /// Runs `f` on every rank. When it throws on any rank, every rank throws: the failing rank its

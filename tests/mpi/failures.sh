@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# A rank that throws (in its loss, or in its backward with gradient sums in flight), or is killed
-# with SIGKILL, in the middle of data-parallel training ends the whole job with a non-zero exit
-# status and a message naming the cause, within two minutes (never a hang: rank 0 is waiting for
-# it in a sum at the time).
+# A rank that throws (in its loss, or in its backward with gradient sums in flight), is killed
+# with SIGKILL, or is stopped with SIGSTOP in the middle of data-parallel training ends the whole
+# job with a non-zero exit status and a message naming the cause, within two minutes (never a
+# hang: the other rank is waiting for it in a sum at the time); a stopped rank within the
+# collective timeout (2 s here) plus a margin.
 #   tests/mpi/failures.sh MPIEXEC TEST_MPI
 set -uo pipefail
 here=$(dirname "$0")
 mpiexec=$1 test=$2
 failures=0
 
-# case_ NAME EXPECTED: runs failures/NAME of test_mpi on 2 ranks.
+# case_ NAME EXPECTED SECONDS [VAR=VALUE...]: runs failures/NAME of test_mpi on 2 ranks (with the
+# variables set), which must end within SECONDS.
 case_() {
-  local start=$SECONDS out rc
-  out=$(timeout 120 bash "$here/mpirun.sh" "$mpiexec" 2 "$test" --run_test="failures/$1" 2>&1)
+  local name=$1 expected=$2 most=$3 start=$SECONDS out rc
+  shift 3
+  out=$(env "$@" timeout 120 bash "$here/mpirun.sh" "$mpiexec" 2 "$test" --run_test="failures/$name" 2>&1)
   rc=$?
-  if [[ $rc == 0 || $rc == 124 ]] || ! grep -qF -- "$2" <<<"$out"; then
-    echo "FAIL $1: exit status $rc after $((SECONDS - start)) s; expected a non-zero status and '$2'"
+  local took=$((SECONDS - start))
+  if [[ $rc == 0 || $rc == 124 ]] || ((took > most)) || ! grep -qF -- "$expected" <<<"$out"; then
+    echo "FAIL $name: exit status $rc after $took s; expected a non-zero status and '$expected' within $most s"
     tail -n 30 <<<"$out"
     failures=$((failures + 1))
   else
-    echo "ok   $1: exit status $rc after $((SECONDS - start)) s: $(grep -F -m1 -- "$2" <<<"$out")"
+    echo "ok   $name: exit status $rc after $took s: $(grep -F -m1 -- "$expected" <<<"$out")"
   fi
 }
 
-case_ rank_throws "train: rank 1 of 2: a failure injected on rank 1 (stopping every rank)"
-case_ rank_throws_in_backward "train: rank 1 of 2: a failure injected in rank 1's backward (stopping every rank)"
-case_ rank_killed "exited on signal 9"
+case_ rank_throws "train: rank 1 of 2: a failure injected on rank 1 (stopping every rank)" 120
+case_ rank_throws_in_backward "train: rank 1 of 2: a failure injected in rank 1's backward (stopping every rank)" 120
+case_ rank_killed "exited on signal 9" 120
+# 2 s of timeout, 2 s for the answers to the watchdog's pings, the start and the end of the job.
+case_ rank_stopped "data parallel: rank 1 of 2 has not answered for 2 s (stopped or hung); ending the job" 30
+case_ rank0_stopped "data parallel: rank 0 of 2 has not answered for 2 s (stopped or hung); ending the job" 30 \
+  GRAFT_COLLECTIVE_TIMEOUT=2
 exit $((failures > 0))

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "graft/models/transformer.h"
 #include "graft/nn/communicator.h"
@@ -123,6 +125,21 @@ fs::path own_dir(const std::string& name) {
   fs::remove_all(d);
   return d;
 }
+
+// The world's collective timeout for a scope.
+struct TimeoutFor {
+  double saved = world().collective_timeout();
+  explicit TimeoutFor(double seconds) { world().set_collective_timeout(seconds); }
+  ~TimeoutFor() { world().set_collective_timeout(saved); }
+};
+
+// GRAFT_COLLECTIVE_TIMEOUT for a scope (unset: nullptr).
+struct TimeoutVariable {
+  const char* name = "GRAFT_COLLECTIVE_TIMEOUT";
+  std::optional<std::string> saved = std::getenv(name) ? std::optional<std::string>(std::getenv(name)) : std::nullopt;
+  explicit TimeoutVariable(const char* value) { value ? setenv(name, value, 1) : unsetenv(name); }
+  ~TimeoutVariable() { saved ? setenv(name, saved->c_str(), 1) : unsetenv(name); }
+};
 
 // One process's run of `steps` steps on the same batches (the reference).
 std::unique_ptr<Tiny> one_process(const std::string& name, double dropout, int64_t steps) {
@@ -306,6 +323,45 @@ BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
   });
 }
 
+// The watchdog's timeout: a number of seconds >= 0, from GRAFT_COLLECTIVE_TIMEOUT when set.
+BOOST_AUTO_TEST_CASE(collective_timeout_option) {
+  {
+    TimeoutVariable unset(nullptr);
+    BOOST_TEST(nn::collective_timeout_from_environment() == nn::Communicator::kDefaultCollectiveTimeout);
+  }
+  {
+    TimeoutVariable v("2.5");
+    BOOST_TEST(nn::collective_timeout_from_environment() == 2.5);
+  }
+  for (const char* bad : {"-1", "ten", "5s", "nan"}) {
+    TimeoutVariable v(bad);
+    BOOST_CHECK_EXCEPTION(nn::collective_timeout_from_environment(), Error, [bad](const Error& e) {
+      return names(e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad + "' is not a number of seconds >= 0");
+    });
+  }
+  TimeoutFor t(0);  // restores the world's timeout
+  BOOST_TEST(world().collective_timeout() == 0.0);
+  for (double bad : {-1.0, (double)NAN, (double)INFINITY})
+    BOOST_CHECK_EXCEPTION(world().set_collective_timeout(bad), Error,
+                          [](const Error& e) { return names(e, "the collective timeout must be a number of seconds >= 0"); });
+  BOOST_TEST(world().collective_timeout() == 0.0);
+}
+
+// A rank slower than the others by less than the timeout (1.5 s late at its third step, against
+// a timeout of 4 s) is waited for: the run ends as one process's does.
+BOOST_AUTO_TEST_CASE(a_slow_rank_within_the_timeout_is_waited_for) {
+  TimeoutFor t(4);
+  Tiny dp(0.0);
+  auto good = dp.task.loss;
+  int calls = 0;
+  dp.task.loss = [&](int64_t i, nn::Shard s) {
+    if (world().rank() == 1 && ++calls == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return good(i, s);
+  };
+  BOOST_TEST(nn::train_loop(dp.task, options(shared_dir("slow"), 20, world())).last_step == 20);
+  check_close(dp.model, one_process("slow_ref", 0.0, 20)->model, 1e-5);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // Run one at a time by failures.sh (disabled otherwise): rank 1 fails at its third step, in its
@@ -347,6 +403,28 @@ BOOST_AUTO_TEST_CASE(rank_throws_in_backward) {
   };
   nn::train_loop(t.task, options(shared_dir("throws_in_backward"), 20, world()));
 }
+
+// Rank `stopper` stops itself (SIGSTOP) at its third step, as `kill -STOP` would: the other
+// rank's watchdog ends the job after the collective timeout.
+void stop_at_third_step(int stopper, const std::string& name) {
+  Tiny t(0.0);
+  auto good = t.task.loss;
+  int calls = 0;
+  t.task.loss = [&](int64_t i, nn::Shard s) {
+    if (world().rank() == stopper && ++calls == 3) raise(SIGSTOP);
+    return good(i, s);
+  };
+  nn::train_loop(t.task, options(shared_dir(name), 20, world()));
+}
+
+// The timeout set in the program (2 s).
+BOOST_AUTO_TEST_CASE(rank_stopped) {
+  TimeoutFor t(2);
+  stop_at_third_step(1, "stopped");
+}
+
+// The timeout from GRAFT_COLLECTIVE_TIMEOUT (failures.sh sets 2 s).
+BOOST_AUTO_TEST_CASE(rank0_stopped) { stop_at_third_step(0, "stopped0"); }
 
 BOOST_AUTO_TEST_CASE(rank_killed) {
   Tiny t(0.0);
