@@ -28,7 +28,8 @@ class KeepModulePaths {
 /// named_parameters()) or "leaf" otherwise, and an edge from each input to its op.
 /// Entries already run by backward() are drawn as well; the graph of a tensor that no op
 /// recorded is its leaf alone.
-/// @throws graft::Error when `t` is undefined, or its entry belongs to a tape cleared since.
+/// @throws graft::Error when `t` is undefined, was recorded on another thread's tape, or its
+///         entry belongs to a tape cleared since.
 std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, Tensor>>& leaf_names = {});
 
 }  // namespace graft::autograd

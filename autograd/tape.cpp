@@ -3,6 +3,7 @@
 #include "graft/autograd/graph.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -45,7 +46,15 @@ struct Entry {
 
 void mark_saved(Entry& e, bool on);
 
+// Tape ids start at 1 (0 in a TensorImpl means "never recorded") and are never reused, so a
+// tensor recorded on a thread that has exited is still told apart from this thread's.
+uint64_t next_tape_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
 struct Tape {
+  const uint64_t id = next_tape_id();
   std::vector<Entry> entries;
   uint64_t epoch = 1;
   size_t live = 0;
@@ -113,9 +122,22 @@ bool is_declared(const char* name) {
   return false;
 }
 
+// A tensor produced by an entry of another thread's tape (see tape.h: a graph belongs to the
+// thread that recorded it).
+bool from_other_thread(const TensorImpl* t) { return t->tape_index >= 0 && t->tape_id != t_tape.id; }
+
 // A tensor produced by an entry of an earlier epoch (the tape was cleared since).
 bool from_old_epoch(const TensorImpl* t) {
   return t->tape_index >= 0 && t->tape_epoch != t_tape.epoch;
+}
+
+// Fails unless t's producing entry (if any) is on this thread's tape: `what` names the caller
+// and the tensor, such as "backward: the root".
+void check_this_thread(const TensorImpl* t, const std::string& what) {
+  if (from_other_thread(t))
+    fail(what + " was recorded on another thread's tape; a graph belongs to the thread that "
+         "recorded it: run its forward and backward() on one thread (detach() the tensor to use "
+         "its value on another)");
 }
 
 // Marks (or unmarks) the storages of e's saved tensors as saved by the tape, once per storage.
@@ -308,6 +330,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
       r.dtype = t.dtype();
       r.needs = ti->requires_grad;
       if (ti->tape_index >= 0) {
+        check_this_thread(ti, std::string("record: input ") + std::to_string(e.inputs.size()) + " of '" + op + "'");
         if (from_old_epoch(ti)) already_freed("an earlier op");
         r.index = ti->tape_index;
         r.slot = ti->tape_slot;
@@ -334,6 +357,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
     TensorImpl* oi = o.impl();
     oi->requires_grad = is_floating(o.dtype());
     oi->tape_index = index;
+    oi->tape_id = t_tape.id;
     oi->tape_epoch = t_tape.epoch;
     oi->tape_slot = slot++;
   }
@@ -364,6 +388,7 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
          describe(root));
   }
   TensorImpl* ri = root.impl();
+  check_this_thread(ri, "backward: the root " + describe(root));
   if (ri->tape_index < 0) {  // a leaf: its gradient is the seed itself
     if (ri->grad) accumulate_into(Tensor(ri->grad), seed);
     else ri->grad = contiguous_copy(seed).impl_ptr();
@@ -583,6 +608,7 @@ void write_cluster(std::string& dot, const std::string& label, const Cluster& c,
 std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, Tensor>>& leaf_names) {
   if (!t.defined()) fail("graph_dot: the tensor is undefined");
   const TensorImpl* ti = t.impl();
+  check_this_thread(ti, "graph_dot: the tensor");
   if (from_old_epoch(ti)) fail("graph_dot: the tensor's graph was freed (the tape was cleared since it was made)");
   std::map<const TensorImpl*, std::string> names;
   for (const auto& [name, leaf] : leaf_names)

@@ -15,6 +15,16 @@
 ///       });
 /// @endcode
 /// Capture tensors through `saved` (not in the lambda) so in-place changes are detected.
+///
+/// Graphs and threads: each thread records on a tape of its own, and a graph belongs to the
+/// thread that recorded it. Every op output remembers its tape's id (ids are never reused, so a
+/// tape whose thread has exited is still told apart). backward() and graph_dot() of a tensor
+/// recorded on another thread's tape, and an op given such a tensor as an input while recording,
+/// throw graft::Error "... was recorded on another thread's tape ..." instead of reading this
+/// thread's tape: run the forward and backward() of one graph on one thread (while it lives; a
+/// thread's tape is freed when it exits), and detach() a tensor to use its value on another.
+/// Leaves (parameters) may be shared by graphs on several threads, but their .grad is
+/// accumulated without locking: run those backward() calls one at a time.
 #pragma once
 
 #include <functional>
@@ -126,8 +136,8 @@ bool needs_record(const Tensors& inputs);
 /// Appends an entry to this thread's tape; marks the outputs as requiring grad and produced by
 /// it. `op` must be a string literal declared with GRAFT_DECLARE_OP; `saved` are the tensors
 /// `fn` reads (their versions are remembered, see Ctx::saved).
-/// @throws graft::Error when `op` was never declared, or (in anomaly mode) an input or output
-///         holds NaN or Inf.
+/// @throws graft::Error when `op` was never declared, an input was recorded on another thread's
+///         tape (see the file comment), or (in anomaly mode) an input or output holds NaN or Inf.
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             BackwardFn fn);
 /// A private buffer an op keeps for its backward in place of a saved tensor (Ctx::kept): made
@@ -147,7 +157,8 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
 /// is undefined), runs every entry `root` depends on in reverse, and accumulates into the .grad
 /// of each leaf that requires grad. Without `retain_graph` each entry is freed once its backward
 /// has run, so memory falls during the pass. Tensor::backward() calls it.
-/// @throws graft::Error when `root` is undefined or does not require grad, `grad` is missing
+/// @throws graft::Error when `root` is undefined, was recorded on another thread's tape (see the
+///         file comment), or does not require grad, `grad` is missing
 ///         for a non-scalar root or does not match its shape and dtype, a saved tensor was
 ///         modified in place after its op ran, an entry was already freed by an earlier
 ///         backward (run the forward again, or pass retain_graph), a backward returned the wrong

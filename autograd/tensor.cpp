@@ -296,6 +296,7 @@ Tensor Tensor::empty(const Shape& shape, DType dt) {
 // positive strides) within [0, elements of the storage), computed without overflow.
 Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& strides,
                        int64_t offset) {
+  check_defined(base, "view_of", "the base");
   if (shape.size() != strides.size())
     fail("view_of: shape " + shape_str(shape) + " and strides " + shape_str(strides) + " differ in rank");
   if (shape_numel(shape) > 0) {
@@ -318,9 +319,21 @@ Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& stri
   return Tensor(std::move(impl));
 }
 
-int64_t Tensor::size(int64_t axis) const { return shape()[norm_axis("size", axis, dim())]; }
+void Tensor::undefined_access(const char* accessor) {
+  fail(std::string("Tensor::") + accessor + ": called on an undefined tensor");
+}
+
+void check_defined(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) fail(std::string(op) + ": " + what + " is an undefined tensor");
+}
+
+int64_t Tensor::size(int64_t axis) const {
+  const Shape& s = state("size").shape;
+  return s[norm_axis("size", axis, (int64_t)s.size())];
+}
 
 bool Tensor::is_contiguous() const {
+  state("is_contiguous");
   int64_t expect = 1;
   for (int64_t i = dim(); i-- > 0;) {
     if (shape()[i] == 1) continue;
@@ -339,10 +352,11 @@ static constexpr DType dtype_of() {
 
 template <class T>
 T* Tensor::data() const {
-  if (dtype_of<std::remove_const_t<T>>() != dtype())
+  const TensorImpl& st = state("data");
+  if (dtype_of<std::remove_const_t<T>>() != st.dtype)
     fail(std::string("data: tensor is ") + dtype_name(dtype()) + ", requested " +
          dtype_name(dtype_of<std::remove_const_t<T>>()));
-  return static_cast<T*>(impl_->storage->data) + impl_->offset;
+  return static_cast<T*>(st.storage->data) + st.offset;
 }
 template float* Tensor::data<float>() const;
 template double* Tensor::data<double>() const;
@@ -352,11 +366,13 @@ template const double* Tensor::data<const double>() const;
 template const int64_t* Tensor::data<const int64_t>() const;
 
 void* Tensor::raw() const {
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(dtype());
+  const TensorImpl& st = state("raw");
+  return static_cast<char*>(st.storage->data) + st.offset * dtype_size(st.dtype);
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  state("to_vector");
   std::vector<T> out;
   out.reserve(numel());
   switch (dtype()) {
@@ -383,12 +399,14 @@ template std::vector<double> Tensor::to_vector<double>() const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 
 double Tensor::item() const {
+  state("item");
   if (numel() != 1) fail("item: tensor of shape " + shape_str(shape()) + " has " +
                          std::to_string(numel()) + " elements, expected 1");
   return to_vector<double>()[0];
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
+  state("requires_grad_");
   if (on && !is_floating(dtype()))
     fail(std::string("requires_grad_: only float tensors can require grad, got ") +
          dtype_name(dtype()));
@@ -399,19 +417,23 @@ Tensor& Tensor::requires_grad_(bool on) {
   return *this;
 }
 
-Tensor Tensor::grad() const { return impl_->grad ? Tensor(impl_->grad) : Tensor(); }
+Tensor Tensor::grad() const {
+  const TensorImpl& st = state("grad");
+  return st.grad ? Tensor(st.grad) : Tensor();
+}
 
 void Tensor::set_grad(const Tensor& g) {
+  state("set_grad");
   if (g.defined() && (g.shape() != shape() || g.dtype() != dtype()))
     fail("set_grad: gradient " + describe(g) + " does not match tensor " + describe(*this));
   impl_->grad = g.defined() ? g.impl_ptr() : nullptr;
 }
 
-void Tensor::zero_grad() { impl_->grad.reset(); }
+void Tensor::zero_grad() { state("zero_grad").grad.reset(); }
 
 Tensor Tensor::detach() const {
-  Tensor t = view_of(*this, shape(), strides(), offset());
-  return t;
+  state("detach");
+  return view_of(*this, shape(), strides(), offset());
 }
 
 void Tensor::backward(const Tensor& grad, bool retain_graph) const {
@@ -428,6 +450,7 @@ std::string describe(const Tensor& t) {
 }
 
 std::string Tensor::str(int max_elems) const {
+  state("str");
   std::ostringstream os;
   os << "Tensor " << describe(*this) << " [";
   auto v = to_vector<double>();
@@ -588,10 +611,62 @@ static void copy_from(const Tensor& dst, const Tensor& src) {
   }
 }
 
+namespace {
+// Whether two elements of t share a memory location (a broadcast_to view, a stride-0 dim, any
+// view_of whose strides fold back onto themselves). Dims sorted by stride, each stride past the
+// reach of the smaller ones proves the elements distinct; a layout that fails that is checked
+// by comparing every element's offset.
+bool has_overlapping_elements(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of the dims of size > 1
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    if (t.shape()[i] <= 1) continue;
+    if (t.strides()[i] == 0) return true;
+    dims.emplace_back(std::abs(t.strides()[i]), t.shape()[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest offset difference within the smaller dims
+  bool ordered = true;
+  for (auto [stride, n] : dims) {
+    if (stride <= reach) ordered = false;
+    reach += stride * (n - 1);  // within the storage (view_of checks), so it cannot overflow
+  }
+  if (ordered) return false;
+  std::vector<int64_t> offsets;
+  offsets.reserve(t.numel());
+  for_each_offset(t.shape(), t.strides(), [&](int64_t o) { offsets.push_back(o); });
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) != offsets.end();
+}
+
+// The bytes [first, last] of its storage a non-empty view reads or writes.
+std::pair<int64_t, int64_t> byte_span(const Tensor& t) {
+  int64_t lo = t.offset(), hi = t.offset();
+  for (int64_t i = 0; i < t.dim(); ++i) (t.strides()[i] < 0 ? lo : hi) += (t.shape()[i] - 1) * t.strides()[i];
+  const int64_t size = (int64_t)dtype_size(t.dtype());
+  return {lo * size, hi * size + size - 1};
+}
+
+// Whether writing dst element by element could overwrite source elements not yet read.
+bool may_alias(const Tensor& dst, const Tensor& src) {
+  if (!dst.same_storage(src) || dst.numel() == 0) return false;
+  const auto [dlo, dhi] = byte_span(dst);
+  const auto [slo, shi] = byte_span(src);
+  return dlo <= shi && slo <= dhi;
+}
+}  // namespace
+
+// A source that overlaps the destination is copied to a temporary first, as memmove does.
 void copy_into(const Tensor& dst, const Tensor& src) {
+  check_defined(dst, "copy_into", "the destination");
+  check_defined(src, "copy_into", "the source");
   if (dst.shape() != src.shape())
     fail("copy_into: destination " + describe(dst) + " and source " + describe(src) +
          " differ in shape");
+  if (has_overlapping_elements(dst))
+    fail("copy_into: the destination " + describe(dst) + " (strides " + shape_str(dst.strides()) +
+         ") has elements that share memory (a broadcast_to or other overlapping view); copy into "
+         "a contiguous tensor instead");
+  if (may_alias(dst, src)) return copy_into(dst, contiguous_copy(src));
   if (dst.dtype() == DType::i64 && is_floating(src.dtype()))  // the cast of NaN or +-1e30 is UB
     for (double v : src.to_vector<double>()) int64_of(v, "copy_into (to int64)");
   switch (dst.dtype()) {
@@ -603,12 +678,14 @@ void copy_into(const Tensor& dst, const Tensor& src) {
 }
 
 Tensor contiguous_copy(const Tensor& t) {
+  check_defined(t, "contiguous_copy", "the tensor");
   Tensor out = Tensor::empty(t.shape(), t.dtype());
   copy_into(out, t);
   return out;
 }
 
 Tensor cast_copy(const Tensor& t, DType dt) {
+  check_defined(t, "cast_copy", "the tensor");
   Tensor out = Tensor::empty(t.shape(), dt);
   copy_into(out, t);
   return out;
@@ -621,6 +698,8 @@ static void add_inplace(T* d, const T* p, int64_t n) {
 }
 
 void accumulate_into(const Tensor& dst, const Tensor& src) {
+  check_defined(dst, "accumulate_into", "the destination");
+  check_defined(src, "accumulate_into", "the source");
   if (dst.shape() != src.shape() || dst.dtype() != src.dtype() || !dst.is_contiguous() ||
       !is_floating(dst.dtype()))
     fail("accumulate_into: cannot add " + describe(src) + " into " + describe(dst));
@@ -631,6 +710,7 @@ void accumulate_into(const Tensor& dst, const Tensor& src) {
 }
 
 void fill_(const Tensor& t, double value) {
+  check_defined(t, "fill_", "the tensor");
   switch (t.dtype()) {
     case DType::f32: {
       float* p = t.data<float>();
@@ -705,7 +785,11 @@ static void sum_block(const T* px, T* po, Split3 s, double scale) {
 
 // One run of adjacent axes at a time (last run first).
 Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale) {
+  check_defined(x, "sum_axes", "x");
   if (!is_floating(x.dtype())) fail("sum_axes: expected a float tensor, got " + describe(x));
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] < 0 || axes[i] >= x.dim() || (i > 0 && axes[i] <= axes[i - 1]))
+      fail("sum_axes: axes " + shape_str(axes) + " are not sorted, distinct axes of " + describe(x));
   Shape shape = x.shape();
   for (int64_t a : axes) shape[a] = 1;
   if (x.numel() == 0) return zeros(shape, x.dtype());
@@ -734,6 +818,7 @@ Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale)
 }
 
 Tensor sum_to_shape(const Tensor& x, const Shape& shape) {
+  check_defined(x, "sum_to", "x");
   if (!broadcasts_to(shape, x.shape()))
     fail("sum_to: cannot reduce " + describe(x) + " to shape " + shape_str(shape));
   if (x.shape() == shape) return x;

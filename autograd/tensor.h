@@ -111,6 +111,9 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves only)
   /// Tape position of the op that produced this tensor; -1 for leaves.
   int64_t tape_index = -1;
+  /// Which thread's tape tape_index refers to: each thread's tape has an id of its own, never
+  /// reused (see autograd/tape.h on graphs and threads).
+  uint64_t tape_id = 0;
   /// Which tape generation tape_index refers to (clear_tape() starts a new one).
   uint64_t tape_epoch = 0;
   int tape_slot = 0;        ///< which output of its tape entry this tensor is
@@ -118,8 +121,9 @@ struct TensorImpl {
 
 /// An N-d array handle: shape, strides, dtype and a shared Storage, plus the autograd state.
 /// Copying a Tensor copies the handle (both name the same data); views share storage. A
-/// default-constructed Tensor is undefined (defined() is false): the accessors other than
-/// defined(), impl() and impl_ptr() must not be called on it (they do not check).
+/// default-constructed Tensor is undefined (defined() is false): as in PyTorch, every accessor
+/// other than defined(), impl() and impl_ptr() throws graft::Error on it, naming the accessor
+/// ("Tensor::shape: called on an undefined tensor"); ops name the argument (check_defined()).
 class Tensor {
  public:
   /// An undefined tensor ("none": an absent optional input, a missing gradient).
@@ -132,27 +136,31 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dt = DType::f32);
   /// A view on another tensor's storage (same dtype); `strides` and `offset` in elements.
   /// Records nothing on the tape: the autograd-aware views are in ops/shape.h.
-  /// @throws graft::Error when shape and strides differ in rank or the view reaches outside
-  ///         the storage.
+  /// @throws graft::Error when `base` is undefined, shape and strides differ in rank or the
+  ///         view reaches outside the storage.
   static Tensor view_of(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
 
   bool defined() const { return impl_ != nullptr; }  ///< false for a default-constructed tensor
   TensorImpl* impl() const { return impl_.get(); }   ///< the shared state (null when undefined)
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }  ///< the owning pointer
 
-  const Shape& shape() const { return impl_->shape; }      ///< size of each dimension
-  const Shape& strides() const { return impl_->strides; }  ///< in elements, per dimension
-  int64_t offset() const { return impl_->offset; }         ///< of element 0, in elements
-  int64_t dim() const { return (int64_t)impl_->shape.size(); }  ///< the rank (0 for a scalar)
+  // Every accessor below throws graft::Error "Tensor::<name>: called on an undefined tensor"
+  // when the tensor is undefined.
+  const Shape& shape() const { return state("shape").shape; }      ///< size of each dimension
+  const Shape& strides() const { return state("strides").strides; }  ///< in elements, per dimension
+  int64_t offset() const { return state("offset").offset; }         ///< of element 0, in elements
+  int64_t dim() const { return (int64_t)state("dim").shape.size(); }  ///< the rank (0 for a scalar)
   /// Size of one dimension; negative axes count from the end.
   /// @throws graft::Error when the axis is out of range.
   int64_t size(int64_t axis) const;
-  int64_t numel() const { return shape_numel(impl_->shape); }  ///< number of elements
-  DType dtype() const { return impl_->dtype; }  ///< element type
+  int64_t numel() const { return shape_numel(state("numel").shape); }  ///< number of elements
+  DType dtype() const { return state("dtype").dtype; }  ///< element type
   /// True when the elements lie in row-major order without gaps (size-1 dims may have any stride).
   bool is_contiguous() const;
   /// True when both tensors view the same Storage (possibly different parts of it).
-  bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  bool same_storage(const Tensor& o) const {
+    return state("same_storage").storage == o.state("same_storage").storage;
+  }
 
   /// Typed pointer to element 0 of this view (T float, double or int64_t, optionally const);
   /// index it with the strides.
@@ -163,46 +171,58 @@ class Tensor {
   void* raw() const;
 
   /// Scalar value of a one-element tensor, converted to double.
-  /// @throws graft::Error when the tensor does not have exactly one element.
+  /// @throws graft::Error when the tensor is undefined or does not have exactly one element.
   double item() const;
   /// Copy of the elements in row-major order, converted to T (float, double or int64_t).
   template <class T>
   std::vector<T> to_vector() const;
 
   /// True for a leaf that wants a gradient, or an op output that a gradient flows through.
-  bool requires_grad() const { return impl_->requires_grad; }
+  bool requires_grad() const { return state("requires_grad").requires_grad; }
   /// Marks a leaf as a parameter whose gradient should be accumulated (or, with false, stops it).
-  /// @throws graft::Error for an int64 tensor, or for a tensor an op on the tape produced
-  ///         (detach() it first).
+  /// @throws graft::Error for an undefined or int64 tensor, or for a tensor an op on the tape
+  ///         produced (detach() it first).
   Tensor& requires_grad_(bool on = true);
   /// True when no op on the tape produced this tensor.
-  bool is_leaf() const { return impl_->tape_index < 0; }
+  bool is_leaf() const { return state("is_leaf").tape_index < 0; }
   /// The gradient accumulated by backward() (leaves only); undefined when none arrived yet.
+  /// @throws graft::Error when the tensor itself is undefined.
   Tensor grad() const;
   /// Replaces the accumulated gradient (an undefined `g` drops it).
   /// @throws graft::Error when `g` does not have this tensor's shape and dtype.
   void set_grad(const Tensor& g);
   void zero_grad();  ///< drops the accumulated gradient (grad() becomes undefined)
   /// Same storage, cut from the tape: no gradient flows through it.
+  /// @throws graft::Error when the tensor is undefined.
   Tensor detach() const;
   /// Reverse-mode pass from this tensor (autograd::backward()); a non-scalar needs an explicit
   /// upstream gradient of its shape and dtype. Without retain_graph each tape entry is freed
   /// once its backward has run, so a second backward through it is an error.
-  /// @throws graft::Error when this tensor does not require grad, `grad` is missing or does not
+  /// @throws graft::Error when this tensor is undefined, was recorded on another thread's tape
+  ///         (autograd/tape.h), or does not require grad, `grad` is missing or does not
   ///         match, a saved tensor was modified in place since the forward, or an entry was
   ///         already freed.
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
 
   /// In-place writes must call this so the tape can detect stale saved tensors.
-  void bump_version() const { ++impl_->storage->version; }
+  void bump_version() const { ++state("bump_version").storage->version; }
   /// The storage's version counter (shared by all views).
-  uint64_t version() const { return impl_->storage->version; }
+  uint64_t version() const { return state("version").storage->version; }
 
   /// For printing: dtype, shape and the first `max_elems` values, such as
   /// "Tensor f32 (2, 3) [1, 2, ...]".
+  /// @throws graft::Error when the tensor is undefined.
   std::string str(int max_elems = 16) const;
 
  private:
+  /// The state behind a defined handle; `accessor` names the caller in the error otherwise.
+  TensorImpl& state(const char* accessor) const {
+    if (!impl_) [[unlikely]]
+      undefined_access(accessor);
+    return *impl_;
+  }
+  /// @throws graft::Error "Tensor::<accessor>: called on an undefined tensor", always.
+  [[noreturn]] static void undefined_access(const char* accessor);
   std::shared_ptr<TensorImpl> impl_;
 };
 /// A list of tensors: op inputs and outputs, gradients, parameters.
@@ -210,6 +230,10 @@ using Tensors = std::vector<Tensor>;
 
 /// dtype and shape for messages, such as "f32 (2, 3)"; "undefined tensor" when `t` is undefined.
 std::string describe(const Tensor& t);
+/// The one check of a tensor argument that must be defined, such as check_defined(cond, "where",
+/// "the condition").
+/// @throws graft::Error "<op>: <what> is an undefined tensor" when `t` is undefined.
+void check_defined(const Tensor& t, const char* op, const char* what);
 /// dtype and shape for messages, such as "f32 (2, 3)".
 std::string describe(DType dt, const Shape& shape);
 
@@ -290,32 +314,38 @@ Tensor randn(const Shape& shape, DType dt = DType::f32, Generator& gen = default
 
 // Copies without recording on the tape (the autograd-aware versions live in ops/shape.h).
 /// A fresh contiguous copy of `t`, not recorded on the tape (ops/shape.h has contiguous()).
+/// @throws graft::Error when `t` is undefined.
 Tensor contiguous_copy(const Tensor& t);
 /// A fresh contiguous copy of `t` converted to `dt`, not recorded (ops/shape.h has to_dtype()).
-/// @throws graft::Error when a float value does not fit int64 (NaN, +-inf, out of range).
+/// @throws graft::Error when `t` is undefined, or a float value does not fit int64 (NaN, +-inf,
+///         out of range).
 Tensor cast_copy(const Tensor& t, DType dt);
 /// Copies src's elements into dst (same shape, any strides and dtypes), converting; not
-/// recorded; bumps dst's version.
-/// @throws graft::Error when the shapes differ, or a float value does not fit an int64 dst.
+/// recorded; bumps dst's version. A source that overlaps dst in memory (a shifted view of the
+/// same storage) is read completely before dst is written, as memmove does.
+/// @throws graft::Error when either tensor is undefined, the shapes differ, dst has elements
+///         that share memory (a broadcast_to view), or a float value does not fit an int64 dst.
 void copy_into(const Tensor& dst, const Tensor& src);
 /// dst += src, same shape; dst contiguous. Used to accumulate gradients. Not recorded; bumps
 /// dst's version.
-/// @throws graft::Error unless dst and src have the same shape and float dtype and dst is
-///         contiguous.
+/// @throws graft::Error unless dst and src are defined, have the same shape and float dtype and
+///         dst is contiguous.
 void accumulate_into(const Tensor& dst, const Tensor& src);
 /// Sets every element of `t` (any strides) to `value`, in place; not recorded; bumps the version.
-/// @throws graft::Error when `value` does not fit an int64 tensor.
+/// @throws graft::Error when `t` is undefined or `value` does not fit an int64 tensor.
 void fill_(const Tensor& t, double value);
 /// Sum of a float x over `axes` (sorted, distinct), kept as size-1 dims, times scale: a fresh
 /// contiguous tensor, not recorded. Parallel over output elements, each summed in index order, so
 /// the result does not depend on the thread count. The reduce ops and the tape both use it.
 /// x (...) -> (... with each axis in `axes` of size 1).
-/// @throws graft::Error when x is not float.
+/// @throws graft::Error when x is undefined or not float, or `axes` are not sorted, distinct axes
+///         of x.
 Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale = 1.0);
 /// x summed down to `shape`, which must broadcast to x's shape; not recorded. The tape uses it to
 /// reduce a gradient of a broadcast shape to its input's shape. Returns x itself when the shapes
 /// are equal.
-/// @throws graft::Error (naming "sum_to") when `shape` does not broadcast to x's shape.
+/// @throws graft::Error (naming "sum_to") when x is undefined or `shape` does not broadcast to
+///         x's shape.
 Tensor sum_to_shape(const Tensor& x, const Shape& shape);
 
 /// Visits every element offset (in elements, relative to data<T>()) of a strided view in

@@ -85,8 +85,10 @@ void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
 void Module::load_state_dict(const NamedTensors& tensors) {
   const NamedTensors params = named_parameters();
   std::map<std::string, const Tensor*> given;  // by name: a file of 10^5 tensors stays fast
-  for (auto& [name, t] : tensors)
+  for (auto& [name, t] : tensors) {
+    check_defined(t, "load_state_dict", ("tensor '" + name + "'").c_str());
     if (!given.emplace(name, &t).second) fail("load_state_dict: tensor '" + name + "' given twice");
+  }
   for (auto& [name, p] : params) {
     auto it = given.find(name);
     if (it == given.end()) fail("load_state_dict: missing tensor '" + name + "'");

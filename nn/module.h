@@ -44,8 +44,8 @@ class Module {
   /// Loads parameters by name: every name, shape
   /// and dtype must match exactly (missing, unexpected, reshaped or retyped tensors are errors
   /// naming the tensor); values are copied only after everything was checked.
-  /// @throws graft::Error "load_state_dict: ..." for a tensor given twice, missing, unexpected,
-  ///         or of another shape or dtype than the model's.
+  /// @throws graft::Error "load_state_dict: ..." for a tensor given twice, undefined, missing,
+  ///         unexpected, or of another shape or dtype than the model's.
   void load_state_dict(const NamedTensors& tensors);
 
   /// Sets training mode (dropout active) on this module and every descendant; false = eval().

@@ -422,6 +422,7 @@ Tensors masked_fill_backward(const Tensor& dout, const std::shared_ptr<std::vect
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  check_defined(cond, "where", "the condition");
   kern::check_float("where", a);
   kern::check_float("where", b);
   kern::check_same_dtype("where", a, b);
@@ -438,6 +439,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   kern::check_float("masked_fill", x);
+  check_defined(mask, "masked_fill", "the mask");
   if (kern::broadcast_shapes("masked_fill", x.shape(), mask.shape()) != x.shape())
     fail("masked_fill: mask " + describe(mask) + " does not broadcast to x " + describe(x));
   auto m = std::make_shared<std::vector<uint8_t>>(bool_mask(mask, x.shape()));
@@ -457,6 +459,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 }
 
 Tensor eq(const Tensor& a, double v) {
+  check_defined(a, "eq", "a");
   Tensor out = Tensor::empty(a.shape(), a.dtype());
   auto vals = a.to_vector<double>();
   switch (a.dtype()) {

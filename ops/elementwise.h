@@ -89,16 +89,18 @@ Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, bool tanh_approx = false);
 /// out = cond ? a : b, cond any dtype (non-zero = true), all three broadcast together.
 /// Differentiable in a and b.
-/// @throws graft::Error when a or b is not float, a and b differ in dtype, or the three shapes
-///         do not broadcast.
+/// @throws graft::Error when a tensor is undefined, a or b is not float, a and b differ in
+///         dtype, or the three shapes do not broadcast.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 /// out = mask ? value : x, mask any dtype broadcastable to x; x (...) -> (...). The gradient
 /// reaches x where the mask is zero.
-/// @throws graft::Error when x is not float or the mask does not broadcast to x's shape.
+/// @throws graft::Error when x or the mask is undefined, x is not float or the mask does not
+///         broadcast to x's shape.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 /// 1 where a == v else 0, same shape and dtype as a (any dtype); not differentiable (the result
 /// never requires grad), such as a padding mask from token ids.
+/// @throws graft::Error when a is undefined.
 Tensor eq(const Tensor& a, double v);
 
 /// Operator shorthand for add, sub, mul, div, neg or affine: tensor op tensor broadcasts,

@@ -186,6 +186,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int6
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
+  check_defined(x, "sum_to", "x");
   if (x.shape() == shape) return x;
   const int64_t lead = x.dim() - (int64_t)shape.size();
   if (!broadcasts_to(shape, x.shape()))

@@ -32,7 +32,7 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = fal
            int64_t correction = 1);
 /// Sums a broadcast gradient back to `shape` (the reverse of broadcasting); differentiable.
 /// x (...) -> out (shape); x itself when its shape already is `shape`.
-/// @throws graft::Error when `shape` does not broadcast to x's shape.
+/// @throws graft::Error when x is undefined or `shape` does not broadcast to x's shape.
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 }  // namespace graft

@@ -67,6 +67,7 @@ Tensor rotate(const Tensor& x_in, const Angles& a, int64_t Tn, double sign) {
 
 void check_rope(const Tensor& x, const Tensor& positions, double base) {
   kern::check_float("rope", x);
+  check_defined(positions, "rope", "positions");
   const std::string what = "rope: x " + describe(x) + ", positions " + describe(positions);
   if (x.dim() < 2 || x.shape().back() % 2 != 0)
     fail(what + ": x must be (..., T, D) with D even");

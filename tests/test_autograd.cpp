@@ -2,8 +2,10 @@
 // version counters, memory staying flat across training steps.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <thread>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/graph.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;
@@ -374,6 +376,133 @@ BOOST_AUTO_TEST_CASE(unary_row_cases_avoid_kinks) {
       BOOST_TEST(std::fabs(v - 0.5) >= 0.2 - 1e-12);
     }
   }
+}
+
+// Issue 31: an undefined Tensor() is an error naming the accessor (as in PyTorch), not a crash;
+// defined() and describe() keep working, and grad() of a defined tensor without one is undefined.
+BOOST_AUTO_TEST_CASE(undefined_tensor_accessors_are_errors) {
+  const Tensor u;
+  BOOST_TEST(!u.defined());
+  BOOST_TEST(describe(u) == "undefined tensor");
+  auto named = [](const char* accessor) {
+    return [accessor](const Error& e) { return has(e, {accessor, "called on an undefined tensor"}); };
+  };
+  BOOST_CHECK_EXCEPTION(u.str(), Error, named("Tensor::str"));
+  BOOST_CHECK_EXCEPTION(u.item(), Error, named("Tensor::item"));
+  BOOST_CHECK_EXCEPTION(u.numel(), Error, named("Tensor::numel"));
+  BOOST_CHECK_EXCEPTION(u.detach(), Error, named("Tensor::detach"));
+  BOOST_CHECK_EXCEPTION(Tensor().requires_grad_(), Error, named("Tensor::requires_grad_"));
+  BOOST_CHECK_EXCEPTION(u.grad(), Error, named("Tensor::grad"));
+  BOOST_CHECK_EXCEPTION(u.shape(), Error, named("Tensor::shape"));
+  BOOST_CHECK_EXCEPTION(u.data<float>(), Error, named("Tensor::data"));
+  BOOST_CHECK_EXCEPTION(u.to_vector<double>(), Error, named("Tensor::to_vector"));
+  BOOST_CHECK_EXCEPTION(u.backward(), Error, [](const Error& e) { return has(e, {"backward", "undefined"}); });
+  const Tensor x = ones({2}, DType::f64).requires_grad_();
+  BOOST_TEST(!x.grad().defined());
+  BOOST_CHECK_EXCEPTION(x.same_storage(u), Error, named("Tensor::same_storage"));
+}
+
+// The raw copies and the ops the audit found crashing name the function and the argument.
+BOOST_AUTO_TEST_CASE(undefined_arguments_name_the_function_and_argument) {
+  const Tensor u, x = ones({2, 3}), ids = arange(3);
+  auto says = [](const char* msg) { return [msg](const Error& e) { return has(e, {msg}); }; };
+  BOOST_CHECK_EXCEPTION(copy_into(u, x), Error, says("copy_into: the destination is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(copy_into(x, u), Error, says("copy_into: the source is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(accumulate_into(u, x), Error, says("accumulate_into: the destination is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(accumulate_into(x, u), Error, says("accumulate_into: the source is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(fill_(u, 1), Error, says("fill_: the tensor is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(contiguous_copy(u), Error, says("contiguous_copy: the tensor is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(cast_copy(u, DType::f64), Error, says("cast_copy: the tensor is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(sum_axes(u, {0}), Error, says("sum_axes: x is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(sum_to_shape(u, {3}), Error, says("sum_to: x is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(u, {1}, {1}, 0), Error, says("view_of: the base is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(where(u, x, x), Error, says("where: the condition is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(masked_fill(x, u, 0), Error, says("masked_fill: the mask is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(eq(u, 0), Error, says("eq: a is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(sum_to(u, {3}), Error, says("sum_to: x is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(rope(ones({1, 3, 4}), u), Error, says("rope: positions is an undefined tensor"));
+  // The checks come before the work: the valid calls still run.
+  BOOST_TEST(rope(ones({1, 3, 4}), ids).numel() == 12);
+  BOOST_TEST(sum_to(x, {3}).to_vector<double>() == (std::vector<double>{2, 2, 2}));
+}
+
+// sum_axes is public: axes that are out of range, unsorted or repeated are an error, not a write
+// outside the shape.
+BOOST_AUTO_TEST_CASE(sum_axes_checks_its_axes) {
+  const Tensor x = ones({2, 3});
+  for (const std::vector<int64_t>& bad : {std::vector<int64_t>{2}, {-1}, {1, 0}, {0, 0}})
+    BOOST_CHECK_EXCEPTION(sum_axes(x, bad), Error, [](const Error& e) { return has(e, {"sum_axes", "not sorted, distinct"}); });
+  BOOST_TEST(sum_axes(x, {0, 1}).to_vector<double>() == (std::vector<double>{6}));
+}
+
+// Issue 31, backward across threads: a graph belongs to the thread that recorded it. Each way of
+// crossing threads is a clear error, and a graph kept on its own thread works beside another's.
+namespace {
+bool other_thread(const Error& e) { return has(e, {"another thread's tape", "one thread"}); }
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(graph_recorded_on_an_exited_thread_is_refused) {
+  Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
+  Tensor y;
+  std::thread([&] { y = sum(mul(x, x)); }).join();
+  BOOST_CHECK_EXCEPTION(y.backward(), Error,
+                        [](const Error& e) { return other_thread(e) && has(e, {"backward: the root"}); });
+  BOOST_CHECK_EXCEPTION(autograd::graph_dot(y), Error, [](const Error& e) { return other_thread(e) && has(e, {"graph_dot"}); });
+  BOOST_TEST(!x.grad().defined());
+  // detach() takes the value over to this thread.
+  BOOST_TEST(y.detach().item() == 18.0);
+}
+
+BOOST_AUTO_TEST_CASE(backward_on_another_thread_is_refused) {
+  Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
+  Tensor y = sum(mul(x, x));
+  std::string error;
+  std::thread([&] {
+    try {
+      y.backward();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }).join();
+  BOOST_TEST(error.find("another thread's tape") != std::string::npos, error);
+  y.backward();  // on the thread that recorded it: untouched by the refused attempt
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{6, 6}));
+}
+
+BOOST_AUTO_TEST_CASE(graph_split_across_threads_is_refused_when_recorded) {
+  Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
+  Tensor y;
+  std::thread([&] { y = mul(x, x); }).join();
+  BOOST_CHECK_EXCEPTION(sum(y), Error,
+                        [](const Error& e) { return other_thread(e) && has(e, {"record: input 0 of 'sum'"}); });
+  BOOST_TEST(autograd::tape_size() == 0u);
+  BOOST_TEST(sum(y.detach()).item() == 18.0);
+}
+
+BOOST_AUTO_TEST_CASE(graphs_on_two_threads_do_not_mix) {
+  Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
+  Tensor w = full({2}, 2.0, DType::f64).requires_grad_();
+  Tensor mine = sum(mul(w, w));  // this thread's tape: entries 0 and 1
+  // Another thread's graph of the same positions on its own tape: refused here rather than
+  // run against this thread's entries 0 and 1 (which left x.grad() silently undefined).
+  Tensor theirs;
+  std::thread([&] { theirs = sum(mul(x, x)); }).join();
+  BOOST_CHECK_EXCEPTION(theirs.backward(), Error, other_thread);
+  BOOST_TEST(!x.grad().defined());
+  // A graph recorded and run on a worker thread gives the right gradient while this thread's
+  // graph lives, and this thread's graph is unaffected.
+  std::string error;
+  std::thread([&] {
+    try {
+      sum(mul(x, x)).backward();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }).join();
+  BOOST_TEST(error.empty(), error);
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{6, 6}));
+  mine.backward();
+  BOOST_TEST(w.grad().to_vector<double>() == (std::vector<double>{4, 4}));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

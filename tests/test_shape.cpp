@@ -439,4 +439,38 @@ BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
   BOOST_CHECK_THROW(merge_heads(y), Error);
 }
 
+// Issue 31: copy_into between overlapping views of one storage copies as memmove does (the
+// source is read completely first), in either direction and for an in-place transpose.
+BOOST_AUTO_TEST_CASE(copy_into_overlapping_views_copies_as_memmove) {
+  Tensor base = iota({6});
+  copy_into(Tensor::view_of(base, {5}, {1}, 1), Tensor::view_of(base, {5}, {1}, 0));
+  BOOST_TEST(vals(base) == (V{0, 0, 1, 2, 3, 4}));
+  base = iota({6});
+  copy_into(Tensor::view_of(base, {5}, {1}, 0), Tensor::view_of(base, {5}, {1}, 1));
+  BOOST_TEST(vals(base) == (V{1, 2, 3, 4, 5, 5}));
+  Tensor sq = iota_shaped({2, 2});
+  copy_into(sq, transpose(sq, 0, 1));
+  BOOST_TEST(vals(sq) == (V{0, 2, 1, 3}));
+  // Disjoint views of one storage copy directly (and correctly).
+  base = iota({6});
+  copy_into(Tensor::view_of(base, {3}, {1}, 3), Tensor::view_of(base, {3}, {1}, 0));
+  BOOST_TEST(vals(base) == (V{0, 1, 2, 0, 1, 2}));
+}
+
+// A destination whose elements share memory (broadcast_to, stride 0, strides that fold back) is
+// refused; an unusual layout whose elements are distinct is accepted.
+BOOST_AUTO_TEST_CASE(copy_into_refuses_a_destination_with_overlapping_elements) {
+  const Tensor row = iota({1, 3});
+  BOOST_CHECK_EXCEPTION(copy_into(broadcast_to(row, {2, 3}), iota_shaped({2, 3})), Error,
+                        mentions({"copy_into", "share memory", "(0, 1)"}));
+  BOOST_TEST(vals(row) == (V{0, 1, 2}));
+  const Tensor three = iota({3});
+  BOOST_CHECK_EXCEPTION(copy_into(Tensor::view_of(three, {2, 2}, {1, 1}, 0), iota_shaped({2, 2})), Error,
+                        mentions({"copy_into", "share memory"}));
+  // Offsets 2i + 3j for (3, 2): 0, 3, 2, 5, 4, 7, all distinct though the strides interleave.
+  Tensor eight = zeros({8}, DType::f64);
+  copy_into(Tensor::view_of(eight, {3, 2}, {2, 3}, 0), iota_shaped({3, 2}));
+  BOOST_TEST(vals(eight) == (V{0, 0, 2, 1, 4, 3, 0, 5}));
+}
+
 BOOST_AUTO_TEST_SUITE_END()
