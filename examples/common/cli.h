@@ -3,8 +3,10 @@
 // code 2, as a usage error should be.
 #pragma once
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <iostream>
 #include <new>
 #include <stdexcept>
@@ -21,6 +23,22 @@
 
 namespace graft::cli {
 
+// The range check of every floating option: CLI::Range lets NaN through (each comparison with NaN
+// is false), so "--stop-at-bleu nan" once passed and was never reached. This one refuses NaN
+// first ("--dropout: Value nan is not a number"), then checks [lo, hi] as CLI::Range does.
+inline CLI::Validator range(double lo, double hi) {
+  const CLI::Range inside(lo, hi);
+  return CLI::Validator(
+      [inside](std::string& s) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(s, v) && std::isnan(v)) return "Value " + s + " is not a number";
+        return inside(s);
+      },
+      inside.get_description());
+}
+// A finite number >= 0 (NaN and inf refused), for the options with no natural upper bound.
+inline CLI::Validator non_negative() { return range(0.0, std::numeric_limits<double>::max()); }
+
 // Seeds are unsigned: "-1" must not wrap to 2^64 - 1.
 inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) << 62); }
 
@@ -29,9 +47,12 @@ inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) 
 inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
   sub->add_option("--beam", o.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
   sub->add_flag("--sample", o.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
-  sub->add_option("--temperature", o.sampling.temperature, "sampling temperature (> 0)");
+  // 0 passes these two (NaN does not): check_decode_options() then names the option.
+  sub->add_option("--temperature", o.sampling.temperature, "sampling temperature (> 0)")
+      ->check(non_negative());
   sub->add_option("--top-k", o.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  sub->add_option("--top-p", o.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]");
+  sub->add_option("--top-p", o.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]")
+      ->check(range(0.0, 1.0));
   sub->add_option("--seed", o.seed, "sampling seed (same seed, same output)")->check(seed_range());
 }
 
@@ -42,12 +63,19 @@ inline void add_detect_anomaly(CLI::App* sub) {
 }
 
 // --bucket-mb, --no-overlap: how data-parallel training (under mpirun) sums the gradients
-// (nn::LoopOptions::bucket_mb and overlap).
+// (nn::LoopOptions::bucket_mb and overlap); --collective-timeout: its watchdog.
 inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& overlap) {
   sub->add_option("--bucket-mb", bucket_mb, "under mpirun: gradient bucket size in MiB for the cross-rank sums")
-      ->check(CLI::Range(0.01, 4096.0));
+      ->check(range(0.01, 4096.0));
   sub->add_flag_callback("--no-overlap", [&overlap] { overlap = false; },
                          "under mpirun: sum the gradients after backward instead of during it (for measuring)");
+  // The watchdog belongs to the communicator (nn::Communicator::set_collective_timeout).
+  sub->add_option_function<double>(
+         "--collective-timeout", [](const double& s) { nn::world_communicator().set_collective_timeout(s); },
+         "under mpirun: seconds a rank waits for the others before ending the job, naming a rank that "
+         "stopped answering (0: forever; default GRAFT_COLLECTIVE_TIMEOUT or " +
+             std::to_string((int)nn::Communicator::kDefaultCollectiveTimeout) + ")")
+      ->check(CLI::NonNegativeNumber);
 }
 
 // --precision fp32|bf16: the matmul precision of the whole run (ops/precision.h), entered by

@@ -35,7 +35,7 @@ echo "ok   translate --resume: $(grep -m1 "resumed at step" "$W/tr2.log")"
 
 python3 -c "import sys; open(sys.argv[1],'w').write(''.join(f'a rolling stone {i} gathers no moss\n%\n' for i in range(60)))" "$W/moss.txt"
 two "$BUILD/examples/lm/lm" train --out "$W/lm" --text "$W/moss.txt" --steps 4 --context 16 --batch-rows 4 \
-  --valid-every 2 >"$W/lm.log" 2>&1 || { cat "$W/lm.log"; exit 1; }
+  --valid-every 2 --collective-timeout 60 >"$W/lm.log" 2>&1 || { cat "$W/lm.log"; exit 1; }
 expect_run lm "$W/lm.log" "$W/lm/train_state.safetensors" "$W/lm/metrics.csv"
 
 mkdir -p "$W/tsv"
