@@ -10,7 +10,7 @@ MARKDOWN=${2:-}
 T=$BUILD/examples/translation/translate
 LM=$BUILD/examples/lm/lm
 CL=$BUILD/examples/classify/classify
-W=$(mktemp -d /tmp/graft_bad_inputs.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/graft_bad_inputs.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 failures=0

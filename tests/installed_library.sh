@@ -11,7 +11,7 @@
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-W=$(mktemp -d /tmp/graft_install.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/graft_install.XXXXXX")
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT  # KEEP=1 keeps the prefix for a look
 P=$W/prefix
 fail() { echo "installed_library: $*" >&2; exit 1; }

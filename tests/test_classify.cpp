@@ -14,19 +14,13 @@ using namespace graft;
 using graft::testing::names;
 namespace fs = std::filesystem;
 
-namespace {
-fs::path dir_for(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("graft_test_classify_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-}  // namespace
+using graft::testing::TempDir;
 
 BOOST_AUTO_TEST_SUITE(classify_example)
 
 BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
-  const fs::path d = dir_for("tsv");
+  const TempDir dir("classify_tsv");
+  const fs::path d = dir.path;
   std::ofstream(d / "ok.tsv") << "de\tEin Satz.\r\n\n en \t  a sentence \n" << "x\t" << std::string(200, 'a') << "\n";
   auto ex = classify::read_tsv((d / "ok.tsv").string());
   BOOST_TEST(ex.size() == 3u);
@@ -45,7 +39,8 @@ BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
 }
 
 BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
-  const fs::path d = dir_for("task");
+  const TempDir dir("classify_task");
+  const fs::path d = dir.path;
   std::vector<classify::Example> train, valid;
   Generator g(4);
   auto word = [&](const char* letters) {
@@ -142,7 +137,8 @@ BOOST_AUTO_TEST_CASE(naive_bayes_baseline) {
 // The program's --resume continues bit-exactly, with the schedule the run was started with (the
 // resumed call leaves --lr-factor at its default).
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
-  const fs::path d = dir_for("resume");
+  const TempDir dir("classify_resume");
+  const fs::path d = dir.path;
   std::vector<classify::Example> ex;
   for (int i = 0; i < 60; ++i) ex.push_back({i % 2 ? "odd" : "even", std::string(3 + i % 7, i % 2 ? 'x' : 'y')});
   classify::write_tsv((d / "train.tsv").string(), ex);
@@ -165,7 +161,8 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
 // model.safetensors holds the weights of the first validation with the highest macro-F1, not the
 // latest: here validation's labels are the training labels swapped, so training makes it worse.
 BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
-  const fs::path d = dir_for("best");
+  const TempDir dir("classify_best");
+  const fs::path d = dir.path;
   std::vector<classify::Example> train, valid;
   for (int i = 0; i < 60; ++i) {
     const std::string text(3 + i % 7, i % 2 ? 'x' : 'y');

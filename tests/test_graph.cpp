@@ -48,10 +48,10 @@ size_t edges_into_ops(const std::string& dot) {
 
 // Graphviz's own parser accepts the text (dot is installed with the build's dependencies).
 void check_dot_parses(const std::string& dot) {
-  const fs::path p = fs::temp_directory_path() / ("graft_test_graph_" + std::to_string(getpid()) + ".dot");
+  const graft::testing::TempDir dir("graph");
+  const std::string p = dir / "graph.dot";
   std::ofstream(p) << dot;
-  const int rc = std::system(("dot -Tcanon '" + p.string() + "' > /dev/null").c_str());
-  fs::remove(p);
+  const int rc = std::system(("dot -Tcanon '" + p + "' > /dev/null").c_str());
   BOOST_TEST(rc == 0, "dot rejected the graph (exit status " << rc << "; is Graphviz installed?):\n" << dot);
 }
 

@@ -11,11 +11,12 @@
 
 using namespace graft;
 using graft::testing::names;
+using graft::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path write(const std::string& name, const std::string& text) {
-  const fs::path p = fs::temp_directory_path() / ("graft_test_lm_" + name);
+fs::path write(const TempDir& dir, const std::string& name, const std::string& text) {
+  const fs::path p = dir / name;
   std::ofstream(p, std::ios::binary) << text;
   return p;
 }
@@ -24,11 +25,12 @@ fs::path write(const std::string& name, const std::string& text) {
 BOOST_AUTO_TEST_SUITE(lm_example)
 
 BOOST_AUTO_TEST_CASE(documents_from_fortune_and_plain_files) {
-  auto f = write("f.txt", "first one\n  two lines\n%\n\n%\nsecond\n%\n");
-  auto p = write("p.txt", "para one\nstill one\n\n\npara two\r\n");
+  const TempDir dir("lm");
+  auto f = write(dir, "f.txt", "first one\n  two lines\n%\n\n%\nsecond\n%\n");
+  auto p = write(dir, "p.txt", "para one\nstill one\n\n\npara two\r\n");
   auto docs = lm::read_documents({f.string(), p.string()});
   BOOST_TEST(docs == (std::vector<std::string>{"first one\n  two lines", "second", "para one\nstill one", "para two"}));
-  auto bad = write("bad.txt", std::string("ok\xff\n"));
+  auto bad = write(dir, "bad.txt", std::string("ok\xff\n"));
   BOOST_CHECK_EXCEPTION(lm::read_documents({bad.string()}), Error,
                         [](const Error& e) { return std::string(e.what()).find("not UTF-8") != std::string::npos; });
   std::vector<std::string> tr, va;
@@ -83,11 +85,11 @@ BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
 BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
   std::string text;
   for (int i = 0; i < 40; ++i) text += "the cat sat on the mat.\n%\n";
-  auto f = write("cats.txt", text);
+  const TempDir dir("lm");
+  auto f = write(dir, "cats.txt", text);
   lm::TrainOptions o;
   o.text = {f.string()};
-  o.loop.run_dir = (fs::temp_directory_path() / "graft_test_lm_run").string();
-  fs::remove_all(o.loop.run_dir);
+  o.loop.run_dir = dir / "run";
   o.positions = "rope";
   o.context = 24;
   o.batch_rows = 8;
@@ -120,12 +122,12 @@ BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   std::string text;
   for (int i = 0; i < 30; ++i) text += "a rolling stone gathers no moss " + std::to_string(i) + "\n%\n";
-  auto f = write("moss.txt", text);
+  const TempDir dir("lm");
+  auto f = write(dir, "moss.txt", text);
   auto run = [&](const std::string& name, int64_t steps, bool resume) {
     lm::TrainOptions o;
     o.text = {f.string()};
-    o.loop.run_dir = (fs::temp_directory_path() / ("graft_test_lm_" + name)).string();
-    if (!resume) fs::remove_all(o.loop.run_dir);
+    o.loop.run_dir = dir / name;
     o.positions = "alibi";
     o.context = 16;
     o.batch_rows = 4;

@@ -13,6 +13,7 @@
 #include "graft/autograd/tensor.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/nn/optim.h"
+#include "tests/test_util.h"
 
 using namespace graft;
 using namespace graft::nn;
@@ -81,16 +82,7 @@ double quad_dist(const Tensor& p) {
   return worst;
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("graft_test_optim_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using graft::testing::TempDir;
 
 }  // namespace
 

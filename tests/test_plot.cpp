@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "examples/common/plot.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using graft::plot::Panel;
@@ -24,25 +25,12 @@ using graft::plot::Series;
 
 namespace {
 
-// A fresh, empty directory removed again at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("graft_test_plot_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  size_t entries() const {
-    return static_cast<size_t>(std::distance(fs::directory_iterator(path), fs::directory_iterator()));
-  }
-};
+using graft::testing::TempDir;
+
+// How many files and directories `dir` holds.
+size_t entries(const TempDir& dir) {
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()));
+}
 
 bool has_png_signature(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -118,7 +106,7 @@ BOOST_AUTO_TEST_SUITE(plot)
 
 BOOST_AUTO_TEST_CASE(line_chart_writes_png_of_requested_size) {
   TempDir dir;
-  const std::string path = dir.file("curves.png");
+  const std::string path = dir / "curves.png";
   graft::plot::line_chart(path, training_panels());
   BOOST_TEST(has_png_signature(path));
   Image img(path);
@@ -131,7 +119,7 @@ BOOST_AUTO_TEST_CASE(line_chart_writes_png_of_requested_size) {
   Image small(path);
   BOOST_TEST(small.width == 640);
   BOOST_TEST(small.height == 300);
-  BOOST_TEST(dir.entries() == 1u);
+  BOOST_TEST(entries(dir) == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
@@ -150,7 +138,7 @@ BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
   Panel tiny_values{"tiny", "", "", {{"t", {0, 1e-9, 2e-9}, {1e-7, 3e-7, 2e-7}}}, false};
   Panel utf8{"UTF-8 ▁título \xff bad", "schritt ▁", "\x01 ctrl", {{"▁séries", {0, 1}, {0, 1}}}, false};
   const std::vector<Panel> panels{odd, nothing, all_nan, log_nonpos, constant, narrow_log, tiny_values, utf8};
-  const std::string path = dir.file("odd.png");
+  const std::string path = dir / "odd.png";
   BOOST_CHECK_NO_THROW(graft::plot::line_chart(path, panels, 2400, 400));
   BOOST_TEST(has_png_signature(path));
   Image img(path);
@@ -167,7 +155,7 @@ BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
 
 BOOST_AUTO_TEST_CASE(heatmap_writes_png) {
   TempDir dir;
-  const std::string path = dir.file("attn.png");
+  const std::string path = dir / "attn.png";
   const std::vector<std::string> src{"▁Das", "▁ist", "▁ein", "▁Test", "."}, tgt{"▁This", "▁is", "▁a", "▁test"};
   std::vector<std::vector<double>> m(tgt.size(), std::vector<double>(src.size(), 0.05));
   for (size_t i = 0; i < tgt.size(); ++i) m[i][i] = 0.8;
@@ -200,7 +188,7 @@ BOOST_AUTO_TEST_CASE(heatmap_bright_cell_is_brightest) {
   const size_t rows = 3, cols = 4;
   const std::vector<std::string> rl{"▁a", "▁b", "▁c"}, cl{"▁w", "▁x", "▁y", "▁z"};
   auto draw = [&](const std::vector<std::vector<double>>& m, const std::string& name) {
-    const std::string path = dir.file(name);
+    const std::string path = dir / name;
     graft::plot::heatmap(path, m, rl, cl, "attention");
     return Image(path);
   };
@@ -244,7 +232,7 @@ BOOST_AUTO_TEST_CASE(heatmap_bright_cell_is_brightest) {
 
 BOOST_AUTO_TEST_CASE(heatmap_errors_leave_no_file) {
   TempDir dir;
-  const std::string path = dir.file("bad.png");
+  const std::string path = dir / "bad.png";
   const std::vector<std::vector<double>> m(3, std::vector<double>(4, 0.5));
   const std::vector<std::string> r3{"a", "b", "c"}, c4{"w", "x", "y", "z"};
   require_error([&] { graft::plot::heatmap(path, m, {"a", "b"}, c4, "t"); },
@@ -255,10 +243,10 @@ BOOST_AUTO_TEST_CASE(heatmap_errors_leave_no_file) {
   require_error([&] { graft::plot::heatmap(path, {{}, {}}, {"a", "b"}, {}, "t"); }, "heatmap: matrix is empty");
   require_error([&] { graft::plot::heatmap(path, {{1, 2}, {3}}, {"a", "b"}, {"x", "y"}, "t"); },
                 "heatmap: row 1 has 1 values but row 0 has 2");
-  const std::string missing = dir.file("no/such/dir/attn.png");
+  const std::string missing = dir / "no/such/dir/attn.png";
   require_error([&] { graft::plot::heatmap(missing, m, r3, c4, "t"); },
                 "heatmap: cannot write '" + missing + "': ");
-  BOOST_TEST(dir.entries() == 0u);
+  BOOST_TEST(entries(dir) == 0u);
 
   // A failed call must not clobber an existing plot.
   graft::plot::heatmap(path, m, r3, c4, "good");
@@ -266,12 +254,12 @@ BOOST_AUTO_TEST_CASE(heatmap_errors_leave_no_file) {
   require_error([&] { graft::plot::heatmap(path, m, r3, {"w"}, "t"); }, "heatmap: matrix is 3x4 but 1 column labels");
   BOOST_TEST(fs::file_size(path) == size);
   BOOST_TEST(has_png_signature(path));
-  BOOST_TEST(dir.entries() == 1u);
+  BOOST_TEST(entries(dir) == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(line_chart_errors_leave_no_file) {
   TempDir dir;
-  const std::string path = dir.file("bad.png");
+  const std::string path = dir / "bad.png";
   require_error([&] { graft::plot::line_chart(path, {}); }, "line_chart: no panels");
   require_error([&] { graft::plot::line_chart(path, training_panels(), 0, 450); }, "line_chart: invalid size 0x450");
   require_error([&] { graft::plot::line_chart(path, training_panels(), 1200, -5); },
@@ -281,20 +269,20 @@ BOOST_AUTO_TEST_CASE(line_chart_errors_leave_no_file) {
   Panel bad{"loss", "", "", {{"train", {1, 2, 3}, {1, 2}}}, false};
   require_error([&] { graft::plot::line_chart(path, {bad}); },
                 "line_chart: series 'train' in panel 'loss' has 3 x values but 2 y values");
-  const std::string missing = dir.file("no/such/dir/curves.png");
+  const std::string missing = dir / "no/such/dir/curves.png";
   require_error([&] { graft::plot::line_chart(missing, training_panels()); },
                 "line_chart: cannot write '" + missing + "': ");
-  BOOST_TEST(dir.entries() == 0u);
+  BOOST_TEST(entries(dir) == 0u);
 
   // The target is a directory: the temporary file is written, the rename
   // fails, and the temporary file must be cleaned up.
-  const std::string is_dir = dir.file("taken.png");
+  const std::string is_dir = dir / "taken.png";
   fs::create_directory(is_dir);
   require_error([&] { graft::plot::line_chart(is_dir, training_panels()); },
                 "line_chart: cannot write '" + is_dir + "': ");
   BOOST_TEST(!fs::exists(is_dir + ".tmp"));
   BOOST_TEST(fs::is_directory(is_dir));
-  BOOST_TEST(dir.entries() == 1u);
+  BOOST_TEST(entries(dir) == 1u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -16,26 +16,14 @@
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
 #include "examples/translation/tokenizer.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace graft::text;
 
 namespace {
 
-// A scratch directory unique to this process, removed even when a test fails.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("graft_text_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using graft::testing::TempDir;
 
 void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary) << bytes;
@@ -386,9 +374,9 @@ BOOST_AUTO_TEST_CASE(tokenizer_training_is_deterministic) {
 BOOST_AUTO_TEST_CASE(tokenizer_errors) {
   const std::string msg = error_of([] { Tokenizer t("/nonexistent/graft/spm.model"); });
   BOOST_TEST(msg.find("'/nonexistent/graft/spm.model'") != std::string::npos, msg);
-  BOOST_CHECK_THROW(Tokenizer::train({}, "/tmp/unused", 100), std::invalid_argument);
-  BOOST_CHECK_THROW(Tokenizer::train({"x"}, "/tmp/unused", 4), std::invalid_argument);
   TempDir dir;
+  BOOST_CHECK_THROW(Tokenizer::train({}, dir / "unused", 100), std::invalid_argument);
+  BOOST_CHECK_THROW(Tokenizer::train({"x"}, dir / "unused", 4), std::invalid_argument);
   const std::string bad_prefix = (dir.path / "missing_dir" / "spm").string();
   BOOST_CHECK_THROW(Tokenizer::train(german_sentences(20), bad_prefix, 50), std::runtime_error);
 }

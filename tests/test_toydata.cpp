@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "examples/translation/toydata.h"
+#include "tests/test_util.h"
 
 using namespace graft::toy;
 
@@ -331,13 +332,13 @@ BOOST_AUTO_TEST_CASE(splits_disjoint_valid_and_functional) {
 
 BOOST_AUTO_TEST_CASE(write_tsv_roundtrip_and_error) {
     const std::vector<Pair> pairs = {{"the man sleeps .", "der Mann schläft ."}, {"i run .", "ich laufe ."}};
-    const std::string path = "/tmp/graft_toydata_test.tsv";
+    const graft::testing::TempDir dir("toydata");
+    const std::string path = dir / "pairs.tsv";
     write_tsv(path, pairs);
     std::ifstream in(path, std::ios::binary);
     std::stringstream buf;
     buf << in.rdbuf();
     BOOST_TEST(buf.str() == "the man sleeps .\tder Mann schläft .\ni run .\tich laufe .\n");
-    std::remove(path.c_str());
 
     const std::string bad = "/nonexistent_graft_dir/x.tsv";
     try {

@@ -18,6 +18,7 @@
 #include "examples/translation/trainer.h"
 #include "graft/nn/optim.h"
 #include "graft/ops/ops.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace graft;
@@ -25,19 +26,7 @@ namespace tr = graft::translation;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / ("graft_test_translation_" + tag + "_" + std::to_string(getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using graft::testing::TempDir;
 
 models::TransformerConfig small_config(int64_t vocab, double dropout) {
   models::TransformerConfig c;

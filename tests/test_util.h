@@ -2,8 +2,13 @@
 #pragma once
 
 #include <boost/test/unit_test.hpp>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "graft/autograd/tensor.h"
@@ -47,5 +52,26 @@ inline Tensor tview(const Tensor& t) {
   std::swap(st[st.size() - 1], st[st.size() - 2]);
   return Tensor::view_of(t, s, st, t.offset());
 }
+
+// A fresh, empty directory of one test's own, made by mkdtemp under $TMPDIR (else /tmp) and
+// removed with everything in it at destruction (a failing test's too), so that two runs of the
+// suite on one machine never share a path.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag = "test") {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string name = std::string(tmp && *tmp ? tmp : "/tmp") + "/graft_" + tag + "_XXXXXX";
+    if (!mkdtemp(name.data())) fail("TempDir: cannot make " + name + ": " + std::strerror(errno));
+    path = name;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  // The path of `name` in the directory.
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
 
 }  // namespace graft::testing

@@ -9,6 +9,10 @@ set -uo pipefail
 here=$(dirname "$0")
 mpiexec=$1 test=$2
 failures=0
+# The ranks' run directories: an aborted job cannot remove its own.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/graft_mpi_failures.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 
 # case_ NAME EXPECTED SECONDS [VAR=VALUE...]: runs failures/NAME of test_mpi on 2 ranks (with the
 # variables set), which must end within SECONDS.

@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=$(cd "$1" && pwd)
 mpiexec=$2
-W=$(mktemp -d /tmp/graft_mpi_programs.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/graft_mpi_programs.XXXXXX")
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=1
 two() { bash "$here/mpirun.sh" "$mpiexec" 2 "$@"; }

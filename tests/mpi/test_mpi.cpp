@@ -113,17 +113,20 @@ nn::LoopOptions options(const fs::path& dir, int64_t steps, nn::Communicator& co
   return o;
 }
 
-// A run directory shared by the ranks (rank 0 empties it).
+// A run directory shared by the ranks, in a directory that rank 0 makes (and removes at its
+// exit) on the first call, which is on every rank; rank 0 empties it.
 fs::path shared_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("graft_test_mpi_" + name);
+  static const std::unique_ptr<graft::testing::TempDir> mine =
+      world().rank() == 0 ? std::make_unique<graft::testing::TempDir>("mpi") : nullptr;
+  static const fs::path shared = world().broadcast_string(mine ? mine->path.string() : "", 0);
+  const fs::path d = shared / name;
   nn::on_rank0(world(), [&] { fs::remove_all(d); });
   return d;
 }
 // A directory of this rank's own, for a single-process run.
 fs::path own_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("graft_test_mpi_" + name + "_rank" + std::to_string(world().rank()));
-  fs::remove_all(d);
-  return d;
+  static const graft::testing::TempDir mine("mpi_rank" + std::to_string(world().rank()));
+  return mine.path / name;
 }
 
 // The world's collective timeout for a scope.
