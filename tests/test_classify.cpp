@@ -1,5 +1,6 @@
 // The classifier example's library: TSV reading, a small task learned through nn::train_loop,
 // predictions independent of the padding their batch needed, and the metrics.
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <filesystem>
@@ -36,6 +37,36 @@ BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
                         [](const Error& e) { return names(e, "bad.tsv' line 2: expected label<TAB>text"); });
   BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "missing.tsv").string()), Error,
                         [](const Error& e) { return names(e, "cannot read"); });
+  // A device never ends: refused before the first byte is read.
+  fs::create_symlink("/dev/zero", d / "zero.tsv");
+  BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "zero.tsv").string()), Error,
+                        [](const Error& e) { return names(e, "zero.tsv' is not a regular file"); });
+}
+
+// Labels: at most kMaxLabels distinct ones (a TSV of 100,000 once ran for minutes before step
+// 1), looked up through a hash map built once.
+BOOST_AUTO_TEST_CASE(labels_are_limited_and_indexed) {
+  std::vector<classify::Example> data;
+  for (size_t i = 0; i < classify::kMaxLabels; ++i) data.push_back({std::to_string(i), "text"});
+  data.push_back({"7", "again"});
+  const std::vector<std::string> labels = classify::labels_of(data, "d/train.tsv");
+  BOOST_TEST(labels.size() == classify::kMaxLabels);
+  BOOST_TEST(std::is_sorted(labels.begin(), labels.end()));
+  const classify::LabelIndex index(labels);
+  for (size_t i = 0; i < labels.size(); ++i) BOOST_TEST(index(labels[i]) == (int64_t)i);
+  BOOST_CHECK_EXCEPTION(index("nope"), Error, [](const Error& e) { return names(e, "label 'nope' is not one of"); });
+  data.push_back({"one more", "text"});
+  BOOST_CHECK_EXCEPTION(classify::labels_of(data, "d/train.tsv"), Error, [](const Error& e) {
+    return names(e, "'d/train.tsv' has more than 1024 distinct labels, the most a run may have");
+  });
+  // Through train(): refused before the model is built.
+  const TempDir dir("classify_labels");
+  const fs::path d = dir.path;
+  classify::write_tsv((d / "train.tsv").string(), data);
+  classify::write_tsv((d / "valid.tsv").string(), data);
+  classify::TrainOptions o;
+  o.data_dir = d.string(), o.loop.run_dir = (d / "run").string(), o.loop.steps = 1, o.loop.quiet = true;
+  BOOST_CHECK_EXCEPTION(classify::train(o), Error, [](const Error& e) { return names(e, "distinct labels"); });
 }
 
 BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {

@@ -294,6 +294,31 @@ BOOST_AUTO_TEST_CASE(bad_corpus_lines_are_skipped_and_counted) {
   BOOST_TEST(pairs[1].tgt == "die Katze schläft .");
   BOOST_CHECK_EXCEPTION(tr::load_corpus(dir / "missing.tsv", st), std::exception,
                         [](const std::exception& e) { return message_has(e, "cannot open"); });
+  // /dev/zero has no newline and no end: refused before reading (it once never returned).
+  fs::create_symlink("/dev/zero", dir / "zero.tsv");
+  BOOST_CHECK_EXCEPTION(tr::load_corpus(dir / "zero.tsv", st), Error,
+                        [](const Error& e) { return testing::names(e, "zero.tsv' is not a regular file"); });
+}
+
+// The tokenizer is trained deterministically: the same sentences give the same spm.model and
+// spm.vocab, byte for byte, wherever they are written (SentencePiece keeps its options in the
+// model, the output prefix too, so two runs into two directories once wrote different files).
+BOOST_AUTO_TEST_CASE(tokenizer_files_are_reproducible_byte_for_byte) {
+  TempDir dir("spm");
+  const auto splits = toy::generate(3, 400, 1, 1);
+  std::vector<std::string> sents;
+  for (auto& p : splits.train) sents.push_back(p.src), sents.push_back(p.tgt);
+  fs::create_directories(dir / "a"), fs::create_directories(dir / "b");
+  text::Tokenizer::train(sents, dir / "a/spm", 150);
+  text::Tokenizer::train(sents, dir / "b/spm", 150);
+  for (const char* ext : {".model", ".vocab"}) {
+    const std::string a = read_bytes(dir / ("a/spm" + std::string(ext)));
+    BOOST_TEST(!a.empty());
+    BOOST_TEST((a == read_bytes(dir / ("b/spm" + std::string(ext)))), ext);
+  }
+  const text::Tokenizer tok(dir / "a/spm.model");
+  BOOST_TEST(tok.decode(tok.encode(sents[5])) == sents[5]);
+  BOOST_TEST(read_bytes(dir / "a/spm.vocab").rfind("<pad>\t0\n<unk>\t0\n", 0) == 0u);
 }
 
 // A run directory's parts belong together: an edited config.json or another run's spm.model is
@@ -326,7 +351,10 @@ BOOST_AUTO_TEST_CASE(run_directory_is_tied_and_odd_inputs_are_handled) {
     return message_has(e, "'" + cfg + "' does not match the weights");
   });
   std::ofstream(cfg, std::ios::binary | std::ios::trunc) << original;
-  tr::train(tiny_options(dir / "data", dir / "other", 2));
+  tr::TrainOptions other = tiny_options(dir / "data", dir / "other", 2);
+  other.vocab = 100;  // the same data and vocabulary would give the same spm.model, byte for byte
+  tr::train(other);
+  BOOST_REQUIRE(read_bytes(dir / "other/spm.model") != read_bytes(dir / "run/spm.model"));
   fs::copy_file(dir / "other/spm.model", dir / "run/spm.model", fs::copy_options::overwrite_existing);
   BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception,
                         [&](const std::exception& e) { return message_has(e, "spm.model' does not match the weights"); });

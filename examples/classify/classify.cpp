@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <unordered_set>
 
 #include "graft/models/run.h"
 #include "graft/autograd/tape.h"
@@ -43,6 +44,7 @@ std::string trim(const std::string& s) {
 // A fortune file's fortunes (separated by lines holding only "%"), each as its cleaned lines:
 // control characters (the overstrike backspaces of old fortune files, tabs) dropped.
 std::vector<std::vector<std::string>> fortunes_of(const std::string& path) {
+  text::check_input_file("prepare", path);
   std::ifstream in(path, std::ios::binary);
   std::vector<std::vector<std::string>> out(1);
   for (std::string line; std::getline(in, line);) {
@@ -93,6 +95,7 @@ std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vec
   std::vector<size_t> order(data.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return data[a].text.size() < data[b].text.size(); });
+  const LabelIndex label_index(labels);
   std::vector<Batch> out;
   for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
     const size_t b1 = std::min(order.size(), b0 + (size_t)rows);
@@ -103,7 +106,7 @@ std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vec
     for (size_t k = b0; k < b1; ++k) {
       const std::string& t = data[order[k]].text;
       for (size_t i = 0; i < t.size(); ++i) ids[(k - b0) * T + i] = (unsigned char)t[i];
-      lab.push_back(label_index(labels, data[order[k]].label));
+      lab.push_back(label_index(data[order[k]].label));
       b.tokens += (int64_t)t.size();
     }
     b.ids = from_vector(ids, {(int64_t)(b1 - b0), (int64_t)T});
@@ -115,10 +118,25 @@ std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vec
 
 }  // namespace
 
-int64_t label_index(const std::vector<std::string>& labels, const std::string& l) {
-  auto it = std::find(labels.begin(), labels.end(), l);
-  if (it == labels.end()) fail("label '" + l + "' is not one of the model's labels");
-  return it - labels.begin();
+std::vector<std::string> labels_of(const std::vector<Example>& data, const std::string& where) {
+  std::unordered_set<std::string> seen;
+  for (const Example& e : data)
+    if (seen.insert(e.label).second && seen.size() > kMaxLabels)
+      fail("'" + where + "' has more than " + std::to_string(kMaxLabels) + " distinct labels, the most a run may have");
+  std::vector<std::string> labels(seen.begin(), seen.end());
+  std::sort(labels.begin(), labels.end());
+  return labels;
+}
+
+LabelIndex::LabelIndex(const std::vector<std::string>& labels) {
+  index_.reserve(labels.size());
+  for (size_t i = 0; i < labels.size(); ++i) index_.emplace(labels[i], (int64_t)i);
+}
+
+int64_t LabelIndex::operator()(const std::string& l) const {
+  const auto it = index_.find(l);
+  if (it == index_.end()) fail("label '" + text::printable(l) + "' is not one of the model's labels");
+  return it->second;
 }
 
 bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric) {
@@ -150,6 +168,7 @@ Metrics metrics_of(std::vector<std::vector<int64_t>> confusion) {
 }
 
 std::vector<Example> read_tsv(const std::string& path) {
+  text::check_input_file("", path);  // not /dev/zero, not over 1 GiB
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) fail("cannot read '" + path + "': " + std::strerror(errno));
   std::vector<Example> out;
@@ -260,6 +279,9 @@ std::vector<std::string> config_labels(const nlohmann::json& j, const models::Cl
   }
   if ((int64_t)labels.size() != c.classes)
     fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " + std::to_string(c.classes) + " classes");
+  if (labels.size() > kMaxLabels)
+    fail("'" + cfg_path + "': field \"labels\" has " + std::to_string(labels.size()) + " labels, more than the " +
+         std::to_string(kMaxLabels) + " a run may have");
   std::vector<std::string> sorted = labels;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
@@ -294,9 +316,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
     apply_saved_schedule(j, cfg_path, loop);
     return c;
   }
-  for (auto& e : train_set)
-    if (std::find(labels.begin(), labels.end(), e.label) == labels.end()) labels.push_back(e.label);
-  std::sort(labels.begin(), labels.end());
+  labels = labels_of(train_set, o.data_dir + "/train.tsv");
   c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
   c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
   c.dropout = o.dropout, c.seed = o.loop.seed;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "graft/models/encoder_classifier.h"
@@ -25,7 +26,8 @@ struct Example {
   std::string label, text;
 };
 
-// label<TAB>text per line (labels are strings); empty lines are skipped, any other line without
+// label<TAB>text per line (labels are strings). A path that is not a regular file or is over
+// text::kMaxInputFileBytes is refused (check_input_file); empty lines are skipped, any other line without
 // exactly one tab or with an empty side, not UTF-8, or over kMaxLineBytes (found while reading) is
 // an error naming the file and line; texts longer than kMaxBytes bytes are cut there (at a
 // UTF-8 boundary).
@@ -51,8 +53,24 @@ struct Metrics {
   std::vector<std::vector<int64_t>> confusion;  // [true][predicted]
   int64_t n = 0;
 };
-// The index of `label` in `labels`; throws naming the label when it is not there.
-int64_t label_index(const std::vector<std::string>& labels, const std::string& label);
+// The most distinct labels a run may have. Its confusion matrices hold labels^2 counts and the
+// Naive Bayes baseline a row of labels per n-gram, so a TSV of 100,000 distinct labels is
+// refused at once rather than after minutes.
+constexpr size_t kMaxLabels = 1024;
+// The distinct labels of `data`, sorted (one pass through a hash set); throws naming `where`
+// (the file) and kMaxLabels when there are more.
+std::vector<std::string> labels_of(const std::vector<Example>& data, const std::string& where);
+// Label name -> its index in `labels`, a hash map built once, so that an example's lookup does
+// not scan the labels.
+class LabelIndex {
+ public:
+  explicit LabelIndex(const std::vector<std::string>& labels);
+  // The index of `label`; throws naming the label when it is not one of them.
+  int64_t operator()(const std::string& label) const;
+
+ private:
+  std::unordered_map<std::string, int64_t> index_;
+};
 // Accuracy and macro-F1 (the mean over classes of 2TP / (2TP + FP + FN), 0 for a class never
 // right) of a confusion matrix [true][predicted]; throws when it counts no example.
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion);

@@ -119,21 +119,21 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--heads", o->heads, "attention heads")->check(CLI::Range(1, 64));
   sub->add_option("--layers", o->layers, "encoder layers")->check(CLI::Range(1, 64));
   sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
-  sub->add_option("--dropout", o->dropout, "dropout (default 0.3)")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout (default 0.3)")->check(cli::range(0.0, 0.99));
   sub->add_option("--ngram-buckets", o->ngram_buckets,
                   "hashed byte n-gram inputs: rows of their embedding table (default 262144; 0: bytes alone)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   sub->add_option("--ngram-max", o->ngram_max, "the longest hashed n-gram, in bytes (default 5)")->check(CLI::Range(2, 8));
   sub->add_option("--batch-rows", o->batch_rows, "texts per batch")->check(CLI::Range(1, 4096));
   auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(CLI::Range(0.01, 1e6));
+  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(cli::range(0.01, 1e6));
   sub->add_option("--warmup", o->loop.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
-  sub->add_option("--lr-factor", o->loop.lr_factor, "Noam factor")->check(CLI::Range(1e-6, 1e3));
+  sub->add_option("--lr-factor", o->loop.lr_factor, "Noam factor")->check(cli::range(1e-6, 1e3));
   sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
   sub->add_option("--patience", o->loop.patience, "early stopping after N validations without a better macro-F1")
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--min-delta", o->loop.min_delta, "early stopping: an improvement of the macro-F1 must exceed this")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   sub->add_option("--seed", o->loop.seed, "seed")
       ->check(cli::seed_range());
   sub->add_flag("--resume", o->loop.resume, "continue the run in --out exactly where it stopped");

@@ -28,8 +28,9 @@ NaiveBayes::NaiveBayes(const std::vector<Example>& data, const std::vector<std::
   if (!(alpha > 0) || !std::isfinite(alpha)) fail("naive bayes: alpha must be a finite number > 0");
   const size_t C = labels.size();
   std::vector<double> counts, totals(C, 0.0), docs(C, 0.0);
+  const LabelIndex label_index(labels);
   for (const Example& e : data) {
-    const size_t c = (size_t)label_index(labels, e.label);
+    const size_t c = (size_t)label_index(e.label);
     docs[c] += 1;
     for_each_gram(e.text, [&](uint64_t key) {
       auto [it, added] = row_.emplace(key, row_.size());
@@ -64,7 +65,8 @@ int64_t NaiveBayes::predict(const std::string& text) const {
 
 Metrics evaluate(const NaiveBayes& nb, const std::vector<std::string>& labels, const std::vector<Example>& data) {
   std::vector<std::vector<int64_t>> confusion(labels.size(), std::vector<int64_t>(labels.size(), 0));
-  for (const Example& e : data) ++confusion[(size_t)label_index(labels, e.label)][(size_t)nb.predict(e.text)];
+  const LabelIndex label_index(labels);
+  for (const Example& e : data) ++confusion[(size_t)label_index(e.label)][(size_t)nb.predict(e.text)];
   return metrics_of(std::move(confusion));
 }
 

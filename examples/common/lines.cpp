@@ -2,9 +2,28 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
+#include "graft/autograd/tensor.h"
+#include "graft/autograd/text.h"
+
 namespace graft::text {
+
+void check_input_file(const std::string& who, const std::string& path, uintmax_t cap) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);  // follows symbolic links
+  if (ec || !fs::exists(st) || fs::is_directory(st)) return;
+  const std::string file = (who.empty() ? "" : who + ": ") + "'" + printable(path) + "'";
+  if (!fs::is_regular_file(st))
+    fail(file + " is not a regular file (a device or a pipe, whose reading may never end)");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) fail(file + ": cannot read its size: " + ec.message());
+  if (size > cap)
+    fail(file + " is " + std::to_string(size) + " bytes, over the limit of " + std::to_string(cap) +
+         " bytes for an input file (split it)");
+}
 
 // Byte by byte (getc_unlocked is a buffered read, not a call per byte), so NUL bytes stay in
 // the line for the UTF-8 check to reject, and nothing past the cap is stored.

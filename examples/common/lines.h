@@ -2,10 +2,22 @@
 // a corpus without newlines) costs at most `cap` bytes of memory, never the whole line.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
 namespace graft::text {
+
+// The largest file from outside a program reads (a corpus or TSV, a text, an ids file): 1 GiB.
+constexpr uintmax_t kMaxInputFileBytes = uintmax_t(1) << 30;
+
+// Refuses, before it is read, an outside file that exists but is not a regular file (a device
+// such as /dev/zero, a FIFO, a socket: reading one may never end), or is larger than
+// `cap` bytes. A path that does not exist, or a directory, passes, for the reader's own open
+// or read error (a directory's read fails at once: it cannot hang). Errors are
+// graft::Error "<who>: '<path>' is not a regular file ..." / "... is N bytes, over the limit of
+// `cap` bytes ..." (who empty: no prefix).
+void check_input_file(const std::string& who, const std::string& path, uintmax_t cap = kMaxInputFileBytes);
 
 class LineReader {
  public:

@@ -10,6 +10,7 @@
 #include "graft/models/run.h"
 #include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
+#include "examples/common/lines.h"
 #include "examples/lm/kneser_ney.h"
 #include "graft/autograd/text.h"
 #include "graft/nn/checkpoint.h"
@@ -37,12 +38,9 @@ nlohmann::json options_json(const TrainOptions& o, int64_t context) {
 std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
   std::vector<std::string> docs;
   for (const std::string& path : paths) {
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    if (ec) fail("cannot read '" + path + "': " + ec.message());
-    if (size > kMaxTextFileBytes)
-      fail("'" + path + "' is " + std::to_string(size) + " bytes; text files over " + std::to_string(kMaxTextFileBytes) +
-           " bytes are not read (split it)");
+    text::check_input_file("", path, kMaxTextFileBytes);  // not /dev/zero, not over 1 GiB
+    if (!fs::is_regular_file(path))
+      fail("cannot read '" + path + "': " + (fs::exists(path) ? "a directory" : "no such file"));
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot read '" + path + "'");
     std::stringstream ss;

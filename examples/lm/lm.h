@@ -23,7 +23,8 @@ constexpr int64_t kBOS = 256, kEOS = 257, kPAD = 258, kVocab = 259;
 
 // Documents of text files: a file of fortune cookies (lines holding only "%" separate them) or
 // plain text (blank lines separate paragraphs). Leading/trailing whitespace is trimmed; empty
-// documents are dropped. Throws naming the file when it cannot be read or is not UTF-8.
+// documents are dropped. Throws naming the file when it cannot be read, is not a regular file
+// (/dev/zero), is over kMaxTextFileBytes or is not UTF-8.
 constexpr uintmax_t kMaxTextFileBytes = uintmax_t(1) << 30;  // per file
 std::vector<std::string> read_documents(const std::vector<std::string>& paths);
 // Every k-th document (by a seeded shuffle) goes to validation; both sides non-empty.

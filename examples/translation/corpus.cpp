@@ -47,6 +47,7 @@ std::string CorpusStats::summary() const {
 
 std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
                            size_t max_bytes, size_t max_words) {
+  check_input_file("read_tsv", path);  // not /dev/zero, not over 1 GiB
   // stdio rather than iostreams: fopen reliably sets errno for the error message.
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) {

@@ -37,8 +37,9 @@ struct Pair {
 // max_words == 0 disables the word limit; max_bytes == 0 means kHardLineCap.
 // Stats are accumulated into `stats` (not reset), so several files can share
 // one tally. Throws std::runtime_error("read_tsv: cannot open '<path>':
-// <strerror>") when the file cannot be opened, and a similar "error reading"
-// message on an I/O error (e.g. the path is a directory).
+// <strerror>") when the file cannot be opened, graft::Error when it is not a
+// regular file (a directory, /dev/zero) or is over kMaxInputFileBytes
+// (check_input_file), and an "error reading" message on an I/O error.
 std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
                            size_t max_bytes = 1000, size_t max_words = 0);
 

@@ -111,6 +111,7 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
 int cmd_score(const std::string& run, const std::string& data, const std::string& hyp_ids) {
   text::CorpusStats st;
   auto pairs = tr::load_corpus(data, st);
+  text::check_input_file("score", hyp_ids);  // not /dev/zero, not over 1 GiB
   std::ifstream in(hyp_ids);
   if (!in) throw std::runtime_error("score: cannot open '" + hyp_ids + "'");
   const size_t n = (size_t)std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
@@ -151,18 +152,18 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--preset", o->preset, "model preset (tiny, small, base, big)");
   auto* steps = sub->add_option("--steps", o->steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   auto* minutes = sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
-                      ->check(CLI::Range(0.01, 1e6));
+                      ->check(cli::range(0.01, 1e6));
   sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--lr-factor", o->lr_factor, "Noam schedule factor")->check(CLI::Range(1e-6, 1e3));
+  sub->add_option("--lr-factor", o->lr_factor, "Noam schedule factor")->check(cli::range(1e-6, 1e3));
   sub->add_option("--warmup", o->warmup, "Noam warmup steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--lr", o->lr, "constant learning rate (replaces the Noam schedule)")->check(CLI::Range(0.0, 10.0));
-  sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")->check(CLI::Range(0.0, 0.99));
-  sub->add_option("--dropout", o->dropout, "dropout probability")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--lr", o->lr, "constant learning rate (replaces the Noam schedule)")->check(cli::range(0.0, 10.0));
+  sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")->check(cli::range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 0.99));
   sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
   sub->add_option("--positions", o->positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   sub->add_option("--attention-dropout", o->attention_dropout, "dropout on the attention probabilities")
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(cli::range(0.0, 0.99));
   sub->add_option("--vocab", o->vocab, "SentencePiece vocabulary size")->check(CLI::Range(8, 1 << 20));
   sub->add_option("--valid-every", o->valid_every, "validate and checkpoint every N steps")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
@@ -173,12 +174,12 @@ cli::Command add_train(CLI::App& app) {
   cli::add_data_parallel_options(sub, o->bucket_mb, o->overlap);
   sub->add_option("--patience", o->patience,
                   "early stopping: stop after N validations without a better valid BLEU (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber);  // an integer
   sub->add_option("--min-delta", o->min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   sub->add_option("--stop-at-bleu", o->stop_at_bleu,
                   "time to quality: stop at the first validation with valid BLEU >= this")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(cli::range(0.0, 100.0));
   sub->add_option("--dump-batches", o->dump_batches,
                   "write the batches, their order and the initial weights for a peer implementation (bench)");
   sub->add_option("--graph", o->graph,
@@ -250,7 +251,7 @@ cli::Command add_forward(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--batch", a->batch, "safetensors file with int64 src, tgt_in, tgt_out")->required();
   sub->add_option("--out", a->out, "safetensors file to write logits, loss and grad.<parameter> into")->required();
-  sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")->check(CLI::Range(0.0, 0.99));
+  sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")->check(cli::range(0.0, 0.99));
   return {sub, [a] { return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0; }};
 }
 

@@ -1,5 +1,8 @@
 #include "tokenizer.h"
 
+#include "examples/common/lines.h"
+#include "graft/nn/checkpoint.h"
+
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -25,6 +28,18 @@ class VectorIterator : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
+// <prefix>.model (the serialized model) and <prefix>.vocab (piece<TAB>score per line, as
+// SentencePiece writes it), each written atomically.
+void write_model(const std::string& proto, const std::string& prefix) {
+  sentencepiece::SentencePieceProcessor sp;
+  const auto status = sp.LoadFromSerializedProto(proto);
+  if (!status.ok()) throw std::runtime_error("Tokenizer::train: '" + prefix + "': " + status.ToString());
+  nn::atomic_write(prefix + ".model", [&](std::ostream& os) { os.write(proto.data(), (std::streamsize)proto.size()); });
+  nn::atomic_write(prefix + ".vocab", [&](std::ostream& os) {
+    for (int i = 0; i < sp.GetPieceSize(); ++i) os << sp.IdToPiece(i) << '\t' << sp.GetScore(i) << '\n';
+  });
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -38,8 +53,12 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
     throw std::invalid_argument("Tokenizer::train: vocab_size " + std::to_string(vocab_size) +
                                 " leaves no room beyond the 4 special tokens");
   }
+  // The model is trained into memory (no model_prefix) and written here, so the file does not
+  // depend on where it goes: SentencePiece stores its trainer options in the model, model_prefix
+  // included, and two runs into different directories would write different bytes. With all the sentences (no
+  // sampling: input_sentence_size 0), in their order, and a fixed thread count (the E-step's
+  // per-thread sums are added in thread order), the bytes are the same on every run.
   const std::unordered_map<std::string, std::string> args = {
-      {"model_prefix", model_prefix},
       {"vocab_size", std::to_string(vocab_size)},
       {"model_type", type == ModelType::Bpe ? "bpe" : "unigram"},
       {"pad_id", std::to_string(PAD)},
@@ -53,26 +72,23 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
       // makes training fail instead of producing a smaller vocabulary.
       {"hard_vocab_limit", "false"},
       {"num_threads", "2"},
-      // Sampling would only kick in above this many sentences, but keep the
-      // whole input deterministic regardless of size.
+      {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},
       {"minloglevel", "2"},
   };
   VectorIterator it(sentences);
-  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it);
+  std::string proto;
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &proto);
   if (!status.ok()) {
     throw std::runtime_error("Tokenizer::train: failed for '" + model_prefix +
                              "': " + status.ToString());
   }
+  write_model(proto, model_prefix);
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
-  // SentencePiece reads the whole file: refuse one far larger than any tokenizer first.
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(model_path, ec);
-  if (!ec && size > kMaxModelBytes)
-    throw std::runtime_error("Tokenizer: '" + model_path + "' is " + std::to_string(size) +
-                             " bytes, more than the " + std::to_string(kMaxModelBytes) + " a tokenizer model may have");
+  // SentencePiece reads the whole file: refuse one far larger than any tokenizer, or a device, first.
+  check_input_file("Tokenizer", model_path, kMaxModelBytes);
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
     throw std::runtime_error("Tokenizer: cannot load model '" + model_path +

@@ -18,8 +18,8 @@ class Tokenizer {
   enum class ModelType { Unigram, Bpe };
 
   // Trains one model shared by source and target (pass both sides' sentences)
-  // and writes <model_prefix>.model and <model_prefix>.vocab. Deterministic
-  // for a given input. vocab_size is a soft limit so that tiny corpora that
+  // and writes <model_prefix>.model and <model_prefix>.vocab. Deterministic:
+  // the same sentences give the same bytes, whatever the prefix (directory). vocab_size is a soft limit so that tiny corpora that
   // cannot reach it still train. Throws std::runtime_error on failure and
   // std::invalid_argument for an empty sentence list or vocab_size <= 4.
   static void train(const std::vector<std::string>& sentences, const std::string& model_prefix,

@@ -18,6 +18,7 @@
 #include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
 #include "examples/common/graph_file.h"
+#include "examples/common/lines.h"
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
@@ -248,6 +249,7 @@ Attention cross_attention(models::Transformer& m, const text::Tokenizer& tok,
 
 text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_ids_file,
                              const std::vector<std::string>& refs) {
+  text::check_input_file("bleu_of_ids", hyp_ids_file);
   std::ifstream in(hyp_ids_file);
   if (!in) fail("bleu_of_ids: cannot open '" + hyp_ids_file + "'");
   std::vector<std::string> hyps;
