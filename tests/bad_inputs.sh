@@ -49,9 +49,9 @@ case_ CLI "no subcommand" 2 "a subcommand is required" -- "$T"
 case_ CLI "unknown subcommand \`translate trian\`" 2 "unknown subcommand 'trian'" -- "$T" trian
 case_ CLI "\`--seed -1\`" 2 "--seed: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --seed -1
 case_ CLI "\`--steps 99999999999999999999\`" 2 "--steps: Value" -- "$T" train --data "$D" --out "$W/x" --steps 99999999999999999999
-case_ CLI "\`--lr nan\`" 2 "--lr must be a finite number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr nan
+case_ CLI "\`--lr nan\`" 2 "--lr: Value nan is not a number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr nan
 case_ CLI "\`--lr -1\`" 2 "--lr: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr -1
-case_ CLI "\`--minutes nan\`" 2 "--minutes must be a finite number" -- "$T" train --data "$D" --out "$W/x" --minutes nan
+case_ CLI "\`--minutes nan\`" 2 "--minutes: Value nan is not a number" -- "$T" train --data "$D" --out "$W/x" --minutes nan
 case_ CLI "\`--vocab 2147483000\`" 2 "--vocab: Value 2147483000 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --vocab 2147483000
 case_ CLI "\`--preset huge\`" 2 "unknown preset 'huge'" -- "$T" train --data "$D" --out "$W/x" --steps 5 --preset huge
 case_ CLI "\`--positions absolute\`" 2 "--positions" -- "$T" train --data "$D" --out "$W/x" --steps 5 --positions absolute
@@ -60,6 +60,10 @@ case_ CLI "\`--temperature 0\` when sampling" 2 "temperature" -- "$T" translate 
 case_ CLI "lm \`--max-new -3\`" 2 "--max-new" -- "$LM" generate --run "$W/nothing" --max-new -3
 case_ CLI "\`--precision fp16\`" 2 "--precision: fp16 not in {fp32,bf16}" -- "$T" train --data "$D" --out "$W/x" --steps 5 --precision fp16
 case_ CLI "\`--precision bf16\` where oneDNN has no native bf16 kernel (here: oneDNN capped at AVX-512 without AVX512_BF16)" 2 "no native bf16 matmul kernel" -- env DNNL_MAX_CPU_ISA=AVX512_CORE "$T" train --data "$D" --out "$W/x" --steps 5 --precision bf16
+case_ CLI "\`--stop-at-bleu nan\` (CLI11's range check lets NaN through)" 2 "--stop-at-bleu: Value nan is not a number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --stop-at-bleu nan
+case_ CLI "lm \`--dropout nan\`" 2 "--dropout: Value nan is not a number" -- "$LM" train --out "$W/lm" --steps 2 --dropout nan
+case_ CLI "classify \`--dropout nan\`" 2 "--dropout: Value nan is not a number" -- "$CL" train --data "$D" --out "$W/cl" --steps 2 --dropout nan
+case_ CLI "\`--temperature nan\` when sampling" 2 "--temperature: Value nan is not a number" -- "$T" translate --run "$W/run" --sample --temperature nan
 case_ CLI "\`--stop-at-bleu 101\`" 2 "--stop-at-bleu: Value 101 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --stop-at-bleu 101
 case_ CLI "\`--graph step.txt\`" 2 "graph: 'step.txt': the file name must end in .dot, .svg, .png or .pdf" -- "$T" train --data "$D" --out "$W/x" --steps 5 --graph step.txt
 case_ CLI "\`--dump-batches\` with \`--resume\`" 2 "--dump-batches records a whole run from step 0; not with --resume" -- "$T" train --data "$D" --out "$W/run" --steps 5 --resume --dump-batches "$W/dump.jsonl"
@@ -69,11 +73,14 @@ printf '5 999999\n' >"$W/big.ids"
 case_ CLI "score: ids that are not numbers" 2 "line 1 is not ids" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/bad.ids"
 case_ CLI "score: an id outside the vocabulary" 2 "id 999999 outside the vocabulary" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/big.ids"
 case_ CLI "score: no such ids file" 2 "score: cannot open '$W/none.ids'" -- "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids "$W/none.ids"
+case_ CLI "score: \`--hyp-ids /dev/zero\`" 2 "score: '/dev/zero' is not a regular file" -- timeout 20 "$T" score --run "$W/run" --data "$D/valid.tsv" --hyp-ids /dev/zero
 case_ CLI "classify, a run that does not exist" 2 "load_json: '$W/nothing/config.json': cannot open" -- "$CL" evaluate --run "$W/nothing" --data "$D/test.tsv"
 
 mkdir -p "$W/empty" && : >"$W/empty/train.tsv" && : >"$W/empty/valid.tsv"
 case_ corpus "no such directory" 2 "read_tsv: cannot open '$W/none/train.tsv'" -- "$T" train --data "$W/none" --out "$W/x" --steps 5
 case_ corpus "empty train.tsv" 2 "no usable sentence pairs in '$W/empty/train.tsv'" -- "$T" train --data "$W/empty" --out "$W/x" --steps 5
+mkdir -p "$W/zero" && ln -s /dev/zero "$W/zero/train.tsv" && cp "$D/valid.tsv" "$W/zero/valid.tsv"
+case_ corpus "train.tsv a symbolic link to /dev/zero (once read forever)" 2 "train.tsv' is not a regular file" -- timeout 20 "$T" train --data "$W/zero" --out "$W/x" --steps 5
 mkdir -p "$W/long"
 python3 - "$W/long" <<'EOF'
 import random, sys
@@ -113,6 +120,8 @@ fresh; sed -i 's/"heads": 4/"heads": 8/' "$W/r/config.json"
 case_ config "heads edited in config.json, --resume" 2 "config.json' is not the file the interrupted run started with" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; sed -i 's/"enc_layers": 2/"enc_layers": 1000000000/' "$W/r/config.json"
 case_ config "enc_layers 10^9, --resume" 2 "field \"enc_layers\" must be in [1, 1024]" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"max_len": 256/"max_len": 3000000/' "$W/r/config.json"
+case_ config "max_len 3·10^6, import-weights (once a 4.5 GB sinusoid table)" 2 "field \"max_len\" must be in [1, 65536], got 3000000" -- "$T" import-weights --run "$W/r" --weights "$W/run/model.safetensors"
 fresh; sed -i 's/"d_ff": 512/"d_ff": 16000000/' "$W/r/config.json"
 case_ config "d_ff 1.6·10^7 (8·10^9 parameters), --resume" 2 "the config describes a model of" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; sed -i 's/"eos_id": 3/"eos_id": 99999/' "$W/r/config.json"
@@ -142,6 +151,7 @@ case_ lm "a text file that does not exist" 2 "cannot read '$W/none.txt'" -- "$LM
 printf 'one paragraph only\n' >"$W/one.txt"
 case_ lm "a text with one document" 2 "need at least 2 documents" -- "$LM" train --out "$W/lm" --text "$W/one.txt" --steps 2
 head -c 5000 /dev/urandom >"$W/bin.txt"
+case_ lm "\`--text /dev/zero\`" 2 "'/dev/zero' is not a regular file" -- timeout 20 "$LM" train --out "$W/lm" --text /dev/zero --steps 2
 case_ lm "a binary file as text" 2 "is not UTF-8 text" -- "$LM" train --out "$W/lm" --text "$W/bin.txt" --steps 2
 python3 -c "import sys; open(sys.argv[1],'w').write(''.join(f'a rolling stone {i} gathers no moss\n%\n' for i in range(60)))" "$W/moss.txt"
 "$LM" train --out "$W/lmrun" --text "$W/moss.txt" --steps 2 --context 16 --valid-every 2 >/dev/null 2>&1 ||
@@ -154,6 +164,10 @@ mkdir -p "$W/tsv" && printf 'en\thello there\nno tab here\n' >"$W/tsv/train.tsv"
 case_ classify "a TSV line without a tab" 2 "train.tsv' line 2: expected label<TAB>text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
 printf 'en\thello \xff\xfe there\n' >"$W/tsv/train.tsv"
 case_ classify "a TSV line that is not UTF-8" 2 "line 1: not UTF-8 text" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2
+mkdir -p "$W/zerotsv" && ln -s /dev/zero "$W/zerotsv/train.tsv" && ln -s /dev/zero "$W/zerotsv/valid.tsv"
+case_ classify "train.tsv a symbolic link to /dev/zero" 2 "train.tsv' is not a regular file" -- timeout 20 "$CL" train --data "$W/zerotsv" --out "$W/cl" --steps 2
+mkdir -p "$W/labels" && seq 100000 | sed 's/$/\tsome text/' >"$W/labels/train.tsv" && cp "$W/labels/train.tsv" "$W/labels/valid.tsv"
+case_ classify "100,000 distinct labels (once past 90 s before step 1)" 2 "train.tsv' has more than 1024 distinct labels" -- timeout 20 "$CL" train --data "$W/labels" --out "$W/cl" --steps 2
 printf 'en\thello there\nde\tguten Tag\n' >"$W/tsv/train.tsv" && cp "$W/tsv/train.tsv" "$W/tsv/valid.tsv"
 case_ classify "--ngram-max outside [2, 8]" 2 "--ngram-max: Value 9 not in range 2 to 8" -- "$CL" train --data "$W/tsv" --out "$W/cl" --steps 2 --ngram-max 9
 "$CL" train --data "$W/tsv" --out "$W/clrun" --steps 2 --valid-every 2 --ngram-buckets 1024 >/dev/null 2>&1 ||

@@ -40,7 +40,7 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     text::check_input_file("", path, kMaxTextFileBytes);  // not /dev/zero, not over 1 GiB
     if (!fs::is_regular_file(path))
-      fail("cannot read '" + path + "': " + (fs::exists(path) ? "a directory" : "no such file"));
+      fail("cannot read '" + path + "': " + (fs::exists(path) ? "a directory" : "No such file or directory"));
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot read '" + path + "'");
     std::stringstream ss;
