@@ -12,6 +12,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/trainer.h"
 #include "graft/ops/ops.h"
@@ -46,19 +47,25 @@ std::string run_dir() {
   return (base / ("graft_fuzz_state_" + std::to_string(::getpid()))).string();
 }
 
-// A genuine state after 3 steps, made once.
-const nn::SafetensorsFile& genuine() {
-  static const nn::SafetensorsFile f = [] {
-    const std::string dir = run_dir() + "_seed";
-    fs::create_directories(dir);
-    fuzz::remove_at_exit(dir);
+// The seed run's directory: a genuine checkpoint after 3 steps, made once.
+const std::string& seed_dir() {
+  static const std::string dir = [] {
+    const std::string d = run_dir() + "_seed";
+    fs::create_directories(d);
+    fuzz::remove_at_exit(d);
     fuzz::remove_at_exit(run_dir());
     Toy t;
-    nn::LoopOptions o = options(dir, false);
+    nn::LoopOptions o = options(d, false);
     o.steps = 3;
     nn::train_loop(t.task, o);
-    return nn::load_safetensors(dir + "/train_state.safetensors");
+    return d;
   }();
+  return dir;
+}
+
+// Its genuine train state.
+const nn::SafetensorsFile& genuine() {
+  static const nn::SafetensorsFile f = nn::load_safetensors(seed_dir() + "/train_state.safetensors");
   return f;
 }
 
@@ -75,8 +82,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   meta["metadata_checksum"] = nn::text_checksum(trainer + '\n' + optimizer);
   const std::string dir = run_dir();
   fs::create_directories(dir);
-  try {
-    nn::save_safetensors(dir + "/train_state.safetensors", genuine().tensors, meta);
+  try {  // a checkpoint of the seed run's metrics.csv and this state
+    nn::CheckpointCommit c(dir, 3);
+    fs::copy_file(seed_dir() + "/metrics.csv", c.path("metrics.csv"), fs::copy_options::overwrite_existing);
+    nn::save_safetensors(c.path("train_state.safetensors"), genuine().tensors, meta);
+    c.commit();
   } catch (const Error&) {
     return 0;  // metadata that is not UTF-8 cannot be written
   }

@@ -502,6 +502,13 @@ void save_json(const std::string& path, const nlohmann::json& j) {
   atomic_write(path, [&](std::ostream& os) { os.write(text.data(), std::streamsize(text.size())); });
 }
 
+nlohmann::json load_resume_config(const std::string& run_dir) {
+  const std::string path = run_dir + "/config.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("resume: '" + path + "' is missing (nothing to resume; drop --resume to start fresh)");
+  return load_json(path);
+}
+
 nlohmann::json load_json(const std::string& path) {
   return parse_json(read_whole_file("load_json", path, kMaxJsonFileBytes), "load_json: " + squote(path), 32);
 }

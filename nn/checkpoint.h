@@ -153,6 +153,10 @@ T json_field(const nlohmann::json& obj, const char* key, const std::string& wher
 /// @throws graft::Error "save_json: '<path>': ..." when j cannot be encoded (invalid UTF-8) or
 ///         the write fails.
 void save_json(const std::string& path, const nlohmann::json& j);
+/// The config.json a run directory was started with, read for --resume.
+/// @throws graft::Error "resume: '<run_dir>/config.json' is missing (nothing to resume; drop
+///         --resume to start fresh)", or as load_json().
+nlohmann::json load_resume_config(const std::string& run_dir);
 /// Reads and parses a JSON file.
 /// Throws a graft::Error naming the path and, for malformed JSON, the parse error position.
 /// Files over 16 MiB or nested over 32 levels are refused before parsing.

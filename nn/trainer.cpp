@@ -88,20 +88,25 @@ void write_metrics(const std::string& path, const std::vector<std::string>& name
   });
 }
 
-// Rows up to `last_step` of an earlier run, so a resumed run's CSV has no rows from steps that
-// are about to be redone.
+// The rows of the checkpoint's metrics.csv, which was committed with its train state (steps up
+// to last_step). A row that does not parse is damage, not something to skip.
 std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<std::string>& names,
                                      int64_t last_step) {
-  std::vector<MetricsRow> rows;
   std::ifstream in(path);
   std::string line;
-  if (!std::getline(in, line)) return rows;
-  while (std::getline(in, line)) {
+  if (!std::getline(in, line)) fail("resume: '" + path + "' is missing or empty: the checkpoint is damaged");
+  std::vector<MetricsRow> rows;
+  for (int64_t n = 2; std::getline(in, line); ++n) {
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     f.resize(4 + names.size());
-    auto num = [](const std::string& s) { return s.empty() ? NAN : std::stod(s); };
+    auto num = [](const std::string& s) {
+      size_t used = 0;
+      const double v = s.empty() ? NAN : std::stod(s, &used);
+      if (used != s.size()) throw std::invalid_argument(s);
+      return v;
+    };
     MetricsRow r;
     try {
       r.step = std::stoll(f[0]);
@@ -109,7 +114,7 @@ std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<
       for (size_t i = 0; i < names.size(); ++i)
         if (!f[4 + i].empty()) r.valid[names[i]] = num(f[4 + i]);
     } catch (const std::exception&) {
-      continue;
+      fail("resume: '" + path + "' line " + std::to_string(n) + " is not a metrics row: the checkpoint is damaged");
     }
     if (r.step <= last_step) rows.push_back(r);
   }
@@ -117,6 +122,9 @@ std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<
 }
 
 // ---- the train state ----
+
+constexpr const char* kStateFile = "train_state.safetensors";
+constexpr const char* kMetricsFile = "metrics.csv";
 
 // Everything besides tensors that an exact resume needs.
 struct LoopState {
@@ -229,6 +237,16 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
   return f;
 }
 
+// Whether v holds each of 0..v.size()-1 exactly once.
+bool is_permutation_of_indices(const std::vector<int64_t>& v) {
+  std::vector<char> seen(v.size(), 0);
+  for (int64_t i : v) {
+    if (i < 0 || (uint64_t)i >= v.size() || seen[(size_t)i]) return false;
+    seen[(size_t)i] = 1;
+  }
+  return true;
+}
+
 // Restores the weights, the optimizer and the loop state; returns every saved rank's generator
 // states (one rank for a run saved before data parallelism).
 std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt,
@@ -262,9 +280,8 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
   if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 || ns.since_best < 0)
     fail("resume: '" + path + "': bad trainer metadata (negative counters or a non-finite elapsed time)");
   const int64_t nb = task.batches;
-  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb ||
-      std::any_of(ns.order.begin(), ns.order.end(), [&](int64_t i) { return i < 0 || i >= nb; }))
-    fail("resume: '" + path + "': batch order does not match the " + std::to_string(nb) + " batches");
+  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb || !is_permutation_of_indices(ns.order))
+    fail("resume: '" + path + "': batch order is not a permutation of the " + std::to_string(nb) + " batches");
   if (gens.size() != task.generators.size())
     fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
          std::to_string(task.generators.size()) + " generators");
@@ -332,6 +349,18 @@ void check_ranks_agree(Communicator& c, const TrainTask& t, const LoopOptions& o
          ", so some rank would never train (more data, larger batches, or fewer ranks)");
 }
 
+// Whether run_dir has a committed checkpoint. A train state outside one is a run of the layout
+// before checkpoints were committed as one unit: its files cannot be updated safely.
+bool has_checkpoint(const std::string& run_dir) {
+  if (!current_checkpoint(run_dir).empty()) return true;
+  std::error_code ec;
+  const fs::path state = fs::path(run_dir) / kStateFile;
+  if (fs::is_regular_file(fs::symlink_status(state, ec)))
+    fail("resume: '" + state.string() + "' was written by graft before 0.5, whose checkpoints were not "
+         "committed as one unit (there is no 'checkpoint' link beside it); start a new run");
+  return false;
+}
+
 void check_task(const TrainTask& t, const LoopOptions& o) {
   if (!t.model || !t.loss || !t.tokens || !t.validate) fail("train: the task needs a model, loss, tokens and validate");
   if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
@@ -346,8 +375,9 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
 
 class Loop {
  public:
-  Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm)
-      : t_(task), o_(o), comm_(comm), rank_(comm.rank()), ranks_(comm.size()),
+  // resume: whether run_dir has a checkpoint to continue (o.resume, and one was committed).
+  Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm, bool resume)
+      : t_(task), o_(o), comm_(comm), resume_(resume), rank_(comm.rank()), ranks_(comm.size()),
         quiet_(o.quiet || rank_ != 0), params_(task.model->named_parameters()),
         opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
         noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!quiet_ && isatty(2)) {}
@@ -419,7 +449,7 @@ class Loop {
   // rank loaded the same state (one shared run directory), else the ranks would drift apart.
   void synchronise_start() {
     if (ranks_ == 1) return;
-    if (!o_.resume) {
+    if (!resume_) {
       for (auto& [n, p] : params_) {
         comm_.broadcast(p, 0);
         p.bump_version();
@@ -448,9 +478,11 @@ class Loop {
 
   void start() {
     s_.batch_gen = Generator(o_.seed * 0x2545F4914F6CDD1Dull + 17);
-    if (o_.resume) {
+    if (o_.resume && !resume_) say("no checkpoint in '" + o_.run_dir + "' yet: starting at step 0");
+    if (resume_) {
       const auto saved = load_train_state(state_path(), t_, opt_, s_);
-      rows_ = read_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, s_.step);
+      last_valid_step_ = s_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
+      rows_ = read_metrics(o_.run_dir + "/" + kMetricsFile, t_.metric_names, s_.step);
       say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) + ", batch " +
           std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
       if ((int)saved.size() == ranks_) {
@@ -475,7 +507,7 @@ class Loop {
     t_start_ = t_interval_ = t_draw_ = Clock::now();
   }
 
-  std::string state_path() const { return o_.run_dir + "/train_state.safetensors"; }
+  std::string state_path() const { return o_.run_dir + "/" + kStateFile; }
 
   void train_step() {
     if (s_.pos == t_.batches) {
@@ -600,11 +632,7 @@ class Loop {
     LoopState snap = s_;
     snap.elapsed = elapsed();
     const auto generators = comm_.allgather(generator_states(t_));
-    if (rank_ == 0) {  // rank 0 alone writes files
-      save_train_state(state_path(), t_, opt_, snap, tied_, generators);
-      write_metrics(o_.run_dir + "/metrics.csv", t_.metric_names, rows_);
-      if (t_.on_validated) t_.on_validated(s_.step, rows_);
-    }
+    if (rank_ == 0) save_checkpoint(snap, generators);  // rank 0 alone writes files
     last_valid_step_ = s_.step;
     std::ostringstream os;
     os << "step " << s_.step << " ";
@@ -627,6 +655,16 @@ class Loop {
           std::to_string(o_.patience) + " validations (best " + fmt_num(s_.best) + ")");
     }
     return stop;
+  }
+
+  // The train state, metrics.csv and the program's files, committed as one checkpoint.
+  void save_checkpoint(const LoopState& snap, const std::vector<std::vector<uint64_t>>& generators) {
+    CheckpointCommit c(o_.run_dir, snap.step);
+    save_train_state(c.path(kStateFile), t_, opt_, snap, tied_, generators);
+    write_metrics(c.path(kMetricsFile), t_.metric_names, rows_);
+    const bool best = t_.stop_metric.empty() || newest_is_best(rows_, t_.stop_metric, t_.higher_is_better);
+    if (t_.on_validated) t_.on_validated(Validated{snap.step, rows_, best, c});
+    c.commit();
   }
 
   // this_valid_s: the seconds this validation took, not training time.
@@ -660,6 +698,7 @@ class Loop {
   const TrainTask& t_;
   const LoopOptions& o_;
   Communicator& comm_;
+  const bool resume_;
   const int rank_, ranks_;
   const bool quiet_;  // o.quiet, or a rank other than 0
   NamedTensors params_;
@@ -691,6 +730,16 @@ void check_loop_options(const LoopOptions& o) {
   if (!(o.bucket_mb > 0) || !(o.bucket_mb <= 4096)) fail("train: the gradient bucket size must be in (0, 4096] MiB");
 }
 
+bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric, bool higher_is_better) {
+  if (rows.empty() || !rows.back().valid.count(metric)) return false;
+  const double newest = rows.back().valid.at(metric);
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {
+    auto it = rows[i].valid.find(metric);
+    if (it != rows[i].valid.end() && (higher_is_better ? it->second > newest : it->second < newest)) return false;
+  }
+  return true;
+}
+
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -700,14 +749,17 @@ std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
 
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   Communicator& comm = o.comm ? *o.comm : world_communicator();
+  bool resume = false;
   on_every_rank(comm, [&] {
     check_task(task, o);
     if (comm.rank() == 0) {
       fs::create_directories(o.run_dir);
       remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
+      clean_checkpoints(o.run_dir, o.resume);  // what a killed commit left; a fresh run's predecessor
     }
   });
-  return Loop(task, o, comm).run();
+  on_every_rank(comm, [&] { resume = o.resume && has_checkpoint(o.run_dir); });
+  return Loop(task, o, comm, resume).run();
 }
 
 }  // namespace graft::nn

@@ -2,17 +2,19 @@
 /// The training loop, written once for every model family: Adam with the Noam schedule (or a
 /// constant lr), gradient clipping, periodic validation through a callback, a progress line
 /// (loss, lr, tokens/s, ETA; redrawn in place on a TTY), metrics.csv, a time or step budget,
-/// early stopping, and one atomically written train state with exact resume.
+/// early stopping, and checkpoints committed as one unit with exact resume.
 ///
 /// It lives in nn/ because it needs only what nn/ has (Module, optimizers, schedules,
 /// checkpoints): a family plugs in through TrainTask, which names its batches by index and gives
 /// the loss of one batch and the metrics of a validation, so no program retypes the loop.
 ///
-/// A run directory holds (besides what the program adds through on_validated):
+/// A run directory holds one committed checkpoint (checkpoint_dir.h: the files of one
+/// validation, made current together by one atomic rename, so a kill at any moment leaves the
+/// previous checkpoint or the new one, never a mix), with these files besides what the program
+/// adds through on_validated:
 /// - train_state.safetensors: the weights, the optimizer moments, and in the metadata the step,
 ///   every RNG state, the epoch, its batch order and the position in it, the data fingerprint:
-///   everything an exact resume needs, in ONE file, so a crash between two writes can never pair
-///   weights of one step with moments of another
+///   everything an exact resume needs
 /// - metrics.csv: step, train_loss, lr, tokens_per_s, valid_<metric>...
 #pragma once
 
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/communicator.h"
 #include "graft/nn/module.h"
 
@@ -38,6 +41,23 @@ struct MetricsRow {
   double train_loss = NAN, lr = NAN, tokens_per_s = NAN;
   ///@}
   std::map<std::string, double> valid;  ///< empty on rows without a validation
+};
+
+/// Whether the newest row's `metric` is the best of all rows so far (higher or lower, as
+/// higher_is_better says): false when the newest row has no such metric; a tie with an earlier
+/// row counts as best (no measured difference, and the newer weights trained longer).
+bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric, bool higher_is_better);
+
+/// What TrainTask::on_validated is handed after each validation.
+struct Validated {
+  int64_t step = 0;                     ///< the step just validated
+  const std::vector<MetricsRow>& rows;  ///< every metrics row so far (this validation's last)
+  /// This validation's stop metric is the best so far (newest_is_best(); always true without a
+  /// stop metric): its weights are the run's best.
+  bool best = false;
+  /// Where this checkpoint's files go (CheckpointCommit::path()); a file not written again is
+  /// carried over from the previous checkpoint.
+  const CheckpointCommit& checkpoint;
 };
 
 /// What the loop needs from a model family. Batches are the program's own, by index.
@@ -75,9 +95,10 @@ struct TrainTask {
   /// one of them is not the file the run started with (their fingerprints are taken at the
   /// start and kept in the train state).
   std::vector<std::string> tied_files;
-  /// After each validation and save: the program writes what else it keeps (weights for
-  /// inference, curves); rows holds every metrics row so far.
-  std::function<void(int64_t step, const std::vector<MetricsRow>& rows)> on_validated;
+  /// After each validation: the program writes what else the checkpoint keeps (the best
+  /// weights for inference, curves) through Validated::checkpoint, so they are committed with
+  /// the train state and metrics.csv as one unit.
+  std::function<void(const Validated&)> on_validated;
 };
 
 /// The loop's settings: budget, optimizer and schedule, intervals, stopping rules.
@@ -106,7 +127,10 @@ struct LoopOptions {
   /// is better, else <=); NaN: never.
   double stop_at = NAN;
   uint64_t seed = 1;     ///< batch order and the global generator
-  bool resume = false;   ///< continue run_dir's train state exactly
+  /// Continue run_dir's current checkpoint exactly; a run with none committed yet (killed
+  /// before its first validation) starts from step 0. Without resume a run starts afresh and
+  /// removes an earlier run's checkpoint from run_dir.
+  bool resume = false;
   bool quiet = false;  ///< no progress lines
   /// Data parallel: the ranks that train the model together (nullptr: world_communicator(), a
   /// single process unless mpirun started the program). Each rank takes a shard of every batch;

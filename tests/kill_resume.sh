@@ -9,7 +9,7 @@ set -euo pipefail
 BUILD=$(cd "$1" && pwd)
 KILLS=${2:-20}
 T=$BUILD/examples/translation/translate
-W=$(mktemp -d /tmp/graft_kill_resume.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/graft_kill_resume.XXXXXX")
 trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT  # KEEP=1 keeps the runs for a look
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 

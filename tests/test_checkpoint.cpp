@@ -16,6 +16,8 @@
 
 #include "graft/autograd/tensor.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
+#include "tests/test_util.h"
 
 using namespace graft;
 namespace fs = std::filesystem;
@@ -24,18 +26,8 @@ namespace {
 
 // A fresh directory per test, removed afterwards, so tests never see each other's files.
 struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static int counter = 0;
-    dir = fs::temp_directory_path() /
-          ("graft_ck_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+  graft::testing::TempDir made{"ck"};
+  fs::path dir = made.path;
   std::string file(const std::string& name) const { return (dir / name).string(); }
   // Names of everything in the directory: lets tests prove no temp file was left behind.
   std::vector<std::string> listing() const {
@@ -589,6 +581,71 @@ BOOST_AUTO_TEST_CASE(typed_json_reads) {
   BOOST_TEST(nn::json_complaint<double>(json("3")) == "must be a number, got \"3\"");
   BOOST_CHECK_EXCEPTION(nn::json_field<int64_t>(json::object(), "step", "state"), Error,
                         [](const Error& e) { return std::string(e.what()) == "state: 'step' is missing"; });
+}
+
+// A checkpoint's files become visible together, through run/<name> links, only at commit();
+// a file not written again is carried over; an unfinished checkpoint changes nothing.
+BOOST_AUTO_TEST_CASE(checkpoint_directories_commit_as_one_unit) {
+  TempDir td;
+  const std::string run = td.dir.string();
+  BOOST_TEST(nn::current_checkpoint(run).empty());
+  {
+    nn::CheckpointCommit c(run, 3);
+    write_bytes(c.path("a.txt"), "a3");
+    write_bytes(c.path("b.txt"), "b3");
+    BOOST_TEST(!fs::exists(td.dir / "a.txt"));  // not before the commit
+    c.commit();
+  }
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
+  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  {
+    nn::CheckpointCommit c(run, 6);
+    write_bytes(c.path("a.txt"), "a6");
+    c.commit();  // b.txt carried over
+  }
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a6");
+  BOOST_TEST(read_bytes(td.file("b.txt")) == "b3");
+  BOOST_TEST(!fs::exists(td.dir / "ckpt-00000003"));  // the previous one is gone
+  {
+    nn::CheckpointCommit c(run, 9);
+    write_bytes(c.path("a.txt"), "a9");  // an error before commit(): nothing changes
+  }
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a6");
+  BOOST_TEST(!fs::exists(td.dir / "ckpt-00000009"));
+  {
+    nn::CheckpointCommit c(run, 6);  // the current checkpoint's step again: another directory
+    write_bytes(c.path("a.txt"), "a6 again");
+    c.commit();
+  }
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a6 again");
+  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000006.1").string());
+  nn::CheckpointCommit c(run, 12);
+  for (const char* bad : {"", "x/y", "..", "checkpoint", "ckpt-1"})
+    BOOST_CHECK_EXCEPTION(c.path(bad), Error, [](const Error& e) { return graft::testing::names(e, "is not a plain file name"); });
+}
+
+// What a killed commit leaves is removed by the next run; a pointer that does not point at a
+// checkpoint of its run is an error naming it.
+BOOST_AUTO_TEST_CASE(clean_checkpoints_and_damaged_pointers) {
+  TempDir td;
+  const std::string run = td.dir.string();
+  {
+    nn::CheckpointCommit c(run, 3);
+    write_bytes(c.path("a.txt"), "a3");
+    c.commit();
+  }
+  fs::create_directories(td.dir / "ckpt-00000006");
+  fs::create_symlink("ckpt-00000006", td.dir / "checkpoint.graft-new-link");
+  BOOST_TEST(nn::clean_checkpoints(run, true) == 2);
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
+  BOOST_TEST(nn::clean_checkpoints(run, false) == 2);  // the pointer and ckpt-00000003
+  BOOST_TEST(nn::current_checkpoint(run).empty());
+  fs::create_symlink("/etc", td.dir / "checkpoint");
+  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error,
+                        [](const Error& e) { return graft::testing::names(e, "not at a checkpoint directory of its run"); });
+  fs::remove(td.dir / "checkpoint");
+  fs::create_symlink("ckpt-00000042", td.dir / "checkpoint");
+  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) { return graft::testing::names(e, "which is missing"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,11 +1,15 @@
 // The library training loop (nn/trainer.h) on a toy task: it learns, resumes bit-exactly,
 // stops early, and refuses a non-finite loss or an empty task with a message naming the cause.
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 
+#include "graft/nn/checkpoint.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/trainer.h"
 #include "graft/ops/ops.h"
@@ -31,8 +35,10 @@ nn::LoopOptions opts(const fs::path& dir, int64_t steps) {
   return o;
 }
 
+// A directory of its own under this process's temporary directory (removed at exit).
 fs::path fresh_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("graft_test_trainer_" + name);
+  static const graft::testing::TempDir root("trainer");
+  fs::path d = root.path / name;
   fs::remove_all(d);
   return d;
 }
@@ -47,7 +53,7 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
   Toy t(3);
   const fs::path dir = fresh_dir("learns");
   std::vector<nn::MetricsRow> seen;  // what on_validated was handed last
-  t.task.on_validated = [&](int64_t, const std::vector<nn::MetricsRow>& rows) { seen = rows; };
+  t.task.on_validated = [&](const nn::Validated& v) { seen = v.rows; };
   nn::LoopResult r = nn::train_loop(t.task, opts(dir, 200));
   BOOST_TEST(r.last_step == 200);
   BOOST_TEST(r.last_valid.at("mse") < 1e-3);
@@ -68,6 +74,25 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
     if (last + 1 < line.size()) BOOST_TEST(std::stod(line.substr(last + 1)) == seen[n].valid.at("mse"));
   }
   BOOST_TEST(n == seen.size());
+}
+
+// The rule for the best weights: the newest validation must be at least as good as every
+// earlier one (a tie takes the newer weights), upwards or downwards.
+BOOST_AUTO_TEST_CASE(newest_is_best_by_the_stop_metric) {
+  auto row = [](int64_t step, double f1) {
+    nn::MetricsRow r;
+    r.step = step;
+    if (f1 >= 0) r.valid["macro_f1"] = f1;
+    return r;
+  };
+  BOOST_TEST(nn::newest_is_best({row(10, 0.5)}, "macro_f1", true));
+  BOOST_TEST(nn::newest_is_best({row(10, 0.5), row(15, -1), row(20, 0.6)}, "macro_f1", true));
+  BOOST_TEST(nn::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1", true));  // a tie takes the newer
+  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", true));
+  BOOST_TEST(nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", false));  // lower is better
+  BOOST_TEST(!nn::newest_is_best({row(10, 0.6), row(20, 0.7)}, "macro_f1", false));
+  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1", true));  // no validation on the newest
+  BOOST_TEST(!nn::newest_is_best({}, "macro_f1", true));
 }
 
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
@@ -215,6 +240,103 @@ BOOST_AUTO_TEST_CASE(early_stop_is_final_and_budget_end_validation_does_not_coun
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 30);
   BOOST_TEST(r.losses.empty());
+}
+
+// The run's current train state with its trainer metadata edited (checksums made right again),
+// committed as a new checkpoint beside the same metrics.csv: what a forged or damaged file
+// that passes the checksums would hold.
+void commit_edited_state(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nn::SafetensorsFile f = nn::load_safetensors((dir / "train_state.safetensors").string());
+  nlohmann::json trainer = nlohmann::json::parse(f.metadata.at("trainer"));
+  edit(trainer);
+  f.metadata["trainer"] = trainer.dump();
+  f.metadata["metadata_checksum"] = nn::text_checksum(f.metadata["trainer"] + '\n' + f.metadata.at("optimizer"));
+  std::ifstream csv(dir / "metrics.csv");
+  const std::string metrics((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
+  nn::CheckpointCommit c(dir.string(), 999);
+  nn::save_safetensors(c.path("train_state.safetensors"), f.tensors, f.metadata);
+  nn::atomic_write(c.path("metrics.csv"), [&](std::ostream& os) { os << metrics; });
+  c.commit();
+}
+
+// A train state whose batch order is not a permutation of the batches (all zeros would train on
+// one batch only) is refused, naming the file.
+BOOST_AUTO_TEST_CASE(batch_order_must_be_a_permutation) {
+  manual_seed(1);
+  Toy t(3);
+  const fs::path dir = fresh_dir("order");
+  nn::train_loop(t.task, opts(dir, 10));
+  commit_edited_state(dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>(8, 0); });
+  nn::LoopOptions o = opts(dir, 20);
+  o.resume = true;
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+                        [](const Error& e) { return names(e, "batch order is not a permutation of the 8 batches"); });
+  commit_edited_state(dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>{7, 6, 5, 4, 3, 2, 1, 0}; });
+  BOOST_TEST(nn::train_loop(t.task, o).last_step == 20);  // a permutation is fine
+}
+
+// Checkpoints are directories made current by one rename: a resume reads the train state and
+// metrics.csv of the same checkpoint, and refuses a damaged metrics row or a run of the layout
+// before them instead of continuing from a mix.
+BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
+  manual_seed(1);
+  Toy t(3);
+  const fs::path dir = fresh_dir("one_checkpoint");
+  nn::train_loop(t.task, opts(dir, 20));
+  BOOST_TEST(fs::is_symlink(dir / "checkpoint"));
+  BOOST_TEST(fs::read_symlink(dir / "checkpoint").string() == "ckpt-00000020");
+  BOOST_TEST(fs::read_symlink(dir / "metrics.csv").string() == "checkpoint/metrics.csv");
+  std::vector<std::string> entries;
+  for (auto& e : fs::directory_iterator(dir)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  BOOST_TEST(entries == (std::vector<std::string>{"checkpoint", "ckpt-00000020", "metrics.csv", "train_state.safetensors"}),
+             boost::test_tools::per_element());
+  nn::LoopOptions o = opts(dir, 30);
+  o.resume = true;
+  {  // a metrics row that does not parse
+    const std::string csv = (dir / "metrics.csv").string();
+    std::ifstream in(csv);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    std::ofstream(csv, std::ios::trunc) << text << "25,garbage\n";
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+                          [](const Error& e) { return names(e, "metrics.csv' line 6 is not a metrics row"); });
+    std::ofstream(csv, std::ios::trunc) << text;
+  }
+  // A run directory of graft 0.4: a plain train_state.safetensors, no checkpoint link.
+  const fs::path old = fresh_dir("old_layout");
+  fs::create_directories(old);
+  fs::copy_file(dir / "train_state.safetensors", old / "train_state.safetensors");
+  o.run_dir = old.string();
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+                        [](const Error& e) { return names(e, "were not committed as one unit"); });
+}
+
+// A run killed before its first checkpoint: --resume starts it at step 0 and ends where an
+// uninterrupted run does; a fresh run in an old run's directory removes the old checkpoint.
+BOOST_AUTO_TEST_CASE(resume_without_a_checkpoint_starts_at_step_0) {
+  manual_seed(1);
+  Toy a(3);
+  nn::LoopResult whole = nn::train_loop(a.task, opts(fresh_dir("no_ckpt_whole"), 20));
+  const fs::path dir = fresh_dir("no_ckpt");
+  fs::create_directories(dir / "ckpt-00000010");  // an unfinished commit of the killed run
+  std::ofstream(dir / "ckpt-00000010" / "train_state.safetensors") << "half";
+  Toy b(3);
+  nn::LoopOptions o = opts(dir, 20);
+  o.resume = true;
+  nn::LoopResult r = nn::train_loop(b.task, o);
+  BOOST_TEST(r.first_step == 0);
+  BOOST_TEST(r.losses == whole.losses);
+  BOOST_TEST(b.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
+  BOOST_TEST(fs::read_symlink(dir / "checkpoint").string() == "ckpt-00000020");
+  BOOST_TEST(!fs::exists(dir / "ckpt-00000010"));
+  o.resume = false;
+  o.steps = 5;
+  o.valid_every = 100;
+  Toy c(3);
+  nn::train_loop(c.task, o);
+  BOOST_TEST(fs::read_symlink(dir / "checkpoint").string() == "ckpt-00000005");
+  BOOST_TEST(!fs::exists(dir / "ckpt-00000020"));
 }
 
 BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {

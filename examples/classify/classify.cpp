@@ -139,14 +139,6 @@ int64_t LabelIndex::operator()(const std::string& l) const {
   return it->second;
 }
 
-bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric) {
-  if (rows.empty() || !rows.back().valid.count(metric)) return false;
-  const double newest = rows.back().valid.at(metric);
-  for (size_t i = 0; i + 1 < rows.size(); ++i)
-    if (auto it = rows[i].valid.find(metric); it != rows[i].valid.end() && !(newest > it->second)) return false;
-  return true;
-}
-
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion) {
   const int64_t C = (int64_t)confusion.size();
   Metrics r;
@@ -310,7 +302,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   models::ClassifierConfig c;
   if (o.loop.resume) {
-    const nlohmann::json j = nn::load_json(cfg_path);
+    const nlohmann::json j = nn::load_resume_config(o.loop.run_dir);
     c = config_model(j, cfg_path);
     labels = config_labels(j, c, cfg_path);
     apply_saved_schedule(j, cfg_path, loop);
@@ -364,11 +356,13 @@ nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batc
   task.tied_files = {cfg_path};
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
-  task.on_validated = [&model, &o, &baseline, cfg_path](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    if (newest_is_best(rows, "macro_f1"))
-      nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-classifier", {cfg_path});
+  task.on_validated = [&model, &o, &baseline, cfg_path](const nn::Validated& v) {
+    if (v.best)
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, "graft-classifier",
+                       {cfg_path});
     if (o.plot)
-      plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "cross-entropy", {"accuracy", "macro_f1"}, "validation",
+      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
+                            "validation",
                             {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
   };
   return task;

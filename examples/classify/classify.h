@@ -75,10 +75,6 @@ class LabelIndex {
 // right) of a confusion matrix [true][predicted]; throws when it counts no example.
 Metrics metrics_of(std::vector<std::vector<int64_t>> confusion);
 
-// True when the newest row's validation `metric` is higher than every earlier validation's (a tie
-// keeps the earlier): train() then writes model.safetensors. The loop's rows hold the values as
-// metrics.csv does, so a resumed run decides as the uninterrupted one.
-bool newest_is_best(const std::vector<nn::MetricsRow>& rows, const std::string& metric);
 // label ids index `labels`; an example whose label is not among them is an error naming it.
 Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& labels,
                  const std::vector<Example>& data);

@@ -162,7 +162,7 @@ namespace {
 models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::json& saved) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (o.loop.resume) {
-    saved = nn::load_json(cfg_path);
+    saved = nn::load_resume_config(o.loop.run_dir);
     context = nn::json_field<int64_t>(saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(),
                                       "context", "resume: '" + cfg_path + "': \"train\" section");
     models::model_section(saved, cfg_path, "resume");
@@ -230,12 +230,13 @@ nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& 
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {o.loop.run_dir + "/config.json"};
   task.run_config = nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
-  task.on_validated = [&model, &o, &baseline](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    nn::save_weights(model.state_dict(), o.loop.run_dir + "/model.safetensors", step, "graft-lm",
-                     {o.loop.run_dir + "/config.json"});
+  task.on_validated = [&model, &o, &baseline](const nn::Validated& v) {
+    if (v.best)
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, "graft-lm",
+                       {o.loop.run_dir + "/config.json"});
     if (o.plot)
-      plot::learning_curves(o.loop.run_dir + "/curves.png", rows, "nats/token", {"bpc"}, "validation bits per character",
-                            {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
+      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "nats/token", {"bpc"},
+                            "validation bits per character", {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
   };
   return task;
 }

@@ -411,9 +411,7 @@ namespace {
 nlohmann::json apply_resumed_options(TrainOptions& o) {
   if (!o.resume) return {};
   const std::string cfg_path = o.run_dir + "/config.json";
-  if (!fs::exists(cfg_path))
-    fail("resume: '" + cfg_path + "' is missing (nothing to resume; drop --resume to start fresh)");
-  nlohmann::json saved = nn::load_json(cfg_path);
+  nlohmann::json saved = nn::load_resume_config(o.run_dir);
   const nlohmann::json t = saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
@@ -527,10 +525,11 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   task.generators = {&model.dropout_gen};
   task.data_fingerprint = batches_fingerprint(d.batches);
   task.tied_files = tied_files(o.run_dir);
-  task.on_validated = [&model, &o](int64_t step, const std::vector<nn::MetricsRow>& rows) {
-    save_model(model, o.run_dir + "/model.safetensors", step, tied_files(o.run_dir));
+  task.on_validated = [&model, &o](const nn::Validated& v) {
+    if (v.best) save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.run_dir));
     if (o.plot)
-      plot::learning_curves(o.run_dir + "/curves.png", rows, "label-smoothed", {"bleu"}, "validation BLEU (greedy)");
+      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "label-smoothed", {"bleu"},
+                            "validation BLEU (greedy)");
   };
   return task;
 }

@@ -1,0 +1,158 @@
+#include "graft/nn/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "graft/autograd/tensor.h"
+
+namespace graft::nn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPointer = "checkpoint";
+constexpr const char* kPrefix = "ckpt-";
+// A link being made: written beside its final name, then renamed over it.
+constexpr const char* kNewLink = ".graft-new-link";
+
+[[noreturn]] void io_fail(const fs::path& path, const std::string& what, int err) {
+  fail("checkpoint: '" + path.string() + "': " + what + ": " + std::strerror(err ? err : EIO));
+}
+
+std::string step_name(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%08lld", kPrefix, (long long)step);
+  return buf;
+}
+
+bool reserved(const std::string& name) { return name == kPointer || name.rfind(kPrefix, 0) == 0; }
+
+// The name of the directory run/checkpoint points at, "" when there is no pointer.
+std::string pointer_target(const fs::path& run) {
+  std::error_code ec;
+  const fs::path p = run / kPointer;
+  if (!fs::is_symlink(fs::symlink_status(p, ec))) return "";
+  const std::string target = fs::read_symlink(p, ec).string();
+  if (ec || target.find('/') != std::string::npos || target.rfind(kPrefix, 0) != 0)
+    fail("checkpoint: '" + p.string() + "' points at '" + target +
+         "', not at a checkpoint directory of its run (a ckpt-* directory beside it)");
+  if (!fs::is_directory(run / target, ec))
+    fail("checkpoint: '" + p.string() + "' points at '" + target + "', which is missing: the run directory was damaged");
+  return target;
+}
+
+// Makes `link` a symbolic link to `target`, replacing whatever was there in one rename.
+void replace_link(const fs::path& link, const std::string& target) {
+  const std::string tmp = link.string() + kNewLink;
+  ::unlink(tmp.c_str());
+  if (::symlink(target.c_str(), tmp.c_str()) != 0) io_fail(tmp, "cannot create a symbolic link", errno);
+  if (::rename(tmp.c_str(), link.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    io_fail(link, "cannot rename a new link over it", err);
+  }
+}
+
+// run/<name> -> checkpoint/<name>, made once per file name.
+void link_name(const fs::path& run, const std::string& name) {
+  const std::string target = std::string(kPointer) + "/" + name;
+  std::error_code ec;
+  const fs::path link = run / name;
+  if (fs::is_symlink(fs::symlink_status(link, ec)) && fs::read_symlink(link, ec).string() == target && !ec) return;
+  replace_link(link, target);
+}
+
+// The previous checkpoint's files this one did not write, as hard links (copies where the
+// filesystem has none).
+void carry_over(const fs::path& from, const fs::path& to) {
+  for (const auto& e : fs::directory_iterator(from)) {
+    if (!e.is_regular_file()) continue;
+    const fs::path dst = to / e.path().filename();
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(dst, ec))) continue;
+    fs::create_hard_link(e.path(), dst, ec);
+    if (ec && !fs::copy_file(e.path(), dst, ec)) io_fail(dst, "cannot carry the previous checkpoint's file over", ec.value());
+  }
+}
+
+}  // namespace
+
+void sync_directory(const std::string& dir, const std::string& who) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail(who + ": '" + dir + "': cannot open the directory to fsync it: " + std::strerror(errno));
+  int r;
+  do r = ::fsync(fd);
+  while (r != 0 && errno == EINTR);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0 && err != EINVAL) fail(who + ": '" + dir + "': fsync of the directory failed: " + std::strerror(err));
+}
+
+CheckpointCommit::CheckpointCommit(const std::string& run_dir, int64_t step) : run_dir_(run_dir) {
+  const std::string current = pointer_target(run_dir);
+  const std::string base = step_name(step);
+  name_ = base;
+  for (int k = 1; name_ == current; ++k) name_ = base + "." + std::to_string(k);
+  const fs::path dir = fs::path(run_dir) / name_;
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // an unfinished checkpoint of this step, left by a killed run
+  if (!fs::create_directory(dir, ec)) io_fail(dir, "cannot create the checkpoint directory", ec.value());
+}
+
+CheckpointCommit::~CheckpointCommit() {
+  if (committed_) return;
+  std::error_code ec;
+  fs::remove_all(fs::path(run_dir_) / name_, ec);
+}
+
+std::string CheckpointCommit::path(const std::string& name) const {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." || reserved(name))
+    fail("checkpoint: '" + name + "' is not a plain file name a checkpoint can hold");
+  return (fs::path(run_dir_) / name_ / name).string();
+}
+
+void CheckpointCommit::commit() {
+  const fs::path run(run_dir_), dir = run / name_;
+  const std::string previous = pointer_target(run);
+  if (!previous.empty()) carry_over(run / previous, dir);
+  sync_directory(dir.string(), "checkpoint");
+  for (const auto& e : fs::directory_iterator(dir)) link_name(run, e.path().filename().string());
+  replace_link(run / kPointer, name_);  // the commit
+  sync_directory(run_dir_, "checkpoint");
+  committed_ = true;
+  std::error_code ec;
+  if (!previous.empty()) fs::remove_all(run / previous, ec);
+}
+
+std::string current_checkpoint(const std::string& run_dir) {
+  const std::string target = pointer_target(run_dir);
+  return target.empty() ? "" : (fs::path(run_dir) / target).string();
+}
+
+int clean_checkpoints(const std::string& run_dir, bool keep_current) {
+  const fs::path run(run_dir);
+  std::error_code ec;
+  int removed = 0;
+  std::string current;
+  if (keep_current) current = pointer_target(run);
+  else if (fs::remove(run / kPointer, ec)) ++removed;  // first: from here on the run has no checkpoint
+  std::vector<fs::path> stale;  // collected first: removing while iterating may skip entries
+  for (const auto& e : fs::directory_iterator(run, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool new_link = name.size() > std::strlen(kNewLink) &&
+                          name.compare(name.size() - std::strlen(kNewLink), std::string::npos, kNewLink) == 0;
+    if (new_link || (name.rfind(kPrefix, 0) == 0 && name != current)) stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale)
+    if (fs::remove_all(p, ec) > 0) ++removed;
+  return removed;
+}
+
+}  // namespace graft::nn

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Nothing lost at any kill point (ctest: kill_every_file_op). For translate, lm and classify a
+# short training run is killed with SIGKILL just before each file operation on its run directory
+# in turn (every fsync, rename, link, symlink, unlink, mkdir and rmdir of the start and of two
+# checkpoints, counted by the LD_PRELOAD shim tests/fileop_shim.c), then resumed with --resume to
+# its end. After each, the run's metrics.csv (less the timing column), its best weights
+# (model.safetensors) and its train state (tensors and metadata, less the elapsed time) must be
+# those of an uninterrupted run. A kill before the run wrote its config leaves nothing to resume:
+# --resume must say so, and the run then starts afresh.
+#   tests/kill_every_file_op.sh BUILD_DIR SHIM [STRIDE]   (STRIDE n: every n-th operation)
+set -euo pipefail
+BUILD=$(cd "$1" && pwd)
+SHIM=$2
+STRIDE=${3:-1}
+W=$(mktemp -d "${TMPDIR:-/tmp}/graft_kill_ops.XXXXXX")
+trap '[[ -n ${KEEP:-} ]] || rm -rf "$W"' EXIT  # KEEP=1 keeps the runs for a look
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# The sanitizer build's runtime must come first among the libraries; the shim only wraps libc.
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+
+T=$BUILD/examples/translation/translate
+LM=$BUILD/examples/lm/lm
+CL=$BUILD/examples/classify/classify
+
+"$T" generate-data --out "$W/tdata" --seed 3 --train 200 --valid 10 --test 5 >/dev/null
+python3 -c "import sys; open(sys.argv[1],'w').write(''.join(f'a rolling stone {i} gathers no moss\n%\n' for i in range(60)))" "$W/text.txt"
+mkdir -p "$W/cdata"
+python3 - "$W/cdata" <<'EOF'
+import sys
+lines = [f"en\tthe cat {i} sat on the mat" if i % 2 else f"de\tdie Katze {i} sitzt auf der Matte" for i in range(40)]
+open(sys.argv[1] + "/train.tsv", "w").write("\n".join(lines) + "\n")
+open(sys.argv[1] + "/valid.tsv", "w").write("\n".join(lines[:10]) + "\n")
+EOF
+
+# Each program's command: 6 steps, a checkpoint every 3 (a first one, and one that replaces it).
+train_cmd() {  # program run_dir
+  case $1 in
+    translate) echo "$T" train --data "$W/tdata" --out "$2" --steps 6 --valid-every 3 --log-every 3 \
+                 --batch-tokens 256 --vocab 60 --warmup 10 --seed 5 ;;
+    lm) echo "$LM" train --text "$W/text.txt" --out "$2" --steps 6 --valid-every 3 --context 16 \
+          --batch-rows 4 --seed 5 ;;
+    classify) echo "$CL" train --data "$W/cdata" --out "$2" --steps 6 --valid-every 3 \
+                --ngram-buckets 256 --batch-rows 8 --seed 5 ;;
+  esac
+}
+
+# The run's record, less what may differ between two equal runs: tokens/s, the training time,
+# and the fingerprints of side files (spm.model records the path it was trained under).
+record() {  # run_dir
+  python3 - "$1" <<'EOF'
+import hashlib, json, struct, sys
+run = sys.argv[1]
+def safetensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    meta = h.pop("__metadata__", {})
+    return h, b[8 + n:], meta
+out = []
+for line in open(run + "/metrics.csv"):
+    cells = line.rstrip("\n").split(",")
+    out.append(",".join(cells[:3] + cells[4:]))
+h, data, meta = safetensors(run + "/model.safetensors")
+out += [json.dumps(h, sort_keys=True), hashlib.sha256(data).hexdigest(), "best step " + meta.get("step", "?")]
+h, data, meta = safetensors(run + "/train_state.safetensors")
+trainer = json.loads(meta["trainer"])
+for k in ("elapsed_bits", "tied"):
+    trainer.pop(k, None)
+out += [json.dumps(h, sort_keys=True), hashlib.sha256(data).hexdigest(), json.dumps(trainer, sort_keys=True), meta["optimizer"]]
+print("\n".join(out))
+EOF
+}
+
+kills=0
+for prog in ${PROGRAMS:-translate lm classify}; do  # PROGRAMS=lm: one of them
+  read -ra whole <<<"$(train_cmd $prog "$W/$prog-whole")"
+  if ! GRAFT_FILEOP_DIR="$W/$prog-whole" GRAFT_FILEOP_LOG="$W/$prog.ops" LD_PRELOAD=$SHIM "${whole[@]}" >"$W/log" 2>&1; then
+    echo "kill_every_file_op: $prog: the uninterrupted run failed:" >&2
+    tail -n 5 "$W/log" >&2
+    exit 1
+  fi
+  want=$(record "$W/$prog-whole")
+  ops=$(wc -l <"$W/$prog.ops")
+  [[ $ops -gt 20 ]] || { echo "kill_every_file_op: $prog: only $ops file operations counted" >&2; exit 1; }
+  for ((n = 1; n <= ops; n += STRIDE)); do
+    run=$W/$prog-split
+    rm -rf "$run"
+    read -ra cmd <<<"$(train_cmd $prog "$run")"
+    rc=0
+    GRAFT_FILEOP_DIR="$run" GRAFT_FILEOP_KILL=$n LD_PRELOAD=$SHIM "${cmd[@]}" >"$W/log" 2>&1 || rc=$?
+    if [[ $rc -ne 137 ]]; then
+      echo "kill_every_file_op: $prog: the run was not killed at operation $n (exit $rc)" >&2
+      exit 1
+    fi
+    op=$(sed -n "${n}p" "$W/$prog.ops")
+    rc=0
+    "${cmd[@]}" --resume >"$W/log" 2>&1 || rc=$?
+    if [[ $rc -eq 2 ]] && grep -q "nothing to resume" "$W/log"; then
+      rc=0  # killed before the run wrote its config: afresh
+      "${cmd[@]}" >"$W/log" 2>&1 || rc=$?
+    fi
+    if [[ $rc -ne 0 ]]; then
+      echo "kill_every_file_op: $prog: the resume after a kill before '$op' failed (exit $rc):" >&2
+      tail -n 5 "$W/log" >&2
+      exit 1
+    fi
+    if [[ $(record "$run") != "$want" ]]; then
+      echo "kill_every_file_op: $prog: after a kill before '$op' the run differs from the uninterrupted one:" >&2
+      diff <(echo "$want") <(record "$run") | head -n 10 >&2
+      exit 1
+    fi
+    if ls -a "$run" | grep -q '\.tmp\.\|graft-new-link' || [[ $(ls -d "$run"/ckpt-* | wc -l) -ne 1 ]]; then
+      echo "kill_every_file_op: $prog: leftovers after a kill before '$op': $(ls -a "$run")" >&2
+      exit 1
+    fi
+    kills=$((kills + 1))
+  done
+  echo "kill_every_file_op: $prog: $ops file operations, killed before $(( (ops + STRIDE - 1) / STRIDE )) of them, each resumed to the uninterrupted run's metrics, best weights and train state"
+done
+echo "kill_every_file_op: $kills kills, nothing lost"
