@@ -11,7 +11,7 @@
 ///   run/ckpt-00000600/{train_state.safetensors, metrics.csv, model.safetensors, ...}
 ///   run/model.safetensors -> checkpoint/model.safetensors     one link per file name
 /// @endcode
-/// Readers open run/<file> as before. A kill at any moment leaves either the previous checkpoint
+/// Readers open run/NAME as before. A kill at any moment leaves either the previous checkpoint
 /// or the new one current, never a mix; what an interrupted commit left is removed by the next
 /// run (clean_checkpoints()).
 #pragma once
