@@ -1,4 +1,5 @@
-// layer_norm over the last dim. float32 runs oneDNN layer_normalization forward (training:
+// layer_norm and rms_norm over the last dim. rms_norm runs one OpenMP row loop in both dtypes.
+// layer_norm: float32 runs oneDNN layer_normalization forward (training:
 // it also returns the per-row mean and variance the backward needs); float64 runs the reference
 // loop. The backward is one OpenMP row loop for both (llm.c's layernorm_backward formulas), which
 // rebuilds the normalised rows from the output where that is exact enough (see
@@ -326,7 +327,129 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
   return y;
 }
 
+// rms_norm: x (..., C), w (C) -> y (..., C); saves x, w, rstd (N)
+GRAFT_DECLARE_OP("rms_norm", "norm");
+
 namespace {
+
+// x (N, C) contiguous, w (C) or null -> y (N, C), rstd (N) = 1 / sqrt(mean(x^2) + eps). Both
+// dtypes (float64 is the reference; float32 the vectorised path: oneDNN 2.6's
+// layer_normalization always subtracts the mean, with or without use_scale/use_shift).
+template <class T>
+void rms_norm_rows(const T* x, const T* w, double eps, int64_t N, int64_t C, T* y, T* rstd) {
+#pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* __restrict xr = x + n * C;
+    T* __restrict yr = y + n * C;
+    T ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+    const T r = T(1) / std::sqrt(ss / T(C) + T(eps));
+#pragma omp simd
+    for (int64_t i = 0; i < C; ++i) yr[i] = xr[i] * r * (w ? w[i] : T(1));
+    rstd[n] = r;
+  }
+}
+
+// With xhat = x * rstd and dn = dy * w: dx = (dn - xhat * mean(dn * xhat)) * rstd,
+// dw = sum_rows dy * xhat. The column sums go through per-block partial sums added in block
+// order (blocks fixed by N alone), as layer_norm's: independent of the thread count.
+template <class T>
+void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, int64_t N, int64_t C,
+                            T* dx, T* dw) {
+  const int64_t rows_per_block = std::max<int64_t>(8, (N + 255) / 256);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  std::vector<T> part(dw ? 2 * blocks * C : 0);
+#pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    T* __restrict pw_sum = dw ? part.data() + 2 * blk * C : nullptr;
+    for (int64_t n = blk * rows_per_block; n < std::min(N, (blk + 1) * rows_per_block); ++n) {
+      const T* __restrict xr = x + n * C;
+      const T* __restrict gr = dy + n * C;
+      const T r = rstd[n];
+      if (dx) {
+        T s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < C; ++i) s += gr[i] * (w ? w[i] : T(1)) * xr[i];
+        s *= r * r / T(C);
+        T* __restrict dr = dx + n * C;
+#pragma omp simd
+        for (int64_t i = 0; i < C; ++i) dr[i] = (gr[i] * (w ? w[i] : T(1)) - xr[i] * s) * r;
+      }
+      if (pw_sum) {
+#pragma omp simd
+        for (int64_t i = 0; i < C; ++i) pw_sum[i] += gr[i] * xr[i] * r;
+      }
+    }
+  }
+  if (dw) add_block_sums<T>(part.data(), blocks, C, dw, nullptr);
+}
+
+}  // namespace
+
+// x, dy (..., C), w (C) or undefined, rstd (N rows) -> dx (..., C), dw (C) where needed.
+Tensors rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dout,
+                          const std::vector<bool>& needs) {
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::contig(x_in), dy = kern::contig(dout);
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  Tensor dx = needs[0] ? Tensor::empty(x_in.shape(), x_in.dtype()) : Tensor();
+  Tensor dw = w.defined() && needs[1] ? Tensor::empty({C}, x.dtype()) : Tensor();
+  if (x.numel() == 0) {
+    for (auto* g : {&dx, &dw})
+      if (g->defined()) fill_(*g, 0);
+    return {dx, dw};
+  }
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "rms_norm", [&] {
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    rms_norm_backward_rows<T>(x.data<const T>(), ptr(w), rstd.data<const T>(), dy.data<const T>(), N, C,
+                              ptr(dx), ptr(dw));
+  });
+  return {dx, dw};
+}
+
+Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
+  check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::contig(x_in);
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype()), rstd = Tensor::empty({N}, x_in.dtype());
+  if (y.numel() > 0)
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "rms_norm", [&] {
+      rms_norm_rows<T>(x.data<const T>(), w.defined() ? w.data<const T>() : nullptr, eps, N, C, y.data<T>(),
+                       rstd.data<T>());
+    });
+  if (!autograd::needs_record({x_in, w_in})) return y;
+  autograd::record("rms_norm", {x_in, w_in}, {y}, {x_in, w_in, rstd},
+                   [](const autograd::Ctx& c, const Tensors& dout) {
+                     return rms_norm_backward(c.saved[0], c.saved[1], c.saved[2], dout[0], c.needs);
+                   });
+  return y;
+}
+
+namespace {
+
+void register_rms_norm_cases() {
+  register_case(OpCase{.name = "rms_norm/weighted",
+                       .op = "rms_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
+                           },
+                       .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
+  // A transposed (non-contiguous) x, its rows broadcast against one weight vector.
+  register_case(OpCase{.name = "rms_norm/weighted_transposed",
+                       .op = "rms_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4, 6}, dt, g, -2, 2), case_input({6}, dt, g, -1.5, 1.5)};
+                           },
+                       .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
+  register_case(OpCase{.name = "rms_norm/plain_many_rows_eps",
+                       .op = "rms_norm",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({37, 4}, dt, g, -2, 2)}; },
+                       .fn = [](const Tensors& x) { return rms_norm(x[0], Tensor(), 0.1); }});
+}
 
 void register_add_layer_norm_cases() {
   // add_layer_norm with a non-contiguous residual: xhat rebuilt from y (shift within the scale),
@@ -356,6 +479,7 @@ void register_add_layer_norm_cases() {
 
 void register_norm_cases() {
   register_add_layer_norm_cases();
+  register_rms_norm_cases();
   // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
   register_case(OpCase{.name = "layer_norm/affine",
                        .op = "layer_norm",

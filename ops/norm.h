@@ -1,6 +1,7 @@
 /// @file
 /// layer_norm: y = (x - mean) / sqrt(var + eps) * w + b over the last dim (biased var);
 /// x (..., C), w (C) and b (C) optional (undefined) -> y (..., C).
+/// rms_norm: y = x / sqrt(mean(x^2) + eps) * w over the last dim; x (..., C), w (C) optional.
 #pragma once
 
 #include "graft/autograd/tensor.h"
@@ -19,5 +20,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps 
 /// @throws graft::Error "add_layer_norm: ..." for what layer_norm() rejects, and when r is
 ///         undefined or differs from x in dtype or shape.
 Tensor add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps = 1e-5);
+
+/// RMS normalisation over the last dim (Llama's RMSNorm, torch.nn.functional.rms_norm):
+/// y = x / sqrt(mean(x^2) + eps) * w; x (..., C), w (C) or undefined -> y (..., C);
+/// differentiable in x and w. No mean is subtracted and there is no shift.
+/// @throws graft::Error "rms_norm: x ...: ..." when x is undefined, not float or 0-d, w differs
+///         from x in dtype or is not (C), or eps < 0.
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
 
 }  // namespace graft

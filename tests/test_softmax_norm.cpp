@@ -1,4 +1,4 @@
-// softmax, log_softmax and layer_norm: hand-computed values in both dtypes, float32 (oneDNN)
+// softmax, log_softmax, layer_norm and rms_norm: hand-computed values in both dtypes, float32 (oneDNN)
 // vs float64 (loops) on larger inputs, and the misuse errors.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -113,6 +113,35 @@ BOOST_AUTO_TEST_CASE(layer_norm_f32_matches_f64) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(rms_norm_values) {
+  for (DType dt : kFloats) {
+    // Row (1, 2, 3, 4): mean square 7.5, so y = x / sqrt(7.5 + eps).
+    const double eps = 0.5, r = 1 / std::sqrt(7.5 + eps);
+    Tensor x = vec({1, 2, 3, 4}, {1, 4}, dt), w = vec({1, 1, 2, -1}, {4}, dt);
+    check_close(rms_norm(x, Tensor(), eps), {r, 2 * r, 3 * r, 4 * r});
+    check_close(rms_norm(x, w, eps), {r, 2 * r, 6 * r, -4 * r});
+    // A zero row stays zero (eps keeps it finite); no mean is subtracted from a constant row.
+    check_close(rms_norm(vec({0, 0, 3, 3}, {2, 2}, dt), Tensor(), 1e-6), {0, 0, 1, 1});
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rms_norm_f32_matches_f64) {
+  Generator g(5);
+  for (bool weighted : {true, false}) {
+    Tensor x = randn({5, 7, 48}, DType::f64, g, 0.3, 2).requires_grad_();
+    Tensor w = weighted ? randn({48}, DType::f64, g, 1, 0.5).requires_grad_() : Tensor();
+    auto f32 = [](const Tensor& t) { return t.defined() ? cast_copy(t, DType::f32).requires_grad_() : Tensor(); };
+    Tensor x32 = f32(x), w32 = f32(w);
+    Tensor y = rms_norm(x, w), y32 = rms_norm(x32, w32);
+    check_same(y32, y, 1e-4);
+    Tensor dout = randn(y.shape(), DType::f64, g);
+    y.backward(dout);
+    y32.backward(cast_copy(dout, DType::f32));
+    check_same(x32.grad(), x.grad(), 1e-4);
+    if (w.defined()) check_same(w32.grad(), w.grad(), 1e-3);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(misuse) {
   BOOST_CHECK_EXCEPTION(softmax(zeros({2, 3}), 2), Error,
                         [](const Error& e) { return names(e, "softmax: axis 2 out of range for rank 2"); });
@@ -131,6 +160,10 @@ BOOST_AUTO_TEST_CASE(misuse) {
                         [](const Error& e) { return names(e, "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"); });
   BOOST_CHECK_EXCEPTION(layer_norm(scalar(1.0), Tensor(), Tensor()), Error,
                         [](const Error& e) { return names(e, "layer_norm: x f32 (): x needs at least 1 dim"); });
+  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), zeros({3})), Error,
+                        [](const Error& e) { return names(e, "rms_norm: x f32 (2, 4), w f32 (3): w must be (4)"); });
+  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), Tensor(), -1.0), Error,
+                        [](const Error& e) { return names(e, "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"); });
   // add_layer_norm: the residual must match x (no broadcasting); the checks name the fused op.
   BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({4}), zeros({4}), Tensor()), Error, [](const Error& e) {
     return names(e, "add_layer_norm: r f32 (4) must have the dtype and shape of x f32 (2, 4)");

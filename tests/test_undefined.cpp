@@ -387,6 +387,8 @@ std::vector<Case> cases() {
       {"add_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)",
        [] { return Tensors{f({2, 4}), f({2, 4}), f({4}), f({4})}; },
        [](const Tensors& t) { add_layer_norm(t[0], t[1], t[2], t[3]); }, {2, 3}},
+      {"rms_norm(const Tensor&, const Tensor&, double)", [] { return Tensors{f({2, 4}), f({4})}; },
+       [](const Tensors& t) { rms_norm(t[0], t[1]); }, {1}},
       one("sum(const Tensor&, const std::vector<int64_t>&, bool)", x23, [](const Tensor& t) { sum(t); }),
       one("mean(const Tensor&, const std::vector<int64_t>&, bool)", x23, [](const Tensor& t) { mean(t); }),
       one("max(const Tensor&, int64_t, bool)", x23, [](const Tensor& t) { max(t, 1); }),
