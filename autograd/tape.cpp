@@ -41,6 +41,9 @@ struct Entry {
   BackwardFn fn;
   Tensors pending;  // gradients arriving for each output during backward
   std::vector<bool> owned;  // pending[k] is our own buffer (safe to accumulate into in place)
+  // retained[k]: output k asked for its gradient (Tensor::retain_grad()); empty when none did, so
+  // an entry whose outputs did not ask pays one empty() test in backward.
+  std::vector<std::weak_ptr<TensorImpl>> retained;
   bool freed = false;
 };
 
@@ -165,6 +168,7 @@ void free_entry(Entry& e) {
   e.kept_sources.clear();
   e.pending.clear();
   e.owned.clear();
+  e.retained.clear();
   e.fn = nullptr;
   --t_tape.live;
 }
@@ -476,6 +480,17 @@ void fire_ready(const std::vector<std::vector<TensorImpl*>>& ready_at, int64_t i
   for (TensorImpl* leaf : ready_at[(size_t)i]) t_grad_ready(leaf);
 }
 
+// Adds the complete gradients of e's outputs that called retain_grad() to their .grad (the pending
+// gradients, before the entry's backward runs; an output that no gradient reached gets none).
+void keep_retained(const Entry& e) {
+  for (size_t k = 0; k < e.retained.size(); ++k) {
+    const std::shared_ptr<TensorImpl> t = e.retained[k].lock();
+    if (!t || !e.pending[k].defined()) continue;
+    if (t->grad) accumulate_into(Tensor(t->grad), e.pending[k]);
+    else t->grad = contiguous_copy(e.pending[k]).impl_ptr();  // pending may be shared or reused
+  }
+}
+
 void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at) {
   for (int64_t i = top; i >= 0; --i) {
     Entry& e = t_tape.entries[i];
@@ -487,6 +502,7 @@ void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<
     }
     if (e.freed) already_freed(e.op);
     check_unmodified(e);
+    if (!e.retained.empty()) keep_retained(e);
     for (size_t k = 0; k < e.pending.size(); ++k)
       if (!e.pending[k].defined()) e.pending[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
       else if (!e.pending[k].is_contiguous()) e.pending[k] = contiguous_copy(e.pending[k]);
@@ -535,6 +551,22 @@ void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<
 }  // namespace
 
 size_t tape_size() { return t_tape.live; }
+
+void retain_grad(const Tensor& t) {
+  check_defined(t, "retain_grad", "the tensor");
+  TensorImpl* ti = t.impl();
+  if (ti->tape_index < 0) {
+    if (!ti->requires_grad)
+      fail("retain_grad: tensor " + describe(t) + " does not require grad (a leaf needs requires_grad_() first)");
+    return;  // a leaf that requires grad keeps its gradient anyway
+  }
+  check_this_thread(ti, "retain_grad: the tensor " + describe(t));
+  if (from_old_epoch(ti) || t_tape.entries[ti->tape_index].freed)
+    fail("retain_grad: the tape entry that produced " + describe(t) + " was already freed by a backward()");
+  Entry& e = t_tape.entries[ti->tape_index];
+  if (e.retained.empty()) e.retained.resize(e.out_shapes.size());
+  e.retained[ti->tape_slot] = t.impl_ptr();
+}
 
 GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) { t_grad_ready = std::move(hook); }
 GradReadyScope::~GradReadyScope() { t_grad_ready = std::move(prev_); }

@@ -185,6 +185,13 @@ class GradReadyScope {
   GradReadyHook prev_;
 };
 
+/// Asks backward() to keep the gradient of a non-leaf `t` in its .grad (Tensor::retain_grad()):
+/// each later backward() through the entry that produced `t` adds dL/dt to t.grad(), as for a
+/// leaf. Nothing for a leaf that requires grad (its gradient is kept anyway).
+/// @throws graft::Error "retain_grad: ..." when `t` is undefined, is a leaf that does not require
+///         grad, was recorded on another thread's tape, or its entry was already freed.
+void retain_grad(const Tensor& t);
+
 /// Number of live (not yet freed) entries on this thread's tape.
 size_t tape_size();
 /// Frees every entry without running backward (after an evaluation that forgot NoGrad, say).

@@ -431,6 +431,11 @@ void Tensor::set_grad(const Tensor& g) {
 
 void Tensor::zero_grad() { state("zero_grad").grad.reset(); }
 
+void Tensor::retain_grad() const {
+  state("retain_grad");
+  autograd::retain_grad(*this);
+}
+
 Tensor Tensor::detach() const {
   state("detach");
   return view_of(*this, shape(), strides(), offset());

@@ -108,7 +108,7 @@ struct TensorImpl {
   ///@}
   DType dtype = DType::f32;     ///< element type
   bool requires_grad = false;   ///< a gradient is wanted (leaf) or flows through it (op output)
-  std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves only)
+  std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves, and retain_grad() outputs)
   /// Tape position of the op that produced this tensor; -1 for leaves.
   int64_t tape_index = -1;
   /// Which thread's tape tape_index refers to: each thread's tape has an id of its own, never
@@ -185,9 +185,16 @@ class Tensor {
   Tensor& requires_grad_(bool on = true);
   /// True when no op on the tape produced this tensor.
   bool is_leaf() const { return state("is_leaf").tape_index < 0; }
-  /// The gradient accumulated by backward() (leaves only); undefined when none arrived yet.
+  /// The gradient accumulated by backward(): a leaf's, or a non-leaf's that called
+  /// retain_grad(); undefined when none arrived yet (always, for other non-leaves).
   /// @throws graft::Error when the tensor itself is undefined.
   Tensor grad() const;
+  /// Keeps this non-leaf's gradient: every later backward() that reaches it adds dL/dt to
+  /// grad() (they accumulate, as a leaf's do; zero_grad() drops it). A no-op on a leaf that
+  /// requires grad. As torch.Tensor.retain_grad. Tensors that do not ask cost nothing.
+  /// @throws graft::Error when the tensor is undefined, does not require grad, was recorded on
+  ///         another thread's tape, or its tape entry was already freed by a backward().
+  void retain_grad() const;
   /// Replaces the accumulated gradient (an undefined `g` drops it).
   /// @throws graft::Error when `g` does not have this tensor's shape and dtype.
   void set_grad(const Tensor& g);

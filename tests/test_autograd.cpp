@@ -123,6 +123,68 @@ BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_backward) {
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
+// retain_grad: L = sum(y * y) with y = x * w + exp(x) (a non-leaf used twice) has dL/dy = 2y,
+// and h = exp(x) (an intermediate behind y) dL/dh = dL/dy.
+BOOST_AUTO_TEST_CASE(retain_grad_keeps_a_non_leafs_gradient) {
+  Tensor x = from_vector(std::vector<double>{0.5, -1.0, 2.0}, {3}).requires_grad_();
+  Tensor w = from_vector(std::vector<double>{1.5, 2.0, -0.5}, {3});
+  Tensor h = exp(x);
+  Tensor y = add(mul(x, w), h);
+  Tensor z = mul(y, y);  // z does not ask: it keeps no gradient
+  y.retain_grad();
+  h.retain_grad();
+  sum(z).backward();
+  const auto yv = y.to_vector<double>();
+  const auto gy = y.grad().to_vector<double>(), gh = h.grad().to_vector<double>();
+  for (int i = 0; i < 3; ++i) {
+    BOOST_TEST(std::abs(gy[i] - 2 * yv[i]) < 1e-12);
+    BOOST_TEST(gh[i] == gy[i]);
+  }
+  BOOST_TEST(!z.grad().defined());
+  // dL/dx = dL/dy (w + exp(x)), the leaf's gradient as before
+  const auto gx = x.grad().to_vector<double>(), xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  for (int i = 0; i < 3; ++i) BOOST_TEST(std::abs(gx[i] - gy[i] * (wv[i] + std::exp(xv[i]))) < 1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(retain_grad_accumulates_and_works_with_retain_graph) {
+  Tensor x = from_vector(std::vector<double>{1, 2}, {2}).requires_grad_();
+  Tensor y = mul(x, x);  // L = sum(3 y): dL/dy = 3
+  Tensor s = sum(affine(y, 3.0, 0.0));
+  y.retain_grad();
+  s.retain_grad();  // the root: its gradient is the seed
+  s.backward(Tensor(), /*retain_graph=*/true);
+  BOOST_TEST(y.grad().to_vector<double>() == (std::vector<double>{3, 3}));
+  BOOST_TEST(s.grad().item() == 1.0);
+  s.backward();  // a second pass through the kept graph adds, as for a leaf
+  BOOST_TEST(y.grad().to_vector<double>() == (std::vector<double>{6, 6}));
+  BOOST_TEST(s.grad().item() == 2.0);
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{12, 24}));  // two passes of 3 * 2x
+  y.zero_grad();
+  BOOST_TEST(!y.grad().defined());
+  // The graph is freed now: asking again is refused, naming why.
+  BOOST_CHECK_EXCEPTION(y.retain_grad(), Error, [](const Error& e) { return has(e, {"retain_grad", "already freed"}); });
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(retain_grad_on_leaves_and_tensors_without_grad) {
+  Tensor x = from_vector(std::vector<double>{1, 2}, {2}).requires_grad_();
+  x.retain_grad();  // a leaf that requires grad: nothing changes
+  sum(mul(x, x)).backward();
+  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 4}));
+  BOOST_CHECK_EXCEPTION(ones({2}).retain_grad(), Error,
+                        [](const Error& e) { return has(e, {"retain_grad", "does not require grad"}); });
+  BOOST_CHECK_EXCEPTION(Tensor().retain_grad(), Error,
+                        [](const Error& e) { return has(e, {"Tensor::retain_grad", "undefined"}); });
+  // A retained tensor that no gradient reaches gets none (not zeros).
+  Tensor a = from_vector(std::vector<double>{1, 2, 3, 4}, {4}).requires_grad_();
+  Tensors parts = split(a, {2, 2}, 0);
+  parts[0].retain_grad();
+  parts[1].retain_grad();
+  sum(parts[0]).backward();
+  BOOST_TEST(parts[0].grad().to_vector<double>() == (std::vector<double>{1, 1}));
+  BOOST_TEST(!parts[1].grad().defined());
+}
+
 BOOST_AUTO_TEST_CASE(in_place_modification_of_saved_tensor_is_detected) {
   Tensor x = ones({3}, DType::f64).requires_grad_();
   Tensor a = exp(x);        // exp saves its output a
