@@ -78,8 +78,47 @@ const UnaryOp kAffine{.name = "affine",
                       .df = [](double, double, double a, double) { return a; },
                       .saves = Saves::nothing, .onednn = Eltwise::linear, .case_a = -0.5, .case_b = 2.5};
 
-const UnaryOp* const kRows[] = {&kExp, &kLog, &kSqrt, &kPow, &kTanh, &kSigmoid,
-                                &kRelu, &kGeluErf, &kGeluTanh, &kAffine};
+// The rows below are written once for both precisions (unary_row): f and df at double are the
+// reference, at float the vectorised loop that runs a row without a oneDNN algorithm.
+
+// silu: oneDNN's swish x * sigmoid(a x), run with a = 1.
+constexpr auto silu_f = [](auto x, auto a, auto) { return x / (1 + kern::exp(-a * x)); };
+constexpr auto silu_df = [](auto x, auto, auto a, auto) {
+  const auto s = 1 / (1 + kern::exp(-a * x));
+  return s * (1 + a * x * (1 - s));
+};
+const UnaryOp kSilu = unary_row<silu_f, silu_df>(
+    {.name = "silu", .onednn = Eltwise::swish, .lo = -3, .hi = 3, .case_a = 1});
+
+constexpr auto abs_f = [](auto x, auto, auto) { return std::fabs(x); };
+constexpr auto abs_df = [](auto x, auto, auto, auto) {
+  using T = decltype(x);
+  return x > 0 ? T(1) : x < 0 ? T(-1) : T(0);
+};
+const UnaryOp kAbs = unary_row<abs_f, abs_df>({.name = "abs", .onednn = Eltwise::abs, .kinks = {0.0}});
+
+// clamp to [a, b]: NaN stays NaN (std::max(NaN, a) and std::min(NaN, b) return the NaN). The
+// gradient passes at both bounds, as PyTorch's; oneDNN's clip passes it at the upper bound only,
+// so clamp runs the row's loop.
+constexpr auto clamp_f = [](auto x, auto a, auto b) { return std::min(std::max(x, a), b); };
+constexpr auto clamp_df = [](auto x, auto, auto a, auto b) {
+  using T = decltype(x);
+  return (x >= a) & (x <= b) ? T(1) : T(0);
+};
+const UnaryOp kClamp = unary_row<clamp_f, clamp_df>(
+    {.name = "clamp", .lo = -1, .hi = 1, .kinks = {-0.5, 0.5}, .case_a = -0.5, .case_b = 0.5});
+
+// sin and cos: oneDNN 2.6 has no algorithm for them.
+constexpr auto sin_f = [](auto x, auto, auto) { return kern::sin(x); };
+constexpr auto sin_df = [](auto x, auto, auto, auto) { return kern::cos(x); };
+const UnaryOp kSin = unary_row<sin_f, sin_df>({.name = "sin", .lo = -4, .hi = 4});
+constexpr auto cos_f = [](auto x, auto, auto) { return kern::cos(x); };
+constexpr auto cos_df = [](auto x, auto, auto, auto) { return -kern::sin(x); };
+const UnaryOp kCos = unary_row<cos_f, cos_df>({.name = "cos", .lo = -4, .hi = 4});
+
+const UnaryOp* const kRows[] = {&kExp,      &kLog,      &kSqrt,   &kPow,  &kTanh,  &kSigmoid,
+                                &kRelu,     &kGeluErf,  &kGeluTanh, &kAffine, &kSilu, &kAbs,
+                                &kClamp,    &kSin,      &kCos};
 
 // The oneDNN algorithm of a row; `undef` when oneDNN has none (the reference loop runs). A row
 // whose backward reads y needs oneDNN's use_dst_for_bwd variant of its algorithm.
@@ -97,6 +136,8 @@ algorithm dnnl_algorithm(const UnaryOp& op) {
     case Eltwise::gelu_erf: return dst ? algorithm::undef : algorithm::eltwise_gelu_erf;
     case Eltwise::gelu_tanh: return dst ? algorithm::undef : algorithm::eltwise_gelu_tanh;
     case Eltwise::linear: return algorithm::eltwise_linear;
+    case Eltwise::swish: return dst ? algorithm::undef : algorithm::eltwise_swish;
+    case Eltwise::abs: return dst ? algorithm::undef : algorithm::eltwise_abs;
     case Eltwise::none: break;
   }
   return algorithm::undef;
@@ -152,6 +193,25 @@ void unary_backward_loop(const UnaryOp& op, const Tensor& x, const Tensor& y, co
     pdx[i] = pdy[i] * (T)op.df(px ? px[i] : 0.0, py ? py[i] : 0.0, a, b);
 }
 
+// The row's float32 loops over contiguous float32 tensors, split over threads in chunks.
+void unary_f32_rows(const UnaryOp& op, const Tensor& x, const Tensor& y, double a, double b) {
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  kern::parallel_for(x.numel(), [&](int64_t i0, int64_t i1) {
+    op.f32(px + i0, py + i0, i1 - i0, (float)a, (float)b);
+  });
+}
+void unary_df32_rows(const UnaryOp& op, const Tensor& x, const Tensor& y, const Tensor& dy,
+                     const Tensor& dx, double a, double b) {
+  const float* px = x.defined() ? x.data<float>() : nullptr;
+  const float* py = y.defined() ? y.data<float>() : nullptr;
+  const float* pdy = dy.data<float>();
+  float* pdx = dx.data<float>();
+  kern::parallel_for(dx.numel(), [&](int64_t i0, int64_t i1) {
+    op.df32(px ? px + i0 : nullptr, py ? py + i0 : nullptr, pdy + i0, pdx + i0, i1 - i0, (float)a, (float)b);
+  });
+}
+
 // data is what the row saves (x, y, or undefined) -> dx = dout * df.
 Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout, double a, double b) {
   if (op.saves == Saves::nothing) return unary(kAffine, dout, op.df(0, 0, a, b), 0.0);
@@ -164,6 +224,10 @@ Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout,
     return dx;
   }
   const bool from_y = op.saves == Saves::output;
+  if (dout.dtype() == DType::f32 && op.df32) {
+    unary_df32_rows(op, from_y ? Tensor() : dc, from_y ? dc : Tensor(), kern::contig(dout), dx, a, b);
+    return dx;
+  }
   GRAFT_DISPATCH_FLOAT(dout.dtype(), op.name, [&] {
     unary_backward_loop<T>(op, from_y ? Tensor() : dc, from_y ? dc : Tensor(), dout, dx, a, b);
   });
@@ -192,6 +256,8 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   const algorithm alg = dnnl_algorithm(op);
   if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0)
     unary_forward_f32(alg, kern::contig(x), y, a, b);
+  else if (x.dtype() == DType::f32 && op.f32)
+    unary_f32_rows(op, kern::contig(x), y, a, b);
   else
     GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
   if (!autograd::needs_record({x})) return y;
@@ -358,6 +424,90 @@ Tensor tanh(const Tensor& x) { return unary(kTanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(kSigmoid, x); }
 Tensor relu(const Tensor& x) { return unary(kRelu, x); }
 Tensor gelu(const Tensor& x, bool tanh_approx) { return unary(tanh_approx ? kGeluTanh : kGeluErf, x); }
+Tensor silu(const Tensor& x) { return unary(kSilu, x, 1.0); }
+Tensor abs(const Tensor& x) { return unary(kAbs, x); }
+Tensor clamp(const Tensor& x, double lo, double hi) {
+  if (!(lo <= hi))
+    fail("clamp: lo " + std::to_string(lo) + " must be <= hi " + std::to_string(hi) + " (and neither NaN)");
+  return unary(kClamp, x, lo, hi);
+}
+Tensor sin(const Tensor& x) { return unary(kSin, x); }
+Tensor cos(const Tensor& x) { return unary(kCos, x); }
+
+Tensor add(const Tensor& x, double c) { return affine(x, 1.0, c); }
+Tensor add(double c, const Tensor& x) { return affine(x, 1.0, c); }
+Tensor sub(const Tensor& x, double c) { return affine(x, 1.0, -c); }
+Tensor sub(double c, const Tensor& x) { return affine(x, -1.0, c); }
+Tensor mul(const Tensor& x, double c) { return affine(x, c, 0.0); }
+Tensor mul(double c, const Tensor& x) { return affine(x, c, 0.0); }
+Tensor div(const Tensor& x, double c) { return affine(x, 1.0 / c, 0.0); }
+
+// ---------------------------------------------------------------------------------------------
+// maximum / minimum: one loop for both precisions (oneDNN's binary max/min would serve only
+// the same-shape float32 case and leaves NaN handling to the CPU's max instruction).
+namespace {
+
+enum class Pick { max, min };
+
+GRAFT_DECLARE_OP("maximum", "elementwise");
+GRAFT_DECLARE_OP("minimum", "elementwise");
+
+// The larger (smaller) of x and y; NaN when either is NaN.
+template <class T>
+T pick(Pick p, T x, T y) {
+  if (x != x) return x;
+  return (p == Pick::max ? x > y : x < y) ? x : y;
+}
+
+// The share of the gradient that reaches x (the other operand being y), as PyTorch's: half
+// each at a tie, none for the loser, all otherwise (NaN included).
+template <class T>
+T share(Pick p, T x, T y) {
+  if (x == y) return T(0.5);
+  return (p == Pick::max ? x < y : x > y) ? T(0) : T(1);
+}
+
+// dout times x's share at each output element (output shape; the tape sums it to x's shape).
+Tensor extremum_grad(Pick p, const Tensor& dout, const Tensor& x, const Tensor& y) {
+  const Tensor d = kern::contig(dout);
+  Tensor g = Tensor::empty(d.shape(), d.dtype());
+  GRAFT_DISPATCH_FLOAT(d.dtype(), p == Pick::max ? "maximum" : "minimum", [&] {
+    const T *pd = d.data<T>(), *px = x.data<T>(), *py = y.data<T>();
+    T* pg = g.data<T>();
+    kern::for_each_bcast2(d.shape(), kern::broadcast_strides(x, d.shape()), kern::broadcast_strides(y, d.shape()),
+                          [&](int64_t i, int64_t ox, int64_t oy) { pg[i] = pd[i] * share(p, px[ox], py[oy]); });
+  });
+  return g;
+}
+
+// maximum / minimum: da = dout * share(a, b), db = dout * share(b, a); saved {a, b}.
+Tensors extremum_backward(Pick p, const Ctx& c, const Tensor& dout) {
+  const Tensor &a = c.saved[0], &b = c.saved[1];
+  return {c.needs[0] ? extremum_grad(p, dout, a, b) : Tensor(),
+          c.needs[1] ? extremum_grad(p, dout, b, a) : Tensor()};
+}
+
+Tensor extremum(const char* name, Pick p, const Tensor& a, const Tensor& b) {
+  kern::check_float(name, a);
+  kern::check_float(name, b);
+  kern::check_same_dtype(name, a, b);
+  Tensor out = Tensor::empty(kern::broadcast_shapes(name, a.shape(), b.shape()), a.dtype());
+  GRAFT_DISPATCH_FLOAT(a.dtype(), name, [&] {
+    const T *pa = a.data<T>(), *pb = b.data<T>();
+    T* po = out.data<T>();
+    kern::for_each_bcast2(out.shape(), kern::broadcast_strides(a, out.shape()), kern::broadcast_strides(b, out.shape()),
+                          [&](int64_t i, int64_t x, int64_t y) { po[i] = pick(p, pa[x], pb[y]); });
+  });
+  if (autograd::needs_record({a, b}))
+    autograd::record(name, {a, b}, {out}, {a, b},
+                     [p](const Ctx& c, const Tensors& dout) { return extremum_backward(p, c, dout[0]); });
+  return out;
+}
+
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return extremum("maximum", Pick::max, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", Pick::min, a, b); }
 
 // ---------------------------------------------------------------------------------------------
 // where / masked_fill: a 0/1 byte mask of the output shape decides which input each element
@@ -498,6 +648,12 @@ void register_elementwise_cases() {
   register_case(OpCase{.name = "div/broadcast", .op = "div",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)}; },
                        .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
+  register_case(OpCase{.name = "maximum/broadcast", .op = "maximum",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return maximum(x[0], x[1]); }});
+  register_case(OpCase{.name = "minimum/broadcast", .op = "minimum",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return minimum(x[0], x[1]); }});
   register_case(OpCase{.name = "where/broadcast", .op = "where",
                        .make_inputs = [](DType dt, Generator& g) {
                          return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),

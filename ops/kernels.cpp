@@ -370,3 +370,31 @@ Tensor unaliased(const Tensor& t) {
 }
 
 }  // namespace graft::kern
+
+namespace graft::kern {
+
+namespace {
+// matmul_into's shape rule: a (B..., M, K) @ b (B..., K, N) into out (B..., M, N), each batch dim
+// of a and b equal to out's or 1.
+bool matmul_fits(const Shape& a, const Shape& b, const Shape& out) {
+  const size_t r = out.size();
+  if (r < 2 || a.size() != r || b.size() != r) return false;
+  for (size_t d = 0; d + 2 < r; ++d)
+    if ((a[d] != out[d] && a[d] != 1) || (b[d] != out[d] && b[d] != 1)) return false;
+  return a[r - 2] == out[r - 2] && b[r - 1] == out[r - 1] && a[r - 1] == b[r - 2];
+}
+}  // namespace
+
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
+  check_float("matmul_into", a);
+  check_float("matmul_into", b);
+  check_float("matmul_into", out);
+  check_same_dtype("matmul_into", a, b);
+  check_same_dtype("matmul_into", a, out);
+  if (!matmul_fits(a.shape(), b.shape(), out.shape()) || !out.is_contiguous())
+    fail("matmul_into: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out) +
+         ": equal ranks >= 2, matching inner dims, batch dims equal or 1 and a contiguous out required");
+  bmm(a, b, out, alpha, accumulate);
+}
+
+}  // namespace graft::kern

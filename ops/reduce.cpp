@@ -18,6 +18,7 @@ using autograd::Ctx;
 GRAFT_DECLARE_OP("sum", "reduce");
 GRAFT_DECLARE_OP("mean", "reduce");
 GRAFT_DECLARE_OP("max", "reduce");
+GRAFT_DECLARE_OP("amax", "reduce");
 // var and sum_to are composites (no backward of their own); declared so they get cases.
 GRAFT_DECLARE_OP("var", "reduce");
 GRAFT_DECLARE_OP("sum_to", "reduce");
@@ -168,6 +169,43 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   return out;
 }
 
+namespace {
+
+// 1 where x equals m (x's shape, m broadcast to it) else 0, x's dtype: the maxima of amax.
+Tensor maxima_mask(const Tensor& x, const Tensor& m) {
+  Tensor mask = Tensor::empty(x.shape(), x.dtype());
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "amax", [&] {
+    const T *px = x.data<T>(), *pm = m.data<T>();
+    T* pk = mask.data<T>();
+    kern::for_each_bcast2(x.shape(), x.strides(), kern::broadcast_strides(m, x.shape()),
+                          [&](int64_t i, int64_t ox, int64_t om) { pk[i] = px[ox] == pm[om] ? T(1) : T(0); });
+  });
+  return mask;
+}
+
+// amax: dout (kept shape) shared evenly among each slice's maxima; x and m (the maxima, reduced
+// axes kept) saved.
+Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout, const std::vector<int64_t>& axes) {
+  const Tensor mask = maxima_mask(x, m);
+  return mul(mask, div(kern::reshaped(kern::contig(dout), m.shape()), sum(mask, axes, true)));
+}
+
+}  // namespace
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  kern::check_float("amax", x);
+  const auto ax = norm_axes("amax", axes, x.dim());
+  Tensor m = x;
+  for (auto a : ax) m = max_along("amax", m, a).out;
+  if (ax.empty()) m = contiguous_copy(x);  // a 0-d x: its own maximum, in a buffer of its own
+  const Tensor out = keepdim ? m : kern::reshaped(m, dropped_shape(x.shape(), ax));
+  if (autograd::needs_record({x}))
+    autograd::record("amax", {x}, {out}, {x, m}, [ax](const Ctx& c, const Tensors& dout) {
+      return Tensors{amax_backward(c.saved[0], c.saved[1], dout[0], ax)};
+    });
+  return out;
+}
+
 Tensor argmax(const Tensor& x, int64_t axis) {
   MaxResult r = max_along("argmax", x, axis);
   return kern::reshaped(r.idx, without_axis(x, axis));
@@ -214,6 +252,12 @@ void register_reduce_cases() {
   register_case(OpCase{.name = "max/axis", .op = "max",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return max(x[0], 1, true); }});
+  register_case(OpCase{.name = "amax/axes", .op = "amax",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return amax(x[0], {0, -1}); }});
+  register_case(OpCase{.name = "amax/all_keepdim", .op = "amax",
+                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+                       .fn = [](const Tensors& x) { return amax(x[0], {}, true); }});
   register_case(OpCase{.name = "var/unbiased", .op = "var",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return var(x[0], {-1}); }});

@@ -20,6 +20,11 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim
 /// x (...) -> out (... without axis, or size 1 with keepdim).
 /// @throws graft::Error also when the axis is empty.
 Tensor max(const Tensor& x, int64_t axis, bool keepdim = false);
+/// Maximum over `axes` (all when empty), PyTorch's amax: x (...) -> out (... without axes, or
+/// size 1 with keepdim). NaN counts as maximal. The gradient is shared evenly among the
+/// elements equal to their slice's maximum.
+/// @throws graft::Error also when a reduced axis is empty.
+Tensor amax(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 /// Index of the first maximal element along axis (NaN counts as maximal, as in PyTorch); int64,
 /// axis removed; not differentiable. x is float (...) -> out int64 (... without axis).
 /// @throws graft::Error also when the axis is empty.

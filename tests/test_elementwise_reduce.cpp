@@ -94,3 +94,134 @@ BOOST_AUTO_TEST_CASE(reduce_misuse) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(elementwise_rows)
+
+// silu, abs, clamp, sin, cos, maximum, minimum and the scalar overloads: values in both
+// precisions (float32 through oneDNN swish and abs, the rows' vectorised loops for the rest).
+BOOST_AUTO_TEST_CASE(new_op_values_in_both_precisions) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-12;
+    const std::vector<double> xs{-3.5, -1, -0.25, 0, 0.5, 2, 7};
+    Tensor x = vec(xs, {7}, dt);
+    const auto si = silu(x).to_vector<double>(), ab = abs(x).to_vector<double>(),
+               cl = clamp(x, -1, 0.5).to_vector<double>(), s = sin(x).to_vector<double>(),
+               c = cos(x).to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      BOOST_TEST(std::fabs(si[i] - xs[i] / (1 + std::exp(-xs[i]))) < tol * 8);
+      BOOST_TEST(ab[i] == std::fabs(xs[i]));
+      BOOST_TEST(cl[i] == std::min(std::max(xs[i], -1.0), 0.5));
+      BOOST_TEST(std::fabs(s[i] - std::sin(xs[i])) < tol);
+      BOOST_TEST(std::fabs(c[i] - std::cos(xs[i])) < tol);
+    }
+    Tensor a = vec({1, 5, -2, 3}, {2, 2}, dt), b = vec({2, -1}, {2}, dt);
+    BOOST_TEST(maximum(a, b).to_vector<double>() == (std::vector<double>{2, 5, 2, 3}));
+    BOOST_TEST(minimum(b, a).to_vector<double>() == (std::vector<double>{1, -1, -2, -1}));
+    BOOST_TEST(mul(a, 2.0).to_vector<double>() == (std::vector<double>{2, 10, -4, 6}));
+    BOOST_TEST(mul(2, a).to_vector<double>() == (std::vector<double>{2, 10, -4, 6}));
+    BOOST_TEST(add(a, 1).to_vector<double>() == (std::vector<double>{2, 6, -1, 4}));
+    BOOST_TEST(sub(1.0, a).to_vector<double>() == (std::vector<double>{0, -4, 3, -2}));
+    BOOST_TEST(div(a, 4).to_vector<double>() == (std::vector<double>{0.25, 1.25, -0.5, 0.75}));
+    BOOST_TEST(amax(a).item() == 5.0);
+    BOOST_TEST(amax(a, {0}).to_vector<double>() == (std::vector<double>{1, 5}));
+    BOOST_TEST(amax(a, {-1}, true).shape() == (Shape{2, 1}));
+  }
+}
+
+// The float32 polynomials against libm over a wide range (sin, cos up to 10^4; exp over its
+// whole float range), and NaN through clamp and maximum, as PyTorch.
+BOOST_AUTO_TEST_CASE(float_math_matches_libm) {
+  double worst_trig = 0, worst_exp = 0;
+  for (int i = -200000; i <= 200000; ++i) {
+    const float x = (float)i * 0.05f;
+    worst_trig = std::max({worst_trig, std::fabs(kern::sin(x) - std::sin((double)x)),
+                           std::fabs(kern::cos(x) - std::cos((double)x))});
+    const float e = (float)i * 0.0004f;  // [-80, 80]
+    worst_exp = std::max(worst_exp, std::fabs(kern::exp(e) / std::exp((double)e) - 1));
+  }
+  BOOST_TEST(worst_trig < 2e-6);
+  BOOST_TEST(worst_exp < 4e-7);
+  BOOST_TEST(std::isinf(kern::exp(100.0f)));
+  BOOST_TEST(kern::exp(-1000.0f) < 1e-37f);
+  const double nan = std::nan("");
+  for (DType dt : {DType::f32, DType::f64}) {
+    BOOST_TEST(std::isnan(clamp(vec({nan}, {1}, dt), 0, 1).item()));
+    BOOST_TEST(std::isnan(maximum(vec({nan, 1}, {2}, dt), vec({0}, {1}, dt)).to_vector<double>()[0]));
+    BOOST_TEST(std::isnan(minimum(vec({0}, {1}, dt), vec({nan}, {1}, dt)).item()));
+    BOOST_TEST(std::isnan(amax(vec({1, nan, 3}, {3}, dt)).item()));
+  }
+}
+
+// Gradients at the kinks and ties, PyTorch's: clamp passes at both bounds, abs gives 0 at 0,
+// maximum splits a tie in half, amax shares among equal maxima.
+BOOST_AUTO_TEST_CASE(gradients_at_kinks_and_ties) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = vec({-1, -0.5, 0, 0.5, 1}, {5}, dt).requires_grad_();
+    sum(clamp(x, -0.5, 0.5)).backward();
+    BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{0, 1, 1, 1, 0}));
+    Tensor y = vec({-2, 0, 3}, {3}, dt).requires_grad_();
+    sum(abs(y)).backward();
+    BOOST_TEST(y.grad().to_vector<double>() == (std::vector<double>{-1, 0, 1}));
+    Tensor a = vec({1, 2, 3}, {3}, dt).requires_grad_(), b = vec({2}, {1}, dt).requires_grad_();
+    sum(maximum(a, b)).backward();
+    BOOST_TEST(a.grad().to_vector<double>() == (std::vector<double>{0, 0.5, 1}));
+    BOOST_TEST(b.grad().to_vector<double>() == (std::vector<double>{1.5}));
+    Tensor m = vec({4, 1, 4, 2}, {2, 2}, dt).requires_grad_();
+    amax(m).backward();
+    BOOST_TEST(m.grad().to_vector<double>() == (std::vector<double>{0.5, 0, 0.5, 0}));
+  }
+}
+
+// A row written with unary_row runs its vectorised float32 loop (not the float64 functions):
+// the same values as float64 within float rounding, on a strided input too, forward and
+// backward, also above the parallel grain.
+BOOST_AUTO_TEST_CASE(unary_row_float32_loop_matches_float64) {
+  static constexpr auto f = [](auto x, auto a, auto) { return x / (1 + kern::exp(-a * x)); };
+  static constexpr auto df = [](auto x, auto, auto a, auto) {
+    const auto s = 1 / (1 + kern::exp(-a * x));
+    return s * (1 + a * x * (1 - s));
+  };
+  const UnaryOp row = unary_row<f, df>({.name = "test_swish", .family = "test"});
+  BOOST_TEST(row.f32 != nullptr);
+  Generator g(5);
+  for (int64_t n : {7, 100003}) {
+    Tensor base64 = randn({3, n}, DType::f64, g);
+    Tensor base32 = to_dtype(base64, DType::f32).requires_grad_();
+    Tensor y64 = unary(row, transpose(base64, 0, 1), 1.5), y32 = unary(row, transpose(base32, 0, 1), 1.5);
+    sum(y32).backward();
+    const auto v64 = y64.to_vector<double>(), v32 = y32.to_vector<double>(),
+               d32 = base32.grad().to_vector<double>(), xv = base64.to_vector<double>();
+    double worst = 0, worst_d = 0;
+    for (size_t i = 0; i < v64.size(); ++i) {
+      worst = std::max(worst, std::fabs(v32[i] - v64[i]) / (1 + std::fabs(v64[i])));
+      worst_d = std::max(worst_d, std::fabs(d32[i] - df(xv[i], 0.0, 1.5, 0.0)));
+    }
+    BOOST_TEST(d32.size() == v64.size());
+    BOOST_TEST(worst < 1e-6);
+    BOOST_TEST(worst_d < 1e-6);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(new_op_misuse) {
+  BOOST_CHECK_EXCEPTION(clamp(ones({2}), 1, 0), Error, [](const Error& e) { return names(e, {"clamp", "lo", "hi"}); });
+  BOOST_CHECK_EXCEPTION(maximum(ones({2, 3}), ones({4})), Error,
+                        [](const Error& e) { return names(e, {"maximum", "(2, 3)", "(4)", "cannot be broadcast"}); });
+  BOOST_CHECK_EXCEPTION(minimum(ones({2}), ones({2}, DType::f64)), Error,
+                        [](const Error& e) { return names(e, {"minimum", "dtype mismatch"}); });
+  BOOST_CHECK_EXCEPTION(amax(ones({2, 0}), {1}), Error, [](const Error& e) { return names(e, {"amax", "empty", "(2, 0)"}); });
+  BOOST_CHECK_EXCEPTION(silu(ones({2}, DType::i64)), Error, [](const Error& e) { return names(e, {"silu", "float"}); });
+  BOOST_CHECK_EXCEPTION(kern::matmul_into(ones({2, 3}), ones({4, 5}), zeros({2, 5})), Error,
+                        [](const Error& e) { return names(e, {"matmul_into", "(2, 3)", "(4, 5)"}); });
+}
+
+BOOST_AUTO_TEST_CASE(matmul_into_values) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor a = vec({1, 2, 3, 4}, {2, 2}, dt), b = vec({1, 0, 1, 1}, {2, 2}, dt), out = zeros({2, 2}, dt);
+    kern::matmul_into(a, b, out);
+    BOOST_TEST(out.to_vector<double>() == (std::vector<double>{3, 2, 7, 4}));
+    kern::matmul_into(a, transpose(b, 0, 1), out, 2.0, true);
+    BOOST_TEST(out.to_vector<double>() == (std::vector<double>{5, 8, 13, 18}));
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,183 @@
+/// @file
+/// Helpers for ops written outside the library (and used by the library's own ops): float math
+/// that vectorises, the parallel loop over index ranges, strided iteration, the float checks
+/// that make the library's error messages, and a matmul into a given buffer. No oneDNN here.
+///
+/// The float overloads of kern::exp, kern::sin and kern::cos are branch-free polynomials, so a
+/// loop calling them vectorises (glibc's expf/sinf do not without -ffast-math); the double
+/// overloads call std::exp, std::sin, std::cos (the float64 reference). A unary op written as
+/// a table row with unary_row() (ops/elementwise.h) uses them for its float32 loop. Compile code
+/// that uses them with -fopenmp-simd (or -fopenmp) so `#pragma omp simd` applies.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "graft/autograd/tensor.h"
+
+namespace graft::kern {
+
+// ---- vectorisable float math --------------------------------------------------------------------
+
+/// 2^n * p for an integer-valued float n in [-126, 128] (2^128 gives inf), by two exponent
+/// fields so that neither overflows.
+inline float scale_pow2(float p, float n) {
+  const int32_t ni = (int32_t)n, h = ni / 2;
+  return p * std::bit_cast<float>((h + 127) << 23) * std::bit_cast<float>((ni - h + 127) << 23);
+}
+
+/// e^x in float without a libm call: e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2, e^r by
+/// its degree-7 Taylor polynomial (at most 1.25 ulp from the correctly rounded e^x on
+/// [-87, 0.5]; a few ulp up to 88). x is clamped to [-87, 89]: e^x for x < -87 gives
+/// e^-87 = 1.6e-38 rather than a denormal or 0, for x >= 89 inf; NaN stays NaN only where the
+/// clamp keeps it (std::min/max return their first argument).
+inline float exp(float x) {
+  x = std::min(std::max(x, -87.0f), 89.0f);
+  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + shifter) - shifter;
+  float r = x - n * 0.693145751953125f;  // ln 2 split in two so n * ln2_hi is exact
+  r = r - n * 1.428606765330187e-06f;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return scale_pow2(p, n);
+}
+/// The float64 reference of exp(float): std::exp.
+inline double exp(double x) { return std::exp(x); }
+
+/// sin and cos of r in [-pi/4, pi/4] by their Taylor polynomials to degree 9 and 10 (error
+/// below 4e-10, far under float's rounding).
+///@{
+inline float sin_small(float r) {
+  const float r2 = r * r;
+  float p = 1.0f / 362880;
+  p = p * r2 - 1.0f / 5040;
+  p = p * r2 + 1.0f / 120;
+  p = p * r2 - 1.0f / 6;
+  return r + r * r2 * p;
+}
+inline float cos_small(float r) {
+  const float r2 = r * r;
+  float p = -1.0f / 3628800;
+  p = p * r2 + 1.0f / 40320;
+  p = p * r2 - 1.0f / 720;
+  p = p * r2 + 1.0f / 24;
+  p = p * r2 - 0.5f;
+  return 1.0f + r2 * p;
+}
+///@}
+
+/// sin(x + q pi/2) from x = r + k pi/2, k = round(x / (pi/2)) (pi/2 in three parts, so r is
+/// accurate for |x| up to about 10^5; beyond that the float result loses digits), picking
+/// +-sin or +-cos of r by (k + q) mod 4 without branches.
+inline float sin_quadrant(float x, int32_t q) {
+  const float shifter = 12582912.0f;
+  const float k = (x * 0.636619772367581343f + shifter) - shifter;
+  float r = x - k * 1.5703125f;  // pi/2 in three parts, the first two exact in float
+  r = r - k * 4.837512969970703125e-4f;
+  r = r - k * 7.549790126404332e-8f;
+  const int32_t m = ((int32_t)k + q) & 3;
+  const float s = sin_small(r), c = cos_small(r);
+  const float v = (m & 1) ? c : s;
+  return (m & 2) ? -v : v;
+}
+/// sin x in float without a libm call (see sin_quadrant for the range where it is accurate).
+inline float sin(float x) { return sin_quadrant(x, 0); }
+/// cos x = sin(x + pi/2) in float without a libm call.
+inline float cos(float x) { return sin_quadrant(x, 1); }
+/// The float64 references: std::sin and std::cos.
+///@{
+inline double sin(double x) { return std::sin(x); }
+inline double cos(double x) { return std::cos(x); }
+///@}
+
+// ---- parallel loops -----------------------------------------------------------------------------
+
+/// Work (in elements) below which a loop runs on one thread: forking costs more than it saves.
+constexpr int64_t kParallelGrain = 1 << 15;
+
+/// Calls body(begin, end) on consecutive chunks of [0, n), each exactly once, over the OpenMP
+/// threads when n > grain (on the calling thread otherwise, or when the caller was compiled
+/// without OpenMP). Chunks are `grain / 4` long, the last one shorter; which thread runs which
+/// chunk is unspecified, so body must not depend on it.
+template <class F>
+void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
+  if (n <= 0) return;
+  const int64_t chunk = std::max<int64_t>(grain / 4, 1), chunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for if (n > grain) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
+}
+
+/// Calls f(out_index, offset_in_a, offset_in_b) for every element of a contiguous output of
+/// shape `out`, reading a and b through (broadcast) strides sa and sb (kern::broadcast_strides).
+/// Rows (the last dim) are split across OpenMP threads; each element is written by one thread.
+template <class F>
+void for_each_bcast2(const Shape& out, const Shape& sa, const Shape& sb, F&& f) {
+  const int64_t n = shape_numel(out);
+  if (n == 0) return;
+  const int64_t r = (int64_t)out.size();
+  if (r == 0) {
+    f(int64_t(0), int64_t(0), int64_t(0));
+    return;
+  }
+  const int64_t inner = out[r - 1], rows = n / inner;
+  const int64_t ia = sa[r - 1], ib = sb[r - 1];
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t rem = row, oa = 0, ob = 0;
+    for (int64_t d = r - 2; d >= 0; --d) {
+      const int64_t id = rem % out[d];
+      rem /= out[d];
+      oa += id * sa[d];
+      ob += id * sb[d];
+    }
+    const int64_t base = row * inner;
+    for (int64_t i = 0; i < inner; ++i) f(base + i, oa + i * ia, ob + i * ib);
+  }
+}
+
+/// Calls f(out_index, offset) for every element of a tensor of `shape` read through strides sa
+/// (a contiguous output indexed by out_index, the input by offset), in parallel by rows.
+template <class F>
+void for_each_strided(const Shape& shape, const Shape& sa, F&& f) {
+  Shape zero(shape.size(), 0);
+  for_each_bcast2(shape, sa, zero, [&](int64_t i, int64_t oa, int64_t) { f(i, oa); });
+}
+
+// ---- tensors ------------------------------------------------------------------------------------
+
+/// Result shape of broadcasting shapes a and b (NumPy rules).
+/// @throws graft::Error "<op>: shapes .. and .. cannot be broadcast (dim i: x vs y)" otherwise.
+Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
+/// Strides that read t as if it had shape `out` (0 along broadcast dimensions).
+/// @throws graft::Error when t is undefined.
+Shape broadcast_strides(const Tensor& t, const Shape& out);
+/// t itself when contiguous, else a contiguous copy (recording nothing).
+/// @throws graft::Error when t is undefined.
+inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
+/// The checks behind the library's error messages.
+/// @throws graft::Error "<op>: expected a float tensor, got ..." when t is undefined or not
+///         float; "<op>: dtype mismatch ..." when a and b differ in dtype.
+///@{
+void check_float(const char* op, const Tensor& t);
+void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
+///@}
+
+/// out (B..., M, N) = alpha * a (B..., M, K) @ b (B..., K, N), or out += that with accumulate,
+/// recording nothing: a matmul inside a custom op's forward or backward. a, b, out of equal
+/// rank >= 2 and one float dtype; batch dims of a and b equal out's or are 1; a and b any
+/// strides (transposes as views), out contiguous. float32 runs oneDNN (bf16 operands under
+/// PrecisionGuard(bf16)), float64 a reference loop.
+/// @throws graft::Error when a tensor is undefined, the dtypes differ or are not float, or the
+///         shapes do not fit.
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
+                 bool accumulate = false);
+
+}  // namespace graft::kern
