@@ -172,7 +172,20 @@ bool need_bool(const nlohmann::json& j, const char* key) {
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 
-Optimizer::Optimizer(NamedParams params) : params_(std::move(params)) {
+Optimizer::Optimizer(ParamGroups groups, const char* opname) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string which = "group " + std::to_string(g) + " weight_decay";
+    check_nonneg(opname, groups.size() == 1 ? "weight_decay" : which.c_str(), groups[g].weight_decay);
+    const std::string scale = "group " + std::to_string(g) + " lr_scale";
+    if (!(groups[g].lr_scale >= 0) || !std::isfinite(groups[g].lr_scale))
+      fail(std::string(opname) + ": " + scale + " must be a finite number >= 0, got " +
+           num_str(groups[g].lr_scale));
+    groups_.push_back({groups[g].weight_decay, groups[g].lr_scale});
+    for (auto& np : groups[g].params) {
+      params_.push_back(std::move(np));
+      group_of_.push_back(g);
+    }
+  }
   if (params_.empty()) fail("Optimizer: got an empty parameter list");
   std::set<std::string> names;
   std::set<const TensorImpl*> impls;
@@ -245,7 +258,50 @@ nlohmann::json Optimizer::state_json() const {
   auto names = nlohmann::json::array();
   for (const auto& [n, p] : params_) names.push_back(n);
   j["params"] = names;
+  auto groups = nlohmann::json::array();
+  for (const auto& g : groups_)
+    groups.push_back({{"params", nlohmann::json::array()}, {"weight_decay", g.weight_decay}, {"lr_scale", g.lr_scale}});
+  for (size_t i = 0; i < params_.size(); ++i) groups[group_of_[i]]["params"].push_back(params_[i].first);
+  j["param_groups"] = groups;
   return j;
+}
+
+// The saved groups' settings, checked against this optimizer's groups: the same number, each
+// parameter in the same group. A state from before groups is one group with its weight_decay.
+std::vector<Optimizer::GroupSettings> Optimizer::saved_groups(const nlohmann::json& j) const {
+  if (!j.contains("param_groups")) {
+    if (groups_.size() != 1)
+      fail("load_state: the state has one parameter group but this optimizer has " +
+           std::to_string(groups_.size()));
+    const double wd = need_number(j, "weight_decay");
+    check_nonneg("load_state", "weight_decay", wd);
+    return {{wd, 1.0}};
+  }
+  const auto& gj = j.at("param_groups");
+  if (!gj.is_array() || gj.size() != groups_.size())
+    fail("load_state: 'param_groups' must be an array of " + std::to_string(groups_.size()) +
+         " groups, as this optimizer has, got " + json_excerpt(gj));
+  std::map<std::string, size_t> saved_group;
+  std::vector<GroupSettings> out;
+  for (size_t g = 0; g < gj.size(); ++g) {
+    const double wd = need_number(gj[g], "weight_decay"), scale = need_number(gj[g], "lr_scale");
+    check_nonneg("load_state", "weight_decay", wd);
+    check_nonneg("load_state", "lr_scale", scale);
+    out.push_back({wd, scale});
+    const auto& names = need(gj[g], "params");
+    if (!names.is_array()) fail("load_state: a group's 'params' must be an array of names");
+    for (const auto& n : names)
+      if (n.is_string()) saved_group[n.get<std::string>()] = g;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = saved_group.find(params_[i].first);
+    if (it == saved_group.end() || it->second != group_of_[i])
+      fail("load_state: parameter '" + params_[i].first + "' is in group " + std::to_string(group_of_[i]) +
+           " of this optimizer but " +
+           (it == saved_group.end() ? std::string("in no group") : "in group " + std::to_string(it->second)) +
+           " of the state");
+  }
+  return out;
 }
 
 void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -272,6 +328,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
   for (const auto& n : saved)
     if (!mine.count(n))
       fail("load_state: the state has parameter '" + n + "', which this optimizer does not");
+  const std::vector<GroupSettings> groups = saved_groups(j);
   check_hyper(j);
 
   std::map<std::string, const Tensor*> by_name;
@@ -307,6 +364,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
     }
   step_count_ = step;
   lr_ = lr;
+  groups_ = groups;
   load_hyper(j);
 }
 
@@ -314,13 +372,12 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
 // SGD
 
 SGD::SGD(NamedParams params, double lr, double momentum, double weight_decay, bool nesterov)
-    : Optimizer(std::move(params)),
-      momentum_(momentum),
-      weight_decay_(weight_decay),
-      nesterov_(nesterov) {
+    : SGD(ParamGroups{{std::move(params), weight_decay}}, lr, momentum, nesterov) {}
+
+SGD::SGD(ParamGroups groups, double lr, double momentum, bool nesterov)
+    : Optimizer(std::move(groups), "SGD"), momentum_(momentum), nesterov_(nesterov) {
   check_nonneg("SGD", "lr", lr);
   check_nonneg("SGD", "momentum", momentum);
-  check_nonneg("SGD", "weight_decay", weight_decay);
   if (nesterov && momentum <= 0) fail("SGD: nesterov momentum requires momentum > 0, got 0");
   lr_ = lr;
   if (momentum_ != 0) momentum_buffer_ = zeros_like_params();
@@ -337,10 +394,11 @@ void SGD::step() {
     if (!grads[i].defined()) continue;
     const Tensor& p = params_[i].second;
     const Tensor* buf = has_buf ? &momentum_buffer_[i] : nullptr;
+    const GroupSettings& g = groups_[group_of_[i]];
     if (p.dtype() == DType::f32)
-      sgd_dispatch<float>(p, grads[i], buf, lr_, momentum_, weight_decay_, nesterov_);
+      sgd_dispatch<float>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay, nesterov_);
     else
-      sgd_dispatch<double>(p, grads[i], buf, lr_, momentum_, weight_decay_, nesterov_);
+      sgd_dispatch<double>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay, nesterov_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
@@ -360,7 +418,6 @@ std::vector<std::pair<std::string, Tensor>> SGD::state_tensors() const { return 
 nlohmann::json SGD::state_json() const {
   auto j = Optimizer::state_json();
   j["momentum"] = momentum_;
-  j["weight_decay"] = weight_decay_;
   j["nesterov"] = nesterov_;
   return j;
 }
@@ -368,7 +425,6 @@ nlohmann::json SGD::state_json() const {
 void SGD::check_hyper(const nlohmann::json& j) const {
   const double momentum = need_number(j, "momentum");
   check_nonneg("load_state", "momentum", momentum);
-  check_nonneg("load_state", "weight_decay", need_number(j, "weight_decay"));
   const bool nesterov = need_bool(j, "nesterov");
   if (nesterov && momentum <= 0) fail("load_state: SGD state has nesterov with momentum 0");
   // The momentum buffers exist only when momentum != 0, so that must agree.
@@ -379,7 +435,6 @@ void SGD::check_hyper(const nlohmann::json& j) const {
 
 void SGD::load_hyper(const nlohmann::json& j) {
   momentum_ = j.at("momentum").get<double>();
-  weight_decay_ = j.at("weight_decay").get<double>();
   nesterov_ = j.at("nesterov").get<bool>();
 }
 
@@ -388,21 +443,18 @@ void SGD::load_hyper(const nlohmann::json& j) {
 
 Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
            double weight_decay)
-    : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, false, "Adam") {}
+    : Adam(ParamGroups{{std::move(params), weight_decay}}, lr, beta1, beta2, eps, false, "Adam") {}
 
-Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
-           double weight_decay, bool decoupled, const char* opname)
-    : Optimizer(std::move(params)),
-      beta1_(beta1),
-      beta2_(beta2),
-      eps_(eps),
-      weight_decay_(weight_decay),
-      decoupled_(decoupled) {
+Adam::Adam(ParamGroups groups, double lr, double beta1, double beta2, double eps)
+    : Adam(std::move(groups), lr, beta1, beta2, eps, false, "Adam") {}
+
+Adam::Adam(ParamGroups groups, double lr, double beta1, double beta2, double eps, bool decoupled,
+           const char* opname)
+    : Optimizer(std::move(groups), opname), beta1_(beta1), beta2_(beta2), eps_(eps), decoupled_(decoupled) {
   check_nonneg(opname, "lr", lr);
   check_beta(opname, "beta1", beta1);
   check_beta(opname, "beta2", beta2);
   check_nonneg(opname, "eps", eps);
-  check_nonneg(opname, "weight_decay", weight_decay);
   lr_ = lr;
   exp_avg_ = zeros_like_params();
   exp_avg_sq_ = zeros_like_params();
@@ -411,7 +463,10 @@ Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps
 
 AdamW::AdamW(NamedParams params, double lr, double beta1, double beta2, double eps,
              double weight_decay)
-    : Adam(std::move(params), lr, beta1, beta2, eps, weight_decay, true, "AdamW") {}
+    : Adam(ParamGroups{{std::move(params), weight_decay}}, lr, beta1, beta2, eps, true, "AdamW") {}
+
+AdamW::AdamW(ParamGroups groups, double lr, double beta1, double beta2, double eps)
+    : Adam(std::move(groups), lr, beta1, beta2, eps, true, "AdamW") {}
 
 void Adam::step() {
   autograd::NoGrad no_grad;
@@ -425,12 +480,14 @@ void Adam::step() {
     if (!grads[i].defined()) continue;
     const double t = (double)++param_steps_[i];
     const double bc1 = 1 - std::pow(beta1_, t), bc2 = 1 - std::pow(beta2_, t);
+    const GroupSettings& g = groups_[group_of_[i]];
+    const double lr = lr_ * g.lr_scale;
     scal[i] = {beta1_,
                beta2_,
                eps_,
-               decoupled_ ? 0.0 : weight_decay_,
-               decoupled_ ? 1 - lr_ * weight_decay_ : 1.0,
-               lr_ / bc1,
+               decoupled_ ? 0.0 : g.weight_decay,
+               decoupled_ ? 1 - lr * g.weight_decay : 1.0,
+               lr / bc1,
                std::sqrt(bc2)};
   }
 #pragma omp parallel if (total > kParallelMin)
@@ -464,7 +521,6 @@ nlohmann::json Adam::state_json() const {
   j["beta1"] = beta1_;
   j["beta2"] = beta2_;
   j["eps"] = eps_;
-  j["weight_decay"] = weight_decay_;
   auto steps = nlohmann::json::object();
   for (size_t i = 0; i < params_.size(); ++i) steps[params_[i].first] = param_steps_[i];
   j["param_steps"] = steps;
@@ -475,7 +531,6 @@ void Adam::check_hyper(const nlohmann::json& j) const {
   check_beta("load_state", "beta1", need_number(j, "beta1"));
   check_beta("load_state", "beta2", need_number(j, "beta2"));
   check_nonneg("load_state", "eps", need_number(j, "eps"));
-  check_nonneg("load_state", "weight_decay", need_number(j, "weight_decay"));
   const int64_t step = need_int(j, "step");
   const auto& steps = need(j, "param_steps");
   if (!steps.is_object()) fail("load_state: 'param_steps' must be an object");
@@ -492,7 +547,6 @@ void Adam::load_hyper(const nlohmann::json& j) {
   beta1_ = j.at("beta1").get<double>();
   beta2_ = j.at("beta2").get<double>();
   eps_ = j.at("eps").get<double>();
-  weight_decay_ = j.at("weight_decay").get<double>();
   const auto& steps = j.at("param_steps");
   for (size_t i = 0; i < params_.size(); ++i)
     param_steps_[i] = steps.at(params_[i].first).get<int64_t>();
@@ -509,6 +563,63 @@ double NoamSchedule::lr(int64_t step) const {
   const double s = (double)step;
   return factor / std::sqrt((double)d_model) *
          std::min(1 / std::sqrt(s), s * std::pow((double)warmup, -1.5));
+}
+
+Schedule Schedule::noam(double factor, int64_t d_model, int64_t warmup) {
+  if (d_model < 1) fail("Schedule: d_model must be >= 1, got " + std::to_string(d_model));
+  if (warmup < 1) fail("Schedule: the Noam warmup must be >= 1, got " + std::to_string(warmup));
+  if (!std::isfinite(factor)) fail("Schedule: factor must be finite, got " + num_str(factor));
+  check_nonneg("Schedule", "factor", factor);
+  Schedule s;
+  s.kind_ = "noam", s.factor_ = factor, s.d_model_ = d_model, s.warmup_ = warmup;
+  return s;
+}
+
+Schedule Schedule::cosine(double lr, double min_lr, int64_t warmup, int64_t total) {
+  Schedule s = constant(lr, warmup);
+  if (!(min_lr >= 0 && min_lr <= lr))
+    fail("Schedule: min_lr must be in [0, lr = " + num_str(lr) + "], got " + num_str(min_lr));
+  if (total <= warmup)
+    fail("Schedule: the cosine decay needs more steps (" + std::to_string(total) + ") than warmup steps (" +
+         std::to_string(warmup) + ")");
+  s.kind_ = "cosine", s.min_lr_ = min_lr, s.total_ = total;
+  return s;
+}
+
+Schedule Schedule::constant(double lr, int64_t warmup) {
+  if (!std::isfinite(lr)) fail("Schedule: lr must be finite, got " + num_str(lr));
+  check_nonneg("Schedule", "lr", lr);
+  if (warmup < 0) fail("Schedule: warmup must be >= 0, got " + std::to_string(warmup));
+  Schedule s;
+  s.kind_ = "constant", s.lr_ = lr, s.min_lr_ = lr, s.warmup_ = warmup;
+  return s;
+}
+
+double Schedule::lr(int64_t step) const {
+  if (step < 1) fail("Schedule: step must be >= 1, got " + std::to_string(step));
+  if (kind_ == "noam") return NoamSchedule{factor_, d_model_, warmup_}.lr(step);
+  if (step <= warmup_) return lr_ * (double)step / (double)warmup_;
+  if (kind_ == "constant" || step >= total_) return kind_ == "constant" ? lr_ : min_lr_;
+  const double progress = (double)(step - warmup_) / (double)(total_ - warmup_);
+  return min_lr_ + (lr_ - min_lr_) * 0.5 * (1 + std::cos(M_PI * progress));
+}
+
+nlohmann::json Schedule::to_json() const {
+  if (kind_ == "noam") return {{"schedule", kind_}, {"factor", factor_}, {"d_model", d_model_}, {"warmup", warmup_}};
+  nlohmann::json j = {{"schedule", kind_}, {"lr", lr_}, {"warmup", warmup_}};
+  if (kind_ == "cosine") j["min_lr"] = min_lr_, j["total"] = total_;
+  return j;
+}
+
+bool decays_by_default(const std::string& name, int64_t dim) {
+  return dim >= 2 && name.find("embed") == std::string::npos;
+}
+
+ParamGroups decay_groups(const NamedParams& params, double weight_decay) {
+  check_nonneg("decay_groups", "weight_decay", weight_decay);
+  ParamGroups g{{{}, weight_decay}, {{}, 0.0}};
+  for (const auto& [name, p] : params) g[p.defined() && decays_by_default(name, p.dim()) ? 0 : 1].params.emplace_back(name, p);
+  return g;
 }
 
 double clip_grad_norm(const NamedParams& params, double max_norm) {

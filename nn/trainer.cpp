@@ -169,7 +169,7 @@ std::vector<uint64_t> rank_streams(std::vector<uint64_t> v, int rank) {
 
 // `ranks`: every rank's generator_states(), rank by rank.
 void save_train_state(const std::string& path, const TrainTask& task, const Optimizer& opt,
-                      const LoopState& s, const nlohmann::json& tied,
+                      const LoopState& s, const nlohmann::json& tied, const nlohmann::json& recipe,
                       const std::vector<std::vector<uint64_t>>& ranks) {
   NamedTensors tensors;
   for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
@@ -184,7 +184,8 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
                             {"acc_loss_bits", double_bits(s.acc_loss)},
                             {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
                             {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint},
-                            {"optimizer_steps", opt.step_count()}, {"tied", tied}};
+                            {"optimizer_steps", opt.step_count()}, {"tied", tied},
+                            {"recipe", recipe}};
   const std::string trainer = j.dump(), optimizer = opt.state_json().dump();
   save_safetensors(path, tensors, {{"trainer", trainer}, {"optimizer", optimizer},
                                    {"checksum", weights_checksum(tensors)},
@@ -192,7 +193,7 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
 }
 
 // The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
-SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
+SafetensorsFile read_train_state(const std::string& path, const TrainTask& task, const nlohmann::json& recipe,
                                  nlohmann::json& j, nlohmann::json& oj) {
   if (!fs::exists(path))
     fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
@@ -234,6 +235,12 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
       fail("resume: '" + f + "' is not the file the interrupted run started with (edited since, or from "
            "another run); a resume needs the same config and tokenizer");
   }
+  // A state from before the recipe was kept trained with Adam and the schedule options, which
+  // the programs restore from their configs.
+  if (j.contains("recipe") && j["recipe"] != recipe)
+    fail("resume: '" + path + "': the run was trained with " + j["recipe"].dump() + " but this call asks for " +
+         recipe.dump() + "; resume with the same optimizer, weight decay, schedule, learning rates, warmup and "
+         "decay steps");
   return f;
 }
 
@@ -249,10 +256,10 @@ bool is_permutation_of_indices(const std::vector<int64_t>& v) {
 
 // Restores the weights, the optimizer and the loop state; returns every saved rank's generator
 // states (one rank for a run saved before data parallelism).
-std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task, Optimizer& opt,
-                                                    LoopState& s) {
+std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task,
+                                                    const nlohmann::json& recipe, Optimizer& opt, LoopState& s) {
   nlohmann::json j, oj;
-  const SafetensorsFile f = read_train_state(path, task, j, oj);
+  const SafetensorsFile f = read_train_state(path, task, recipe, j, oj);
   NamedTensors model_t, optim_t;
   for (auto& [n, t] : f.tensors) {
     if (n.rfind("model.", 0) == 0) model_t.emplace_back(n.substr(6), t);
@@ -318,9 +325,8 @@ std::string run_identity(const TrainTask& t, const LoopOptions& o, const nlohman
   // Every option that changes the arithmetic, the number or order of the collective calls, or
   // when the run stops.
   const nlohmann::json options = {
-      {"steps", o.steps},         {"minutes", o.minutes},     {"lr", o.lr},           {"lr_factor", o.lr_factor},
-      {"d_model", o.d_model},     {"warmup", o.warmup},       {"beta1", o.beta1},     {"beta2", o.beta2},
-      {"adam_eps", o.adam_eps},   {"clip", o.clip},           {"seed", o.seed},       {"resume", o.resume},
+      {"steps", o.steps},         {"minutes", o.minutes},     {"recipe", loop_recipe(o)},
+      {"seed", o.seed},       {"resume", o.resume},
       {"valid_every", o.valid_every}, {"patience", o.patience}, {"min_delta", o.min_delta},
       {"stop_at", o.stop_at},     {"bucket_mb", o.bucket_mb}, {"overlap", o.overlap}};
   const nlohmann::json j = {{"data", t.data_fingerprint}, {"config", t.run_config}, {"tied", tied},
@@ -361,8 +367,13 @@ bool has_checkpoint(const std::string& run_dir) {
   return false;
 }
 
-void check_task(const TrainTask& t, const LoopOptions& o) {
-  if (!t.model || !t.loss || !t.tokens || !t.validate) fail("train: the task needs a model, loss, tokens and validate");
+void check_task(const TrainTask& t, const LoopOptions& o, int ranks) {
+  if (!t.model || !(t.loss || t.loss_of_batch) || !t.tokens || !t.validate)
+    fail("train: the task needs a model, a loss (loss or loss_of_batch), tokens and validate");
+  if (t.loss && t.loss_of_batch) fail("train: the task gives both loss and loss_of_batch; give one");
+  if (t.loss_of_batch && ranks > 1)
+    fail("train: the task gives loss_of_batch, the loss of whole batches, so it cannot be split across " +
+         std::to_string(ranks) + " ranks; give TrainTask::loss (of a shard: shard_of, shard_loss) to train under mpirun");
   if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
   check_loop_options(o);
   if ((o.patience > 0 || !std::isnan(o.stop_at)) &&
@@ -373,14 +384,21 @@ void check_task(const TrainTask& t, const LoopOptions& o) {
 
 // ---- the loop ----
 
+// Adam or AdamW; with weight decay, over decay_groups() (no decay on norms, biases, embeddings).
+std::unique_ptr<Optimizer> make_optimizer(const NamedTensors& params, const LoopOptions& o) {
+  ParamGroups groups = o.weight_decay > 0 ? decay_groups(params, o.weight_decay) : ParamGroups{{params, 0.0}};
+  if (o.optimizer == "adamw") return std::make_unique<AdamW>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
+  return std::make_unique<Adam>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
+}
+
 class Loop {
  public:
   // resume: whether run_dir has a checkpoint to continue (o.resume, and one was committed).
   Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm, bool resume)
       : t_(task), o_(o), comm_(comm), resume_(resume), rank_(comm.rank()), ranks_(comm.size()),
         quiet_(o.quiet || rank_ != 0), params_(task.model->named_parameters()),
-        opt_(params_, o.lr > 0 ? o.lr : 1e-3, o.beta1, o.beta2, o.adam_eps),
-        noam_{o.lr_factor, o.d_model, o.warmup}, tty_(!quiet_ && isatty(2)) {}
+        opt_(make_optimizer(params_, o)), schedule_(loop_schedule(o)), recipe_(loop_recipe(o)),
+        tty_(!quiet_ && isatty(2)) {}
 
   // Each step below either runs on every rank or fails on every rank (on_every_rank() holds no
   // collective call inside; the checks and synchronise_start() fail alike on every rank).
@@ -457,7 +475,7 @@ class Loop {
       return;
     }
     NamedTensors state = params_;
-    for (auto& [n, t] : opt_.state_tensors()) state.emplace_back("optim." + n, t);
+    for (auto& [n, t] : opt_->state_tensors()) state.emplace_back("optim." + n, t);
     const uint64_t sum = std::stoull(weights_checksum(state).substr(0, 16), nullptr, 16);
     const auto all = comm_.allgather({(uint64_t)s_.step, sum});
     for (int r = 1; r < ranks_; ++r)
@@ -480,7 +498,7 @@ class Loop {
     s_.batch_gen = Generator(o_.seed * 0x2545F4914F6CDD1Dull + 17);
     if (o_.resume && !resume_) say("no checkpoint in '" + o_.run_dir + "' yet: starting at step 0");
     if (resume_) {
-      const auto saved = load_train_state(state_path(), t_, opt_, s_);
+      const auto saved = load_train_state(state_path(), t_, recipe_, *opt_, s_);
       last_valid_step_ = s_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
       rows_ = read_metrics(o_.run_dir + "/" + kMetricsFile, t_.metric_names, s_.step);
       say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) + ", batch " +
@@ -516,13 +534,13 @@ class Loop {
       s_.order = shuffled_order(t_.batches, s_.batch_gen);
     }
     const int64_t b = s_.order[(size_t)s_.pos++];
-    lr_ = o_.lr > 0 ? o_.lr : noam_.lr(s_.step + 1);
-    opt_.set_lr(lr_);
+    lr_ = schedule_.lr(s_.step + 1);
+    opt_->set_lr(lr_);
     const Shard shard{rank_, ranks_};
     // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
     const auto [first, last] = ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(t_.examples(b), shard);
     const bool has_rows = first < last;
-    const Tensor loss = has_rows ? t_.loss(b, shard) : Tensor();
+    const Tensor loss = !has_rows ? Tensor() : t_.loss ? t_.loss(b, shard) : t_.loss_of_batch(b);
     const double lv = global_loss(loss);
     if (!std::isfinite(lv)) {
       autograd::clear_tape();
@@ -534,8 +552,8 @@ class Loop {
     else sync_->finish();
     // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
     // the run alive and deterministic.
-    if (std::isfinite(clip_grad_norm(params_, o_.clip))) opt_.step();
-    opt_.zero_grad();
+    if (std::isfinite(clip_grad_norm(params_, o_.clip))) opt_->step();
+    opt_->zero_grad();
     ++s_.step;
     res_.losses.push_back(lv);
     s_.acc_loss += lv;
@@ -660,7 +678,7 @@ class Loop {
   // The train state, metrics.csv and the program's files, committed as one checkpoint.
   void save_checkpoint(const LoopState& snap, const std::vector<std::vector<uint64_t>>& generators) {
     CheckpointCommit c(o_.run_dir, snap.step);
-    save_train_state(c.path(kStateFile), t_, opt_, snap, tied_, generators);
+    save_train_state(c.path(kStateFile), t_, *opt_, snap, tied_, recipe_, generators);
     write_metrics(c.path(kMetricsFile), t_.metric_names, rows_);
     const bool best = t_.stop_metric.empty() || newest_is_best(rows_, t_.stop_metric, t_.higher_is_better);
     if (t_.on_validated) t_.on_validated(Validated{snap.step, rows_, best, c});
@@ -703,8 +721,9 @@ class Loop {
   const bool quiet_;  // o.quiet, or a rank other than 0
   NamedTensors params_;
   std::unique_ptr<GradientBuckets> sync_;  // on several ranks
-  Adam opt_;
-  NoamSchedule noam_;
+  std::unique_ptr<Optimizer> opt_;
+  Schedule schedule_;
+  nlohmann::json recipe_;  // loop_recipe(o_): kept in the train state, checked on resume
   bool tty_;
   nlohmann::json tied_;  // the tied files' fingerprints as this run found them at its start
   LoopState s_;
@@ -717,6 +736,8 @@ class Loop {
 
 }  // namespace
 
+static void check_loop_rest(const LoopOptions& o);
+
 void check_loop_options(const LoopOptions& o) {
   if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
   if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
@@ -725,9 +746,73 @@ void check_loop_options(const LoopOptions& o) {
   if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta)) fail("train: --min-delta must be a finite number >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
   if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
-  if (o.warmup < 1 || o.d_model < 1) fail("train: warmup and d_model must be >= 1");
+  if (o.optimizer != "adam" && o.optimizer != "adamw")
+    fail("train: --optimizer must be adam or adamw, got '" + o.optimizer + "'");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    fail("train: --weight-decay must be a finite number >= 0");
+  if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr)) fail("train: --min-lr must be a finite number >= 0");
+  if (o.decay_steps < 0) fail("train: the decay steps must be >= 0 (0: the step budget)");
+  if (o.d_model < 1) fail("train: d_model must be >= 1");
+  const bool noam = o.schedule == "noam" || (o.schedule == "auto" && o.lr == 0);
+  if (noam) {
+    if (o.warmup < 1) fail("train: --warmup must be >= 1 for the Noam schedule");
+    if (o.schedule == "noam" && o.lr > 0)
+      fail("train: --lr is the peak of the cosine and constant schedules; the Noam schedule is scaled by the "
+           "lr factor (--lr-factor) instead");
+  } else if (o.schedule == "cosine" || o.schedule == "constant") {
+    if (o.warmup < 0) fail("train: --warmup must be >= 0");
+    if (!(o.lr > 0)) fail("train: --schedule " + o.schedule + " needs --lr > 0 (its peak learning rate)");
+  } else if (o.schedule != "auto") {
+    fail("train: --schedule must be noam, cosine or constant, got '" + o.schedule + "'");
+  }
+  if (o.schedule != "cosine") return check_loop_rest(o);
+  if (o.min_lr > o.lr) fail("train: --min-lr (" + fmt_num(o.min_lr) + ") must not exceed --lr (" + fmt_num(o.lr) + ")");
+  const int64_t total = o.decay_steps > 0 ? o.decay_steps : o.steps;
+  if (total <= 0) fail("train: --schedule cosine decays over the step budget: give --steps");
+  if (total <= o.warmup)
+    fail("train: --schedule cosine needs more steps (" + std::to_string(total) + ") than warmup steps (" +
+         std::to_string(o.warmup) + ")");
+  check_loop_rest(o);
+}
+
+// The checks after the optimizer's and the schedule's.
+static void check_loop_rest(const LoopOptions& o) {
   if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
   if (!(o.bucket_mb > 0) || !(o.bucket_mb <= 4096)) fail("train: the gradient bucket size must be in (0, 4096] MiB");
+}
+
+Schedule loop_schedule(const LoopOptions& o) {
+  check_loop_options(o);
+  if (o.schedule == "cosine") return Schedule::cosine(o.lr, o.min_lr, o.warmup, o.decay_steps > 0 ? o.decay_steps : o.steps);
+  if (o.schedule == "constant") return Schedule::constant(o.lr, o.warmup);
+  if (o.schedule == "auto" && o.lr > 0) return Schedule::constant(o.lr, 0);
+  return Schedule::noam(o.lr_factor, o.d_model, o.warmup);
+}
+
+nlohmann::json loop_recipe(const LoopOptions& o) {
+  return {{"optimizer", o.optimizer}, {"weight_decay", o.weight_decay}, {"schedule", loop_schedule(o).to_json()},
+          {"beta1", o.beta1},         {"beta2", o.beta2},               {"adam_eps", o.adam_eps},
+          {"clip", o.clip}};
+}
+
+void apply_recipe(const nlohmann::json& recipe, LoopOptions& o, const std::string& where) {
+  LoopOptions n = o;
+  n.optimizer = json_field<std::string>(recipe, "optimizer", where);
+  n.weight_decay = json_field<double>(recipe, "weight_decay", where);
+  if (!recipe.contains("schedule") || !recipe["schedule"].is_object()) fail(where + ": no 'schedule' object");
+  const nlohmann::json& s = recipe["schedule"];
+  const std::string sw = where + ": 'schedule'";
+  n.schedule = json_field<std::string>(s, "schedule", sw);
+  n.warmup = json_field<int64_t>(s, "warmup", sw);
+  if (n.schedule == "noam") {
+    n.lr = 0;
+    n.lr_factor = json_field<double>(s, "factor", sw);
+    n.d_model = json_field<int64_t>(s, "d_model", sw);
+  } else {
+    n.lr = json_field<double>(s, "lr", sw);
+    if (n.schedule == "cosine") n.min_lr = json_field<double>(s, "min_lr", sw), n.decay_steps = json_field<int64_t>(s, "total", sw);
+  }
+  o = n;
 }
 
 bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric, bool higher_is_better) {
@@ -751,7 +836,7 @@ LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   Communicator& comm = o.comm ? *o.comm : world_communicator();
   bool resume = false;
   on_every_rank(comm, [&] {
-    check_task(task, o);
+    check_task(task, o, comm.size());
     if (comm.rank() == 0) {
       fs::create_directories(o.run_dir);
       remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save

@@ -1,6 +1,7 @@
 /// @file
-/// The training loop, written once for every model family: Adam with the Noam schedule (or a
-/// constant lr), gradient clipping, periodic validation through a callback, a progress line
+/// The training loop, written once for every model family: Adam or AdamW (weight decay on the
+/// matrices only, decay_groups()) with the Noam schedule, warmup then cosine decay, or warmup
+/// then a constant lr, gradient clipping, periodic validation through a callback, a progress line
 /// (loss, lr, tokens/s, ETA; redrawn in place on a TTY), metrics.csv, a time or step budget,
 /// early stopping, and checkpoints committed as one unit with exact resume.
 ///
@@ -27,6 +28,7 @@
 #include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/communicator.h"
 #include "graft/nn/module.h"
+#include "graft/nn/optim.h"
 
 namespace graft::nn {
 
@@ -61,7 +63,7 @@ struct Validated {
 };
 
 /// What the loop needs from a model family. Batches are the program's own, by index.
-/// model, loss, tokens and validate are required.
+/// model, tokens, validate and one of loss and loss_of_batch are required.
 struct TrainTask {
   Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
   int64_t batches = 0;                          ///< training batches per epoch
@@ -70,6 +72,9 @@ struct TrainTask {
   /// items (shard_of() and shard_loss() do both). With one process the shard is the whole batch.
   /// Called only for a shard with rows (shard_rows()); a rank without rows adds nothing.
   std::function<Tensor(int64_t batch, Shard shard)> loss;
+  /// Instead of loss, for a task that only ever runs in one process: the scalar training loss of
+  /// a whole batch (no shards). The loop refuses to run such a task on several ranks.
+  std::function<Tensor(int64_t batch)> loss_of_batch;
   /// The rows (examples) of a batch, which shards split (shard_rows()). Needed on more than one
   /// rank; the largest batch must give every rank a row.
   std::function<int64_t(int64_t batch)> examples;
@@ -106,9 +111,26 @@ struct LoopOptions {
   std::string run_dir;  ///< where the train state and metrics.csv go (created when missing)
   int64_t steps = 0;     ///< stop after this many steps (0: no step limit)
   double minutes = 0;    ///< stop after this much training time, summed over resumes (0: none)
-  double lr = 0;         ///< > 0: constant learning rate, else Noam(lr_factor, d_model, warmup)
+  /// "adam" (weight_decay as L2 on the decaying parameters) or "adamw" (decoupled weight decay).
+  std::string optimizer = "adam";
+  /// The weight decay of the parameters decays_by_default() picks (matrices; never norms,
+  /// biases or embeddings: decay_groups()); 0: one group, no decay.
+  double weight_decay = 0;
+  /// The learning-rate schedule (Schedule):
+  /// - "auto": Noam when lr is 0, else lr from the first step (the loop's behaviour before the
+  ///   schedules could be chosen; the default)
+  /// - "noam": Noam(lr_factor, d_model, warmup); lr must be 0
+  /// - "cosine": linear warmup to lr, then cosine decay to min_lr at step decay_steps (0: steps)
+  /// - "constant": linear warmup to lr, then lr
+  std::string schedule = "auto";
+  /// The peak learning rate of "cosine" and "constant" (> 0 for them), or with "auto" a constant
+  /// learning rate (0: Noam).
+  double lr = 0;
+  double min_lr = 0;        ///< "cosine": the floor it decays to (<= lr)
+  int64_t decay_steps = 0;  ///< "cosine": the step it reaches min_lr (0: the step budget, steps)
   double lr_factor = 1.0;  ///< the Noam schedule's factor
-  /// The Noam schedule's model width and warm-up steps.
+  /// The Noam schedule's model width, and the warm-up steps of every schedule (Noam: >= 1;
+  /// cosine and constant: >= 0).
   ///@{
   int64_t d_model = 512, warmup = 4000;
   ///@}
@@ -192,12 +214,29 @@ struct LoopResult {
 ///         optimizer state); and the errors of the task's own callbacks and of saving.
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o);
 
-/// The options' own checks (budget, lr, schedule, clip, intervals), which train_loop runs too:
-/// a program calls it before any expensive preparation. Errors name the option.
-/// @throws graft::Error "train: ..." when there is no step or time budget, or minutes, lr,
-///         lr_factor, clip, min_delta, warmup, d_model, valid_every, log_every or patience is
-///         out of range.
+/// The options' own checks (budget, optimizer, lr, schedule, clip, intervals), which train_loop
+/// runs too: a program calls it before any expensive preparation. Errors name the option.
+/// @throws graft::Error "train: ..." when there is no step or time budget, an unknown optimizer
+///         or schedule, a schedule without what it needs (cosine: a step budget or decay_steps,
+///         and lr > 0), or minutes, lr, min_lr, weight_decay, lr_factor, clip, min_delta,
+///         warmup, d_model, valid_every, log_every or patience is out of range.
 void check_loop_options(const LoopOptions& o);
+
+/// The schedule the options choose (LoopOptions::schedule), after check_loop_options().
+/// @throws graft::Error as check_loop_options().
+Schedule loop_schedule(const LoopOptions& o);
+
+/// The options that shape the optimization (optimizer, weight decay, schedule and its numbers,
+/// betas, eps, clip), as JSON: the train state keeps it, and a resume whose options give another
+/// is refused. A program may save it in its config to restore the options on --resume
+/// (apply_recipe()).
+/// @throws graft::Error as check_loop_options().
+nlohmann::json loop_recipe(const LoopOptions& o);
+
+/// Sets o's optimizer, weight_decay, schedule, lr, min_lr, decay_steps, lr_factor, d_model and
+/// warmup from a recipe loop_recipe() made (such as a config's copy), for --resume.
+/// @throws graft::Error "<where>: ..." naming a missing or malformed field.
+void apply_recipe(const nlohmann::json& recipe, LoopOptions& o, const std::string& where);
 
 /// Fisher-Yates over 0..n-1 drawn from gen.
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);

@@ -205,6 +205,149 @@ BOOST_AUTO_TEST_CASE(adamw_decoupled_decay) {
   check_close(vals(q), {1 - 1e-5}, 1e-15);
 }
 
+// torch.optim.AdamW's update worked by hand for two steps (lr 0.1, betas 0.9/0.999, eps 1e-8,
+// weight decay 0.1): p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). Step 1: m = 0.05, v = 2.5e-4, so
+// p = 1 * 0.99 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.890000002 (the numbers below are the formula in
+// double).
+BOOST_AUTO_TEST_CASE(adamw_two_steps_match_torch_formula) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
+    Tensor p = param({1, -2}, {2}, dt);
+    AdamW opt({{"p", p}}, 0.1, 0.9, 0.999, 1e-8, 0.1);
+    give_grad(p, {0.5, 0.3});
+    opt.step();
+    check_close(vals(p), {0.890000002, -2.079999996666667}, tol);
+    give_grad(p, {-0.2, 0.3});
+    opt.step();
+    check_close(vals(p), {0.8465394180965108, -2.1591999933666663}, tol);
+  }
+}
+
+// nanoGPT's split: matrices decay; vectors (biases, norm gains) and embeddings do not.
+BOOST_AUTO_TEST_CASE(decay_groups_split_by_shape_and_name) {
+  const NamedParams ps = {{"embedding.weight", param(std::vector<double>(6, 1), {3, 2})},
+                          {"layer.weight", param(std::vector<double>(4, 1), {2, 2})},
+                          {"layer.bias", param({1, 1}, {2})},
+                          {"norm.weight", param({1, 1}, {2})},
+                          {"out.weight", param(std::vector<double>(4, 1), {2, 2})}};
+  const ParamGroups g = decay_groups(ps, 0.1);
+  BOOST_REQUIRE_EQUAL(g.size(), 2u);
+  BOOST_REQUIRE_EQUAL(g[0].params.size(), 2u);
+  BOOST_CHECK_EQUAL(g[0].params[0].first, "layer.weight");
+  BOOST_CHECK_EQUAL(g[0].params[1].first, "out.weight");
+  BOOST_CHECK_EQUAL(g[0].weight_decay, 0.1);
+  BOOST_REQUIRE_EQUAL(g[1].params.size(), 3u);
+  BOOST_CHECK_EQUAL(g[1].params[0].first, "embedding.weight");
+  BOOST_CHECK_EQUAL(g[1].weight_decay, 0.0);
+  check_error([&] { decay_groups(ps, -1); }, "decay_groups: weight_decay must be >= 0, got -1");
+
+  // With a zero gradient AdamW only decays: the decay group by 1 - lr*wd, the others not at all.
+  AdamW opt(g, 0.5);
+  BOOST_CHECK_EQUAL(opt.group_count(), 2u);
+  for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), 0));
+  opt.step();
+  for (auto& [n, t] : ps) {
+    const double want = decays_by_default(n, t.dim()) ? 1 - 0.5 * 0.1 : 1;
+    for (double x : vals(t)) BOOST_CHECK_MESSAGE(x == want, n << ": " << x << ", want " << want);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(groups_scale_lr_and_decay_alone) {
+  // Same grads, two groups: lr_scale 0.5 halves the first Adam step (~lr), weight decay as L2
+  // in Adam enters the grad of its group only.
+  Tensor a = param({1}, {1}), b = param({1}, {1}), c = param({1}, {1});
+  Adam opt(ParamGroups{{{{"a", a}}, 0.0, 1.0}, {{{"b", b}}, 0.0, 0.5}, {{{"c", c}}, 1.0, 1.0}}, 0.1);
+  for (const Tensor& t : {a, b, c}) give_grad(t, {0.5});
+  opt.step();
+  check_close(vals(a), {1 - 0.1 * 0.5 / (0.5 + 1e-8)}, 1e-14);
+  check_close(vals(b), {1 - 0.05 * 0.5 / (0.5 + 1e-8)}, 1e-14);
+  check_close(vals(c), {1 - 0.1 * 1.5 / (1.5 + 1e-8)}, 1e-14);  // g = 0.5 + 1.0 * 1
+  BOOST_CHECK_EQUAL(opt.group_of(2), 2u);
+  check_error([&] { Adam(ParamGroups{{{{"a", param({1}, {1})}}, -0.5}}, 0.1); },
+              "Adam: weight_decay must be >= 0, got -0.5");
+  check_error([&] { SGD(ParamGroups{{{{"a", param({1}, {1})}}}, {{{"b", param({1}, {1})}}, 0, NAN}}, 0.1); },
+              "SGD: group 1 lr_scale must be a finite number >= 0, got nan");
+  // SGD with groups: wd as L2 per group.
+  Tensor x = param({2}, {1}), y = param({2}, {1});
+  SGD sgd(ParamGroups{{{{"x", x}}, 0.5}, {{{"y", y}}, 0.0, 2.0}}, 0.1);
+  give_grad(x, {1});
+  give_grad(y, {1});
+  sgd.step();
+  check_close(vals(x), {2 - 0.1 * (1 + 0.5 * 2)}, 1e-15);
+  check_close(vals(y), {2 - 0.2 * 1}, 1e-15);
+}
+
+BOOST_AUTO_TEST_CASE(groups_save_and_load) {
+  auto make = [] {
+    return NamedParams{{"w", param({1, 2, 3, 4}, {2, 2})}, {"b", param({1, 2}, {2})}};
+  };
+  NamedParams ps = make();
+  AdamW opt(decay_groups(ps, 0.2), 0.1);
+  for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), 0.3));
+  opt.step();
+  const auto j = opt.state_json();
+  BOOST_REQUIRE(j.contains("param_groups"));
+  BOOST_CHECK_EQUAL(j["param_groups"][0]["params"], nlohmann::json({"w"}));
+  BOOST_CHECK_EQUAL(j["param_groups"][0]["weight_decay"], 0.2);
+
+  // Another optimizer over the same split takes the saved decays (torch's load_state_dict).
+  NamedParams qs = make();
+  AdamW back(decay_groups(qs, 0.7), 0.1);
+  back.load_state(opt.state_tensors(), j);
+  BOOST_CHECK_EQUAL(back.group_weight_decay(0), 0.2);
+  BOOST_CHECK_EQUAL(back.group_weight_decay(1), 0.0);
+  for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), -0.1));
+  for (auto& [n, t] : qs) copy_into(t, ps[n == "w" ? 0 : 1].second), give_grad(t, std::vector<double>(t.numel(), -0.1));
+  opt.step();
+  back.step();
+  for (size_t i = 0; i < ps.size(); ++i) BOOST_CHECK(bit_equal(ps[i].second, qs[i].second));
+
+  // Another grouping is refused, naming the parameter; so is one group for a grouped state.
+  NamedParams rs = make();
+  AdamW swapped(ParamGroups{{{rs[1]}, 0.2}, {{rs[0]}, 0.0}}, 0.1);
+  check_error([&] { swapped.load_state(opt.state_tensors(), j); },
+              "load_state: parameter 'b' is in group 0 of this optimizer but in group 1 of the state");
+  AdamW single(make(), 0.1);
+  check_error([&] { single.load_state(opt.state_tensors(), j); },
+              "load_state: 'param_groups' must be an array of 1 groups");
+  // A state from before groups (no "param_groups") is one group with its weight_decay.
+  auto old = single.state_json();
+  old.erase("param_groups");
+  old["weight_decay"] = 0.05;
+  single.load_state(single.state_tensors(), old);
+  BOOST_CHECK_EQUAL(single.weight_decay(), 0.05);
+  check_error([&] { back.load_state(back.state_tensors(), old); },
+              "load_state: the state has one parameter group but this optimizer has 2");
+}
+
+BOOST_AUTO_TEST_CASE(cosine_and_constant_schedules) {
+  const Schedule cos = Schedule::cosine(1.0, 0.1, 10, 110);
+  BOOST_CHECK_CLOSE(cos.lr(1), 0.1, 1e-12);  // linear warmup
+  BOOST_CHECK_CLOSE(cos.lr(5), 0.5, 1e-12);
+  BOOST_CHECK_EQUAL(cos.lr(10), 1.0);         // the peak at the end of warmup
+  BOOST_CHECK_CLOSE(cos.lr(60), 0.55, 1e-12);  // half way: the mean of peak and floor
+  BOOST_CHECK_EQUAL(cos.lr(110), 0.1);        // the floor at the last step...
+  BOOST_CHECK_EQUAL(cos.lr(500), 0.1);        // ...and after it
+  for (int64_t s = 11; s <= 110; ++s) BOOST_CHECK_LE(cos.lr(s), cos.lr(s - 1));
+  const Schedule flat = Schedule::constant(0.3, 4);
+  BOOST_CHECK_CLOSE(flat.lr(2), 0.15, 1e-12);
+  BOOST_CHECK_EQUAL(flat.lr(4), 0.3);
+  BOOST_CHECK_EQUAL(flat.lr(1000), 0.3);
+  BOOST_CHECK_EQUAL(Schedule::constant(0.3).lr(1), 0.3);
+  const Schedule noam = Schedule::noam(2.0, 512, 4000);
+  for (int64_t s : {1, 100, 4000, 9000}) BOOST_CHECK_EQUAL(noam.lr(s), (NoamSchedule{2.0, 512, 4000}.lr(s)));
+  BOOST_CHECK_EQUAL(cos.to_json()["schedule"], "cosine");
+  BOOST_CHECK_EQUAL(cos.to_json()["total"], 110);
+
+  check_error([&] { cos.lr(0); }, "Schedule: step must be >= 1, got 0");
+  check_error([] { Schedule::cosine(1.0, 2.0, 0, 10); }, "Schedule: min_lr must be in [0, lr = 1], got 2");
+  check_error([] { Schedule::cosine(1.0, 0.0, 10, 10); }, "Schedule: the cosine decay needs more steps (10) than warmup steps (10)");
+  check_error([] { Schedule::constant(-1); }, "Schedule: lr must be >= 0, got -1");
+  check_error([] { Schedule::constant(1, -2); }, "Schedule: warmup must be >= 0, got -2");
+  check_error([] { Schedule::noam(1, 0, 10); }, "Schedule: d_model must be >= 1, got 0");
+}
+
 BOOST_AUTO_TEST_CASE(params_without_grad_are_skipped) {
   Tensor a = param({1, 2}, {2}), b = param({3}, {1});
   Adam opt({{"a", a}, {"b", b}}, 0.1);
@@ -503,7 +646,7 @@ BOOST_AUTO_TEST_CASE(constructor_errors) {
   check_error([&] { SGD(ps(), 0.1, -0.5); }, "SGD: momentum must be >= 0, got -0.5");
   check_error([&] { SGD(ps(), 0.1, 0, -1); }, "SGD: weight_decay must be >= 0, got -1");
   check_error([&] { SGD(ps(), 0.1, 0, 0, true); }, "SGD: nesterov momentum requires momentum > 0");
-  check_error([] { SGD({}, 0.1); }, "Optimizer: got an empty parameter list");
+  check_error([] { SGD(NamedParams{}, 0.1); }, "Optimizer: got an empty parameter list");
   Tensor w = param({1}, {1});
   check_error([&] { SGD({{"w", w}, {"w", param({1}, {1})}}, 0.1); },
               "Optimizer: parameter name 'w' appears twice");

@@ -43,6 +43,35 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
+// AdamW with weight decay and warmup then cosine decay to a floor at step 30.
+nn::LoopOptions adamw_cosine(const fs::path& dir, int64_t steps) {
+  nn::LoopOptions o = opts(dir, steps);
+  o.optimizer = "adamw";
+  o.weight_decay = 0.1;
+  o.schedule = "cosine";
+  o.lr = 0.05;
+  o.min_lr = 0.005;
+  o.warmup = 5;
+  o.decay_steps = 30;
+  return o;
+}
+
+// Rank 0 of two that agree on everything (one process plays both): enough for the checks the
+// loop makes before its first step.
+struct TwoRanks final : nn::Communicator {
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "two ranks (test)"; }
+  void allreduce_sum(Tensor&) override {}
+  void start_allreduce_sum(Tensor&) override {}
+  void progress() override {}
+  void wait_all() override {}
+  void broadcast(Tensor&, int) override {}
+  std::string broadcast_string(const std::string& s, int) override { return s; }
+  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override { return {v, v}; }
+  void barrier() override {}
+  [[noreturn]] void abort(const std::string& m, int) override { fail(m); }
+};
 
 }  // namespace
 
@@ -112,6 +141,89 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
   BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
   BOOST_TEST(c.model.bias.to_vector<double>() == a.model.bias.to_vector<double>());
+}
+
+BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
+  manual_seed(1);
+  Toy a(3);
+  std::vector<nn::MetricsRow> rows;
+  a.task.on_validated = [&](const nn::Validated& v) { rows = v.rows; };
+  nn::LoopResult whole = nn::train_loop(a.task, adamw_cosine(fresh_dir("cos_whole"), 30));
+  // Warmup to the peak at step 5, then the floor at the last step (the rows every 5 steps).
+  BOOST_REQUIRE_EQUAL(rows.size(), 6u);
+  BOOST_TEST(rows[0].lr == 0.05);
+  BOOST_TEST(rows[1].lr < 0.05);
+  BOOST_TEST(rows[5].lr == 0.005);
+  BOOST_TEST(whole.last_valid.at("mse") < whole.losses.front());
+  manual_seed(1);
+  Toy b(3);
+  const fs::path dir = fresh_dir("cos_split");
+  nn::train_loop(b.task, adamw_cosine(dir, 20));
+  manual_seed(99);
+  Toy c(3);
+  nn::LoopOptions o = adamw_cosine(dir, 30);
+  o.resume = true;
+  nn::LoopResult rest = nn::train_loop(c.task, o);
+  BOOST_TEST(rest.first_step == 20);
+  BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
+  BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
+  BOOST_TEST(c.model.bias.to_vector<double>() == a.model.bias.to_vector<double>());
+  // A resume with another recipe would not continue the same run: refused, naming what differs.
+  auto refuse = [&](auto set) {
+    Toy d(3);
+    nn::LoopOptions other = adamw_cosine(dir, 40);
+    other.resume = true;
+    set(other);
+    BOOST_CHECK_EXCEPTION(nn::train_loop(d.task, other), Error,
+                          [](const Error& e) { return names(e, "the run was trained with") && names(e, "\"adamw\""); });
+  };
+  refuse([](nn::LoopOptions& x) { x.weight_decay = 0.2; });
+  refuse([](nn::LoopOptions& x) { x.optimizer = "adam"; });
+  refuse([](nn::LoopOptions& x) { x.min_lr = 0.001; });
+  refuse([](nn::LoopOptions& x) { x.decay_steps = 0; });  // the horizon would become 40
+}
+
+BOOST_AUTO_TEST_CASE(warmup_then_constant) {
+  manual_seed(1);
+  Toy t(3);
+  std::vector<nn::MetricsRow> rows;
+  t.task.on_validated = [&](const nn::Validated& v) { rows = v.rows; };
+  nn::LoopOptions o = opts(fresh_dir("warm_const"), 20);
+  o.schedule = "constant";
+  o.warmup = 10;
+  nn::train_loop(t.task, o);
+  BOOST_REQUIRE_EQUAL(rows.size(), 4u);
+  BOOST_TEST(rows[0].lr == 0.025);  // step 5 of 10
+  BOOST_TEST(rows[1].lr == 0.05);
+  BOOST_TEST(rows[3].lr == 0.05);
+}
+
+// With a zero gradient AdamW only decays: the weight matrix by 1 - lr*wd a step, the bias (a
+// vector) not at all. The task gives the loss of whole batches (loss_of_batch, no shards).
+BOOST_AUTO_TEST_CASE(weight_decay_skips_biases_and_loss_of_batch) {
+  manual_seed(1);
+  Toy t(3);
+  t.task.loss = nullptr;
+  t.task.loss_of_batch = [&t](int64_t i) { return affine(mean(t.model.forward(t.xs[i])), 0.0, 0.0); };
+  t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };
+  const double w0 = t.model.weight.to_vector<double>()[0], b0 = t.model.bias.to_vector<double>()[0];
+  nn::LoopOptions o = opts(fresh_dir("decay_groups"), 2);
+  o.optimizer = "adamw";
+  o.weight_decay = 0.5;
+  nn::train_loop(t.task, o);
+  BOOST_TEST(t.model.weight.to_vector<double>()[0] == w0 * (1 - 0.05 * 0.5) * (1 - 0.05 * 0.5));
+  BOOST_TEST(t.model.bias.to_vector<double>()[0] == b0);
+
+  // Such a task cannot be split across ranks; a task with both losses is ambiguous.
+  TwoRanks two;
+  nn::LoopOptions on2 = opts(fresh_dir("two_ranks"), 2);
+  on2.comm = &two;
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, on2), Error,
+                        [](const Error& e) { return names(e, "cannot be split across 2 ranks"); });
+  Toy both(3);
+  both.task.loss_of_batch = t.task.loss_of_batch;
+  BOOST_CHECK_EXCEPTION(nn::train_loop(both.task, opts(fresh_dir("both"), 2)), Error,
+                        [](const Error& e) { return names(e, "gives both loss and loss_of_batch"); });
 }
 
 BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
@@ -365,6 +477,14 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   refuse([](nn::LoopOptions& o) { o.lr = -1; }, "--lr must be a finite number >= 0");
   refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "--lr must be a finite number >= 0");
   refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr factor must be");
+  refuse([](nn::LoopOptions& o) { o.optimizer = "sgd"; }, "--optimizer must be adam or adamw, got 'sgd'");
+  refuse([](nn::LoopOptions& o) { o.schedule = "linear"; }, "--schedule must be noam, cosine or constant");
+  refuse([](nn::LoopOptions& o) { o.schedule = "noam"; }, "the Noam schedule is scaled by the lr factor");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; }, "--schedule cosine needs --lr > 0");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; }, "give --steps");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; }, "more steps (10) than warmup steps (10)");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; }, "--min-lr (1) must not exceed --lr (0.05)");
+  refuse([](nn::LoopOptions& o) { o.weight_decay = -1; }, "--weight-decay must be a finite number >= 0");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
