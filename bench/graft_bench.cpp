@@ -5,6 +5,7 @@
 //   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
 //                                 (the zoo: the models `make lm` and `make classify` train)
 //   graft_bench --what micro                                    (op microbenchmarks)
+//   graft_bench --what eltwise                                  (SiLU: oneDNN vs a user's row)
 //   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
@@ -568,6 +569,48 @@ void run_micro(const Args& a) {
   emit("\"what\":\"micro\",\"ops\":[" + os.str() + "]");
 }
 
+// SiLU written by a user as table rows (ops/elementwise.h), to compare with the library's silu
+// (oneDNN swish): one from a generic formula (unary_row: vectorised float32 loops), one from
+// float64 function pointers only (each float32 element goes through the float64 functions).
+constexpr auto user_silu_f = [](auto x, auto, auto) { return x / (1 + kern::exp(-x)); };
+constexpr auto user_silu_df = [](auto x, auto, auto, auto) {
+  const auto s = 1 / (1 + kern::exp(-x));
+  return s * (1 + x * (1 - s));
+};
+const UnaryOp kUserSilu = unary_row<user_silu_f, user_silu_df>({.name = "user_silu", .family = "bench"});
+const UnaryOp kUserSiluF64{.name = "user_silu_f64",
+                           .f = [](double x, double, double) { return x / (1 + std::exp(-x)); },
+                           .df = [](double x, double, double, double) {
+                             const double s = 1 / (1 + std::exp(-x));
+                             return s * (1 + x * (1 - s));
+                           },
+                           .family = "bench"};
+
+// SiLU forward + backward on a (1024, 344) float32 tensor (a SwiGLU hidden layer's size), each
+// way in the same run: median ms of 51 calls.
+void run_eltwise(const Args& a) {
+  Generator g(11);
+  const int64_t R = 1024, C = 344;
+  Tensor x = randn({R, C}, DType::f32, g).requires_grad_();
+  Tensor up = randn({R, C}, DType::f32, g);
+  const std::pair<const char*, std::function<Tensor()>> ways[] = {
+      {"silu (oneDNN swish)", [&] { return silu(x); }},
+      {"row, unary_row (vectorised float32 loop)", [&] { return unary(kUserSilu, x); }},
+      {"row, float64 functions only", [&] { return unary(kUserSiluF64, x); }},
+      {"x * sigmoid(x)", [&] { return mul(x, sigmoid(x)); }},
+  };
+  std::ostringstream os;
+  for (const auto& [name, fwd] : ways) {
+    const double t = time_median(std::max(a.warmup, 5), std::max(a.steps, 51), [&] {
+      x.zero_grad();
+      fwd().backward(up);
+    });
+    if (os.tellp() > 0) os << ",";
+    os << "{\"way\":\"" << name << "\",\"ms\":" << num(t * 1e3) << "}";
+  }
+  emit("\"what\":\"eltwise\",\"op\":\"silu fwd+bwd 1024x344 f32\",\"ways\":[" + os.str() + "]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -588,12 +631,13 @@ int main(int argc, char** argv) {
     else if (a.what == "cls_train") run_cls_train(a);
     else if (a.what == "cls_infer") run_cls_infer(a);
     else if (a.what == "micro") run_micro(a);
+    else if (a.what == "eltwise") run_eltwise(a);
     else if (a.what == "sgemm") run_sgemm(a);
     else if (a.what == "kernels") run_kernels();
     else if (a.what == "stream") run_stream();
     else {
       std::cerr << "graft_bench: unknown --what " << a.what
-                << " (train, greedy, beam, lm_train, lm_sample, cls_train, cls_infer, micro, sgemm, kernels, stream)\n";
+                << " (train, greedy, beam, lm_train, lm_sample, cls_train, cls_infer, micro, eltwise, sgemm, kernels, stream)\n";
       return 2;
     }
   } catch (const std::exception& e) {

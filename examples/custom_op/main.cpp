@@ -1,27 +1,33 @@
 // Adding ops from outside the library, both ways, checked by the machinery the library's own ops
 // use (gradcheck in float64, float32 against float64):
-//   - softsign(x) = x / (1 + |x|) as one table row (ops/elementwise.h UnaryOp): the row gives the
-//     forward, the derivative, the inputs of its default cases and the kink to keep away from;
-//     float32 runs the reference loop since oneDNN has no softsign algorithm;
-//   - softplus(x) = log(1 + exp(x)) written by hand: forward, a named backward, a recorded tape
-//     entry and a gradcheck case of its own.
+//   - softsign(x) = x / (1 + |x|) as one table row (ops/elementwise.h UnaryOp) built by
+//     unary_row from one generic formula and derivative: the float64 reference and a vectorised
+//     float32 loop come from the same two lambdas (oneDNN has no softsign algorithm; the loop is
+//     as fast as oneDNN's own eltwise kernels, see docs/ops.md);
+//   - softplus(x) = log(1 + exp(x)) written by hand with the helpers of ops/custom.h (the float
+//     checks, kern::contig, kern::parallel_for): forward, a named backward, a recorded tape entry
+//     and a gradcheck case of its own.
 #include <cmath>
 #include <cstdio>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/ops/custom.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;
 
 // ---- a row-style op ---------------------------------------------------------------------------
 
-// softsign: y = x / (1 + |x|), dy/dx = 1 / (1 + |x|)^2, which has a corner at 0.
-const UnaryOp kSoftsign{.name = "softsign",
-                        .f = [](double x, double, double) { return x / (1 + std::fabs(x)); },
-                        .df = [](double x, double, double, double) {
-                          return 1 / ((1 + std::fabs(x)) * (1 + std::fabs(x)));
-                        },
-                        .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom"};
+// softsign: y = x / (1 + |x|), dy/dx = 1 / (1 + |x|)^2, which has a corner at 0. The lambdas
+// take auto parameters: unary_row instantiates them at double (the reference) and at float (the
+// vectorised loop).
+constexpr auto softsign_f = [](auto x, auto, auto) { return x / (1 + std::fabs(x)); };
+constexpr auto softsign_df = [](auto x, auto, auto, auto) {
+  const auto d = 1 + std::fabs(x);
+  return 1 / (d * d);
+};
+const UnaryOp kSoftsign = unary_row<softsign_f, softsign_df>(
+    {.name = "softsign", .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom"});
 
 Tensor softsign(const Tensor& x) { return unary(kSoftsign, x); }
 
@@ -34,14 +40,16 @@ Tensor softplus_backward(const Tensor& x, const Tensor& dout) { return mul(dout,
 
 // softplus: y = log(1 + exp(x)), elementwise; x (...) -> y (...)
 Tensor softplus(const Tensor& x) {
-  if (!x.defined() || !is_floating(x.dtype())) fail("softplus: expected a float tensor");
-  Tensor xc = contiguous_copy(x);  // own contiguous buffer: simple loops below
+  kern::check_float("softplus", x);  // "softplus: expected a float tensor, got ..."
+  const Tensor xc = kern::contig(x);  // x itself when contiguous: simple loops below
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   GRAFT_DISPATCH_FLOAT(x.dtype(), "softplus", [&] {
     const T* px = xc.data<T>();
     T* py = y.data<T>();
-    // log1p(exp(-|x|)) + max(x, 0) avoids overflow for large x.
-    for (int64_t i = 0; i < x.numel(); ++i) py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
+    // log1p(exp(-|x|)) + max(x, 0) avoids overflow for large x; chunks over the threads.
+    kern::parallel_for(x.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
+    });
   });
   if (autograd::needs_record({x}))
     autograd::record("softplus", {x}, {y}, {xc}, [](const autograd::Ctx& c, const Tensors& dout) {
