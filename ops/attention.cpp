@@ -277,23 +277,27 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
 // path (softmax_row); only the order of the dot products' sums differs.
 constexpr int64_t kFewQueries = 4;
 
-// Whether few_queries_attention serves this call: no tape, no dropout, no weights asked for,
-// few query rows, and the head dim contiguous in q, k and v (the KV cache's slices are). Under
+// Whether few_queries_attention serves this call: no tape, no dropout, few query rows, and the
+// head dim contiguous in q, k and v (the KV cache's slices are). Whether the weights are asked for
+// plays no part, so asking for them never changes the output (the loop writes them too). Under
 // the oneDNN bf16 path too: this float32 loop over the cache beat the bf16 matmuls over kept bf16
 // copies of a steady K and V (half the bytes, but gemv calls and a transposed copy per call).
 bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& g, bool record,
                  const AttentionOptions& opt) {
-  if (record || opt.return_weights || opt.dropout > 0 || g.Tq > kFewQueries) return false;
+  if (record || opt.dropout > 0 || g.Tq > kFewQueries) return false;
   return q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1;
 }
 
-// out (contiguous (B, H, Tq, Dv)) = softmax(scale q k^T + bias, masked) v, row by row.
+// out (contiguous (B, H, Tq, Dv)) = softmax(scale q k^T + bias, masked) v, row by row; the
+// probabilities also go to `weights` (contiguous (B, H, Tq, Tk)) when it is defined.
 template <class T>
 void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           const Geom& g, double scale, const RowMask& m, const BiasView<T>& bias) {
+                           const Tensor& weights, const Geom& g, double scale, const RowMask& m,
+                           const BiasView<T>& bias) {
   const T *qp = q.data<const T>(), *kp = k.data<const T>(), *vp = v.data<const T>();
   const Shape &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
   T* op = out.data<T>();
+  T* wp = weights.defined() ? weights.data<T>() : nullptr;
   const int64_t rows = g.rows(), D = g.D, Dv = g.Dv;
   const T sc = (T)scale;
 #pragma omp parallel if (rows * g.Tk * (D + Dv) > kern::kParallelGrain)
@@ -314,6 +318,7 @@ void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       }
       softmax_row(s.data(), g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
                   bias.col_stride());
+      if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
       T* o = op + r * Dv;
       std::fill(o, o + Dv, T(0));
       for (int64_t j = 0; j < end; ++j) {
@@ -349,8 +354,10 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   if (few_queries(q, k, v, g, record, opt)) {
     AttentionResult res;
     res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
+    if (opt.return_weights) res.weights = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
     GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] {
-      few_queries_attention<T>(q, k, v, res.out, g, a.scale, a.row_mask(), bias_view<T>(opt.bias, g));
+      few_queries_attention<T>(q, k, v, res.out, res.weights, g, a.scale, a.row_mask(),
+                               bias_view<T>(opt.bias, g));
     });
     return res;
   }

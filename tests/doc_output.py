@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The doc tests' two halves that are not compiling: finding the examples and checking their output.
 
-  tests/doc_output.py extract OUT_DIR PAGE...   each ```cpp block of the pages into OUT_DIR/NAME.cpp,
-                                                its expected output into OUT_DIR/NAME.expected
-  tests/doc_output.py compare EXPECTED ACTUAL   exit 1, saying where, if ACTUAL does not match
-  tests/doc_output.py self-test                 the matcher on samples that must and must not match
+  tests/doc_output.py extract OUT_DIR PAGE...         each ```cpp block of the pages into
+                                                      OUT_DIR/NAME.cpp, its expected output into
+                                                      OUT_DIR/NAME.expected
+  tests/doc_output.py compare EXPECTED ACTUAL [NAME]  exit 1, saying where, if ACTUAL does not match
+  tests/doc_output.py self-test                       the matcher on samples that must and must
+                                                      not match
 
 The rule (docs/testing.md#doc-tests): a ```cpp block's expected standard output is the first
 ```text block after it in the same section, that is before the next heading and the next ```cpp
@@ -101,7 +103,7 @@ def extract(out_dir, pages):
                 f.write(expected)
 
 
-def compare(expected_path, actual_path):
+def compare(expected_path, actual_path, name="the example"):
     expected = open(expected_path, encoding="utf-8").read()
     actual = open(actual_path, encoding="utf-8", errors="replace").read()
     where = first_mismatch(expected, actual)
@@ -109,13 +111,14 @@ def compare(expected_path, actual_path):
         return 0
     line, want, got = where
     if not expected.strip():
-        print("the example has no ```text block after it, so it must print nothing; it printed:", file=sys.stderr)
+        print(f"{name} has no ```text block after it, so it must print nothing; it printed:", file=sys.stderr)
         print(actual, end="", file=sys.stderr)
         return 1
-    print(f"its output differs from the ```text block after it at line {line} of the output:", file=sys.stderr)
+    print(f"{name}: its output differs from the ```text block after it at line {line}:", file=sys.stderr)
     print(f"  the text block: {want if want is not None else '(no more lines)'}", file=sys.stderr)
     print(f"  printed:        {got if got is not None else '(no more lines)'}", file=sys.stderr)
-    print("the whole output (mark digits that vary by CPU or thread count with {~}):", file=sys.stderr)
+    print("the whole output (in the text block, {~} marks a number that varies with the CPU or the thread"
+          " count, {*} any text; docs/testing.md#doc-tests):", file=sys.stderr)
     print(actual, end="", file=sys.stderr)
     return 1
 
@@ -226,8 +229,8 @@ if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "extract" and len(sys.argv) > 3:
         extract(sys.argv[2], sys.argv[3:])
-    elif cmd == "compare" and len(sys.argv) == 4:
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
+    elif cmd == "compare" and len(sys.argv) in (4, 5):
+        sys.exit(compare(*sys.argv[2:]))
     elif cmd == "self-test":
         sys.exit(self_test())
     else:

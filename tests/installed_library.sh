@@ -5,8 +5,9 @@
 #   - no internal header installed, and every installed header compiles on its own;
 #   - tests/consumer built twice, through find_package(graft) and through pkg-config, and run
 #     against a checkpoint written by the installed `translate`;
-#   - every ```cpp block of README.md and docs/*.md compiled against the prefix and run (doc
-#     tests: the documentation cannot drift from the API).
+#   - every ```cpp block of README.md and docs/*.md compiled against the prefix and run, its output
+#     compared with the ```text block after it (doc tests: the documentation cannot drift from the
+#     API nor from what the examples print).
 #   tests/installed_library.sh BUILD_DIR
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
@@ -75,36 +76,23 @@ g++ -O1 "${CFLAGS[@]}" -DPACKAGE_VERSION="\"$(pkg-config --modversion graft)\"" 
 "$W/consumer_pc" "$W/run" || fail "the consumer built through pkg-config failed"
 echo "installed_library: find_package and pkg-config consumers both ran against $P"
 
-# Doc tests: each ```cpp block is a whole program.
+# Doc tests: each ```cpp block is a whole program, and what it prints must match the ```text block
+# after it (tests/doc_output.py says the rule, docs/testing.md#doc-tests shows it).
 shopt -s nullglob
 mkdir -p "$W/doc"
-python3 - "$W/doc" "$SRC/README.md" "$SRC"/docs/*.md <<'PY'
-import os, re, sys
-out = sys.argv[1]
-for path in sys.argv[2:]:
-    lines = open(path, encoding="utf-8").read().split("\n")
-    i = 0
-    while i < len(lines):
-        if lines[i].strip() == "```cpp":
-            start = i + 1
-            j = start
-            while j < len(lines) and lines[j].strip() != "```":
-                j += 1
-            name = re.sub(r"[^A-Za-z0-9]+", "_", os.path.relpath(path, os.path.dirname(sys.argv[2]))) + f"_L{start}"
-            with open(os.path.join(out, name + ".cpp"), "w", encoding="utf-8") as f:
-                f.write(f'#line {start + 1} "{path}"\n' + "\n".join(lines[start:j]) + "\n")
-            i = j
-        i += 1
-PY
+python3 "$SRC/tests/doc_output.py" extract "$W/doc" "$SRC/README.md" "$SRC"/docs/*.md
 n=0
+drifted=()
 for cpp in "$W"/doc/*.cpp; do
-  [[ -e $cpp ]] || break
   name=$(basename "$cpp" .cpp)
   g++ -O1 "${CFLAGS[@]}" "$cpp" "${LIBS[@]}" -Wl,-rpath,"$LIBDIR" -o "$W/doc/$name" 2>"$W/err" ||
     { cat "$W/err" >&2; fail "the C++ example $name does not compile against the installed library"; }
-  (cd "$W/doc" && timeout 120 "./$name" >"$W/doc/$name.out" 2>&1) ||
-    { tail -n 20 "$W/doc/$name.out" >&2; fail "the C++ example $name failed when run"; }
+  (cd "$W/doc" && timeout 120 "./$name" >"$W/doc/$name.out" 2>"$W/doc/$name.err") ||
+    { tail -n 20 "$W/doc/$name.out" "$W/doc/$name.err" >&2; fail "the C++ example $name failed when run"; }
+  python3 "$SRC/tests/doc_output.py" compare "$W/doc/$name.expected" "$W/doc/$name.out" "the C++ example $name" ||
+    drifted+=("$name")
   n=$((n + 1))
 done
 [[ $n -gt 0 ]] || fail 'README.md and docs/ hold no C++ example (a block fenced as cpp)'
-echo "installed_library: $n C++ examples of the README and docs/ compiled and ran"
+[[ ${#drifted[@]} -eq 0 ]] || fail "${#drifted[@]} of $n C++ examples do not print what their pages say: ${drifted[*]}"
+echo "installed_library: $n C++ examples of the README and docs/ compiled, ran and printed what their pages say"

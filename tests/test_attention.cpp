@@ -222,6 +222,38 @@ BOOST_AUTO_TEST_CASE(few_queries_without_tape_match_the_matmul_path) {
   }
 }
 
+// Asking for the weights never changes the output (issue 32: it used to send up to 4 query rows
+// to the batched matmuls instead of the row loop): without a tape, 1..6 query rows, float32 and
+// float64, the output is bit-identical with and without weights, and the weights match the taped
+// (matmul) path's and sum to 1 over the keys.
+BOOST_AUTO_TEST_CASE(asking_for_weights_changes_no_output) {
+  const int64_t B = 2, H = 2, Tk = 7, D = 8;
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int64_t Tq = 1; Tq <= 6; ++Tq) {
+      Generator g(7 + Tq);
+      const Tensor q = randn({B, H, Tq, D}, dt, g), k = randn({B, H, Tk, D}, dt, g), v = randn({B, H, Tk, D}, dt, g);
+      AttentionOptions opt;
+      opt.causal = true;
+      const Tensor plain = scaled_dot_product_attention(q, k, v, opt).out;
+      opt.return_weights = true;
+      const AttentionResult with = scaled_dot_product_attention(q, k, v, opt);
+      BOOST_TEST(plain.to_vector<double>() == with.out.to_vector<double>());
+      BOOST_TEST(with.weights.shape() == (Shape{B, H, Tq, Tk}));
+      Tensor qt = contiguous_copy(q);
+      qt.requires_grad_();
+      const Tensor taped = scaled_dot_product_attention(qt, k, v, opt).weights;
+      autograd::clear_tape();
+      check_close(with.weights.to_vector<double>(), taped.to_vector<double>(), dt == DType::f64 ? 1e-12 : 1e-5);
+      const auto w = with.weights.to_vector<double>();
+      for (size_t r = 0; r < w.size(); r += Tk) {
+        double total = 0;
+        for (int64_t j = 0; j < Tk; ++j) total += w[r + j];
+        BOOST_TEST(std::abs(total - 1.0) < 1e-5);
+      }
+    }
+  }
+}
+
 // The float32 result does not depend on the OpenMP thread count.
 BOOST_AUTO_TEST_CASE(same_result_for_any_thread_count) {
   Generator g(4);
