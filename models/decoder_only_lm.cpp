@@ -3,15 +3,29 @@
 #include <cmath>
 
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/config_json.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
 
 
+namespace {
+
+const char* ffn_name(nn::Activation a) {
+  return a == nn::Activation::relu ? "relu" : a == nn::Activation::gelu ? "gelu" : "swiglu";
+}
+
+}  // namespace
+
 nlohmann::json LMConfig::to_json() const {
   nlohmann::json j = stack_json();
   j["scale_embedding"] = scale_embedding;
+  j["norm"] = rms_norm ? "rmsnorm" : "layernorm";
+  j["ffn"] = ffn_name(ffn);
+  j["kv_heads"] = kv_heads;
+  j["bias"] = bias;
+  j["tied_output"] = tied_output;
   return j;
 }
 
@@ -20,8 +34,43 @@ LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) 
   const ConfigReader r(j, where);
   c.read_stack(r);
   r.get_or_keep("scale_embedding", c.scale_embedding);
+  std::string norm = "layernorm", ffn = "relu";
+  r.get_or_keep("norm", norm);
+  if (norm != "layernorm" && norm != "rmsnorm")
+    r.bad("norm", "must be layernorm or rmsnorm, got '" + text::printable(norm) + "'");
+  c.rms_norm = norm == "rmsnorm";
+  r.get_or_keep("ffn", ffn);
+  if (ffn != "relu" && ffn != "gelu" && ffn != "swiglu")
+    r.bad("ffn", "must be relu, gelu or swiglu, got '" + text::printable(ffn) + "'");
+  c.ffn = ffn == "relu" ? nn::Activation::relu : ffn == "gelu" ? nn::Activation::gelu : nn::Activation::swiglu;
+  r.get_or_keep("kv_heads", c.kv_heads);
+  r.get_or_keep("bias", c.bias);
+  r.get_or_keep("tied_output", c.tied_output);
   c.validate(where);
   return c;
+}
+
+void LMConfig::validate(const std::string& where) const {
+  validate_stack(where);
+  if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
+    ConfigCheck(where).bad("kv_heads", "must be 0 (= heads) or divide heads " + std::to_string(heads) + ", got " +
+                                           std::to_string(kv_heads));
+}
+
+nn::LayerConfig LMConfig::layer() const {
+  nn::LayerConfig l = StackConfig::layer();
+  l.activation = ffn;
+  l.rms_norm = rms_norm;
+  l.kv_heads = kv_heads;
+  l.bias = bias;
+  return l;
+}
+
+int64_t LMConfig::parameter_count() const {
+  int64_t n = checked_add(embedding_parameters(vocab, d_model, max_len, positions.kind),
+                          nn::encoder_parameters(layer(), layers, /*final_norm=*/true, positions), "parameter count");
+  if (!tied_output) n = checked_add(n, checked_mul(vocab, d_model, "parameter count"), "parameter count");
+  return n;
 }
 
 DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
@@ -31,6 +80,7 @@ DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 3
   pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   blocks = register_module("blocks", std::make_shared<nn::CausalStack>(c.layer(), c.layers, gen, &dropout_gen, c.positions));
+  if (!c.tied_output) output = register_module("output", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, c.dtype, gen));
 }
 
 Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
@@ -40,7 +90,7 @@ Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
   return dropout->forward(pos->forward(x, start));
 }
 
-Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, embedding->weight); }
+Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, output ? output->weight : embedding->weight); }
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
   const auto named = scope();

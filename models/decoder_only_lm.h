@@ -1,6 +1,8 @@
 /// @file
 /// Decoder-only language model (GPT-style, pre-LN by default): a causal self-attention block
-/// stack (nn::CausalStack), a final LayerNorm and logits through the tied embedding.
+/// stack (nn::CausalStack), a final LayerNorm and logits through the tied embedding. The
+/// config's Llama-style fields give RMSNorm, a SwiGLU FFN, grouped-query attention, no biases
+/// and an untied output (with rope positions: a Llama-style model).
 /// ids (B, T) int64 -> logits (B, T, V); train with cross_entropy on ids shifted by one.
 #pragma once
 
@@ -24,19 +26,32 @@ struct LMConfig : StackConfig {
   /// the tokens (the lm program sets it for sinusoidal positions). A config file without the
   /// field reads as false, which is what runs made before it did.
   bool scale_embedding = false;
+  /// The Llama-style options (each absent from an older config file, which reads as the GPT
+  /// defaults): "norm" layernorm|rmsnorm, "ffn" relu|gelu|swiglu, "kv_heads" (grouped-query
+  /// attention; 0 = heads, else dividing heads), "bias" in every linear and LayerNorm, and
+  /// "tied_output" (logits through the embedding, else through an "output" (V, d) linear).
+  ///@{
+  bool rms_norm = false;
+  nn::Activation ffn = nn::Activation::relu;
+  int64_t kv_heads = 0;
+  bool bias = true;
+  bool tied_output = true;
+  ///@}
   /// The fields as JSON (from_json() reads them back).
   nlohmann::json to_json() const;
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
-  int64_t parameter_count() const { return stack_parameters(/*final_norm=*/true); }
+  int64_t parameter_count() const;
+  /// StackConfig::layer() with the Llama-style options above.
+  nn::LayerConfig layer() const;
   /// Reads a config written by to_json(), then validate()s it.
   /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
   /// @throws graft::Error as StackConfig::read_stack() and validate().
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
-  /// Checks every range (StackConfig::validate_stack()), the one check both from_json() and
-  /// DecoderOnlyLM's constructor make.
+  /// Checks every range (StackConfig::validate_stack(), and kv_heads in [0, heads] dividing
+  /// heads), the one check both from_json() and DecoderOnlyLM's constructor make.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
-  void validate(const std::string& where = "LMConfig") const { validate_stack(where); }
+  void validate(const std::string& where = "LMConfig") const;
 };
 
 /// The decoder-only language model (see the file's description). Parameters: "embedding.weight"
@@ -53,7 +68,7 @@ class DecoderOnlyLM : public nn::Module {
   /// ids (B, T) at positions start.. -> (B, T, d): embedding + positions + dropout.
   /// @throws graft::Error as forward().
   Tensor embed(const Tensor& ids, int64_t start = 0) const;
-  /// h (B, T, d) -> logits (B, T, V) through the tied embedding.
+  /// h (B, T, d) -> logits (B, T, V) through the tied embedding (or the output linear).
   Tensor logits(const Tensor& h) const;
   LMConfig cfg;  ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
@@ -61,6 +76,7 @@ class DecoderOnlyLM : public nn::Module {
   std::shared_ptr<nn::EmbeddingPositions> pos;  ///< "pos.weight" when learned
   std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
   std::shared_ptr<nn::CausalStack> blocks;  ///< with the final LayerNorm (and rope/alibi/relative)
+  std::shared_ptr<nn::Linear> output;  ///< "output" (V, d) without bias; null when tied_output
 };
 
 /// Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,

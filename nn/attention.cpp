@@ -8,28 +8,49 @@
 namespace graft::nn {
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen,
-                                       double dropout_p, Generator* dropout_gen)
-    : d(d_), heads(h), dropout(dropout_p), dropout_gen_(dropout_gen) {
+                                       double dropout_p, Generator* dropout_gen, int64_t kv, bool has_bias)
+    : d(d_), heads(h), kv_heads(kv == 0 ? h : kv), dropout(dropout_p), dropout_gen_(dropout_gen) {
   if (h <= 0 || d % h != 0)
     fail("MultiHeadAttention: d_model " + std::to_string(d) + " is not divisible by " +
          std::to_string(h) + " heads");
   if (!(dropout >= 0 && dropout < 1))
     fail("MultiHeadAttention: attention dropout must be in [0, 1), got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
-  Tensor w = Tensor::empty({3 * d, d}, dt);
+  const int64_t rows = d + 2 * kv_heads * (d / heads);
+  Tensor w = Tensor::empty({rows, d}, dt);
   xavier_uniform_(w, gen);
   in_proj_weight = register_parameter("in_proj_weight", w);
-  in_proj_bias = register_parameter("in_proj_bias", zeros({3 * d}, dt));
-  out_proj = register_module("out_proj", std::make_shared<Linear>(d, d, true, dt, gen));
-  fill_(out_proj->bias, 0.0);
+  if (has_bias) in_proj_bias = register_parameter("in_proj_bias", zeros({rows}, dt));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(d, d, has_bias, dt, gen));
+  if (has_bias) fill_(out_proj->bias, 0.0);
 }
 
 Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t parts) const {
-  const Tensor y = part == 0 && parts == 3
-                       ? linear(x, in_proj_weight, in_proj_bias)
-                       : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
-                                slice(in_proj_bias, 0, part * d, (part + parts) * d));
-  return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
+  if (kv_heads == heads) {
+    const Tensor y = part == 0 && parts == 3
+                         ? linear(x, in_proj_weight, in_proj_bias)
+                         : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
+                                  in_proj_bias.defined() ? slice(in_proj_bias, 0, part * d, (part + parts) * d)
+                                                         : Tensor());
+    return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
+  }
+  // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.
+  const int64_t dh = d / heads;
+  auto first_head = [&](int64_t p) { return p == 0 ? 0 : heads + (p - 1) * kv_heads; };
+  const int64_t h0 = first_head(part), h1 = first_head(part + parts);
+  const Tensor y = linear(x, slice(in_proj_weight, 0, h0 * dh, h1 * dh),
+                          in_proj_bias.defined() ? slice(in_proj_bias, 0, h0 * dh, h1 * dh) : Tensor());
+  const Tensor all = split_heads(y, 1, h1 - h0)[0];  // (B, h1 - h0, T, Dh)
+  Tensors out;
+  for (int64_t p = part; p < part + parts; ++p)
+    out.push_back(slice(all, 1, first_head(p) - h0, first_head(p + 1) - h0));
+  return out;
+}
+
+Tensor MultiHeadAttention::repeat_kv(const Tensor& t) const {
+  if (t.shape()[1] == heads) return t;
+  const Shape& s = t.shape();  // (B, kv_heads, T, Dh) -> (B, kv_heads, G, T, Dh) -> (B, heads, T, Dh)
+  return reshape(broadcast_to(unsqueeze(t, 2), {s[0], s[1], heads / s[1], s[2], s[3]}), {s[0], heads, s[2], s[3]});
 }
 
 Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -37,6 +58,8 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
                                   Tensor* weights, bool steady_kv) const {
   AttentionOptions opt;
   opt.steady_kv = steady_kv;
+  if (kv_heads <= 0 || h % kv_heads != 0)
+    fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " + std::to_string(h));
   opt.causal = causal;
   opt.key_padding_mask = key_padding_mask;
   opt.bias = bias;
@@ -45,7 +68,7 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
     opt.dropout = dropout;
     opt.generator = dropout_gen_ ? dropout_gen_ : &default_generator();
   }
-  AttentionResult r = scaled_dot_product_attention(q, k, v, opt);
+  AttentionResult r = scaled_dot_product_attention(q, repeat_kv(k), repeat_kv(v), opt);
   if (weights) *weights = r.weights;
   return out_proj->forward(merge_heads(r.out));  // (B, H, T, Dh) -> (B, T, d)
 }
@@ -90,9 +113,9 @@ Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, in
   const auto named = scope();
   autograd::NoGrad ng;
   const int64_t B = x.shape()[0], T = x.shape()[1], Dh = d / heads;
-  if (!cache.k.defined()) {
-    cache.k = zeros({B, heads, capacity, Dh}, x.dtype());
-    cache.v = zeros({B, heads, capacity, Dh}, x.dtype());
+  if (!cache.k.defined()) {  // kv_heads heads: a grouped cache is heads / kv_heads times smaller
+    cache.k = zeros({B, kv_heads, capacity, Dh}, x.dtype());
+    cache.v = zeros({B, kv_heads, capacity, Dh}, x.dtype());
     cache.len = 0;
   }
   if (cache.len + T > cache.k.shape()[2])

@@ -38,7 +38,7 @@ class MultiHeadAttention : public Module {
   /// @throws graft::Error when heads does not divide d (or is not positive), or dropout is
   ///         outside [0, 1).
   MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
-                     Generator* dropout_gen = nullptr);
+                     Generator* dropout_gen = nullptr, int64_t kv_heads = 0, bool bias = true);
   /// x (B, Tq, d) attending to memory (B, Tk, d) -> (B, Tq, d). Self-attention when `memory` is
   /// the same tensor as `x` (one packed projection); `pos` adds the positional terms of
   /// rope/alibi/relative to self-attention (queries and keys at 0..T-1). `weights`, when given,
@@ -68,20 +68,26 @@ class MultiHeadAttention : public Module {
   Tensor forward_cross_cached(const Tensor& x, const KVCache& cache, const Tensor& key_padding_mask,
                               Tensor* weights = nullptr, int64_t group = 1) const;
 
-  /// The model width and the number of heads.
+  /// The model width, the number of (query) heads and of key/value heads (kv_heads == heads
+  /// without grouping).
   ///@{
-  int64_t d, heads;
+  int64_t d, heads, kv_heads;
   ///@}
   double dropout;  ///< on the attention probabilities while training
-  /// The parameters "in_proj_weight" (3d, d) and "in_proj_bias" (3d): [W_Q; W_K; W_V].
+  /// The parameters "in_proj_weight" (3d, d) and "in_proj_bias" (3d): [W_Q; W_K; W_V] (with
+  /// grouping, W_K and W_V have kv_heads Dh rows each; without bias, in_proj_bias is undefined).
+  /// kv_heads (0: heads): grouped-query attention, kv_heads dividing heads; K and V are projected
+  /// to kv_heads heads and each serves heads / kv_heads consecutive query heads (in_proj_weight is
+  /// then (d + 2 kv_heads Dh, d)). bias false: no in_proj_bias and an out_proj without bias.
+  /// @throws graft::Error also when kv_heads is negative or does not divide heads.
   ///@{
   Tensor in_proj_weight, in_proj_bias;
   ///@}
   std::shared_ptr<Linear> out_proj;  ///< "out_proj", (d, d) with bias
 
  private:
-  // Rows [part, part + parts) * d of the packed projection applied to x (B, T, d), as `parts`
-  // dense (B, H, T, Dh) tensors (split_heads()).
+  // Parts [part, part + parts) (0 Q, 1 K, 2 V) of the packed projection applied to x (B, T, d),
+  // as `parts` (B, heads or kv_heads, T, Dh) tensors (split_heads()).
   Tensors project_heads(const Tensor& x, int64_t part, int64_t parts) const;
   // The fused attention over the heads, heads merged (merge_heads()), then out_proj; steady_kv:
   // k and v are a cross-attention cache's (AttentionOptions::steady_kv).
@@ -91,3 +97,6 @@ class MultiHeadAttention : public Module {
 };
 
 }  // namespace graft::nn
+  // k or v (B, kv_heads, T, Dh) -> (B, heads, T, Dh): each KV head repeated for its query heads
+  // (the tensor itself without grouping).
+  Tensor repeat_kv(const Tensor& t) const;

@@ -36,14 +36,18 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt) : eps(eps_) {
   bias = register_parameter("bias", zeros({dim}, dt));
 }
 
+LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt, bool rms_norm) : eps(eps_), rms(rms_norm) {
+  weight = register_parameter("weight", ones({dim}, dt));
+}
+
 Tensor LayerNorm::forward(const Tensor& x) const {
   const auto named = scope();
-  return layer_norm(x, weight, bias, eps);
+  return rms ? rms_norm(x, weight, eps) : layer_norm(x, weight, bias, eps);
 }
 
 Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& r) const {
   const auto named = scope();
-  return add_layer_norm(x, r, weight, bias, eps);
+  return rms ? rms_norm(add(x, r), weight, eps) : add_layer_norm(x, r, weight, bias, eps);
 }
 
 Tensor Dropout::forward(const Tensor& x) const {
@@ -55,8 +59,12 @@ Tensor Dropout::forward(const Tensor& x) const {
 Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(); }
 
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
-                    Activation act, const Tensor& x) {
+                    Activation act, const Tensor& x, const Linear* gate) {
   Tensor h = linear1.forward(x);
+  if (act == Activation::swiglu) {
+    if (!gate) fail("feed_forward: swiglu needs the gate projection (linear3)");
+    return linear2.forward(dropout.forward(mul(silu(h), gate->forward(x))));
+  }
   // relu + dropout as one op keeps only the hidden activation linear2 keeps anyway.
   if (act == Activation::relu)
     return linear2.forward(relu_dropout(h, dropout.p, dropout.training(), dropout.generator()));

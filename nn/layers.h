@@ -37,7 +37,7 @@ class Embedding : public Module {
 };
 
 /// Layer normalisation over the last dim with a learned scale and shift (see layer_norm());
-/// weight starts at ones, bias at zeros.
+/// weight starts at ones, bias at zeros. RMSNorm derives from it (same slot in the blocks).
 class LayerNorm : public Module {
  public:
   /// Normalises the last dim of size `dim`.
@@ -45,14 +45,28 @@ class LayerNorm : public Module {
   /// x (..., dim) -> y (..., dim).
   /// @throws graft::Error when x's last dim is not `dim` or its dtype differs, or eps < 0.
   Tensor forward(const Tensor& x) const;
-  /// forward(x + r) as one op (add_layer_norm(): the residual add of a post-LN block fused in).
+  /// forward(x + r) as one op (add_layer_norm(): the residual add of a post-LN block fused in;
+  /// RMSNorm adds, then normalises).
   /// @throws graft::Error as forward(), and when r differs from x in shape or dtype.
   Tensor forward_add(const Tensor& x, const Tensor& r) const;
-  /// The parameters "weight" and "bias", both (dim).
+  /// The parameters "weight" and "bias", both (dim); RMSNorm has no bias (undefined).
   ///@{
   Tensor weight, bias;
   ///@}
-  double eps;  ///< added to the variance
+  double eps;  ///< added to the variance (RMSNorm: to the mean square)
+  bool rms = false;  ///< true for an RMSNorm: rms_norm() instead of layer_norm()
+
+ protected:
+  /// RMSNorm's: a weight of ones, no bias.
+  LayerNorm(int64_t dim, double eps, DType dt, bool rms_norm);
+};
+
+/// RMS normalisation over the last dim with a learned scale (see rms_norm(); Llama's RMSNorm):
+/// "weight" (dim) starts at ones; no bias, no mean subtracted.
+class RMSNorm : public LayerNorm {
+ public:
+  /// Normalises the last dim of size `dim`; eps is added to the mean square.
+  explicit RMSNorm(int64_t dim, double eps = 1e-6, DType dt = DType::f32) : LayerNorm(dim, eps, dt, true) {}
 };
 
 /// Dropout (see dropout()) while training, the identity in eval mode.
@@ -71,15 +85,17 @@ class Dropout : public Module {
   Generator* gen_;
 };
 
-/// The FFN's activation.
-enum class Activation { relu, gelu };
+/// The FFN's activation; swiglu is the gated FFN of Llama (a third projection, see feed_forward()).
+enum class Activation { relu, gelu, swiglu };
 
 /// Position-wise FFN: linear2(dropout(act(linear1(x)))). The encoder/decoder layers hold their
 /// linear1/linear2 directly (nn.Transformer's names) and call this function.
 /// x (..., d) -> (..., d). With relu, the activation and dropout run as one relu_dropout op;
-/// gelu is the erf form.
+/// gelu is the erf form. swiglu: linear2(dropout(silu(linear1(x)) * linear3(x))) (Llama's
+/// w2(silu(w1 x) * w3 x)), linear3 (d -> d_ff) given as `gate`.
+/// @throws graft::Error when act is swiglu and gate is null, or as the linears do.
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
-                    Activation act, const Tensor& x);
+                    Activation act, const Tensor& x, const Linear* gate = nullptr);
 
 /// Rows start .. start + n - 1 of the sinusoidal table below, (n, d).
 Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt);

@@ -21,21 +21,31 @@ namespace {
 std::shared_ptr<MultiHeadAttention> make_attention(const LayerConfig& c, Generator& gen, Generator* dg) {
   return std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen, c.attention_dropout, dg);
 }
+
+// The encoder layers' and stacks' norm: LayerNorm, or RMSNorm with c.rms_norm.
+std::shared_ptr<LayerNorm> make_norm(const LayerConfig& c) {
+  if (c.rms_norm) return std::make_shared<RMSNorm>(c.d_model, c.eps, c.dtype);
+  return std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype);
+}
 }  // namespace
 
 EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
-  self_attn = register_module("self_attn", make_attention(c, gen, dg));
-  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
+  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen,
+                                                                                c.attention_dropout, dg, c.kv_heads,
+                                                                                c.bias));
+  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
-  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
-  norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
-  norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, c.bias, c.dtype, gen));
+  if (c.activation == Activation::swiglu)
+    linear3 = register_module("linear3", std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
+  norm1 = register_module("norm1", make_norm(c));
+  norm2 = register_module("norm2", make_norm(c));
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(c.dropout, dg));
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(c.dropout, dg));
 }
 
 Tensor EncoderLayer::ffn(const Tensor& x) const {
-  return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x);
+  return feed_forward(*linear1, *dropout, *linear2, cfg.activation, x, linear3.get());
 }
 
 // The two sublayers with residuals; sa(h) is the self-attention, so the full pass and cached
@@ -128,18 +138,29 @@ namespace {
 
 constexpr const char* kCount = "parameter count";
 
-int64_t attention_parameters(int64_t d) {  // packed in-projection + out-projection, with biases
-  return checked_add(checked_mul(4, checked_mul(d, d, kCount), kCount), 4 * d, kCount);
+// Packed in-projection (Q of d rows, K and V of kv Dh rows each) + out-projection (d, d),
+// with their biases when `bias`.
+int64_t attention_parameters(int64_t d, int64_t heads, int64_t kv_heads, bool bias) {
+  const int64_t rows = d + 2 * (kv_heads ? kv_heads : heads) * (d / heads);
+  const int64_t w = checked_mul(checked_add(rows, d, kCount), d, kCount);
+  return bias ? checked_add(w, rows + d, kCount) : w;
 }
 
+// The layers of an encoder (attentions = 1, norms = 2; with c's Llama-style options) or a
+// decoder (2, 3; always LayerNorm, biases, no grouping).
 int64_t stack_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos,
                          int64_t attentions, int64_t norms) {
   const int64_t d = c.d_model;
-  const int64_t ffn = checked_add(checked_mul(2, checked_mul(d, c.d_ff, kCount), kCount), c.d_ff + d, kCount);
-  int64_t layer = checked_add(checked_mul(attentions, attention_parameters(d), kCount), ffn, kCount);
-  layer = checked_add(layer, checked_mul(norms, 2 * d, kCount), kCount);
+  const bool llama = attentions == 1, bias = !llama || c.bias, rms = llama && c.rms_norm;
+  const int64_t mats = llama && c.activation == Activation::swiglu ? 3 : 2;
+  int64_t ffn = checked_mul(mats, checked_mul(d, c.d_ff, kCount), kCount);
+  if (bias) ffn = checked_add(ffn, (mats - 1) * c.d_ff + d, kCount);
+  const int64_t attention = attention_parameters(d, c.heads, llama ? c.kv_heads : 0, bias);
+  const int64_t norm = rms ? d : 2 * d;
+  int64_t layer = checked_add(checked_mul(attentions, attention, kCount), ffn, kCount);
+  layer = checked_add(layer, checked_mul(norms, norm, kCount), kCount);
   int64_t n = checked_mul(layers, layer, kCount);
-  if (final_norm) n = checked_add(n, 2 * d, kCount);
+  if (final_norm) n = checked_add(n, norm, kCount);
   if (pos.kind == Positions::relative) n = checked_add(n, checked_mul(pos.relative_buckets, c.heads, kCount), kCount);
   return n;
 }
@@ -159,7 +180,7 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
     : causal_(causal) {
   for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<EncoderLayer>(c, gen, dg));
   for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
-  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  if (final_norm) norm = register_module("norm", make_norm(c));
   positions = stack_positions(*this, c, pos, causal, gen);
 }
 

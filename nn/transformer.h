@@ -32,6 +32,15 @@ struct LayerConfig {
   bool norm_first = false;  ///< false: post-LN, true: pre-LN
   double eps = 1e-5;  ///< of every LayerNorm
   DType dtype = DType::f32;  ///< of every parameter
+  /// The Llama-style options of the encoder layers and stacks (the decoder layers ignore them):
+  /// RMSNorm instead of LayerNorm (norm1, norm2 and the final norm), grouped-query attention
+  /// with kv_heads key/value heads (0: heads), and no biases in the linears when bias is false.
+  /// The swiglu activation adds "linear3" (d -> d_ff).
+  ///@{
+  bool rms_norm = false;
+  int64_t kv_heads = 0;
+  bool bias = true;
+  ///@}
 };
 /// A LayerConfig from its common fields (attention_dropout 0, eps 1e-5).
 LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dropout,
@@ -69,11 +78,12 @@ class EncoderLayer : public Module {
   Tensor forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
                       const AttentionPositions* pos = nullptr) const;
   std::shared_ptr<MultiHeadAttention> self_attn;  ///< "self_attn"
-  /// The FFN's layers "linear1" (d -> d_ff) and "linear2" (d_ff -> d).
+  /// The FFN's layers "linear1" (d -> d_ff) and "linear2" (d_ff -> d), and with swiglu the gate
+  /// "linear3" (d -> d_ff; null otherwise).
   ///@{
-  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Linear> linear1, linear2, linear3;
   ///@}
-  /// "norm1" (around self-attention) and "norm2" (around the FFN).
+  /// "norm1" (around self-attention) and "norm2" (around the FFN); RMSNorms with cfg.rms_norm.
   ///@{
   std::shared_ptr<LayerNorm> norm1, norm2;
   ///@}

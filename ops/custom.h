@@ -21,22 +21,29 @@ namespace graft::kern {
 
 // ---- vectorisable float math --------------------------------------------------------------------
 
-/// 2^n * p for an integer-valued float n in [-126, 128] (2^128 gives inf), by two exponent
-/// fields so that neither overflows.
-inline float scale_pow2(float p, float n) {
-  const int32_t ni = (int32_t)n, h = ni / 2;
-  return p * std::bit_cast<float>((h + 127) << 23) * std::bit_cast<float>((ni - h + 127) << 23);
+/// The rounding constant 1.5 * 2^23: for |v| < 2^22, (v + kRound) - kRound is v rounded to an
+/// integer, and the bits of v + kRound minus those of kRound are that integer, with no
+/// float-to-int conversion (which is undefined for NaN and huge values).
+constexpr float kRound = 12582912.0f;
+/// The integer that v + kRound holds (see kRound): any bits for NaN or |v| >= 2^22, never UB.
+inline int32_t rounded_bits(float v_plus_round) {
+  return (int32_t)(std::bit_cast<uint32_t>(v_plus_round) - std::bit_cast<uint32_t>(kRound));
 }
 
-/// e^x in float without a libm call: e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2, e^r by
+/// p * 2^n for n in [-126, 128] (2^128 gives inf), by two exponent fields so that neither
+/// overflows; other n give some float, without undefined behaviour.
+inline float scale_pow2(float p, int32_t n) {
+  const uint32_t h = (uint32_t)(n >> 1);  // n / 2 rounded down
+  const uint32_t e1 = (h + 127u) & 0xFFu, e2 = ((uint32_t)n - h + 127u) & 0xFFu;
+  return p * std::bit_cast<float>(e1 << 23) * std::bit_cast<float>(e2 << 23);
+}
+
+/// e^x for x already in [-87, 89]: e^x = 2^n e^r, n = round(x / ln 2), |r| <= ln 2 / 2, e^r by
 /// its degree-7 Taylor polynomial (at most 1.25 ulp from the correctly rounded e^x on
-/// [-87, 0.5]; a few ulp up to 88). x is clamped to [-87, 89]: e^x for x < -87 gives
-/// e^-87 = 1.6e-38 rather than a denormal or 0, for x >= 89 inf; NaN stays NaN only where the
-/// clamp keeps it (std::min/max return their first argument).
-inline float exp(float x) {
-  x = std::min(std::max(x, -87.0f), 89.0f);
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
+/// [-87, 0.5], a few ulp up to 88; measured).
+inline float exp_in_range(float x) {
+  const float t = x * 1.44269504088896341f + kRound;
+  const float n = t - kRound;
   float r = x - n * 0.693145751953125f;  // ln 2 split in two so n * ln2_hi is exact
   r = r - n * 1.428606765330187e-06f;
   float p = 1.0f / 5040;
@@ -47,8 +54,13 @@ inline float exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  return scale_pow2(p, n);
+  return scale_pow2(p, rounded_bits(t));
 }
+
+/// e^x in float without a libm call (exp_in_range), so loops calling it vectorise. x is
+/// clamped to [-87, 89]: below -87 it gives e^-87 = 1.6e-38 rather than a denormal or 0, from 89
+/// on inf; NaN gives NaN.
+inline float exp(float x) { return exp_in_range(std::min(std::max(x, -87.0f), 89.0f)); }
 /// The float64 reference of exp(float): std::exp.
 inline double exp(double x) { return std::exp(x); }
 
@@ -78,12 +90,12 @@ inline float cos_small(float r) {
 /// accurate for |x| up to about 10^5; beyond that the float result loses digits), picking
 /// +-sin or +-cos of r by (k + q) mod 4 without branches.
 inline float sin_quadrant(float x, int32_t q) {
-  const float shifter = 12582912.0f;
-  const float k = (x * 0.636619772367581343f + shifter) - shifter;
+  const float t = x * 0.636619772367581343f + kRound;
+  const float k = t - kRound;
   float r = x - k * 1.5703125f;  // pi/2 in three parts, the first two exact in float
   r = r - k * 4.837512969970703125e-4f;
   r = r - k * 7.549790126404332e-8f;
-  const int32_t m = ((int32_t)k + q) & 3;
+  const int32_t m = (rounded_bits(t) + q) & 3;
   const float s = sin_small(r), c = cos_small(r);
   const float v = (m & 1) ? c : s;
   return (m & 2) ? -v : v;

@@ -91,28 +91,13 @@ std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
 bool aliasing(const Tensor& t);
 Tensor unaliased(const Tensor& t);
 
-// e^x for x <= 0 (a little above 0 is fine too) without a libm call, so the row loops
-// vectorise (glibc's expf does not without -ffast-math): e^x = 2^n e^r, n = round(x / ln 2),
-// |r| <= ln 2 / 2, e^r by its degree-7 Taylor polynomial (measured: at most 1.25 ulp from
-// the correctly rounded e^x on [-87, 0.5]). x is clamped at -87 (e^x <= 1.6e-38, so -inf
-// gives 1.6e-38, not NaN) on the bit patterns: as unsigned, every float >= -87 has a pattern
-// <= that of -87 and every float below it a larger one; a float compare there would stop GCC
-// vectorising the loop (it will not if-convert it under -ftrapping-math).
+// e^x for x <= 0 (a little above 0 is fine too) by kern::exp's polynomial (custom.h), x
+// clamped at -87 (e^x <= 1.6e-38, so -inf gives 1.6e-38, not NaN) on the bit patterns: as
+// unsigned, every float >= -87 has a pattern <= that of -87 and every float below it a larger
+// one; a float compare there would stop GCC vectorising the loops that call it without
+// `#pragma omp simd` (it will not if-convert them under -ftrapping-math).
 inline float exp_nonpos(float x) {
-  x = std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u));  // -87.0f
-  const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
-  float r = x - n * 0.693145751953125f;  // ln 2 split in two so n * ln2_hi is exact
-  r = r - n * 1.428606765330187e-06f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * std::bit_cast<float>(((int32_t)n + 127) << 23);
+  return exp_in_range(std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u)));  // -87.0f
 }
 inline float exp_nonpos(float x, float) { return exp_nonpos(x); }
 inline double exp_nonpos(double x, double) { return std::exp(x); }  // the float64 reference

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "graft/models/decoder_only_lm.h"
 #include "graft/models/decoding.h"
 #include "graft/models/transformer.h"
 #include "graft/ops/ops.h"
@@ -243,6 +244,46 @@ BOOST_AUTO_TEST_CASE(transformer_sampling_repeats_for_any_thread_count) {
   omp_set_num_threads(threads);
   o.use_cache = false;
   BOOST_TEST(translate(m, src, o) == one);
+}
+
+// The Llama-style LM (rope, RMSNorm, SwiGLU, 2 KV heads for 4 query heads, no biases, untied
+// output): cached decoding (greedy, beam, sampled) gives what recomputing the prefix gives, the
+// cache holds kv_heads heads, and each cached step's logits equal the full forward's.
+BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
+  LMConfig c;
+  c.vocab = 17, c.d_model = 16, c.heads = 4, c.kv_heads = 2, c.d_ff = 20, c.layers = 2, c.max_len = 32;
+  c.positions.kind = nn::Positions::rope;
+  c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.bias = false, c.tied_output = false;
+  c.dropout = 0.1;  // generate runs in eval mode
+  c.dtype = DType::f64;
+  DecoderOnlyLM lm(c);
+  BOOST_TEST(lm.output != nullptr);
+  BOOST_TEST(!lm.blocks->layers[0]->self_attn->in_proj_bias.defined());
+  const Sequences prompts{{1, 4, 5, 9}, {2, 7, 7, 3}};
+  DecodeOptions o;
+  o.max_len = 12;
+  o.stop_at_eos = false;
+  for (int mode = 0; mode < 3; ++mode) {
+    o.beam = mode == 1 ? 3 : 1;
+    o.sample = mode == 2;
+    o.seed = 9;
+    o.use_cache = true;
+    const Sequences cached = generate(lm, prompts, -1, o);
+    o.use_cache = false;
+    BOOST_TEST(cached == generate(lm, prompts, -1, o), "mode " << mode);
+    BOOST_TEST(cached[0].size() == 12u);
+  }
+  autograd::NoGrad ng;
+  lm.eval();
+  const std::vector<int64_t> seq{1, 4, 5, 9, 11, 2, 7, 7, 3, 12};  // (2, 5)
+  const Tensor whole = lm.forward(from_vector(seq, {2, 5}, DType::i64));
+  std::vector<nn::KVCache> caches;
+  for (int64_t t = 0; t < 5; ++t) {
+    const Tensor x = lm.embed(from_vector(std::vector<int64_t>{seq[t], seq[5 + t]}, {2, 1}, DType::i64), t);
+    const Tensor step = lm.logits(lm.blocks->forward_step(x, caches, 8));
+    graft::testing::check_same(step, slice(whole, 1, t, t + 1), 1e-10);
+  }
+  BOOST_TEST(caches[0].k.shape() == (Shape{2, 2, 8, 4}));  // (B, kv_heads, capacity, Dh)
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,5 +1,7 @@
 // The language-model example's library: documents, byte tokens, bits per character, and a tiny
 // model learning a text through nn::train_loop, then generating it back.
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <filesystem>
@@ -54,6 +56,35 @@ BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
   BOOST_CHECK_THROW(lm::preset("lm-huge"), Error);
 }
 
+// llama-mini: the Llama fields survive config.json, a config without them reads as the GPT
+// recipe, bad values are refused by name, and its size is lm-mini's within 1%.
+BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
+  const models::LMConfig c = lm::preset("llama-mini");
+  BOOST_TEST((c.rms_norm && c.ffn == nn::Activation::swiglu && !c.bias && c.kv_heads == 2 && c.tied_output));
+  BOOST_TEST((c.positions.kind == nn::Positions::rope));
+  const models::LMConfig back = models::LMConfig::from_json(c.to_json());
+  BOOST_TEST(back.to_json() == c.to_json());
+  BOOST_TEST(back.parameter_count() == c.parameter_count());
+  const double mini = (double)lm::preset("lm-mini").parameter_count();
+  BOOST_TEST(std::fabs((double)c.parameter_count() / mini - 1) < 0.01, c.parameter_count() << " vs " << mini);
+  nlohmann::json old = lm::preset("lm-mini").to_json();
+  for (const char* f : {"norm", "ffn", "kv_heads", "bias", "tied_output"}) old.erase(f);
+  const models::LMConfig gpt = models::LMConfig::from_json(old);
+  BOOST_TEST((!gpt.rms_norm && gpt.ffn == nn::Activation::relu && gpt.bias && gpt.kv_heads == 0 && gpt.tied_output));
+  auto refused = [&](const char* field, const nlohmann::json& v, const std::string& why) {
+    nlohmann::json j = c.to_json();
+    j[field] = v;
+    BOOST_CHECK_EXCEPTION(models::LMConfig::from_json(j, "cfg.json"), Error,
+                          [&](const Error& e) { return names(e, std::string("cfg.json: field \"") + field + "\" " + why); });
+  };
+  refused("kv_heads", 3, "must be 0 (= heads) or divide heads 4, got 3");
+  refused("kv_heads", -1, "must be 0 (= heads) or divide heads 4, got -1");
+  refused("kv_heads", 8, "must be 0 (= heads) or divide heads 4, got 8");
+  refused("norm", "batchnorm", "must be layernorm or rmsnorm, got 'batchnorm'");
+  refused("ffn", "geglu", "must be relu, gelu or swiglu, got 'geglu'");
+  refused("bias", 1, "");
+}
+
 // The Kneser-Ney baseline: a unigram by hand, every conditional distribution sums to 1, a
 // repeated text becomes cheap, and its errors.
 BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
@@ -82,7 +113,11 @@ BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
   BOOST_CHECK_EXCEPTION(lm::evaluate(kn, tiny, 16), Error, [](const Error& e) { return names(e, "shorter than one window"); });
 }
 
-BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
+// Both presets' recipes: lm-mini's (learned positions replaced by rope) and llama-mini's (rope,
+// RMSNorm, SwiGLU, grouped-query attention, no biases), each trained, reloaded from its run
+// directory (config.json with the Llama fields) and decoded with the KV cache.
+BOOST_DATA_TEST_CASE(tiny_model_learns_a_text_and_generates_it,
+                     boost::unit_test::data::make(std::vector<std::string>{"lm-mini", "llama-mini"}), preset) {
   std::string text;
   for (int i = 0; i < 40; ++i) text += "the cat sat on the mat.\n%\n";
   const TempDir dir("lm");
@@ -90,6 +125,7 @@ BOOST_AUTO_TEST_CASE(tiny_model_learns_a_text_and_generates_it) {
   lm::TrainOptions o;
   o.text = {f.string()};
   o.loop.run_dir = dir / "run";
+  o.preset = preset;
   o.positions = "rope";
   o.context = 24;
   o.batch_rows = 8;

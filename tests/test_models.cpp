@@ -469,6 +469,16 @@ BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
       l.vocab = 29, l.d_model = 16, l.heads = 4, l.d_ff = 8, l.layers = 3, l.max_len = 12;
       l.positions.kind = kind, l.norm_first = pre;
       BOOST_TEST(l.parameter_count() == DecoderOnlyLM(l).num_parameters());
+      // The Llama-style fields one at a time, then together (a llama config).
+      for (int variant = 0; variant < 6; ++variant) {
+        LMConfig v = l;
+        v.rms_norm = variant == 0 || variant == 5;
+        v.ffn = variant == 1 ? nn::Activation::gelu : variant >= 2 && variant != 4 ? nn::Activation::swiglu : v.ffn;
+        v.kv_heads = variant == 3 ? 1 : variant == 5 ? 2 : 0;
+        v.bias = !(variant == 4 || variant == 5);
+        v.tied_output = variant != 5 && variant != 2;
+        BOOST_TEST(v.parameter_count() == DecoderOnlyLM(v).num_parameters(), "LM variant " << variant);
+      }
       ClassifierConfig c;
       c.vocab = 31, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 2, c.max_len = 10, c.classes = 5;
       c.positions.kind = kind, c.norm_first = pre;

@@ -151,8 +151,15 @@ models::LMConfig preset(const std::string& name) {
     c.d_model = 128, c.heads = 4, c.d_ff = 512, c.layers = 2, c.max_len = 128;
   } else if (name == "lm-small") {
     c.d_model = 256, c.heads = 4, c.d_ff = 1024, c.layers = 4, c.max_len = 256;
+  } else if (name == "llama-mini") {
+    // lm-mini's size in the Llama recipe: rope, RMSNorm, SwiGLU (d_ff 408 brings the parameters
+    // to lm-mini's), 2 KV heads for 4 query heads, no biases; the output stays tied to the
+    // embedding as lm-mini's.
+    c.d_model = 128, c.heads = 4, c.d_ff = 408, c.layers = 2, c.max_len = 128;
+    c.positions.kind = nn::Positions::rope;
+    c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.kv_heads = 2, c.bias = false;
   } else {
-    fail("unknown preset '" + text::printable(name) + "' (known: lm-mini, lm-small)");
+    fail("unknown preset '" + text::printable(name) + "' (known: lm-mini, lm-small, llama-mini)");
   }
   return c;
 }
@@ -172,7 +179,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
     return c;
   }
   models::LMConfig c = preset(o.preset);
-  c.positions.kind = nn::parse_positions(o.positions);
+  if (!o.positions.empty()) c.positions.kind = nn::parse_positions(o.positions);
   c.scale_embedding = c.positions.kind == nn::Positions::sinusoidal;  // as the original Transformer
   c.dropout = o.dropout;
   c.seed = o.loop.seed;

@@ -56,12 +56,13 @@ Metrics metrics_of(double nll, int64_t tokens, int64_t chars);
 Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, int64_t context);
 
 // Presets: lm-mini (d 128, 4 heads, ff 512, 2 layers, context 128), lm-small (d 256, 4 heads,
-// ff 1024, 4 layers, context 256). Throws naming the known presets.
+// ff 1024, 4 layers, context 256), llama-mini (lm-mini's size in the Llama recipe: rope, RMSNorm,
+// SwiGLU with ff 408, 2 KV heads, no biases). Throws naming the known presets.
 models::LMConfig preset(const std::string& name);
 
 struct TrainOptions {
   std::vector<std::string> text;  // files
-  std::string preset = "lm-mini", positions = "learned";
+  std::string preset = "lm-mini", positions;  // positions empty: the preset's (learned; llama-mini rope)
   int64_t context = 0;            // 0: the preset's
   int64_t batch_rows = 16;
   double dropout = 0.0;  // 0: the best measured in make lm's budget (docs/lm.md); the model does not overfit there

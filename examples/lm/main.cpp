@@ -80,8 +80,9 @@ cli::Command add_train(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "train (or --resume) a language model into a run directory");
   sub->add_option("--text", o->text, "UTF-8 text files (fortune files or paragraphs); default: Debian's English fortunes");
   sub->add_option("--out", o->loop.run_dir, "run directory")->required();
-  sub->add_option("--preset", o->preset, "lm-mini or lm-small")->check(CLI::IsMember({"lm-mini", "lm-small"}));
-  sub->add_option("--positions", o->positions, "sinusoidal, learned, rope, alibi, relative")
+  sub->add_option("--preset", o->preset, "lm-mini, lm-small or llama-mini (rope, RMSNorm, SwiGLU, 2 KV heads, no biases)")
+      ->check(CLI::IsMember({"lm-mini", "lm-small", "llama-mini"}));
+  sub->add_option("--positions", o->positions, "sinusoidal, learned, rope, alibi, relative (default: the preset's)")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   sub->add_option("--context", o->context, "training context in tokens (default: the preset's)")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--batch-rows", o->batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
