@@ -13,6 +13,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
   if (h <= 0 || d % h != 0)
     fail("MultiHeadAttention: d_model " + std::to_string(d) + " is not divisible by " +
          std::to_string(h) + " heads");
+  if (kv_heads <= 0 || h % kv_heads != 0)
+    fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " + std::to_string(h));
   if (!(dropout >= 0 && dropout < 1))
     fail("MultiHeadAttention: attention dropout must be in [0, 1), got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
@@ -58,8 +60,6 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
                                   Tensor* weights, bool steady_kv) const {
   AttentionOptions opt;
   opt.steady_kv = steady_kv;
-  if (kv_heads <= 0 || h % kv_heads != 0)
-    fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " + std::to_string(h));
   opt.causal = causal;
   opt.key_padding_mask = key_padding_mask;
   opt.bias = bias;

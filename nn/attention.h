@@ -37,6 +37,10 @@ class MultiHeadAttention : public Module {
   /// masks drawn from *dropout_gen (default: the global generator).
   /// @throws graft::Error when heads does not divide d (or is not positive), or dropout is
   ///         outside [0, 1).
+  /// kv_heads (0: heads): grouped-query attention, kv_heads dividing heads; K and V are projected
+  /// to kv_heads heads and each serves heads / kv_heads consecutive query heads (in_proj_weight is
+  /// then (d + 2 kv_heads Dh, d)). bias false: no in_proj_bias and an out_proj without bias.
+  /// @throws graft::Error also when kv_heads is negative or does not divide heads.
   MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
                      Generator* dropout_gen = nullptr, int64_t kv_heads = 0, bool bias = true);
   /// x (B, Tq, d) attending to memory (B, Tk, d) -> (B, Tq, d). Self-attention when `memory` is
@@ -76,10 +80,6 @@ class MultiHeadAttention : public Module {
   double dropout;  ///< on the attention probabilities while training
   /// The parameters "in_proj_weight" (3d, d) and "in_proj_bias" (3d): [W_Q; W_K; W_V] (with
   /// grouping, W_K and W_V have kv_heads Dh rows each; without bias, in_proj_bias is undefined).
-  /// kv_heads (0: heads): grouped-query attention, kv_heads dividing heads; K and V are projected
-  /// to kv_heads heads and each serves heads / kv_heads consecutive query heads (in_proj_weight is
-  /// then (d + 2 kv_heads Dh, d)). bias false: no in_proj_bias and an out_proj without bias.
-  /// @throws graft::Error also when kv_heads is negative or does not divide heads.
   ///@{
   Tensor in_proj_weight, in_proj_bias;
   ///@}
@@ -89,6 +89,9 @@ class MultiHeadAttention : public Module {
   // Parts [part, part + parts) (0 Q, 1 K, 2 V) of the packed projection applied to x (B, T, d),
   // as `parts` (B, heads or kv_heads, T, Dh) tensors (split_heads()).
   Tensors project_heads(const Tensor& x, int64_t part, int64_t parts) const;
+  // k or v (B, kv_heads, T, Dh) -> (B, heads, T, Dh): each KV head repeated for its query heads
+  // (the tensor itself without grouping).
+  Tensor repeat_kv(const Tensor& t) const;
   // The fused attention over the heads, heads merged (merge_heads()), then out_proj; steady_kv:
   // k and v are a cross-attention cache's (AttentionOptions::steady_kv).
   Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
@@ -97,6 +100,3 @@ class MultiHeadAttention : public Module {
 };
 
 }  // namespace graft::nn
-  // k or v (B, kv_heads, T, Dh) -> (B, heads, T, Dh): each KV head repeated for its query heads
-  // (the tensor itself without grouping).
-  Tensor repeat_kv(const Tensor& t) const;
