@@ -7,6 +7,30 @@
 
 namespace graft::nn {
 
+namespace {
+thread_local AttentionRecorder* t_recorder = nullptr;
+
+// Where an attention puts its weights: the caller's tensor, else `local` while a recorder
+// collects, else nowhere (null: the weights are not computed).
+Tensor* weights_wanted(Tensor* given, Tensor& local) { return given || !t_recorder ? given : &local; }
+}  // namespace
+
+AttentionRecorder::AttentionRecorder() : prev_(t_recorder) { t_recorder = this; }
+AttentionRecorder::~AttentionRecorder() { t_recorder = prev_; }
+
+void AttentionRecorder::note(const Tensor& weights) {
+  if (t_recorder && weights.defined()) t_recorder->weights_.emplace_back(autograd::name_scope_path(), weights);
+}
+
+Tensor AttentionRecorder::get(const std::string& path) const {
+  for (auto it = weights_.rbegin(); it != weights_.rend(); ++it)
+    if (it->first == path) return it->second;
+  std::string known;
+  for (auto& [p, w] : weights_) known += (known.empty() ? "" : ", ") + p;
+  fail("AttentionRecorder: no attention weights under '" + path + "' (collected: " +
+       (known.empty() ? std::string("none") : known) + ")");
+}
+
 MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen,
                                        double dropout_p, Generator* dropout_gen, int64_t kv, bool has_bias)
     : d(d_), heads(h), kv_heads(kv == 0 ? h : kv), dropout(dropout_p), dropout_gen_(dropout_gen) {
@@ -91,7 +115,11 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
     qkv[1] = pos->rotate(qkv[1], 0);
     bias = pos->bias(0, x.shape()[1], 0, x.shape()[1], x.dtype());
   }
-  return attend(qkv[0], qkv[1], qkv[2], key_padding_mask, causal, bias, weights);
+  Tensor local;
+  Tensor* w = weights_wanted(weights, local);
+  Tensor out = attend(qkv[0], qkv[1], qkv[2], key_padding_mask, causal, bias, w);
+  if (w) AttentionRecorder::note(*w);
+  return hooked(out);
 }
 
 // Reordering beams keeps the batch size: the rows are then moved within the buffers, and only
@@ -132,8 +160,12 @@ Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, in
   cache.len += T;
   const Tensor bias = pos ? pos->bias(start, T, 0, cache.len, x.dtype()) : Tensor();
   // causal aligned to the end: step t sees cached keys 0..t
-  return attend(qkv[0], slice(cache.k, 2, 0, cache.len), slice(cache.v, 2, 0, cache.len), Tensor(),
-                true, bias, nullptr);
+  Tensor local;
+  Tensor* w = weights_wanted(nullptr, local);
+  Tensor out = attend(qkv[0], slice(cache.k, 2, 0, cache.len), slice(cache.v, 2, 0, cache.len), Tensor(),
+                      true, bias, w);
+  if (w) AttentionRecorder::note(*w);
+  return hooked(out);
 }
 
 void MultiHeadAttention::fill_cross_cache(const Tensor& memory, KVCache& cache) const {
@@ -149,9 +181,14 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
                                                 int64_t group) const {
   const auto named = scope();
   autograd::NoGrad ng;
-  if (group == 1)
-    return attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
-                  /*steady_kv=*/true);
+  Tensor local;
+  weights = weights_wanted(weights, local);
+  if (group == 1) {
+    Tensor out = attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
+                        /*steady_kv=*/true);
+    if (weights) AttentionRecorder::note(*weights);
+    return hooked(out);
+  }
   const int64_t rows = cache.k.defined() ? cache.k.shape()[0] : 0;
   if (group < 1 || x.dim() != 3 || x.shape()[1] != 1 || x.shape()[0] != group * rows)
     fail("MultiHeadAttention: grouped cross-attention needs x (group " + std::to_string(group) + " x " +
@@ -160,8 +197,11 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
   const Tensor q = project_heads(reshape(x, {rows, group, d}), 0, 1)[0];
   const Tensor y = attend(q, cache.k, cache.v, key_padding_mask, false, Tensor(), weights, /*steady_kv=*/true);
   // (B, H, G, Tk) -> (B G, H, 1, Tk), as the ungrouped call gives them
-  if (weights) *weights = reshape(contiguous(permute(*weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
-  return reshape(y, {rows * group, 1, d});
+  if (weights) {
+    *weights = reshape(contiguous(permute(*weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
+    AttentionRecorder::note(*weights);
+  }
+  return hooked(reshape(y, {rows * group, 1, d}));
 }
 
 }  // namespace graft::nn

@@ -7,6 +7,7 @@
 /// x (B, Tq, d), memory (B, Tk, d), key_padding_mask (B, Tk) non-zero = pad.
 #pragma once
 
+#include "graft/autograd/graph.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/positions.h"
 
@@ -26,6 +27,42 @@ struct KVCache {
   /// place when the batch size stays (copies of this cache share its buffers and see it too).
   /// @throws graft::Error when an index is outside [0, B) (see index_select()).
   void select_rows(const Tensor& rows);
+};
+
+/// Collects the attention weights of every MultiHeadAttention that runs on this thread while it
+/// lives, self- and cross-attention, each under its module path as named_parameters() names it
+/// ("encoder.layers.0.self_attn", "decoder.layers.1.multihead_attn"), in the order they ran (a
+/// cached decoding step adds one entry per attention per step). Asking for the weights changes
+/// nothing in the outputs: the same kernels run with or without them. Nests (an inner recorder
+/// collects alone until it ends); per thread. The weights carry no gradient.
+/// @code
+///   nn::AttentionRecorder rec;
+///   Tensor logits = model.forward(src, tgt_in);
+///   Tensor w = rec.get("encoder.layers.0.self_attn");   // (B, H, Tq, Tk)
+/// @endcode
+class AttentionRecorder {
+ public:
+  /// Starts collecting on this thread (module paths are kept while it lives).
+  AttentionRecorder();
+  /// Stops collecting; the recorder in force before takes over again.
+  ~AttentionRecorder();
+  AttentionRecorder(const AttentionRecorder&) = delete;
+  AttentionRecorder& operator=(const AttentionRecorder&) = delete;
+  /// Every (path, weights (B, H, Tq, Tk)) collected so far, in the order the attentions ran.
+  const NamedTensors& weights() const { return weights_; }
+  /// The weights most recently collected under `path`.
+  /// @throws graft::Error "AttentionRecorder: no attention weights under '<path>'" naming the
+  ///         paths collected, when none ran under that path.
+  Tensor get(const std::string& path) const;
+
+ private:
+  friend class MultiHeadAttention;
+  // Adds the weights of the attention now running on this thread to its recorder, if any, under
+  // the module path in force.
+  static void note(const Tensor& weights);
+  autograd::KeepModulePaths keep_;  // the module paths name the weights
+  NamedTensors weights_;
+  AttentionRecorder* prev_;
 };
 
 /// Multi-head attention (see the file's description): xavier-uniform in-projection, zero

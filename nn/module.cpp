@@ -65,6 +65,59 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
+namespace {
+// Converts a floating leaf to `dt` in place of its state, so every handle on it sees the change.
+void convert_in_place(const Tensor& t, DType dt) {
+  if (!is_floating(t.dtype()) || t.dtype() == dt) return;
+  const Tensor c = cast_copy(t, dt);
+  TensorImpl& s = *t.impl();
+  s.storage = c.impl()->storage;
+  s.offset = 0;
+  s.strides = c.strides();
+  s.dtype = dt;
+  if (s.grad) s.grad = cast_copy(Tensor(s.grad), dt).impl_ptr();
+}
+}  // namespace
+
+Module& Module::to(DType dt) {
+  if (!is_floating(dt)) fail(std::string("Module::to: a module converts to float32 or float64, not ") + dtype_name(dt));
+  for (auto& [name, t] : named_parameters()) convert_in_place(t, dt);
+  for (auto& [name, t] : named_buffers()) convert_in_place(t, dt);
+  return *this;
+}
+
+void HookHandle::remove() {
+  if (state_) state_->removed = true;
+}
+bool HookHandle::active() const { return state_ && !state_->removed; }
+
+// A module reachable twice (registered under two parents) gets the hook once, under its first path.
+void Module::add_hook(const std::string& path, const Hook& h) {
+  std::erase_if(hooks_, [](const Hook& k) { return k.state->removed; });
+  for (const Hook& k : hooks_)
+    if (k.state == h.state) return;
+  hooks_.push_back({path, h.fn, h.state});
+  for (auto& [n, c] : children_) c->add_hook(path.empty() ? n : path + "." + n, h);
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  if (!hook) fail("register_forward_hook: the hook is an empty function");
+  const Hook h{"", std::make_shared<const ForwardHook>(std::move(hook)), std::make_shared<HookHandle::State>()};
+  add_hook("", h);
+  return HookHandle(h.state);
+}
+
+Tensor Module::hooked(Tensor output) const {
+  if (hooks_.empty()) [[likely]]
+    return output;
+  for (const Hook& h : hooks_) {
+    if (h.state->removed) continue;
+    Tensor r = (*h.fn)(h.path, *this, output);
+    if (r.defined()) output = std::move(r);
+  }
+  return output;
+}
+
 void uniform_(const Tensor& w, double lo, double hi, Generator& gen) {
   copy_into(w, rand(w.shape(), w.dtype(), gen, lo, hi));
 }

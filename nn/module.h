@@ -4,6 +4,7 @@
 /// PyTorch's state_dict, so checkpoints can move between the two frameworks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,31 @@ namespace graft::nn {
 
 /// Tensors by name, in order: parameters, buffers, a state_dict.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module;
+/// A forward hook (Module::register_forward_hook()): called with the module's path, the module
+/// and its output once its forward() has computed it; returns a tensor to use instead of the
+/// output, or an undefined Tensor to keep it.
+using ForwardHook = std::function<Tensor(const std::string& path, const Module& module, const Tensor& output)>;
+
+/// What register_forward_hook() returns: remove() takes the hook off every module it was put on.
+/// Copies share the hook; dropping the handle leaves the hook in place (as in PyTorch).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  /// Stops the hook (from this call on it is never called again); removing twice is harmless.
+  void remove();
+  /// Whether the hook is still in place (false after remove(), and for a default handle).
+  bool active() const;
+
+ private:
+  friend class Module;
+  struct State {
+    bool removed = false;
+  };
+  explicit HookHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  std::shared_ptr<State> state_;
+};
 
 /// The base of every layer and model: a tree of named parameters, buffers and child modules,
 /// with a train/eval flag. A subclass registers its parts in its constructor
@@ -55,6 +81,27 @@ class Module {
   /// Whether this module is in training mode (the default).
   bool training() const { return training_; }
 
+  /// Converts every floating parameter and buffer (and accumulated gradient) of this module and
+  /// its descendants to `dt` (float32 <-> float64), in place: the tensors keep their identity
+  /// (every handle a layer holds sees the new dtype), parameters still require grad, so the
+  /// module trains and runs as before at the new precision. Int64 buffers stay. Make optimizers
+  /// after it (their state has the old dtype). As torch.nn.Module.to(dtype); returns *this.
+  /// @throws graft::Error "Module::to: ..." when `dt` is not float32 or float64.
+  Module& to(DType dt);
+
+  /// Registers `hook` on this module and on every module below it (those registered by now):
+  /// after each of their forwards, `hook(path, module, output)` runs, and a defined tensor it
+  /// returns replaces the output. `path` is the module's dotted name below this one, as in
+  /// named_parameters() ("encoder.layers.0.linear2"; "" for this module itself). Hooks run in
+  /// the order they were registered. These forwards call them on what they return: Linear,
+  /// Embedding, LayerNorm (forward_add too), Dropout, Sinusoidal/LearnedPositionalEncoding,
+  /// MultiHeadAttention, EncoderLayer, DecoderLayer, Encoder and Decoder, cached decoding steps
+  /// included (a transformer layer's FFN output is its "linear2" output). A module whose
+  /// forward does not call hooked() never runs them. As torch.nn.Module.register_forward_hook,
+  /// on a whole subtree.
+  /// @throws graft::Error when `hook` is an empty function.
+  HookHandle register_forward_hook(ForwardHook hook);
+
   /// The direct children with the names they were registered under, in order.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
@@ -84,6 +131,10 @@ class Module {
   /// anomaly errors name the module path; free while anomaly mode is off. Forwards start with
   /// `const auto s = scope();`.
   autograd::NameScope scope() const { return autograd::NameScope(scope_name_); }
+  /// Runs the forward hooks on this module's `output` (see register_forward_hook()) and returns
+  /// the output to use; one empty() test when there are none. Forwards end with
+  /// `return hooked(out);`.
+  Tensor hooked(Tensor output) const;
 
  private:
   void collect(const std::string& prefix, NamedTensors& out, bool buffers,
@@ -92,6 +143,13 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::string scope_name_;
   bool training_ = true;
+  struct Hook {
+    std::string path;
+    std::shared_ptr<const ForwardHook> fn;
+    std::shared_ptr<HookHandle::State> state;
+  };
+  void add_hook(const std::string& path, const Hook& h);
+  std::vector<Hook> hooks_;
 };
 
 /// Puts a module in eval mode for a scope and restores its train/eval flag afterwards.

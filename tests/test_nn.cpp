@@ -184,4 +184,69 @@ BOOST_AUTO_TEST_CASE(grouped_cross_attention_equals_repeated_cache_rows) {
                         Error, [](const Error& e) { return names(e, "grouped cross-attention"); });
 }
 
+// Forward hooks on a small tree: the hook sees each module once per forward with its path below
+// the module it was registered on, in registration order; a returned tensor replaces the output
+// (and what follows computes from it, gradients included); remove() stops it; a module
+// registered under two names gets the hook once.
+BOOST_AUTO_TEST_CASE(forward_hooks_on_a_module_tree) {
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Linear> a, b;
+    std::shared_ptr<nn::LayerNorm> norm;
+    Net() {
+      Generator g(5);
+      a = register_module("a", std::make_shared<nn::Linear>(3, 4, true, DType::f64, g));
+      b = register_module("b", std::make_shared<nn::Linear>(4, 2, true, DType::f64, g));
+      norm = register_module("norm", std::make_shared<nn::LayerNorm>(4, 1e-5, DType::f64));
+      add_module("again", a);  // shared: one hook call per forward of a
+    }
+    Tensor forward(const Tensor& x) const { return hooked(b->forward(norm->forward(a->forward(x)))); }
+  } net;
+  const Tensor x = from_vector(std::vector<double>{1, -2, 0.5}, {1, 3});
+  const auto plain = net.forward(x).to_vector<double>();
+  std::vector<std::string> order;
+  nn::HookHandle h1 = net.register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor&) {
+    order.push_back("1:" + p);
+    return Tensor();
+  });
+  nn::HookHandle h2 = net.a->register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor& out) {
+    order.push_back("2:" + p);
+    return affine(out, 2.0, 0.0);  // doubles a's output; the LayerNorm then undoes the scale
+  });
+  BOOST_TEST(net.forward(x).to_vector<double>().size() == 2u);
+  BOOST_TEST(order == (std::vector<std::string>{"1:a", "2:", "1:norm", "1:b", "1:"}), std::boolalpha);
+  h2.remove();
+  h2.remove();  // twice is harmless
+  nn::HookHandle h3 = net.norm->register_forward_hook([](const std::string&, const nn::Module&, const Tensor& out) {
+    return zeros(out.shape(), out.dtype());
+  });
+  // b(0) = b's bias, and no gradient reaches a through the replaced output
+  BOOST_TEST(net.forward(x).to_vector<double>() == net.b->bias.to_vector<double>());
+  Tensor loss = sum(net.forward(x));
+  loss.backward();
+  BOOST_TEST(net.b->bias.grad().defined());
+  BOOST_TEST(!net.a->weight.grad().defined());
+  h3.remove();
+  h1.remove();
+  order.clear();
+  BOOST_TEST(net.forward(x).to_vector<double>() == plain);
+  BOOST_TEST(order.empty());
+  BOOST_TEST(!nn::HookHandle().active());
+}
+
+// Module::to converts in place: the handles the layers hold see the new dtype, gradients too.
+BOOST_AUTO_TEST_CASE(module_to_dtype_in_place) {
+  nn::Linear lin(3, 2);
+  const Tensor w = lin.weight;  // another handle on the same parameter
+  const auto before = w.to_vector<double>();
+  sum(lin.forward(ones({1, 3}))).backward();
+  lin.to(DType::f64);
+  BOOST_TEST((w.dtype() == DType::f64));
+  BOOST_TEST(w.to_vector<double>() == before);
+  BOOST_TEST((lin.weight.grad().dtype() == DType::f64));
+  BOOST_TEST((lin.forward(ones({1, 3}, DType::f64)).dtype() == DType::f64));
+  nn::SinusoidalPositionalEncoding pe(4, 6);
+  pe.to(DType::f64);
+  BOOST_TEST((pe.table.dtype() == DType::f64));  // buffers too
+}
+
 BOOST_AUTO_TEST_SUITE_END()
