@@ -14,7 +14,7 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt, Generator& gen)
 
 Tensor Linear::forward(const Tensor& x) const {
   const auto named = scope();
-  return linear(x, weight, bias);
+  return hooked(linear(x, weight, bias));
 }
 
 Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generator& gen,
@@ -28,7 +28,7 @@ Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generato
 
 Tensor Embedding::forward(const Tensor& ids) const {
   const auto named = scope();
-  return embedding(weight, ids, padding_idx);
+  return hooked(embedding(weight, ids, padding_idx));
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt) : eps(eps_) {
@@ -42,18 +42,18 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt, bool rms_norm) : eps(ep
 
 Tensor LayerNorm::forward(const Tensor& x) const {
   const auto named = scope();
-  return rms ? rms_norm(x, weight, eps) : layer_norm(x, weight, bias, eps);
+  return hooked(rms ? rms_norm(x, weight, eps) : layer_norm(x, weight, bias, eps));
 }
 
 Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& r) const {
   const auto named = scope();
-  return rms ? rms_norm(add(x, r), weight, eps) : add_layer_norm(x, r, weight, bias, eps);
+  return hooked(rms ? rms_norm(add(x, r), weight, eps) : add_layer_norm(x, r, weight, bias, eps));
 }
 
 Tensor Dropout::forward(const Tensor& x) const {
   const auto named = scope();
-  if (!training() || p == 0) return x;
-  return dropout(x, p, true, generator());
+  if (!training() || p == 0) return hooked(x);
+  return hooked(dropout(x, p, true, generator()));
 }
 
 Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(); }
@@ -100,7 +100,7 @@ SinusoidalPositionalEncoding::SinusoidalPositionalEncoding(int64_t max_len, int6
 
 Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t start) const {
   const auto named = scope();
-  return add_positions(x, table, start, true);
+  return hooked(add_positions(x, table, start, true));
 }
 
 LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d, DType dt,
@@ -110,7 +110,7 @@ LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d,
 
 Tensor LearnedPositionalEncoding::forward(const Tensor& x, int64_t start) const {
   const auto named = scope();
-  return add_positions(x, weight, start, false);
+  return hooked(add_positions(x, weight, start, false));
 }
 
 }  // namespace graft::nn

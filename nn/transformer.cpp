@@ -63,13 +63,13 @@ Tensor EncoderLayer::block(const Tensor& x, SelfAttn&& sa) const {
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
                              const AttentionPositions* pos) const {
   const auto named = scope();
-  return block(x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); });
+  return hooked(block(x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); }));
 }
 
 Tensor EncoderLayer::forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
                                   const AttentionPositions* pos) const {
   const auto named = scope();
-  return block(x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); });
+  return hooked(block(x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); }));
 }
 
 DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
@@ -108,9 +108,9 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
                              const Tensor& src_pad, Tensor* cross_weights,
                              const AttentionPositions* pos) const {
   const auto named = scope();
-  return block(
+  return hooked(block(
       y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true, nullptr, pos); },
-      [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); });
+      [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); }));
 }
 
 Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
@@ -118,11 +118,11 @@ Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const T
                                   Tensor* cross_weights, const AttentionPositions* pos, int64_t group) const {
   const auto named = scope();
   if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
-  return block(
+  return hooked(block(
       y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
       [&](const Tensor& h) {
         return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights, group);
-      });
+      }));
 }
 
 // The stack's positional module, registered under T5's name when it has parameters.
@@ -191,7 +191,7 @@ Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) con
          " attention, called " + (causal ? "causal" : "bidirectional"));
   Tensor h = x;
   for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
-  return norm ? norm->forward(h) : h;
+  return hooked(norm ? norm->forward(h) : h);
 }
 
 Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const {
@@ -200,7 +200,7 @@ Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int6
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = x;
   for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward_step(h, caches[i], capacity, positions.get());
-  return norm ? norm->forward(h) : h;
+  return hooked(norm ? norm->forward(h) : h);
 }
 
 Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& gen, Generator* dg,
@@ -220,7 +220,7 @@ Tensor Decoder::forward(const Tensor& y, const Tensor& memory, const Tensor& tgt
     h = l->forward(h, memory, tgt_pad, src_pad, cross_weights ? &w : nullptr, positions.get());
     if (cross_weights) cross_weights->push_back(w);
   }
-  return norm ? norm->forward(h) : h;
+  return hooked(norm ? norm->forward(h) : h);
 }
 
 Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
@@ -235,7 +235,7 @@ Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor
                                 positions.get(), group);
     if (cross_weights) cross_weights->push_back(w);
   }
-  return norm ? norm->forward(h) : h;
+  return hooked(norm ? norm->forward(h) : h);
 }
 
 }  // namespace graft::nn

@@ -512,3 +512,189 @@ BOOST_AUTO_TEST_CASE(oversized_configs_are_refused_before_building) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// ---- issue 32: attention weights, forward hooks and to(dtype) through the models ----------------
+
+#include "graft/nn/attention.h"
+
+BOOST_AUTO_TEST_SUITE(model_inspection)
+
+namespace {
+std::vector<std::string> paths_of(const nn::NamedTensors& w) {
+  std::vector<std::string> p;
+  for (auto& [name, t] : w) p.push_back(name);
+  return p;
+}
+}  // namespace
+
+// An AttentionRecorder collects every layer's self- and cross-attention weights by module path,
+// pre-LN and post-LN, and the logits stay bit-identical to a run without it, for 1..6 target
+// positions (at most 4 query rows once took another kernel when weights were asked for), with
+// and without a tape; so do the cross-attention weights Transformer::decode gives back.
+BOOST_AUTO_TEST_CASE(attention_recorder_keeps_the_logits_bit_identical) {
+  const std::vector<std::string> expected = {
+      "encoder.layers.0.self_attn",      "encoder.layers.1.self_attn",      "decoder.layers.0.self_attn",
+      "decoder.layers.0.multihead_attn", "decoder.layers.1.self_attn", "decoder.layers.1.multihead_attn"};
+  for (bool pre_ln : {false, true}) {
+    Transformer m(small_cfg(DType::f32, pre_ln));
+    m.eval();
+    const Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, 2);
+    for (int64_t T = 1; T <= 6; ++T) {
+      const Tensor tgt = ids(std::vector<int64_t>(2 * T, 4), 2);
+      for (bool taped : {false, true}) {
+        std::unique_ptr<autograd::NoGrad> ng(taped ? nullptr : new autograd::NoGrad);
+        const auto plain = m.forward(src, tgt).to_vector<float>();
+        nn::AttentionRecorder rec;
+        const auto recorded = m.forward(src, tgt).to_vector<float>();
+        BOOST_TEST(plain == recorded);
+        BOOST_TEST(paths_of(rec.weights()) == expected, std::boolalpha);
+        BOOST_TEST(rec.get("decoder.layers.1.self_attn").shape() == (Shape{2, 2, T, T}));
+        BOOST_TEST(rec.get("decoder.layers.1.multihead_attn").shape() == (Shape{2, 2, T, 5}));
+        BOOST_TEST(rec.get("encoder.layers.0.self_attn").shape() == (Shape{2, 2, 5, 5}));
+        for (double r : sum(rec.get("decoder.layers.0.self_attn"), {3}).to_vector<double>())
+          BOOST_TEST(std::abs(r - 1.0) < 1e-5);
+        Tensors cross;
+        const auto with_cross = m.decode(m.encode(src), src, tgt, &cross).to_vector<float>();
+        BOOST_TEST(plain == with_cross);
+        BOOST_TEST(cross.size() == 2u);
+        autograd::clear_tape();
+      }
+    }
+  }
+  nn::AttentionRecorder rec;
+  BOOST_CHECK_EXCEPTION(rec.get("decoder.layers.9.self_attn"), Error, [](const Error& e) {
+    return testing::names(e, "AttentionRecorder: no attention weights under 'decoder.layers.9.self_attn'");
+  });
+}
+
+// The recorder reaches the decoder-only LM and the classifier too, and cached decoding: greedy
+// decoding gives the same tokens with it, one entry per attention per step.
+BOOST_AUTO_TEST_CASE(attention_recorder_in_every_model) {
+  LMConfig lc;
+  lc.vocab = 11, lc.d_model = 16, lc.heads = 2, lc.d_ff = 32, lc.layers = 2, lc.max_len = 16, lc.dropout = 0.0;
+  DecoderOnlyLM lm(lc);
+  lm.eval();
+  autograd::NoGrad ng;
+  for (int64_t T = 1; T <= 6; ++T) {
+    const Tensor x = ids(std::vector<int64_t>(T, 5), 1);
+    const auto plain = lm.forward(x).to_vector<float>();
+    nn::AttentionRecorder rec;
+    BOOST_TEST(plain == lm.forward(x).to_vector<float>());
+    BOOST_TEST(paths_of(rec.weights()) == (std::vector<std::string>{"blocks.layers.0.self_attn", "blocks.layers.1.self_attn"}),
+               std::boolalpha);
+  }
+  ClassifierConfig cc = model_zoo::tiny_classifier_config(0);
+  EncoderClassifier clf(cc);
+  clf.eval();
+  nn::AttentionRecorder rec;
+  clf.forward(ids({1, 2, 3, 4, 5, 6}, 2));
+  BOOST_TEST(rec.get("encoder.layers.0.self_attn").shape() == (Shape{2, 2, 3, 3}));
+
+  Transformer m(small_cfg());
+  m.eval();
+  const Tensor src = ids({5, 6, 7, 8, 3}, 1);
+  DecodeOptions o;
+  o.max_len = 5;
+  o.stop_at_eos = false;
+  o.use_cache = true;
+  const auto plain = greedy_decode(m, src, o);
+  nn::AttentionRecorder steps;
+  BOOST_TEST(greedy_decode(m, src, o) == plain);
+  size_t encoder = 0, decoder = 0;
+  for (auto& [path, w] : steps.weights()) (path.rfind("encoder.", 0) == 0 ? encoder : decoder) += 1;
+  BOOST_TEST(encoder == 2u);  // the source is encoded once
+  BOOST_TEST(decoder >= 4u);  // 4 attentions per step
+  BOOST_TEST(decoder % 4 == 0u);
+}
+
+// Forward hooks: read an intermediate output, replace one (an FFN's output zeroed changes the
+// logits, and equals what the layer computes without that FFN), remove the hook, the paths.
+BOOST_AUTO_TEST_CASE(forward_hooks_read_and_replace_outputs) {
+  Transformer m(small_cfg(DType::f64));
+  m.eval();
+  const Tensor src = ids({5, 6, 7, 3}, 1), tgt = ids({2, 8, 9}, 1);
+  autograd::NoGrad ng;
+  const auto plain = m.forward(src, tgt).to_vector<double>();
+  std::vector<std::string> seen;
+  Tensor ffn_out;
+  nn::HookHandle reader = m.register_forward_hook([&](const std::string& path, const nn::Module& mod, const Tensor& out) {
+    seen.push_back(path);
+    if (path == "decoder.layers.1.linear2") {
+      BOOST_TEST(&mod == m.decoder->layers[1]->linear2.get());
+      ffn_out = out;
+    }
+    return Tensor();  // keep the output
+  });
+  BOOST_TEST(m.forward(src, tgt).to_vector<double>() == plain);
+  BOOST_TEST(ffn_out.shape() == (Shape{1, 3, 16}));
+  for (const char* p : {"embedding", "encoder.layers.0.self_attn.out_proj", "encoder.layers.0.self_attn",
+                        "encoder.layers.0.linear1", "encoder.layers.0.norm2", "encoder.layers.0", "encoder.norm",
+                        "encoder", "decoder.layers.0.multihead_attn", "decoder.layers.1", "decoder"})
+    BOOST_TEST((std::find(seen.begin(), seen.end(), p) != seen.end()), p);
+  // A layer's own output comes after its sublayers'.
+  const auto at = [&](const std::string& p) { return std::find(seen.begin(), seen.end(), p) - seen.begin(); };
+  BOOST_TEST(at("encoder.layers.0.linear2") < at("encoder.layers.0"));
+  reader.remove();
+  BOOST_TEST(!reader.active());
+  seen.clear();
+  m.forward(src, tgt);
+  BOOST_TEST(seen.empty());
+
+  // Zeroing the last decoder layer's FFN: post-LN, that layer's output is then norm3(x).
+  Tensor before_ffn;
+  nn::HookHandle zero = m.decoder->layers[1]->register_forward_hook([&](const std::string& path, const nn::Module&, const Tensor& out) {
+    if (path == "norm2") before_ffn = out;
+    return path == "linear2" ? zeros(out.shape(), out.dtype()) : Tensor();
+  });
+  const Tensor zeroed = m.forward(src, tgt);
+  BOOST_TEST(max_abs_diff(zeroed.to_vector<double>(), plain) > 1e-3);
+  zero.remove();
+  const nn::DecoderLayer& last = *m.decoder->layers[1];
+  const Tensor expected = m.logits(m.decoder->norm->forward(last.norm3->forward(before_ffn)));
+  BOOST_TEST(max_abs_diff(zeroed.to_vector<double>(), expected.to_vector<double>()) < 1e-12);
+  BOOST_TEST(m.forward(src, tgt).to_vector<double>() == plain);
+  BOOST_CHECK_EXCEPTION(m.register_forward_hook(nullptr), Error,
+                        [](const Error& e) { return testing::names(e, "register_forward_hook: the hook is an empty function"); });
+}
+
+// to(float64): the same logits as the float32 model within float32's tolerance, every
+// parameter still a float64 leaf that requires grad, a training step lowers the loss; and back to
+// float32 gives the original weights exactly.
+BOOST_AUTO_TEST_CASE(module_to_dtype_converts_and_trains) {
+  Transformer m32(small_cfg()), m64(small_cfg());
+  m32.eval();
+  m64.eval();
+  BOOST_TEST(&m64.to(DType::f64) == &m64);
+  for (auto& [name, p] : m64.named_parameters()) {
+    BOOST_TEST((p.dtype() == DType::f64), name);
+    BOOST_TEST(p.requires_grad());
+    BOOST_TEST(p.is_leaf());
+  }
+  BOOST_TEST((m64.encoder->layers[0]->linear1->weight.dtype() == DType::f64));  // the layers' own handles
+  const Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, 2), tgt_in = ids({2, 11, 12, 2, 13, 0}, 2),
+               tgt_out = ids({11, 12, 3, 13, 3, 0}, 2);
+  {
+    autograd::NoGrad ng;
+    BOOST_TEST(max_abs_diff(m32.forward(src, tgt_in).to_vector<double>(), m64.forward(src, tgt_in).to_vector<double>()) < 1e-4);
+  }
+  Tensor loss = m64.loss(src, tgt_in, tgt_out);
+  BOOST_TEST((loss.dtype() == DType::f64));
+  loss.backward();
+  {
+    autograd::NoGrad ng;
+    for (auto& p : m64.parameters()) {
+      BOOST_TEST((p.grad().dtype() == DType::f64));
+      accumulate_into(p, affine(p.grad(), -0.01, 0.0));
+      p.zero_grad();
+    }
+  }
+  BOOST_TEST(m64.loss(src, tgt_in, tgt_out).item() < loss.item());
+  autograd::clear_tape();
+  Transformer back(small_cfg());
+  back.to(DType::f64).to(DType::f32);
+  const auto a = back.named_parameters(), b = m32.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) BOOST_TEST(a[i].second.to_vector<float>() == b[i].second.to_vector<float>(), a[i].first);
+  BOOST_CHECK_EXCEPTION(back.to(DType::i64), Error, [](const Error& e) { return testing::names(e, "Module::to:"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -203,6 +203,8 @@ const std::map<std::string, std::string> kExcluded = {
     {"Tensor::defined()", "the query for an undefined tensor"},
     {"Tensor::impl()", "null for an undefined tensor, documented"},
     {"Tensor::impl_ptr()", "null for an undefined tensor, documented"},
+    {"Tensor(const std::string&, const Module&, const Tensor&)",
+     "nn::ForwardHook's function type (nn/module.h), not a function: the hook is the caller's"},
 };
 
 Generator& gen() {
@@ -322,6 +324,8 @@ std::vector<Case> cases() {
       {"Tensor::set_grad(const Tensor&)", [] { return Tensors{f({2}), f({2})}; },
        [](const Tensors& t) { Tensor(t[0]).set_grad(t[1]); }, {1}},
       one("Tensor::zero_grad()", x23, [](Tensor t) { t.zero_grad(); }),
+      one("Tensor::retain_grad()", scalar_loss, [](const Tensor& t) { t.retain_grad(); }),
+      one("retain_grad(const Tensor&)", scalar_loss, [](const Tensor& t) { autograd::retain_grad(t); }),
       one("Tensor::detach()", x23, [](const Tensor& t) { t.detach(); }),
       {"Tensor::backward(const Tensor&, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
        [](const Tensors& t) { t[0].backward(t[1]); }, {1}},
