@@ -6,8 +6,8 @@
 /// The float overloads of kern::exp, kern::sin and kern::cos are branch-free polynomials, so a
 /// loop calling them vectorises (glibc's expf/sinf do not without -ffast-math); the double
 /// overloads call std::exp, std::sin, std::cos (the float64 reference). A unary op written as
-/// a table row with unary_row() (ops/elementwise.h) uses them for its float32 loop. Compile code
-/// that uses them with -fopenmp-simd (or -fopenmp) so `#pragma omp simd` applies.
+/// a table row with unary_row() (ops/elementwise.h) uses them for its float32 loop, which the
+/// compiler vectorises at -O3, or at any level under -fopenmp (GRAFT_SIMD).
 #pragma once
 
 #include <algorithm>
@@ -16,6 +16,24 @@
 #include <cstdint>
 
 #include "graft/autograd/tensor.h"
+
+/// GRAFT_OMP(omp parallel for ...) is that OpenMP pragma where the code is compiled with OpenMP
+/// and nothing elsewhere; GRAFT_SIMD before a loop asks for it to be vectorised (`omp simd` with
+/// OpenMP, `GCC ivdep` or clang's `loop vectorize(enable)` without). Either way a header using
+/// them gives no unknown-pragma warning to a program built without OpenMP.
+#ifdef _OPENMP
+#define GRAFT_OMP(...) _Pragma(#__VA_ARGS__)
+#define GRAFT_SIMD _Pragma("omp simd")
+#else
+#define GRAFT_OMP(...)
+#if defined(__clang__)
+#define GRAFT_SIMD _Pragma("clang loop vectorize(enable)")
+#elif defined(__GNUC__)
+#define GRAFT_SIMD _Pragma("GCC ivdep")
+#else
+#define GRAFT_SIMD
+#endif
+#endif
 
 namespace graft::kern {
 
@@ -123,7 +141,7 @@ template <class F>
 void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
   if (n <= 0) return;
   const int64_t chunk = std::max<int64_t>(grain / 4, 1), chunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for if (n > grain) schedule(static)
+  GRAFT_OMP(omp parallel for if (n > grain) schedule(static))
   for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
@@ -141,7 +159,7 @@ void for_each_bcast2(const Shape& out, const Shape& sa, const Shape& sb, F&& f) 
   }
   const int64_t inner = out[r - 1], rows = n / inner;
   const int64_t ia = sa[r - 1], ib = sb[r - 1];
-#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+  GRAFT_OMP(omp parallel for if (n > kParallelGrain) schedule(static))
   for (int64_t row = 0; row < rows; ++row) {
     int64_t rem = row, oa = 0, ob = 0;
     for (int64_t d = r - 2; d >= 0; --d) {

@@ -64,24 +64,24 @@ struct UnaryOp {
   const char* family = "elementwise";  ///< the family it is declared under (declare_op())
 };
 /// The vectorised float32 loops of unary_row: F(x, a, b) and DF(x, y, a, b) instantiated at
-/// float, inlined into `#pragma omp simd` loops (unary() splits the elements over threads).
+/// float, inlined into loops marked GRAFT_SIMD (unary() splits the elements over threads).
 ///@{
 template <auto F>
 void unary_f32_loop(const float* x, float* y, int64_t n, float a, float b) {
-#pragma omp simd
+  GRAFT_SIMD
   for (int64_t i = 0; i < n; ++i) y[i] = F(x[i], a, b);
 }
 template <auto DF>
 void unary_df32_loop(const float* x, const float* y, const float* dy, float* dx, int64_t n, float a,
                      float b) {
   if (x && y) {
-#pragma omp simd
+    GRAFT_SIMD
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * DF(x[i], y[i], a, b);
   } else if (x) {
-#pragma omp simd
+    GRAFT_SIMD
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * DF(x[i], 0.0f, a, b);
   } else {
-#pragma omp simd
+    GRAFT_SIMD
     for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * DF(0.0f, y[i], a, b);
   }
 }
