@@ -507,8 +507,12 @@ std::vector<Case> nn_and_model_cases() {
       {"LayerNorm::forward_add(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 4}), f({2, 4})}; },
        [](const Tensors& t) { LayerNorm(4).forward_add(t[0], t[1]); }},
       one("Dropout::forward(const Tensor&)", [] { return f({2, 4}); }, [](const Tensor& t) { Dropout(0.5).forward(t); }),
-      one("feed_forward(const Linear&, const Dropout&, const Linear&, Activation, const Tensor&)", [] { return f({2, 4}); },
-          [](const Tensor& t) { feed_forward(Linear(4, 6), Dropout(0.0), Linear(6, 4), Activation::relu, t); }),
+      one("feed_forward(const Linear&, const Dropout&, const Linear&, Activation, const Tensor&, const Linear*)",
+          [] { return f({2, 4}); },
+          [](const Tensor& t) {
+            Linear gate(4, 6);
+            feed_forward(Linear(4, 6), Dropout(0.0), Linear(6, 4), Activation::swiglu, t, &gate);
+          }),
       {"add_positions(const Tensor&, const Tensor&, int64_t, bool)",
        [] { return Tensors{f({1, 3, 8}), sinusoid_table(0, 16, 8, DType::f32)}; },
        [](const Tensors& t) { add_positions(t[0], t[1], 0, true); }},
