@@ -427,8 +427,8 @@ Tensor gelu(const Tensor& x, bool tanh_approx) { return unary(tanh_approx ? kGel
 Tensor silu(const Tensor& x) { return unary(kSilu, x, 1.0); }
 Tensor abs(const Tensor& x) { return unary(kAbs, x); }
 Tensor clamp(const Tensor& x, double lo, double hi) {
-  if (!(lo <= hi))
-    fail("clamp: lo " + std::to_string(lo) + " must be <= hi " + std::to_string(hi) + " (and neither NaN)");
+  if (std::isnan(lo) || std::isnan(hi))
+    fail("clamp: a NaN bound (lo " + std::to_string(lo) + ", hi " + std::to_string(hi) + ")");
   return unary(kClamp, x, lo, hi);
 }
 Tensor sin(const Tensor& x) { return unary(kSin, x); }

@@ -161,9 +161,9 @@ Tensor relu(const Tensor& x);
 Tensor silu(const Tensor& x);
 /// out = |x|; the gradient at 0 is 0 (PyTorch's sign(0)).
 Tensor abs(const Tensor& x);
-/// out = min(max(x, lo), hi) (PyTorch's clamp); the gradient is 1 where lo <= x <= hi, bounds
-/// included, 0 elsewhere.
-/// @throws graft::Error also when lo > hi or either is NaN.
+/// out = min(max(x, lo), hi) (PyTorch's clamp: hi everywhere when lo > hi); the gradient is 1
+/// where lo <= x <= hi, bounds included, 0 elsewhere.
+/// @throws graft::Error also when lo or hi is NaN.
 Tensor clamp(const Tensor& x, double lo, double hi);
 /// out = sin x and cos x. float32 runs a vectorised polynomial (kern::sin, kern::cos), accurate
 /// for |x| up to about 10^5.

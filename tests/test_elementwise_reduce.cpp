@@ -203,7 +203,8 @@ BOOST_AUTO_TEST_CASE(unary_row_float32_loop_matches_float64) {
 }
 
 BOOST_AUTO_TEST_CASE(new_op_misuse) {
-  BOOST_CHECK_EXCEPTION(clamp(ones({2}), 1, 0), Error, [](const Error& e) { return names(e, {"clamp", "lo", "hi"}); });
+  BOOST_CHECK_EXCEPTION(clamp(ones({2}), std::nan(""), 0), Error, [](const Error& e) { return names(e, {"clamp", "NaN", "lo"}); });
+  BOOST_TEST(clamp(vec({-1, 3}, {2}), 2, 1).to_vector<double>() == (std::vector<double>{1, 1}));  // lo > hi: hi
   BOOST_CHECK_EXCEPTION(maximum(ones({2, 3}), ones({4})), Error,
                         [](const Error& e) { return names(e, {"maximum", "(2, 3)", "(4)", "cannot be broadcast"}); });
   BOOST_CHECK_EXCEPTION(minimum(ones({2}), ones({2}, DType::f64)), Error,
