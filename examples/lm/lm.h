@@ -57,7 +57,7 @@ Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, i
 
 // Presets: lm-mini (d 128, 4 heads, ff 512, 2 layers, context 128), lm-small (d 256, 4 heads,
 // ff 1024, 4 layers, context 256), llama-mini (lm-mini's size in the Llama recipe: rope, RMSNorm,
-// SwiGLU with ff 408, 2 KV heads, no biases). Throws naming the known presets.
+// SwiGLU with ff 384, 2 KV heads, no biases). Throws naming the known presets.
 models::LMConfig preset(const std::string& name);
 
 struct TrainOptions {
