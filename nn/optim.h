@@ -133,7 +133,8 @@ class Optimizer {
 
   /// A group's settings (its parameters are those whose group_of_ is its index).
   struct GroupSettings {
-    double weight_decay, lr_scale;  ///< as ParamGroup's
+    double weight_decay;  ///< as ParamGroup::weight_decay
+    double lr_scale;      ///< as ParamGroup::lr_scale
   };
   /// The groups' settings saved in j, checked against this optimizer's groups (same count, each
   /// parameter in the same group); a state without "param_groups" is one group.

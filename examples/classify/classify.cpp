@@ -292,6 +292,7 @@ void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_pa
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   loop.lr_factor = nn::json_field<double>(saved["train"], "lr_factor", where);
   loop.warmup = nn::json_field<int64_t>(saved["train"], "warmup", where);
+  if (saved["train"].contains("recipe")) nn::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
   nn::check_loop_options(loop);
 }
 
@@ -318,7 +319,8 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
     fs::create_directories(o.loop.run_dir);
-    const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup}};
+    const nlohmann::json schedule{
+        {"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup}, {"recipe", nn::loop_recipe(o.loop)}};
     nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});
   });
   return c;

@@ -3,7 +3,9 @@
 // code 2, as a usage error should be.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -55,6 +57,55 @@ inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
       ->check(range(0.0, 1.0));
   sub->add_option("--seed", o.seed, "sampling seed (same seed, same output)")->check(seed_range());
 }
+
+// The training recipe's flags, the same in every training program: they set these fields (of an
+// nn::LoopOptions, or a program's copies of them).
+struct RecipeFlags {
+  std::string* optimizer;
+  double* weight_decay;
+  std::string* schedule;
+  double* lr;
+  double* min_lr;
+  int64_t* warmup;
+  double* lr_factor;
+};
+
+// The warmup a run gets when --warmup is not given: a tenth of a --steps budget (at least 1),
+// 400 steps for a --minutes budget, and never more than the program's `cap` (translate 4000, lm
+// 400, classify 200). A Noam warmup of 4000 left a two-minute run (~500 steps) at lr ~7e-5.
+inline int64_t auto_warmup(int64_t steps, int64_t cap) {
+  return std::min(cap, steps > 0 ? std::max<int64_t>(1, steps / 10) : int64_t(400));
+}
+
+// --optimizer, --weight-decay, --schedule, --lr, --min-lr, --warmup, --lr-factor
+// (nn::LoopOptions). Call set_auto_warmup() after parsing.
+inline void add_recipe_options(CLI::App* sub, const RecipeFlags& f, int64_t warmup_cap) {
+  sub->add_option("--optimizer", *f.optimizer, "adam (weight decay as L2) or adamw (decoupled weight decay)")
+      ->check(CLI::IsMember({"adam", "adamw"}));
+  sub->add_option("--weight-decay", *f.weight_decay,
+                  "weight decay of the weight matrices (never norms, biases or embeddings)")
+      ->check(non_negative());
+  sub->add_option("--schedule", *f.schedule,
+                  "learning-rate schedule: auto (noam when --lr is 0, else --lr from the first step), noam, "
+                  "cosine (warmup, then cosine decay to --min-lr at the last of --steps) or constant (warmup, then --lr)")
+      ->check(CLI::IsMember({"auto", "noam", "cosine", "constant"}));
+  sub->add_option("--lr", *f.lr, "the peak learning rate of cosine and constant (with auto: a constant rate; 0: noam)")
+      ->check(range(0.0, 10.0));
+  sub->add_option("--min-lr", *f.min_lr, "cosine: the learning rate it decays to")->check(range(0.0, 10.0));
+  sub->add_option("--warmup", *f.warmup, "warmup steps of every schedule")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30))
+      ->default_str("auto: --steps/10, 400 with --minutes, at most " + std::to_string(warmup_cap));
+  sub->add_option("--lr-factor", *f.lr_factor, "noam: the schedule's factor")->check(range(1e-6, 1e3));
+}
+
+// Sets the warmup by auto_warmup() unless --warmup was given (a resumed run then takes its
+// config's, as for every recipe option).
+inline void set_auto_warmup(const CLI::App* sub, int64_t& warmup, int64_t steps, int64_t cap) {
+  if (sub->count("--warmup") == 0) warmup = auto_warmup(steps, cap);
+}
+
+// Every option's default in --help (CLI11 captures each option's value when it is added).
+inline void show_defaults(CLI::App& app) { app.option_defaults()->always_capture_default(); }
 
 // --detect-anomaly: anomaly mode for the whole run (autograd/tape.h).
 inline void add_detect_anomaly(CLI::App* sub) {

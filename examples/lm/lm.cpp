@@ -30,7 +30,7 @@ std::string trim(const std::string& s) {
 nlohmann::json options_json(const TrainOptions& o, int64_t context) {
   return {{"text", o.text}, {"preset", o.preset}, {"positions", o.positions}, {"context", context},
           {"batch_rows", o.batch_rows}, {"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup},
-          {"dropout", o.dropout}, {"seed", o.loop.seed}};
+          {"dropout", o.dropout}, {"seed", o.loop.seed}, {"recipe", nn::loop_recipe(o.loop)}};
 }
 
 }  // namespace
@@ -204,6 +204,7 @@ void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
   o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
   o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
   o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
+  if (t.contains("recipe")) nn::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
   if (o.batch_rows < 1 || o.batch_rows > 4096)
     fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
   nn::check_loop_options(o.loop);

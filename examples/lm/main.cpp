@@ -88,8 +88,8 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--batch-rows", o->batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
   auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(cli::range(0.01, 1e6));
-  sub->add_option("--warmup", o->loop.warmup, "Noam warmup steps")->check(CLI::Range(1, 1 << 30));
-  sub->add_option("--lr-factor", o->loop.lr_factor, "Noam factor")->check(cli::range(1e-6, 1e3));
+  auto& l = o->loop;
+  cli::add_recipe_options(sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor}, 400);
   sub->add_option("--dropout", o->dropout, "dropout (default 0: best in 5 minutes; past ~7 minutes 0.1, docs/lm.md)")->check(cli::range(0.0, 0.99));
   sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
   sub->add_option("--patience", o->loop.patience, "early stopping after N validations without a better bpc (0: off)")
@@ -103,7 +103,10 @@ cli::Command add_train(CLI::App& app) {
   cli::add_detect_anomaly(sub);
   steps->excludes(minutes);
   cli::add_precision(sub);
-  return {sub, [o] { return cmd_train(*o); }};
+  return {sub, [o, sub] {
+            cli::set_auto_warmup(sub, o->loop.warmup, o->loop.steps, 400);
+            return cmd_train(*o);
+          }};
 }
 
 cli::Command add_generate(CLI::App& app) {
@@ -143,6 +146,7 @@ cli::Command add_evaluate(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"graft decoder-only language model: train, generate, evaluate (byte-level)"};
   app.require_subcommand(1);
+  cli::show_defaults(app);
   const std::vector<cli::Command> commands = {add_train(app), add_generate(app), add_evaluate(app)};
   return cli::run_commands(app, commands, argc, argv);
 }

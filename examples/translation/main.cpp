@@ -154,9 +154,8 @@ cli::Command add_train(CLI::App& app) {
   auto* minutes = sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
                       ->check(cli::range(0.01, 1e6));
   sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--lr-factor", o->lr_factor, "Noam schedule factor")->check(cli::range(1e-6, 1e3));
-  sub->add_option("--warmup", o->warmup, "Noam warmup steps")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--lr", o->lr, "constant learning rate (replaces the Noam schedule)")->check(cli::range(0.0, 10.0));
+  cli::add_recipe_options(
+      sub, {&o->optimizer, &o->weight_decay, &o->schedule, &o->lr, &o->min_lr, &o->warmup, &o->lr_factor}, 4000);
   sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")->check(cli::range(0.0, 0.99));
   sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 0.99));
   sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
@@ -189,8 +188,9 @@ cli::Command add_train(CLI::App& app) {
   steps->excludes(minutes);
   minutes->excludes(steps);
   cli::add_precision(sub);
-  return {sub, [o] {
+  return {sub, [o, sub] {
             if (o->steps <= 0 && o->minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
+            cli::set_auto_warmup(sub, o->warmup, o->steps, 4000);
             return cmd_train(*o);
           }};
 }
@@ -272,6 +272,7 @@ cli::Command add_import_weights(CLI::App& app) {
 int main(int argc, char** argv) {
   CLI::App app{"graft toy translation: generate data, train a Transformer, translate, evaluate"};
   app.require_subcommand(1);
+  cli::show_defaults(app);
   const std::vector<cli::Command> commands = {add_generate(app), add_train(app),   add_translate(app),
                                               add_evaluate(app), add_score(app),   add_forward(app),
                                               add_import_weights(app)};

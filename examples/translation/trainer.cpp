@@ -305,7 +305,9 @@ LoadedRun load_run(const std::string& run_dir) {
 nlohmann::json TrainOptions::to_json() const {
   return {{"data_dir", data_dir}, {"preset", preset}, {"steps", steps}, {"minutes", minutes},
           {"batch_tokens", batch_tokens}, {"lr_factor", lr_factor}, {"warmup", warmup},
-          {"lr", lr}, {"label_smoothing", label_smoothing}, {"dropout", dropout},
+          {"lr", lr}, {"optimizer", optimizer}, {"weight_decay", weight_decay}, {"schedule", schedule},
+          {"min_lr", min_lr}, {"decay_steps", schedule == "cosine" && decay_steps == 0 ? steps : decay_steps},
+          {"label_smoothing", label_smoothing}, {"dropout", dropout},
           {"pre_ln", pre_ln}, {"positions", positions}, {"attention_dropout", attention_dropout},
           {"vocab", vocab}, {"valid_every", valid_every}, {"seed", seed}};
 }
@@ -418,6 +420,12 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
   o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
   o.warmup = nn::json_field<int64_t>(t, "warmup", where);
   o.lr = nn::json_field<double>(t, "lr", where);
+  // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
+  o.optimizer = t.value("optimizer", std::string("adam"));
+  o.weight_decay = t.value("weight_decay", 0.0);
+  o.schedule = t.value("schedule", std::string("auto"));
+  o.min_lr = t.value("min_lr", 0.0);
+  o.decay_steps = t.value("decay_steps", int64_t(0));
   o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
   o.seed = nn::json_field<uint64_t>(t, "seed", where);
   models::model_section(saved, cfg_path, "resume");
@@ -428,6 +436,8 @@ nn::LoopOptions loop_options(const TrainOptions& o) {
   nn::LoopOptions lo;
   lo.run_dir = o.run_dir;
   lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
+  lo.optimizer = o.optimizer, lo.weight_decay = o.weight_decay, lo.schedule = o.schedule;
+  lo.min_lr = o.min_lr, lo.decay_steps = o.decay_steps;
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
   lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed;
   lo.resume = o.resume, lo.quiet = o.quiet;

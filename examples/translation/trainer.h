@@ -62,9 +62,16 @@ struct TrainOptions {
   int64_t steps = 0;       // stop after this many steps (0: no step limit)
   double minutes = 0;      // stop after this much training time, summed over resumes (0: none)
   int64_t batch_tokens = 4096;
+  // The recipe (nn::LoopOptions' fields of the same names; the CLI sets warmup by
+  // cli::auto_warmup() when --warmup is not given).
+  std::string optimizer = "adam";  // adam or adamw
+  double weight_decay = 0;         // on the weight matrices only
+  std::string schedule = "auto";   // auto (Noam when lr is 0, else constant lr), noam, cosine, constant
   double lr_factor = 1.0;  // Noam factor ...
-  int64_t warmup = 4000;   // ... and warmup
-  double lr = 0;           // > 0: a constant learning rate instead of Noam
+  int64_t warmup = 4000;   // ... and the warmup of every schedule
+  double lr = 0;           // the peak of cosine and constant; with auto > 0: a constant learning rate
+  double min_lr = 0;       // cosine: the floor
+  int64_t decay_steps = 0; // cosine: where it reaches min_lr (0: steps; a resumed run keeps its own)
   double label_smoothing = 0.1;
   double dropout = 0.1;
   bool pre_ln = false;
