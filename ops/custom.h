@@ -17,20 +17,26 @@
 
 #include "graft/autograd/tensor.h"
 
-/// GRAFT_OMP(omp parallel for ...) is that OpenMP pragma where the code is compiled with OpenMP
-/// and nothing elsewhere; GRAFT_SIMD before a loop asks for it to be vectorised (`omp simd` with
-/// OpenMP, `GCC ivdep` or clang's `loop vectorize(enable)` without). Either way a header using
-/// them gives no unknown-pragma warning to a program built without OpenMP.
+// GRAFT_OMP(omp parallel for ...) is that OpenMP pragma where the code is compiled with OpenMP
+// and nothing elsewhere; GRAFT_SIMD before a loop asks for it to be vectorised (`omp simd` with
+// OpenMP, `GCC ivdep` or clang's `loop vectorize(enable)` without). Either way a header using
+// them gives no unknown-pragma warning to a program built without OpenMP.
 #ifdef _OPENMP
+/// The OpenMP pragma given as the argument (compiled with OpenMP).
 #define GRAFT_OMP(...) _Pragma(#__VA_ARGS__)
+/// Before a loop: vectorise it (`omp simd`).
 #define GRAFT_SIMD _Pragma("omp simd")
 #else
+/// Nothing (compiled without OpenMP: the loop runs on the calling thread).
 #define GRAFT_OMP(...)
 #if defined(__clang__)
+/// Before a loop: vectorise it (clang's `loop vectorize(enable)`).
 #define GRAFT_SIMD _Pragma("clang loop vectorize(enable)")
 #elif defined(__GNUC__)
+/// Before a loop: vectorise it, its iterations being independent (`GCC ivdep`).
 #define GRAFT_SIMD _Pragma("GCC ivdep")
 #else
+/// Nothing (a compiler without a known vectorisation pragma).
 #define GRAFT_SIMD
 #endif
 #endif
