@@ -183,6 +183,25 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
   refuse([](nn::LoopOptions& x) { x.decay_steps = 0; });  // the horizon would become 40
 }
 
+// What a program saves in its config and restores on --resume: the same recipe back, whatever
+// the options given now; a field missing is named.
+BOOST_AUTO_TEST_CASE(recipe_round_trip) {
+  const nn::LoopOptions cos = adamw_cosine("unused", 20);
+  for (const nn::LoopOptions& o : {cos, opts("unused", 20)}) {
+    const nlohmann::json r = nn::loop_recipe(o);
+    nn::LoopOptions back = opts("unused", 99);
+    back.lr_factor = 3, back.warmup = 77;
+    nn::apply_recipe(nlohmann::json::parse(r.dump()), back, "config");
+    BOOST_TEST(nn::loop_recipe(back) == r);
+  }
+  BOOST_TEST(nn::loop_recipe(cos)["schedule"]["total"] == 30);  // decay_steps, not steps
+  nlohmann::json bad = nn::loop_recipe(cos);
+  bad["schedule"].erase("min_lr");
+  nn::LoopOptions o = opts("unused", 20);
+  BOOST_CHECK_EXCEPTION(nn::apply_recipe(bad, o, "config"), Error,
+                        [](const Error& e) { return names(e, "config: 'schedule'") && names(e, "min_lr"); });
+}
+
 BOOST_AUTO_TEST_CASE(warmup_then_constant) {
   manual_seed(1);
   Toy t(3);
