@@ -63,7 +63,7 @@ def blocks(lines):
     """(first line index of the body, body lines, fence tag) of each fenced block."""
     i = 0
     while i < len(lines):
-        m = re.match(r"\s*```(\S*)\s*$", lines[i])
+        m = re.match(r"\s*```(\S*)", lines[i])  # the tag is the info string's first word
         if m:
             j = i + 1
             while j < len(lines) and lines[j].strip() != "```":
@@ -194,6 +194,12 @@ int main() { std::puts("four"); }
 ```text
 four {~}
 ```
+```cpp reverse.cpp
+int main() { std::puts("five"); }
+```
+```text title
+five
+```
 """
 
 
@@ -209,7 +215,7 @@ def self_test():
         page = os.path.join(d, "page.md")
         open(page, "w", encoding="utf-8").write(PAGE)
         got = [(line, expected) for line, _, expected in examples(page)]
-        want = [(3, "one\n"), (19, ""), (29, ""), (32, "four {~}\n")]
+        want = [(3, "one\n"), (19, ""), (29, ""), (32, "four {~}\n"), (38, "five\n")]
         if got != want:
             bad.append(f"the examples of the sample page: {got}, want {want}")
         extract(d, [page])
