@@ -136,34 +136,49 @@ void KVCache::select_rows(const Tensor& rows) {
   if (v.defined()) v = index_select(v, 0, rows);
 }
 
+std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new, int64_t capacity) {
+  autograd::NoGrad ng;
+  const std::string given = "k_new " + describe(k_new) + ", v_new " + describe(v_new);
+  if (!k_new.defined() || !v_new.defined() || k_new.dim() != 4 || k_new.shape() != v_new.shape() ||
+      k_new.dtype() != v_new.dtype())
+    fail("KVCache::append: k_new and v_new must be the same (B, H, T, Dh) of one dtype, got " + given);
+  const Shape& s = k_new.shape();
+  if (!k.defined()) {
+    if (capacity <= 0) fail("KVCache::append: capacity must be positive, got " + std::to_string(capacity));
+    k = zeros({s[0], s[1], capacity, s[3]}, k_new.dtype());
+    v = zeros({s[0], s[1], capacity, s[3]}, k_new.dtype());
+    len = 0;
+  }
+  const Shape& c = k.shape();
+  if (s[0] != c[0] || s[1] != c[1] || s[3] != c[3] || k_new.dtype() != k.dtype())
+    fail("KVCache::append: " + given + " do not match the cache " + describe(k) +
+         " (B, H, Dh and dtype must agree)");
+  if (len + s[2] > c[2])
+    fail("KVCache::append: KV cache of capacity " + std::to_string(c[2]) + " is full (" + std::to_string(len) +
+         " + " + std::to_string(s[2]) + " positions, " + given + ")");
+  copy_into(slice(k, 2, len, len + s[2]), k_new);
+  copy_into(slice(v, 2, len, len + s[2]), v_new);
+  len += s[2];
+  return {slice(k, 2, 0, len), slice(v, 2, 0, len)};
+}
+
 Tensor MultiHeadAttention::forward_self_step(const Tensor& x, KVCache& cache, int64_t capacity,
                                              const AttentionPositions* pos) const {
   const auto named = scope();
   autograd::NoGrad ng;
-  const int64_t B = x.shape()[0], T = x.shape()[1], Dh = d / heads;
-  if (!cache.k.defined()) {  // kv_heads heads: a grouped cache is heads / kv_heads times smaller
-    cache.k = zeros({B, kv_heads, capacity, Dh}, x.dtype());
-    cache.v = zeros({B, kv_heads, capacity, Dh}, x.dtype());
-    cache.len = 0;
-  }
-  if (cache.len + T > cache.k.shape()[2])
-    fail("MultiHeadAttention: KV cache of capacity " + std::to_string(cache.k.shape()[2]) +
-         " is full (" + std::to_string(cache.len) + " + " + std::to_string(T) + ")");
-  Tensors qkv = project_heads(x, 0, 3);
+  const int64_t T = x.shape()[1];
+  Tensors qkv = project_heads(x, 0, 3);  // keys and values with kv_heads heads (a smaller cache)
   const int64_t start = cache.len;
   if (pos) {
     qkv[0] = pos->rotate(qkv[0], start);
     qkv[1] = pos->rotate(qkv[1], start);
   }
-  copy_into(slice(cache.k, 2, start, start + T), qkv[1]);
-  copy_into(slice(cache.v, 2, start, start + T), qkv[2]);
-  cache.len += T;
+  const auto [k, v] = cache.append(qkv[1], qkv[2], capacity);
   const Tensor bias = pos ? pos->bias(start, T, 0, cache.len, x.dtype()) : Tensor();
   // causal aligned to the end: step t sees cached keys 0..t
   Tensor local;
   Tensor* w = weights_wanted(nullptr, local);
-  Tensor out = attend(qkv[0], slice(cache.k, 2, 0, cache.len), slice(cache.v, 2, 0, cache.len), Tensor(),
-                      true, bias, w);
+  Tensor out = attend(qkv[0], k, v, Tensor(), true, bias, w);
   if (w) AttentionRecorder::note(*w);
   return hooked(out);
 }

@@ -11,11 +11,18 @@
 #include "graft/nn/layers.h"
 #include "graft/nn/positions.h"
 
+#include <utility>
+
 namespace graft::nn {
 
 /// Keys and values kept across decoding steps: (B, H, capacity, Dh) buffers of which the first
-/// `len` positions are filled. Self-attention appends one step at a time; cross-attention fills
-/// it once from the encoder output. A default KVCache is empty; the first step allocates it.
+/// `len` positions are filled. Self-attention appends one step at a time (append(), which a
+/// user's own attention block can call too); cross-attention fills it once from the encoder
+/// output. A default KVCache is empty; the first append() allocates it.
+/// @code
+///   auto [k, v] = cache.append(k_new, v_new, 64);   // (B, H, T, Dh) each -> (B, H, len, Dh)
+///   Tensor out = scaled_dot_product_attention(q, k, v, {.causal = true}).out;
+/// @endcode
 struct KVCache {
   /// The key and value buffers, (B, H, capacity, Dh) (self-attention) or (B, H, Tk, Dh)
   /// (cross-attention); undefined until the first step.
@@ -23,6 +30,16 @@ struct KVCache {
   Tensor k, v;
   ///@}
   int64_t len = 0;  ///< positions filled
+  /// Appends the keys and values of T new positions, k_new and v_new (B, H, T, Dh), after the
+  /// `len` cached ones and returns the filled parts of the buffers, views (B, H, len, Dh) with
+  /// len advanced by T (valid until the next append()). The first call allocates buffers of
+  /// `capacity` positions (later calls ignore it). Never records on the tape: the cache is for
+  /// inference. With causal attention (aligned to the end, as scaled_dot_product_attention()
+  /// aligns it) the T new queries then see every cached key up to their own position.
+  /// @throws graft::Error naming the shapes when k_new and v_new are not the same (B, H, T, Dh)
+  ///         of one dtype, when their B, H, Dh or dtype differ from the cache's, when
+  ///         capacity is not positive on the first call, or when len + T exceeds the capacity.
+  std::pair<Tensor, Tensor> append(const Tensor& k_new, const Tensor& v_new, int64_t capacity);
   /// Keeps only the batch rows in `rows` (int64), in that order (beam search reordering): in
   /// place when the batch size stays (copies of this cache share its buffers and see it too).
   /// @throws graft::Error when an index is outside [0, B) (see index_select()).

@@ -381,3 +381,70 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_repeated_heads) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// A user's own single-head causal attention block (its own q/k/v Linear layers and
+// scaled_dot_product_attention) decoding through nn::KVCache::append, in chunks of 3, 1, 2 and
+// then 1 position (causal aligned to the end inside a chunk), gives the full causal forward's
+// outputs: within 1e-6 in float32, 1e-12 in float64.
+BOOST_AUTO_TEST_CASE(own_block_decodes_with_kv_cache_append) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    Generator g(32);
+    const int64_t B = 2, T = 7, d = 8;
+    nn::Linear wq(d, d, true, dt, g), wk(d, d, false, dt, g), wv(d, d, true, dt, g);
+    const auto head = [](const Tensor& t) { return unsqueeze(t, 1); };  // (B, T, d) -> (B, 1, T, d)
+    AttentionOptions causal;
+    causal.causal = true;
+    const Tensor x = randn({B, T, d}, dt, g);
+    const Tensor full =
+        scaled_dot_product_attention(head(wq.forward(x)), head(wk.forward(x)), head(wv.forward(x)), causal).out;
+    autograd::NoGrad ng;
+    nn::KVCache cache;
+    int64_t at = 0;
+    for (int64_t n : {3, 1, 2, 1}) {
+      const Tensor xs = slice(x, 1, at, at + n);
+      const auto [k, v] = cache.append(head(wk.forward(xs)), head(wv.forward(xs)), T);
+      at += n;
+      BOOST_TEST(cache.len == at);
+      BOOST_TEST(k.shape() == (Shape{B, 1, at, d}));
+      BOOST_TEST(v.shape() == (Shape{B, 1, at, d}));
+      const Tensor out = scaled_dot_product_attention(head(wq.forward(xs)), k, v, causal).out;
+      check_close(contiguous(out).to_vector<double>(), contiguous(slice(full, 2, at - n, at)).to_vector<double>(),
+                  dt == DType::f32 ? 1e-6 : 1e-12);
+    }
+    BOOST_TEST(cache.k.shape() == (Shape{B, 1, T, d}));  // allocated once, at the first call's capacity
+  }
+}
+
+// KVCache::append refuses a mismatched batch, head count, head size or dtype, k_new and v_new of
+// different shapes, a non-positive first capacity and a cache past its capacity, naming the shapes;
+// a refused call leaves the cache as it was.
+BOOST_AUTO_TEST_CASE(kv_cache_append_errors_name_the_shapes) {
+  const auto refused = [](std::initializer_list<const char*> parts) {
+    return [parts](const Error& e) {
+      const std::string m = e.what();
+      for (auto p : parts)
+        if (m.find(p) == std::string::npos) return false;
+      return m.find("KVCache::append") != std::string::npos;
+    };
+  };
+  nn::KVCache cache;
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 4}), 0), Error, refused({"capacity", "0"}));
+  BOOST_TEST(!cache.k.defined());
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 5}), 4), Error,
+                        refused({"(2, 3, 1, 4)", "(2, 3, 1, 5)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({3, 1, 4}), zeros({3, 1, 4}), 4), Error, refused({"(3, 1, 4)"}));
+  cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 4}), 4);
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({1, 3, 1, 4}), zeros({1, 3, 1, 4}), 4), Error,
+                        refused({"(1, 3, 1, 4)", "(2, 3, 4, 4)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 2, 1, 4}), zeros({2, 2, 1, 4}), 4), Error,
+                        refused({"(2, 2, 1, 4)", "(2, 3, 4, 4)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 8}), zeros({2, 3, 1, 8}), 4), Error,
+                        refused({"(2, 3, 1, 8)", "(2, 3, 4, 4)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}, DType::f64), zeros({2, 3, 1, 4}, DType::f64), 4), Error,
+                        refused({"f64 (2, 3, 1, 4)", "f32 (2, 3, 4, 4)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 4, 4}), zeros({2, 3, 4, 4}), 4), Error,
+                        refused({"capacity 4", "1 + 4", "(2, 3, 4, 4)"}));
+  BOOST_TEST(cache.len == 1);
+  cache.append(zeros({2, 3, 3, 4}), zeros({2, 3, 3, 4}), 4);  // exactly full is fine
+  BOOST_TEST(cache.len == 4);
+}

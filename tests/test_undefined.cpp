@@ -475,6 +475,12 @@ std::vector<Case> nn_and_model_cases() {
             mha().forward_self_step(f({1, 1, 8}), cache, 4);
             cache.select_rows(rows);
           }),
+      {"KVCache::append(const Tensor&, const Tensor&, int64_t)",
+       [] { return Tensors{f({1, 2, 1, 4}), f({1, 2, 1, 4})}; },
+       [](const Tensors& t) {
+         KVCache cache;
+         cache.append(t[0], t[1], 4);
+       }},
       {"MultiHeadAttention::forward(const Tensor&, const Tensor&, const Tensor&, bool, Tensor*, const AttentionPositions*)",
        [] { return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 2)}; },
        [](const Tensors& t) { mha().forward(t[0], t[1], t[2]); }, {2}},
