@@ -15,7 +15,7 @@
 #include "examples/common/lines.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
-#include "examples/translation/tokenizer.h"
+#include "graft/nn/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;

@@ -25,7 +25,7 @@
 #include "graft/nn/trainer.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
-#include "examples/translation/tokenizer.h"
+#include "graft/nn/tokenizer.h"
 #include "graft/models/transformer.h"
 
 namespace graft::translation {

@@ -1,12 +1,15 @@
 // An outside program against the installed graft: it trains a small model a few steps, defines
 // an op of its own and gradchecks it, and loads and decodes with a checkpoint written by the
-// installed `translate` program. Exit 0 only when all of it worked.
+// installed `translate` program, and trains a SentencePiece tokenizer. Exit 0 only when all of it
+// worked.
 //   consumer RUN_DIR      (RUN_DIR: a `translate train --out RUN_DIR` run)
 #include <graft/graft.h>
+#include <graft/nn/tokenizer.h>
 
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 using namespace graft;
 
@@ -89,6 +92,19 @@ void translate_checkpoint_loads(const std::string& run) {
   check(in_vocab, "a checkpoint written by the installed translate loads and decodes");
 }
 
+// ---- a tokenizer trained from a few sentences ----------------------------------------------------
+
+void tokenizer_trains(const std::string& run) {
+  const std::vector<std::string> sents = {"the cat sat on the mat", "the dog sat on the log",
+                                          "a cat and a dog", "the mat and the log",
+                                          "der Hund und die Katze", "die Katze sitzt auf der Matte"};
+  text::Tokenizer::train(sents, run + "/consumer_spm", 40);
+  const text::Tokenizer tok(run + "/consumer_spm.model");
+  const std::vector<int> ids = tok.encode("the cat sat on the log");
+  std::printf("tokenizer: %d pieces, \"the cat sat on the log\" -> %zu ids\n", tok.vocab_size(), ids.size());
+  check(!ids.empty() && tok.decode(ids) == "the cat sat on the log", "a tokenizer trains, encodes and decodes");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +118,7 @@ int main(int argc, char** argv) {
     custom_op_gradchecks();
     small_model_trains();
     translate_checkpoint_loads(argv[1]);
+    tokenizer_trains(argv[1]);
   } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     return 1;

@@ -1,6 +1,7 @@
-#include "tokenizer.h"
+#include "graft/nn/tokenizer.h"
 
-#include "examples/common/lines.h"
+#include "graft/autograd/tensor.h"
+#include "graft/autograd/text.h"
 #include "graft/nn/checkpoint.h"
 
 #include <sentencepiece_processor.h>
@@ -38,6 +39,22 @@ void write_model(const std::string& proto, const std::string& prefix) {
   nn::atomic_write(prefix + ".vocab", [&](std::ostream& os) {
     for (int i = 0; i < sp.GetPieceSize(); ++i) os << sp.IdToPiece(i) << '\t' << sp.GetScore(i) << '\n';
   });
+}
+
+// SentencePiece reads the whole file: refuse a device or a pipe (whose reading may never end), or
+// a file far larger than any model, before it does. A missing path is left to SentencePiece.
+void check_model_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st) || fs::is_directory(st)) return;
+  const std::string file = "Tokenizer: '" + printable(path) + "'";
+  if (!fs::is_regular_file(st)) fail(file + " is not a regular file (a device or a pipe)");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) fail(file + ": cannot read its size: " + ec.message());
+  if (size > Tokenizer::kMaxModelBytes)
+    fail(file + " is " + std::to_string(size) + " bytes, over the limit of " +
+         std::to_string(Tokenizer::kMaxModelBytes) + " bytes for a tokenizer model");
 }
 
 }  // namespace
@@ -87,8 +104,7 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
-  // SentencePiece reads the whole file: refuse one far larger than any tokenizer, or a device, first.
-  check_input_file("Tokenizer", model_path, kMaxModelBytes);
+  check_model_file(model_path);
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
     throw std::runtime_error("Tokenizer: cannot load model '" + model_path +
