@@ -1,7 +1,11 @@
 // graft side of `make bench` (bench/run.sh runs it next to bench/torch_peer.py).
 //
 //   graft_bench --what train  --config tiny|small|base [--warmup 2] [--steps 5]
-//   graft_bench --what greedy --config ...  [--beam 4]          (decode: --what greedy / beam)
+//   graft_bench --what greedy --config ...  [--beam 4] [--batch 32]  (decode: --what greedy / beam;
+//                                 --batch 1 is one sentence: ms per sentence of 32 new tokens)
+//   graft_bench --what save_model --config ... --out DIR        (the decoding model as a translate
+//                                 run directory: config.json + model.safetensors, no spm.model;
+//                                 examples/translation/ct2_convert.py reads it for bench/ct2_peer.py)
 //   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
 //                                 (the zoo: the models `make lm` and `make classify` train)
 //   graft_bench --what micro                                    (op microbenchmarks)
@@ -10,6 +14,7 @@
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
+//   --ids FILE (greedy, beam): the last timed run's new ids, one line per sentence
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
 // memory (VmHWM) read at the end. One configuration per process, so peak memory is per config.
@@ -19,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -30,7 +36,9 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
+#include "graft/models/config_json.h"
 #include "graft/models/transformer.h"
+#include "graft/nn/checkpoint.h"
 #include "graft/nn/optim.h"
 #include "graft/ops/ops.h"
 
@@ -40,8 +48,9 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Args {
-  std::string what = "train", config = "tiny";
+  std::string what = "train", config = "tiny", out, ids;
   int warmup = 2, steps = 5, beam = 1;
+  int64_t batch = 32;  // decoding rows
   int64_t n = 2048;
   Precision precision = Precision::fp32;
 };
@@ -63,6 +72,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(val());
     else if (k == "--beam") a.beam = std::stoi(val());
     else if (k == "--n") a.n = std::stoll(val());
+    else if (k == "--batch") a.batch = std::stoll(val());
+    else if (k == "--out") a.out = val();
+    else if (k == "--ids") a.ids = val();
     else if (k == "--precision") a.precision = parse_precision(val(), "--precision");
     else {
       std::cerr << "graft_bench: unknown argument " << k << "\n";
@@ -263,11 +275,27 @@ double decoder_weight_bytes(const models::Transformer& model) {
   return double(n) * (matmul_precision() == Precision::bf16 ? 2 : 4);
 }
 
+// One line per sentence, its new ids separated by spaces (bench/ct2_peer.py compares them).
+void write_ids(const std::string& path, const std::vector<std::vector<int64_t>>& ids) {
+  std::ofstream f(path);
+  for (const auto& row : ids) {
+    for (size_t i = 0; i < row.size(); ++i) f << (i ? " " : "") << row[i];
+    f << "\n";
+  }
+  if (!f) fail("graft_bench: --ids '" + path + "' cannot be written");
+}
+
+// The decoding rows' sources: the first `batch` of 32 rows x 32 tokens (make_ids, salt 3; row b
+// depends on b alone, so batch 1 is the batch-32 run's first sentence). ct2_peer.py builds the same.
+constexpr int64_t kDecodeRows = 32, kDecodeSrcLen = 32, kDecodeNew = 32;
+
 void run_decode(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
   model.eval();
-  const int64_t B = 32, S = 32, NEW = 32;
+  if (a.batch < 1 || a.batch > kDecodeRows)
+    fail("graft_bench: --batch " + std::to_string(a.batch) + " is outside [1, " + std::to_string(kDecodeRows) + "]");
+  const int64_t B = a.batch, S = kDecodeSrcLen, NEW = kDecodeNew;
   Tensor src = from_vector(make_ids(B, S, b.vocab, 3), {B, S});
   models::DecodeOptions o;
   o.max_len = NEW;
@@ -275,10 +303,11 @@ void run_decode(const Args& a) {
   o.use_cache = true;
   o.stop_at_eos = false;
   int64_t produced = 0;
+  std::vector<std::vector<int64_t>> ids;
   auto f = [&] {
-    auto out = models::translate(model, src, o);
+    ids = models::translate(model, src, o);
     produced = 0;
-    for (auto& r : out) produced += (int64_t)r.size();
+    for (auto& r : ids) produced += (int64_t)r.size();
   };
   // Warm-up runs decode 4 new tokens (every code path and buffer size class gets touched once);
   // the timed runs decode all 32.
@@ -292,10 +321,27 @@ void run_decode(const Args& a) {
     model.encode(src);
   });
   const double gbs = decoder_weight_bytes(model) * NEW / (t - t_enc) / 1e9;
+  if (!a.ids.empty()) write_ids(a.ids, ids);
   emit(std::string("\"what\":\"") + (a.beam > 1 ? "beam" : "greedy") + "\",\"config\":\"" + b.name +
-       "\",\"beam\":" + std::to_string(a.beam) + ",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
-       num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
+       "\",\"beam\":" + std::to_string(a.beam) + ",\"batch\":" + std::to_string(B) + ",\"ms\":" + num(t * 1e3) +
+       ",\"ms_per_sentence\":" + num(t * 1e3 / B) + ",\"tok_s\":" + num(B * NEW / t) +
+       ",\"produced\":" + std::to_string(produced) +
        ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"encode_ms\":" + num(t_enc * 1e3) + ",\"weight_gbs\":" + num(gbs));
+}
+
+// The decoding model (run_decode's config and seeded weights) as a translate run directory:
+// DIR/config.json ({"model": ...}) and DIR/model.safetensors tied to it, as examples/translation
+// saves a run (no spm.model: the bench has no tokenizer).
+void run_save_model(const Args& a) {
+  if (a.out.empty()) fail("graft_bench: --what save_model needs --out DIR");
+  const BenchConfig b = bench_config(a.config);
+  models::Transformer model(model_config(b));
+  std::filesystem::create_directories(a.out);
+  const std::string cfg_path = a.out + "/config.json";
+  nn::save_json(cfg_path, {{"model", model.cfg.to_json()}});
+  nn::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer", {cfg_path});
+  emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":\"" + a.out + "\",\"params\":" +
+       std::to_string(model.num_parameters()));
 }
 
 // The weight-read rate of decoding-shaped inference linears alone: 32 rows through 24 distinct
@@ -634,10 +680,11 @@ int main(int argc, char** argv) {
     else if (a.what == "eltwise") run_eltwise(a);
     else if (a.what == "sgemm") run_sgemm(a);
     else if (a.what == "kernels") run_kernels();
+    else if (a.what == "save_model") run_save_model(a);
     else if (a.what == "stream") run_stream();
     else {
       std::cerr << "graft_bench: unknown --what " << a.what
-                << " (train, greedy, beam, lm_train, lm_sample, cls_train, cls_infer, micro, eltwise, sgemm, kernels, stream)\n";
+                << " (train, greedy, beam, save_model, lm_train, lm_sample, cls_train, cls_infer, micro, eltwise, sgemm, kernels, stream)\n";
       return 2;
     }
   } catch (const std::exception& e) {

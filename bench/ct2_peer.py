@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""CTranslate2 side of `make bench` (bench/ct2_bench.sh runs it next to graft_bench), and its report.
+
+  ct2_peer.py --what greedy|beam --config tiny|small|base --model CT2_DIR
+              [--compute-type float32|int8|bfloat16] [--batch 32] [--beam 4]
+              [--warmup 1] [--steps 5] [--threads 2] [--graft-ids FILE]
+  ct2_peer.py --what info                         (version, compute types, the CPU backend)
+  ct2_peer.py --report RESULTS.jsonl... --md OUT.md [--meta META.json]
+                                                  (appends the "graft vs CTranslate2" section)
+
+CT2_DIR is the graft bench model (graft_bench --what save_model) converted by
+examples/translation/ct2_convert.py. The workload is graft_bench's decoding rows: the first
+--batch of 32 sources x 32 tokens (make_ids with salt 3, the same ids), exactly 32 new tokens
+(min_decoding_length = max_decoding_length = 32: CTranslate2 counts the new target tokens, not
+the start token, and masks the end token until the minimum, so no row stops early), greedy or
+beam 4 returning one hypothesis; warm-up runs of 4 new tokens, then the median of --steps runs.
+The Translator runs on the CPU with intra_threads = --threads, inter_threads = 1, in its own
+process per configuration, so peak RSS (VmHWM) is per configuration.
+
+Prints one line "RESULT {json}" (the style of torch_peer.py). With --graft-ids (graft_bench
+--ids: one line of new ids per sentence) the line carries the share of sentences whose ids are
+identical to graft's ("agree") and the share of identical positions ("agree_tokens").
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+CONFIGS = {"tiny": 1000, "small": 8000, "base": 8000}  # vocabulary (graft_bench's BenchConfig)
+ROWS, SRC_LEN, NEW, PAD = 32, 32, 32, 0
+PRECISION = {"float32": "fp32", "int8": "int8", "int8_float32": "int8", "bfloat16": "bf16"}
+
+
+def make_ids(B, L, V, salt):
+    """graft_bench's make_ids without the padding: row b holds L - (b % 4) tokens,
+    token (b, t) = 4 + (131 b + 31 t + 17 salt) % (V - 4)."""
+    return [[4 + (b * 131 + t * 31 + salt * 17) % (V - 4) for t in range(L - (b % 4))] for b in range(B)]
+
+
+def peak_rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return -1.0
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def emit(d):
+    print("RESULT " + json.dumps(d), flush=True)
+
+
+def vocabulary(model_dir):
+    """The converted model's target vocabulary, index = id (the JSON or the text form)."""
+    for name in ("shared_vocabulary", "target_vocabulary"):
+        path = os.path.join(model_dir, name + ".json")
+        if os.path.exists(path):
+            return json.load(open(path))
+        path = os.path.join(model_dir, name + ".txt")
+        if os.path.exists(path):
+            return [line.rstrip("\n") for line in open(path, encoding="utf-8")]
+    sys.exit(f"ct2_peer.py: '{model_dir}' has no shared_vocabulary or target_vocabulary file")
+
+
+def agreement(ours, graft_ids_path):
+    """(share of identical sentences, share of identical positions) against graft's ids."""
+    theirs = [[int(x) for x in line.split()] for line in open(graft_ids_path)]
+    if len(theirs) != len(ours):
+        sys.exit(f"ct2_peer.py: '{graft_ids_path}' has {len(theirs)} sentences for {len(ours)}")
+    same = sum(a == b for a, b in zip(ours, theirs))
+    pos = sum(x == y for a, b in zip(ours, theirs) for x, y in zip(a, b))
+    total = sum(max(len(a), len(b)) for a, b in zip(ours, theirs))
+    return same / len(ours), pos / total
+
+
+def run_decode(a):
+    import ctranslate2
+    base_rss = peak_rss_mib()  # the interpreter with ctranslate2 imported, before the model
+    vocab = vocabulary(a.model)
+    index = {tok: i for i, tok in enumerate(vocab)}
+    src = [[vocab[i] for i in row] for row in make_ids(a.batch, SRC_LEN, CONFIGS[a.config], 3)]
+    tr = ctranslate2.Translator(a.model, device="cpu", compute_type=a.compute_type,
+                                intra_threads=a.threads, inter_threads=1)
+    beam = a.beam if a.what == "beam" else 1
+
+    def decode(new=NEW):
+        return tr.translate_batch(src, beam_size=beam, num_hypotheses=1, length_penalty=a.length_penalty,
+                                  max_decoding_length=new, min_decoding_length=new,
+                                  max_batch_size=0, return_scores=False)
+
+    for _ in range(a.warmup):
+        decode(4)
+    ts, out = [], None
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        out = decode()
+        ts.append(time.perf_counter() - t0)
+    t = median(ts)
+    ids = [[index[tok] for tok in r.hypotheses[0]] for r in out]
+    produced = sum(len(r) for r in ids)
+    if produced != a.batch * NEW:
+        sys.exit(f"ct2_peer.py: CTranslate2 produced {produced} tokens for {a.batch} x {NEW}")
+    res = {"what": a.what, "config": a.config, "beam": beam, "batch": a.batch, "ms": t * 1e3,
+           "ms_per_sentence": t * 1e3 / a.batch, "tok_s": a.batch * NEW / t, "produced": produced,
+           "compute_type": a.compute_type, "precision": PRECISION[a.compute_type],
+           "peak_rss_mib": peak_rss_mib(), "base_rss_mib": base_rss}
+    if a.graft_ids:
+        res["agree"], res["agree_tokens"] = agreement(ids, a.graft_ids)
+    emit(res)
+
+
+def run_info(a):
+    import ctranslate2
+    types = sorted(ctranslate2.get_supported_compute_types("cpu"))
+    emit({"what": "info", "version": ctranslate2.__version__, "compute_types": types,
+          "bfloat16": "bfloat16" in types})
+
+
+# --------------------------------------------------------------------------------------------
+# Report: the "graft vs CTranslate2" section, appended to torch_peer.py's markdown.
+
+ROW_KINDS = [  # (benchmark, what, batch, unit, field, higher_better)
+    ("greedy_decode", "greedy", 32, "new tok/s", "tok_s", True),
+    ("beam4_decode", "beam", 32, "new tok/s", "tok_s", True),
+    ("greedy_latency_batch1", "greedy", 1, "ms/sentence", "ms_per_sentence", False),
+    ("beam4_latency_batch1", "beam", 1, "ms/sentence", "ms_per_sentence", False),
+]
+
+
+def report(a):
+    res = {"graft": [], "ct2": []}
+    for path in a.report:
+        for line in open(path):
+            side, _, js = line.strip().partition(" ")
+            if side in res and js:
+                res[side].append(json.loads(js))
+    meta = json.load(open(a.meta)) if a.meta else {}
+
+    def find(side, what, config, precision, batch):
+        hit = None  # the last such row (ct2_bench.sh measures its own graft rows)
+        for r in res[side]:
+            if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) == \
+                    (what, config, precision, batch):
+                hit = r
+        return hit
+
+    rows = []  # benchmark, config, precision, graft, ct2, unit, ratio
+    agree = []
+    for prec in ("fp32", "int8", "bf16"):
+        for bench, what, batch, unit, field, higher in ROW_KINDS:
+            for c in CONFIGS:
+                g, p = find("graft", what, c, prec, batch), find("ct2", what, c, prec, batch)
+                if g is None and p is None:
+                    continue
+                gv, pv = (g or {}).get(field), (p or {}).get(field)
+                ratio = float("nan") if gv is None or pv is None else (gv / pv if higher else pv / gv)
+                rows.append((bench, c, prec, gv, pv, unit, ratio))
+                if p is not None and "agree" in p and prec == "fp32":
+                    agree.append(f"{bench} {c}: {p['agree']:.0%} of sentences, {p['agree_tokens']:.0%} of tokens")
+        for c in CONFIGS:  # peak RSS of the batch-32 greedy process on each side
+            g, p = find("graft", "greedy", c, prec, 32), find("ct2", "greedy", c, prec, 32)
+            if g is None and p is None:
+                continue
+            gv, pv = (g or {}).get("peak_rss_mib"), (p or {}).get("peak_rss_mib")
+            ratio = float("nan") if gv is None or pv is None else pv / gv
+            rows.append(("peak_rss_greedy_decode", c, prec, gv, pv, "MiB", ratio))
+
+    def fmt(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "n/a"
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+    md = ["", "# graft vs CTranslate2", ""]
+    md.append(f"- CTranslate2 {meta.get('ct2_version', '?')} (PyPI wheel) on the CPU, intra_threads "
+              f"{meta.get('threads', 2)}, inter_threads 1; graft at OMP_NUM_THREADS={meta.get('threads', 2)}; "
+              f"machine: {meta.get('cpu', '?')}; load average at start: {meta.get('load', '?')}")
+    md.append("- the same weights: graft_bench --what save_model writes the decoding rows' seeded model as a "
+              "translate run directory, examples/translation/ct2_convert.py converts it (float32); CTranslate2 "
+              "quantizes at load time for compute_type int8")
+    md.append("- the same work: the first 1 or 32 of graft_bench's 32 sources x 32 tokens, exactly 32 new "
+              "tokens (min = max decoding length), greedy or beam 4 (one hypothesis), warm-up 1 run of 4 new "
+              "tokens, median of 5 runs, each configuration in its own process (peak RSS = VmHWM; the Python "
+              "side's includes the interpreter and the ctranslate2 module, "
+              f"{fmt(meta.get('ct2_base_rss_mib'))} MiB before the model is loaded)")
+    md.append(f"- CTranslate2 compute types on this CPU: {', '.join(meta.get('ct2_compute_types', [])) or '?'}"
+              + ("" if meta.get("ct2_bfloat16") else "; no bfloat16 on the CPU here, so no bf16 rows"))
+    md.append(f"- graft int8 rows: {meta.get('graft_int8', '?')}")
+    if agree:
+        md.append("- float32 ids identical to graft's float32 (a random-weight model has near-ties): "
+                  + "; ".join(agree))
+    md.append("- ratio: graft/CTranslate2 for throughputs, CTranslate2/graft for latency and memory "
+              "(> 1: graft better)")
+    md.append("")
+    md.append("| benchmark | config | precision | graft | CTranslate2 | unit | ratio |")
+    md.append("|---|---|---|---:|---:|---|---:|")
+    for b, c, prec, g, p, u, r in rows:
+        md.append(f"| {b} | {c} | {prec} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} |")
+    text = "\n".join(md) + "\n"
+    if a.md:
+        with open(a.md, "a") as f:
+            f.write(text)
+    sys.stdout.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--what", default="greedy", choices=["greedy", "beam", "info"])
+    ap.add_argument("--config", default="tiny", choices=list(CONFIGS))
+    ap.add_argument("--model")
+    ap.add_argument("--compute-type", default="float32", choices=list(PRECISION))
+    ap.add_argument("--batch", type=int, default=ROWS)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--length-penalty", type=float, default=1.0)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    ap.add_argument("--graft-ids")
+    ap.add_argument("--report", nargs="+")
+    ap.add_argument("--meta")
+    ap.add_argument("--md")
+    a = ap.parse_args()
+    if a.report:
+        report(a)
+    elif a.what == "info":
+        run_info(a)
+    else:
+        if not a.model:
+            sys.exit("ct2_peer.py: --what greedy|beam needs --model CT2_DIR")
+        if not 1 <= a.batch <= ROWS:
+            sys.exit(f"ct2_peer.py: --batch {a.batch} is outside [1, {ROWS}]")
+        run_decode(a)
+
+
+if __name__ == "__main__":
+    main()
