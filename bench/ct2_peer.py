@@ -4,7 +4,7 @@
   ct2_peer.py --what greedy|beam --config tiny|small|base --model CT2_DIR
               [--compute-type float32|int8|bfloat16] [--batch 32] [--beam 4]
               [--warmup 1] [--steps 5] [--threads 2] [--graft-ids FILE]
-  ct2_peer.py --what info                         (version, compute types, the CPU backend)
+  ct2_peer.py --what info [--model CT2_DIR]       (version, compute types, bfloat16, the CPU backend)
   ct2_peer.py --report RESULTS.jsonl... --md OUT.md [--meta META.json]
                                                   (appends the "graft vs CTranslate2" section)
 
@@ -117,15 +117,33 @@ def run_decode(a):
 
 
 def run_info(a):
+    """The version, the CPU compute types, what a bfloat16 Translator does here and (with
+    --model) the backend CTranslate2 picks (its CT2_VERBOSE log, in a child process)."""
+    import subprocess
     import ctranslate2
+    base_rss = peak_rss_mib()
     types = sorted(ctranslate2.get_supported_compute_types("cpu"))
-    emit({"what": "info", "version": ctranslate2.__version__, "compute_types": types,
-          "bfloat16": "bfloat16" in types})
+    res = {"what": "info", "version": ctranslate2.__version__, "compute_types": types,
+           "bfloat16": "bfloat16" in types, "base_rss_mib": base_rss}
+    if a.model:
+        try:
+            ctranslate2.Translator(a.model, device="cpu", compute_type="bfloat16", intra_threads=a.threads)
+            res["bf16_refusal"] = ""
+        except ValueError as e:
+            res["bf16_refusal"] = str(e)
+        log = subprocess.run([sys.executable, "-c", "import ctranslate2, sys; ctranslate2.Translator(sys.argv[1], "
+                              "device='cpu', intra_threads=%d)" % a.threads, a.model],
+                             env=dict(os.environ, CT2_VERBOSE="1"), capture_output=True, text=True).stderr
+        keep = ("Selected ISA", "Use Intel MKL", "SGEMM backend", "GEMM_S8 backend")
+        res["backend"] = "; ".join(line.split("] ")[-1].lstrip(" -") for line in log.splitlines()
+                                   if any(k in line for k in keep))
+    emit(res)
 
 
 # --------------------------------------------------------------------------------------------
 # Report: the "graft vs CTranslate2" section, appended to torch_peer.py's markdown.
 
+SECTION = "# graft vs CTranslate2"
 ROW_KINDS = [  # (benchmark, what, batch, unit, field, higher_better)
     ("greedy_decode", "greedy", 32, "new tok/s", "tok_s", True),
     ("beam4_decode", "beam", 32, "new tok/s", "tok_s", True),
@@ -177,7 +195,7 @@ def report(a):
             return "n/a"
         return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
-    md = ["", "# graft vs CTranslate2", ""]
+    md = ["", SECTION, ""]
     md.append(f"- CTranslate2 {meta.get('ct2_version', '?')} (PyPI wheel) on the CPU, intra_threads "
               f"{meta.get('threads', 2)}, inter_threads 1; graft at OMP_NUM_THREADS={meta.get('threads', 2)}; "
               f"machine: {meta.get('cpu', '?')}; load average at start: {meta.get('load', '?')}")
@@ -189,8 +207,11 @@ def report(a):
               "tokens, median of 5 runs, each configuration in its own process (peak RSS = VmHWM; the Python "
               "side's includes the interpreter and the ctranslate2 module, "
               f"{fmt(meta.get('ct2_base_rss_mib'))} MiB before the model is loaded)")
-    md.append(f"- CTranslate2 compute types on this CPU: {', '.join(meta.get('ct2_compute_types', [])) or '?'}"
-              + ("" if meta.get("ct2_bfloat16") else "; no bfloat16 on the CPU here, so no bf16 rows"))
+    md.append(f"- CTranslate2 on this CPU: {meta.get('ct2_backend') or '?'}; compute types "
+              f"{', '.join(meta.get('ct2_compute_types', [])) or '?'}"
+              + ("" if meta.get("ct2_bfloat16") else
+                 "; no bfloat16, so no bf16 rows: a Translator asked for compute_type bfloat16 raises "
+                 f"\"{meta.get('ct2_bf16_refusal') or '?'}\""))
     md.append(f"- graft int8 rows: {meta.get('graft_int8', '?')}")
     if agree:
         md.append("- float32 ids identical to graft's float32 (a random-weight model has near-ties): "
@@ -204,9 +225,22 @@ def report(a):
         md.append(f"| {b} | {c} | {prec} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} |")
     text = "\n".join(md) + "\n"
     if a.md:
-        with open(a.md, "a") as f:
-            f.write(text)
+        replace_section(a.md, SECTION, text)
     sys.stdout.write(text)
+
+
+def replace_section(path, header, text):
+    """Puts `text` in place of the markdown section `header` of `path` (up to the next "# "
+    heading), or at the end when there is none."""
+    old = open(path).read() if os.path.exists(path) else ""
+    lines = old.split("\n")
+    if header in lines:
+        i = lines.index(header)
+        j = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("# ")), len(lines))
+        rest = "\n".join(lines[j:])
+        old = "\n".join(lines[:i]).rstrip("\n") + "\n" + ("\n" + rest if rest.strip() else "")
+    with open(path, "w") as f:
+        f.write(old.rstrip("\n") + "\n" + text)
 
 
 def main():

@@ -138,4 +138,8 @@ EOF
 $PY bench/torch_peer.py --report "$RES" --meta "$META" --csv "$OUT/latest.csv" --md "$OUT/latest.md"
 cp "$RES" "$OUT/latest.jsonl"
 rm -f "$META"
+
+# ---- CTranslate2 on the same weights: its own section of latest.md (bench/ct2_bench.sh; PyPI's
+# ctranslate2 in $BUILD/pyvenv, skipped with a message where it cannot be had) ----------------
+./bench/ct2_bench.sh "$BUILD" "$OUT/latest.md" || echo "bench: the CTranslate2 section failed" >&2
 echo "bench: done in $(( $(date +%s) - START ))s; wrote $OUT/latest.csv and $OUT/latest.md" >&2
