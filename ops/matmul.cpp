@@ -3,10 +3,13 @@
 #include "graft/ops/matmul.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/bf16.h"
+#include "graft/ops/int8.h"
 #include "graft/ops/kernels.h"
 #include "graft/ops/onednn/dnnl_utils.h"
 #include "graft/ops/precision.h"
@@ -208,18 +211,6 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dn
              : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// A number naming a weights layout (data type, dims, strides, blocks), so each layout gets its
-// own copy.
-uint64_t layout_tag(const dnnl::memory::desc& d) {
-  const auto& b = d.data.format_desc.blocking;
-  uint64_t h = 0x51ed;
-  auto mixin = [&](int64_t v) { h = mix64(h ^ (uint64_t)v); };
-  mixin((int64_t)d.data.data_type);
-  for (int i = 0; i < d.data.ndims; ++i) mixin(d.data.dims[i]), mixin(b.strides[i]);
-  for (int i = 0; i < b.inner_nblks; ++i) mixin(b.inner_blks[i]), mixin(b.inner_idxs[i]);
-  return h | (uint64_t(1) << 63);  // apart from the bf16 copies' tags
-}
-
 // w in the layout `best` that the inference primitive reads fastest (oneDNN's choice for
 // format "any", in its data type: float32, or bf16 under the bf16 path): reordered (and
 // converted) once per version of w (kern::derived_copy), kept while w lives. Decoding reads
@@ -227,7 +218,7 @@ uint64_t layout_tag(const dnnl::memory::desc& d) {
 // half the rate brgemm reads its blocked ones (docs/performance.md).
 std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::desc& plain,
                                            const dnnl::memory::desc& best) {
-  return kern::derived_copy(w, layout_tag(best), [&] {
+  return kern::derived_copy(w, onednn::layout_tag(best), [&] {
     if (best.data_type() == dnnl::memory::data_type::bf16) kern::count_bf16_weight_copy();
     auto s = std::make_shared<Storage>(best.get_size());
     auto src = onednn::mem(plain, w);
@@ -418,6 +409,21 @@ Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout,
   return {g.dx, g.dw, g.db};
 }
 
+// Under PrecisionGuard(int8) a float32 linear without a tape runs kern::linear_int8 (its
+// reference loop where oneDNN has no VNNI kernel: said once on stderr); one that records is an
+// error, int8 having no backward.
+bool linear_in_int8(const Tensor& x, bool record) {
+  if (x.dtype() != DType::f32 || matmul_precision() != Precision::int8) return false;
+  if (record)
+    fail("linear: int8 precision is for inference, but this call records a tape (an input requires "
+         "grad and recording is on): run it under autograd::NoGrad, or train in fp32 or bf16");
+  if (!int8_kernel_available()) {
+    static std::once_flag said;
+    std::call_once(said, [] { std::fprintf(stderr, "graft: %s\n", int8_description().c_str()); });
+  }
+  return true;
+}
+
 namespace {
 // Under the oneDNN bf16 path the forward converts x to bf16 anyway: when no other tape entry
 // keeps x, that copy is kept for dW instead of x (half the bytes, and no second conversion).
@@ -450,6 +456,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(y_shape, x.dtype());
   const Tensor y2 = kern::as_rows(y);
   const bool record = autograd::needs_record({x, w, b});
+  if (linear_in_int8(x, record) && x2.numel() > 0 && y2.numel() > 0) {
+    kern::linear_int8(x2, wc, bc, y2, /*reference=*/!int8_kernel_available());
+    return y;
+  }
   const bool bf16 = linear_in_bf16(x) && x2.numel() > 0 && y2.numel() > 0;
   std::shared_ptr<kern::Bf16Operand> x16;
   if (bf16 && record && w.requires_grad() && kern::keep_bf16_of(x))

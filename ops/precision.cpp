@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "graft/ops/bf16.h"
+#include "graft/ops/int8.h"
 #include "graft/ops/onednn/dnnl_utils.h"
 
 namespace graft {
@@ -14,13 +15,15 @@ namespace {
 thread_local Precision current_precision = Precision::fp32;
 thread_local Bf16Path current_path = Bf16Path::automatic;
 
-// impl_info_str of an n^3 matmul with operands of type dt and a float32 output, or "" when
-// oneDNN has no implementation.
+// impl_info_str of an n^3 matmul with operands of type dt and a float32 output (int8: u8 x s8
+// with an int32 output), or "" when oneDNN has no implementation.
 std::string probe_matmul(dnnl::memory::data_type dt, int64_t n) {
   using dnnl::memory;
+  const bool int8 = dt == memory::data_type::s8;
   try {
-    const memory::desc a({n, n}, dt, memory::format_tag::ab), b({n, n}, dt, memory::format_tag::ab),
-        c({n, n}, memory::data_type::f32, memory::format_tag::ab);
+    const memory::desc a({n, n}, int8 ? memory::data_type::u8 : dt, memory::format_tag::ab),
+        b({n, n}, dt, int8 ? memory::format_tag::any : memory::format_tag::ab),
+        c({n, n}, int8 ? memory::data_type::s32 : memory::data_type::f32, memory::format_tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), onednn::engine());
     return pd.impl_info_str();
   } catch (const dnnl::error&) {
@@ -48,15 +51,44 @@ bool native_bf16_isa() {
 #endif
 }
 
+const std::string& int8_probe() {
+  static const std::string name = probe_matmul(dnnl::memory::data_type::s8, 64);
+  return name;
+}
+
+// Whether the CPU oneDNN dispatches for has VNNI (vpdpbusd: u8 x s8 products summed in 32 bits),
+// as AVX512_VNNI or AVX-VNNI; AMX-INT8 CPUs have AVX512_VNNI. The ISA masks are x86's.
+bool vnni_isa() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto has = [isa](dnnl::cpu_isa want) { return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want); };
+  return has(dnnl::cpu_isa::avx512_core_vnni) || has(dnnl::cpu_isa::avx2_vnni);
+#else
+  return false;
+#endif
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
 }  // namespace
 
 Precision parse_precision(const std::string& s, const std::string& what) {
   if (s == "fp32") return Precision::fp32;
   if (s == "bf16") return Precision::bf16;
-  fail(what + ": unknown precision '" + s + "' (one of: fp32, bf16)");
+  if (s == "int8") return Precision::int8;
+  fail(what + ": unknown precision '" + s + "' (one of: fp32, bf16, int8)");
 }
 
-const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::bf16: return "bf16";
+    case Precision::int8: return "int8";
+    default: return "fp32";
+  }
+}
 
 const char* bf16_path_name(Bf16Path p) {
   switch (p) {
@@ -100,17 +132,15 @@ bool bf16_kernel_available() {
 }
 
 std::string matmul_kernel_name(Precision p) {
-  const std::string name = probe_matmul(
-      p == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, 1024);
+  using dt = dnnl::memory::data_type;
+  const std::string name = probe_matmul(p == Precision::bf16 ? dt::bf16 : p == Precision::int8 ? dt::s8 : dt::f32, 1024);
   return name.empty() ? "none (oneDNN has no implementation)" : name;
 }
 
 std::string bf16_description() {
   if (bf16_kernel_available()) return "bf16 matmuls: oneDNN " + matmul_kernel_name(Precision::bf16);
-  const dnnl_version_t* v = dnnl_version();
   return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
-         std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
+         onednn_version() + " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
          "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " +
          (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
 }
@@ -120,6 +150,30 @@ std::string bf16_unavailable_reason(const std::string& what) {
   return what + " bf16: oneDNN has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 "
                 "or AMX), so bf16 would only be slower than fp32; use fp32";
 }
+
+bool int8_kernel_available() {
+  static const bool ok = [] {
+    const std::string& name = int8_probe();
+    return vnni_isa() && !name.empty() && std::string_view(name).substr(0, 3) != "ref";
+  }();
+  return ok;
+}
+
+std::string int8_description() {
+  if (int8_kernel_available()) return "int8 linears: oneDNN " + matmul_kernel_name(Precision::int8);
+  return "int8 linears: reference loop (the same int32 sums, at loop speed): oneDNN " + onednn_version() +
+         " has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, AVX-VNNI or AMX, and "
+         "no DNNL_MAX_CPU_ISA cap below them; its u8 x s8 matmul here: " +
+         (int8_probe().empty() ? std::string("none") : int8_probe()) + ")";
+}
+
+std::string int8_unavailable_reason(const std::string& what) {
+  if (int8_kernel_available()) return "";
+  return what + " int8: oneDNN has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, "
+                "AVX-VNNI or AMX; without VNNI its int8 sums can saturate), so int8 is refused; use fp32";
+}
+
+uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }
 

@@ -1,5 +1,6 @@
 /// @file
-/// Mixed precision: the switch that makes float32 matmuls run with bfloat16 operands.
+/// Mixed precision: the switch that makes float32 matmuls run with bfloat16 operands, and int8
+/// inference for linear layers.
 ///
 /// Under PrecisionGuard(Precision::bf16), every float32 matmul of the ops (matmul, linear, the four
 /// batched matmuls of scaled_dot_product_attention, the output projection of
@@ -22,6 +23,17 @@
 ///   says so once on stderr; the examples' --precision bf16 refuses instead (nothing
 ///   to gain there).
 ///
+/// Under PrecisionGuard(Precision::int8), linear without a tape (inference) runs on int8: its
+/// weight quantized symmetrically per output channel to s8 (once per version of the weight, kept
+/// like the bf16 copies), its input per row, dynamically at each call, the products summed in
+/// int32 by oneDNN's int8 kernel (VNNI on AVX512_VNNI and AVX-VNNI CPUs, AMX-INT8 where present)
+/// and dequantized to float32 with the bias added (docs/mixed-precision.md has the formula and
+/// the error bound). Every other op (matmul, the attention products, embeddings, layer norm,
+/// softmax, the loss and linear_cross_entropy) stays float32. Where oneDNN has no int8 kernel
+/// with VNNI (AVX2 without AVX-VNNI) the same integer sums run in a plain loop (said once on
+/// stderr; the examples' --precision int8 refuses instead). int8 is for inference: linear
+/// recording a tape under it is an error.
+///
 /// The switch is per thread (like torch.autocast) and nests.
 #pragma once
 
@@ -29,19 +41,19 @@
 
 namespace graft {
 
-/// The precision of float32 matmuls: fp32 (plain float32) or bf16 (bfloat16 operands, float32
-/// accumulation and output).
-enum class Precision { fp32, bf16 };
+/// The precision of float32 matmuls: fp32 (plain float32), bf16 (bfloat16 operands, float32
+/// accumulation and output) or int8 (linear layers quantized to int8 in inference).
+enum class Precision { fp32, bf16, int8 };
 /// How a bf16 matmul is computed: automatic (oneDNN's kernel when this CPU has one, else the
 /// reference path), onednn (the kernel; an error where there is none) or reference (operands
 /// rounded to bf16, multiplied in float32).
 enum class Bf16Path { automatic, onednn, reference };
 
 /// Parses a precision name, such as a command-line value.
-/// @throws graft::Error "<what>: unknown precision '<s>' (one of: fp32, bf16)" for anything but
-///         "fp32" or "bf16".
+/// @throws graft::Error "<what>: unknown precision '<s>' (one of: fp32, bf16, int8)" for anything
+///         but "fp32", "bf16" or "int8".
 Precision parse_precision(const std::string& s, const std::string& what);
-/// "fp32" or "bf16".
+/// "fp32", "bf16" or "int8".
 const char* precision_name(Precision p);
 
 /// The setting in force on this thread, to enter again later: an op's backward runs under the
@@ -101,6 +113,21 @@ std::string bf16_unavailable_reason(const std::string& what);
 /// How many kept bf16 copies of weights have been made in this process: a training step adds
 /// one for the output projection's weight, an inference run one per weight, once (for tests).
 uint64_t bf16_weight_copies_made();
+
+/// Whether oneDNN has an int8 matmul kernel with VNNI for this CPU (probed once): its effective ISA
+/// (after DNNL_MAX_CPU_ISA) has AVX512_VNNI or AVX-VNNI (AMX-INT8 CPUs have both), and a small
+/// u8 x s8 matmul's implementation is not its reference loop. Without VNNI oneDNN's int8 kernels
+/// sum pairs of products in 16 bits, which can saturate: graft does not use them.
+bool int8_kernel_available();
+/// One line for logs: "int8 linears: oneDNN brg:avx512_core_vnni" or "int8 linears: reference
+/// loop (...)" with the reason.
+std::string int8_description();
+/// The error to give when int8 was asked for on a machine without a kernel (empty when there is
+/// one): "<what> int8: oneDNN has no int8 matmul kernel with VNNI for this CPU ...".
+std::string int8_unavailable_reason(const std::string& what);
+/// How many int8 copies of weights have been made in this process: an inference run makes one per
+/// linear weight, once (for tests).
+uint64_t int8_weight_copies_made();
 
 /// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
 float round_to_bf16(float x);

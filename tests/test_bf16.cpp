@@ -15,6 +15,7 @@
 #include "graft/nn/optim.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
+#include "tests/tiny_reverse.h"
 
 using namespace graft;
 using graft::testing::ids;
@@ -374,100 +375,7 @@ BOOST_AUTO_TEST_SUITE_END()
 
 // ---- a tiny Transformer: training and decoding ----------------------------------------------
 
-namespace {
-
-models::TransformerConfig tiny_cfg() {
-  models::TransformerConfig c;
-  c.vocab = 24;
-  c.d_model = 32;
-  c.heads = 2;
-  c.d_ff = 64;
-  c.enc_layers = 1;
-  c.dec_layers = 1;
-  c.max_len = 32;
-  c.dropout = 0.0;
-  c.seed = 5;
-  return c;
-}
-
-// Reverse-the-sequence batches: sources of 6 tokens in [4, 24), targets reversed, BOS 2, EOS 3.
-struct Batch {
-  Tensor src, tgt_in, tgt_out;
-};
-Batch reverse_batch(Generator& g, int64_t B) {
-  std::vector<int64_t> src, tin, tout;
-  for (int64_t b = 0; b < B; ++b) {
-    std::vector<int64_t> s(6);
-    for (auto& v : s) v = 4 + (int64_t)g.below(20);
-    src.insert(src.end(), s.begin(), s.end());
-    src.push_back(3);
-    tin.push_back(2);
-    for (int i = 5; i >= 0; --i) {
-      tin.push_back(s[i]);
-      tout.push_back(s[i]);
-    }
-    tout.push_back(3);
-  }
-  return {ids(src, B), ids(tin, B), ids(tout, B)};
-}
-
-// A tiny Transformer learning to reverse sequences in one precision: Adam steps (lr 1e-3, batches
-// of 32, the same data order for every run) and the loss on 8 fixed held-out batches (eval mode,
-// float32 matmuls, label smoothing as in training).
-struct TinyRun {
-  models::Transformer m{tiny_cfg()};  // the same seed, so the same initial weights, for every run
-  nn::Adam opt{m.named_parameters(), 1e-3};
-  Generator data{77};
-  Precision precision;
-  Bf16Path path;
-  int64_t steps = 0;
-  uint64_t copies_last_step = 0;  // the bf16 weight copies the last step made
-  explicit TinyRun(Precision p = Precision::fp32, Bf16Path bp = Bf16Path::onednn) : precision(p), path(bp) {}
-
-  void train(int n) {
-    PrecisionGuard guard(precision, path);
-    for (int s = 0; s < n; ++s, ++steps) {
-      const uint64_t c0 = bf16_weight_copies_made();
-      const Batch b = reverse_batch(data, 32);
-      opt.zero_grad();
-      Tensor loss = m.loss(b.src, b.tgt_in, b.tgt_out, 0.1);
-      loss.backward();
-      opt.step();
-      copies_last_step = bf16_weight_copies_made() - c0;
-    }
-  }
-  double held_out_loss() {
-    PrecisionGuard fp32(Precision::fp32);
-    nn::EvalScope eval(m);
-    autograd::NoGrad ng;
-    Generator held_out(78);
-    double l = 0;
-    for (int i = 0; i < 8; ++i) {
-      const Batch b = reverse_batch(held_out, 32);
-      l += m.loss(b.src, b.tgt_in, b.tgt_out, 0.1).item() / 8;
-    }
-    return l;
-  }
-};
-
-// The task is learned once the held-out loss is below this (from ln 24 = 3.2 at the start; the
-// label-smoothed floor is about 0.63). A run drops from ~2.4 to ~0.7 within a hundred-odd steps
-// somewhere between steps 100 and 400 (it depends on the initial weights): a comparison at a
-// fixed step inside that drop would measure when the drop came, not how well bf16 trains.
-constexpr double kLearned = 0.7;
-constexpr int kEvery = 50, kCap = 3000;
-
-// Trains until the held-out loss is below kLearned (checked every kEvery steps, at most kCap
-// steps); returns the step it got there, or -1.
-int train_until_learned(TinyRun& r) {
-  while (r.steps < kCap) {
-    r.train(kEvery);
-    if (r.held_out_loss() < kLearned) return (int)r.steps;
-  }
-  return -1;
-}
-
-}  // namespace
+using namespace graft::testing::tiny_reverse;
 
 BOOST_AUTO_TEST_SUITE(bf16_model_tests)
 

@@ -163,12 +163,13 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
 std::string source_dir() { return GRAFT_SOURCE_DIR; }
 
 // Every public header: the .h files of autograd/, ops/, nn/ and models/ (not their subfolders),
-// less ops/kernels.h and ops/bf16.h, which are internal and not installed (see CMakeLists.txt).
+// less ops/kernels.h, ops/bf16.h and ops/int8.h, which are internal and not installed (see CMakeLists.txt).
 std::vector<Declared> public_tensor_functions() {
   std::vector<std::string> headers;
   for (const char* dir : {"autograd", "ops", "nn", "models"})
     for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/" + dir))
-      if (e.path().extension() == ".h" && e.path().filename() != "kernels.h" && e.path().filename() != "bf16.h")
+      if (e.path().extension() == ".h" && e.path().filename() != "kernels.h" && e.path().filename() != "bf16.h" &&
+          e.path().filename() != "int8.h")
         headers.push_back(std::string(dir) + "/" + e.path().filename().string());
   std::sort(headers.begin(), headers.end());
   std::vector<Declared> out;

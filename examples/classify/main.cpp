@@ -158,7 +158,7 @@ cli::Command add_evaluate(CLI::App& app) {
   sub->add_option("--confusion", a->png, "confusion-matrix PNG (default: <run>/confusion.png)");
   sub->add_option("--baseline-train", a->baseline_train,
                   "train the Naive Bayes baseline on this label<TAB>text file (default: the run's train.tsv)");
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->data, a->png, a->baseline_train); }};
 }
 
@@ -166,7 +166,7 @@ cli::Command add_predict(CLI::App& app) {
   auto run = std::make_shared<std::string>();
   auto* sub = app.add_subcommand("predict", "label and probability of each stdin line");
   sub->add_option("--run", *run, "run directory")->required();
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [run] { return cmd_predict(*run); }};
 }
 

@@ -129,28 +129,35 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
       ->check(CLI::NonNegativeNumber);
 }
 
-// --precision fp32|bf16: the matmul precision of the whole run (ops/precision.h), entered by
-// `PrecisionGuard guard(cli::precision_choice());` after parsing. bf16 on a CPU where oneDNN has
-// no bf16 kernel is refused as a usage error (the reference path would only be slower).
+// --precision fp32|bf16 (|int8 for inference subcommands): the matmul precision of the whole run
+// (ops/precision.h), entered by `PrecisionGuard guard(cli::precision_choice());` after parsing.
+// bf16 or int8 on a CPU where oneDNN has no kernel for it is refused as a usage error (the
+// reference paths would only be slower).
 inline Precision& precision_choice() {
   static Precision p = Precision::fp32;
   return p;
 }
-inline void add_precision(CLI::App* sub) {
+enum class PrecisionUse { training, inference };
+inline void add_precision(CLI::App* sub, PrecisionUse use = PrecisionUse::training) {
+  const bool inference = use == PrecisionUse::inference;
   sub->add_option_function<std::string>(
          "--precision",
          [](const std::string& s) {
            const Precision p = parse_precision(s, "--precision");
-           if (p == Precision::bf16) {
-             const std::string why = bf16_unavailable_reason("--precision");
+           if (p != Precision::fp32) {
+             const bool bf16 = p == Precision::bf16;
+             const std::string why = bf16 ? bf16_unavailable_reason("--precision") : int8_unavailable_reason("--precision");
              if (!why.empty()) throw CLI::ValidationError(why);
-             std::cerr << bf16_description() << '\n';
+             std::cerr << (bf16 ? bf16_description() : int8_description()) << '\n';
            }
            precision_choice() = p;
          },
-         "matmul precision: fp32 (default) or bf16 (bf16 operands, float32 accumulation and "
-         "everything else float32; needs a CPU with AVX512_BF16 or AMX)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+         std::string("matmul precision: fp32 (default), bf16 (bf16 operands, float32 accumulation and "
+                     "everything else float32; needs a CPU with AVX512_BF16 or AMX)") +
+             (inference ? " or int8 (linear layers on int8 weights per output channel and int8 inputs per "
+                          "row; needs AVX512_VNNI, AVX-VNNI or AMX)"
+                        : ""))
+      ->check(inference ? CLI::IsMember({"fp32", "bf16", "int8"}) : CLI::IsMember({"fp32", "bf16"}));
 }
 
 // The one line a program prints for an error: the message escaped, and the standard library's

@@ -121,7 +121,7 @@ cli::Command add_generate(CLI::App& app) {
   sub->add_option("--prompt", a->prompt, "text to continue (may be empty)");
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt); }};
 }
 
@@ -137,7 +137,7 @@ cli::Command add_evaluate(CLI::App& app) {
   sub->add_option("--context", a->context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--text", a->text, "score every document of these files (fortune or plain text) instead of the run's validation documents")
       ->check(CLI::ExistingFile);
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->context, a->text); }};
 }
 

@@ -205,10 +205,13 @@ cli::Command add_translate(CLI::App& app) {
   auto* sub = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
   sub->add_option("--run", a->run, "run directory")->required();
   cli::add_decoding_options(sub, a->opt);
+  sub->add_option("--length-penalty", a->opt.length_penalty,
+                  "beam search: the final beams ranked by score / ((5 + length) / 6)^alpha (GNMT); 0: by score")
+      ->check(cli::range(0.0, 10.0));
   sub->add_option("--max-len", a->max_len, "maximum output pieces (default 2 * source + 10)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--attention", a->attention, "PNG heatmap of the first sentence's cross-attention");
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_translate(a->run, a->opt, a->max_len, a->attention); }};
 }
 
@@ -223,7 +226,7 @@ cli::Command add_evaluate(CLI::App& app) {
   sub->add_option("--data", a->data, "source<TAB>reference file")->required();
   sub->add_option("--beam", a->beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
   sub->add_option("--samples", a->samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
-  cli::add_precision(sub);
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->data, a->beam, a->samples); }};
 }
 

@@ -42,6 +42,16 @@ dnnl::memory mem(const dnnl::memory::desc& d, void* data) { return dnnl::memory(
 
 dnnl::memory mem(const Tensor& t) { return mem(md(t), t); }
 
+uint64_t layout_tag(const dnnl::memory::desc& d) {
+  const auto& b = d.data.format_desc.blocking;
+  uint64_t h = 0x51ed;
+  auto mixin = [&](int64_t v) { h = mix64(h ^ (uint64_t)v); };
+  mixin((int64_t)d.data.data_type);
+  for (int i = 0; i < d.data.ndims; ++i) mixin(d.data.dims[i]), mixin(b.strides[i]);
+  for (int i = 0; i < b.inner_nblks; ++i) mixin(b.inner_blks[i]), mixin(b.inner_idxs[i]);
+  return h | (uint64_t(1) << 63);  // apart from the bf16 copies' tags
+}
+
 bool usable(const Tensor& t) {
   if (t.dtype() != DType::f32 || t.dim() > 12 || t.numel() == 0) return false;
   for (int64_t i = 0; i < t.dim(); ++i)

@@ -29,6 +29,10 @@ dnnl::memory mem(const Tensor& t);
 dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t);
 dnnl::memory mem(const dnnl::memory::desc& d, void* data);
 
+// A number naming a weights layout (data type, dims, strides, blocks; top bit set), the tag of a
+// weight's copy in that layout (kern::derived_copy), so each layout gets its own copy.
+uint64_t layout_tag(const dnnl::memory::desc& d);
+
 // True when the tensor can be handed to a oneDNN primitive: f32, 1..12 dims, non-empty, and
 // no zero strides (oneDNN cannot describe broadcast views).
 bool usable(const Tensor& t);

@@ -1,0 +1,26 @@
+// int8 inference for linear (internal to ops/; the switch is ops/precision.h, Precision::int8).
+// Weights are quantized symmetrically per output channel, w ≈ ws[o] * wq[o][k] with wq in
+// [-127, 127] and ws[o] = max_k |w[o][k]| / 127, once per version of the weight (kept like the bf16
+// copies, kern::derived_copy). Activations are quantized per row at each call, x ≈ xs[n] * xq[n][k]
+// with xs[n] = max_k |x[n][k]| / 127, and fed to the matmul as u8 = xq + 128 (the operand form
+// VNNI's vpdpbusd and AMX multiply natively); the int32 sums are corrected by 128 * Σ_k wq[o][k]
+// and dequantized with the bias added:
+//   y[n][o] = (acc[n][o] - 128 Σ_k wq[o][k]) * xs[n] * ws[o] + b[o]
+// A row or channel whose scale is not finite (a NaN or inf in it) gives NaN outputs, as float32
+// would; an all-zero one gives exact zeros (plus the bias).
+#pragma once
+
+#include "graft/autograd/tensor.h"
+
+namespace graft::kern {
+
+// y2 (N, OUT) = int8 linear of x2 (N, IN) and w (OUT, IN) (+ b (OUT) when defined), all float32
+// and contiguous. `reference` computes the same integer sums in a plain loop instead of oneDNN's
+// int8 kernel: bit for bit the same outputs (the sums are exact), at loop speed.
+void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2, bool reference);
+
+// How many quantized weight copies have been made in this process (ops/precision.h:
+// int8_weight_copies_made).
+uint64_t int8_weight_copies();
+
+}  // namespace graft::kern

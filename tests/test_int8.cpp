@@ -1,0 +1,200 @@
+// int8 inference (ops/precision.h, Precision::int8): linear against float64 within the bound that
+// quantizing the weights per output channel and the input per row allows, oneDNN's int8 kernel
+// against the plain integer loop (bit for bit), weights quantized once per version, rows with a
+// NaN or only zeros, the errors (a tape, a float64 reference untouched), and a trained tiny
+// Transformer decoding under int8 as it does in float32. Which paths ran is printed.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <iostream>
+#include <limits>
+
+#include "graft/ops/int8.h"
+#include "tests/tiny_reverse.h"
+
+using namespace graft;
+using graft::testing::names;
+using namespace graft::testing::tiny_reverse;
+
+namespace {
+
+void say_paths() {
+  static const bool said = [] {
+    std::cout << "test_int8: " << int8_description() << "\ntest_int8: paths tested: reference"
+              << (int8_kernel_available() ? ", onednn" : " (no oneDNN int8 kernel with VNNI on this CPU)") << std::endl;
+    return true;
+  }();
+  (void)said;
+}
+
+Tensor random(const Shape& s, uint64_t seed, double scale = 1.0) {
+  Generator g(seed);
+  return randn(s, DType::f32, g, 0.0, scale);
+}
+
+// The largest |err| / bound over the elements of y = int8 linear(x, w, b) against float64, where
+// the bound for y[n][o] is what rounding x's row and w's row to their int8 grids can change:
+//   xs/2 Σ|w| + ws/2 Σ|x| + IN xs ws / 4, xs = max|x_n| / 127, ws = max|w_o| / 127,
+// plus float32 rounding of the dequantized result (1e-5 of Σ|x||w| + |b|).
+double worst_error_over_bound(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  const auto x = x2.to_vector<double>(), wv = w.to_vector<double>(), y = y2.to_vector<double>();
+  const std::vector<double> bv = b.defined() ? b.to_vector<double>() : std::vector<double>();
+  const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
+  double worst = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < OUT; ++o) {
+      double exact = bv.empty() ? 0 : bv[o], xmax = 0, wmax = 0, sx = 0, sw = 0, sxw = 0;
+      for (int64_t k = 0; k < IN; ++k) {
+        const double xv = x[n * IN + k], wk = wv[o * IN + k];
+        exact += xv * wk;
+        xmax = std::max(xmax, std::fabs(xv));
+        wmax = std::max(wmax, std::fabs(wk));
+        sx += std::fabs(xv), sw += std::fabs(wk), sxw += std::fabs(xv * wk);
+      }
+      const double xs = xmax / 127, ws = wmax / 127;
+      const double bound = xs / 2 * sw + ws / 2 * sx + IN * xs * ws / 4 +
+                           1e-5 * (sxw + (bv.empty() ? 0 : std::fabs(bv[o]))) + 1e-30;
+      worst = std::max(worst, std::fabs(y[n * OUT + o] - exact) / bound);
+    }
+  return worst;
+}
+
+Tensor int8_linear(const Tensor& x, const Tensor& w, const Tensor& b, bool reference) {
+  Tensor y = Tensor::empty({x.shape()[0], w.shape()[0]}, DType::f32);
+  kern::linear_int8(x, w, b, y, reference);
+  return y;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(int8_linear_tests)
+
+BOOST_AUTO_TEST_CASE(int8_linear_is_within_the_quantization_bound_of_float64) {
+  say_paths();
+  struct Case { int64_t N, IN, OUT; bool bias; };
+  for (const Case c : {Case{1, 64, 48, true}, Case{37, 129, 65, false}, Case{64, 512, 256, true}}) {
+    const Tensor x = random({c.N, c.IN}, 1 + c.N), w = random({c.OUT, c.IN}, 2 + c.IN, 0.05);
+    const Tensor b = c.bias ? random({c.OUT}, 3) : Tensor();
+    Tensor y;
+    {
+      PrecisionGuard guard(Precision::int8);
+      y = linear(x, w, b);
+    }
+    const double worst = worst_error_over_bound(x, w, b, y);
+    // Not float32 in disguise: the int8 result differs from float32's by far more than rounding.
+    const double off = amax(abs(sub(y, linear(x, w, b)))).item();
+    std::cout << "test_int8: linear " << c.N << "x" << c.IN << " -> " << c.OUT << ": worst error "
+              << worst << " of the bound; max |int8 - fp32| " << off << "\n";
+    BOOST_TEST(worst <= 1.0);
+    BOOST_TEST(off > 1e-4);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(onednn_kernel_equals_the_integer_loop_bit_for_bit) {
+  say_paths();
+  if (!int8_kernel_available()) {
+    std::cout << "test_int8: no oneDNN int8 kernel here: the loop alone was checked (bound test)\n";
+    const Tensor x = random({3, 40}, 4), w = random({5, 40}, 5);
+    BOOST_TEST(worst_error_over_bound(x, w, Tensor(), int8_linear(x, w, Tensor(), true)) <= 1.0);
+    return;
+  }
+  for (int64_t N : {1, 4, 32, 100}) {
+    const Tensor x = random({N, 384}, 6 + N, 3.0), w = random({320, 384}, 7), b = random({320}, 8);
+    const auto got = int8_linear(x, w, b, false).to_vector<float>();
+    const auto want = int8_linear(x, w, b, true).to_vector<float>();
+    BOOST_TEST(got == want);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(weights_are_quantized_once_per_version) {
+  const Tensor x = random({8, 32}, 9);
+  Tensor w = random({16, 32}, 10);
+  PrecisionGuard guard(Precision::int8);
+  const Tensor y0 = linear(x, w);
+  const uint64_t c0 = int8_weight_copies_made();
+  const Tensor y1 = linear(x, w);
+  BOOST_TEST(int8_weight_copies_made() == c0);  // the kept copy was used
+  BOOST_TEST(y0.to_vector<float>() == y1.to_vector<float>());
+  copy_into(w, random({16, 32}, 15));  // a new version of w: quantized again, and the result follows
+  const Tensor y2 = linear(x, w);
+  BOOST_TEST(int8_weight_copies_made() == c0 + 1);
+  BOOST_TEST(worst_error_over_bound(x, w, Tensor(), y2) <= 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
+  std::vector<float> xv(3 * 16, 0.5f);
+  for (int k = 0; k < 16; ++k) xv[k] = 0.f;  // row 0: zeros
+  xv[2 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2: a NaN
+  const Tensor x = from_vector(xv, {3, 16}), w = random({4, 16}, 11), b = random({4}, 12);
+  for (bool reference : {true, false}) {
+    if (!reference && !int8_kernel_available()) continue;
+    const auto y = int8_linear(x, w, b, reference).to_vector<float>();
+    const auto bv = b.to_vector<float>();
+    for (int o = 0; o < 4; ++o) {
+      BOOST_TEST(y[o] == bv[o]);                 // zeros in: exactly the bias out
+      BOOST_TEST(std::isfinite(y[4 + o]));       // an ordinary row stays finite
+      BOOST_TEST(std::isnan(y[8 + o]));          // a NaN in the row: NaN out, as float32 gives
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(int8_errors_and_what_it_leaves_alone) {
+  Tensor x = random({2, 8}, 13), w = random({3, 8}, 14);
+  w.requires_grad_();
+  PrecisionGuard guard(Precision::int8);
+  BOOST_CHECK_EXCEPTION(linear(x, w), Error, [](const Error& e) {
+    return names(e, "linear") && names(e, "int8") && names(e, "NoGrad");
+  });
+  // float64 is the reference: untouched by int8.
+  const Tensor x64 = to_dtype(x, DType::f64), w64 = to_dtype(w.detach(), DType::f64);
+  Tensor under, plain;
+  {
+    autograd::NoGrad ng;
+    under = linear(x64, w64);
+  }
+  PrecisionGuard fp32(Precision::fp32);
+  plain = linear(x64, w64);
+  BOOST_TEST(under.to_vector<double>() == plain.to_vector<double>());
+  BOOST_CHECK_EXCEPTION(parse_precision("int4", "--precision"), Error,
+                        [](const Error& e) { return names(e, "int4") && names(e, "int8"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(int8_model_tests)
+
+// A trained tiny Transformer decodes under int8 what it decodes in float32 (a trained model's
+// choices have margins far above int8's error), and quantizes each weight once.
+BOOST_AUTO_TEST_CASE(int8_decoding_matches_fp32_and_quantizes_weights_once) {
+  say_paths();
+  TinyRun run;
+  BOOST_TEST_REQUIRE(train_until_learned(run) > 0, "float32 did not learn the task in " << kCap << " steps");
+  run.train(kEvery);  // onto the flat part of the curve, where the choices have wide margins
+  models::Transformer& m = run.m;
+  m.eval();
+  Generator g(99);
+  const Batch b = reverse_batch(g, 32);
+  models::DecodeOptions o;
+  o.max_len = 10;
+  const auto want_greedy = models::greedy_decode(m, b.src, o);
+  o.beam = 3;
+  const auto want_beam = models::beam_search(m, b.src, o);
+  PrecisionGuard guard(Precision::int8);
+  o.beam = 1;
+  const auto greedy = models::greedy_decode(m, b.src, o);
+  const uint64_t c0 = int8_weight_copies_made();
+  BOOST_TEST((models::greedy_decode(m, b.src, o) == greedy));  // deterministic
+  BOOST_TEST(int8_weight_copies_made() == c0);                // weights quantized once
+  o.beam = 3;
+  const auto beam = models::beam_search(m, b.src, o);
+  int same_greedy = 0, same_beam = 0;
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    same_greedy += greedy[i] == want_greedy[i];
+    same_beam += beam[i] == want_beam[i];
+  }
+  std::cout << "test_int8: decoding 32 sources: greedy " << same_greedy << "/32, beam " << same_beam
+            << "/32 equal to fp32\n";
+  BOOST_TEST(same_greedy >= 30);
+  BOOST_TEST(same_beam >= 30);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
