@@ -124,6 +124,14 @@ for spec in "lm_train 2 21" "lm_sample 1 9" "cls_train 2 9" "cls_infer 2 9"; do
   result pytorch $PY bench/torch_peer.py --what "$what" --warmup "$w" --steps "$n"
 done
 
+# ---- PyTorch 2.x from PyPI: eager and torch.compile (bench/torch2.sh; skipped with a message
+# where the virtual environment cannot be had; BENCH_TORCH2=0 skips it) -----------------------
+torch2_json="" torch2_tuning="" torch2_missing="BENCH_TORCH2=0"
+if [ "${BENCH_TORCH2:-1}" != 0 ]; then
+  source bench/torch2.sh
+  torch2_rows
+fi
+
 # ---- report ----------------------------------------------------------------------------------
 META=$(mktemp /tmp/graft_bench.XXXXXX.json)
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
@@ -133,6 +141,7 @@ cat >"$META" <<EOF
  "load": "$LOAD", "torch": "$torchv", "blas": "$(basename "$(dirname "$blas")") ($(basename "$blas"))",
  "coretype": "$best_ct", "graft_1024": $gg, "kernel_f32": "$kernel_f32", "kernel_bf16": "$kernel_bf16",
  "bf16_available": $BF16, "torch_1024": $best_gf, "blas_ratio": $ratio,
+ "torch2": ${torch2_json:-null}, "torch2_tuning": "$torch2_tuning", "torch2_missing": "$torch2_missing",
  "seconds": $(( $(date +%s) - START ))}
 EOF
 $PY bench/torch_peer.py --report "$RES" --meta "$META" --csv "$OUT/latest.csv" --md "$OUT/latest.md"

@@ -9,6 +9,15 @@
                                                       (the zoo: make lm's and make classify's models)
   torch_peer.py --what micro
   torch_peer.py --what sgemm [--n 1024]
+  torch_peer.py --what version | config      (the version; one JSON line naming the BLAS, MKL, oneDNN)
+  --compile (PyTorch 2.x; not micro, sgemm): the workload under torch.compile as a user writes it:
+    training: the forward and the loss (its backward compiled by AOTAutograd), Adam eager;
+    decoding: the encoder and the decoder step (greedy/beam: the decoder over the prefix and the
+    last position's logits; *_cached, lm_sample: one cached step); cls_infer: the model. The
+    warm-up steps absorb the compile time (dynamic shapes are marked after the first recompile;
+    every recompile happens there); RESULT's warmup_s is the warm-up's time, compile included
+    (shorter once inductor's cache under /tmp holds the kernels).
+  --tag TEXT: names a tuning of the run (e.g. mkl-shim) in its RESULT line and the report.
   torch_peer.py --report RESULTS.jsonl --csv OUT.csv --md OUT.md   (no torch needed)
 
 Each measuring run prints one line "RESULT {json}" with medians and the process's peak resident
@@ -53,9 +62,12 @@ def median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def time_median(warmup, steps, f):
+def time_median(warmup, steps, f, warm=None):
+    """warmup calls of warm (default f), then the median of steps timed calls of f."""
+    t0 = time.perf_counter()
     for _ in range(warmup):
-        f()
+        (warm or f)()
+    PEER["warmup_s"] = round(time.perf_counter() - t0, 3)  # under --compile: with the compile time
     ts = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -70,8 +82,16 @@ def ids_crc(ys):
     return zlib.crc32(" ".join(map(str, ys.reshape(-1).tolist())).encode())
 
 
+PEER = {}  # the PyTorch configuration, added to every RESULT line: torch, compile, tag, warmup_s
+
+
 def emit(d):
-    print("RESULT " + json.dumps(d), flush=True)
+    print("RESULT " + json.dumps({**d, **PEER}), flush=True)
+
+
+def compiled(torch, a, f):
+    """torch.compile(f) under --compile, else f itself."""
+    return torch.compile(f) if a.compile else f
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,9 +160,13 @@ def run_train(torch, a):
     target_tokens = int((tgt_out != PAD).sum())
     state = {}
 
-    def step():
+    def forward_loss():
         with autocast(torch, a):  # bf16: the matmuls in bf16, as torch.autocast decides
-            loss = crit(model(src, tgt_in).reshape(-1, V), tgt_out)  # logits not held (as graft)
+            return crit(model(src, tgt_in).reshape(-1, V), tgt_out)  # logits not held (as graft)
+    forward_loss = compiled(torch, a, forward_loss)
+
+    def step():
+        loss = forward_loss()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)  # graft drops grads too (PyTorch 2's default)
@@ -171,16 +195,24 @@ def run_decode(torch, a, beam):
     src = torch.tensor(make_ids(B, S, V, 3), dtype=torch.int64)
     W = model.embedding.weight
 
+    def encode(src, src_pad):
+        return model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+
+    def last_logits(ys, memory, src_pad):
+        """The decoder over the whole prefix ys; the logits of its last position."""
+        mask = model.tr.generate_square_subsequent_mask(ys.size(1))
+        out = model.tr.decoder(model.embed(ys), memory, tgt_mask=mask,
+                               memory_key_padding_mask=src_pad)
+        return F.linear(out[:, -1], W)
+    encode, last_logits = compiled(torch, a, encode), compiled(torch, a, last_logits)
+
     def greedy(NEW=NEW):
         with torch.no_grad():
             src_pad = src == PAD
-            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            memory = encode(src, src_pad)
             ys = torch.full((B, 1), BOS, dtype=torch.int64)
             for _ in range(NEW):
-                mask = model.tr.generate_square_subsequent_mask(ys.size(1))
-                out = model.tr.decoder(model.embed(ys), memory, tgt_mask=mask,
-                                       memory_key_padding_mask=src_pad)
-                nxt = F.linear(out[:, -1], W).argmax(-1)
+                nxt = last_logits(ys, memory, src_pad).argmax(-1)
                 ys = torch.cat([ys, nxt[:, None]], 1)
             return ys
 
@@ -188,7 +220,7 @@ def run_decode(torch, a, beam):
         K = beam
         with torch.no_grad():
             src_pad = src == PAD
-            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            memory = encode(src, src_pad)
             memory = memory.repeat_interleave(K, 0)
             src_pad = src_pad.repeat_interleave(K, 0)
             ys = torch.full((B * K, 1), BOS, dtype=torch.int64)
@@ -196,10 +228,7 @@ def run_decode(torch, a, beam):
             score[:, 0] = 0.0
             base = (torch.arange(B) * K)[:, None]
             for _ in range(NEW):
-                mask = model.tr.generate_square_subsequent_mask(ys.size(1))
-                out = model.tr.decoder(model.embed(ys), memory, tgt_mask=mask,
-                                       memory_key_padding_mask=src_pad)
-                logp = F.log_softmax(F.linear(out[:, -1], W), -1)
+                logp = F.log_softmax(last_logits(ys, memory, src_pad), -1)
                 cand = (score.reshape(B * K, 1) + logp).reshape(B, K * V)
                 score, idx = cand.topk(K, dim=1)
                 rows = (base + torch.div(idx, V, rounding_mode="floor")).reshape(-1)
@@ -216,9 +245,7 @@ def run_decode(torch, a, beam):
 def time_decode(a, f):
     """Warm-up runs of 4 new tokens, then the median of a.steps full runs: (seconds, last ids)."""
     res = {}
-    for _ in range(a.warmup):
-        f(4)
-    t = time_median(0, a.steps, lambda: res.__setitem__("ys", f()))
+    t = time_median(a.warmup, a.steps, lambda: res.__setitem__("ys", f()), warm=lambda: f(4))
     return t, res["ys"]
 
 
@@ -294,17 +321,25 @@ def incremental_decoder(torch, model):
     return cross_kv, step
 
 
+def cached_compiled(torch, a, model, step):
+    """The KV-cached peers' encoder and decoder step, compiled under --compile: (encode, step)."""
+    def encode(src, src_pad):
+        return model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+    return compiled(torch, a, encode), compiled(torch, a, step)
+
+
 def run_decode_cached(torch, a):
     """Greedy decoding with the incremental KV-cached decoder: each step runs the decoder on
     the new position only, as graft's cached decoding does."""
     model, src = cached_decoding_model(torch, a)
     cross_kv, step = incremental_decoder(torch, model)
+    encode, step = cached_compiled(torch, a, model, step)
     B, NEW = src.size(0), 32
 
     def greedy(NEW=NEW):
         with torch.no_grad(), autocast(torch, a):
             src_pad = src == PAD
-            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            memory = encode(src, src_pad)
             cross = cross_kv(memory)
             cache = [None] * len(model.tr.decoder.layers)
             tok = torch.full((B, 1), BOS, dtype=torch.int64)
@@ -331,12 +366,13 @@ def run_beam_cached(torch, a):
     V = CONFIGS[a.config][4]
     model, src = cached_decoding_model(torch, a)
     cross_kv, step = incremental_decoder(torch, model)
+    encode, step = cached_compiled(torch, a, model, step)
     B, NEW, K = src.size(0), 32, a.beam
 
     def beam_search(NEW=NEW):
         with torch.no_grad(), autocast(torch, a):
             src_pad = src == PAD
-            memory = model.tr.encoder(model.embed(src), src_key_padding_mask=src_pad)
+            memory = encode(src, src_pad)
             src_pad = src_pad.repeat_interleave(K, 0)
             cross = cross_kv(memory.repeat_interleave(K, 0))
             cache = [None] * len(model.tr.decoder.layers)
@@ -366,6 +402,24 @@ def run_sgemm(torch, a):
     t = time_median(max(a.warmup, 2), max(a.steps, 5), lambda: torch.mm(x, y))
     emit({"what": "sgemm", "n": n, "ms": t * 1e3, "gflops": 2.0 * n ** 3 / t / 1e9,
           "coretype": os.environ.get("OPENBLAS_CORETYPE", "")})
+
+
+def blas_config(torch):
+    """What this PyTorch runs its matmuls on, from torch.__config__.show(): the BLAS, the MKL and
+    oneDNN versions, the OpenMP runtime."""
+    show = torch.__config__.show()
+
+    def line_with(*keys):
+        for ln in show.splitlines():
+            if all(k in ln for k in keys):
+                return ln.strip().lstrip("- ").strip()
+        return ""
+    blas = line_with("BLAS_INFO=")
+    blas = blas.split("BLAS_INFO=")[1].split(",")[0] if blas else "?"
+    return {"torch": torch.__version__, "blas_info": blas,
+            "mkl": line_with("Math Kernel Library") or "(none)",
+            "onednn": line_with("MKL-DNN") or line_with("oneDNN") or "(none)",
+            "openmp": line_with("OpenMP") or "?", "compile": hasattr(torch, "compile")}
 
 
 def run_micro(torch, a):
@@ -524,6 +578,7 @@ def train_rows(torch, a, what, config, model, loss_fn, tokens):
     """Times forward + backward + Adam (median of a.steps after a.warmup) and emits the row."""
     opt, state = adam(torch, model), {}
     model.train()
+    loss_fn = compiled(torch, a, loss_fn)
 
     def step():
         loss = loss_fn()
@@ -558,22 +613,21 @@ def run_lm_sample(torch, a):
     model.eval()
     B, P, NEW = 32, 32, 64
     prompts = torch.tensor(byte_ids(B, P, 5, 1, LM["pad"]), dtype=torch.int64)
+    forward = compiled(torch, a, model)
 
     def sample(new=NEW):
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             caches, x, start, out = [[] for _ in model.blocks], prompts, 0, []
             for _ in range(new):
-                logits = model(x, start, caches, last=True)[:, -1]
+                logits = forward(x, start, caches, last=True)[:, -1]
                 start += x.size(1)
                 x = torch.multinomial(torch.softmax(logits / 1.0, -1), 1, generator=gen)
                 out.append(x)
             return torch.cat(out, 1)
 
-    res = {}
-    for _ in range(a.warmup):  # warm-up: 4 new tokens, as graft's
-        sample(4)
-    t = time_median(0, a.steps, lambda: res.__setitem__("ys", sample()))
+    res = {}  # warm-up: 4 new tokens, as graft's
+    t = time_median(a.warmup, a.steps, lambda: res.__setitem__("ys", sample()), warm=lambda: sample(4))
     emit({"what": "lm_sample", "config": "lm-mini", "ms": t * 1e3, "tok_s": B * NEW / t,
           "produced": int(res["ys"].numel()), "params": sum(p.numel() for p in model.parameters()),
           "peak_rss_mib": peak_rss_mib(), "precision": "fp32"})
@@ -654,11 +708,11 @@ def run_cls_infer(torch, a):
     model.eval()
     ids, _, ng, tokens = cls_batch(torch)
     batches = list(zip(ids.split(64), ng.split(64)))
-    res = {}
+    res, forward = {}, compiled(torch, a, model)
 
     def infer():
         with torch.no_grad():
-            res["n"] = sum(model(i, g).argmax(-1).numel() for i, g in batches)
+            res["n"] = sum(forward(i, g).argmax(-1).numel() for i, g in batches)
 
     t = time_median(a.warmup, a.steps, infer)
     emit({"what": "cls_infer", "config": "classify", "ms": t * 1e3, "tok_s": tokens / t,
@@ -695,14 +749,23 @@ ZOO_ROWS = (
 )
 
 
+def peer_label(side, r):
+    """A PyTorch configuration's name in the report: its version, eager or compiled, its tag."""
+    v = r.get("torch") or ("1.13" if side == "pytorch" else "2.x")
+    label = ".".join(v.split("+")[0].split(".")[:2]) + (" compiled" if r.get("compile") else " eager")
+    return label + (" " + r["tag"] if r.get("tag") else "")
+
+
 def report(a):
-    res = {"graft": [], "pytorch": []}
+    """The table: graft against the fastest PyTorch configuration of each row. The sides are
+    graft, pytorch (Debian's 1.13) and pytorch2 (PyPI's 2.x; eager, compiled, tuned)."""
+    res = {"graft": []}
     for line in open(a.report):
         line = line.strip()
         if not line:
             continue
         side, js = line.split(" ", 1)
-        res[side].append(json.loads(js))
+        res.setdefault(side, []).append(json.loads(js))
 
     def find(side, what, config=None, precision="fp32", **kw):
         for r in res[side]:
@@ -712,54 +775,79 @@ def report(a):
                 return r
         return None
 
+    def peers(what, config=None, precision="fp32", value=None, **kw):
+        """Every PyTorch configuration's value for a row: [(label, value)]; value(record) or
+        the record itself."""
+        out = []
+        for side in res:
+            if side == "graft":
+                continue
+            for r in res[side]:
+                if r.get("what") == what and (config is None or r.get("config") == config) and \
+                        r.get("precision", "fp32") == precision and \
+                        all(r.get(k) == v for k, v in kw.items()):
+                    out.append((peer_label(side, r), value(r) if value else r))
+        return out
+
     meta = json.load(open(a.meta)) if a.meta else {}
     peak = find("graft", "sgemm", n=2048)
     peak_gflops = peak["gflops"] if peak else float("nan")
-    rows = []  # benchmark, config, graft, pytorch, unit, ratio
+    rows = []  # benchmark, config, graft, pytorch, unit, ratio, PyTorch configuration
+    by_peer = []  # benchmark, config, unit, [(label, value)]: every PyTorch configuration's value
     profile_lines = []  # the per-family split of the base steps, below the table
 
-    def add(bench, config, g, p, unit, higher_better):
+    def add(bench, config, g, p, unit, higher_better, peer=""):
+        """p: a number (peer names what it is) or [(label, value)], of which the best (the
+        fastest; for memory, the smallest) is the row's PyTorch value."""
+        if isinstance(p, list):
+            cands = [(l, v) for l, v in p if v is not None]
+            if len(p) > 1:
+                by_peer.append((bench, config, unit, cands))
+            best = (max if higher_better else min)(cands, key=lambda lv: lv[1]) if cands else ("", None)
+            peer, p = best
         if g is None or p is None:
             ratio = float("nan")
         elif higher_better:
             ratio = g / p if p else float("nan")
         else:
             ratio = p / g if g else float("nan")
-        rows.append((bench, config, g, p, unit, ratio))
+        rows.append((bench, config, g, p, unit, ratio, peer))
 
+    key = lambda k: (lambda r: r[k])
+    gk = lambda r, k: r[k] if r else None
     for c in CONFIGS:
-        g, p = find("graft", "train", c), find("pytorch", "train", c)
-        gv = lambda k: g[k] if g else None
-        pv = lambda k: p[k] if p else None
-        add("train_step_time", c, gv("ms"), pv("ms"), "ms", False)
-        add("train_throughput", c, gv("tok_s"), pv("tok_s"), "target tok/s", True)
-        add("train_peak_rss", c, gv("peak_rss_mib"), pv("peak_rss_mib"), "MiB", False)
+        g = find("graft", "train", c)
+        add("train_step_time", c, gk(g, "ms"), peers("train", c, value=key("ms")), "ms", False)
+        add("train_throughput", c, gk(g, "tok_s"), peers("train", c, value=key("tok_s")),
+            "target tok/s", True)
+        add("train_peak_rss", c, gk(g, "peak_rss_mib"), peers("train", c, value=key("peak_rss_mib")),
+            "MiB", False)
         fl = model_flops(c)
         mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / peak_gflops * 100.0) if r else None
-        add("train_mfu", c, mfu(g), mfu(p), "% of sgemm peak", True)
+        add("train_mfu", c, mfu(g), peers("train", c, value=mfu), "% of sgemm peak", True)
     for c in CONFIGS:  # bf16 (rows only where this CPU has oneDNN bf16 kernels)
-        gb, pb = find("graft", "train", c, "bf16"), find("pytorch", "train", c, "bf16")
-        gf, pf = find("graft", "train", c), find("pytorch", "train", c)
-        tok = lambda r: r["tok_s"] if r else None
+        gb, gf = find("graft", "train", c, "bf16"), find("graft", "train", c)
+        pb = peers("train", c, "bf16", value=key("tok_s"))
         if gb or pb:
-            add("train_throughput_bf16", c, tok(gb), tok(pb), "target tok/s", True)
-            add("train_throughput_bf16_vs_fp32", c, tok(gb), tok(pf), "target tok/s", True)
+            add("train_throughput_bf16", c, gk(gb, "tok_s"), pb, "target tok/s", True)
+            add("train_throughput_bf16_vs_fp32", c, gk(gb, "tok_s"),
+                peers("train", c, value=key("tok_s")), "target tok/s", True)
             # graft against itself: the "pytorch" column holds graft fp32 here.
-            add("train_bf16_speedup_vs_graft_fp32", c, tok(gb), tok(gf), "target tok/s", True)
-            add("train_peak_rss_bf16", c, gb["peak_rss_mib"] if gb else None,
-                pb["peak_rss_mib"] if pb else None, "MiB", False)
+            add("train_bf16_speedup_vs_graft_fp32", c, gk(gb, "tok_s"), gk(gf, "tok_s"),
+                "target tok/s", True, "graft fp32")
+            add("train_peak_rss_bf16", c, gk(gb, "peak_rss_mib"),
+                peers("train", c, "bf16", value=key("peak_rss_mib")), "MiB", False)
     for c in CONFIGS:
-        g, p = find("graft", "greedy", c), find("pytorch", "greedy_cached", c)
-        add("greedy_decode_cached_peer", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
-            "new tok/s", True)
+        g = find("graft", "greedy", c)
+        add("greedy_decode_cached_peer", c, gk(g, "tok_s"),
+            peers("greedy_cached", c, value=key("tok_s")), "new tok/s", True)
     for c in CONFIGS:
-        g, p = find("graft", "greedy", c, "bf16"), find("pytorch", "greedy_cached", c, "bf16")
+        g, p = find("graft", "greedy", c, "bf16"), peers("greedy_cached", c, "bf16", value=key("tok_s"))
         if g or p:
-            add("greedy_decode_bf16", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
-                "new tok/s", True)
+            add("greedy_decode_bf16", c, gk(g, "tok_s"), p, "new tok/s", True)
     for c in CONFIGS:
-        g, p = find("graft", "beam", c), find("pytorch", "beam_cached", c)
-        add("beam4_decode_cached_peer", c, g["tok_s"] if g else None, p["tok_s"] if p else None,
+        g = find("graft", "beam", c)
+        add("beam4_decode_cached_peer", c, gk(g, "tok_s"), peers("beam_cached", c, value=key("tok_s")),
             "new tok/s", True)
     stream = find("graft", "stream")
     triad = stream["gbs"] if stream else None
@@ -768,7 +856,7 @@ def report(a):
             g = find("graft", "greedy", c, prec)
             if g and "weight_gbs" in g:
                 # the "pytorch" column holds the STREAM-like triad: ratio = share of the bandwidth
-                add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True)
+                add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True, "triad")
     for prec in ("fp32", "bf16"):  # where a training step goes (graft_bench's profile pass)
         for c in CONFIGS:
             g = find("graft", "train", c, prec)
@@ -781,37 +869,37 @@ def report(a):
                                          f"ms by op family: {fams}")
     for what in ("greedy", "beam"):
         for c in CONFIGS:
-            g, p = find("graft", what, c), find("pytorch", what, c)
+            g = find("graft", what, c)
             name = "greedy_decode" if what == "greedy" else "beam4_decode"
-            add(name, c, g["tok_s"] if g else None, p["tok_s"] if p else None, "new tok/s", True)
+            add(name, c, gk(g, "tok_s"), peers(what, c, value=key("tok_s")), "new tok/s", True)
     for what, name, config, unit in ZOO_ROWS:  # the zoo: throughput and peak RSS
-        g, p = find("graft", what), find("pytorch", what)
-        add(name, config, g["tok_s"] if g else None, p["tok_s"] if p else None, unit, True)
-        add(what + "_peak_rss", config, g["peak_rss_mib"] if g else None,
-            p["peak_rss_mib"] if p else None, "MiB", False)
-        if g and p and g.get("params") != p.get("params"):
-            print(f"report: {what}: graft has {g.get('params')} parameters, PyTorch "
-                  f"{p.get('params')}: not the same model", file=sys.stderr)
-    gm, pm = find("graft", "micro"), find("pytorch", "micro")
-    for i, op in enumerate((gm or pm or {"ops": []})["ops"]):
+        g, ps = find("graft", what), peers(what)
+        add(name, config, gk(g, "tok_s"), [(l, r["tok_s"]) for l, r in ps], unit, True)
+        add(what + "_peak_rss", config, gk(g, "peak_rss_mib"),
+            [(l, r["peak_rss_mib"]) for l, r in ps], "MiB", False)
+        for l, p in ps:
+            if g and g.get("params") != p.get("params"):
+                print(f"report: {what}: graft has {g.get('params')} parameters, PyTorch {l} "
+                      f"{p.get('params')}: not the same model", file=sys.stderr)
+    gm, pms = find("graft", "micro"), peers("micro")
+    for i, op in enumerate((gm or (pms[0][1] if pms else {"ops": []}))["ops"]):
         go = gm["ops"][i] if gm else None
-        po = pm["ops"][i] if pm else None
         add("op_" + op["op"] + "_fwd_bwd", op["shape"], go["value"] if go else None,
-            po["value"] if po else None, op["unit"], True)
-    s_g, s_p = find("graft", "sgemm", n=2048), find("pytorch", "sgemm", n=2048)
-    add("sgemm_2048", "f32 2048^3", s_g["gflops"] if s_g else None,
-        s_p["gflops"] if s_p else None, "GFLOP/s", True)
+            [(l, pm["ops"][i]["value"]) for l, pm in pms], op["unit"], True)
+    s_g = find("graft", "sgemm", n=2048)
+    add("sgemm_2048", "f32 2048^3", gk(s_g, "gflops"), peers("sgemm", n=2048, value=key("gflops")),
+        "GFLOP/s", True)
     s_g = find("graft", "sgemm", None, "bf16", n=2048)
     if s_g:
         add("bf16_gemm_2048", "bf16 2048^3, f32 out", s_g["gflops"], None, "GFLOP/s", True)
-    s_g, s_p = find("graft", "sgemm", n=1024), find("pytorch", "sgemm", n=1024)
-    add("sgemm_1024", "f32 1024^3", s_g["gflops"] if s_g else None,
-        s_p["gflops"] if s_p else None, "GFLOP/s", True)
+    s_g = find("graft", "sgemm", n=1024)
+    add("sgemm_1024", "f32 1024^3", gk(s_g, "gflops"), peers("sgemm", n=1024, value=key("gflops")),
+        "GFLOP/s", True)
     add("stream_triad", "3 x 128 MiB float32", triad, None, "GB/s", True)
     for prec in ("fp32", "bf16"):  # decoding-shaped linears alone, against the triad
         if stream and "linear32_gbs_" + prec in stream:
             add("linear32_weight_read_" + prec, "32 rows, 24 x (2048 x 512) weights", stream["linear32_gbs_" + prec],
-                triad, "GB/s", True)
+                triad, "GB/s", True, "triad")
 
     def fmt(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -819,10 +907,10 @@ def report(a):
         return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
     with open(a.csv, "w") as f:
-        f.write("benchmark,config,graft,pytorch,unit,ratio\n")
-        for b, c, g, p, u, r in rows:
+        f.write("benchmark,config,graft,pytorch,unit,ratio,pytorch_config\n")
+        for b, c, g, p, u, r, pc in rows:
             cv = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.6g}"
-            f.write(f"{b},\"{c}\",{cv(g)},{cv(p)},{u},{cv(r)}\n")
+            f.write(f"{b},\"{c}\",{cv(g)},{cv(p)},{u},{cv(r)},\"{pc}\"\n")
 
     md = []
     md.append("# graft vs PyTorch")
@@ -832,6 +920,16 @@ def report(a):
               f"(of {meta.get('nproc', '?')} cores); load average at start: {meta.get('load', '?')}")
     md.append(f"- PyTorch {meta.get('torch', '?')} with {meta.get('blas', '?')}, "
               f"OPENBLAS_CORETYPE={meta.get('coretype') or '(unset)'}; graft matmul = oneDNN")
+    t2 = meta.get("torch2")
+    if t2:
+        md.append(f"- PyTorch {t2['torch']} (PyPI, build/torch-venv) with BLAS_INFO={t2['blas_info']}: "
+                  f"{t2['mkl']}; {t2['onednn']}; {t2['openmp']}; fp32 matmuls through MKL, bf16 "
+                  f"(autocast) through oneDNN; MKL tuning of its rows: {meta.get('torch2_tuning') or 'none'}; "
+                  "compiled = torch.compile (inductor, default mode) of the forward + loss (training) "
+                  "or of the encoder and the decoder step (decoding), its compile time absorbed by the "
+                  "warm-up steps")
+    else:
+        md.append(f"- PyTorch 2.x: not measured ({meta.get('torch2_missing') or 'no virtual environment'})")
     md.append(f"- sgemm peak (graft/oneDNN f32 2048^3): {fmt(peak_gflops)} GFLOP/s; "
               f"1024^3: graft {fmt(meta.get('graft_1024'))}, PyTorch {fmt(meta.get('torch_1024'))} GFLOP/s "
               f"(PyTorch/graft = {fmt(meta.get('blas_ratio'))})")
@@ -869,15 +967,29 @@ def report(a):
               "of 3 more steps, attention = the fused attention op, non-matmul = everything but the linear "
               "layers, the attention op and the output projection + loss (optimizer included)")
     md.append("- ratio: graft/PyTorch for throughputs, PyTorch/graft for times and memory "
-              "(> 1: graft better)")
+              "(> 1: graft better); PyTorch = the fastest PyTorch configuration measured for the row "
+              "(the smallest for memory), named in the last column; every configuration's value is in "
+              "the second table")
     md.append("- MFU = model FLOPs / step time / sgemm peak, model FLOPs = 6 * (matmul weights x "
               "tokens they see) + 12 * B * d * (L_enc S^2 + L_dec (T^2 + T S)); per step: " +
               ", ".join(f"{c} {model_flops(c) / 1e9:.1f} GFLOP" for c in CONFIGS))
     md.append("")
-    md.append("| benchmark | config | graft | PyTorch | unit | ratio |")
-    md.append("|---|---|---:|---:|---|---:|")
-    for b, c, g, p, u, r in rows:
-        md.append(f"| {b} | {c} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} |")
+    md.append("| benchmark | config | graft | PyTorch | unit | ratio | PyTorch configuration |")
+    md.append("|---|---|---:|---:|---|---:|---|")
+    for b, c, g, p, u, r, pc in rows:
+        md.append(f"| {b} | {c} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} | {pc} |")
+    labels = []  # the PyTorch configurations, in the order first seen
+    for *_, cands in by_peer:
+        labels += [l for l, _ in cands if l not in labels]
+    if by_peer:
+        md.append("")
+        md.append("Every PyTorch configuration measured, per row:")
+        md.append("")
+        md.append("| benchmark | config | unit | " + " | ".join(labels) + " |")
+        md.append("|---|---|---|" + "---:|" * len(labels))
+        for b, c, u, cands in by_peer:
+            vals = dict(cands)
+            md.append(f"| {b} | {c} | {u} | " + " | ".join(fmt(vals.get(l)) for l in labels) + " |")
     if profile_lines:
         md.append("")
         md.extend(profile_lines)
@@ -897,6 +1009,8 @@ def main():
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--tag", default="")
     ap.add_argument("--report")
     ap.add_argument("--meta")
     ap.add_argument("--csv")
@@ -909,12 +1023,18 @@ def main():
     warnings.filterwarnings("ignore")  # 1.13's "nested tensors are a prototype" from the encoder fast path
     import torch
     torch.set_num_threads(a.threads)
+    if a.compile and not hasattr(torch, "compile"):
+        sys.exit(f"torch_peer.py: --compile needs torch.compile (PyTorch 2.x); this is {torch.__version__}")
+    if a.compile and a.what in ("micro", "sgemm"):
+        sys.exit(f"torch_peer.py: --compile does not apply to --what {a.what}")
+    PEER.update({"torch": torch.__version__, "compile": a.compile, "tag": a.tag})
     runs = {"train": run_train, "greedy": lambda t, a: run_decode(t, a, 1),
             "greedy_cached": run_decode_cached, "beam": lambda t, a: run_decode(t, a, a.beam),
             "beam_cached": run_beam_cached,
             "lm_train": run_lm_train, "lm_sample": run_lm_sample, "cls_train": run_cls_train,
             "cls_infer": run_cls_infer, "micro": run_micro, "sgemm": run_sgemm,
-            "version": lambda t, a: print(t.__version__)}
+            "version": lambda t, a: print(t.__version__),
+            "config": lambda t, a: print(json.dumps(blas_config(t)))}
     if a.what not in runs:
         sys.exit(f"torch_peer.py: unknown --what {a.what}")
     runs[a.what](torch, a)
