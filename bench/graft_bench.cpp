@@ -14,6 +14,7 @@
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
+//   --precision int8 (greedy, beam): the linear layers on int8 (weights s8 per output channel)
 //   --ids FILE (greedy, beam): the last timed run's new ids, one line per sentence
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
@@ -272,7 +273,8 @@ double decoder_weight_bytes(const models::Transformer& model) {
   for (const auto& [name, p] : model.named_parameters())
     if (name.rfind("decoder.", 0) == 0)
       n += name.find("multihead_attn.in_proj") != std::string::npos ? p.numel() / 3 : p.numel();
-  return double(n) * (matmul_precision() == Precision::bf16 ? 2 : 4);
+  const Precision p = matmul_precision();
+  return double(n) * (p == Precision::int8 ? 1 : p == Precision::bf16 ? 2 : 4);
 }
 
 // One line per sentence, its new ids separated by spaces (bench/ct2_peer.py compares them).
@@ -665,6 +667,16 @@ int main(int argc, char** argv) {
     if (a.precision == Precision::bf16 && !bf16_kernel_available()) {
       std::cerr << "graft_bench: " << bf16_unavailable_reason("--precision") << "\n";
       return 3;
+    }
+    if (a.precision == Precision::int8) {
+      if (!int8_kernel_available()) {
+        std::cerr << "graft_bench: " << int8_unavailable_reason("--precision") << "\n";
+        return 3;
+      }
+      if (a.what != "greedy" && a.what != "beam") {
+        std::cerr << "graft_bench: --precision int8 is for inference: --what greedy or beam, not " << a.what << "\n";
+        return 2;
+      }
     }
     PrecisionGuard guard(a.precision, Bf16Path::onednn);
     if (a.what == "train") run_train(a);
