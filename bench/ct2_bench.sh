@@ -37,17 +37,7 @@ trap 'rm -rf "$WORK"' EXIT
 START=$(date +%s)
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# result SIDE CMD...: runs one measurement process and keeps its RESULT line.
-result() {
-  local side=$1; shift
-  local line
-  if ! line=$("$@" 2>>"$LOGS" | grep '^RESULT ' | tail -1); then
-    echo "bench: FAILED: $* (see $LOGS)" >&2
-    return 0
-  fi
-  echo "$side ${line#RESULT }" >>"$RES"
-  echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-220 >&2
-}
+source bench/results_lib.sh  # result
 
 # The models: the seeded weights of graft_bench's decoding rows, converted once in float32 and
 # once in int8 (CTranslate2's int8 rows load the int8 model, as its users deploy one).

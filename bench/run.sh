@@ -27,18 +27,6 @@ trap 'rm -f "$RES"; [ -s "$LOGS" ] || rm -f "$LOGS"' EXIT
 START=$(date +%s)
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# result SIDE CMD...: runs one measurement process and keeps its RESULT line.
-result() {
-  local side=$1; shift
-  local line
-  if ! line=$("$@" 2>>"$LOGS" | grep '^RESULT ' | tail -1); then
-    echo "bench: FAILED: $* (see $LOGS)" >&2
-    return 0
-  fi
-  echo "$side ${line#RESULT }" >>"$RES"
-  echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-200 >&2
-}
-
 # ---- BLAS check: pick the faster OpenBLAS core type and compare with oneDNN ----------------
 echo "bench: sgemm peak and OpenBLAS core type" >&2
 g1024=$("$GB" --what sgemm --n 1024 | grep '^RESULT ')

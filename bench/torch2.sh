@@ -143,17 +143,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   LOGS=$(mktemp /tmp/graft_torch2.XXXXXX.log)
   START=$(date +%s)
   : >"$RES"
-  field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
-  result() {
-    local side=$1; shift
-    local line
-    if ! line=$("$@" 2>>"$LOGS" | grep '^RESULT ' | tail -1); then
-      echo "bench: FAILED: $* (see $LOGS)" >&2
-      return 0
-    fi
-    echo "$side ${line#RESULT }" >>"$RES"
-    echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-220 >&2
-  }
+  source bench/results_lib.sh  # field, result
   torch2_missing=""
   torch2_rows
   echo "bench: PyTorch 2.x side done in $(( $(date +%s) - START ))s; wrote $RES (log $LOGS)" >&2

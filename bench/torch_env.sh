@@ -28,8 +28,7 @@ case "$blas" in
 esac
 
 
-# field LINE KEY: the number after "KEY": in a RESULT line.
-field() { sed -n "s/.*\"$2\": *\\([0-9.eE+-]*\\).*/\\1/p" <<<"$1"; }
+source bench/results_lib.sh  # field, result
 
 # pick_openblas_coretype: OpenBLAS's own detection (unset) against forcing HASWELL (AVX2) and, on
 # CPUs with AVX-512, SKYLAKEX, timed by PyTorch's 1024^3 sgemm, the best of 3 processes each (core

@@ -166,31 +166,15 @@ BOOST_AUTO_TEST_SUITE(int8_model_tests)
 // choices have margins far above int8's error), and quantizes each weight once.
 BOOST_AUTO_TEST_CASE(int8_decoding_matches_fp32_and_quantizes_weights_once) {
   say_paths();
-  TinyRun run;
-  BOOST_TEST_REQUIRE(train_until_learned(run) > 0, "float32 did not learn the task in " << kCap << " steps");
-  run.train(kEvery);  // onto the flat part of the curve, where the choices have wide margins
-  models::Transformer& m = run.m;
-  m.eval();
-  Generator g(99);
-  const Batch b = reverse_batch(g, 32);
-  models::DecodeOptions o;
-  o.max_len = 10;
-  const auto want_greedy = models::greedy_decode(m, b.src, o);
-  o.beam = 3;
-  const auto want_beam = models::beam_search(m, b.src, o);
+  const LearnedDecoder d;
+  BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
   PrecisionGuard guard(Precision::int8);
-  o.beam = 1;
-  const auto greedy = models::greedy_decode(m, b.src, o);
+  const auto greedy = d.decode(1);
   const uint64_t c0 = int8_weight_copies_made();
-  BOOST_TEST((models::greedy_decode(m, b.src, o) == greedy));  // deterministic
-  BOOST_TEST(int8_weight_copies_made() == c0);                // weights quantized once
-  o.beam = 3;
-  const auto beam = models::beam_search(m, b.src, o);
-  int same_greedy = 0, same_beam = 0;
-  for (size_t i = 0; i < greedy.size(); ++i) {
-    same_greedy += greedy[i] == want_greedy[i];
-    same_beam += beam[i] == want_beam[i];
-  }
+  BOOST_TEST((d.decode(1) == greedy));          // deterministic
+  BOOST_TEST(int8_weight_copies_made() == c0);  // weights quantized once
+  const int same_greedy = LearnedDecoder::same(greedy, d.greedy),
+            same_beam = LearnedDecoder::same(d.decode(3), d.beam);
   std::cout << "test_int8: decoding 32 sources: greedy " << same_greedy << "/32, beam " << same_beam
             << "/32 equal to fp32\n";
   BOOST_TEST(same_greedy >= 30);

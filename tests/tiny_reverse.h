@@ -104,5 +104,40 @@ inline int train_until_learned(TinyRun& r) {
   return -1;
 }
 
+// A TinyRun that has learned the task and trained kEvery steps further (onto the flat part of the
+// curve, where decoding choices have margins far above a reduced precision's error), in eval
+// mode, with 32 held-out sources and their float32 greedy and beam-3 decodes (10 tokens at most).
+struct LearnedDecoder {
+  TinyRun run;
+  Batch batch;
+  models::Sequences greedy, beam;
+  bool learned = false;  // false: float32 did not learn the task in kCap steps
+
+  LearnedDecoder() {
+    if (train_until_learned(run) < 0) return;
+    learned = true;
+    run.train(kEvery);
+    run.m.eval();
+    Generator g(99);
+    batch = reverse_batch(g, 32);
+    PrecisionGuard fp32(Precision::fp32);
+    greedy = decode(1);
+    beam = decode(3);
+  }
+  // The 32 sources decoded greedily (beam_size 1) or by beam search, in the precision in force.
+  models::Sequences decode(int64_t beam_size) const {
+    models::DecodeOptions o;
+    o.max_len = 10;
+    o.beam = beam_size;
+    return beam_size == 1 ? models::greedy_decode(run.m, batch.src, o) : models::beam_search(run.m, batch.src, o);
+  }
+  // How many of the sequences equal their counterparts in `want`.
+  static int same(const models::Sequences& got, const models::Sequences& want) {
+    int n = 0;
+    for (size_t i = 0; i < got.size() && i < want.size(); ++i) n += got[i] == want[i];
+    return n;
+  }
+};
+
 
 }  // namespace graft::testing::tiny_reverse
