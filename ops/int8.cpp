@@ -1,5 +1,6 @@
 #include "graft/ops/int8.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cfloat>
@@ -37,10 +38,13 @@ float row_scale(const float* p, int64_t n) {
 // is 0 or not finite.
 template <class Q>
 void quantize_row(const float* p, int64_t n, float scale, int offset, Q* q) {
-  const float inv = (scale > 0.f && scale <= FLT_MAX) ? 1.f / scale : 0.f;
+  if (!(scale > 0.f && scale <= FLT_MAX)) {  // never round p / scale: a NaN has no integer
+    std::fill(q, q + n, (Q)offset);
+    return;
+  }
 #pragma omp simd
-  for (int64_t k = 0; k < n; ++k) {
-    const float v = std::clamp(p[k] * inv, -127.f, 127.f);
+  for (int64_t k = 0; k < n; ++k) {  // a division: 1 / scale overflows for a subnormal scale
+    const float v = std::clamp(p[k] / scale, -127.f, 127.f);
     q[k] = (Q)((int)(v + (v >= 0.f ? 0.5f : -0.5f)) + offset);
   }
 }

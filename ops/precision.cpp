@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string_view>
 
 #include "graft/ops/bf16.h"
@@ -36,36 +37,34 @@ const std::string& bf16_probe() {
   return name;
 }
 
-// Whether the CPU oneDNN dispatches for (its effective ISA, after DNNL_MAX_CPU_ISA) multiplies
-// bf16 natively: AVX512_BF16 (the AMX mask includes it). On AVX-512 without it oneDNN 2.6 still
-// offers bf16 matmuls (gemm:jit, widening to float32 on the fly), 2.4x slower than its float32
-// ones on a small training step (AMD EPYC Zen 5 with the ISA capped at AVX512_CORE).
-// The ISA masks are x86's; elsewhere the probe decides alone.
-bool native_bf16_isa() {
+// Whether the ISA oneDNN dispatches for (its effective ISA, after DNNL_MAX_CPU_ISA) includes
+// `want`. The ISA masks are x86's: elsewhere there is no answer (nullopt).
+std::optional<bool> effective_isa_has(dnnl::cpu_isa want) {
 #if defined(__x86_64__) || defined(_M_X64)
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-  return (isa & bf16) == bf16;
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa()), w = static_cast<unsigned>(want);
+  return (isa & w) == w;
 #else
-  return true;
+  (void)want;
+  return std::nullopt;
 #endif
 }
+
+// Whether that CPU multiplies bf16 natively: AVX512_BF16 (the AMX mask includes it). On AVX-512
+// without it oneDNN 2.6 still offers bf16 matmuls (gemm:jit, widening to float32 on the fly), 2.4x
+// slower than its float32 ones on a small training step (AMD EPYC Zen 5 with the ISA capped at
+// AVX512_CORE). Off x86 the probe decides alone.
+bool native_bf16_isa() { return effective_isa_has(dnnl::cpu_isa::avx512_core_bf16).value_or(true); }
 
 const std::string& int8_probe() {
   static const std::string name = probe_matmul(dnnl::memory::data_type::s8, 64);
   return name;
 }
 
-// Whether the CPU oneDNN dispatches for has VNNI (vpdpbusd: u8 x s8 products summed in 32 bits),
-// as AVX512_VNNI or AVX-VNNI; AMX-INT8 CPUs have AVX512_VNNI. The ISA masks are x86's.
+// Whether that CPU has VNNI (vpdpbusd: u8 x s8 products summed in 32 bits), as AVX512_VNNI or
+// AVX-VNNI; AMX-INT8 CPUs have AVX512_VNNI. Off x86: no.
 bool vnni_isa() {
-#if defined(__x86_64__) || defined(_M_X64)
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto has = [isa](dnnl::cpu_isa want) { return (isa & static_cast<unsigned>(want)) == static_cast<unsigned>(want); };
-  return has(dnnl::cpu_isa::avx512_core_vnni) || has(dnnl::cpu_isa::avx2_vnni);
-#else
-  return false;
-#endif
+  return effective_isa_has(dnnl::cpu_isa::avx512_core_vnni).value_or(false) ||
+         effective_isa_has(dnnl::cpu_isa::avx2_vnni).value_or(false);
 }
 
 std::string onednn_version() {

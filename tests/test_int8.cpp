@@ -121,10 +121,11 @@ BOOST_AUTO_TEST_CASE(weights_are_quantized_once_per_version) {
 }
 
 BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
-  std::vector<float> xv(3 * 16, 0.5f);
+  std::vector<float> xv(4 * 16, 0.5f);
   for (int k = 0; k < 16; ++k) xv[k] = 0.f;  // row 0: zeros
   xv[2 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2: a NaN
-  const Tensor x = from_vector(xv, {3, 16}), w = random({4, 16}, 11), b = random({4}, 12);
+  for (int k = 0; k < 16; ++k) xv[3 * 16 + k] = k % 2 ? 0.f : 1e-39f;  // row 3: subnormal scale
+  const Tensor x = from_vector(xv, {4, 16}), w = random({4, 16}, 11), b = random({4}, 12);
   for (bool reference : {true, false}) {
     if (!reference && !int8_kernel_available()) continue;
     const auto y = int8_linear(x, w, b, reference).to_vector<float>();
@@ -133,6 +134,7 @@ BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
       BOOST_TEST(y[o] == bv[o]);                 // zeros in: exactly the bias out
       BOOST_TEST(std::isfinite(y[4 + o]));       // an ordinary row stays finite
       BOOST_TEST(std::isnan(y[8 + o]));          // a NaN in the row: NaN out, as float32 gives
+      BOOST_TEST(std::fabs(y[12 + o] - bv[o]) <= 1e-6);  // 1 / scale would overflow: still ~ the bias
     }
   }
 }
