@@ -1,4 +1,4 @@
-# The two helpers every side of `make bench` measures through: sourced by bench/torch_env.sh (so
+# The helpers every side of `make bench` measures through: sourced by bench/torch_env.sh (so
 # by run.sh and quality.sh), bench/ct2_bench.sh and bench/torch2.sh run alone. result reads RES
 # (the results file), LOGS (the runs' stderr) and START (the run's start, in seconds).
 
@@ -16,4 +16,15 @@ result() {
   fi
   echo "$side ${line#RESULT }" >>"$RES"
   echo "  [$(( $(date +%s) - START ))s] $side $*: ${line#RESULT }" | cut -c1-220 >&2
+}
+
+# cached_peer_differs SIDE WHAT CONFIG [MATCH]: true when SIDE's KV-cached WHAT peer (fp32) decoded
+# other ids (CRC) than its nn.Transformer full recomputation for CONFIG in RES; MATCH narrows both
+# rows (a regex on the rest of the line, e.g. the eager ones). False when either row is missing.
+cached_peer_differs() {
+  local side=$1 what=$2 c=$3 match=${4:-} full cached
+  full=$(grep "^$side .*\"what\": \"$what\", \"config\": \"$c\"$match" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+  cached=$(grep "^$side .*\"what\": \"${what}_cached\", \"config\": \"$c\".*\"precision\": \"fp32\"$match" "$RES" |
+           sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
+  [ -n "$full" ] && [ "$full" != "$cached" ]
 }

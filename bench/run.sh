@@ -92,9 +92,7 @@ done
 # The cached peers must decode what nn.Transformer's full recomputation decodes.
 for what in greedy beam; do
   for c in $CONFIGS; do
-    full=$(grep "^pytorch .*\"what\": \"$what\", \"config\": \"$c\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-    cached=$(grep "^pytorch .*\"what\": \"${what}_cached\", \"config\": \"$c\".*\"precision\": \"fp32\"" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-    if [ -n "$full" ] && [ "$full" != "$cached" ]; then
+    if cached_peer_differs pytorch "$what" "$c"; then
       echo "bench: the KV-cached PyTorch $what peer decodes other ids than nn.Transformer ($c): refusing its numbers" >&2
       exit 1
     fi

@@ -117,12 +117,10 @@ torch2_rows() {
 # recomputation decodes, as run.sh checks 1.13's; a mismatch is reported, not fatal (the
 # compiled rows may differ in the last bits, so only eager is compared).
 torch2_check_cached() {
-  local what c full cached
+  local what c
   for what in greedy beam; do
     for c in $CONFIGS; do
-      full=$(grep "^pytorch2 .*\"what\": \"$what\", \"config\": \"$c\".*\"compile\": false" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-      cached=$(grep "^pytorch2 .*\"what\": \"${what}_cached\", \"config\": \"$c\".*\"precision\": \"fp32\".*\"compile\": false" "$RES" | sed -n 's/.*"ids_crc": \([0-9]*\).*/\1/p')
-      if [ -n "$full" ] && [ "$full" != "$cached" ]; then
+      if cached_peer_differs pytorch2 "$what" "$c" '.*"compile": false'; then
         echo "bench: WARNING: the KV-cached PyTorch 2.x $what peer decodes other ids than nn.Transformer ($c)" >&2
       fi
     done
