@@ -31,6 +31,52 @@ std::vector<OpCase>& cases() {
 
 }  // namespace
 
+namespace {
+
+// Compares `analytic` (one value per element of x, in row-major order) with central differences
+// of f() as each element of x moves by +-eps; the worst excess over the tolerance goes in res.
+template <class F>
+void check_against_differences(GradcheckResult& res, double& worst_excess, const std::string& label,
+                               const Tensor& x, const std::vector<double>& analytic, F&& f,
+                               const GradcheckOptions& opt) {
+  std::vector<int64_t> offs;
+  for_each_offset(x.shape(), x.strides(), [&](int64_t o) { offs.push_back(o); });
+  double* p = x.data<double>();
+  for (int64_t j = 0; j < x.numel(); ++j) {
+    const double orig = p[offs[j]];
+    p[offs[j]] = orig + opt.eps;
+    const double fp = f();
+    p[offs[j]] = orig - opt.eps;
+    const double fm = f();
+    p[offs[j]] = orig;
+    const double numeric = (fp - fm) / (2 * opt.eps);
+    const double err = std::fabs(analytic[j] - numeric);
+    const double excess = err - (opt.atol + opt.rtol * std::fabs(numeric));
+    res.max_abs_err = std::max(res.max_abs_err, err);
+    if (excess > 0 && excess > worst_excess) {
+      worst_excess = excess;
+      std::ostringstream os;
+      os.precision(10);
+      os << label << " " << describe(x) << " at " << index_str(x.shape(), j) << ": analytic " << analytic[j]
+         << ", numeric " << numeric << " (|diff| " << err << ")";
+      res.message = os.str();
+      res.ok = false;
+    }
+  }
+}
+
+std::vector<double> values_or_zeros(const Tensor& g, int64_t n) {
+  return g.defined() ? g.to_vector<double>() : std::vector<double>((size_t)n, 0.0);
+}
+
+std::vector<double> random_signs(size_t n, Generator& gen) {
+  std::vector<double> g(n);
+  for (auto& v : g) v = 2.0 * gen.uniform() - 1.0;
+  return g;
+}
+
+}  // namespace
+
 GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt) {
   GradcheckResult res;
   for (auto& x : inputs)
@@ -42,8 +88,7 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
   Tensor out = fn(inputs);
   if (!is_floating(out.dtype())) fail("gradcheck: output " + describe(out) + " is not float");
   Generator gen(opt.seed);
-  std::vector<double> g(out.numel());
-  for (auto& v : g) v = 2.0 * gen.uniform() - 1.0;
+  const std::vector<double> g = random_signs((size_t)out.numel(), gen);
   if (!out.requires_grad()) {
     res.ok = false;
     res.message = "output does not require grad: no input of the op requires grad";
@@ -55,35 +100,98 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
   for (size_t k = 0; k < inputs.size(); ++k) {
     const Tensor& x = inputs[k];
     if (!x.defined() || !x.requires_grad()) continue;
-    std::vector<double> analytic(x.numel(), 0.0);
-    if (x.grad().defined()) analytic = x.grad().to_vector<double>();
-    std::vector<int64_t> offs;
-    for_each_offset(x.shape(), x.strides(), [&](int64_t o) { offs.push_back(o); });
-    double* p = x.data<double>();
-    autograd::NoGrad ng;
-    for (int64_t j = 0; j < x.numel(); ++j) {
-      const double orig = p[offs[j]];
-      p[offs[j]] = orig + opt.eps;
-      const double fp = weighted_sum(fn(inputs), g);
-      p[offs[j]] = orig - opt.eps;
-      const double fm = weighted_sum(fn(inputs), g);
-      p[offs[j]] = orig;
-      const double numeric = (fp - fm) / (2 * opt.eps);
-      const double err = std::fabs(analytic[j] - numeric);
-      const double excess = err - (opt.atol + opt.rtol * std::fabs(numeric));
-      res.max_abs_err = std::max(res.max_abs_err, err);
-      if (excess > 0 && excess > worst_excess) {
-        worst_excess = excess;
-        std::ostringstream os;
-        os.precision(10);
-        os << "input " << k << " " << describe(x) << " at " << index_str(x.shape(), j)
-           << ": analytic " << analytic[j] << ", numeric " << numeric << " (|diff| " << err
-           << ")";
-        res.message = os.str();
-        res.ok = false;
-      }
-    }
+    check_against_differences(res, worst_excess, "input " + std::to_string(k), x,
+                              values_or_zeros(x.grad(), x.numel()),
+                              [&] {
+                                autograd::NoGrad ng;
+                                return weighted_sum(fn(inputs), g);
+                              },
+                              opt);
     const_cast<Tensor&>(x).zero_grad();
+  }
+  return res;
+}
+
+namespace {
+
+// What gradgradcheck and its float32 comparison share: the inputs that require grad, the random
+// upstream gradient v of the output (a leaf that requires grad) and the random weights u of the
+// first gradients.
+struct SecondOrder {
+  Tensors wrt;  // the inputs that require grad, then v
+  Tensor v;
+  std::vector<std::vector<double>> u;  // one per input that requires grad
+  std::vector<size_t> index;  // the position of each in the op's inputs
+};
+
+SecondOrder second_order_setup(const OpFn& fn, const Tensors& inputs, uint64_t seed, DType dt) {
+  SecondOrder so;
+  Generator gen(seed);
+  Tensor out;
+  {
+    autograd::NoGrad ng;
+    out = fn(inputs);
+  }
+  so.v = from_vector(random_signs((size_t)out.numel(), gen), out.shape(), dt).requires_grad_();
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (const Tensor& x = inputs[k]; x.defined() && x.requires_grad()) {
+      so.index.push_back(k);
+      so.wrt.push_back(x);
+      so.u.push_back(random_signs((size_t)x.numel(), gen));
+    }
+  return so;
+}
+
+// The first gradients d(sum(fn(x) * v))/dx, one per input that requires grad (undefined where
+// none arrives), recorded when `create`.
+Tensors first_gradients(const OpFn& fn, const Tensors& inputs, const SecondOrder& so, bool create) {
+  Tensor out = fn(inputs);
+  if (!out.requires_grad()) fail("gradgradcheck: the output does not require grad: no input of the op requires grad");
+  Tensors xs(so.wrt.begin(), so.wrt.end() - 1);
+  return autograd::grad({out}, xs, {so.v}, {.create_graph = create, .allow_unused = true});
+}
+
+// The double backward: d(sum_k G_k * u_k)/d(x, v), zeros where nothing arrives.
+std::vector<std::vector<double>> second_gradients(const OpFn& fn, const Tensors& inputs, SecondOrder& so) {
+  so.wrt.push_back(so.v);
+  const Tensors first = first_gradients(fn, inputs, so, true);
+  Tensors outs, ups;
+  for (size_t k = 0; k < first.size(); ++k)
+    if (first[k].defined() && first[k].requires_grad()) {
+      outs.push_back(first[k]);
+      ups.push_back(from_vector(so.u[k], first[k].shape(), first[k].dtype()));
+    }
+  std::vector<std::vector<double>> out;
+  Tensors second;
+  if (!outs.empty()) second = autograd::grad(outs, so.wrt, ups, {.allow_unused = true});
+  autograd::clear_tape();  // the first gradients' graph, when nothing reached it
+  for (size_t k = 0; k < so.wrt.size(); ++k)
+    out.push_back(values_or_zeros(second.empty() ? Tensor() : second[k], so.wrt[k].numel()));
+  return out;
+}
+
+}  // namespace
+
+GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt) {
+  GradcheckResult res;
+  for (auto& x : inputs)
+    if (x.defined() && x.requires_grad() && x.dtype() != DType::f64)
+      fail("gradgradcheck: input " + describe(x) + " must be float64");
+  SecondOrder so = second_order_setup(fn, inputs, opt.seed, DType::f64);
+  if (so.wrt.empty()) fail("gradgradcheck: no input requires grad");
+  const std::vector<std::vector<double>> analytic = second_gradients(fn, inputs, so);
+  auto weighted_first = [&] {
+    const Tensors g = first_gradients(fn, inputs, so, false);
+    double s = 0;
+    for (size_t k = 0; k < g.size(); ++k)
+      if (g[k].defined()) s += weighted_sum(g[k], so.u[k]);
+    return s;
+  };
+  double worst_excess = -1;
+  for (size_t k = 0; k < so.wrt.size(); ++k) {
+    const bool is_v = k + 1 == so.wrt.size();
+    check_against_differences(res, worst_excess, is_v ? "upstream gradient" : "input " + std::to_string(so.index[k]), so.wrt[k],
+                              analytic[k], weighted_first, opt);
   }
   return res;
 }
@@ -97,6 +205,23 @@ void register_case(OpCase c) {
 }
 
 const std::vector<OpCase>& registered_cases() { return cases(); }
+
+void register_autograd_cases() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_case(OpCase{.name = "accumulate_grad/same_shape", .op = "accumulate_grad",
+                         .make_inputs = [](DType dt, Generator& g) {
+                           return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 4}, dt, g)};
+                         },
+                         .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); }});
+    register_case(OpCase{.name = "reduce_grad/broadcast", .op = "reduce_grad",
+                         .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+                         .fn = [](const Tensors& x) { return autograd::reduce_grad(x[0], {3, 1}); }});
+    register_case(OpCase{.name = "expand_grad/broadcast", .op = "expand_grad",
+                         .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g)}; },
+                         .fn = [](const Tensors& x) { return autograd::expand_grad(x[0], {2, 3, 4}); }});
+  });
+}
 
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
   return rand(shape, dt, g, lo, hi).requires_grad_();
@@ -112,13 +237,42 @@ Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo, doubl
   return Tensor::view_of(base, shape, strides, 0).requires_grad_();
 }
 
-GradcheckResult check_f32_vs_f64(const OpCase& c) {
-  GradcheckResult res;
+namespace {
+
+// Adds to res the elements where a32 and a64 differ by more than the case's float32 tolerances
+// (f32_atol relative to the largest float64 value, or 1).
+void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string& what, const Tensor& a32,
+                        const Tensor& a64) {
+  auto va = a32.to_vector<double>(), vb = a64.to_vector<double>();
+  if (va.size() != vb.size()) {
+    res.ok = false;
+    res.message = what + ": float32 has " + std::to_string(va.size()) + " elements, float64 " + std::to_string(vb.size());
+    return;
+  }
+  double scale = 0;
+  for (double v : vb) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < va.size(); ++i) {
+    const double err = std::fabs(va[i] - vb[i]);
+    res.max_abs_err = std::max(res.max_abs_err, err);
+    if (!(err <= c.f32_atol * std::max(1.0, scale) + c.f32_rtol * std::fabs(vb[i]))) {
+      if (res.ok) {
+        std::ostringstream os;
+        os.precision(8);
+        os << what << " at " << index_str(a64.shape(), i) << ": float32 " << va[i] << ", float64 " << vb[i];
+        res.message = os.str();
+      }
+      res.ok = false;
+    }
+  }
+}
+
+// The case's inputs in both precisions, with the same values: the float32 inputs are the float64
+// ones rounded (keeping any non-contiguous layout the case built), and the float64 ones are then
+// set to the rounded values.
+std::pair<Tensors, Tensors> inputs_in_both_precisions(const OpCase& c) {
   Generator g64(7), g32(7);
   Tensors x64 = c.make_inputs(DType::f64, g64);
   Tensors x32 = c.make_inputs(DType::f32, g32);
-  // Same values in both precisions: the f32 inputs are the f64 ones rounded (keeping any
-  // non-contiguous layout the case built).
   for (size_t k = 0; k < x64.size(); ++k) {
     if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
     copy_into(x32[k], x64[k]);
@@ -126,43 +280,24 @@ GradcheckResult check_f32_vs_f64(const OpCase& c) {
     x32[k].zero_grad();
     x64[k].zero_grad();
   }
+  return {x32, x64};
+}
+
+}  // namespace
+
+GradcheckResult check_f32_vs_f64(const OpCase& c) {
+  GradcheckResult res;
+  auto [x32, x64] = inputs_in_both_precisions(c);
   Tensor y64 = c.fn(x64), y32 = c.fn(x32);
-  auto compare = [&](const std::string& what, const Tensor& a32, const Tensor& a64) {
-    auto va = a32.to_vector<double>(), vb = a64.to_vector<double>();
-    if (va.size() != vb.size()) {
-      res.ok = false;
-      res.message = what + ": float32 has " + std::to_string(va.size()) + " elements, float64 " +
-                    std::to_string(vb.size());
-      return;
-    }
-    double scale = 0;
-    for (double v : vb) scale = std::max(scale, std::fabs(v));
-    for (size_t i = 0; i < va.size(); ++i) {
-      const double err = std::fabs(va[i] - vb[i]);
-      res.max_abs_err = std::max(res.max_abs_err, err);
-      if (!(err <= c.f32_atol * std::max(1.0, scale) + c.f32_rtol * std::fabs(vb[i]))) {
-        if (res.ok) {
-          std::ostringstream os;
-          os.precision(8);
-          os << what << " at " << index_str(a64.shape(), i) << ": float32 " << va[i]
-             << ", float64 " << vb[i];
-          res.message = os.str();
-        }
-        res.ok = false;
-      }
-    }
-  };
   if (y32.dtype() != DType::f32 || y64.dtype() != DType::f64) {
     res.ok = false;
-    res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " +
-                  dtype_name(y64.dtype());
+    res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " + dtype_name(y64.dtype());
     return res;
   }
-  compare("output", y32, y64);
+  compare_precisions(res, c, "output", y32, y64);
   if (!y64.requires_grad()) return res;
   Generator gg(99);
-  std::vector<double> up(y64.numel());
-  for (auto& v : up) v = 2.0 * gg.uniform() - 1.0;
+  const std::vector<double> up = random_signs((size_t)y64.numel(), gg);
   y64.backward(from_vector(up, y64.shape(), DType::f64));
   y32.backward(from_vector(up, y32.shape(), DType::f32));
   for (size_t k = 0; k < x64.size(); ++k) {
@@ -174,7 +309,23 @@ GradcheckResult check_f32_vs_f64(const OpCase& c) {
       }
       continue;
     }
-    compare("grad of input " + std::to_string(k), x32[k].grad(), x64[k].grad());
+    compare_precisions(res, c, "grad of input " + std::to_string(k), x32[k].grad(), x64[k].grad());
+  }
+  return res;
+}
+
+GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c) {
+  GradcheckResult res;
+  auto [x32, x64] = inputs_in_both_precisions(c);
+  SecondOrder s32 = second_order_setup(c.fn, x32, 99, DType::f32);
+  SecondOrder s64 = second_order_setup(c.fn, x64, 99, DType::f64);
+  if (s64.wrt.empty()) return res;
+  const auto a32 = second_gradients(c.fn, x32, s32);
+  const auto a64 = second_gradients(c.fn, x64, s64);
+  for (size_t k = 0; k < a64.size(); ++k) {
+    const Shape& shape = s64.wrt[k].shape();
+    compare_precisions(res, c, "second-order grad of " + std::string(k + 1 == a64.size() ? "the upstream gradient" : "input " + std::to_string(s64.index[k])),
+                       from_vector(a32[k], shape, DType::f64), from_vector(a64[k], shape, DType::f64));
   }
   return res;
 }

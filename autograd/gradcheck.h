@@ -40,6 +40,15 @@ struct GradcheckResult {
 ///         float (and whatever fn throws).
 GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt = {});
 
+/// The second-order check, as torch.autograd.gradgradcheck: with a random upstream gradient v
+/// (which itself requires grad), the first gradients G(x, v) = d(sum(fn(x) * v))/dx are taken
+/// with create_graph, and the double backward's d(sum_k G_k * u_k)/d(x, v), u random, is compared
+/// with central differences of the first gradients (each computed by an ordinary backward).
+/// Inputs are modified in place while it runs and restored.
+/// @throws graft::Error as gradcheck(), and the error of an op declared without a double
+///         backward (declare_op()) when fn uses one.
+GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt = {});
+
 /// One registered case for the generic tests. make_inputs builds the inputs in the requested
 /// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
 /// that should be checked come back with requires_grad set.
@@ -62,6 +71,10 @@ struct OpCase {
 /// @throws graft::Error when a case of that name is already registered.
 void register_case(OpCase c);
 
+/// Registers the gradcheck cases of the engine's own ops (accumulate_grad, reduce_grad,
+/// expand_grad: autograd/tape.h); register_op_cases() calls it. Idempotent.
+void register_autograd_cases();
+
 /// Input helper for cases: a uniform(lo, hi) leaf of `shape` that requires grad.
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
 /// Input helper for cases: like case_input(), but stored with its last two dims transposed, so
@@ -74,5 +87,8 @@ const std::vector<OpCase>& registered_cases();
 /// Runs the case's float32 forward and backward and compares output and input gradients with
 /// the float64 path (same input values, same upstream gradient).
 GradcheckResult check_f32_vs_f64(const OpCase& c);
+/// The same comparison for the double backward (gradgradcheck()'s analytic side): the
+/// second-order gradients of the float32 path against the float64 path, with the same v and u.
+GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c);
 
 }  // namespace graft

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -45,6 +46,8 @@ struct Entry {
   // an entry whose outputs did not ask pays one empty() test in backward.
   std::vector<std::weak_ptr<TensorImpl>> retained;
   bool freed = false;
+  int order = 1;  // 1 + the order of the backward that recorded it (1: recorded by a forward)
+  bool double_backward = true;  // its op's backward is differentiable (declare_op())
 };
 
 void mark_saved(Entry& e, bool on);
@@ -58,7 +61,7 @@ uint64_t next_tape_id() {
 
 struct Tape {
   const uint64_t id = next_tape_id();
-  std::vector<Entry> entries;
+  std::deque<Entry> entries;  // a deque: a backward under create_graph appends while one runs
   uint64_t epoch = 1;
   size_t live = 0;
   // A thread that ends with entries on its tape leaves no storage counted as saved.
@@ -77,6 +80,9 @@ struct Profile {
 };
 thread_local Profile t_profile;
 thread_local bool t_grad_enabled = true;
+// The order of what record() records: 1 in a forward, 1 + the entry's order while a backward
+// runs under create_graph.
+thread_local int t_record_order = 1;
 
 bool anomaly_from_env() {
   const char* v = std::getenv("GRAFT_DETECT_ANOMALY");
@@ -103,10 +109,22 @@ void check_forward(const char* op, const Tensors& inputs, const Tensors& outputs
            " produced " + bad);
 }
 
-void check_backward(const Entry& e, const Tensors& dins) {
+std::string ordinal(int n) {
+  static const char* const names[] = {"first", "second", "third", "fourth"};
+  return n >= 1 && n <= 4 ? names[n - 1] : "order-" + std::to_string(n);
+}
+
+// "backward of 'mul'", or, under create_graph or above the first order, "second backward of
+// 'mul'": the start of every error a backward raises.
+std::string backward_of(const Entry& e, bool create) {
+  const std::string what = std::string("backward of '") + e.op + "'";
+  return e.order > 1 || create ? ordinal(e.order) + " " + what : what;
+}
+
+void check_backward(const Entry& e, const Tensors& dins, bool create) {
   for (auto& g : dins)
     if (const char* bad = g.defined() ? nonfinite_kind(g) : nullptr)
-      fail(std::string("anomaly: backward of '") + e.op + "' (" + describe(g) + ")" + in_path(e.path) + " produced " + bad);
+      fail("anomaly: " + backward_of(e, create) + " (" + describe(g) + ")" + in_path(e.path) + " produced " + bad);
 }
 
 std::vector<OpDecl>& decls() {
@@ -118,11 +136,12 @@ std::mutex& decl_mutex() {
   return m;
 }
 
-bool is_declared(const char* name) {
+// The declaration of op `name`, or null.
+const OpDecl* find_decl(const char* name) {
   std::lock_guard<std::mutex> lk(decl_mutex());
   for (auto& d : decls())
-    if (d.name == name) return true;
-  return false;
+    if (d.name == name) return &d;
+  return nullptr;
 }
 
 // A tensor produced by an entry of another thread's tape (see tape.h: a graph belongs to the
@@ -191,24 +210,22 @@ void compact_if_empty() {
 namespace {
 // Backward reads what the entry saved and kept: fails if a saved tensor, or a tensor a kept buffer
 // was made from, was written in place since the op ran.
-void check_unmodified(const Entry& e) {
+void check_unmodified(const Entry& e, bool create) {
   for (size_t s = 0; s < e.saved.size(); ++s) {
     if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
-      fail(std::string("backward of '") + e.op + "': saved tensor " + std::to_string(s) + " (" +
+      fail(backward_of(e, create) + ": saved tensor " + std::to_string(s) + " (" +
            describe(e.saved[s]) + ") was modified in place after the op ran (version " +
            std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) + ")");
   }
   for (size_t s = 0; s < e.kept_sources.size(); ++s) {
     const std::shared_ptr<Storage> src = e.kept_sources[s].first.lock();
     if (src && src->version != e.kept_sources[s].second)
-      fail(std::string("backward of '") + e.op + "': the tensor kept buffer " + std::to_string(s) +
+      fail(backward_of(e, create) + ": the tensor kept buffer " + std::to_string(s) +
            " was made from was modified in place after the op ran (version " +
            std::to_string(e.kept_sources[s].second) + " -> " + std::to_string(src->version) + ")");
   }
 }
 
-void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at);
-std::vector<std::vector<TensorImpl*>> leaves_ready_at(int64_t top);
 }
 
 std::vector<SavedBytes> saved_bytes_by_op() {
@@ -290,11 +307,11 @@ const char* nonfinite_kind(const Tensor& t) {
 }
 void set_grad_enabled(bool on) { t_grad_enabled = on; }
 
-bool declare_op(const char* name, const char* family) {
+bool declare_op(const char* name, const char* family, bool double_backward) {
   std::lock_guard<std::mutex> lk(decl_mutex());
   for (auto& d : decls())
     if (d.name == name) return true;
-  decls().push_back({name, family});
+  decls().push_back({name, family, double_backward});
   return true;
 }
 
@@ -316,15 +333,18 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
             const std::vector<KeptBuffer>& kept, BackwardFn fn) {
   // Op names are string literals: remember the pointers already checked, so the hot path is one
   // hash lookup instead of a locked scan of every declared name.
-  thread_local std::unordered_set<const char*> checked;
-  if (!checked.count(op)) {
-    if (!is_declared(op))
-      fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
-    checked.insert(op);
+  thread_local std::unordered_map<const char*, bool> checked;  // op -> double_backward
+  auto known = checked.find(op);
+  if (known == checked.end()) {
+    const OpDecl* d = find_decl(op);
+    if (!d) fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
+    known = checked.emplace(op, d->double_backward).first;
   }
   if (t_anomaly) check_forward(op, inputs, outputs);
   Entry e;
   e.op = op;
+  e.order = t_record_order;
+  e.double_backward = known->second;
   if (keeping_paths()) e.path = name_scope_path();
   for (auto& t : inputs) {
     Route r;
@@ -376,56 +396,23 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   }
 }
 
-void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
-  if (!root.defined()) fail("backward: called on an undefined tensor");
-  if (!root.requires_grad())
-    fail("backward: tensor " + describe(root) +
-         " does not require grad (no input of the ops that made it requires grad)");
-  Tensor seed = grad;
-  if (!seed.defined()) {
-    if (root.numel() != 1)
-      fail("backward: root " + describe(root) +
-           " is not a scalar; pass an upstream gradient of the same shape");
-    seed = full(root.shape(), 1.0, root.dtype());
-  } else if (seed.shape() != root.shape() || seed.dtype() != root.dtype()) {
-    fail("backward: upstream gradient " + describe(seed) + " does not match root " +
-         describe(root));
-  }
-  TensorImpl* ri = root.impl();
-  check_this_thread(ri, "backward: the root " + describe(root));
-  if (ri->tape_index < 0) {  // a leaf: its gradient is the seed itself
-    if (ri->grad) accumulate_into(Tensor(ri->grad), seed);
-    else ri->grad = contiguous_copy(seed).impl_ptr();
-    return;
-  }
-  if (from_old_epoch(ri) || t_tape.entries[ri->tape_index].freed)
-    already_freed(from_old_epoch(ri) ? "the op that produced this tensor"
-                                     : t_tape.entries[ri->tape_index].op);
-
-  NoGrad no_grad;  // backward functions use ops; they must not record
-  const int64_t top = ri->tape_index;
-  {
-    Entry& e = t_tape.entries[top];
-    e.pending.assign(e.out_shapes.size(), Tensor());
-    e.owned.assign(e.out_shapes.size(), false);
-    e.pending[ri->tape_slot] = seed;
-  }
-  try {
-    run_backward(top, retain_graph, t_grad_ready ? leaves_ready_at(top) : std::vector<std::vector<TensorImpl*>>());
-  } catch (...) {
-    // A failed backward leaves half-routed gradients behind; drop this graph so the next
-    // backward starts clean instead of replaying stale state.
-    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
-    compact_if_empty();
-    throw;
-  }
-  if (!retain_graph) {
-    for (int64_t i = top; i >= 0; --i) free_entry(t_tape.entries[i]);
-    compact_if_empty();
-  }
-}
-
 namespace {
+
+// One reverse pass: backward() fills leaves' .grad; grad() captures the gradients of its inputs
+// (targets) and runs only the entries between them and the outputs.
+struct Pass {
+  bool retain = false, create = false;
+  int64_t top = -1;
+  size_t first_new = 0;  // entries recorded by this pass (create_graph) start here
+  bool capture = false;
+  std::unordered_map<const TensorImpl*, size_t> leaf_target;
+  std::map<std::pair<int64_t, int>, size_t> entry_target;  // (entry, slot) of a non-leaf input
+  std::vector<char> relevant;  // capture: entry i leads to a target
+  Tensors captured;
+  std::vector<char> captured_owned;
+  std::vector<std::vector<TensorImpl*>> ready_at;
+};
+
 // A gradient nobody else holds (one handle, one view of a whole contiguous storage) can become a
 // leaf's .grad as is, without a copy.
 bool sole_owner(const Tensor& g) {
@@ -434,30 +421,51 @@ bool sole_owner(const Tensor& g) {
          g.is_contiguous() && t->storage->nbytes == (size_t)g.numel() * dtype_size(g.dtype());
 }
 
-// Hands gradient g to where its input came from: the producing entry's pending gradient (summed
-// with what already arrived there) or the leaf's .grad.
-void route_gradient(const Route& r, const Tensor& g) {
+// sum += g for a gradient arriving again. Under create_graph the sum is recorded; otherwise it
+// is accumulated in place, into a copy first when the buffer is not ours (a backward may hand the
+// same buffer to several inputs: add passes dout through).
+void add_gradient(Tensor& sum, bool& owned, const Tensor& g, bool create) {
+  if (!sum.defined()) {
+    sum = g;
+    owned = false;
+  } else if (create) {
+    sum = accumulate_grad(sum, g);
+    owned = false;
+  } else {
+    if (!owned) {
+      sum = contiguous_copy(sum);
+      owned = true;
+    }
+    accumulate_into(sum, g);
+  }
+}
+
+void add_to_grad(std::shared_ptr<TensorImpl>& grad, const Tensor& g, bool create, bool may_keep) {
+  if (!grad) grad = create || (may_keep && sole_owner(g)) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
+  else if (create) grad = accumulate_grad(Tensor(grad), g).impl_ptr();
+  else accumulate_into(Tensor(grad), g);
+}
+
+// Hands gradient g to where its input came from: the producing entry's pending gradient, the
+// leaf's .grad (backward()) or the captured gradient of a target (grad()).
+void route_gradient(Pass& p, const Route& r, const Tensor& g) {
   if (r.index >= 0) {
     Entry& src = t_tape.entries[r.index];
     if (src.pending.empty()) {
       src.pending.assign(src.out_shapes.size(), Tensor());
       src.owned.assign(src.out_shapes.size(), false);
     }
-    Tensor& slot = src.pending[r.slot];
-    // A backward may hand the same buffer to several inputs (add passes dout through),
-    // so a gradient is copied before the first accumulation into it, never written as is.
-    if (!slot.defined()) {
-      slot = g;
-    } else {
-      if (!src.owned[r.slot]) {
-        slot = contiguous_copy(slot);
-        src.owned[r.slot] = true;
-      }
-      accumulate_into(slot, g);
-    }
+    bool owned = src.owned[r.slot];
+    add_gradient(src.pending[r.slot], owned, g, p.create);
+    src.owned[r.slot] = owned;
+  } else if (r.leaf && p.capture) {
+    auto it = p.leaf_target.find(r.leaf.get());
+    if (it == p.leaf_target.end()) return;
+    bool owned = p.captured_owned[it->second];
+    add_gradient(p.captured[it->second], owned, g, p.create);
+    p.captured_owned[it->second] = owned;
   } else if (r.leaf) {
-    if (r.leaf->grad) accumulate_into(Tensor(r.leaf->grad), g);
-    else r.leaf->grad = sole_owner(g) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
+    add_to_grad(r.leaf->grad, g, p.create, true);
   }
 }
 
@@ -475,80 +483,361 @@ std::vector<std::vector<TensorImpl*>> leaves_ready_at(int64_t top) {
   return ready_at;
 }
 
-void fire_ready(const std::vector<std::vector<TensorImpl*>>& ready_at, int64_t i) {
-  if (ready_at.empty()) return;
-  for (TensorImpl* leaf : ready_at[(size_t)i]) t_grad_ready(leaf);
+void fire_ready(const Pass& p, int64_t i) {
+  if (p.ready_at.empty()) return;
+  for (TensorImpl* leaf : p.ready_at[(size_t)i]) t_grad_ready(leaf);
 }
 
 // Adds the complete gradients of e's outputs that called retain_grad() to their .grad (the pending
 // gradients, before the entry's backward runs; an output that no gradient reached gets none).
-void keep_retained(const Entry& e) {
+void keep_retained(const Entry& e, bool create) {
   for (size_t k = 0; k < e.retained.size(); ++k) {
     const std::shared_ptr<TensorImpl> t = e.retained[k].lock();
-    if (!t || !e.pending[k].defined()) continue;
-    if (t->grad) accumulate_into(Tensor(t->grad), e.pending[k]);
-    else t->grad = contiguous_copy(e.pending[k]).impl_ptr();  // pending may be shared or reused
+    if (t && e.pending[k].defined()) add_to_grad(t->grad, e.pending[k], create, false);
   }
 }
 
-void run_backward(int64_t top, bool retain_graph, const std::vector<std::vector<TensorImpl*>>& ready_at) {
-  for (int64_t i = top; i >= 0; --i) {
-    Entry& e = t_tape.entries[i];
-    bool any = false;
-    for (auto& p : e.pending) any |= p.defined();
-    if (!any) {
-      fire_ready(ready_at, i);
-      continue;
+// grad(): the complete gradients of the targets that entry i produced, taken before it runs.
+void capture_outputs(Pass& p, int64_t i, const Entry& e) {
+  for (size_t k = 0; k < e.pending.size(); ++k) {
+    auto it = p.entry_target.find({i, (int)k});
+    if (it != p.entry_target.end() && e.pending[k].defined()) {
+      bool owned = p.captured_owned[it->second];
+      add_gradient(p.captured[it->second], owned, e.pending[k], p.create);
+      p.captured_owned[it->second] = owned;
     }
-    if (e.freed) already_freed(e.op);
-    check_unmodified(e);
-    if (!e.retained.empty()) keep_retained(e);
-    for (size_t k = 0; k < e.pending.size(); ++k)
-      if (!e.pending[k].defined()) e.pending[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
-      else if (!e.pending[k].is_contiguous()) e.pending[k] = contiguous_copy(e.pending[k]);
-    Ctx ctx;
-    ctx.last_use = !retain_graph;
-    // On the last use the entry gives its saved tensors away (see can_overwrite).
-    if (retain_graph) {
-      ctx.saved = e.saved;
-    } else {
-      mark_saved(e, false);
-      ctx.saved = std::move(e.saved);
-    }
-    ctx.kept = e.kept;
-    for (auto& r : e.inputs) ctx.needs.push_back(r.needs);
-    const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
-    Tensors dins = e.fn(ctx, e.pending);
-    if (t_profile.on) {
-      t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
-      t_profile.last = ProfileClock::now();
-    }
-    if (t_anomaly) check_backward(e, dins);
-    ctx.saved.clear();  // a gradient handed out in a saved buffer is then held by dins alone
-    e.pending.clear();
-    e.owned.clear();
-    // Without retain_graph the entry's saved activations go as soon as its backward has run,
-    // so memory falls during backward instead of peaking with every gradient on top.
-    if (!retain_graph) free_entry(e);
-    if (dins.size() != e.inputs.size())
-      fail(std::string("backward of '") + e.op + "': returned " + std::to_string(dins.size()) +
-           " gradients for " + std::to_string(e.inputs.size()) + " inputs");
-    for (size_t k = 0; k < dins.size(); ++k) {
-      const Route& r = e.inputs[k];
-      Tensor& g = dins[k];
-      if (!r.needs || !g.defined()) continue;
-      // A gradient of a shape the input was broadcast to is summed back here, once for every
-      // op (add, mul, where, the attention bias...); any other mismatch is a bug in the op.
-      if (g.dtype() != r.dtype || !broadcasts_to(r.shape, g.shape()))
-        fail(std::string("backward of '") + e.op + "': gradient for input " + std::to_string(k) +
-             " is " + describe(g) + " but the input is " + describe(r.dtype, r.shape));
-      if (g.shape() != r.shape) g = sum_to_shape(g, r.shape);
-      route_gradient(r, g);
-    }
-    fire_ready(ready_at, i);
   }
 }
+
+// Whether route r can carry a gradient the pass wants: every one for backward(); for grad(), one
+// that reaches a target.
+bool wanted(const Pass& p, const Route& r) {
+  if (!r.needs) return false;
+  if (!p.capture) return true;
+  if (r.leaf) return p.leaf_target.count(r.leaf.get()) > 0;
+  return r.index >= 0 && (p.relevant[r.index] || p.entry_target.count({r.index, r.slot}) > 0);
+}
+
+// The pending gradients of entry i made whole: zeros where none arrived, contiguous (a recorded
+// copy under create_graph, so the copy stays on the graph).
+Tensors take_pending(Entry& e, bool create) {
+  Tensors dout = std::move(e.pending);
+  e.pending.clear();
+  e.owned.clear();
+  for (size_t k = 0; k < dout.size(); ++k)
+    if (!dout[k].defined()) dout[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
+    else if (!dout[k].is_contiguous()) dout[k] = create ? expand_grad(dout[k], dout[k].shape()) : contiguous_copy(dout[k]);
+  return dout;
+}
+
+// An op declared without a double backward, run under create_graph: its gradients (computed
+// without recording) become the outputs of an entry whose backward is the error, so asking for
+// the next derivative names the op and the order.
+void record_no_double_backward(const Entry& e, const Tensors& dout, Tensors& dins) {
+  Tensors from;
+  for (const Tensor& d : dout)
+    if (d.requires_grad()) from.push_back(d);
+  for (const Tensor& s : e.saved)
+    if (s.defined() && s.requires_grad()) from.push_back(s);
+  Tensors outs;
+  for (Tensor& g : dins) {
+    if (!g.defined() || !is_floating(g.dtype())) continue;
+    g = Tensor::view_of(g, g.shape(), g.strides(), g.offset());  // a fresh handle of its own
+    outs.push_back(g);
+  }
+  if (from.empty() || outs.empty()) return;
+  const std::string msg = ordinal(t_record_order) + " backward of '" + e.op + "': '" + e.op +
+                          "' was declared without a double backward (GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE); "
+                          "its gradients cannot be differentiated again";
+  record(e.op, from, outs, {}, [msg](const Ctx&, const Tensors&) -> Tensors { fail(msg); });
+}
+
+// Runs entry i's backward and routes what it returns.
+void run_entry(Pass& p, int64_t i) {
+  Entry& e = t_tape.entries[i];  // a deque: stays valid while the backward records new entries
+  if (e.freed) already_freed(e.op);
+  check_unmodified(e, p.create);
+  if (!e.retained.empty()) keep_retained(e, p.create);
+  Tensors dout = take_pending(e, p.create);
+  Ctx ctx;
+  ctx.last_use = !p.retain;
+  ctx.create_graph = p.create;
+  ctx.order = e.order;
+  // On the last use the entry gives its saved tensors away (see can_overwrite).
+  if (p.retain) {
+    ctx.saved = e.saved;
+  } else {
+    mark_saved(e, false);
+    ctx.saved = std::move(e.saved);
+  }
+  ctx.kept = e.kept;
+  for (auto& r : e.inputs) ctx.needs.push_back(wanted(p, r));
+  const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
+  const int prev_order = t_record_order;
+  t_record_order = e.order + 1;  // what this backward records is the next derivative
+  struct RestoreOrder {
+    int v;
+    ~RestoreOrder() { t_record_order = v; }
+  } restore{prev_order};
+  Tensors dins;
+  if (p.create && !e.double_backward) {
+    {
+      NoGrad ng;
+      dins = e.fn(ctx, dout);
+    }
+    record_no_double_backward(e, dout, dins);
+  } else {
+    dins = e.fn(ctx, dout);
+  }
+  if (t_profile.on) {
+    t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
+    t_profile.last = ProfileClock::now();
+  }
+  if (t_anomaly) check_backward(e, dins, p.create);
+  ctx.saved.clear();  // a gradient handed out in a saved buffer is then held by dins alone
+  dout.clear();
+  // Without retain_graph the entry's saved activations go as soon as its backward has run,
+  // so memory falls during backward instead of peaking with every gradient on top.
+  if (!p.retain) free_entry(e);
+  if (dins.size() != e.inputs.size())
+    fail(backward_of(e, p.create) + ": returned " + std::to_string(dins.size()) + " gradients for " +
+         std::to_string(e.inputs.size()) + " inputs");
+  for (size_t k = 0; k < dins.size(); ++k) {
+    const Route& r = e.inputs[k];
+    Tensor& g = dins[k];
+    if (!ctx.needs[k] || !g.defined()) continue;
+    // A gradient of a shape the input was broadcast to is summed back here, once for every
+    // op (add, mul, where, the attention bias...); any other mismatch is a bug in the op.
+    if (g.dtype() != r.dtype || !broadcasts_to(r.shape, g.shape()))
+      fail(backward_of(e, p.create) + ": gradient for input " + std::to_string(k) + " is " + describe(g) +
+           " but the input is " + describe(r.dtype, r.shape));
+    if (g.shape() != r.shape) g = p.create ? reduce_grad(g, r.shape) : sum_to_shape(g, r.shape);
+    route_gradient(p, r, g);
+  }
+}
+
+void run_backward(Pass& p) {
+  for (int64_t i = p.top; i >= 0; --i) {
+    Entry& e = t_tape.entries[i];
+    bool any = false;
+    for (auto& pg : e.pending) any |= pg.defined();
+    if (any && p.capture) capture_outputs(p, i, e);
+    if (any && p.capture && !p.relevant[i]) {
+      e.pending.clear();
+      e.owned.clear();
+      any = false;
+    }
+    if (any) run_entry(p, i);
+    fire_ready(p, i);
+  }
+}
+
+// Frees the entries a pass ran through (all of [0, top] when it failed, since it leaves
+// half-routed gradients behind) and, on failure, the entries it recorded.
+void free_after(const Pass& p, bool failed) {
+  if (failed)
+    for (size_t i = t_tape.entries.size(); i-- > p.first_new;) free_entry(t_tape.entries[i]);
+  if (failed || !p.retain)
+    for (int64_t i = p.top; i >= 0; --i) free_entry(t_tape.entries[i]);
+  compact_if_empty();
+}
+
+// Seeds the pending gradient of a non-leaf output.
+void seed(Pass& p, const Tensor& out, const Tensor& g) {
+  Entry& e = t_tape.entries[out.impl()->tape_index];
+  if (e.pending.empty()) {
+    e.pending.assign(e.out_shapes.size(), Tensor());
+    e.owned.assign(e.out_shapes.size(), false);
+  }
+  bool owned = e.owned[out.impl()->tape_slot];
+  add_gradient(e.pending[out.impl()->tape_slot], owned, g, p.create);
+  e.owned[out.impl()->tape_slot] = owned;
+}
+
+// The gradient an output is seeded with: `g`, or ones for a one-element output. `caller` and
+// `name` ("backward", "root") name them in errors.
+Tensor seed_for(const Tensor& out, const Tensor& g, const std::string& caller, const std::string& name) {
+  if (!g.defined()) {
+    if (out.numel() != 1)
+      fail(caller + ": " + name + " " + describe(out) + " is not a scalar; pass an upstream gradient of the same shape");
+    return full(out.shape(), 1.0, out.dtype());
+  }
+  if (g.shape() != out.shape() || g.dtype() != out.dtype())
+    fail(caller + ": upstream gradient " + describe(g) + " does not match " + name + " " + describe(out));
+  return g;
+}
+
+// Fails unless `t` is an op output whose graph is still there, or a leaf.
+void check_live(const TensorImpl* t, const std::string& what) {
+  check_this_thread(t, what);
+  if (t->tape_index >= 0 && (from_old_epoch(t) || t_tape.entries[t->tape_index].freed))
+    already_freed(from_old_epoch(t) ? "the op that produced this tensor" : t_tape.entries[t->tape_index].op);
+}
+
+// Runs a pass, freeing what it must when it ends or fails. Grad mode is on under create_graph
+// (the backward records), off otherwise.
+void run_pass(Pass& p) {
+  p.first_new = t_tape.entries.size();
+  const bool prev = t_grad_enabled;
+  t_grad_enabled = p.create;
+  try {
+    run_backward(p);
+  } catch (...) {
+    t_grad_enabled = prev;
+    free_after(p, true);
+    throw;
+  }
+  t_grad_enabled = prev;
+  free_after(p, false);
+}
+
 }  // namespace
+
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph, bool create_graph) {
+  if (!root.defined()) fail("backward: called on an undefined tensor");
+  if (!root.requires_grad())
+    fail("backward: tensor " + describe(root) +
+         " does not require grad (no input of the ops that made it requires grad)");
+  const Tensor g = seed_for(root, grad, "backward", "root");
+  TensorImpl* ri = root.impl();
+  check_live(ri, "backward: the root " + describe(root));
+  if (ri->tape_index < 0) {  // a leaf: its gradient is the seed itself
+    add_to_grad(ri->grad, g, create_graph, false);
+    return;
+  }
+  Pass p;
+  p.create = create_graph;
+  p.retain = retain_graph || create_graph;
+  p.top = ri->tape_index;
+  if (t_grad_ready) p.ready_at = leaves_ready_at(p.top);
+  seed(p, root, g);
+  run_pass(p);
+}
+
+namespace {
+// grad(): the targets, and the entries at or below `top` that lead to one.
+void mark_targets(Pass& p, const Tensors& inputs) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorImpl* t = inputs[k].impl();
+    if (t->tape_index < 0) p.leaf_target.emplace(t, k);
+    else p.entry_target.emplace(std::make_pair(t->tape_index, t->tape_slot), k);
+  }
+  p.relevant.assign((size_t)p.top + 1, 0);
+  for (int64_t i = 0; i <= p.top; ++i)
+    for (const Route& r : t_tape.entries[i].inputs)
+      if (wanted(p, r)) {
+        p.relevant[i] = 1;
+        break;
+      }
+}
+}  // namespace
+
+Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs, const GradOptions& opt) {
+  if (outputs.empty()) fail("grad: no outputs given");
+  if (inputs.empty()) fail("grad: no inputs given");
+  if (!grad_outputs.empty() && grad_outputs.size() != outputs.size())
+    fail("grad: " + std::to_string(grad_outputs.size()) + " grad_outputs for " + std::to_string(outputs.size()) +
+         " outputs");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const std::string what = "grad: input " + std::to_string(k);
+    if (!inputs[k].defined()) fail(what + " is an undefined tensor");
+    if (!inputs[k].requires_grad()) fail(what + " " + describe(inputs[k]) + " does not require grad");
+    check_live(inputs[k].impl(), what);
+  }
+  Pass p;
+  p.capture = true;
+  p.create = opt.create_graph;
+  p.retain = opt.retain_graph || opt.create_graph;
+  p.captured.assign(inputs.size(), Tensor());
+  p.captured_owned.assign(inputs.size(), 0);
+  Tensors seeds;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const std::string what = "grad: output " + std::to_string(k);
+    if (!outputs[k].defined()) fail(what + " is an undefined tensor");
+    if (!outputs[k].requires_grad())
+      fail(what + " " + describe(outputs[k]) + " does not require grad (no input of the ops that made it requires grad)");
+    check_live(outputs[k].impl(), what);
+    seeds.push_back(seed_for(outputs[k], grad_outputs.empty() ? Tensor() : grad_outputs[k], "grad", "output " + std::to_string(k)));
+    p.top = std::max(p.top, outputs[k].impl()->tape_index);
+  }
+  if (p.top >= 0) mark_targets(p, inputs);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k].impl()->tape_index >= 0) {
+      seed(p, outputs[k], seeds[k]);
+      continue;
+    }
+    for (size_t j = 0; j < inputs.size(); ++j)  // an output that is itself an input (a leaf)
+      if (inputs[j].impl() == outputs[k].impl()) {
+        bool owned = p.captured_owned[j];
+        add_gradient(p.captured[j], owned, seeds[k], p.create);
+        p.captured_owned[j] = owned;
+      }
+  }
+  if (p.top >= 0) run_pass(p);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!p.captured[k].defined() && !opt.allow_unused)
+      fail("grad: input " + std::to_string(k) + " " + describe(inputs[k]) +
+           " is not reached from the outputs (pass allow_unused to get an undefined gradient)");
+    if (p.captured[k].defined() && !p.create && !p.captured_owned[k]) p.captured[k] = contiguous_copy(p.captured[k]);
+  }
+  return p.captured;
+}
+
+// ---- the engine's own ops (create_graph) ------------------------------------------------------
+
+GRAFT_DECLARE_OP("accumulate_grad", "autograd");
+GRAFT_DECLARE_OP("reduce_grad", "autograd");
+GRAFT_DECLARE_OP("expand_grad", "autograd");
+
+namespace {
+void check_grad_arg(const char* op, const Tensor& t) {
+  check_defined(t, op, "the gradient");
+  if (!is_floating(t.dtype())) fail(std::string(op) + ": expected a float tensor, got " + describe(t));
+}
+}  // namespace
+
+// accumulate_grad: a + b, both of one shape and dtype; da = db = dout.
+Tensor accumulate_grad(const Tensor& a, const Tensor& b) {
+  check_grad_arg("accumulate_grad", a);
+  check_grad_arg("accumulate_grad", b);
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    fail("accumulate_grad: " + describe(a) + " + " + describe(b) + ": shapes or dtypes differ");
+  Tensor out = contiguous_copy(a);
+  accumulate_into(out, b);
+  if (needs_record({a, b}))
+    record("accumulate_grad", {a, b}, {out}, {}, [](const Ctx&, const Tensors& dout) { return Tensors{dout[0], dout[0]}; });
+  return out;
+}
+
+// reduce_grad: g summed down to `shape`; dg = dout expanded back to g's shape.
+Tensor reduce_grad(const Tensor& g, const Shape& shape) {
+  check_grad_arg("reduce_grad", g);
+  if (!broadcasts_to(shape, g.shape()))
+    fail("reduce_grad: cannot reduce " + describe(g) + " to shape " + shape_str(shape));
+  Tensor out = g.shape() == shape ? contiguous_copy(g) : sum_to_shape(g, shape);
+  if (needs_record({g}))
+    record("reduce_grad", {g}, {out}, {}, [from = g.shape()](const Ctx&, const Tensors& dout) {
+      return Tensors{expand_grad(dout[0], from)};
+    });
+  return out;
+}
+
+// expand_grad: g copied out to the contiguous `shape` it broadcasts to; dg = dout summed back.
+Tensor expand_grad(const Tensor& g, const Shape& shape) {
+  check_grad_arg("expand_grad", g);
+  if (!broadcasts_to(g.shape(), shape))
+    fail("expand_grad: cannot broadcast " + describe(g) + " to shape " + shape_str(shape));
+  Shape strides(shape.size(), 0);
+  const size_t lead = shape.size() - g.shape().size();
+  for (size_t d = 0; d < g.shape().size(); ++d)
+    strides[lead + d] = g.shape()[d] == 1 && shape[lead + d] != 1 ? 0 : g.strides()[d];
+  Tensor out = contiguous_copy(Tensor::view_of(g, shape, strides, g.offset()));
+  if (needs_record({g}))
+    record("expand_grad", {g}, {out}, {}, [from = g.shape()](const Ctx&, const Tensors& dout) {
+      return Tensors{reduce_grad(dout[0], from)};
+    });
+  return out;
+}
 
 size_t tape_size() { return t_tape.live; }
 

@@ -115,6 +115,14 @@ struct Ctx {
   std::vector<std::shared_ptr<Storage>> kept;
   std::vector<bool> needs;  ///< needs[i]: input i wants a gradient (skip the work otherwise)
   bool last_use = false;    ///< the entry is freed after this backward (no retain_graph)
+  /// The backward runs under create_graph: grad mode is on and the gradients it returns must be
+  /// built from recorded ops (differentiable in dout and in the saved tensors), so they can be
+  /// differentiated again. A backward whose fast path is a raw kernel takes its composed path
+  /// here (see docs/autograd.md, "Higher-order gradients").
+  bool create_graph = false;
+  /// Which derivative this backward computes: 1 for an op recorded by a forward, 2 for an op
+  /// recorded by a first backward under create_graph, and so on.
+  int order = 1;
 };
 
 /// True when a backward may write into its saved tensor saved[i]: this is the entry's last
@@ -156,14 +164,54 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
 /// Reverse-mode pass from `root`: seeds it with `grad` (ones for a one-element root when `grad`
 /// is undefined), runs every entry `root` depends on in reverse, and accumulates into the .grad
 /// of each leaf that requires grad. Without `retain_graph` each entry is freed once its backward
-/// has run, so memory falls during the pass. Tensor::backward() calls it.
+/// has run, so memory falls during the pass. With `create_graph` the backward is recorded (the
+/// .grad it leaves is itself on the tape and can be differentiated again) and the graph is kept
+/// (retain_graph is implied). Tensor::backward() calls it.
 /// @throws graft::Error when `root` is undefined, was recorded on another thread's tape (see the
 ///         file comment), or does not require grad, `grad` is missing
 ///         for a non-scalar root or does not match its shape and dtype, a saved tensor was
 ///         modified in place after its op ran, an entry was already freed by an earlier
 ///         backward (run the forward again, or pass retain_graph), a backward returned the wrong
 ///         number or shape of gradients, or (in anomaly mode) a gradient holds NaN or Inf.
-void backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+void backward(const Tensor& root, const Tensor& grad, bool retain_graph, bool create_graph = false);
+
+/// Options of grad(), as torch.autograd.grad's.
+struct GradOptions {
+  /// Record the backward itself, so the gradients returned can be differentiated again (a
+  /// Hessian-vector product, a gradient penalty); implies retain_graph.
+  bool create_graph = false;
+  /// Keep the graph's entries after the pass, for another backward or grad() through them.
+  bool retain_graph = false;
+  /// An input no gradient reaches gets an undefined tensor instead of an error.
+  bool allow_unused = false;
+};
+/// The gradients of `outputs` with respect to `inputs` (leaves or intermediate tensors), one per
+/// input, as torch.autograd.grad: each output k is seeded with grad_outputs[k] (ones for a
+/// one-element output when grad_outputs is empty or holds an undefined tensor there). Only the
+/// entries between the outputs and the inputs run, and no .grad is touched. With create_graph
+/// the gradients are recorded on the tape (they require grad when anything they depend on
+/// does), to any order.
+/// @throws graft::Error for no outputs or inputs, an output or input that is undefined, does not
+///         require grad or was recorded on another thread's tape, grad_outputs of the wrong count,
+///         shape or dtype, an input no gradient reaches (unless allow_unused), and whatever
+///         backward() throws (the errors name the op and, under create_graph or above the first
+///         order, which backward: "second backward of 'mul': ...").
+Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs = {},
+             const GradOptions& options = {});
+
+/// The ops the engine itself records under create_graph (family "autograd", gradchecked like any
+/// op), each recorded only when grad mode is on and its input requires grad:
+/// accumulate_grad(a, b) is a + b (a gradient arriving twice), reduce_grad(g, shape) sums g down
+/// to `shape` (the input of a broadcasting op), expand_grad(g, shape) copies g out to the
+/// contiguous `shape` it broadcasts to (reduce_grad's backward; with g's own shape, a
+/// contiguous copy).
+/// @throws graft::Error for undefined or non-float tensors, shapes or dtypes that differ
+///         (accumulate_grad) or do not broadcast.
+///@{
+Tensor accumulate_grad(const Tensor& a, const Tensor& b);
+Tensor reduce_grad(const Tensor& g, const Shape& shape);
+Tensor expand_grad(const Tensor& g, const Shape& shape);
+///@}
 
 /// Called by backward() once a leaf's gradient is complete: every entry that routes a gradient
 /// to the leaf has run (the earliest of them in tape order). Data-parallel training starts
@@ -237,13 +285,19 @@ std::vector<OpTime> profile_report();
 ///
 /// Every op that records must be declared once (GRAFT_DECLARE_OP) so the gradcheck-all test
 /// can fail when an op has no gradcheck case.
-bool declare_op(const char* name, const char* family);
+///
+/// `double_backward` false declares an op whose backward is not differentiable (its gradients
+/// are constants even under create_graph): differentiating them again is an error naming the op
+/// ("second backward of 'x': ... declared without a double backward"), and gradgradcheck
+/// expects that error instead of a check.
+bool declare_op(const char* name, const char* family, bool double_backward = true);
 /// One declared op.
 struct OpDecl {
   /// The op name and its family.
   ///@{
   std::string name, family;
   ///@}
+  bool double_backward = true;  ///< its backward can be differentiated (see declare_op())
 };
 /// Every op declared so far, in declaration order.
 const std::vector<OpDecl>& declared_ops();
@@ -257,3 +311,7 @@ const std::vector<OpDecl>& declared_ops();
 #define GRAFT_DECLARE_OP(name, family)                          \
   [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
       ::graft::autograd::declare_op(name, family)
+/// Declares an op whose backward has no derivative of its own (see declare_op()).
+#define GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE(name, family)                          \
+  [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
+      ::graft::autograd::declare_op(name, family, false)

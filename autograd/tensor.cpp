@@ -441,8 +441,8 @@ Tensor Tensor::detach() const {
   return view_of(*this, shape(), strides(), offset());
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph) const {
-  autograd::backward(*this, grad, retain_graph);
+void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) const {
+  autograd::backward(*this, grad, retain_graph, create_graph);
 }
 
 std::string describe(DType dt, const Shape& shape) {

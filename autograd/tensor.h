@@ -209,7 +209,8 @@ class Tensor {
   ///         (autograd/tape.h), or does not require grad, `grad` is missing or does not
   ///         match, a saved tensor was modified in place since the forward, or an entry was
   ///         already freed.
-  void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+  /// With create_graph the backward is recorded and the graph kept (see autograd::backward()).
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false, bool create_graph = false) const;
 
   /// In-place writes must call this so the tape can detect stale saved tensors.
   void bump_version() const { ++state("bump_version").storage->version; }

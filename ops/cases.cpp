@@ -1,5 +1,7 @@
 #include "graft/ops/cases.h"
 
+#include "graft/autograd/gradcheck.h"
+
 #include <mutex>
 
 namespace graft {
@@ -7,6 +9,7 @@ namespace graft {
 void register_op_cases() {
   static std::once_flag once;
   std::call_once(once, [] {
+    register_autograd_cases();
     register_attention_cases();
     register_dropout_cases();
     register_elementwise_cases();

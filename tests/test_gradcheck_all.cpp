@@ -22,6 +22,11 @@ const OpCase& find_case(const std::string& name) {
     if (c.name == name) return c;
   throw std::runtime_error("no case " + name);
 }
+bool has_double_backward(const std::string& op) {
+  for (auto& d : autograd::declared_ops())
+    if (d.name == op) return d.double_backward;
+  throw std::runtime_error("no declared op " + op);
+}
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(gradcheck_all)
@@ -53,6 +58,33 @@ BOOST_DATA_TEST_CASE(float64_gradcheck, boost::unit_test::data::make(case_names(
 BOOST_DATA_TEST_CASE(float32_matches_float64, boost::unit_test::data::make(case_names()), name) {
   GradcheckResult r = check_f32_vs_f64(find_case(name));
   BOOST_TEST(r.ok, name << ": " << r.message);
+}
+
+// Second order: every case's double backward against central differences of its first
+// gradients; an op declared without a double backward must say so when asked for one.
+BOOST_DATA_TEST_CASE(float64_gradgradcheck, boost::unit_test::data::make(case_names()), name) {
+  const OpCase& c = find_case(name);
+  Generator gen(11);
+  Tensors inputs = c.make_inputs(DType::f64, gen);
+  if (!has_double_backward(c.op)) {
+    BOOST_CHECK_EXCEPTION(gradgradcheck(c.fn, inputs, c.opt), Error, [&](const Error& e) {
+      const std::string m = e.what();
+      return m.find("second backward of '" + c.op + "'") != std::string::npos &&
+             m.find("declared without a double backward") != std::string::npos;
+    });
+  } else {
+    GradcheckResult r = gradgradcheck(c.fn, inputs, c.opt);
+    BOOST_TEST(r.ok, name << ": " << r.message);
+  }
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
+BOOST_DATA_TEST_CASE(float32_double_backward_matches_float64, boost::unit_test::data::make(case_names()), name) {
+  const OpCase& c = find_case(name);
+  if (!has_double_backward(c.op)) return;
+  GradcheckResult r = check_f32_vs_f64_double_backward(c);
+  BOOST_TEST(r.ok, name << ": " << r.message);
+  BOOST_TEST(autograd::tape_size() == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
