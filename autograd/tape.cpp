@@ -40,8 +40,6 @@ struct Entry {
   std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> kept_sources;
   bool marked = false;  // the storages of `saved` count this entry in Storage::saved_by_tape
   BackwardFn fn;
-  Tensors pending;  // gradients arriving for each output during backward
-  std::vector<bool> owned;  // pending[k] is our own buffer (safe to accumulate into in place)
   // retained[k]: output k asked for its gradient (Tensor::retain_grad()); empty when none did, so
   // an entry whose outputs did not ask pays one empty() test in backward.
   std::vector<std::weak_ptr<TensorImpl>> retained;
@@ -185,8 +183,6 @@ void free_entry(Entry& e) {
   e.saved.shrink_to_fit();
   e.kept.clear();
   e.kept_sources.clear();
-  e.pending.clear();
-  e.owned.clear();
   e.retained.clear();
   e.fn = nullptr;
   --t_tape.live;
@@ -398,20 +394,55 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
 
 namespace {
 
-// One reverse pass: backward() fills leaves' .grad; grad() captures the gradients of its inputs
-// (targets) and runs only the entries between them and the outputs.
+// A gradient being summed: `owned` says the buffer is ours, so a later arrival may be added into
+// it in place (a backward may hand the same buffer to several inputs: add passes dout through).
+struct Grad {
+  Tensor sum;
+  bool owned = false;
+};
+
+// One reverse pass over the entries [bottom, top]. backward() fills leaves' .grad; grad()
+// captures the gradients of its inputs (targets) and runs only the entries between them and the
+// outputs; differentiate() (an op's backward under create_graph) also stops at its targets. The
+// gradients arriving at each entry's outputs belong to the pass, so a pass may run inside
+// another's backward.
 struct Pass {
   bool retain = false, create = false;
-  int64_t top = -1;
+  int64_t top = -1, bottom = 0;
   size_t first_new = 0;  // entries recorded by this pass (create_graph) start here
-  bool capture = false;
+  bool capture = false, stop_at_targets = false;
   std::unordered_map<const TensorImpl*, size_t> leaf_target;
   std::map<std::pair<int64_t, int>, size_t> entry_target;  // (entry, slot) of a non-leaf input
-  std::vector<char> relevant;  // capture: entry i leads to a target
-  Tensors captured;
-  std::vector<char> captured_owned;
+  std::vector<char> relevant;  // capture: entry bottom + i leads to a target
+  std::vector<Grad> captured;
+  std::vector<std::vector<Grad>> pending;  // per entry from bottom: the gradients of its outputs
   std::vector<std::vector<TensorImpl*>> ready_at;
+
+  std::vector<Grad>& pending_of(int64_t i) {
+    std::vector<Grad>& g = pending[(size_t)(i - bottom)];
+    if (g.empty()) g.resize(t_tape.entries[i].out_shapes.size());
+    return g;
+  }
+  bool is_relevant(int64_t i) const { return i >= bottom && relevant[(size_t)(i - bottom)]; }
 };
+
+// sum += g. Under create_graph the sum is recorded; otherwise it is accumulated in place, into a
+// copy first when the buffer is not ours.
+void add_gradient(Grad& s, const Tensor& g, bool create) {
+  if (!s.sum.defined()) {
+    s.sum = g;
+    s.owned = false;
+  } else if (create) {
+    s.sum = accumulate_grad(s.sum, g);
+    s.owned = false;
+  } else {
+    if (!s.owned) {
+      s.sum = contiguous_copy(s.sum);
+      s.owned = true;
+    }
+    accumulate_into(s.sum, g);
+  }
+}
 
 // A gradient nobody else holds (one handle, one view of a whole contiguous storage) can become a
 // leaf's .grad as is, without a copy.
@@ -421,25 +452,7 @@ bool sole_owner(const Tensor& g) {
          g.is_contiguous() && t->storage->nbytes == (size_t)g.numel() * dtype_size(g.dtype());
 }
 
-// sum += g for a gradient arriving again. Under create_graph the sum is recorded; otherwise it
-// is accumulated in place, into a copy first when the buffer is not ours (a backward may hand the
-// same buffer to several inputs: add passes dout through).
-void add_gradient(Tensor& sum, bool& owned, const Tensor& g, bool create) {
-  if (!sum.defined()) {
-    sum = g;
-    owned = false;
-  } else if (create) {
-    sum = accumulate_grad(sum, g);
-    owned = false;
-  } else {
-    if (!owned) {
-      sum = contiguous_copy(sum);
-      owned = true;
-    }
-    accumulate_into(sum, g);
-  }
-}
-
+// .grad += g (a leaf's, or a retain_grad() output's); under create_graph it keeps g's graph.
 void add_to_grad(std::shared_ptr<TensorImpl>& grad, const Tensor& g, bool create, bool may_keep) {
   if (!grad) grad = create || (may_keep && sole_owner(g)) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
   else if (create) grad = accumulate_grad(Tensor(grad), g).impl_ptr();
@@ -450,20 +463,10 @@ void add_to_grad(std::shared_ptr<TensorImpl>& grad, const Tensor& g, bool create
 // leaf's .grad (backward()) or the captured gradient of a target (grad()).
 void route_gradient(Pass& p, const Route& r, const Tensor& g) {
   if (r.index >= 0) {
-    Entry& src = t_tape.entries[r.index];
-    if (src.pending.empty()) {
-      src.pending.assign(src.out_shapes.size(), Tensor());
-      src.owned.assign(src.out_shapes.size(), false);
-    }
-    bool owned = src.owned[r.slot];
-    add_gradient(src.pending[r.slot], owned, g, p.create);
-    src.owned[r.slot] = owned;
+    add_gradient(p.pending_of(r.index)[r.slot], g, p.create);
   } else if (r.leaf && p.capture) {
     auto it = p.leaf_target.find(r.leaf.get());
-    if (it == p.leaf_target.end()) return;
-    bool owned = p.captured_owned[it->second];
-    add_gradient(p.captured[it->second], owned, g, p.create);
-    p.captured_owned[it->second] = owned;
+    if (it != p.leaf_target.end()) add_gradient(p.captured[it->second], g, p.create);
   } else if (r.leaf) {
     add_to_grad(r.leaf->grad, g, p.create, true);
   }
@@ -490,54 +493,60 @@ void fire_ready(const Pass& p, int64_t i) {
 
 // Adds the complete gradients of e's outputs that called retain_grad() to their .grad (the pending
 // gradients, before the entry's backward runs; an output that no gradient reached gets none).
-void keep_retained(const Entry& e, bool create) {
+void keep_retained(const Entry& e, const std::vector<Grad>& pend, bool create) {
   for (size_t k = 0; k < e.retained.size(); ++k) {
     const std::shared_ptr<TensorImpl> t = e.retained[k].lock();
-    if (t && e.pending[k].defined()) add_to_grad(t->grad, e.pending[k], create, false);
+    if (t && pend[k].sum.defined()) add_to_grad(t->grad, pend[k].sum, create, false);
   }
 }
 
-// grad(): the complete gradients of the targets that entry i produced, taken before it runs.
-void capture_outputs(Pass& p, int64_t i, const Entry& e) {
-  for (size_t k = 0; k < e.pending.size(); ++k) {
+// grad(): the complete gradients of the targets that entry i produced, taken before it runs (and,
+// when the pass stops at targets, taken away).
+void capture_outputs(Pass& p, int64_t i, std::vector<Grad>& pend) {
+  for (size_t k = 0; k < pend.size(); ++k) {
     auto it = p.entry_target.find({i, (int)k});
-    if (it != p.entry_target.end() && e.pending[k].defined()) {
-      bool owned = p.captured_owned[it->second];
-      add_gradient(p.captured[it->second], owned, e.pending[k], p.create);
-      p.captured_owned[it->second] = owned;
-    }
+    if (it == p.entry_target.end() || !pend[k].sum.defined()) continue;
+    add_gradient(p.captured[it->second], pend[k].sum, p.create);
+    if (p.stop_at_targets) pend[k] = Grad();
   }
+}
+
+bool is_target(const Pass& p, const Route& r) {
+  return r.leaf ? p.leaf_target.count(r.leaf.get()) > 0 : p.entry_target.count({r.index, r.slot}) > 0;
 }
 
 // Whether route r can carry a gradient the pass wants: every one for backward(); for grad(), one
-// that reaches a target.
+// that reaches a target (directly, or through an entry that leads to one, unless the pass stops
+// at targets and r is one).
 bool wanted(const Pass& p, const Route& r) {
   if (!r.needs) return false;
   if (!p.capture) return true;
-  if (r.leaf) return p.leaf_target.count(r.leaf.get()) > 0;
-  return r.index >= 0 && (p.relevant[r.index] || p.entry_target.count({r.index, r.slot}) > 0);
+  if (is_target(p, r)) return true;
+  return r.index >= 0 && p.is_relevant(r.index);
 }
 
-// The pending gradients of entry i made whole: zeros where none arrived, contiguous (a recorded
+// The pending gradients of an entry made whole: zeros where none arrived, contiguous (a recorded
 // copy under create_graph, so the copy stays on the graph).
-Tensors take_pending(Entry& e, bool create) {
-  Tensors dout = std::move(e.pending);
-  e.pending.clear();
-  e.owned.clear();
-  for (size_t k = 0; k < dout.size(); ++k)
-    if (!dout[k].defined()) dout[k] = zeros(e.out_shapes[k], e.out_dtypes[k]);
-    else if (!dout[k].is_contiguous()) dout[k] = create ? expand_grad(dout[k], dout[k].shape()) : contiguous_copy(dout[k]);
+Tensors take_pending(const Entry& e, std::vector<Grad>& pend, bool create) {
+  Tensors dout(pend.size());
+  for (size_t k = 0; k < pend.size(); ++k) {
+    Tensor& d = dout[k];
+    d = std::move(pend[k].sum);
+    if (!d.defined()) d = zeros(e.out_shapes[k], e.out_dtypes[k]);
+    else if (!d.is_contiguous()) d = create ? expand_grad(d, d.shape()) : contiguous_copy(d);
+  }
+  pend.clear();
   return dout;
 }
 
 // An op declared without a double backward, run under create_graph: its gradients (computed
 // without recording) become the outputs of an entry whose backward is the error, so asking for
 // the next derivative names the op and the order.
-void record_no_double_backward(const Entry& e, const Tensors& dout, Tensors& dins) {
+void record_no_double_backward(const Entry& e, const Tensors& dout, const Tensors& saved, Tensors& dins) {
   Tensors from;
   for (const Tensor& d : dout)
     if (d.requires_grad()) from.push_back(d);
-  for (const Tensor& s : e.saved)
+  for (const Tensor& s : saved)
     if (s.defined() && s.requires_grad()) from.push_back(s);
   Tensors outs;
   for (Tensor& g : dins) {
@@ -552,13 +561,20 @@ void record_no_double_backward(const Entry& e, const Tensors& dout, Tensors& din
   record(e.op, from, outs, {}, [msg](const Ctx&, const Tensors&) -> Tensors { fail(msg); });
 }
 
-// Runs entry i's backward and routes what it returns.
-void run_entry(Pass& p, int64_t i) {
+// Sets the order of what record() records for a scope (see t_record_order).
+struct RecordOrder {
+  int prev;
+  explicit RecordOrder(int order) : prev(t_record_order) { t_record_order = order; }
+  ~RecordOrder() { t_record_order = prev; }
+};
+
+// Runs entry i's backward on its pending gradients and routes what it returns.
+void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   Entry& e = t_tape.entries[i];  // a deque: stays valid while the backward records new entries
   if (e.freed) already_freed(e.op);
   check_unmodified(e, p.create);
-  if (!e.retained.empty()) keep_retained(e, p.create);
-  Tensors dout = take_pending(e, p.create);
+  if (!e.retained.empty()) keep_retained(e, pend, p.create);
+  Tensors dout = take_pending(e, pend, p.create);
   Ctx ctx;
   ctx.last_use = !p.retain;
   ctx.create_graph = p.create;
@@ -573,21 +589,18 @@ void run_entry(Pass& p, int64_t i) {
   ctx.kept = e.kept;
   for (auto& r : e.inputs) ctx.needs.push_back(wanted(p, r));
   const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
-  const int prev_order = t_record_order;
-  t_record_order = e.order + 1;  // what this backward records is the next derivative
-  struct RestoreOrder {
-    int v;
-    ~RestoreOrder() { t_record_order = v; }
-  } restore{prev_order};
   Tensors dins;
-  if (p.create && !e.double_backward) {
-    {
-      NoGrad ng;
+  {
+    RecordOrder order(e.order + 1);  // what this backward records is the next derivative
+    if (p.create && !e.double_backward) {
+      {
+        NoGrad ng;
+        dins = e.fn(ctx, dout);
+      }
+      record_no_double_backward(e, dout, ctx.saved, dins);
+    } else {
       dins = e.fn(ctx, dout);
     }
-    record_no_double_backward(e, dout, dins);
-  } else {
-    dins = e.fn(ctx, dout);
   }
   if (t_profile.on) {
     t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
@@ -617,41 +630,35 @@ void run_entry(Pass& p, int64_t i) {
 }
 
 void run_backward(Pass& p) {
-  for (int64_t i = p.top; i >= 0; --i) {
-    Entry& e = t_tape.entries[i];
+  for (int64_t i = p.top; i >= p.bottom; --i) {
+    std::vector<Grad>& pend = p.pending[(size_t)(i - p.bottom)];
     bool any = false;
-    for (auto& pg : e.pending) any |= pg.defined();
-    if (any && p.capture) capture_outputs(p, i, e);
-    if (any && p.capture && !p.relevant[i]) {
-      e.pending.clear();
-      e.owned.clear();
+    for (auto& g : pend) any |= g.sum.defined();
+    if (any && p.capture) {
+      capture_outputs(p, i, pend);
       any = false;
+      for (auto& g : pend) any |= g.sum.defined();
+      if (!p.is_relevant(i)) any = false;
     }
-    if (any) run_entry(p, i);
+    if (any) run_entry(p, i, pend);
+    pend = std::vector<Grad>();
     fire_ready(p, i);
   }
 }
 
-// Frees the entries a pass ran through (all of [0, top] when it failed, since it leaves
+// Frees the entries a pass ran through (all of [bottom, top] when it failed, since it leaves
 // half-routed gradients behind) and, on failure, the entries it recorded.
 void free_after(const Pass& p, bool failed) {
   if (failed)
     for (size_t i = t_tape.entries.size(); i-- > p.first_new;) free_entry(t_tape.entries[i]);
   if (failed || !p.retain)
-    for (int64_t i = p.top; i >= 0; --i) free_entry(t_tape.entries[i]);
+    for (int64_t i = p.top; i >= p.bottom; --i) free_entry(t_tape.entries[i]);
   compact_if_empty();
 }
 
 // Seeds the pending gradient of a non-leaf output.
 void seed(Pass& p, const Tensor& out, const Tensor& g) {
-  Entry& e = t_tape.entries[out.impl()->tape_index];
-  if (e.pending.empty()) {
-    e.pending.assign(e.out_shapes.size(), Tensor());
-    e.owned.assign(e.out_shapes.size(), false);
-  }
-  bool owned = e.owned[out.impl()->tape_slot];
-  add_gradient(e.pending[out.impl()->tape_slot], owned, g, p.create);
-  e.owned[out.impl()->tape_slot] = owned;
+  add_gradient(p.pending_of(out.impl()->tape_index)[out.impl()->tape_slot], g, p.create);
 }
 
 // The gradient an output is seeded with: `g`, or ones for a one-element output. `caller` and
@@ -678,6 +685,7 @@ void check_live(const TensorImpl* t, const std::string& what) {
 // (the backward records), off otherwise.
 void run_pass(Pass& p) {
   p.first_new = t_tape.entries.size();
+  p.pending.resize((size_t)(p.top - p.bottom + 1));
   const bool prev = t_grad_enabled;
   t_grad_enabled = p.create;
   try {
@@ -710,26 +718,58 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph, bool cr
   p.retain = retain_graph || create_graph;
   p.top = ri->tape_index;
   if (t_grad_ready) p.ready_at = leaves_ready_at(p.top);
+  p.pending.resize((size_t)p.top + 1);
   seed(p, root, g);
   run_pass(p);
 }
 
 namespace {
-// grad(): the targets, and the entries at or below `top` that lead to one.
-void mark_targets(Pass& p, const Tensors& inputs) {
+
+// grad() and differentiate(): checks the inputs and marks them as the pass's targets; the
+// entries in [bottom, top] that lead to one become relevant. An input given twice is a target
+// once, at its first position.
+void mark_targets(Pass& p, const Tensors& inputs, const char* caller) {
   for (size_t k = 0; k < inputs.size(); ++k) {
+    const std::string what = std::string(caller) + ": input " + std::to_string(k);
+    if (!inputs[k].defined()) fail(what + " is an undefined tensor");
+    if (!inputs[k].requires_grad()) fail(what + " " + describe(inputs[k]) + " does not require grad");
+    check_live(inputs[k].impl(), what);
     const TensorImpl* t = inputs[k].impl();
     if (t->tape_index < 0) p.leaf_target.emplace(t, k);
     else p.entry_target.emplace(std::make_pair(t->tape_index, t->tape_slot), k);
   }
-  p.relevant.assign((size_t)p.top + 1, 0);
-  for (int64_t i = 0; i <= p.top; ++i)
+  p.captured.assign(inputs.size(), Grad());
+  if (p.top < 0) return;
+  p.relevant.assign((size_t)(p.top - p.bottom + 1), 0);
+  for (int64_t i = p.bottom; i <= p.top; ++i)
     for (const Route& r : t_tape.entries[i].inputs)
       if (wanted(p, r)) {
-        p.relevant[i] = 1;
+        p.relevant[(size_t)(i - p.bottom)] = 1;
         break;
       }
 }
+
+// Seeds the outputs of a capturing pass and runs it; returns the captured gradients, one per
+// input (undefined where none arrived).
+Tensors run_capture(Pass& p, const Tensors& outputs, const Tensors& seeds, const Tensors& inputs) {
+  if (p.top >= 0) p.pending.resize((size_t)(p.top - p.bottom + 1));
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k].impl()->tape_index >= 0) {
+      seed(p, outputs[k], seeds[k]);
+      continue;
+    }
+    auto it = p.leaf_target.find(outputs[k].impl());  // an output that is itself an input
+    if (it != p.leaf_target.end()) add_gradient(p.captured[it->second], seeds[k], p.create);
+  }
+  if (p.top >= 0) run_pass(p);
+  Tensors out(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    out[k] = p.captured[k].sum;
+    if (out[k].defined() && !p.create && !p.captured[k].owned) out[k] = contiguous_copy(out[k]);
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs, const GradOptions& opt) {
@@ -738,18 +778,10 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
   if (!grad_outputs.empty() && grad_outputs.size() != outputs.size())
     fail("grad: " + std::to_string(grad_outputs.size()) + " grad_outputs for " + std::to_string(outputs.size()) +
          " outputs");
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const std::string what = "grad: input " + std::to_string(k);
-    if (!inputs[k].defined()) fail(what + " is an undefined tensor");
-    if (!inputs[k].requires_grad()) fail(what + " " + describe(inputs[k]) + " does not require grad");
-    check_live(inputs[k].impl(), what);
-  }
   Pass p;
   p.capture = true;
   p.create = opt.create_graph;
   p.retain = opt.retain_graph || opt.create_graph;
-  p.captured.assign(inputs.size(), Tensor());
-  p.captured_owned.assign(inputs.size(), 0);
   Tensors seeds;
   for (size_t k = 0; k < outputs.size(); ++k) {
     const std::string what = "grad: output " + std::to_string(k);
@@ -760,27 +792,55 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
     seeds.push_back(seed_for(outputs[k], grad_outputs.empty() ? Tensor() : grad_outputs[k], "grad", "output " + std::to_string(k)));
     p.top = std::max(p.top, outputs[k].impl()->tape_index);
   }
-  if (p.top >= 0) mark_targets(p, inputs);
-  for (size_t k = 0; k < outputs.size(); ++k) {
-    if (outputs[k].impl()->tape_index >= 0) {
-      seed(p, outputs[k], seeds[k]);
-      continue;
-    }
-    for (size_t j = 0; j < inputs.size(); ++j)  // an output that is itself an input (a leaf)
-      if (inputs[j].impl() == outputs[k].impl()) {
-        bool owned = p.captured_owned[j];
-        add_gradient(p.captured[j], owned, seeds[k], p.create);
-        p.captured_owned[j] = owned;
-      }
-  }
-  if (p.top >= 0) run_pass(p);
+  mark_targets(p, inputs, "grad");
+  Tensors out = run_capture(p, outputs, seeds, inputs);
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (!p.captured[k].defined() && !opt.allow_unused)
+    for (size_t j = 0; j < k && !out[k].defined(); ++j)  // an input given twice gets one gradient at both
+      if (inputs[j].impl() == inputs[k].impl()) out[k] = out[j];
+    if (!out[k].defined() && !opt.allow_unused)
       fail("grad: input " + std::to_string(k) + " " + describe(inputs[k]) +
            " is not reached from the outputs (pass allow_unused to get an undefined gradient)");
-    if (p.captured[k].defined() && !p.create && !p.captured_owned[k]) p.captured[k] = contiguous_copy(p.captured[k]);
   }
-  return p.captured;
+  return out;
+}
+
+Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, const Tensors& inputs,
+                      const Tensors& dout, const std::vector<bool>& needs) {
+  if (!t_grad_enabled) fail("differentiate: called with grad mode off (it belongs in a backward under create_graph)");
+  Tensors targets;
+  std::vector<size_t> at;
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (k < needs.size() && needs[k] && inputs[k].defined() && inputs[k].requires_grad()) {
+      targets.push_back(inputs[k]);
+      at.push_back(k);
+    }
+  Tensors result(inputs.size());
+  if (targets.empty()) return result;
+  const size_t first = t_tape.entries.size();
+  const Tensors outs = forward(inputs);
+  if (outs.size() != dout.size())
+    fail("differentiate: the forward returned " + std::to_string(outs.size()) + " outputs for " +
+         std::to_string(dout.size()) + " gradients");
+  Pass p;
+  p.capture = true;
+  p.stop_at_targets = true;
+  p.create = true;
+  p.retain = true;
+  p.bottom = (int64_t)first;
+  for (const Tensor& t : targets)
+    if (t.impl()->tape_index >= 0) p.bottom = std::min(p.bottom, t.impl()->tape_index);
+  Tensors seeds, seeded;
+  for (size_t k = 0; k < outs.size(); ++k)
+    if (outs[k].defined() && outs[k].requires_grad() && (size_t)outs[k].impl()->tape_index >= first) {
+      seeded.push_back(outs[k]);
+      seeds.push_back(dout[k]);
+      p.top = std::max(p.top, outs[k].impl()->tape_index);
+    }
+  if (seeded.empty()) return result;
+  mark_targets(p, targets, "differentiate");
+  const Tensors got = run_capture(p, seeded, seeds, targets);
+  for (size_t j = 0; j < at.size(); ++j) result[at[j]] = got[j];
+  return result;
 }
 
 // ---- the engine's own ops (create_graph) ------------------------------------------------------

@@ -199,6 +199,23 @@ struct GradOptions {
 Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs = {},
              const GradOptions& options = {});
 
+/// For an op author: the gradients of a fused op under create_graph, from its forward written
+/// with recorded ops. Runs `forward(inputs)` (recording), then a pass from its outputs seeded with
+/// `dout` that stops at `inputs` (each is an independent variable here, even when one was computed
+/// from another) and records what it computes, so the result can be differentiated again. One
+/// gradient per input: undefined where needs[k] is false, the input does not require grad, or
+/// no gradient reaches it.
+/// @code
+///   if (c.create_graph)   // in the backward of an op saved as {x, w}
+///     return autograd::differentiate([](const Tensors& in) { return Tensors{composed_op(in[0], in[1])}; },
+///                                    c.saved, dout, c.needs);
+/// @endcode
+/// @throws graft::Error when grad mode is off (it belongs in a backward under create_graph), the
+///         forward returns a different number of outputs than dout has, and what the forward or
+///         the pass throws.
+Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, const Tensors& inputs,
+                      const Tensors& dout, const std::vector<bool>& needs);
+
 /// The ops the engine itself records under create_graph (family "autograd", gradchecked like any
 /// op), each recorded only when grad mode is on and its input requires grad:
 /// accumulate_grad(a, b) is a + b (a gradient arriving twice), reduce_grad(g, shape) sums g down
