@@ -107,11 +107,6 @@ void check_forward(const char* op, const Tensors& inputs, const Tensors& outputs
            " produced " + bad);
 }
 
-std::string ordinal(int n) {
-  static const char* const names[] = {"first", "second", "third", "fourth"};
-  return n >= 1 && n <= 4 ? names[n - 1] : "order-" + std::to_string(n);
-}
-
 // "backward of 'mul'", or, under create_graph or above the first order, "second backward of
 // 'mul'": the start of every error a backward raises.
 std::string backward_of(const Entry& e, bool create) {
@@ -240,6 +235,11 @@ std::vector<SavedBytes> saved_bytes_by_op() {
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
   return out;
+}
+
+std::string ordinal(int n) {
+  static const char* const names[] = {"first", "second", "third", "fourth"};
+  return n >= 1 && n <= 4 ? names[n - 1] : "order-" + std::to_string(n);
 }
 
 bool can_overwrite(const Ctx& c, size_t i) {

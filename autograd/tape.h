@@ -125,6 +125,10 @@ struct Ctx {
   int order = 1;
 };
 
+/// "first", "second", "third", "fourth", then "order-5" and so on: how errors name the
+/// derivative a backward computes (Ctx::order), as in "second backward of 'mul'".
+std::string ordinal(int order);
+
 /// True when a backward may write into its saved tensor saved[i]: this is the entry's last
 /// backward and nothing else (no user handle, no view, no other entry) holds that storage.
 /// Lets a backward hand out a gradient in the buffer of an activation it no longer needs.

@@ -32,51 +32,65 @@ double gelu_tanh_df(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
 }
 
+// The rows' derivatives as recorded ops (UnaryOp::df_op), defined below the rows.
+Tensor exp_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor sqrt_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor sigmoid_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+
 const UnaryOp kExp{.name = "exp",
                    .f = [](double x, double, double) { return std::exp(x); },
                    .df = [](double, double y, double, double) { return y; },
-                   .saves = Saves::output, .onednn = Eltwise::exp};
+                   .saves = Saves::output, .onednn = Eltwise::exp, .df_op = exp_df_op};
 const UnaryOp kLog{.name = "log",
                    .f = [](double x, double, double) { return std::log(x); },
                    .df = [](double x, double, double, double) { return 1 / x; },
-                   .onednn = Eltwise::log, .lo = 0.5, .hi = 2};
+                   .onednn = Eltwise::log, .lo = 0.5, .hi = 2, .df_op = log_df_op};
 const UnaryOp kSqrt{.name = "sqrt",
                     .f = [](double x, double, double) { return std::sqrt(x); },
                     .df = [](double, double y, double, double) { return 0.5 / y; },
-                    .saves = Saves::output, .onednn = Eltwise::sqrt, .lo = 0.5, .hi = 2};
+                    .saves = Saves::output, .onednn = Eltwise::sqrt, .lo = 0.5, .hi = 2, .df_op = sqrt_df_op};
 // oneDNN eltwise_pow computes a * x^b.
 const UnaryOp kPow{.name = "pow",
                    .f = [](double x, double a, double b) { return a * std::pow(x, b); },
                    .df = [](double x, double, double a, double b) { return a * b * std::pow(x, b - 1); },
-                   .onednn = Eltwise::pow, .lo = 0.5, .hi = 2, .case_a = 1, .case_b = 2.5};
+                   .onednn = Eltwise::pow, .lo = 0.5, .hi = 2, .case_a = 1, .case_b = 2.5, .df_op = pow_df_op};
 const UnaryOp kTanh{.name = "tanh",
                     .f = [](double x, double, double) { return std::tanh(x); },
                     .df = [](double, double y, double, double) { return 1 - y * y; },
-                    .saves = Saves::output, .onednn = Eltwise::tanh, .lo = -2, .hi = 2};
+                    .saves = Saves::output, .onednn = Eltwise::tanh, .lo = -2, .hi = 2, .df_op = tanh_df_op};
 const UnaryOp kSigmoid{.name = "sigmoid",
                        .f = [](double x, double, double) { return 1 / (1 + std::exp(-x)); },
                        .df = [](double, double y, double, double) { return y * (1 - y); },
-                       .saves = Saves::output, .onednn = Eltwise::logistic, .lo = -3, .hi = 3};
+                       .saves = Saves::output, .onednn = Eltwise::logistic, .lo = -3, .hi = 3, .df_op = sigmoid_df_op};
 const UnaryOp kRelu{.name = "relu",
                     .f = [](double x, double, double) { return x > 0 ? x : 0.0; },
                     .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; },
-                    .onednn = Eltwise::relu, .kinks = {0.0}};
+                    .onednn = Eltwise::relu, .kinks = {0.0}, .df_op = unary_df_constant};
 const UnaryOp kGeluErf{.name = "gelu",
                        .f = [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
                        .df = [](double x, double, double, double) {
                          return 0.5 * (1 + std::erf(x / M_SQRT2)) +
                                 x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
                        },
-                       .onednn = Eltwise::gelu_erf, .lo = -3, .hi = 3};
+                       .onednn = Eltwise::gelu_erf, .lo = -3, .hi = 3, .df_op = gelu_df_op};
 const UnaryOp kGeluTanh{.name = "gelu_tanh",
                         .f = [](double x, double, double) { return gelu_tanh_f(x); },
                         .df = [](double x, double, double, double) { return gelu_tanh_df(x); },
-                        .onednn = Eltwise::gelu_tanh, .lo = -3, .hi = 3};
+                        .onednn = Eltwise::gelu_tanh, .lo = -3, .hi = 3, .df_op = gelu_tanh_df_op};
 // oneDNN eltwise_linear computes a * x + b; the derivative a needs nothing saved.
 const UnaryOp kAffine{.name = "affine",
                       .f = [](double x, double a, double b) { return a * x + b; },
                       .df = [](double, double, double a, double) { return a; },
-                      .saves = Saves::nothing, .onednn = Eltwise::linear, .case_a = -0.5, .case_b = 2.5};
+                      .saves = Saves::nothing, .onednn = Eltwise::linear, .case_a = -0.5, .case_b = 2.5, .df_op = unary_df_constant};
 
 // The rows below are written once for both precisions (unary_row): f and df at double are the
 // reference, at float the vectorised loop that runs a row without a oneDNN algorithm.
@@ -88,14 +102,14 @@ constexpr auto silu_df = [](auto x, auto, auto a, auto) {
   return s * (1 + a * x * (1 - s));
 };
 const UnaryOp kSilu = unary_row<silu_f, silu_df>(
-    {.name = "silu", .onednn = Eltwise::swish, .lo = -3, .hi = 3, .case_a = 1});
+    {.name = "silu", .onednn = Eltwise::swish, .lo = -3, .hi = 3, .case_a = 1, .df_op = silu_df_op});
 
 constexpr auto abs_f = [](auto x, auto, auto) { return std::fabs(x); };
 constexpr auto abs_df = [](auto x, auto, auto, auto) {
   using T = decltype(x);
   return x > 0 ? T(1) : x < 0 ? T(-1) : T(0);
 };
-const UnaryOp kAbs = unary_row<abs_f, abs_df>({.name = "abs", .onednn = Eltwise::abs, .kinks = {0.0}});
+const UnaryOp kAbs = unary_row<abs_f, abs_df>({.name = "abs", .onednn = Eltwise::abs, .kinks = {0.0}, .df_op = unary_df_constant});
 
 // clamp to [a, b]: NaN stays NaN (std::max(NaN, a) and std::min(NaN, b) return the NaN). The
 // gradient passes at both bounds, as PyTorch's; oneDNN's clip passes it at the upper bound only,
@@ -106,19 +120,61 @@ constexpr auto clamp_df = [](auto x, auto, auto a, auto b) {
   return (x >= a) & (x <= b) ? T(1) : T(0);
 };
 const UnaryOp kClamp = unary_row<clamp_f, clamp_df>(
-    {.name = "clamp", .lo = -1, .hi = 1, .kinks = {-0.5, 0.5}, .case_a = -0.5, .case_b = 0.5});
+    {.name = "clamp", .lo = -1, .hi = 1, .kinks = {-0.5, 0.5}, .case_a = -0.5, .case_b = 0.5, .df_op = unary_df_constant});
 
 // sin and cos: oneDNN 2.6 has no algorithm for them.
 constexpr auto sin_f = [](auto x, auto, auto) { return kern::sin(x); };
 constexpr auto sin_df = [](auto x, auto, auto, auto) { return kern::cos(x); };
-const UnaryOp kSin = unary_row<sin_f, sin_df>({.name = "sin", .lo = -4, .hi = 4});
+const UnaryOp kSin = unary_row<sin_f, sin_df>({.name = "sin", .lo = -4, .hi = 4, .df_op = sin_df_op});
 constexpr auto cos_f = [](auto x, auto, auto) { return kern::cos(x); };
 constexpr auto cos_df = [](auto x, auto, auto, auto) { return -kern::sin(x); };
-const UnaryOp kCos = unary_row<cos_f, cos_df>({.name = "cos", .lo = -4, .hi = 4});
+const UnaryOp kCos = unary_row<cos_f, cos_df>({.name = "cos", .lo = -4, .hi = 4, .df_op = cos_df_op});
+
+// erf: no public function; gelu's double backward uses it (gelu' holds Phi).
+const UnaryOp kErf{.name = "erf",
+                   .f = [](double x, double, double) { return std::erf(x); },
+                   .df = [](double x, double, double, double) { return M_2_SQRTPI * std::exp(-x * x); },
+                   .lo = -2, .hi = 2, .df_op = erf_df_op};
 
 const UnaryOp* const kRows[] = {&kExp,      &kLog,      &kSqrt,   &kPow,  &kTanh,  &kSigmoid,
                                 &kRelu,     &kGeluErf,  &kGeluTanh, &kAffine, &kSilu, &kAbs,
-                                &kClamp,    &kSin,      &kCos};
+                                &kClamp,    &kSin,      &kCos,    &kErf};
+
+// The rows' derivatives as recorded ops (UnaryOp::df_op), for the backward under create_graph.
+Tensor pow_ab(const Tensor& x, double a, double b) { return unary(kPow, x, a, b); }
+Tensor exp_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return y; }
+Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return pow_ab(x, 1, -1); }
+Tensor sqrt_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return pow_ab(y, 0.5, -1); }
+Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double b) { return pow_ab(x, a * b, b - 1); }
+Tensor tanh_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return affine(mul(y, y), -1, 1); }
+Tensor sigmoid_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return mul(y, affine(y, -1, 1)); }
+// The standard normal density exp(-x^2 / 2) / sqrt(2 pi) at x * scale, times `times`.
+Tensor gauss(const Tensor& x, double scale, double times) {
+  return affine(exp(affine(mul(x, x), -0.5 * scale * scale, 0)), times / std::sqrt(2 * M_PI), 0);
+}
+// gelu(x) = x Phi(x): Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return add(affine(unary(kErf, affine(x, M_SQRT1_2, 0)), 0.5, 0.5), mul(x, gauss(x, 1, 1)));
+}
+// erf'(x) = 2 / sqrt(pi) exp(-x^2) = 2 sqrt(2) phi(x sqrt 2).
+Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return gauss(x, M_SQRT2, 2 * M_SQRT2); }
+// gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3c x^2) / 2, t = tanh(k (x + c x^3)).
+Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  constexpr double k = kSqrt2OverPi, c = 0.044715;
+  const Tensor x2 = mul(x, x);
+  const Tensor t = tanh(affine(add(x, affine(mul(x2, x), c, 0)), k, 0));
+  const Tensor dt = affine(mul(t, t), -1, 1);
+  return add(affine(t, 0.5, 0.5), mul(mul(x, dt), affine(x2, 1.5 * k * c, 0.5 * k)));
+}
+// silu'(x) = s (1 + a x (1 - s)), s = sigmoid(a x).
+Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double) {
+  const Tensor s = sigmoid(affine(x, a, 0));
+  return mul(s, affine(mul(affine(x, a, 0), affine(s, -1, 1)), 1, 1));
+}
+Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return cos(x); }
+Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return affine(sin(x), -1, 0); }
+
+
 
 // The oneDNN algorithm of a row; `undef` when oneDNN has none (the reference loop runs). A row
 // whose backward reads y needs oneDNN's use_dst_for_bwd variant of its algorithm.
@@ -213,8 +269,14 @@ void unary_df32_rows(const UnaryOp& op, const Tensor& x, const Tensor& y, const 
 }
 
 // data is what the row saves (x, y, or undefined) -> dx = dout * df.
-Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout, double a, double b) {
+// Under create_graph dx = dout * df_op(...), recorded.
+Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout, double a, double b,
+                      bool create_graph = false) {
   if (op.saves == Saves::nothing) return unary(kAffine, dout, op.df(0, 0, a, b), 0.0);
+  if (create_graph) {
+    const bool is_x = op.saves == Saves::input;
+    return mul(dout, op.df_op(op, is_x ? data : Tensor(), is_x ? Tensor() : data, a, b));
+  }
   const Tensor dc = kern::contig(data);
   Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
   if (dx.numel() == 0) return dx;
@@ -262,17 +324,24 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
     GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
   if (!autograd::needs_record({x})) return y;
   thread_local std::unordered_set<const char*> declared;
-  if (declared.insert(op.name).second) autograd::declare_op(op.name, op.family);
+  if (declared.insert(op.name).second) autograd::declare_op(op.name, op.family, op.df_op != nullptr);
   const Tensor saved = op.saves == Saves::input ? x : op.saves == Saves::output ? y : Tensor();
   // The row by value: a caller's row need not outlive the tape.
   autograd::record(op.name, {x}, {y}, {saved}, [row = op, a, b](const Ctx& c, const Tensors& dout) {
-    return Tensors{unary_backward(row, c.saved[0], dout[0], a, b)};
+    return Tensors{unary_backward(row, c.saved[0], dout[0], a, b, c.create_graph)};
   });
   return y;
 }
 
+Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, double a, double b) {
+  const Tensor& data = x.defined() ? x : y;
+  check_defined(data, row.name, "the saved input or output");
+  autograd::NoGrad constant;
+  return unary_backward(row, data.detach(), full(data.shape(), 1.0, data.dtype()), a, b);
+}
+
 void register_unary_cases(const UnaryOp& op) {
-  autograd::declare_op(op.name, op.family);
+  autograd::declare_op(op.name, op.family, op.df_op != nullptr);
   for (bool transposed : {false, true})
     register_case(OpCase{
         .name = std::string(op.name) + (transposed ? "/transposed" : "/contiguous"),
@@ -481,10 +550,14 @@ Tensor extremum_grad(Pick p, const Tensor& dout, const Tensor& x, const Tensor& 
 }
 
 // maximum / minimum: da = dout * share(a, b), db = dout * share(b, a); saved {a, b}.
+// Under create_graph: dout times the shares as a constant (their derivative is zero).
 Tensors extremum_backward(Pick p, const Ctx& c, const Tensor& dout) {
   const Tensor &a = c.saved[0], &b = c.saved[1];
-  return {c.needs[0] ? extremum_grad(p, dout, a, b) : Tensor(),
-          c.needs[1] ? extremum_grad(p, dout, b, a) : Tensor()};
+  auto grad = [&](const Tensor& x, const Tensor& y) {
+    if (!c.create_graph) return extremum_grad(p, dout, x, y);
+    return mul(dout, extremum_grad(p, full(dout.shape(), 1.0, dout.dtype()), x, y));
+  };
+  return {c.needs[0] ? grad(a, b) : Tensor(), c.needs[1] ? grad(b, a) : Tensor()};
 }
 
 Tensor extremum(const char* name, Pick p, const Tensor& a, const Tensor& b) {
@@ -559,14 +632,20 @@ Tensor route(const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m,
   return g;
 }
 
+// route() as recorded ops under create_graph: dout times the 0/1 mask as a constant.
+Tensor route_grad(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m, bool want) {
+  if (!c.create_graph) return route(dout, m, want);
+  return mul(dout, route(full(dout.shape(), 1.0, dout.dtype()), m, want));
+}
+
 // out = cond ? a : b: da = dout where cond, db = dout elsewhere (output shape; the tape sums).
 Tensors where_backward(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
-  return {c.needs[0] ? route(dout, m, true) : Tensor(), c.needs[1] ? route(dout, m, false) : Tensor()};
+  return {c.needs[0] ? route_grad(c, dout, m, true) : Tensor(), c.needs[1] ? route_grad(c, dout, m, false) : Tensor()};
 }
 
 // out = mask ? value : x: dx = dout where the mask is off.
-Tensors masked_fill_backward(const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
-  return {route(dout, m, false)};
+Tensors masked_fill_backward(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
+  return {route_grad(c, dout, m, false)};
 }
 
 }  // namespace
@@ -602,8 +681,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
                            [&](int64_t i, int64_t o) { po[i] = mm[i] ? (T)value : px[o]; });
   });
   if (autograd::needs_record({x}))
-    autograd::record("masked_fill", {x}, {out}, {}, [m](const Ctx&, const Tensors& dout) {
-      return masked_fill_backward(dout[0], m);
+    autograd::record("masked_fill", {x}, {out}, {}, [m](const Ctx& c, const Tensors& dout) {
+      return masked_fill_backward(c, dout[0], m);
     });
   return out;
 }

@@ -62,7 +62,15 @@ struct UnaryOp {
   double case_a = 0, case_b = 0;
   ///@}
   const char* family = "elementwise";  ///< the family it is declared under (declare_op())
+  /// The derivative df(x, y; a, b) as recorded graft ops, for the backward under create_graph
+  /// (dx = dout * df_op(...), differentiable again): x or y is undefined when the row does not
+  /// save it. unary_df_constant serves a row whose df is piecewise constant (relu, abs, clamp).
+  /// Null: the row has no double backward, and its op is declared so (declare_op()).
+  Tensor (*df_op)(const UnaryOp& row, const Tensor& x, const Tensor& y, double a, double b) = nullptr;
 };
+/// A df_op for a row whose derivative is piecewise constant: df evaluated elementwise into a
+/// tensor that records nothing (its own derivative is zero wherever it is defined).
+Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, double a, double b);
 /// The vectorised float32 loops of unary_row: F(x, a, b) and DF(x, y, a, b) instantiated at
 /// float, inlined into loops marked GRAFT_SIMD (unary() splits the elements over threads).
 ///@{

@@ -12,6 +12,7 @@
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/kernels.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 
@@ -84,8 +85,11 @@ Tensors split_heads(const Tensor& y, int64_t parts, int64_t heads) {
   const HeadGeom g{y.size(0), y.size(1), parts, heads, y.size(2) / (parts * heads)};
   Tensors out = rows_to_heads(dense(y), g);
   if (autograd::needs_record({y}))
-    autograd::record("split_heads", {y}, out, {}, [g](const Ctx&, const Tensors& dout) {
-      return Tensors{split_heads_backward(dout, g)};
+    autograd::record("split_heads", {y}, out, {}, [g](const Ctx& c, const Tensors& dout) {
+      if (!c.create_graph) return Tensors{split_heads_backward(dout, g)};
+      Tensors rows;  // each part's heads merged, the parts side by side: recorded ops
+      for (const Tensor& d : dout) rows.push_back(merge_heads(d));
+      return Tensors{rows.size() == 1 ? rows[0] : concat(rows, -1)};
     });
   return out;
 }
@@ -97,8 +101,8 @@ Tensor merge_heads(const Tensor& x) {
   const HeadGeom g{x.size(0), x.size(2), 1, x.size(1), x.size(3)};
   Tensor out = heads_to_rows({x}, g);
   if (autograd::needs_record({x}))
-    autograd::record("merge_heads", {x}, {out}, {}, [g](const Ctx&, const Tensors& dout) {
-      return Tensors{merge_heads_backward(dout[0], g)};
+    autograd::record("merge_heads", {x}, {out}, {}, [g](const Ctx& c, const Tensors& dout) {
+      return Tensors{c.create_graph ? split_heads(dout[0], 1, g.H)[0] : merge_heads_backward(dout[0], g)};
     });
   return out;
 }

@@ -397,4 +397,18 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   bmm(a, b, out, alpha, accumulate);
 }
 
+Tensor apply_linear(const char* name, const char* adjoint_name, const Tensor& g, const LinearMap& f,
+                    const LinearMap& adjoint) {
+  Tensor out;
+  {
+    autograd::NoGrad raw;  // f is a raw map; the entry below is its record
+    out = f(g);
+  }
+  if (autograd::needs_record({g}))
+    autograd::record(name, {g}, {out}, {}, [name, adjoint_name, f, adjoint](const autograd::Ctx& c, const Tensors& dout) {
+      return Tensors{c.create_graph ? apply_linear(adjoint_name, name, dout[0], adjoint, f) : adjoint(dout[0])};
+    });
+  return out;
+}
+
 }  // namespace graft::kern

@@ -23,6 +23,16 @@
 
 namespace graft::kern {
 
+// ---- a linear map's backward under create_graph ----
+
+// A raw linear map of a gradient (such as slice's backward: scatter into zeros).
+using LinearMap = std::function<Tensor(const Tensor&)>;
+// f(g) recorded as op `name` when g requires grad (a backward under create_graph), with backward
+// `adjoint` recorded the same way under op `adjoint_name`, so the pair differentiates to any
+// order: slice's backward is apply_linear("slice_backward", "slice", dout, pad, cut).
+Tensor apply_linear(const char* name, const char* adjoint_name, const Tensor& g, const LinearMap& f,
+                    const LinearMap& adjoint);
+
 // ---- views that record nothing (for operands, and inside forward and backward) ----
 
 // t's storage read with another shape and strides, at t's offset.

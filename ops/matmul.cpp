@@ -88,6 +88,27 @@ GRAFT_DECLARE_OP("matmul", "matmul");
 // dout (out's shape) -> da = dout @ b^T, db = a^T @ dout, each of the broadcast (batch..., M, K)
 // or (batch..., K, N) shape the tape sums down to the operand's (a 1-D b excepted: its (K, 1)
 // promotion is not a broadcast, so it is reduced here).
+// matmul's backward as recorded ops (under create_graph): 1-D operands promoted as in the forward
+// (a (K) as (1, K), b (K) as (K, 1)), the promoted dims dropped again; broadcast batch dims are
+// summed by the tape.
+Tensors matmul_backward_graph(const Tensor& a, const Tensor& b, const Tensor& dout, const std::vector<bool>& needs) {
+  const Tensor pa = a.dim() == 1 ? unsqueeze(a, 0) : a, pb = b.dim() == 1 ? unsqueeze(b, -1) : b;
+  Shape ps = dout.shape();
+  if (a.dim() == 1) ps.insert(ps.end() - (b.dim() == 1 ? 0 : 1), 1);
+  if (b.dim() == 1) ps.push_back(1);
+  const Tensor g = reshape(dout, ps);
+  Tensor da, db;
+  if (needs[0]) {
+    da = matmul(g, transpose(pb, -1, -2));
+    if (a.dim() == 1) da = squeeze(da, -2);
+  }
+  if (needs[1]) {
+    db = matmul(transpose(pa, -1, -2), g);
+    if (b.dim() == 1) db = squeeze(db, -1);
+  }
+  return {da, db};
+}
+
 Tensors matmul_backward(const Tensor& a, const Tensor& b, const Tensor& dout,
                         const std::vector<bool>& needs) {
   const Promoted p = promote(a, b);
@@ -126,6 +147,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     autograd::record("matmul", {a, b}, {out}, {a, b},
                      [prec = precision_state()](const autograd::Ctx& c, const Tensors& dout) {
                        PrecisionGuard guard(prec);
+                       if (c.create_graph) return matmul_backward_graph(c.saved[0], c.saved[1], dout[0], c.needs);
                        return matmul_backward(c.saved[0], c.saved[1], dout[0], c.needs);
                      });
   return out;
@@ -425,6 +447,18 @@ bool linear_in_int8(const Tensor& x, bool record) {
 }
 
 namespace {
+// linear's backward as recorded ops (under create_graph): dx = dy w, dw = dy^T x over all rows,
+// db = dy (the tape sums it to (OUT)).
+Tensors linear_backward_graph(const Tensor& x, const Tensor& w, const Tensor& dy, bool has_bias,
+                              const std::vector<bool>& needs) {
+  Tensor dx, dw, db;
+  if (needs[0]) dx = matmul(dy, w);
+  if (needs[1])
+    dw = matmul(transpose(reshape(dy, {-1, w.size(0)}), 0, 1), reshape(x, {-1, w.size(1)}));
+  if (has_bias && needs[2]) db = dy;
+  return {dx, dw, db};
+}
+
 // Under the oneDNN bf16 path the forward converts x to bf16 anyway: when no other tape entry
 // keeps x, that copy is kept for dW instead of x (half the bytes, and no second conversion).
 // Without a weight gradient to come, x is not needed at all.
@@ -435,6 +469,7 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
   if (!x16) {
     autograd::record("linear", {x, w, b}, {y}, {x, w}, [has_bias, prec](const autograd::Ctx& c, const Tensors& dout) {
       PrecisionGuard guard(prec);
+      if (c.create_graph) return linear_backward_graph(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
       return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
     });
     return;
@@ -442,6 +477,9 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
   autograd::record("linear", {x, w, b}, {y}, {w}, {{x16->storage, x}},
                    [has_bias, prec, x16, x_shape = x.shape()](const autograd::Ctx& c, const Tensors& dout) {
                      PrecisionGuard guard(prec);
+                     if (c.create_graph)
+                       fail(autograd::ordinal(c.order) + " backward of 'linear': under create_graph it needs its float input x, "
+                            "which the bf16 path kept only as bfloat16; compute higher-order gradients in float32 precision");
                      return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
                    });
 }

@@ -52,14 +52,15 @@ Shape dropped_shape(const Shape& s, const std::vector<int64_t>& axes) {
   return d;
 }
 
-// sum: dx = dout read with the reduced axes kept (keep), broadcast back to x's shape.
-Tensor sum_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep) {
-  return contiguous(broadcast_to(kern::reshaped(dout, keep), x_shape));
+// sum: dx = dout read with the reduced axes kept (keep), broadcast back to x's shape; recorded
+// ops under create_graph.
+Tensor sum_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, bool create_graph) {
+  return contiguous(broadcast_to(create_graph ? reshape(dout, keep) : kern::reshaped(dout, keep), x_shape));
 }
 
 // mean: dx = sum_backward / count.
-Tensor mean_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, int64_t count) {
-  return affine(sum_backward(dout, x_shape, keep), 1.0 / (double)count, 0.0);
+Tensor mean_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, int64_t count, bool create_graph) {
+  return affine(sum_backward(dout, x_shape, keep, create_graph), 1.0 / (double)count, 0.0);
 }
 
 Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
@@ -75,9 +76,9 @@ Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& a
   if (!keepdim) out = kern::reshaped(out, dropped_shape(x.shape(), ax));
   if (autograd::needs_record({x}))
     autograd::record(op, {x}, {out}, {},
-                     [xs = x.shape(), keep, count, mean](const Ctx&, const Tensors& dout) {
-                       return Tensors{mean ? mean_backward(dout[0], xs, keep, count)
-                                           : sum_backward(dout[0], xs, keep)};
+                     [xs = x.shape(), keep, count, mean](const Ctx& c, const Tensors& dout) {
+                       return Tensors{mean ? mean_backward(dout[0], xs, keep, count, c.create_graph)
+                                           : sum_backward(dout[0], xs, keep, c.create_graph)};
                      });
   return out;
 }
@@ -164,7 +165,11 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))
     autograd::record("max", {x}, {out}, {r.idx}, [xs = x.shape(), s = r.split](const Ctx& c, const Tensors& dout) {
-      return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
+      if (!c.create_graph) return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
+      // dout spread over the axis, times the argmax's one-hot mask as a constant.
+      const Tensor onehot = max_backward(c.saved[0], full(dout[0].shape(), 1.0, dout[0].dtype()), xs, s);
+      const Tensor spread = broadcast_to(reshape(dout[0], {s.outer, 1, s.inner}), {s.outer, s.n, s.inner});
+      return Tensors{mul(reshape(spread, xs), onehot)};
     });
   return out;
 }
@@ -185,9 +190,11 @@ Tensor maxima_mask(const Tensor& x, const Tensor& m) {
 
 // amax: dout (kept shape) shared evenly among each slice's maxima; x and m (the maxima, reduced
 // axes kept) saved.
-Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout, const std::vector<int64_t>& axes) {
+Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout, const std::vector<int64_t>& axes,
+                     bool create_graph) {
   const Tensor mask = maxima_mask(x, m);
-  return mul(mask, div(kern::reshaped(kern::contig(dout), m.shape()), sum(mask, axes, true)));
+  const Tensor d = create_graph ? reshape(dout, m.shape()) : kern::reshaped(kern::contig(dout), m.shape());
+  return mul(mask, div(d, sum(mask, axes, true)));
 }
 
 }  // namespace
@@ -201,7 +208,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   const Tensor out = keepdim ? m : kern::reshaped(m, dropped_shape(x.shape(), ax));
   if (autograd::needs_record({x}))
     autograd::record("amax", {x}, {out}, {x, m}, [ax](const Ctx& c, const Tensors& dout) {
-      return Tensors{amax_backward(c.saved[0], c.saved[1], dout[0], ax)};
+      return Tensors{amax_backward(c.saved[0], c.saved[1], dout[0], ax, c.create_graph)};
     });
   return out;
 }

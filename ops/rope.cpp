@@ -18,6 +18,7 @@ using autograd::Ctx;
 namespace {
 
 GRAFT_DECLARE_OP("rope", "rope");
+GRAFT_DECLARE_OP("rope_backward", "rope");  // rope's backward under create_graph
 
 // cos and sin of t * base^(-2i/D) for every position t and pair i: (T, D/2) each.
 struct Angles {
@@ -89,8 +90,11 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base) {
   auto a = std::make_shared<const Angles>(rope_angles(positions.to_vector<int64_t>(), x.shape().back(), base));
   Tensor y = rotate(x, *a, Tn, 1.0);
   if (autograd::needs_record({x}))
-    autograd::record("rope", {x}, {y}, {}, [a, Tn](const Ctx&, const Tensors& dout) {
-      return Tensors{rope_backward(dout[0], a, Tn)};
+    autograd::record("rope", {x}, {y}, {}, [a, Tn](const Ctx& c, const Tensors& dout) {
+      if (!c.create_graph) return Tensors{rope_backward(dout[0], a, Tn)};
+      auto back = [a, Tn](const Tensor& g) { return rope_backward(g, a, Tn); };
+      auto forth = [a, Tn](const Tensor& g) { return rotate(g, *a, Tn, 1.0); };
+      return Tensors{kern::apply_linear("rope_backward", "rope", dout[0], back, forth)};
     });
   return y;
 }

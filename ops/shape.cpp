@@ -31,6 +31,10 @@ GRAFT_DECLARE_OP("concat", "shape");
 GRAFT_DECLARE_OP("split", "shape");
 GRAFT_DECLARE_OP("index_select", "shape");
 GRAFT_DECLARE_OP("embedding", "shape");
+// What slice, index_select and embedding record as their backward under create_graph.
+GRAFT_DECLARE_OP("slice_backward", "shape");
+GRAFT_DECLARE_OP("index_select_backward", "shape");
+GRAFT_DECLARE_OP("embedding_backward", "shape");
 
 namespace {
 
@@ -57,8 +61,8 @@ Tensor reshape_backward(const Tensor& dout, const Shape& x_shape) {
 
 void record_reshape_like(const char* op, const Tensor& x, const Tensor& out) {
   if (!autograd::needs_record({x})) return;
-  autograd::record(op, {x}, {out}, {}, [in = x.shape()](const Ctx&, const Tensors& dout) {
-    return Tensors{reshape_backward(dout[0], in)};
+  autograd::record(op, {x}, {out}, {}, [in = x.shape()](const Ctx& c, const Tensors& dout) {
+    return Tensors{c.create_graph ? reshape(dout[0], in) : reshape_backward(dout[0], in)};
   });
 }
 
@@ -220,8 +224,11 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   }
   Tensor out = Tensor::view_of(x, shape, strides, x.offset());
   if (autograd::needs_record({x})) {
-    autograd::record("permute", {x}, {out}, {}, [p](const Ctx&, const Tensors& dout) {
-      return Tensors{permute_backward(dout[0], p)};
+    autograd::record("permute", {x}, {out}, {}, [p](const Ctx& c, const Tensors& dout) {
+      if (!c.create_graph) return Tensors{permute_backward(dout[0], p)};
+      std::vector<int64_t> inverse(p.size());
+      for (size_t i = 0; i < p.size(); ++i) inverse[p[i]] = (int64_t)i;
+      return Tensors{permute(dout[0], inverse)};
     });
   }
   return out;
@@ -261,8 +268,11 @@ Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t 
   Tensor out = slice_view(x, a, s, len, step);
   if (autograd::needs_record({x})) {
     autograd::record("slice", {x}, {out}, {},
-                     [in = x.shape(), a, s, len, step](const Ctx&, const Tensors& dout) {
-                       return Tensors{slice_backward(dout[0], in, a, s, len, step)};
+                     [in = x.shape(), a, s, len, step](const Ctx& c, const Tensors& dout) {
+                       auto pad = [=](const Tensor& g) { return slice_backward(g, in, a, s, len, step); };
+                       if (!c.create_graph) return Tensors{pad(dout[0])};
+                       auto cut = [=](const Tensor& g) { return contiguous_copy(slice_view(g, a, s, len, step)); };
+                       return Tensors{kern::apply_linear("slice_backward", "slice", dout[0], pad, cut)};
                      });
   }
   return out;
@@ -346,19 +356,22 @@ Tensor to_dtype(const Tensor& x, DType dt) {
   Tensor out = cast_copy(x, dt);
   if (is_floating(dt) && autograd::needs_record({x}))
     autograd::record("to_dtype", {x}, {out}, {},
-                     [in = x.dtype()](const Ctx&, const Tensors& dout) {
-                       return Tensors{to_dtype_backward(dout[0], in)};
+                     [in = x.dtype()](const Ctx& c, const Tensors& dout) {
+                       return Tensors{c.create_graph ? to_dtype(dout[0], in) : to_dtype_backward(dout[0], in)};
                      });
   return out;
 }
 
 // ---------------------------------------------------------------------------------------------
 // concat: dxs[i] = the band [starts[i], starts[i] + lens[i]) of dout along axis.
+// Under create_graph the bands are recorded slices.
 Tensors concat_backward(const Tensor& dout, int64_t axis, const std::vector<int64_t>& starts,
-                        const std::vector<int64_t>& lens, const std::vector<bool>& needs) {
+                        const std::vector<int64_t>& lens, const std::vector<bool>& needs, bool create_graph) {
   Tensors dxs(lens.size());
   for (size_t i = 0; i < lens.size(); ++i)
-    if (needs[i]) dxs[i] = contiguous_copy(slice_view(dout, axis, starts[i], lens[i], 1));
+    if (needs[i])
+      dxs[i] = create_graph ? slice(dout, axis, starts[i], starts[i] + lens[i])
+                            : contiguous_copy(slice_view(dout, axis, starts[i], lens[i], 1));
   return dxs;
 }
 
@@ -401,7 +414,7 @@ Tensor concat(const Tensors& xs, int64_t axis) {
     for (auto& x : xs) lens.push_back(x.shape()[a]);
     autograd::record("concat", xs, {out}, {},
                      [a, starts, lens](const Ctx& c, const Tensors& dout) {
-                       return concat_backward(dout[0], a, starts, lens, c.needs);
+                       return concat_backward(dout[0], a, starts, lens, c.needs, c.create_graph);
                      });
   }
   return out;
@@ -441,8 +454,8 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis) 
   }
   if (!pieces.empty() && autograd::needs_record({x})) {
     autograd::record("split", {x}, pieces, {},
-                     [in = x.shape(), a, sizes](const Ctx&, const Tensors& dout) {
-                       return Tensors{split_backward(dout, in, a, sizes)};
+                     [in = x.shape(), a, sizes](const Ctx& c, const Tensors& dout) {
+                       return Tensors{c.create_graph ? concat(dout, a) : split_backward(dout, in, a, sizes)};
                      });
   }
   return pieces;
@@ -488,8 +501,12 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
               k, s.inner * esize);
   if (autograd::needs_record({x})) {
     autograd::record("index_select", {x}, {out}, {ic},
-                     [in = x.shape(), s](const Ctx& c, const Tensors& dout) {
-                       return Tensors{index_select_backward(dout[0], c.saved[0], in, s, -1)};
+                     [in = x.shape(), s, a](const Ctx& c, const Tensors& dout) {
+                       const Tensor ids = c.saved[0];
+                       auto scatter = [=](const Tensor& g) { return index_select_backward(g, ids, in, s, -1); };
+                       if (!c.create_graph) return Tensors{scatter(dout[0])};
+                       auto gather = [=](const Tensor& g) { return index_select(g, a, ids); };
+                       return Tensors{kern::apply_linear("index_select_backward", "index_select", dout[0], scatter, gather)};
                      });
   }
   return out;
@@ -554,6 +571,21 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t V, int6
   return index_select_backward(dout, ids, {V, C}, Split3{1, V, C}, padding_idx < 0 ? -1 : padding_idx);
 }
 
+// The adjoint of embedding_backward: g's rows at ids, zero where the id is padding_idx (whose
+// rows the backward skips). Records nothing.
+Tensor embedding_gather_adjoint(const Tensor& g, const Tensor& ids, int64_t padding_idx) {
+  Tensor out = embedding(g, ids);
+  if (padding_idx < 0) return out;
+  const int64_t* pi = ids.data<int64_t>();
+  const int64_t C = g.shape()[1];
+  GRAFT_DISPATCH_FLOAT(out.dtype(), "embedding", [&] {
+    T* po = out.data<T>();
+    for (int64_t j = 0; j < ids.numel(); ++j)
+      if (pi[j] == padding_idx) std::fill(po + j * C, po + (j + 1) * C, T(0));
+  });
+  return out;
+}
+
 // embedding: weight (V, C), ids int64 (...) in [0, V) -> out (..., C), out[.., :] = weight[id].
 // Backward scatter-adds dout rows into dweight, skipping ids equal to padding_idx (their
 // forward row is still returned, as in PyTorch, but never trained).
@@ -586,7 +618,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   if (autograd::needs_record({weight})) {
     autograd::record("embedding", {weight}, {out}, {ic},
                      [V, C, padding_idx](const Ctx& c, const Tensors& dout) {
-                       return Tensors{embedding_backward(dout[0], c.saved[0], V, C, padding_idx)};
+                       const Tensor ids = c.saved[0];
+                       auto scatter = [=](const Tensor& g) { return embedding_backward(g, ids, V, C, padding_idx); };
+                       if (!c.create_graph) return Tensors{scatter(dout[0])};
+                       auto gather = [=](const Tensor& g) { return embedding_gather_adjoint(g, ids, padding_idx); };
+                       return Tensors{kern::apply_linear("embedding_backward", "embedding", dout[0], scatter, gather)};
                      });
   }
   return out;

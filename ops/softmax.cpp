@@ -9,7 +9,9 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/kernels.h"
+#include "graft/ops/elementwise.h"
 #include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/reduce.h"
 
 namespace graft {
 
@@ -84,13 +86,16 @@ Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, 
   return dx;
 }
 
-// softmax: dx = y * (dy - sum(dy * y)) along axis.
-Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis) {
+// softmax: dx = y * (dy - sum(dy * y)) along axis; recorded ops under create_graph (y is the
+// op's own output, so its second derivative runs through this op again).
+Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis, bool create_graph) {
+  if (create_graph) return mul(y, sub(dy, sum(mul(dy, y), {axis}, true)));
   return softmax_like_backward("softmax", y, dy, axis, false);
 }
 
-// log_softmax: dx = dy - exp(y) * sum(dy) along axis.
-Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis) {
+// log_softmax: dx = dy - exp(y) * sum(dy) along axis; recorded ops under create_graph.
+Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis, bool create_graph) {
+  if (create_graph) return sub(dy, mul(exp(y), sum(dy, {axis}, true)));
   return softmax_like_backward("log_softmax", y, dy, axis, true);
 }
 
@@ -114,8 +119,8 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool lo
   }
   if (record)
     autograd::record(op, {x_in}, {y}, {y}, [axis, log](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis)
-                         : softmax_backward(c.saved[0], dout[0], axis)};
+      return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis, c.create_graph)
+                         : softmax_backward(c.saved[0], dout[0], axis, c.create_graph)};
     });
   return y;
 }
