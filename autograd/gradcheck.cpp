@@ -223,6 +223,20 @@ void register_autograd_cases() {
   });
 }
 
+OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
+                        std::function<Tensor(const Tensor&)> forward) {
+  return OpCase{.name = std::move(name), .op = std::move(op),
+                .make_inputs = [out_shape](DType dt, Generator& g) { return Tensors{case_input(out_shape, dt, g)}; },
+                .fn = [in_shape, forward](const Tensors& v) {
+                  // Under NoGrad (gradcheck's central differences) only the value is wanted: the
+                  // forward still records, for its backward, but nothing stays on the tape.
+                  const bool record = autograd::grad_enabled();
+                  autograd::EnableGrad on;
+                  Tensor z = zeros(in_shape, v[0].dtype()).requires_grad_();
+                  return autograd::grad({forward(z)}, {z}, {v[0]}, {.create_graph = record})[0];
+                }};
+}
+
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
   return rand(shape, dt, g, lo, hi).requires_grad_();
 }

@@ -66,6 +66,14 @@ struct OpCase {
   ///@}
 };
 
+/// A case for an op that another op's backward records under create_graph (such as
+/// slice_backward): its input is the upstream gradient v of `forward` (of shape out_shape) at a
+/// constant leaf of in_shape, its output the gradient that forward's backward returns (taken
+/// with create_graph), so gradcheck differentiates that backward in v. For linear ops (whose
+/// backward does not depend on the point).
+OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
+                        std::function<Tensor(const Tensor&)> forward);
+
 /// Adds a case to the registry (names must be unique). The library's own cases are registered by
 /// register_op_cases() (ops/cases.h); a program adds its own with explicit calls. Thread-safe.
 /// @throws graft::Error when a case of that name is already registered.

@@ -190,11 +190,13 @@ void compact_if_empty() {
   }
 }
 
-[[noreturn]] void already_freed(const char* op) {
-  fail(std::string("backward: the tape entry of '") + op +
-       "' was already freed by an earlier backward(); run the forward again, or pass "
+// `entry` names the freed entry: "the tape entry of 'mul'", or "the tape entry that produced
+// this tensor" once the tape was cleared.
+[[noreturn]] void already_freed(const std::string& entry) {
+  fail("autograd: " + entry + " was already freed by an earlier backward(); run the forward again, or pass "
        "retain_graph=true to the first backward");
 }
+[[noreturn]] void already_freed(const char* op) { already_freed(std::string("the tape entry of '") + op + "'"); }
 
 }  // namespace
 
@@ -351,7 +353,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
       r.needs = ti->requires_grad;
       if (ti->tape_index >= 0) {
         check_this_thread(ti, std::string("record: input ") + std::to_string(e.inputs.size()) + " of '" + op + "'");
-        if (from_old_epoch(ti)) already_freed("an earlier op");
+        if (from_old_epoch(ti)) already_freed(std::string("the tape entry that produced input ") + std::to_string(e.inputs.size()) + " of '" + op + "'");
         r.index = ti->tape_index;
         r.slot = ti->tape_slot;
       } else if (ti->requires_grad) {
@@ -677,8 +679,9 @@ Tensor seed_for(const Tensor& out, const Tensor& g, const std::string& caller, c
 // Fails unless `t` is an op output whose graph is still there, or a leaf.
 void check_live(const TensorImpl* t, const std::string& what) {
   check_this_thread(t, what);
-  if (t->tape_index >= 0 && (from_old_epoch(t) || t_tape.entries[t->tape_index].freed))
-    already_freed(from_old_epoch(t) ? "the op that produced this tensor" : t_tape.entries[t->tape_index].op);
+  if (t->tape_index < 0) return;
+  if (from_old_epoch(t)) already_freed(what + ": the tape entry that produced it");
+  if (t_tape.entries[t->tape_index].freed) already_freed(t_tape.entries[t->tape_index].op);
 }
 
 // Runs a pass, freeing what it must when it ends or fails. Grad mode is on under create_graph
@@ -754,12 +757,14 @@ void mark_targets(Pass& p, const Tensors& inputs, const char* caller) {
 Tensors run_capture(Pass& p, const Tensors& outputs, const Tensors& seeds, const Tensors& inputs) {
   if (p.top >= 0) p.pending.resize((size_t)(p.top - p.bottom + 1));
   for (size_t k = 0; k < outputs.size(); ++k) {
-    if (outputs[k].impl()->tape_index >= 0) {
-      seed(p, outputs[k], seeds[k]);
-      continue;
-    }
-    auto it = p.leaf_target.find(outputs[k].impl());  // an output that is itself an input
-    if (it != p.leaf_target.end()) add_gradient(p.captured[it->second], seeds[k], p.create);
+    const TensorImpl* t = outputs[k].impl();
+    // An output that is itself an input: its seed is (part of) that input's gradient, and a pass
+    // that stops at targets goes no further with it.
+    const auto leaf = p.leaf_target.find(t);
+    const auto entry = t->tape_index >= 0 ? p.entry_target.find({t->tape_index, t->tape_slot}) : p.entry_target.end();
+    if (p.stop_at_targets && entry != p.entry_target.end()) add_gradient(p.captured[entry->second], seeds[k], p.create);
+    else if (t->tape_index >= 0) seed(p, outputs[k], seeds[k]);
+    else if (leaf != p.leaf_target.end()) add_gradient(p.captured[leaf->second], seeds[k], p.create);
   }
   if (p.top >= 0) run_pass(p);
   Tensors out(inputs.size());
@@ -829,14 +834,24 @@ Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, con
   p.bottom = (int64_t)first;
   for (const Tensor& t : targets)
     if (t.impl()->tape_index >= 0) p.bottom = std::min(p.bottom, t.impl()->tape_index);
+  // The outputs the forward recorded, and any that is one of the inputs returned as is.
+  auto is_input = [&](const Tensor& o) {
+    for (const Tensor& t : targets)
+      if (t.impl() == o.impl()) return true;
+    return false;
+  };
   Tensors seeds, seeded;
-  for (size_t k = 0; k < outs.size(); ++k)
-    if (outs[k].defined() && outs[k].requires_grad() && (size_t)outs[k].impl()->tape_index >= first) {
-      seeded.push_back(outs[k]);
-      seeds.push_back(dout[k]);
-      p.top = std::max(p.top, outs[k].impl()->tape_index);
-    }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!outs[k].defined() || !outs[k].requires_grad()) continue;
+    const int64_t at_index = outs[k].impl()->tape_index;
+    const bool recorded = at_index >= 0 && (size_t)at_index >= first;
+    if (!recorded && !is_input(outs[k])) continue;
+    seeded.push_back(outs[k]);
+    seeds.push_back(dout[k]);
+    if (recorded) p.top = std::max(p.top, at_index);
+  }
   if (seeded.empty()) return result;
+  if (p.top < 0) p.bottom = 0;  // nothing recorded: no pass, the inputs' seeds are all
   mark_targets(p, targets, "differentiate");
   const Tensors got = run_capture(p, seeded, seeds, targets);
   for (size_t j = 0; j < at.size(); ++j) result[at[j]] = got[j];

@@ -56,6 +56,21 @@ class NoGrad {
   bool prev_;
 };
 
+/// Grad mode on for a scope (torch.enable_grad), whatever it was: for a computation that must
+/// record even when called under NoGrad. Restores the previous setting when it ends.
+class EnableGrad {
+ public:
+  /// Turns grad mode on for this thread.
+  EnableGrad() : prev_(grad_enabled()) { set_grad_enabled(true); }
+  /// Restores the grad mode in force before.
+  ~EnableGrad() { set_grad_enabled(prev_); }
+  EnableGrad(const EnableGrad&) = delete;
+  EnableGrad& operator=(const EnableGrad&) = delete;
+
+ private:
+  bool prev_;
+};
+
 /// Whether anomaly mode is on for this thread.
 ///
 /// Anomaly mode: while on, every op that records checks its inputs and outputs, and every

@@ -24,11 +24,14 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/bf16.h"
+#include "graft/ops/elementwise.h"
 #include "graft/ops/kernels.h"
+#include "graft/ops/matmul.h"
 #include "graft/ops/precision.h"
 #include "graft/ops/onednn/dnnl_utils.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
+#include "graft/ops/softmax.h"
 
 namespace graft {
 
@@ -268,6 +271,40 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
   return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
 
+// The attention as recorded ops, for the backward under create_graph (autograd::differentiate):
+// the same scores, mask, softmax, dropout mask (as a constant) and product with V. A masked score
+// is -1e30 instead of -inf, and a row with no key left is multiplied by 0, so it gives zeros as
+// the fused path does instead of NaN.
+Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const AttentionCtx& a) {
+  const Geom& g = a.g;
+  Tensor s = mul(matmul(q, transpose(k, -1, -2)), a.scale);
+  if (bias.defined()) s = add(s, bias);
+  const RowMask m = a.row_mask();
+  std::vector<double> masked((size_t)(g.B * g.Tq * g.Tk), 0.0), alive((size_t)(g.B * g.Tq), 0.0);
+  bool any_masked = false, any_dead = false;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.Tq; ++i) {
+      for (int64_t j = 0; j < g.Tk; ++j) {
+        const bool off = j >= m.end(i) || (m.pad && m.pad[b * g.Tk + j]);
+        masked[(size_t)((b * g.Tq + i) * g.Tk + j)] = off;
+        alive[(size_t)(b * g.Tq + i)] += off ? 0.0 : 1.0;
+        any_masked |= off;
+      }
+      double& row = alive[(size_t)(b * g.Tq + i)];
+      row = row > 0 ? 1.0 : 0.0;
+      any_dead |= row == 0;
+    }
+  if (any_masked) s = masked_fill(s, from_vector(masked, {g.B, 1, g.Tq, g.Tk}, DType::f64), -1e30);
+  Tensor p = softmax(s, -1);
+  if (any_dead) p = mul(p, from_vector(alive, {g.B, 1, g.Tq, 1}, p.dtype()));
+  if (a.dropout) {
+    Tensor keep = full(p.shape(), 1.0, p.dtype());
+    apply_dropout(keep, a.mask);
+    p = mul(p, keep);
+  }
+  return matmul(p, v);
+}
+
 // ---- few queries per head, no tape (cached decoding) ------------------------------------------
 //
 // Decoding one token attends 1 query row per head over the cached keys: the batched matmuls
@@ -382,10 +419,19 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   if (keep) {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {opt.bias},
                      {{in.q.kept.storage, q}, {in.k.kept.storage, k}, {in.v.kept.storage, v}},
-                     [backward, in](const Ctx& c, const Tensors& dout) { return backward(c, in, c.saved[0], dout[0]); });
+                     [backward, in](const Ctx& c, const Tensors& dout) {
+                       if (c.create_graph)
+                         fail(autograd::ordinal(c.order) + " backward of '" + kOp + "': under create_graph it needs q, k and v, "
+                              "which the bf16 path kept only as bfloat16; compute higher-order gradients in float32 precision");
+                       return backward(c, in, c.saved[0], dout[0]);
+                     });
   } else {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
-                     [backward](const Ctx& c, const Tensors& dout) {
+                     [backward, a](const Ctx& c, const Tensors& dout) {
+                       if (c.create_graph)
+                         return autograd::differentiate(
+                             [a](const Tensors& in) { return Tensors{attention_composed(in[0], in[1], in[2], in[3], a)}; },
+                             c.saved, dout, c.needs);
                        return backward(c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3], dout[0]);
                      });
   }

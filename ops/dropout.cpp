@@ -18,6 +18,11 @@
 
 namespace graft {
 
+namespace {
+// Ones of t's shape and dtype: the upstream gradient that turns a backward's mask into a tensor.
+Tensor ones_like(const Tensor& t) { return full(t.shape(), 1.0, t.dtype()); }
+}  // namespace
+
 using autograd::Ctx;
 
 namespace {
@@ -158,8 +163,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
   if (autograd::needs_record({x}))
-    autograd::record("dropout", {x}, {out}, {}, [mask, keep_value](const Ctx&, const Tensors& dout) {
-      return Tensors{dropout_backward(dout[0], mask, keep_value)};
+    autograd::record("dropout", {x}, {out}, {}, [mask, keep_value](const Ctx& c, const Tensors& dout) {
+      if (!c.create_graph) return Tensors{dropout_backward(dout[0], mask, keep_value)};
+      return Tensors{mul(dout[0], dropout_backward(ones_like(dout[0]), mask, keep_value))};  // a constant mask
     });
   return out;
 }
@@ -177,12 +183,14 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (x.dtype() == DType::f32 && kern::bf16_kernel_in_force()) {
     std::shared_ptr<Storage> bits = positive_bits(out);
     autograd::record("relu_dropout", {x}, {out}, {}, {{bits, out}}, [keep_value](const Ctx& c, const Tensors& dout) {
-      return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
+      if (!c.create_graph) return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
+      return Tensors{mul(dout[0], relu_dropout_backward_bits(ones_like(dout[0]), *c.kept[0], (float)keep_value))};
     });
     return out;
   }
   autograd::record("relu_dropout", {x}, {out}, {out}, [keep_value](const Ctx& c, const Tensors& dout) {
-    return Tensors{relu_dropout_backward(dout[0], c.saved[0], keep_value)};
+    if (!c.create_graph) return Tensors{relu_dropout_backward(dout[0], c.saved[0], keep_value)};
+    return Tensors{mul(dout[0], relu_dropout_backward(ones_like(dout[0]), c.saved[0].detach(), keep_value))};
   });
   return out;
 }

@@ -21,6 +21,8 @@
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/kernels.h"
+#include "graft/ops/matmul.h"
+#include "graft/ops/softmax.h"
 #include "graft/ops/shape.h"
 
 namespace graft {
@@ -185,6 +187,24 @@ Tensor cross_entropy_backward(const Tensor& x, const Tensor& tgt, const Tensor& 
   return dx;
 }
 
+// cross_entropy's backward as recorded ops (under create_graph): dloss * (softmax(x) - q) / n_valid
+// on the valid rows, q the smoothed target distribution (a constant), so it differentiates again
+// through softmax. x is the logits as recorded (routed to their producer).
+Tensor cross_entropy_backward_graph(const Tensor& x, const Tensor& tgt, const Tensor& dloss, double eps,
+                                    int64_t ignore_index, int64_t n_valid) {
+  const int64_t N = x.size(0), C = x.size(1);
+  std::vector<double> q((size_t)(N * C), 0.0);
+  const int64_t* pt = tgt.data<const int64_t>();
+  for (int64_t i = 0; i < N; ++i) {
+    if (pt[i] == ignore_index) continue;
+    for (int64_t j = 0; j < C; ++j) q[(size_t)(i * C + j)] = eps / (double)C + (j == pt[i] ? 1.0 - eps : 0.0);
+  }
+  std::vector<double> rows((size_t)N);
+  for (int64_t i = 0; i < N; ++i) rows[(size_t)i] = pt[i] == ignore_index || n_valid == 0 ? 0.0 : 1.0 / (double)n_valid;
+  const Tensor diff = sub(softmax(x, -1), from_vector(q, {N, C}, x.dtype()));
+  return mul(mul(diff, from_vector(rows, {N, 1}, x.dtype())), dloss);
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
                      int64_t ignore_index) {
   check_cross_entropy(logits, target, label_smoothing);
@@ -204,9 +224,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   // All targets ignored: 0 with zero gradient (PyTorch gives NaN here).
   Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, logits.dtype());
   if (autograd::needs_record({logits}))
-    autograd::record("cross_entropy", {logits}, {out}, {xc, kern::contig(target), lse},
+    // A copied (non-contiguous) x keeps the logits too: the backward under create_graph needs them
+    // as recorded.
+    autograd::record("cross_entropy", {logits}, {out},
+                     {xc, kern::contig(target), lse, xc.same_storage(logits) ? Tensor() : logits},
                      [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
                        const Tensors& s = c.saved;
+                       if (c.create_graph)
+                         return Tensors{cross_entropy_backward_graph(s[3].defined() ? s[3] : s[0], s[1], dout[0],
+                                                                     label_smoothing, ignore_index, n_valid)};
                        return Tensors{cross_entropy_backward(
                            s[0], s[1], s[2], dout[0].item(), label_smoothing, ignore_index,
                            n_valid, autograd::can_overwrite(c, 0))};
@@ -333,10 +359,17 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   double total = 0;
   for (double l : row_loss) total += l;
   Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt);
+  // x, w and the targets are kept for the backward under create_graph (x and w are alive anyway
+  // until this last op's backward, the first to run).
   if (need_dx || need_dw)
-    autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw},
-                     [](const Ctx& c, const Tensors& dout) {
-                       return linear_cross_entropy_backward(c, dout[0].item());
+    autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
+                     [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
+                       if (!c.create_graph) return linear_cross_entropy_backward(c, dout[0].item());
+                       const Tensor &xr = c.saved[2], &wr = c.saved[3];
+                       const Tensor g = cross_entropy_backward_graph(matmul(xr, transpose(wr, 0, 1)), c.saved[4], dout[0],
+                                                                     label_smoothing, ignore_index, n_valid);
+                       return Tensors{c.needs[0] ? matmul(g, wr) : Tensor(),
+                                      c.needs[1] ? matmul(transpose(g, 0, 1), xr) : Tensor()};
                      });
   return out;
 }

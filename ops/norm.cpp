@@ -13,8 +13,11 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
+#include "graft/ops/elementwise.h"
 #include "graft/ops/kernels.h"
 #include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/reduce.h"
+#include "graft/ops/shape.h"
 
 namespace graft {
 
@@ -255,6 +258,64 @@ Tensors layer_norm_backward(const Tensor& src_in, const Tensor& w_in, const Tens
   return {dx, dw, db};
 }
 
+namespace {
+
+// The per-row statistic (N) as (..., 1) of x's leading shape, for broadcasting over a row.
+Tensor per_row(const Tensor& stat, const Shape& x_shape) {
+  Shape keep = x_shape;
+  keep.back() = 1;
+  return reshape(stat, keep);
+}
+
+// layer_norm written with recorded ops, returning its two tape outputs: y and the rows' biased
+// variance (N). The backward under create_graph differentiates it when x was saved.
+Tensors layer_norm_composed(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  const Tensor xc = sub(x, mean(x, {-1}, true));
+  const Tensor var = mean(mul(xc, xc), {-1}, true);
+  Tensor y = mul(xc, pow(affine(var, 1, eps), -0.5));
+  if (w.defined()) y = mul(y, w);
+  if (b.defined()) y = add(y, b);
+  return {y, reshape(var, {var.numel()})};
+}
+
+// x's normalised rows rebuilt from y = xhat w + b (recorded ops: y and the variance are this op's
+// own outputs, so what is built from them differentiates through it again).
+Tensor xhat_from_y(const Tensor& y, const Tensor& w, const Tensor& b) {
+  Tensor xhat = b.defined() ? sub(y, b) : y;
+  return w.defined() ? div(xhat, w) : xhat;
+}
+
+// layer_norm's backward as recorded ops from y and the variance (both routed to the op itself):
+// dx = (g - mean(g) - xhat mean(g xhat)) / sigma + dvar 2 xhat sigma / C with g = dy w, sigma =
+// sqrt(var + eps); dw = dy xhat and db = dy (the tape sums them to (C)).
+Tensors layer_norm_backward_from_y_graph(const Tensor& y, const Tensor& w, const Tensor& b, const Tensor& var,
+                                         const Tensor& dy, const Tensor& dvar, double eps) {
+  const double C = (double)y.shape().back();
+  const Tensor xhat = xhat_from_y(y, w, b);
+  const Tensor sigma = sqrt(affine(per_row(var, y.shape()), 1, eps));
+  const Tensor g = w.defined() ? mul(dy, w) : dy;
+  const Tensor centred = sub(sub(g, mean(g, {-1}, true)), mul(xhat, mean(mul(g, xhat), {-1}, true)));
+  const Tensor dx = add(div(centred, sigma), mul(per_row(dvar, y.shape()), affine(mul(xhat, sigma), 2.0 / C, 0)));
+  return {dx, w.defined() ? mul(dy, xhat) : Tensor(), b.defined() ? dy : Tensor()};
+}
+
+// The gradient that reaches the variance output (only ever from a backward recorded under
+// create_graph) added to dx: dvar * 2 (x - mean) / C, x - mean = xhat sigma rebuilt from y when
+// from_y. Not recorded.
+void add_variance_gradient(Tensor& dx, const Tensor& dvar, const Tensor& src, const Tensor& w, const Tensor& b,
+                           const Tensor& mean_rows, const Tensor& var, double eps, bool from_y) {
+  bool any = false;
+  for (double v : dvar.to_vector<double>()) any |= v != 0;
+  if (!any || !dx.defined()) return;
+  autograd::NoGrad raw;
+  const Shape& shape = src.shape();
+  const Tensor centred = from_y ? mul(xhat_from_y(src, w, b), sqrt(affine(per_row(var, shape), 1, eps)))
+                                : sub(src, per_row(mean_rows, shape));
+  dx = add(dx, mul(per_row(dvar, shape), affine(centred, 2.0 / (double)shape.back(), 0)));
+}
+
+}  // namespace
+
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
   check_layer_norm(x_in, w_in, b_in, eps);
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
@@ -274,15 +335,26 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   bool from_y = false;
   GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
   // Saved: y or x (see kMaxShiftOverScale), w, b (only to rebuild xhat from y), mean (only
-  // with x), var. All as given, so in-place changes to them are caught.
+  // with x), var. All as given, so in-place changes to them are caught. The variance is a second
+  // output of the entry, so the backward under create_graph, built from y and it, can be
+  // differentiated again (nothing else reads it; its gradient is zero otherwise).
   autograd::record(
-      "layer_norm", {x_in, w_in, b_in}, {y},
+      "layer_norm", {x_in, w_in, b_in}, {y, var},
       {from_y ? y : x_in, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
       [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined()](const autograd::Ctx& c,
                                                                     const Tensors& dout) {
         const Tensors& s = c.saved;
-        return layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w,
-                                   has_b, c.needs);
+        if (c.create_graph && from_y) return layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
+        if (c.create_graph) {  // b is not kept with x; db = dy whatever it is
+          Tensors g = autograd::differentiate([eps](const Tensors& in) { return layer_norm_composed(in[0], in[1], Tensor(), eps); },
+                                              {s[0], s[1]}, dout, c.needs);
+          g.push_back(has_b ? dout[0] : Tensor());
+          return g;
+        }
+        Tensors g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w,
+                                        has_b, c.needs);
+        add_variance_gradient(g[0], dout[1], s[0], s[1], s[2], s[3], s[4], eps, from_y);
+        return g;
       });
   return y;
 }
@@ -314,15 +386,31 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
                          sum.defined() ? kern::reshaped(sum, {N, C}) : Tensor());
     });
   if (!record) return y;
+  // As layer_norm's (the variance a second output); without y to rebuild xhat from, x and r are
+  // kept too, for the backward under create_graph (the sum written out is not on the tape).
   autograd::record(
-      "add_layer_norm", {x_in, r_in, w_in, b_in}, {y},
-      {from_y ? y : sum, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var},
+      "add_layer_norm", {x_in, r_in, w_in, b_in}, {y, var},
+      {from_y ? y : sum, w_in, from_y ? b_in : Tensor(), from_y ? Tensor() : mean, var,
+       from_y ? Tensor() : x_in, from_y ? Tensor() : r_in},
       [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined()](const autograd::Ctx& c,
                                                                     const Tensors& dout) {
         const Tensors& s = c.saved;
         const std::vector<bool> needs{c.needs[0] || c.needs[1], c.needs[2], c.needs[3]};
-        Tensors g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b, needs);
-        return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(), g[1], g[2]};
+        Tensors g;
+        if (c.create_graph && from_y) {
+          g = layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
+        } else if (c.create_graph) {
+          Tensors g = autograd::differentiate(
+              [eps](const Tensors& in) { return layer_norm_composed(add(in[0], in[1]), in[2], Tensor(), eps); },
+              {s[5], s[6], s[1]}, dout, c.needs);
+          g.push_back(has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
+          return g;
+        } else {
+          g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b, needs);
+          add_variance_gradient(g[0], dout[1], s[0], s[1], s[2], s[3], s[4], eps, from_y);
+        }
+        return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(), needs[1] ? g[1] : Tensor(),
+                       needs[2] ? g[2] : Tensor()};
       });
   return y;
 }
@@ -421,7 +509,14 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
     });
   if (!autograd::needs_record({x_in, w_in})) return y;
   autograd::record("rms_norm", {x_in, w_in}, {y}, {x_in, w_in, rstd},
-                   [](const autograd::Ctx& c, const Tensors& dout) {
+                   [eps](const autograd::Ctx& c, const Tensors& dout) {
+                     if (c.create_graph)
+                       return autograd::differentiate(
+                           [eps](const Tensors& in) {
+                             Tensor y = mul(in[0], pow(affine(mean(mul(in[0], in[0]), {-1}, true), 1, eps), -0.5));
+                             return Tensors{in[1].defined() ? mul(y, in[1]) : y};
+                           },
+                           {c.saved[0], c.saved[1]}, dout, c.needs);
                      return rms_norm_backward(c.saved[0], c.saved[1], c.saved[2], dout[0], c.needs);
                    });
   return y;

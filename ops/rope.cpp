@@ -107,6 +107,9 @@ void register_rope_cases() {
                        .fn = [](const Tensors& x) {
                          return rope(permute(x[0], {0, 2, 1, 3}), from_vector(std::vector<int64_t>{5, 6, 7}, {3}));
                        }});
+  register_case(backward_op_case("rope_backward/offset", "rope_backward", {2, 3, 4}, {2, 3, 4}, [](const Tensor& x) {
+    return rope(x, from_vector(std::vector<int64_t>{2, 5, 7}, {3}), 100.0);
+  }));
   register_case(OpCase{.name = "rope/transposed_small_base",
                        .op = "rope",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 4}, dt, g)}; },

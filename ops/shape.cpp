@@ -649,6 +649,8 @@ void register_view_cases() {
   register_case(OpCase{.name = "transpose/last_two", .op = "permute",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return transpose(x[0], -1, -2); }});
+  register_case(backward_op_case("slice_backward/step", "slice_backward", {5, 4}, {2, 4},
+                                 [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }));
   register_case(OpCase{.name = "slice/step", .op = "slice",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 4}, dt, g)}; },
                        .fn = [](const Tensors& x) { return slice(x[0], 0, 1, 5, 2); }});
@@ -708,6 +710,14 @@ void register_copy_cases() {
 }
 
 void register_gather_cases() {
+  register_case(backward_op_case("index_select_backward/repeated_rows", "index_select_backward", {5, 3}, {5, 3},
+                                 [](const Tensor& x) {
+                                   return index_select(x, 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
+                                 }));
+  register_case(backward_op_case("embedding_backward/padding_idx", "embedding_backward", {5, 3}, {2, 3, 3},
+                                 [](const Tensor& x) {
+                                   return embedding(x, from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}), 0);
+                                 }));
   register_case(OpCase{.name = "index_select/repeated_rows", .op = "index_select",
                        .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
                        .fn = [](const Tensors& x) {
