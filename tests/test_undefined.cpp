@@ -300,8 +300,12 @@ std::vector<Case> cases() {
       one("graph_dot(const Tensor&, const std::vector<std::pair<std::string, Tensor>>&)", scalar_loss,
           [](const Tensor& t) { autograd::graph_dot(t); }),
       one("nonfinite_kind(const Tensor&)", x23, [](const Tensor& t) { autograd::nonfinite_kind(t); }),
-      {"backward(const Tensor&, const Tensor&, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
+      {"backward(const Tensor&, const Tensor&, bool, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
        [](const Tensors& t) { autograd::backward(t[0], t[1], false); }, {1}},
+      {"accumulate_grad(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({2, 3})}; },
+       [](const Tensors& t) { autograd::accumulate_grad(t[0], t[1]); }},
+      one("reduce_grad(const Tensor&, const Shape&)", x23, [](const Tensor& t) { autograd::reduce_grad(t, {1, 3}); }),
+      one("expand_grad(const Tensor&, const Shape&)", x23, [](const Tensor& t) { autograd::expand_grad(t, {4, 2, 3}); }),
       one("Tensor::view_of(const Tensor&, const Shape&, const Shape&, int64_t)", x23,
           [](const Tensor& t) { Tensor::view_of(t, {3, 2}, {1, 3}, 0); }),
       one("Tensor::shape()", x23, [](const Tensor& t) { t.shape(); }),
@@ -328,7 +332,7 @@ std::vector<Case> cases() {
       one("Tensor::retain_grad()", scalar_loss, [](const Tensor& t) { t.retain_grad(); }),
       one("retain_grad(const Tensor&)", scalar_loss, [](const Tensor& t) { autograd::retain_grad(t); }),
       one("Tensor::detach()", x23, [](const Tensor& t) { t.detach(); }),
-      {"Tensor::backward(const Tensor&, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
+      {"Tensor::backward(const Tensor&, bool, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
        [](const Tensors& t) { t[0].backward(t[1]); }, {1}},
       one("Tensor::bump_version()", x23, [](const Tensor& t) { t.bump_version(); }),
       one("Tensor::version()", x23, [](const Tensor& t) { t.version(); }),
@@ -352,6 +356,14 @@ std::vector<Case> cases() {
       one("dropout(const Tensor&, double, bool, Generator&)", x23, [](const Tensor& t) { dropout(t, 0.5, true); }),
       one("relu_dropout(const Tensor&, double, bool, Generator&)", x23, [](const Tensor& t) { relu_dropout(t, 0.5, true); }),
       one("unary(const UnaryOp&, const Tensor&, double, double)", x23, [](const Tensor& t) { unary(square_row(), t); }),
+      // x or y may be undefined (the row reads the one it saves); both undefined is an error.
+      {"unary_df_constant(const UnaryOp&, const Tensor&, const Tensor&, double, double)",
+       [] { return Tensors{f({2, 3}), f({2, 3})}; },
+       [](const Tensors& t) {
+         const UnaryOp relu_like{.name = "relu_like", .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; }};
+         unary_df_constant(relu_like, t[0], t[1], 0, 0);
+       },
+       {0, 1}},
       one("affine(const Tensor&, double, double)", x23, [](const Tensor& t) { affine(t, 2, 1); }),
       one("neg(const Tensor&)", x23, [](const Tensor& t) { neg(t); }),
       one("exp(const Tensor&)", x23, [](const Tensor& t) { exp(t); }),
