@@ -112,7 +112,7 @@ int64_t norm_axis(const char* op, int64_t axis, int64_t rank) {
 // for how a miss at that bound reuses cached memory of another size.
 namespace {
 constexpr size_t kBigBlock = size_t(1) << 20;  // smaller blocks: glibc's heap reuses them
-constexpr size_t kBigCacheCap = size_t(1) << 30;
+constexpr size_t kBigCacheCap = size_t(4) << 30;
 
 // Free ranges are kept by size (best fit) and by address: a freed range merges with free
 // neighbours, so memory split off for small requests joins up again and can serve large ones.
@@ -575,6 +575,37 @@ Tensor randn(const Shape& shape, DType dt, Generator& gen, double mean, double s
 }
 
 // ---- raw copies ----
+// A batch of transposed matrices (src's last two dims read with strides (1, ld)) into a
+// contiguous dst, in 32 x 32 tiles so both the reads and the writes stay within cache lines:
+// the row loop below reads such a view a whole column apart per element (11.4 ms for a 2048^2
+// float transpose at 2 threads, 5.2 ms tiled, measured on AMD EPYC Zen 4). False when src is not
+// such a view.
+template <class D, class S>
+static bool copy_transposed(const Tensor& dst, const Tensor& src, D* d, const S* s) {
+  const int64_t r = src.dim();
+  if (r < 2 || !dst.is_contiguous() || src.strides()[r - 2] != 1 || src.strides()[r - 1] <= 1) return false;
+  const Shape& shp = src.shape();
+  const int64_t R = shp[r - 2], C = shp[r - 1], ld = src.strides()[r - 1];
+  if (R < 2 || C < 2) return false;
+  constexpr int64_t kTile = 32;
+  const int64_t tr = (R + kTile - 1) / kTile, tc = (C + kTile - 1) / kTile, batch = src.numel() / (R * C);
+  const int64_t jobs = batch * tr * tc;
+#pragma omp parallel for if (src.numel() > 1 << 15) schedule(static)
+  for (int64_t job = 0; job < jobs; ++job) {
+    const int64_t b = job / (tr * tc), t = job % (tr * tc), i0 = t / tc * kTile, j0 = t % tc * kTile;
+    int64_t rem = b, os = 0;
+    for (int64_t k = r - 3; k >= 0; --k) {
+      os += rem % shp[k] * src.strides()[k];
+      rem /= shp[k];
+    }
+    D* db = d + b * R * C;
+    const int64_t i1 = std::min(R, i0 + kTile), j1 = std::min(C, j0 + kTile);
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j = j0; j < j1; ++j) db[i * C + j] = (D)s[os + i + j * ld];
+  }
+  return true;
+}
+
 template <class D, class S>
 static void copy_typed(const Tensor& dst, const Tensor& src) {
   D* d = dst.data<D>();
@@ -585,6 +616,7 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
     for (int64_t i = 0; i < n; ++i) d[i] = (D)s[i];
     return;
   }
+  if (copy_transposed(dst, src, d, s)) return;
   // Rows of the last dim are split across threads; each thread decodes its row's start offsets.
   const Shape& shp = src.shape();
   const int64_t r = src.dim(), n = src.numel();

@@ -1,6 +1,8 @@
 // graft side of `make bench` (bench/run.sh runs it next to bench/torch_peer.py).
 //
 //   graft_bench --what train  --config tiny|small|base [--warmup 2] [--steps 5]
+//   graft_bench --what hvp    --config ...  (a Hessian-vector product against a training step's
+//                                 forward and backward, in one process)
 //   graft_bench --what greedy --config ...  [--beam 4] [--batch 32]  (decode: --what greedy / beam;
 //                                 --batch 1 is one sentence: ms per sentence of 32 new tokens)
 //   graft_bench --what save_model --config ... --out DIR        (the decoding model as a translate
@@ -212,27 +214,39 @@ std::string profile_step(const std::function<void()>& step, bool print) {
          num(ms["attention"] / wall_ms) + ",\"nonmatmul_share\":" + num(1 - matmul_ms / wall_ms);
 }
 
+// The train benchmark's batch: random source ids, and a target sequence of tgt_len + 1 tokens
+// (BOS first) split into input [:-1] and output [1:].
+struct TrainBatch {
+  Tensor src, tgt_in, tgt_out;
+  int64_t target_tokens = 0;
+};
+TrainBatch train_batch(const BenchConfig& b) {
+  TrainBatch d;
+  d.src = from_vector(make_ids(b.batch, b.src_len, b.vocab, 1), {b.batch, b.src_len});
+  auto tgt = make_ids(b.batch, b.tgt_len + 1, b.vocab, 2);
+  std::vector<int64_t> tin, tout;
+  for (int64_t r = 0; r < b.batch; ++r) {
+    tgt[r * (b.tgt_len + 1)] = BOS;
+    for (int64_t t = 0; t < b.tgt_len; ++t) {
+      tin.push_back(tgt[r * (b.tgt_len + 1) + t]);
+      tout.push_back(tgt[r * (b.tgt_len + 1) + t + 1]);
+      d.target_tokens += tout.back() != PAD;
+    }
+  }
+  d.tgt_in = from_vector(tin, {b.batch, b.tgt_len});
+  d.tgt_out = from_vector(tout, {b.batch, b.tgt_len});
+  return d;
+}
+
 void run_train(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
   model.train();
   auto params = model.named_parameters();
   nn::Adam opt(params, 1e-4, 0.9, 0.98, 1e-9);
-  Tensor src = from_vector(make_ids(b.batch, b.src_len, b.vocab, 1), {b.batch, b.src_len});
-  // Target sequence of tgt_len + 1 tokens (BOS first): input = [:-1], output = [1:].
-  auto tgt = make_ids(b.batch, b.tgt_len + 1, b.vocab, 2);
-  std::vector<int64_t> tin, tout;
-  int64_t target_tokens = 0;
-  for (int64_t r = 0; r < b.batch; ++r) {
-    tgt[r * (b.tgt_len + 1)] = BOS;
-    for (int64_t t = 0; t < b.tgt_len; ++t) {
-      tin.push_back(tgt[r * (b.tgt_len + 1) + t]);
-      tout.push_back(tgt[r * (b.tgt_len + 1) + t + 1]);
-      target_tokens += tout.back() != PAD;
-    }
-  }
-  Tensor tgt_in = from_vector(tin, {b.batch, b.tgt_len});
-  Tensor tgt_out = from_vector(tout, {b.batch, b.tgt_len});
+  const TrainBatch d = train_batch(b);
+  const Tensor &src = d.src, &tgt_in = d.tgt_in, &tgt_out = d.tgt_out;
+  const int64_t target_tokens = d.target_tokens;
   double loss_v = 0, before_bwd_mib = 0;
   auto step = [&] {
     // linear_cross_entropy inside: the (B*T, V) logits are never held.
@@ -262,6 +276,75 @@ void run_train(const Args& a) {
        ",\"peak_live_mib\":" + num(Storage::peak_live_bytes() / 1048576.0) +
        ",\"before_backward_mib\":" + num(before_bwd_mib) +
        ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0) + "," + shares);
+}
+
+// --what hvp: a Hessian-vector product of the training loss (the gradient g with create_graph,
+// then the gradient of g . v, v random) against the forward and backward of a training step, in
+// one process, each with its peak of live tensor memory.
+void run_hvp(const Args& a) {
+  const BenchConfig b = bench_config(a.config);
+  models::Transformer model(model_config(b));
+  model.train();
+  const TrainBatch d = train_batch(b);
+  const Tensors params = model.parameters();
+  Generator gen(5);
+  Tensors v;
+  for (const Tensor& p : params) v.push_back(randn(p.shape(), p.dtype(), gen));
+  auto loss = [&] { return model.loss(d.src, d.tgt_in, d.tgt_out, 0.1); };
+  double step_peak = 0, hvp_peak = 0;
+  auto peak_mib = [] { return Storage::peak_live_bytes() / 1048576.0; };
+  auto step = [&] {
+    Storage::reset_peak_live_bytes();
+    loss().backward();
+    model.zero_grad();
+    step_peak = peak_mib();
+  };
+  double phase_ms[3] = {0, 0, 0};  // the last HVP's forward, first backward (recorded), second
+  auto hvp = [&] {
+    Storage::reset_peak_live_bytes();
+    const auto t0 = Clock::now();
+    const Tensor l = loss();
+    const auto t1 = Clock::now();
+    const Tensors g = autograd::grad({l}, params, {}, {.create_graph = true});
+    Tensor g_dot_v = scalar(0.0, g[0].dtype());
+    for (size_t i = 0; i < g.size(); ++i) g_dot_v = add(g_dot_v, sum(mul(g[i], v[i])));
+    const auto t2 = Clock::now();
+    autograd::grad({g_dot_v}, params);
+    const auto t3 = Clock::now();
+    hvp_peak = peak_mib();
+    const std::chrono::duration<double, std::milli> d0 = t1 - t0, d1 = t2 - t1, d2 = t3 - t2;
+    phase_ms[0] = d0.count(), phase_ms[1] = d1.count(), phase_ms[2] = d2.count();
+  };
+  const double t_step = time_median(a.warmup, a.steps, step);
+  const double t_hvp = time_median(a.warmup, a.steps, hvp);
+  if (std::getenv("GRAFT_PROFILE_HVP")) {  // where the first (recorded) backward goes, per op
+    for (int create = 0; create < 2; ++create) {
+      const Tensor l = loss();
+      autograd::profile_report();
+      autograd::set_profiling(true);
+      const Tensors g = autograd::grad({l}, params, {}, {.create_graph = create == 1});
+      autograd::set_profiling(false);
+      std::cerr << (create ? "create_graph:\n" : "plain:\n");
+      for (const auto& o : autograd::profile_report())
+        std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms\n";
+      if (create) {
+        Tensor g_dot_v = scalar(0.0, g[0].dtype());
+        for (size_t i = 0; i < g.size(); ++i) g_dot_v = add(g_dot_v, sum(mul(g[i], v[i])));
+        autograd::set_profiling(true);
+        autograd::grad({g_dot_v}, params);
+        autograd::set_profiling(false);
+        std::cerr << "second:\n";
+        for (const auto& o : autograd::profile_report())
+          std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms (" << o.calls << ")\n";
+      }
+      autograd::clear_tape();
+    }
+  }
+  emit("\"what\":\"hvp\",\"config\":\"" + b.name + "\",\"step_ms\":" + num(t_step * 1e3) + ",\"hvp_ms\":" +
+       num(t_hvp * 1e3) + ",\"hvp_over_step\":" + num(t_hvp / t_step) + ",\"step_peak_live_mib\":" + num(step_peak) +
+       ",\"hvp_peak_live_mib\":" + num(hvp_peak) + ",\"hvp_forward_ms\":" + num(phase_ms[0]) +
+       ",\"hvp_first_backward_ms\":" + num(phase_ms[1]) + ",\"hvp_second_backward_ms\":" + num(phase_ms[2]) +
+       ",\"params\":" + std::to_string(model.num_parameters()));
 }
 
 // The bytes of weights one decoding step reads: every decoder parameter and the tied output
@@ -680,6 +763,7 @@ int main(int argc, char** argv) {
     }
     PrecisionGuard guard(a.precision, Bf16Path::onednn);
     if (a.what == "train") run_train(a);
+    else if (a.what == "hvp") run_hvp(a);
     else if (a.what == "greedy") run_decode(a);
     else if (a.what == "beam") {
       if (a.beam <= 1) a.beam = 4;

@@ -96,6 +96,9 @@ torch2_rows() {
       if $BF16; then t2 $mode --what train --config "$c" --warmup 2 --steps $n --precision bf16; fi
     done
   done
+  for c in $CONFIGS; do  # as run.sh's Hessian-vector products (eager)
+    t2 --what hvp --config "$c" --warmup 1 --steps 3
+  done
   for c in $CONFIGS; do  # as run.sh's decoding rows
     for mode in "" --compile; do
       for what in greedy beam greedy_cached beam_cached; do

@@ -2,6 +2,7 @@
 """PyTorch side of `make bench` (bench/run.sh runs it next to graft_bench), and the report.
 
   torch_peer.py --what train  --config tiny|small|base [--warmup 2] [--steps 5]
+  torch_peer.py --what hvp    --config ...      (a Hessian-vector product against a training step)
   torch_peer.py --what greedy|beam --config ...       (nn.Transformer re-running the prefix)
   torch_peer.py --what greedy_cached|beam_cached --config ...  (an incremental KV-cached decoder)
   --precision bf16 (train, greedy_cached, beam_cached): under torch.autocast("cpu", dtype=torch.bfloat16)
@@ -176,6 +177,43 @@ def run_train(torch, a):
     emit({"what": "train", "config": a.config, "ms": t * 1e3, "tok_s": target_tokens / t,
           "target_tokens": target_tokens, "params": sum(p.numel() for p in model.parameters()),
           "loss": state["loss"], "peak_rss_mib": peak_rss_mib(), "precision": a.precision})
+
+
+def run_hvp(torch, a):
+    """A Hessian-vector product of the train loss (autograd.grad with create_graph, then the
+    gradient of g . v) against a training step's forward and backward, as graft_bench --what hvp.
+    Attention on the math backend: the fused CPU kernels have no double backward."""
+    d, h, ff, L, V, B, S, T = CONFIGS[a.config]
+    torch.manual_seed(1)
+    model = build_model(torch, a.config)
+    model.train()
+    crit = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=0.1)
+    src = torch.tensor(make_ids(B, S, V, 1), dtype=torch.int64)
+    tgt = torch.tensor(make_ids(B, T + 1, V, 2), dtype=torch.int64)
+    tgt[:, 0] = BOS
+    tgt_in, tgt_out = tgt[:, :-1].contiguous(), tgt[:, 1:].reshape(-1).contiguous()
+    params = [p for p in model.parameters() if p.requires_grad]
+    gen = torch.Generator().manual_seed(5)
+    v = [torch.randn(p.shape, generator=gen) for p in params]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def loss():
+        return crit(model(src, tgt_in).reshape(-1, V), tgt_out)
+
+    def step():
+        loss().backward()
+        model.zero_grad(set_to_none=True)
+
+    def hvp():
+        g = torch.autograd.grad(loss(), params, create_graph=True)
+        gv = sum((gi * vi).sum() for gi, vi in zip(g, v))
+        torch.autograd.grad(gv, params)
+
+    with sdpa_kernel(SDPBackend.MATH):
+        t_step = time_median(a.warmup, a.steps, step)
+        t_hvp = time_median(a.warmup, a.steps, hvp)
+    emit({"what": "hvp", "config": a.config, "step_ms": t_step * 1e3, "hvp_ms": t_hvp * 1e3,
+          "hvp_over_step": t_hvp / t_step, "peak_rss_mib": peak_rss_mib()})
 
 
 def autocast(torch, a):
@@ -815,6 +853,13 @@ def report(a):
 
     key = lambda k: (lambda r: r[k])
     gk = lambda r, k: r[k] if r else None
+    for c in CONFIGS:  # Hessian-vector products (PyTorch 2.x only)
+        g = find("graft", "hvp", c)
+        if g is None:
+            continue
+        add("hvp_time", c, gk(g, "hvp_ms"), peers("hvp", c, value=key("hvp_ms")), "ms", False)
+        add("hvp_over_train_step", c, gk(g, "hvp_over_step"), peers("hvp", c, value=key("hvp_over_step")),
+            "x its step", False)
     for c in CONFIGS:
         g = find("graft", "train", c)
         add("train_step_time", c, gk(g, "ms"), peers("train", c, value=key("ms")), "ms", False)
@@ -940,6 +985,12 @@ def report(a):
               "PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16); train_throughput_bf16_vs_fp32 "
               "compares with PyTorch fp32; train_bf16_speedup_vs_graft_fp32 has graft fp32 in the "
               "PyTorch column")
+    md.append("- hvp_time / hvp_over_train_step: a Hessian-vector product of the train loss (the "
+              "gradient with create_graph, then the gradient of g . v), median of 3 after 1 warm-up, "
+              "and its ratio to a training step's forward and backward (no optimizer) timed in the "
+              "same process; PyTorch 2.x eager with attention on the math backend (its fused CPU "
+              "kernels have no double backward); ratio < 1 in the last row means graft's HVP costs "
+              "more of its own step than PyTorch's does")
     md.append("- greedy_decode_cached_peer / greedy_decode_bf16 / beam4_decode_cached_peer: against a "
               "PyTorch decoder with an incremental KV cache (fairseq-style; beam search reorders the "
               "self-attention caches by the surviving beams each step; its ids equal nn.Transformer's "
@@ -1028,7 +1079,7 @@ def main():
     if a.compile and a.what in ("micro", "sgemm"):
         sys.exit(f"torch_peer.py: --compile does not apply to --what {a.what}")
     PEER.update({"torch": torch.__version__, "compile": a.compile, "tag": a.tag})
-    runs = {"train": run_train, "greedy": lambda t, a: run_decode(t, a, 1),
+    runs = {"train": run_train, "hvp": run_hvp, "greedy": lambda t, a: run_decode(t, a, 1),
             "greedy_cached": run_decode_cached, "beam": lambda t, a: run_decode(t, a, a.beam),
             "beam_cached": run_beam_cached,
             "lm_train": run_lm_train, "lm_sample": run_lm_sample, "cls_train": run_cls_train,

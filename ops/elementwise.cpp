@@ -399,6 +399,10 @@ bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   Shape bs(r, 1);
   Tensor bc = kern::contig(b);
   for (size_t i = 0; i < (size_t)b.dim(); ++i) bs[r - b.dim() + i] = b.shape()[i];
+  // b broadcast along the innermost dim (a per-row scalar, as softmax's backward subtracts):
+  // oneDNN 2.6 runs its reference kernel there, ~500x slower than the loop (54 ms for
+  // (32, 8, 64, 64) - (32, 8, 64, 1), measured on AMD EPYC Zen 4).
+  if (r > 0 && bs.back() == 1 && out.shape().back() > 1) return false;
   // Dense strides for the padded shape, size-1 dims included: any other stride there makes
   // oneDNN 2.6 see a permuted layout and run its reference kernel (the (B, T, d) + (T, d)
   // positional-encoding add took 18-30 ms instead of 0.2).

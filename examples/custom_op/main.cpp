@@ -1,5 +1,5 @@
 // Adding ops from outside the library, both ways, checked by the machinery the library's own ops
-// use (gradcheck in float64, float32 against float64):
+// use (gradcheck and gradgradcheck in float64, float32 against float64):
 //   - softsign(x) = x / (1 + |x|) as one table row (ops/elementwise.h UnaryOp) built by
 //     unary_row from one generic formula and derivative: the float64 reference and a vectorised
 //     float32 loop come from the same two lambdas (oneDNN has no softsign algorithm; the loop is
@@ -26,8 +26,13 @@ constexpr auto softsign_df = [](auto x, auto, auto, auto) {
   const auto d = 1 + std::fabs(x);
   return 1 / (d * d);
 };
+// Its derivative as recorded ops too (.df_op), so its backward can be differentiated again
+// (autograd::grad with create_graph): 1 / (1 + |x|)^2 = (1 + |x|)^-2.
+Tensor softsign_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return pow(add(abs(x), 1.0), -2.0);
+}
 const UnaryOp kSoftsign = unary_row<softsign_f, softsign_df>(
-    {.name = "softsign", .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom"});
+    {.name = "softsign", .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom", .df_op = softsign_df_op});
 
 Tensor softsign(const Tensor& x) { return unary(kSoftsign, x); }
 
@@ -35,7 +40,8 @@ Tensor softsign(const Tensor& x) { return unary(kSoftsign, x); }
 
 GRAFT_DECLARE_OP("softplus", "custom");
 
-// softplus: dx = dout * sigmoid(x); x is what the forward saved.
+// softplus: dx = dout * sigmoid(x); x is what the forward saved. Built from graft's ops, so it
+// has a double backward as it is.
 Tensor softplus_backward(const Tensor& x, const Tensor& dout) { return mul(dout, sigmoid(x)); }
 
 // softplus: y = log(1 + exp(x)), elementwise; x (...) -> y (...)
@@ -51,8 +57,10 @@ Tensor softplus(const Tensor& x) {
       for (int64_t i = i0; i < i1; ++i) py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
     });
   });
+  // Saved: x itself, not the contiguous copy xc: under create_graph the backward's sigmoid(x) is
+  // differentiated through x's own tape route, which a copy made here would cut.
   if (autograd::needs_record({x}))
-    autograd::record("softplus", {x}, {y}, {xc}, [](const autograd::Ctx& c, const Tensors& dout) {
+    autograd::record("softplus", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& dout) {
       return Tensors{softplus_backward(c.saved[0], dout[0])};
     });
   return y;
@@ -68,10 +76,13 @@ int main() {
     if (c.op != "softplus" && c.op != "softsign") continue;
     Generator g(1);
     GradcheckResult r64 = gradcheck(c.fn, c.make_inputs(DType::f64, g), c.opt);
+    Generator g2(1);
+    GradcheckResult r2 = gradgradcheck(c.fn, c.make_inputs(DType::f64, g2), c.opt);
     GradcheckResult r32 = check_f32_vs_f64(c);
-    std::printf("%-20s float64 gradcheck: %s  float32 vs float64: %s\n", c.name.c_str(),
-                r64.ok ? "ok" : r64.message.c_str(), r32.ok ? "ok" : r32.message.c_str());
-    failures += !r64.ok + !r32.ok;
+    std::printf("%-20s float64 gradcheck: %s  gradgradcheck: %s  float32 vs float64: %s\n", c.name.c_str(),
+                r64.ok ? "ok" : r64.message.c_str(), r2.ok ? "ok" : r2.message.c_str(),
+                r32.ok ? "ok" : r32.message.c_str());
+    failures += !r64.ok + !r2.ok + !r32.ok;
     ++checked;
   }
   // Use them in a computation like any other op.
