@@ -75,13 +75,18 @@ std::vector<double> random_signs(size_t n, Generator& gen) {
   return g;
 }
 
+// The checks differentiate float64 inputs only: `who` names the check in the error.
+void check_float64_inputs(const Tensors& inputs, const char* who) {
+  for (auto& x : inputs)
+    if (x.defined() && x.requires_grad() && x.dtype() != DType::f64)
+      fail(std::string(who) + ": input " + describe(x) + " must be float64");
+}
+
 }  // namespace
 
 GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt) {
   GradcheckResult res;
-  for (auto& x : inputs)
-    if (x.defined() && x.requires_grad() && x.dtype() != DType::f64)
-      fail("gradcheck: input " + describe(x) + " must be float64");
+  check_float64_inputs(inputs, "gradcheck");
   for (auto& x : inputs)
     if (x.defined()) const_cast<Tensor&>(x).zero_grad();
 
@@ -174,9 +179,7 @@ std::vector<std::vector<double>> second_gradients(const OpFn& fn, const Tensors&
 
 GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt) {
   GradcheckResult res;
-  for (auto& x : inputs)
-    if (x.defined() && x.requires_grad() && x.dtype() != DType::f64)
-      fail("gradgradcheck: input " + describe(x) + " must be float64");
+  check_float64_inputs(inputs, "gradgradcheck");
   SecondOrder so = second_order_setup(fn, inputs, opt.seed, DType::f64);
   if (so.wrt.empty()) fail("gradgradcheck: no input requires grad");
   const std::vector<std::vector<double>> analytic = second_gradients(fn, inputs, so);

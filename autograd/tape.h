@@ -41,34 +41,28 @@ bool grad_enabled();
 /// Turns recording on or off for this thread; prefer the NoGrad guard.
 void set_grad_enabled(bool on);
 
-/// Inside a NoGrad scope no op records anything (inference, optimizer updates). Restores the
-/// previous setting when it ends, so scopes nest; per thread.
-class NoGrad {
+/// Grad mode set for a scope: restores the previous setting when it ends, so scopes nest; per
+/// thread. Use its two forms, NoGrad and EnableGrad.
+class GradMode {
  public:
-  /// Turns grad mode off for this thread.
-  NoGrad() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  /// Turns grad mode on or off for this thread.
+  explicit GradMode(bool on) : prev_(grad_enabled()) { set_grad_enabled(on); }
   /// Restores the grad mode in force before.
-  ~NoGrad() { set_grad_enabled(prev_); }
-  NoGrad(const NoGrad&) = delete;
-  NoGrad& operator=(const NoGrad&) = delete;
+  ~GradMode() { set_grad_enabled(prev_); }
+  GradMode(const GradMode&) = delete;
+  GradMode& operator=(const GradMode&) = delete;
 
  private:
   bool prev_;
 };
-
+/// Inside a NoGrad scope no op records anything (inference, optimizer updates).
+struct NoGrad : GradMode {
+  NoGrad() : GradMode(false) {}  ///< turns grad mode off for this thread
+};
 /// Grad mode on for a scope (torch.enable_grad), whatever it was: for a computation that must
-/// record even when called under NoGrad. Restores the previous setting when it ends.
-class EnableGrad {
- public:
-  /// Turns grad mode on for this thread.
-  EnableGrad() : prev_(grad_enabled()) { set_grad_enabled(true); }
-  /// Restores the grad mode in force before.
-  ~EnableGrad() { set_grad_enabled(prev_); }
-  EnableGrad(const EnableGrad&) = delete;
-  EnableGrad& operator=(const EnableGrad&) = delete;
-
- private:
-  bool prev_;
+/// record even when called under NoGrad.
+struct EnableGrad : GradMode {
+  EnableGrad() : GradMode(true) {}  ///< turns grad mode on for this thread
 };
 
 /// Whether anomaly mode is on for this thread.

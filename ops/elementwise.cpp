@@ -32,19 +32,42 @@ double gelu_tanh_df(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kSqrt2OverPi * (1 + 3 * 0.044715 * x * x);
 }
 
-// The rows' derivatives as recorded ops (UnaryOp::df_op), defined below the rows.
-Tensor exp_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor sqrt_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor sigmoid_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
-Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor& y, double a, double b);
+// The rows' derivatives as recorded ops (UnaryOp::df_op), for the backward under create_graph.
+// a * x^b (oneDNN's pow), as recorded ops.
+Tensor pow_ab(const Tensor& x, double a, double b) { return a == 1 ? pow(x, b) : affine(pow(x, b), a, 0); }
+// erf(x): the internal row kErf below (erf is not a public op).
+Tensor erf_of(const Tensor& x);
+Tensor exp_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return y; }
+Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return pow_ab(x, 1, -1); }
+Tensor sqrt_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return pow_ab(y, 0.5, -1); }
+Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double b) { return pow_ab(x, a * b, b - 1); }
+Tensor tanh_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return affine(mul(y, y), -1, 1); }
+Tensor sigmoid_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return mul(y, affine(y, -1, 1)); }
+// The standard normal density exp(-x^2 / 2) / sqrt(2 pi) at x * scale, times `times`.
+Tensor gauss(const Tensor& x, double scale, double times) {
+  return affine(exp(affine(mul(x, x), -0.5 * scale * scale, 0)), times / std::sqrt(2 * M_PI), 0);
+}
+// gelu(x) = x Phi(x): Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return add(affine(erf_of(affine(x, M_SQRT1_2, 0)), 0.5, 0.5), mul(x, gauss(x, 1, 1)));
+}
+// erf'(x) = 2 / sqrt(pi) exp(-x^2) = 2 sqrt(2) phi(x sqrt 2).
+Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return gauss(x, M_SQRT2, 2 * M_SQRT2); }
+// gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3c x^2) / 2, t = tanh(k (x + c x^3)).
+Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  constexpr double k = kSqrt2OverPi, c = 0.044715;
+  const Tensor x2 = mul(x, x);
+  const Tensor t = tanh(affine(add(x, affine(mul(x2, x), c, 0)), k, 0));
+  const Tensor dt = affine(mul(t, t), -1, 1);
+  return add(affine(t, 0.5, 0.5), mul(mul(x, dt), affine(x2, 1.5 * k * c, 0.5 * k)));
+}
+// silu'(x) = s (1 + a x (1 - s)), s = sigmoid(a x).
+Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double) {
+  const Tensor s = sigmoid(affine(x, a, 0));
+  return mul(s, affine(mul(affine(x, a, 0), affine(s, -1, 1)), 1, 1));
+}
+Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return cos(x); }
+Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return affine(sin(x), -1, 0); }
 
 const UnaryOp kExp{.name = "exp",
                    .f = [](double x, double, double) { return std::exp(x); },
@@ -136,43 +159,12 @@ const UnaryOp kErf{.name = "erf",
                    .df = [](double x, double, double, double) { return M_2_SQRTPI * std::exp(-x * x); },
                    .lo = -2, .hi = 2, .df_op = erf_df_op};
 
+Tensor erf_of(const Tensor& x) { return unary(kErf, x); }
+
 const UnaryOp* const kRows[] = {&kExp,      &kLog,      &kSqrt,   &kPow,  &kTanh,  &kSigmoid,
                                 &kRelu,     &kGeluErf,  &kGeluTanh, &kAffine, &kSilu, &kAbs,
                                 &kClamp,    &kSin,      &kCos,    &kErf};
 
-// The rows' derivatives as recorded ops (UnaryOp::df_op), for the backward under create_graph.
-Tensor pow_ab(const Tensor& x, double a, double b) { return unary(kPow, x, a, b); }
-Tensor exp_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return y; }
-Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return pow_ab(x, 1, -1); }
-Tensor sqrt_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return pow_ab(y, 0.5, -1); }
-Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double b) { return pow_ab(x, a * b, b - 1); }
-Tensor tanh_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return affine(mul(y, y), -1, 1); }
-Tensor sigmoid_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return mul(y, affine(y, -1, 1)); }
-// The standard normal density exp(-x^2 / 2) / sqrt(2 pi) at x * scale, times `times`.
-Tensor gauss(const Tensor& x, double scale, double times) {
-  return affine(exp(affine(mul(x, x), -0.5 * scale * scale, 0)), times / std::sqrt(2 * M_PI), 0);
-}
-// gelu(x) = x Phi(x): Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
-Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
-  return add(affine(unary(kErf, affine(x, M_SQRT1_2, 0)), 0.5, 0.5), mul(x, gauss(x, 1, 1)));
-}
-// erf'(x) = 2 / sqrt(pi) exp(-x^2) = 2 sqrt(2) phi(x sqrt 2).
-Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return gauss(x, M_SQRT2, 2 * M_SQRT2); }
-// gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3c x^2) / 2, t = tanh(k (x + c x^3)).
-Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
-  constexpr double k = kSqrt2OverPi, c = 0.044715;
-  const Tensor x2 = mul(x, x);
-  const Tensor t = tanh(affine(add(x, affine(mul(x2, x), c, 0)), k, 0));
-  const Tensor dt = affine(mul(t, t), -1, 1);
-  return add(affine(t, 0.5, 0.5), mul(mul(x, dt), affine(x2, 1.5 * k * c, 0.5 * k)));
-}
-// silu'(x) = s (1 + a x (1 - s)), s = sigmoid(a x).
-Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double) {
-  const Tensor s = sigmoid(affine(x, a, 0));
-  return mul(s, affine(mul(affine(x, a, 0), affine(s, -1, 1)), 1, 1));
-}
-Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return cos(x); }
-Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return affine(sin(x), -1, 0); }
 
 
 
