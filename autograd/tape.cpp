@@ -573,6 +573,9 @@ struct RecordOrder {
 // Runs entry i's backward on its pending gradients and routes what it returns.
 void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   Entry& e = t_tape.entries[i];  // a deque: stays valid while the backward records new entries
+  // What this entry's backward records, and the engine's sums and copies of its gradients under
+  // create_graph, are the next derivative.
+  const RecordOrder order(e.order + 1);
   if (e.freed) already_freed(e.op);
   check_unmodified(e, p.create);
   if (!e.retained.empty()) keep_retained(e, pend, p.create);
@@ -592,17 +595,14 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   for (auto& r : e.inputs) ctx.needs.push_back(wanted(p, r));
   const auto t0 = t_profile.on ? ProfileClock::now() : ProfileClock::time_point();
   Tensors dins;
-  {
-    RecordOrder order(e.order + 1);  // what this backward records is the next derivative
-    if (p.create && !e.double_backward) {
-      {
-        NoGrad ng;
-        dins = e.fn(ctx, dout);
-      }
-      record_no_double_backward(e, dout, ctx.saved, dins);
-    } else {
+  if (p.create && !e.double_backward) {
+    {
+      NoGrad ng;
       dins = e.fn(ctx, dout);
     }
+    record_no_double_backward(e, dout, ctx.saved, dins);
+  } else {
+    dins = e.fn(ctx, dout);
   }
   if (t_profile.on) {
     t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
