@@ -454,11 +454,23 @@ bool sole_owner(const Tensor& g) {
          g.is_contiguous() && t->storage->nbytes == (size_t)g.numel() * dtype_size(g.dtype());
 }
 
-// .grad += g (a leaf's, or a retain_grad() output's); under create_graph it keeps g's graph.
+// .grad += g (a leaf's, or a retain_grad() output's). Under create_graph it keeps g's graph, in a
+// buffer of its own (the same gradient may reach two leaves: add hands dout to both). A .grad on a
+// graph is never added to in place (its entries may have saved it): the sum is a new tensor.
 void add_to_grad(std::shared_ptr<TensorImpl>& grad, const Tensor& g, bool create, bool may_keep) {
-  if (!grad) grad = create || (may_keep && sole_owner(g)) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
-  else if (create) grad = accumulate_grad(Tensor(grad), g).impl_ptr();
-  else accumulate_into(Tensor(grad), g);
+  if (!grad && create) {
+    grad = (sole_owner(g) ? g : expand_grad(g, g.shape())).impl_ptr();
+  } else if (!grad) {
+    grad = may_keep && sole_owner(g) ? g.impl_ptr() : contiguous_copy(g).impl_ptr();
+  } else if (create) {
+    grad = accumulate_grad(Tensor(grad), g).impl_ptr();
+  } else if (grad->requires_grad) {
+    Tensor sum = contiguous_copy(Tensor(grad));
+    accumulate_into(sum, g);
+    grad = sum.impl_ptr();
+  } else {
+    accumulate_into(Tensor(grad), g);
+  }
 }
 
 // Hands gradient g to where its input came from: the producing entry's pending gradient, the

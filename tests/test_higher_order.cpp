@@ -386,6 +386,25 @@ BOOST_AUTO_TEST_CASE(backward_with_create_graph_leaves_a_differentiable_grad) {
   autograd::clear_tape();  // y's first graph: the pass above went through its entries but kept none
 }
 
+// add hands one dout to both inputs: under create_graph each leaf's .grad is a buffer of its own,
+// and a later plain backward adds to a .grad on a graph out of place, so neither changes the other.
+BOOST_AUTO_TEST_CASE(create_graph_grads_of_two_leaves_do_not_share_a_buffer) {
+  TapeEmptyAfter tape;
+  Tensor a = leaf({1, 2}), b = leaf({3, 4});
+  Tensor y = add(a, b);
+  y.backward(ones_like(y), false, /*create_graph=*/true);
+  const Tensor gb = b.grad();
+  BOOST_TEST(!a.grad().same_storage(b.grad()));
+  Tensor z = mul(a, a);
+  z.backward(ones_like(z));  // plain: a.grad = 1 + 2a
+  check_values(a.grad(), {3, 5});
+  check_values(b.grad(), {1, 1});
+  check_values(gb, {1, 1});
+  a.zero_grad();
+  b.zero_grad();
+  autograd::clear_tape();  // y's graph, kept by create_graph
+}
+
 BOOST_AUTO_TEST_CASE(hessian_vector_product_of_a_quadratic_form) {
   TapeEmptyAfter tape;
   // f(x) = x^T A x + b^T x for a non-symmetric A: grad = (A + A^T) x + b, H = A + A^T.
