@@ -207,6 +207,29 @@ BOOST_AUTO_TEST_CASE(attention_forward_backward) {
   });
 }
 
+// Under the oneDNN bf16 path linear and attention of activations keep only bf16 copies of their
+// inputs: their backward under create_graph needs the float inputs and says so, naming the op.
+BOOST_AUTO_TEST_CASE(create_graph_through_kept_bf16_inputs_is_a_clear_error) {
+  if (!bf16_kernel_available()) return;  // only the oneDNN path keeps bf16 copies
+  PrecisionGuard guard(Precision::bf16, Bf16Path::onednn);
+  Generator g(17);
+  auto act = [](const Tensor& t) { return affine(t, 1.0, 0.0); };
+  auto expect_error = [](const char* op, const Tensor& out, const Tensor& wrt) {
+    BOOST_CHECK_EXCEPTION(autograd::grad({sum(out)}, {wrt}, {}, {.create_graph = true}), Error, [&](const Error& e) {
+      const std::string m = e.what();
+      return m.find(std::string("first backward of '") + op + "'") != std::string::npos &&
+             m.find("compute higher-order gradients in float32 precision") != std::string::npos;
+    });
+    autograd::clear_tape();
+  };
+  Tensor x = randn({64, 96}, DType::f32, g).requires_grad_(), w = randn({80, 96}, DType::f32, g).requires_grad_();
+  expect_error("linear", linear(act(x), w), w);
+  Tensor q = randn({2, 3, 20, 16}, DType::f32, g).requires_grad_();
+  expect_error("scaled_dot_product_attention",
+               scaled_dot_product_attention(act(q), act(q), act(q), AttentionOptions{}).out, q);
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
 // Cached decoding's attention (no tape, one query row per head, steady cross K/V) runs the
 // float32 row loop under bf16 as well: the same values as without bf16, and within bf16's error
 // of the matmul path that a taped call takes.

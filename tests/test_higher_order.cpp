@@ -405,6 +405,19 @@ BOOST_AUTO_TEST_CASE(create_graph_grads_of_two_leaves_do_not_share_a_buffer) {
   autograd::clear_tape();  // y's graph, kept by create_graph
 }
 
+// The engine's own ops refuse what they cannot sum or broadcast, naming themselves.
+BOOST_AUTO_TEST_CASE(engine_ops_refuse_bad_shapes) {
+  const Tensor a = constant({1, 2, 3}), b = constant({1, 2});
+  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(a, b), Error,
+                        [](const Error& e) { return has(e, {"accumulate_grad", "(3)", "(2)"}); });
+  BOOST_CHECK_EXCEPTION(autograd::reduce_grad(a, {2}), Error,
+                        [](const Error& e) { return has(e, {"reduce_grad", "cannot reduce", "(2)"}); });
+  BOOST_CHECK_EXCEPTION(autograd::expand_grad(a, {4, 2}), Error,
+                        [](const Error& e) { return has(e, {"expand_grad", "cannot broadcast", "(4, 2)"}); });
+  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(from_vector(std::vector<int64_t>{1}, {1}), b), Error,
+                        [](const Error& e) { return has(e, {"accumulate_grad", "float"}); });
+}
+
 BOOST_AUTO_TEST_CASE(hessian_vector_product_of_a_quadratic_form) {
   TapeEmptyAfter tape;
   // f(x) = x^T A x + b^T x for a non-symmetric A: grad = (A + A^T) x + b, H = A + A^T.
