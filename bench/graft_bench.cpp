@@ -2,7 +2,8 @@
 //
 //   graft_bench --what train  --config tiny|small|base [--warmup 2] [--steps 5]
 //   graft_bench --what hvp    --config ...  (a Hessian-vector product against a training step's
-//                                 forward and backward, in one process)
+//                                 forward and backward, in one process; GRAFT_PROFILE_HVP=1 adds
+//                                 the per-op time of each backward on stderr)
 //   graft_bench --what greedy --config ...  [--beam 4] [--batch 32]  (decode: --what greedy / beam;
 //                                 --batch 1 is one sentence: ms per sentence of 32 new tokens)
 //   graft_bench --what save_model --config ... --out DIR        (the decoding model as a translate
@@ -278,9 +279,39 @@ void run_train(const Args& a) {
        ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0) + "," + shares);
 }
 
+// sum_i <g_i, v_i>, recorded: the scalar whose gradient is the Hessian-vector product.
+Tensor dot(const Tensors& g, const Tensors& v) {
+  Tensor s = scalar(0.0, g[0].dtype());
+  for (size_t i = 0; i < g.size(); ++i) s = add(s, sum(mul(g[i], v[i])));
+  return s;
+}
+
+// The per-op backward times (on stderr) of one run of `f`.
+void print_backward_profile(const char* title, const std::function<void()>& f) {
+  autograd::profile_report();  // resets
+  autograd::set_profiling(true);
+  f();
+  autograd::set_profiling(false);
+  std::cerr << title << ":\n";
+  for (const auto& o : autograd::profile_report()) std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms\n";
+}
+
+// GRAFT_PROFILE_HVP=1: where a plain backward, the first backward under create_graph and the
+// second backward of an HVP go, per op (under create_graph an op's time includes what its
+// backward records).
+void profile_hvp(const std::function<Tensor()>& loss, const Tensors& params, const Tensors& v) {
+  Tensor l = loss();
+  print_backward_profile("plain", [&] { autograd::grad({l}, params); });
+  l = loss();
+  Tensors g;
+  print_backward_profile("create_graph", [&] { g = autograd::grad({l}, params, {}, {.create_graph = true}); });
+  const Tensor g_dot_v = dot(g, v);
+  print_backward_profile("second", [&] { autograd::grad({g_dot_v}, params); });
+}
+
 // --what hvp: a Hessian-vector product of the training loss (the gradient g with create_graph,
 // then the gradient of g . v, v random) against the forward and backward of a training step, in
-// one process, each with its peak of live tensor memory.
+// one process, each with its peak of live tensor memory and the HVP's three phases.
 void run_hvp(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
@@ -305,9 +336,7 @@ void run_hvp(const Args& a) {
     const auto t0 = Clock::now();
     const Tensor l = loss();
     const auto t1 = Clock::now();
-    const Tensors g = autograd::grad({l}, params, {}, {.create_graph = true});
-    Tensor g_dot_v = scalar(0.0, g[0].dtype());
-    for (size_t i = 0; i < g.size(); ++i) g_dot_v = add(g_dot_v, sum(mul(g[i], v[i])));
+    const Tensor g_dot_v = dot(autograd::grad({l}, params, {}, {.create_graph = true}), v);
     const auto t2 = Clock::now();
     autograd::grad({g_dot_v}, params);
     const auto t3 = Clock::now();
@@ -317,29 +346,7 @@ void run_hvp(const Args& a) {
   };
   const double t_step = time_median(a.warmup, a.steps, step);
   const double t_hvp = time_median(a.warmup, a.steps, hvp);
-  if (std::getenv("GRAFT_PROFILE_HVP")) {  // where the first (recorded) backward goes, per op
-    for (int create = 0; create < 2; ++create) {
-      const Tensor l = loss();
-      autograd::profile_report();
-      autograd::set_profiling(true);
-      const Tensors g = autograd::grad({l}, params, {}, {.create_graph = create == 1});
-      autograd::set_profiling(false);
-      std::cerr << (create ? "create_graph:\n" : "plain:\n");
-      for (const auto& o : autograd::profile_report())
-        std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms\n";
-      if (create) {
-        Tensor g_dot_v = scalar(0.0, g[0].dtype());
-        for (size_t i = 0; i < g.size(); ++i) g_dot_v = add(g_dot_v, sum(mul(g[i], v[i])));
-        autograd::set_profiling(true);
-        autograd::grad({g_dot_v}, params);
-        autograd::set_profiling(false);
-        std::cerr << "second:\n";
-        for (const auto& o : autograd::profile_report())
-          std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms (" << o.calls << ")\n";
-      }
-      autograd::clear_tape();
-    }
-  }
+  if (std::getenv("GRAFT_PROFILE_HVP")) profile_hvp(loss, params, v);
   emit("\"what\":\"hvp\",\"config\":\"" + b.name + "\",\"step_ms\":" + num(t_step * 1e3) + ",\"hvp_ms\":" +
        num(t_hvp * 1e3) + ",\"hvp_over_step\":" + num(t_hvp / t_step) + ",\"step_peak_live_mib\":" + num(step_peak) +
        ",\"hvp_peak_live_mib\":" + num(hvp_peak) + ",\"hvp_forward_ms\":" + num(phase_ms[0]) +
