@@ -327,22 +327,28 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
   record(op, inputs, outputs, std::move(saved), std::vector<KeptBuffer>{}, std::move(fn));
 }
 
+namespace {
+// Whether declared op `op` has a double backward (declare_op()). Op names are string literals:
+// the pointers already checked are remembered, so the hot path is one hash lookup instead of a
+// locked scan of every declared name.
+bool declared_double_backward(const char* op) {
+  thread_local std::unordered_map<const char*, bool> checked;
+  auto known = checked.find(op);
+  if (known != checked.end()) return known->second;
+  const OpDecl* d = find_decl(op);
+  if (!d) fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
+  return checked.emplace(op, d->double_backward).first->second;
+}
+}  // namespace
+
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             const std::vector<KeptBuffer>& kept, BackwardFn fn) {
-  // Op names are string literals: remember the pointers already checked, so the hot path is one
-  // hash lookup instead of a locked scan of every declared name.
-  thread_local std::unordered_map<const char*, bool> checked;  // op -> double_backward
-  auto known = checked.find(op);
-  if (known == checked.end()) {
-    const OpDecl* d = find_decl(op);
-    if (!d) fail(std::string("record: op '") + op + "' was never declared with GRAFT_DECLARE_OP");
-    known = checked.emplace(op, d->double_backward).first;
-  }
+  const bool double_backward = declared_double_backward(op);
   if (t_anomaly) check_forward(op, inputs, outputs);
   Entry e;
   e.op = op;
   e.order = t_record_order;
-  e.double_backward = known->second;
+  e.double_backward = double_backward;
   if (keeping_paths()) e.path = name_scope_path();
   for (auto& t : inputs) {
     Route r;
