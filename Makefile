@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= 2
 DEPS = cmake g++ make ccache pkg-config python3 python3-venv libdnnl-dev libboost-test-dev libsentencepiece-dev \
-       nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz \
+       libicu-dev nlohmann-json3-dev libcli11-dev libcairo2-dev graphviz \
        libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -26,7 +26,7 @@ build: configure
 # The light PyPI packages of the reference checks (ctranslate2_check) into $(BUILD)/pyvenv
 # (bench/pyvenv.sh). The library and its programs never need them; without PyPI the checks skip
 # and say so, and make test goes on.
-PYPI_LIGHT = ctranslate2 sacrebleu sentencepiece
+PYPI_LIGHT = ctranslate2 sacrebleu sentencepiece tokenizers
 pyvenv: configure
 	@bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/pyvenv $(PYPI_LIGHT)' || \
 	  echo "make: the PyPI packages ($(PYPI_LIGHT)) could not be had: the checks that need them skip"
