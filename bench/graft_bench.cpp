@@ -11,6 +11,8 @@
 //                                 examples/translation/ct2_convert.py reads it for bench/ct2_peer.py)
 //   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
 //                                 (the zoo: the models `make lm` and `make classify` train)
+//   graft_bench --what embed --model DIR --sentences FILE [--batch 32]  (sentence embeddings of
+//               a pretrained encoder: sentences/s in batches of --batch, 1 = one at a time)
 //   graft_bench --what micro                                    (op microbenchmarks)
 //   graft_bench --what eltwise                                  (SiLU: oneDNN vs a user's row)
 //   graft_bench --what sgemm  [--n 2048]                        (matmul peak)
@@ -41,6 +43,7 @@
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/config_json.h"
+#include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/nn/optim.h"
@@ -52,7 +55,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Args {
-  std::string what = "train", config = "tiny", out, ids;
+  std::string what = "train", config = "tiny", out, ids, model, sentences;
   int warmup = 2, steps = 5, beam = 1;
   int64_t batch = 32;  // decoding rows
   int64_t n = 2048;
@@ -79,6 +82,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--batch") a.batch = std::stoll(val());
     else if (k == "--out") a.out = val();
     else if (k == "--ids") a.ids = val();
+    else if (k == "--model") a.model = val();
+    else if (k == "--sentences") a.sentences = val();
     else if (k == "--precision") a.precision = parse_precision(val(), "--precision");
     else {
       std::cerr << "graft_bench: unknown argument " << k << "\n";
@@ -623,6 +628,32 @@ void run_cls_infer(const Args& a) {
        std::to_string(model.num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
+// --what embed: a pretrained sentence encoder (models::SentenceEncoder) over the lines of
+// --sentences, in batches of --batch sorted by length (1: each sentence alone, the latency of a
+// single query); a timed run embeds them all. GRAFT_PROFILE=1: the per-op forward profile of one
+// pass over the first 64 sentences, with the tape on.
+void run_embed(const Args& a) {
+  if (a.model.empty() || a.sentences.empty()) fail("graft_bench: --what embed needs --model DIR and --sentences FILE");
+  const models::SentenceEncoder enc(a.model);
+  std::vector<std::string> lines;
+  std::ifstream in(a.sentences);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  if (lines.empty()) fail("graft_bench: no sentences in " + a.sentences);
+  std::vector<std::vector<int64_t>> ids;
+  int64_t tokens = 0;
+  for (const auto& l : lines) ids.push_back(enc.tokenize(l)), tokens += (int64_t)ids.back().size();
+  if (std::getenv("GRAFT_PROFILE")) {
+    const std::vector<std::vector<int64_t>> head(ids.begin(), ids.begin() + std::min<size_t>(64, ids.size()));
+    const auto [x, pad] = models::pad_batch(head, enc.model->cfg.pad_id);
+    const std::string p = profile_step([&] { enc.embed(x, pad); }, true);
+    std::cerr << p << "\n";
+  }
+  const double t = time_median(a.warmup, a.steps, [&] { enc.encode_ids(ids, a.batch); });
+  emit("\"what\":\"embed\",\"batch\":" + std::to_string(a.batch) + ",\"sentences\":" + std::to_string(lines.size()) +
+       ",\"tokens\":" + std::to_string(tokens) + ",\"ms\":" + num(t * 1e3) + ",\"sent_s\":" + num((double)lines.size() / t) +
+       ",\"params\":" + std::to_string(enc.model->num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
 void run_sgemm(const Args& a) {
   autograd::NoGrad ng;
   const int64_t n = a.n;
@@ -779,6 +810,7 @@ int main(int argc, char** argv) {
     else if (a.what == "lm_sample") run_lm_sample(a);
     else if (a.what == "cls_train") run_cls_train(a);
     else if (a.what == "cls_infer") run_cls_infer(a);
+    else if (a.what == "embed") run_embed(a);
     else if (a.what == "micro") run_micro(a);
     else if (a.what == "eltwise") run_eltwise(a);
     else if (a.what == "sgemm") run_sgemm(a);

@@ -9,20 +9,11 @@
 
 namespace graft::models {
 
-
-namespace {
-
-const char* ffn_name(nn::Activation a) {
-  return a == nn::Activation::relu ? "relu" : a == nn::Activation::gelu ? "gelu" : "swiglu";
-}
-
-}  // namespace
-
 nlohmann::json LMConfig::to_json() const {
   nlohmann::json j = stack_json();
   j["scale_embedding"] = scale_embedding;
   j["norm"] = rms_norm ? "rmsnorm" : "layernorm";
-  j["ffn"] = ffn_name(ffn);
+  j["ffn"] = nn::activation_name(ffn);
   j["kv_heads"] = kv_heads;
   j["bias"] = bias;
   j["tied_output"] = tied_output;
@@ -40,9 +31,8 @@ LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) 
     r.bad("norm", "must be layernorm or rmsnorm, got '" + text::printable(norm) + "'");
   c.rms_norm = norm == "rmsnorm";
   r.get_or_keep("ffn", ffn);
-  if (ffn != "relu" && ffn != "gelu" && ffn != "swiglu")
-    r.bad("ffn", "must be relu, gelu or swiglu, got '" + text::printable(ffn) + "'");
-  c.ffn = ffn == "relu" ? nn::Activation::relu : ffn == "gelu" ? nn::Activation::gelu : nn::Activation::swiglu;
+  if (!nn::activation_from_name(ffn, c.ffn))
+    r.bad("ffn", "must be relu, gelu, gelu_tanh or swiglu, got '" + text::printable(ffn) + "'");
   r.get_or_keep("kv_heads", c.kv_heads);
   r.get_or_keep("bias", c.bias);
   r.get_or_keep("tied_output", c.tied_output);

@@ -17,7 +17,7 @@ nlohmann::json TransformerConfig::to_json() const {
                       {"d_ff", d_ff},             {"enc_layers", enc_layers}, {"dec_layers", dec_layers},
                       {"max_len", max_len},       {"dropout", dropout},   {"norm_first", norm_first},
                       {"final_norm", final_norm}, {"attention_dropout", attention_dropout},
-                      {"activation", activation == nn::Activation::relu ? "relu" : "gelu"},
+                      {"activation", nn::activation_name(activation)},
                       {"pad_id", pad_id},         {"bos_id", bos_id},     {"eos_id", eos_id},
                       {"dtype", dtype_name(dtype)}, {"seed", seed}};
   j.update(positions_json(positions));
@@ -40,8 +40,8 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const st
   r.get_or_keep("attention_dropout", c.attention_dropout);
   std::string act = "relu";
   r.get_or_keep("activation", act);
-  if (act != "relu" && act != "gelu") r.bad("activation", "must be relu or gelu, got '" + text::printable(act) + "'");
-  c.activation = act == "relu" ? nn::Activation::relu : nn::Activation::gelu;
+  if (!nn::activation_from_name(act, c.activation) || c.activation == nn::Activation::swiglu)
+    r.bad("activation", "must be relu, gelu or gelu_tanh, got '" + text::printable(act) + "'");
   r.get("pad_id", c.pad_id), r.get("bos_id", c.bos_id), r.get("eos_id", c.eos_id);
   c.dtype = r.dtype("dtype");
   r.get_or_keep("seed", c.seed);

@@ -58,6 +58,22 @@ Tensor Dropout::forward(const Tensor& x) const {
 
 Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(); }
 
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::swiglu: return "swiglu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+  }
+  return "?";
+}
+
+bool activation_from_name(const std::string& name, Activation& out) {
+  for (Activation a : {Activation::relu, Activation::gelu, Activation::swiglu, Activation::gelu_tanh})
+    if (name == activation_name(a)) return out = a, true;
+  return false;
+}
+
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x, const Linear* gate) {
   Tensor h = linear1.forward(x);
@@ -68,7 +84,7 @@ Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear&
   // relu + dropout as one op keeps only the hidden activation linear2 keeps anyway.
   if (act == Activation::relu)
     return linear2.forward(relu_dropout(h, dropout.p, dropout.training(), dropout.generator()));
-  return linear2.forward(dropout.forward(gelu(h)));
+  return linear2.forward(dropout.forward(gelu(h, /*tanh_approx=*/act == Activation::gelu_tanh)));
 }
 
 Tensor sinusoid_table(int64_t start, int64_t n, int64_t d, DType dt) {

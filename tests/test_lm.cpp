@@ -83,7 +83,7 @@ BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   refused("kv_heads", -1, "must be 0 (= heads) or divide heads 4, got -1");
   refused("kv_heads", 8, "must be 0 (= heads) or divide heads 4, got 8");
   refused("norm", "batchnorm", "must be layernorm or rmsnorm, got 'batchnorm'");
-  refused("ffn", "geglu", "must be relu, gelu or swiglu, got 'geglu'");
+  refused("ffn", "geglu", "must be relu, gelu, gelu_tanh or swiglu, got 'geglu'");
   refused("bias", 1, "");
 }
 

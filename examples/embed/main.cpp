@@ -1,0 +1,224 @@
+// embed: sentence embeddings from a pretrained BERT-family encoder (all-MiniLM-L6-v2 and its
+// kind, a sentence-transformers directory; examples/embed/fetch_model.sh fetches one).
+//   embed encode --in lines.txt --out vectors.safetensors     (one vector per line)
+//   embed search --collection lines.txt --query "a sentence" [--top-k 5]
+//   embed similarity "one text" "another text"
+//   embed tokenize < lines.txt                                  (the token ids of each line)
+// --model DIR defaults to build/pretrained/all-MiniLM-L6-v2 (where `make embed` puts it).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "examples/common/cli.h"
+#include "examples/common/lines.h"
+#include "graft/models/sentence_encoder.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/ops/ops.h"
+
+using namespace graft;
+
+namespace {
+
+constexpr const char* kDefaultModel = "build/pretrained/all-MiniLM-L6-v2";
+constexpr size_t kMaxLineBytes = size_t(1) << 20;
+constexpr const char* kIndexFormat = "graft-embed-index-1";
+
+// The lines of a text file (one text each), every line checked for length and UTF-8 up front.
+std::vector<std::string> read_lines(const std::string& path) {
+  text::check_input_file("embed", path);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail("embed: cannot open '" + path + "'");
+  std::unique_ptr<FILE, int (*)(FILE*)> close(f, std::fclose);
+  text::LineReader reader(f, kMaxLineBytes);
+  std::vector<std::string> lines;
+  std::string line;
+  bool too_long = false;
+  while (reader.next(line, too_long, "embed: '" + path + "'")) {
+    const std::string where = "embed: '" + path + "' line " + std::to_string(lines.size() + 1);
+    if (too_long) fail(where + " is over " + std::to_string(kMaxLineBytes) + " bytes");
+    if (!text::valid_utf8(line)) fail(where + " is not valid UTF-8");
+    lines.push_back(line);
+  }
+  if (lines.empty()) fail("embed: '" + path + "' has no lines");
+  return lines;
+}
+
+// A progress line on stderr every two seconds (overwritten in place on a terminal).
+models::SentenceEncoder::Progress progress_line(const char* what) {
+  using clock = std::chrono::steady_clock;
+  auto start = std::make_shared<clock::time_point>(clock::now());
+  auto last = std::make_shared<clock::time_point>(*start);
+  const bool tty = isatty(2);
+  return [=](int64_t done, int64_t total) {
+    const auto now = clock::now();
+    if (done < total && now - *last < std::chrono::seconds(2)) return;
+    *last = now;
+    const double s = std::chrono::duration<double>(now - *start).count();
+    std::fprintf(stderr, "%s%s: %lld/%lld texts, %.0f/s%s", tty ? "\r" : "", what, (long long)done, (long long)total,
+                 s > 0 ? (double)done / s : 0.0, tty && done < total ? "" : "\n");
+  };
+}
+
+models::SentenceEncoder load_model(const std::string& dir) {
+  if (!std::filesystem::is_directory(dir))
+    fail("embed: --model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh or `make embed`)");
+  return models::SentenceEncoder(dir);
+}
+
+int cmd_encode(const std::string& model_dir, const std::string& in, const std::string& out, int64_t batch) {
+  const models::SentenceEncoder enc = load_model(model_dir);
+  const std::vector<std::string> lines = read_lines(in);
+  const Tensor e = enc.encode(lines, batch, progress_line("encode"));
+  nn::save_safetensors(out, {{"embeddings", e}}, {{"model", model_dir}, {"texts", in}});
+  std::printf("wrote %lld x %lld embeddings of %s to %s\n", (long long)e.size(0), (long long)e.size(1), in.c_str(),
+              out.c_str());
+  return 0;
+}
+
+// The index of a collection: its embeddings, tied to the collection's and the model's bytes, so
+// an edited collection or another model is noticed and the index rebuilt.
+Tensor collection_index(const models::SentenceEncoder& enc, const std::string& collection,
+                        const std::vector<std::string>& texts, const std::string& index, int64_t batch) {
+  const std::vector<std::string> tied = {collection, enc.dir + "/model.safetensors"};
+  if (std::filesystem::exists(index)) {
+    try {
+      nn::NamedTensors w = nn::load_weights(index, "embed search", tied);
+      if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
+          w[0].second.size(0) == (int64_t)texts.size() && w[0].second.size(1) == enc.model->cfg.d_model)
+        return w[0].second;
+      std::fprintf(stderr, "embed: index '%s' does not fit the collection: rebuilding it\n", index.c_str());
+    } catch (const Error& e) {
+      std::fprintf(stderr, "embed: rebuilding the index (%s)\n", e.what());
+    }
+  }
+  const Tensor e = enc.encode(texts, batch, progress_line("index"));
+  nn::save_weights({{"embeddings", e}}, index, 0, kIndexFormat, tied);
+  std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(), index.c_str());
+  return e;
+}
+
+int cmd_search(const std::string& model_dir, const std::string& collection, std::string index,
+               std::vector<std::string> queries, int64_t top_k, int64_t batch) {
+  const models::SentenceEncoder enc = load_model(model_dir);
+  const std::vector<std::string> texts = read_lines(collection);
+  if (index.empty()) index = collection + ".index.safetensors";
+  const Tensor e = collection_index(enc, collection, texts, index, batch);
+  if (queries.empty())
+    for (std::string q; std::getline(std::cin, q);) queries.push_back(q);
+  const Tensor q = enc.encode(queries, batch);
+  const std::vector<float> scores = matmul(q, transpose(e, 0, 1)).to_vector<float>();
+  const int64_t n = (int64_t)texts.size(), k = std::min<int64_t>(top_k, n);
+  for (size_t i = 0; i < queries.size(); ++i) {
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    const float* s = scores.data() + i * n;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [s](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    std::printf("query: %s\n", queries[i].c_str());
+    for (int64_t r = 0; r < k; ++r) std::printf("  %.4f  %s\n", s[order[r]], texts[order[r]].c_str());
+  }
+  return 0;
+}
+
+int cmd_similarity(const std::string& model_dir, const std::string& a, const std::string& b) {
+  const models::SentenceEncoder enc = load_model(model_dir);
+  const Tensor e = models::l2_normalize(enc.encode({a, b}));
+  const std::vector<float> v = e.to_vector<float>();
+  const int64_t d = e.size(1);
+  double cos = 0;
+  for (int64_t j = 0; j < d; ++j) cos += (double)v[j] * v[d + j];
+  std::printf("%.4f\n", cos);
+  return 0;
+}
+
+int cmd_tokenize(const std::string& model_dir, int64_t max_len) {
+  const text::WordPiece tok = text::WordPiece::from_directory(model_dir);
+  int64_t n = 0;
+  for (std::string line; std::getline(std::cin, line);) {
+    ++n;
+    if (!text::valid_utf8(line)) fail("embed tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
+    const std::vector<int64_t> ids = tok.encode_with_specials(line, max_len);
+    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+// Each subcommand: its options (kept alive by the closure that runs it) and its CLI.
+
+void add_model_option(CLI::App* sub, std::string& dir) {
+  sub->add_option("--model", dir, "sentence-transformers directory (config.json, model.safetensors, tokenizer)");
+}
+
+cli::Command add_encode(CLI::App& app) {
+  struct Args {
+    std::string model = kDefaultModel, in, out;
+    int64_t batch = 32;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("encode", "embed each line of a text file into a safetensors file");
+  add_model_option(sub, a->model);
+  sub->add_option("--in", a->in, "text file, one text per line")->required();
+  sub->add_option("--out", a->out, "output safetensors file (tensor \"embeddings\", N x d)")->required();
+  sub->add_option("--batch", a->batch, "texts per batch (sorted by length)")->check(CLI::Range(1, 4096));
+  return {sub, [a] { return cmd_encode(a->model, a->in, a->out, a->batch); }};
+}
+
+cli::Command add_search(CLI::App& app) {
+  struct Args {
+    std::string model = kDefaultModel, collection, index;
+    std::vector<std::string> queries;
+    int64_t top_k = 5, batch = 32;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("search", "the texts of a collection most like each query (cosine), with scores");
+  add_model_option(sub, a->model);
+  sub->add_option("--collection", a->collection, "text file, one text per line")->required();
+  sub->add_option("--index", a->index, "the collection's index, built once (default: <collection>.index.safetensors)");
+  sub->add_option("--query", a->queries, "a query (repeatable; none: one per stdin line)");
+  sub->add_option("--top-k", a->top_k, "results per query")->check(CLI::Range(1, 1000));
+  sub->add_option("--batch", a->batch, "texts per batch while indexing")->check(CLI::Range(1, 4096));
+  return {sub, [a] { return cmd_search(a->model, a->collection, a->index, a->queries, a->top_k, a->batch); }};
+}
+
+cli::Command add_similarity(CLI::App& app) {
+  struct Args {
+    std::string model = kDefaultModel, a, b;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("similarity", "the cosine of two texts' embeddings");
+  add_model_option(sub, a->model);
+  sub->add_option("a", a->a, "first text")->required();
+  sub->add_option("b", a->b, "second text")->required();
+  return {sub, [a] { return cmd_similarity(a->model, a->a, a->b); }};
+}
+
+cli::Command add_tokenize(CLI::App& app) {
+  struct Args {
+    std::string model = kDefaultModel;
+    int64_t max_len = 512;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("tokenize", "the token ids ([CLS] ... [SEP]) of each stdin line");
+  add_model_option(sub, a->model);
+  sub->add_option("--max-len", a->max_len, "ids per line at most")->check(CLI::Range(int64_t(2), int64_t(1) << 30));
+  return {sub, [a] { return cmd_tokenize(a->model, a->max_len); }};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"graft sentence embeddings from a pretrained BERT-family encoder: encode, search, similarity"};
+  app.require_subcommand(1);
+  cli::show_defaults(app);
+  const std::vector<cli::Command> commands = {add_encode(app), add_search(app), add_similarity(app), add_tokenize(app)};
+  return cli::run_commands(app, commands, argc, argv);
+}

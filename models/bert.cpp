@@ -1,0 +1,285 @@
+#include "graft/models/bert.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <numeric>
+#include <set>
+
+#include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/ops/ops.h"
+
+namespace graft::models {
+
+namespace {
+
+constexpr int64_t kMaxTypes = int64_t(1) << 24;
+
+/// Hugging Face's hidden_act names and the activation each is.
+bool hf_activation(const std::string& name, nn::Activation& out) {
+  if (name == "gelu") return out = nn::Activation::gelu, true;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast")
+    return out = nn::Activation::gelu_tanh, true;
+  if (name == "relu") return out = nn::Activation::relu, true;
+  return false;
+}
+
+nn::LayerConfig bert_layer(const BertConfig& c) {
+  nn::LayerConfig l = c.layer();
+  l.eps = c.eps;
+  l.activation = c.activation;
+  l.attention_dropout = c.attention_dropout;
+  return l;
+}
+
+}  // namespace
+
+BertConfig::BertConfig() {
+  positions.kind = nn::Positions::learned;
+  max_len = 512;
+}
+
+BertConfig BertConfig::from_hf_json(const nlohmann::json& j, const std::string& where) {
+  const ConfigReader r(j, where);
+  std::string type;
+  r.get("model_type", type);
+  if (type != "bert")
+    fail(where + ": the architecture (model_type \"" + text::printable(type) +
+         "\") is not supported: graft reads BERT-family encoders (model_type \"bert\")");
+  std::string pos = "absolute";
+  r.get_or_keep("position_embedding_type", pos);
+  if (pos != "absolute")
+    r.bad("position_embedding_type", "must be \"absolute\", got \"" + text::printable(pos) + "\"");
+  BertConfig c;
+  r.get("vocab_size", c.vocab), r.get("hidden_size", c.d_model), r.get("num_attention_heads", c.heads);
+  r.get("intermediate_size", c.d_ff), r.get("num_hidden_layers", c.layers);
+  r.get("max_position_embeddings", c.max_len), r.get("type_vocab_size", c.type_vocab);
+  r.get("layer_norm_eps", c.eps);
+  std::string act;
+  r.get("hidden_act", act);
+  if (!hf_activation(act, c.activation))
+    r.bad("hidden_act", "must be gelu, gelu_new, gelu_pytorch_tanh, gelu_fast or relu, got \"" +
+                            text::printable(act) + "\"");
+  r.get_or_keep("hidden_dropout_prob", c.dropout);
+  r.get_or_keep("attention_probs_dropout_prob", c.attention_dropout);
+  r.get_or_keep("pad_token_id", c.pad_id);
+  c.validate(where);
+  return c;
+}
+
+nlohmann::json BertConfig::to_json() const {
+  nlohmann::json j = stack_json();
+  j["type_vocab"] = type_vocab;
+  j["eps"] = eps;
+  j["activation"] = nn::activation_name(activation);
+  j["attention_dropout"] = attention_dropout;
+  return j;
+}
+
+BertConfig BertConfig::from_json(const nlohmann::json& j, const std::string& where) {
+  BertConfig c;
+  const ConfigReader r(j, where);
+  c.read_stack(r);
+  r.get("type_vocab", c.type_vocab), r.get("eps", c.eps), r.get("attention_dropout", c.attention_dropout);
+  std::string act;
+  r.get("activation", act);
+  if (!nn::activation_from_name(act, c.activation))
+    r.bad("activation", "must be gelu, gelu_tanh or relu, got \"" + text::printable(act) + "\"");
+  c.validate(where);
+  return c;
+}
+
+void BertConfig::validate(const std::string& where) const {
+  validate_stack(where);
+  const ConfigCheck c(where);
+  c.size("type_vocab", type_vocab, kMaxTypes);
+  if (!(eps > 0 && eps < 1)) c.bad("eps", "must be in (0, 1), got " + std::to_string(eps));
+  c.probability("attention_dropout", attention_dropout);
+  if (activation == nn::Activation::swiglu) c.bad("activation", "must be gelu, gelu_tanh or relu, got swiglu");
+  if (positions.kind != nn::Positions::learned) c.bad("positions", "must be learned for BERT");
+  if (norm_first) c.bad("norm_first", "must be false for BERT (post-LN)");
+}
+
+int64_t BertConfig::parameter_count() const {
+  const int64_t types = checked_mul(type_vocab, d_model, "parameter count");
+  return checked_add(checked_add(stack_parameters(/*final_norm=*/false), types, "parameter count"),
+                     2 * d_model, "parameter count");  // + the embeddings' LayerNorm
+}
+
+BertEncoder::BertEncoder(const BertConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
+  c.validate("BertEncoder");
+  Generator gen(c.seed);
+  word = register_module("word", std::make_shared<nn::Embedding>(c.vocab, c.d_model, -1, c.dtype, gen, 0.02));
+  position = register_module("position", std::make_shared<nn::EmbeddingPositions>(nn::Positions::learned, c.max_len,
+                                                                                  c.d_model, c.dtype, gen));
+  token_type = register_module("token_type",
+                               std::make_shared<nn::Embedding>(c.type_vocab, c.d_model, -1, c.dtype, gen, 0.02));
+  embed_norm = register_module("embed_norm", std::make_shared<nn::LayerNorm>(c.d_model, c.eps, c.dtype));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
+  encoder = register_module("encoder", std::make_shared<nn::Encoder>(bert_layer(c), c.layers, /*final_norm=*/false,
+                                                                     gen, &dropout_gen, c.positions));
+}
+
+Tensor BertEncoder::forward(const Tensor& ids, const Tensor& pad, const Tensor& types) const {
+  const auto named = scope();
+  check_token_ids("BertEncoder", ids);
+  for (const Tensor* t : {&pad, &types})
+    if (t->defined() && t->shape() != ids.shape())
+      fail("BertEncoder: the padding mask and token types must have the ids' shape " + shape_str(ids.shape()) +
+           ", got " + shape_str(t->shape()));
+  const Tensor mask = pad.defined() ? pad : eq(ids, (double)cfg.pad_id);
+  const Tensor tt = types.defined() ? types : zeros(ids.shape(), DType::i64);
+  Tensor x = position->forward(add(word->forward(ids), token_type->forward(tt)));
+  x = dropout->forward(embed_norm->forward(x));
+  return hooked(encoder->forward(x, mask));
+}
+
+Tensor mean_pool(const Tensor& h, const Tensor& pad) {
+  if (h.dim() != 3 || pad.dim() != 2 || pad.size(0) != h.size(0) || pad.size(1) != h.size(1))
+    fail("mean_pool: needs h (B, T, d) and pad (B, T), got " + shape_str(h.shape()) + " and " +
+         shape_str(pad.shape()));
+  Tensor keep = to_dtype(eq(pad, 0.0), h.dtype());
+  Tensor count = sum(keep, {1}, true);
+  Tensor w = div(keep, add(count, eq(count, 0.0)));  // an all-padding row pools to zeros, not NaN
+  return sum(mul(h, unsqueeze(w, 2)), {1});
+}
+
+Tensor l2_normalize(const Tensor& x, double eps) {
+  Tensor norm = sqrt(sum(mul(x, x), {x.dim() - 1}, true));
+  return div(x, clamp(norm, eps, std::numeric_limits<double>::infinity()));
+}
+
+std::vector<HfNameMap> bert_hf_names(int64_t layers) {
+  std::vector<HfNameMap> m = {
+      {{"embeddings.word_embeddings.weight"}, "word.weight"},
+      {{"embeddings.position_embeddings.weight"}, "position.weight"},
+      {{"embeddings.token_type_embeddings.weight"}, "token_type.weight"},
+      {{"embeddings.LayerNorm.weight"}, "embed_norm.weight"},
+      {{"embeddings.LayerNorm.bias"}, "embed_norm.bias"}};
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string h = "encoder.layer." + std::to_string(i) + ".", g = "encoder.layers." + std::to_string(i) + ".";
+    for (const char* p : {"weight", "bias"}) {
+      const std::string s = p;
+      m.push_back({{h + "attention.self.query." + s, h + "attention.self.key." + s, h + "attention.self.value." + s},
+                   g + "self_attn.in_proj_" + s});
+      m.push_back({{h + "attention.output.dense." + s}, g + "self_attn.out_proj." + s});
+      m.push_back({{h + "attention.output.LayerNorm." + s}, g + "norm1." + s});
+      m.push_back({{h + "intermediate.dense." + s}, g + "linear1." + s});
+      m.push_back({{h + "output.dense." + s}, g + "linear2." + s});
+      m.push_back({{h + "output.LayerNorm." + s}, g + "norm2." + s});
+    }
+  }
+  return m;
+}
+
+namespace {
+
+/// The tensors of a checkpoint file the encoder does not use: the position-id buffer, the pooler
+/// (BertModel's [CLS] head) and, in a pre-training checkpoint, its heads.
+bool unused_hf_tensor(const std::string& name) {
+  return name == "embeddings.position_ids" || name.rfind("pooler.", 0) == 0 || name.rfind("cls.", 0) == 0;
+}
+
+/// The file's tensors by their BertModel names ("bert." stripped when every encoder tensor has it).
+std::map<std::string, Tensor> hf_tensors(const nn::SafetensorsFile& f) {
+  const bool prefixed = f.contains("bert.embeddings.word_embeddings.weight");
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : f.tensors) {
+    std::string n = name;
+    if (prefixed && n.rfind("bert.", 0) == 0) n = n.substr(5);
+    if (unused_hf_tensor(n)) continue;
+    if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
+      fail("load_hf_bert: '" + f.path + "': tensor '" + name + "' is " + dtype_name(t.dtype()) +
+           ", not a float32 or float64 weight");
+    out.emplace(n, t);
+  }
+  return out;
+}
+
+/// The graft parameters of `model` from the file's tensors, every shape checked, nothing left over.
+nn::NamedTensors map_hf_weights(std::map<std::string, Tensor> file, const BertEncoder& model, const std::string& path) {
+  std::map<std::string, Shape> want;
+  for (const auto& [n, t] : model.named_parameters()) want[n] = t.shape();
+  nn::NamedTensors out;
+  for (const HfNameMap& m : bert_hf_names(model.cfg.layers)) {
+    Shape part = want.at(m.graft);
+    part[0] /= (int64_t)m.hf.size();  // query, key and value: a third of in_proj's rows each
+    Tensors parts;
+    for (const std::string& h : m.hf) {
+      auto it = file.find(h);
+      if (it == file.end()) fail("load_hf_bert: '" + path + "': tensor '" + h + "' is missing");
+      if (it->second.shape() != part)
+        fail("load_hf_bert: '" + path + "': tensor '" + h + "' has shape " + shape_str(it->second.shape()) +
+             ", the config needs " + shape_str(part));
+      parts.push_back(to_dtype(it->second, model.cfg.dtype));
+      file.erase(it);
+    }
+    out.emplace_back(m.graft, parts.size() == 1 ? parts[0] : concat(parts, 0));
+  }
+  if (!file.empty()) fail("load_hf_bert: '" + path + "': unexpected tensor '" + file.begin()->first + "'");
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
+  const std::string cfg_path = dir + "/config.json", weights_path = dir + "/model.safetensors";
+  const BertConfig c = BertConfig::from_hf_json(nn::load_json(cfg_path), cfg_path);
+  check_config_memory(c, cfg_path, /*copies=*/3);  // the file, the mapped tensors, the model
+  if (!std::filesystem::exists(weights_path))
+    fail("load_hf_bert: '" + weights_path + "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
+  const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
+  auto model = std::make_unique<BertEncoder>(c);
+  model->load_state_dict(map_hf_weights(hf_tensors(f), *model, weights_path));
+  model->eval();
+  return model;
+}
+
+namespace {
+
+const char* hf_activation_name(nn::Activation a) {
+  return a == nn::Activation::gelu_tanh ? "gelu_new" : a == nn::Activation::relu ? "relu" : "gelu";
+}
+
+}  // namespace
+
+void save_hf_bert(const BertEncoder& model, const std::string& dir) {
+  const BertConfig& c = model.cfg;
+  const nlohmann::json cfg = {{"architectures", {"BertModel"}}, {"model_type", "bert"}, {"vocab_size", c.vocab},
+                              {"hidden_size", c.d_model}, {"num_attention_heads", c.heads},
+                              {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.layers},
+                              {"max_position_embeddings", c.max_len}, {"type_vocab_size", c.type_vocab},
+                              {"layer_norm_eps", c.eps}, {"hidden_act", hf_activation_name(c.activation)},
+                              {"hidden_dropout_prob", c.dropout}, {"attention_probs_dropout_prob", c.attention_dropout},
+                              {"pad_token_id", c.pad_id}, {"position_embedding_type", "absolute"}};
+  std::map<std::string, Tensor> params;
+  for (const auto& [n, t] : model.named_parameters()) params[n] = t;
+  nn::NamedTensors out;
+  for (const HfNameMap& m : bert_hf_names(c.layers)) {
+    const Tensor& t = params.at(m.graft);
+    const int64_t rows = t.size(0) / (int64_t)m.hf.size();
+    for (size_t i = 0; i < m.hf.size(); ++i)
+      out.emplace_back(m.hf[i], contiguous(slice(t, 0, (int64_t)i * rows, (int64_t)(i + 1) * rows)));
+  }
+  std::filesystem::create_directories(dir);
+  nn::save_json(dir + "/config.json", cfg);
+  nn::save_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+}
+
+std::pair<Tensor, Tensor> pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id) {
+  if (rows.empty()) fail("pad_batch: no rows");
+  size_t T = 0;
+  for (const auto& r : rows) {
+    if (r.empty()) fail("pad_batch: an empty row");
+    T = std::max(T, r.size());
+  }
+  const int64_t B = (int64_t)rows.size();
+  std::vector<int64_t> ids((size_t)B * T, pad_id);
+  std::vector<float> pad((size_t)B * T, 1.0f);
+  for (size_t b = 0; b < rows.size(); ++b)
+    for (size_t t = 0; t < rows[b].size(); ++t) ids[b * T + t] = rows[b][t], pad[b * T + t] = 0.0f;
+  return {from_vector(ids, {B, (int64_t)T}), from_vector(pad, {B, (int64_t)T})};
+}
+
+}  // namespace graft::models

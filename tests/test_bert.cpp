@@ -1,0 +1,185 @@
+// The BERT encoder family (models/bert.h): Hugging Face config reading, the checkpoint importer
+// (round trip, and every missing, unexpected, mis-shaped or truncated tensor named), padding
+// invariance of the pooled embedding, and a float64 gradcheck of a whole small encoder.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "graft/autograd/gradcheck.h"
+#include "graft/models/bert.h"
+#include "graft/nn/checkpoint.h"
+#include "graft/ops/ops.h"
+#include "tests/test_util.h"
+
+using namespace graft;
+using namespace graft::models;
+using graft::testing::ids;
+using graft::testing::names;
+using graft::testing::TempDir;
+
+namespace {
+
+nlohmann::json small_hf_config() {
+  return {{"model_type", "bert"}, {"vocab_size", 40}, {"hidden_size", 16}, {"num_attention_heads", 2},
+          {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"max_position_embeddings", 12},
+          {"type_vocab_size", 2}, {"layer_norm_eps", 1e-12}, {"hidden_act", "gelu"},
+          {"hidden_dropout_prob", 0.1}, {"attention_probs_dropout_prob", 0.1}, {"pad_token_id", 0}};
+}
+
+BertConfig small_cfg(DType dt = DType::f32) {
+  BertConfig c = BertConfig::from_hf_json(small_hf_config(), "test");
+  c.dtype = dt;
+  c.dropout = c.attention_dropout = 0.0;
+  c.seed = 5;
+  return c;
+}
+
+// A small random BertEncoder written as a Hugging Face directory, and the model itself.
+std::unique_ptr<BertEncoder> saved_model(const TempDir& dir) {
+  auto m = std::make_unique<BertEncoder>(small_cfg());
+  m->eval();
+  save_hf_bert(*m, dir.path.string());
+  return m;
+}
+
+// Rewrites dir/model.safetensors through `edit` (a map of the tensors by name).
+void edit_weights(const TempDir& dir, const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+  const nn::SafetensorsFile f = nn::load_safetensors(dir / "model.safetensors");
+  std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
+  edit(t);
+  nn::save_safetensors(dir / "model.safetensors", nn::NamedTensors(t.begin(), t.end()));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(bert)
+
+BOOST_AUTO_TEST_CASE(hf_config_fields) {
+  const BertConfig c = BertConfig::from_hf_json(small_hf_config(), "config.json");
+  BOOST_TEST((c.vocab == 40 && c.d_model == 16 && c.heads == 2 && c.d_ff == 24 && c.layers == 2 && c.max_len == 12));
+  BOOST_TEST((c.type_vocab == 2 && c.eps == 1e-12 && c.activation == nn::Activation::gelu && !c.norm_first));
+  nlohmann::json j = small_hf_config();
+  j["hidden_act"] = "gelu_new";
+  BOOST_TEST((BertConfig::from_hf_json(j, "x").activation == nn::Activation::gelu_tanh));
+  BOOST_TEST(BertConfig::from_json(c.to_json()).to_json() == c.to_json());
+  BOOST_TEST(BertEncoder(c).num_parameters() == c.parameter_count());
+}
+
+BOOST_AUTO_TEST_CASE(hf_config_errors) {
+  nlohmann::json j = small_hf_config();
+  j["model_type"] = "gpt2";
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
+                        [](const Error& e) { return names(e, "config.json: the architecture (model_type \"gpt2\") is not supported"); });
+  j = small_hf_config();
+  j.erase("hidden_size");
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
+                        [](const Error& e) { return names(e, "\"hidden_size\" is missing"); });
+  j = small_hf_config();
+  j["hidden_act"] = "swish";
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
+                        [](const Error& e) { return names(e, "\"hidden_act\""); });
+  j = small_hf_config();
+  j["position_embedding_type"] = "relative_key";
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
+                        [](const Error& e) { return names(e, "position_embedding_type"); });
+  j = small_hf_config();
+  j["num_attention_heads"] = 3;
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error, [](const Error& e) { return names(e, "heads"); });
+}
+
+BOOST_AUTO_TEST_CASE(hf_round_trip_is_exact) {
+  TempDir dir("bert");
+  auto m = saved_model(dir);
+  auto back = load_hf_bert(dir.path.string());
+  const Tensor x = ids({2, 5, 7, 3, 0, 0, 9, 4, 1, 8, 11, 12}, 2);
+  const std::vector<float> a = m->forward(x).to_vector<float>(), b = back->forward(x).to_vector<float>();
+  BOOST_TEST(a == b);
+  BOOST_TEST(back->num_parameters() == m->num_parameters());
+}
+
+BOOST_AUTO_TEST_CASE(importer_names_the_tensor_at_fault) {
+  TempDir dir("bert_bad");
+  saved_model(dir);
+  const std::string d = dir.path.string();
+  edit_weights(dir, [](auto& t) { t.erase("encoder.layer.1.attention.self.key.bias"); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
+                        [](const Error& e) { return names(e, "tensor 'encoder.layer.1.attention.self.key.bias' is missing"); });
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) { t["encoder.layer.0.extra.weight"] = zeros({2}); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
+                        [](const Error& e) { return names(e, "unexpected tensor 'encoder.layer.0.extra.weight'"); });
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) { t["encoder.layer.0.intermediate.dense.weight"] = zeros({16, 24}); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) {
+    return names(e, "tensor 'encoder.layer.0.intermediate.dense.weight' has shape (16, 24), the config needs (24, 16)");
+  });
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) { t["embeddings.word_embeddings.weight"] = zeros({40, 16}, DType::i64); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "'embeddings.word_embeddings.weight' is int64"); });
+  // The tensors a BertModel file carries beside the encoder's are skipped.
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) {
+    t["pooler.dense.weight"] = zeros({16, 16});
+    t["embeddings.position_ids"] = zeros({1, 12}, DType::i64);
+  });
+  BOOST_CHECK_NO_THROW(load_hf_bert(d));
+  // A truncated file: the last 100 bytes of the data cut off.
+  saved_model(dir);
+  std::filesystem::resize_file(dir / "model.safetensors", std::filesystem::file_size(dir / "model.safetensors") - 100);
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "model.safetensors"); });
+  std::filesystem::remove(dir / "model.safetensors");
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "model.safetensors' is missing"); });
+}
+
+BOOST_AUTO_TEST_CASE(bert_prefix_and_pretraining_heads_load) {
+  TempDir dir("bert_prefixed");
+  auto m = saved_model(dir);
+  edit_weights(dir, [](auto& t) {
+    std::map<std::string, Tensor> p;
+    for (auto& [n, v] : t) p["bert." + n] = v;
+    p["cls.predictions.bias"] = zeros({40});
+    t = p;
+  });
+  auto back = load_hf_bert(dir.path.string());
+  const Tensor x = ids({2, 5, 7, 3}, 1);
+  BOOST_TEST(m->forward(x).to_vector<float>() == back->forward(x).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_CASE(pooled_embedding_ignores_padding) {
+  BertEncoder m(small_cfg());
+  m.eval();
+  const auto [x, pad] = pad_batch({{1, 5, 7, 2}, {1, 9, 2}}, 0);
+  const Tensor e = l2_normalize(mean_pool(m.forward(x, pad), pad));
+  const auto [x1, pad1] = pad_batch({{1, 9, 2}}, 0);
+  const Tensor alone = l2_normalize(mean_pool(m.forward(x1, pad1), pad1));
+  testing::check_same(slice(e, 0, 1, 2), alone, 1e-5);
+  const std::vector<float> v = e.to_vector<float>();
+  double n0 = 0;
+  for (int64_t j = 0; j < 16; ++j) n0 += (double)v[j] * v[j];
+  BOOST_TEST(std::fabs(n0 - 1.0) < 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(pad_batch_errors) {
+  BOOST_CHECK_EXCEPTION(pad_batch({}, 0), Error, [](const Error& e) { return names(e, "no rows"); });
+  BOOST_CHECK_EXCEPTION(pad_batch({{1}, {}}, 0), Error, [](const Error& e) { return names(e, "empty row"); });
+  BertEncoder m(small_cfg());
+  BOOST_CHECK_EXCEPTION(m.forward(ids({1, 2, 3, 4}, 2), zeros({2, 3})), Error,
+                        [](const Error& e) { return names(e, "must have the ids' shape (2, 2)"); });
+}
+
+BOOST_AUTO_TEST_CASE(whole_encoder_gradcheck_f64) {
+  for (nn::Activation act : {nn::Activation::gelu, nn::Activation::gelu_tanh}) {
+    BertConfig c = small_cfg(DType::f64);
+    c.layers = 1;
+    c.activation = act;
+    BertEncoder m(c);
+    const auto [x, pad] = pad_batch({{1, 5, 7, 2}, {1, 9, 2}}, 0);
+    Tensors params = m.parameters();
+    const auto r = gradcheck(
+        [&](const Tensors&) { return l2_normalize(mean_pool(m.forward(x, pad), pad)); }, params);
+    BOOST_TEST(r.ok, r.message);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
