@@ -7,9 +7,10 @@
 /// - autograd: Tensor, the tape, backward(), NoGrad, gradcheck();
 /// - ops: every differentiable op (graft/ops/ops.h) and mixed precision;
 /// - nn: Module, layers, attention, positional encodings, optimizers, schedules, checkpoints,
-///   the training loop;
-/// - models: the encoder-decoder Transformer, the decoder-only LM, the encoder classifier, and
-///   decoding (greedy, beam, sampling).
+///   the training loop, the WordPiece tokenizer;
+/// - models: the encoder-decoder Transformer, the decoder-only LM, the encoder classifier,
+///   decoding (greedy, beam, sampling), and pretrained BERT-family encoders (bert.h,
+///   sentence_encoder.h).
 #pragma once
 
 #include "graft/version.h"
@@ -30,10 +31,13 @@
 #include "graft/nn/positions.h"
 #include "graft/nn/trainer.h"
 #include "graft/nn/transformer.h"
+#include "graft/nn/wordpiece.h"
 
+#include "graft/models/bert.h"
 #include "graft/models/config_json.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/decoding.h"
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/run.h"
+#include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"

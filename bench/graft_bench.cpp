@@ -19,7 +19,7 @@
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
-//   --precision int8 (greedy, beam): the linear layers on int8 (weights s8 per output channel)
+//   --precision int8 (greedy, beam, embed): the linear layers on int8 (weights s8 per output channel)
 //   --ids FILE (greedy, beam): the last timed run's new ids, one line per sentence
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
@@ -794,8 +794,8 @@ int main(int argc, char** argv) {
         std::cerr << "graft_bench: " << int8_unavailable_reason("--precision") << "\n";
         return 3;
       }
-      if (a.what != "greedy" && a.what != "beam") {
-        std::cerr << "graft_bench: --precision int8 is for inference: --what greedy or beam, not " << a.what << "\n";
+      if (a.what != "greedy" && a.what != "beam" && a.what != "embed") {
+        std::cerr << "graft_bench: --precision int8 is for inference: --what greedy, beam or embed, not " << a.what << "\n";
         return 2;
       }
     }

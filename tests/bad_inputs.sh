@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad inputs, as a new user and a hostile file would give them, against the three programs: each
+# Bad inputs, as a new user and a hostile file would give them, against the four programs: each
 # must end with the expected exit code (2 for a usage or input error, never a signal) and one
 # clear line on stderr containing the expected words. A ctest test (bad_inputs) runs it; with
 # --markdown it prints the README's table of inputs and the exact messages.
@@ -10,6 +10,7 @@ MARKDOWN=${2:-}
 T=$BUILD/examples/translation/translate
 LM=$BUILD/examples/lm/lm
 CL=$BUILD/examples/classify/classify
+EM=$BUILD/examples/embed/embed
 W=$(mktemp -d "${TMPDIR:-/tmp}/graft_bad_inputs.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -181,6 +182,30 @@ case_ classify "evaluate: a --baseline-train file that does not exist" 2 "cannot
 mv "$W/tsv/train.tsv" "$W/tsv/train.moved"
 case_ classify "evaluate: the run's train.tsv moved (baseline skipped)" 0 "baseline: skipped (no file" -- \
   "$CL" evaluate --run "$W/clrun" --data "$W/tsv/valid.tsv"
+
+# embed, on a tiny random BERT in Hugging Face's layout (tests/tiny_bert.py), damaged copy by copy.
+python3 "$(dirname "$0")/tiny_bert.py" "$W/bert"
+printf 'the cat sat\na cat.\n' >"$W/lines.txt"
+bert() { rm -rf "$W/b" && cp -r "$W/bert" "$W/b"; }
+case_ embed "\`--model\` a directory that does not exist" 2 "--model '$W/none' is not a directory" -- "$EM" similarity --model "$W/none" a b
+bert && sed -i 's/"model_type": "bert"/"model_type": "gpt2"/' "$W/b/config.json"
+case_ embed "config.json of an unsupported architecture (model_type gpt2)" 2 "the architecture (model_type \"gpt2\") is not supported" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+bert && sed -i 's/"hidden_size": 8/"hidden_size": 12/' "$W/b/config.json"
+case_ embed "config.json whose hidden_size differs from the weights" 2 "has shape (11, 8), the config needs (11, 12)" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+bert && truncate -s -64 "$W/b/model.safetensors"
+case_ embed "a truncated model.safetensors" 2 "is past the end of the" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+bert && rm "$W/b/model.safetensors"
+case_ embed "no model.safetensors (a PyTorch .bin only)" 2 "bin_to_safetensors.py" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+bert && sed -i '/^\[UNK\]$/d' "$W/b/vocab.txt"
+case_ embed "a vocab.txt without [UNK]" 2 "the vocabulary has no unknown token \"[UNK]\"" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+bert && printf '{"model": {"type": "BPE", "vocab": {}, "merges": []}}' >"$W/b/tokenizer.json"
+case_ embed "a tokenizer.json of another model (BPE)" 2 "BPE" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/e.st"
+printf 'the cat\n\xff\xfe sat\n' >"$W/badlines.txt"
+case_ embed "a collection line that is not UTF-8" 2 "line 2 is not valid UTF-8" -- "$EM" search --model "$W/bert" --collection "$W/badlines.txt" --query cat
+case_ embed "\`--collection /dev/zero\`" 2 "'/dev/zero' is not a regular file" -- timeout 20 "$EM" search --model "$W/bert" --collection /dev/zero --query cat
+"$EM" search --model "$W/bert" --collection "$W/lines.txt" --query cat >/dev/null 2>&1
+printf 'the cat sat\na cat sat.\n' >"$W/lines.txt"
+case_ embed "search: the collection edited since its index was built" 0 "embed: rebuilt the index" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt" --query cat
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

@@ -17,24 +17,8 @@ if ! "$venv/bin/python" -c "import sentence_transformers, torch" 2>/dev/null; th
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# 1000 sentences: the fortunes of the English topic files, one per line (lines joined by spaces),
-# the first 1000 of 20 or more characters, in file order.
-python3 - "$work/sentences.txt" <<'PY'
-import glob, os, sys
-out = []
-for path in sorted(glob.glob("/usr/share/games/fortunes/*.u8")):
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            text = f.read()
-        except UnicodeDecodeError:
-            continue
-    for fortune in text.split("\n%\n"):
-        s = " ".join(fortune.split())
-        if len(s) >= 20 and len(out) < 1000:
-            out.append(s)
-with open(sys.argv[1], "w", encoding="utf-8") as f:
-    f.write("".join(s + "\n" for s in out))
-PY
+# 1000 sentences: the first 1000 of the English fortunes collection `make embed` searches.
+"$root/examples/embed/fortunes_collection.sh" | head -1000 >"$work/sentences.txt"
 [ "$(wc -l < "$work/sentences.txt")" = 1000 ] || { echo "embed_reference: could not gather 1000 fortunes"; exit 1; }
 max_len=$(python3 -c "import json; print(json.load(open('$model/sentence_bert_config.json'))['max_seq_length'])")
 "$build/examples/embed/embed" encode --model "$model" --in "$work/sentences.txt" --out "$work/graft.safetensors" || exit 1

@@ -33,25 +33,26 @@ constexpr const char* kIndexFormat = "graft-embed-index-1";
 
 // The lines of a text file (one text each), every line checked for length and UTF-8 up front.
 std::vector<std::string> read_lines(const std::string& path) {
-  text::check_input_file("embed", path);
+  text::check_input_file("", path);
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail("embed: cannot open '" + path + "'");
+  if (!f) fail("cannot open '" + path + "'");
   std::unique_ptr<FILE, int (*)(FILE*)> close(f, std::fclose);
   text::LineReader reader(f, kMaxLineBytes);
   std::vector<std::string> lines;
   std::string line;
   bool too_long = false;
-  while (reader.next(line, too_long, "embed: '" + path + "'")) {
-    const std::string where = "embed: '" + path + "' line " + std::to_string(lines.size() + 1);
+  while (reader.next(line, too_long, "'" + path + "'")) {
+    const std::string where = "'" + path + "' line " + std::to_string(lines.size() + 1);
     if (too_long) fail(where + " is over " + std::to_string(kMaxLineBytes) + " bytes");
     if (!text::valid_utf8(line)) fail(where + " is not valid UTF-8");
     lines.push_back(line);
   }
-  if (lines.empty()) fail("embed: '" + path + "' has no lines");
+  if (lines.empty()) fail("'" + path + "' has no lines");
   return lines;
 }
 
-// A progress line on stderr every two seconds (overwritten in place on a terminal).
+// A progress line on stderr: on a terminal every two seconds, in place; else (a log) a line every
+// 30 seconds. Encodes shorter than that print none.
 models::SentenceEncoder::Progress progress_line(const char* what) {
   using clock = std::chrono::steady_clock;
   auto start = std::make_shared<clock::time_point>(clock::now());
@@ -59,7 +60,7 @@ models::SentenceEncoder::Progress progress_line(const char* what) {
   const bool tty = isatty(2);
   return [=](int64_t done, int64_t total) {
     const auto now = clock::now();
-    if (done < total && now - *last < std::chrono::seconds(2)) return;
+    if (now - *last < std::chrono::seconds(tty ? 2 : 30)) return;  // short encodes print nothing
     *last = now;
     const double s = std::chrono::duration<double>(now - *start).count();
     std::fprintf(stderr, "%s%s: %lld/%lld texts, %.0f/s%s", tty ? "\r" : "", what, (long long)done, (long long)total,
@@ -69,7 +70,7 @@ models::SentenceEncoder::Progress progress_line(const char* what) {
 
 models::SentenceEncoder load_model(const std::string& dir) {
   if (!std::filesystem::is_directory(dir))
-    fail("embed: --model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh or `make embed`)");
+    fail("--model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh or `make embed`)");
   return models::SentenceEncoder(dir);
 }
 
@@ -88,20 +89,23 @@ int cmd_encode(const std::string& model_dir, const std::string& in, const std::s
 Tensor collection_index(const models::SentenceEncoder& enc, const std::string& collection,
                         const std::vector<std::string>& texts, const std::string& index, int64_t batch) {
   const std::vector<std::string> tied = {collection, enc.dir + "/model.safetensors"};
+  std::string stale;  // why an index that exists is not used
   if (std::filesystem::exists(index)) {
     try {
       nn::NamedTensors w = nn::load_weights(index, "embed search", tied);
       if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
           w[0].second.size(0) == (int64_t)texts.size() && w[0].second.size(1) == enc.model->cfg.d_model)
         return w[0].second;
-      std::fprintf(stderr, "embed: index '%s' does not fit the collection: rebuilding it\n", index.c_str());
+      stale = "its vectors do not fit the collection";
     } catch (const Error& e) {
-      std::fprintf(stderr, "embed: rebuilding the index (%s)\n", e.what());
+      stale = e.what();
     }
   }
   const Tensor e = enc.encode(texts, batch, progress_line("index"));
   nn::save_weights({{"embeddings", e}}, index, 0, kIndexFormat, tied);
-  std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(), index.c_str());
+  if (stale.empty()) std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(), index.c_str());
+  else std::fprintf(stderr, "embed: rebuilt the index %s of %zu texts (the old one: %s)\n", index.c_str(), texts.size(),
+                    stale.c_str());
   return e;
 }
 
@@ -144,7 +148,7 @@ int cmd_tokenize(const std::string& model_dir, int64_t max_len) {
   int64_t n = 0;
   for (std::string line; std::getline(std::cin, line);) {
     ++n;
-    if (!text::valid_utf8(line)) fail("embed tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
+    if (!text::valid_utf8(line)) fail("tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
     const std::vector<int64_t> ids = tok.encode_with_specials(line, max_len);
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
     std::printf("\n");
@@ -169,6 +173,7 @@ cli::Command add_encode(CLI::App& app) {
   sub->add_option("--in", a->in, "text file, one text per line")->required();
   sub->add_option("--out", a->out, "output safetensors file (tensor \"embeddings\", N x d)")->required();
   sub->add_option("--batch", a->batch, "texts per batch (sorted by length)")->check(CLI::Range(1, 4096));
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_encode(a->model, a->in, a->out, a->batch); }};
 }
 
@@ -186,6 +191,7 @@ cli::Command add_search(CLI::App& app) {
   sub->add_option("--query", a->queries, "a query (repeatable; none: one per stdin line)");
   sub->add_option("--top-k", a->top_k, "results per query")->check(CLI::Range(1, 1000));
   sub->add_option("--batch", a->batch, "texts per batch while indexing")->check(CLI::Range(1, 4096));
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_search(a->model, a->collection, a->index, a->queries, a->top_k, a->batch); }};
 }
 
@@ -198,6 +204,7 @@ cli::Command add_similarity(CLI::App& app) {
   add_model_option(sub, a->model);
   sub->add_option("a", a->a, "first text")->required();
   sub->add_option("b", a->b, "second text")->required();
+  cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_similarity(a->model, a->a, a->b); }};
 }
 
