@@ -136,6 +136,7 @@ Tensor BertEncoder::forward(const Tensor& ids, const Tensor& pad, const Tensor& 
 }
 
 Tensor mean_pool(const Tensor& h, const Tensor& pad) {
+  if (!h.defined() || !pad.defined()) fail("mean_pool: h and pad must be defined tensors");
   if (h.dim() != 3 || pad.dim() != 2 || pad.size(0) != h.size(0) || pad.size(1) != h.size(1))
     fail("mean_pool: needs h (B, T, d) and pad (B, T), got " + shape_str(h.shape()) + " and " +
          shape_str(pad.shape()));
@@ -146,6 +147,7 @@ Tensor mean_pool(const Tensor& h, const Tensor& pad) {
 }
 
 Tensor l2_normalize(const Tensor& x, double eps) {
+  if (!x.defined()) fail("l2_normalize: x is undefined");
   Tensor norm = sqrt(sum(mul(x, x), {x.dim() - 1}, true));
   return div(x, clamp(norm, eps, std::numeric_limits<double>::infinity()));
 }

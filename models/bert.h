@@ -78,10 +78,10 @@ class BertEncoder : public nn::Module {
 
 /// Mean over the real tokens: h (B, T, d), pad (B, T) non-zero = padding -> (B, d); an
 /// all-padding row pools to zeros.
-/// @throws graft::Error when the shapes do not fit.
+/// @throws graft::Error when either is undefined or the shapes do not fit.
 Tensor mean_pool(const Tensor& h, const Tensor& pad);
 /// x / max(|x|_2, eps) over the last dim (torch.nn.functional.normalize).
-/// @throws graft::Error when x is not floating point.
+/// @throws graft::Error when x is undefined or not floating point.
 Tensor l2_normalize(const Tensor& x, double eps = 1e-12);
 
 /// A Hugging Face tensor name and the graft parameter it becomes: the query, key and value

@@ -73,8 +73,10 @@ std::vector<int64_t> SentenceEncoder::tokenize(const std::string& text) const {
 }
 
 Tensor SentenceEncoder::embed(const Tensor& ids, const Tensor& pad) const {
-  Tensor h = model->forward(ids, pad);
-  Tensor e = pooling == Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : mean_pool(h, pad);
+  check_token_ids("SentenceEncoder::embed", ids);
+  const Tensor p = pad.defined() ? pad : eq(ids, (double)model->cfg.pad_id);
+  Tensor h = model->forward(ids, p);
+  Tensor e = pooling == Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : mean_pool(h, p);
   return normalize ? l2_normalize(e) : e;
 }
 

@@ -38,7 +38,9 @@ class SentenceEncoder {
   /// The embeddings of tokenized texts (tokenize()), batched as encode().
   Tensor encode_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size = 32,
                     const Progress& progress = nullptr) const;
-  /// One padded batch with gradients: ids (B, T), pad (B, T) -> (B, d) embeddings.
+  /// One padded batch with gradients: ids (B, T), pad (B, T) -> (B, d) embeddings; pad
+  /// undefined: the positions holding the model's pad id.
+  /// @throws graft::Error as BertEncoder::forward().
   Tensor embed(const Tensor& ids, const Tensor& pad) const;
   text::WordPiece tokenizer;  ///< from the directory's tokenizer files
   std::unique_ptr<BertEncoder> model;  ///< the encoder

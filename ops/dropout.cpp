@@ -14,7 +14,7 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/kernels.h"
+#include "graft/ops/internal/kernels.h"
 
 namespace graft {
 

@@ -11,7 +11,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/kernels.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
 
 namespace graft {

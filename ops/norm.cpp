@@ -14,8 +14,8 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/kernels.h"
-#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
+#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 

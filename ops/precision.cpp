@@ -5,9 +5,9 @@
 #include <optional>
 #include <string_view>
 
-#include "graft/ops/bf16.h"
-#include "graft/ops/int8.h"
-#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/internal/bf16.h"
+#include "graft/ops/internal/int8.h"
+#include "graft/ops/internal/dnnl_utils.h"
 
 namespace graft {
 

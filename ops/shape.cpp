@@ -12,7 +12,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/cases.h"
-#include "graft/ops/kernels.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 
 namespace graft {

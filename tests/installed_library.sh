@@ -38,7 +38,7 @@ for layer in autograd ops nn models; do
     [[ -f $LIBDIR/libgraft_$layer.a ]] || fail "neither libgraft_$layer.so nor .a is installed"
   fi
 done
-for internal in ops/kernels.h ops/bf16.h ops/onednn; do
+for internal in ops/internal ops/kernels.h; do
   [[ ! -e $P/include/graft/$internal ]] || fail "the internal header $internal is installed"
 done
 grep -rq 'dnnl\|oneapi' "$P/include/graft" && fail "an installed header mentions oneDNN: $(grep -rl 'dnnl\|oneapi' "$P/include/graft")"

@@ -20,8 +20,10 @@
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
+#include "graft/models/bert.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
+#include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/attention.h"
 #include "graft/nn/communicator.h"
@@ -162,14 +164,13 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
 // The directory of the public headers, set by tests/CMakeLists.txt.
 std::string source_dir() { return GRAFT_SOURCE_DIR; }
 
-// Every public header: the .h files of autograd/, ops/, nn/ and models/ (not their subfolders),
-// less ops/kernels.h, ops/bf16.h and ops/int8.h, which are internal and not installed (see CMakeLists.txt).
+// Every public header: the .h files of autograd/, ops/, nn/ and models/, not their subfolders
+// (ops/internal/ is internal and not installed; see CMakeLists.txt).
 std::vector<Declared> public_tensor_functions() {
   std::vector<std::string> headers;
   for (const char* dir : {"autograd", "ops", "nn", "models"})
     for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/" + dir))
-      if (e.path().extension() == ".h" && e.path().filename() != "kernels.h" && e.path().filename() != "bf16.h" &&
-          e.path().filename() != "int8.h")
+      if (e.path().extension() == ".h")
         headers.push_back(std::string(dir) + "/" + e.path().filename().string());
   std::sort(headers.begin(), headers.end());
   std::vector<Declared> out;
@@ -276,6 +277,24 @@ const models::EncoderClassifier& classifier() {
     return c;
   }());
   return m;
+}
+const models::BertEncoder& bert() {
+  static models::BertEncoder m([] {
+    models::BertConfig c;
+    c.vocab = 16, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 1, c.max_len = 8;
+    return c;
+  }());
+  return m;
+}
+// A SentenceEncoder over bert()'s weights, from a directory written once (save_hf_bert, vocab.txt).
+const models::SentenceEncoder& sentence_encoder() {
+  static const testing::TempDir dir("undefined_bert");
+  static const models::SentenceEncoder e([] {
+    models::save_hf_bert(bert(), dir.path.string());
+    std::ofstream(dir / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\n";
+    return dir.path.string();
+  }());
+  return e;
 }
 models::DecodeOptions decode_options(int beam) {
   models::DecodeOptions o;
@@ -597,6 +616,17 @@ std::vector<Case> nn_and_model_cases() {
           [](const Tensor& t) { classifier().forward(t); }),
       one("EncoderClassifier::ngram_ids(const Tensor&)", [] { return ids(1, 3); },
           [](const Tensor& t) { classifier().ngram_ids(t); }),
+      {"BertEncoder::forward(const Tensor&, const Tensor&, const Tensor&)",
+       [] { return Tensors{ids(1, 3), f({1, 3}), no_pad(1, 3)}; },
+       [](const Tensors& t) { bert().forward(t[0], t[1], t[2]); },
+       {1, 2}},
+      {"mean_pool(const Tensor&, const Tensor&)", [] { return Tensors{f({1, 3, 8}), f({1, 3})}; },
+       [](const Tensors& t) { models::mean_pool(t[0], t[1]); }},
+      one("l2_normalize(const Tensor&, double)", [] { return f({2, 8}); },
+          [](const Tensor& t) { models::l2_normalize(t); }),
+      {"SentenceEncoder::embed(const Tensor&, const Tensor&)", [] { return Tensors{ids(1, 3), f({1, 3})}; },
+       [](const Tensors& t) { sentence_encoder().embed(t[0], t[1]); },
+       {1}},
       one("Transformer::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
           [](const Tensor& t) { transformer().embed(t); }),
       one("Transformer::encode(const Tensor&)", [] { return ids(1, 3); }, [](const Tensor& t) { transformer().encode(t); }),

@@ -1,4 +1,4 @@
-#include "graft/ops/bf16.h"
+#include "graft/ops/internal/bf16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <tuple>
 
-#include "graft/ops/kernels.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/precision.h"
 
 namespace graft::kern {

@@ -1,4 +1,4 @@
-#include "graft/ops/kernels.h"
+#include "graft/ops/internal/kernels.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <string_view>
 
-#include "graft/ops/bf16.h"
-#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/internal/bf16.h"
+#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/precision.h"
 
 namespace graft::kern {

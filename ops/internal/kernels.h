@@ -18,7 +18,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
-#include "graft/ops/bf16.h"
+#include "graft/ops/internal/bf16.h"
 #include "graft/ops/custom.h"
 
 namespace graft::kern {

@@ -1,4 +1,4 @@
-#include "graft/ops/int8.h"
+#include "graft/ops/internal/int8.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "graft/ops/custom.h"
-#include "graft/ops/kernels.h"
-#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
+#include "graft/ops/internal/dnnl_utils.h"
 
 namespace graft::kern {
 

@@ -1,4 +1,4 @@
-#include "graft/ops/onednn/dnnl_utils.h"
+#include "graft/ops/internal/dnnl_utils.h"
 
 #include <algorithm>
 
