@@ -1,4 +1,5 @@
 #include "graft/autograd/gradcheck.h"
+#include "graft/testing/registry.h"
 
 #include <cmath>
 #include <mutex>

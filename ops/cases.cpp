@@ -1,6 +1,5 @@
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 
-#include "graft/autograd/gradcheck.h"
 
 #include <mutex>
 

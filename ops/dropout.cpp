@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/kernels.h"
 

@@ -6,7 +6,7 @@
 #include <unordered_set>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/reduce.h"

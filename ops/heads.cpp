@@ -9,7 +9,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/autograd/tape.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"

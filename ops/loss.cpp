@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"

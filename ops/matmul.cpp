@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/bf16.h"
 #include "graft/ops/internal/int8.h"
 #include "graft/ops/internal/kernels.h"

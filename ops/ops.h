@@ -3,7 +3,6 @@
 #pragma once
 
 #include "graft/ops/attention.h"
-#include "graft/ops/cases.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/heads.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
 

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/dnnl_utils.h"

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/testing/op_cases.h"
 #include "graft/autograd/graph.h"
 #include "graft/ops/ops.h"
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/cases.h"
+#include "graft/testing/op_cases.h"
 
 using namespace graft;
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/testing/op_cases.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;

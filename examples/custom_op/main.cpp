@@ -13,6 +13,7 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/custom.h"
 #include "graft/ops/ops.h"
+#include "graft/testing/registry.h"
 
 using namespace graft;
 

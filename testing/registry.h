@@ -1,0 +1,66 @@
+/// @file
+/// The registry of op cases that the generic tests run (tests/test_gradcheck_all.cpp): an op
+/// written outside graft registers its cases here and is checked like the library's own
+/// (examples/custom_op). Not in the umbrella headers: include <graft/testing/registry.h> where
+/// cases are written, and <graft/testing/op_cases.h> for the library's own.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graft/autograd/gradcheck.h"
+
+namespace graft {
+
+/// One registered case for the generic tests. make_inputs builds the inputs in the requested
+/// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
+/// that should be checked come back with requires_grad set.
+struct OpCase {
+  std::string name;  ///< unique, such as "add/broadcast"
+  std::string op;    ///< the declared op it covers, such as "add"
+  /// Builds the inputs in a float dtype from a seeded generator.
+  std::function<Tensors(DType, Generator&)> make_inputs;
+  OpFn fn;  ///< the op applied to the inputs
+  GradcheckOptions opt{};  ///< tolerances of the float64 gradcheck
+  /// Tolerances of the float32 (oneDNN) path vs the float64 path (check_f32_vs_f64()); f32_atol
+  /// is relative to the largest float64 value (or 1).
+  ///@{
+  double f32_atol = 1e-4, f32_rtol = 1e-3;
+  ///@}
+};
+
+/// A case for an op that another op's backward records under create_graph (such as
+/// slice_backward): its input is the upstream gradient v of `forward` (of shape out_shape) at a
+/// constant leaf of in_shape, its output the gradient that forward's backward returns (taken
+/// with create_graph), so gradcheck differentiates that backward in v. For linear ops (whose
+/// backward does not depend on the point).
+OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
+                        std::function<Tensor(const Tensor&)> forward);
+
+/// Adds a case to the registry (names must be unique). The library's own cases are registered by
+/// register_op_cases() (graft/testing/op_cases.h); a program adds its own with explicit calls. Thread-safe.
+/// @throws graft::Error when a case of that name is already registered.
+void register_case(OpCase c);
+
+/// Registers the gradcheck cases of the engine's own ops (accumulate_grad, reduce_grad,
+/// expand_grad: autograd/tape.h); register_op_cases() calls it. Idempotent.
+void register_autograd_cases();
+
+/// Input helper for cases: a uniform(lo, hi) leaf of `shape` that requires grad.
+Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
+/// Input helper for cases: like case_input(), but stored with its last two dims transposed, so
+/// the op sees a non-contiguous view of `shape`.
+/// @throws graft::Error when `shape` has fewer than 2 dims.
+Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
+/// Every case registered so far, in registration order.
+const std::vector<OpCase>& registered_cases();
+
+/// Runs the case's float32 forward and backward and compares output and input gradients with
+/// the float64 path (same input values, same upstream gradient).
+GradcheckResult check_f32_vs_f64(const OpCase& c);
+/// The same comparison for the double backward (gradgradcheck()'s analytic side): the
+/// second-order gradients of the float32 path against the float64 path, with the same v and u.
+GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c);
+
+}  // namespace graft
