@@ -5,7 +5,7 @@
 /// gradients of its outputs, and routes the returned input gradients either to the entry that
 /// produced that input or, for a leaf, into its .grad.
 ///
-/// Writing an op (docs/ops.md, "Adding an op"; the op's backward is a function <op>_backward above it):
+/// Writing an op (docs/ops.md, "Adding an op"; the backward is a function named <tt>name_backward</tt> above it):
 /// @code
 ///   Tensor out = ...forward...;
 ///   if (autograd::needs_record({a, b}))

@@ -69,7 +69,10 @@ class BertEncoder : public nn::Module {
   Tensor forward(const Tensor& ids, const Tensor& pad = Tensor(), const Tensor& types = Tensor()) const;
   BertConfig cfg;  ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here
-  std::shared_ptr<nn::Embedding> word, token_type;  ///< "word" (V, d), "token_type" (types, d)
+  /// "word" (V, d) and "token_type" (types, d).
+  ///@{
+  std::shared_ptr<nn::Embedding> word, token_type;
+  ///@}
   std::shared_ptr<nn::EmbeddingPositions> position;  ///< "position", learned (max_len, d)
   std::shared_ptr<nn::LayerNorm> embed_norm;  ///< "embed_norm", over the summed embeddings
   std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
