@@ -39,7 +39,8 @@ W=$(mktemp -d /tmp/graft_embed.XXXXXX)
 trap 'rm -rf "$RES" "$W"; [ -s "$LOGS" ] || rm -f "$LOGS"' EXIT
 START=$(date +%s)
 LOAD=$(cut -d' ' -f1-3 /proc/loadavg)
-./examples/embed/fortunes_collection.sh | head -1000 >"$W/s1000.txt"
+./examples/embed/fortunes_collection.sh >"$W/all.txt"  # whole, then cut: head would end it with SIGPIPE
+head -1000 "$W/all.txt" >"$W/s1000.txt"
 head -200 "$W/s1000.txt" >"$W/s200.txt"
 
 shim="$(cd "$BUILD" && pwd)/mkl_intel_shim.so"

@@ -27,7 +27,7 @@ def report(a):
     from ct2_peer import replace_section
     rows = [(l.split(" ", 1)[0], json.loads(l.split(" ", 1)[1])) for l in open(a.report) if l.strip()]
     meta = json.load(open(a.meta))
-    md = [SECTION, "",
+    md = ["", SECTION, "",
           f"{meta['date']}, {meta['cpu']}, {meta['threads']} threads (load before: {meta['load']}); model "
           f"{meta['model']}; {meta['sentences']} English fortunes (examples/embed/fortunes_collection.sh), "
           f"{meta['single']} of them for batch 1. Peer: sentence-transformers {meta['st']} on torch "

@@ -58,6 +58,25 @@ bool read_normalize(const std::string& dir) {
 
 }  // namespace
 
+Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize) {
+  const Tensor e = pooling == Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : mean_pool(h, pad);
+  return normalize ? l2_normalize(e) : e;
+}
+
+std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer, const std::vector<std::string>& texts,
+                                                 int64_t max_len) {
+  std::vector<std::vector<int64_t>> ids;
+  ids.reserve(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) {
+    try {
+      ids.push_back(tokenizer.encode_with_specials(texts[i], max_len));
+    } catch (const Error& e) {
+      fail("text " + std::to_string(i) + ": " + e.what());
+    }
+  }
+  return ids;
+}
+
 SentenceEncoder::SentenceEncoder(const std::string& d)
     : tokenizer(text::WordPiece::from_directory(d)), model(load_hf_bert(d)), dir(d) {
   if (tokenizer.size() != model->cfg.vocab)
@@ -75,9 +94,7 @@ std::vector<int64_t> SentenceEncoder::tokenize(const std::string& text) const {
 Tensor SentenceEncoder::embed(const Tensor& ids, const Tensor& pad) const {
   check_token_ids("SentenceEncoder::embed", ids);
   const Tensor p = pad.defined() ? pad : eq(ids, (double)model->cfg.pad_id);
-  Tensor h = model->forward(ids, p);
-  Tensor e = pooling == Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : mean_pool(h, p);
-  return normalize ? l2_normalize(e) : e;
+  return pool(model->forward(ids, p), p, pooling, normalize);
 }
 
 Tensor SentenceEncoder::encode_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size,
@@ -103,16 +120,11 @@ Tensor SentenceEncoder::encode_ids(const std::vector<std::vector<int64_t>>& ids,
 }
 
 Tensor SentenceEncoder::encode(const std::vector<std::string>& texts, int64_t batch_size, const Progress& progress) const {
-  std::vector<std::vector<int64_t>> ids;
-  ids.reserve(texts.size());
-  for (size_t i = 0; i < texts.size(); ++i) {
-    try {
-      ids.push_back(tokenize(texts[i]));
-    } catch (const Error& e) {
-      fail("SentenceEncoder::encode: text " + std::to_string(i) + ": " + e.what());
-    }
+  try {
+    return encode_ids(tokenize_texts(tokenizer, texts, max_seq_length), batch_size, progress);
+  } catch (const Error& e) {
+    fail(std::string("SentenceEncoder::encode: ") + e.what());
   }
-  return encode_ids(ids, batch_size, progress);
 }
 
 }  // namespace graft::models

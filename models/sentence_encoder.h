@@ -16,6 +16,17 @@ namespace graft::models {
 /// How sentence embeddings are pooled (sentence-transformers' Pooling module).
 enum class Pooling { mean, cls };
 
+/// The sentence embedding of hidden states h (B, T, d) with padding pad (B, T): the mean over the
+/// real tokens or the [CLS] state, L2-normalised when `normalize` (sentence-transformers' Pooling
+/// and Normalize modules).
+/// @throws graft::Error as mean_pool() and l2_normalize().
+Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize);
+
+/// The ids of each text ([CLS] pieces [SEP], at most max_len; text::WordPiece::encode_with_specials).
+/// @throws graft::Error "text <i>: ..." naming the index of a text that is not UTF-8.
+std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer, const std::vector<std::string>& texts,
+                                                 int64_t max_len);
+
 /// A pretrained sentence encoder: tokenizer, BERT encoder, pooling and normalisation, as a
 /// sentence-transformers directory describes them (all-MiniLM-L6-v2 and its kind).
 class SentenceEncoder {

@@ -206,6 +206,8 @@ case_ embed "\`--collection /dev/zero\`" 2 "'/dev/zero' is not a regular file" -
 "$EM" search --model "$W/bert" --collection "$W/lines.txt" --query cat >/dev/null 2>&1
 printf 'the cat sat\na cat sat.\n' >"$W/lines.txt"
 case_ embed "search: the collection edited since its index was built" 0 "embed: rebuilt the index" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt" --query cat
+mv "$W/tsv/train.moved" "$W/tsv/train.tsv"
+case_ classify "train --init-from a directory without config.json" 2 "config.json" -- "$CL" train --data "$W/tsv" --out "$W/clp" --steps 2 --init-from "$W/none"
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

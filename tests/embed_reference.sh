@@ -18,7 +18,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # 1000 sentences: the first 1000 of the English fortunes collection `make embed` searches.
-"$root/examples/embed/fortunes_collection.sh" | head -1000 >"$work/sentences.txt"
+"$root/examples/embed/fortunes_collection.sh" >"$work/all.txt" || exit 1
+head -1000 "$work/all.txt" >"$work/sentences.txt"
 [ "$(wc -l < "$work/sentences.txt")" = 1000 ] || { echo "embed_reference: could not gather 1000 fortunes"; exit 1; }
 max_len=$(python3 -c "import json; print(json.load(open('$model/sentence_bert_config.json'))['max_seq_length'])")
 "$build/examples/embed/embed" encode --model "$model" --in "$work/sentences.txt" --out "$work/graft.safetensors" || exit 1

@@ -624,6 +624,8 @@ std::vector<Case> nn_and_model_cases() {
        [](const Tensors& t) { models::mean_pool(t[0], t[1]); }},
       one("l2_normalize(const Tensor&, double)", [] { return f({2, 8}); },
           [](const Tensor& t) { models::l2_normalize(t); }),
+      {"pool(const Tensor&, const Tensor&, Pooling, bool)", [] { return Tensors{f({1, 3, 8}), f({1, 3})}; },
+       [](const Tensors& t) { models::pool(t[0], t[1], models::Pooling::mean, true); }},
       {"SentenceEncoder::embed(const Tensor&, const Tensor&)", [] { return Tensors{ids(1, 3), f({1, 3})}; },
        [](const Tensors& t) { sentence_encoder().embed(t[0], t[1]); },
        {1}},

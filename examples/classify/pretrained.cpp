@@ -71,9 +71,7 @@ PretrainedClassifier::PretrainedClassifier(const PretrainedConfig& c, std::share
 }
 
 Tensor PretrainedClassifier::embed(const Tensor& ids, const Tensor& pad) const {
-  const Tensor h = encoder->forward(ids, pad);
-  const Tensor e = cfg.pooling == models::Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : models::mean_pool(h, pad);
-  return cfg.normalize ? models::l2_normalize(e) : e;
+  return models::pool(encoder->forward(ids, pad), pad, cfg.pooling, cfg.normalize);
 }
 
 // A unit vector's components are about 1/sqrt(d): scaled by sqrt(d) they are about 1, the scale
@@ -99,19 +97,6 @@ std::vector<std::string> tokenizer_files_in(const std::string& dir) {
   return out;
 }
 
-std::vector<std::vector<int64_t>> tokenize_all(const text::WordPiece& tok, const std::vector<std::string>& texts,
-                                               int64_t max_seq_length) {
-  std::vector<std::vector<int64_t>> ids;
-  ids.reserve(texts.size());
-  for (size_t i = 0; i < texts.size(); ++i) {
-    try {
-      ids.push_back(tok.encode_with_specials(texts[i], max_seq_length));
-    } catch (const Error& e) {
-      fail("text " + std::to_string(i) + ": " + e.what());
-    }
-  }
-  return ids;
-}
 
 namespace {
 
@@ -199,7 +184,7 @@ Metrics evaluate_ids(PretrainedClassifier& m, size_t classes, const std::vector<
 
 Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels, const std::vector<Example>& data) {
   const auto gold = label_ids(data, labels);  // an unknown label fails before any work
-  return evaluate_ids(*run.model, labels.size(), tokenize_all(*run.tokenizer, texts_of(data), run.model->cfg.max_seq_length),
+  return evaluate_ids(*run.model, labels.size(), models::tokenize_texts(*run.tokenizer, texts_of(data), run.model->cfg.max_seq_length),
                       gold);
 }
 
@@ -353,8 +338,8 @@ TrainResult train_pretrained(const TrainOptions& options) {
   for (const std::string& f : tokenizer_files_in(o.loop.run_dir + "/tokenizer")) tied.push_back(f);
 
   const int64_t L = model.cfg.max_seq_length;
-  const auto train_ids = tokenize_all(*s.tokenizer, texts_of(train_set), L);
-  const auto valid_ids = tokenize_all(*s.tokenizer, texts_of(valid_set), L);
+  const auto train_ids = models::tokenize_texts(*s.tokenizer, texts_of(train_set), L);
+  const auto valid_ids = models::tokenize_texts(*s.tokenizer, texts_of(valid_set), L);
   const auto train_gold = label_ids(train_set, s.labels), valid_gold = label_ids(valid_set, s.labels);
   const bool rank0 = nn::world_communicator().rank() == 0;
   TrainResult r;

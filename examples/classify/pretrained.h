@@ -73,10 +73,6 @@ const std::vector<std::string>& tokenizer_files();
 // The tokenizer files of `dir` that exist (full paths).
 std::vector<std::string> tokenizer_files_in(const std::string& dir);
 
-// The ids of each text as the classifier reads it ([CLS] pieces [SEP], at most max_seq_length).
-// @throws graft::Error naming the text's index for text that is not UTF-8.
-std::vector<std::vector<int64_t>> tokenize_all(const text::WordPiece& tok, const std::vector<std::string>& texts,
-                                               int64_t max_seq_length);
 
 // evaluate()/predict() of classify.h for the pretrained family.
 Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels, const std::vector<Example>& data);
