@@ -70,7 +70,7 @@ models::SentenceEncoder::Progress progress_line(const char* what) {
 
 models::SentenceEncoder load_model(const std::string& dir) {
   if (!std::filesystem::is_directory(dir))
-    fail("--model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh or `make embed`)");
+    fail("--model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh, or make embed)");
   return models::SentenceEncoder(dir);
 }
 
