@@ -19,7 +19,6 @@
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
-#include "graft/autograd/text.h"
 
 #include "graft/ops/ops.h"
 
@@ -29,6 +28,7 @@
 #include "graft/nn/module.h"
 #include "graft/nn/optim.h"
 #include "graft/nn/positions.h"
+#include "graft/nn/text.h"
 #include "graft/nn/trainer.h"
 #include "graft/nn/transformer.h"
 #include "graft/nn/wordpiece.h"

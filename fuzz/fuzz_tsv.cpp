@@ -4,7 +4,7 @@
 #include <string>
 
 #include "examples/classify/classify.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "examples/translation/corpus.h"
 #include "fuzz/fuzz_util.h"
 

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "graft/autograd/tape.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"
 

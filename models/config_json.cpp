@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 namespace graft::models {
 

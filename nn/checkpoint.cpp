@@ -15,7 +15,7 @@
 #include <set>
 #include <streambuf>
 
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 namespace graft::nn {
 

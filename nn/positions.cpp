@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/nn/layers.h"
 #include "graft/ops/ops.h"
 

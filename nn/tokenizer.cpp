@@ -1,7 +1,7 @@
 #include "graft/nn/tokenizer.h"
 
 #include "graft/autograd/tensor.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
 
 #include <sentencepiece_processor.h>

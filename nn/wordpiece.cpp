@@ -1,7 +1,7 @@
 #include "graft/nn/wordpiece.h"
 
 #include "graft/autograd/tensor.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 #include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>

@@ -19,7 +19,7 @@
 #include "examples/classify/pretrained.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"
 

@@ -13,7 +13,7 @@
 #include "examples/classify/naive_bayes.h"
 #include "examples/common/curves.h"
 #include "graft/autograd/tape.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"

@@ -18,7 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "graft/autograd/tape.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/models/decoding.h"
 #include "graft/nn/communicator.h"
 #include "graft/ops/precision.h"

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "graft/autograd/tensor.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 namespace graft::text {
 

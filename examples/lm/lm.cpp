@@ -12,7 +12,7 @@
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
 #include "examples/lm/kneser_ney.h"
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"
 

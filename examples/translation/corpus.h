@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 namespace graft::text {
 
