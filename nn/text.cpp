@@ -1,4 +1,4 @@
-#include "graft/autograd/text.h"
+#include "graft/nn/text.h"
 
 #include <cstdio>
 
