@@ -1,6 +1,6 @@
 /// @file
-/// Text checks every layer's readers and error messages need: strict UTF-8 validation, and
-/// bytes from a file made safe to print.
+/// Text checks the readers and error messages of nn, models and the programs need: strict UTF-8
+/// validation, and bytes from a file made safe to print.
 #pragma once
 
 #include <string>
