@@ -58,8 +58,8 @@ void check_against_differences(GradcheckResult& res, double& worst_excess, const
       worst_excess = excess;
       std::ostringstream os;
       os.precision(10);
-      os << label << " " << describe(x) << " at " << index_str(x.shape(), j) << ": analytic " << analytic[j]
-         << ", numeric " << numeric << " (|diff| " << err << ")";
+      os << label << " " << describe(x) << " at " << index_str(x.shape(), j) << ": analytic "
+         << analytic[j] << ", numeric " << numeric << " (|diff| " << err << ")";
       res.message = os.str();
       res.ok = false;
     }
@@ -106,13 +106,13 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
   for (size_t k = 0; k < inputs.size(); ++k) {
     const Tensor& x = inputs[k];
     if (!x.defined() || !x.requires_grad()) continue;
-    check_against_differences(res, worst_excess, "input " + std::to_string(k), x,
-                              values_or_zeros(x.grad(), x.numel()),
-                              [&] {
-                                autograd::NoGrad ng;
-                                return weighted_sum(fn(inputs), g);
-                              },
-                              opt);
+    check_against_differences(
+        res, worst_excess, "input " + std::to_string(k), x, values_or_zeros(x.grad(), x.numel()),
+        [&] {
+          autograd::NoGrad ng;
+          return weighted_sum(fn(inputs), g);
+        },
+        opt);
     const_cast<Tensor&>(x).zero_grad();
   }
   return res;
@@ -127,7 +127,7 @@ struct SecondOrder {
   Tensors wrt;  // the inputs that require grad, then v
   Tensor v;
   std::vector<std::vector<double>> u;  // one per input that requires grad
-  std::vector<size_t> index;  // the position of each in the op's inputs
+  std::vector<size_t> index;           // the position of each in the op's inputs
 };
 
 SecondOrder second_order_setup(const OpFn& fn, const Tensors& inputs, uint64_t seed, DType dt) {
@@ -152,13 +152,15 @@ SecondOrder second_order_setup(const OpFn& fn, const Tensors& inputs, uint64_t s
 // none arrives), recorded when `create`.
 Tensors first_gradients(const OpFn& fn, const Tensors& inputs, const SecondOrder& so, bool create) {
   Tensor out = fn(inputs);
-  if (!out.requires_grad()) fail("gradgradcheck: the output does not require grad: no input of the op requires grad");
+  if (!out.requires_grad())
+    fail("gradgradcheck: the output does not require grad: no input of the op requires grad");
   Tensors xs(so.wrt.begin(), so.wrt.end() - 1);
   return autograd::grad({out}, xs, {so.v}, {.create_graph = create, .allow_unused = true});
 }
 
 // The double backward: d(sum_k G_k * u_k)/d(x, v), zeros where nothing arrives.
-std::vector<std::vector<double>> second_gradients(const OpFn& fn, const Tensors& inputs, SecondOrder& so) {
+std::vector<std::vector<double>> second_gradients(const OpFn& fn, const Tensors& inputs,
+                                                  SecondOrder& so) {
   so.wrt.push_back(so.v);
   const Tensors first = first_gradients(fn, inputs, so, true);
   Tensors outs, ups;
@@ -194,8 +196,9 @@ GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const Gradc
   double worst_excess = -1;
   for (size_t k = 0; k < so.wrt.size(); ++k) {
     const bool is_v = k + 1 == so.wrt.size();
-    check_against_differences(res, worst_excess, is_v ? "upstream gradient" : "input " + std::to_string(so.index[k]), so.wrt[k],
-                              analytic[k], weighted_first, opt);
+    check_against_differences(res, worst_excess,
+                              is_v ? "upstream gradient" : "input " + std::to_string(so.index[k]),
+                              so.wrt[k], analytic[k], weighted_first, opt);
   }
   return res;
 }
@@ -213,32 +216,53 @@ const std::vector<OpCase>& registered_cases() { return cases(); }
 void register_autograd_cases() {
   static std::once_flag once;
   std::call_once(once, [] {
-    register_case(OpCase{.name = "accumulate_grad/same_shape", .op = "accumulate_grad",
-                         .make_inputs = [](DType dt, Generator& g) {
-                           return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 4}, dt, g)};
-                         },
-                         .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); }});
-    register_case(OpCase{.name = "reduce_grad/broadcast", .op = "reduce_grad",
-                         .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                         .fn = [](const Tensors& x) { return autograd::reduce_grad(x[0], {3, 1}); }});
-    register_case(OpCase{.name = "expand_grad/broadcast", .op = "expand_grad",
-                         .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g)}; },
-                         .fn = [](const Tensors& x) { return autograd::expand_grad(x[0], {2, 3, 4}); }});
+    register_case(
+        OpCase{.name = "accumulate_grad/same_shape",
+               .op = "accumulate_grad",
+               .make_inputs =
+                   [](DType dt, Generator& g) {
+                     return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 4}, dt, g)};
+                   },
+               .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); }});
+    register_case(OpCase{.name = "reduce_grad/broadcast",
+                         .op = "reduce_grad",
+                         .make_inputs =
+                             [](DType dt, Generator& g) {
+                               return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                             },
+                         .fn =
+                             [](const Tensors& x) {
+                               return autograd::reduce_grad(x[0], {3, 1});
+                             }});
+    register_case(OpCase{.name = "expand_grad/broadcast",
+                         .op = "expand_grad",
+                         .make_inputs =
+                             [](DType dt, Generator& g) {
+                               return Tensors{case_input({3, 1}, dt, g)};
+                             },
+                         .fn =
+                             [](const Tensors& x) {
+                               return autograd::expand_grad(x[0], {2, 3, 4});
+                             }});
   });
 }
 
 OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
                         std::function<Tensor(const Tensor&)> forward) {
-  return OpCase{.name = std::move(name), .op = std::move(op),
-                .make_inputs = [out_shape](DType dt, Generator& g) { return Tensors{case_input(out_shape, dt, g)}; },
-                .fn = [in_shape, forward](const Tensors& v) {
-                  // Under NoGrad (gradcheck's central differences) only the value is wanted: the
-                  // forward still records, for its backward, but nothing stays on the tape.
-                  const bool record = autograd::grad_enabled();
-                  autograd::EnableGrad on;
-                  Tensor z = zeros(in_shape, v[0].dtype()).requires_grad_();
-                  return autograd::grad({forward(z)}, {z}, {v[0]}, {.create_graph = record})[0];
-                }};
+  return OpCase{
+      .name = std::move(name),
+      .op = std::move(op),
+      .make_inputs = [out_shape](DType dt,
+                                 Generator& g) { return Tensors{case_input(out_shape, dt, g)}; },
+      .fn =
+          [in_shape, forward](const Tensors& v) {
+            // Under NoGrad (gradcheck's central differences) only the value is wanted: the
+            // forward still records, for its backward, but nothing stays on the tape.
+            const bool record = autograd::grad_enabled();
+            autograd::EnableGrad on;
+            Tensor z = zeros(in_shape, v[0].dtype()).requires_grad_();
+            return autograd::grad({forward(z)}, {z}, {v[0]}, {.create_graph = record})[0];
+          }};
 }
 
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
@@ -259,12 +283,13 @@ namespace {
 
 // Adds to res the elements where a32 and a64 differ by more than the case's float32 tolerances
 // (f32_atol relative to the largest float64 value, or 1).
-void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string& what, const Tensor& a32,
-                        const Tensor& a64) {
+void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string& what,
+                        const Tensor& a32, const Tensor& a64) {
   auto va = a32.to_vector<double>(), vb = a64.to_vector<double>();
   if (va.size() != vb.size()) {
     res.ok = false;
-    res.message = what + ": float32 has " + std::to_string(va.size()) + " elements, float64 " + std::to_string(vb.size());
+    res.message = what + ": float32 has " + std::to_string(va.size()) + " elements, float64 " +
+                  std::to_string(vb.size());
     return;
   }
   double scale = 0;
@@ -276,7 +301,8 @@ void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string
       if (res.ok) {
         std::ostringstream os;
         os.precision(8);
-        os << what << " at " << index_str(a64.shape(), i) << ": float32 " << va[i] << ", float64 " << vb[i];
+        os << what << " at " << index_str(a64.shape(), i) << ": float32 " << va[i] << ", float64 "
+           << vb[i];
         res.message = os.str();
       }
       res.ok = false;
@@ -309,7 +335,8 @@ GradcheckResult check_f32_vs_f64(const OpCase& c) {
   Tensor y64 = c.fn(x64), y32 = c.fn(x32);
   if (y32.dtype() != DType::f32 || y64.dtype() != DType::f64) {
     res.ok = false;
-    res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " + dtype_name(y64.dtype());
+    res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " +
+                  dtype_name(y64.dtype());
     return res;
   }
   compare_precisions(res, c, "output", y32, y64);
@@ -342,8 +369,12 @@ GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c) {
   const auto a64 = second_gradients(c.fn, x64, s64);
   for (size_t k = 0; k < a64.size(); ++k) {
     const Shape& shape = s64.wrt[k].shape();
-    compare_precisions(res, c, "second-order grad of " + std::string(k + 1 == a64.size() ? "the upstream gradient" : "input " + std::to_string(s64.index[k])),
-                       from_vector(a32[k], shape, DType::f64), from_vector(a64[k], shape, DType::f64));
+    compare_precisions(
+        res, c,
+        "second-order grad of " + std::string(k + 1 == a64.size()
+                                                  ? "the upstream gradient"
+                                                  : "input " + std::to_string(s64.index[k])),
+        from_vector(a32[k], shape, DType::f64), from_vector(a64[k], shape, DType::f64));
   }
   return res;
 }

@@ -19,16 +19,16 @@ using OpFn = std::function<Tensor(const Tensors&)>;
 /// Tolerances of gradcheck(), PyTorch gradcheck's defaults: an element passes when
 /// |analytic - numeric| <= atol + rtol * |numeric|.
 struct GradcheckOptions {
-  double eps = 1e-6;   ///< central-difference step
-  double atol = 1e-5;  ///< absolute tolerance
-  double rtol = 1e-3;  ///< relative tolerance (of |numeric|)
+  double eps = 1e-6;     ///< central-difference step
+  double atol = 1e-5;    ///< absolute tolerance
+  double rtol = 1e-3;    ///< relative tolerance (of |numeric|)
   uint64_t seed = 1234;  ///< for the random upstream gradient
 };
 
 /// The verdict of gradcheck() or check_f32_vs_f64().
 struct GradcheckResult {
-  bool ok = true;  ///< every element within tolerance
-  std::string message;  ///< the worst element on failure: input, index, analytic, numeric
+  bool ok = true;          ///< every element within tolerance
+  std::string message;     ///< the worst element on failure: input, index, analytic, numeric
   double max_abs_err = 0;  ///< the largest absolute difference seen
 };
 
@@ -48,6 +48,7 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
 /// Inputs are modified in place while it runs and restored.
 /// @throws graft::Error as gradcheck(), and the error of an op declared without a double
 ///         backward (declare_op()) when fn uses one.
-GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const GradcheckOptions& opt = {});
+GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs,
+                              const GradcheckOptions& opt = {});
 
 }  // namespace graft

@@ -30,6 +30,7 @@ class KeepModulePaths {
 /// recorded is its leaf alone.
 /// @throws graft::Error when `t` is undefined, was recorded on another thread's tape, or its
 ///         entry belongs to a tape cleared since.
-std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, Tensor>>& leaf_names = {});
+std::string graph_dot(const Tensor& t,
+                      const std::vector<std::pair<std::string, Tensor>>& leaf_names = {});
 
 }  // namespace graft::autograd

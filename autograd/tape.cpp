@@ -92,19 +92,22 @@ thread_local GradReadyHook t_grad_ready;
 thread_local int t_keep_paths = 0;  // live KeepModulePaths objects
 bool keeping_paths() { return t_anomaly || t_keep_paths > 0; }
 
-std::string in_path(const std::string& path) { return path.empty() ? std::string() : " in " + path; }
+std::string in_path(const std::string& path) {
+  return path.empty() ? std::string() : " in " + path;
+}
 
 // Anomaly mode's forward check: inputs that reach a recorded op already non-finite came from
 // outside the tape (data, a parameter, an op run without grad); outputs name this op.
 void check_forward(const char* op, const Tensors& inputs, const Tensors& outputs) {
   for (size_t k = 0; k < inputs.size(); ++k)
     if (const char* bad = inputs[k].defined() ? nonfinite_kind(inputs[k]) : nullptr)
-      fail(std::string("anomaly: input ") + std::to_string(k) + " of '" + op + "' (" + describe(inputs[k]) + ")" +
-           in_path(name_scope_path()) + " holds " + bad + " (it was made outside the tape: data, a parameter or an op run without grad)");
+      fail(std::string("anomaly: input ") + std::to_string(k) + " of '" + op + "' (" +
+           describe(inputs[k]) + ")" + in_path(name_scope_path()) + " holds " + bad +
+           " (it was made outside the tape: data, a parameter or an op run without grad)");
   for (auto& o : outputs)
     if (const char* bad = nonfinite_kind(o))
-      fail(std::string("anomaly: forward of '") + op + "' (" + describe(o) + ")" + in_path(name_scope_path()) +
-           " produced " + bad);
+      fail(std::string("anomaly: forward of '") + op + "' (" + describe(o) + ")" +
+           in_path(name_scope_path()) + " produced " + bad);
 }
 
 // "backward of 'mul'", or, under create_graph or above the first order, "second backward of
@@ -117,7 +120,8 @@ std::string backward_of(const Entry& e, bool create) {
 void check_backward(const Entry& e, const Tensors& dins, bool create) {
   for (auto& g : dins)
     if (const char* bad = g.defined() ? nonfinite_kind(g) : nullptr)
-      fail("anomaly: " + backward_of(e, create) + " (" + describe(g) + ")" + in_path(e.path) + " produced " + bad);
+      fail("anomaly: " + backward_of(e, create) + " (" + describe(g) + ")" + in_path(e.path) +
+           " produced " + bad);
 }
 
 std::vector<OpDecl>& decls() {
@@ -139,7 +143,9 @@ const OpDecl* find_decl(const char* name) {
 
 // A tensor produced by an entry of another thread's tape (see tape.h: a graph belongs to the
 // thread that recorded it).
-bool from_other_thread(const TensorImpl* t) { return t->tape_index >= 0 && t->tape_id != t_tape.id; }
+bool from_other_thread(const TensorImpl* t) {
+  return t->tape_index >= 0 && t->tape_id != t_tape.id;
+}
 
 // A tensor produced by an entry of an earlier epoch (the tape was cleared since).
 bool from_old_epoch(const TensorImpl* t) {
@@ -150,7 +156,8 @@ bool from_old_epoch(const TensorImpl* t) {
 // and the tensor, such as "backward: the root".
 void check_this_thread(const TensorImpl* t, const std::string& what) {
   if (from_other_thread(t))
-    fail(what + " was recorded on another thread's tape; a graph belongs to the thread that "
+    fail(what +
+         " was recorded on another thread's tape; a graph belongs to the thread that "
          "recorded it: run its forward and backward() on one thread (detach() the tensor to use "
          "its value on another)");
 }
@@ -163,7 +170,8 @@ void mark_saved(Entry& e, bool on) {
     if (!e.saved[i].defined()) continue;
     Storage* s = e.saved[i].impl()->storage.get();
     bool repeat = false;  // a handful of saved tensors: a scan beats a set
-    for (size_t j = 0; j < i && !repeat; ++j) repeat = e.saved[j].defined() && e.saved[j].impl()->storage.get() == s;
+    for (size_t j = 0; j < i && !repeat; ++j)
+      repeat = e.saved[j].defined() && e.saved[j].impl()->storage.get() == s;
     if (repeat) continue;
     if (on) ++s->saved_by_tape;
     else --s->saved_by_tape;
@@ -193,10 +201,13 @@ void compact_if_empty() {
 // `entry` names the freed entry: "the tape entry of 'mul'", or "the tape entry that produced
 // this tensor" once the tape was cleared.
 [[noreturn]] void already_freed(const std::string& entry) {
-  fail("autograd: " + entry + " was already freed by an earlier backward(); run the forward again, or pass "
+  fail("autograd: " + entry +
+       " was already freed by an earlier backward(); run the forward again, or pass "
        "retain_graph=true to the first backward");
 }
-[[noreturn]] void already_freed(const char* op) { already_freed(std::string("the tape entry of '") + op + "'"); }
+[[noreturn]] void already_freed(const char* op) {
+  already_freed(std::string("the tape entry of '") + op + "'");
+}
 
 }  // namespace
 
@@ -208,7 +219,8 @@ void check_unmodified(const Entry& e, bool create) {
     if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
       fail(backward_of(e, create) + ": saved tensor " + std::to_string(s) + " (" +
            describe(e.saved[s]) + ") was modified in place after the op ran (version " +
-           std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) + ")");
+           std::to_string(e.saved_versions[s]) + " -> " + std::to_string(e.saved[s].version()) +
+           ")");
   }
   for (size_t s = 0; s < e.kept_sources.size(); ++s) {
     const std::shared_ptr<Storage> src = e.kept_sources[s].first.lock();
@@ -219,14 +231,15 @@ void check_unmodified(const Entry& e, bool create) {
   }
 }
 
-}
+}  // namespace
 
 std::vector<SavedBytes> saved_bytes_by_op() {
   std::vector<SavedBytes> out;
   std::unordered_set<const Storage*> seen;
   for (auto& e : t_tape.entries) {
     if (e.freed) continue;
-    auto it = std::find_if(out.begin(), out.end(), [&](const SavedBytes& s) { return s.op == e.op; });
+    auto it =
+        std::find_if(out.begin(), out.end(), [&](const SavedBytes& s) { return s.op == e.op; });
     if (it == out.end()) it = out.insert(out.end(), SavedBytes{e.op, 0, 0});
     ++it->entries;
     for (auto& t : e.saved)
@@ -358,8 +371,11 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
       r.dtype = t.dtype();
       r.needs = ti->requires_grad;
       if (ti->tape_index >= 0) {
-        check_this_thread(ti, std::string("record: input ") + std::to_string(e.inputs.size()) + " of '" + op + "'");
-        if (from_old_epoch(ti)) already_freed(std::string("the tape entry that produced input ") + std::to_string(e.inputs.size()) + " of '" + op + "'");
+        check_this_thread(ti, std::string("record: input ") + std::to_string(e.inputs.size()) +
+                                  " of '" + op + "'");
+        if (from_old_epoch(ti))
+          already_freed(std::string("the tape entry that produced input ") +
+                        std::to_string(e.inputs.size()) + " of '" + op + "'");
         r.index = ti->tape_index;
         r.slot = ti->tape_slot;
       } else if (ti->requires_grad) {
@@ -532,7 +548,8 @@ void capture_outputs(Pass& p, int64_t i, std::vector<Grad>& pend) {
 }
 
 bool is_target(const Pass& p, const Route& r) {
-  return r.leaf ? p.leaf_target.count(r.leaf.get()) > 0 : p.entry_target.count({r.index, r.slot}) > 0;
+  return r.leaf ? p.leaf_target.count(r.leaf.get()) > 0
+                : p.entry_target.count({r.index, r.slot}) > 0;
 }
 
 // Whether route r can carry a gradient the pass wants: every one for backward(); for grad(), one
@@ -562,7 +579,8 @@ Tensors take_pending(const Entry& e, std::vector<Grad>& pend, bool create) {
 // An op declared without a double backward, run under create_graph: its gradients (computed
 // without recording) become the outputs of an entry whose backward is the error, so asking for
 // the next derivative names the op and the order.
-void record_no_double_backward(const Entry& e, const Tensors& dout, const Tensors& saved, Tensors& dins) {
+void record_no_double_backward(const Entry& e, const Tensors& dout, const Tensors& saved,
+                               Tensors& dins) {
   Tensors from;
   for (const Tensor& d : dout)
     if (d.requires_grad()) from.push_back(d);
@@ -575,9 +593,10 @@ void record_no_double_backward(const Entry& e, const Tensors& dout, const Tensor
     outs.push_back(g);
   }
   if (from.empty() || outs.empty()) return;
-  const std::string msg = ordinal(t_record_order) + " backward of '" + e.op + "': '" + e.op +
-                          "' was declared without a double backward (GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE); "
-                          "its gradients cannot be differentiated again";
+  const std::string msg =
+      ordinal(t_record_order) + " backward of '" + e.op + "': '" + e.op +
+      "' was declared without a double backward (GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE); "
+      "its gradients cannot be differentiated again";
   record(e.op, from, outs, {}, [msg](const Ctx&, const Tensors&) -> Tensors { fail(msg); });
 }
 
@@ -623,7 +642,8 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
     dins = e.fn(ctx, dout);
   }
   if (t_profile.on) {
-    t_profile.ops[e.op].backward_s += std::chrono::duration<double>(ProfileClock::now() - t0).count();
+    t_profile.ops[e.op].backward_s +=
+        std::chrono::duration<double>(ProfileClock::now() - t0).count();
     t_profile.last = ProfileClock::now();
   }
   if (t_anomaly) check_backward(e, dins, p.create);
@@ -633,8 +653,8 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   // so memory falls during backward instead of peaking with every gradient on top.
   if (!p.retain) free_entry(e);
   if (dins.size() != e.inputs.size())
-    fail(backward_of(e, p.create) + ": returned " + std::to_string(dins.size()) + " gradients for " +
-         std::to_string(e.inputs.size()) + " inputs");
+    fail(backward_of(e, p.create) + ": returned " + std::to_string(dins.size()) +
+         " gradients for " + std::to_string(e.inputs.size()) + " inputs");
   for (size_t k = 0; k < dins.size(); ++k) {
     const Route& r = e.inputs[k];
     Tensor& g = dins[k];
@@ -642,8 +662,8 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
     // A gradient of a shape the input was broadcast to is summed back here, once for every
     // op (add, mul, where, the attention bias...); any other mismatch is a bug in the op.
     if (g.dtype() != r.dtype || !broadcasts_to(r.shape, g.shape()))
-      fail(backward_of(e, p.create) + ": gradient for input " + std::to_string(k) + " is " + describe(g) +
-           " but the input is " + describe(r.dtype, r.shape));
+      fail(backward_of(e, p.create) + ": gradient for input " + std::to_string(k) + " is " +
+           describe(g) + " but the input is " + describe(r.dtype, r.shape));
     if (g.shape() != r.shape) g = p.create ? reduce_grad(g, r.shape) : sum_to_shape(g, r.shape);
     route_gradient(p, r, g);
   }
@@ -683,14 +703,17 @@ void seed(Pass& p, const Tensor& out, const Tensor& g) {
 
 // The gradient an output is seeded with: `g`, or ones for a one-element output. `caller` and
 // `name` ("backward", "root") name them in errors.
-Tensor seed_for(const Tensor& out, const Tensor& g, const std::string& caller, const std::string& name) {
+Tensor seed_for(const Tensor& out, const Tensor& g, const std::string& caller,
+                const std::string& name) {
   if (!g.defined()) {
     if (out.numel() != 1)
-      fail(caller + ": " + name + " " + describe(out) + " is not a scalar; pass an upstream gradient of the same shape");
+      fail(caller + ": " + name + " " + describe(out) +
+           " is not a scalar; pass an upstream gradient of the same shape");
     return full(out.shape(), 1.0, out.dtype());
   }
   if (g.shape() != out.shape() || g.dtype() != out.dtype())
-    fail(caller + ": upstream gradient " + describe(g) + " does not match " + name + " " + describe(out));
+    fail(caller + ": upstream gradient " + describe(g) + " does not match " + name + " " +
+         describe(out));
   return g;
 }
 
@@ -753,7 +776,8 @@ void mark_targets(Pass& p, const Tensors& inputs, const char* caller) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     const std::string what = std::string(caller) + ": input " + std::to_string(k);
     if (!inputs[k].defined()) fail(what + " is an undefined tensor");
-    if (!inputs[k].requires_grad()) fail(what + " " + describe(inputs[k]) + " does not require grad");
+    if (!inputs[k].requires_grad())
+      fail(what + " " + describe(inputs[k]) + " does not require grad");
     check_live(inputs[k].impl(), what);
     const TensorImpl* t = inputs[k].impl();
     if (t->tape_index < 0) p.leaf_target.emplace(t, k);
@@ -779,10 +803,13 @@ Tensors run_capture(Pass& p, const Tensors& outputs, const Tensors& seeds, const
     // An output that is itself an input: its seed is (part of) that input's gradient, and a pass
     // that stops at targets goes no further with it.
     const auto leaf = p.leaf_target.find(t);
-    const auto entry = t->tape_index >= 0 ? p.entry_target.find({t->tape_index, t->tape_slot}) : p.entry_target.end();
-    if (p.stop_at_targets && entry != p.entry_target.end()) add_gradient(p.captured[entry->second], seeds[k], p.create);
+    const auto entry = t->tape_index >= 0 ? p.entry_target.find({t->tape_index, t->tape_slot})
+                                          : p.entry_target.end();
+    if (p.stop_at_targets && entry != p.entry_target.end())
+      add_gradient(p.captured[entry->second], seeds[k], p.create);
     else if (t->tape_index >= 0) seed(p, outputs[k], seeds[k]);
-    else if (leaf != p.leaf_target.end()) add_gradient(p.captured[leaf->second], seeds[k], p.create);
+    else if (leaf != p.leaf_target.end())
+      add_gradient(p.captured[leaf->second], seeds[k], p.create);
   }
   if (p.top >= 0) run_pass(p);
   Tensors out(inputs.size());
@@ -795,12 +822,13 @@ Tensors run_capture(Pass& p, const Tensors& outputs, const Tensors& seeds, const
 
 }  // namespace
 
-Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs, const GradOptions& opt) {
+Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_outputs,
+             const GradOptions& opt) {
   if (outputs.empty()) fail("grad: no outputs given");
   if (inputs.empty()) fail("grad: no inputs given");
   if (!grad_outputs.empty() && grad_outputs.size() != outputs.size())
-    fail("grad: " + std::to_string(grad_outputs.size()) + " grad_outputs for " + std::to_string(outputs.size()) +
-         " outputs");
+    fail("grad: " + std::to_string(grad_outputs.size()) + " grad_outputs for " +
+         std::to_string(outputs.size()) + " outputs");
   Pass p;
   p.capture = true;
   p.create = opt.create_graph;
@@ -810,15 +838,18 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
     const std::string what = "grad: output " + std::to_string(k);
     if (!outputs[k].defined()) fail(what + " is an undefined tensor");
     if (!outputs[k].requires_grad())
-      fail(what + " " + describe(outputs[k]) + " does not require grad (no input of the ops that made it requires grad)");
+      fail(what + " " + describe(outputs[k]) +
+           " does not require grad (no input of the ops that made it requires grad)");
     check_live(outputs[k].impl(), what);
-    seeds.push_back(seed_for(outputs[k], grad_outputs.empty() ? Tensor() : grad_outputs[k], "grad", "output " + std::to_string(k)));
+    seeds.push_back(seed_for(outputs[k], grad_outputs.empty() ? Tensor() : grad_outputs[k], "grad",
+                             "output " + std::to_string(k)));
     p.top = std::max(p.top, outputs[k].impl()->tape_index);
   }
   mark_targets(p, inputs, "grad");
   Tensors out = run_capture(p, outputs, seeds, inputs);
   for (size_t k = 0; k < inputs.size(); ++k) {
-    for (size_t j = 0; j < k && !out[k].defined(); ++j)  // an input given twice gets one gradient at both
+    for (size_t j = 0; j < k && !out[k].defined();
+         ++j)  // an input given twice gets one gradient at both
       if (inputs[j].impl() == inputs[k].impl()) out[k] = out[j];
     if (!out[k].defined() && !opt.allow_unused)
       fail("grad: input " + std::to_string(k) + " " + describe(inputs[k]) +
@@ -829,7 +860,8 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
 
 Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, const Tensors& inputs,
                       const Tensors& dout, const std::vector<bool>& needs) {
-  if (!t_grad_enabled) fail("differentiate: called with grad mode off (it belongs in a backward under create_graph)");
+  if (!t_grad_enabled)
+    fail("differentiate: called with grad mode off (it belongs in a backward under create_graph)");
   Tensors targets;
   std::vector<size_t> at;
   for (size_t k = 0; k < inputs.size(); ++k)
@@ -885,7 +917,8 @@ GRAFT_DECLARE_OP("expand_grad", "autograd");
 namespace {
 void check_grad_arg(const char* op, const Tensor& t) {
   check_defined(t, op, "the gradient");
-  if (!is_floating(t.dtype())) fail(std::string(op) + ": expected a float tensor, got " + describe(t));
+  if (!is_floating(t.dtype()))
+    fail(std::string(op) + ": expected a float tensor, got " + describe(t));
 }
 }  // namespace
 
@@ -898,7 +931,9 @@ Tensor accumulate_grad(const Tensor& a, const Tensor& b) {
   Tensor out = contiguous_copy(a);
   accumulate_into(out, b);
   if (needs_record({a, b}))
-    record("accumulate_grad", {a, b}, {out}, {}, [](const Ctx&, const Tensors& dout) { return Tensors{dout[0], dout[0]}; });
+    record("accumulate_grad", {a, b}, {out}, {}, [](const Ctx&, const Tensors& dout) {
+      return Tensors{dout[0], dout[0]};
+    });
   return out;
 }
 
@@ -939,18 +974,22 @@ void retain_grad(const Tensor& t) {
   TensorImpl* ti = t.impl();
   if (ti->tape_index < 0) {
     if (!ti->requires_grad)
-      fail("retain_grad: tensor " + describe(t) + " does not require grad (a leaf needs requires_grad_() first)");
+      fail("retain_grad: tensor " + describe(t) +
+           " does not require grad (a leaf needs requires_grad_() first)");
     return;  // a leaf that requires grad keeps its gradient anyway
   }
   check_this_thread(ti, "retain_grad: the tensor " + describe(t));
   if (from_old_epoch(ti) || t_tape.entries[ti->tape_index].freed)
-    fail("retain_grad: the tape entry that produced " + describe(t) + " was already freed by a backward()");
+    fail("retain_grad: the tape entry that produced " + describe(t) +
+         " was already freed by a backward()");
   Entry& e = t_tape.entries[ti->tape_index];
   if (e.retained.empty()) e.retained.resize(e.out_shapes.size());
   e.retained[ti->tape_slot] = t.impl_ptr();
 }
 
-GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) { t_grad_ready = std::move(hook); }
+GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) {
+  t_grad_ready = std::move(hook);
+}
 GradReadyScope::~GradReadyScope() { t_grad_ready = std::move(prev_); }
 
 void clear_tape() {
@@ -1003,14 +1042,17 @@ struct Cluster {
   std::map<std::string, Cluster> children;
 };
 
-void write_cluster(std::string& dot, const std::string& label, const Cluster& c, int& next_id, int depth) {
+void write_cluster(std::string& dot, const std::string& label, const Cluster& c, int& next_id,
+                   int depth) {
   const std::string pad(2 * depth, ' ');
   if (depth > 0)
-    dot += pad + "subgraph cluster_" + std::to_string(next_id++) + " {\n" + pad + "  label=\"" + dot_escape(label) + "\";\n";
+    dot += pad + "subgraph cluster_" + std::to_string(next_id++) + " {\n" + pad + "  label=\"" +
+           dot_escape(label) + "\";\n";
   for (int64_t i : c.entries) {
     const Entry& e = t_tape.entries[i];
     std::string text = dot_escape(e.op);
-    for (size_t k = 0; k < e.out_shapes.size(); ++k) text += "\\n" + describe(e.out_dtypes[k], e.out_shapes[k]);
+    for (size_t k = 0; k < e.out_shapes.size(); ++k)
+      text += "\\n" + describe(e.out_dtypes[k], e.out_shapes[k]);
     dot += pad + "  " + node_id('e', i) + " [label=\"" + text + "\"];\n";
   }
   for (const auto& [name, child] : c.children) write_cluster(dot, name, child, next_id, depth + 1);
@@ -1019,17 +1061,20 @@ void write_cluster(std::string& dot, const std::string& label, const Cluster& c,
 
 }  // namespace
 
-std::string graph_dot(const Tensor& t, const std::vector<std::pair<std::string, Tensor>>& leaf_names) {
+std::string graph_dot(const Tensor& t,
+                      const std::vector<std::pair<std::string, Tensor>>& leaf_names) {
   if (!t.defined()) fail("graph_dot: the tensor is undefined");
   const TensorImpl* ti = t.impl();
   check_this_thread(ti, "graph_dot: the tensor");
-  if (from_old_epoch(ti)) fail("graph_dot: the tensor's graph was freed (the tape was cleared since it was made)");
+  if (from_old_epoch(ti))
+    fail("graph_dot: the tensor's graph was freed (the tape was cleared since it was made)");
   std::map<const TensorImpl*, std::string> names;
   for (const auto& [name, leaf] : leaf_names)
     if (leaf.defined()) names.emplace(leaf.impl(), name);
   auto leaf_label = [&](const TensorImpl* leaf, DType dt, const Shape& shape) {
     auto it = names.find(leaf);
-    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" + describe(dt, shape);
+    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" +
+           describe(dt, shape);
   };
   std::string dot = "digraph graft {\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
   if (ti->tape_index < 0) {  // nothing recorded behind it

@@ -5,7 +5,8 @@
 /// gradients of its outputs, and routes the returned input gradients either to the entry that
 /// produced that input or, for a leaf, into its .grad.
 ///
-/// Writing an op (docs/ops.md, "Adding an op"; the backward is a function named <tt>name_backward</tt> above it):
+/// Writing an op (docs/ops.md, "Adding an op"; the backward is a function named
+/// <tt>name_backward</tt> above it):
 /// @code
 ///   Tensor out = ...forward...;
 ///   if (autograd::needs_record({a, b}))
@@ -220,7 +221,8 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
 /// no gradient reaches it.
 /// @code
 ///   if (c.create_graph)   // in the backward of an op saved as {x, w}
-///     return autograd::differentiate([](const Tensors& in) { return Tensors{composed_op(in[0], in[1])}; },
+///     return autograd::differentiate([](const Tensors& in) { return Tensors{composed_op(in[0],
+///     in[1])}; },
 ///                                    c.saved, dout, c.needs);
 /// @endcode
 /// @throws graft::Error when grad mode is off (it belongs in a backward under create_graph), the
@@ -338,10 +340,10 @@ const std::vector<OpDecl>& declared_ops();
 #define GRAFT_CONCAT(a, b) GRAFT_CONCAT_INNER(a, b)
 /// Declares an op at namespace scope in its .cpp file: `GRAFT_DECLARE_OP("mul", "elementwise");`
 /// (see declare_op()); record() refuses an op that was never declared.
-#define GRAFT_DECLARE_OP(name, family)                          \
+#define GRAFT_DECLARE_OP(name, family)                                           \
   [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
       ::graft::autograd::declare_op(name, family)
 /// Declares an op whose backward has no derivative of its own (see declare_op()).
-#define GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE(name, family)                          \
+#define GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE(name, family)                       \
   [[maybe_unused]] static const bool GRAFT_CONCAT(graft_op_decl_, __COUNTER__) = \
       ::graft::autograd::declare_op(name, family, false)

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <type_traits>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "graft/autograd/tape.h"
@@ -16,18 +16,24 @@ namespace graft {
 
 size_t dtype_size(DType dt) {
   switch (dt) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i64: return 8;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 const char* dtype_name(DType dt) {
   switch (dt) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
   }
   return "?";
 }
@@ -50,7 +56,8 @@ int64_t shape_numel(const Shape& s) {
     if (d == 0) return 0;
   int64_t n = 1;
   for (auto d : s)
-    if (__builtin_mul_overflow(n, d, &n)) fail("shape " + shape_str(s) + " has more than 2^63 - 1 elements");
+    if (__builtin_mul_overflow(n, d, &n))
+      fail("shape " + shape_str(s) + " has more than 2^63 - 1 elements");
   return n;
 }
 
@@ -93,13 +100,14 @@ Tensor Tensor::empty(const Shape& shape, DType dt) {
   const int64_t n = shape_numel(shape);
   int64_t bytes = 0;
   if (__builtin_mul_overflow(n, (int64_t)dtype_size(dt), &bytes))
-    fail("empty: shape " + shape_str(shape) + " of " + dtype_name(dt) + " needs more than 2^63 bytes");
+    fail("empty: shape " + shape_str(shape) + " of " + dtype_name(dt) +
+         " needs more than 2^63 bytes");
   auto impl = std::make_shared<TensorImpl>();
   try {
     impl->storage = std::make_shared<Storage>((size_t)bytes);
   } catch (const std::bad_alloc&) {
-    fail("empty: cannot allocate " + std::to_string(bytes) + " bytes for shape " + shape_str(shape) + " of " +
-         dtype_name(dt));
+    fail("empty: cannot allocate " + std::to_string(bytes) + " bytes for shape " +
+         shape_str(shape) + " of " + dtype_name(dt));
   }
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
@@ -113,7 +121,8 @@ Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& stri
                        int64_t offset) {
   check_defined(base, "view_of", "the base");
   if (shape.size() != strides.size())
-    fail("view_of: shape " + shape_str(shape) + " and strides " + shape_str(strides) + " differ in rank");
+    fail("view_of: shape " + shape_str(shape) + " and strides " + shape_str(strides) +
+         " differ in rank");
   if (shape_numel(shape) > 0) {
     __int128 lo = offset, hi = offset;
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -123,7 +132,8 @@ Tensor Tensor::view_of(const Tensor& base, const Shape& shape, const Shape& stri
     const int64_t elems = (int64_t)(base.impl_->storage->nbytes / dtype_size(base.dtype()));
     if (lo < 0 || hi >= elems)
       fail("view_of: shape " + shape_str(shape) + ", strides " + shape_str(strides) + ", offset " +
-           std::to_string(offset) + " reach outside a storage of " + std::to_string(elems) + " elements");
+           std::to_string(offset) + " reach outside a storage of " + std::to_string(elems) +
+           " elements");
   }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = base.impl_->storage;
@@ -215,8 +225,9 @@ template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
 
 double Tensor::item() const {
   state("item");
-  if (numel() != 1) fail("item: tensor of shape " + shape_str(shape()) + " has " +
-                         std::to_string(numel()) + " elements, expected 1");
+  if (numel() != 1)
+    fail("item: tensor of shape " + shape_str(shape()) + " has " + std::to_string(numel()) +
+         " elements, expected 1");
   return to_vector<double>()[0];
 }
 
@@ -261,7 +272,10 @@ void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) 
 }
 
 std::string describe(DType dt, const Shape& shape) {
-  return std::string(dt == DType::f32 ? "f32 " : dt == DType::f64 ? "f64 " : "i64 ") + shape_str(shape);
+  return std::string(dt == DType::f32   ? "f32 "
+                     : dt == DType::f64 ? "f64 "
+                                        : "i64 ") +
+         shape_str(shape);
 }
 
 std::string describe(const Tensor& t) {
@@ -328,9 +342,15 @@ static void fill_seq(const Tensor& t, F&& f) {
 
 static void fill_all(const Tensor& t, const std::function<double(int64_t)>& f) {
   switch (t.dtype()) {
-    case DType::f32: fill_seq<float>(t, f); break;
-    case DType::f64: fill_seq<double>(t, f); break;
-    case DType::i64: fill_seq<int64_t>(t, f); break;
+    case DType::f32:
+      fill_seq<float>(t, f);
+      break;
+    case DType::f64:
+      fill_seq<double>(t, f);
+      break;
+    case DType::i64:
+      fill_seq<int64_t>(t, f);
+      break;
   }
 }
 
@@ -374,9 +394,15 @@ template Tensor from_vector(const std::vector<float>&, const Shape&, DType);
 template Tensor from_vector(const std::vector<double>&, const Shape&, DType);
 template Tensor from_vector(const std::vector<int64_t>&, const Shape&, DType);
 template Tensor from_vector(const std::vector<int>&, const Shape&, DType);
-Tensor from_vector(const std::vector<float>& v, const Shape& s) { return from_vector(v, s, DType::f32); }
-Tensor from_vector(const std::vector<double>& v, const Shape& s) { return from_vector(v, s, DType::f64); }
-Tensor from_vector(const std::vector<int64_t>& v, const Shape& s) { return from_vector(v, s, DType::i64); }
+Tensor from_vector(const std::vector<float>& v, const Shape& s) {
+  return from_vector(v, s, DType::f32);
+}
+Tensor from_vector(const std::vector<double>& v, const Shape& s) {
+  return from_vector(v, s, DType::f64);
+}
+Tensor from_vector(const std::vector<int64_t>& v, const Shape& s) {
+  return from_vector(v, s, DType::i64);
+}
 
 Tensor rand(const Shape& shape, DType dt, Generator& gen, double lo, double hi) {
   Tensor t = Tensor::empty(shape, dt);
@@ -398,16 +424,19 @@ Tensor randn(const Shape& shape, DType dt, Generator& gen, double mean, double s
 template <class D, class S>
 static bool copy_transposed(const Tensor& dst, const Tensor& src, D* d, const S* s) {
   const int64_t r = src.dim();
-  if (r < 2 || !dst.is_contiguous() || src.strides()[r - 2] != 1 || src.strides()[r - 1] <= 1) return false;
+  if (r < 2 || !dst.is_contiguous() || src.strides()[r - 2] != 1 || src.strides()[r - 1] <= 1)
+    return false;
   const Shape& shp = src.shape();
   const int64_t R = shp[r - 2], C = shp[r - 1], ld = src.strides()[r - 1];
   if (R < 2 || C < 2) return false;
   constexpr int64_t kTile = 32;
-  const int64_t tr = (R + kTile - 1) / kTile, tc = (C + kTile - 1) / kTile, batch = src.numel() / (R * C);
+  const int64_t tr = (R + kTile - 1) / kTile, tc = (C + kTile - 1) / kTile,
+                batch = src.numel() / (R * C);
   const int64_t jobs = batch * tr * tc;
 #pragma omp parallel for if (src.numel() > 1 << 15) schedule(static)
   for (int64_t job = 0; job < jobs; ++job) {
-    const int64_t b = job / (tr * tc), t = job % (tr * tc), i0 = t / tc * kTile, j0 = t % tc * kTile;
+    const int64_t b = job / (tr * tc), t = job % (tr * tc), i0 = t / tc * kTile,
+                  j0 = t % tc * kTile;
     int64_t rem = b, os = 0;
     for (int64_t k = r - 3; k >= 0; --k) {
       os += rem % shp[k] * src.strides()[k];
@@ -457,9 +486,15 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
 template <class D>
 static void copy_from(const Tensor& dst, const Tensor& src) {
   switch (src.dtype()) {
-    case DType::f32: copy_typed<D, float>(dst, src); break;
-    case DType::f64: copy_typed<D, double>(dst, src); break;
-    case DType::i64: copy_typed<D, int64_t>(dst, src); break;
+    case DType::f32:
+      copy_typed<D, float>(dst, src);
+      break;
+    case DType::f64:
+      copy_typed<D, double>(dst, src);
+      break;
+    case DType::i64:
+      copy_typed<D, int64_t>(dst, src);
+      break;
   }
 }
 
@@ -493,7 +528,8 @@ bool has_overlapping_elements(const Tensor& t) {
 // The bytes [first, last] of its storage a non-empty view reads or writes.
 std::pair<int64_t, int64_t> byte_span(const Tensor& t) {
   int64_t lo = t.offset(), hi = t.offset();
-  for (int64_t i = 0; i < t.dim(); ++i) (t.strides()[i] < 0 ? lo : hi) += (t.shape()[i] - 1) * t.strides()[i];
+  for (int64_t i = 0; i < t.dim(); ++i)
+    (t.strides()[i] < 0 ? lo : hi) += (t.shape()[i] - 1) * t.strides()[i];
   const int64_t size = (int64_t)dtype_size(t.dtype());
   return {lo * size, hi * size + size - 1};
 }
@@ -522,9 +558,15 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() == DType::i64 && is_floating(src.dtype()))  // the cast of NaN or +-1e30 is UB
     for (double v : src.to_vector<double>()) int64_of(v, "copy_into (to int64)");
   switch (dst.dtype()) {
-    case DType::f32: copy_from<float>(dst, src); break;
-    case DType::f64: copy_from<double>(dst, src); break;
-    case DType::i64: copy_from<int64_t>(dst, src); break;
+    case DType::f32:
+      copy_from<float>(dst, src);
+      break;
+    case DType::f64:
+      copy_from<double>(dst, src);
+      break;
+    case DType::i64:
+      copy_from<int64_t>(dst, src);
+      break;
   }
   dst.bump_version();
 }
@@ -641,7 +683,8 @@ Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale)
   if (!is_floating(x.dtype())) fail("sum_axes: expected a float tensor, got " + describe(x));
   for (size_t i = 0; i < axes.size(); ++i)
     if (axes[i] < 0 || axes[i] >= x.dim() || (i > 0 && axes[i] <= axes[i - 1]))
-      fail("sum_axes: axes " + shape_str(axes) + " are not sorted, distinct axes of " + describe(x));
+      fail("sum_axes: axes " + shape_str(axes) + " are not sorted, distinct axes of " +
+           describe(x));
   Shape shape = x.shape();
   for (int64_t a : axes) shape[a] = 1;
   if (x.numel() == 0) return zeros(shape, x.dtype());

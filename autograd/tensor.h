@@ -85,13 +85,14 @@ struct Storage {
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;  ///< the first byte (64-byte aligned)
   size_t nbytes = 0;     ///< bytes requested
-  size_t capacity = 0;  ///< bytes actually allocated (>= nbytes; big blocks come from a cache)
+  size_t capacity = 0;   ///< bytes actually allocated (>= nbytes; big blocks come from a cache)
   uint64_t version = 0;  ///< bumped by every in-place write through any view (Tensor::bump_version)
   /// How many live tape entries save a tensor of this storage: an op may keep a smaller copy of an
   /// input for its backward instead of the input itself only when no other entry keeps it anyway.
   std::atomic<uint32_t> saved_by_tape{0};
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
-  static size_t peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
+  static size_t
+  peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
   /// Starts a new peak measurement at the current live_bytes().
   static void reset_peak_live_bytes();
   static size_t cached_bytes();  ///< freed big blocks kept for reuse (not counted in live_bytes)
@@ -101,13 +102,13 @@ struct Storage {
 /// through Tensor's accessors; the tape fields belong to autograd.
 struct TensorImpl {
   std::shared_ptr<Storage> storage;  ///< the memory, shared with every view
-  int64_t offset = 0;  ///< in elements
+  int64_t offset = 0;                ///< in elements
   /// Layout: the size and the stride (in elements) of each dimension.
   ///@{
   Shape shape, strides;
   ///@}
-  DType dtype = DType::f32;     ///< element type
-  bool requires_grad = false;   ///< a gradient is wanted (leaf) or flows through it (op output)
+  DType dtype = DType::f32;    ///< element type
+  bool requires_grad = false;  ///< a gradient is wanted (leaf) or flows through it (op output)
   std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves, and retain_grad() outputs)
   /// Tape position of the op that produced this tensor; -1 for leaves.
   int64_t tape_index = -1;
@@ -116,7 +117,7 @@ struct TensorImpl {
   uint64_t tape_id = 0;
   /// Which tape generation tape_index refers to (clear_tape() starts a new one).
   uint64_t tape_epoch = 0;
-  int tape_slot = 0;        ///< which output of its tape entry this tensor is
+  int tape_slot = 0;  ///< which output of its tape entry this tensor is
 };
 
 /// An N-d array handle: shape, strides, dtype and a shared Storage, plus the autograd state.
@@ -138,7 +139,8 @@ class Tensor {
   /// Records nothing on the tape: the autograd-aware views are in ops/shape.h.
   /// @throws graft::Error when `base` is undefined, shape and strides differ in rank or the
   ///         view reaches outside the storage.
-  static Tensor view_of(const Tensor& base, const Shape& shape, const Shape& strides, int64_t offset);
+  static Tensor view_of(const Tensor& base, const Shape& shape, const Shape& strides,
+                        int64_t offset);
 
   bool defined() const { return impl_ != nullptr; }  ///< false for a default-constructed tensor
   TensorImpl* impl() const { return impl_.get(); }   ///< the shared state (null when undefined)
@@ -146,15 +148,15 @@ class Tensor {
 
   // Every accessor below throws graft::Error "Tensor::<name>: called on an undefined tensor"
   // when the tensor is undefined.
-  const Shape& shape() const { return state("shape").shape; }      ///< size of each dimension
+  const Shape& shape() const { return state("shape").shape; }        ///< size of each dimension
   const Shape& strides() const { return state("strides").strides; }  ///< in elements, per dimension
-  int64_t offset() const { return state("offset").offset; }         ///< of element 0, in elements
+  int64_t offset() const { return state("offset").offset; }          ///< of element 0, in elements
   int64_t dim() const { return (int64_t)state("dim").shape.size(); }  ///< the rank (0 for a scalar)
   /// Size of one dimension; negative axes count from the end.
   /// @throws graft::Error when the axis is out of range.
   int64_t size(int64_t axis) const;
   int64_t numel() const { return shape_numel(state("numel").shape); }  ///< number of elements
-  DType dtype() const { return state("dtype").dtype; }  ///< element type
+  DType dtype() const { return state("dtype").dtype; }                 ///< element type
   /// True when the elements lie in row-major order without gaps (size-1 dims may have any stride).
   bool is_contiguous() const;
   /// True when both tensors view the same Storage (possibly different parts of it).
@@ -210,7 +212,8 @@ class Tensor {
   ///         match, a saved tensor was modified in place since the forward, or an entry was
   ///         already freed.
   /// With create_graph the backward is recorded and the graph kept (see autograd::backward()).
-  void backward(const Tensor& grad = Tensor(), bool retain_graph = false, bool create_graph = false) const;
+  void backward(const Tensor& grad = Tensor(), bool retain_graph = false,
+                bool create_graph = false) const;
 
   /// In-place writes must call this so the tape can detect stale saved tensors.
   void bump_version() const { ++state("bump_version").storage->version; }
@@ -261,12 +264,12 @@ class Generator {
   /// A generator starting from `seed`.
   explicit Generator(uint64_t seed = 0x9E3779B97F4A7C15ull) : state_(seed) {}
   uint64_t next_u64();  ///< the next 64 random bits
-  double uniform();  ///< uniform in [0, 1), 53 random bits
-  double normal();   ///< standard normal (Box-Muller, no cached second value: state is one word)
+  double uniform();     ///< uniform in [0, 1), 53 random bits
+  double normal();      ///< standard normal (Box-Muller, no cached second value: state is one word)
   /// Unbiased integer in [0, n) (rejection sampling, no modulo bias).
   /// @throws graft::Error when n is 0.
   uint64_t below(uint64_t n);
-  uint64_t state() const { return state_; }  ///< the whole state, to save
+  uint64_t state() const { return state_; }   ///< the whole state, to save
   void set_state(uint64_t s) { state_ = s; }  ///< restores a state from state()
 
  private:
@@ -385,17 +388,17 @@ void for_each_offset(const Shape& shape, const Shape& strides, F&& f) {
 /// (float or double) in scope, and returns its result: write
 /// `GRAFT_DISPATCH_FLOAT(x.dtype(), "myop", [&] { loop<T>(x); });`.
 /// @throws graft::Error "<opname>: expected a float32 or float64 tensor, got int64" otherwise.
-#define GRAFT_DISPATCH_FLOAT(dt, opname, ...)                                          \
-  [&] {                                                                                \
-    if ((dt) == ::graft::DType::f32) {                                                 \
-      using T = float;                                                                 \
-      return __VA_ARGS__();                                                            \
-    } else if ((dt) == ::graft::DType::f64) {                                          \
-      using T = double;                                                                \
-      return __VA_ARGS__();                                                            \
-    }                                                                                  \
+#define GRAFT_DISPATCH_FLOAT(dt, opname, ...)                                            \
+  [&] {                                                                                  \
+    if ((dt) == ::graft::DType::f32) {                                                   \
+      using T = float;                                                                   \
+      return __VA_ARGS__();                                                              \
+    } else if ((dt) == ::graft::DType::f64) {                                            \
+      using T = double;                                                                  \
+      return __VA_ARGS__();                                                              \
+    }                                                                                    \
     ::graft::fail(std::string(opname) + ": expected a float32 or float64 tensor, got " + \
-                  ::graft::dtype_name(dt));                                            \
+                  ::graft::dtype_name(dt));                                              \
   }()
 
 }  // namespace graft

@@ -8,7 +8,8 @@
 //                                 --batch 1 is one sentence: ms per sentence of 32 new tokens)
 //   graft_bench --what save_model --config ... --out DIR        (the decoding model as a translate
 //                                 run directory: config.json + model.safetensors, no spm.model;
-//                                 examples/translation/ct2_convert.py reads it for bench/ct2_peer.py)
+//                                 examples/translation/ct2_convert.py reads it for
+//                                 bench/ct2_peer.py)
 //   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
 //                                 (the zoo: the models `make lm` and `make classify` train)
 //   graft_bench --what embed --model DIR --sentences FILE [--batch 32]  (sentence embeddings of
@@ -19,7 +20,8 @@
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
-//   --precision int8 (greedy, beam, embed): the linear layers on int8 (weights s8 per output channel)
+//   --precision int8 (greedy, beam, embed): the linear layers on int8 (weights s8 per output
+//   channel)
 //   --ids FILE (greedy, beam): the last timed run's new ids, one line per sentence
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
@@ -40,9 +42,9 @@
 #include <vector>
 
 #include "graft/autograd/tape.h"
+#include "graft/models/config_json.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
-#include "graft/models/config_json.h"
 #include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/checkpoint.h"
@@ -216,8 +218,9 @@ std::string profile_step(const std::function<void()>& step, bool print) {
     fields += (fields.empty() ? "\"" : ",\"") + fam + "\":" + num(m);
     if (matmul_family(fam)) matmul_ms += m;
   }
-  return "\"profile_ms\":{" + fields + "},\"profile_step_ms\":" + num(wall_ms) + ",\"attention_share\":" +
-         num(ms["attention"] / wall_ms) + ",\"nonmatmul_share\":" + num(1 - matmul_ms / wall_ms);
+  return "\"profile_ms\":{" + fields + "},\"profile_step_ms\":" + num(wall_ms) +
+         ",\"attention_share\":" + num(ms["attention"] / wall_ms) +
+         ",\"nonmatmul_share\":" + num(1 - matmul_ms / wall_ms);
 }
 
 // The train benchmark's batch: random source ids, and a target sequence of tgt_len + 1 tokens
@@ -261,11 +264,12 @@ void run_train(const Args& a) {
     if (std::getenv("GRAFT_TAPE_REPORT")) {
       size_t total = 0;
       for (auto& r : autograd::saved_bytes_by_op()) {
-        std::cerr << "  saved by " << r.op << " (" << r.entries << " entries): " << r.bytes / 1048576.0
-                  << " MiB\n";
+        std::cerr << "  saved by " << r.op << " (" << r.entries
+                  << " entries): " << r.bytes / 1048576.0 << " MiB\n";
         total += r.bytes;
       }
-      std::cerr << "  tape total " << total / 1048576.0 << " MiB, live " << before_bwd_mib << " MiB\n";
+      std::cerr << "  tape total " << total / 1048576.0 << " MiB, live " << before_bwd_mib
+                << " MiB\n";
     }
     loss.backward();
     opt.step();
@@ -275,8 +279,8 @@ void run_train(const Args& a) {
   const double t = time_median(a.warmup, a.steps, step);
   const std::string shares = profile_step(step, std::getenv("GRAFT_PROFILE") != nullptr);
   const double weights_mib = Storage::live_bytes() / 1048576.0;
-  emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) +
-       ",\"tok_s\":" + num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +
+  emit("\"what\":\"train\",\"config\":\"" + b.name + "\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
+       num(target_tokens / t) + ",\"target_tokens\":" + std::to_string(target_tokens) +
        ",\"params\":" + std::to_string(model.num_parameters()) + ",\"loss\":" + num(loss_v) +
        ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"live_mib\":" + num(weights_mib) +
        ",\"peak_live_mib\":" + num(Storage::peak_live_bytes() / 1048576.0) +
@@ -298,7 +302,8 @@ void print_backward_profile(const char* title, const std::function<void()>& f) {
   f();
   autograd::set_profiling(false);
   std::cerr << title << ":\n";
-  for (const auto& o : autograd::profile_report()) std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms\n";
+  for (const auto& o : autograd::profile_report())
+    std::cerr << "  " << o.op << " backward " << o.backward_s * 1e3 << " ms\n";
 }
 
 // GRAFT_PROFILE_HVP=1: where a plain backward, the first backward under create_graph and the
@@ -309,7 +314,8 @@ void profile_hvp(const std::function<Tensor()>& loss, const Tensors& params, con
   print_backward_profile("plain", [&] { autograd::grad({l}, params); });
   l = loss();
   Tensors g;
-  print_backward_profile("create_graph", [&] { g = autograd::grad({l}, params, {}, {.create_graph = true}); });
+  print_backward_profile("create_graph",
+                         [&] { g = autograd::grad({l}, params, {}, {.create_graph = true}); });
   const Tensor g_dot_v = dot(g, v);
   print_backward_profile("second", [&] { autograd::grad({g_dot_v}, params); });
 }
@@ -352,10 +358,11 @@ void run_hvp(const Args& a) {
   const double t_step = time_median(a.warmup, a.steps, step);
   const double t_hvp = time_median(a.warmup, a.steps, hvp);
   if (std::getenv("GRAFT_PROFILE_HVP")) profile_hvp(loss, params, v);
-  emit("\"what\":\"hvp\",\"config\":\"" + b.name + "\",\"step_ms\":" + num(t_step * 1e3) + ",\"hvp_ms\":" +
-       num(t_hvp * 1e3) + ",\"hvp_over_step\":" + num(t_hvp / t_step) + ",\"step_peak_live_mib\":" + num(step_peak) +
-       ",\"hvp_peak_live_mib\":" + num(hvp_peak) + ",\"hvp_forward_ms\":" + num(phase_ms[0]) +
-       ",\"hvp_first_backward_ms\":" + num(phase_ms[1]) + ",\"hvp_second_backward_ms\":" + num(phase_ms[2]) +
+  emit("\"what\":\"hvp\",\"config\":\"" + b.name + "\",\"step_ms\":" + num(t_step * 1e3) +
+       ",\"hvp_ms\":" + num(t_hvp * 1e3) + ",\"hvp_over_step\":" + num(t_hvp / t_step) +
+       ",\"step_peak_live_mib\":" + num(step_peak) + ",\"hvp_peak_live_mib\":" + num(hvp_peak) +
+       ",\"hvp_forward_ms\":" + num(phase_ms[0]) + ",\"hvp_first_backward_ms\":" +
+       num(phase_ms[1]) + ",\"hvp_second_backward_ms\":" + num(phase_ms[2]) +
        ",\"params\":" + std::to_string(model.num_parameters()));
 }
 
@@ -383,7 +390,8 @@ void write_ids(const std::string& path, const std::vector<std::vector<int64_t>>&
 }
 
 // The decoding rows' sources: the first `batch` of 32 rows x 32 tokens (make_ids, salt 3; row b
-// depends on b alone, so batch 1 is the batch-32 run's first sentence). ct2_peer.py builds the same.
+// depends on b alone, so batch 1 is the batch-32 run's first sentence). ct2_peer.py builds the
+// same.
 constexpr int64_t kDecodeRows = 32, kDecodeSrcLen = 32, kDecodeNew = 32;
 
 void run_decode(const Args& a) {
@@ -391,7 +399,8 @@ void run_decode(const Args& a) {
   models::Transformer model(model_config(b));
   model.eval();
   if (a.batch < 1 || a.batch > kDecodeRows)
-    fail("graft_bench: --batch " + std::to_string(a.batch) + " is outside [1, " + std::to_string(kDecodeRows) + "]");
+    fail("graft_bench: --batch " + std::to_string(a.batch) + " is outside [1, " +
+         std::to_string(kDecodeRows) + "]");
   const int64_t B = a.batch, S = kDecodeSrcLen, NEW = kDecodeNew;
   Tensor src = from_vector(make_ids(B, S, b.vocab, 3), {B, S});
   models::DecodeOptions o;
@@ -420,10 +429,11 @@ void run_decode(const Args& a) {
   const double gbs = decoder_weight_bytes(model) * NEW / (t - t_enc) / 1e9;
   if (!a.ids.empty()) write_ids(a.ids, ids);
   emit(std::string("\"what\":\"") + (a.beam > 1 ? "beam" : "greedy") + "\",\"config\":\"" + b.name +
-       "\",\"beam\":" + std::to_string(a.beam) + ",\"batch\":" + std::to_string(B) + ",\"ms\":" + num(t * 1e3) +
-       ",\"ms_per_sentence\":" + num(t * 1e3 / B) + ",\"tok_s\":" + num(B * NEW / t) +
-       ",\"produced\":" + std::to_string(produced) +
-       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"encode_ms\":" + num(t_enc * 1e3) + ",\"weight_gbs\":" + num(gbs));
+       "\",\"beam\":" + std::to_string(a.beam) + ",\"batch\":" + std::to_string(B) +
+       ",\"ms\":" + num(t * 1e3) + ",\"ms_per_sentence\":" + num(t * 1e3 / B) +
+       ",\"tok_s\":" + num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()) + ",\"encode_ms\":" + num(t_enc * 1e3) +
+       ",\"weight_gbs\":" + num(gbs));
 }
 
 // The decoding model (run_decode's config and seeded weights) as a translate run directory:
@@ -436,9 +446,10 @@ void run_save_model(const Args& a) {
   std::filesystem::create_directories(a.out);
   const std::string cfg_path = a.out + "/config.json";
   nn::save_json(cfg_path, {{"model", model.cfg.to_json()}});
-  nn::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer", {cfg_path});
-  emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":\"" + a.out + "\",\"params\":" +
-       std::to_string(model.num_parameters()));
+  nn::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer",
+                   {cfg_path});
+  emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":\"" + a.out +
+       "\",\"params\":" + std::to_string(model.num_parameters()));
 }
 
 // The weight-read rate of decoding-shaped inference linears alone: 32 rows through 24 distinct
@@ -480,10 +491,11 @@ void run_stream() {
     for (int64_t i = 0; i < n; ++i) pz[i] = px[i] + 3.0f * py[i];
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  emit("\"what\":\"stream\",\"mib\":" + num(3.0 * n * 4 / 1048576) + ",\"gbs\":" +
-       num(3.0 * n * sizeof(float) / best / 1e9) + ",\"check\":" + num(z[n / 2]) +
+  emit("\"what\":\"stream\",\"mib\":" + num(3.0 * n * 4 / 1048576) +
+       ",\"gbs\":" + num(3.0 * n * sizeof(float) / best / 1e9) + ",\"check\":" + num(z[n / 2]) +
        ",\"linear32_gbs_fp32\":" + num(linear32_gbs(Precision::fp32)) +
-       (bf16_kernel_available() ? ",\"linear32_gbs_bf16\":" + num(linear32_gbs(Precision::bf16)) : std::string()));
+       (bf16_kernel_available() ? ",\"linear32_gbs_bf16\":" + num(linear32_gbs(Precision::bf16))
+                                : std::string()));
 }
 
 // ---- the model zoo: the decoder-only LM of `make lm` and the classifier of `make classify` ----
@@ -493,7 +505,8 @@ void run_stream() {
 std::vector<int64_t> byte_ids(int64_t B, int64_t L, int64_t salt, int64_t short_mod, int64_t pad) {
   std::vector<int64_t> ids(B * L, pad);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < L - (b % short_mod); ++t) ids[b * L + t] = (b * 131 + t * 31 + salt * 17) % 256;
+    for (int64_t t = 0; t < L - (b % short_mod); ++t)
+      ids[b * L + t] = (b * 131 + t * 31 + salt * 17) % 256;
   return ids;
 }
 
@@ -522,7 +535,8 @@ void run_lm_train(const Args& a) {
       in.push_back(w[r * (kLMContext + 1) + t]);
       out.push_back(w[r * (kLMContext + 1) + t + 1]);
     }
-  Tensor input = from_vector(in, {kLMRows, kLMContext}), target = from_vector(out, {kLMRows * kLMContext});
+  Tensor input = from_vector(in, {kLMRows, kLMContext}),
+         target = from_vector(out, {kLMRows * kLMContext});
   double loss_v = 0;
   const double t = time_median(a.warmup, a.steps, [&] {  // the loss examples/lm trains on
     Tensor loss = cross_entropy(reshape(model.forward(input), {-1, kLMVocab}), target);
@@ -532,9 +546,10 @@ void run_lm_train(const Args& a) {
     loss_v = loss.item();
   });
   const int64_t tokens = kLMRows * kLMContext;
-  emit("\"what\":\"lm_train\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
-       ",\"tokens\":" + std::to_string(tokens) + ",\"params\":" + std::to_string(model.num_parameters()) +
-       ",\"loss\":" + num(loss_v) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+  emit("\"what\":\"lm_train\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) +
+       ",\"tok_s\":" + num(tokens / t) + ",\"tokens\":" + std::to_string(tokens) +
+       ",\"params\":" + std::to_string(model.num_parameters()) + ",\"loss\":" + num(loss_v) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
 // Sampling at temperature 1 (no top-k / top-p) with the KV cache: 32 prompts of 32 bytes, 64 new
@@ -544,7 +559,8 @@ void run_lm_sample(const Args& a) {
   const int64_t B = 32, P = 32, NEW = 64;
   const auto flat = byte_ids(B, P, 5, 1, kLMPad);
   std::vector<std::vector<int64_t>> prompts;
-  for (int64_t b = 0; b < B; ++b) prompts.emplace_back(flat.begin() + b * P, flat.begin() + (b + 1) * P);
+  for (int64_t b = 0; b < B; ++b)
+    prompts.emplace_back(flat.begin() + b * P, flat.begin() + (b + 1) * P);
   models::DecodeOptions o;
   o.max_len = NEW;
   o.sample = true;
@@ -559,9 +575,10 @@ void run_lm_sample(const Args& a) {
     produced = 0;
     for (auto& r : models::generate(model, prompts, -1, o)) produced += (int64_t)r.size();
   });
-  emit("\"what\":\"lm_sample\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" +
-       num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
-       ",\"params\":" + std::to_string(model.num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+  emit("\"what\":\"lm_sample\",\"config\":\"lm-mini\",\"ms\":" + num(t * 1e3) +
+       ",\"tok_s\":" + num(B * NEW / t) + ",\"produced\":" + std::to_string(produced) +
+       ",\"params\":" + std::to_string(model.num_parameters()) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
 // The model `make classify` trains: examples/classify's defaults (d 64, 4 heads, FFN 128, 2
@@ -600,9 +617,10 @@ void run_cls_train(const Args& a) {
     loss_v = loss.item();
   });
   const int64_t tokens = count_not(ids_v, kClsPad);
-  emit("\"what\":\"cls_train\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
-       ",\"tokens\":" + std::to_string(tokens) + ",\"params\":" + std::to_string(model.num_parameters()) +
-       ",\"loss\":" + num(loss_v) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+  emit("\"what\":\"cls_train\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) +
+       ",\"tok_s\":" + num(tokens / t) + ",\"tokens\":" + std::to_string(tokens) +
+       ",\"params\":" + std::to_string(model.num_parameters()) + ",\"loss\":" + num(loss_v) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
 // Inference over the same 512 lines in batches of 64 rows (as classify evaluate batches), eval
@@ -615,16 +633,19 @@ void run_cls_infer(const Args& a) {
   const auto ids_v = byte_ids(kClsRows, kClsLen, 6, 8, kClsPad);
   std::vector<Tensor> batches;
   for (int64_t r = 0; r < kClsRows; r += R)
-    batches.push_back(from_vector(std::vector<int64_t>(ids_v.begin() + r * kClsLen, ids_v.begin() + (r + R) * kClsLen),
-                                  {R, kClsLen}));
+    batches.push_back(from_vector(
+        std::vector<int64_t>(ids_v.begin() + r * kClsLen, ids_v.begin() + (r + R) * kClsLen),
+        {R, kClsLen}));
   int64_t predicted = 0;
   const double t = time_median(a.warmup, a.steps, [&] {
     predicted = 0;
-    for (auto& b : batches) predicted += (int64_t)argmax(model.forward(b), -1).to_vector<int64_t>().size();
+    for (auto& b : batches)
+      predicted += (int64_t)argmax(model.forward(b), -1).to_vector<int64_t>().size();
   });
   const int64_t tokens = count_not(ids_v, kClsPad);
-  emit("\"what\":\"cls_infer\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) + ",\"tok_s\":" + num(tokens / t) +
-       ",\"tokens\":" + std::to_string(tokens) + ",\"predicted\":" + std::to_string(predicted) + ",\"params\":" +
+  emit("\"what\":\"cls_infer\",\"config\":\"classify\",\"ms\":" + num(t * 1e3) +
+       ",\"tok_s\":" + num(tokens / t) + ",\"tokens\":" + std::to_string(tokens) +
+       ",\"predicted\":" + std::to_string(predicted) + ",\"params\":" +
        std::to_string(model.num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
@@ -633,7 +654,8 @@ void run_cls_infer(const Args& a) {
 // single query); a timed run embeds them all. GRAFT_PROFILE=1: the per-op forward profile of one
 // pass over the first 64 sentences, with the tape on.
 void run_embed(const Args& a) {
-  if (a.model.empty() || a.sentences.empty()) fail("graft_bench: --what embed needs --model DIR and --sentences FILE");
+  if (a.model.empty() || a.sentences.empty())
+    fail("graft_bench: --what embed needs --model DIR and --sentences FILE");
   const models::SentenceEncoder enc(a.model);
   std::vector<std::string> lines;
   std::ifstream in(a.sentences);
@@ -643,15 +665,17 @@ void run_embed(const Args& a) {
   int64_t tokens = 0;
   for (const auto& l : lines) ids.push_back(enc.tokenize(l)), tokens += (int64_t)ids.back().size();
   if (std::getenv("GRAFT_PROFILE")) {
-    const std::vector<std::vector<int64_t>> head(ids.begin(), ids.begin() + std::min<size_t>(64, ids.size()));
+    const std::vector<std::vector<int64_t>> head(ids.begin(),
+                                                 ids.begin() + std::min<size_t>(64, ids.size()));
     const auto [x, pad] = models::pad_batch(head, enc.model->cfg.pad_id);
     const std::string p = profile_step([&] { enc.embed(x, pad); }, true);
     std::cerr << p << "\n";
   }
   const double t = time_median(a.warmup, a.steps, [&] { enc.encode_ids(ids, a.batch); });
-  emit("\"what\":\"embed\",\"batch\":" + std::to_string(a.batch) + ",\"sentences\":" + std::to_string(lines.size()) +
-       ",\"tokens\":" + std::to_string(tokens) + ",\"ms\":" + num(t * 1e3) + ",\"sent_s\":" + num((double)lines.size() / t) +
-       ",\"params\":" + std::to_string(enc.model->num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+  emit("\"what\":\"embed\",\"batch\":" + std::to_string(a.batch) +
+       ",\"sentences\":" + std::to_string(lines.size()) + ",\"tokens\":" + std::to_string(tokens) +
+       ",\"ms\":" + num(t * 1e3) + ",\"sent_s\":" + num((double)lines.size() / t) + ",\"params\":" +
+       std::to_string(enc.model->num_parameters()) + ",\"peak_rss_mib\":" + num(peak_rss_mib()));
 }
 
 void run_sgemm(const Args& a) {
@@ -666,8 +690,8 @@ void run_sgemm(const Args& a) {
 
 void run_kernels() {
   emit("\"what\":\"kernels\",\"f32\":\"" + matmul_kernel_name(Precision::fp32) + "\",\"bf16\":\"" +
-       matmul_kernel_name(Precision::bf16) + "\",\"bf16_available\":" +
-       (bf16_kernel_available() ? "true" : "false"));
+       matmul_kernel_name(Precision::bf16) +
+       "\",\"bf16_available\":" + (bf16_kernel_available() ? "true" : "false"));
 }
 
 // Forward + backward of one op against a random upstream gradient; the leaf grads are dropped
@@ -697,7 +721,8 @@ void run_micro(const Args& a) {
     Tensor w = randn({N, K}, DType::f32, g, 0, 0.05).requires_grad_();
     Tensor bias = randn({N}, DType::f32, g).requires_grad_();
     Tensor up = randn({M, N}, DType::f32, g);
-    double t = fwd_bwd(a, {x, w, bias}, [&] { return linear(x, w, bias); }, up);
+    double t = fwd_bwd(
+        a, {x, w, bias}, [&] { return linear(x, w, bias); }, up);
     row("linear", "x 4096x512, W 2048x512", t, 6.0 * M * N * K, "GFLOP/s");
   }
   {  // attention: (B 32, H 8, T 128, D 64); 12 B H T^2 D FLOPs (forward 4, backward 8)
@@ -706,7 +731,8 @@ void run_micro(const Args& a) {
     Tensor k = randn({B, H, T, D}, DType::f32, g).requires_grad_();
     Tensor v = randn({B, H, T, D}, DType::f32, g).requires_grad_();
     Tensor up = randn({B, H, T, D}, DType::f32, g);
-    double t = fwd_bwd(a, {q, k, v}, [&] { return scaled_dot_product_attention(q, k, v).out; }, up);
+    double t = fwd_bwd(
+        a, {q, k, v}, [&] { return scaled_dot_product_attention(q, k, v).out; }, up);
     row("attention", "q,k,v 32x8x128x64", t, 12.0 * B * H * T * T * D, "GFLOP/s");
   }
   {  // layer_norm: (8192, 512); bytes = 5 N * 4 (fwd read x, write y; bwd read x, dy, write dx)
@@ -715,14 +741,16 @@ void run_micro(const Args& a) {
     Tensor w = randn({C}, DType::f32, g).requires_grad_();
     Tensor bb = randn({C}, DType::f32, g).requires_grad_();
     Tensor up = randn({R, C}, DType::f32, g);
-    double t = fwd_bwd(a, {x, w, bb}, [&] { return layer_norm(x, w, bb, 1e-5); }, up);
+    double t = fwd_bwd(
+        a, {x, w, bb}, [&] { return layer_norm(x, w, bb, 1e-5); }, up);
     row("layer_norm", "8192x512", t, 5.0 * R * C * 4, "GB/s");
   }
   {  // softmax: (32768, 128); bytes = 5 N * 4 (fwd read x, write y; bwd read y, dy, write dx)
     const int64_t R = 32768, C = 128;
     Tensor x = randn({R, C}, DType::f32, g).requires_grad_();
     Tensor up = randn({R, C}, DType::f32, g);
-    double t = fwd_bwd(a, {x}, [&] { return softmax(x, -1); }, up);
+    double t = fwd_bwd(
+        a, {x}, [&] { return softmax(x, -1); }, up);
     row("softmax", "32768x128", t, 5.0 * R * C * 4, "GB/s");
   }
   {  // cross-entropy: logits (2048, 8000), smoothing 0.1, ignore pad; bytes = 3 N * 4
@@ -732,7 +760,8 @@ void run_micro(const Args& a) {
     std::vector<int64_t> tv(N);
     for (int64_t i = 0; i < N; ++i) tv[i] = i % 16 == 0 ? PAD : 1 + (i * 7919) % (V - 1);
     Tensor tgt = from_vector(tv, {N});
-    double t = fwd_bwd(a, {x}, [&] { return cross_entropy(x, tgt, 0.1, PAD); }, Tensor());
+    double t = fwd_bwd(
+        a, {x}, [&] { return cross_entropy(x, tgt, 0.1, PAD); }, Tensor());
     row("cross_entropy", "2048x8000", t, 3.0 * N * V * 4, "GB/s");
   }
   emit("\"what\":\"micro\",\"ops\":[" + os.str() + "]");
@@ -746,13 +775,15 @@ constexpr auto user_silu_df = [](auto x, auto, auto, auto) {
   const auto s = 1 / (1 + kern::exp(-x));
   return s * (1 + x * (1 - s));
 };
-const UnaryOp kUserSilu = unary_row<user_silu_f, user_silu_df>({.name = "user_silu", .family = "bench"});
+const UnaryOp kUserSilu =
+    unary_row<user_silu_f, user_silu_df>({.name = "user_silu", .family = "bench"});
 const UnaryOp kUserSiluF64{.name = "user_silu_f64",
                            .f = [](double x, double, double) { return x / (1 + std::exp(-x)); },
-                           .df = [](double x, double, double, double) {
-                             const double s = 1 / (1 + std::exp(-x));
-                             return s * (1 + x * (1 - s));
-                           },
+                           .df =
+                               [](double x, double, double, double) {
+                                 const double s = 1 / (1 + std::exp(-x));
+                                 return s * (1 + x * (1 - s));
+                               },
                            .family = "bench"};
 
 // SiLU forward + backward on a (1024, 344) float32 tensor (a SwiGLU hidden layer's size), each
@@ -795,7 +826,9 @@ int main(int argc, char** argv) {
         return 3;
       }
       if (a.what != "greedy" && a.what != "beam" && a.what != "embed") {
-        std::cerr << "graft_bench: --precision int8 is for inference: --what greedy, beam or embed, not " << a.what << "\n";
+        std::cerr
+            << "graft_bench: --precision int8 is for inference: --what greedy, beam or embed, not "
+            << a.what << "\n";
         return 2;
       }
     }
@@ -819,7 +852,8 @@ int main(int argc, char** argv) {
     else if (a.what == "stream") run_stream();
     else {
       std::cerr << "graft_bench: unknown --what " << a.what
-                << " (train, greedy, beam, save_model, lm_train, lm_sample, cls_train, cls_infer, micro, eltwise, sgemm, kernels, stream)\n";
+                << " (train, greedy, beam, save_model, lm_train, lm_sample, cls_train, cls_infer, "
+                   "micro, eltwise, sgemm, kernels, stream)\n";
       return 2;
     }
   } catch (const std::exception& e) {

@@ -12,7 +12,8 @@ using namespace graft;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
   const size_t cut = in.find('\0');
-  const std::string hyp_text = in.substr(0, cut), ref_text = cut == std::string::npos ? in : in.substr(cut + 1);
+  const std::string hyp_text = in.substr(0, cut),
+                    ref_text = cut == std::string::npos ? in : in.substr(cut + 1);
   auto lines = [](const std::string& s) {
     std::vector<std::string> out(1);
     for (char c : s)

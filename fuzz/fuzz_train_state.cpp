@@ -65,7 +65,8 @@ const std::string& seed_dir() {
 
 // Its genuine train state.
 const nn::SafetensorsFile& genuine() {
-  static const nn::SafetensorsFile f = nn::load_safetensors(seed_dir() + "/train_state.safetensors");
+  static const nn::SafetensorsFile f =
+      nn::load_safetensors(seed_dir() + "/train_state.safetensors");
   return f;
 }
 
@@ -75,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
   const size_t cut = in.find('\0');
   const std::string trainer = in.substr(0, cut);
-  const std::string optimizer = cut == std::string::npos ? genuine().metadata.at("optimizer") : in.substr(cut + 1);
+  const std::string optimizer =
+      cut == std::string::npos ? genuine().metadata.at("optimizer") : in.substr(cut + 1);
   std::map<std::string, std::string> meta = genuine().metadata;
   meta["trainer"] = trainer;
   meta["optimizer"] = optimizer;
@@ -84,7 +86,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fs::create_directories(dir);
   try {  // a checkpoint of the seed run's metrics.csv and this state
     nn::CheckpointCommit c(dir, 3);
-    fs::copy_file(seed_dir() + "/metrics.csv", c.path("metrics.csv"), fs::copy_options::overwrite_existing);
+    fs::copy_file(seed_dir() + "/metrics.csv", c.path("metrics.csv"),
+                  fs::copy_options::overwrite_existing);
     nn::save_safetensors(c.path("train_state.safetensors"), genuine().tensors, meta);
     c.commit();
   } catch (const Error&) {

@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
       std::ifstream in(f, std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       const auto t0 = std::chrono::steady_clock::now();
       LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -52,7 +52,8 @@ BertConfig BertConfig::from_hf_json(const nlohmann::json& j, const std::string& 
   if (pos != "absolute")
     r.bad("position_embedding_type", "must be \"absolute\", got \"" + text::printable(pos) + "\"");
   BertConfig c;
-  r.get("vocab_size", c.vocab), r.get("hidden_size", c.d_model), r.get("num_attention_heads", c.heads);
+  r.get("vocab_size", c.vocab), r.get("hidden_size", c.d_model),
+      r.get("num_attention_heads", c.heads);
   r.get("intermediate_size", c.d_ff), r.get("num_hidden_layers", c.layers);
   r.get("max_position_embeddings", c.max_len), r.get("type_vocab_size", c.type_vocab);
   r.get("layer_norm_eps", c.eps);
@@ -81,7 +82,8 @@ BertConfig BertConfig::from_json(const nlohmann::json& j, const std::string& whe
   BertConfig c;
   const ConfigReader r(j, where);
   c.read_stack(r);
-  r.get("type_vocab", c.type_vocab), r.get("eps", c.eps), r.get("attention_dropout", c.attention_dropout);
+  r.get("type_vocab", c.type_vocab), r.get("eps", c.eps),
+      r.get("attention_dropout", c.attention_dropout);
   std::string act;
   r.get("activation", act);
   if (!nn::activation_from_name(act, c.activation))
@@ -96,7 +98,8 @@ void BertConfig::validate(const std::string& where) const {
   c.size("type_vocab", type_vocab, kMaxTypes);
   if (!(eps > 0 && eps < 1)) c.bad("eps", "must be in (0, 1), got " + std::to_string(eps));
   c.probability("attention_dropout", attention_dropout);
-  if (activation == nn::Activation::swiglu) c.bad("activation", "must be gelu, gelu_tanh or relu, got swiglu");
+  if (activation == nn::Activation::swiglu)
+    c.bad("activation", "must be gelu, gelu_tanh or relu, got swiglu");
   if (positions.kind != nn::Positions::learned) c.bad("positions", "must be learned for BERT");
   if (norm_first) c.bad("norm_first", "must be false for BERT (post-LN)");
 }
@@ -110,15 +113,19 @@ int64_t BertConfig::parameter_count() const {
 BertEncoder::BertEncoder(const BertConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
   c.validate("BertEncoder");
   Generator gen(c.seed);
-  word = register_module("word", std::make_shared<nn::Embedding>(c.vocab, c.d_model, -1, c.dtype, gen, 0.02));
-  position = register_module("position", std::make_shared<nn::EmbeddingPositions>(nn::Positions::learned, c.max_len,
-                                                                                  c.d_model, c.dtype, gen));
-  token_type = register_module("token_type",
-                               std::make_shared<nn::Embedding>(c.type_vocab, c.d_model, -1, c.dtype, gen, 0.02));
-  embed_norm = register_module("embed_norm", std::make_shared<nn::LayerNorm>(c.d_model, c.eps, c.dtype));
+  word = register_module(
+      "word", std::make_shared<nn::Embedding>(c.vocab, c.d_model, -1, c.dtype, gen, 0.02));
+  position =
+      register_module("position", std::make_shared<nn::EmbeddingPositions>(
+                                      nn::Positions::learned, c.max_len, c.d_model, c.dtype, gen));
+  token_type = register_module("token_type", std::make_shared<nn::Embedding>(
+                                                 c.type_vocab, c.d_model, -1, c.dtype, gen, 0.02));
+  embed_norm =
+      register_module("embed_norm", std::make_shared<nn::LayerNorm>(c.d_model, c.eps, c.dtype));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
-  encoder = register_module("encoder", std::make_shared<nn::Encoder>(bert_layer(c), c.layers, /*final_norm=*/false,
-                                                                     gen, &dropout_gen, c.positions));
+  encoder = register_module(
+      "encoder", std::make_shared<nn::Encoder>(bert_layer(c), c.layers, /*final_norm=*/false, gen,
+                                               &dropout_gen, c.positions));
 }
 
 Tensor BertEncoder::forward(const Tensor& ids, const Tensor& pad, const Tensor& types) const {
@@ -126,8 +133,8 @@ Tensor BertEncoder::forward(const Tensor& ids, const Tensor& pad, const Tensor& 
   check_token_ids("BertEncoder", ids);
   for (const Tensor* t : {&pad, &types})
     if (t->defined() && t->shape() != ids.shape())
-      fail("BertEncoder: the padding mask and token types must have the ids' shape " + shape_str(ids.shape()) +
-           ", got " + shape_str(t->shape()));
+      fail("BertEncoder: the padding mask and token types must have the ids' shape " +
+           shape_str(ids.shape()) + ", got " + shape_str(t->shape()));
   const Tensor mask = pad.defined() ? pad : eq(ids, (double)cfg.pad_id);
   const Tensor tt = types.defined() ? types : zeros(ids.shape(), DType::i64);
   Tensor x = position->forward(add(word->forward(ids), token_type->forward(tt)));
@@ -153,17 +160,18 @@ Tensor l2_normalize(const Tensor& x, double eps) {
 }
 
 std::vector<HfNameMap> bert_hf_names(int64_t layers) {
-  std::vector<HfNameMap> m = {
-      {{"embeddings.word_embeddings.weight"}, "word.weight"},
-      {{"embeddings.position_embeddings.weight"}, "position.weight"},
-      {{"embeddings.token_type_embeddings.weight"}, "token_type.weight"},
-      {{"embeddings.LayerNorm.weight"}, "embed_norm.weight"},
-      {{"embeddings.LayerNorm.bias"}, "embed_norm.bias"}};
+  std::vector<HfNameMap> m = {{{"embeddings.word_embeddings.weight"}, "word.weight"},
+                              {{"embeddings.position_embeddings.weight"}, "position.weight"},
+                              {{"embeddings.token_type_embeddings.weight"}, "token_type.weight"},
+                              {{"embeddings.LayerNorm.weight"}, "embed_norm.weight"},
+                              {{"embeddings.LayerNorm.bias"}, "embed_norm.bias"}};
   for (int64_t i = 0; i < layers; ++i) {
-    const std::string h = "encoder.layer." + std::to_string(i) + ".", g = "encoder.layers." + std::to_string(i) + ".";
+    const std::string h = "encoder.layer." + std::to_string(i) + ".",
+                      g = "encoder.layers." + std::to_string(i) + ".";
     for (const char* p : {"weight", "bias"}) {
       const std::string s = p;
-      m.push_back({{h + "attention.self.query." + s, h + "attention.self.key." + s, h + "attention.self.value." + s},
+      m.push_back({{h + "attention.self.query." + s, h + "attention.self.key." + s,
+                    h + "attention.self.value." + s},
                    g + "self_attn.in_proj_" + s});
       m.push_back({{h + "attention.output.dense." + s}, g + "self_attn.out_proj." + s});
       m.push_back({{h + "attention.output.LayerNorm." + s}, g + "norm1." + s});
@@ -180,7 +188,8 @@ namespace {
 /// The tensors of a checkpoint file the encoder does not use: the position-id buffer, the pooler
 /// (BertModel's [CLS] head) and, in a pre-training checkpoint, its heads.
 bool unused_hf_tensor(const std::string& name) {
-  return name == "embeddings.position_ids" || name.rfind("pooler.", 0) == 0 || name.rfind("cls.", 0) == 0;
+  return name == "embeddings.position_ids" || name.rfind("pooler.", 0) == 0 ||
+         name.rfind("cls.", 0) == 0;
 }
 
 /// The file's tensors by their BertModel names ("bert." stripped when every encoder tensor has it).
@@ -200,7 +209,8 @@ std::map<std::string, Tensor> hf_tensors(const nn::SafetensorsFile& f) {
 }
 
 /// The graft parameters of `model` from the file's tensors, every shape checked, nothing left over.
-nn::NamedTensors map_hf_weights(std::map<std::string, Tensor> file, const BertEncoder& model, const std::string& path) {
+nn::NamedTensors map_hf_weights(std::map<std::string, Tensor> file, const BertEncoder& model,
+                                const std::string& path) {
   std::map<std::string, Shape> want;
   for (const auto& [n, t] : model.named_parameters()) want[n] = t.shape();
   nn::NamedTensors out;
@@ -212,14 +222,15 @@ nn::NamedTensors map_hf_weights(std::map<std::string, Tensor> file, const BertEn
       auto it = file.find(h);
       if (it == file.end()) fail("load_hf_bert: '" + path + "': tensor '" + h + "' is missing");
       if (it->second.shape() != part)
-        fail("load_hf_bert: '" + path + "': tensor '" + h + "' has shape " + shape_str(it->second.shape()) +
-             ", the config needs " + shape_str(part));
+        fail("load_hf_bert: '" + path + "': tensor '" + h + "' has shape " +
+             shape_str(it->second.shape()) + ", the config needs " + shape_str(part));
       parts.push_back(to_dtype(it->second, model.cfg.dtype));
       file.erase(it);
     }
     out.emplace_back(m.graft, parts.size() == 1 ? parts[0] : concat(parts, 0));
   }
-  if (!file.empty()) fail("load_hf_bert: '" + path + "': unexpected tensor '" + file.begin()->first + "'");
+  if (!file.empty())
+    fail("load_hf_bert: '" + path + "': unexpected tensor '" + file.begin()->first + "'");
   return out;
 }
 
@@ -230,7 +241,8 @@ std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
   const BertConfig c = BertConfig::from_hf_json(nn::load_json(cfg_path), cfg_path);
   check_config_memory(c, cfg_path, /*copies=*/3);  // the file, the mapped tensors, the model
   if (!std::filesystem::exists(weights_path))
-    fail("load_hf_bert: '" + weights_path + "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
+    fail("load_hf_bert: '" + weights_path +
+         "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
   const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
   auto model = std::make_unique<BertEncoder>(c);
   model->load_state_dict(map_hf_weights(hf_tensors(f), *model, weights_path));
@@ -248,13 +260,21 @@ const char* hf_activation_name(nn::Activation a) {
 
 void save_hf_bert(const BertEncoder& model, const std::string& dir) {
   const BertConfig& c = model.cfg;
-  const nlohmann::json cfg = {{"architectures", {"BertModel"}}, {"model_type", "bert"}, {"vocab_size", c.vocab},
-                              {"hidden_size", c.d_model}, {"num_attention_heads", c.heads},
-                              {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.layers},
-                              {"max_position_embeddings", c.max_len}, {"type_vocab_size", c.type_vocab},
-                              {"layer_norm_eps", c.eps}, {"hidden_act", hf_activation_name(c.activation)},
-                              {"hidden_dropout_prob", c.dropout}, {"attention_probs_dropout_prob", c.attention_dropout},
-                              {"pad_token_id", c.pad_id}, {"position_embedding_type", "absolute"}};
+  const nlohmann::json cfg = {{"architectures", {"BertModel"}},
+                              {"model_type", "bert"},
+                              {"vocab_size", c.vocab},
+                              {"hidden_size", c.d_model},
+                              {"num_attention_heads", c.heads},
+                              {"intermediate_size", c.d_ff},
+                              {"num_hidden_layers", c.layers},
+                              {"max_position_embeddings", c.max_len},
+                              {"type_vocab_size", c.type_vocab},
+                              {"layer_norm_eps", c.eps},
+                              {"hidden_act", hf_activation_name(c.activation)},
+                              {"hidden_dropout_prob", c.dropout},
+                              {"attention_probs_dropout_prob", c.attention_dropout},
+                              {"pad_token_id", c.pad_id},
+                              {"position_embedding_type", "absolute"}};
   std::map<std::string, Tensor> params;
   for (const auto& [n, t] : model.named_parameters()) params[n] = t;
   nn::NamedTensors out;
@@ -262,7 +282,8 @@ void save_hf_bert(const BertEncoder& model, const std::string& dir) {
     const Tensor& t = params.at(m.graft);
     const int64_t rows = t.size(0) / (int64_t)m.hf.size();
     for (size_t i = 0; i < m.hf.size(); ++i)
-      out.emplace_back(m.hf[i], contiguous(slice(t, 0, (int64_t)i * rows, (int64_t)(i + 1) * rows)));
+      out.emplace_back(m.hf[i],
+                       contiguous(slice(t, 0, (int64_t)i * rows, (int64_t)(i + 1) * rows)));
   }
   std::filesystem::create_directories(dir);
   nn::save_json(dir + "/config.json", cfg);

@@ -28,8 +28,8 @@ namespace graft::models {
 /// A BERT encoder's config: a StackConfig (learned positions, post-LN) plus the token types,
 /// the LayerNorm eps, the FFN activation and the attention dropout.
 struct BertConfig : StackConfig {
-  int64_t type_vocab = 2;  ///< token types ("segments")
-  double eps = 1e-12;  ///< of every LayerNorm
+  int64_t type_vocab = 2;                            ///< token types ("segments")
+  double eps = 1e-12;                                ///< of every LayerNorm
   nn::Activation activation = nn::Activation::gelu;  ///< gelu (erf) or gelu_tanh
   double attention_dropout = 0.1;  ///< on the attention probabilities while training
   BertConfig();
@@ -66,17 +66,18 @@ class BertEncoder : public nn::Module {
   /// the positions holding pad_id. types (B, T) int64 token types; undefined: all 0.
   /// @throws graft::Error when ids is not int64 (B, T), an id or type is out of range, T exceeds
   ///         max_len, or pad / types differ from ids in shape.
-  Tensor forward(const Tensor& ids, const Tensor& pad = Tensor(), const Tensor& types = Tensor()) const;
-  BertConfig cfg;  ///< the config it was built from
+  Tensor forward(const Tensor& ids, const Tensor& pad = Tensor(),
+                 const Tensor& types = Tensor()) const;
+  BertConfig cfg;         ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here
   /// "word" (V, d) and "token_type" (types, d).
   ///@{
   std::shared_ptr<nn::Embedding> word, token_type;
   ///@}
   std::shared_ptr<nn::EmbeddingPositions> position;  ///< "position", learned (max_len, d)
-  std::shared_ptr<nn::LayerNorm> embed_norm;  ///< "embed_norm", over the summed embeddings
-  std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
-  std::shared_ptr<nn::Encoder> encoder;  ///< "encoder", post-LN, no final norm
+  std::shared_ptr<nn::LayerNorm> embed_norm;         ///< "embed_norm", over the summed embeddings
+  std::shared_ptr<nn::Dropout> dropout;              ///< on the embeddings
+  std::shared_ptr<nn::Encoder> encoder;              ///< "encoder", post-LN, no final norm
 };
 
 /// Mean over the real tokens: h (B, T, d), pad (B, T) non-zero = padding -> (B, d); an
@@ -91,7 +92,7 @@ Tensor l2_normalize(const Tensor& x, double eps = 1e-12);
 /// weights (biases) of a layer are concatenated into in_proj_weight (in_proj_bias).
 struct HfNameMap {
   std::vector<std::string> hf;  ///< one name, or the query, key and value names in order
-  std::string graft;  ///< the graft parameter name
+  std::string graft;            ///< the graft parameter name
 };
 /// Every parameter of a BertEncoder of `layers` layers with its Hugging Face name(s) (BertModel's,
 /// without a prefix).

@@ -13,7 +13,8 @@ void bad_field(const std::string& where, const char* name, const std::string& wh
 }
 
 void ConfigCheck::size(const char* name, int64_t v, int64_t max) const {
-  if (v < 1 || v > max) bad(name, "must be in [1, " + std::to_string(max) + "], got " + std::to_string(v));
+  if (v < 1 || v > max)
+    bad(name, "must be in [1, " + std::to_string(max) + "], got " + std::to_string(v));
 }
 
 void ConfigCheck::probability(const char* name, double v) const {
@@ -22,16 +23,20 @@ void ConfigCheck::probability(const char* name, double v) const {
 
 void ConfigCheck::token_id(const char* name, int64_t id, int64_t vocab) const {
   if (id < 0 || id >= vocab)
-    bad(name, "must be a token id in [0, vocab " + std::to_string(vocab) + "), got " + std::to_string(id));
+    bad(name, "must be a token id in [0, vocab " + std::to_string(vocab) + "), got " +
+                  std::to_string(id));
 }
 
 void ConfigCheck::heads_divide(int64_t heads, int64_t d_model) const {
-  if (d_model % heads) bad("heads", "must divide d_model " + std::to_string(d_model) + ", got " + std::to_string(heads));
+  if (d_model % heads)
+    bad("heads",
+        "must divide d_model " + std::to_string(d_model) + ", got " + std::to_string(heads));
 }
 
 void ConfigCheck::positions(const nn::PositionOptions& p) const {
   if (!(p.rope_base > 1)) bad("rope_base", "must be > 1");
-  if (p.relative_buckets < 4 || p.relative_buckets > 4096) bad("relative_buckets", "must be in [4, 4096]");
+  if (p.relative_buckets < 4 || p.relative_buckets > 4096)
+    bad("relative_buckets", "must be in [4, 4096]");
   if (p.relative_max_distance < 1 || p.relative_max_distance > (int64_t(1) << 24))
     bad("relative_max_distance", "must be in [1, 2^24]");
 }
@@ -39,7 +44,8 @@ void ConfigCheck::positions(const nn::PositionOptions& p) const {
 DType ConfigReader::dtype(const char* name) const {
   std::string s = "float32";
   get_or_keep(name, s);
-  if (s != "float32" && s != "float64") bad(name, "must be float32 or float64, got '" + text::printable(s) + "'");
+  if (s != "float32" && s != "float64")
+    bad(name, "must be float32 or float64, got '" + text::printable(s) + "'");
   return s == "float64" ? DType::f64 : DType::f32;
 }
 
@@ -59,14 +65,18 @@ void ConfigReader::positions(nn::PositionOptions& p) const {
 }
 
 nlohmann::json positions_json(const nn::PositionOptions& p) {
-  return {{"positions", nn::positions_name(p.kind)}, {"rope_base", p.rope_base},
-          {"relative_buckets", p.relative_buckets}, {"relative_max_distance", p.relative_max_distance}};
+  return {{"positions", nn::positions_name(p.kind)},
+          {"rope_base", p.rope_base},
+          {"relative_buckets", p.relative_buckets},
+          {"relative_max_distance", p.relative_max_distance}};
 }
 
 nlohmann::json StackConfig::stack_json() const {
-  nlohmann::json j = {{"vocab", vocab}, {"d_model", d_model}, {"heads", heads}, {"d_ff", d_ff},
-                      {"layers", layers}, {"max_len", max_len}, {"dropout", dropout},
-                      {"norm_first", norm_first}, {"pad_id", pad_id}, {"dtype", dtype_name(dtype)},
+  nlohmann::json j = {{"vocab", vocab},     {"d_model", d_model},
+                      {"heads", heads},     {"d_ff", d_ff},
+                      {"layers", layers},   {"max_len", max_len},
+                      {"dropout", dropout}, {"norm_first", norm_first},
+                      {"pad_id", pad_id},   {"dtype", dtype_name(dtype)},
                       {"seed", seed}};
   j.update(positions_json(positions));
   return j;
@@ -112,7 +122,8 @@ double memory_limit_bytes() {
   double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
   if (FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
     double limit = 0;
-    if (std::fscanf(f, "%lf", &limit) == 1 && limit > 0 && (memory <= 0 || limit < memory)) memory = limit;
+    if (std::fscanf(f, "%lf", &limit) == 1 && limit > 0 && (memory <= 0 || limit < memory))
+      memory = limit;
     std::fclose(f);  // "max" (no limit) does not parse as a number
   }
   return memory;
@@ -121,35 +132,44 @@ double memory_limit_bytes() {
 }  // namespace
 
 double model_peak_bytes(int64_t parameters, int64_t buffers, DType dt, int copies) {
-  const int64_t elements = checked_add(checked_mul(parameters, copies, "model size"), buffers, "model size");
+  const int64_t elements =
+      checked_add(checked_mul(parameters, copies, "model size"), buffers, "model size");
   return (double)elements * (double)dtype_size(dt) + (double)buffers * (double)sizeof(double);
 }
 
-void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies) {
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where,
+                        int copies) {
   const double bytes = model_peak_bytes(parameters, buffers, dt, copies);
   const double memory = memory_limit_bytes();
   if (memory > 0 && bytes > memory) {
     char buf[240];
-    std::snprintf(buf, sizeof buf, "%lld parameters: %.1f GiB at its peak (%s), more than this machine's %.1f GiB of memory",
-                  (long long)parameters, bytes / (1 << 30),
-                  copies == 4 ? "weights, gradients and Adam moments" : copies == 2 ? "the loaded weights and the model's" : "weights",
-                  memory / (1 << 30));
+    std::snprintf(
+        buf, sizeof buf,
+        "%lld parameters: %.1f GiB at its peak (%s), more than this machine's %.1f GiB of memory",
+        (long long)parameters, bytes / (1 << 30),
+        copies == 4   ? "weights, gradients and Adam moments"
+        : copies == 2 ? "the loaded weights and the model's"
+                      : "weights",
+        memory / (1 << 30));
     fail(where + ": the config describes a model of " + buf);
   }
 }
 
-void check_weights_count(int64_t parameters, const std::vector<std::pair<std::string, Tensor>>& weights,
+void check_weights_count(int64_t parameters,
+                         const std::vector<std::pair<std::string, Tensor>>& weights,
                          const std::string& config_path, const std::string& weights_path) {
   int64_t held = 0;
   for (auto& [name, t] : weights) held = checked_add(held, t.numel(), "weights");
   if (held != parameters)
-    fail("'" + config_path + "' describes a model of " + std::to_string(parameters) + " parameters but '" +
-         weights_path + "' holds " + std::to_string(held) + ": they do not belong together");
+    fail("'" + config_path + "' describes a model of " + std::to_string(parameters) +
+         " parameters but '" + weights_path + "' holds " + std::to_string(held) +
+         ": they do not belong together");
 }
 
 int64_t StackConfig::stack_parameters(bool final_norm) const {
   return checked_add(embedding_parameters(vocab, d_model, max_len, positions.kind),
-                     nn::encoder_parameters(layer(), layers, final_norm, positions), "parameter count");
+                     nn::encoder_parameters(layer(), layers, final_norm, positions),
+                     "parameter count");
 }
 
 void check_token_ids(const char* who, const Tensor& ids) {

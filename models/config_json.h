@@ -55,7 +55,9 @@ class ConfigCheck {
   void positions(const nn::PositionOptions& p) const;
   /// Throws bad_field(where, name, why).
   /// @throws graft::Error always.
-  [[noreturn]] void bad(const char* name, const std::string& why) const { bad_field(where_, name, why); }
+  [[noreturn]] void bad(const char* name, const std::string& why) const {
+    bad_field(where_, name, why);
+  }
 
  private:
   std::string where_;
@@ -95,7 +97,9 @@ class ConfigReader {
   void positions(nn::PositionOptions& p) const;
   /// Throws the reader's error for field `name`: `<where>: field "<name>" <why>`.
   /// @throws graft::Error always.
-  [[noreturn]] void bad(const char* name, const std::string& why) const { bad_field(where_, name, why); }
+  [[noreturn]] void bad(const char* name, const std::string& why) const {
+    bad_field(where_, name, why);
+  }
 
  private:
   const nlohmann::json& j_;
@@ -113,12 +117,12 @@ struct StackConfig {
   ///@{
   int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, layers = 2, max_len = 256;
   ///@}
-  double dropout = 0.1;  ///< on the embeddings and in every layer
+  double dropout = 0.1;           ///< on the embeddings and in every layer
   nn::PositionOptions positions;  ///< the positional encoding and its settings
-  bool norm_first = false;  ///< pre-LN (true) or post-LN (false)
-  int64_t pad_id = 0;  ///< the padding token, in [0, vocab)
-  DType dtype = DType::f32;  ///< of every parameter
-  uint64_t seed = 1;  ///< initialisation and dropout masks
+  bool norm_first = false;        ///< pre-LN (true) or post-LN (false)
+  int64_t pad_id = 0;             ///< the padding token, in [0, vocab)
+  DType dtype = DType::f32;       ///< of every parameter
+  uint64_t seed = 1;              ///< initialisation and dropout masks
 
   /// The fields as JSON (read_stack() reads them back).
   nlohmann::json stack_json() const;
@@ -163,12 +167,14 @@ double model_peak_bytes(int64_t parameters, int64_t buffers, DType dt, int copie
 /// module is built, so a config with 10^9 layers fails in microseconds.
 /// @throws graft::Error "<where>: the config describes a model of ..." when it does not fit,
 ///         or "model size: the count overflows int64".
-void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where, int copies = 4);
+void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where,
+                        int copies = 4);
 
 /// Loading: the weights file must hold exactly the parameters the config describes, checked
 /// before the model is built (config_path and weights_path are named in the error).
 /// @throws graft::Error when the element counts differ.
-void check_weights_count(int64_t parameters, const std::vector<std::pair<std::string, Tensor>>& weights,
+void check_weights_count(int64_t parameters,
+                         const std::vector<std::pair<std::string, Tensor>>& weights,
                          const std::string& config_path, const std::string& weights_path);
 
 /// check_model_memory for any family's config (a type with parameter_count(), d_model,
@@ -177,8 +183,8 @@ void check_weights_count(int64_t parameters, const std::vector<std::pair<std::st
 template <class Config>
 void check_config_memory(const Config& c, const std::string& where, int copies = 4) {
   try {
-    check_model_memory(c.parameter_count(), buffer_elements(c.d_model, c.max_len, c.positions.kind), c.dtype, where,
-                       copies);
+    check_model_memory(c.parameter_count(), buffer_elements(c.d_model, c.max_len, c.positions.kind),
+                       c.dtype, where, copies);
   } catch (const Error& e) {
     const std::string m = e.what();
     if (m.rfind(where, 0) == 0) throw;
@@ -191,9 +197,9 @@ void check_config_memory(const Config& c, const std::string& where, int copies =
 /// config's sizes against it and against memory. Build the model only after this.
 /// @throws graft::Error from nn::load_weights(), check_weights_count() or check_config_memory().
 template <class Config>
-std::vector<std::pair<std::string, Tensor>> load_run_weights(const Config& c, const std::string& config_path,
-                                                             const std::string& weights_path,
-                                                             const std::vector<std::string>& tied_files) {
+std::vector<std::pair<std::string, Tensor>> load_run_weights(
+    const Config& c, const std::string& config_path, const std::string& weights_path,
+    const std::vector<std::string>& tied_files) {
   auto w = nn::load_weights(weights_path, "load_run", tied_files);
   check_weights_count(c.parameter_count(), w, config_path, weights_path);
   check_config_memory(c, config_path, /*copies=*/2);  // the file's tensors and the model's

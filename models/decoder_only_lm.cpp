@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/text.h"
 #include "graft/models/config_json.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -43,7 +43,8 @@ LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) 
 void LMConfig::validate(const std::string& where) const {
   validate_stack(where);
   if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
-    ConfigCheck(where).bad("kv_heads", "must be 0 (= heads) or divide heads " + std::to_string(heads) + ", got " +
+    ConfigCheck(where).bad("kv_heads", "must be 0 (= heads) or divide heads " +
+                                           std::to_string(heads) + ", got " +
                                            std::to_string(kv_heads));
 }
 
@@ -58,19 +59,26 @@ nn::LayerConfig LMConfig::layer() const {
 
 int64_t LMConfig::parameter_count() const {
   int64_t n = checked_add(embedding_parameters(vocab, d_model, max_len, positions.kind),
-                          nn::encoder_parameters(layer(), layers, /*final_norm=*/true, positions), "parameter count");
-  if (!tied_output) n = checked_add(n, checked_mul(vocab, d_model, "parameter count"), "parameter count");
+                          nn::encoder_parameters(layer(), layers, /*final_norm=*/true, positions),
+                          "parameter count");
+  if (!tied_output)
+    n = checked_add(n, checked_mul(vocab, d_model, "parameter count"), "parameter count");
   return n;
 }
 
 DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
   c.validate("DecoderOnlyLM");
   Generator gen(c.seed);
-  embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
-  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
+  embedding = register_module("embedding", std::make_shared<nn::Embedding>(
+                                               c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
+  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len,
+                                                                        c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
-  blocks = register_module("blocks", std::make_shared<nn::CausalStack>(c.layer(), c.layers, gen, &dropout_gen, c.positions));
-  if (!c.tied_output) output = register_module("output", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, c.dtype, gen));
+  blocks = register_module("blocks", std::make_shared<nn::CausalStack>(c.layer(), c.layers, gen,
+                                                                       &dropout_gen, c.positions));
+  if (!c.tied_output)
+    output = register_module("output",
+                             std::make_shared<nn::Linear>(c.d_model, c.vocab, false, c.dtype, gen));
 }
 
 Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
@@ -80,7 +88,9 @@ Tensor DecoderOnlyLM::embed(const Tensor& ids, int64_t start) const {
   return dropout->forward(pos->forward(x, start));
 }
 
-Tensor DecoderOnlyLM::logits(const Tensor& h) const { return linear(h, output ? output->weight : embedding->weight); }
+Tensor DecoderOnlyLM::logits(const Tensor& h) const {
+  return linear(h, output ? output->weight : embedding->weight);
+}
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
   const auto named = scope();
@@ -123,8 +133,8 @@ class LMStep : public DecodeStep {
 
 }  // namespace
 
-Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts,
-                   int64_t eos, const DecodeOptions& o) {
+Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts, int64_t eos,
+                   const DecodeOptions& o) {
   check_decode_options(o);
   if (prompts.empty() || prompts[0].empty()) fail("generate: needs at least one non-empty prompt");
   const int64_t len = (int64_t)prompts[0].size();
@@ -132,7 +142,8 @@ Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& p
     if ((int64_t)p.size() != len) fail("generate: prompts must have equal lengths (no padding)");
     for (int64_t id : p)
       if (id < 0 || id >= lm.cfg.vocab)
-        fail("generate: token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(lm.cfg.vocab) + ")");
+        fail("generate: token id " + std::to_string(id) + " outside the vocabulary [0, " +
+             std::to_string(lm.cfg.vocab) + ")");
   }
   if (lm.cfg.positions.kind == nn::Positions::learned && len + o.max_len > lm.cfg.max_len)
     fail("generate: prompt " + std::to_string(len) + " + max_len " + std::to_string(o.max_len) +

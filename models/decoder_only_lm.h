@@ -45,7 +45,8 @@ struct LMConfig : StackConfig {
   /// StackConfig::layer() with the Llama-style options above.
   nn::LayerConfig layer() const;
   /// Reads a config written by to_json(), then validate()s it.
-  /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range value.
+  /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range
+  /// value.
   /// @throws graft::Error as StackConfig::read_stack() and validate().
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
   /// Checks every range (StackConfig::validate_stack(), and kv_heads in [0, heads] dividing
@@ -70,13 +71,13 @@ class DecoderOnlyLM : public nn::Module {
   Tensor embed(const Tensor& ids, int64_t start = 0) const;
   /// h (B, T, d) -> logits (B, T, V) through the tied embedding (or the output linear).
   Tensor logits(const Tensor& h) const;
-  LMConfig cfg;  ///< the config it was built from
+  LMConfig cfg;           ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
-  std::shared_ptr<nn::Embedding> embedding;  ///< "embedding": tokens in, logits out (tied)
+  std::shared_ptr<nn::Embedding> embedding;     ///< "embedding": tokens in, logits out (tied)
   std::shared_ptr<nn::EmbeddingPositions> pos;  ///< "pos.weight" when learned
-  std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
+  std::shared_ptr<nn::Dropout> dropout;         ///< on the embeddings
   std::shared_ptr<nn::CausalStack> blocks;  ///< with the final LayerNorm (and rope/alibi/relative)
-  std::shared_ptr<nn::Linear> output;  ///< "output" (V, d) without bias; null when tied_output
+  std::shared_ptr<nn::Linear> output;       ///< "output" (V, d) without bias; null when tied_output
 };
 
 /// Continues each prompt (rows of equal length, no padding) by up to o.max_len tokens: greedy,
@@ -87,7 +88,7 @@ class DecoderOnlyLM : public nn::Module {
 /// @throws graft::Error for bad options, no prompt or an empty one, prompts of different
 ///         lengths, an id outside the vocabulary, or (learned positions) prompt + max_len
 ///         beyond the config's max_len.
-Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts,
-                   int64_t eos, const DecodeOptions& o);
+Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts, int64_t eos,
+                   const DecodeOptions& o);
 
 }  // namespace graft::models

@@ -16,8 +16,10 @@ namespace {
 // The sampling options' ranges; errors start with `who`.
 void check_sampling_options(const SamplingOptions& s, const char* who) {
   if (!(s.temperature > 0) || !std::isfinite(s.temperature))
-    fail(std::string(who) + ": temperature must be a finite number > 0, got " + std::to_string(s.temperature));
-  if (s.top_k < 0) fail(std::string(who) + ": top_k must be >= 0 (0: no limit), got " + std::to_string(s.top_k));
+    fail(std::string(who) + ": temperature must be a finite number > 0, got " +
+         std::to_string(s.temperature));
+  if (s.top_k < 0)
+    fail(std::string(who) + ": top_k must be >= 0 (0: no limit), got " + std::to_string(s.top_k));
   if (!(s.top_p > 0 && s.top_p <= 1))
     fail(std::string(who) + ": top_p must be in (0, 1], got " + std::to_string(s.top_p));
 }
@@ -31,7 +33,8 @@ void check_decode_options(const DecodeOptions& o) {
   if (o.sample && o.beam > 1) fail("decode: sampling draws one sequence per input; beam must be 1");
 }
 
-std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o) {
+std::vector<double> sampling_distribution(const std::vector<double>& logits,
+                                          const SamplingOptions& o) {
   const int64_t V = (int64_t)logits.size();
   if (V == 0) fail("sampling_distribution: no logits");
   check_sampling_options(o, "sampling_distribution");
@@ -44,12 +47,14 @@ std::vector<double> sampling_distribution(const std::vector<double>& logits, con
   // Token ids from most to least likely (ties: lower id first).
   std::vector<int64_t> order(V);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   const double top = logits[order[0]] / o.temperature;
   std::vector<double> p(V, 0.0);
   double sum = 0;
-  for (int64_t r = 0; r < k; ++r) sum += p[order[r]] = std::exp(logits[order[r]] / o.temperature - top);
+  for (int64_t r = 0; r < k; ++r)
+    sum += p[order[r]] = std::exp(logits[order[r]] / o.temperature - top);
   // Nucleus: the smallest prefix of `order` whose probability reaches top_p.
   double kept = 0;
   int64_t n = 0;
@@ -76,7 +81,8 @@ int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
 namespace {
 
 // The generated part of p (after its first `skip` tokens), cut at EOS.
-std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int64_t eos, bool stop_at_eos) {
+std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int64_t eos,
+                                bool stop_at_eos) {
   if (!stop_at_eos) return std::vector<int64_t>(p.begin() + (long)skip, p.end());
   std::vector<int64_t> out;
   for (size_t i = skip; i < p.size(); ++i) {
@@ -89,7 +95,8 @@ std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int6
 void check_start(const Sequences& start) {
   if (start.empty() || start[0].empty()) fail("decode: needs at least one row with a first token");
   for (auto& s : start)
-    if (s.size() != start[0].size()) fail("decode: every row must start with the same number of tokens");
+    if (s.size() != start[0].size())
+      fail("decode: every row must start with the same number of tokens");
 }
 
 // One token per row per step, chosen by pick(the step's (rows, V) logits) -> a token per row;
@@ -123,7 +130,8 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
 
 // The argmax op on the model's logits (the first of equal maxima), no float64 copy of them.
 // argmax takes a NaN for the maximum, as PyTorch's: a row with one is refused, as in beam search.
-Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
+Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                        const DecodeOptions& o) {
   check_decode_options(o);
   return token_by_token(step, start, eos, o, [](const Tensor& logits) {
     const std::vector<int64_t> best = argmax(logits, 1).to_vector<int64_t>();
@@ -136,7 +144,8 @@ Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, c
   });
 }
 
-Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
+Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                        const DecodeOptions& o) {
   check_decode_options(o);
   Generator gen(o.seed);
   return token_by_token(step, start, eos, o, [&](const Tensor& logits) {
@@ -185,8 +194,9 @@ std::vector<std::pair<T, int64_t>> top_tokens(const T* row, int64_t V, int64_t K
 // at no cost. Only each beam's K best tokens can be among the K best continuations, so those
 // K * K are ranked (ranking all K * V dominated decoding time).
 template <class T>
-std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b, const T* logp,
-                                                                  int64_t V, int64_t eos) {
+std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b,
+                                                                  const T* logp, int64_t V,
+                                                                  int64_t eos) {
   std::vector<std::tuple<double, int64_t, int64_t>> cand;
   for (int64_t k = 0; k < s.K; ++k) {
     const int64_t r = b * s.K + k;
@@ -195,12 +205,14 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
       cand.emplace_back(s.score[r], k, eos);
       continue;
     }
-    for (const auto& [lp, v] : top_tokens(logp + r * V, V, s.K)) cand.emplace_back(s.score[r] + (double)lp, k, v);
+    for (const auto& [lp, v] : top_tokens(logp + r * V, V, s.K))
+      cand.emplace_back(s.score[r] + (double)lp, k, v);
   }
   const size_t keep = std::min<size_t>(s.K, cand.size());
   std::partial_sort(cand.begin(), cand.begin() + keep, cand.end(), [](auto& x, auto& y) {
     if (std::get<0>(x) != std::get<0>(y)) return std::get<0>(x) > std::get<0>(y);
-    return std::make_pair(std::get<1>(x), std::get<2>(x)) < std::make_pair(std::get<1>(y), std::get<2>(y));
+    return std::make_pair(std::get<1>(x), std::get<2>(x)) <
+           std::make_pair(std::get<1>(y), std::get<2>(y));
   });
   cand.resize(keep);
   return cand;
@@ -212,12 +224,14 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
   // search does the same), the beams' running scores in double.
   const Tensor lg = contiguous(log_softmax(step.next_logits(s.prefix), 1));
   const int64_t V = lg.size(1);
-  Beams next{s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
+  Beams next{
+      s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
   // Dead beams (score -inf) carry a valid id that is never used: EOS, or 0 when there is none.
   std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, std::max<int64_t>(eos, 0));
   for (int64_t b = 0; b < s.B; ++b) {
-    const auto cand = lg.dtype() == DType::f64 ? best_candidates(s, b, lg.data<const double>(), V, eos)
-                                               : best_candidates(s, b, lg.data<const float>(), V, eos);
+    const auto cand = lg.dtype() == DType::f64
+                          ? best_candidates(s, b, lg.data<const double>(), V, eos)
+                          : best_candidates(s, b, lg.data<const float>(), V, eos);
     for (int64_t k = 0; k < s.K; ++k) {
       const int64_t r = b * s.K + k;
       pick[r] = b * s.K;
@@ -242,7 +256,8 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
 
 }  // namespace
 
-Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o) {
+Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                      const DecodeOptions& o) {
   check_decode_options(o);
   check_start(start);
   autograd::NoGrad ng;
@@ -254,7 +269,8 @@ Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, con
     for (int64_t k = 0; k < K; ++k) expand.push_back(b);
   step.select(expand);
   for (int64_t r : expand) s.prefix.push_back(start[r]);
-  for (int64_t b = 0; b < rows; ++b) s.score[b * K] = 0;  // only the first beam is live at the start
+  for (int64_t b = 0; b < rows; ++b)
+    s.score[b * K] = 0;  // only the first beam is live at the start
   for (int64_t t = 0; t < o.max_len; ++t)
     if (!beam_step(step, s, eos) && o.stop_at_eos) break;
   auto lp = [&](size_t len) { return std::pow((5.0 + (double)len) / 6.0, o.length_penalty); };

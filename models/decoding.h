@@ -26,7 +26,7 @@ struct DecodeOptions {
   bool use_cache = true;        ///< false: re-run the decoder over the whole prefix each step
   bool stop_at_eos = true;      ///< false: always generate max_len tokens (benchmarks)
   bool sample = false;          ///< draw each token instead of taking the most likely one
-  SamplingOptions sampling;  ///< the sampling filters (when sample is set)
+  SamplingOptions sampling;     ///< the sampling filters (when sample is set)
   uint64_t seed = 0;            ///< the sampling generator's seed: same seed, same tokens
 };
 
@@ -43,7 +43,8 @@ void check_decode_options(const DecodeOptions& o);
 /// @throws graft::Error "sampling_distribution: ..." when logits is empty or an option is out of
 ///         the ranges check_decode_options() names; "sample_token: the model's logit of token
 ///         <v> is NaN" (or +inf) for a logit that is, as greedy and beam search refuse one.
-std::vector<double> sampling_distribution(const std::vector<double>& logits, const SamplingOptions& o);
+std::vector<double> sampling_distribution(const std::vector<double>& logits,
+                                          const SamplingOptions& o);
 /// One draw from sampling_distribution (one gen.uniform()).
 /// @throws graft::Error as sampling_distribution(): no logits, a NaN or +inf logit.
 int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o, Generator& gen);
@@ -71,14 +72,17 @@ using Sequences = std::vector<std::vector<int64_t>>;
 Sequences decode(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
 /// decode() taking the most likely token at each step (o.beam and o.sample are ignored).
 /// @throws graft::Error as decode().
-Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                        const DecodeOptions& o);
 /// decode() drawing each token from sampling_distribution() with a Generator seeded by o.seed
 /// (o.beam is ignored).
 /// @throws graft::Error as decode().
-Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                        const DecodeOptions& o);
 /// decode() keeping the o.beam best continuations of each row by log-probability, the result
 /// chosen with the GNMT length penalty (o.length_penalty); o.sample is not consulted.
 /// @throws graft::Error as decode().
-Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
+Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
+                      const DecodeOptions& o);
 
 }  // namespace graft::models

@@ -21,7 +21,6 @@ int64_t ngram_bucket(const int64_t* t, int64_t end, int64_t n, int64_t buckets) 
 
 }  // namespace
 
-
 nlohmann::json ClassifierConfig::to_json() const {
   nlohmann::json j = stack_json();
   j["classes"] = classes;
@@ -47,31 +46,39 @@ void ClassifierConfig::validate(const std::string& where) const {
   c.size("classes", classes);
   if (ngram_buckets < 0 || ngram_buckets > kMaxNgramBuckets)
     c.bad("ngram_buckets", "must be in [0, 2^24], got " + std::to_string(ngram_buckets));
-  if (ngram_max < 2 || ngram_max > kMaxNgram) c.bad("ngram_max", "must be in [2, 8], got " + std::to_string(ngram_max));
+  if (ngram_max < 2 || ngram_max > kMaxNgram)
+    c.bad("ngram_max", "must be in [2, 8], got " + std::to_string(ngram_max));
 }
 
 int64_t ClassifierConfig::parameter_count() const {
-  const int64_t head = checked_add(checked_mul(d_model, classes, "parameter count"), classes, "parameter count");
+  const int64_t head =
+      checked_add(checked_mul(d_model, classes, "parameter count"), classes, "parameter count");
   const int64_t ngram_rows = ngram_buckets > 0 ? ngram_buckets + 1 : 0;
-  const int64_t inputs = checked_add(stack_parameters(/*final_norm=*/norm_first),
-                                     checked_mul(ngram_rows, d_model, "parameter count"), "parameter count");
+  const int64_t inputs =
+      checked_add(stack_parameters(/*final_norm=*/norm_first),
+                  checked_mul(ngram_rows, d_model, "parameter count"), "parameter count");
   return checked_add(inputs, head, "parameter count");
 }
 
-EncoderClassifier::EncoderClassifier(const ClassifierConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 9) {
+EncoderClassifier::EncoderClassifier(const ClassifierConfig& c)
+    : cfg(c), dropout_gen(c.seed * 31 + 9) {
   c.validate("EncoderClassifier");
   Generator gen(c.seed);
-  embedding = register_module("embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
-                                                                           1.0 / std::sqrt((double)c.d_model)));
+  embedding = register_module(
+      "embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
+                                                   1.0 / std::sqrt((double)c.d_model)));
   if (c.ngram_buckets > 0)  // row ngram_buckets: "no n-gram here", learned like the others
-    ngrams = register_module("ngrams", std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.d_model, -1, c.dtype, gen,
-                                                                       1.0 / std::sqrt((double)c.d_model)));
-  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
+    ngrams = register_module(
+        "ngrams", std::make_shared<nn::Embedding>(c.ngram_buckets + 1, c.d_model, -1, c.dtype, gen,
+                                                  1.0 / std::sqrt((double)c.d_model)));
+  pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len,
+                                                                        c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
-  encoder = register_module("encoder", std::make_shared<nn::Encoder>(
-      c.layer(), c.layers, c.norm_first, gen,
-      &dropout_gen, c.positions));
-  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
+  encoder =
+      register_module("encoder", std::make_shared<nn::Encoder>(c.layer(), c.layers, c.norm_first,
+                                                               gen, &dropout_gen, c.positions));
+  head = register_module("head",
+                         std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
 }
 
 Tensor EncoderClassifier::ngram_ids(const Tensor& ids) const {

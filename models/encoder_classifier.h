@@ -19,7 +19,7 @@ struct ClassifierConfig : StackConfig {
   /// > 0: the n-grams of 2..ngram_max tokens ending at each position are hashed into this many
   /// rows of a second embedding table, added to the token embedding; 0: tokens alone.
   int64_t ngram_buckets = 0;
-  int64_t ngram_max = 5;  ///< the longest n-gram hashed, in [2, 8]
+  int64_t ngram_max = 5;           ///< the longest n-gram hashed, in [2, 8]
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
@@ -27,7 +27,8 @@ struct ClassifierConfig : StackConfig {
   /// Reads a config written by to_json(), then validate()s it. Errors name the field and
   /// `where` (e.g. the file). A config without the n-gram fields (graft 0.2) reads as tokens alone.
   /// @throws graft::Error as StackConfig::read_stack() and validate().
-  static ClassifierConfig from_json(const nlohmann::json& j, const std::string& where = "ClassifierConfig");
+  static ClassifierConfig from_json(const nlohmann::json& j,
+                                    const std::string& where = "ClassifierConfig");
   /// Checks every range, the one check both from_json() and EncoderClassifier's constructor
   /// make: StackConfig::validate_stack(), classes in [1, 2^24], ngram_buckets in [0, 2^24],
   /// ngram_max in [2, 8].
@@ -49,17 +50,19 @@ class EncoderClassifier : public nn::Module {
   /// The rows of `ngrams` for ids (B, T): (B, T, ngram_max - 1), the hashed n-gram of 2, 3, ...
   /// tokens ending at each position, or row ngram_buckets ("no n-gram") where the n-gram would
   /// start before the text or hold a pad. The hash (FNV-1a over n and the tokens, splitmix64's
-  /// finaliser, modulo ngram_buckets) is part of the saved-model format: frozen, and pinned by a test.
+  /// finaliser, modulo ngram_buckets) is part of the saved-model format: frozen, and pinned by a
+  /// test.
   /// @throws graft::Error when the config has no n-gram table.
   Tensor ngram_ids(const Tensor& ids) const;
-  ClassifierConfig cfg;  ///< the config it was built from
+  ClassifierConfig cfg;   ///< the config it was built from
   Generator dropout_gen;  ///< all dropout masks come from here (saved for exact resume)
   std::shared_ptr<nn::Embedding> embedding;  ///< "embedding", scaled by sqrt(d) on the way in
-  std::shared_ptr<nn::Embedding> ngrams;  ///< "ngrams" (ngram_buckets + 1 rows, the last "no n-gram"), or null
+  std::shared_ptr<nn::Embedding>
+      ngrams;  ///< "ngrams" (ngram_buckets + 1 rows, the last "no n-gram"), or null
   std::shared_ptr<nn::EmbeddingPositions> pos;  ///< "pos" (learned or sinusoidal positions)
-  std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
-  std::shared_ptr<nn::Encoder> encoder;  ///< "encoder", bidirectional
-  std::shared_ptr<nn::Linear> head;  ///< "head", d -> classes
+  std::shared_ptr<nn::Dropout> dropout;         ///< on the embeddings
+  std::shared_ptr<nn::Encoder> encoder;         ///< "encoder", bidirectional
+  std::shared_ptr<nn::Linear> head;             ///< "head", d -> classes
 };
 
 }  // namespace graft::models

@@ -18,8 +18,8 @@ namespace graft::models {
 
 /// The "model" section of a run's config.json.
 /// @throws graft::Error naming `who` and `config_path` when the section is missing.
-inline const nlohmann::json& model_section(const nlohmann::json& config, const std::string& config_path,
-                                           const std::string& who) {
+inline const nlohmann::json& model_section(const nlohmann::json& config,
+                                           const std::string& config_path, const std::string& who) {
   if (!config.is_object() || !config.contains("model"))
     fail(who + ": '" + config_path + "' has no \"model\" section");
   return config["model"];
@@ -42,7 +42,8 @@ struct LoadedModel {
 /// config and the config against memory; only then is the model built.
 /// @throws graft::Error naming the file and field at fault.
 template <class Model>
-LoadedModel<Model> load_run_model(const std::string& run_dir, const std::vector<std::string>& more_tied_files = {}) {
+LoadedModel<Model> load_run_model(const std::string& run_dir,
+                                  const std::vector<std::string>& more_tied_files = {}) {
   using Config = std::remove_cvref_t<decltype(std::declval<Model&>().cfg)>;
   const std::string cfg_path = run_dir + "/config.json";
   LoadedModel<Model> r;

@@ -19,8 +19,9 @@ int64_t read_max_seq_length(const std::string& dir, int64_t max_len) {
   int64_t n = max_len;
   ConfigReader(nn::load_json(path), path).get_or_keep("max_seq_length", n);
   if (n < 2 || n > max_len)
-    bad_field(path, "max_seq_length", "must be in [2, " + std::to_string(max_len) + "] (max_position_embeddings), got " +
-                                          std::to_string(n));
+    bad_field(path, "max_seq_length",
+              "must be in [2, " + std::to_string(max_len) + "] (max_position_embeddings), got " +
+                  std::to_string(n));
   return n;
 }
 
@@ -32,8 +33,8 @@ Pooling read_pooling(const std::string& dir) {
   const ConfigReader r(j, path);
   bool mean = false, cls = false, other = false;
   r.get_or_keep("pooling_mode_mean_tokens", mean), r.get_or_keep("pooling_mode_cls_token", cls);
-  for (const char* f : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-                        "pooling_mode_lasttoken"}) {
+  for (const char* f : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"}) {
     bool on = false;
     r.get_or_keep(f, on);
     if (on) other = true;
@@ -63,7 +64,8 @@ Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize)
   return normalize ? l2_normalize(e) : e;
 }
 
-std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer, const std::vector<std::string>& texts,
+std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer,
+                                                 const std::vector<std::string>& texts,
                                                  int64_t max_len) {
   std::vector<std::vector<int64_t>> ids;
   ids.reserve(texts.size());
@@ -99,11 +101,13 @@ Tensor SentenceEncoder::embed(const Tensor& ids, const Tensor& pad) const {
 
 Tensor SentenceEncoder::encode_ids(const std::vector<std::vector<int64_t>>& ids, int64_t batch_size,
                                    const Progress& progress) const {
-  if (batch_size < 1) fail("SentenceEncoder::encode: batch_size must be >= 1, got " + std::to_string(batch_size));
+  if (batch_size < 1)
+    fail("SentenceEncoder::encode: batch_size must be >= 1, got " + std::to_string(batch_size));
   const int64_t n = (int64_t)ids.size(), d = model->cfg.d_model;
   std::vector<int64_t> order((size_t)n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a].size() < ids[b].size(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return ids[a].size() < ids[b].size(); });
   std::vector<float> out((size_t)checked_mul(n, d, "SentenceEncoder::encode"));
   autograd::NoGrad no_grad;
   for (int64_t start = 0; start < n; start += batch_size) {
@@ -119,7 +123,8 @@ Tensor SentenceEncoder::encode_ids(const std::vector<std::vector<int64_t>>& ids,
   return from_vector(out, {n, d});
 }
 
-Tensor SentenceEncoder::encode(const std::vector<std::string>& texts, int64_t batch_size, const Progress& progress) const {
+Tensor SentenceEncoder::encode(const std::vector<std::string>& texts, int64_t batch_size,
+                               const Progress& progress) const {
   try {
     return encode_ids(tokenize_texts(tokenizer, texts, max_seq_length), batch_size, progress);
   } catch (const Error& e) {

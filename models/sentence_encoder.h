@@ -22,9 +22,11 @@ enum class Pooling { mean, cls };
 /// @throws graft::Error as mean_pool() and l2_normalize().
 Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize);
 
-/// The ids of each text ([CLS] pieces [SEP], at most max_len; text::WordPiece::encode_with_specials).
+/// The ids of each text ([CLS] pieces [SEP], at most max_len;
+/// text::WordPiece::encode_with_specials).
 /// @throws graft::Error "text <i>: ..." naming the index of a text that is not UTF-8.
-std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer, const std::vector<std::string>& texts,
+std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer,
+                                                 const std::vector<std::string>& texts,
                                                  int64_t max_len);
 
 /// A pretrained sentence encoder: tokenizer, BERT encoder, pooling and normalisation, as a
@@ -53,12 +55,12 @@ class SentenceEncoder {
   /// undefined: the positions holding the model's pad id.
   /// @throws graft::Error as BertEncoder::forward().
   Tensor embed(const Tensor& ids, const Tensor& pad) const;
-  text::WordPiece tokenizer;  ///< from the directory's tokenizer files
+  text::WordPiece tokenizer;           ///< from the directory's tokenizer files
   std::unique_ptr<BertEncoder> model;  ///< the encoder
-  int64_t max_seq_length = 512;  ///< texts are cut to this many ids, [CLS] and [SEP] included
-  Pooling pooling = Pooling::mean;  ///< over the hidden states
-  bool normalize = false;  ///< L2-normalise the pooled vector
-  std::string dir;  ///< where it was loaded from
+  int64_t max_seq_length = 512;        ///< texts are cut to this many ids, [CLS] and [SEP] included
+  Pooling pooling = Pooling::mean;     ///< over the hidden states
+  bool normalize = false;              ///< L2-normalise the pooled vector
+  std::string dir;                     ///< where it was loaded from
 };
 
 }  // namespace graft::models

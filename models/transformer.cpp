@@ -6,20 +6,30 @@
 #include <numeric>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/text.h"
 #include "graft/models/config_json.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
 
 nlohmann::json TransformerConfig::to_json() const {
-  nlohmann::json j = {{"vocab", vocab},           {"d_model", d_model},   {"heads", heads},
-                      {"d_ff", d_ff},             {"enc_layers", enc_layers}, {"dec_layers", dec_layers},
-                      {"max_len", max_len},       {"dropout", dropout},   {"norm_first", norm_first},
-                      {"final_norm", final_norm}, {"attention_dropout", attention_dropout},
+  nlohmann::json j = {{"vocab", vocab},
+                      {"d_model", d_model},
+                      {"heads", heads},
+                      {"d_ff", d_ff},
+                      {"enc_layers", enc_layers},
+                      {"dec_layers", dec_layers},
+                      {"max_len", max_len},
+                      {"dropout", dropout},
+                      {"norm_first", norm_first},
+                      {"final_norm", final_norm},
+                      {"attention_dropout", attention_dropout},
                       {"activation", nn::activation_name(activation)},
-                      {"pad_id", pad_id},         {"bos_id", bos_id},     {"eos_id", eos_id},
-                      {"dtype", dtype_name(dtype)}, {"seed", seed}};
+                      {"pad_id", pad_id},
+                      {"bos_id", bos_id},
+                      {"eos_id", eos_id},
+                      {"dtype", dtype_name(dtype)},
+                      {"seed", seed}};
   j.update(positions_json(positions));
   return j;
 }
@@ -27,7 +37,8 @@ nlohmann::json TransformerConfig::to_json() const {
 TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const std::string& where) {
   TransformerConfig c;
   const ConfigReader r(j, where);
-  r.get("vocab", c.vocab), r.get("d_model", c.d_model), r.get("heads", c.heads), r.get("d_ff", c.d_ff);
+  r.get("vocab", c.vocab), r.get("d_model", c.d_model), r.get("heads", c.heads),
+      r.get("d_ff", c.d_ff);
   r.get("enc_layers", c.enc_layers), r.get("dec_layers", c.dec_layers), r.get("max_len", c.max_len);
   r.get("dropout", c.dropout);
   r.get("norm_first", c.norm_first), r.get("final_norm", c.final_norm);
@@ -56,18 +67,22 @@ void TransformerConfig::validate(const std::string& where) const {
   c.size("max_len", max_len, kMaxLen);
   c.probability("dropout", dropout), c.probability("attention_dropout", attention_dropout);
   c.heads_divide(heads, d_model);
-  c.token_id("pad_id", pad_id, vocab), c.token_id("bos_id", bos_id, vocab), c.token_id("eos_id", eos_id, vocab);
+  c.token_id("pad_id", pad_id, vocab), c.token_id("bos_id", bos_id, vocab),
+      c.token_id("eos_id", eos_id, vocab);
   c.positions(positions);
 }
 
 int64_t TransformerConfig::parameter_count() const {
   int64_t n = embedding_parameters(vocab, d_model, max_len, positions.kind);
-  n = checked_add(n, nn::encoder_parameters(layer(), enc_layers, final_norm, positions), "parameter count");
-  return checked_add(n, nn::decoder_parameters(layer(), dec_layers, final_norm, positions), "parameter count");
+  n = checked_add(n, nn::encoder_parameters(layer(), enc_layers, final_norm, positions),
+                  "parameter count");
+  return checked_add(n, nn::decoder_parameters(layer(), dec_layers, final_norm, positions),
+                     "parameter count");
 }
 
 nn::LayerConfig TransformerConfig::layer() const {
-  nn::LayerConfig l = nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype, activation);
+  nn::LayerConfig l =
+      nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype, activation);
   l.attention_dropout = attention_dropout;
   return l;
 }
@@ -75,9 +90,14 @@ nn::LayerConfig TransformerConfig::layer() const {
 TransformerConfig preset(const std::string& name, int64_t vocab) {
   TransformerConfig c;
   c.vocab = vocab;
-  struct P { const char* n; int64_t d, h, ff, l; };
-  static const P presets[] = {{"tiny", 128, 4, 512, 2}, {"small", 256, 4, 1024, 3},
-                              {"base", 512, 8, 2048, 6}, {"big", 1024, 16, 4096, 6}};
+  struct P {
+    const char* n;
+    int64_t d, h, ff, l;
+  };
+  static const P presets[] = {{"tiny", 128, 4, 512, 2},
+                              {"small", 256, 4, 1024, 3},
+                              {"base", 512, 8, 2048, 6},
+                              {"big", 1024, 16, 4096, 6}};
   for (auto& p : presets)
     if (name == p.n) {
       c.d_model = p.d;
@@ -94,18 +114,24 @@ Transformer::Transformer(const TransformerConfig& c) : cfg(c), dropout_gen(c.see
   Generator gen(c.seed);
   // Shared embedding ~ N(0, d^-1/2): scaled by sqrt(d) it has unit variance at the input, and as
   // the tied output projection it gives logits of unit scale.
-  embedding = register_module("embedding", std::make_shared<nn::Embedding>(
-                                               c.vocab, c.d_model, c.pad_id, c.dtype, gen,
-                                               1.0 / std::sqrt((double)c.d_model)));
+  embedding = register_module(
+      "embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.pad_id, c.dtype, gen,
+                                                   1.0 / std::sqrt((double)c.d_model)));
   pos = register_module(c.positions.kind == nn::Positions::learned ? "learned_pos" : "sin_pos",
-                        std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len, c.d_model, c.dtype, gen));
+                        std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len,
+                                                                 c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
-  encoder = register_module("encoder", std::make_shared<nn::Encoder>(c.layer(), c.enc_layers, c.final_norm, gen, &dropout_gen, c.positions));
-  decoder = register_module("decoder", std::make_shared<nn::Decoder>(c.layer(), c.dec_layers, c.final_norm, gen, &dropout_gen, c.positions));
+  encoder = register_module(
+      "encoder", std::make_shared<nn::Encoder>(c.layer(), c.enc_layers, c.final_norm, gen,
+                                               &dropout_gen, c.positions));
+  decoder = register_module(
+      "decoder", std::make_shared<nn::Decoder>(c.layer(), c.dec_layers, c.final_norm, gen,
+                                               &dropout_gen, c.positions));
   // nn.Transformer._reset_parameters: Xavier-uniform on every matrix of the stacks.
   for (auto* stack : {(nn::Module*)encoder.get(), (nn::Module*)decoder.get()})
     for (auto& [name, p] : stack->named_parameters())
-      if (p.dim() > 1 && name.find("relative_attention_bias") == std::string::npos) nn::xavier_uniform_(p, gen);
+      if (p.dim() > 1 && name.find("relative_attention_bias") == std::string::npos)
+        nn::xavier_uniform_(p, gen);
 }
 
 Tensor Transformer::pad_mask(const Tensor& ids) const { return eq(ids, (double)cfg.pad_id); }
@@ -118,14 +144,17 @@ Tensor Transformer::embed(const Tensor& ids, int64_t start) const {
   return dropout->forward(x);
 }
 
-Tensor Transformer::encode(const Tensor& src) const { return encoder->forward(embed(src), pad_mask(src)); }
+Tensor Transformer::encode(const Tensor& src) const {
+  return encoder->forward(embed(src), pad_mask(src));
+}
 
 Tensor Transformer::logits(const Tensor& h) const { return linear(h, embedding->weight); }
 
 Tensor Transformer::decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
                                    Tensors* cross_weights) const {
   if (src.shape()[0] != tgt_in.shape()[0])
-    fail("Transformer: source batch " + describe(src) + " and target batch " + describe(tgt_in) + " differ");
+    fail("Transformer: source batch " + describe(src) + " and target batch " + describe(tgt_in) +
+         " differ");
   return decoder->forward(embed(tgt_in), memory, pad_mask(tgt_in), pad_mask(src), cross_weights);
 }
 
@@ -159,8 +188,13 @@ Tensor ids_tensor(const std::vector<int64_t>& v, int64_t rows) {
 class TransformerStep : public DecodeStep {
  public:
   TransformerStep(const Transformer& m, const Tensor& src, const DecodeOptions& o)
-      : m_(m), memory_(m.encode(src)), src_(src), src_pad_(m.pad_mask(src)),
-        capacity_(o.max_len + 1), use_cache_(o.use_cache), source_(src.shape()[0]) {
+      : m_(m),
+        memory_(m.encode(src)),
+        src_(src),
+        src_pad_(m.pad_mask(src)),
+        capacity_(o.max_len + 1),
+        use_cache_(o.use_cache),
+        source_(src.shape()[0]) {
     std::iota(source_.begin(), source_.end(), 0);
   }
 
@@ -169,8 +203,8 @@ class TransformerStep : public DecodeStep {
     if (use_cache_) {
       std::vector<int64_t> last(rows);
       for (int64_t r = 0; r < rows; ++r) last[r] = prefix[r].back();
-      Tensor h = m_.decoder->forward_step(m_.embed(ids_tensor(last, rows), t - 1), memory_, src_pad_,
-                                          caches_, capacity_, nullptr, group_);
+      Tensor h = m_.decoder->forward_step(m_.embed(ids_tensor(last, rows), t - 1), memory_,
+                                          src_pad_, caches_, capacity_, nullptr, group_);
       return reshape(m_.logits(h), {rows, m_.cfg.vocab});
     }
     std::vector<int64_t> all;

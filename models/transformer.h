@@ -26,11 +26,11 @@ struct TransformerConfig {
   ///@{
   int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, enc_layers = 2, dec_layers = 2;
   ///@}
-  int64_t max_len = 256;  ///< the longest sequence with learned positions (the table's size)
-  double dropout = 0.1;  ///< on the embeddings and in every layer
+  int64_t max_len = 256;    ///< the longest sequence with learned positions (the table's size)
+  double dropout = 0.1;     ///< on the embeddings and in every layer
   bool norm_first = false;  ///< post-LN (false) or pre-LN (true)
   bool final_norm = true;   ///< LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
-  nn::PositionOptions positions;  ///< kind (sinusoidal, learned, rope, alibi, relative) + settings
+  nn::PositionOptions positions;   ///< kind (sinusoidal, learned, rope, alibi, relative) + settings
   double attention_dropout = 0.0;  ///< on the attention probabilities (nn::LayerConfig)
   nn::Activation activation = nn::Activation::relu;  ///< the FFN's activation
   /// The padding, begin-of-sequence and end-of-sequence token ids, each in [0, vocab).
@@ -38,7 +38,7 @@ struct TransformerConfig {
   int64_t pad_id = 0, bos_id = 2, eos_id = 3;
   ///@}
   DType dtype = DType::f32;  ///< of every parameter
-  uint64_t seed = 1;  ///< initialisation and dropout masks
+  uint64_t seed = 1;         ///< initialisation and dropout masks
 
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
@@ -48,7 +48,8 @@ struct TransformerConfig {
   /// validate()s it. Errors name the field and `where` (e.g. the file) for a missing, mistyped
   /// or out-of-range value.
   /// @throws graft::Error naming the field, as validate() for a value out of range.
-  static TransformerConfig from_json(const nlohmann::json& j, const std::string& where = "TransformerConfig");
+  static TransformerConfig from_json(const nlohmann::json& j,
+                                     const std::string& where = "TransformerConfig");
   /// Checks every range, the one check both from_json() and the Transformer's constructor make:
   /// sizes in [1, kMaxSize], enc_layers and dec_layers in [1, kMaxLayers], max_len in
   /// [1, kMaxLen], dropout and attention_dropout in [0, 1), heads dividing d_model, pad_id,
@@ -86,7 +87,9 @@ class Transformer : public nn::Module {
                 Tensors* cross_weights = nullptr) const;
   /// src (B, S), tgt_in (B, T) -> logits (B, T, V): decode(encode(src), src, tgt_in).
   /// @throws graft::Error as decode().
-  Tensor forward(const Tensor& src, const Tensor& tgt_in) const { return decode(encode(src), src, tgt_in); }
+  Tensor forward(const Tensor& src, const Tensor& tgt_in) const {
+    return decode(encode(src), src, tgt_in);
+  }
   /// Teacher-forced training loss: cross_entropy(forward(src, tgt_in), tgt_out) with label
   /// smoothing, pad targets ignored, computed by linear_cross_entropy (the (B*T, V) logits are
   /// never held). tgt_out (B, T) int64.
@@ -116,8 +119,8 @@ class Transformer : public nn::Module {
 ///
 /// Decoding (inference; runs under NoGrad) through models/decoding: greedy, beam search or
 /// sampling as the options say. It runs in the model's current mode: call eval() first (the
-/// translation program does), or dropout applies. Sources are padded with pad_id. Each output is the generated ids
-/// without BOS, cut at (and excluding) EOS.
+/// translation program does), or dropout applies. Sources are padded with pad_id. Each output is
+/// the generated ids without BOS, cut at (and excluding) EOS.
 /// @throws graft::Error when src is not int64 (B, S), for bad options (check_decode_options()),
 ///         or (learned positions) max_len + 1 > the config's max_len.
 Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o);

@@ -12,14 +12,17 @@ thread_local AttentionRecorder* t_recorder = nullptr;
 
 // Where an attention puts its weights: the caller's tensor, else `local` while a recorder
 // collects, else nowhere (null: the weights are not computed).
-Tensor* weights_wanted(Tensor* given, Tensor& local) { return given || !t_recorder ? given : &local; }
+Tensor* weights_wanted(Tensor* given, Tensor& local) {
+  return given || !t_recorder ? given : &local;
+}
 }  // namespace
 
 AttentionRecorder::AttentionRecorder() : prev_(t_recorder) { t_recorder = this; }
 AttentionRecorder::~AttentionRecorder() { t_recorder = prev_; }
 
 void AttentionRecorder::note(const Tensor& weights) {
-  if (t_recorder && weights.defined()) t_recorder->weights_.emplace_back(autograd::name_scope_path(), weights);
+  if (t_recorder && weights.defined())
+    t_recorder->weights_.emplace_back(autograd::name_scope_path(), weights);
 }
 
 Tensor AttentionRecorder::get(const std::string& path) const {
@@ -27,18 +30,20 @@ Tensor AttentionRecorder::get(const std::string& path) const {
     if (it->first == path) return it->second;
   std::string known;
   for (auto& [p, w] : weights_) known += (known.empty() ? "" : ", ") + p;
-  fail("AttentionRecorder: no attention weights under '" + path + "' (collected: " +
-       (known.empty() ? std::string("none") : known) + ")");
+  fail("AttentionRecorder: no attention weights under '" + path +
+       "' (collected: " + (known.empty() ? std::string("none") : known) + ")");
 }
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen,
-                                       double dropout_p, Generator* dropout_gen, int64_t kv, bool has_bias)
+                                       double dropout_p, Generator* dropout_gen, int64_t kv,
+                                       bool has_bias)
     : d(d_), heads(h), kv_heads(kv == 0 ? h : kv), dropout(dropout_p), dropout_gen_(dropout_gen) {
   if (h <= 0 || d % h != 0)
     fail("MultiHeadAttention: d_model " + std::to_string(d) + " is not divisible by " +
          std::to_string(h) + " heads");
   if (kv_heads <= 0 || h % kv_heads != 0)
-    fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " + std::to_string(h));
+    fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " +
+         std::to_string(h));
   if (!(dropout >= 0 && dropout < 1))
     fail("MultiHeadAttention: attention dropout must be in [0, 1), got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
@@ -53,19 +58,21 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
 
 Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t parts) const {
   if (kv_heads == heads) {
-    const Tensor y = part == 0 && parts == 3
-                         ? linear(x, in_proj_weight, in_proj_bias)
-                         : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
-                                  in_proj_bias.defined() ? slice(in_proj_bias, 0, part * d, (part + parts) * d)
-                                                         : Tensor());
+    const Tensor y =
+        part == 0 && parts == 3
+            ? linear(x, in_proj_weight, in_proj_bias)
+            : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
+                     in_proj_bias.defined() ? slice(in_proj_bias, 0, part * d, (part + parts) * d)
+                                            : Tensor());
     return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
   }
   // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.
   const int64_t dh = d / heads;
   auto first_head = [&](int64_t p) { return p == 0 ? 0 : heads + (p - 1) * kv_heads; };
   const int64_t h0 = first_head(part), h1 = first_head(part + parts);
-  const Tensor y = linear(x, slice(in_proj_weight, 0, h0 * dh, h1 * dh),
-                          in_proj_bias.defined() ? slice(in_proj_bias, 0, h0 * dh, h1 * dh) : Tensor());
+  const Tensor y =
+      linear(x, slice(in_proj_weight, 0, h0 * dh, h1 * dh),
+             in_proj_bias.defined() ? slice(in_proj_bias, 0, h0 * dh, h1 * dh) : Tensor());
   const Tensor all = split_heads(y, 1, h1 - h0)[0];  // (B, h1 - h0, T, Dh)
   Tensors out;
   for (int64_t p = part; p < part + parts; ++p)
@@ -75,8 +82,10 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
 
 Tensor MultiHeadAttention::repeat_kv(const Tensor& t) const {
   if (t.shape()[1] == heads) return t;
-  const Shape& s = t.shape();  // (B, kv_heads, T, Dh) -> (B, kv_heads, G, T, Dh) -> (B, heads, T, Dh)
-  return reshape(broadcast_to(unsqueeze(t, 2), {s[0], s[1], heads / s[1], s[2], s[3]}), {s[0], heads, s[2], s[3]});
+  const Shape& s =
+      t.shape();  // (B, kv_heads, T, Dh) -> (B, kv_heads, G, T, Dh) -> (B, heads, T, Dh)
+  return reshape(broadcast_to(unsqueeze(t, 2), {s[0], s[1], heads / s[1], s[2], s[3]}),
+                 {s[0], heads, s[2], s[3]});
 }
 
 Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -98,14 +107,15 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
-                                   const Tensor& key_padding_mask, bool causal,
-                                   Tensor* weights, const AttentionPositions* pos) const {
+                                   const Tensor& key_padding_mask, bool causal, Tensor* weights,
+                                   const AttentionPositions* pos) const {
   const auto named = scope();
   if (x.dim() != 3 || x.shape()[2] != d || memory.dim() != 3 || memory.shape()[2] != d ||
       memory.shape()[0] != x.shape()[0])
     fail("MultiHeadAttention: x " + describe(x) + " and memory " + describe(memory) +
          " must be (B, T, " + std::to_string(d) + ") with the same B");
-  const bool self = x.same_storage(memory) && x.shape() == memory.shape() && x.offset() == memory.offset();
+  const bool self =
+      x.same_storage(memory) && x.shape() == memory.shape() && x.offset() == memory.offset();
   Tensors qkv = self ? project_heads(x, 0, 3) : project_heads(x, 0, 1);
   if (!self)
     for (Tensor& t : project_heads(memory, 1, 2)) qkv.push_back(t);
@@ -136,15 +146,18 @@ void KVCache::select_rows(const Tensor& rows) {
   if (v.defined()) v = index_select(v, 0, rows);
 }
 
-std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new, int64_t capacity) {
+std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new,
+                                          int64_t capacity) {
   autograd::NoGrad ng;
   const std::string given = "k_new " + describe(k_new) + ", v_new " + describe(v_new);
   if (!k_new.defined() || !v_new.defined() || k_new.dim() != 4 || k_new.shape() != v_new.shape() ||
       k_new.dtype() != v_new.dtype())
-    fail("KVCache::append: k_new and v_new must be the same (B, H, T, Dh) of one dtype, got " + given);
+    fail("KVCache::append: k_new and v_new must be the same (B, H, T, Dh) of one dtype, got " +
+         given);
   const Shape& s = k_new.shape();
   if (!k.defined()) {
-    if (capacity <= 0) fail("KVCache::append: capacity must be positive, got " + std::to_string(capacity));
+    if (capacity <= 0)
+      fail("KVCache::append: capacity must be positive, got " + std::to_string(capacity));
     k = zeros({s[0], s[1], capacity, s[3]}, k_new.dtype());
     v = zeros({s[0], s[1], capacity, s[3]}, k_new.dtype());
     len = 0;
@@ -154,8 +167,8 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
     fail("KVCache::append: " + given + " do not match the cache " + describe(k) +
          " (B, H, Dh and dtype must agree)");
   if (len + s[2] > c[2])
-    fail("KVCache::append: KV cache of capacity " + std::to_string(c[2]) + " is full (" + std::to_string(len) +
-         " + " + std::to_string(s[2]) + " positions, " + given + ")");
+    fail("KVCache::append: KV cache of capacity " + std::to_string(c[2]) + " is full (" +
+         std::to_string(len) + " + " + std::to_string(s[2]) + " positions, " + given + ")");
   copy_into(slice(k, 2, len, len + s[2]), k_new);
   copy_into(slice(v, 2, len, len + s[2]), v_new);
   len += s[2];
@@ -199,18 +212,20 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
   Tensor local;
   weights = weights_wanted(weights, local);
   if (group == 1) {
-    Tensor out = attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false, Tensor(), weights,
+    Tensor out = attend(project_heads(x, 0, 1)[0], cache.k, cache.v, key_padding_mask, false,
+                        Tensor(), weights,
                         /*steady_kv=*/true);
     if (weights) AttentionRecorder::note(*weights);
     return hooked(out);
   }
   const int64_t rows = cache.k.defined() ? cache.k.shape()[0] : 0;
   if (group < 1 || x.dim() != 3 || x.shape()[1] != 1 || x.shape()[0] != group * rows)
-    fail("MultiHeadAttention: grouped cross-attention needs x (group " + std::to_string(group) + " x " +
-         std::to_string(rows) + " cache rows, 1, d), got x " + describe(x));
+    fail("MultiHeadAttention: grouped cross-attention needs x (group " + std::to_string(group) +
+         " x " + std::to_string(rows) + " cache rows, 1, d), got x " + describe(x));
   // The G rows of one cache row as G query positions of it: (B G, 1, d) -> (B, G, d) -> heads.
   const Tensor q = project_heads(reshape(x, {rows, group, d}), 0, 1)[0];
-  const Tensor y = attend(q, cache.k, cache.v, key_padding_mask, false, Tensor(), weights, /*steady_kv=*/true);
+  const Tensor y =
+      attend(q, cache.k, cache.v, key_padding_mask, false, Tensor(), weights, /*steady_kv=*/true);
   // (B, H, G, Tk) -> (B G, H, 1, Tk), as the ungrouped call gives them
   if (weights) {
     *weights = reshape(contiguous(permute(*weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});

@@ -41,9 +41,12 @@ constexpr const char* kMetadataKey = "__metadata__";
 
 const char* st_dtype(DType dt) {
   switch (dt) {
-    case DType::f32: return "F32";
-    case DType::f64: return "F64";
-    case DType::i64: return "I64";
+    case DType::f32:
+      return "F32";
+    case DType::f64:
+      return "F64";
+    case DType::i64:
+      return "I64";
   }
   return "?";
 }
@@ -88,14 +91,17 @@ bool as_index(const nlohmann::json& v, uint64_t& out) {
 
 Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& v,
                   uint64_t data_size) {
-  auto bad = [&](const std::string& msg) -> void { load_fail(path, "tensor " + squote(name) + ": " + msg); };
+  auto bad = [&](const std::string& msg) -> void {
+    load_fail(path, "tensor " + squote(name) + ": " + msg);
+  };
   Entry e;
   e.name = name;
   if (!v.is_object()) bad("entry is not a JSON object (got " + std::string(v.type_name()) + ")");
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!v.contains(key)) bad(std::string("missing '") + key + "'");
   for (const auto& [key, _] : v.items())
-    if (key != "dtype" && key != "shape" && key != "data_offsets") bad("unexpected key " + squote(key));
+    if (key != "dtype" && key != "shape" && key != "data_offsets")
+      bad("unexpected key " + squote(key));
 
   const nlohmann::json& dt = v["dtype"];
   if (!dt.is_string()) bad("dtype is not a string (got " + json_excerpt(dt) + ")");
@@ -120,7 +126,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   }
   uint64_t nbytes = 0;
   if (__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes))
-    bad("shape " + shape_str(e.shape) + " of " + st_dtype(e.dtype) + " is too large (byte count overflows)");
+    bad("shape " + shape_str(e.shape) + " of " + st_dtype(e.dtype) +
+        " is too large (byte count overflows)");
 
   const nlohmann::json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2)
@@ -214,10 +221,13 @@ int fsync_retry(int fd) {
 }
 
 std::string read_whole_file(const char* op, const std::string& path, uint64_t max_bytes) {
-  auto bad = [&](const std::string& msg) -> void { fail(std::string(op) + ": " + squote(path) + ": " + msg); };
+  auto bad = [&](const std::string& msg) -> void {
+    fail(std::string(op) + ": " + squote(path) + ": " + msg);
+  };
   std::error_code ec;
   const auto st = fs::status(path, ec);
-  if (ec || !fs::exists(st)) bad("cannot open: " + (ec ? ec.message() : std::string("no such file")));
+  if (ec || !fs::exists(st))
+    bad("cannot open: " + (ec ? ec.message() : std::string("no such file")));
   if (!fs::is_regular_file(st)) bad("not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(std::string("cannot open: ") + std::strerror(errno));
@@ -226,7 +236,8 @@ std::string read_whole_file(const char* op, const std::string& path, uint64_t ma
   in.seekg(0, std::ios::beg);
   if (size < 0 || !in) bad("cannot determine the file size");
   if (uint64_t(size) > max_bytes)
-    bad("file is " + std::to_string(size) + " bytes, more than the " + std::to_string(max_bytes) + " this kind of file may have");
+    bad("file is " + std::to_string(size) + " bytes, more than the " + std::to_string(max_bytes) +
+        " this kind of file may have");
   std::string s(size_t(size), '\0');
   in.read(s.data(), size);
   if (in.gcount() != size) bad("file shrank while being read");
@@ -268,7 +279,9 @@ bool SafetensorsFile::contains(const std::string& name) const {
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  auto bad = [&](const std::string& msg) -> void { fail("save_safetensors: " + squote(path) + ": " + msg); };
+  auto bad = [&](const std::string& msg) -> void {
+    fail("save_safetensors: " + squote(path) + ": " + msg);
+  };
   std::set<std::string> seen;
   ojson header = ojson::object();
   // Metadata first, as the reference writer does, so a human skimming the header sees it.
@@ -334,7 +347,8 @@ uint64_t open_checked(const std::string& path, std::ifstream& in) {
 // and the file size before anything is allocated.
 std::string read_header_text(const std::string& path, std::ifstream& in, uint64_t file_size) {
   if (file_size < 8)
-    load_fail(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
+    load_fail(path, "file is " + std::to_string(file_size) +
+                        " bytes, too short for the 8-byte header length");
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
   if (in.gcount() != 8) load_fail(path, "file shrank while being read");
@@ -353,8 +367,8 @@ std::string read_header_text(const std::string& path, std::ifstream& in, uint64_
 }
 
 // The header's entries in header order, its metadata into out.metadata.
-std::vector<Entry> parse_header(const std::string& path, const std::string& text, uint64_t data_size,
-                                SafetensorsFile& out) {
+std::vector<Entry> parse_header(const std::string& path, const std::string& text,
+                                uint64_t data_size, SafetensorsFile& out) {
   // Structure first: a legal header nests three levels ({ "name": { "shape": [ ] } }), and
   // checking that before nlohmann builds anything keeps a deeply nested header from exhausting
   // the stack.
@@ -372,7 +386,8 @@ std::vector<Entry> parse_header(const std::string& path, const std::string& text
   }
   if (!header.is_object())
     load_fail(path, "header is not a JSON object (got " + std::string(header.type_name()) + ")");
-  if (!top.duplicate.empty()) load_fail(path, "tensor " + squote(top.duplicate) + " appears twice in the header");
+  if (!top.duplicate.empty())
+    load_fail(path, "tensor " + squote(top.duplicate) + " appears twice in the header");
   std::vector<Entry> entries;
   for (const std::string& key : top.keys) {
     const nlohmann::json& v = header[key];
@@ -384,7 +399,8 @@ std::vector<Entry> parse_header(const std::string& path, const std::string& text
       load_fail(path, "__metadata__ is not a JSON object (got " + std::string(v.type_name()) + ")");
     for (const auto& [mk, mv] : v.items()) {
       if (!mv.is_string())
-        load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " + json_excerpt(mv) + ")");
+        load_fail(path, "__metadata__ value for " + squote(mk) + " is not a string (got " +
+                            json_excerpt(mv) + ")");
       out.metadata[mk] = mv.get<std::string>();
     }
   }
@@ -402,18 +418,19 @@ void check_regions_tile(const std::string& path, std::vector<Entry>& entries, ui
   const Entry* prev = nullptr;
   for (const Entry& e : entries) {
     if (e.begin != cursor) {
-      const std::string after =
-          prev ? "the previous tensor " + squote(prev->name) + " ends at byte " + std::to_string(cursor)
-               : std::string("the data section starts at byte 0");
-      load_fail(path, "tensor " + squote(e.name) + " starts at byte " + std::to_string(e.begin) + " but " + after +
-                          " (" + (e.begin < cursor ? "overlap" : "gap") + "; data regions must be contiguous)");
+      const std::string after = prev ? "the previous tensor " + squote(prev->name) +
+                                           " ends at byte " + std::to_string(cursor)
+                                     : std::string("the data section starts at byte 0");
+      load_fail(path, "tensor " + squote(e.name) + " starts at byte " + std::to_string(e.begin) +
+                          " but " + after + " (" + (e.begin < cursor ? "overlap" : "gap") +
+                          "; data regions must be contiguous)");
     }
     cursor = e.end;
     prev = &e;
   }
   if (cursor != data_size)
-    load_fail(path, "trailing data: the tensors cover " + std::to_string(cursor) + " bytes of the " +
-                        std::to_string(data_size) + "-byte data section");
+    load_fail(path, "trailing data: the tensors cover " + std::to_string(cursor) +
+                        " bytes of the " + std::to_string(data_size) + "-byte data section");
 }
 
 }  // namespace
@@ -435,7 +452,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
     const uint64_t nbytes = e.end - e.begin;
     if (nbytes > 0) {
       in.read(static_cast<char*>(t.raw()), std::streamsize(nbytes));
-      if (uint64_t(in.gcount()) != nbytes) load_fail(path, "file shrank while reading tensor " + squote(e.name));
+      if (uint64_t(in.gcount()) != nbytes)
+        load_fail(path, "file shrank while reading tensor " + squote(e.name));
     }
     out.tensors.emplace_back(e.name, std::move(t));
   }
@@ -499,18 +517,21 @@ void save_json(const std::string& path, const nlohmann::json& j) {
     fail("save_json: " + squote(path) + ": cannot encode: " + json_message(e));
   }
   text += '\n';
-  atomic_write(path, [&](std::ostream& os) { os.write(text.data(), std::streamsize(text.size())); });
+  atomic_write(path,
+               [&](std::ostream& os) { os.write(text.data(), std::streamsize(text.size())); });
 }
 
 nlohmann::json load_resume_config(const std::string& run_dir) {
   const std::string path = run_dir + "/config.json";
   std::error_code ec;
-  if (!fs::exists(path, ec)) fail("resume: '" + path + "' is missing (nothing to resume; drop --resume to start fresh)");
+  if (!fs::exists(path, ec))
+    fail("resume: '" + path + "' is missing (nothing to resume; drop --resume to start fresh)");
   return load_json(path);
 }
 
 nlohmann::json load_json(const std::string& path) {
-  return parse_json(read_whole_file("load_json", path, kMaxJsonFileBytes), "load_json: " + squote(path), 32);
+  return parse_json(read_whole_file("load_json", path, kMaxJsonFileBytes),
+                    "load_json: " + squote(path), 32);
 }
 
 nlohmann::json parse_json(const std::string& text, const std::string& where, int max_depth) {
@@ -523,7 +544,8 @@ nlohmann::json parse_json(const std::string& text, const std::string& where, int
   }
 }
 
-void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values, const std::string& where) {
+void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values,
+                     const std::string& where) {
   int depth = 0;
   size_t top = 0;  // values directly inside the outermost container (counted by their commas)
   bool in_string = false, escaped = false;
@@ -537,7 +559,8 @@ void check_json_text(const std::string& text, int max_depth, size_t max_top_leve
     if (c == '"') in_string = true;
     else if (c == '{' || c == '[') {
       if (++depth > max_depth)
-        fail(where + ": JSON nested more than " + std::to_string(max_depth) + " levels deep; not a file of this kind");
+        fail(where + ": JSON nested more than " + std::to_string(max_depth) +
+             " levels deep; not a file of this kind");
     } else if (c == '}' || c == ']') {
       --depth;
     } else if (c == ',' && depth == 1 && ++top >= max_top_level_values) {
@@ -563,28 +586,31 @@ std::string file_fingerprint(const std::string& file, const char* who) {
 }
 
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
-                  int64_t step, const std::string& format, const std::vector<std::string>& tied_files) {
-  std::map<std::string, std::string> meta = {{"format", format}, {"step", std::to_string(step)},
-                                             {"checksum", weights_checksum(sd)}};
+                  int64_t step, const std::string& format,
+                  const std::vector<std::string>& tied_files) {
+  std::map<std::string, std::string> meta = {
+      {"format", format}, {"step", std::to_string(step)}, {"checksum", weights_checksum(sd)}};
   for (auto& f : tied_files) meta[fingerprint_key(f)] = file_fingerprint(f, "save_weights");
   save_safetensors(path, sd, meta);
 }
 
-std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who,
-                                                         const std::vector<std::string>& tied_files) {
+std::vector<std::pair<std::string, Tensor>> load_weights(
+    const std::string& path, const char* who, const std::vector<std::string>& tied_files) {
   SafetensorsFile f = load_safetensors(path);
   auto it = f.metadata.find("checksum");
   if (it == f.metadata.end())
-    fail(std::string(who) + ": '" + f.path + "': no checksum in the metadata; not a graft checkpoint");
+    fail(std::string(who) + ": '" + f.path +
+         "': no checksum in the metadata; not a graft checkpoint");
   const std::string sum = weights_checksum(f.tensors);
   if (it->second != sum)
-    fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second + ", computed " + sum +
-         "): the checkpoint is corrupted");
+    fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second +
+         ", computed " + sum + "): the checkpoint is corrupted");
   for (auto& file : tied_files) {
     auto fp = f.metadata.find(fingerprint_key(file));
     if (fp == f.metadata.end())
       fail(std::string(who) + ": '" + f.path + "' carries no fingerprint of '" + file +
-           "' (written before run fingerprints existed, or not by this program): retrain or re-save it");
+           "' (written before run fingerprints existed, or not by this program): retrain or "
+           "re-save it");
     if (fp->second != file_fingerprint(file, who))
       fail(std::string(who) + ": '" + file + "' does not match the weights in '" + f.path +
            "': it was edited or comes from another run");

@@ -40,7 +40,7 @@ struct SafetensorsFile {
   /// In data-offset order, which is the order they were saved in for files written here.
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::map<std::string, std::string> metadata;  ///< the header's `__metadata__` (empty when absent)
-  std::string path;  ///< where it was loaded from, for error messages
+  std::string path;                             ///< where it was loaded from, for error messages
 
   /// The tensor named `name`.
   /// @throws graft::Error naming the missing tensor and the file.
@@ -91,15 +91,16 @@ std::string file_fingerprint(const std::string& file, const char* who);
 /// never load beside a config or tokenizer of another run, or one edited since. `format` is
 /// stored as the metadata "format".
 /// @throws graft::Error when a tied file cannot be read, or as save_safetensors().
-void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict, const std::string& path,
-                  int64_t step, const std::string& format, const std::vector<std::string>& tied_files = {});
+void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict,
+                  const std::string& path, int64_t step, const std::string& format,
+                  const std::vector<std::string>& tied_files = {});
 /// Reads weights written by save_weights(): the checksum and every tied file's fingerprint
 /// verified (errors "<who>: '<file>': ..." name the file that does not match), the tensors
 /// returned for load_state_dict.
 /// @throws graft::Error when the file does not load (see load_safetensors()), has no checksum
 ///         or a wrong one, or lacks or mismatches the fingerprint of a tied file.
-std::vector<std::pair<std::string, Tensor>> load_weights(const std::string& path, const char* who,
-                                                         const std::vector<std::string>& tied_files = {});
+std::vector<std::pair<std::string, Tensor>> load_weights(
+    const std::string& path, const char* who, const std::vector<std::string>& tied_files = {});
 
 /// nlohmann's message without its "[json.exception.parse_error.101] " tag, which means nothing
 /// to a user; the rest ("parse error at line L, column C: ...") is what they need.
@@ -121,9 +122,11 @@ std::string json_complaint(const nlohmann::json& v) {
     if (!v.is_number_unsigned() || v.get<uint64_t>() > uint64_t(std::numeric_limits<T>::max()))
       return "must be a non-negative integer, got " + json_excerpt(v);
   } else if constexpr (std::is_integral_v<T>) {
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                                             : v.is_number_integer() && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
-                                                   v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                          : v.is_number_integer() &&
+                                v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
     if (!fits) return "must be an integer, got " + json_excerpt(v);
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) return "must be a number, got " + json_excerpt(v);
@@ -171,6 +174,7 @@ nlohmann::json parse_json(const std::string& text, const std::string& where, int
 /// nothing: no more than max_depth levels of nesting, no more than max_top_level_values values
 /// in the outermost container. Errors start with where.
 /// @throws graft::Error when either limit is exceeded.
-void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values, const std::string& where);
+void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values,
+                     const std::string& where);
 
 }  // namespace graft::nn

@@ -44,7 +44,8 @@ std::string pointer_target(const fs::path& run) {
     fail("checkpoint: '" + p.string() + "' points at '" + target +
          "', not at a checkpoint directory of its run (a ckpt-* directory beside it)");
   if (!fs::is_directory(run / target, ec))
-    fail("checkpoint: '" + p.string() + "' points at '" + target + "', which is missing: the run directory was damaged");
+    fail("checkpoint: '" + p.string() + "' points at '" + target +
+         "', which is missing: the run directory was damaged");
   return target;
 }
 
@@ -52,7 +53,8 @@ std::string pointer_target(const fs::path& run) {
 void replace_link(const fs::path& link, const std::string& target) {
   const std::string tmp = link.string() + kNewLink;
   ::unlink(tmp.c_str());
-  if (::symlink(target.c_str(), tmp.c_str()) != 0) io_fail(tmp, "cannot create a symbolic link", errno);
+  if (::symlink(target.c_str(), tmp.c_str()) != 0)
+    io_fail(tmp, "cannot create a symbolic link", errno);
   if (::rename(tmp.c_str(), link.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -65,7 +67,9 @@ void link_name(const fs::path& run, const std::string& name) {
   const std::string target = std::string(kPointer) + "/" + name;
   std::error_code ec;
   const fs::path link = run / name;
-  if (fs::is_symlink(fs::symlink_status(link, ec)) && fs::read_symlink(link, ec).string() == target && !ec) return;
+  if (fs::is_symlink(fs::symlink_status(link, ec)) &&
+      fs::read_symlink(link, ec).string() == target && !ec)
+    return;
   replace_link(link, target);
 }
 
@@ -78,7 +82,8 @@ void carry_over(const fs::path& from, const fs::path& to) {
     std::error_code ec;
     if (fs::exists(fs::symlink_status(dst, ec))) continue;
     fs::create_hard_link(e.path(), dst, ec);
-    if (ec && !fs::copy_file(e.path(), dst, ec)) io_fail(dst, "cannot carry the previous checkpoint's file over", ec.value());
+    if (ec && !fs::copy_file(e.path(), dst, ec))
+      io_fail(dst, "cannot carry the previous checkpoint's file over", ec.value());
   }
 }
 
@@ -86,13 +91,15 @@ void carry_over(const fs::path& from, const fs::path& to) {
 
 void sync_directory(const std::string& dir, const std::string& who) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) fail(who + ": '" + dir + "': cannot open the directory to fsync it: " + std::strerror(errno));
+  if (fd < 0)
+    fail(who + ": '" + dir + "': cannot open the directory to fsync it: " + std::strerror(errno));
   int r;
   do r = ::fsync(fd);
   while (r != 0 && errno == EINTR);
   const int err = errno;
   ::close(fd);
-  if (r != 0 && err != EINVAL) fail(who + ": '" + dir + "': fsync of the directory failed: " + std::strerror(err));
+  if (r != 0 && err != EINVAL)
+    fail(who + ": '" + dir + "': fsync of the directory failed: " + std::strerror(err));
 }
 
 CheckpointCommit::CheckpointCommit(const std::string& run_dir, int64_t step) : run_dir_(run_dir) {
@@ -103,7 +110,8 @@ CheckpointCommit::CheckpointCommit(const std::string& run_dir, int64_t step) : r
   const fs::path dir = fs::path(run_dir) / name_;
   std::error_code ec;
   fs::remove_all(dir, ec);  // an unfinished checkpoint of this step, left by a killed run
-  if (!fs::create_directory(dir, ec)) io_fail(dir, "cannot create the checkpoint directory", ec.value());
+  if (!fs::create_directory(dir, ec))
+    io_fail(dir, "cannot create the checkpoint directory", ec.value());
 }
 
 CheckpointCommit::~CheckpointCommit() {
@@ -113,7 +121,8 @@ CheckpointCommit::~CheckpointCommit() {
 }
 
 std::string CheckpointCommit::path(const std::string& name) const {
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." || reserved(name))
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+      reserved(name))
     fail("checkpoint: '" + name + "' is not a plain file name a checkpoint can hold");
   return (fs::path(run_dir_) / name_ / name).string();
 }
@@ -142,12 +151,14 @@ int clean_checkpoints(const std::string& run_dir, bool keep_current) {
   int removed = 0;
   std::string current;
   if (keep_current) current = pointer_target(run);
-  else if (fs::remove(run / kPointer, ec)) ++removed;  // first: from here on the run has no checkpoint
+  else if (fs::remove(run / kPointer, ec))
+    ++removed;                  // first: from here on the run has no checkpoint
   std::vector<fs::path> stale;  // collected first: removing while iterating may skip entries
   for (const auto& e : fs::directory_iterator(run, ec)) {
     const std::string name = e.path().filename().string();
-    const bool new_link = name.size() > std::strlen(kNewLink) &&
-                          name.compare(name.size() - std::strlen(kNewLink), std::string::npos, kNewLink) == 0;
+    const bool new_link =
+        name.size() > std::strlen(kNewLink) &&
+        name.compare(name.size() - std::strlen(kNewLink), std::string::npos, kNewLink) == 0;
     if (new_link || (name.rfind(kPrefix, 0) == 0 && name != current)) stale.push_back(e.path());
   }
   for (const fs::path& p : stale)

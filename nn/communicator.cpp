@@ -6,8 +6,8 @@
 #include <iostream>
 #include <memory>
 
-#include "graft/ops/shape.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/shape.h"
 
 namespace graft::nn {
 
@@ -26,8 +26,10 @@ void SingleProcessCommunicator::abort(const std::string& message, int code) {
 
 void Communicator::set_collective_timeout(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0)
-    fail("data parallel: the collective timeout must be a number of seconds >= 0 (0: wait forever), got " +
-         std::to_string(seconds));
+    fail(
+        "data parallel: the collective timeout must be a number of seconds >= 0 (0: wait forever), "
+        "got " +
+        std::to_string(seconds));
   collective_timeout_ = seconds;
 }
 
@@ -57,8 +59,11 @@ Communicator& world_communicator() {
     mpi->set_collective_timeout(timeout);
     return mpi;
 #else
-    fail("this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is set), "
-         "but graft was built without MPI: install libopenmpi-dev and rebuild (make), or run without mpirun");
+    fail(
+        "this process was started by an MPI launcher (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK "
+        "is set), "
+        "but graft was built without MPI: install libopenmpi-dev and rebuild (make), or run "
+        "without mpirun");
 #endif
   }();
   return *world;
@@ -96,7 +101,8 @@ void on_rank0(Communicator& c, const std::function<void()>& f) {
 
 std::pair<int64_t, int64_t> shard_rows(int64_t n, Shard s) {
   if (s.size < 1 || s.rank < 0 || s.rank >= s.size)
-    fail("shard: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size) + " is not a rank");
+    fail("shard: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size) +
+         " is not a rank");
   if (n < 0) fail("shard: a negative row count");
   const int64_t base = n / s.size, extra = n % s.size, r = s.rank;
   const int64_t first = r * base + std::min<int64_t>(r, extra);
@@ -106,15 +112,17 @@ std::pair<int64_t, int64_t> shard_rows(int64_t n, Shard s) {
 Tensor shard_of(const Tensor& t, Shard s) {
   if (!t.defined() || t.dim() < 1) fail("shard: needs a tensor with rows, got " + describe(t));
   const auto [first, last] = shard_rows(t.size(0), s);
-  if (first == last) fail("shard: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size) + " has no rows of " + describe(t));
+  if (first == last)
+    fail("shard: rank " + std::to_string(s.rank) + " of " + std::to_string(s.size) +
+         " has no rows of " + describe(t));
   if (first == 0 && last == t.size(0)) return t;
   return slice(t, 0, first, last);
 }
 
 Tensor shard_loss(const Tensor& mean, int64_t count, int64_t total) {
   if (total < 1 || count < 1 || count > total)
-    fail("shard_loss: a shard of " + std::to_string(count) + " items of a batch of " + std::to_string(total) +
-         " (a shard needs 1 to all of the batch's items)");
+    fail("shard_loss: a shard of " + std::to_string(count) + " items of a batch of " +
+         std::to_string(total) + " (a shard needs 1 to all of the batch's items)");
   if (count == total) return mean;
   return affine(mean, (double)count / (double)total, 0.0);
 }

@@ -78,7 +78,9 @@ class SingleProcessCommunicator final : public Communicator {
   void wait_all() override {}
   void broadcast(Tensor&, int) override {}
   std::string broadcast_string(const std::string& s, int) override { return s; }
-  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override { return {v}; }
+  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override {
+    return {v};
+  }
   void barrier() override {}
   [[noreturn]] void abort(const std::string& message, int code) override;
 };

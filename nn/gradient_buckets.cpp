@@ -5,13 +5,15 @@
 
 namespace graft::nn {
 
-GradientBuckets::GradientBuckets(const NamedTensors& params, Communicator& comm, size_t bucket_bytes, bool overlap)
+GradientBuckets::GradientBuckets(const NamedTensors& params, Communicator& comm,
+                                 size_t bucket_bytes, bool overlap)
     : comm_(comm), overlap_(overlap) {
   if (bucket_bytes == 0) fail("gradient buckets: the bucket size must be > 0 bytes");
   for (auto& [name, p] : params) {
     if (!p.requires_grad()) continue;  // frozen: never has a gradient
     if (p.dtype() != DType::f32 && p.dtype() != DType::f64)
-      fail("gradient buckets: parameter '" + name + "' is " + describe(p) + "; only f32 and f64 gradients are summed");
+      fail("gradient buckets: parameter '" + name + "' is " + describe(p) +
+           "; only f32 and f64 gradients are summed");
     index_[p.impl()] = params_.size();
     params_.push_back(p);
   }
@@ -42,7 +44,8 @@ void GradientBuckets::grad_ready(TensorImpl* leaf) {
   ++buckets_[bucket_of_[it->second]].ready;
   // Sums start in bucket order whatever order the gradients complete in, so every rank makes
   // the same sequence of calls (MPI's rule for collectives).
-  while (overlap_ && next_ < buckets_.size() && buckets_[next_].ready >= buckets_[next_].params.size())
+  while (overlap_ && next_ < buckets_.size() &&
+         buckets_[next_].ready >= buckets_[next_].params.size())
     start(buckets_[next_++]);
   comm_.progress();
 }

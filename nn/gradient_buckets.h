@@ -28,10 +28,12 @@ class GradientBuckets {
  public:
   /// Buckets of at most `bucket_bytes` (a parameter larger than that gets a bucket of its own),
   /// filled in the reverse order of `params` (the order backward completes them in: the last
-  /// layers first), one dtype per bucket; parameters that do not require grad are left out. With `overlap` off, finish() sums every bucket after
-  /// backward instead (for measuring what the overlap gains).
+  /// layers first), one dtype per bucket; parameters that do not require grad are left out. With
+  /// `overlap` off, finish() sums every bucket after backward instead (for measuring what the
+  /// overlap gains).
   /// @throws graft::Error when bucket_bytes is 0 or a parameter is not f32 or f64.
-  GradientBuckets(const NamedTensors& params, Communicator& comm, size_t bucket_bytes, bool overlap);
+  GradientBuckets(const NamedTensors& params, Communicator& comm, size_t bucket_bytes,
+                  bool overlap);
 
   /// For autograd::GradReadyScope: `leaf`'s gradient is complete. When that completes the next
   /// bucket in order (overlap on), it is copied together and its sum started, and so on for the
@@ -45,8 +47,8 @@ class GradientBuckets {
   void finish();
 
   size_t bucket_count() const { return buckets_.size(); }  ///< the number of buckets
-  size_t total_bytes() const { return bytes_; }  ///< the gradient bytes summed per step
-  double wait_seconds() const { return wait_s_; }  ///< seconds finish() has waited, in all
+  size_t total_bytes() const { return bytes_; }            ///< the gradient bytes summed per step
+  double wait_seconds() const { return wait_s_; }          ///< seconds finish() has waited, in all
 
  private:
   struct Bucket {

@@ -20,7 +20,8 @@ Tensor Linear::forward(const Tensor& x) const {
 Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generator& gen,
                      double init_std)
     : padding_idx(pad) {
-  if (pad >= vocab) fail("Embedding: padding_idx " + std::to_string(pad) + " >= vocab " + std::to_string(vocab));
+  if (pad >= vocab)
+    fail("Embedding: padding_idx " + std::to_string(pad) + " >= vocab " + std::to_string(vocab));
   Tensor w = randn({vocab, dim}, dt, gen, 0.0, init_std);
   if (pad >= 0) fill_(slice(w, 0, pad, pad + 1), 0.0);
   weight = register_parameter("weight", w);
@@ -60,16 +61,21 @@ Generator& Dropout::generator() const { return gen_ ? *gen_ : default_generator(
 
 const char* activation_name(Activation a) {
   switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::swiglu: return "swiglu";
-    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
   }
   return "?";
 }
 
 bool activation_from_name(const std::string& name, Activation& out) {
-  for (Activation a : {Activation::relu, Activation::gelu, Activation::swiglu, Activation::gelu_tanh})
+  for (Activation a :
+       {Activation::relu, Activation::gelu, Activation::swiglu, Activation::gelu_tanh})
     if (name == activation_name(a)) return out = a, true;
   return false;
 }
@@ -103,9 +109,10 @@ Tensor add_positions(const Tensor& x, const Tensor& table, int64_t start, bool s
   if (x.dim() != 3) fail(std::string(who) + ": expected (B, T, d), got " + describe(x));
   const int64_t T = x.shape()[1], max_len = table.shape()[0];
   if (start < 0 || (!sinusoidal && start + T > max_len))
-    fail(std::string(who) + ": positions " + std::to_string(start) + ".." + std::to_string(start + T - 1) +
-         " exceed max_len " + std::to_string(max_len) +
-         " (learned positions exist only below max_len; sinusoidal, rope, alibi and relative extrapolate)");
+    fail(std::string(who) + ": positions " + std::to_string(start) + ".." +
+         std::to_string(start + T - 1) + " exceed max_len " + std::to_string(max_len) +
+         " (learned positions exist only below max_len; sinusoidal, rope, alibi and relative "
+         "extrapolate)");
   if (start + T <= max_len) return add(x, slice(table, 0, start, start + T));
   return add(x, sinusoid_table(start, T, table.shape()[1], table.dtype()));
 }

@@ -32,7 +32,7 @@ class Embedding : public Module {
   /// ids int64 (...) -> (..., C).
   /// @throws graft::Error when ids is not int64 or an id is outside [0, V) (see embedding()).
   Tensor forward(const Tensor& ids) const;
-  Tensor weight;  ///< the parameter "weight" (V, C)
+  Tensor weight;        ///< the parameter "weight" (V, C)
   int64_t padding_idx;  ///< the row that gets no gradient, or < 0 for none
 };
 
@@ -53,7 +53,7 @@ class LayerNorm : public Module {
   ///@{
   Tensor weight, bias;
   ///@}
-  double eps;  ///< added to the variance (RMSNorm: to the mean square)
+  double eps;        ///< added to the variance (RMSNorm: to the mean square)
   bool rms = false;  ///< true for an RMSNorm: rms_norm() instead of layer_norm()
 
  protected:
@@ -66,7 +66,8 @@ class LayerNorm : public Module {
 class RMSNorm : public LayerNorm {
  public:
   /// Normalises the last dim of size `dim`; eps is added to the mean square.
-  explicit RMSNorm(int64_t dim, double eps = 1e-6, DType dt = DType::f32) : LayerNorm(dim, eps, dt, true) {}
+  explicit RMSNorm(int64_t dim, double eps = 1e-6, DType dt = DType::f32)
+      : LayerNorm(dim, eps, dt, true) {}
 };
 
 /// Dropout (see dropout()) while training, the identity in eval mode.
@@ -79,7 +80,7 @@ class Dropout : public Module {
   /// @throws graft::Error when training and p is outside [0, 1] or x is not float.
   Tensor forward(const Tensor& x) const;
   Generator& generator() const;  ///< the one given, else default_generator()
-  double p;  ///< the drop probability (checked only when forward() drops)
+  double p;                      ///< the drop probability (checked only when forward() drops)
 
  private:
   Generator* gen_;
@@ -97,8 +98,8 @@ bool activation_from_name(const std::string& name, Activation& out);
 /// Position-wise FFN: linear2(dropout(act(linear1(x)))). The encoder/decoder layers hold their
 /// linear1/linear2 directly (nn.Transformer's names) and call this function.
 /// x (..., d) -> (..., d). With relu, the activation and dropout run as one relu_dropout op;
-/// gelu is the erf form, gelu_tanh the tanh form. swiglu: linear2(dropout(silu(linear1(x)) * linear3(x))) (Llama's
-/// w2(silu(w1 x) * w3 x)), linear3 (d -> d_ff) given as `gate`.
+/// gelu is the erf form, gelu_tanh the tanh form. swiglu: linear2(dropout(silu(linear1(x)) *
+/// linear3(x))) (Llama's w2(silu(w1 x) * w3 x)), linear3 (d -> d_ff) given as `gate`.
 /// @throws graft::Error when act is swiglu and gate is null, or as the linears do.
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x, const Linear* gate = nullptr);

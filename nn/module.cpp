@@ -80,7 +80,8 @@ void convert_in_place(const Tensor& t, DType dt) {
 }  // namespace
 
 Module& Module::to(DType dt) {
-  if (!is_floating(dt)) fail(std::string("Module::to: a module converts to float32 or float64, not ") + dtype_name(dt));
+  if (!is_floating(dt))
+    fail(std::string("Module::to: a module converts to float32 or float64, not ") + dtype_name(dt));
   for (auto& [name, t] : named_parameters()) convert_in_place(t, dt);
   for (auto& [name, t] : named_buffers()) convert_in_place(t, dt);
   return *this;
@@ -102,7 +103,8 @@ void Module::add_hook(const std::string& path, const Hook& h) {
 
 HookHandle Module::register_forward_hook(ForwardHook hook) {
   if (!hook) fail("register_forward_hook: the hook is an empty function");
-  const Hook h{"", std::make_shared<const ForwardHook>(std::move(hook)), std::make_shared<HookHandle::State>()};
+  const Hook h{"", std::make_shared<const ForwardHook>(std::move(hook)),
+               std::make_shared<HookHandle::State>()};
   add_hook("", h);
   return HookHandle(h.state);
 }
@@ -130,7 +132,8 @@ void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
   if (w.dim() < 2) fail("xavier_uniform_: needs rank >= 2, got " + describe(w));
   int64_t receptive = 1;
   for (int64_t i = 2; i < w.dim(); ++i) receptive *= w.shape()[i];
-  const double fan_in = (double)w.shape()[1] * receptive, fan_out = (double)w.shape()[0] * receptive;
+  const double fan_in = (double)w.shape()[1] * receptive,
+               fan_out = (double)w.shape()[0] * receptive;
   const double a = gain * std::sqrt(6.0 / (fan_in + fan_out));
   uniform_(w, -a, a, gen);
 }
@@ -146,8 +149,8 @@ void Module::load_state_dict(const NamedTensors& tensors) {
     auto it = given.find(name);
     if (it == given.end()) fail("load_state_dict: missing tensor '" + name + "'");
     if (it->second->shape() != p.shape() || it->second->dtype() != p.dtype())
-      fail("load_state_dict: tensor '" + name + "' is " + describe(*it->second) + " but the model expects " +
-           describe(p));
+      fail("load_state_dict: tensor '" + name + "' is " + describe(*it->second) +
+           " but the model expects " + describe(p));
   }
   if (given.size() != params.size()) {
     for (auto& [name, t] : params) given.erase(name);

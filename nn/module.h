@@ -23,7 +23,8 @@ class Module;
 /// A forward hook (Module::register_forward_hook()): called with the module's path, the module
 /// and its output once its forward() has computed it; returns a tensor to use instead of the
 /// output, or an undefined Tensor to keep it.
-using ForwardHook = std::function<Tensor(const std::string& path, const Module& module, const Tensor& output)>;
+using ForwardHook =
+    std::function<Tensor(const std::string& path, const Module& module, const Tensor& output)>;
 
 /// What register_forward_hook() returns: remove() takes the hook off every module it was put on.
 /// Copies share the hook; dropping the handle leaves the hook in place (as in PyTorch).

@@ -175,7 +175,8 @@ bool need_bool(const nlohmann::json& j, const char* key) {
 Optimizer::Optimizer(ParamGroups groups, const char* opname) {
   for (size_t g = 0; g < groups.size(); ++g) {
     const std::string which = "group " + std::to_string(g) + " weight_decay";
-    check_nonneg(opname, groups.size() == 1 ? "weight_decay" : which.c_str(), groups[g].weight_decay);
+    check_nonneg(opname, groups.size() == 1 ? "weight_decay" : which.c_str(),
+                 groups[g].weight_decay);
     const std::string scale = "group " + std::to_string(g) + " lr_scale";
     if (!(groups[g].lr_scale >= 0) || !std::isfinite(groups[g].lr_scale))
       fail(std::string(opname) + ": " + scale + " must be a finite number >= 0, got " +
@@ -197,7 +198,8 @@ Optimizer::Optimizer(ParamGroups groups, const char* opname) {
       fail("Optimizer: parameter '" + name + "' is " + describe(p) +
            "; only f32 and f64 tensors can be optimized");
     if (!p.is_leaf())
-      fail("Optimizer: parameter '" + name + "' is not a leaf (it was produced by an op); "
+      fail("Optimizer: parameter '" + name +
+           "' is not a leaf (it was produced by an op); "
            "optimize the leaf it came from or detach() it");
     if (!p.is_contiguous())
       fail("Optimizer: parameter '" + name + "' " + describe(p) + " is not contiguous");
@@ -260,8 +262,11 @@ nlohmann::json Optimizer::state_json() const {
   j["params"] = names;
   auto groups = nlohmann::json::array();
   for (const auto& g : groups_)
-    groups.push_back({{"params", nlohmann::json::array()}, {"weight_decay", g.weight_decay}, {"lr_scale", g.lr_scale}});
-  for (size_t i = 0; i < params_.size(); ++i) groups[group_of_[i]]["params"].push_back(params_[i].first);
+    groups.push_back({{"params", nlohmann::json::array()},
+                      {"weight_decay", g.weight_decay},
+                      {"lr_scale", g.lr_scale}});
+  for (size_t i = 0; i < params_.size(); ++i)
+    groups[group_of_[i]]["params"].push_back(params_[i].first);
   j["param_groups"] = groups;
   return j;
 }
@@ -296,9 +301,10 @@ std::vector<Optimizer::GroupSettings> Optimizer::saved_groups(const nlohmann::js
   for (size_t i = 0; i < params_.size(); ++i) {
     auto it = saved_group.find(params_[i].first);
     if (it == saved_group.end() || it->second != group_of_[i])
-      fail("load_state: parameter '" + params_[i].first + "' is in group " + std::to_string(group_of_[i]) +
-           " of this optimizer but " +
-           (it == saved_group.end() ? std::string("in no group") : "in group " + std::to_string(it->second)) +
+      fail("load_state: parameter '" + params_[i].first + "' is in group " +
+           std::to_string(group_of_[i]) + " of this optimizer but " +
+           (it == saved_group.end() ? std::string("in no group")
+                                    : "in group " + std::to_string(it->second)) +
            " of the state");
   }
   return out;
@@ -309,7 +315,8 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
   if (!j.is_object()) fail("load_state: expected a JSON object, got " + json_excerpt(j));
   const auto& type = need(j, "type");
   if (!type.is_string() || type.get<std::string>() != name())
-    fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " + name());
+    fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " +
+         name());
   const int64_t step = need_int(j, "step");
   const double lr = need_number(j, "lr");
   check_nonneg("load_state", "lr", lr);
@@ -348,8 +355,8 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
         fail("load_state: tensor '" + tname + "' has shape " + shape_str(t.shape()) +
              " but parameter '" + pname + "' is " + shape_str(p.shape()));
       if (t.dtype() != p.dtype())
-        fail("load_state: tensor '" + tname + "' is " + dtype_name(t.dtype()) +
-             " but parameter '" + pname + "' is " + dtype_name(p.dtype()));
+        fail("load_state: tensor '" + tname + "' is " + dtype_name(t.dtype()) + " but parameter '" +
+             pname + "' is " + dtype_name(p.dtype()));
     }
   }
   for (const auto& [n, t] : tensors)
@@ -398,7 +405,8 @@ void SGD::step() {
     if (p.dtype() == DType::f32)
       sgd_dispatch<float>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay, nesterov_);
     else
-      sgd_dispatch<double>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay, nesterov_);
+      sgd_dispatch<double>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay,
+                           nesterov_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
@@ -450,7 +458,11 @@ Adam::Adam(ParamGroups groups, double lr, double beta1, double beta2, double eps
 
 Adam::Adam(ParamGroups groups, double lr, double beta1, double beta2, double eps, bool decoupled,
            const char* opname)
-    : Optimizer(std::move(groups), opname), beta1_(beta1), beta2_(beta2), eps_(eps), decoupled_(decoupled) {
+    : Optimizer(std::move(groups), opname),
+      beta1_(beta1),
+      beta2_(beta2),
+      eps_(eps),
+      decoupled_(decoupled) {
   check_nonneg(opname, "lr", lr);
   check_beta(opname, "beta1", beta1);
   check_beta(opname, "beta2", beta2);
@@ -471,8 +483,8 @@ AdamW::AdamW(ParamGroups groups, double lr, double beta1, double beta2, double e
 void Adam::step() {
   autograd::NoGrad no_grad;
   int64_t total = 0;
-  const std::vector<Tensor> grads = grads_for_step(decoupled_ ? "AdamW::step" : "Adam::step",
-                                                   total);
+  const std::vector<Tensor> grads =
+      grads_for_step(decoupled_ ? "AdamW::step" : "Adam::step", total);
   ++step_count_;
   // Per-parameter scalars: the bias corrections follow each parameter's own step count.
   std::vector<AdamScalars> scal(params_.size());
@@ -496,8 +508,7 @@ void Adam::step() {
     const Tensor& p = params_[i].second;
     if (p.dtype() == DType::f32)
       adam_dispatch<float>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
-    else
-      adam_dispatch<double>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
+    else adam_dispatch<double>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
@@ -512,9 +523,7 @@ const std::vector<Tensor>& Adam::buffers(size_t which) const {
   return which == 0 ? exp_avg_ : exp_avg_sq_;
 }
 
-std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const {
-  return collect_state();
-}
+std::vector<std::pair<std::string, Tensor>> Adam::state_tensors() const { return collect_state(); }
 
 nlohmann::json Adam::state_json() const {
   auto j = Optimizer::state_json();
@@ -580,8 +589,8 @@ Schedule Schedule::cosine(double lr, double min_lr, int64_t warmup, int64_t tota
   if (!(min_lr >= 0 && min_lr <= lr))
     fail("Schedule: min_lr must be in [0, lr = " + num_str(lr) + "], got " + num_str(min_lr));
   if (total <= warmup)
-    fail("Schedule: the cosine decay needs more steps (" + std::to_string(total) + ") than warmup steps (" +
-         std::to_string(warmup) + ")");
+    fail("Schedule: the cosine decay needs more steps (" + std::to_string(total) +
+         ") than warmup steps (" + std::to_string(warmup) + ")");
   s.kind_ = "cosine", s.min_lr_ = min_lr, s.total_ = total;
   return s;
 }
@@ -605,7 +614,8 @@ double Schedule::lr(int64_t step) const {
 }
 
 nlohmann::json Schedule::to_json() const {
-  if (kind_ == "noam") return {{"schedule", kind_}, {"factor", factor_}, {"d_model", d_model_}, {"warmup", warmup_}};
+  if (kind_ == "noam")
+    return {{"schedule", kind_}, {"factor", factor_}, {"d_model", d_model_}, {"warmup", warmup_}};
   nlohmann::json j = {{"schedule", kind_}, {"lr", lr_}, {"warmup", warmup_}};
   if (kind_ == "cosine") j["min_lr"] = min_lr_, j["total"] = total_;
   return j;
@@ -618,7 +628,8 @@ bool decays_by_default(const std::string& name, int64_t dim) {
 ParamGroups decay_groups(const NamedParams& params, double weight_decay) {
   check_nonneg("decay_groups", "weight_decay", weight_decay);
   ParamGroups g{{{}, weight_decay}, {{}, 0.0}};
-  for (const auto& [name, p] : params) g[p.defined() && decays_by_default(name, p.dim()) ? 0 : 1].params.emplace_back(name, p);
+  for (const auto& [name, p] : params)
+    g[p.defined() && decays_by_default(name, p.dim()) ? 0 : 1].params.emplace_back(name, p);
   return g;
 }
 
@@ -664,8 +675,7 @@ double clip_grad_norm(const NamedParams& params, double max_norm) {
     if (!grads[i].defined()) continue;
     if (grads[i].dtype() == DType::f32)
       scale_kernel(grads[i].data<float>(), grads[i].numel(), (float)coef);
-    else
-      scale_kernel(grads[i].data<double>(), grads[i].numel(), coef);
+    else scale_kernel(grads[i].data<double>(), grads[i].numel(), coef);
   }
   for (const Tensor& g : grads)
     if (g.defined()) g.bump_version();

@@ -140,11 +140,11 @@ class Optimizer {
   /// parameter in the same group); a state without "param_groups" is one group.
   /// @throws graft::Error "load_state: ..." when they differ or a field is missing or malformed.
   std::vector<GroupSettings> saved_groups(const nlohmann::json& j) const;
-  NamedParams params_;  ///< the parameters, group after group
+  NamedParams params_;                 ///< the parameters, group after group
   std::vector<GroupSettings> groups_;  ///< the groups' settings
-  std::vector<size_t> group_of_;  ///< the group of each parameter
-  double lr_ = 0;  ///< the learning rate of the next step
-  int64_t step_count_ = 0;  ///< steps taken so far
+  std::vector<size_t> group_of_;       ///< the group of each parameter
+  double lr_ = 0;                      ///< the learning rate of the next step
+  int64_t step_count_ = 0;             ///< steps taken so far
 };
 
 /// Stochastic gradient descent with optional momentum (dampening 0), Nesterov momentum and L2
@@ -160,18 +160,18 @@ class SGD : public Optimizer {
   /// @throws graft::Error as the other constructor, and for a group's negative weight_decay or
   ///         lr_scale.
   SGD(ParamGroups groups, double lr, double momentum = 0, bool nesterov = false);
-  void step() override;  ///< one SGD update (see Optimizer::step())
+  void step() override;                                ///< one SGD update (see Optimizer::step())
   const char* name() const override { return "SGD"; }  ///< "SGD"
   /// The momentum buffers (none without momentum).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const override;
   nlohmann::json state_json() const override;  ///< adds momentum and nesterov
 
-  double momentum() const { return momentum_; }  ///< the momentum factor (0: none)
+  double momentum() const { return momentum_; }                  ///< the momentum factor (0: none)
   double weight_decay() const { return group_weight_decay(0); }  ///< group 0's L2 factor
-  bool nesterov() const { return nesterov_; }  ///< Nesterov momentum
+  bool nesterov() const { return nesterov_; }                    ///< Nesterov momentum
 
  protected:
-  std::vector<std::string> buffer_names() const override;  ///< {"momentum_buffer"} or none
+  std::vector<std::string> buffer_names() const override;           ///< {"momentum_buffer"} or none
   const std::vector<Tensor>& buffers(size_t which) const override;  ///< the momentum buffers
   /// Checks the saved momentum and nesterov; momentum must keep the buffers' existence (zero
   /// stays zero, non-zero stays non-zero).
@@ -205,7 +205,7 @@ class Adam : public Optimizer {
 
   double beta1() const { return beta1_; }  ///< decay of the first moment
   double beta2() const { return beta2_; }  ///< decay of the second moment
-  double eps() const { return eps_; }  ///< added to the denominator
+  double eps() const { return eps_; }      ///< added to the denominator
   /// Group 0's L2 (Adam) or decoupled (AdamW) factor.
   double weight_decay() const { return group_weight_decay(0); }
   /// Steps taken by parameter i (fewer than step_count() if it sometimes had no grad).
@@ -216,7 +216,7 @@ class Adam : public Optimizer {
   /// The shared constructor: decoupled selects AdamW's decay, opname names the errors.
   Adam(ParamGroups groups, double lr, double beta1, double beta2, double eps, bool decoupled,
        const char* opname);
-  std::vector<std::string> buffer_names() const override;  ///< {"exp_avg", "exp_avg_sq"}
+  std::vector<std::string> buffer_names() const override;           ///< {"exp_avg", "exp_avg_sq"}
   const std::vector<Tensor>& buffers(size_t which) const override;  ///< the first or second moments
   /// Checks the saved betas, eps and per-parameter steps.
   void check_hyper(const nlohmann::json& j) const override;
@@ -301,6 +301,5 @@ class Schedule {
 /// skip the step.
 /// @throws graft::Error when max_norm is negative or NaN, or a grad is not float.
 double clip_grad_norm(const NamedParams& params, double max_norm);
-
 
 }  // namespace graft::nn

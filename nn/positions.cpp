@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "graft/nn/text.h"
 #include "graft/nn/layers.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::nn {
@@ -15,15 +15,19 @@ const char* const kNames[] = {"sinusoidal", "learned", "rope", "alibi", "relativ
 Positions parse_positions(const std::string& name) {
   for (int i = 0; i < 5; ++i)
     if (name == kNames[i]) return (Positions)i;
-  fail("positions: unknown kind '" + text::printable(name) + "' (known: sinusoidal, learned, rope, alibi, relative)");
+  fail("positions: unknown kind '" + text::printable(name) +
+       "' (known: sinusoidal, learned, rope, alibi, relative)");
 }
 
 const char* positions_name(Positions p) { return kNames[(int)p]; }
 
-EmbeddingPositions::EmbeddingPositions(Positions k, int64_t max_len, int64_t d, DType dt, Generator& gen)
+EmbeddingPositions::EmbeddingPositions(Positions k, int64_t max_len, int64_t d, DType dt,
+                                       Generator& gen)
     : kind(k) {
-  if (kind == Positions::learned) table = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
-  if (kind == Positions::sinusoidal) table = register_buffer("table", sinusoid_table(0, max_len, d, dt));
+  if (kind == Positions::learned)
+    table = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
+  if (kind == Positions::sinusoidal)
+    table = register_buffer("table", sinusoid_table(0, max_len, d, dt));
 }
 
 Tensor EmbeddingPositions::forward(const Tensor& x, int64_t start) const {
@@ -33,7 +37,9 @@ Tensor EmbeddingPositions::forward(const Tensor& x, int64_t start) const {
 }
 
 Tensor AttentionPositions::rotate(const Tensor& x, int64_t) const { return x; }
-Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, int64_t, DType) const { return Tensor(); }
+Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, int64_t, DType) const {
+  return Tensor();
+}
 
 Tensor RotaryPositions::rotate(const Tensor& x, int64_t start) const {
   const int64_t T = x.size(-2);
@@ -56,20 +62,24 @@ std::vector<double> alibi_slopes(int64_t heads) {
   return s;
 }
 
-AlibiPositions::AlibiPositions(int64_t heads, bool causal) : slopes(alibi_slopes(heads)), causal(causal) {}
+AlibiPositions::AlibiPositions(int64_t heads, bool causal)
+    : slopes(alibi_slopes(heads)), causal(causal) {}
 
-Tensor AlibiPositions::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const {
+Tensor AlibiPositions::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk,
+                            DType dt) const {
   const int64_t H = (int64_t)slopes.size(), rows = causal ? 1 : Tq;
   std::vector<double> b(H * rows * Tk);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < Tk; ++j)
-        b[(h * rows + i) * Tk + j] = causal ? -slopes[h] * (double)(Tk - 1 - j)
-                                            : -slopes[h] * (double)std::llabs(q_start + i - k_start - j);
+        b[(h * rows + i) * Tk + j] =
+            causal ? -slopes[h] * (double)(Tk - 1 - j)
+                   : -slopes[h] * (double)std::llabs(q_start + i - k_start - j);
   return from_vector(b, {1, H, rows, Tk}, dt);
 }
 
-int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t max_distance) {
+int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets,
+                        int64_t max_distance) {
   int64_t ret = 0, n = -relative;
   if (bidirectional) {
     buckets /= 2;
@@ -95,24 +105,30 @@ RelativePositionBias::RelativePositionBias(int64_t heads, bool bidirectional, in
   weight = register_parameter("weight", randn({buckets, heads}, dt, gen, 0.0, 0.1));
 }
 
-Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType) const {
+Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk,
+                                  DType) const {
   std::vector<int64_t> ids(Tq * Tk);
   for (int64_t i = 0; i < Tq; ++i)
     for (int64_t j = 0; j < Tk; ++j)
-      ids[i * Tk + j] = relative_bucket(k_start + j - (q_start + i), bidirectional, buckets, max_distance);
+      ids[i * Tk + j] =
+          relative_bucket(k_start + j - (q_start + i), bidirectional, buckets, max_distance);
   Tensor b = embedding(weight, from_vector(ids, {Tq, Tk}));  // (Tq, Tk, H)
-  return unsqueeze(permute(b, {2, 0, 1}), 0);                 // (1, H, Tq, Tk)
+  return unsqueeze(permute(b, {2, 0, 1}), 0);                // (1, H, Tq, Tk)
 }
 
-std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o, int64_t heads,
-                                                             bool causal, DType dt, Generator& gen) {
+std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o,
+                                                             int64_t heads, bool causal, DType dt,
+                                                             Generator& gen) {
   switch (o.kind) {
-    case Positions::rope: return std::make_shared<RotaryPositions>(o.rope_base);
-    case Positions::alibi: return std::make_shared<AlibiPositions>(heads, causal);
+    case Positions::rope:
+      return std::make_shared<RotaryPositions>(o.rope_base);
+    case Positions::alibi:
+      return std::make_shared<AlibiPositions>(heads, causal);
     case Positions::relative:
       return std::make_shared<RelativePositionBias>(heads, !causal, o.relative_buckets,
                                                     o.relative_max_distance, dt, gen);
-    default: return nullptr;
+    default:
+      return nullptr;
   }
 }
 

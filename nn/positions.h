@@ -29,7 +29,7 @@ const char* positions_name(Positions p);
 /// A model's positional settings, as its config holds them.
 struct PositionOptions {
   Positions kind = Positions::sinusoidal;  ///< which encoding
-  double rope_base = 10000.0;  ///< rope: the base of the angles
+  double rope_base = 10000.0;              ///< rope: the base of the angles
   /// relative: the number of buckets and the distance beyond which all share the last one.
   ///@{
   int64_t relative_buckets = 32, relative_max_distance = 128;
@@ -71,12 +71,13 @@ class AlibiPositions : public AttentionPositions {
   /// bias is (1, H, 1, Tk) = -m_h (Tk - 1 - j); bidirectional: (1, H, Tq, Tk) = -m_h |i - j|.
   Tensor bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const override;
   std::vector<double> slopes;  ///< m_h, one per head
-  bool causal;  ///< the bias form (see bias())
+  bool causal;                 ///< the bias form (see bias())
 };
 
 /// T5's bucket of a relative position (key - query): exact below buckets/2 (per direction when
 /// bidirectional), log-spaced up to max_distance, the last bucket beyond.
-int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets, int64_t max_distance);
+int64_t relative_bucket(int64_t relative, bool bidirectional, int64_t buckets,
+                        int64_t max_distance);
 
 /// T5's relative position bias: a learned scalar per (bucket, head), added to the scores.
 class RelativePositionBias : public AttentionPositions {
@@ -108,13 +109,14 @@ class EmbeddingPositions : public Module {
   /// @throws graft::Error when x is not 3-D, start < 0, or (learned) start + T > max_len.
   Tensor forward(const Tensor& x, int64_t start = 0) const;
   Positions kind;  ///< which encoding
-  Tensor table;  ///< (max_len, d): the weight (learned) or the sinusoid table, else undefined
+  Tensor table;    ///< (max_len, d): the weight (learned) or the sinusoid table, else undefined
 };
 
 /// The attention-side module of a stack for `o.kind`, or null for sinusoidal and learned.
 /// causal: the stack's self-attention is causal (decoder) rather than bidirectional (encoder).
 /// @throws graft::Error for bad relative settings (see RelativePositionBias).
-std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o, int64_t heads,
-                                                             bool causal, DType dt, Generator& gen);
+std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptions& o,
+                                                             int64_t heads, bool causal, DType dt,
+                                                             Generator& gen);
 
 }  // namespace graft::nn

@@ -67,7 +67,8 @@ std::string printable(std::string_view s, size_t max_bytes) {
     }
     const unsigned char b = (unsigned char)s[i];
     const size_t len = utf8_sequence_length(s, i);
-    if ((len > 1 && !invisible_control(s, i, len)) || (len == 1 && b >= 0x20 && b != 0x7F && b != '\\')) {
+    if ((len > 1 && !invisible_control(s, i, len)) ||
+        (len == 1 && b >= 0x20 && b != 0x7F && b != '\\')) {
       out.append(s.substr(i, len));
       i += len;
       continue;

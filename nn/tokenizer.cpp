@@ -1,8 +1,8 @@
 #include "graft/nn/tokenizer.h"
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/text.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -34,10 +34,14 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 void write_model(const std::string& proto, const std::string& prefix) {
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.LoadFromSerializedProto(proto);
-  if (!status.ok()) throw std::runtime_error("Tokenizer::train: '" + prefix + "': " + status.ToString());
-  nn::atomic_write(prefix + ".model", [&](std::ostream& os) { os.write(proto.data(), (std::streamsize)proto.size()); });
+  if (!status.ok())
+    throw std::runtime_error("Tokenizer::train: '" + prefix + "': " + status.ToString());
+  nn::atomic_write(prefix + ".model", [&](std::ostream& os) {
+    os.write(proto.data(), (std::streamsize)proto.size());
+  });
   nn::atomic_write(prefix + ".vocab", [&](std::ostream& os) {
-    for (int i = 0; i < sp.GetPieceSize(); ++i) os << sp.IdToPiece(i) << '\t' << sp.GetScore(i) << '\n';
+    for (int i = 0; i < sp.GetPieceSize(); ++i)
+      os << sp.IdToPiece(i) << '\t' << sp.GetScore(i) << '\n';
   });
 }
 
@@ -72,9 +76,9 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
   }
   // The model is trained into memory (no model_prefix) and written here, so the file does not
   // depend on where it goes: SentencePiece stores its trainer options in the model, model_prefix
-  // included, and two runs into different directories would write different bytes. With all the sentences (no
-  // sampling: input_sentence_size 0), in their order, and a fixed thread count (the E-step's
-  // per-thread sums are added in thread order), the bytes are the same on every run.
+  // included, and two runs into different directories would write different bytes. With all the
+  // sentences (no sampling: input_sentence_size 0), in their order, and a fixed thread count (the
+  // E-step's per-thread sums are added in thread order), the bytes are the same on every run.
   const std::unordered_map<std::string, std::string> args = {
       {"vocab_size", std::to_string(vocab_size)},
       {"model_type", type == ModelType::Bpe ? "bpe" : "unigram"},

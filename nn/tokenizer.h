@@ -15,7 +15,8 @@ namespace graft::text {
 /// fixed ids 0..3.
 class Tokenizer {
  public:
-  // The special-token ids, fixed so that embedding and padding code can rely on them without a model.
+  // The special-token ids, fixed so that embedding and padding code can rely on them without a
+  // model.
   static constexpr int PAD = 0;  ///< padding, "<pad>"
   static constexpr int UNK = 1;  ///< an unknown piece, "<unk>"
   static constexpr int BOS = 2;  ///< beginning of a sequence, "<s>"
@@ -29,7 +30,8 @@ class Tokenizer {
   /// Deterministic: the same sentences give the same bytes, whatever the prefix (directory).
   /// vocab_size is a soft limit, so that tiny corpora that cannot reach it still train.
   /// @throws std::invalid_argument for an empty sentence list or vocab_size <= 4.
-  /// @throws std::runtime_error when SentencePiece fails; graft::Error when a file cannot be written.
+  /// @throws std::runtime_error when SentencePiece fails; graft::Error when a file cannot be
+  /// written.
   static void train(const std::vector<std::string>& sentences, const std::string& model_prefix,
                     int vocab_size, ModelType type = ModelType::Unigram);
 

@@ -78,7 +78,8 @@ void write_metrics(const std::string& path, const std::vector<std::string>& name
     for (auto& n : names) os << ",valid_" << n;
     os << '\n';
     for (auto& r : rows) {
-      os << r.step << ',' << fmt_num(r.train_loss) << ',' << fmt_num(r.lr) << ',' << fmt_num(r.tokens_per_s);
+      os << r.step << ',' << fmt_num(r.train_loss) << ',' << fmt_num(r.lr) << ','
+         << fmt_num(r.tokens_per_s);
       for (auto& n : names) {
         auto it = r.valid.find(n);
         os << ',' << (it == r.valid.end() ? "" : fmt_num(it->second));
@@ -94,7 +95,8 @@ std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<
                                      int64_t last_step) {
   std::ifstream in(path);
   std::string line;
-  if (!std::getline(in, line)) fail("resume: '" + path + "' is missing or empty: the checkpoint is damaged");
+  if (!std::getline(in, line))
+    fail("resume: '" + path + "' is missing or empty: the checkpoint is damaged");
   std::vector<MetricsRow> rows;
   for (int64_t n = 2; std::getline(in, line); ++n) {
     std::vector<std::string> f;
@@ -114,7 +116,8 @@ std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<
       for (size_t i = 0; i < names.size(); ++i)
         if (!f[4 + i].empty()) r.valid[names[i]] = num(f[4 + i]);
     } catch (const std::exception&) {
-      fail("resume: '" + path + "' line " + std::to_string(n) + " is not a metrics row: the checkpoint is damaged");
+      fail("resume: '" + path + "' line " + std::to_string(n) +
+           " is not a metrics row: the checkpoint is damaged");
     }
     if (r.step <= last_step) rows.push_back(r);
   }
@@ -131,17 +134,18 @@ struct LoopState {
   int64_t step = 0, epoch = 0, pos = 0;
   std::vector<int64_t> order;  // this epoch's batch order
   Generator batch_gen;
-  double elapsed = 0;          // training seconds before this call
-  double acc_loss = 0;         // loss sum / count since the last metrics row
+  double elapsed = 0;   // training seconds before this call
+  double acc_loss = 0;  // loss sum / count since the last metrics row
   int64_t acc_n = 0;
-  double best = NAN;           // early stopping: the best stop_metric so far
-  int64_t since_best = 0;      // validations since it improved
+  double best = NAN;       // early stopping: the best stop_metric so far
+  int64_t since_best = 0;  // validations since it improved
 };
 
 // The fingerprint of each of the task's tied files, by file name.
 nlohmann::json tied_fingerprints(const TrainTask& task) {
   nlohmann::json out = nlohmann::json::object();
-  for (auto& f : task.tied_files) out[fs::path(f).filename().string()] = file_fingerprint(f, "train");
+  for (auto& f : task.tied_files)
+    out[fs::path(f).filename().string()] = file_fingerprint(f, "train");
   return out;
 }
 
@@ -175,28 +179,39 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
   for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
   const std::vector<uint64_t> gens(ranks[0].begin() + 1, ranks[0].end());
-  const nlohmann::json j = {{"version", kStateVersion},     {"step", s.step},
-                            {"epoch", s.epoch},             {"pos", s.pos},
-                            {"order", s.order},             {"batch_gen", s.batch_gen.state()},
-                            {"generators", gens},           {"default_gen", ranks[0][0]},
+  const nlohmann::json j = {{"version", kStateVersion},
+                            {"step", s.step},
+                            {"epoch", s.epoch},
+                            {"pos", s.pos},
+                            {"order", s.order},
+                            {"batch_gen", s.batch_gen.state()},
+                            {"generators", gens},
+                            {"default_gen", ranks[0][0]},
                             {"rank_generators", ranks},
                             {"elapsed_bits", double_bits(s.elapsed)},
                             {"acc_loss_bits", double_bits(s.acc_loss)},
-                            {"acc_n", s.acc_n},             {"best_bits", double_bits(s.best)},
-                            {"since_best", s.since_best},   {"data_fingerprint", task.data_fingerprint},
-                            {"optimizer_steps", opt.step_count()}, {"tied", tied},
+                            {"acc_n", s.acc_n},
+                            {"best_bits", double_bits(s.best)},
+                            {"since_best", s.since_best},
+                            {"data_fingerprint", task.data_fingerprint},
+                            {"optimizer_steps", opt.step_count()},
+                            {"tied", tied},
                             {"recipe", recipe}};
   const std::string trainer = j.dump(), optimizer = opt.state_json().dump();
-  save_safetensors(path, tensors, {{"trainer", trainer}, {"optimizer", optimizer},
-                                   {"checksum", weights_checksum(tensors)},
-                                   {"metadata_checksum", metadata_checksum(trainer, optimizer)}});
+  save_safetensors(path, tensors,
+                   {{"trainer", trainer},
+                    {"optimizer", optimizer},
+                    {"checksum", weights_checksum(tensors)},
+                    {"metadata_checksum", metadata_checksum(trainer, optimizer)}});
 }
 
 // The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
-SafetensorsFile read_train_state(const std::string& path, const TrainTask& task, const nlohmann::json& recipe,
-                                 nlohmann::json& j, nlohmann::json& oj) {
+SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
+                                 const nlohmann::json& recipe, nlohmann::json& j,
+                                 nlohmann::json& oj) {
   if (!fs::exists(path))
-    fail("resume: no training state at '" + path + "' (nothing to resume; drop --resume to start fresh)");
+    fail("resume: no training state at '" + path +
+         "' (nothing to resume; drop --resume to start fresh)");
   SafetensorsFile f;
   try {
     f = load_safetensors(path);
@@ -211,35 +226,42 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
          weights_checksum(f.tensors) + "): the checkpoint is corrupted");
   auto meta = [&](const char* key) {
     auto m = f.metadata.find(key);
-    if (m == f.metadata.end()) fail("resume: '" + path + "': no '" + key + "' metadata; not a graft train state");
+    if (m == f.metadata.end())
+      fail("resume: '" + path + "': no '" + key + "' metadata; not a graft train state");
     return m->second;
   };
   const std::string trainer = meta("trainer"), optimizer = meta("optimizer");
   const size_t v = trainer.find("\"version\":\"");
-  if (v != std::string::npos && trainer.compare(v + 11, std::strlen(kStateVersion), kStateVersion) != 0)
-    fail("resume: '" + path + "': written by another version of graft (this one reads " + kStateVersion +
-         " train states); start a new run");
+  if (v != std::string::npos &&
+      trainer.compare(v + 11, std::strlen(kStateVersion), kStateVersion) != 0)
+    fail("resume: '" + path + "': written by another version of graft (this one reads " +
+         kStateVersion + " train states); start a new run");
   if (meta("metadata_checksum") != metadata_checksum(trainer, optimizer))
-    fail("resume: '" + path + "': checksum mismatch in the trainer/optimizer metadata: the checkpoint is corrupted");
+    fail("resume: '" + path +
+         "': checksum mismatch in the trainer/optimizer metadata: the checkpoint is corrupted");
   j = parse_json(trainer, "resume: '" + path + "': trainer metadata", 4);
   oj = parse_json(optimizer, "resume: '" + path + "': optimizer metadata", 8);
   if (!j.is_object() || !j.contains("version") || j["version"] != kStateVersion)
     fail("resume: '" + path + "': not a train state of this version (" + kStateVersion + ")");
   if (!j.contains("data_fingerprint") || j["data_fingerprint"] != task.data_fingerprint)
-    fail("resume: '" + path + "': the training data or batching differs from the interrupted run "
+    fail("resume: '" + path +
+         "': the training data or batching differs from the interrupted run "
          "(data, batch size and tokenizer must be unchanged)");
   const nlohmann::json now = tied_fingerprints(task);
   for (auto& f : task.tied_files) {
     const std::string name = fs::path(f).filename().string();
-    if (!j.contains("tied") || !j["tied"].is_object() || !j["tied"].contains(name) || j["tied"][name] != now[name])
-      fail("resume: '" + f + "' is not the file the interrupted run started with (edited since, or from "
+    if (!j.contains("tied") || !j["tied"].is_object() || !j["tied"].contains(name) ||
+        j["tied"][name] != now[name])
+      fail("resume: '" + f +
+           "' is not the file the interrupted run started with (edited since, or from "
            "another run); a resume needs the same config and tokenizer");
   }
   // A state from before the recipe was kept trained with Adam and the schedule options, which
   // the programs restore from their configs.
   if (j.contains("recipe") && j["recipe"] != recipe)
-    fail("resume: '" + path + "': the run was trained with " + j["recipe"].dump() + " but this call asks for " +
-         recipe.dump() + "; resume with the same optimizer, weight decay, schedule, learning rates, warmup and "
+    fail("resume: '" + path + "': the run was trained with " + j["recipe"].dump() +
+         " but this call asks for " + recipe.dump() +
+         "; resume with the same optimizer, weight decay, schedule, learning rates, warmup and "
          "decay steps");
   return f;
 }
@@ -257,7 +279,8 @@ bool is_permutation_of_indices(const std::vector<int64_t>& v) {
 // Restores the weights, the optimizer and the loop state; returns every saved rank's generator
 // states (one rank for a run saved before data parallelism).
 std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task,
-                                                    const nlohmann::json& recipe, Optimizer& opt, LoopState& s) {
+                                                    const nlohmann::json& recipe, Optimizer& opt,
+                                                    LoopState& s) {
   nlohmann::json j, oj;
   const SafetensorsFile f = read_train_state(path, task, recipe, j, oj);
   NamedTensors model_t, optim_t;
@@ -284,11 +307,15 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
   ns.since_best = json_field<int64_t>(j, "since_best", where);
   optimizer_steps = json_field<int64_t>(j, "optimizer_steps", where);
   default_gen = json_field<uint64_t>(j, "default_gen", where);
-  if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 || ns.since_best < 0)
-    fail("resume: '" + path + "': bad trainer metadata (negative counters or a non-finite elapsed time)");
+  if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 ||
+      ns.since_best < 0)
+    fail("resume: '" + path +
+         "': bad trainer metadata (negative counters or a non-finite elapsed time)");
   const int64_t nb = task.batches;
-  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb || !is_permutation_of_indices(ns.order))
-    fail("resume: '" + path + "': batch order is not a permutation of the " + std::to_string(nb) + " batches");
+  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb ||
+      !is_permutation_of_indices(ns.order))
+    fail("resume: '" + path + "': batch order is not a permutation of the " + std::to_string(nb) +
+         " batches");
   if (gens.size() != task.generators.size())
     fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
          std::to_string(task.generators.size()) + " generators");
@@ -321,21 +348,28 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
 // shape the run.
 std::string run_identity(const TrainTask& t, const LoopOptions& o, const nlohmann::json& tied) {
   nlohmann::json params = nlohmann::json::array();
-  for (auto& [n, p] : t.model->named_parameters()) params.push_back({n, p.shape(), dtype_name(p.dtype())});
+  for (auto& [n, p] : t.model->named_parameters())
+    params.push_back({n, p.shape(), dtype_name(p.dtype())});
   // Every option that changes the arithmetic, the number or order of the collective calls, or
   // when the run stops.
   const nlohmann::json options = {
       {"steps", o.steps},         {"minutes", o.minutes},     {"recipe", loop_recipe(o)},
-      {"seed", o.seed},       {"resume", o.resume},
-      {"valid_every", o.valid_every}, {"patience", o.patience}, {"min_delta", o.min_delta},
-      {"stop_at", o.stop_at},     {"bucket_mb", o.bucket_mb}, {"overlap", o.overlap}};
-  const nlohmann::json j = {{"data", t.data_fingerprint}, {"config", t.run_config}, {"tied", tied},
-                            {"params", params},          {"batches", t.batches}, {"metrics", t.metric_names},
-                            {"stop_metric", t.stop_metric}, {"options", options}};
+      {"seed", o.seed},           {"resume", o.resume},       {"valid_every", o.valid_every},
+      {"patience", o.patience},   {"min_delta", o.min_delta}, {"stop_at", o.stop_at},
+      {"bucket_mb", o.bucket_mb}, {"overlap", o.overlap}};
+  const nlohmann::json j = {{"data", t.data_fingerprint},
+                            {"config", t.run_config},
+                            {"tied", tied},
+                            {"params", params},
+                            {"batches", t.batches},
+                            {"metrics", t.metric_names},
+                            {"stop_metric", t.stop_metric},
+                            {"options", options}};
   return j.dump();
 }
 
-void check_ranks_agree(Communicator& c, const TrainTask& t, const LoopOptions& o, const nlohmann::json& tied) {
+void check_ranks_agree(Communicator& c, const TrainTask& t, const LoopOptions& o,
+                       const nlohmann::json& tied) {
   if (c.size() == 1) return;
   const std::string mine = run_identity(t, o, tied);
   const bool same = c.broadcast_string(mine, 0) == mine;
@@ -346,12 +380,15 @@ void check_ranks_agree(Communicator& c, const TrainTask& t, const LoopOptions& o
   if (!differ.empty())
     fail("train: the ranks disagree on the training data, config or options (rank " + differ +
          " differs from rank 0): every rank must run the same command on the same data");
-  if (!t.examples) fail("train: the task cannot be split across " + std::to_string(c.size()) + " ranks (it gives no examples per batch)");
+  if (!t.examples)
+    fail("train: the task cannot be split across " + std::to_string(c.size()) +
+         " ranks (it gives no examples per batch)");
   int64_t largest = 0;
   for (int64_t b = 0; b < t.batches; ++b) largest = std::max(largest, t.examples(b));
   if (largest < c.size())
-    fail("train: the data is too small for " + std::to_string(c.size()) + " ranks: its largest batch has " +
-         std::to_string(largest) + " example" + (largest == 1 ? "" : "s") +
+    fail("train: the data is too small for " + std::to_string(c.size()) +
+         " ranks: its largest batch has " + std::to_string(largest) + " example" +
+         (largest == 1 ? "" : "s") +
          ", so some rank would never train (more data, larger batches, or fewer ranks)");
 }
 
@@ -362,7 +399,8 @@ bool has_checkpoint(const std::string& run_dir) {
   std::error_code ec;
   const fs::path state = fs::path(run_dir) / kStateFile;
   if (fs::is_regular_file(fs::symlink_status(state, ec)))
-    fail("resume: '" + state.string() + "' was written by graft before 0.5, whose checkpoints were not "
+    fail("resume: '" + state.string() +
+         "' was written by graft before 0.5, whose checkpoints were not "
          "committed as one unit (there is no 'checkpoint' link beside it); start a new run");
   return false;
 }
@@ -370,14 +408,20 @@ bool has_checkpoint(const std::string& run_dir) {
 void check_task(const TrainTask& t, const LoopOptions& o, int ranks) {
   if (!t.model || !(t.loss || t.loss_of_batch) || !t.tokens || !t.validate)
     fail("train: the task needs a model, a loss (loss or loss_of_batch), tokens and validate");
-  if (t.loss && t.loss_of_batch) fail("train: the task gives both loss and loss_of_batch; give one");
+  if (t.loss && t.loss_of_batch)
+    fail("train: the task gives both loss and loss_of_batch; give one");
   if (t.loss_of_batch && ranks > 1)
-    fail("train: the task gives loss_of_batch, the loss of whole batches, so it cannot be split across " +
-         std::to_string(ranks) + " ranks; give TrainTask::loss (of a shard: shard_of, shard_loss) to train under mpirun");
-  if (t.batches < 1) fail("train: no training batches (every example was dropped or the data is empty)");
+    fail(
+        "train: the task gives loss_of_batch, the loss of whole batches, so it cannot be split "
+        "across " +
+        std::to_string(ranks) +
+        " ranks; give TrainTask::loss (of a shard: shard_of, shard_loss) to train under mpirun");
+  if (t.batches < 1)
+    fail("train: no training batches (every example was dropped or the data is empty)");
   check_loop_options(o);
   if ((o.patience > 0 || !std::isnan(o.stop_at)) &&
-      std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) == t.metric_names.end())
+      std::find(t.metric_names.begin(), t.metric_names.end(), t.stop_metric) ==
+          t.metric_names.end())
     fail(std::string("train: ") + (o.patience > 0 ? "early stopping" : "stop_at") + " metric '" +
          t.stop_metric + "' is not a validation metric");
 }
@@ -386,8 +430,10 @@ void check_task(const TrainTask& t, const LoopOptions& o, int ranks) {
 
 // Adam or AdamW; with weight decay, over decay_groups() (no decay on norms, biases, embeddings).
 std::unique_ptr<Optimizer> make_optimizer(const NamedTensors& params, const LoopOptions& o) {
-  ParamGroups groups = o.weight_decay > 0 ? decay_groups(params, o.weight_decay) : ParamGroups{{params, 0.0}};
-  if (o.optimizer == "adamw") return std::make_unique<AdamW>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
+  ParamGroups groups =
+      o.weight_decay > 0 ? decay_groups(params, o.weight_decay) : ParamGroups{{params, 0.0}};
+  if (o.optimizer == "adamw")
+    return std::make_unique<AdamW>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
   return std::make_unique<Adam>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
 }
 
@@ -395,9 +441,17 @@ class Loop {
  public:
   // resume: whether run_dir has a checkpoint to continue (o.resume, and one was committed).
   Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm, bool resume)
-      : t_(task), o_(o), comm_(comm), resume_(resume), rank_(comm.rank()), ranks_(comm.size()),
-        quiet_(o.quiet || rank_ != 0), params_(task.model->named_parameters()),
-        opt_(make_optimizer(params_, o)), schedule_(loop_schedule(o)), recipe_(loop_recipe(o)),
+      : t_(task),
+        o_(o),
+        comm_(comm),
+        resume_(resume),
+        rank_(comm.rank()),
+        ranks_(comm.size()),
+        quiet_(o.quiet || rank_ != 0),
+        params_(task.model->named_parameters()),
+        opt_(make_optimizer(params_, o)),
+        schedule_(loop_schedule(o)),
+        recipe_(loop_recipe(o)),
         tty_(!quiet_ && isatty(2)) {}
 
   // Each step below either runs on every rank or fails on every rank (on_every_rank() holds no
@@ -411,8 +465,9 @@ class Loop {
     try {
       return train();
     } catch (const std::exception& e) {
-      comm_.abort("train: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + ": " + e.what() +
-                  " (stopping every rank)", 1);
+      comm_.abort("train: rank " + std::to_string(rank_) + " of " + std::to_string(ranks_) + ": " +
+                      e.what() + " (stopping every rank)",
+                  1);
     }
     throw;  // not reached: abort() ends every rank
   }
@@ -448,12 +503,13 @@ class Loop {
     res_.allreduce_wait_seconds = sync_->wait_seconds();
     const double train_s = res_.train_seconds - valid_seconds_;
     char buf[320];
-    std::snprintf(buf, sizeof buf,
-                  "data parallel: %d ranks (%s), %zu gradient bucket%s (%.1f MB a step, overlap %s); "
-                  "waited %.2f s for the sums after backward (%.1f%% of %.1f s of training)",
-                  ranks_, comm_.name().c_str(), res_.buckets, res_.buckets == 1 ? "" : "s",
-                  (double)res_.gradient_bytes / 1e6, o_.overlap ? "on" : "off", res_.allreduce_wait_seconds,
-                  100.0 * res_.allreduce_wait_seconds / std::max(1e-9, train_s), train_s);
+    std::snprintf(
+        buf, sizeof buf,
+        "data parallel: %d ranks (%s), %zu gradient bucket%s (%.1f MB a step, overlap %s); "
+        "waited %.2f s for the sums after backward (%.1f%% of %.1f s of training)",
+        ranks_, comm_.name().c_str(), res_.buckets, res_.buckets == 1 ? "" : "s",
+        (double)res_.gradient_bytes / 1e6, o_.overlap ? "on" : "off", res_.allreduce_wait_seconds,
+        100.0 * res_.allreduce_wait_seconds / std::max(1e-9, train_s), train_s);
     say(buf);
   }
 
@@ -480,8 +536,9 @@ class Loop {
     const auto all = comm_.allgather({(uint64_t)s_.step, sum});
     for (int r = 1; r < ranks_; ++r)
       if (all[(size_t)r] != all[0])
-        fail("resume: rank " + std::to_string(r) + " loaded another train state than rank 0 (step " +
-             std::to_string(all[(size_t)r][0]) + " against " + std::to_string(all[0][0]) +
+        fail("resume: rank " + std::to_string(r) +
+             " loaded another train state than rank 0 (step " + std::to_string(all[(size_t)r][0]) +
+             " against " + std::to_string(all[0][0]) +
              "): every rank must read the same run directory (a shared filesystem)");
   }
 
@@ -499,28 +556,32 @@ class Loop {
     if (o_.resume && !resume_) say("no checkpoint in '" + o_.run_dir + "' yet: starting at step 0");
     if (resume_) {
       const auto saved = load_train_state(state_path(), t_, recipe_, *opt_, s_);
-      last_valid_step_ = s_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
+      last_valid_step_ =
+          s_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
       rows_ = read_metrics(o_.run_dir + "/" + kMetricsFile, t_.metric_names, s_.step);
-      say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) + ", batch " +
-          std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
+      say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) +
+          ", batch " + std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
       if ((int)saved.size() == ranks_) {
         set_generator_states(t_, saved[(size_t)rank_]);
       } else {
         // Another rank count shards each batch differently: the result cannot be the one the
         // saved ranks would have reached, only one as good. Dropout streams start anew per rank.
         set_generator_states(t_, rank_streams(saved[0], rank_));
-        say("the run was saved by " + std::to_string(saved.size()) + " rank" + (saved.size() == 1 ? "" : "s") +
-            " and resumes on " + std::to_string(ranks_) + ": each rank's dropout stream is derived anew "
+        say("the run was saved by " + std::to_string(saved.size()) + " rank" +
+            (saved.size() == 1 ? "" : "s") + " and resumes on " + std::to_string(ranks_) +
+            ": each rank's dropout stream is derived anew "
             "(same weights, optimizer and batch order; not bit-identical to resuming on " +
             std::to_string(saved.size()) + ")");
       }
     } else {
       manual_seed(o_.seed);
       s_.order = shuffled_order(t_.batches, s_.batch_gen);
-      set_generator_states(t_, rank_streams(generator_states(t_), rank_));  // dropout streams per rank
+      set_generator_states(t_,
+                           rank_streams(generator_states(t_), rank_));  // dropout streams per rank
     }
     if (ranks_ > 1)
-      sync_ = std::make_unique<GradientBuckets>(params_, comm_, (size_t)(o_.bucket_mb * (1 << 20)), o_.overlap);
+      sync_ = std::make_unique<GradientBuckets>(params_, comm_, (size_t)(o_.bucket_mb * (1 << 20)),
+                                                o_.overlap);
     res_.first_step = s_.step;
     t_start_ = t_interval_ = t_draw_ = Clock::now();
   }
@@ -538,7 +599,8 @@ class Loop {
     opt_->set_lr(lr_);
     const Shard shard{rank_, ranks_};
     // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
-    const auto [first, last] = ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(t_.examples(b), shard);
+    const auto [first, last] =
+        ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(t_.examples(b), shard);
     const bool has_rows = first < last;
     const Tensor loss = !has_rows ? Tensor() : t_.loss ? t_.loss(b, shard) : t_.loss_of_batch(b);
     const double lv = global_loss(loss);
@@ -546,7 +608,9 @@ class Loop {
       autograd::clear_tape();
       fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(s_.step + 1) +
            " (the last good state is in '" + state_path() + "'" +
-           (autograd::anomaly_mode() ? ")" : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
+           (autograd::anomaly_mode()
+                ? ")"
+                : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
     }
     if (has_rows) backward(loss);
     else sync_->finish();
@@ -597,7 +661,8 @@ class Loop {
     Tensor v = zeros({(int64_t)(2 * n)}, DType::f64);  // (present, value) per metric
     double* d = v.data<double>();
     for (size_t i = 0; i < n; ++i)
-      if (auto it = vm.find(t_.metric_names[i]); it != vm.end()) d[2 * i] = 1, d[2 * i + 1] = it->second;
+      if (auto it = vm.find(t_.metric_names[i]); it != vm.end())
+        d[2 * i] = 1, d[2 * i + 1] = it->second;
     comm_.broadcast(v, 0);
     vm.clear();
     for (size_t i = 0; i < n; ++i)
@@ -617,13 +682,17 @@ class Loop {
     }
     if (quiet_ || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
     t_draw_ = Clock::now();
-    const double tps = last_tps_ > 0 ? last_tps_ : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
+    const double tps = last_tps_ > 0
+                           ? last_tps_
+                           : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
     const double per_step = seconds_since(t_start_) / (double)(s_.step - res_.first_step);
     double eta = o_.steps > 0 ? per_step * (double)(o_.steps - s_.step) : NAN;
-    if (o_.minutes > 0) eta = std::isfinite(eta) ? std::min(eta, o_.minutes * 60 - elapsed()) : o_.minutes * 60 - elapsed();
+    if (o_.minutes > 0)
+      eta = std::isfinite(eta) ? std::min(eta, o_.minutes * 60 - elapsed())
+                               : o_.minutes * 60 - elapsed();
     char buf[200];
-    std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s", (long long)s_.step,
-                  (long long)s_.epoch, lv, lr_, tps, fmt_duration(eta).c_str());
+    std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s",
+                  (long long)s_.step, (long long)s_.epoch, lv, lr_, tps, fmt_duration(eta).c_str());
     if (tty_) std::cerr << "\r\033[K" << buf << std::flush;
     else std::cerr << buf << std::endl;
   }
@@ -636,8 +705,8 @@ class Loop {
     // good state with this one).
     for (auto& [name, v] : vm)
       if (!std::isfinite(v))
-        fail("train: validation " + name + " is " + std::to_string(v) + " at step " + std::to_string(s_.step) +
-             " (the last good state is in '" + state_path() + "')");
+        fail("train: validation " + name + " is " + std::to_string(v) + " at step " +
+             std::to_string(s_.step) + " (the last good state is in '" + state_path() + "')");
     res_.last_valid = vm;
     MetricsRow r{s_.step, NAN, NAN, NAN, {}};
     if (!rows_.empty() && rows_.back().step == s_.step) {
@@ -646,7 +715,8 @@ class Loop {
     }
     r.valid = vm;
     rows_.push_back(as_written(r));
-    const bool stop = counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
+    const bool stop =
+        counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
     LoopState snap = s_;
     snap.elapsed = elapsed();
     const auto generators = comm_.allgather(generator_states(t_));
@@ -654,7 +724,8 @@ class Loop {
     last_valid_step_ = s_.step;
     std::ostringstream os;
     os << "step " << s_.step << " ";
-    for (auto& n : t_.metric_names) os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
+    for (auto& n : t_.metric_names)
+      os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
     char buf[32];
     std::snprintf(buf, sizeof buf, "  (%.1f s)", seconds_since(t0));
     say(os.str() + buf);
@@ -676,11 +747,13 @@ class Loop {
   }
 
   // The train state, metrics.csv and the program's files, committed as one checkpoint.
-  void save_checkpoint(const LoopState& snap, const std::vector<std::vector<uint64_t>>& generators) {
+  void save_checkpoint(const LoopState& snap,
+                       const std::vector<std::vector<uint64_t>>& generators) {
     CheckpointCommit c(o_.run_dir, snap.step);
     save_train_state(c.path(kStateFile), t_, *opt_, snap, tied_, recipe_, generators);
     write_metrics(c.path(kMetricsFile), t_.metric_names, rows_);
-    const bool best = t_.stop_metric.empty() || newest_is_best(rows_, t_.stop_metric, t_.higher_is_better);
+    const bool best =
+        t_.stop_metric.empty() || newest_is_best(rows_, t_.stop_metric, t_.higher_is_better);
     if (t_.on_validated) t_.on_validated(Validated{snap.step, rows_, best, c});
     c.commit();
   }
@@ -739,59 +812,78 @@ class Loop {
 static void check_loop_rest(const LoopOptions& o);
 
 void check_loop_options(const LoopOptions& o) {
-  if (!(o.minutes >= 0) || !std::isfinite(o.minutes)) fail("train: --minutes must be a finite number >= 0");
-  if (o.steps <= 0 && !(o.minutes > 0)) fail("train: give a step budget (--steps) or a time budget (--minutes)");
-  if (o.valid_every < 1 || o.log_every < 1) fail("train: --valid-every and the log interval must be >= 1");
+  if (!(o.minutes >= 0) || !std::isfinite(o.minutes))
+    fail("train: --minutes must be a finite number >= 0");
+  if (o.steps <= 0 && !(o.minutes > 0))
+    fail("train: give a step budget (--steps) or a time budget (--minutes)");
+  if (o.valid_every < 1 || o.log_every < 1)
+    fail("train: --valid-every and the log interval must be >= 1");
   if (o.patience < 0) fail("train: patience must be >= 0");
-  if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta)) fail("train: --min-delta must be a finite number >= 0");
-  if (!(o.lr >= 0) || !std::isfinite(o.lr)) fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
-  if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor)) fail("train: the lr factor must be a finite number > 0");
+  if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta))
+    fail("train: --min-delta must be a finite number >= 0");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr))
+    fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
+  if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor))
+    fail("train: the lr factor must be a finite number > 0");
   if (o.optimizer != "adam" && o.optimizer != "adamw")
     fail("train: --optimizer must be adam or adamw, got '" + o.optimizer + "'");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     fail("train: --weight-decay must be a finite number >= 0");
-  if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr)) fail("train: --min-lr must be a finite number >= 0");
+  if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr))
+    fail("train: --min-lr must be a finite number >= 0");
   if (o.decay_steps < 0) fail("train: the decay steps must be >= 0 (0: the step budget)");
   if (o.d_model < 1) fail("train: d_model must be >= 1");
   const bool noam = o.schedule == "noam" || (o.schedule == "auto" && o.lr == 0);
   if (noam) {
     if (o.warmup < 1) fail("train: --warmup must be >= 1 for the Noam schedule");
     if (o.schedule == "noam" && o.lr > 0)
-      fail("train: --lr is the peak of the cosine and constant schedules; the Noam schedule is scaled by the "
-           "lr factor (--lr-factor) instead");
+      fail(
+          "train: --lr is the peak of the cosine and constant schedules; the Noam schedule is "
+          "scaled by the "
+          "lr factor (--lr-factor) instead");
   } else if (o.schedule == "cosine" || o.schedule == "constant") {
     if (o.warmup < 0) fail("train: --warmup must be >= 0");
-    if (!(o.lr > 0)) fail("train: --schedule " + o.schedule + " needs --lr > 0 (its peak learning rate)");
+    if (!(o.lr > 0))
+      fail("train: --schedule " + o.schedule + " needs --lr > 0 (its peak learning rate)");
   } else if (o.schedule != "auto") {
     fail("train: --schedule must be noam, cosine or constant, got '" + o.schedule + "'");
   }
   if (o.schedule != "cosine") return check_loop_rest(o);
-  if (o.min_lr > o.lr) fail("train: --min-lr (" + fmt_num(o.min_lr) + ") must not exceed --lr (" + fmt_num(o.lr) + ")");
+  if (o.min_lr > o.lr)
+    fail("train: --min-lr (" + fmt_num(o.min_lr) + ") must not exceed --lr (" + fmt_num(o.lr) +
+         ")");
   const int64_t total = o.decay_steps > 0 ? o.decay_steps : o.steps;
   if (total <= 0) fail("train: --schedule cosine decays over the step budget: give --steps");
   if (total <= o.warmup)
-    fail("train: --schedule cosine needs more steps (" + std::to_string(total) + ") than warmup steps (" +
-         std::to_string(o.warmup) + ")");
+    fail("train: --schedule cosine needs more steps (" + std::to_string(total) +
+         ") than warmup steps (" + std::to_string(o.warmup) + ")");
   check_loop_rest(o);
 }
 
 // The checks after the optimizer's and the schedule's.
 static void check_loop_rest(const LoopOptions& o) {
-  if (!(o.clip > 0) || !std::isfinite(o.clip)) fail("train: the gradient clip must be a finite number > 0");
-  if (!(o.bucket_mb > 0) || !(o.bucket_mb <= 4096)) fail("train: the gradient bucket size must be in (0, 4096] MiB");
+  if (!(o.clip > 0) || !std::isfinite(o.clip))
+    fail("train: the gradient clip must be a finite number > 0");
+  if (!(o.bucket_mb > 0) || !(o.bucket_mb <= 4096))
+    fail("train: the gradient bucket size must be in (0, 4096] MiB");
 }
 
 Schedule loop_schedule(const LoopOptions& o) {
   check_loop_options(o);
-  if (o.schedule == "cosine") return Schedule::cosine(o.lr, o.min_lr, o.warmup, o.decay_steps > 0 ? o.decay_steps : o.steps);
+  if (o.schedule == "cosine")
+    return Schedule::cosine(o.lr, o.min_lr, o.warmup, o.decay_steps > 0 ? o.decay_steps : o.steps);
   if (o.schedule == "constant") return Schedule::constant(o.lr, o.warmup);
   if (o.schedule == "auto" && o.lr > 0) return Schedule::constant(o.lr, 0);
   return Schedule::noam(o.lr_factor, o.d_model, o.warmup);
 }
 
 nlohmann::json loop_recipe(const LoopOptions& o) {
-  return {{"optimizer", o.optimizer}, {"weight_decay", o.weight_decay}, {"schedule", loop_schedule(o).to_json()},
-          {"beta1", o.beta1},         {"beta2", o.beta2},               {"adam_eps", o.adam_eps},
+  return {{"optimizer", o.optimizer},
+          {"weight_decay", o.weight_decay},
+          {"schedule", loop_schedule(o).to_json()},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"adam_eps", o.adam_eps},
           {"clip", o.clip}};
 }
 
@@ -799,7 +891,8 @@ void apply_recipe(const nlohmann::json& recipe, LoopOptions& o, const std::strin
   LoopOptions n = o;
   n.optimizer = json_field<std::string>(recipe, "optimizer", where);
   n.weight_decay = json_field<double>(recipe, "weight_decay", where);
-  if (!recipe.contains("schedule") || !recipe["schedule"].is_object()) fail(where + ": no 'schedule' object");
+  if (!recipe.contains("schedule") || !recipe["schedule"].is_object())
+    fail(where + ": no 'schedule' object");
   const nlohmann::json& s = recipe["schedule"];
   const std::string sw = where + ": 'schedule'";
   n.schedule = json_field<std::string>(s, "schedule", sw);
@@ -810,17 +903,21 @@ void apply_recipe(const nlohmann::json& recipe, LoopOptions& o, const std::strin
     n.d_model = json_field<int64_t>(s, "d_model", sw);
   } else {
     n.lr = json_field<double>(s, "lr", sw);
-    if (n.schedule == "cosine") n.min_lr = json_field<double>(s, "min_lr", sw), n.decay_steps = json_field<int64_t>(s, "total", sw);
+    if (n.schedule == "cosine")
+      n.min_lr = json_field<double>(s, "min_lr", sw),
+      n.decay_steps = json_field<int64_t>(s, "total", sw);
   }
   o = n;
 }
 
-bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric, bool higher_is_better) {
+bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric,
+                    bool higher_is_better) {
   if (rows.empty() || !rows.back().valid.count(metric)) return false;
   const double newest = rows.back().valid.at(metric);
   for (size_t i = 0; i + 1 < rows.size(); ++i) {
     auto it = rows[i].valid.find(metric);
-    if (it != rows[i].valid.end() && (higher_is_better ? it->second > newest : it->second < newest)) return false;
+    if (it != rows[i].valid.end() && (higher_is_better ? it->second > newest : it->second < newest))
+      return false;
   }
   return true;
 }
@@ -840,7 +937,8 @@ LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
     if (comm.rank() == 0) {
       fs::create_directories(o.run_dir);
       remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
-      clean_checkpoints(o.run_dir, o.resume);  // what a killed commit left; a fresh run's predecessor
+      clean_checkpoints(o.run_dir,
+                        o.resume);  // what a killed commit left; a fresh run's predecessor
     }
   });
   on_every_rank(comm, [&] { resume = o.resume && has_checkpoint(o.run_dir); });

@@ -48,7 +48,8 @@ struct MetricsRow {
 /// Whether the newest row's `metric` is the best of all rows so far (higher or lower, as
 /// higher_is_better says): false when the newest row has no such metric; a tie with an earlier
 /// row counts as best (no measured difference, and the newer weights trained longer).
-bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric, bool higher_is_better);
+bool newest_is_best(const std::vector<MetricsRow>& rows, const std::string& metric,
+                    bool higher_is_better);
 
 /// What TrainTask::on_validated is handed after each validation.
 struct Validated {
@@ -66,7 +67,7 @@ struct Validated {
 /// model, tokens, validate and one of loss and loss_of_batch are required.
 struct TrainTask {
   Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
-  int64_t batches = 0;                          ///< training batches per epoch
+  int64_t batches = 0;      ///< training batches per epoch
   /// The scalar training loss (recorded) of `shard`'s part of the batch, scaled so the parts of
   /// all ranks add up to the whole batch's loss: the shard's mean times its share of the batch's
   /// items (shard_of() and shard_loss() do both). With one process the shard is the whole batch.
@@ -78,7 +79,7 @@ struct TrainTask {
   /// The rows (examples) of a batch, which shards split (shard_rows()). Needed on more than one
   /// rank; the largest batch must give every rank a row.
   std::function<int64_t(int64_t batch)> examples;
-  std::function<int64_t(int64_t batch)> tokens; ///< what the batch trains on (for tokens/s)
+  std::function<int64_t(int64_t batch)> tokens;  ///< what the batch trains on (for tokens/s)
   /// Validation metrics by name (the model is in eval mode meanwhile); metric_names lists them
   /// in the order of the CSV columns.
   std::function<std::map<std::string, double>()> validate;
@@ -109,8 +110,8 @@ struct TrainTask {
 /// The loop's settings: budget, optimizer and schedule, intervals, stopping rules.
 struct LoopOptions {
   std::string run_dir;  ///< where the train state and metrics.csv go (created when missing)
-  int64_t steps = 0;     ///< stop after this many steps (0: no step limit)
-  double minutes = 0;    ///< stop after this much training time, summed over resumes (0: none)
+  int64_t steps = 0;    ///< stop after this many steps (0: no step limit)
+  double minutes = 0;   ///< stop after this much training time, summed over resumes (0: none)
   /// "adam" (weight_decay as L2 on the decaying parameters) or "adamw" (decoupled weight decay).
   std::string optimizer = "adam";
   /// The weight decay of the parameters decays_by_default() picks (matrices; never norms,
@@ -128,7 +129,7 @@ struct LoopOptions {
   double lr = 0;
   double min_lr = 0;        ///< "cosine": the floor it decays to (<= lr)
   int64_t decay_steps = 0;  ///< "cosine": the step it reaches min_lr (0: the step budget, steps)
-  double lr_factor = 1.0;  ///< the Noam schedule's factor
+  double lr_factor = 1.0;   ///< the Noam schedule's factor
   /// The Noam schedule's model width, and the warm-up steps of every schedule (Noam: >= 1;
   /// cosine and constant: >= 0).
   ///@{
@@ -138,7 +139,7 @@ struct LoopOptions {
   ///@{
   double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-9;
   ///@}
-  double clip = 1.0;     ///< global gradient-norm clip
+  double clip = 1.0;  ///< global gradient-norm clip
   /// Steps between validations (and saves), and between progress lines and metrics rows.
   ///@{
   int64_t valid_every = 500, log_every = 100;
@@ -148,7 +149,7 @@ struct LoopOptions {
   /// Time to quality: stop at the first validation whose stop_metric reaches this (>= when higher
   /// is better, else <=); NaN: never.
   double stop_at = NAN;
-  uint64_t seed = 1;     ///< batch order and the global generator
+  uint64_t seed = 1;  ///< batch order and the global generator
   /// Continue run_dir's current checkpoint exactly; a run with none committed yet (killed
   /// before its first validation) starts from step 0. Without resume a run starts afresh and
   /// removes an earlier run's checkpoint from run_dir.
@@ -173,7 +174,7 @@ struct LoopResult {
   ///@{
   int64_t first_step = 0, last_step = 0;
   ///@}
-  std::vector<double> losses;               ///< losses[i]: the loss of step first_step + 1 + i
+  std::vector<double> losses;                ///< losses[i]: the loss of step first_step + 1 + i
   std::map<std::string, double> last_valid;  ///< the metrics of the last validation
   /// Training throughput of this call (validation time excluded) and the seconds the call's
   /// loop ran (validation included).

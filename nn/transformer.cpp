@@ -18,8 +18,10 @@ LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dr
 }
 
 namespace {
-std::shared_ptr<MultiHeadAttention> make_attention(const LayerConfig& c, Generator& gen, Generator* dg) {
-  return std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen, c.attention_dropout, dg);
+std::shared_ptr<MultiHeadAttention> make_attention(const LayerConfig& c, Generator& gen,
+                                                   Generator* dg) {
+  return std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen, c.attention_dropout,
+                                              dg);
 }
 
 // The encoder layers' and stacks' norm: LayerNorm, or RMSNorm with c.rms_norm.
@@ -30,14 +32,17 @@ std::shared_ptr<LayerNorm> make_norm(const LayerConfig& c) {
 }  // namespace
 
 EncoderLayer::EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
-  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(c.d_model, c.heads, c.dtype, gen,
-                                                                                c.attention_dropout, dg, c.kv_heads,
-                                                                                c.bias));
-  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
+  self_attn = register_module("self_attn", std::make_shared<MultiHeadAttention>(
+                                               c.d_model, c.heads, c.dtype, gen,
+                                               c.attention_dropout, dg, c.kv_heads, c.bias));
+  linear1 =
+      register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
-  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, c.bias, c.dtype, gen));
+  linear2 =
+      register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, c.bias, c.dtype, gen));
   if (c.activation == Activation::swiglu)
-    linear3 = register_module("linear3", std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
+    linear3 = register_module("linear3",
+                              std::make_shared<Linear>(c.d_model, c.d_ff, c.bias, c.dtype, gen));
   norm1 = register_module("norm1", make_norm(c));
   norm2 = register_module("norm2", make_norm(c));
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(c.dropout, dg));
@@ -63,21 +68,25 @@ Tensor EncoderLayer::block(const Tensor& x, SelfAttn&& sa) const {
 Tensor EncoderLayer::forward(const Tensor& x, const Tensor& src_pad, bool causal,
                              const AttentionPositions* pos) const {
   const auto named = scope();
-  return hooked(block(x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); }));
+  return hooked(block(
+      x, [&](const Tensor& h) { return self_attn->forward(h, h, src_pad, causal, nullptr, pos); }));
 }
 
 Tensor EncoderLayer::forward_step(const Tensor& x, KVCache& cache, int64_t capacity,
                                   const AttentionPositions* pos) const {
   const auto named = scope();
-  return hooked(block(x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); }));
+  return hooked(block(
+      x, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache, capacity, pos); }));
 }
 
 DecoderLayer::DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dg) : cfg(c) {
   self_attn = register_module("self_attn", make_attention(c, gen, dg));
   multihead_attn = register_module("multihead_attn", make_attention(c, gen, dg));
-  linear1 = register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
+  linear1 =
+      register_module("linear1", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout, dg));
-  linear2 = register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
+  linear2 =
+      register_module("linear2", std::make_shared<Linear>(c.d_ff, c.d_model, true, c.dtype, gen));
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
   norm3 = register_module("norm3", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
@@ -110,16 +119,19 @@ Tensor DecoderLayer::forward(const Tensor& y, const Tensor& memory, const Tensor
   const auto named = scope();
   return hooked(block(
       y, [&](const Tensor& h) { return self_attn->forward(h, h, tgt_pad, true, nullptr, pos); },
-      [&](const Tensor& h) { return multihead_attn->forward(h, memory, src_pad, false, cross_weights); }));
+      [&](const Tensor& h) {
+        return multihead_attn->forward(h, memory, src_pad, false, cross_weights);
+      }));
 }
 
 Tensor DecoderLayer::forward_step(const Tensor& y, const Tensor& memory, const Tensor& src_pad,
-                                  DecoderLayerCache& cache, int64_t capacity,
-                                  Tensor* cross_weights, const AttentionPositions* pos, int64_t group) const {
+                                  DecoderLayerCache& cache, int64_t capacity, Tensor* cross_weights,
+                                  const AttentionPositions* pos, int64_t group) const {
   const auto named = scope();
   if (!cache.cross.k.defined()) multihead_attn->fill_cross_cache(memory, cache.cross);
   return hooked(block(
-      y, [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
+      y,
+      [&](const Tensor& h) { return self_attn->forward_self_step(h, cache.self, capacity, pos); },
       [&](const Tensor& h) {
         return multihead_attn->forward_cross_cached(h, cache.cross, src_pad, cross_weights, group);
       }));
@@ -148,8 +160,8 @@ int64_t attention_parameters(int64_t d, int64_t heads, int64_t kv_heads, bool bi
 
 // The layers of an encoder (attentions = 1, norms = 2; with c's Llama-style options) or a
 // decoder (2, 3; always LayerNorm, biases, no grouping).
-int64_t stack_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos,
-                         int64_t attentions, int64_t norms) {
+int64_t stack_parameters(const LayerConfig& c, int64_t layers, bool final_norm,
+                         const PositionOptions& pos, int64_t attentions, int64_t norms) {
   const int64_t d = c.d_model;
   const bool llama = attentions == 1, bias = !llama || c.bias, rms = llama && c.rms_norm;
   const int64_t mats = llama && c.activation == Activation::swiglu ? 3 : 2;
@@ -161,17 +173,20 @@ int64_t stack_parameters(const LayerConfig& c, int64_t layers, bool final_norm, 
   layer = checked_add(layer, checked_mul(norms, norm, kCount), kCount);
   int64_t n = checked_mul(layers, layer, kCount);
   if (final_norm) n = checked_add(n, norm, kCount);
-  if (pos.kind == Positions::relative) n = checked_add(n, checked_mul(pos.relative_buckets, c.heads, kCount), kCount);
+  if (pos.kind == Positions::relative)
+    n = checked_add(n, checked_mul(pos.relative_buckets, c.heads, kCount), kCount);
   return n;
 }
 
 }  // namespace
 
-int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos) {
+int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm,
+                           const PositionOptions& pos) {
   return stack_parameters(c, layers, final_norm, pos, 1, 2);
 }
 
-int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos) {
+int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm,
+                           const PositionOptions& pos) {
   return stack_parameters(c, layers, final_norm, pos, 2, 3);
 }
 
@@ -187,19 +202,23 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
 Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
   const auto named = scope();
   if (positions && causal != causal_)
-    fail(std::string("Encoder: its alibi/relative terms were built for ") + (causal_ ? "causal" : "bidirectional") +
-         " attention, called " + (causal ? "causal" : "bidirectional"));
+    fail(std::string("Encoder: its alibi/relative terms were built for ") +
+         (causal_ ? "causal" : "bidirectional") + " attention, called " +
+         (causal ? "causal" : "bidirectional"));
   Tensor h = x;
   for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
   return hooked(norm ? norm->forward(h) : h);
 }
 
-Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const {
+Tensor Encoder::forward_step(const Tensor& x, std::vector<KVCache>& caches,
+                             int64_t capacity) const {
   const auto named = scope();
-  if (positions && !causal_) fail("Encoder: cached steps need a causal stack; this one is bidirectional");
+  if (positions && !causal_)
+    fail("Encoder: cached steps need a causal stack; this one is bidirectional");
   if (caches.size() != layers.size()) caches.resize(layers.size());
   Tensor h = x;
-  for (size_t i = 0; i < layers.size(); ++i) h = layers[i]->forward_step(h, caches[i], capacity, positions.get());
+  for (size_t i = 0; i < layers.size(); ++i)
+    h = layers[i]->forward_step(h, caches[i], capacity, positions.get());
   return hooked(norm ? norm->forward(h) : h);
 }
 
@@ -207,7 +226,8 @@ Decoder::Decoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
                  const PositionOptions& pos) {
   for (int64_t i = 0; i < n; ++i) layers.push_back(std::make_shared<DecoderLayer>(c, gen, dg));
   for (int64_t i = 0; i < n; ++i) register_module("layers." + std::to_string(i), layers[i]);
-  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
+  if (final_norm)
+    norm = register_module("norm", std::make_shared<LayerNorm>(c.d_model, c.eps, c.dtype));
   positions = stack_positions(*this, c, pos, true, gen);
 }
 
@@ -231,8 +251,8 @@ Tensor Decoder::forward_step(const Tensor& y, const Tensor& memory, const Tensor
   Tensor h = y;
   for (size_t i = 0; i < layers.size(); ++i) {
     Tensor w;
-    h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity, cross_weights ? &w : nullptr,
-                                positions.get(), group);
+    h = layers[i]->forward_step(h, memory, src_pad, caches[i], capacity,
+                                cross_weights ? &w : nullptr, positions.get(), group);
     if (cross_weights) cross_weights->push_back(w);
   }
   return hooked(norm ? norm->forward(h) : h);

@@ -29,9 +29,9 @@ struct LayerConfig {
   /// attention too; graft keeps it separate (default 0, as before this option existed).
   double attention_dropout = 0.0;
   Activation activation = Activation::relu;  ///< the FFN's activation
-  bool norm_first = false;  ///< false: post-LN, true: pre-LN
-  double eps = 1e-5;  ///< of every LayerNorm
-  DType dtype = DType::f32;  ///< of every parameter
+  bool norm_first = false;                   ///< false: post-LN, true: pre-LN
+  double eps = 1e-5;                         ///< of every LayerNorm
+  DType dtype = DType::f32;                  ///< of every parameter
   /// The Llama-style options of the encoder layers and stacks (the decoder layers ignore them):
   /// RMSNorm instead of LayerNorm (norm1, norm2 and the final norm), grouped-query attention
   /// with kv_heads key/value heads (0: heads), and no biases in the linears when bias is false.
@@ -44,8 +44,7 @@ struct LayerConfig {
 };
 /// A LayerConfig from its common fields (attention_dropout 0, eps 1e-5).
 LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dropout,
-                         bool norm_first, DType dtype,
-                         Activation activation = Activation::relu);
+                         bool norm_first, DType dtype, Activation activation = Activation::relu);
 
 /// Parameter count of an Encoder from the sizes alone.
 ///
@@ -53,10 +52,12 @@ LayerConfig layer_config(int64_t d_model, int64_t heads, int64_t d_ff, double dr
 /// checked against memory and against its weights file first (equal to num_parameters() of the
 /// built stack; tested). Errors on int64 overflow.
 /// @throws graft::Error "parameter count: the count overflows int64".
-int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos);
+int64_t encoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm,
+                           const PositionOptions& pos);
 /// Parameter count of a Decoder from the sizes alone (see encoder_parameters()).
 /// @throws graft::Error "parameter count: the count overflows int64".
-int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm, const PositionOptions& pos);
+int64_t decoder_parameters(const LayerConfig& c, int64_t layers, bool final_norm,
+                           const PositionOptions& pos);
 
 /// One encoder layer: self-attention and the FFN, each with dropout and a residual, in the
 /// LayerNorm placement of cfg.norm_first.
@@ -177,8 +178,8 @@ class Encoder : public Module {
   ///         would overflow `capacity`.
   Tensor forward_step(const Tensor& x, std::vector<KVCache>& caches, int64_t capacity) const;
   std::vector<std::shared_ptr<EncoderLayer>> layers;  ///< "layers.<i>"
-  std::shared_ptr<LayerNorm> norm;  ///< null when there is no final LayerNorm
-  std::shared_ptr<AttentionPositions> positions;  ///< null for sinusoidal/learned
+  std::shared_ptr<LayerNorm> norm;                    ///< null when there is no final LayerNorm
+  std::shared_ptr<AttentionPositions> positions;      ///< null for sinusoidal/learned
 
  private:
   bool causal_;  // what the positional terms were built for
@@ -193,7 +194,9 @@ class CausalStack : public Encoder {
               const PositionOptions& pos = {})
       : Encoder(c, num_layers, /*final_norm=*/true, gen, dropout_gen, pos, /*causal=*/true) {}
   /// x (B, T, d) -> (B, T, d), causal; pad (B, T) or undefined.
-  Tensor forward(const Tensor& x, const Tensor& pad) const { return Encoder::forward(x, pad, true); }
+  Tensor forward(const Tensor& x, const Tensor& pad) const {
+    return Encoder::forward(x, pad, true);
+  }
 };
 
 /// A stack of DecoderLayers with an optional final LayerNorm; owns its rope/alibi/relative
@@ -217,8 +220,8 @@ class Decoder : public Module {
                       std::vector<DecoderLayerCache>& caches, int64_t capacity,
                       Tensors* cross_weights = nullptr, int64_t group = 1) const;
   std::vector<std::shared_ptr<DecoderLayer>> layers;  ///< "layers.<i>"
-  std::shared_ptr<LayerNorm> norm;  ///< null when there is no final LayerNorm
-  std::shared_ptr<AttentionPositions> positions;  ///< null for sinusoidal/learned
+  std::shared_ptr<LayerNorm> norm;                    ///< null when there is no final LayerNorm
+  std::shared_ptr<AttentionPositions> positions;      ///< null for sinusoidal/learned
 };
 
 }  // namespace graft::nn

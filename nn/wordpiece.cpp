@@ -3,12 +3,12 @@
 #include "graft/autograd/tensor.h"
 #include "graft/nn/text.h"
 
-#include <nlohmann/json.hpp>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
 #include <unicode/uniset.h>
 #include <unicode/unistr.h>
 #include <unicode/ustring.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -33,16 +33,24 @@ int8_t category_as_of_8_0(UChar32 c) {
   u_charAge(c, age);
   if (age[0] > 8) return U_UNASSIGNED;
   switch (c) {
-    case 0x166D: case 0x111C9: return U_OTHER_PUNCTUATION;  // now So, Mn
-    case 0x1734: return U_NON_SPACING_MARK;                   // now Mc
-    case 0x1885: case 0x1886: return U_OTHER_LETTER;          // now Mn
-    case 0xA9BD: return U_COMBINING_SPACING_MARK;             // now Mn
-    default: return (int8_t)u_charType(c);
+    case 0x166D:
+    case 0x111C9:
+      return U_OTHER_PUNCTUATION;  // now So, Mn
+    case 0x1734:
+      return U_NON_SPACING_MARK;  // now Mc
+    case 0x1885:
+    case 0x1886:
+      return U_OTHER_LETTER;  // now Mn
+    case 0xA9BD:
+      return U_COMBINING_SPACING_MARK;  // now Mn
+    default:
+      return (int8_t)u_charType(c);
   }
 }
 
 bool is_ascii_punctuation(UChar32 c) {
-  return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
+  return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
+         (c >= 123 && c <= 126);
 }
 
 // Tab, newline and carriage return are control characters that count as whitespace.
@@ -50,7 +58,8 @@ bool is_control(UChar32 c) {
   if (c == '\t' || c == '\n' || c == '\r') return false;
   if (c < 128) return c < 32 || c == 127;
   const int8_t cat = category_as_of_8_0(c);
-  return cat == U_CONTROL_CHAR || cat == U_FORMAT_CHAR || cat == U_PRIVATE_USE_CHAR || cat == U_SURROGATE;
+  return cat == U_CONTROL_CHAR || cat == U_FORMAT_CHAR || cat == U_PRIVATE_USE_CHAR ||
+         cat == U_SURROGATE;
 }
 
 bool is_whitespace(UChar32 c) {
@@ -63,7 +72,9 @@ bool is_punctuation(UChar32 c) {
   return (U_MASK(category_as_of_8_0(c)) & U_GC_P_MASK) != 0;
 }
 
-bool is_nonspacing_mark(UChar32 c) { return c >= 128 && category_as_of_8_0(c) == U_NON_SPACING_MARK; }
+bool is_nonspacing_mark(UChar32 c) {
+  return c >= 128 && category_as_of_8_0(c) == U_NON_SPACING_MARK;
+}
 
 // The CJK ideograph blocks BERT puts spaces around. `tokenizers` starts Extension E at U+2B920,
 // 256 code points into the block (BERT's own code starts it at U+2B820), and stops before
@@ -93,8 +104,8 @@ void check_utf8(std::string_view s, const char* what) {
   for (size_t i = 0; i < s.size();) {
     const size_t len = utf8_sequence_length(s, i);
     if (len == 0) {
-      fail(std::string("WordPiece: ") + what + " is not valid UTF-8 at byte " + std::to_string(i) + " (" +
-           printable(s.substr(i, std::min<size_t>(4, s.size() - i))) + ")");
+      fail(std::string("WordPiece: ") + what + " is not valid UTF-8 at byte " + std::to_string(i) +
+           " (" + printable(s.substr(i, std::min<size_t>(4, s.size() - i))) + ")");
     }
     i += len;
   }
@@ -139,7 +150,8 @@ void append_utf8(char32_t c, std::string& out) {
 }
 
 size_t code_points(std::string_view s) {
-  return (size_t)std::count_if(s.begin(), s.end(), [](char b) { return ((unsigned char)b & 0xC0) != 0x80; });
+  return (size_t)std::count_if(s.begin(), s.end(),
+                               [](char b) { return ((unsigned char)b & 0xC0) != 0x80; });
 }
 
 // ---- the normaliser's steps (BertNormalizer's order: clean, CJK, strip accents, lowercase) ----
@@ -154,7 +166,8 @@ void clean(std::u32string& s) {
 }
 
 void space_cjk(std::u32string& s) {
-  if (std::none_of(s.begin(), s.end(), [](char32_t c) { return is_cjk_ideograph((UChar32)c); })) return;
+  if (std::none_of(s.begin(), s.end(), [](char32_t c) { return is_cjk_ideograph((UChar32)c); }))
+    return;
   std::u32string out;
   out.reserve(s.size() + 16);
   for (const char32_t c : s) {
@@ -180,7 +193,8 @@ const icu::Normalizer2& nfd_as_of_8_0() {
     UErrorCode status = U_ZERO_ERROR;
     const icu::Normalizer2* full = icu::Normalizer2::getNFDInstance(status);
     auto* unicode_8_0 = new icu::UnicodeSet(UNICODE_STRING_SIMPLE("[:Age=8.0:]"), status);
-    if (U_FAILURE(status)) fail(std::string("WordPiece: ICU's NFD normaliser: ") + u_errorName(status));
+    if (U_FAILURE(status))
+      fail(std::string("WordPiece: ICU's NFD normaliser: ") + u_errorName(status));
     unicode_8_0->freeze();
     return new icu::FilteredNormalizer2(*full, *unicode_8_0);
   }();
@@ -191,9 +205,11 @@ const icu::Normalizer2& nfd_as_of_8_0() {
 void strip_accents(std::u32string& s) {
   if (all_ascii(s)) return;
   UErrorCode status = U_ZERO_ERROR;
-  const icu::UnicodeString in = icu::UnicodeString::fromUTF32((const UChar32*)s.data(), (int32_t)s.size());
+  const icu::UnicodeString in =
+      icu::UnicodeString::fromUTF32((const UChar32*)s.data(), (int32_t)s.size());
   const icu::UnicodeString decomposed = nfd_as_of_8_0().normalize(in, status);
-  if (U_FAILURE(status)) fail(std::string("WordPiece: ICU's NFD normalisation: ") + u_errorName(status));
+  if (U_FAILURE(status))
+    fail(std::string("WordPiece: ICU's NFD normalisation: ") + u_errorName(status));
   s.clear();
   for (int32_t i = 0; i < decomposed.length(); i = decomposed.moveIndex32(i, 1)) {
     const UChar32 c = decomposed.char32At(i);
@@ -220,7 +236,8 @@ void lowercase(std::u32string& s) {
     U16_APPEND_UNSAFE(src, src_len, (UChar32)c);
     UErrorCode status = U_ZERO_ERROR;
     const int32_t len = u_strToLower(dest, 8, src, src_len, "", &status);
-    if (U_FAILURE(status)) fail(std::string("WordPiece: ICU's lowercasing: ") + u_errorName(status));
+    if (U_FAILURE(status))
+      fail(std::string("WordPiece: ICU's lowercasing: ") + u_errorName(status));
     for (int32_t i = 0; i < len;) {
       UChar32 l;
       U16_NEXT_UNSAFE(dest, i, l);
@@ -267,7 +284,8 @@ json parse_json(const std::string& path) {
 }
 
 // The constructor's error again with the file it came from: "WordPiece: '<path>': ...".
-WordPiece make_named(const std::string& path, std::vector<std::string> vocab, WordPieceOptions options) {
+WordPiece make_named(const std::string& path, std::vector<std::string> vocab,
+                     WordPieceOptions options) {
   try {
     return WordPiece(std::move(vocab), std::move(options));
   } catch (const Error& e) {
@@ -293,26 +311,29 @@ T field(const json& obj, const char* key, T fallback, const std::string& where) 
 
 std::string type_of(const json& section) {
   if (section.is_null()) return "null";
-  if (!section.is_object() || !section.contains("type") || !section["type"].is_string()) return "(no type)";
+  if (!section.is_object() || !section.contains("type") || !section["type"].is_string())
+    return "(no type)";
   return section["type"].get<std::string>();
 }
 
 // The vocabulary of a WordPiece model: {"token": id, ...} with ids 0..n-1, each once.
 std::vector<std::string> read_model_vocab(const json& model, const std::string& where) {
-  if (!model.contains("vocab") || !model["vocab"].is_object()) fail(where + ": the model has no \"vocab\" object");
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    fail(where + ": the model has no \"vocab\" object");
   const json& vocab = model["vocab"];
   std::vector<std::string> tokens(vocab.size());
   std::vector<bool> seen(vocab.size(), false);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) fail(where + ": the id of \"" + printable(it.key()) + "\" is not an integer");
+    if (!it.value().is_number_integer())
+      fail(where + ": the id of \"" + printable(it.key()) + "\" is not an integer");
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= (int64_t)tokens.size()) {
-      fail(where + ": the id " + std::to_string(id) + " of \"" + printable(it.key()) + "\" is outside [0, " +
-           std::to_string(tokens.size()) + ")");
+      fail(where + ": the id " + std::to_string(id) + " of \"" + printable(it.key()) +
+           "\" is outside [0, " + std::to_string(tokens.size()) + ")");
     }
     if (seen[(size_t)id]) {
-      fail(where + ": the id " + std::to_string(id) + " is given to both \"" + printable(tokens[(size_t)id]) +
-           "\" and \"" + printable(it.key()) + "\"");
+      fail(where + ": the id " + std::to_string(id) + " is given to both \"" +
+           printable(tokens[(size_t)id]) + "\" and \"" + printable(it.key()) + "\"");
     }
     seen[(size_t)id] = true;
     tokens[(size_t)id] = it.key();
@@ -327,7 +348,8 @@ void read_normalizer(const json& normalizer, WordPieceOptions& o, const std::str
     return;
   }
   const std::string type = type_of(normalizer);
-  if (type != "BertNormalizer") fail(where + ": normalizer type \"" + printable(type) + "\" is not BertNormalizer");
+  if (type != "BertNormalizer")
+    fail(where + ": normalizer type \"" + printable(type) + "\" is not BertNormalizer");
   o.clean_text = field(normalizer, "clean_text", true, where);
   o.handle_chinese_chars = field(normalizer, "handle_chinese_chars", true, where);
   o.lowercase = field(normalizer, "lowercase", true, where);
@@ -341,7 +363,8 @@ void read_post_processor(const json& post, WordPieceOptions& o, const std::strin
   if (type == "null") return;
   if (type == "BertProcessing") {
     auto token_of = [&](const char* key) {
-      if (!post.contains(key) || !post[key].is_array() || post[key].empty() || !post[key][0].is_string())
+      if (!post.contains(key) || !post[key].is_array() || post[key].empty() ||
+          !post[key][0].is_string())
         fail(where + ": BertProcessing has no [token, id] \"" + key + "\"");
       return post[key][0].get<std::string>();
     };
@@ -350,18 +373,21 @@ void read_post_processor(const json& post, WordPieceOptions& o, const std::strin
     return;
   }
   if (type != "TemplateProcessing")
-    fail(where + ": post_processor type \"" + printable(type) + "\" is neither BertProcessing nor TemplateProcessing");
+    fail(where + ": post_processor type \"" + printable(type) +
+         "\" is neither BertProcessing nor TemplateProcessing");
   const json single = post.value("single", json());
   auto special = [&](size_t i) -> std::string {
     const json& item = single[i];
-    if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].contains("id") ||
-        !item["SpecialToken"]["id"].is_string())
+    if (!item.is_object() || !item.contains("SpecialToken") ||
+        !item["SpecialToken"].contains("id") || !item["SpecialToken"]["id"].is_string())
       return "";
     return item["SpecialToken"]["id"].get<std::string>();
   };
   if (!single.is_array() || single.size() != 3 || special(0).empty() || special(2).empty() ||
       !single[1].is_object() || !single[1].contains("Sequence"))
-    fail(where + ": the post_processor's \"single\" template is not [CLS] $A [SEP] (special, sequence, special)");
+    fail(where +
+         ": the post_processor's \"single\" template is not [CLS] $A [SEP] (special, sequence, "
+         "special)");
   o.cls_token = special(0);
   o.sep_token = special(2);
 }
@@ -383,22 +409,26 @@ std::vector<std::string> read_added_tokens(const json& added, const std::vector<
     }
     const int64_t id = field(t, "id", int64_t(-1), where);
     if (id < 0 || id >= (int64_t)vocab.size() || vocab[(size_t)id] != content)
-      fail(where + ": " + name + " has the id " + std::to_string(id) + ", not its id in the model's vocabulary");
+      fail(where + ": " + name + " has the id " + std::to_string(id) +
+           ", not its id in the model's vocabulary");
     tokens.push_back(content);
   }
   return tokens;
 }
 
 // tokenizer_config.json's token, "[X]" or {"content": "[X]", ...}.
-std::string config_token(const json& config, const char* key, const std::string& fallback, const std::string& where) {
+std::string config_token(const json& config, const char* key, const std::string& fallback,
+                         const std::string& where) {
   if (!config.contains(key) || config[key].is_null()) return fallback;
   const json& v = config[key];
   if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
   fail(where + ": \"" + key + "\" is neither a string nor {\"content\": ...}");
 }
 
-// vocab.txt's tokens: one a line, a trailing '\r' dropped; empty, repeated or non-UTF-8 lines refused.
+// vocab.txt's tokens: one a line, a trailing '\r' dropped; empty, repeated or non-UTF-8 lines
+// refused.
 std::vector<std::string> read_vocab_lines(const std::string& path) {
   const std::string bytes = read_file(path);
   std::vector<std::string> vocab;
@@ -430,8 +460,8 @@ std::vector<std::string> read_vocab_lines(const std::string& path) {
 WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
     : vocab_(std::move(vocab)), options_(std::move(options)) {
   if (options_.max_input_chars_per_word < 1) {
-    fail("WordPiece: max_input_chars_per_word is " + std::to_string(options_.max_input_chars_per_word) +
-         ", not at least 1");
+    fail("WordPiece: max_input_chars_per_word is " +
+         std::to_string(options_.max_input_chars_per_word) + ", not at least 1");
   }
   ids_.reserve(vocab_.size());
   for (size_t i = 0; i < vocab_.size(); ++i) {
@@ -439,11 +469,12 @@ WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
     if (t.empty()) fail("WordPiece: the token of id " + std::to_string(i) + " is empty");
     const auto [it, inserted] = ids_.emplace(t, (int64_t)i);
     if (!inserted) {
-      fail("WordPiece: the token \"" + printable(t) + "\" is repeated (ids " + std::to_string(it->second) + " and " +
-           std::to_string(i) + ")");
+      fail("WordPiece: the token \"" + printable(t) + "\" is repeated (ids " +
+           std::to_string(it->second) + " and " + std::to_string(i) + ")");
     }
     const std::string_view prefix = options_.continuing_prefix;
-    longest_token_ = std::max(longest_token_, t.size() - (t.starts_with(prefix) ? prefix.size() : 0));
+    longest_token_ =
+        std::max(longest_token_, t.size() - (t.starts_with(prefix) ? prefix.size() : 0));
   }
   unk_ = find_required(options_.unk_token, "unknown");
   cls_ = find_required(options_.cls_token, "classifier");
@@ -457,14 +488,16 @@ WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
     added_ = {options_.pad_token, options_.unk_token, options_.cls_token, options_.sep_token};
     if (ids_.count("[MASK]")) added_.push_back("[MASK]");
   }
-  std::stable_sort(added_.begin(), added_.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  std::stable_sort(added_.begin(), added_.end(),
+                   [](const auto& a, const auto& b) { return a.size() > b.size(); });
   added_.erase(std::unique(added_.begin(), added_.end()), added_.end());
 }
 
 int64_t WordPiece::find_required(const std::string& token, const char* what) const {
   const auto it = ids_.find(token);
   if (it == ids_.end())
-    fail(std::string("WordPiece: the vocabulary has no ") + what + " token \"" + printable(token) + "\"");
+    fail(std::string("WordPiece: the vocabulary has no ") + what + " token \"" + printable(token) +
+         "\"");
   return it->second;
 }
 
@@ -474,7 +507,8 @@ WordPiece WordPiece::from_tokenizer_json(const std::string& path) {
   if (!doc.is_object()) fail(where + ": not a JSON object");
   const json model = doc.value("model", json());
   const std::string model_type = type_of(model);
-  if (model_type != "WordPiece") fail(where + ": model type \"" + printable(model_type) + "\" is not WordPiece");
+  if (model_type != "WordPiece")
+    fail(where + ": model type \"" + printable(model_type) + "\" is not WordPiece");
   std::vector<std::string> vocab = read_model_vocab(model, where);
 
   WordPieceOptions o;
@@ -485,7 +519,8 @@ WordPiece WordPiece::from_tokenizer_json(const std::string& path) {
   read_post_processor(doc.value("post_processor", json()), o, where);
   o.unk_token = field(model, "unk_token", o.unk_token, where);
   o.continuing_prefix = field(model, "continuing_subword_prefix", o.continuing_prefix, where);
-  o.max_input_chars_per_word = field(model, "max_input_chars_per_word", o.max_input_chars_per_word, where);
+  o.max_input_chars_per_word =
+      field(model, "max_input_chars_per_word", o.max_input_chars_per_word, where);
   o.pad_token = field(doc.value("padding", json()), "pad_token", o.pad_token, where);
   o.added_tokens = read_added_tokens(doc.value("added_tokens", json()), vocab, where);
   return make_named(path, std::move(vocab), std::move(o));
@@ -498,7 +533,8 @@ WordPiece WordPiece::from_vocab_txt(const std::string& path, WordPieceOptions op
 WordPiece WordPiece::from_directory(const std::string& dir) {
   const fs::path d(dir);
   std::error_code ec;
-  if (fs::exists(d / "tokenizer.json", ec)) return from_tokenizer_json((d / "tokenizer.json").string());
+  if (fs::exists(d / "tokenizer.json", ec))
+    return from_tokenizer_json((d / "tokenizer.json").string());
   const std::string vocab_path = (d / "vocab.txt").string();
   if (!fs::exists(vocab_path, ec))
     fail("WordPiece: " + quoted(dir) + ": neither tokenizer.json nor vocab.txt is there");
@@ -568,7 +604,8 @@ void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids) 
   std::string key;
   for (size_t start = 0; start < word.size();) {
     size_t end = std::min(word.size(), start + longest_token_);
-    while (end < word.size() && ((unsigned char)word[end] & 0xC0) == 0x80) --end;  // a character boundary
+    while (end < word.size() && ((unsigned char)word[end] & 0xC0) == 0x80)
+      --end;  // a character boundary
     int64_t found = -1;
     for (; end > start; --end) {
       if (end < word.size() && ((unsigned char)word[end] & 0xC0) == 0x80) continue;
@@ -637,19 +674,22 @@ std::string WordPiece::normalize(const std::string& utf8) const {
 
 std::vector<std::string> WordPiece::basic_tokenize(const std::string& utf8) const {
   std::vector<std::string> words;
-  for_each_word(utf8, [&](const std::string& w) { words.push_back(w); },
-                [&](const std::string& t) { words.push_back(t); });
+  for_each_word(
+      utf8, [&](const std::string& w) { words.push_back(w); },
+      [&](const std::string& t) { words.push_back(t); });
   return words;
 }
 
 std::vector<int64_t> WordPiece::encode(const std::string& utf8) const {
   std::vector<int64_t> ids;
-  for_each_word(utf8, [&](const std::string& w) { append_pieces(w, ids); },
-                [&](const std::string& t) { ids.push_back(ids_.find(t)->second); });
+  for_each_word(
+      utf8, [&](const std::string& w) { append_pieces(w, ids); },
+      [&](const std::string& t) { ids.push_back(ids_.find(t)->second); });
   return ids;
 }
 
-std::vector<int64_t> WordPiece::encode_with_specials(const std::string& utf8, int64_t max_len) const {
+std::vector<int64_t> WordPiece::encode_with_specials(const std::string& utf8,
+                                                     int64_t max_len) const {
   if (max_len < 2) {
     fail("WordPiece::encode_with_specials: max_len " + std::to_string(max_len) +
          " leaves no room for the classifier and separator tokens");
@@ -666,13 +706,15 @@ std::vector<int64_t> WordPiece::encode_with_specials(const std::string& utf8, in
 
 int64_t WordPiece::id(const std::string& token) const {
   const auto it = ids_.find(token);
-  if (it == ids_.end()) fail("WordPiece: the token \"" + printable(token) + "\" is not in the vocabulary");
+  if (it == ids_.end())
+    fail("WordPiece: the token \"" + printable(token) + "\" is not in the vocabulary");
   return it->second;
 }
 
 const std::string& WordPiece::token(int64_t id) const {
   if (id < 0 || id >= size())
-    fail("WordPiece: the id " + std::to_string(id) + " is outside [0, " + std::to_string(size()) + ")");
+    fail("WordPiece: the id " + std::to_string(id) + " is outside [0, " + std::to_string(size()) +
+         ")");
   return vocab_[(size_t)id];
 }
 

@@ -20,17 +20,19 @@ namespace graft::text {
 struct WordPieceOptions {
   bool clean_text = true;            ///< drop NUL, U+FFFD and control chars; whitespace -> ' '
   bool handle_chinese_chars = true;  ///< spaces around CJK ideographs
-  std::optional<bool> strip_accents; ///< NFD, then drop nonspacing marks; unset: follows lowercase (as BERT)
-  bool lowercase = true;             ///< full Unicode lowercasing, one character at a time
-  std::string unk_token = "[UNK]";  ///< a word with no pieces, or too long
-  std::string cls_token = "[CLS]";  ///< first of a sequence (encode_with_specials)
-  std::string sep_token = "[SEP]";  ///< last of a sequence (encode_with_specials)
-  std::string pad_token = "[PAD]";  ///< padding, for the model's batches
-  std::string continuing_prefix = "##";     ///< marks a piece that continues a word
-  int64_t max_input_chars_per_word = 100;   ///< a longer word (code points) is one unk_token
+  std::optional<bool>
+      strip_accents;      ///< NFD, then drop nonspacing marks; unset: follows lowercase (as BERT)
+  bool lowercase = true;  ///< full Unicode lowercasing, one character at a time
+  std::string unk_token = "[UNK]";         ///< a word with no pieces, or too long
+  std::string cls_token = "[CLS]";         ///< first of a sequence (encode_with_specials)
+  std::string sep_token = "[SEP]";         ///< last of a sequence (encode_with_specials)
+  std::string pad_token = "[PAD]";         ///< padding, for the model's batches
+  std::string continuing_prefix = "##";    ///< marks a piece that continues a word
+  int64_t max_input_chars_per_word = 100;  ///< a longer word (code points) is one unk_token
   /// The tokens matched whole in the raw text before normalisation (tokenizers' added tokens,
   /// transformers' never-split tokens): "a [SEP]b" has the separator's id in its middle. Unset:
-  /// pad, unk, cls and sep, and "[MASK]" when the vocabulary has it. Each must be in the vocabulary.
+  /// pad, unk, cls and sep, and "[MASK]" when the vocabulary has it. Each must be in the
+  /// vocabulary.
   std::optional<std::vector<std::string>> added_tokens;
 };
 
@@ -77,7 +79,8 @@ class WordPiece {
   /// The ids of the word pieces, no specials added.
   /// @throws graft::Error naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode(const std::string& utf8) const;
-  /// [CLS] pieces [SEP], the pieces truncated so that the whole is at most max_len ids (max_len >= 2)
+  /// [CLS] pieces [SEP], the pieces truncated so that the whole is at most max_len ids (max_len >=
+  /// 2)
   /// @throws graft::Error for max_len < 2, or naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode_with_specials(const std::string& utf8, int64_t max_len) const;
 
@@ -114,8 +117,8 @@ class WordPiece {
   WordPieceOptions options_;
   bool strip_accents_ = true;
   int64_t unk_ = 0, cls_ = 0, sep_ = 0, pad_ = 0;
-  size_t longest_token_ = 0;           ///< bytes, without the continuing prefix
-  std::vector<std::string> added_;     ///< longest first, so that the longest match wins
+  size_t longest_token_ = 0;        ///< bytes, without the continuing prefix
+  std::vector<std::string> added_;  ///< longest first, so that the longest match wins
 };
 
 }  // namespace graft::text

@@ -22,13 +22,13 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/bf16.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/bf16.h"
+#include "graft/ops/internal/cases.h"
+#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"
 #include "graft/ops/precision.h"
-#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 #include "graft/ops/softmax.h"
@@ -167,8 +167,8 @@ Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
          std::to_string(v.size(2)) + "): " + qkv_str(q, k, v));
   const Tensor& mask = opt.key_padding_mask;
   if (mask.defined() && (mask.dim() != 2 || mask.size(0) != g.B || mask.size(1) != g.Tk))
-    fail(op + ": key_padding_mask " + describe(mask) + " must be (B, Tk) = " +
-         shape_str({g.B, g.Tk}) + " for " + qkv_str(q, k, v));
+    fail(op + ": key_padding_mask " + describe(mask) +
+         " must be (B, Tk) = " + shape_str({g.B, g.Tk}) + " for " + qkv_str(q, k, v));
   const Tensor& bias = opt.bias;
   if (bias.defined()) {
     if (bias.dtype() != q.dtype())
@@ -180,14 +180,15 @@ Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       ok = n == want || n == 1;
     }
     if (!ok)
-      fail(op + ": bias " + describe(bias) + " does not broadcast to (B, H, Tq, Tk) = " +
-           shape_str(full));
+      fail(op + ": bias " + describe(bias) +
+           " does not broadcast to (B, H, Tq, Tk) = " + shape_str(full));
   }
   if (!std::isfinite(opt.scale))
     fail(op + ": scale must be finite, got " + std::to_string(opt.scale));
   if (!(opt.dropout >= 0 && opt.dropout < 1))
     fail(op + ": dropout must be in [0, 1), got " + std::to_string(opt.dropout));
-  if (opt.dropout > 0 && !opt.generator) fail(op + ": dropout " + std::to_string(opt.dropout) + " needs a generator");
+  if (opt.dropout > 0 && !opt.generator)
+    fail(op + ": dropout " + std::to_string(opt.dropout) + " needs a generator");
   return g;
 }
 
@@ -204,8 +205,10 @@ BiasView<T> bias_view(const Tensor& bias, const Geom& g) {
 // With `reuse_kv` the bf16 copy of k is kept while k stays unchanged (AttentionOptions::steady_kv).
 void attention_probs(const kern::Operand& q, const kern::Operand& k, const Geom& g, double scale,
                      const RowMask& m, const Tensor& bias, const Tensor& P, bool reuse_kv = false) {
-  kern::bmm(q, kern::transposed(k), P, scale, false, reuse_kv ? kern::BCopy::steady : kern::BCopy::per_call);  // S = scale Q K^T
-  GRAFT_DISPATCH_FLOAT(P.dtype(), kOp, [&] { softmax_rows(P.data<T>(), g, m, bias_view<T>(bias, g)); });
+  kern::bmm(q, kern::transposed(k), P, scale, false,
+            reuse_kv ? kern::BCopy::steady : kern::BCopy::per_call);  // S = scale Q K^T
+  GRAFT_DISPATCH_FLOAT(P.dtype(), kOp,
+                       [&] { softmax_rows(P.data<T>(), g, m, bias_view<T>(bias, g)); });
 }
 
 // The attention's settings that its backward needs again.
@@ -216,7 +219,9 @@ struct AttentionCtx {
   bool causal;
   bool dropout;
   kern::DropoutMask mask;
-  RowMask row_mask() const { return RowMask{pad->empty() ? nullptr : pad->data(), causal, g.Tq, g.Tk}; }
+  RowMask row_mask() const {
+    return RowMask{pad->empty() ? nullptr : pad->data(), causal, g.Tq, g.Tk};
+  }
 };
 
 // q, k, v as the matmuls read them: the caller's tensors, or bf16 copies kept for backward.
@@ -264,9 +269,9 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
   if (a.dropout) apply_dropout(dS, a.mask);
   GRAFT_DISPATCH_FLOAT(dt, kOp, [&] { softmax_bwd_rows(dS.data<T>(), P.data<const T>(), g); });
   {
-    kern::Bf16ReuseScope reuse;  // under bf16, dS converted once for both
-    if (dq.defined()) bmm(dS, in.k, dq, a.scale);                        // dQ = scale dS K
-    if (dk.defined()) bmm(kern::swap_last2(dS), in.q, dk, a.scale);      // dK = scale dS^T Q
+    kern::Bf16ReuseScope reuse;                    // under bf16, dS converted once for both
+    if (dq.defined()) bmm(dS, in.k, dq, a.scale);  // dQ = scale dS K
+    if (dk.defined()) bmm(kern::swap_last2(dS), in.q, dk, a.scale);  // dK = scale dS^T Q
   }
   return {dq, dk, dv, need_bias ? dS : Tensor()};
 }
@@ -275,7 +280,8 @@ Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const
 // the same scores, mask, softmax, dropout mask (as a constant) and product with V. A masked score
 // is -1e30 instead of -inf, and a row with no key left is multiplied by 0, so it gives zeros as
 // the fused path does instead of NaN.
-Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const AttentionCtx& a) {
+Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                          const AttentionCtx& a) {
   const Geom& g = a.g;
   Tensor s = mul(matmul(q, transpose(k, -1, -2)), a.scale);
   if (bias.defined()) s = add(s, bias);
@@ -385,8 +391,12 @@ std::shared_ptr<const std::vector<uint8_t>> pad_flags(const Tensor& key_padding_
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt) {
   const Geom g = validate(q, k, v, opt);
-  AttentionCtx a{g, opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
-                 pad_flags(opt.key_padding_mask), opt.causal, opt.dropout > 0, {}};
+  AttentionCtx a{g,
+                 opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
+                 pad_flags(opt.key_padding_mask),
+                 opt.causal,
+                 opt.dropout > 0,
+                 {}};
   const bool record = autograd::needs_record({q, k, v, opt.bias});
   if (few_queries(q, k, v, g, record, opt)) {
     AttentionResult res;
@@ -410,9 +420,11 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     apply_dropout(P, a.mask);
   }
   res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
-  kern::bmm(P, in.v, res.out, 1.0, false, steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
+  kern::bmm(P, in.v, res.out, 1.0, false,
+            steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
   if (!record) return res;
-  auto backward = [a, prec = precision_state()](const Ctx& c, const QKV& in, const Tensor& bias, const Tensor& dout) {
+  auto backward = [a, prec = precision_state()](const Ctx& c, const QKV& in, const Tensor& bias,
+                                                const Tensor& dout) {
     PrecisionGuard guard(prec);
     return scaled_dot_product_attention_backward(c, in, bias, dout, a);
   };
@@ -421,19 +433,24 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                      {{in.q.kept.storage, q}, {in.k.kept.storage, k}, {in.v.kept.storage, v}},
                      [backward, in](const Ctx& c, const Tensors& dout) {
                        if (c.create_graph)
-                         fail(autograd::ordinal(c.order) + " backward of '" + kOp + "': under create_graph it needs q, k and v, "
-                              "which the bf16 path kept only as bfloat16; compute higher-order gradients in float32 precision");
+                         fail(autograd::ordinal(c.order) + " backward of '" + kOp +
+                              "': under create_graph it needs q, k and v, "
+                              "which the bf16 path kept only as bfloat16; compute higher-order "
+                              "gradients in float32 precision");
                        return backward(c, in, c.saved[0], dout[0]);
                      });
   } else {
-    autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
-                     [backward, a](const Ctx& c, const Tensors& dout) {
-                       if (c.create_graph)
-                         return autograd::differentiate(
-                             [a](const Tensors& in) { return Tensors{attention_composed(in[0], in[1], in[2], in[3], a)}; },
-                             c.saved, dout, c.needs);
-                       return backward(c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3], dout[0]);
-                     });
+    autograd::record(
+        kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
+        [backward, a](const Ctx& c, const Tensors& dout) {
+          if (c.create_graph)
+            return autograd::differentiate(
+                [a](const Tensors& in) {
+                  return Tensors{attention_composed(in[0], in[1], in[2], in[3], a)};
+                },
+                c.saved, dout, c.needs);
+          return backward(c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3], dout[0]);
+        });
   }
   return res;
 }
@@ -471,15 +488,16 @@ void register_attention_dropout_cases() {
                              x.push_back(case_input({2, 1, 4}, dt, g));
                              return x;
                            },
-                       .fn = [](const Tensors& x) {
-                         Generator gen(9);
-                         AttentionOptions opt;
-                         opt.causal = true;
-                         opt.bias = x[3];
-                         opt.dropout = 0.3;
-                         opt.generator = &gen;
-                         return scaled_dot_product_attention(x[0], x[1], x[2], opt).out;
-                       }});
+                       .fn =
+                           [](const Tensors& x) {
+                             Generator gen(9);
+                             AttentionOptions opt;
+                             opt.causal = true;
+                             opt.bias = x[3];
+                             opt.dropout = 0.3;
+                             opt.generator = &gen;
+                             return scaled_dot_product_attention(x[0], x[1], x[2], opt).out;
+                           }});
 }
 
 void register_attention_mask_cases() {
@@ -496,15 +514,16 @@ void register_attention_mask_cases() {
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 2, 4); },
                        .fn = [](const Tensors& x) { return attn(x, true); }});
   // Batch 1 has every key masked: its outputs and gradients must be 0, not NaN.
-  register_case(OpCase{.name = "attention/padding_all_masked_row",
-                       .op = "scaled_dot_product_attention",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             Tensors x = qkv(dt, g, 3, 4);
-                             x.push_back(from_vector(std::vector<int64_t>{0, 0, 1, 0, 1, 1, 1, 1}, {2, 4}));
-                             return x;
-                           },
-                       .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); }});
+  register_case(
+      OpCase{.name = "attention/padding_all_masked_row",
+             .op = "scaled_dot_product_attention",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   Tensors x = qkv(dt, g, 3, 4);
+                   x.push_back(from_vector(std::vector<int64_t>{0, 0, 1, 0, 1, 1, 1, 1}, {2, 4}));
+                   return x;
+                 },
+             .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); }});
   register_case(OpCase{.name = "attention/broadcast_bias",
                        .op = "scaled_dot_product_attention",
                        .make_inputs =
@@ -515,20 +534,20 @@ void register_attention_mask_cases() {
                            },
                        .fn = [](const Tensors& x) { return attn(x, true, Extra::bias); }});
   // q as the (B, T, H, D) output of a projection, split into heads by a permute view.
-  register_case(OpCase{.name = "attention/noncontig_q",
-                       .op = "scaled_dot_product_attention",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 2, 3}, dt, g), case_input({2, 2, 4, 3}, dt, g),
-                                            case_input_t({2, 2, 4, 2}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             AttentionOptions opt;
-                             opt.scale = 0.7;
-                             return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt)
-                                 .out;
-                           }});
+  register_case(OpCase{
+      .name = "attention/noncontig_q",
+      .op = "scaled_dot_product_attention",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({2, 3, 2, 3}, dt, g), case_input({2, 2, 4, 3}, dt, g),
+                           case_input_t({2, 2, 4, 2}, dt, g)};
+          },
+      .fn =
+          [](const Tensors& x) {
+            AttentionOptions opt;
+            opt.scale = 0.7;
+            return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt).out;
+          }});
 }
 
 }  // namespace

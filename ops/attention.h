@@ -19,11 +19,11 @@ namespace graft {
 /// The optional parts of scaled_dot_product_attention(); the defaults give plain softmax
 /// attention with scale 1/sqrt(D).
 struct AttentionOptions {
-  bool causal = false;  ///< query i attends keys j <= i + (Tk - Tq) only
+  bool causal = false;      ///< query i attends keys j <= i + (Tk - Tq) only
   Tensor key_padding_mask;  ///< optional: (B, Tk), any dtype, non-zero = padding
   /// Optional: additive, q's dtype, broadcastable to (B, H, Tq, Tk); gets a gradient.
   Tensor bias;
-  double scale = 0;         ///< 0: 1/sqrt(D)
+  double scale = 0;  ///< 0: 1/sqrt(D)
   /// Also return P (AttentionResult::weights), the weights before dropout.
   bool return_weights = false;
   /// Dropout on the attention probabilities (nn.MultiheadAttention's `dropout`), in [0, 1): P is
@@ -42,7 +42,7 @@ struct AttentionOptions {
 
 /// What scaled_dot_product_attention() returns.
 struct AttentionResult {
-  Tensor out;  ///< (B, H, Tq, Dv), recorded on the tape
+  Tensor out;      ///< (B, H, Tq, Dv), recorded on the tape
   Tensor weights;  ///< P (B, H, Tq, Tk) when requested; carries no gradient
 };
 

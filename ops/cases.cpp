@@ -1,6 +1,5 @@
 #include "graft/ops/internal/cases.h"
 
-
 #include <mutex>
 
 namespace graft {

@@ -12,8 +12,8 @@
 #include <limits>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 
 namespace graft {
@@ -120,22 +120,21 @@ Tensor relu_dropout_backward_bits(const Tensor& dout, const Storage& bits, float
 
 // Checks p, draws the mask's starting state from gen (advancing it by numel draws) and runs the
 // forward; keep_value is 1 / (1 - p).
-Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu,
-                       DropoutMask& mask, double& keep_value) {
+Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu, DropoutMask& mask,
+                       double& keep_value) {
   mask = DropoutMask::draw(gen, p, x.numel());
   keep_value = mask.keep_value;
   Tensor out = Tensor::empty(x.shape(), x.dtype());
-  if (x.dtype() == DType::f32)
-    dropout_fwd<float>(x, out, mask, (float)keep_value, relu);
-  else
-    dropout_fwd<double>(x, out, mask, keep_value, relu);
+  if (x.dtype() == DType::f32) dropout_fwd<float>(x, out, mask, (float)keep_value, relu);
+  else dropout_fwd<double>(x, out, mask, keep_value, relu);
   return out;
 }
 
 // dropout: dx = dout * (keep(i) ? keep_value : 0), the mask recomputed from its starting state.
 Tensor dropout_backward(const Tensor& dout, DropoutMask mask, double keep_value) {
   Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
-  GRAFT_DISPATCH_FLOAT(dx.dtype(), "dropout", [&] { dropout_bwd<T>(dout, mask, (T)keep_value, dx); });
+  GRAFT_DISPATCH_FLOAT(dx.dtype(), "dropout",
+                       [&] { dropout_bwd<T>(dout, mask, (T)keep_value, dx); });
   return dx;
 }
 
@@ -163,10 +162,12 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
   if (autograd::needs_record({x}))
-    autograd::record("dropout", {x}, {out}, {}, [mask, keep_value](const Ctx& c, const Tensors& dout) {
-      if (!c.create_graph) return Tensors{dropout_backward(dout[0], mask, keep_value)};
-      return Tensors{mul(dout[0], dropout_backward(ones_like(dout[0]), mask, keep_value))};  // a constant mask
-    });
+    autograd::record(
+        "dropout", {x}, {out}, {}, [mask, keep_value](const Ctx& c, const Tensors& dout) {
+          if (!c.create_graph) return Tensors{dropout_backward(dout[0], mask, keep_value)};
+          return Tensors{mul(
+              dout[0], dropout_backward(ones_like(dout[0]), mask, keep_value))};  // a constant mask
+        });
   return out;
 }
 
@@ -182,16 +183,22 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   // keeping out here too would hold its float32 bytes, so one bit per element stands in.
   if (x.dtype() == DType::f32 && kern::bf16_kernel_in_force()) {
     std::shared_ptr<Storage> bits = positive_bits(out);
-    autograd::record("relu_dropout", {x}, {out}, {}, {{bits, out}}, [keep_value](const Ctx& c, const Tensors& dout) {
-      if (!c.create_graph) return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
-      return Tensors{mul(dout[0], relu_dropout_backward_bits(ones_like(dout[0]), *c.kept[0], (float)keep_value))};
-    });
+    autograd::record(
+        "relu_dropout", {x}, {out}, {}, {{bits, out}},
+        [keep_value](const Ctx& c, const Tensors& dout) {
+          if (!c.create_graph)
+            return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
+          return Tensors{mul(dout[0], relu_dropout_backward_bits(ones_like(dout[0]), *c.kept[0],
+                                                                 (float)keep_value))};
+        });
     return out;
   }
-  autograd::record("relu_dropout", {x}, {out}, {out}, [keep_value](const Ctx& c, const Tensors& dout) {
-    if (!c.create_graph) return Tensors{relu_dropout_backward(dout[0], c.saved[0], keep_value)};
-    return Tensors{mul(dout[0], relu_dropout_backward(ones_like(dout[0]), c.saved[0].detach(), keep_value))};
-  });
+  autograd::record(
+      "relu_dropout", {x}, {out}, {out}, [keep_value](const Ctx& c, const Tensors& dout) {
+        if (!c.create_graph) return Tensors{relu_dropout_backward(dout[0], c.saved[0], keep_value)};
+        return Tensors{mul(
+            dout[0], relu_dropout_backward(ones_like(dout[0]), c.saved[0].detach(), keep_value))};
+      });
   return out;
 }
 
@@ -199,7 +206,10 @@ void register_dropout_cases() {
   // A fresh Generator per call so every forward of the gradcheck draws the same mask.
   register_case(OpCase{.name = "dropout/p0.4",
                        .op = "dropout",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4, 6}, dt, g)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({4, 6}, dt, g)};
+                           },
                        .fn =
                            [](const Tensors& x) {
                              Generator g(5);
@@ -207,22 +217,29 @@ void register_dropout_cases() {
                            }});
   register_case(OpCase{.name = "dropout/noncontig",
                        .op = "dropout",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 4}, dt, g)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({5, 4}, dt, g)};
+                           },
                        .fn =
                            [](const Tensors& x) {
                              Generator g(5);
                              return dropout(x[0], 0.25, true, g);
                            }});
   // relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
-  register_case(OpCase{.name = "relu_dropout/p0.3",
-                       .op = "relu_dropout",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)}; },
-                       .fn =
-                           [](const Tensors& x) {
-                             Generator g(7);
-                             Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
-                             return relu_dropout(mul(x[0], sign), 0.3, true, g);
-                           }});
+  register_case(OpCase{
+      .name = "relu_dropout/p0.3",
+      .op = "relu_dropout",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)};
+          },
+      .fn =
+          [](const Tensors& x) {
+            Generator g(7);
+            Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
+            return relu_dropout(mul(x[0], sign), 0.3, true, g);
+          }});
 }
 
 }  // namespace graft

@@ -7,8 +7,8 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/internal/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 
 namespace graft {
@@ -34,15 +34,27 @@ double gelu_tanh_df(double x) {
 
 // The rows' derivatives as recorded ops (UnaryOp::df_op), for the backward under create_graph.
 // a * x^b (oneDNN's pow), as recorded ops.
-Tensor pow_ab(const Tensor& x, double a, double b) { return a == 1 ? pow(x, b) : affine(pow(x, b), a, 0); }
+Tensor pow_ab(const Tensor& x, double a, double b) {
+  return a == 1 ? pow(x, b) : affine(pow(x, b), a, 0);
+}
 // erf(x): the internal row kErf below (erf is not a public op).
 Tensor erf_of(const Tensor& x);
 Tensor exp_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return y; }
-Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return pow_ab(x, 1, -1); }
-Tensor sqrt_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return pow_ab(y, 0.5, -1); }
-Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double b) { return pow_ab(x, a * b, b - 1); }
-Tensor tanh_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return affine(mul(y, y), -1, 1); }
-Tensor sigmoid_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) { return mul(y, affine(y, -1, 1)); }
+Tensor log_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return pow_ab(x, 1, -1);
+}
+Tensor sqrt_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) {
+  return pow_ab(y, 0.5, -1);
+}
+Tensor pow_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, double b) {
+  return pow_ab(x, a * b, b - 1);
+}
+Tensor tanh_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) {
+  return affine(mul(y, y), -1, 1);
+}
+Tensor sigmoid_df_op(const UnaryOp&, const Tensor&, const Tensor& y, double, double) {
+  return mul(y, affine(y, -1, 1));
+}
 // The standard normal density exp(-x^2 / 2) / sqrt(2 pi) at x * scale, times `times`.
 Tensor gauss(const Tensor& x, double scale, double times) {
   return affine(exp(affine(mul(x, x), -0.5 * scale * scale, 0)), times / std::sqrt(2 * M_PI), 0);
@@ -52,7 +64,9 @@ Tensor gelu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double
   return add(affine(erf_of(affine(x, M_SQRT1_2, 0)), 0.5, 0.5), mul(x, gauss(x, 1, 1)));
 }
 // erf'(x) = 2 / sqrt(pi) exp(-x^2) = 2 sqrt(2) phi(x sqrt 2).
-Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return gauss(x, M_SQRT2, 2 * M_SQRT2); }
+Tensor erf_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return gauss(x, M_SQRT2, 2 * M_SQRT2);
+}
 // gelu_tanh'(x) = (1 + t) / 2 + x (1 - t^2) k (1 + 3c x^2) / 2, t = tanh(k (x + c x^3)).
 Tensor gelu_tanh_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
   constexpr double k = kSqrt2OverPi, c = 0.044715;
@@ -67,53 +81,92 @@ Tensor silu_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double a, doub
   return mul(s, affine(mul(affine(x, a, 0), affine(s, -1, 1)), 1, 1));
 }
 Tensor sin_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return cos(x); }
-Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) { return affine(sin(x), -1, 0); }
+Tensor cos_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
+  return affine(sin(x), -1, 0);
+}
 
 const UnaryOp kExp{.name = "exp",
                    .f = [](double x, double, double) { return std::exp(x); },
                    .df = [](double, double y, double, double) { return y; },
-                   .saves = Saves::output, .onednn = Eltwise::exp, .df_op = exp_df_op};
+                   .saves = Saves::output,
+                   .onednn = Eltwise::exp,
+                   .df_op = exp_df_op};
 const UnaryOp kLog{.name = "log",
                    .f = [](double x, double, double) { return std::log(x); },
                    .df = [](double x, double, double, double) { return 1 / x; },
-                   .onednn = Eltwise::log, .lo = 0.5, .hi = 2, .df_op = log_df_op};
+                   .onednn = Eltwise::log,
+                   .lo = 0.5,
+                   .hi = 2,
+                   .df_op = log_df_op};
 const UnaryOp kSqrt{.name = "sqrt",
                     .f = [](double x, double, double) { return std::sqrt(x); },
                     .df = [](double, double y, double, double) { return 0.5 / y; },
-                    .saves = Saves::output, .onednn = Eltwise::sqrt, .lo = 0.5, .hi = 2, .df_op = sqrt_df_op};
+                    .saves = Saves::output,
+                    .onednn = Eltwise::sqrt,
+                    .lo = 0.5,
+                    .hi = 2,
+                    .df_op = sqrt_df_op};
 // oneDNN eltwise_pow computes a * x^b.
-const UnaryOp kPow{.name = "pow",
-                   .f = [](double x, double a, double b) { return a * std::pow(x, b); },
-                   .df = [](double x, double, double a, double b) { return a * b * std::pow(x, b - 1); },
-                   .onednn = Eltwise::pow, .lo = 0.5, .hi = 2, .case_a = 1, .case_b = 2.5, .df_op = pow_df_op};
+const UnaryOp kPow{
+    .name = "pow",
+    .f = [](double x, double a, double b) { return a * std::pow(x, b); },
+    .df = [](double x, double, double a, double b) { return a * b * std::pow(x, b - 1); },
+    .onednn = Eltwise::pow,
+    .lo = 0.5,
+    .hi = 2,
+    .case_a = 1,
+    .case_b = 2.5,
+    .df_op = pow_df_op};
 const UnaryOp kTanh{.name = "tanh",
                     .f = [](double x, double, double) { return std::tanh(x); },
                     .df = [](double, double y, double, double) { return 1 - y * y; },
-                    .saves = Saves::output, .onednn = Eltwise::tanh, .lo = -2, .hi = 2, .df_op = tanh_df_op};
+                    .saves = Saves::output,
+                    .onednn = Eltwise::tanh,
+                    .lo = -2,
+                    .hi = 2,
+                    .df_op = tanh_df_op};
 const UnaryOp kSigmoid{.name = "sigmoid",
                        .f = [](double x, double, double) { return 1 / (1 + std::exp(-x)); },
                        .df = [](double, double y, double, double) { return y * (1 - y); },
-                       .saves = Saves::output, .onednn = Eltwise::logistic, .lo = -3, .hi = 3, .df_op = sigmoid_df_op};
+                       .saves = Saves::output,
+                       .onednn = Eltwise::logistic,
+                       .lo = -3,
+                       .hi = 3,
+                       .df_op = sigmoid_df_op};
 const UnaryOp kRelu{.name = "relu",
                     .f = [](double x, double, double) { return x > 0 ? x : 0.0; },
                     .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; },
-                    .onednn = Eltwise::relu, .kinks = {0.0}, .df_op = unary_df_constant};
-const UnaryOp kGeluErf{.name = "gelu",
-                       .f = [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
-                       .df = [](double x, double, double, double) {
-                         return 0.5 * (1 + std::erf(x / M_SQRT2)) +
-                                x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
-                       },
-                       .onednn = Eltwise::gelu_erf, .lo = -3, .hi = 3, .df_op = gelu_df_op};
+                    .onednn = Eltwise::relu,
+                    .kinks = {0.0},
+                    .df_op = unary_df_constant};
+const UnaryOp kGeluErf{
+    .name = "gelu",
+    .f = [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
+    .df =
+        [](double x, double, double, double) {
+          return 0.5 * (1 + std::erf(x / M_SQRT2)) +
+                 x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+        },
+    .onednn = Eltwise::gelu_erf,
+    .lo = -3,
+    .hi = 3,
+    .df_op = gelu_df_op};
 const UnaryOp kGeluTanh{.name = "gelu_tanh",
                         .f = [](double x, double, double) { return gelu_tanh_f(x); },
                         .df = [](double x, double, double, double) { return gelu_tanh_df(x); },
-                        .onednn = Eltwise::gelu_tanh, .lo = -3, .hi = 3, .df_op = gelu_tanh_df_op};
+                        .onednn = Eltwise::gelu_tanh,
+                        .lo = -3,
+                        .hi = 3,
+                        .df_op = gelu_tanh_df_op};
 // oneDNN eltwise_linear computes a * x + b; the derivative a needs nothing saved.
 const UnaryOp kAffine{.name = "affine",
                       .f = [](double x, double a, double b) { return a * x + b; },
                       .df = [](double, double, double a, double) { return a; },
-                      .saves = Saves::nothing, .onednn = Eltwise::linear, .case_a = -0.5, .case_b = 2.5, .df_op = unary_df_constant};
+                      .saves = Saves::nothing,
+                      .onednn = Eltwise::linear,
+                      .case_a = -0.5,
+                      .case_b = 2.5,
+                      .df_op = unary_df_constant};
 
 // The rows below are written once for both precisions (unary_row): f and df at double are the
 // reference, at float the vectorised loop that runs a row without a oneDNN algorithm.
@@ -124,15 +177,20 @@ constexpr auto silu_df = [](auto x, auto, auto a, auto) {
   const auto s = 1 / (1 + kern::exp(-a * x));
   return s * (1 + a * x * (1 - s));
 };
-const UnaryOp kSilu = unary_row<silu_f, silu_df>(
-    {.name = "silu", .onednn = Eltwise::swish, .lo = -3, .hi = 3, .case_a = 1, .df_op = silu_df_op});
+const UnaryOp kSilu = unary_row<silu_f, silu_df>({.name = "silu",
+                                                  .onednn = Eltwise::swish,
+                                                  .lo = -3,
+                                                  .hi = 3,
+                                                  .case_a = 1,
+                                                  .df_op = silu_df_op});
 
 constexpr auto abs_f = [](auto x, auto, auto) { return std::fabs(x); };
 constexpr auto abs_df = [](auto x, auto, auto, auto) {
   using T = decltype(x);
   return x > 0 ? T(1) : x < 0 ? T(-1) : T(0);
 };
-const UnaryOp kAbs = unary_row<abs_f, abs_df>({.name = "abs", .onednn = Eltwise::abs, .kinks = {0.0}, .df_op = unary_df_constant});
+const UnaryOp kAbs = unary_row<abs_f, abs_df>(
+    {.name = "abs", .onednn = Eltwise::abs, .kinks = {0.0}, .df_op = unary_df_constant});
 
 // clamp to [a, b]: NaN stays NaN (std::max(NaN, a) and std::min(NaN, b) return the NaN). The
 // gradient passes at both bounds, as PyTorch's; oneDNN's clip passes it at the upper bound only,
@@ -142,51 +200,70 @@ constexpr auto clamp_df = [](auto x, auto, auto a, auto b) {
   using T = decltype(x);
   return (x >= a) & (x <= b) ? T(1) : T(0);
 };
-const UnaryOp kClamp = unary_row<clamp_f, clamp_df>(
-    {.name = "clamp", .lo = -1, .hi = 1, .kinks = {-0.5, 0.5}, .case_a = -0.5, .case_b = 0.5, .df_op = unary_df_constant});
+const UnaryOp kClamp = unary_row<clamp_f, clamp_df>({.name = "clamp",
+                                                     .lo = -1,
+                                                     .hi = 1,
+                                                     .kinks = {-0.5, 0.5},
+                                                     .case_a = -0.5,
+                                                     .case_b = 0.5,
+                                                     .df_op = unary_df_constant});
 
 // sin and cos: oneDNN 2.6 has no algorithm for them.
 constexpr auto sin_f = [](auto x, auto, auto) { return kern::sin(x); };
 constexpr auto sin_df = [](auto x, auto, auto, auto) { return kern::cos(x); };
-const UnaryOp kSin = unary_row<sin_f, sin_df>({.name = "sin", .lo = -4, .hi = 4, .df_op = sin_df_op});
+const UnaryOp kSin =
+    unary_row<sin_f, sin_df>({.name = "sin", .lo = -4, .hi = 4, .df_op = sin_df_op});
 constexpr auto cos_f = [](auto x, auto, auto) { return kern::cos(x); };
 constexpr auto cos_df = [](auto x, auto, auto, auto) { return -kern::sin(x); };
-const UnaryOp kCos = unary_row<cos_f, cos_df>({.name = "cos", .lo = -4, .hi = 4, .df_op = cos_df_op});
+const UnaryOp kCos =
+    unary_row<cos_f, cos_df>({.name = "cos", .lo = -4, .hi = 4, .df_op = cos_df_op});
 
 // erf: no public function; gelu's double backward uses it (gelu' holds Phi).
-const UnaryOp kErf{.name = "erf",
-                   .f = [](double x, double, double) { return std::erf(x); },
-                   .df = [](double x, double, double, double) { return M_2_SQRTPI * std::exp(-x * x); },
-                   .lo = -2, .hi = 2, .df_op = erf_df_op};
+const UnaryOp kErf{
+    .name = "erf",
+    .f = [](double x, double, double) { return std::erf(x); },
+    .df = [](double x, double, double, double) { return M_2_SQRTPI * std::exp(-x * x); },
+    .lo = -2,
+    .hi = 2,
+    .df_op = erf_df_op};
 
 Tensor erf_of(const Tensor& x) { return unary(kErf, x); }
 
-const UnaryOp* const kRows[] = {&kExp,      &kLog,      &kSqrt,   &kPow,  &kTanh,  &kSigmoid,
-                                &kRelu,     &kGeluErf,  &kGeluTanh, &kAffine, &kSilu, &kAbs,
-                                &kClamp,    &kSin,      &kCos,    &kErf};
-
-
-
+const UnaryOp* const kRows[] = {&kExp,   &kLog,     &kSqrt,     &kPow,    &kTanh, &kSigmoid,
+                                &kRelu,  &kGeluErf, &kGeluTanh, &kAffine, &kSilu, &kAbs,
+                                &kClamp, &kSin,     &kCos,      &kErf};
 
 // The oneDNN algorithm of a row; `undef` when oneDNN has none (the reference loop runs). A row
 // whose backward reads y needs oneDNN's use_dst_for_bwd variant of its algorithm.
 algorithm dnnl_algorithm(const UnaryOp& op) {
   const bool dst = op.saves == Saves::output;
   switch (op.onednn) {
-    case Eltwise::exp: return dst ? algorithm::eltwise_exp_use_dst_for_bwd : algorithm::eltwise_exp;
-    case Eltwise::sqrt: return dst ? algorithm::eltwise_sqrt_use_dst_for_bwd : algorithm::eltwise_sqrt;
-    case Eltwise::tanh: return dst ? algorithm::eltwise_tanh_use_dst_for_bwd : algorithm::eltwise_tanh;
+    case Eltwise::exp:
+      return dst ? algorithm::eltwise_exp_use_dst_for_bwd : algorithm::eltwise_exp;
+    case Eltwise::sqrt:
+      return dst ? algorithm::eltwise_sqrt_use_dst_for_bwd : algorithm::eltwise_sqrt;
+    case Eltwise::tanh:
+      return dst ? algorithm::eltwise_tanh_use_dst_for_bwd : algorithm::eltwise_tanh;
     case Eltwise::logistic:
       return dst ? algorithm::eltwise_logistic_use_dst_for_bwd : algorithm::eltwise_logistic;
-    case Eltwise::relu: return dst ? algorithm::eltwise_relu_use_dst_for_bwd : algorithm::eltwise_relu;
-    case Eltwise::log: return dst ? algorithm::undef : algorithm::eltwise_log;
-    case Eltwise::pow: return dst ? algorithm::undef : algorithm::eltwise_pow;
-    case Eltwise::gelu_erf: return dst ? algorithm::undef : algorithm::eltwise_gelu_erf;
-    case Eltwise::gelu_tanh: return dst ? algorithm::undef : algorithm::eltwise_gelu_tanh;
-    case Eltwise::linear: return algorithm::eltwise_linear;
-    case Eltwise::swish: return dst ? algorithm::undef : algorithm::eltwise_swish;
-    case Eltwise::abs: return dst ? algorithm::undef : algorithm::eltwise_abs;
-    case Eltwise::none: break;
+    case Eltwise::relu:
+      return dst ? algorithm::eltwise_relu_use_dst_for_bwd : algorithm::eltwise_relu;
+    case Eltwise::log:
+      return dst ? algorithm::undef : algorithm::eltwise_log;
+    case Eltwise::pow:
+      return dst ? algorithm::undef : algorithm::eltwise_pow;
+    case Eltwise::gelu_erf:
+      return dst ? algorithm::undef : algorithm::eltwise_gelu_erf;
+    case Eltwise::gelu_tanh:
+      return dst ? algorithm::undef : algorithm::eltwise_gelu_tanh;
+    case Eltwise::linear:
+      return algorithm::eltwise_linear;
+    case Eltwise::swish:
+      return dst ? algorithm::undef : algorithm::eltwise_swish;
+    case Eltwise::abs:
+      return dst ? algorithm::undef : algorithm::eltwise_abs;
+    case Eltwise::none:
+      break;
   }
   return algorithm::undef;
 }
@@ -213,9 +290,10 @@ void unary_backward_f32(algorithm alg, bool use_dst, const Tensor& data, const T
   auto d = md_contiguous(dy.shape());
   dnnl::eltwise_backward::desc bdesc(alg, d, d, (float)a, (float)b);
   dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), eltwise_fwd_pd(alg, d, a, b));
-  dnnl::eltwise_backward(bpd).execute(stream(), {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, mem(d, data)},
-                                                 {DNNL_ARG_DIFF_DST, mem(d, dy)},
-                                                 {DNNL_ARG_DIFF_SRC, mem(d, dx)}});
+  dnnl::eltwise_backward(bpd).execute(stream(),
+                                      {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, mem(d, data)},
+                                       {DNNL_ARG_DIFF_DST, mem(d, dy)},
+                                       {DNNL_ARG_DIFF_SRC, mem(d, dx)}});
   stream().wait();
 }
 
@@ -256,7 +334,8 @@ void unary_df32_rows(const UnaryOp& op, const Tensor& x, const Tensor& y, const 
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
   kern::parallel_for(dx.numel(), [&](int64_t i0, int64_t i1) {
-    op.df32(px ? px + i0 : nullptr, py ? py + i0 : nullptr, pdy + i0, pdx + i0, i1 - i0, (float)a, (float)b);
+    op.df32(px ? px + i0 : nullptr, py ? py + i0 : nullptr, pdy + i0, pdx + i0, i1 - i0, (float)a,
+            (float)b);
   });
 }
 
@@ -279,7 +358,8 @@ Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout,
   }
   const bool from_y = op.saves == Saves::output;
   if (dout.dtype() == DType::f32 && op.df32) {
-    unary_df32_rows(op, from_y ? Tensor() : dc, from_y ? dc : Tensor(), kern::contig(dout), dx, a, b);
+    unary_df32_rows(op, from_y ? Tensor() : dc, from_y ? dc : Tensor(), kern::contig(dout), dx, a,
+                    b);
     return dx;
   }
   GRAFT_DISPATCH_FLOAT(dout.dtype(), op.name, [&] {
@@ -290,7 +370,8 @@ Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout,
 
 // Case inputs: uniform on [lo, hi], pushed 10% of the range away from every kink.
 Tensor unary_case_input(const UnaryOp& op, DType dt, Generator& g, bool transposed) {
-  Tensor x = transposed ? case_input_t({3, 4}, dt, g, op.lo, op.hi) : case_input({3, 4}, dt, g, op.lo, op.hi);
+  Tensor x = transposed ? case_input_t({3, 4}, dt, g, op.lo, op.hi)
+                        : case_input({3, 4}, dt, g, op.lo, op.hi);
   const double margin = 0.1 * (op.hi - op.lo);
   GRAFT_DISPATCH_FLOAT(dt, op.name, [&] {
     T* p = x.data<T>();
@@ -310,13 +391,12 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   const algorithm alg = dnnl_algorithm(op);
   if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0)
     unary_forward_f32(alg, kern::contig(x), y, a, b);
-  else if (x.dtype() == DType::f32 && op.f32)
-    unary_f32_rows(op, kern::contig(x), y, a, b);
-  else
-    GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
+  else if (x.dtype() == DType::f32 && op.f32) unary_f32_rows(op, kern::contig(x), y, a, b);
+  else GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
   if (!autograd::needs_record({x})) return y;
   thread_local std::unordered_set<const char*> declared;
-  if (declared.insert(op.name).second) autograd::declare_op(op.name, op.family, op.df_op != nullptr);
+  if (declared.insert(op.name).second)
+    autograd::declare_op(op.name, op.family, op.df_op != nullptr);
   const Tensor saved = op.saves == Saves::input ? x : op.saves == Saves::output ? y : Tensor();
   // The row by value: a caller's row need not outlive the tape.
   autograd::record(op.name, {x}, {y}, {saved}, [row = op, a, b](const Ctx& c, const Tensors& dout) {
@@ -338,9 +418,10 @@ void register_unary_cases(const UnaryOp& op) {
     register_case(OpCase{
         .name = std::string(op.name) + (transposed ? "/transposed" : "/contiguous"),
         .op = op.name,
-        .make_inputs = [row = op, transposed](DType dt, Generator& g) {
-          return Tensors{unary_case_input(row, dt, g, transposed)};
-        },
+        .make_inputs =
+            [row = op, transposed](DType dt, Generator& g) {
+              return Tensors{unary_case_input(row, dt, g, transposed)};
+            },
         .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); }});
 }
 
@@ -355,29 +436,38 @@ void binary_ref(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();
-  const Shape sa = kern::broadcast_strides(a, out.shape()), sb = kern::broadcast_strides(b, out.shape());
+  const Shape sa = kern::broadcast_strides(a, out.shape()),
+              sb = kern::broadcast_strides(b, out.shape());
   switch (op) {
     case BinOp::add:
-      kern::for_each_bcast2(out.shape(), sa, sb, [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] + pb[y]; });
+      kern::for_each_bcast2(out.shape(), sa, sb,
+                            [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] + pb[y]; });
       break;
     case BinOp::sub:
-      kern::for_each_bcast2(out.shape(), sa, sb, [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] - pb[y]; });
+      kern::for_each_bcast2(out.shape(), sa, sb,
+                            [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] - pb[y]; });
       break;
     case BinOp::mul:
-      kern::for_each_bcast2(out.shape(), sa, sb, [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] * pb[y]; });
+      kern::for_each_bcast2(out.shape(), sa, sb,
+                            [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] * pb[y]; });
       break;
     case BinOp::div:
-      kern::for_each_bcast2(out.shape(), sa, sb, [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] / pb[y]; });
+      kern::for_each_bcast2(out.shape(), sa, sb,
+                            [&](int64_t i, int64_t x, int64_t y) { po[i] = pa[x] / pb[y]; });
       break;
   }
 }
 
 algorithm binary_alg(BinOp op) {
   switch (op) {
-    case BinOp::add: return algorithm::binary_add;
-    case BinOp::sub: return algorithm::binary_sub;
-    case BinOp::mul: return algorithm::binary_mul;
-    case BinOp::div: return algorithm::binary_div;
+    case BinOp::add:
+      return algorithm::binary_add;
+    case BinOp::sub:
+      return algorithm::binary_sub;
+    case BinOp::mul:
+      return algorithm::binary_mul;
+    case BinOp::div:
+      return algorithm::binary_div;
   }
   return algorithm::binary_add;
 }
@@ -386,7 +476,8 @@ algorithm binary_alg(BinOp op) {
 // shape; b is described with leading 1s and its own strides.
 bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   using namespace onednn;
-  if (a.shape() != out.shape() || !usable(a) || b.dtype() != DType::f32 || b.numel() == 0) return false;
+  if (a.shape() != out.shape() || !usable(a) || b.dtype() != DType::f32 || b.numel() == 0)
+    return false;
   const size_t r = out.shape().size();
   Shape bs(r, 1);
   Tensor bc = kern::contig(b);
@@ -474,10 +565,18 @@ Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd 
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary("add", BinOp::add, a, b, add_backward, false); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", BinOp::sub, a, b, sub_backward, false); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", BinOp::mul, a, b, mul_backward, true); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary("div", BinOp::div, a, b, div_backward, true); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  return binary("add", BinOp::add, a, b, add_backward, false);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return binary("sub", BinOp::sub, a, b, sub_backward, false);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return binary("mul", BinOp::mul, a, b, mul_backward, true);
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return binary("div", BinOp::div, a, b, div_backward, true);
+}
 
 Tensor affine(const Tensor& x, double alpha, double beta) { return unary(kAffine, x, alpha, beta); }
 Tensor neg(const Tensor& x) { return unary(kAffine, x, -1.0, 0.0); }
@@ -488,7 +587,9 @@ Tensor pow(const Tensor& x, double p) { return unary(kPow, x, 1.0, p); }
 Tensor tanh(const Tensor& x) { return unary(kTanh, x); }
 Tensor sigmoid(const Tensor& x) { return unary(kSigmoid, x); }
 Tensor relu(const Tensor& x) { return unary(kRelu, x); }
-Tensor gelu(const Tensor& x, bool tanh_approx) { return unary(tanh_approx ? kGeluTanh : kGeluErf, x); }
+Tensor gelu(const Tensor& x, bool tanh_approx) {
+  return unary(tanh_approx ? kGeluTanh : kGeluErf, x);
+}
 Tensor silu(const Tensor& x) { return unary(kSilu, x, 1.0); }
 Tensor abs(const Tensor& x) { return unary(kAbs, x); }
 Tensor clamp(const Tensor& x, double lo, double hi) {
@@ -539,8 +640,9 @@ Tensor extremum_grad(Pick p, const Tensor& dout, const Tensor& x, const Tensor& 
   GRAFT_DISPATCH_FLOAT(d.dtype(), p == Pick::max ? "maximum" : "minimum", [&] {
     const T *pd = d.data<T>(), *px = x.data<T>(), *py = y.data<T>();
     T* pg = g.data<T>();
-    kern::for_each_bcast2(d.shape(), kern::broadcast_strides(x, d.shape()), kern::broadcast_strides(y, d.shape()),
-                          [&](int64_t i, int64_t ox, int64_t oy) { pg[i] = pd[i] * share(p, px[ox], py[oy]); });
+    kern::for_each_bcast2(
+        d.shape(), kern::broadcast_strides(x, d.shape()), kern::broadcast_strides(y, d.shape()),
+        [&](int64_t i, int64_t ox, int64_t oy) { pg[i] = pd[i] * share(p, px[ox], py[oy]); });
   });
   return g;
 }
@@ -564,12 +666,14 @@ Tensor extremum(const char* name, Pick p, const Tensor& a, const Tensor& b) {
   GRAFT_DISPATCH_FLOAT(a.dtype(), name, [&] {
     const T *pa = a.data<T>(), *pb = b.data<T>();
     T* po = out.data<T>();
-    kern::for_each_bcast2(out.shape(), kern::broadcast_strides(a, out.shape()), kern::broadcast_strides(b, out.shape()),
+    kern::for_each_bcast2(out.shape(), kern::broadcast_strides(a, out.shape()),
+                          kern::broadcast_strides(b, out.shape()),
                           [&](int64_t i, int64_t x, int64_t y) { po[i] = pick(p, pa[x], pb[y]); });
   });
   if (autograd::needs_record({a, b}))
-    autograd::record(name, {a, b}, {out}, {a, b},
-                     [p](const Ctx& c, const Tensors& dout) { return extremum_backward(p, c, dout[0]); });
+    autograd::record(name, {a, b}, {out}, {a, b}, [p](const Ctx& c, const Tensors& dout) {
+      return extremum_backward(p, c, dout[0]);
+    });
   return out;
 }
 
@@ -607,7 +711,8 @@ std::vector<uint8_t> bool_mask(const Tensor& cond, const Shape& out) {
 }
 
 template <class T>
-void select_ref(const std::vector<uint8_t>& m, const Tensor& a, const Tensor& b, const Tensor& out) {
+void select_ref(const std::vector<uint8_t>& m, const Tensor& a, const Tensor& b,
+                const Tensor& out) {
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();
@@ -629,18 +734,22 @@ Tensor route(const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m,
 }
 
 // route() as recorded ops under create_graph: dout times the 0/1 mask as a constant.
-Tensor route_grad(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m, bool want) {
+Tensor route_grad(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m,
+                  bool want) {
   if (!c.create_graph) return route(dout, m, want);
   return mul(dout, route(full(dout.shape(), 1.0, dout.dtype()), m, want));
 }
 
 // out = cond ? a : b: da = dout where cond, db = dout elsewhere (output shape; the tape sums).
-Tensors where_backward(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
-  return {c.needs[0] ? route_grad(c, dout, m, true) : Tensor(), c.needs[1] ? route_grad(c, dout, m, false) : Tensor()};
+Tensors where_backward(const Ctx& c, const Tensor& dout,
+                       const std::shared_ptr<std::vector<uint8_t>>& m) {
+  return {c.needs[0] ? route_grad(c, dout, m, true) : Tensor(),
+          c.needs[1] ? route_grad(c, dout, m, false) : Tensor()};
 }
 
 // out = mask ? value : x: dx = dout where the mask is off.
-Tensors masked_fill_backward(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::vector<uint8_t>>& m) {
+Tensors masked_fill_backward(const Ctx& c, const Tensor& dout,
+                             const std::shared_ptr<std::vector<uint8_t>>& m) {
   return {route_grad(c, dout, m, false)};
 }
 
@@ -657,8 +766,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(out_shape, a.dtype());
   GRAFT_DISPATCH_FLOAT(a.dtype(), "where", [&] { select_ref<T>(*m, a, b, out); });
   if (autograd::needs_record({a, b}))
-    autograd::record("where", {a, b}, {out}, {},
-                     [m](const Ctx& c, const Tensors& dout) { return where_backward(c, dout[0], m); });
+    autograd::record("where", {a, b}, {out}, {}, [m](const Ctx& c, const Tensors& dout) {
+      return where_backward(c, dout[0], m);
+    });
   return out;
 }
 
@@ -688,9 +798,15 @@ Tensor eq(const Tensor& a, double v) {
   Tensor out = Tensor::empty(a.shape(), a.dtype());
   auto vals = a.to_vector<double>();
   switch (a.dtype()) {
-    case DType::f32: for (size_t i = 0; i < vals.size(); ++i) out.data<float>()[i] = vals[i] == v; break;
-    case DType::f64: for (size_t i = 0; i < vals.size(); ++i) out.data<double>()[i] = vals[i] == v; break;
-    case DType::i64: for (size_t i = 0; i < vals.size(); ++i) out.data<int64_t>()[i] = vals[i] == v; break;
+    case DType::f32:
+      for (size_t i = 0; i < vals.size(); ++i) out.data<float>()[i] = vals[i] == v;
+      break;
+    case DType::f64:
+      for (size_t i = 0; i < vals.size(); ++i) out.data<double>()[i] = vals[i] == v;
+      break;
+    case DType::i64:
+      for (size_t i = 0; i < vals.size(); ++i) out.data<int64_t>()[i] = vals[i] == v;
+      break;
   }
   return out;
 }
@@ -705,41 +821,81 @@ Tensors one(const Shape& s, DType dt, Generator& g, double lo = -1, double hi = 
 
 void register_elementwise_cases() {
   for (const UnaryOp* row : kRows) register_unary_cases(*row);
-  register_case(OpCase{.name = "add/broadcast", .op = "add",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)}; },
+  register_case(
+      OpCase{.name = "add/broadcast",
+             .op = "add",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
+  register_case(OpCase{.name = "add/noncontig_lhs_broadcast",
+                       .op = "add",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
-  register_case(OpCase{.name = "add/noncontig_lhs_broadcast", .op = "add",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
-  register_case(OpCase{.name = "sub/broadcast", .op = "sub",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "sub/broadcast",
+                       .op = "sub",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return sub(x[0], x[1]); }});
-  register_case(OpCase{.name = "mul/broadcast", .op = "mul",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)}; },
+  register_case(OpCase{.name = "mul/broadcast",
+                       .op = "mul",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return mul(x[0], x[1]); }});
-  register_case(OpCase{.name = "mul/same_tensor", .op = "mul",
-                       .make_inputs = [](DType dt, Generator& g) { return one({3, 4}, dt, g); },
+  register_case(OpCase{.name = "mul/same_tensor",
+                       .op = "mul",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return one({3, 4}, dt, g);
+                           },
                        .fn = [](const Tensors& x) { return mul(x[0], x[0]); }});
-  register_case(OpCase{.name = "div/broadcast", .op = "div",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)}; },
-                       .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
-  register_case(OpCase{.name = "maximum/broadcast", .op = "maximum",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)}; },
+  register_case(
+      OpCase{.name = "div/broadcast",
+             .op = "div",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)};
+                 },
+             .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
+  register_case(OpCase{.name = "maximum/broadcast",
+                       .op = "maximum",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return maximum(x[0], x[1]); }});
-  register_case(OpCase{.name = "minimum/broadcast", .op = "minimum",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "minimum/broadcast",
+                       .op = "minimum",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return minimum(x[0], x[1]); }});
-  register_case(OpCase{.name = "where/broadcast", .op = "where",
-                       .make_inputs = [](DType dt, Generator& g) {
-                         return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
-                                        case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
-                       },
+  register_case(OpCase{.name = "where/broadcast",
+                       .op = "where",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{
+                                 from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
+                                 case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); }});
-  register_case(OpCase{.name = "masked_fill/broadcast", .op = "masked_fill",
-                       .make_inputs = [](DType dt, Generator& g) {
-                         return Tensors{case_input_t({2, 3, 4}, dt, g),
-                                        from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
-                       },
+  register_case(OpCase{.name = "masked_fill/broadcast",
+                       .op = "masked_fill",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{
+                                 case_input_t({2, 3, 4}, dt, g),
+                                 from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
+                           },
                        .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); }});
 }
 

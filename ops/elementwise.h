@@ -22,7 +22,19 @@ enum class Saves { input, output, nothing };
 /// it). Each value's formula is oneDNN's: pow is a * x^b, linear is a * x + b, logistic is the
 /// sigmoid, swish is x * sigmoid(a * x), abs is |x| (derivative 0 at 0).
 enum class Eltwise {
-  none, exp, log, sqrt, pow, tanh, logistic, relu, gelu_erf, gelu_tanh, linear, swish, abs
+  none,
+  exp,
+  log,
+  sqrt,
+  pow,
+  tanh,
+  logistic,
+  relu,
+  gelu_erf,
+  gelu_tanh,
+  linear,
+  swish,
+  abs
 };
 /// A row's float32 forward over a contiguous run: y[i] = f(x[i]; a, b) for i < n.
 using UnaryF32 = void (*)(const float* x, float* y, int64_t n, float a, float b);
@@ -47,7 +59,7 @@ struct UnaryOp {
   const char* name;  ///< the op name on the tape and in errors; a string literal
   double (*f)(double x, double a, double b) = nullptr;  ///< the float64 reference y = f(x; a, b)
   double (*df)(double x, double y, double a, double b) = nullptr;  ///< dy/dx at x, given y = f(x)
-  Saves saves = Saves::input;  ///< what df reads
+  Saves saves = Saves::input;                                      ///< what df reads
   Eltwise onednn = Eltwise::none;  ///< oneDNN eltwise algorithm (f = its formula), or none
   UnaryF32 f32 = nullptr;    ///< float32 forward loop when onednn is none (null: f per element)
   UnaryDf32 df32 = nullptr;  ///< float32 backward loop when onednn is none (null: df per element)
@@ -66,7 +78,8 @@ struct UnaryOp {
   /// (dx = dout * df_op(...), differentiable again): x or y is undefined when the row does not
   /// save it. unary_df_constant serves a row whose df is piecewise constant (relu, abs, clamp).
   /// Null: the row has no double backward, and its op is declared so (declare_op()).
-  Tensor (*df_op)(const UnaryOp& row, const Tensor& x, const Tensor& y, double a, double b) = nullptr;
+  Tensor (*df_op)(const UnaryOp& row, const Tensor& x, const Tensor& y, double a,
+                  double b) = nullptr;
 };
 /// A df_op for a row whose derivative is piecewise constant: df evaluated elementwise into a
 /// tensor that records nothing (its own derivative is zero wherever it is defined).
@@ -179,8 +192,8 @@ Tensor clamp(const Tensor& x, double lo, double hi);
 Tensor sin(const Tensor& x);
 Tensor cos(const Tensor& x);
 ///@}
-/// gelu: x * Phi(x) (erf form), or the tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
-/// (recorded as op "gelu_tanh").
+/// gelu: x * Phi(x) (erf form), or the tanh approximation 0.5x(1 + tanh(sqrt(2/pi)(x +
+/// 0.044715x^3))) (recorded as op "gelu_tanh").
 Tensor gelu(const Tensor& x, bool tanh_approx = false);
 /// out = cond ? a : b, cond any dtype (non-zero = true), all three broadcast together.
 /// Differentiable in a and b.

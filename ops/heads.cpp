@@ -9,8 +9,8 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/autograd/tape.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
 
@@ -34,7 +34,8 @@ struct HeadGeom {
 Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
 
 // Copies part p between rows (dense, g.rows()) and heads (dense, g.heads()), either way.
-void move_heads(const Tensor& rows, const Tensor& heads, const HeadGeom& g, int64_t p, bool to_heads) {
+void move_heads(const Tensor& rows, const Tensor& heads, const HeadGeom& g, int64_t p,
+                bool to_heads) {
   const int64_t e = (int64_t)dtype_size(rows.dtype()), run = g.Dh * e;
   const int64_t row_bytes = g.parts * g.H * run;
   auto* r = static_cast<std::byte*>(rows.raw()) + p * g.H * run;
@@ -56,7 +57,8 @@ Tensors rows_to_heads(const Tensor& rows, const HeadGeom& g) {
   Tensors out;
   for (int64_t p = 0; p < g.parts; ++p) {
     const Shape s = g.heads();
-    out.push_back(Tensor::view_of(all, s, contiguous_strides(s), all.offset() + p * all.numel() / g.parts));
+    out.push_back(
+        Tensor::view_of(all, s, contiguous_strides(s), all.offset() + p * all.numel() / g.parts));
     move_heads(rows, out.back(), g, p, true);
   }
   return out;
@@ -69,7 +71,9 @@ Tensor heads_to_rows(const Tensors& heads, const HeadGeom& g) {
   return rows;
 }
 
-Tensor split_heads_backward(const Tensors& dout, const HeadGeom& g) { return heads_to_rows(dout, g); }
+Tensor split_heads_backward(const Tensors& dout, const HeadGeom& g) {
+  return heads_to_rows(dout, g);
+}
 Tensor merge_heads_backward(const Tensor& dout, const HeadGeom& g) {
   return rows_to_heads(dense(dout), g)[0];
 }
@@ -102,7 +106,8 @@ Tensor merge_heads(const Tensor& x) {
   Tensor out = heads_to_rows({x}, g);
   if (autograd::needs_record({x}))
     autograd::record("merge_heads", {x}, {out}, {}, [g](const Ctx& c, const Tensors& dout) {
-      return Tensors{c.create_graph ? split_heads(dout[0], 1, g.H)[0] : merge_heads_backward(dout[0], g)};
+      return Tensors{c.create_graph ? split_heads(dout[0], 1, g.H)[0]
+                                    : merge_heads_backward(dout[0], g)};
     });
   return out;
 }
@@ -111,18 +116,31 @@ Tensor merge_heads(const Tensor& x) {
 
 void register_heads_cases() {
   // Every part used, one of them twice, so each part's gradient differs.
-  register_case(OpCase{.name = "split_heads/qkv", .op = "split_heads",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 12}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         Tensors p = split_heads(x[0], 3, 2);
-                         return add(mul(p[0], p[1]), mul(p[2], p[2]));
-                       }});
+  register_case(OpCase{.name = "split_heads/qkv",
+                       .op = "split_heads",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 12}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             Tensors p = split_heads(x[0], 3, 2);
+                             return add(mul(p[0], p[1]), mul(p[2], p[2]));
+                           }});
   // A part without gradient, from a non-contiguous input.
-  register_case(OpCase{.name = "split_heads/unused_part_noncontiguous", .op = "split_heads",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "split_heads/unused_part_noncontiguous",
+                       .op = "split_heads",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return split_heads(x[0], 2, 1)[1]; }});
-  register_case(OpCase{.name = "merge_heads/noncontiguous", .op = "merge_heads",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 2, 4}, dt, g)}; },
+  register_case(OpCase{.name = "merge_heads/noncontiguous",
+                       .op = "merge_heads",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 2, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return merge_heads(x[0]); }});
 }
 

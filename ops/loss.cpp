@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"
-#include "graft/ops/softmax.h"
 #include "graft/ops/shape.h"
+#include "graft/ops/softmax.h"
 
 namespace graft {
 
@@ -33,12 +33,11 @@ namespace {
 
 GRAFT_DECLARE_OP("cross_entropy", "loss");
 
-
 // Per valid row of contiguous logits: lse[n] and loss[n]; ignored rows get loss 0. The simd
 // reductions fix the summation order at compile time, so it does not depend on the threads.
 template <class T>
-void ce_forward_rows(const T* x, int64_t N, int64_t C, const int64_t* target,
-                     double eps, int64_t ignore_index, double* lse, double* loss) {
+void ce_forward_rows(const T* x, int64_t N, int64_t C, const int64_t* target, double eps,
+                     int64_t ignore_index, double* lse, double* loss) {
 #pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* row = x + n * C;
@@ -158,8 +157,7 @@ void check_smoothing(const char* op, double label_smoothing) {
 void check_cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
   kern::check_float("cross_entropy", logits);
   if (!target.defined()) fail("cross_entropy: target is undefined");
-  if (logits.dim() != 2)
-    fail("cross_entropy: logits must be (N, C), got " + describe(logits));
+  if (logits.dim() != 2) fail("cross_entropy: logits must be (N, C), got " + describe(logits));
   if (target.dtype() != DType::i64)
     fail("cross_entropy: target must be int64 class indices, got " + describe(target));
   const int64_t N = logits.size(0), C = logits.size(1);
@@ -190,17 +188,19 @@ Tensor cross_entropy_backward(const Tensor& x, const Tensor& tgt, const Tensor& 
 // cross_entropy's backward as recorded ops (under create_graph): dloss * (softmax(x) - q) / n_valid
 // on the valid rows, q the smoothed target distribution (a constant), so it differentiates again
 // through softmax. x is the logits as recorded (routed to their producer).
-Tensor cross_entropy_backward_graph(const Tensor& x, const Tensor& tgt, const Tensor& dloss, double eps,
-                                    int64_t ignore_index, int64_t n_valid) {
+Tensor cross_entropy_backward_graph(const Tensor& x, const Tensor& tgt, const Tensor& dloss,
+                                    double eps, int64_t ignore_index, int64_t n_valid) {
   const int64_t N = x.size(0), C = x.size(1);
   std::vector<double> q((size_t)(N * C), 0.0);
   const int64_t* pt = tgt.data<const int64_t>();
   for (int64_t i = 0; i < N; ++i) {
     if (pt[i] == ignore_index) continue;
-    for (int64_t j = 0; j < C; ++j) q[(size_t)(i * C + j)] = eps / (double)C + (j == pt[i] ? 1.0 - eps : 0.0);
+    for (int64_t j = 0; j < C; ++j)
+      q[(size_t)(i * C + j)] = eps / (double)C + (j == pt[i] ? 1.0 - eps : 0.0);
   }
   std::vector<double> rows((size_t)N);
-  for (int64_t i = 0; i < N; ++i) rows[(size_t)i] = pt[i] == ignore_index || n_valid == 0 ? 0.0 : 1.0 / (double)n_valid;
+  for (int64_t i = 0; i < N; ++i)
+    rows[(size_t)i] = pt[i] == ignore_index || n_valid == 0 ? 0.0 : 1.0 / (double)n_valid;
   const Tensor diff = sub(softmax(x, -1), from_vector(q, {N, C}, x.dtype()));
   return mul(mul(diff, from_vector(rows, {N, 1}, x.dtype())), dloss);
 }
@@ -210,7 +210,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   check_cross_entropy(logits, target, label_smoothing);
   const int64_t N = logits.size(0), C = logits.size(1);
   std::vector<int64_t> t;
-  const int64_t n_valid = check_targets("cross_entropy", target, C, ignore_index, "logits " + describe(logits), t);
+  const int64_t n_valid =
+      check_targets("cross_entropy", target, C, ignore_index, "logits " + describe(logits), t);
   // The row loops read contiguous rows (what lets them vectorise); a transposed view is copied.
   const Tensor xc = kern::contig(logits);
   Tensor lse = Tensor::empty({N}, DType::f64);
@@ -226,17 +227,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   if (autograd::needs_record({logits}))
     // A copied (non-contiguous) x keeps the logits too: the backward under create_graph needs them
     // as recorded.
-    autograd::record("cross_entropy", {logits}, {out},
-                     {xc, kern::contig(target), lse, xc.same_storage(logits) ? Tensor() : logits},
-                     [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
-                       const Tensors& s = c.saved;
-                       if (c.create_graph)
-                         return Tensors{cross_entropy_backward_graph(s[3].defined() ? s[3] : s[0], s[1], dout[0],
-                                                                     label_smoothing, ignore_index, n_valid)};
-                       return Tensors{cross_entropy_backward(
-                           s[0], s[1], s[2], dout[0].item(), label_smoothing, ignore_index,
-                           n_valid, autograd::can_overwrite(c, 0))};
-                     });
+    autograd::record(
+        "cross_entropy", {logits}, {out},
+        {xc, kern::contig(target), lse, xc.same_storage(logits) ? Tensor() : logits},
+        [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
+          const Tensors& s = c.saved;
+          if (c.create_graph)
+            return Tensors{cross_entropy_backward_graph(s[3].defined() ? s[3] : s[0], s[1], dout[0],
+                                                        label_smoothing, ignore_index, n_valid)};
+          return Tensors{cross_entropy_backward(s[0], s[1], s[2], dout[0].item(), label_smoothing,
+                                                ignore_index, n_valid,
+                                                autograd::can_overwrite(c, 0))};
+        });
   return out;
 }
 
@@ -254,8 +256,8 @@ void check_linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& 
     fail("linear_cross_entropy: needs x (N, d) and w (V, d) of one dtype, got " + what);
   const int64_t N = x.size(0);
   if (target.dtype() != DType::i64 || target.dim() != 1 || target.size(0) != N)
-    fail("linear_cross_entropy: " + what + " need target (N) = " + shape_str({N}) +
-         " int64, got " + describe(target));
+    fail("linear_cross_entropy: " + what + " need target (N) = " + shape_str({N}) + " int64, got " +
+         describe(target));
   if (w.size(0) == 0) fail("linear_cross_entropy: " + what + ": no classes");
   check_smoothing("linear_cross_entropy", label_smoothing);
   if (chunk_rows < 0) fail("linear_cross_entropy: chunk_rows must be >= 0");
@@ -288,7 +290,8 @@ struct LceOptions {
 void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t,
                 const LceOptions& o, const Tensor& dx, const Tensor& dw, double* row_loss) {
   const int64_t Ns = (int64_t)t.size(), V = w.size(0);
-  const int64_t rows = o.chunk_rows > 0 ? o.chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
+  const int64_t rows =
+      o.chunk_rows > 0 ? o.chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
   const Tensor wt = kern::swap_last2(w);
   Tensor buf = Tensor::empty({std::min(rows, Ns), V}, xs.dtype());
   std::vector<double> lse(Ns);
@@ -301,11 +304,13 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
         ce_fused_rows(lc.data<T>(), n, V, t.data() + r0, o.label_smoothing, o.ignore_index, o.g,
                       row_loss + r0);
       else
-        ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0, o.label_smoothing,
-                        o.ignore_index, lse.data() + r0, row_loss + r0);
+        ce_forward_rows(lc.data<const T>(), n, V, t.data() + r0, o.label_smoothing, o.ignore_index,
+                        lse.data() + r0, row_loss + r0);
     });
-    if (dx.defined()) kern::gemm(lc, w, kern::row_range(dx, r0, r1), false, kern::BCopy::weight);      // dx = G w
-    if (dw.defined()) kern::gemm(kern::swap_last2(lc), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
+    if (dx.defined())
+      kern::gemm(lc, w, kern::row_range(dx, r0, r1), false, kern::BCopy::weight);  // dx = G w
+    if (dw.defined())
+      kern::gemm(kern::swap_last2(lc), xc, dw, /*accumulate=*/r0 > 0);  // dw += G^T x
   }
 }
 
@@ -348,7 +353,8 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   Tensor dw = need_dw ? Tensor::empty(w.shape(), dt) : Tensor();
   if (need_dw && Ns == 0) fill_(dw, 0);
   std::vector<double> row_loss(Ns);
-  const LceOptions o{label_smoothing, ignore_index, chunk_rows, n_valid > 0 ? 1.0 / (double)n_valid : 0.0};
+  const LceOptions o{label_smoothing, ignore_index, chunk_rows,
+                     n_valid > 0 ? 1.0 / (double)n_valid : 0.0};
   lce_chunks(xs, w, t, o, dx, dw, row_loss.data());
   if (need_dx && Ns < N) {  // back to all N rows, zeros where the target is ignored
     Tensor full_dx = zeros({N, d}, dt);
@@ -366,8 +372,9 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
                      [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
                        if (!c.create_graph) return linear_cross_entropy_backward(c, dout[0].item());
                        const Tensor &xr = c.saved[2], &wr = c.saved[3];
-                       const Tensor g = cross_entropy_backward_graph(matmul(xr, transpose(wr, 0, 1)), c.saved[4], dout[0],
-                                                                     label_smoothing, ignore_index, n_valid);
+                       const Tensor g = cross_entropy_backward_graph(
+                           matmul(xr, transpose(wr, 0, 1)), c.saved[4], dout[0], label_smoothing,
+                           ignore_index, n_valid);
                        return Tensors{c.needs[0] ? matmul(g, wr) : Tensor(),
                                       c.needs[1] ? matmul(transpose(g, 0, 1), xr) : Tensor()};
                      });
@@ -386,70 +393,78 @@ Tensor targets(std::vector<int64_t> t) {
 namespace {
 
 void register_cross_entropy_cases() {
-  register_case(OpCase{.name = "cross_entropy/plain",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({0, 3, 1, 4})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); }});
-  register_case(OpCase{.name = "cross_entropy/smoothing",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
-  register_case(OpCase{.name = "cross_entropy/ignored_targets",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({5, 4}, dt, g, -2, 2), targets({1, -100, 3, -100, 0})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); }});
+  register_case(
+      OpCase{.name = "cross_entropy/plain",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({0, 3, 1, 4})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "cross_entropy/smoothing",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  register_case(
+      OpCase{.name = "cross_entropy/ignored_targets",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({5, 4}, dt, g, -2, 2), targets({1, -100, 3, -100, 0})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); }});
   // ignore_index may be a real class id (PyTorch allows it): rows with target 1 drop out.
-  register_case(OpCase{.name = "cross_entropy/ignore_index_in_range",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({4, 3}, dt, g, -2, 2), targets({1, 2, 1, 0})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); }});
-  register_case(OpCase{.name = "cross_entropy/all_ignored",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3}, dt, g, -2, 2), targets({-100, -100})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
-  register_case(OpCase{.name = "cross_entropy/noncontig",
-                       .op = "cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
-                           },
-                       .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  register_case(
+      OpCase{.name = "cross_entropy/ignore_index_in_range",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({4, 3}, dt, g, -2, 2), targets({1, 2, 1, 0})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); }});
+  register_case(
+      OpCase{.name = "cross_entropy/all_ignored",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3}, dt, g, -2, 2), targets({-100, -100})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+  register_case(
+      OpCase{.name = "cross_entropy/noncontig",
+             .op = "cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
+                 },
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
 }
 
 void register_linear_cross_entropy_cases() {
   // Three chunks of 2 rows (the last one short), an ignored target, label smoothing.
-  register_case(OpCase{.name = "linear_cross_entropy/chunks",
-                       .op = "linear_cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
-                                            targets({4, 0, 5, 1, 2})};
-                           },
-                       .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
+  register_case(OpCase{
+      .name = "linear_cross_entropy/chunks",
+      .op = "linear_cross_entropy",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
+                           targets({4, 0, 5, 1, 2})};
+          },
+      .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
   // x as a transposed view, one chunk.
-  register_case(OpCase{.name = "linear_cross_entropy/transposed_x",
-                       .op = "linear_cross_entropy",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
-                                            targets({4, 0, 3, 1})};
-                           },
-                       .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+  register_case(
+      OpCase{.name = "linear_cross_entropy/transposed_x",
+             .op = "linear_cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({4, 3}, dt, g, -1, 1),
+                                  case_input({5, 3}, dt, g, -1, 1), targets({4, 0, 3, 1})};
+                 },
+             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
 }
 
 }  // namespace

@@ -7,11 +7,11 @@
 #include <mutex>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/bf16.h"
+#include "graft/ops/internal/cases.h"
+#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/internal/int8.h"
 #include "graft/ops/internal/kernels.h"
-#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/precision.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
@@ -56,12 +56,12 @@ Promoted promote(const Tensor& a, const Tensor& b) {
   const std::string what = "matmul: " + shape_str(a.shape()) + " @ " + shape_str(b.shape());
   if (a.dim() == 0 || b.dim() == 0) fail(what + ": both operands need at least 1 dim");
   Promoted p;
-  p.a = a.dim() == 1 ? view_as(a, {1, a.shape()[0]}, {a.shape()[0] * a.strides()[0], a.strides()[0]})
-                     : a;
+  p.a = a.dim() == 1
+            ? view_as(a, {1, a.shape()[0]}, {a.shape()[0] * a.strides()[0], a.strides()[0]})
+            : a;
   p.b = b.dim() == 1 ? view_as(b, {b.shape()[0], 1}, {b.strides()[0], 1}) : b;
   const int64_t K = p.a.shape().back(), Kb = p.b.shape()[p.b.dim() - 2];
-  if (K != Kb)
-    fail(what + ": inner dims " + std::to_string(K) + " != " + std::to_string(Kb));
+  if (K != Kb) fail(what + ": inner dims " + std::to_string(K) + " != " + std::to_string(Kb));
   const size_t r = std::max(p.a.dim(), p.b.dim());
   p.a = pad_rank(p.a, r);
   p.b = pad_rank(p.b, r);
@@ -91,7 +91,8 @@ GRAFT_DECLARE_OP("matmul", "matmul");
 // matmul's backward as recorded ops (under create_graph): 1-D operands promoted as in the forward
 // (a (K) as (1, K), b (K) as (K, 1)), the promoted dims dropped again; broadcast batch dims are
 // summed by the tape.
-Tensors matmul_backward_graph(const Tensor& a, const Tensor& b, const Tensor& dout, const std::vector<bool>& needs) {
+Tensors matmul_backward_graph(const Tensor& a, const Tensor& b, const Tensor& dout,
+                              const std::vector<bool>& needs) {
   const Tensor pa = a.dim() == 1 ? unsqueeze(a, 0) : a, pb = b.dim() == 1 ? unsqueeze(b, -1) : b;
   Shape ps = dout.shape();
   if (a.dim() == 1) ps.insert(ps.end() - (b.dim() == 1 ? 0 : 1), 1);
@@ -139,15 +140,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   kern::check_float("matmul", a);
   kern::check_float("matmul", b);
   if (a.dtype() != b.dtype())
-    fail("matmul: " + shape_str(a.shape()) + " @ " + shape_str(b.shape()) +
-         ": dtype mismatch, " + describe(a) + " vs " + describe(b));
+    fail("matmul: " + shape_str(a.shape()) + " @ " + shape_str(b.shape()) + ": dtype mismatch, " +
+         describe(a) + " vs " + describe(b));
   Promoted p = promote(a, b);
   Tensor out = reshaped(matmul_core(p.a, p.b), p.out_shape);
   if (autograd::needs_record({a, b}))
     autograd::record("matmul", {a, b}, {out}, {a, b},
                      [prec = precision_state()](const autograd::Ctx& c, const Tensors& dout) {
                        PrecisionGuard guard(prec);
-                       if (c.create_graph) return matmul_backward_graph(c.saved[0], c.saved[1], dout[0], c.needs);
+                       if (c.create_graph)
+                         return matmul_backward_graph(c.saved[0], c.saved[1], dout[0], c.needs);
                        return matmul_backward(c.saved[0], c.saved[1], dout[0], c.needs);
                      });
   return out;
@@ -226,11 +228,11 @@ struct LinearMds {
         y(onednn::md_contiguous({N, OUT})) {}
 };
 
-dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m, dnnl::prop_kind kind) {
+dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m,
+                                                          dnnl::prop_kind kind) {
   using ipf = dnnl::inner_product_forward;
-  return m.b.is_zero()
-             ? ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.y), onednn::engine())
-             : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
+  return m.b.is_zero() ? ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.y), onednn::engine())
+                       : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
 // w in the layout `best` that the inference primitive reads fastest (oneDNN's choice for
@@ -265,7 +267,8 @@ void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c,
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (reordered_weights()). With bf16, x and w are
 // read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
-void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2, bool bf16) {
+void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                              bool bf16) {
   const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
   const bool has_bias = b.defined();
   const auto kind = dnnl::prop_kind::forward_inference;
@@ -281,7 +284,8 @@ void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b
   });
   const bool reorder = c.mds[1] != c.mds[4];
   const std::shared_ptr<Storage> wr = reorder ? reordered_weights(w, c.mds[4], c.mds[1]) : nullptr;
-  const kern::Bf16Operand x16 = bf16 ? kern::to_bf16(x2, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
+  const kern::Bf16Operand x16 =
+      bf16 ? kern::to_bf16(x2, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
   execute_inner_product(c, bf16 ? x16.data() : x2.raw(), reorder ? wr->data : w.raw(), b, y2);
 }
 
@@ -352,14 +356,14 @@ bool linear_in_bf16(const Tensor& x) {
   return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
 }
 
-void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
-                         kern::BCopy w_copy) {
+void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b,
+                         const Tensor& y2, kern::BCopy w_copy) {
   if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, w_copy);
   else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, w_copy);
 }
 
-void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tensor& w, const Tensor& dx2,
-                          const Tensor& dw, Tensor& db) {
+void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tensor& w,
+                          const Tensor& dx2, const Tensor& dw, Tensor& db) {
   kern::Bf16ReuseScope reuse;  // dy converted once for both matmuls
   if (dx2.defined()) kern::gemm(dy, w, dx2, /*accumulate=*/false, kern::BCopy::per_call);
   if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
@@ -426,7 +430,8 @@ Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout,
     if (g.dx.defined()) linear_backward_data_f32(m, dy, w, dx2);
     if (g.dw.defined() || g.db.defined()) linear_backward_weights_f32(m, x2, dy, g.dw, g.db);
   } else {
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_backward_loop<T>(dy, x2, w, dx2, g.dw, g.db); });
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear",
+                         [&] { linear_backward_loop<T>(dy, x2, w, dx2, g.dw, g.db); });
   }
   return {g.dx, g.dw, g.db};
 }
@@ -437,8 +442,9 @@ Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout,
 bool linear_in_int8(const Tensor& x, bool record) {
   if (x.dtype() != DType::f32 || matmul_precision() != Precision::int8) return false;
   if (record)
-    fail("linear: int8 precision is for inference, but this call records a tape (an input requires "
-         "grad and recording is on): run it under autograd::NoGrad, or train in fp32 or bf16");
+    fail(
+        "linear: int8 precision is for inference, but this call records a tape (an input requires "
+        "grad and recording is on): run it under autograd::NoGrad, or train in fp32 or bf16");
   if (!int8_kernel_available()) {
     static std::once_flag said;
     std::call_once(said, [] { std::fprintf(stderr, "graft: %s\n", int8_description().c_str()); });
@@ -467,21 +473,27 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
   const bool has_bias = b.defined();
   const PrecisionState prec = precision_state();
   if (!x16) {
-    autograd::record("linear", {x, w, b}, {y}, {x, w}, [has_bias, prec](const autograd::Ctx& c, const Tensors& dout) {
-      PrecisionGuard guard(prec);
-      if (c.create_graph) return linear_backward_graph(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
-      return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
-    });
+    autograd::record("linear", {x, w, b}, {y}, {x, w},
+                     [has_bias, prec](const autograd::Ctx& c, const Tensors& dout) {
+                       PrecisionGuard guard(prec);
+                       if (c.create_graph)
+                         return linear_backward_graph(c.saved[0], c.saved[1], dout[0], has_bias,
+                                                      c.needs);
+                       return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
+                     });
     return;
   }
-  autograd::record("linear", {x, w, b}, {y}, {w}, {{x16->storage, x}},
-                   [has_bias, prec, x16, x_shape = x.shape()](const autograd::Ctx& c, const Tensors& dout) {
-                     PrecisionGuard guard(prec);
-                     if (c.create_graph)
-                       fail(autograd::ordinal(c.order) + " backward of 'linear': under create_graph it needs its float input x, "
-                            "which the bf16 path kept only as bfloat16; compute higher-order gradients in float32 precision");
-                     return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
-                   });
+  autograd::record(
+      "linear", {x, w, b}, {y}, {w}, {{x16->storage, x}},
+      [has_bias, prec, x16, x_shape = x.shape()](const autograd::Ctx& c, const Tensors& dout) {
+        PrecisionGuard guard(prec);
+        if (c.create_graph)
+          fail(autograd::ordinal(c.order) +
+               " backward of 'linear': under create_graph it needs its float input x, "
+               "which the bf16 path kept only as bfloat16; compute higher-order gradients in "
+               "float32 precision");
+        return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
+      });
 }
 }  // namespace
 
@@ -504,51 +516,50 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     x16 = std::make_shared<kern::Bf16Operand>(kern::kept_bf16(x2));
   const bool f32 = x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0;
   const kern::BCopy w_copy = record ? kern::BCopy::per_call : kern::BCopy::weight;
-  if (x16)
-    linear_forward_bf16(*x16, wc, bc, y2, w_copy);
+  if (x16) linear_forward_bf16(*x16, wc, bc, y2, w_copy);
   else if (bf16 && !record && kern::bf16_kernel_in_force())
     linear_forward_inference(x2, wc, bc, y2, /*bf16=*/true);
-  else if (bf16)
-    linear_forward_bf16(x2, wc, bc, y2, w_copy);
-  else if (f32 && !record)
-    linear_forward_inference(x2, wc, bc, y2, /*bf16=*/false);
-  else if (f32)
-    linear_forward_f32(x2, wc, bc, y2);
-  else
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
+  else if (bf16) linear_forward_bf16(x2, wc, bc, y2, w_copy);
+  else if (f32 && !record) linear_forward_inference(x2, wc, bc, y2, /*bf16=*/false);
+  else if (f32) linear_forward_f32(x2, wc, bc, y2);
+  else GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record) record_linear(x, w, b, y, x16);
   return y;
 }
 
 void register_matmul_cases() {
-  register_case(OpCase{.name = "matmul/batched_broadcast",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 1, 3, 4}, dt, g), case_input({3, 4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
-  register_case(OpCase{.name = "matmul/batched_2d_transposed",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g), case_input_t({4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
-  register_case(OpCase{.name = "matmul/batched_times_size1_batch",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g), case_input({1, 4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
-  register_case(OpCase{.name = "matmul/transposed_a_batched",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({2, 4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "matmul/batched_broadcast",
+             .op = "matmul",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 1, 3, 4}, dt, g), case_input({3, 4, 5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "matmul/batched_2d_transposed",
+             .op = "matmul",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3, 4}, dt, g), case_input_t({4, 5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "matmul/batched_times_size1_batch",
+             .op = "matmul",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({1, 4, 5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "matmul/transposed_a_batched",
+             .op = "matmul",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({2, 4, 5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
   register_case(OpCase{.name = "matmul/vec_mat",
                        .op = "matmul",
                        .make_inputs =
@@ -571,13 +582,14 @@ void register_matmul_cases() {
                                             case_input({5}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return linear(x[0], x[1], x[2]); }});
-  register_case(OpCase{.name = "linear/no_bias_transposed_x",
-                       .op = "linear",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4}, dt, g), case_input_t({5, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return linear(x[0], x[1]); }});
+  register_case(
+      OpCase{.name = "linear/no_bias_transposed_x",
+             .op = "linear",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({3, 4}, dt, g), case_input_t({5, 4}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return linear(x[0], x[1]); }});
 }
 
 }  // namespace graft

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/kernels.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 
@@ -59,7 +59,8 @@ void layer_norm_loop(const Tensor& x, const Tensor& r, const Tensor& w, const Te
       const T rstd = T(1) / std::sqrt(v + T(eps));
       T* yr = py + n * C;
 #pragma omp simd
-      for (int64_t i = 0; i < C; ++i) yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
+      for (int64_t i = 0; i < C; ++i)
+        yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
       pm[n] = m;
       pv[n] = v;
     }
@@ -109,8 +110,7 @@ void add_block_sums(const T* part, int64_t blocks, int64_t C, T* dw, T* db) {
 // thread count.
 template <class T, bool FromY>
 void layer_norm_backward_rows(const T* src, const T* dy, const T* w, const T* b, const T* mean,
-                              const T* var, double eps, int64_t N, int64_t C, T* dx, T* dw,
-                              T* db) {
+                              const T* var, double eps, int64_t N, int64_t C, T* dx, T* dw, T* db) {
   std::vector<T> inv_w(C, T(1));
   if (FromY && w)
     for (int64_t i = 0; i < C; ++i) inv_w[i] = T(1) / w[i];
@@ -172,8 +172,7 @@ dnnl::normalization_flags ln_flags(bool scale, bool shift) {
 
 dnnl::layer_normalization_forward::primitive_desc ln_fwd_pd(const dnnl::memory::desc& d,
                                                             const dnnl::memory::desc& stat,
-                                                            double eps,
-                                                            dnnl::normalization_flags f,
+                                                            double eps, dnnl::normalization_flags f,
                                                             dnnl::prop_kind kind) {
   using lnf = dnnl::layer_normalization_forward;
   return lnf::primitive_desc(lnf::desc(kind, d, stat, (float)eps, f), onednn::engine());
@@ -191,7 +190,8 @@ void check_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double 
                       const char* op = "layer_norm") {
   kern::check_float(op, x);
   auto what = [&] {
-    return std::string(op) + ": x " + describe(x) + (w.defined() ? ", w " + describe(w) : std::string()) +
+    return std::string(op) + ": x " + describe(x) +
+           (w.defined() ? ", w " + describe(w) : std::string()) +
            (b.defined() ? ", b " + describe(b) : std::string());
   };
   if (x.dim() < 1) fail(what() + ": x needs at least 1 dim");
@@ -211,9 +211,9 @@ void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, d
                             const Tensor& y, const Tensor& mean, const Tensor& var, bool training) {
   const int64_t C = x.shape().back();
   auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
-  auto pd = ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()),
-                      training ? dnnl::prop_kind::forward_training
-                               : dnnl::prop_kind::forward_inference);
+  auto pd =
+      ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()),
+                training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(d, x)},
                                              {DNNL_ARG_DST, onednn::mem(d, y)}};
   if (training) {
@@ -249,8 +249,8 @@ Tensors layer_norm_backward(const Tensor& src_in, const Tensor& w_in, const Tens
     auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
     auto run = [&](auto from_y_tag) {
       layer_norm_backward_rows<T, decltype(from_y_tag)::value>(
-          src.data<const T>(), dy.data<const T>(), ptr(w), ptr(b), ptr(mean),
-          var.data<const T>(), eps, N, C, ptr(dx), ptr(dw), ptr(db));
+          src.data<const T>(), dy.data<const T>(), ptr(w), ptr(b), ptr(mean), var.data<const T>(),
+          eps, N, C, ptr(dx), ptr(dw), ptr(db));
     };
     if (from_y) run(std::true_type());
     else run(std::false_type());
@@ -288,29 +288,34 @@ Tensor xhat_from_y(const Tensor& y, const Tensor& w, const Tensor& b) {
 // layer_norm's backward as recorded ops from y and the variance (both routed to the op itself):
 // dx = (g - mean(g) - xhat mean(g xhat)) / sigma + dvar 2 xhat sigma / C with g = dy w, sigma =
 // sqrt(var + eps); dw = dy xhat and db = dy (the tape sums them to (C)).
-Tensors layer_norm_backward_from_y_graph(const Tensor& y, const Tensor& w, const Tensor& b, const Tensor& var,
-                                         const Tensor& dy, const Tensor& dvar, double eps) {
+Tensors layer_norm_backward_from_y_graph(const Tensor& y, const Tensor& w, const Tensor& b,
+                                         const Tensor& var, const Tensor& dy, const Tensor& dvar,
+                                         double eps) {
   const double C = (double)y.shape().back();
   const Tensor xhat = xhat_from_y(y, w, b);
   const Tensor sigma = sqrt(affine(per_row(var, y.shape()), 1, eps));
   const Tensor g = w.defined() ? mul(dy, w) : dy;
-  const Tensor centred = sub(sub(g, mean(g, {-1}, true)), mul(xhat, mean(mul(g, xhat), {-1}, true)));
-  const Tensor dx = add(div(centred, sigma), mul(per_row(dvar, y.shape()), affine(mul(xhat, sigma), 2.0 / C, 0)));
+  const Tensor centred =
+      sub(sub(g, mean(g, {-1}, true)), mul(xhat, mean(mul(g, xhat), {-1}, true)));
+  const Tensor dx =
+      add(div(centred, sigma), mul(per_row(dvar, y.shape()), affine(mul(xhat, sigma), 2.0 / C, 0)));
   return {dx, w.defined() ? mul(dy, xhat) : Tensor(), b.defined() ? dy : Tensor()};
 }
 
 // The gradient that reaches the variance output (only ever from a backward recorded under
 // create_graph) added to dx: dvar * 2 (x - mean) / C, x - mean = xhat sigma rebuilt from y when
 // from_y. Not recorded.
-void add_variance_gradient(Tensor& dx, const Tensor& dvar, const Tensor& src, const Tensor& w, const Tensor& b,
-                           const Tensor& mean_rows, const Tensor& var, double eps, bool from_y) {
+void add_variance_gradient(Tensor& dx, const Tensor& dvar, const Tensor& src, const Tensor& w,
+                           const Tensor& b, const Tensor& mean_rows, const Tensor& var, double eps,
+                           bool from_y) {
   bool any = false;
   for (double v : dvar.to_vector<double>()) any |= v != 0;
   if (!any || !dx.defined()) return;
   autograd::NoGrad raw;
   const Shape& shape = src.shape();
-  const Tensor centred = from_y ? mul(xhat_from_y(src, w, b), sqrt(affine(per_row(var, shape), 1, eps)))
-                                : sub(src, per_row(mean_rows, shape));
+  const Tensor centred =
+      from_y ? mul(xhat_from_y(src, w, b), sqrt(affine(per_row(var, shape), 1, eps)))
+             : sub(src, per_row(mean_rows, shape));
   dx = add(dx, mul(per_row(dvar, shape), affine(centred, 2.0 / (double)shape.back(), 0)));
 }
 
@@ -344,10 +349,12 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
       [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined()](const autograd::Ctx& c,
                                                                     const Tensors& dout) {
         const Tensors& s = c.saved;
-        if (c.create_graph && from_y) return layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
+        if (c.create_graph && from_y)
+          return layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
         if (c.create_graph) {  // b is not kept with x; db = dy whatever it is
-          Tensors g = autograd::differentiate([eps](const Tensors& in) { return layer_norm_composed(in[0], in[1], Tensor(), eps); },
-                                              {s[0], s[1]}, dout, c.needs);
+          Tensors g = autograd::differentiate(
+              [eps](const Tensors& in) { return layer_norm_composed(in[0], in[1], Tensor(), eps); },
+              {s[0], s[1]}, dout, c.needs);
           g.push_back(has_b ? dout[0] : Tensor());
           return g;
         }
@@ -365,13 +372,15 @@ GRAFT_DECLARE_OP("add_layer_norm", "norm");
 // would need x + r written out first). The sum is written out only when the backward needs it
 // (xhat not rebuildable from y, see kMaxShiftOverScale). Backward: layer_norm's, with dx handed
 // to both x and r.
-Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in, const Tensor& b_in,
-                      double eps) {
+Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
+                      const Tensor& b_in, double eps) {
   check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
   if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
-    fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " + describe(x_in));
+    fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " +
+         describe(x_in));
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C}), r = kern::reshaped(kern::contig(r_in), {N, C});
+  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C}),
+               r = kern::reshaped(kern::contig(r_in), {N, C});
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
   const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
   const bool record = autograd::needs_record({x_in, r_in, w_in, b_in});
@@ -401,16 +410,19 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
           g = layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
         } else if (c.create_graph) {
           Tensors g = autograd::differentiate(
-              [eps](const Tensors& in) { return layer_norm_composed(add(in[0], in[1]), in[2], Tensor(), eps); },
+              [eps](const Tensors& in) {
+                return layer_norm_composed(add(in[0], in[1]), in[2], Tensor(), eps);
+              },
               {s[5], s[6], s[1]}, dout, c.needs);
           g.push_back(has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
           return g;
         } else {
-          g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b, needs);
+          g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b,
+                                  needs);
           add_variance_gradient(g[0], dout[1], s[0], s[1], s[2], s[3], s[4], eps, from_y);
         }
-        return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(), needs[1] ? g[1] : Tensor(),
-                       needs[2] ? g[2] : Tensor()};
+        return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(),
+                       needs[1] ? g[1] : Tensor(), needs[2] ? g[2] : Tensor()};
       });
   return y;
 }
@@ -443,8 +455,8 @@ void rms_norm_rows(const T* x, const T* w, double eps, int64_t N, int64_t C, T* 
 // dw = sum_rows dy * xhat. The column sums go through per-block partial sums added in block
 // order (blocks fixed by N alone), as layer_norm's: independent of the thread count.
 template <class T>
-void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, int64_t N, int64_t C,
-                            T* dx, T* dw) {
+void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, int64_t N,
+                            int64_t C, T* dx, T* dw) {
   const int64_t rows_per_block = std::max<int64_t>(8, (N + 255) / 256);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   std::vector<T> part(dw ? 2 * blocks * C : 0);
@@ -476,8 +488,8 @@ void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, 
 }  // namespace
 
 // x, dy (..., C), w (C) or undefined, rstd (N rows) -> dx (..., C), dw (C) where needed.
-Tensors rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd, const Tensor& dout,
-                          const std::vector<bool>& needs) {
+Tensors rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd,
+                          const Tensor& dout, const std::vector<bool>& needs) {
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::contig(x_in), dy = kern::contig(dout);
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
@@ -490,8 +502,8 @@ Tensors rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& 
   }
   GRAFT_DISPATCH_FLOAT(x.dtype(), "rms_norm", [&] {
     auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
-    rms_norm_backward_rows<T>(x.data<const T>(), ptr(w), rstd.data<const T>(), dy.data<const T>(), N, C,
-                              ptr(dx), ptr(dw));
+    rms_norm_backward_rows<T>(x.data<const T>(), ptr(w), rstd.data<const T>(), dy.data<const T>(),
+                              N, C, ptr(dx), ptr(dw));
   });
   return {dx, dw};
 }
@@ -504,45 +516,52 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
   Tensor y = Tensor::empty(x_in.shape(), x_in.dtype()), rstd = Tensor::empty({N}, x_in.dtype());
   if (y.numel() > 0)
     GRAFT_DISPATCH_FLOAT(x.dtype(), "rms_norm", [&] {
-      rms_norm_rows<T>(x.data<const T>(), w.defined() ? w.data<const T>() : nullptr, eps, N, C, y.data<T>(),
-                       rstd.data<T>());
+      rms_norm_rows<T>(x.data<const T>(), w.defined() ? w.data<const T>() : nullptr, eps, N, C,
+                       y.data<T>(), rstd.data<T>());
     });
   if (!autograd::needs_record({x_in, w_in})) return y;
-  autograd::record("rms_norm", {x_in, w_in}, {y}, {x_in, w_in, rstd},
-                   [eps](const autograd::Ctx& c, const Tensors& dout) {
-                     if (c.create_graph)
-                       return autograd::differentiate(
-                           [eps](const Tensors& in) {
-                             Tensor y = mul(in[0], pow(affine(mean(mul(in[0], in[0]), {-1}, true), 1, eps), -0.5));
-                             return Tensors{in[1].defined() ? mul(y, in[1]) : y};
-                           },
-                           {c.saved[0], c.saved[1]}, dout, c.needs);
-                     return rms_norm_backward(c.saved[0], c.saved[1], c.saved[2], dout[0], c.needs);
-                   });
+  autograd::record(
+      "rms_norm", {x_in, w_in}, {y}, {x_in, w_in, rstd},
+      [eps](const autograd::Ctx& c, const Tensors& dout) {
+        if (c.create_graph)
+          return autograd::differentiate(
+              [eps](const Tensors& in) {
+                Tensor y =
+                    mul(in[0], pow(affine(mean(mul(in[0], in[0]), {-1}, true), 1, eps), -0.5));
+                return Tensors{in[1].defined() ? mul(y, in[1]) : y};
+              },
+              {c.saved[0], c.saved[1]}, dout, c.needs);
+        return rms_norm_backward(c.saved[0], c.saved[1], c.saved[2], dout[0], c.needs);
+      });
   return y;
 }
 
 namespace {
 
 void register_rms_norm_cases() {
-  register_case(OpCase{.name = "rms_norm/weighted",
-                       .op = "rms_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
-                           },
-                       .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
+  register_case(OpCase{
+      .name = "rms_norm/weighted",
+      .op = "rms_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
+          },
+      .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
   // A transposed (non-contiguous) x, its rows broadcast against one weight vector.
   register_case(OpCase{.name = "rms_norm/weighted_transposed",
                        .op = "rms_norm",
                        .make_inputs =
                            [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4, 6}, dt, g, -2, 2), case_input({6}, dt, g, -1.5, 1.5)};
+                             return Tensors{case_input_t({3, 4, 6}, dt, g, -2, 2),
+                                            case_input({6}, dt, g, -1.5, 1.5)};
                            },
                        .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
   register_case(OpCase{.name = "rms_norm/plain_many_rows_eps",
                        .op = "rms_norm",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({37, 4}, dt, g, -2, 2)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({37, 4}, dt, g, -2, 2)};
+                           },
                        .fn = [](const Tensors& x) { return rms_norm(x[0], Tensor(), 0.1); }});
 }
 
@@ -550,24 +569,26 @@ void register_add_layer_norm_cases() {
   // add_layer_norm with a non-contiguous residual: xhat rebuilt from y (shift within the scale),
   // and from the kept sum (every shift over kMaxShiftOverScale = 64 times its scale <= 1.5).
   for (bool kept : {false, true})
-    register_case(OpCase{.name = kept ? "add_layer_norm/kept_sum" : "add_layer_norm/from_output",
-                         .op = "add_layer_norm",
-                         .make_inputs =
-                             [kept](DType dt, Generator& g) {
-                               return Tensors{case_input({2, 3, 5}, dt, g), case_input_t({2, 3, 5}, dt, g),
-                                              case_input({5}, dt, g, 0.5, 1.5),
-                                              kept ? case_input({5}, dt, g, 100, 200) : case_input({5}, dt, g)};
-                             },
-                         .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], x[3], 1e-5); }});
-  register_case(OpCase{.name = "add_layer_norm/constant_residual",
-                       .op = "add_layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             Tensor r = case_input({4, 6}, dt, g);
-                             r.requires_grad_(false);
-                             return Tensors{case_input({4, 6}, dt, g), r, case_input({6}, dt, g, 0.5, 1.5)};
-                           },
-                       .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); }});
+    register_case(OpCase{
+        .name = kept ? "add_layer_norm/kept_sum" : "add_layer_norm/from_output",
+        .op = "add_layer_norm",
+        .make_inputs =
+            [kept](DType dt, Generator& g) {
+              return Tensors{case_input({2, 3, 5}, dt, g), case_input_t({2, 3, 5}, dt, g),
+                             case_input({5}, dt, g, 0.5, 1.5),
+                             kept ? case_input({5}, dt, g, 100, 200) : case_input({5}, dt, g)};
+            },
+        .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], x[3], 1e-5); }});
+  register_case(OpCase{
+      .name = "add_layer_norm/constant_residual",
+      .op = "add_layer_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            Tensor r = case_input({4, 6}, dt, g);
+            r.requires_grad_(false);
+            return Tensors{case_input({4, 6}, dt, g), r, case_input({6}, dt, g, 0.5, 1.5)};
+          },
+      .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); }});
 }
 
 }  // namespace
@@ -580,46 +601,54 @@ void register_norm_cases() {
                        .op = "layer_norm",
                        .make_inputs =
                            [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5),
+                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2),
+                                            case_input({5}, dt, g, 0.5, 1.5),
                                             case_input({5}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-  register_case(OpCase{.name = "layer_norm/plain_transposed",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) { return Tensors{case_input_t({4, 6}, dt, g, -2, 2)}; },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
-  register_case(OpCase{.name = "layer_norm/weight_only_transposed",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
-                           },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
+  register_case(
+      OpCase{.name = "layer_norm/plain_transposed",
+             .op = "layer_norm",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({4, 6}, dt, g, -2, 2)};
+                 },
+             .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
+  register_case(OpCase{
+      .name = "layer_norm/weight_only_transposed",
+      .op = "layer_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
+          },
+      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
   // Backward from x (not y): a zero scale, and a shift over kMaxShiftOverScale times its scale.
-  register_case(OpCase{.name = "layer_norm/zero_weight_keeps_x",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
-                             return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-  register_case(OpCase{.name = "layer_norm/large_shift_keeps_x",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
-                             return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
-                           },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-  register_case(OpCase{.name = "layer_norm/bias_only_many_rows",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
+  register_case(
+      OpCase{.name = "layer_norm/zero_weight_keeps_x",
+             .op = "layer_norm",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
+                   return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(OpCase{
+      .name = "layer_norm/large_shift_keeps_x",
+      .op = "layer_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
+            return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
+          },
+      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(OpCase{
+      .name = "layer_norm/bias_only_many_rows",
+      .op = "layer_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
+          },
+      .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
 }
 
 }  // namespace graft

@@ -19,7 +19,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps 
 /// one shape (no broadcasting); differentiable in x, r, w and b.
 /// @throws graft::Error "add_layer_norm: ..." for what layer_norm() rejects, and when r is
 ///         undefined or differs from x in dtype or shape.
-Tensor add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps = 1e-5);
+Tensor add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                      double eps = 1e-5);
 
 /// RMS normalisation over the last dim (Llama's RMSNorm, torch.nn.functional.rms_norm):
 /// y = x / sqrt(mean(x^2) + eps) * w; x (..., C), w (C) or undefined -> y (..., C);

@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "graft/ops/internal/bf16.h"
-#include "graft/ops/internal/int8.h"
 #include "graft/ops/internal/dnnl_utils.h"
+#include "graft/ops/internal/int8.h"
 
 namespace graft {
 
@@ -41,7 +41,8 @@ const std::string& bf16_probe() {
 // `want`. The ISA masks are x86's: elsewhere there is no answer (nullopt).
 std::optional<bool> effective_isa_has(dnnl::cpu_isa want) {
 #if defined(__x86_64__) || defined(_M_X64)
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa()), w = static_cast<unsigned>(want);
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa()),
+             w = static_cast<unsigned>(want);
   return (isa & w) == w;
 #else
   (void)want;
@@ -83,17 +84,23 @@ Precision parse_precision(const std::string& s, const std::string& what) {
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::bf16: return "bf16";
-    case Precision::int8: return "int8";
-    default: return "fp32";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::int8:
+      return "int8";
+    default:
+      return "fp32";
   }
 }
 
 const char* bf16_path_name(Bf16Path p) {
   switch (p) {
-    case Bf16Path::onednn: return "onednn";
-    case Bf16Path::reference: return "reference";
-    default: return "automatic";
+    case Bf16Path::onednn:
+      return "onednn";
+    case Bf16Path::reference:
+      return "reference";
+    default:
+      return "automatic";
   }
 }
 
@@ -132,22 +139,27 @@ bool bf16_kernel_available() {
 
 std::string matmul_kernel_name(Precision p) {
   using dt = dnnl::memory::data_type;
-  const std::string name = probe_matmul(p == Precision::bf16 ? dt::bf16 : p == Precision::int8 ? dt::s8 : dt::f32, 1024);
+  const std::string name = probe_matmul(p == Precision::bf16   ? dt::bf16
+                                        : p == Precision::int8 ? dt::s8
+                                                               : dt::f32,
+                                        1024);
   return name.empty() ? "none (oneDNN has no implementation)" : name;
 }
 
 std::string bf16_description() {
   if (bf16_kernel_available()) return "bf16 matmuls: oneDNN " + matmul_kernel_name(Precision::bf16);
   return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
-         onednn_version() + " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
+         onednn_version() +
+         " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
          "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " +
          (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
 }
 
 std::string bf16_unavailable_reason(const std::string& what) {
   if (bf16_kernel_available()) return "";
-  return what + " bf16: oneDNN has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 "
-                "or AMX), so bf16 would only be slower than fp32; use fp32";
+  return what +
+         " bf16: oneDNN has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 "
+         "or AMX), so bf16 would only be slower than fp32; use fp32";
 }
 
 bool int8_kernel_available() {
@@ -160,16 +172,19 @@ bool int8_kernel_available() {
 
 std::string int8_description() {
   if (int8_kernel_available()) return "int8 linears: oneDNN " + matmul_kernel_name(Precision::int8);
-  return "int8 linears: reference loop (the same int32 sums, at loop speed): oneDNN " + onednn_version() +
-         " has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, AVX-VNNI or AMX, and "
+  return "int8 linears: reference loop (the same int32 sums, at loop speed): oneDNN " +
+         onednn_version() +
+         " has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, AVX-VNNI or "
+         "AMX, and "
          "no DNNL_MAX_CPU_ISA cap below them; its u8 x s8 matmul here: " +
          (int8_probe().empty() ? std::string("none") : int8_probe()) + ")";
 }
 
 std::string int8_unavailable_reason(const std::string& what) {
   if (int8_kernel_available()) return "";
-  return what + " int8: oneDNN has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, "
-                "AVX-VNNI or AMX; without VNNI its int8 sums can saturate), so int8 is refused; use fp32";
+  return what +
+         " int8: oneDNN has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, "
+         "AVX-VNNI or AMX; without VNNI its int8 sums can saturate), so int8 is refused; use fp32";
 }
 
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
 
@@ -54,12 +54,15 @@ Shape dropped_shape(const Shape& s, const std::vector<int64_t>& axes) {
 
 // sum: dx = dout read with the reduced axes kept (keep), broadcast back to x's shape; recorded
 // ops under create_graph.
-Tensor sum_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, bool create_graph) {
-  return contiguous(broadcast_to(create_graph ? reshape(dout, keep) : kern::reshaped(dout, keep), x_shape));
+Tensor sum_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep,
+                    bool create_graph) {
+  return contiguous(
+      broadcast_to(create_graph ? reshape(dout, keep) : kern::reshaped(dout, keep), x_shape));
 }
 
 // mean: dx = sum_backward / count.
-Tensor mean_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, int64_t count, bool create_graph) {
+Tensor mean_backward(const Tensor& dout, const Shape& x_shape, const Shape& keep, int64_t count,
+                     bool create_graph) {
   return affine(sum_backward(dout, x_shape, keep, create_graph), 1.0 / (double)count, 0.0);
 }
 
@@ -112,7 +115,8 @@ void max_backward_loop(const Tensor& dout, const Tensor& idx, const Split3& s, c
   T* px = dx.data<T>();
   std::fill(px, px + dx.numel(), T(0));
   for (int64_t o = 0; o < outer; ++o)
-    for (int64_t i = 0; i < inner; ++i) px[(o * n + pi[o * inner + i]) * inner + i] += pd[o * inner + i];
+    for (int64_t i = 0; i < inner; ++i)
+      px[(o * n + pi[o * inner + i]) * inner + i] += pd[o * inner + i];
 }
 
 // idx (the argmax per slice), dout -> dx of x's shape.
@@ -146,7 +150,8 @@ MaxResult max_along(const char* op, const Tensor& x, int64_t axis) {
     fail(std::string(op) + ": axis " + std::to_string(axis) + " of " + describe(x) + " is empty");
   Shape keep = x.shape();
   keep[ax] = 1;
-  MaxResult r{Tensor::empty(keep, x.dtype()), Tensor::empty(keep, DType::i64), split3(x.shape(), ax)};
+  MaxResult r{Tensor::empty(keep, x.dtype()), Tensor::empty(keep, DType::i64),
+              split3(x.shape(), ax)};
   const Tensor xc = kern::contig(x);
   GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { max_loop<T>(xc, r.split, r.out, r.idx); });
   return r;
@@ -164,13 +169,17 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   MaxResult r = max_along("max", x, axis);
   Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))
-    autograd::record("max", {x}, {out}, {r.idx}, [xs = x.shape(), s = r.split](const Ctx& c, const Tensors& dout) {
-      if (!c.create_graph) return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
-      // dout spread over the axis, times the argmax's one-hot mask as a constant.
-      const Tensor onehot = max_backward(c.saved[0], full(dout[0].shape(), 1.0, dout[0].dtype()), xs, s);
-      const Tensor spread = broadcast_to(reshape(dout[0], {s.outer, 1, s.inner}), {s.outer, s.n, s.inner});
-      return Tensors{mul(reshape(spread, xs), onehot)};
-    });
+    autograd::record("max", {x}, {out}, {r.idx},
+                     [xs = x.shape(), s = r.split](const Ctx& c, const Tensors& dout) {
+                       if (!c.create_graph)
+                         return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
+                       // dout spread over the axis, times the argmax's one-hot mask as a constant.
+                       const Tensor onehot = max_backward(
+                           c.saved[0], full(dout[0].shape(), 1.0, dout[0].dtype()), xs, s);
+                       const Tensor spread = broadcast_to(reshape(dout[0], {s.outer, 1, s.inner}),
+                                                          {s.outer, s.n, s.inner});
+                       return Tensors{mul(reshape(spread, xs), onehot)};
+                     });
   return out;
 }
 
@@ -182,18 +191,20 @@ Tensor maxima_mask(const Tensor& x, const Tensor& m) {
   GRAFT_DISPATCH_FLOAT(x.dtype(), "amax", [&] {
     const T *px = x.data<T>(), *pm = m.data<T>();
     T* pk = mask.data<T>();
-    kern::for_each_bcast2(x.shape(), x.strides(), kern::broadcast_strides(m, x.shape()),
-                          [&](int64_t i, int64_t ox, int64_t om) { pk[i] = px[ox] == pm[om] ? T(1) : T(0); });
+    kern::for_each_bcast2(
+        x.shape(), x.strides(), kern::broadcast_strides(m, x.shape()),
+        [&](int64_t i, int64_t ox, int64_t om) { pk[i] = px[ox] == pm[om] ? T(1) : T(0); });
   });
   return mask;
 }
 
 // amax: dout (kept shape) shared evenly among each slice's maxima; x and m (the maxima, reduced
 // axes kept) saved.
-Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout, const std::vector<int64_t>& axes,
-                     bool create_graph) {
+Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout,
+                     const std::vector<int64_t>& axes, bool create_graph) {
   const Tensor mask = maxima_mask(x, m);
-  const Tensor d = create_graph ? reshape(dout, m.shape()) : kern::reshaped(kern::contig(dout), m.shape());
+  const Tensor d =
+      create_graph ? reshape(dout, m.shape()) : kern::reshaped(kern::contig(dout), m.shape());
   return mul(mask, div(d, sum(mask, axes, true)));
 }
 
@@ -244,36 +255,85 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 void register_reduce_cases() {
-  register_case(OpCase{.name = "sum/axes_keepdim", .op = "sum",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return sum(x[0], {0, -1}, true); }});
-  register_case(OpCase{.name = "sum/all", .op = "sum",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "sum/axes_keepdim",
+                       .op = "sum",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return sum(x[0], {0, -1}, true);
+                           }});
+  register_case(OpCase{.name = "sum/all",
+                       .op = "sum",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return sum(x[0]); }});
-  register_case(OpCase{.name = "sum/size1_axis", .op = "sum",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "sum/size1_axis",
+                       .op = "sum",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({1, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return sum(x[0], {0}); }});
-  register_case(OpCase{.name = "mean/axis", .op = "mean",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "mean/axis",
+                       .op = "mean",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return mean(x[0], {1}); }});
-  register_case(OpCase{.name = "max/axis", .op = "max",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "max/axis",
+                       .op = "max",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return max(x[0], 1, true); }});
-  register_case(OpCase{.name = "amax/axes", .op = "amax",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return amax(x[0], {0, -1}); }});
-  register_case(OpCase{.name = "amax/all_keepdim", .op = "amax",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "amax/axes",
+                       .op = "amax",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return amax(x[0], {0, -1});
+                           }});
+  register_case(OpCase{.name = "amax/all_keepdim",
+                       .op = "amax",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return amax(x[0], {}, true); }});
-  register_case(OpCase{.name = "var/unbiased", .op = "var",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "var/unbiased",
+                       .op = "var",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return var(x[0], {-1}); }});
-  register_case(OpCase{.name = "var/biased_all", .op = "var",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "var/biased_all",
+                       .op = "var",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return var(x[0], {}, false, 0); }});
-  register_case(OpCase{.name = "sum_to/broadcast", .op = "sum_to",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return sum_to(x[0], {3, 1}); }});
+  register_case(OpCase{.name = "sum_to/broadcast",
+                       .op = "sum_to",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return sum_to(x[0], {3, 1});
+                           }});
 }
 
 }  // namespace graft

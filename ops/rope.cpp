@@ -70,11 +70,11 @@ void check_rope(const Tensor& x, const Tensor& positions, double base) {
   kern::check_float("rope", x);
   check_defined(positions, "rope", "positions");
   const std::string what = "rope: x " + describe(x) + ", positions " + describe(positions);
-  if (x.dim() < 2 || x.shape().back() % 2 != 0)
-    fail(what + ": x must be (..., T, D) with D even");
+  if (x.dim() < 2 || x.shape().back() % 2 != 0) fail(what + ": x must be (..., T, D) with D even");
   if (positions.dtype() != DType::i64 || positions.dim() != 1 || positions.size(0) != x.size(-2))
     fail(what + ": positions must be int64 (T) = (" + std::to_string(x.size(-2)) + ")");
-  if (!(base > 1) || !std::isfinite(base)) fail(what + ": base must be finite and > 1, got " + std::to_string(base));
+  if (!(base > 1) || !std::isfinite(base))
+    fail(what + ": base must be finite and > 1, got " + std::to_string(base));
 }
 
 // rope: dx = dout rotated back (by -angle).
@@ -87,7 +87,8 @@ Tensor rope_backward(const Tensor& dout, const std::shared_ptr<const Angles>& a,
 Tensor rope(const Tensor& x, const Tensor& positions, double base) {
   check_rope(x, positions, base);
   const int64_t Tn = x.size(-2);
-  auto a = std::make_shared<const Angles>(rope_angles(positions.to_vector<int64_t>(), x.shape().back(), base));
+  auto a = std::make_shared<const Angles>(
+      rope_angles(positions.to_vector<int64_t>(), x.shape().back(), base));
   Tensor y = rotate(x, *a, Tn, 1.0);
   if (autograd::needs_record({x}))
     autograd::record("rope", {x}, {y}, {}, [a, Tn](const Ctx& c, const Tensors& dout) {
@@ -103,19 +104,30 @@ void register_rope_cases() {
   // Heads as a permuted view of a (B, T, H, D) projection, positions not starting at 0.
   register_case(OpCase{.name = "rope/head_view_offset",
                        .op = "rope",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 2, 6}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return rope(permute(x[0], {0, 2, 1, 3}), from_vector(std::vector<int64_t>{5, 6, 7}, {3}));
-                       }});
-  register_case(backward_op_case("rope_backward/offset", "rope_backward", {2, 3, 4}, {2, 3, 4}, [](const Tensor& x) {
-    return rope(x, from_vector(std::vector<int64_t>{2, 5, 7}, {3}), 100.0);
-  }));
-  register_case(OpCase{.name = "rope/transposed_small_base",
-                       .op = "rope",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return rope(x[0], from_vector(std::vector<int64_t>{0, 3, 1, 9}, {4}), 100.0);
-                       }});
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 2, 6}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return rope(permute(x[0], {0, 2, 1, 3}),
+                                         from_vector(std::vector<int64_t>{5, 6, 7}, {3}));
+                           }});
+  register_case(backward_op_case(
+      "rope_backward/offset", "rope_backward", {2, 3, 4}, {2, 3, 4}, [](const Tensor& x) {
+        return rope(x, from_vector(std::vector<int64_t>{2, 5, 7}, {3}), 100.0);
+      }));
+  register_case(
+      OpCase{.name = "rope/transposed_small_base",
+             .op = "rope",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({4, 4}, dt, g)};
+                 },
+             .fn =
+                 [](const Tensors& x) {
+                   return rope(x[0], from_vector(std::vector<int64_t>{0, 3, 1, 9}, {4}), 100.0);
+                 }});
 }
 
 }  // namespace graft

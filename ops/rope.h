@@ -17,7 +17,8 @@ namespace graft {
 /// Rotates every row of x by its position's angles (see the file's description):
 /// x (..., T, D) with D even, positions int64 (T) -> y (..., T, D); differentiable in x.
 /// @throws graft::Error "rope: x ..., positions ...: ..." when x is undefined, not float, of
-///         rank < 2 or with D odd, positions is undefined or not int64 (T), or base is not finite and > 1.
+///         rank < 2 or with D odd, positions is undefined or not int64 (T), or base is not finite
+///         and > 1.
 Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0);
 
 }  // namespace graft

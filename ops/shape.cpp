@@ -121,7 +121,8 @@ Tensor slice_view(const Tensor& x, int64_t axis, int64_t start, int64_t len, int
 void gather_rows(const char* src, char* dst, const int64_t* idx, int64_t outer, int64_t n,
                  int64_t k, size_t row_bytes) {
   const int64_t rows = outer * k;
-#pragma omp parallel for if ((int64_t)(rows * row_bytes) > kern::kParallelGrain * 4) schedule(static)
+#pragma omp parallel for if ((int64_t)(rows * row_bytes) > kern::kParallelGrain * 4) \
+    schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t o = r / k, j = r % k;
     std::memcpy(dst + r * row_bytes, src + (o * n + idx[j]) * row_bytes, row_bytes);
@@ -133,8 +134,8 @@ void gather_rows(const char* src, char* dst, const int64_t* idx, int64_t outer, 
 // the non-indexed dims (outer x column blocks) and each walks j in order: no write conflicts
 // and a summation order that does not depend on the thread count.
 template <class T>
-void scatter_add_rows(T* dx, const T* dout, const int64_t* idx, int64_t outer, int64_t n,
-                      int64_t k, int64_t inner, int64_t skip) {
+void scatter_add_rows(T* dx, const T* dout, const int64_t* idx, int64_t outer, int64_t n, int64_t k,
+                      int64_t inner, int64_t skip) {
   constexpr int64_t kBlock = 64;
   const int64_t nblocks = (inner + kBlock - 1) / kBlock;
   const int64_t tasks = outer * nblocks;
@@ -267,13 +268,16 @@ Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t 
   const int64_t len = e > s ? (e - s + step - 1) / step : 0;
   Tensor out = slice_view(x, a, s, len, step);
   if (autograd::needs_record({x})) {
-    autograd::record("slice", {x}, {out}, {},
-                     [in = x.shape(), a, s, len, step](const Ctx& c, const Tensors& dout) {
-                       auto pad = [=](const Tensor& g) { return slice_backward(g, in, a, s, len, step); };
-                       if (!c.create_graph) return Tensors{pad(dout[0])};
-                       auto cut = [=](const Tensor& g) { return contiguous_copy(slice_view(g, a, s, len, step)); };
-                       return Tensors{kern::apply_linear("slice_backward", "slice", dout[0], pad, cut)};
-                     });
+    autograd::record(
+        "slice", {x}, {out}, {},
+        [in = x.shape(), a, s, len, step](const Ctx& c, const Tensors& dout) {
+          auto pad = [=](const Tensor& g) { return slice_backward(g, in, a, s, len, step); };
+          if (!c.create_graph) return Tensors{pad(dout[0])};
+          auto cut = [=](const Tensor& g) {
+            return contiguous_copy(slice_view(g, a, s, len, step));
+          };
+          return Tensors{kern::apply_linear("slice_backward", "slice", dout[0], pad, cut)};
+        });
   }
   return out;
 }
@@ -324,8 +328,9 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   if (!ok) fail("broadcast_to: cannot broadcast " + describe(x) + " to " + shape_str(shape));
   Tensor out = Tensor::view_of(x, shape, kern::broadcast_strides(x, shape), x.offset());
   if (autograd::needs_record({x})) {
-    autograd::record("broadcast_to", {x}, {out}, {},
-                     [](const Ctx&, const Tensors& dout) { return broadcast_to_backward(dout[0]); });
+    autograd::record("broadcast_to", {x}, {out}, {}, [](const Ctx&, const Tensors& dout) {
+      return broadcast_to_backward(dout[0]);
+    });
   }
   return out;
 }
@@ -355,10 +360,10 @@ Tensor to_dtype(const Tensor& x, DType dt) {
   if (x.dtype() == dt) return x;
   Tensor out = cast_copy(x, dt);
   if (is_floating(dt) && autograd::needs_record({x}))
-    autograd::record("to_dtype", {x}, {out}, {},
-                     [in = x.dtype()](const Ctx& c, const Tensors& dout) {
-                       return Tensors{c.create_graph ? to_dtype(dout[0], in) : to_dtype_backward(dout[0], in)};
-                     });
+    autograd::record(
+        "to_dtype", {x}, {out}, {}, [in = x.dtype()](const Ctx& c, const Tensors& dout) {
+          return Tensors{c.create_graph ? to_dtype(dout[0], in) : to_dtype_backward(dout[0], in)};
+        });
   return out;
 }
 
@@ -366,7 +371,8 @@ Tensor to_dtype(const Tensor& x, DType dt) {
 // concat: dxs[i] = the band [starts[i], starts[i] + lens[i]) of dout along axis.
 // Under create_graph the bands are recorded slices.
 Tensors concat_backward(const Tensor& dout, int64_t axis, const std::vector<int64_t>& starts,
-                        const std::vector<int64_t>& lens, const std::vector<bool>& needs, bool create_graph) {
+                        const std::vector<int64_t>& lens, const std::vector<bool>& needs,
+                        bool create_graph) {
   Tensors dxs(lens.size());
   for (size_t i = 0; i < lens.size(); ++i)
     if (needs[i])
@@ -412,10 +418,9 @@ Tensor concat(const Tensors& xs, int64_t axis) {
   if (autograd::needs_record(xs)) {
     std::vector<int64_t> lens;
     for (auto& x : xs) lens.push_back(x.shape()[a]);
-    autograd::record("concat", xs, {out}, {},
-                     [a, starts, lens](const Ctx& c, const Tensors& dout) {
-                       return concat_backward(dout[0], a, starts, lens, c.needs, c.create_graph);
-                     });
+    autograd::record("concat", xs, {out}, {}, [a, starts, lens](const Ctx& c, const Tensors& dout) {
+      return concat_backward(dout[0], a, starts, lens, c.needs, c.create_graph);
+    });
   }
   return out;
 }
@@ -439,8 +444,7 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis) 
   const int64_t a = axis_of("split", axis, x);
   int64_t total = 0;
   for (auto s : sizes) {
-    if (s < 0)
-      fail("split: negative size in " + shape_str(sizes) + " for input " + describe(x));
+    if (s < 0) fail("split: negative size in " + shape_str(sizes) + " for input " + describe(x));
     total += s;
   }
   if (total != x.shape()[a])
@@ -453,10 +457,10 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis) 
     at += s;
   }
   if (!pieces.empty() && autograd::needs_record({x})) {
-    autograd::record("split", {x}, pieces, {},
-                     [in = x.shape(), a, sizes](const Ctx& c, const Tensors& dout) {
-                       return Tensors{c.create_graph ? concat(dout, a) : split_backward(dout, in, a, sizes)};
-                     });
+    autograd::record(
+        "split", {x}, pieces, {}, [in = x.shape(), a, sizes](const Ctx& c, const Tensors& dout) {
+          return Tensors{c.create_graph ? concat(dout, a) : split_backward(dout, in, a, sizes)};
+        });
   }
   return pieces;
 }
@@ -497,16 +501,19 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
   const Split3 s = split3(x.shape(), a);
   const size_t esize = dtype_size(x.dtype());
   Tensor xc = kern::contig(x);
-  gather_rows(static_cast<const char*>(xc.raw()), static_cast<char*>(out.raw()), pi, s.outer, n,
-              k, s.inner * esize);
+  gather_rows(static_cast<const char*>(xc.raw()), static_cast<char*>(out.raw()), pi, s.outer, n, k,
+              s.inner * esize);
   if (autograd::needs_record({x})) {
     autograd::record("index_select", {x}, {out}, {ic},
                      [in = x.shape(), s, a](const Ctx& c, const Tensors& dout) {
                        const Tensor ids = c.saved[0];
-                       auto scatter = [=](const Tensor& g) { return index_select_backward(g, ids, in, s, -1); };
+                       auto scatter = [=](const Tensor& g) {
+                         return index_select_backward(g, ids, in, s, -1);
+                       };
                        if (!c.create_graph) return Tensors{scatter(dout[0])};
                        auto gather = [=](const Tensor& g) { return index_select(g, a, ids); };
-                       return Tensors{kern::apply_linear("index_select_backward", "index_select", dout[0], scatter, gather)};
+                       return Tensors{kern::apply_linear("index_select_backward", "index_select",
+                                                         dout[0], scatter, gather)};
                      });
   }
   return out;
@@ -516,7 +523,8 @@ namespace {
 // Calls f(offset) with the element offset of each contiguous last-dim run of row `row` of x.
 template <class F>
 void for_each_run(const Tensor& x, int64_t row, F&& f) {
-  const int64_t runs = x.numel() / std::max<int64_t>(x.shape()[0], 1) / std::max<int64_t>(x.shape().back(), 1);
+  const int64_t runs =
+      x.numel() / std::max<int64_t>(x.shape()[0], 1) / std::max<int64_t>(x.shape().back(), 1);
   for (int64_t k = 0; k < runs; ++k)
     f(x.offset() + row * x.strides()[0] + kern::run_offset(x.shape(), x.strides(), k, 1));
 }
@@ -531,11 +539,12 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
     return x.numel() > 0 && x.shape()[0] > 1 && x.strides()[0] < row_extent;
   };
   if (x.dim() < 2 || x.strides().back() != 1 || rows_overlap())
-    fail("select_rows_: x " + describe(x) + " needs >= 2 dims, a contiguous last dim and rows that do not overlap");
+    fail("select_rows_: x " + describe(x) +
+         " needs >= 2 dims, a contiguous last dim and rows that do not overlap");
   const int64_t B = x.shape()[0];
   if (idx.dtype() != DType::i64 || idx.dim() != 1 || idx.numel() != B)
-    fail("select_rows_: index must be a 1-D int64 tensor of " + std::to_string(B) + " entries, got " +
-         describe(idx) + " (x " + describe(x) + ")");
+    fail("select_rows_: index must be a 1-D int64 tensor of " + std::to_string(B) +
+         " entries, got " + describe(idx) + " (x " + describe(x) + ")");
   const std::vector<int64_t> from = idx.to_vector<int64_t>();
   std::vector<int64_t> moved;
   for (int64_t i = 0; i < B; ++i) {
@@ -547,18 +556,21 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
   if (moved.empty() || x.numel() == 0) return;
   const size_t es = dtype_size(x.dtype()), run = (size_t)x.shape().back() * es;
   const int64_t row_elems = x.numel() / B;
-  std::unique_ptr<char[]> held(new char[(size_t)moved.size() * row_elems * es]);  // the source rows, read first
+  std::unique_ptr<char[]> held(
+      new char[(size_t)moved.size() * row_elems * es]);  // the source rows, read first
   char* base = static_cast<char*>(x.impl()->storage->data);
   const int64_t m = (int64_t)moved.size();
 #pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
   for (int64_t j = 0; j < m; ++j) {
     char* out = held.get() + (size_t)j * row_elems * es;
-    for_each_run(x, from[moved[j]], [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
+    for_each_run(x, from[moved[j]],
+                 [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
   }
 #pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
   for (int64_t j = 0; j < m; ++j) {
     const char* in = held.get() + (size_t)j * row_elems * es;
-    for_each_run(x, moved[j], [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
+    for_each_run(x, moved[j],
+                 [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
   }
   x.bump_version();
 }
@@ -568,7 +580,8 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
 // (ids are never negative, so -1 skips nothing when there is no padding).
 Tensor embedding_backward(const Tensor& dout, const Tensor& ids, int64_t V, int64_t C,
                           int64_t padding_idx) {
-  return index_select_backward(dout, ids, {V, C}, Split3{1, V, C}, padding_idx < 0 ? -1 : padding_idx);
+  return index_select_backward(dout, ids, {V, C}, Split3{1, V, C},
+                               padding_idx < 0 ? -1 : padding_idx);
 }
 
 // The adjoint of embedding_backward: g's rows at ids, zero where the id is padding_idx (whose
@@ -593,8 +606,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   check_defined("embedding", weight);
   check_defined("embedding", ids);
   kern::check_float("embedding", weight);
-  if (weight.dim() != 2)
-    fail("embedding: weight must be 2-D (V, C), got " + describe(weight));
+  if (weight.dim() != 2) fail("embedding: weight must be 2-D (V, C), got " + describe(weight));
   if (ids.dtype() != DType::i64)
     fail("embedding: ids must be int64, got " + describe(ids) + " (weight " + describe(weight) +
          ")");
@@ -616,14 +628,19 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
   gather_rows(static_cast<const char*>(wc.raw()), static_cast<char*>(out.raw()), pi, 1, V, N,
               C * dtype_size(weight.dtype()));
   if (autograd::needs_record({weight})) {
-    autograd::record("embedding", {weight}, {out}, {ic},
-                     [V, C, padding_idx](const Ctx& c, const Tensors& dout) {
-                       const Tensor ids = c.saved[0];
-                       auto scatter = [=](const Tensor& g) { return embedding_backward(g, ids, V, C, padding_idx); };
-                       if (!c.create_graph) return Tensors{scatter(dout[0])};
-                       auto gather = [=](const Tensor& g) { return embedding_gather_adjoint(g, ids, padding_idx); };
-                       return Tensors{kern::apply_linear("embedding_backward", "embedding", dout[0], scatter, gather)};
-                     });
+    autograd::record(
+        "embedding", {weight}, {out}, {ic}, [V, C, padding_idx](const Ctx& c, const Tensors& dout) {
+          const Tensor ids = c.saved[0];
+          auto scatter = [=](const Tensor& g) {
+            return embedding_backward(g, ids, V, C, padding_idx);
+          };
+          if (!c.create_graph) return Tensors{scatter(dout[0])};
+          auto gather = [=](const Tensor& g) {
+            return embedding_gather_adjoint(g, ids, padding_idx);
+          };
+          return Tensors{
+              kern::apply_linear("embedding_backward", "embedding", dout[0], scatter, gather)};
+        });
   }
   return out;
 }
@@ -631,124 +648,257 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
 namespace {
 
 void register_view_cases() {
-  register_case(OpCase{.name = "reshape/infer", .op = "reshape",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return reshape(x[0], {4, -1}); }});
-  register_case(OpCase{.name = "reshape/noncontiguous_copy", .op = "reshape",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return reshape(x[0], {6, 4}); }});
-  register_case(OpCase{.name = "reshape/noncontiguous_view", .op = "reshape",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return reshape(x[0], {2, 1, 3, 2, 2}); }});
-  register_case(OpCase{.name = "permute/3d", .op = "permute",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return permute(x[0], {2, 0, 1}); }});
-  register_case(OpCase{.name = "permute/noncontiguous", .op = "permute",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return permute(x[0], {1, -1, 0}); }});
-  register_case(OpCase{.name = "transpose/last_two", .op = "permute",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "reshape/infer",
+                       .op = "reshape",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return reshape(x[0], {4, -1});
+                           }});
+  register_case(OpCase{.name = "reshape/noncontiguous_copy",
+                       .op = "reshape",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return reshape(x[0], {6, 4});
+                           }});
+  register_case(OpCase{.name = "reshape/noncontiguous_view",
+                       .op = "reshape",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return reshape(x[0], {2, 1, 3, 2, 2});
+                           }});
+  register_case(OpCase{.name = "permute/3d",
+                       .op = "permute",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return permute(x[0], {2, 0, 1});
+                           }});
+  register_case(OpCase{.name = "permute/noncontiguous",
+                       .op = "permute",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return permute(x[0], {1, -1, 0});
+                           }});
+  register_case(OpCase{.name = "transpose/last_two",
+                       .op = "permute",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return transpose(x[0], -1, -2); }});
   register_case(backward_op_case("slice_backward/step", "slice_backward", {5, 4}, {2, 4},
                                  [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }));
-  register_case(OpCase{.name = "slice/step", .op = "slice",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 4}, dt, g)}; },
+  register_case(OpCase{.name = "slice/step",
+                       .op = "slice",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({5, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return slice(x[0], 0, 1, 5, 2); }});
-  register_case(OpCase{.name = "slice/negative_clamped_noncontiguous", .op = "slice",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4, 5}, dt, g)}; },
+  register_case(OpCase{.name = "slice/negative_clamped_noncontiguous",
+                       .op = "slice",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4, 5}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return slice(x[0], -1, -4, 100); }});
-  register_case(OpCase{.name = "unsqueeze/noncontiguous", .op = "unsqueeze",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "unsqueeze/noncontiguous",
+                       .op = "unsqueeze",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return unsqueeze(x[0], 1); }});
-  register_case(OpCase{.name = "unsqueeze/last", .op = "unsqueeze",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "unsqueeze/last",
+                       .op = "unsqueeze",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return unsqueeze(x[0], -1); }});
-  register_case(OpCase{.name = "squeeze/noncontiguous", .op = "squeeze",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({4, 1, 3}, dt, g)}; },
+  register_case(OpCase{.name = "squeeze/noncontiguous",
+                       .op = "squeeze",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({4, 1, 3}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return squeeze(x[0], -2); }});
-  register_case(OpCase{.name = "broadcast_to/lead_and_inner", .op = "broadcast_to",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 1}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return broadcast_to(x[0], {2, 3, 4}); }});
-  register_case(OpCase{.name = "broadcast_to/noncontiguous", .op = "broadcast_to",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({1, 3, 2}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return broadcast_to(x[0], {4, 3, 2}); }});
+  register_case(OpCase{.name = "broadcast_to/lead_and_inner",
+                       .op = "broadcast_to",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 1}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return broadcast_to(x[0], {2, 3, 4});
+                           }});
+  register_case(OpCase{.name = "broadcast_to/noncontiguous",
+                       .op = "broadcast_to",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({1, 3, 2}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return broadcast_to(x[0], {4, 3, 2});
+                           }});
 }
 
 void register_copy_cases() {
-  register_case(OpCase{.name = "contiguous/transposed", .op = "contiguous",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
+  register_case(OpCase{.name = "contiguous/transposed",
+                       .op = "contiguous",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return contiguous(x[0]); }});
   // The round trip through float32 rounds x; with a wide central difference (eps 0.1 on a linear
   // function) the rounding error (~1e-7) stays far below atol.
-  register_case(OpCase{.name = "to_dtype/round_trip", .op = "to_dtype",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         const DType other = x[0].dtype() == DType::f32 ? DType::f64 : DType::f32;
-                         return to_dtype(to_dtype(x[0], other), x[0].dtype());
-                       },
+  register_case(OpCase{.name = "to_dtype/round_trip",
+                       .op = "to_dtype",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 4}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             const DType other =
+                                 x[0].dtype() == DType::f32 ? DType::f64 : DType::f32;
+                             return to_dtype(to_dtype(x[0], other), x[0].dtype());
+                           },
                        .opt = {.eps = 0.1}});
-  register_case(OpCase{.name = "concat/inner_axis_noncontiguous", .op = "concat",
-                       .make_inputs = [](DType dt, Generator& g) {
-                         return Tensors{case_input({2, 3}, dt, g), case_input_t({2, 1}, dt, g),
-                                        case_input_t({2, 4}, dt, g)};
-                       },
+  register_case(OpCase{.name = "concat/inner_axis_noncontiguous",
+                       .op = "concat",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3}, dt, g), case_input_t({2, 1}, dt, g),
+                                            case_input_t({2, 4}, dt, g)};
+                           },
                        .fn = [](const Tensors& x) { return concat(x, -1); }});
-  register_case(OpCase{.name = "concat/outer_axis", .op = "concat",
-                       .make_inputs = [](DType dt, Generator& g) {
-                         return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
-                       },
-                       .fn = [](const Tensors& x) { return concat(x, 0); }});
-  register_case(OpCase{.name = "split/one_piece_used", .op = "split",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 6}, dt, g)}; },
-                       .fn = [](const Tensors& x) { return split(x[0], {1, 3, 2}, 1)[1]; }});
-  register_case(OpCase{.name = "split/all_pieces_reordered", .op = "split",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 2, 2}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         Tensors p = split(x[0], {2, 0, 3}, 0);
-                         return concat({p[2], p[1], p[0]}, 0);
-                       }});
+  register_case(
+      OpCase{.name = "concat/outer_axis",
+             .op = "concat",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return concat(x, 0); }});
+  register_case(OpCase{.name = "split/one_piece_used",
+                       .op = "split",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 6}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             return split(x[0], {1, 3, 2}, 1)[1];
+                           }});
+  register_case(OpCase{.name = "split/all_pieces_reordered",
+                       .op = "split",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({5, 2, 2}, dt, g)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             Tensors p = split(x[0], {2, 0, 3}, 0);
+                             return concat({p[2], p[1], p[0]}, 0);
+                           }});
 }
 
 void register_gather_cases() {
-  register_case(backward_op_case("index_select_backward/repeated_rows", "index_select_backward", {5, 3}, {5, 3},
-                                 [](const Tensor& x) {
-                                   return index_select(x, 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
-                                 }));
-  register_case(backward_op_case("embedding_backward/padding_idx", "embedding_backward", {5, 3}, {2, 3, 3},
-                                 [](const Tensor& x) {
-                                   return embedding(x, from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}), 0);
-                                 }));
-  register_case(OpCase{.name = "index_select/repeated_rows", .op = "index_select",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return index_select(x[0], 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
-                       }});
-  register_case(OpCase{.name = "index_select/inner_axis_noncontiguous", .op = "index_select",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({2, 3, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
-                       }});
-  register_case(OpCase{.name = "embedding/repeated_ids", .op = "embedding",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({6, 4}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return embedding(x[0], from_vector(std::vector<int64_t>{1, 5, 1, 0, 2, 1}, {2, 3}));
-                       }});
-  register_case(OpCase{.name = "embedding/noncontiguous_weight", .op = "embedding",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({5, 3}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         return embedding(x[0], from_vector(std::vector<int64_t>{4, 4, 0, 3}, {4}));
-                       }});
+  register_case(backward_op_case(
+      "index_select_backward/repeated_rows", "index_select_backward", {5, 3}, {5, 3},
+      [](const Tensor& x) {
+        return index_select(x, 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
+      }));
+  register_case(backward_op_case(
+      "embedding_backward/padding_idx", "embedding_backward", {5, 3}, {2, 3, 3},
+      [](const Tensor& x) {
+        return embedding(x, from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}), 0);
+      }));
+  register_case(OpCase{
+      .name = "index_select/repeated_rows",
+      .op = "index_select",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({5, 3}, dt, g)};
+          },
+      .fn =
+          [](const Tensors& x) {
+            return index_select(x[0], 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
+          }});
+  register_case(
+      OpCase{.name = "index_select/inner_axis_noncontiguous",
+             .op = "index_select",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({2, 3, 4}, dt, g)};
+                 },
+             .fn =
+                 [](const Tensors& x) {
+                   return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
+                 }});
+  register_case(OpCase{
+      .name = "embedding/repeated_ids",
+      .op = "embedding",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({6, 4}, dt, g)};
+          },
+      .fn =
+          [](const Tensors& x) {
+            return embedding(x[0], from_vector(std::vector<int64_t>{1, 5, 1, 0, 2, 1}, {2, 3}));
+          }});
+  register_case(
+      OpCase{.name = "embedding/noncontiguous_weight",
+             .op = "embedding",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({5, 3}, dt, g)};
+                 },
+             .fn =
+                 [](const Tensors& x) {
+                   return embedding(x[0], from_vector(std::vector<int64_t>{4, 4, 0, 3}, {4}));
+                 }});
   // padding_idx rows get no gradient although the forward reads them, which central differences
   // would see; so the case drops the padded positions (flat 1 and 4) from the output and checks
   // the non-padded rows, repeated ids included. tests/test_shape.cpp checks the padded row's zero.
-  register_case(OpCase{.name = "embedding/padding_idx", .op = "embedding",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({5, 3}, dt, g)}; },
-                       .fn = [](const Tensors& x) {
-                         Tensor out = embedding(x[0], from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}),
-                                                /*padding_idx=*/0);
-                         return index_select(reshape(out, {6, 3}), 0,
-                                             from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
-                       }});
+  register_case(
+      OpCase{.name = "embedding/padding_idx",
+             .op = "embedding",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({5, 3}, dt, g)};
+                 },
+             .fn =
+                 [](const Tensors& x) {
+                   Tensor out =
+                       embedding(x[0], from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}),
+                                 /*padding_idx=*/0);
+                   return index_select(reshape(out, {6, 3}), 0,
+                                       from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
+                 }});
 }
 
 }  // namespace

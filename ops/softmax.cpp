@@ -1,5 +1,6 @@
 // softmax and log_softmax over one axis. float32 runs the oneDNN softmax / logsoftmax forward
-// and an OpenMP backward loop (see below); float64 runs reference loops. Both save only the output y:
+// and an OpenMP backward loop (see below); float64 runs reference loops. Both save only the output
+// y:
 //   softmax:     dx = y * (dy - sum(dy * y))
 //   log_softmax: dx = dy - exp(y) * sum(dy)
 #include "graft/ops/softmax.h"
@@ -7,10 +8,10 @@
 #include <cmath>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 
 namespace graft {
@@ -70,8 +71,8 @@ typename Fwd::primitive_desc fwd_pd(const dnnl::memory::desc& d, int axis, dnnl:
 template <class Fwd>
 void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
   auto d = onednn::md(x);
-  auto pd = fwd_pd<Fwd>(d, axis, training ? dnnl::prop_kind::forward_training
-                                          : dnnl::prop_kind::forward_inference);
+  auto pd = fwd_pd<Fwd>(
+      d, axis, training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference);
   Fwd(pd).execute(onednn::stream(),
                   {{DNNL_ARG_SRC, onednn::mem(d, x)}, {DNNL_ARG_DST, onednn::mem(d, y)}});
   onednn::stream().wait();
@@ -79,7 +80,8 @@ void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
 
 // oneDNN 2.6 runs its softmax backward on the reference kernel (ref:any: 21 ms for 32768x128,
 // measured); the OpenMP loop is the same formula and ~10x faster, so both precisions use it.
-Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, int64_t axis, bool log) {
+Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, int64_t axis,
+                             bool log) {
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
   if (dx.numel() > 0)
     GRAFT_DISPATCH_FLOAT(y.dtype(), op, [&] { softmax_backward_loop<T>(y, dy, dx, axis, log); });
@@ -109,19 +111,18 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool lo
   const bool record = autograd::needs_record({x_in});
   if (y.numel() > 0) {
     if (onednn::usable(x)) {
-      if (log)
-        forward_f32<dnnl::logsoftmax_forward>(x, y, (int)axis, record);
-      else
-        forward_f32<dnnl::softmax_forward>(x, y, (int)axis, record);
+      if (log) forward_f32<dnnl::logsoftmax_forward>(x, y, (int)axis, record);
+      else forward_f32<dnnl::softmax_forward>(x, y, (int)axis, record);
     } else {
       GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_loop<T>(x, y, axis, log); });
     }
   }
   if (record)
-    autograd::record(op, {x_in}, {y}, {y}, [axis, log](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis, c.create_graph)
-                         : softmax_backward(c.saved[0], dout[0], axis, c.create_graph)};
-    });
+    autograd::record(
+        op, {x_in}, {y}, {y}, [axis, log](const autograd::Ctx& c, const Tensors& dout) {
+          return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis, c.create_graph)
+                             : softmax_backward(c.saved[0], dout[0], axis, c.create_graph)};
+        });
   return y;
 }
 
@@ -143,20 +144,31 @@ void register_softmax_cases() {
   // Wide input range so the outputs are far from uniform and the gradient is not trivially small.
   register_case(OpCase{.name = "softmax/last_axis",
                        .op = "softmax",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({3, 5}, dt, g, -2, 2)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 5}, dt, g, -2, 2)};
+                           },
                        .fn = [](const Tensors& x) { return softmax(x[0], -1); }});
   register_case(OpCase{.name = "softmax/middle_axis_transposed",
                        .op = "softmax",
                        .make_inputs =
-                           [](DType dt, Generator& g) { return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)}; },
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)};
+                           },
                        .fn = [](const Tensors& x) { return softmax(x[0], 1); }});
   register_case(OpCase{.name = "log_softmax/last_axis_transposed",
                        .op = "log_softmax",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 5}, dt, g, -2, 2)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({3, 5}, dt, g, -2, 2)};
+                           },
                        .fn = [](const Tensors& x) { return log_softmax(x[0], -1); }});
   register_case(OpCase{.name = "log_softmax/middle_axis",
                        .op = "log_softmax",
-                       .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)}; },
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)};
+                           },
                        .fn = [](const Tensors& x) { return log_softmax(x[0], -2); }});
 }
 

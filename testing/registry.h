@@ -21,7 +21,7 @@ struct OpCase {
   std::string op;    ///< the declared op it covers, such as "add"
   /// Builds the inputs in a float dtype from a seeded generator.
   std::function<Tensors(DType, Generator&)> make_inputs;
-  OpFn fn;  ///< the op applied to the inputs
+  OpFn fn;                 ///< the op applied to the inputs
   GradcheckOptions opt{};  ///< tolerances of the float64 gradcheck
   /// Tolerances of the float32 (oneDNN) path vs the float64 path (check_f32_vs_f64()); f32_atol
   /// is relative to the largest float64 value (or 1).
@@ -39,7 +39,8 @@ OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape 
                         std::function<Tensor(const Tensor&)> forward);
 
 /// Adds a case to the registry (names must be unique). The library's own cases are registered by
-/// register_op_cases() (graft/testing/op_cases.h); a program adds its own with explicit calls. Thread-safe.
+/// register_op_cases() (graft/testing/op_cases.h); a program adds its own with explicit calls.
+/// Thread-safe.
 /// @throws graft::Error when a case of that name is already registered.
 void register_case(OpCase c);
 

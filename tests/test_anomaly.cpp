@@ -35,7 +35,9 @@ class Block : public nn::Module {
 
 class Model : public nn::Module {
  public:
-  Model(Block::Act act, Generator& gen) { block = register_module("block", std::make_shared<Block>(act, gen)); }
+  Model(Block::Act act, Generator& gen) {
+    block = register_module("block", std::make_shared<Block>(act, gen));
+  }
   Tensor loss(const Tensor& x) const { return sum(block->forward(x)); }
   std::shared_ptr<Block> block;
 };

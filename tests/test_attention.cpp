@@ -27,7 +27,8 @@ bool msg_has(const Error& e, std::initializer_list<const char*> parts) {
 
 void check_close(const std::vector<double>& a, const std::vector<double>& b, double tol) {
   BOOST_REQUIRE_EQUAL(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) BOOST_TEST(std::fabs(a[i] - b[i]) <= tol, "at " << i << ": " << a[i] << " vs " << b[i]);
+  for (size_t i = 0; i < a.size(); ++i)
+    BOOST_TEST(std::fabs(a[i] - b[i]) <= tol, "at " << i << ": " << a[i] << " vs " << b[i]);
 }
 
 bool all_finite(const Tensor& t) {
@@ -61,7 +62,8 @@ BOOST_AUTO_TEST_CASE(hand_computed_two_keys) {
 BOOST_AUTO_TEST_CASE(one_key_returns_its_value) {
   for (DType dt : {DType::f32, DType::f64}) {
     Generator g(3);
-    Tensor q = randn({2, 3, 4, 5}, dt, g), k = randn({2, 3, 1, 5}, dt, g), v = randn({2, 3, 1, 6}, dt, g);
+    Tensor q = randn({2, 3, 4, 5}, dt, g), k = randn({2, 3, 1, 5}, dt, g),
+           v = randn({2, 3, 1, 6}, dt, g);
     auto out = scaled_dot_product_attention(q, k, v).out;
     BOOST_TEST(out.shape() == (Shape{2, 3, 4, 6}));
     auto o = out.to_vector<double>(), vv = v.to_vector<double>();
@@ -85,7 +87,8 @@ BOOST_AUTO_TEST_CASE(zero_query_averages_values) {
 BOOST_AUTO_TEST_CASE(causal_masks) {
   for (DType dt : {DType::f32, DType::f64}) {
     Generator g(5);
-    Tensor q = randn({1, 2, 3, 4}, dt, g), k = randn({1, 2, 3, 4}, dt, g), v = randn({1, 2, 3, 2}, dt, g);
+    Tensor q = randn({1, 2, 3, 4}, dt, g), k = randn({1, 2, 3, 4}, dt, g),
+           v = randn({1, 2, 3, 2}, dt, g);
     AttentionOptions opt;
     opt.causal = true;
     opt.return_weights = true;
@@ -106,7 +109,8 @@ BOOST_AUTO_TEST_CASE(causal_masks) {
       for (int64_t e = 0; e < 2; ++e) BOOST_TEST(std::fabs(o[h * 6 + e] - vv[h * 6 + e]) < 1e-6);
 
     // Tq = 2, Tk = 3: query 0 sees keys 0, 1; query 1 sees all three.
-    Tensor q2 = randn({1, 1, 2, 4}, dt, g), k2 = randn({1, 1, 3, 4}, dt, g), v2 = randn({1, 1, 3, 2}, dt, g);
+    Tensor q2 = randn({1, 1, 2, 4}, dt, g), k2 = randn({1, 1, 3, 4}, dt, g),
+           v2 = randn({1, 1, 3, 2}, dt, g);
     auto w2 = scaled_dot_product_attention(q2, k2, v2, opt).weights.to_vector<double>();
     BOOST_TEST(w2[2] == 0.0);
     BOOST_TEST(w2[0] > 0.0);
@@ -119,7 +123,8 @@ BOOST_AUTO_TEST_CASE(causal_masks) {
 BOOST_AUTO_TEST_CASE(fully_masked_row_is_zero) {
   for (DType dt : {DType::f32, DType::f64}) {
     Generator g(9);
-    Tensor q = randn({2, 2, 3, 4}, dt, g).requires_grad_(), k = randn({2, 2, 3, 4}, dt, g).requires_grad_(),
+    Tensor q = randn({2, 2, 3, 4}, dt, g).requires_grad_(),
+           k = randn({2, 2, 3, 4}, dt, g).requires_grad_(),
            v = randn({2, 2, 3, 2}, dt, g).requires_grad_();
     AttentionOptions opt;
     opt.key_padding_mask = from_vector(std::vector<double>{0, 1, 0, 1, 1, 1}, {2, 3});
@@ -146,7 +151,8 @@ BOOST_AUTO_TEST_CASE(fully_masked_row_is_zero) {
 
 // A -inf bias row behaves like a fully masked row.
 BOOST_AUTO_TEST_CASE(minus_inf_bias_row_is_zero) {
-  Tensor q = rand({1, 1, 2, 2}, DType::f64), k = rand({1, 1, 2, 2}, DType::f64), v = rand({1, 1, 2, 2}, DType::f64);
+  Tensor q = rand({1, 1, 2, 2}, DType::f64), k = rand({1, 1, 2, 2}, DType::f64),
+         v = rand({1, 1, 2, 2}, DType::f64);
   AttentionOptions opt;
   const double ninf = -std::numeric_limits<double>::infinity();
   opt.bias = from_vector(std::vector<double>{0, 0, ninf, ninf}, {2, 2});
@@ -199,9 +205,12 @@ BOOST_AUTO_TEST_CASE(few_queries_without_tape_match_the_matmul_path) {
   const int64_t B = 2, H = 3, cap = 9, Tk = 7, D = 8, Dv = 5;
   for (int64_t Tq : {1, 3}) {
     Generator g(31 + Tq);
-    const Tensor q64 = randn({B, H, Tq, D}, DType::f64, g), k64 = randn({B, H, cap, D}, DType::f64, g),
-                 v64 = randn({B, H, cap, Dv}, DType::f64, g), bias64 = randn({H, 1, Tk}, DType::f64, g);
-    const Tensor pad = from_vector(std::vector<double>{0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {B, Tk});
+    const Tensor q64 = randn({B, H, Tq, D}, DType::f64, g),
+                 k64 = randn({B, H, cap, D}, DType::f64, g),
+                 v64 = randn({B, H, cap, Dv}, DType::f64, g),
+                 bias64 = randn({H, 1, Tk}, DType::f64, g);
+    const Tensor pad =
+        from_vector(std::vector<double>{0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {B, Tk});
     std::vector<double> ref;
     for (DType dt : {DType::f64, DType::f32}) {
       auto run = [&](bool taped) {
@@ -218,7 +227,8 @@ BOOST_AUTO_TEST_CASE(few_queries_without_tape_match_the_matmul_path) {
       BOOST_TEST(taped.requires_grad());
       autograd::clear_tape();
       const auto f = fast.to_vector<double>();
-      for (size_t i = f.size() / 2; i < f.size(); ++i) BOOST_TEST(f[i] == 0.0);  // batch 1: all padding
+      for (size_t i = f.size() / 2; i < f.size(); ++i)
+        BOOST_TEST(f[i] == 0.0);  // batch 1: all padding
       const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
       check_close(f, taped.to_vector<double>(), tol);
       if (dt == DType::f64) ref = f;
@@ -236,7 +246,8 @@ BOOST_AUTO_TEST_CASE(asking_for_weights_changes_no_output) {
   for (DType dt : {DType::f32, DType::f64}) {
     for (int64_t Tq = 1; Tq <= 6; ++Tq) {
       Generator g(7 + Tq);
-      const Tensor q = randn({B, H, Tq, D}, dt, g), k = randn({B, H, Tk, D}, dt, g), v = randn({B, H, Tk, D}, dt, g);
+      const Tensor q = randn({B, H, Tq, D}, dt, g), k = randn({B, H, Tk, D}, dt, g),
+                   v = randn({B, H, Tk, D}, dt, g);
       AttentionOptions opt;
       opt.causal = true;
       const Tensor plain = scaled_dot_product_attention(q, k, v, opt).out;
@@ -248,7 +259,8 @@ BOOST_AUTO_TEST_CASE(asking_for_weights_changes_no_output) {
       qt.requires_grad_();
       const Tensor taped = scaled_dot_product_attention(qt, k, v, opt).weights;
       autograd::clear_tape();
-      check_close(with.weights.to_vector<double>(), taped.to_vector<double>(), dt == DType::f64 ? 1e-12 : 1e-5);
+      check_close(with.weights.to_vector<double>(), taped.to_vector<double>(),
+                  dt == DType::f64 ? 1e-12 : 1e-5);
       const auto w = with.weights.to_vector<double>();
       for (size_t r = 0; r < w.size(); r += Tk) {
         double total = 0;
@@ -285,33 +297,40 @@ BOOST_AUTO_TEST_CASE(no_tape_entry_without_grad) {
 
 BOOST_AUTO_TEST_CASE(misuse_errors) {
   Tensor q = rand({2, 2, 3, 4}), k = rand({2, 2, 5, 4}), v = rand({2, 2, 5, 6});
-  auto call = [](const Tensor& a, const Tensor& b, const Tensor& c, const AttentionOptions& o = {}) {
-    scaled_dot_product_attention(a, b, c, o);
-  };
-  BOOST_CHECK_EXCEPTION(call(rand({2, 3, 4}), k, v), Error,
-                        [](const Error& e) { return msg_has(e, {"rank 4", "(2, 3, 4)"}); });
-  BOOST_CHECK_EXCEPTION(call(q, rand({2, 2, 5, 3}), v), Error,
-                        [](const Error& e) { return msg_has(e, {"head dims", "(2, 2, 3, 4)", "(2, 2, 5, 3)"}); });
-  BOOST_CHECK_EXCEPTION(call(q, k, rand({2, 2, 4, 6})), Error,
-                        [](const Error& e) { return msg_has(e, {"key counts", "(2, 2, 4, 6)"}); });
-  BOOST_CHECK_EXCEPTION(call(q, rand({2, 3, 5, 4}), rand({2, 3, 5, 6})), Error,
-                        [](const Error& e) { return msg_has(e, {"(B, H)", "(2, 3, 5, 4)"}); });
-  BOOST_CHECK_EXCEPTION(call(q, k, cast_copy(v, DType::f64)), Error,
-                        [](const Error& e) { return msg_has(e, {"dtype", "f64 (2, 2, 5, 6)"}); });
+  auto call = [](const Tensor& a, const Tensor& b, const Tensor& c,
+                 const AttentionOptions& o = {}) { scaled_dot_product_attention(a, b, c, o); };
+  BOOST_CHECK_EXCEPTION(call(rand({2, 3, 4}), k, v), Error, [](const Error& e) {
+    return msg_has(e, {"rank 4", "(2, 3, 4)"});
+  });
+  BOOST_CHECK_EXCEPTION(call(q, rand({2, 2, 5, 3}), v), Error, [](const Error& e) {
+    return msg_has(e, {"head dims", "(2, 2, 3, 4)", "(2, 2, 5, 3)"});
+  });
+  BOOST_CHECK_EXCEPTION(call(q, k, rand({2, 2, 4, 6})), Error, [](const Error& e) {
+    return msg_has(e, {"key counts", "(2, 2, 4, 6)"});
+  });
+  BOOST_CHECK_EXCEPTION(call(q, rand({2, 3, 5, 4}), rand({2, 3, 5, 6})), Error, [](const Error& e) {
+    return msg_has(e, {"(B, H)", "(2, 3, 5, 4)"});
+  });
+  BOOST_CHECK_EXCEPTION(call(q, k, cast_copy(v, DType::f64)), Error, [](const Error& e) {
+    return msg_has(e, {"dtype", "f64 (2, 2, 5, 6)"});
+  });
   BOOST_CHECK_EXCEPTION(call(q, k, from_vector(std::vector<int64_t>(120, 0), {2, 2, 5, 6})), Error,
                         [](const Error& e) { return msg_has(e, {"i64"}); });
   AttentionOptions bad_mask;
   bad_mask.key_padding_mask = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_mask), Error,
-                        [](const Error& e) { return msg_has(e, {"key_padding_mask", "(2, 3)", "(2, 5)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_mask), Error, [](const Error& e) {
+    return msg_has(e, {"key_padding_mask", "(2, 3)", "(2, 5)"});
+  });
   AttentionOptions bad_bias;
   bad_bias.bias = zeros({2, 3, 3});
-  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias), Error,
-                        [](const Error& e) { return msg_has(e, {"bias", "(2, 3, 3)", "(2, 2, 3, 5)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias), Error, [](const Error& e) {
+    return msg_has(e, {"bias", "(2, 3, 3)", "(2, 2, 3, 5)"});
+  });
   AttentionOptions bad_bias_dtype;
   bad_bias_dtype.bias = zeros({3, 5}, DType::f64);
-  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias_dtype), Error,
-                        [](const Error& e) { return msg_has(e, {"bias", "f64 (3, 5)"}); });
+  BOOST_CHECK_EXCEPTION(call(q, k, v, bad_bias_dtype), Error, [](const Error& e) {
+    return msg_has(e, {"bias", "f64 (3, 5)"});
+  });
 }
 
 // Grouped-query attention (nn::MultiHeadAttention with kv_heads < heads): the output equals
@@ -359,7 +378,8 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_repeated_heads) {
           for (double& e : s) z += (e = std::exp(e - mx));
           for (int64_t e = 0; e < Dh; ++e) {
             double o = 0;
-            for (int64_t j = 0; j <= i; ++j) o += s[j] / z * vv[(b * T + j) * kv * Dh + kh * Dh + e];
+            for (int64_t j = 0; j <= i; ++j)
+              o += s[j] / z * vv[(b * T + j) * kv * Dh + kh * Dh + e];
             heads_out[(b * T + i) * d + h * Dh + e] = o;
           }
         }
@@ -367,17 +387,17 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_repeated_heads) {
     check_close(got.to_vector<double>(), want.to_vector<double>(), 1e-12);
     // Gradients in x and the packed projection (through the repeated K/V heads).
     Tensor xs = randn({1, 3, d}, DType::f64, g).requires_grad_();
-    const GradcheckResult r = gradcheck(
-        [&](const Tensors& in) { return mha.forward(in[0], in[0], Tensor(), true); },
-        {xs, mha.in_proj_weight});
+    const GradcheckResult r =
+        gradcheck([&](const Tensors& in) { return mha.forward(in[0], in[0], Tensor(), true); },
+                  {xs, mha.in_proj_weight});
     BOOST_TEST(r.ok, "kv_heads " << kv << ": " << r.message);
   }
   for (int64_t bad : {int64_t(-1), int64_t(4), int64_t(7)})
-    BOOST_CHECK_EXCEPTION(nn::MultiHeadAttention(d, H, DType::f32, g, 0.0, nullptr, bad), Error,
-                          [&](const Error& e) {
-                            return std::string(e.what()).find("kv_heads " + std::to_string(bad) + " must divide heads 6") !=
-                                   std::string::npos;
-                          });
+    BOOST_CHECK_EXCEPTION(
+        nn::MultiHeadAttention(d, H, DType::f32, g, 0.0, nullptr, bad), Error, [&](const Error& e) {
+          return std::string(e.what()).find("kv_heads " + std::to_string(bad) +
+                                            " must divide heads 6") != std::string::npos;
+        });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -395,8 +415,9 @@ BOOST_AUTO_TEST_CASE(own_block_decodes_with_kv_cache_append) {
     AttentionOptions causal;
     causal.causal = true;
     const Tensor x = randn({B, T, d}, dt, g);
-    const Tensor full =
-        scaled_dot_product_attention(head(wq.forward(x)), head(wk.forward(x)), head(wv.forward(x)), causal).out;
+    const Tensor full = scaled_dot_product_attention(head(wq.forward(x)), head(wk.forward(x)),
+                                                     head(wv.forward(x)), causal)
+                            .out;
     autograd::NoGrad ng;
     nn::KVCache cache;
     int64_t at = 0;
@@ -408,10 +429,12 @@ BOOST_AUTO_TEST_CASE(own_block_decodes_with_kv_cache_append) {
       BOOST_TEST(k.shape() == (Shape{B, 1, at, d}));
       BOOST_TEST(v.shape() == (Shape{B, 1, at, d}));
       const Tensor out = scaled_dot_product_attention(head(wq.forward(xs)), k, v, causal).out;
-      check_close(contiguous(out).to_vector<double>(), contiguous(slice(full, 2, at - n, at)).to_vector<double>(),
+      check_close(contiguous(out).to_vector<double>(),
+                  contiguous(slice(full, 2, at - n, at)).to_vector<double>(),
                   dt == DType::f32 ? 1e-6 : 1e-12);
     }
-    BOOST_TEST(cache.k.shape() == (Shape{B, 1, T, d}));  // allocated once, at the first call's capacity
+    BOOST_TEST(cache.k.shape() ==
+               (Shape{B, 1, T, d}));  // allocated once, at the first call's capacity
   }
 }
 
@@ -428,11 +451,13 @@ BOOST_AUTO_TEST_CASE(kv_cache_append_errors_name_the_shapes) {
     };
   };
   nn::KVCache cache;
-  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 4}), 0), Error, refused({"capacity", "0"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 4}), 0), Error,
+                        refused({"capacity", "0"}));
   BOOST_TEST(!cache.k.defined());
   BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 5}), 4), Error,
                         refused({"(2, 3, 1, 4)", "(2, 3, 1, 5)"}));
-  BOOST_CHECK_EXCEPTION(cache.append(zeros({3, 1, 4}), zeros({3, 1, 4}), 4), Error, refused({"(3, 1, 4)"}));
+  BOOST_CHECK_EXCEPTION(cache.append(zeros({3, 1, 4}), zeros({3, 1, 4}), 4), Error,
+                        refused({"(3, 1, 4)"}));
   cache.append(zeros({2, 3, 1, 4}), zeros({2, 3, 1, 4}), 4);
   BOOST_CHECK_EXCEPTION(cache.append(zeros({1, 3, 1, 4}), zeros({1, 3, 1, 4}), 4), Error,
                         refused({"(1, 3, 1, 4)", "(2, 3, 4, 4)"}));
@@ -440,8 +465,9 @@ BOOST_AUTO_TEST_CASE(kv_cache_append_errors_name_the_shapes) {
                         refused({"(2, 2, 1, 4)", "(2, 3, 4, 4)"}));
   BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 8}), zeros({2, 3, 1, 8}), 4), Error,
                         refused({"(2, 3, 1, 8)", "(2, 3, 4, 4)"}));
-  BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 1, 4}, DType::f64), zeros({2, 3, 1, 4}, DType::f64), 4), Error,
-                        refused({"f64 (2, 3, 1, 4)", "f32 (2, 3, 4, 4)"}));
+  BOOST_CHECK_EXCEPTION(
+      cache.append(zeros({2, 3, 1, 4}, DType::f64), zeros({2, 3, 1, 4}, DType::f64), 4), Error,
+      refused({"f64 (2, 3, 1, 4)", "f32 (2, 3, 4, 4)"}));
   BOOST_CHECK_EXCEPTION(cache.append(zeros({2, 3, 4, 4}), zeros({2, 3, 4, 4}), 4), Error,
                         refused({"capacity 4", "1 + 4", "(2, 3, 4, 4)"}));
   BOOST_TEST(cache.len == 1);

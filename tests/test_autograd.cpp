@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/testing/op_cases.h"
 #include "graft/autograd/graph.h"
 #include "graft/ops/ops.h"
+#include "graft/testing/op_cases.h"
 
 using namespace graft;
 
@@ -54,15 +54,24 @@ BOOST_AUTO_TEST_CASE(random_is_seeded_and_thread_independent) {
 
 BOOST_AUTO_TEST_CASE(creation_errors) {
   BOOST_CHECK_EXCEPTION(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error,
-                        [](const Error& e) { return has(e, {"from_vector", "(2, 2)", "3 values"}); });
-  BOOST_CHECK_EXCEPTION(zeros({2, -1}), Error, [](const Error& e) { return has(e, {"negative", "(2, -1)"}); });
-  BOOST_CHECK_EXCEPTION(zeros({2, 2}).item(), Error, [](const Error& e) { return has(e, {"item", "(2, 2)"}); });
-  BOOST_CHECK_EXCEPTION(zeros({2}, DType::i64).requires_grad_(), Error,
-                        [](const Error& e) { return has(e, {"requires_grad_", "int64"}); });
-  BOOST_CHECK_EXCEPTION(zeros({2}).data<double>(), Error,
-                        [](const Error& e) { return has(e, {"data", "float32", "float64"}); });
-  BOOST_CHECK_EXCEPTION(zeros({2, 3}).size(2), Error,
-                        [](const Error& e) { return has(e, {"axis 2", "rank 2"}); });
+                        [](const Error& e) {
+                          return has(e, {"from_vector", "(2, 2)", "3 values"});
+                        });
+  BOOST_CHECK_EXCEPTION(zeros({2, -1}), Error, [](const Error& e) {
+    return has(e, {"negative", "(2, -1)"});
+  });
+  BOOST_CHECK_EXCEPTION(zeros({2, 2}).item(), Error, [](const Error& e) {
+    return has(e, {"item", "(2, 2)"});
+  });
+  BOOST_CHECK_EXCEPTION(zeros({2}, DType::i64).requires_grad_(), Error, [](const Error& e) {
+    return has(e, {"requires_grad_", "int64"});
+  });
+  BOOST_CHECK_EXCEPTION(zeros({2}).data<double>(), Error, [](const Error& e) {
+    return has(e, {"data", "float32", "float64"});
+  });
+  BOOST_CHECK_EXCEPTION(zeros({2, 3}).size(2), Error, [](const Error& e) {
+    return has(e, {"axis 2", "rank 2"});
+  });
 }
 
 BOOST_AUTO_TEST_CASE(backward_accumulates_over_calls) {
@@ -100,19 +109,26 @@ BOOST_AUTO_TEST_CASE(nograd_and_detach_record_nothing) {
   Tensor y = mul(d, d);
   BOOST_TEST(!y.requires_grad());
   BOOST_TEST(autograd::tape_size() == 0u);
-  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) { return has(e, {"backward", "does not require grad"}); });
+  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) {
+    return has(e, {"backward", "does not require grad"});
+  });
 }
 
 BOOST_AUTO_TEST_CASE(backward_errors) {
   Tensor x = ones({2, 2}, DType::f64).requires_grad_();
   Tensor y = mul(x, x);
-  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) { return has(e, {"not a scalar", "(2, 2)"}); });
-  BOOST_CHECK_EXCEPTION(y.backward(ones({3}, DType::f64)), Error,
-                        [](const Error& e) { return has(e, {"upstream gradient", "(3)", "(2, 2)"}); });
+  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) {
+    return has(e, {"not a scalar", "(2, 2)"});
+  });
+  BOOST_CHECK_EXCEPTION(y.backward(ones({3}, DType::f64)), Error, [](const Error& e) {
+    return has(e, {"upstream gradient", "(3)", "(2, 2)"});
+  });
   Tensor s = sum(y);
   s.backward();
   // The tape entries were freed by the first backward.
-  BOOST_CHECK_EXCEPTION(s.backward(), Error, [](const Error& e) { return has(e, {"already freed", "retain_graph"}); });
+  BOOST_CHECK_EXCEPTION(s.backward(), Error, [](const Error& e) {
+    return has(e, {"already freed", "retain_graph"});
+  });
 }
 
 BOOST_AUTO_TEST_CASE(retain_graph_allows_a_second_backward) {
@@ -143,8 +159,10 @@ BOOST_AUTO_TEST_CASE(retain_grad_keeps_a_non_leafs_gradient) {
   }
   BOOST_TEST(!z.grad().defined());
   // dL/dx = dL/dy (w + exp(x)), the leaf's gradient as before
-  const auto gx = x.grad().to_vector<double>(), xv = x.to_vector<double>(), wv = w.to_vector<double>();
-  for (int i = 0; i < 3; ++i) BOOST_TEST(std::abs(gx[i] - gy[i] * (wv[i] + std::exp(xv[i]))) < 1e-12);
+  const auto gx = x.grad().to_vector<double>(), xv = x.to_vector<double>(),
+             wv = w.to_vector<double>();
+  for (int i = 0; i < 3; ++i)
+    BOOST_TEST(std::abs(gx[i] - gy[i] * (wv[i] + std::exp(xv[i]))) < 1e-12);
 }
 
 BOOST_AUTO_TEST_CASE(retain_grad_accumulates_and_works_with_retain_graph) {
@@ -159,11 +177,14 @@ BOOST_AUTO_TEST_CASE(retain_grad_accumulates_and_works_with_retain_graph) {
   s.backward();  // a second pass through the kept graph adds, as for a leaf
   BOOST_TEST(y.grad().to_vector<double>() == (std::vector<double>{6, 6}));
   BOOST_TEST(s.grad().item() == 2.0);
-  BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{12, 24}));  // two passes of 3 * 2x
+  BOOST_TEST(x.grad().to_vector<double>() ==
+             (std::vector<double>{12, 24}));  // two passes of 3 * 2x
   y.zero_grad();
   BOOST_TEST(!y.grad().defined());
   // The graph is freed now: asking again is refused, naming why.
-  BOOST_CHECK_EXCEPTION(y.retain_grad(), Error, [](const Error& e) { return has(e, {"retain_grad", "already freed"}); });
+  BOOST_CHECK_EXCEPTION(y.retain_grad(), Error, [](const Error& e) {
+    return has(e, {"retain_grad", "already freed"});
+  });
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
@@ -172,10 +193,12 @@ BOOST_AUTO_TEST_CASE(retain_grad_on_leaves_and_tensors_without_grad) {
   x.retain_grad();  // a leaf that requires grad: nothing changes
   sum(mul(x, x)).backward();
   BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{2, 4}));
-  BOOST_CHECK_EXCEPTION(ones({2}).retain_grad(), Error,
-                        [](const Error& e) { return has(e, {"retain_grad", "does not require grad"}); });
-  BOOST_CHECK_EXCEPTION(Tensor().retain_grad(), Error,
-                        [](const Error& e) { return has(e, {"Tensor::retain_grad", "undefined"}); });
+  BOOST_CHECK_EXCEPTION(ones({2}).retain_grad(), Error, [](const Error& e) {
+    return has(e, {"retain_grad", "does not require grad"});
+  });
+  BOOST_CHECK_EXCEPTION(Tensor().retain_grad(), Error, [](const Error& e) {
+    return has(e, {"Tensor::retain_grad", "undefined"});
+  });
   // A retained tensor that no gradient reaches gets none (not zeros).
   Tensor a = from_vector(std::vector<double>{1, 2, 3, 4}, {4}).requires_grad_();
   Tensors parts = split(a, {2, 2}, 0);
@@ -188,9 +211,9 @@ BOOST_AUTO_TEST_CASE(retain_grad_on_leaves_and_tensors_without_grad) {
 
 BOOST_AUTO_TEST_CASE(in_place_modification_of_saved_tensor_is_detected) {
   Tensor x = ones({3}, DType::f64).requires_grad_();
-  Tensor a = exp(x);        // exp saves its output a
+  Tensor a = exp(x);          // exp saves its output a
   Tensor s = sum(mul(a, a));  // mul saves a too
-  fill_(a, 2.0);            // in-place write bumps a's version
+  fill_(a, 2.0);              // in-place write bumps a's version
   BOOST_CHECK_EXCEPTION(s.backward(), Error, [](const Error& e) {
     return has(e, {"backward of 'mul'", "modified in place", "version 0 -> 1"});
   });
@@ -202,10 +225,12 @@ BOOST_AUTO_TEST_CASE(views_share_version_counter) {
   Tensor base = ones({2, 3}, DType::f64).requires_grad_();
   Tensor t = mul(base, base);
   Tensor v = transpose(t, 0, 1);
-  Tensor s = sum(exp(v));  // exp saves its output, not v
-  Tensor s2 = sum(mul(v, v));  // mul saves v (a view of t)
+  Tensor s = sum(exp(v));         // exp saves its output, not v
+  Tensor s2 = sum(mul(v, v));     // mul saves v (a view of t)
   fill_(slice(t, 0, 0, 1), 5.0);  // write through another view of the same storage
-  BOOST_CHECK_EXCEPTION(s2.backward(), Error, [](const Error& e) { return has(e, {"mul", "modified in place"}); });
+  BOOST_CHECK_EXCEPTION(s2.backward(), Error, [](const Error& e) {
+    return has(e, {"mul", "modified in place"});
+  });
   autograd::clear_tape();
   (void)s;
 }
@@ -238,10 +263,11 @@ BOOST_AUTO_TEST_CASE(backward_frees_saved_tensors_as_it_goes) {
   Tensor x = rand({n}, DType::f32, default_generator(), 0, 1).requires_grad_();
   size_t live_in_first_backward = 0;
   Tensor y = affine(x, 1.0, 0.0);
-  autograd::record("test_probe", {x}, {y}, {}, [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
-    live_in_first_backward = Storage::live_bytes();
-    return {d[0]};
-  });
+  autograd::record("test_probe", {x}, {y}, {},
+                   [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
+                     live_in_first_backward = Storage::live_bytes();
+                     return {d[0]};
+                   });
   for (int i = 0; i < 8; ++i) y = exp(mul(y, scalar(0.1)));  // each exp keeps its output
   Tensor loss = sum(y);
   y = Tensor();
@@ -254,10 +280,11 @@ BOOST_AUTO_TEST_CASE(backward_frees_saved_tensors_as_it_goes) {
   BOOST_TEST(x.grad().numel() == n);
   // retain_graph keeps them all until the last backward.
   Tensor y2 = affine(x, 1.0, 0.0);
-  autograd::record("test_probe", {x}, {y2}, {}, [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
-    live_in_first_backward = Storage::live_bytes();
-    return {d[0]};
-  });
+  autograd::record("test_probe", {x}, {y2}, {},
+                   [&](const autograd::Ctx&, const Tensors& d) -> Tensors {
+                     live_in_first_backward = Storage::live_bytes();
+                     return {d[0]};
+                   });
   for (int i = 0; i < 8; ++i) y2 = exp(mul(y2, scalar(0.1)));
   Tensor loss2 = sum(y2);
   y2 = Tensor();
@@ -272,9 +299,9 @@ BOOST_AUTO_TEST_CASE(backward_frees_saved_tensors_as_it_goes) {
 // step frees activations of some sizes and asks for gradients of others.
 BOOST_AUTO_TEST_CASE(big_block_cache_reuses_memory_across_sizes) {
   Generator g(3);
-  const std::vector<int64_t> act = {(3 << 18), (1 << 20), (5 << 17)};  // floats: 3, 4, 2.5 MiB
+  const std::vector<int64_t> act = {(3 << 18), (1 << 20), (5 << 17)};   // floats: 3, 4, 2.5 MiB
   const std::vector<int64_t> grad = {(1 << 18), (3 << 17), (7 << 18)};  // 1, 1.5, 7 MiB
-  Tensor keep = full({1 << 19}, 7.0);  // 2 MiB held throughout
+  Tensor keep = full({1 << 19}, 7.0);                                   // 2 MiB held throughout
   Storage::reset_peak_live_bytes();
   for (int step = 0; step < 6; ++step) {
     std::vector<Tensor> acts, grads;
@@ -327,9 +354,10 @@ BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
       y = mul(x, x);
     }
     if (autograd::needs_record({x}))
-      autograd::record("test_wrong_square", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& d) -> Tensors {
-        return {mul(d[0], c.saved[0])};  // should be 2 * x * dout
-      });
+      autograd::record("test_wrong_square", {x}, {y}, {x},
+                       [](const autograd::Ctx& c, const Tensors& d) -> Tensors {
+                         return {mul(d[0], c.saved[0])};  // should be 2 * x * dout
+                       });
     return y;
   };
   Tensor x = from_vector(std::vector<double>{0.5, -1.0, 2.0}, {3}).requires_grad_();
@@ -342,28 +370,40 @@ BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
 
 BOOST_AUTO_TEST_CASE(undeclared_op_cannot_record) {
   Tensor x = ones({1}, DType::f64).requires_grad_();
-  BOOST_CHECK_EXCEPTION(autograd::record("never_declared_op", {x}, {x.detach()}, {}, nullptr), Error,
-                        [](const Error& e) { return has(e, {"never_declared_op", "GRAFT_DECLARE_OP"}); });
+  BOOST_CHECK_EXCEPTION(autograd::record("never_declared_op", {x}, {x.detach()}, {}, nullptr),
+                        Error, [](const Error& e) {
+                          return has(e, {"never_declared_op", "GRAFT_DECLARE_OP"});
+                        });
 }
 
 // Sizes whose product would overflow int64 are errors before anything is allocated or written,
 // and a view must lie inside its storage.
 BOOST_AUTO_TEST_CASE(overflowing_sizes_and_views_outside_storage_are_errors) {
   const int64_t big = int64_t(1) << 40;
-  BOOST_CHECK_EXCEPTION(Tensor::empty({big, big}), Error, [](const Error& e) { return has(e, {"more than 2^63 - 1 elements"}); });
-  BOOST_CHECK_EXCEPTION(Tensor::empty({int64_t(1) << 61}, DType::f64), Error, [](const Error& e) { return has(e, {"needs more than 2^63 bytes"}); });
-  BOOST_CHECK_EXCEPTION(randn({big, big, 4}), Error, [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::empty({big, big}), Error,
+                        [](const Error& e) { return has(e, {"more than 2^63 - 1 elements"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::empty({int64_t(1) << 61}, DType::f64), Error,
+                        [](const Error& e) { return has(e, {"needs more than 2^63 bytes"}); });
+  BOOST_CHECK_EXCEPTION(randn({big, big, 4}), Error,
+                        [](const Error& e) { return has(e, {"2^63"}); });
   BOOST_TEST(Tensor::empty({0, big}).numel() == 0);  // an empty tensor with a big dim is fine ...
   // ... unless even its strides would wrap.
-  BOOST_CHECK_EXCEPTION(Tensor::empty({0, big, big}), Error, [](const Error& e) { return has(e, {"strides overflow"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::empty({0, big, big}), Error,
+                        [](const Error& e) { return has(e, {"strides overflow"}); });
   Tensor t = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(reshape(t, {big, big}), Error, [](const Error& e) { return has(e, {"2^63"}); });
-  BOOST_CHECK_EXCEPTION(reshape(t, {big, big, -1}), Error, [](const Error& e) { return has(e, {"2^63"}); });
-  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2, 4}, {3, 1}, 0), Error,
-                        [](const Error& e) { return has(e, {"view_of", "outside a storage of 6 elements"}); });
-  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {-1}, 0), Error, [](const Error& e) { return has(e, {"outside"}); });
-  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {3}, {int64_t(1) << 62}, 0), Error, [](const Error& e) { return has(e, {"outside"}); });
-  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {1, 1}, 0), Error, [](const Error& e) { return has(e, {"differ in rank"}); });
+  BOOST_CHECK_EXCEPTION(reshape(t, {big, big}), Error,
+                        [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_CHECK_EXCEPTION(reshape(t, {big, big, -1}), Error,
+                        [](const Error& e) { return has(e, {"2^63"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2, 4}, {3, 1}, 0), Error, [](const Error& e) {
+    return has(e, {"view_of", "outside a storage of 6 elements"});
+  });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {-1}, 0), Error,
+                        [](const Error& e) { return has(e, {"outside"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {3}, {int64_t(1) << 62}, 0), Error,
+                        [](const Error& e) { return has(e, {"outside"}); });
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(t, {2}, {1, 1}, 0), Error,
+                        [](const Error& e) { return has(e, {"differ in rank"}); });
   BOOST_TEST(Tensor::view_of(t, {3}, {-2}, 5).to_vector<double>().size() == 3u);  // 5, 3, 1: inside
 }
 
@@ -374,9 +414,8 @@ BOOST_AUTO_TEST_CASE(tape_sums_broadcast_gradients_and_refuses_other_shapes) {
   autograd::declare_op("test_bcast_grad", "test");
   auto op = [](const Tensor& x, Tensor grad) {
     Tensor y = x.detach();
-    autograd::record("test_bcast_grad", {x}, {y}, {}, [grad](const autograd::Ctx&, const Tensors&) {
-      return Tensors{grad};
-    });
+    autograd::record("test_bcast_grad", {x}, {y}, {},
+                     [grad](const autograd::Ctx&, const Tensors&) { return Tensors{grad}; });
     return y;
   };
   Tensor x = from_vector(std::vector<double>{0, 0, 0}, {3, 1}).requires_grad_();
@@ -386,12 +425,14 @@ BOOST_AUTO_TEST_CASE(tape_sums_broadcast_gradients_and_refuses_other_shapes) {
   sum(op(x, g)).backward();
   // row r collects g[b, r, c] over b, c: sum(4r .. 4r+3) + sum(12 + 4r .. 12 + 4r + 3)
   BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{60, 92, 124}));
-  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({4, 1}, DType::f64))).backward(), Error, [](const Error& e) {
-    return has(e, {"test_bcast_grad", "gradient for input 0", "(4, 1)", "(3, 1)"});
-  });
-  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({3, 1}, DType::f32))).backward(), Error, [](const Error& e) {
-    return has(e, {"test_bcast_grad", "f32 (3, 1)", "f64 (3, 1)"});
-  });
+  BOOST_CHECK_EXCEPTION(
+      sum(op(x, zeros({4, 1}, DType::f64))).backward(), Error, [](const Error& e) {
+        return has(e, {"test_bcast_grad", "gradient for input 0", "(4, 1)", "(3, 1)"});
+      });
+  BOOST_CHECK_EXCEPTION(sum(op(x, zeros({3, 1}, DType::f32))).backward(), Error,
+                        [](const Error& e) {
+                          return has(e, {"test_bcast_grad", "f32 (3, 1)", "f64 (3, 1)"});
+                        });
   BOOST_CHECK_EXCEPTION(sum(op(x, zeros({3}, DType::f64))).backward(), Error, [](const Error& e) {
     return has(e, {"test_bcast_grad", "f64 (3)", "f64 (3, 1)"});
   });
@@ -420,16 +461,21 @@ BOOST_AUTO_TEST_CASE(unary_row_runs_and_registers_its_cases) {
     BOOST_TEST(check_f32_vs_f64(c).ok, c.name);
   }
   BOOST_TEST(n == 2);
-  BOOST_CHECK_EXCEPTION(register_unary_cases(kCube), Error,
-                        [](const Error& e) { return has(e, {"duplicate case name", "test_cube/contiguous"}); });
+  BOOST_CHECK_EXCEPTION(register_unary_cases(kCube), Error, [](const Error& e) {
+    return has(e, {"duplicate case name", "test_cube/contiguous"});
+  });
 }
 
 // Case inputs of a row keep 10% of its range away from every kink.
 BOOST_AUTO_TEST_CASE(unary_row_cases_avoid_kinks) {
-  static const UnaryOp kAbs{.name = "test_abs",
-                            .f = [](double x, double, double) { return std::fabs(x); },
-                            .df = [](double x, double, double, double) { return x > 0 ? 1.0 : -1.0; },
-                            .lo = -1, .hi = 1, .kinks = {0.0, 0.5}, .family = "test"};
+  static const UnaryOp kAbs{
+      .name = "test_abs",
+      .f = [](double x, double, double) { return std::fabs(x); },
+      .df = [](double x, double, double, double) { return x > 0 ? 1.0 : -1.0; },
+      .lo = -1,
+      .hi = 1,
+      .kinks = {0.0, 0.5},
+      .family = "test"};
   register_unary_cases(kAbs);
   for (const OpCase& c : registered_cases()) {
     if (c.op != "test_abs") continue;
@@ -448,7 +494,9 @@ BOOST_AUTO_TEST_CASE(undefined_tensor_accessors_are_errors) {
   BOOST_TEST(!u.defined());
   BOOST_TEST(describe(u) == "undefined tensor");
   auto named = [](const char* accessor) {
-    return [accessor](const Error& e) { return has(e, {accessor, "called on an undefined tensor"}); };
+    return [accessor](const Error& e) {
+      return has(e, {accessor, "called on an undefined tensor"});
+    };
   };
   BOOST_CHECK_EXCEPTION(u.str(), Error, named("Tensor::str"));
   BOOST_CHECK_EXCEPTION(u.item(), Error, named("Tensor::item"));
@@ -459,7 +507,9 @@ BOOST_AUTO_TEST_CASE(undefined_tensor_accessors_are_errors) {
   BOOST_CHECK_EXCEPTION(u.shape(), Error, named("Tensor::shape"));
   BOOST_CHECK_EXCEPTION(u.data<float>(), Error, named("Tensor::data"));
   BOOST_CHECK_EXCEPTION(u.to_vector<double>(), Error, named("Tensor::to_vector"));
-  BOOST_CHECK_EXCEPTION(u.backward(), Error, [](const Error& e) { return has(e, {"backward", "undefined"}); });
+  BOOST_CHECK_EXCEPTION(u.backward(), Error, [](const Error& e) {
+    return has(e, {"backward", "undefined"});
+  });
   const Tensor x = ones({2}, DType::f64).requires_grad_();
   BOOST_TEST(!x.grad().defined());
   BOOST_CHECK_EXCEPTION(x.same_storage(u), Error, named("Tensor::same_storage"));
@@ -469,21 +519,30 @@ BOOST_AUTO_TEST_CASE(undefined_tensor_accessors_are_errors) {
 BOOST_AUTO_TEST_CASE(undefined_arguments_name_the_function_and_argument) {
   const Tensor u, x = ones({2, 3}), ids = arange(3);
   auto says = [](const char* msg) { return [msg](const Error& e) { return has(e, {msg}); }; };
-  BOOST_CHECK_EXCEPTION(copy_into(u, x), Error, says("copy_into: the destination is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(copy_into(x, u), Error, says("copy_into: the source is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(accumulate_into(u, x), Error, says("accumulate_into: the destination is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(accumulate_into(x, u), Error, says("accumulate_into: the source is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(copy_into(u, x), Error,
+                        says("copy_into: the destination is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(copy_into(x, u), Error,
+                        says("copy_into: the source is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(accumulate_into(u, x), Error,
+                        says("accumulate_into: the destination is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(accumulate_into(x, u), Error,
+                        says("accumulate_into: the source is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(fill_(u, 1), Error, says("fill_: the tensor is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(contiguous_copy(u), Error, says("contiguous_copy: the tensor is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(cast_copy(u, DType::f64), Error, says("cast_copy: the tensor is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(contiguous_copy(u), Error,
+                        says("contiguous_copy: the tensor is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(cast_copy(u, DType::f64), Error,
+                        says("cast_copy: the tensor is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(sum_axes(u, {0}), Error, says("sum_axes: x is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(sum_to_shape(u, {3}), Error, says("sum_to: x is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(Tensor::view_of(u, {1}, {1}, 0), Error, says("view_of: the base is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(Tensor::view_of(u, {1}, {1}, 0), Error,
+                        says("view_of: the base is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(where(u, x, x), Error, says("where: the condition is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(masked_fill(x, u, 0), Error, says("masked_fill: the mask is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(masked_fill(x, u, 0), Error,
+                        says("masked_fill: the mask is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(eq(u, 0), Error, says("eq: a is an undefined tensor"));
   BOOST_CHECK_EXCEPTION(sum_to(u, {3}), Error, says("sum_to: x is an undefined tensor"));
-  BOOST_CHECK_EXCEPTION(rope(ones({1, 3, 4}), u), Error, says("rope: positions is an undefined tensor"));
+  BOOST_CHECK_EXCEPTION(rope(ones({1, 3, 4}), u), Error,
+                        says("rope: positions is an undefined tensor"));
   // The checks come before the work: the valid calls still run.
   BOOST_TEST(rope(ones({1, 3, 4}), ids).numel() == 12);
   BOOST_TEST(sum_to(x, {3}).to_vector<double>() == (std::vector<double>{2, 2, 2}));
@@ -494,7 +553,9 @@ BOOST_AUTO_TEST_CASE(undefined_arguments_name_the_function_and_argument) {
 BOOST_AUTO_TEST_CASE(sum_axes_checks_its_axes) {
   const Tensor x = ones({2, 3});
   for (const std::vector<int64_t>& bad : {std::vector<int64_t>{2}, {-1}, {1, 0}, {0, 0}})
-    BOOST_CHECK_EXCEPTION(sum_axes(x, bad), Error, [](const Error& e) { return has(e, {"sum_axes", "not sorted, distinct"}); });
+    BOOST_CHECK_EXCEPTION(sum_axes(x, bad), Error, [](const Error& e) {
+      return has(e, {"sum_axes", "not sorted, distinct"});
+    });
   BOOST_TEST(sum_axes(x, {0, 1}).to_vector<double>() == (std::vector<double>{6}));
 }
 
@@ -508,9 +569,11 @@ BOOST_AUTO_TEST_CASE(graph_recorded_on_an_exited_thread_is_refused) {
   Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
   Tensor y;
   std::thread([&] { y = sum(mul(x, x)); }).join();
-  BOOST_CHECK_EXCEPTION(y.backward(), Error,
-                        [](const Error& e) { return other_thread(e) && has(e, {"backward: the root"}); });
-  BOOST_CHECK_EXCEPTION(autograd::graph_dot(y), Error, [](const Error& e) { return other_thread(e) && has(e, {"graph_dot"}); });
+  BOOST_CHECK_EXCEPTION(y.backward(), Error, [](const Error& e) {
+    return other_thread(e) && has(e, {"backward: the root"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::graph_dot(y), Error,
+                        [](const Error& e) { return other_thread(e) && has(e, {"graph_dot"}); });
   BOOST_TEST(!x.grad().defined());
   // detach() takes the value over to this thread.
   BOOST_TEST(y.detach().item() == 18.0);
@@ -536,8 +599,9 @@ BOOST_AUTO_TEST_CASE(graph_split_across_threads_is_refused_when_recorded) {
   Tensor x = full({2}, 3.0, DType::f64).requires_grad_();
   Tensor y;
   std::thread([&] { y = mul(x, x); }).join();
-  BOOST_CHECK_EXCEPTION(sum(y), Error,
-                        [](const Error& e) { return other_thread(e) && has(e, {"record: input 0 of 'sum'"}); });
+  BOOST_CHECK_EXCEPTION(sum(y), Error, [](const Error& e) {
+    return other_thread(e) && has(e, {"record: input 0 of 'sum'"});
+  });
   BOOST_TEST(autograd::tape_size() == 0u);
   BOOST_TEST(sum(y.detach()).item() == 18.0);
 }

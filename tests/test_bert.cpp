@@ -21,10 +21,19 @@ using graft::testing::TempDir;
 namespace {
 
 nlohmann::json small_hf_config() {
-  return {{"model_type", "bert"}, {"vocab_size", 40}, {"hidden_size", 16}, {"num_attention_heads", 2},
-          {"intermediate_size", 24}, {"num_hidden_layers", 2}, {"max_position_embeddings", 12},
-          {"type_vocab_size", 2}, {"layer_norm_eps", 1e-12}, {"hidden_act", "gelu"},
-          {"hidden_dropout_prob", 0.1}, {"attention_probs_dropout_prob", 0.1}, {"pad_token_id", 0}};
+  return {{"model_type", "bert"},
+          {"vocab_size", 40},
+          {"hidden_size", 16},
+          {"num_attention_heads", 2},
+          {"intermediate_size", 24},
+          {"num_hidden_layers", 2},
+          {"max_position_embeddings", 12},
+          {"type_vocab_size", 2},
+          {"layer_norm_eps", 1e-12},
+          {"hidden_act", "gelu"},
+          {"hidden_dropout_prob", 0.1},
+          {"attention_probs_dropout_prob", 0.1},
+          {"pad_token_id", 0}};
 }
 
 BertConfig small_cfg(DType dt = DType::f32) {
@@ -44,7 +53,8 @@ std::unique_ptr<BertEncoder> saved_model(const TempDir& dir) {
 }
 
 // Rewrites dir/model.safetensors through `edit` (a map of the tensors by name).
-void edit_weights(const TempDir& dir, const std::function<void(std::map<std::string, Tensor>&)>& edit) {
+void edit_weights(const TempDir& dir,
+                  const std::function<void(std::map<std::string, Tensor>&)>& edit) {
   const nn::SafetensorsFile f = nn::load_safetensors(dir / "model.safetensors");
   std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
   edit(t);
@@ -57,8 +67,10 @@ BOOST_AUTO_TEST_SUITE(bert)
 
 BOOST_AUTO_TEST_CASE(hf_config_fields) {
   const BertConfig c = BertConfig::from_hf_json(small_hf_config(), "config.json");
-  BOOST_TEST((c.vocab == 40 && c.d_model == 16 && c.heads == 2 && c.d_ff == 24 && c.layers == 2 && c.max_len == 12));
-  BOOST_TEST((c.type_vocab == 2 && c.eps == 1e-12 && c.activation == nn::Activation::gelu && !c.norm_first));
+  BOOST_TEST((c.vocab == 40 && c.d_model == 16 && c.heads == 2 && c.d_ff == 24 && c.layers == 2 &&
+              c.max_len == 12));
+  BOOST_TEST((c.type_vocab == 2 && c.eps == 1e-12 && c.activation == nn::Activation::gelu &&
+              !c.norm_first));
   nlohmann::json j = small_hf_config();
   j["hidden_act"] = "gelu_new";
   BOOST_TEST((BertConfig::from_hf_json(j, "x").activation == nn::Activation::gelu_tanh));
@@ -69,8 +81,9 @@ BOOST_AUTO_TEST_CASE(hf_config_fields) {
 BOOST_AUTO_TEST_CASE(hf_config_errors) {
   nlohmann::json j = small_hf_config();
   j["model_type"] = "gpt2";
-  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
-                        [](const Error& e) { return names(e, "config.json: the architecture (model_type \"gpt2\") is not supported"); });
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error, [](const Error& e) {
+    return names(e, "config.json: the architecture (model_type \"gpt2\") is not supported");
+  });
   j = small_hf_config();
   j.erase("hidden_size");
   BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
@@ -85,7 +98,8 @@ BOOST_AUTO_TEST_CASE(hf_config_errors) {
                         [](const Error& e) { return names(e, "position_embedding_type"); });
   j = small_hf_config();
   j["num_attention_heads"] = 3;
-  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error, [](const Error& e) { return names(e, "heads"); });
+  BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
+                        [](const Error& e) { return names(e, "heads"); });
 }
 
 BOOST_AUTO_TEST_CASE(hf_round_trip_is_exact) {
@@ -93,7 +107,8 @@ BOOST_AUTO_TEST_CASE(hf_round_trip_is_exact) {
   auto m = saved_model(dir);
   auto back = load_hf_bert(dir.path.string());
   const Tensor x = ids({2, 5, 7, 3, 0, 0, 9, 4, 1, 8, 11, 12}, 2);
-  const std::vector<float> a = m->forward(x).to_vector<float>(), b = back->forward(x).to_vector<float>();
+  const std::vector<float> a = m->forward(x).to_vector<float>(),
+                           b = back->forward(x).to_vector<float>();
   BOOST_TEST(a == b);
   BOOST_TEST(back->num_parameters() == m->num_parameters());
 }
@@ -103,20 +118,30 @@ BOOST_AUTO_TEST_CASE(importer_names_the_tensor_at_fault) {
   saved_model(dir);
   const std::string d = dir.path.string();
   edit_weights(dir, [](auto& t) { t.erase("encoder.layer.1.attention.self.key.bias"); });
-  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
-                        [](const Error& e) { return names(e, "tensor 'encoder.layer.1.attention.self.key.bias' is missing"); });
-  saved_model(dir);
-  edit_weights(dir, [](auto& t) { t["encoder.layer.0.extra.weight"] = zeros({2}); });
-  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
-                        [](const Error& e) { return names(e, "unexpected tensor 'encoder.layer.0.extra.weight'"); });
-  saved_model(dir);
-  edit_weights(dir, [](auto& t) { t["encoder.layer.0.intermediate.dense.weight"] = zeros({16, 24}); });
   BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) {
-    return names(e, "tensor 'encoder.layer.0.intermediate.dense.weight' has shape (16, 24), the config needs (24, 16)");
+    return names(e, "tensor 'encoder.layer.1.attention.self.key.bias' is missing");
   });
   saved_model(dir);
-  edit_weights(dir, [](auto& t) { t["embeddings.word_embeddings.weight"] = zeros({40, 16}, DType::i64); });
-  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "'embeddings.word_embeddings.weight' is int64"); });
+  edit_weights(dir, [](auto& t) { t["encoder.layer.0.extra.weight"] = zeros({2}); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) {
+    return names(e, "unexpected tensor 'encoder.layer.0.extra.weight'");
+  });
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) {
+    t["encoder.layer.0.intermediate.dense.weight"] = zeros({16, 24});
+  });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) {
+    return names(e,
+                 "tensor 'encoder.layer.0.intermediate.dense.weight' has shape (16, 24), the "
+                 "config needs (24, 16)");
+  });
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) {
+    t["embeddings.word_embeddings.weight"] = zeros({40, 16}, DType::i64);
+  });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) {
+    return names(e, "'embeddings.word_embeddings.weight' is int64");
+  });
   // The tensors a BertModel file carries beside the encoder's are skipped.
   saved_model(dir);
   edit_weights(dir, [](auto& t) {
@@ -126,10 +151,13 @@ BOOST_AUTO_TEST_CASE(importer_names_the_tensor_at_fault) {
   BOOST_CHECK_NO_THROW(load_hf_bert(d));
   // A truncated file: the last 100 bytes of the data cut off.
   saved_model(dir);
-  std::filesystem::resize_file(dir / "model.safetensors", std::filesystem::file_size(dir / "model.safetensors") - 100);
-  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "model.safetensors"); });
+  std::filesystem::resize_file(dir / "model.safetensors",
+                               std::filesystem::file_size(dir / "model.safetensors") - 100);
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
+                        [](const Error& e) { return names(e, "model.safetensors"); });
   std::filesystem::remove(dir / "model.safetensors");
-  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error, [](const Error& e) { return names(e, "model.safetensors' is missing"); });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(d), Error,
+                        [](const Error& e) { return names(e, "model.safetensors' is missing"); });
 }
 
 BOOST_AUTO_TEST_CASE(bert_prefix_and_pretraining_heads_load) {
@@ -161,8 +189,10 @@ BOOST_AUTO_TEST_CASE(pooled_embedding_ignores_padding) {
 }
 
 BOOST_AUTO_TEST_CASE(pad_batch_errors) {
-  BOOST_CHECK_EXCEPTION(pad_batch({}, 0), Error, [](const Error& e) { return names(e, "no rows"); });
-  BOOST_CHECK_EXCEPTION(pad_batch({{1}, {}}, 0), Error, [](const Error& e) { return names(e, "empty row"); });
+  BOOST_CHECK_EXCEPTION(pad_batch({}, 0), Error,
+                        [](const Error& e) { return names(e, "no rows"); });
+  BOOST_CHECK_EXCEPTION(pad_batch({{1}, {}}, 0), Error,
+                        [](const Error& e) { return names(e, "empty row"); });
   BertEncoder m(small_cfg());
   BOOST_CHECK_EXCEPTION(m.forward(ids({1, 2, 3, 4}, 2), zeros({2, 3})), Error,
                         [](const Error& e) { return names(e, "must have the ids' shape (2, 2)"); });

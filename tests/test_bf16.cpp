@@ -1,8 +1,8 @@
 // bf16 mixed precision (ops/precision.h): the matmul ops forward and backward against float32
 // within bf16 tolerances, the oneDNN bf16 kernel against the reference path (rounded operands,
 // float32 products), weight copies made once per change, a tiny Transformer trained to the same
-// criterion in both precisions, and bf16 decoding. Every test runs the reference path; the oneDNN path too
-// where this CPU has a bf16 kernel. Which ran is printed, so nothing is skipped silently.
+// criterion in both precisions, and bf16 decoding. Every test runs the reference path; the oneDNN
+// path too where this CPU has a bf16 kernel. Which ran is printed, so nothing is skipped silently.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdlib>
@@ -77,7 +77,8 @@ Tensors forward_backward(const Tensors& in, const Tensor& upstream, F fn) {
 // The same function in float32, and in bf16 on every path: each bf16 result within tol of
 // float32 (relative, over the whole tensor), the two bf16 paths within 1e-4 of each other.
 template <class F>
-void check_bf16(const std::string& what, const Tensors& in, const Tensor& upstream, double tol, F fn) {
+void check_bf16(const std::string& what, const Tensors& in, const Tensor& upstream, double tol,
+                F fn) {
   const Tensors ref = forward_backward(in, upstream, fn);
   Tensors first;
   for (Bf16Path path : paths()) {
@@ -85,7 +86,8 @@ void check_bf16(const std::string& what, const Tensors& in, const Tensor& upstre
     const Tensors got = forward_backward(in, upstream, fn);
     for (size_t i = 0; i < got.size(); ++i) {
       const double e = rel_err(got[i], ref[i]);
-      BOOST_TEST_MESSAGE(what << " " << bf16_path_name(path) << " output " << i << ": rel err " << e);
+      BOOST_TEST_MESSAGE(what << " " << bf16_path_name(path) << " output " << i << ": rel err "
+                              << e);
       BOOST_CHECK_MESSAGE(e <= tol, what << " (" << bf16_path_name(path) << "): output " << i
                                          << " rel err " << e << " vs float32 > " << tol);
       if (i == 0)  // the forward output always comes out of a matmul
@@ -105,8 +107,8 @@ BOOST_AUTO_TEST_SUITE(bf16_tests)
 
 BOOST_AUTO_TEST_CASE(rounding_is_to_nearest_even) {
   BOOST_TEST(round_to_bf16(1.0f) == 1.0f);
-  BOOST_TEST(round_to_bf16(1.0f + 0x1p-8f) == 1.0f);                   // tie, to even
-  BOOST_TEST(round_to_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);     // tie, to even (up)
+  BOOST_TEST(round_to_bf16(1.0f + 0x1p-8f) == 1.0f);                       // tie, to even
+  BOOST_TEST(round_to_bf16(1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);         // tie, to even (up)
   BOOST_TEST(round_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 1.0f + 0x1p-7f);  // above the tie
   BOOST_TEST(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
   BOOST_TEST(std::isinf(round_to_bf16(std::numeric_limits<float>::max())));
@@ -116,8 +118,9 @@ BOOST_AUTO_TEST_CASE(rounding_is_to_nearest_even) {
 
 BOOST_AUTO_TEST_CASE(precision_names_and_guard_nesting) {
   BOOST_TEST((parse_precision("bf16", "--precision") == Precision::bf16));
-  BOOST_CHECK_EXCEPTION(parse_precision("fp16", "--precision"), Error,
-                        [](const Error& e) { return testing::names(e, "--precision: unknown precision 'fp16'"); });
+  BOOST_CHECK_EXCEPTION(parse_precision("fp16", "--precision"), Error, [](const Error& e) {
+    return testing::names(e, "--precision: unknown precision 'fp16'");
+  });
   BOOST_TEST((matmul_precision() == Precision::fp32));
   {
     PrecisionGuard a(Precision::bf16, Bf16Path::reference);
@@ -130,8 +133,9 @@ BOOST_AUTO_TEST_CASE(precision_names_and_guard_nesting) {
   }
   BOOST_TEST((matmul_precision() == Precision::fp32));
   if (!bf16_kernel_available())
-    BOOST_CHECK_EXCEPTION(PrecisionGuard(Precision::bf16, Bf16Path::onednn), Error,
-                          [](const Error& e) { return testing::names(e, "no native bf16 matmul kernel"); });
+    BOOST_CHECK_EXCEPTION(
+        PrecisionGuard(Precision::bf16, Bf16Path::onednn), Error,
+        [](const Error& e) { return testing::names(e, "no native bf16 matmul kernel"); });
 }
 
 // With oneDNN's ISA capped below AVX512_BF16 (DNNL_MAX_CPU_ISA=AVX512_CORE or AVX2: ctest runs
@@ -146,9 +150,11 @@ boost::test_tools::assertion_result isa_capped_below_bf16(boost::unit_test::test
   return r;
 }
 
-BOOST_AUTO_TEST_CASE(no_bf16_kernel_below_avx512_bf16, *boost::unit_test::precondition(isa_capped_below_bf16)) {
+BOOST_AUTO_TEST_CASE(no_bf16_kernel_below_avx512_bf16,
+                     *boost::unit_test::precondition(isa_capped_below_bf16)) {
   BOOST_TEST(!bf16_kernel_available());
-  BOOST_TEST(bf16_description().find("no native bf16 matmul kernel") != std::string::npos, bf16_description());
+  BOOST_TEST(bf16_description().find("no native bf16 matmul kernel") != std::string::npos,
+             bf16_description());
   BOOST_TEST(bf16_unavailable_reason("--precision").find("use fp32") != std::string::npos);
   PrecisionGuard guard(Precision::bf16);
   BOOST_TEST((bf16_path() == Bf16Path::reference));
@@ -181,10 +187,11 @@ BOOST_AUTO_TEST_CASE(matmul_forward_backward) {
   // row by row.
   const Tensors cache{randn({2, 3, 24, 32}, DType::f32, g), randn({2, 3, 64, 32}, DType::f32, g),
                       randn({2, 3, 64, 32}, DType::f32, g)};
-  check_bf16("matmul on cache views", cache, randn({2, 3, 24, 32}, DType::f32, g), 1e-2, [](const Tensors& x) {
-    const Tensor k = slice(x[1], 2, 0, 40), v = slice(x[2], 2, 0, 40);
-    return matmul(matmul(x[0], transpose(k, -1, -2)), v);
-  });
+  check_bf16("matmul on cache views", cache, randn({2, 3, 24, 32}, DType::f32, g), 1e-2,
+             [](const Tensors& x) {
+               const Tensor k = slice(x[1], 2, 0, 40), v = slice(x[2], 2, 0, 40);
+               return matmul(matmul(x[0], transpose(k, -1, -2)), v);
+             });
 }
 
 BOOST_AUTO_TEST_CASE(attention_forward_backward) {
@@ -215,14 +222,16 @@ BOOST_AUTO_TEST_CASE(create_graph_through_kept_bf16_inputs_is_a_clear_error) {
   Generator g(17);
   auto act = [](const Tensor& t) { return affine(t, 1.0, 0.0); };
   auto expect_error = [](const char* op, const Tensor& out, const Tensor& wrt) {
-    BOOST_CHECK_EXCEPTION(autograd::grad({sum(out)}, {wrt}, {}, {.create_graph = true}), Error, [&](const Error& e) {
-      const std::string m = e.what();
-      return m.find(std::string("first backward of '") + op + "'") != std::string::npos &&
-             m.find("compute higher-order gradients in float32 precision") != std::string::npos;
-    });
+    BOOST_CHECK_EXCEPTION(
+        autograd::grad({sum(out)}, {wrt}, {}, {.create_graph = true}), Error, [&](const Error& e) {
+          const std::string m = e.what();
+          return m.find(std::string("first backward of '") + op + "'") != std::string::npos &&
+                 m.find("compute higher-order gradients in float32 precision") != std::string::npos;
+        });
     autograd::clear_tape();
   };
-  Tensor x = randn({64, 96}, DType::f32, g).requires_grad_(), w = randn({80, 96}, DType::f32, g).requires_grad_();
+  Tensor x = randn({64, 96}, DType::f32, g).requires_grad_(),
+         w = randn({80, 96}, DType::f32, g).requires_grad_();
   expect_error("linear", linear(act(x), w), w);
   Tensor q = randn({2, 3, 20, 16}, DType::f32, g).requires_grad_();
   expect_error("scaled_dot_product_attention",
@@ -289,7 +298,10 @@ struct KeptSetup {
   std::unique_ptr<PrecisionGuard> guard;
   KeptSetup() {
     if (ok) guard = std::make_unique<PrecisionGuard>(Precision::bf16, Bf16Path::onednn);
-    else std::cout << "test_bf16: kept bf16 activations: no oneDNN bf16 kernel here, the float32 ones are kept" << std::endl;
+    else
+      std::cout << "test_bf16: kept bf16 activations: no oneDNN bf16 kernel here, the float32 ones "
+                   "are kept"
+                << std::endl;
   }
   Tensor activation() const { return affine(leaf, 1.0, 0.0); }  // affine keeps nothing
 };
@@ -423,8 +435,8 @@ BOOST_AUTO_TEST_CASE(tiny_transformer_trains_alike_in_bf16_and_fp32) {
   for (size_t i = 1; i < runs.size(); ++i) {
     const TinyRun& bf = *runs[i];
     const double got = runs[i]->held_out_loss();
-    std::cout << "test_bf16: bf16 (" << bf16_path_name(bf.path) << ") learned at step " << learned[i]
-              << "; held-out loss at step " << common << ": " << got << "\n";
+    std::cout << "test_bf16: bf16 (" << bf16_path_name(bf.path) << ") learned at step "
+              << learned[i] << "; held-out loss at step " << common << ": " << got << "\n";
     BOOST_TEST(std::abs(learned[i] - learned[0]) <= kEvery);
     BOOST_TEST(std::fabs(got - want) <= 0.02 * want);
     // Kept weight copies in training: the output projection's (the tied embedding, read by each

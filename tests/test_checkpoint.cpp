@@ -68,7 +68,8 @@ std::string tensor_bytes(const Tensor& t) {
   const size_t es = dtype_size(t.dtype());
   std::string out;
   const char* base = static_cast<const char*>(t.raw());
-  for_each_offset(t.shape(), t.strides(), [&](int64_t o) { out.append(base + o * int64_t(es), es); });
+  for_each_offset(t.shape(), t.strides(),
+                  [&](int64_t o) { out.append(base + o * int64_t(es), es); });
   return out;
 }
 
@@ -93,7 +94,8 @@ void expect_load_error(const TempDir& td, const std::string& bytes,
     const std::string prefix = "load_safetensors: '" + path + "': ";
     BOOST_TEST_CONTEXT("message: " << msg) {
       BOOST_TEST(msg.rfind(prefix, 0) == 0u);
-      for (const auto& p : parts) BOOST_TEST(msg.find(p) != std::string::npos, "missing '" << p << "'");
+      for (const auto& p : parts)
+        BOOST_TEST(msg.find(p) != std::string::npos, "missing '" << p << "'");
     }
   }
 }
@@ -115,10 +117,10 @@ BOOST_AUTO_TEST_SUITE(checkpoint)
 BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
   TempDir td;
   const float nan_payload = bits_to<float>(0x7fa00001u);  // signalling NaN with a payload
-  Tensor f32 = from_vector(std::vector<float>{1.5f, -0.0f, nan_payload,
-                                              std::numeric_limits<float>::infinity(),
-                                              std::numeric_limits<float>::denorm_min(), 3.25e-7f},
-                           {2, 3});
+  Tensor f32 = from_vector(
+      std::vector<float>{1.5f, -0.0f, nan_payload, std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::denorm_min(), 3.25e-7f},
+      {2, 3});
   Tensor f64 = from_vector(std::vector<double>{M_PI, -1e300, bits_to<double>(0xfff8000000000123ull),
                                                std::numeric_limits<double>::denorm_min()},
                            {4});
@@ -133,8 +135,9 @@ BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
   Tensor view = Tensor::view_of(base, {3, 2}, {1, 4}, 5);  // rows 5..7, cols step 4
   BOOST_REQUIRE(!view.is_contiguous());
 
-  const std::vector<std::pair<std::string, Tensor>> in = {
-      {"enc.w", f32}, {"enc.b", f64}, {"ids", i64}, {"scale", scalar0}, {"none", empty}, {"view", view}};
+  const std::vector<std::pair<std::string, Tensor>> in = {{"enc.w", f32},  {"enc.b", f64},
+                                                          {"ids", i64},    {"scale", scalar0},
+                                                          {"none", empty}, {"view", view}};
   const std::string path = td.file("model.safetensors");
   nn::save_safetensors(path, in);
   BOOST_TEST(td.listing() == std::vector<std::string>{"model.safetensors"});
@@ -172,7 +175,10 @@ BOOST_AUTO_TEST_CASE(metadata_round_trip_and_lookup) {
   TempDir td;
   const std::string path = td.file("m.safetensors");
   const std::map<std::string, std::string> meta = {
-      {"format", "pt"}, {"step", "1200"}, {"note", "quotes \" and \\ and ünïcödé\nnewline"}, {"", ""}};
+      {"format", "pt"},
+      {"step", "1200"},
+      {"note", "quotes \" and \\ and ünïcödé\nnewline"},
+      {"", ""}};
   nn::save_safetensors(path, {{"x", ones({2})}}, meta);
   const auto f = nn::load_safetensors(path);
   BOOST_TEST(f.metadata == meta);
@@ -197,7 +203,8 @@ BOOST_AUTO_TEST_CASE(metadata_round_trip_and_lookup) {
 BOOST_AUTO_TEST_CASE(save_rejects_bad_input_without_touching_disk) {
   TempDir td;
   const std::string path = td.file("s.safetensors");
-  auto expect = [&](const std::vector<std::pair<std::string, Tensor>>& ts, const std::string& part) {
+  auto expect = [&](const std::vector<std::pair<std::string, Tensor>>& ts,
+                    const std::string& part) {
     try {
       nn::save_safetensors(path, ts);
       BOOST_ERROR("expected a throw for " << part);
@@ -219,10 +226,11 @@ BOOST_AUTO_TEST_CASE(hand_built_files_that_are_valid) {
   const std::string path = td.file("ok.safetensors");
   // Header order differs from data order, and the header is padded with trailing spaces.
   std::string data = le64(5) + std::string("\x00\x00\x80\x3f", 4);  // i64 5, then f32 1.0
-  write_bytes(path, st_file(R"({"b": {"dtype": "F32", "shape": [], "data_offsets": [8, 12]},)"
-                            R"( "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},)"
-                            R"( "z": {"dtype": "F64", "shape": [0, 3], "data_offsets": [12, 12]}}   )",
-                            data));
+  write_bytes(path,
+              st_file(R"({"b": {"dtype": "F32", "shape": [], "data_offsets": [8, 12]},)"
+                      R"( "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},)"
+                      R"( "z": {"dtype": "F64", "shape": [0, 3], "data_offsets": [12, 12]}}   )",
+                      data));
   const auto f = nn::load_safetensors(path);
   BOOST_REQUIRE_EQUAL(f.tensors.size(), 3u);
   BOOST_TEST(f.tensors[0].first == "a");  // loaded in data order
@@ -250,7 +258,8 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
 
   // Header JSON.
   expect_load_error(td, st_file(""), {"header is not valid JSON"});
-  expect_load_error(td, st_file("{\"a\": tru}"), {"header is not valid JSON: parse error at line 1, column 10"});
+  expect_load_error(td, st_file("{\"a\": tru}"),
+                    {"header is not valid JSON: parse error at line 1, column 10"});
   expect_load_error(td, st_file("{\"a\xff\": 1}"), {"header is not valid JSON"});
   expect_load_error(td, st_file("[1, 2]"), {"header is not a JSON object", "array"});
   expect_load_error(td, st_file("{} {}"), {"header is not valid JSON"});
@@ -267,21 +276,28 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
 
   // Entry structure.
   expect_load_error(td, st_file(entry("w", "[1]")), {"tensor 'w'", "not a JSON object"});
-  expect_load_error(td, st_file(entry("w", R"({"shape": [1], "data_offsets": [0, 4]})"), std::string(4, 0)),
-                    {"tensor 'w'", "missing 'dtype'"});
-  expect_load_error(td, st_file(entry("w", R"({"dtype": "F32", "data_offsets": [0, 4]})"), std::string(4, 0)),
-                    {"tensor 'w'", "missing 'shape'"});
+  expect_load_error(
+      td, st_file(entry("w", R"({"shape": [1], "data_offsets": [0, 4]})"), std::string(4, 0)),
+      {"tensor 'w'", "missing 'dtype'"});
+  expect_load_error(
+      td, st_file(entry("w", R"({"dtype": "F32", "data_offsets": [0, 4]})"), std::string(4, 0)),
+      {"tensor 'w'", "missing 'shape'"});
   expect_load_error(td, st_file(entry("w", R"({"dtype": "F32", "shape": [1]})"), std::string(4, 0)),
                     {"tensor 'w'", "missing 'data_offsets'"});
-  expect_load_error(td,
-                    st_file(entry("w", R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1})"),
-                            std::string(4, 0)),
-                    {"tensor 'w'", "unexpected key 'x'"});
+  expect_load_error(
+      td,
+      st_file(entry("w", R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1})"),
+              std::string(4, 0)),
+      {"tensor 'w'", "unexpected key 'x'"});
 
   // dtype.
-  expect_load_error(td, st_file(entry("h", R"({"dtype": "F16", "shape": [2], "data_offsets": [0, 4]})"), std::string(4, 0)),
+  expect_load_error(td,
+                    st_file(entry("h", R"({"dtype": "F16", "shape": [2], "data_offsets": [0, 4]})"),
+                            std::string(4, 0)),
                     {"tensor 'h'", "unsupported dtype 'F16'"});
-  expect_load_error(td, st_file(entry("h", R"({"dtype": 32, "shape": [1], "data_offsets": [0, 4]})"), std::string(4, 0)),
+  expect_load_error(td,
+                    st_file(entry("h", R"({"dtype": 32, "shape": [1], "data_offsets": [0, 4]})"),
+                            std::string(4, 0)),
                     {"tensor 'h'", "dtype is not a string"});
 
   // shape.
@@ -294,32 +310,45 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
                     {"tensor 's'", "shape entry 0 is 2.0"});
   expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": ["2", 3])" + offs), f32x6),
                     {"tensor 's'", "shape entry 0"});
-  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [18446744073709551615])" + offs), f32x6),
-                    {"tensor 's'", "shape entry 0"});
-  expect_load_error(td, st_file(entry("s", R"({"dtype": "F32", "shape": [4294967296, 4294967296])" + offs), f32x6),
-                    {"tensor 's'", "too large"});
+  expect_load_error(
+      td, st_file(entry("s", R"({"dtype": "F32", "shape": [18446744073709551615])" + offs), f32x6),
+      {"tensor 's'", "shape entry 0"});
+  expect_load_error(
+      td,
+      st_file(entry("s", R"({"dtype": "F32", "shape": [4294967296, 4294967296])" + offs), f32x6),
+      {"tensor 's'", "too large"});
   // A zero dimension must not hide an overflowing product of the others.
-  expect_load_error(td,
-                    st_file(entry("s", R"({"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]})")),
-                    {"tensor 's'", "too large"});
+  expect_load_error(
+      td,
+      st_file(entry(
+          "s",
+          R"({"dtype": "F32", "shape": [0, 4294967296, 4294967296], "data_offsets": [0, 0]})")),
+      {"tensor 's'", "too large"});
   // The element count fits int64 but the byte count does not.
-  expect_load_error(td, st_file(entry("s", R"({"dtype": "F64", "shape": [4611686018427387904])" + offs), f32x6),
-                    {"tensor 's'", "byte count overflows"});
+  expect_load_error(
+      td, st_file(entry("s", R"({"dtype": "F64", "shape": [4611686018427387904])" + offs), f32x6),
+      {"tensor 's'", "byte count overflows"});
 
   // data_offsets.
   const std::string pre = R"({"dtype": "F32", "shape": [2, 3], "data_offsets": )";
-  expect_load_error(td, st_file(entry("o", pre + "24}"), f32x6), {"tensor 'o'", "data_offsets must be a list of two"});
-  expect_load_error(td, st_file(entry("o", pre + "[0, 24, 48]}"), f32x6), {"tensor 'o'", "list of two"});
+  expect_load_error(td, st_file(entry("o", pre + "24}"), f32x6),
+                    {"tensor 'o'", "data_offsets must be a list of two"});
+  expect_load_error(td, st_file(entry("o", pre + "[0, 24, 48]}"), f32x6),
+                    {"tensor 'o'", "list of two"});
   expect_load_error(td, st_file(entry("o", pre + "[0]}"), f32x6), {"tensor 'o'", "list of two"});
-  expect_load_error(td, st_file(entry("o", pre + "[0, 24.0]}"), f32x6), {"tensor 'o'", "not non-negative integers"});
-  expect_load_error(td, st_file(entry("o", pre + "[-4, 20]}"), f32x6), {"tensor 'o'", "not non-negative integers"});
-  expect_load_error(td, st_file(entry("o", pre + "[24, 0]}"), f32x6), {"tensor 'o'", "begin 24 is after end 0"});
+  expect_load_error(td, st_file(entry("o", pre + "[0, 24.0]}"), f32x6),
+                    {"tensor 'o'", "not non-negative integers"});
+  expect_load_error(td, st_file(entry("o", pre + "[-4, 20]}"), f32x6),
+                    {"tensor 'o'", "not non-negative integers"});
+  expect_load_error(td, st_file(entry("o", pre + "[24, 0]}"), f32x6),
+                    {"tensor 'o'", "begin 24 is after end 0"});
   expect_load_error(td, st_file(entry("o", pre + "[0, 48]}"), f32x6),
                     {"tensor 'o'", "end 48 is past the end of the 24-byte data section"});
   expect_load_error(td, st_file(entry("enc.w", pre + "[0, 20]}"), std::string(20, 0)),
                     {"tensor 'enc.w' declares 20 bytes but shape (2, 3) of F32 needs 24"});
   expect_load_error(td,
-                    st_file(entry("i", R"({"dtype": "I64", "shape": [], "data_offsets": [0, 4]})"), std::string(4, 0)),
+                    st_file(entry("i", R"({"dtype": "I64", "shape": [], "data_offsets": [0, 4]})"),
+                            std::string(4, 0)),
                     {"tensor 'i' declares 4 bytes but shape () of I64 needs 8"});
 
   // Region layout.
@@ -330,7 +359,9 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
   expect_load_error(td, st_file(two + "[2, 6]}}", std::string(6, 0)),
                     {"tensor 'b' starts at byte 2", "tensor 'a' ends at byte 4", "overlap"});
   expect_load_error(td, st_file(two + "[0, 4]}}", std::string(4, 0)), {"overlap"});
-  expect_load_error(td, st_file(entry("c", R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})"), std::string(8, 0)),
+  expect_load_error(td,
+                    st_file(entry("c", R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})"),
+                            std::string(8, 0)),
                     {"tensor 'c' starts at byte 4", "data section starts at byte 0", "gap"});
   expect_load_error(td, st_file(two + "[4, 8]}}", std::string(9, 0)),
                     {"trailing data", "cover 8 bytes of the 9-byte data section"});
@@ -342,7 +373,8 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
     nn::load_safetensors(td.file("missing.safetensors"));
     BOOST_ERROR("expected a throw");
   } catch (const Error& e) {
-    BOOST_TEST(std::string(e.what()).find("missing.safetensors': cannot open") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("missing.safetensors': cannot open") != std::string::npos,
+               e.what());
   }
   try {
     nn::load_safetensors(td.dir.string());
@@ -482,16 +514,20 @@ BOOST_AUTO_TEST_CASE(header_structure_limits) {
   TempDir td;
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
   expect_load_error(td, st_file(deep), {"header: JSON nested more than 3 levels deep"});
-  expect_load_error(td, st_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[[1]],\"data_offsets\":[0,4]}}", "abcd"),
-                    {"nested more than 3 levels"});
+  expect_load_error(
+      td, st_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[[1]],\"data_offsets\":[0,4]}}", "abcd"),
+      {"nested more than 3 levels"});
   // Brackets inside strings do not count.
   const std::string path = td.file("names.safetensors");
-  nn::save_safetensors(path, {{"[[[{{{", from_vector(std::vector<float>{1.f}, {1})}}, {{"k", "]]]}}"}});
+  nn::save_safetensors(path, {{"[[[{{{", from_vector(std::vector<float>{1.f}, {1})}},
+                       {{"k", "]]]}}"}});
   BOOST_TEST(nn::load_safetensors(path).contains("[[[{{{"));
 
   std::string many = "{";
   const int n = 200000;
-  for (int i = 0; i < n; ++i) many += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  for (int i = 0; i < n; ++i)
+    many += (i ? ",\"t" : "\"t") + std::to_string(i) +
+            "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}";
   many += "}";
   write_bytes(td.file("many.safetensors"), st_file(many));
   const auto t0 = std::chrono::steady_clock::now();
@@ -503,26 +539,33 @@ BOOST_AUTO_TEST_CASE(header_structure_limits) {
 }
 
 BOOST_AUTO_TEST_CASE(json_text_checks) {
-  BOOST_CHECK_EXCEPTION(nn::parse_json(std::string(50, '[') + std::string(50, ']'), "cfg", 32), Error,
-                        [](const Error& e) { return std::string(e.what()).find("cfg: JSON nested more than 32") == 0; });
-  BOOST_CHECK_EXCEPTION(nn::check_json_text("[1,2,3]", 4, 2, "x"), Error,
-                        [](const Error& e) { return std::string(e.what()) == "x: more than 2 entries"; });
-  BOOST_CHECK_NO_THROW(nn::check_json_text("[\"\\\"[[[[\"]", 1, 10, "x"));  // an escaped quote in a string
+  BOOST_CHECK_EXCEPTION(nn::parse_json(std::string(50, '[') + std::string(50, ']'), "cfg", 32),
+                        Error, [](const Error& e) {
+                          return std::string(e.what()).find("cfg: JSON nested more than 32") == 0;
+                        });
+  BOOST_CHECK_EXCEPTION(nn::check_json_text("[1,2,3]", 4, 2, "x"), Error, [](const Error& e) {
+    return std::string(e.what()) == "x: more than 2 entries";
+  });
+  BOOST_CHECK_NO_THROW(
+      nn::check_json_text("[\"\\\"[[[[\"]", 1, 10, "x"));  // an escaped quote in a string
   BOOST_TEST(nn::json_excerpt(nlohmann::json(std::string(200, 'a'))).size() == 80u);
   TempDir td;
   write_bytes(td.file("big.json"), "[" + std::string(17 << 20, ' ') + "]");
-  BOOST_CHECK_EXCEPTION(nn::load_json(td.file("big.json")), Error,
-                        [](const Error& e) { return std::string(e.what()).find("more than the 16777216") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(nn::load_json(td.file("big.json")), Error, [](const Error& e) {
+    return std::string(e.what()).find("more than the 16777216") != std::string::npos;
+  });
 }
 
 // Weights carry fingerprints of their run's side files: an edited or swapped config or
 // tokenizer is named on load.
 BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
   TempDir td;
-  const std::string cfg = td.file("config.json"), tok = td.file("spm.model"), w = td.file("model.safetensors");
+  const std::string cfg = td.file("config.json"), tok = td.file("spm.model"),
+                    w = td.file("model.safetensors");
   write_bytes(cfg, "{\"heads\": 4}\n");
   write_bytes(tok, "tokenizer bytes");
-  const std::vector<std::pair<std::string, Tensor>> sd = {{"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}};
+  const std::vector<std::pair<std::string, Tensor>> sd = {
+      {"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}};
   nn::save_weights(sd, w, 3, "test", {cfg, tok});
   BOOST_TEST(nn::load_weights(w, "load", {cfg, tok}).size() == 1u);
   write_bytes(cfg, "{\"heads\": 8}\n");
@@ -532,11 +575,13 @@ BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
   });
   write_bytes(cfg, "{\"heads\": 4}\n");
   write_bytes(tok, "another run's tokenizer");
-  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error,
-                        [&](const Error& e) { return std::string(e.what()).find("'" + tok + "' does not match") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
+    return std::string(e.what()).find("'" + tok + "' does not match") != std::string::npos;
+  });
   nn::save_weights(sd, w, 3, "test");  // no fingerprints
-  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg}), Error,
-                        [&](const Error& e) { return std::string(e.what()).find("carries no fingerprint of") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg}), Error, [&](const Error& e) {
+    return std::string(e.what()).find("carries no fingerprint of") != std::string::npos;
+  });
 }
 
 // A write that runs out of space (here: a file-size limit, which fails writes like a full disk
@@ -572,15 +617,19 @@ BOOST_AUTO_TEST_CASE(typed_json_reads) {
   using nlohmann::json;
   BOOST_TEST(nn::json_complaint<int64_t>(json(-3)).empty());
   BOOST_TEST(nn::json_complaint<int64_t>(json(2.5)) == "must be an integer, got 2.5");
-  BOOST_TEST(nn::json_complaint<uint64_t>(json(4.6e23)) == "must be a non-negative integer, got 4.6e+23");
+  BOOST_TEST(nn::json_complaint<uint64_t>(json(4.6e23)) ==
+             "must be a non-negative integer, got 4.6e+23");
   BOOST_TEST(nn::json_complaint<uint64_t>(json(-1)) == "must be a non-negative integer, got -1");
-  BOOST_TEST(nn::json_complaint<int64_t>(json(uint64_t(1) << 63)) == "must be an integer, got 9223372036854775808");
-  BOOST_TEST(nn::json_complaint<int>(json(int64_t(1) << 40)) == "must be an integer, got 1099511627776");
+  BOOST_TEST(nn::json_complaint<int64_t>(json(uint64_t(1) << 63)) ==
+             "must be an integer, got 9223372036854775808");
+  BOOST_TEST(nn::json_complaint<int>(json(int64_t(1) << 40)) ==
+             "must be an integer, got 1099511627776");
   BOOST_TEST(nn::json_complaint<std::vector<int64_t>>(json::parse("[1, \"a\"]")) ==
              "entry 1 must be an integer, got \"a\"");
   BOOST_TEST(nn::json_complaint<double>(json("3")) == "must be a number, got \"3\"");
-  BOOST_CHECK_EXCEPTION(nn::json_field<int64_t>(json::object(), "step", "state"), Error,
-                        [](const Error& e) { return std::string(e.what()) == "state: 'step' is missing"; });
+  BOOST_CHECK_EXCEPTION(
+      nn::json_field<int64_t>(json::object(), "step", "state"), Error,
+      [](const Error& e) { return std::string(e.what()) == "state: 'step' is missing"; });
 }
 
 // A checkpoint's files become visible together, through run/<name> links, only at commit();
@@ -621,7 +670,9 @@ BOOST_AUTO_TEST_CASE(checkpoint_directories_commit_as_one_unit) {
   BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000006.1").string());
   nn::CheckpointCommit c(run, 12);
   for (const char* bad : {"", "x/y", "..", "checkpoint", "ckpt-1"})
-    BOOST_CHECK_EXCEPTION(c.path(bad), Error, [](const Error& e) { return graft::testing::names(e, "is not a plain file name"); });
+    BOOST_CHECK_EXCEPTION(c.path(bad), Error, [](const Error& e) {
+      return graft::testing::names(e, "is not a plain file name");
+    });
 }
 
 // What a killed commit leaves is removed by the next run; a pointer that does not point at a
@@ -641,11 +692,14 @@ BOOST_AUTO_TEST_CASE(clean_checkpoints_and_damaged_pointers) {
   BOOST_TEST(nn::clean_checkpoints(run, false) == 2);  // the pointer and ckpt-00000003
   BOOST_TEST(nn::current_checkpoint(run).empty());
   fs::create_symlink("/etc", td.dir / "checkpoint");
-  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error,
-                        [](const Error& e) { return graft::testing::names(e, "not at a checkpoint directory of its run"); });
+  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) {
+    return graft::testing::names(e, "not at a checkpoint directory of its run");
+  });
   fs::remove(td.dir / "checkpoint");
   fs::create_symlink("ckpt-00000042", td.dir / "checkpoint");
-  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) { return graft::testing::names(e, "which is missing"); });
+  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) {
+    return graft::testing::names(e, "which is missing");
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

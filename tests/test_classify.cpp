@@ -25,7 +25,8 @@ BOOST_AUTO_TEST_SUITE(classify_example)
 BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
   const TempDir dir("classify_tsv");
   const fs::path d = dir.path;
-  std::ofstream(d / "ok.tsv") << "de\tEin Satz.\r\n\n en \t  a sentence \n" << "x\t" << std::string(200, 'a') << "\n";
+  std::ofstream(d / "ok.tsv") << "de\tEin Satz.\r\n\n en \t  a sentence \n"
+                              << "x\t" << std::string(200, 'a') << "\n";
   auto ex = classify::read_tsv((d / "ok.tsv").string());
   BOOST_TEST(ex.size() == 3u);
   BOOST_TEST(ex[0].label == "de");
@@ -36,8 +37,9 @@ BOOST_AUTO_TEST_CASE(tsv_reading_and_errors) {
   BOOST_TEST(classify::cut_utf8(std::string(159, 'a') + "é", 160) == std::string(159, 'a'));
   BOOST_TEST(classify::cut_utf8("abc", 160) == "abc");
   std::ofstream(d / "bad.tsv") << "de\tok\nno tab here\n";
-  BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "bad.tsv").string()), Error,
-                        [](const Error& e) { return names(e, "bad.tsv' line 2: expected label<TAB>text"); });
+  BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "bad.tsv").string()), Error, [](const Error& e) {
+    return names(e, "bad.tsv' line 2: expected label<TAB>text");
+  });
   BOOST_CHECK_EXCEPTION(classify::read_tsv((d / "missing.tsv").string()), Error,
                         [](const Error& e) { return names(e, "cannot read"); });
   // A device never ends: refused before the first byte is read.
@@ -57,7 +59,8 @@ BOOST_AUTO_TEST_CASE(labels_are_limited_and_indexed) {
   BOOST_TEST(std::is_sorted(labels.begin(), labels.end()));
   const classify::LabelIndex index(labels);
   for (size_t i = 0; i < labels.size(); ++i) BOOST_TEST(index(labels[i]) == (int64_t)i);
-  BOOST_CHECK_EXCEPTION(index("nope"), Error, [](const Error& e) { return names(e, "label 'nope' is not one of"); });
+  BOOST_CHECK_EXCEPTION(index("nope"), Error,
+                        [](const Error& e) { return names(e, "label 'nope' is not one of"); });
   data.push_back({"one more", "text"});
   BOOST_CHECK_EXCEPTION(classify::labels_of(data, "d/train.tsv"), Error, [](const Error& e) {
     return names(e, "'d/train.tsv' has more than 1024 distinct labels, the most a run may have");
@@ -68,8 +71,10 @@ BOOST_AUTO_TEST_CASE(labels_are_limited_and_indexed) {
   classify::write_tsv((d / "train.tsv").string(), data);
   classify::write_tsv((d / "valid.tsv").string(), data);
   classify::TrainOptions o;
-  o.data_dir = d.string(), o.loop.run_dir = (d / "run").string(), o.loop.steps = 1, o.loop.quiet = true;
-  BOOST_CHECK_EXCEPTION(classify::train(o), Error, [](const Error& e) { return names(e, "distinct labels"); });
+  o.data_dir = d.string(), o.loop.run_dir = (d / "run").string(), o.loop.steps = 1,
+  o.loop.quiet = true;
+  BOOST_CHECK_EXCEPTION(classify::train(o), Error,
+                        [](const Error& e) { return names(e, "distinct labels"); });
 }
 
 BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
@@ -93,17 +98,22 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   o.data_dir = d.string();
   o.loop.run_dir = (d / "run").string();
   o.d_model = 16, o.heads = 2, o.d_ff = 32, o.layers = 1;
-  o.ngram_buckets = 256, o.ngram_max = 3, o.dropout = 0.1;  // n-gram inputs through train, save, load, predict
+  o.ngram_buckets = 256, o.ngram_max = 3,
+  o.dropout = 0.1;  // n-gram inputs through train, save, load, predict
   // Trained to a criterion (every validation text right), not a step count: the step at which a
   // run gets there depends on the build's and the CPU's summation order. 20 steps got there in
-  // Release on an AMD EPYC (bytes alone) and on an Intel Xeon (with these n-grams); the cap is 1500.
-  o.batch_rows = 16, o.loop.steps = 1500, o.loop.valid_every = 20, o.loop.warmup = 20, o.loop.lr_factor = 2.0;
+  // Release on an AMD EPYC (bytes alone) and on an Intel Xeon (with these n-grams); the cap is
+  // 1500.
+  o.batch_rows = 16, o.loop.steps = 1500, o.loop.valid_every = 20, o.loop.warmup = 20,
+  o.loop.lr_factor = 2.0;
   o.loop.stop_at = 1.0;  // macro-F1
   o.positions = "alibi";
   o.loop.quiet = true;
   classify::TrainResult r = classify::train(o);
-  BOOST_TEST_MESSAGE("valid accuracy " << r.valid.accuracy << " after " << r.loop.last_step << " steps");
-  BOOST_TEST_REQUIRE(r.loop.reached_target, "valid macro-F1 " << r.valid.macro_f1 << " after " << r.loop.last_step << " steps");
+  BOOST_TEST_MESSAGE("valid accuracy " << r.valid.accuracy << " after " << r.loop.last_step
+                                       << " steps");
+  BOOST_TEST_REQUIRE(r.loop.reached_target, "valid macro-F1 " << r.valid.macro_f1 << " after "
+                                                              << r.loop.last_step << " steps");
   BOOST_TEST(r.valid.accuracy == 1.0);
   BOOST_TEST(r.valid.macro_f1 == 1.0);
   BOOST_TEST(r.valid.confusion[0][0] + r.valid.confusion[1][1] == 80);
@@ -115,12 +125,14 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
   for (const auto& e : valid) texts.push_back(e.text);
   texts.insert(texts.end(), {"", "  "});
   auto p = classify::predict(*run.model, run.labels, texts);
-  for (size_t i = 0; i < valid.size(); ++i) BOOST_TEST(p[i].first == valid[i].label, "'" << valid[i].text << "'");
+  for (size_t i = 0; i < valid.size(); ++i)
+    BOOST_TEST(p[i].first == valid[i].label, "'" << valid[i].text << "'");
   BOOST_TEST(p[valid.size()].first.empty());  // an empty line gets no invented label
   BOOST_TEST(p[valid.size() + 1].first.empty());
   BOOST_TEST(p[0].second > 0.5);
-  BOOST_CHECK_EXCEPTION(classify::evaluate(*run.model, run.labels, {{"klingon", "tkp"}}), Error,
-                        [](const Error& e) { return names(e, "label 'klingon' is not one of the model's labels"); });
+  BOOST_CHECK_EXCEPTION(
+      classify::evaluate(*run.model, run.labels, {{"klingon", "tkp"}}), Error,
+      [](const Error& e) { return names(e, "label 'klingon' is not one of the model's labels"); });
 }
 
 // The metrics of a confusion matrix, by hand: 7 of 8 right; F1 6/7 and 8/9.
@@ -160,12 +172,15 @@ BOOST_AUTO_TEST_CASE(naive_bayes_baseline) {
   const classify::Metrics m = classify::evaluate(classify::NaiveBayes(train, vc), vc, valid);
   BOOST_TEST(m.accuracy == 1.0);
   BOOST_TEST(m.n == 80);
-  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"z", "a"}}, labels), Error,
-                        [](const Error& e) { return names(e, "label 'z' is not one of the model's labels"); });
-  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({}, labels), Error,
-                        [](const Error& e) { return names(e, "naive bayes: no training examples"); });
-  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"x", "a"}}, labels, 0.0), Error,
-                        [](const Error& e) { return names(e, "alpha must be a finite number > 0"); });
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"z", "a"}}, labels), Error, [](const Error& e) {
+    return names(e, "label 'z' is not one of the model's labels");
+  });
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({}, labels), Error, [](const Error& e) {
+    return names(e, "naive bayes: no training examples");
+  });
+  BOOST_CHECK_EXCEPTION(classify::NaiveBayes({{"x", "a"}}, labels, 0.0), Error, [](const Error& e) {
+    return names(e, "alpha must be a finite number > 0");
+  });
 }
 
 // The program's --resume continues bit-exactly, with the schedule the run was started with (the
@@ -174,7 +189,8 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   const TempDir dir("classify_resume");
   const fs::path d = dir.path;
   std::vector<classify::Example> ex;
-  for (int i = 0; i < 60; ++i) ex.push_back({i % 2 ? "odd" : "even", std::string(3 + i % 7, i % 2 ? 'x' : 'y')});
+  for (int i = 0; i < 60; ++i)
+    ex.push_back({i % 2 ? "odd" : "even", std::string(3 + i % 7, i % 2 ? 'x' : 'y')});
   classify::write_tsv((d / "train.tsv").string(), ex);
   classify::write_tsv((d / "valid.tsv").string(), ex);
   auto run = [&](const std::string& name, int64_t steps, bool resume) {
@@ -189,11 +205,13 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   const classify::TrainResult whole = run("whole", 30, false);
   run("split", 15, false);
   const classify::TrainResult rest = run("split", 30, true);
-  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 15, whole.loop.losses.end()));
+  BOOST_TEST(rest.loop.losses ==
+             std::vector<double>(whole.loop.losses.begin() + 15, whole.loop.losses.end()));
 }
 
 // model.safetensors holds the weights of the newest validation with the highest macro-F1 (a tie
-// takes the newer), not the latest: here validation's labels are the training labels swapped, so training makes it worse.
+// takes the newer), not the latest: here validation's labels are the training labels swapped, so
+// training makes it worse.
 BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
   const TempDir dir("classify_best");
   const fs::path d = dir.path;
@@ -220,10 +238,12 @@ BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
   while (std::getline(csv, line)) {
     const size_t last = line.rfind(',');
     if (last + 1 == line.size()) continue;  // no validation on this row
-    if (const double f1 = std::stod(line.substr(last + 1)); f1 >= best) best = f1, best_step = std::stoll(line);
+    if (const double f1 = std::stod(line.substr(last + 1)); f1 >= best)
+      best = f1, best_step = std::stoll(line);
   }
   BOOST_TEST_REQUIRE(best_step < 60);  // else the test could not tell the best from the latest
-  const nn::SafetensorsFile saved = nn::load_safetensors((d / "run" / "model.safetensors").string());
+  const nn::SafetensorsFile saved =
+      nn::load_safetensors((d / "run" / "model.safetensors").string());
   BOOST_TEST(saved.metadata.at("step") == std::to_string(best_step));
   BOOST_TEST(std::fabs(r.valid.macro_f1 - best) < 1e-6);  // train() reports the saved weights
 }
@@ -270,7 +290,8 @@ BOOST_AUTO_TEST_CASE(topics_split) {
     for (auto& e : *split) {
       seen.insert(e.text), ++n;
       BOOST_TEST((e.text == "shared by two files" || e.text.find(e.label + " fortune ") == 0));
-      if (e.text != "shared by two files") BOOST_TEST(e.text.substr(e.text.find(" second")) == " second line");
+      if (e.text != "shared by two files")
+        BOOST_TEST(e.text.substr(e.text.find(" second")) == " second line");
     }
   BOOST_TEST(seen.size() == n);  // no fortune twice, so none in two splits
   BOOST_CHECK_EXCEPTION(classify::build_topics((dir.path / "none").string(), 1), Error,
@@ -280,12 +301,14 @@ BOOST_AUTO_TEST_CASE(topics_split) {
 namespace {
 
 // A pretrained directory as save_hf_bert writes it, with a vocab.txt: a tiny random BERT.
-const std::vector<std::string> kToyVocab{"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat",  "dog", "bird",
-                                         "fish",  "red",   "blue",  "green", "yellow", "the",  "a",   "##s"};
+const std::vector<std::string> kToyVocab{"[PAD]",  "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat",
+                                         "dog",    "bird",  "fish",  "red",   "blue",   "green",
+                                         "yellow", "the",   "a",     "##s"};
 
 void write_tiny_pretrained(const fs::path& dir) {
   models::BertConfig c;
-  c.vocab = (int64_t)kToyVocab.size(), c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 24;
+  c.vocab = (int64_t)kToyVocab.size(), c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1,
+  c.max_len = 24;
   c.dropout = 0.0, c.attention_dropout = 0.0;
   models::BertEncoder m(c);
   models::save_hf_bert(m, dir.string());
@@ -303,7 +326,8 @@ std::vector<classify::Example> toy_topics(int n, uint64_t seed) {
     const bool animal = i % 2 == 0;
     std::string t = g.below(2) ? "the" : "a";
     for (int k = 0, len = 1 + (int)g.below(4); k < len; ++k)
-      t += std::string(" ") + (animal ? animals : colours)[g.below(4)] + (g.below(3) == 0 ? "s" : "");
+      t += std::string(" ") + (animal ? animals : colours)[g.below(4)] +
+           (g.below(3) == 0 ? "s" : "");
     out.push_back({animal ? "animal" : "colour", t});
   }
   return out;
@@ -332,12 +356,16 @@ BOOST_AUTO_TEST_CASE(init_from_a_pretrained_encoder) {
   classify::write_tsv((d / "valid.tsv").string(), train);  // validation = training accuracy
   for (const bool freeze : {false, true}) {
     classify::TrainOptions o = tiny_options(d, freeze ? "frozen" : "tuned", freeze);
-    o.loop.steps = freeze ? 1500 : 300, o.loop.stop_at = 1.0;  // reached after 10 and 190 steps here
-    if (freeze) o.loop.lr = 1e-1, o.dropout = 0;  // the head alone: logistic regression on fixed features
+    o.loop.steps = freeze ? 1500 : 300,
+    o.loop.stop_at = 1.0;  // reached after 10 and 190 steps here
+    if (freeze)
+      o.loop.lr = 1e-1, o.dropout = 0;  // the head alone: logistic regression on fixed features
     const classify::TrainResult r = classify::train(o);
-    BOOST_TEST_MESSAGE((freeze ? "frozen" : "fine-tuned") << ": macro-F1 1 after " << r.loop.target_step << " steps");
+    BOOST_TEST_MESSAGE((freeze ? "frozen" : "fine-tuned")
+                       << ": macro-F1 1 after " << r.loop.target_step << " steps");
     BOOST_TEST_REQUIRE(r.loop.reached_target, (freeze ? "frozen" : "fine-tuned")
-                                                  << ": train macro-F1 " << r.valid.macro_f1 << " after 300 steps");
+                                                  << ": train macro-F1 " << r.valid.macro_f1
+                                                  << " after 300 steps");
     BOOST_TEST(r.valid.accuracy == 1.0);
   }
   fs::remove_all(d / "bert");
@@ -375,7 +403,8 @@ BOOST_AUTO_TEST_CASE(init_from_resume_is_bit_exact) {
   const classify::TrainResult whole = run("whole", 20, false);
   run("split", 10, false);
   const classify::TrainResult rest = run("split", 20, true);
-  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 10, whole.loop.losses.end()));
+  BOOST_TEST(rest.loop.losses ==
+             std::vector<double>(whole.loop.losses.begin() + 10, whole.loop.losses.end()));
 }
 
 // --init-from a directory that is not a pretrained model: an error naming it, before any work.
@@ -391,7 +420,8 @@ BOOST_AUTO_TEST_CASE(init_from_bad_directory) {
     return names(e, "--init-from '" + (d / "empty").string() + "' has no config.json");
   });
   o.init_from.clear(), o.freeze = true;
-  BOOST_CHECK_EXCEPTION(classify::train(o), Error, [](const Error& e) { return names(e, "--freeze needs --init-from"); });
+  BOOST_CHECK_EXCEPTION(classify::train(o), Error,
+                        [](const Error& e) { return names(e, "--freeze needs --init-from"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

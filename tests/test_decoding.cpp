@@ -41,7 +41,9 @@ class FakeStep : public DecodeStep {
     std::vector<double> l;
     for (auto& p : prefix)
       for (int64_t v = 0; v < 9; ++v)
-        l.push_back(v == 8 ? -1.0 : 2.0 * std::sin(1.3 * (double)v + 0.7 * (double)p.back() + 0.1 * (double)p.size()));
+        l.push_back(v == 8 ? -1.0
+                           : 2.0 * std::sin(1.3 * (double)v + 0.7 * (double)p.back() +
+                                            0.1 * (double)p.size()));
     return from_vector(l, {(int64_t)prefix.size(), 9});
   }
   void select(const std::vector<int64_t>&) override {}
@@ -56,7 +58,6 @@ class NanStep : public FakeStep {
     return from_vector(l, {(int64_t)prefix.size(), 9});
   }
 };
-
 
 }  // namespace
 
@@ -159,8 +160,9 @@ BOOST_AUTO_TEST_CASE(beam_search_refuses_nan_logits) {
   DecodeOptions o;
   o.beam = 3;
   o.max_len = 4;
-  BOOST_CHECK_EXCEPTION(beam_search(step, {{1}, {2}}, 8, o), Error,
-                        [](const Error& e) { return std::string(e.what()).find("NaN") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(beam_search(step, {{1}, {2}}, 8, o), Error, [](const Error& e) {
+    return std::string(e.what()).find("NaN") != std::string::npos;
+  });
 }
 
 // So does greedy search (the argmax op would pick the NaN, as PyTorch's argmax does).
@@ -177,8 +179,9 @@ BOOST_AUTO_TEST_CASE(greedy_search_refuses_nan_logits) {
 BOOST_AUTO_TEST_CASE(sampling_refuses_nan_logits) {
   SamplingOptions so;
   Generator gen(1);
-  BOOST_CHECK_EXCEPTION(sample_token(std::vector<double>(5, std::nan("")), so, gen), Error,
-                        [](const Error& e) { return names(e, "sample_token: the model's logit of token 0 is NaN"); });
+  BOOST_CHECK_EXCEPTION(
+      sample_token(std::vector<double>(5, std::nan("")), so, gen), Error,
+      [](const Error& e) { return names(e, "sample_token: the model's logit of token 0 is NaN"); });
   BOOST_CHECK_EXCEPTION(sample_token({0.5, 1.0, INFINITY}, so, gen), Error,
                         [](const Error& e) { return names(e, "logit of token 2 is +inf"); });
   BOOST_TEST(sample_token({-INFINITY, 1.0, -INFINITY}, so, gen) == 1);  // -inf: a masked token
@@ -195,9 +198,11 @@ BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
     DecodeOptions o;
     o.sample = true;
     set(o);
-    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error, [&](const Error& e) { return names(e, part); });
+    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error,
+                          [&](const Error& e) { return names(e, part); });
   };
-  fails([](DecodeOptions& o) { o.sampling.temperature = 0; }, "temperature must be a finite number > 0, got 0");
+  fails([](DecodeOptions& o) { o.sampling.temperature = 0; },
+        "temperature must be a finite number > 0, got 0");
   fails([](DecodeOptions& o) { o.sampling.temperature = -1; }, "temperature");
   fails([](DecodeOptions& o) { o.sampling.temperature = NAN; }, "temperature");
   fails([](DecodeOptions& o) { o.sampling.top_p = 0; }, "top_p must be in (0, 1]");
@@ -213,8 +218,9 @@ BOOST_AUTO_TEST_CASE(bad_options_name_the_option) {
     return names(e, "sampling_distribution: temperature must be a finite number > 0, got 0");
   });
   so.temperature = 1, so.top_p = 0;
-  BOOST_CHECK_EXCEPTION(sampling_distribution({1.0, 2.0}, so), Error,
-                        [](const Error& e) { return names(e, "sampling_distribution: top_p must be in (0, 1]"); });
+  BOOST_CHECK_EXCEPTION(sampling_distribution({1.0, 2.0}, so), Error, [](const Error& e) {
+    return names(e, "sampling_distribution: top_p must be in (0, 1]");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(transformer_sampling_repeats_for_any_thread_count) {
@@ -251,7 +257,8 @@ BOOST_AUTO_TEST_CASE(transformer_sampling_repeats_for_any_thread_count) {
 // cache holds kv_heads heads, and each cached step's logits equal the full forward's.
 BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
   LMConfig c;
-  c.vocab = 17, c.d_model = 16, c.heads = 4, c.kv_heads = 2, c.d_ff = 20, c.layers = 2, c.max_len = 32;
+  c.vocab = 17, c.d_model = 16, c.heads = 4, c.kv_heads = 2, c.d_ff = 20, c.layers = 2,
+  c.max_len = 32;
   c.positions.kind = nn::Positions::rope;
   c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.bias = false, c.tied_output = false;
   c.dropout = 0.1;  // generate runs in eval mode
@@ -279,7 +286,8 @@ BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
   const Tensor whole = lm.forward(from_vector(seq, {2, 5}, DType::i64));
   std::vector<nn::KVCache> caches;
   for (int64_t t = 0; t < 5; ++t) {
-    const Tensor x = lm.embed(from_vector(std::vector<int64_t>{seq[t], seq[5 + t]}, {2, 1}, DType::i64), t);
+    const Tensor x =
+        lm.embed(from_vector(std::vector<int64_t>{seq[t], seq[5 + t]}, {2, 1}, DType::i64), t);
     const Tensor step = lm.logits(lm.blocks->forward_step(x, caches, 8));
     graft::testing::check_same(step, slice(whole, 1, t, t + 1), 1e-10);
   }

@@ -24,13 +24,15 @@ BOOST_AUTO_TEST_SUITE(elementwise_reduce)
 
 BOOST_AUTO_TEST_CASE(broadcast_values_in_both_precisions) {
   for (DType dt : {DType::f32, DType::f64}) {
-    Tensor a = vec({1, 2, 3, 4, 5, 6}, {2, 3}, dt), b = vec({10, 20, 30}, {3}, dt), c = vec({2, 4}, {2, 1}, dt);
+    Tensor a = vec({1, 2, 3, 4, 5, 6}, {2, 3}, dt), b = vec({10, 20, 30}, {3}, dt),
+           c = vec({2, 4}, {2, 1}, dt);
     BOOST_TEST(add(a, b).to_vector<double>() == (std::vector<double>{11, 22, 33, 14, 25, 36}));
     BOOST_TEST(add(b, a).to_vector<double>() == (std::vector<double>{11, 22, 33, 14, 25, 36}));
     BOOST_TEST(sub(b, a).to_vector<double>() == (std::vector<double>{9, 18, 27, 6, 15, 24}));
     BOOST_TEST(mul(a, c).to_vector<double>() == (std::vector<double>{2, 4, 6, 16, 20, 24}));
     BOOST_TEST(div(a, c).to_vector<double>() == (std::vector<double>{0.5, 1, 1.5, 1, 1.25, 1.5}));
-    BOOST_TEST((2.0 - a * 0.5).to_vector<double>() == (std::vector<double>{1.5, 1, 0.5, 0, -0.5, -1}));
+    BOOST_TEST((2.0 - a * 0.5).to_vector<double>() ==
+               (std::vector<double>{1.5, 1, 0.5, 0, -0.5, -1}));
     BOOST_TEST(relu(a - 3.5).to_vector<double>() == (std::vector<double>{0, 0, 0, 0.5, 1.5, 2.5}));
     auto g = gelu(vec({1.0}, {1}, dt)).item();
     BOOST_TEST(std::fabs(g - 0.8413447460685429) < 1e-6);
@@ -46,14 +48,24 @@ BOOST_AUTO_TEST_CASE(broadcast_values_in_both_precisions) {
 
 BOOST_AUTO_TEST_CASE(elementwise_misuse) {
   Tensor a = ones({2, 3}), b = ones({4});
-  BOOST_CHECK_EXCEPTION(add(a, b), Error, [](const Error& e) { return names(e, {"add", "(2, 3)", "(4)", "cannot be broadcast"}); });
-  BOOST_CHECK_EXCEPTION(mul(a, ones({2, 3}, DType::f64)), Error,
-                        [](const Error& e) { return names(e, {"mul", "dtype mismatch", "f32 (2, 3)", "f64 (2, 3)"}); });
-  BOOST_CHECK_EXCEPTION(exp(ones({2}, DType::i64)), Error, [](const Error& e) { return names(e, {"exp", "float", "i64 (2)"}); });
-  BOOST_CHECK_EXCEPTION(masked_fill(ones({3}), ones({2, 3}), 0), Error,
-                        [](const Error& e) { return names(e, {"masked_fill", "(2, 3)", "(3)"}); });
-  BOOST_CHECK_EXCEPTION(where(ones({2}), ones({3}), ones({3})), Error, [](const Error& e) { return names(e, {"where", "(2)", "(3)"}); });
-  BOOST_CHECK_EXCEPTION(argmax(ones({2, 3}), 2), Error, [](const Error& e) { return names(e, {"argmax", "axis 2", "rank 2"}); });
+  BOOST_CHECK_EXCEPTION(add(a, b), Error, [](const Error& e) {
+    return names(e, {"add", "(2, 3)", "(4)", "cannot be broadcast"});
+  });
+  BOOST_CHECK_EXCEPTION(mul(a, ones({2, 3}, DType::f64)), Error, [](const Error& e) {
+    return names(e, {"mul", "dtype mismatch", "f32 (2, 3)", "f64 (2, 3)"});
+  });
+  BOOST_CHECK_EXCEPTION(exp(ones({2}, DType::i64)), Error, [](const Error& e) {
+    return names(e, {"exp", "float", "i64 (2)"});
+  });
+  BOOST_CHECK_EXCEPTION(masked_fill(ones({3}), ones({2, 3}), 0), Error, [](const Error& e) {
+    return names(e, {"masked_fill", "(2, 3)", "(3)"});
+  });
+  BOOST_CHECK_EXCEPTION(where(ones({2}), ones({3}), ones({3})), Error, [](const Error& e) {
+    return names(e, {"where", "(2)", "(3)"});
+  });
+  BOOST_CHECK_EXCEPTION(argmax(ones({2, 3}), 2), Error, [](const Error& e) {
+    return names(e, {"argmax", "axis 2", "rank 2"});
+  });
 }
 
 // argmax: the first maximal element along the axis; NaN counts as maximal (PyTorch).
@@ -63,7 +75,9 @@ BOOST_AUTO_TEST_CASE(argmax_values) {
   BOOST_TEST(argmax(x, 1).to_vector<int64_t>() == (std::vector<int64_t>{1, 1}));
   BOOST_TEST(argmax(x, 0).to_vector<int64_t>() == (std::vector<int64_t>{1, 1, 1, 0}));
   BOOST_TEST(argmax(x, 0).shape() == (Shape{4}));
-  BOOST_CHECK_EXCEPTION(argmax(zeros({2, 0}), 1), Error, [](const Error& e) { return names(e, {"argmax", "empty"}); });
+  BOOST_CHECK_EXCEPTION(argmax(zeros({2, 0}), 1), Error, [](const Error& e) {
+    return names(e, {"argmax", "empty"});
+  });
 }
 
 BOOST_AUTO_TEST_CASE(reduce_values) {
@@ -74,10 +88,11 @@ BOOST_AUTO_TEST_CASE(reduce_values) {
     BOOST_TEST(sum(a, {-1}, true).shape() == (Shape{2, 1}));
     BOOST_TEST(mean(a, {1}).to_vector<double>() == (std::vector<double>{2, 5}));
     BOOST_TEST(max(a, 0).to_vector<double>() == (std::vector<double>{4, 5, 6}));
-    BOOST_TEST(std::fabs(var(a, {1}).to_vector<double>()[0] - 1.0) < 1e-6);          // unbiased
+    BOOST_TEST(std::fabs(var(a, {1}).to_vector<double>()[0] - 1.0) < 1e-6);  // unbiased
     BOOST_TEST(std::fabs(var(a, {1}, false, 0).to_vector<double>()[0] - 2.0 / 3) < 1e-6);  // biased
     BOOST_TEST(sum(transpose(a, 0, 1), {1}).to_vector<double>() == (std::vector<double>{5, 7, 9}));
-    BOOST_TEST(sum_to(ones({4, 2, 3}, dt), {2, 1}).to_vector<double>() == (std::vector<double>{12, 12}));
+    BOOST_TEST(sum_to(ones({4, 2, 3}, dt), {2, 1}).to_vector<double>() ==
+               (std::vector<double>{12, 12}));
     Tensor big = ones({3, 1000, 7}, dt);
     BOOST_TEST(sum(big, {0, 2}).to_vector<double>() == std::vector<double>(1000, 21.0));
   }
@@ -85,12 +100,24 @@ BOOST_AUTO_TEST_CASE(reduce_values) {
 
 BOOST_AUTO_TEST_CASE(reduce_misuse) {
   Tensor a = ones({2, 3});
-  BOOST_CHECK_EXCEPTION(sum(a, {2}), Error, [](const Error& e) { return names(e, {"sum", "axis 2", "rank 2"}); });
-  BOOST_CHECK_EXCEPTION(mean(a, {0, -2}), Error, [](const Error& e) { return names(e, {"mean", "repeated axis"}); });
-  BOOST_CHECK_EXCEPTION(max(ones({2, 0}), 1), Error, [](const Error& e) { return names(e, {"max", "empty", "(2, 0)"}); });
-  BOOST_CHECK_EXCEPTION(var(ones({2, 1}), {1}), Error, [](const Error& e) { return names(e, {"var", "correction 1", "(2, 1)"}); });
-  BOOST_CHECK_EXCEPTION(sum_to(a, {4}), Error, [](const Error& e) { return names(e, {"sum_to", "(2, 3)", "(4)"}); });
-  BOOST_CHECK_EXCEPTION(sum(ones({2}, DType::i64)), Error, [](const Error& e) { return names(e, {"sum", "i64 (2)"}); });
+  BOOST_CHECK_EXCEPTION(sum(a, {2}), Error, [](const Error& e) {
+    return names(e, {"sum", "axis 2", "rank 2"});
+  });
+  BOOST_CHECK_EXCEPTION(mean(a, {0, -2}), Error, [](const Error& e) {
+    return names(e, {"mean", "repeated axis"});
+  });
+  BOOST_CHECK_EXCEPTION(max(ones({2, 0}), 1), Error, [](const Error& e) {
+    return names(e, {"max", "empty", "(2, 0)"});
+  });
+  BOOST_CHECK_EXCEPTION(var(ones({2, 1}), {1}), Error, [](const Error& e) {
+    return names(e, {"var", "correction 1", "(2, 1)"});
+  });
+  BOOST_CHECK_EXCEPTION(sum_to(a, {4}), Error, [](const Error& e) {
+    return names(e, {"sum_to", "(2, 3)", "(4)"});
+  });
+  BOOST_CHECK_EXCEPTION(sum(ones({2}, DType::i64)), Error, [](const Error& e) {
+    return names(e, {"sum", "i64 (2)"});
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -148,7 +175,8 @@ BOOST_AUTO_TEST_CASE(float_math_matches_libm) {
   const double nan = std::nan("");
   for (DType dt : {DType::f32, DType::f64}) {
     BOOST_TEST(std::isnan(clamp(vec({nan}, {1}, dt), 0, 1).item()));
-    BOOST_TEST(std::isnan(maximum(vec({nan, 1}, {2}, dt), vec({0}, {1}, dt)).to_vector<double>()[0]));
+    BOOST_TEST(
+        std::isnan(maximum(vec({nan, 1}, {2}, dt), vec({0}, {1}, dt)).to_vector<double>()[0]));
     BOOST_TEST(std::isnan(minimum(vec({0}, {1}, dt), vec({nan}, {1}, dt)).item()));
     BOOST_TEST(std::isnan(amax(vec({1, nan, 3}, {3}, dt)).item()));
   }
@@ -189,7 +217,8 @@ BOOST_AUTO_TEST_CASE(unary_row_float32_loop_matches_float64) {
   for (int64_t n : {7, 100003}) {
     Tensor base64 = randn({3, n}, DType::f64, g);
     Tensor base32 = to_dtype(base64, DType::f32).requires_grad_();
-    Tensor y64 = unary(row, transpose(base64, 0, 1), 1.5), y32 = unary(row, transpose(base32, 0, 1), 1.5);
+    Tensor y64 = unary(row, transpose(base64, 0, 1), 1.5),
+           y32 = unary(row, transpose(base32, 0, 1), 1.5);
     sum(y32).backward();
     const auto v64 = y64.to_vector<double>(), v32 = y32.to_vector<double>(),
                d32 = base32.grad().to_vector<double>(), xv = base64.to_vector<double>();
@@ -205,21 +234,33 @@ BOOST_AUTO_TEST_CASE(unary_row_float32_loop_matches_float64) {
 }
 
 BOOST_AUTO_TEST_CASE(new_op_misuse) {
-  BOOST_CHECK_EXCEPTION(clamp(ones({2}), std::nan(""), 0), Error, [](const Error& e) { return names(e, {"clamp", "NaN", "lo"}); });
-  BOOST_TEST(clamp(vec({-1, 3}, {2}), 2, 1).to_vector<double>() == (std::vector<double>{1, 1}));  // lo > hi: hi
-  BOOST_CHECK_EXCEPTION(maximum(ones({2, 3}), ones({4})), Error,
-                        [](const Error& e) { return names(e, {"maximum", "(2, 3)", "(4)", "cannot be broadcast"}); });
-  BOOST_CHECK_EXCEPTION(minimum(ones({2}), ones({2}, DType::f64)), Error,
-                        [](const Error& e) { return names(e, {"minimum", "dtype mismatch"}); });
-  BOOST_CHECK_EXCEPTION(amax(ones({2, 0}), {1}), Error, [](const Error& e) { return names(e, {"amax", "empty", "(2, 0)"}); });
-  BOOST_CHECK_EXCEPTION(silu(ones({2}, DType::i64)), Error, [](const Error& e) { return names(e, {"silu", "float"}); });
+  BOOST_CHECK_EXCEPTION(clamp(ones({2}), std::nan(""), 0), Error, [](const Error& e) {
+    return names(e, {"clamp", "NaN", "lo"});
+  });
+  BOOST_TEST(clamp(vec({-1, 3}, {2}), 2, 1).to_vector<double>() ==
+             (std::vector<double>{1, 1}));  // lo > hi: hi
+  BOOST_CHECK_EXCEPTION(maximum(ones({2, 3}), ones({4})), Error, [](const Error& e) {
+    return names(e, {"maximum", "(2, 3)", "(4)", "cannot be broadcast"});
+  });
+  BOOST_CHECK_EXCEPTION(minimum(ones({2}), ones({2}, DType::f64)), Error, [](const Error& e) {
+    return names(e, {"minimum", "dtype mismatch"});
+  });
+  BOOST_CHECK_EXCEPTION(amax(ones({2, 0}), {1}), Error, [](const Error& e) {
+    return names(e, {"amax", "empty", "(2, 0)"});
+  });
+  BOOST_CHECK_EXCEPTION(silu(ones({2}, DType::i64)), Error, [](const Error& e) {
+    return names(e, {"silu", "float"});
+  });
   BOOST_CHECK_EXCEPTION(kern::matmul_into(ones({2, 3}), ones({4, 5}), zeros({2, 5})), Error,
-                        [](const Error& e) { return names(e, {"matmul_into", "(2, 3)", "(4, 5)"}); });
+                        [](const Error& e) {
+                          return names(e, {"matmul_into", "(2, 3)", "(4, 5)"});
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(matmul_into_values) {
   for (DType dt : {DType::f32, DType::f64}) {
-    Tensor a = vec({1, 2, 3, 4}, {2, 2}, dt), b = vec({1, 0, 1, 1}, {2, 2}, dt), out = zeros({2, 2}, dt);
+    Tensor a = vec({1, 2, 3, 4}, {2, 2}, dt), b = vec({1, 0, 1, 1}, {2, 2}, dt),
+           out = zeros({2, 2}, dt);
     kern::matmul_into(a, b, out);
     BOOST_TEST(out.to_vector<double>() == (std::vector<double>{3, 2, 7, 4}));
     kern::matmul_into(a, transpose(b, 0, 1), out, 2.0, true);

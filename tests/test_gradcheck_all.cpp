@@ -37,8 +37,8 @@ BOOST_AUTO_TEST_CASE(every_declared_op_has_a_case) {
   for (auto& c : registered_cases()) covered.insert(c.op);
   BOOST_TEST(autograd::declared_ops().size() > 20u);
   for (auto& d : autograd::declared_ops())
-    BOOST_TEST(covered.count(d.name) == 1u, "op '" << d.name << "' (" << d.family
-                                                   << ") has no gradcheck case");
+    BOOST_TEST(covered.count(d.name) == 1u,
+               "op '" << d.name << "' (" << d.family << ") has no gradcheck case");
   for (auto& c : registered_cases()) {
     bool declared = false;
     for (auto& d : autograd::declared_ops()) declared |= d.name == c.op;
@@ -79,7 +79,8 @@ BOOST_DATA_TEST_CASE(float64_gradgradcheck, boost::unit_test::data::make(case_na
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
-BOOST_DATA_TEST_CASE(float32_double_backward_matches_float64, boost::unit_test::data::make(case_names()), name) {
+BOOST_DATA_TEST_CASE(float32_double_backward_matches_float64,
+                     boost::unit_test::data::make(case_names()), name) {
   const OpCase& c = find_case(name);
   if (!has_double_backward(c.op)) return;
   GradcheckResult r = check_f32_vs_f64_double_backward(c);

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
@@ -27,7 +27,8 @@ namespace {
 std::vector<std::string> lines_of(const std::string& dot) {
   std::vector<std::string> out;
   std::istringstream in(dot);
-  for (std::string l; std::getline(in, l);) out.push_back(l.substr(std::min(l.find_first_not_of(' '), l.size())));
+  for (std::string l; std::getline(in, l);)
+    out.push_back(l.substr(std::min(l.find_first_not_of(' '), l.size())));
   return out;
 }
 // Op nodes: lines "e<digits> [label=...".
@@ -52,7 +53,8 @@ void check_dot_parses(const std::string& dot) {
   const std::string p = dir / "graph.dot";
   std::ofstream(p) << dot;
   const int rc = std::system(("dot -Tcanon '" + p + "' > /dev/null").c_str());
-  BOOST_TEST(rc == 0, "dot rejected the graph (exit status " << rc << "; is Graphviz installed?):\n" << dot);
+  BOOST_TEST(rc == 0, "dot rejected the graph (exit status " << rc << "; is Graphviz installed?):\n"
+                                                             << dot);
 }
 
 }  // namespace
@@ -71,7 +73,7 @@ BOOST_AUTO_TEST_CASE(one_node_per_entry_and_named_leaves) {
   BOOST_TEST(dot.find("label=\"weight\\nf32 (3, 2)\"") != std::string::npos, dot);
   BOOST_TEST(dot.find("label=\"bias\\nf32 (2)\"") != std::string::npos, dot);
   BOOST_TEST(dot.find("relu\\nf32 (4, 2)") != std::string::npos, dot);
-  BOOST_TEST(edges_into_ops(dot) == 5u);  // w, b, matmul, add, relu each feed one op
+  BOOST_TEST(edges_into_ops(dot) == 5u);                 // w, b, matmul, add, relu each feed one op
   BOOST_TEST(dot.find("cluster") == std::string::npos);  // no module paths kept
   check_dot_parses(dot);
   // An unnamed leaf is "leaf"; a tensor nothing recorded is its own graph.
@@ -84,7 +86,8 @@ BOOST_AUTO_TEST_CASE(one_node_per_entry_and_named_leaves) {
 BOOST_AUTO_TEST_CASE(a_transformer_step_clusters_by_module) {
   autograd::clear_tape();
   models::TransformerConfig c;
-  c.vocab = 20, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.enc_layers = c.dec_layers = 1, c.max_len = 16;
+  c.vocab = 20, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.enc_layers = c.dec_layers = 1,
+  c.max_len = 16;
   models::Transformer m(c);
   Tensor src = ids({5, 6, 7, 3}, 1), tin = ids({2, 8, 9}, 1), tout = ids({8, 9, 3}, 1);
   std::string dot;

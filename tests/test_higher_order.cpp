@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/testing/op_cases.h"
 #include "graft/ops/ops.h"
+#include "graft/testing/op_cases.h"
 
 using namespace graft;
 
@@ -25,7 +25,9 @@ bool has(const Error& e, std::initializer_list<const char*> parts) {
 }
 
 // A float64 leaf that requires grad, and a constant.
-Tensor leaf(const std::vector<double>& v) { return from_vector(v, {(int64_t)v.size()}).requires_grad_(); }
+Tensor leaf(const std::vector<double>& v) {
+  return from_vector(v, {(int64_t)v.size()}).requires_grad_();
+}
 Tensor constant(const std::vector<double>& v) { return from_vector(v, {(int64_t)v.size()}); }
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 
@@ -63,12 +65,12 @@ Tensor cube_once(const Tensor& x) {
     y = mul(mul(x, x), x);
   }
   if (autograd::needs_record({x}))
-    autograd::record("test_cube_once", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{mul(dout[0], mul(mul(c.saved[0], c.saved[0]), 3.0))};
-    });
+    autograd::record("test_cube_once", {x}, {y}, {x},
+                     [](const autograd::Ctx& c, const Tensors& dout) {
+                       return Tensors{mul(dout[0], mul(mul(c.saved[0], c.saved[0]), 3.0))};
+                     });
   return y;
 }
-
 
 // A custom op y = 2 x whose backward is itself (built from graft ops, so differentiable for free);
 // it writes down the Ctx each backward sees.
@@ -101,21 +103,25 @@ Tensor fused_sq_mul(const Tensor& x, const Tensor& w) {
   const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
   for (size_t i = 0; i < xv.size(); ++i) y.data<double>()[i] = xv[i] * xv[i] * wv[i];
   if (autograd::needs_record({x, w}))
-    autograd::record("test_fused_sq_mul", {x, w}, {y}, {x, w}, [](const autograd::Ctx& c, const Tensors& dout) {
-      if (c.create_graph) {
-        ++g_composed_calls;
-        return autograd::differentiate(
-            [](const Tensors& in) { return Tensors{mul(mul(in[0], in[0]), in[1])}; }, c.saved, dout, c.needs);
-      }
-      const std::vector<double> xv = c.saved[0].to_vector<double>(), wv = c.saved[1].to_vector<double>(),
-                                d = dout[0].to_vector<double>();
-      Tensor dx = Tensor::empty(c.saved[0].shape(), DType::f64), dw = Tensor::empty(c.saved[1].shape(), DType::f64);
-      for (size_t i = 0; i < xv.size(); ++i) {
-        dx.data<double>()[i] = 2 * xv[i] * wv[i] * d[i];
-        dw.data<double>()[i] = xv[i] * xv[i] * d[i];
-      }
-      return Tensors{c.needs[0] ? dx : Tensor(), c.needs[1] ? dw : Tensor()};
-    });
+    autograd::record(
+        "test_fused_sq_mul", {x, w}, {y}, {x, w}, [](const autograd::Ctx& c, const Tensors& dout) {
+          if (c.create_graph) {
+            ++g_composed_calls;
+            return autograd::differentiate(
+                [](const Tensors& in) { return Tensors{mul(mul(in[0], in[0]), in[1])}; }, c.saved,
+                dout, c.needs);
+          }
+          const std::vector<double> xv = c.saved[0].to_vector<double>(),
+                                    wv = c.saved[1].to_vector<double>(),
+                                    d = dout[0].to_vector<double>();
+          Tensor dx = Tensor::empty(c.saved[0].shape(), DType::f64),
+                 dw = Tensor::empty(c.saved[1].shape(), DType::f64);
+          for (size_t i = 0; i < xv.size(); ++i) {
+            dx.data<double>()[i] = 2 * xv[i] * wv[i] * d[i];
+            dw.data<double>()[i] = xv[i] * xv[i] * d[i];
+          }
+          return Tensors{c.needs[0] ? dx : Tensor(), c.needs[1] ? dw : Tensor()};
+        });
   return y;
 }
 
@@ -142,8 +148,8 @@ BOOST_AUTO_TEST_CASE(grad_returns_gradients_and_leaves_dot_grad_untouched) {
 BOOST_AUTO_TEST_CASE(grad_of_non_leaf_inputs) {
   TapeEmptyAfter tape;
   Tensor x = leaf({1, 2, -3});
-  Tensor h = mul(x, x);              // h = x^2
-  Tensor z = mul(mul(h, h), x);      // z = h^2 x = x^5
+  Tensor h = mul(x, x);          // h = x^2
+  Tensor z = mul(mul(h, h), x);  // z = h^2 x = x^5
   const Tensors g = autograd::grad({z}, {h, x}, {ones_like(z)});
   // dz/dh = 2 h x (x held fixed); dz/dx = 5 x^4 (through h and directly).
   check_values(g[0], {2, 16, -54});
@@ -155,8 +161,8 @@ BOOST_AUTO_TEST_CASE(grad_of_non_leaf_inputs) {
 BOOST_AUTO_TEST_CASE(grad_of_several_outputs_weighted_by_grad_outputs) {
   TapeEmptyAfter tape;
   Tensor x = leaf({1, 2}), y = leaf({3, -1});
-  Tensor a = mul(x, y);      // da/dx = y, da/dy = x
-  Tensor b = div(x, y);      // db/dx = 1/y, db/dy = -x/y^2
+  Tensor a = mul(x, y);  // da/dx = y, da/dy = x
+  Tensor b = div(x, y);  // db/dx = 1/y, db/dy = -x/y^2
   Tensor ga = constant({2, -1}), gb = constant({3, 0.5});
   const Tensors g = autograd::grad({a, b}, {x, y}, {ga, gb});
   check_values(g[0], {2 * 3 + 3.0 / 3, -1 * -1 + 0.5 / -1});
@@ -186,9 +192,10 @@ BOOST_AUTO_TEST_CASE(grad_allow_unused_gives_undefined_otherwise_an_error_naming
     BOOST_TEST(!g[1].defined());
   }
   Tensor y = mul(x, x);
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x, unused}, {ones_like(y)}), Error, [](const Error& e) {
-    return has(e, {"grad: input 1", "f64 (3)", "not reached", "allow_unused"});
-  });
+  BOOST_CHECK_EXCEPTION(
+      autograd::grad({y}, {x, unused}, {ones_like(y)}), Error, [](const Error& e) {
+        return has(e, {"grad: input 1", "f64 (3)", "not reached", "allow_unused"});
+      });
   // A non-leaf no gradient reaches: y does not lead to h.
   Tensor h = mul(unused, unused), z = mul(x, x);
   const Tensors g = autograd::grad({z}, {h}, {ones_like(z)}, {.allow_unused = true});
@@ -202,24 +209,35 @@ BOOST_AUTO_TEST_CASE(grad_argument_errors) {
   Tensor y = mul(x, x);
   Tensor c = constant({1, 2, 3});
   auto g1 = ones_like(y);
-  BOOST_CHECK_EXCEPTION(autograd::grad({}, {x}), Error, [](const Error& e) { return has(e, {"grad: no outputs"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {}, {g1}), Error, [](const Error& e) { return has(e, {"grad: no inputs"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({Tensor()}, {x}), Error,
-                        [](const Error& e) { return has(e, {"grad: output 0", "undefined"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y, c}, {x}, {g1, g1}), Error,
-                        [](const Error& e) { return has(e, {"grad: output 1", "f64 (3)", "does not require grad"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x, Tensor()}, {g1}), Error,
-                        [](const Error& e) { return has(e, {"grad: input 1", "undefined"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {c}, {g1}), Error,
-                        [](const Error& e) { return has(e, {"grad: input 0", "f64 (3)", "does not require grad"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}, {g1, g1}), Error,
-                        [](const Error& e) { return has(e, {"grad", "2 grad_outputs for 1 outputs"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}, {constant({1, 1})}), Error,
-                        [](const Error& e) { return has(e, {"grad", "f64 (2)", "does not match output 0", "f64 (3)"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({}, {x}), Error,
+                        [](const Error& e) { return has(e, {"grad: no outputs"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {}, {g1}), Error,
+                        [](const Error& e) { return has(e, {"grad: no inputs"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({Tensor()}, {x}), Error, [](const Error& e) {
+    return has(e, {"grad: output 0", "undefined"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y, c}, {x}, {g1, g1}), Error, [](const Error& e) {
+    return has(e, {"grad: output 1", "f64 (3)", "does not require grad"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x, Tensor()}, {g1}), Error, [](const Error& e) {
+    return has(e, {"grad: input 1", "undefined"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {c}, {g1}), Error, [](const Error& e) {
+    return has(e, {"grad: input 0", "f64 (3)", "does not require grad"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}, {g1, g1}), Error, [](const Error& e) {
+    return has(e, {"grad", "2 grad_outputs for 1 outputs"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}, {constant({1, 1})}), Error, [](const Error& e) {
+    return has(e, {"grad", "f64 (2)", "does not match output 0", "f64 (3)"});
+  });
   BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}, {ones({3}, DType::f32)}), Error,
-                        [](const Error& e) { return has(e, {"grad", "f32 (3)", "does not match output 0"}); });
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}), Error,
-                        [](const Error& e) { return has(e, {"grad: output 0", "not a scalar"}); });
+                        [](const Error& e) {
+                          return has(e, {"grad", "f32 (3)", "does not match output 0"});
+                        });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}), Error, [](const Error& e) {
+    return has(e, {"grad: output 0", "not a scalar"});
+  });
   // None of these ran a pass: the graph is still whole, and a correct call works.
   check_values(autograd::grad({y}, {x}, {g1})[0], {2, 4, 6});
 }
@@ -230,8 +248,9 @@ BOOST_AUTO_TEST_CASE(grad_without_retain_graph_frees_the_graph_with_it_keeps_it)
   Tensor y = mul(mul(x, x), x);
   check_values(autograd::grad({y}, {x})[0], {27});
   BOOST_TEST(autograd::tape_size() == 0u);
-  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}), Error,
-                        [](const Error& e) { return has(e, {"already freed", "retain_graph"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({y}, {x}), Error, [](const Error& e) {
+    return has(e, {"already freed", "retain_graph"});
+  });
 
   Tensor z = mul(mul(x, x), x);
   check_values(autograd::grad({z}, {x}, {}, {.retain_graph = true})[0], {27});
@@ -256,8 +275,9 @@ BOOST_AUTO_TEST_CASE(create_graph_implies_retain_graph) {
   // x * x): differentiating g now is the 'already freed' error, as in PyTorch, and that failed pass
   // drops what is left.
   BOOST_TEST(autograd::tape_size() > 0u);
-  BOOST_CHECK_EXCEPTION(autograd::grad({g}, {x}), Error,
-                        [](const Error& e) { return has(e, {"already freed", "retain_graph"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({g}, {x}), Error, [](const Error& e) {
+    return has(e, {"already freed", "retain_graph"});
+  });
 }
 
 // ---- create_graph: derivatives of every order ---------------------------------------------------
@@ -283,7 +303,8 @@ BOOST_AUTO_TEST_CASE(fourth_order_of_x_to_the_fifth) {
   Tensor x2 = mul(x, x);
   Tensor y = mul(mul(x2, x2), x);  // x^5
   Tensor g = y;
-  for (int k = 0; k < 3; ++k) g = autograd::grad({g}, {x}, {ones_like(g)}, {.create_graph = true})[0];
+  for (int k = 0; k < 3; ++k)
+    g = autograd::grad({g}, {x}, {ones_like(g)}, {.create_graph = true})[0];
   check_values(g, {60 * 1.5 * 1.5, 60 * 0.25});  // 60 x^2
   g = autograd::grad({g}, {x}, {ones_like(g)})[0];
   check_values(g, {180, -60});  // 120 x
@@ -297,7 +318,8 @@ BOOST_AUTO_TEST_CASE(second_derivative_of_a_rational_function) {
   Tensor x = leaf(xs);
   Tensor f = div(x, add(mul(x, x), constant({1, 1, 1})));
   Tensor f2 = div(mul(x, 2.0), add(mul(x, x), 1.0));  // 2 x / (1 + x^2), through affine
-  const Tensors g1 = autograd::grad({f, f2}, {x}, {ones_like(f), constant({0, 0, 0})}, {.create_graph = true});
+  const Tensors g1 =
+      autograd::grad({f, f2}, {x}, {ones_like(f), constant({0, 0, 0})}, {.create_graph = true});
   const Tensor g2 = autograd::grad({g1[0]}, {x}, {ones_like(x)}, {.create_graph = true})[0];
   std::vector<double> d1, d2;
   for (double v : xs) {
@@ -321,7 +343,8 @@ BOOST_AUTO_TEST_CASE(mixed_partials_of_x_y_squared) {
   const Tensors g = autograd::grad({f}, {x, y}, {ones_like(f)}, {.create_graph = true});
   check_values(g[0], {9, 0.25});
   check_values(g[1], {9, -2});
-  const Tensors from_fx = autograd::grad({g[0]}, {x, y}, {ones_like(x)}, {.retain_graph = true, .allow_unused = true});
+  const Tensors from_fx =
+      autograd::grad({g[0]}, {x, y}, {ones_like(x)}, {.retain_graph = true, .allow_unused = true});
   BOOST_TEST(!from_fx[0].defined());  // fxx: no path, as torch's None
   check_values(from_fx[1], {6, 1});   // fxy = 2 y
   const Tensors from_fy = autograd::grad({g[1]}, {x, y}, {ones_like(y)});
@@ -409,14 +432,19 @@ BOOST_AUTO_TEST_CASE(create_graph_grads_of_two_leaves_do_not_share_a_buffer) {
 // The engine's own ops refuse what they cannot sum or broadcast, naming themselves.
 BOOST_AUTO_TEST_CASE(engine_ops_refuse_bad_shapes) {
   const Tensor a = constant({1, 2, 3}), b = constant({1, 2});
-  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(a, b), Error,
-                        [](const Error& e) { return has(e, {"accumulate_grad", "(3)", "(2)"}); });
-  BOOST_CHECK_EXCEPTION(autograd::reduce_grad(a, {2}), Error,
-                        [](const Error& e) { return has(e, {"reduce_grad", "cannot reduce", "(2)"}); });
-  BOOST_CHECK_EXCEPTION(autograd::expand_grad(a, {4, 2}), Error,
-                        [](const Error& e) { return has(e, {"expand_grad", "cannot broadcast", "(4, 2)"}); });
-  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(from_vector(std::vector<int64_t>{1}, {1}), b), Error,
-                        [](const Error& e) { return has(e, {"accumulate_grad", "float"}); });
+  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(a, b), Error, [](const Error& e) {
+    return has(e, {"accumulate_grad", "(3)", "(2)"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::reduce_grad(a, {2}), Error, [](const Error& e) {
+    return has(e, {"reduce_grad", "cannot reduce", "(2)"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::expand_grad(a, {4, 2}), Error, [](const Error& e) {
+    return has(e, {"expand_grad", "cannot broadcast", "(4, 2)"});
+  });
+  BOOST_CHECK_EXCEPTION(autograd::accumulate_grad(from_vector(std::vector<int64_t>{1}, {1}), b),
+                        Error, [](const Error& e) {
+                          return has(e, {"accumulate_grad", "float"});
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(hessian_vector_product_of_a_quadratic_form) {
@@ -460,7 +488,8 @@ BOOST_AUTO_TEST_CASE(hessian_vector_product_through_matmul_and_sum) {
   const Tensor g = autograd::grad({f}, {x}, {}, {.create_graph = true})[0];
   BOOST_TEST(g.shape() == (Shape{3, 1}));
   const Tensor hv = autograd::grad({sum(mul(g, v))}, {x})[0];
-  const std::vector<double> xv = x.to_vector<double>(), vv = v.to_vector<double>(), bv = b.to_vector<double>();
+  const std::vector<double> xv = x.to_vector<double>(), vv = v.to_vector<double>(),
+                            bv = b.to_vector<double>();
   std::vector<double> want_g(3), want_hv(3);
   for (int i = 0; i < 3; ++i) {
     want_g[i] = bv[i];
@@ -475,7 +504,8 @@ BOOST_AUTO_TEST_CASE(hessian_vector_product_through_matmul_and_sum) {
 
 BOOST_AUTO_TEST_CASE(gradient_penalty) {
   TapeEmptyAfter tape;
-  // L = w . x^2, dL/dx = 2 w x, penalty P = |dL/dx|^2 = 4 w^2 x^2: dP/dw = 8 w x^2, dP/dx = 8 w^2 x.
+  // L = w . x^2, dL/dx = 2 w x, penalty P = |dL/dx|^2 = 4 w^2 x^2: dP/dw = 8 w x^2, dP/dx = 8 w^2
+  // x.
   Tensor x = leaf({1, -2, 0.5}), w = leaf({0.5, 1, -3});
   Tensor L = mul(w, mul(x, x));
   const Tensor gx = autograd::grad({L}, {x}, {ones_like(L)}, {.create_graph = true})[0];
@@ -488,9 +518,11 @@ BOOST_AUTO_TEST_CASE(gradient_penalty) {
 BOOST_AUTO_TEST_CASE(gradgradcheck_of_small_compositions) {
   TapeEmptyAfter tape;
   Generator gen(7);
-  const Tensors in{case_input({2, 3}, DType::f64, gen, 0.5, 1.5), case_input({3}, DType::f64, gen, 0.5, 1.5)};
+  const Tensors in{case_input({2, 3}, DType::f64, gen, 0.5, 1.5),
+                   case_input({3}, DType::f64, gen, 0.5, 1.5)};
   const auto r = gradgradcheck(
-      [](const Tensors& t) { return div(mul(mul(t[0], t[1]), t[0]), add(sub(t[1], t[0]), 3.0)); }, in);
+      [](const Tensors& t) { return div(mul(mul(t[0], t[1]), t[0]), add(sub(t[1], t[0]), 3.0)); },
+      in);
   BOOST_TEST(r.ok, r.message);
 }
 
@@ -539,7 +571,8 @@ BOOST_AUTO_TEST_CASE(in_place_change_caught_by_the_second_backward) {
   check_values(g, {18, 64});
   fill_(c, 5.0);
   BOOST_CHECK_EXCEPTION(autograd::grad({g}, {x}, {ones_like(g)}), Error, [](const Error& e) {
-    return has(e, {"second backward of 'mul'", "saved tensor 1", "f64 (2)", "modified in place", "version 0 -> 1"});
+    return has(e, {"second backward of 'mul'", "saved tensor 1", "f64 (2)", "modified in place",
+                   "version 0 -> 1"});
   });
   autograd::clear_tape();
 }
@@ -568,9 +601,11 @@ BOOST_AUTO_TEST_CASE(in_place_change_caught_in_a_first_order_entry_during_the_se
   check_values(gh, {6, 16});
   fill_(c, 5.0);
   // Under create_graph the message names the order of the entry that failed: the first.
-  BOOST_CHECK_EXCEPTION(autograd::grad({gh}, {x}, {ones_like(gh)}, {.create_graph = true}), Error, [](const Error& e) {
-    return has(e, {"first backward of 'mul'", "saved tensor 1", "modified in place", "version 0 -> 1"});
-  });
+  BOOST_CHECK_EXCEPTION(autograd::grad({gh}, {x}, {ones_like(gh)}, {.create_graph = true}), Error,
+                        [](const Error& e) {
+                          return has(e, {"first backward of 'mul'", "saved tensor 1",
+                                         "modified in place", "version 0 -> 1"});
+                        });
   autograd::clear_tape();
 }
 
@@ -585,15 +620,17 @@ BOOST_AUTO_TEST_CASE(retain_graph_at_the_second_order) {
   g.backward(ones_like(g));  // backward() through it too: .grad gets 6 x
   check_values(x.grad(), {12, 18});
   BOOST_TEST(autograd::tape_size() == 0u);
-  BOOST_CHECK_EXCEPTION(autograd::grad({g}, {x}, {ones_like(g)}), Error,
-                        [](const Error& e) { return has(e, {"already freed", "retain_graph"}); });
+  BOOST_CHECK_EXCEPTION(autograd::grad({g}, {x}, {ones_like(g)}), Error, [](const Error& e) {
+    return has(e, {"already freed", "retain_graph"});
+  });
 }
 
 BOOST_AUTO_TEST_CASE(an_op_declared_without_a_double_backward) {
   TapeEmptyAfter tape;
   bool declared = false;
   for (const auto& d : autograd::declared_ops())
-    if (d.name == "test_cube_once") declared = !d.double_backward && d.family == "test_higher_order";
+    if (d.name == "test_cube_once")
+      declared = !d.double_backward && d.family == "test_higher_order";
   BOOST_TEST(declared);
   Tensor x = leaf({2, -1});
   {  // first order, plain
@@ -678,8 +715,11 @@ BOOST_AUTO_TEST_CASE(a_fused_op_differentiable_through_differentiate) {
   // Outside a backward under create_graph (grad mode off) differentiate() refuses to run.
   autograd::NoGrad ng;
   BOOST_CHECK_EXCEPTION(
-      autograd::differentiate([](const Tensors& in) { return Tensors{mul(in[0], in[0])}; }, {x}, {ones_like(x)}, {true}),
-      Error, [](const Error& e) { return has(e, {"differentiate", "grad mode off"}); });
+      autograd::differentiate([](const Tensors& in) { return Tensors{mul(in[0], in[0])}; }, {x},
+                              {ones_like(x)}, {true}),
+      Error, [](const Error& e) {
+        return has(e, {"differentiate", "grad mode off"});
+      });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -20,7 +20,9 @@ namespace {
 void say_paths() {
   static const bool said = [] {
     std::cout << "test_int8: " << int8_description() << "\ntest_int8: paths tested: reference"
-              << (int8_kernel_available() ? ", onednn" : " (no oneDNN int8 kernel with VNNI on this CPU)") << std::endl;
+              << (int8_kernel_available() ? ", onednn"
+                                          : " (no oneDNN int8 kernel with VNNI on this CPU)")
+              << std::endl;
     return true;
   }();
   (void)said;
@@ -35,7 +37,8 @@ Tensor random(const Shape& s, uint64_t seed, double scale = 1.0) {
 // the bound for y[n][o] is what rounding x's row and w's row to their int8 grids can change:
 //   xs/2 Σ|w| + ws/2 Σ|x| + IN xs ws / 4, xs = max|x_n| / 127, ws = max|w_o| / 127,
 // plus float32 rounding of the dequantized result (1e-5 of Σ|x||w| + |b|).
-double worst_error_over_bound(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+double worst_error_over_bound(const Tensor& x2, const Tensor& w, const Tensor& b,
+                              const Tensor& y2) {
   const auto x = x2.to_vector<double>(), wv = w.to_vector<double>(), y = y2.to_vector<double>();
   const std::vector<double> bv = b.defined() ? b.to_vector<double>() : std::vector<double>();
   const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
@@ -70,7 +73,10 @@ BOOST_AUTO_TEST_SUITE(int8_linear_tests)
 
 BOOST_AUTO_TEST_CASE(int8_linear_is_within_the_quantization_bound_of_float64) {
   say_paths();
-  struct Case { int64_t N, IN, OUT; bool bias; };
+  struct Case {
+    int64_t N, IN, OUT;
+    bool bias;
+  };
   for (const Case c : {Case{1, 64, 48, true}, Case{37, 129, 65, false}, Case{64, 512, 256, true}}) {
     const Tensor x = random({c.N, c.IN}, 1 + c.N), w = random({c.OUT, c.IN}, 2 + c.IN, 0.05);
     const Tensor b = c.bias ? random({c.OUT}, 3) : Tensor();
@@ -114,7 +120,8 @@ BOOST_AUTO_TEST_CASE(weights_are_quantized_once_per_version) {
   const Tensor y1 = linear(x, w);
   BOOST_TEST(int8_weight_copies_made() == c0);  // the kept copy was used
   BOOST_TEST(y0.to_vector<float>() == y1.to_vector<float>());
-  copy_into(w, random({16, 32}, 15));  // a new version of w: quantized again, and the result follows
+  copy_into(w,
+            random({16, 32}, 15));  // a new version of w: quantized again, and the result follows
   const Tensor y2 = linear(x, w);
   BOOST_TEST(int8_weight_copies_made() == c0 + 1);
   BOOST_TEST(worst_error_over_bound(x, w, Tensor(), y2) <= 1.0);
@@ -122,8 +129,8 @@ BOOST_AUTO_TEST_CASE(weights_are_quantized_once_per_version) {
 
 BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
   std::vector<float> xv(4 * 16, 0.5f);
-  for (int k = 0; k < 16; ++k) xv[k] = 0.f;  // row 0: zeros
-  xv[2 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();  // row 2: a NaN
+  for (int k = 0; k < 16; ++k) xv[k] = 0.f;                            // row 0: zeros
+  xv[2 * 16 + 5] = std::numeric_limits<float>::quiet_NaN();            // row 2: a NaN
   for (int k = 0; k < 16; ++k) xv[3 * 16 + k] = k % 2 ? 0.f : 1e-39f;  // row 3: subnormal scale
   const Tensor x = from_vector(xv, {4, 16}), w = random({4, 16}, 11), b = random({4}, 12);
   for (bool reference : {true, false}) {
@@ -131,10 +138,11 @@ BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
     const auto y = int8_linear(x, w, b, reference).to_vector<float>();
     const auto bv = b.to_vector<float>();
     for (int o = 0; o < 4; ++o) {
-      BOOST_TEST(y[o] == bv[o]);                 // zeros in: exactly the bias out
-      BOOST_TEST(std::isfinite(y[4 + o]));       // an ordinary row stays finite
-      BOOST_TEST(std::isnan(y[8 + o]));          // a NaN in the row: NaN out, as float32 gives
-      BOOST_TEST(std::fabs(y[12 + o] - bv[o]) <= 1e-6);  // 1 / scale would overflow: still ~ the bias
+      BOOST_TEST(y[o] == bv[o]);            // zeros in: exactly the bias out
+      BOOST_TEST(std::isfinite(y[4 + o]));  // an ordinary row stays finite
+      BOOST_TEST(std::isnan(y[8 + o]));     // a NaN in the row: NaN out, as float32 gives
+      BOOST_TEST(std::fabs(y[12 + o] - bv[o]) <=
+                 1e-6);  // 1 / scale would overflow: still ~ the bias
     }
   }
 }

@@ -31,10 +31,12 @@ BOOST_AUTO_TEST_CASE(documents_from_fortune_and_plain_files) {
   auto f = write(dir, "f.txt", "first one\n  two lines\n%\n\n%\nsecond\n%\n");
   auto p = write(dir, "p.txt", "para one\nstill one\n\n\npara two\r\n");
   auto docs = lm::read_documents({f.string(), p.string()});
-  BOOST_TEST(docs == (std::vector<std::string>{"first one\n  two lines", "second", "para one\nstill one", "para two"}));
+  BOOST_TEST(docs == (std::vector<std::string>{"first one\n  two lines", "second",
+                                               "para one\nstill one", "para two"}));
   auto bad = write(dir, "bad.txt", std::string("ok\xff\n"));
-  BOOST_CHECK_EXCEPTION(lm::read_documents({bad.string()}), Error,
-                        [](const Error& e) { return std::string(e.what()).find("not UTF-8") != std::string::npos; });
+  BOOST_CHECK_EXCEPTION(lm::read_documents({bad.string()}), Error, [](const Error& e) {
+    return std::string(e.what()).find("not UTF-8") != std::string::npos;
+  });
   std::vector<std::string> tr, va;
   lm::split_documents(docs, 2, 1, tr, va);
   BOOST_TEST(tr.size() + va.size() == 4u);
@@ -45,7 +47,8 @@ BOOST_AUTO_TEST_CASE(documents_from_fortune_and_plain_files) {
 BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
   // "é" is two bytes, one character; each document's EOS counts as one character.
   const std::vector<int64_t> s = lm::token_stream({"aé", "b"});
-  BOOST_TEST(s == (std::vector<int64_t>{lm::kBOS, 'a', 0xC3, 0xA9, lm::kEOS, lm::kBOS, 'b', lm::kEOS}));
+  BOOST_TEST(s ==
+             (std::vector<int64_t>{lm::kBOS, 'a', 0xC3, 0xA9, lm::kEOS, lm::kBOS, 'b', lm::kEOS}));
   models::LMConfig c = lm::preset("lm-mini");
   c.d_model = 16, c.heads = 2, c.d_ff = 16, c.layers = 1, c.max_len = 8, c.dtype = DType::f64;
   models::DecoderOnlyLM m(c);
@@ -60,7 +63,8 @@ BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
 // recipe, bad values are refused by name, and its size is lm-mini's (with rope) within 1%.
 BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   const models::LMConfig c = lm::preset("llama-mini");
-  BOOST_TEST((c.rms_norm && c.ffn == nn::Activation::swiglu && !c.bias && c.kv_heads == 2 && c.tied_output));
+  BOOST_TEST((c.rms_norm && c.ffn == nn::Activation::swiglu && !c.bias && c.kv_heads == 2 &&
+              c.tied_output));
   BOOST_TEST((c.positions.kind == nn::Positions::rope));
   const models::LMConfig back = models::LMConfig::from_json(c.to_json());
   BOOST_TEST(back.to_json() == c.to_json());
@@ -68,16 +72,19 @@ BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   models::LMConfig mini_rope = lm::preset("lm-mini");  // as make lm trains it
   mini_rope.positions.kind = nn::Positions::rope;
   const double mini = (double)mini_rope.parameter_count();
-  BOOST_TEST(std::fabs((double)c.parameter_count() / mini - 1) < 0.01, c.parameter_count() << " vs " << mini);
+  BOOST_TEST(std::fabs((double)c.parameter_count() / mini - 1) < 0.01, c.parameter_count()
+                                                                           << " vs " << mini);
   nlohmann::json old = lm::preset("lm-mini").to_json();
   for (const char* f : {"norm", "ffn", "kv_heads", "bias", "tied_output"}) old.erase(f);
   const models::LMConfig gpt = models::LMConfig::from_json(old);
-  BOOST_TEST((!gpt.rms_norm && gpt.ffn == nn::Activation::relu && gpt.bias && gpt.kv_heads == 0 && gpt.tied_output));
+  BOOST_TEST((!gpt.rms_norm && gpt.ffn == nn::Activation::relu && gpt.bias && gpt.kv_heads == 0 &&
+              gpt.tied_output));
   auto refused = [&](const char* field, const nlohmann::json& v, const std::string& why) {
     nlohmann::json j = c.to_json();
     j[field] = v;
-    BOOST_CHECK_EXCEPTION(models::LMConfig::from_json(j, "cfg.json"), Error,
-                          [&](const Error& e) { return names(e, std::string("cfg.json: field \"") + field + "\" " + why); });
+    BOOST_CHECK_EXCEPTION(models::LMConfig::from_json(j, "cfg.json"), Error, [&](const Error& e) {
+      return names(e, std::string("cfg.json: field \"") + field + "\" " + why);
+    });
   };
   refused("kv_heads", 3, "must be 0 (= heads) or divide heads 4, got 3");
   refused("kv_heads", -1, "must be 0 (= heads) or divide heads 4, got -1");
@@ -93,8 +100,10 @@ BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
   // Order 1 on {1, 1, 2}: counts 2 and 1, D = n1 / (n1 + 2 n2) = 1/3, 2 types of 3 tokens, and
   // 258 symbols below: P(1) = (2 - 1/3) / 3 + (1/3) (2/3) / 258.
   const std::vector<int64_t> tiny{1, 1, 2};
-  BOOST_TEST(std::fabs(lm::KneserNey(tiny, 1).prob(tiny, 1) - ((2 - 1.0 / 3) / 3 + (1.0 / 3) * (2.0 / 3) / 258)) < 1e-15);
-  const std::vector<int64_t> train = lm::token_stream({"the cat sat on the mat", "a cat is not a hat", "the end"});
+  BOOST_TEST(std::fabs(lm::KneserNey(tiny, 1).prob(tiny, 1) -
+                       ((2 - 1.0 / 3) / 3 + (1.0 / 3) * (2.0 / 3) / 258)) < 1e-15);
+  const std::vector<int64_t> train =
+      lm::token_stream({"the cat sat on the mat", "a cat is not a hat", "the end"});
   const lm::KneserNey kn(train, 4);
   for (size_t i : {size_t(1), size_t(5), size_t(12), size_t(30)}) {
     std::vector<int64_t> s = train;
@@ -107,19 +116,26 @@ BOOST_AUTO_TEST_CASE(kneser_ney_baseline) {
   const std::vector<int64_t> seen = lm::token_stream({rep});
   const lm::Metrics m = lm::evaluate(lm::KneserNey(seen, 3), seen, 16);
   BOOST_TEST(m.bpc < 0.2, "bits/char " << m.bpc);
-  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 0), Error, [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
-  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 8), Error, [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
-  BOOST_CHECK_EXCEPTION(lm::KneserNey({1, lm::kPAD, 2}, 2), Error,
-                        [](const Error& e) { return names(e, "token 258 is outside the vocabulary"); });
-  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 5), Error, [](const Error& e) { return names(e, "a stream of 3 tokens"); });
-  BOOST_CHECK_EXCEPTION(lm::evaluate(kn, tiny, 16), Error, [](const Error& e) { return names(e, "shorter than one window"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 0), Error,
+                        [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 8), Error,
+                        [](const Error& e) { return names(e, "the order must be in [1, 7]"); });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey({1, lm::kPAD, 2}, 2), Error, [](const Error& e) {
+    return names(e, "token 258 is outside the vocabulary");
+  });
+  BOOST_CHECK_EXCEPTION(lm::KneserNey(tiny, 5), Error,
+                        [](const Error& e) { return names(e, "a stream of 3 tokens"); });
+  BOOST_CHECK_EXCEPTION(lm::evaluate(kn, tiny, 16), Error,
+                        [](const Error& e) { return names(e, "shorter than one window"); });
 }
 
 // Both presets' recipes: lm-mini's (learned positions replaced by rope) and llama-mini's (rope,
 // RMSNorm, SwiGLU, grouped-query attention, no biases), each trained, reloaded from its run
 // directory (config.json with the Llama fields) and decoded with the KV cache.
 BOOST_DATA_TEST_CASE(tiny_model_learns_a_text_and_generates_it,
-                     boost::unit_test::data::make(std::vector<std::string>{"lm-mini", "llama-mini"}), preset) {
+                     boost::unit_test::data::make(std::vector<std::string>{"lm-mini",
+                                                                           "llama-mini"}),
+                     preset) {
   std::string text;
   for (int i = 0; i < 40; ++i) text += "the cat sat on the mat.\n%\n";
   const TempDir dir("lm");
@@ -145,21 +161,25 @@ BOOST_DATA_TEST_CASE(tiny_model_learns_a_text_and_generates_it,
   o.dropout = 0.0;
   o.loop.quiet = true;
   lm::TrainResult r = lm::train(o);
-  BOOST_TEST_MESSAGE("valid bpc " << r.valid.bpc << " over " << r.valid.chars << " characters after " << r.loop.last_step << " steps");
-  BOOST_TEST_REQUIRE(r.loop.reached_target, "validation bpc " << r.valid.bpc << " after " << r.loop.last_step << " steps");
+  BOOST_TEST_MESSAGE("valid bpc " << r.valid.bpc << " over " << r.valid.chars
+                                  << " characters after " << r.loop.last_step << " steps");
+  BOOST_TEST_REQUIRE(r.loop.reached_target,
+                     "validation bpc " << r.valid.bpc << " after " << r.loop.last_step << " steps");
   BOOST_TEST(r.valid.bpc * r.valid.chars < 0.5);
   lm::LoadedRun run = lm::load_run(o.loop.run_dir);
   models::DecodeOptions d;
   d.max_len = 30;
   std::vector<int64_t> prompt{lm::kBOS};
   for (int64_t t : lm::encode("the cat ")) prompt.push_back(t);
-  BOOST_TEST(lm::decode(models::generate(*run.model, {prompt}, lm::kEOS, d)[0]) == "sat on the mat.");
+  BOOST_TEST(lm::decode(models::generate(*run.model, {prompt}, lm::kEOS, d)[0]) ==
+             "sat on the mat.");
 }
 
 // The program's --resume continues bit-exactly: 40 steps straight equal 25 + a resumed 15.
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   std::string text;
-  for (int i = 0; i < 30; ++i) text += "a rolling stone gathers no moss " + std::to_string(i) + "\n%\n";
+  for (int i = 0; i < 30; ++i)
+    text += "a rolling stone gathers no moss " + std::to_string(i) + "\n%\n";
   const TempDir dir("lm");
   auto f = write(dir, "moss.txt", text);
   auto run = [&](const std::string& name, int64_t steps, bool resume) {
@@ -180,7 +200,8 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   run("split", 25, false);
   const lm::TrainResult rest = run("split", 40, true);
   BOOST_TEST(rest.loop.first_step == 25);
-  BOOST_TEST(rest.loop.losses == std::vector<double>(whole.loop.losses.begin() + 25, whole.loop.losses.end()));
+  BOOST_TEST(rest.loop.losses ==
+             std::vector<double>(whole.loop.losses.begin() + 25, whole.loop.losses.end()));
   BOOST_TEST(rest.valid.bpc == whole.valid.bpc);
 }
 

@@ -1,4 +1,5 @@
-// cross_entropy, linear_cross_entropy and dropout: hand-computed values, PyTorch semantics, mask determinism, misuse.
+// cross_entropy, linear_cross_entropy and dropout: hand-computed values, PyTorch semantics, mask
+// determinism, misuse.
 #include <omp.h>
 
 #include <boost/test/unit_test.hpp>
@@ -54,7 +55,8 @@ BOOST_AUTO_TEST_CASE(uniform_logits_give_log_c) {
 // = 3.40760596444438; loss_0 = lse - (1 - eps) * 3 - eps / 3 * (1 + 2 + 3). Row 1: log 3.
 BOOST_AUTO_TEST_CASE(hand_computed_with_and_without_smoothing) {
   for (DType dt : {DType::f32, DType::f64}) {
-    Tensor x = cast_copy(from_vector(std::vector<double>{1, 2, 3, 1, 1, 1}, {2, 3}), dt).requires_grad_();
+    Tensor x =
+        cast_copy(from_vector(std::vector<double>{1, 2, 3, 1, 1, 1}, {2, 3}), dt).requires_grad_();
     Tensor t = targets({2, 0});
     BOOST_TEST(std::fabs(cross_entropy(x, t).item() - 0.7531091265562452) < 1e-6);
     Tensor l = cross_entropy(x, t, 0.1);
@@ -74,7 +76,8 @@ BOOST_AUTO_TEST_CASE(hand_computed_with_and_without_smoothing) {
 
 // Ignored rows count neither in the sum nor in the mean, and get zero gradient.
 BOOST_AUTO_TEST_CASE(ignored_targets) {
-  Tensor x = from_vector(std::vector<double>{1, 2, 3, 5, -4, 0.5, 1, 1, 1}, {3, 3}).requires_grad_();
+  Tensor x =
+      from_vector(std::vector<double>{1, 2, 3, 5, -4, 0.5, 1, 1, 1}, {3, 3}).requires_grad_();
   Tensor l = cross_entropy(x, targets({2, -100, 0}));
   BOOST_TEST(std::fabs(l.item() - 0.7531091265562452) < 1e-12);
   l.backward();
@@ -126,19 +129,24 @@ BOOST_AUTO_TEST_CASE(misuse_errors) {
     return msg_has(e, "cross_entropy", {"target -1", "position 1", "ignore_index -100"});
   });
   BOOST_CHECK_EXCEPTION(cross_entropy(x, from_vector(std::vector<float>{0, 1, 2}, {3})), Error,
-                        [](const Error& e) { return msg_has(e, "cross_entropy", {"int64", "f32 (3)"}); });
-  BOOST_CHECK_EXCEPTION(cross_entropy(rand({2, 3, 4}), targets({0, 1})), Error,
-                        [](const Error& e) { return msg_has(e, "cross_entropy", {"(N, C)", "(2, 3, 4)"}); });
-  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1})), Error,
-                        [](const Error& e) { return msg_has(e, "cross_entropy", {"(3, 4)", "i64 (2)"}); });
+                        [](const Error& e) {
+                          return msg_has(e, "cross_entropy", {"int64", "f32 (3)"});
+                        });
+  BOOST_CHECK_EXCEPTION(cross_entropy(rand({2, 3, 4}), targets({0, 1})), Error, [](const Error& e) {
+    return msg_has(e, "cross_entropy", {"(N, C)", "(2, 3, 4)"});
+  });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1})), Error, [](const Error& e) {
+    return msg_has(e, "cross_entropy", {"(3, 4)", "i64 (2)"});
+  });
   BOOST_CHECK_EXCEPTION(cross_entropy(x, from_vector(std::vector<int64_t>{0, 1, 2}, {3, 1})), Error,
                         [](const Error& e) { return msg_has(e, "cross_entropy", {"i64 (3, 1)"}); });
-  BOOST_CHECK_EXCEPTION(cross_entropy(from_vector(std::vector<int64_t>{0, 1}, {1, 2}), targets({0})), Error,
-                        [](const Error& e) { return msg_has(e, "cross_entropy", {"i64 (1, 2)"}); });
-  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1, 2}), 1.5), Error,
-                        [](const Error& e) { return msg_has(e, "cross_entropy", {"label_smoothing"}); });
+  BOOST_CHECK_EXCEPTION(
+      cross_entropy(from_vector(std::vector<int64_t>{0, 1}, {1, 2}), targets({0})), Error,
+      [](const Error& e) { return msg_has(e, "cross_entropy", {"i64 (1, 2)"}); });
+  BOOST_CHECK_EXCEPTION(cross_entropy(x, targets({0, 1, 2}), 1.5), Error, [](const Error& e) {
+    return msg_has(e, "cross_entropy", {"label_smoothing"});
+  });
 }
-
 
 // When nothing else holds the logits, backward writes the gradient into their buffer; the
 // gradient is the same as when they are held (a fresh buffer) or kept for a second backward.
@@ -210,14 +218,16 @@ BOOST_AUTO_TEST_CASE(linear_cross_entropy_matches_linear_then_cross_entropy) {
 // dw matmul) and some ignored targets, against float64.
 BOOST_AUTO_TEST_CASE(linear_cross_entropy_f32_wide_rows_matches_f64) {
   Generator g(41);
-  Tensor x0 = rand({300, 256}, DType::f64, g, -1, 1), w0 = rand({50, 256}, DType::f64, g, -0.2, 0.2);
+  Tensor x0 = rand({300, 256}, DType::f64, g, -1, 1),
+         w0 = rand({50, 256}, DType::f64, g, -0.2, 0.2);
   std::vector<int64_t> tv(300);
   for (int64_t i = 0; i < 300; ++i) tv[i] = i % 7 == 0 ? -100 : (i * 13) % 50;
   Tensor t = from_vector(tv, {300});
   Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_();
   Tensor l64 = linear_cross_entropy(x, w, t, 0.1, -100, 64);
   l64.backward();
-  Tensor x32 = cast_copy(x0, DType::f32).requires_grad_(), w32 = cast_copy(w0, DType::f32).requires_grad_();
+  Tensor x32 = cast_copy(x0, DType::f32).requires_grad_(),
+         w32 = cast_copy(w0, DType::f32).requires_grad_();
   Tensor l32 = linear_cross_entropy(x32, w32, t, 0.1, -100, 64);
   l32.backward();
   BOOST_TEST(std::fabs(l32.item() - l64.item()) < 1e-4);
@@ -227,17 +237,26 @@ BOOST_AUTO_TEST_CASE(linear_cross_entropy_f32_wide_rows_matches_f64) {
 
 BOOST_AUTO_TEST_CASE(linear_cross_entropy_errors) {
   Tensor x = ones({3, 4}), w = ones({5, 4});
-  auto t = [](std::vector<int64_t> v) { const int64_t n = (int64_t)v.size(); return from_vector(v, {n}); };
+  auto t = [](std::vector<int64_t> v) {
+    const int64_t n = (int64_t)v.size();
+    return from_vector(v, {n});
+  };
   BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, ones({5, 3}), t({0, 1, 2})), Error,
-                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"(3, 4)", "(5, 3)"}); });
-  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1})), Error,
-                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"target (N) = (3)"}); });
-  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 5, 1})), Error,
-                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"target 5 at position 1", "[0, 5)"}); });
-  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 2.0), Error,
-                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"label_smoothing"}); });
-  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 0.0, -100, -1), Error,
-                        [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"chunk_rows"}); });
+                        [](const Error& e) {
+                          return msg_has(e, "linear_cross_entropy", {"(3, 4)", "(5, 3)"});
+                        });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1})), Error, [](const Error& e) {
+    return msg_has(e, "linear_cross_entropy", {"target (N) = (3)"});
+  });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 5, 1})), Error, [](const Error& e) {
+    return msg_has(e, "linear_cross_entropy", {"target 5 at position 1", "[0, 5)"});
+  });
+  BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, t({0, 1, 2}), 2.0), Error, [](const Error& e) {
+    return msg_has(e, "linear_cross_entropy", {"label_smoothing"});
+  });
+  BOOST_CHECK_EXCEPTION(
+      linear_cross_entropy(x, w, t({0, 1, 2}), 0.0, -100, -1), Error,
+      [](const Error& e) { return msg_has(e, "linear_cross_entropy", {"chunk_rows"}); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -332,8 +351,9 @@ BOOST_AUTO_TEST_CASE(relu_dropout_matches_relu_then_dropout) {
   BOOST_TEST(relu_dropout(x0, 0.3, false, g1).to_vector<double>() == relu(x0).to_vector<double>());
   BOOST_TEST(relu_dropout(x0, 0.0, true, g1).to_vector<double>() == relu(x0).to_vector<double>());
   BOOST_TEST(g1.state() == st);
-  BOOST_CHECK_EXCEPTION(relu_dropout(x0, 2.0, true), Error,
-                        [](const Error& e) { return msg_has(e, "relu_dropout", {"p = 2", "(16, 33)"}); });
+  BOOST_CHECK_EXCEPTION(relu_dropout(x0, 2.0, true), Error, [](const Error& e) {
+    return msg_has(e, "relu_dropout", {"p = 2", "(16, 33)"});
+  });
 }
 
 // A transposed view gets the mask of its logical (row-major) element order.
@@ -357,8 +377,9 @@ BOOST_AUTO_TEST_CASE(identity_and_edge_probabilities) {
 
 BOOST_AUTO_TEST_CASE(misuse_errors) {
   Tensor x = rand({2, 3});
-  BOOST_CHECK_EXCEPTION(dropout(x, 1.5, true), Error,
-                        [](const Error& e) { return msg_has(e, "dropout", {"p = 1.5", "(2, 3)"}); });
+  BOOST_CHECK_EXCEPTION(dropout(x, 1.5, true), Error, [](const Error& e) {
+    return msg_has(e, "dropout", {"p = 1.5", "(2, 3)"});
+  });
   BOOST_CHECK_EXCEPTION(dropout(x, -0.1, false), Error,
                         [](const Error& e) { return msg_has(e, "dropout", {"p = -0.1"}); });
   BOOST_CHECK_EXCEPTION(dropout(x, std::nan(""), true), Error,

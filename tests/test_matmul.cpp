@@ -58,7 +58,8 @@ BOOST_AUTO_TEST_CASE(matmul_values) {
     BOOST_CHECK(y.shape() == Shape({}));
     check_close(y, {5});
     // batch (2, 1, 2, 2) @ (3, 2, 2) broadcasts to (2, 3, 2, 2)
-    Tensor ab = cast_copy(from_vector(std::vector<double>{1, 0, 0, 1, 2, 0, 0, 2}, {2, 1, 2, 2}), dt);
+    Tensor ab =
+        cast_copy(from_vector(std::vector<double>{1, 0, 0, 1, 2, 0, 0, 2}, {2, 1, 2, 2}), dt);
     Tensor bb = cast_copy(
         from_vector(std::vector<double>{1, 2, 3, 4, 0, 1, 1, 0, -1, 0, 0, -1}, {3, 2, 2}), dt);
     y = matmul(ab, bb);
@@ -145,7 +146,8 @@ BOOST_AUTO_TEST_CASE(linear_f32_matches_f64) {
   Generator g(5);
   Tensor x = tview(randn({16, 24}, DType::f64, g));  // (24, 16), non-contiguous
   Tensor w = randn({10, 16}, DType::f64, g), b = randn({10}, DType::f64, g);
-  Tensor x32 = cast_copy(x, DType::f32).requires_grad_(), w32 = cast_copy(w, DType::f32).requires_grad_(),
+  Tensor x32 = cast_copy(x, DType::f32).requires_grad_(),
+         w32 = cast_copy(w, DType::f32).requires_grad_(),
          b32 = cast_copy(b, DType::f32).requires_grad_();
   x.requires_grad_();
   w.requires_grad_();
@@ -206,10 +208,12 @@ BOOST_AUTO_TEST_CASE(linear_backward_with_4k_row_strides_matches_f64) {
 }
 
 BOOST_AUTO_TEST_CASE(matmul_misuse) {
-  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({4, 5})), Error,
-                        [](const Error& e) { return names(e, "matmul: (2, 3) @ (4, 5): inner dims 3 != 4"); });
-  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({3, 5}, DType::f64)), Error,
-                        [](const Error& e) { return names(e, "matmul: (2, 3) @ (3, 5): dtype mismatch"); });
+  BOOST_CHECK_EXCEPTION(matmul(zeros({2, 3}), zeros({4, 5})), Error, [](const Error& e) {
+    return names(e, "matmul: (2, 3) @ (4, 5): inner dims 3 != 4");
+  });
+  BOOST_CHECK_EXCEPTION(
+      matmul(zeros({2, 3}), zeros({3, 5}, DType::f64)), Error,
+      [](const Error& e) { return names(e, "matmul: (2, 3) @ (3, 5): dtype mismatch"); });
   BOOST_CHECK_EXCEPTION(matmul(scalar(1.0), zeros({3})), Error,
                         [](const Error& e) { return names(e, "matmul: () @ (3)"); });
   BOOST_CHECK_EXCEPTION(matmul(zeros({2, 2, 3}), zeros({3, 3, 4})), Error, [](const Error& e) {
@@ -223,13 +227,15 @@ BOOST_AUTO_TEST_CASE(linear_misuse) {
   BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 5})), Error, [](const Error& e) {
     return names(e, "linear: x (2, 3), w (4, 5): in features 3 != w's 5");
   });
-  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 3}), zeros({3})), Error, [](const Error& e) {
-    return names(e, "linear: x (2, 3), w (4, 3), b (3): b must be (4)");
+  BOOST_CHECK_EXCEPTION(
+      linear(zeros({2, 3}), zeros({4, 3}), zeros({3})), Error,
+      [](const Error& e) { return names(e, "linear: x (2, 3), w (4, 3), b (3): b must be (4)"); });
+  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({3})), Error, [](const Error& e) {
+    return names(e, "linear: x (2, 3), w (3): w must be 2-D");
   });
-  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({3})), Error,
-                        [](const Error& e) { return names(e, "linear: x (2, 3), w (3): w must be 2-D"); });
-  BOOST_CHECK_EXCEPTION(linear(zeros({2, 3}), zeros({4, 3}, DType::f64)), Error,
-                        [](const Error& e) { return names(e, "linear: x (2, 3), w (4, 3): dtype mismatch"); });
+  BOOST_CHECK_EXCEPTION(
+      linear(zeros({2, 3}), zeros({4, 3}, DType::f64)), Error,
+      [](const Error& e) { return names(e, "linear: x (2, 3), w (4, 3): dtype mismatch"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -99,7 +99,8 @@ BOOST_AUTO_TEST_CASE(loss_equals_cross_entropy_of_forward) {
   m.eval();  // no dropout: both passes see the same network
   Tensor src = ids({5, 6, 7, 3, 0, 8, 9, 3}, 2), tin = ids({2, 9, 10, 0, 2, 4, 11, 12}, 2);
   Tensor tout = ids({9, 10, 3, 0, 4, 11, 12, 3}, 2);
-  Tensor ref = cross_entropy(reshape(m.forward(src, tin), {-1, m.cfg.vocab}), reshape(tout, {-1}), 0.1, 0);
+  Tensor ref =
+      cross_entropy(reshape(m.forward(src, tin), {-1, m.cfg.vocab}), reshape(tout, {-1}), 0.1, 0);
   ref.backward();
   std::vector<std::vector<double>> want;
   for (auto& [name, p] : m.named_parameters()) want.push_back(p.grad().to_vector<double>());
@@ -114,8 +115,8 @@ BOOST_AUTO_TEST_CASE(loss_equals_cross_entropy_of_forward) {
   }
   BOOST_CHECK_EXCEPTION(m.loss(src, tin, ids({9, 10, 3, 0}, 2), 0.1), Error, [](const Error& e) {
     const std::string m = e.what();
-    return m.find("Transformer::loss: tgt_out") != std::string::npos && m.find("(2, 2)") != std::string::npos &&
-           m.find("(2, 4)") != std::string::npos;
+    return m.find("Transformer::loss: tgt_out") != std::string::npos &&
+           m.find("(2, 2)") != std::string::npos && m.find("(2, 4)") != std::string::npos;
   });
 }
 
@@ -146,7 +147,8 @@ BOOST_AUTO_TEST_CASE(padding_changes_no_non_pad_output) {
   Tensor b = m.forward(ids({5, 6, 7, 3, 0, 0, 0}, 1), ids({2, 9, 10, 0, 0}, 1));
   BOOST_TEST(max_abs_diff(rows(a, 0, 0, 3), rows(b, 0, 0, 3)) < 1e-12);
   // And in a batch next to a longer sentence.
-  Tensor c = m.forward(ids({5, 6, 7, 3, 0, 0, 8, 8, 8, 8, 8, 3}, 2), ids({2, 9, 10, 0, 2, 4, 4, 4}, 2));
+  Tensor c =
+      m.forward(ids({5, 6, 7, 3, 0, 0, 8, 8, 8, 8, 8, 3}, 2), ids({2, 9, 10, 0, 2, 4, 4, 4}, 2));
   BOOST_TEST(max_abs_diff(rows(a, 0, 0, 3), rows(c, 0, 0, 3)) < 1e-12);
 }
 
@@ -168,8 +170,10 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_full_recomputation) {
     Tensor memory = m.encode(src);
     std::vector<nn::DecoderLayerCache> caches;
     std::vector<int64_t> prefix = {2, 11, 2, 12};  // (2, 2)
-    Tensor step0 = m.logits(m.decoder->forward_step(m.embed(ids({2, 2}, 2), 0), memory, m.pad_mask(src), caches, 4));
-    Tensor step1 = m.logits(m.decoder->forward_step(m.embed(ids({11, 12}, 2), 1), memory, m.pad_mask(src), caches, 4));
+    Tensor step0 = m.logits(
+        m.decoder->forward_step(m.embed(ids({2, 2}, 2), 0), memory, m.pad_mask(src), caches, 4));
+    Tensor step1 = m.logits(
+        m.decoder->forward_step(m.embed(ids({11, 12}, 2), 1), memory, m.pad_mask(src), caches, 4));
     Tensor whole = m.decode(memory, src, ids(prefix, 2));
     BOOST_TEST(max_abs_diff(rows(step1, 0, 0, 1), rows(whole, 0, 1, 2)) < 1e-4);
     BOOST_TEST(max_abs_diff(rows(step1, 1, 0, 1), rows(whole, 1, 1, 2)) < 1e-4);
@@ -259,7 +263,8 @@ BOOST_AUTO_TEST_SUITE(model_zoo)
 // added, round-trips through JSON, and a config file written before the field reads as false.
 BOOST_AUTO_TEST_CASE(decoder_only_lm_scale_embedding) {
   LMConfig c;
-  c.vocab = 11, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 8, c.dropout = 0.0;
+  c.vocab = 11, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 8,
+  c.dropout = 0.0;
   c.positions.kind = nn::Positions::sinusoidal;
   c.dtype = DType::f64;
   nlohmann::json j = c.to_json();
@@ -278,7 +283,8 @@ BOOST_AUTO_TEST_CASE(decoder_only_lm_scale_embedding) {
   const auto a = scaled.embed(x).to_vector<double>(), b = plain.embed(x).to_vector<double>();
   const auto e = plain.embedding->forward(x).to_vector<double>();
   double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs((a[i] - b[i]) - 3.0 * e[i]));  // (4 - 1) E
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs((a[i] - b[i]) - 3.0 * e[i]));  // (4 - 1) E
   BOOST_TEST(worst < 1e-12);
 }
 
@@ -339,7 +345,8 @@ BOOST_AUTO_TEST_CASE(encoder_classifier_gradcheck_and_padding) {
     EncoderClassifier m(tiny_classifier_config(buckets));
     Tensor x = ids({3, 4, 5, 0, 6, 7, 8, 2}, 2);
     Tensor y = from_vector(std::vector<int64_t>{1, 2}, {2}, DType::i64);
-    GradcheckResult r = gradcheck([&](const Tensors&) { return cross_entropy(m.forward(x), y); }, m.parameters());
+    GradcheckResult r =
+        gradcheck([&](const Tensors&) { return cross_entropy(m.forward(x), y); }, m.parameters());
     BOOST_TEST(r.ok, "ngram_buckets " << buckets << ": " << r.message);
     autograd::NoGrad ng;
     Tensor a = m.forward(ids({3, 4, 5}, 1)), b = m.forward(ids({3, 4, 5, 0, 0}, 1));
@@ -366,7 +373,7 @@ BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_ids) {
   BOOST_TEST(at(0, 1, 2) == at(1, 2, 2));  // and in the other
   BOOST_TEST(at(0, 2, 3) != none);
   for (int n : {2, 3}) BOOST_TEST(at(1, 3, n) == none);  // the pad
-  BOOST_TEST(at(1, 4, 2) == none);  // "0 7" holds the pad
+  BOOST_TEST(at(1, 4, 2) == none);                       // "0 7" holds the pad
   bool spread = false;  // 11 buckets: the distinct n-grams do not all share one
   for (int64_t v : g) spread = spread || (v != none && v != at(0, 1, 2));
   BOOST_TEST(spread);
@@ -379,7 +386,8 @@ BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_ids) {
 BOOST_AUTO_TEST_CASE(encoder_classifier_ngram_hash_is_frozen) {
   ClassifierConfig c = tiny_classifier_config(1 << 18);
   c.vocab = 128;
-  const auto g = EncoderClassifier(c).ngram_ids(ids({97, 98, 99, 97, 98}, 1)).to_vector<int64_t>();  // "abcab"
+  const auto g =
+      EncoderClassifier(c).ngram_ids(ids({97, 98, 99, 97, 98}, 1)).to_vector<int64_t>();  // "abcab"
   auto at = [&](int t, int n) { return g[(size_t)(t * 2 + n - 2)]; };
   BOOST_TEST(at(1, 2) == 169742);  // "ab"
   BOOST_TEST(at(2, 2) == 30821);   // "bc"
@@ -397,13 +405,17 @@ BOOST_AUTO_TEST_CASE(classifier_config_ngram_fields) {
   nlohmann::json old = c.to_json();
   old.erase("ngram_buckets"), old.erase("ngram_max");
   BOOST_TEST(ClassifierConfig::from_json(old).ngram_buckets == 0);  // a graft 0.2 config
-  for (auto [field, value] : {std::pair<const char*, int64_t>{"ngram_buckets", -1}, {"ngram_buckets", (1 << 24) + 1},
-                              {"ngram_max", 1}, {"ngram_max", 9}}) {
+  for (auto [field, value] : {std::pair<const char*, int64_t>{"ngram_buckets", -1},
+                              {"ngram_buckets", (1 << 24) + 1},
+                              {"ngram_max", 1},
+                              {"ngram_max", 9}}) {
     nlohmann::json j = c.to_json();
     j[field] = value;
-    BOOST_CHECK_EXCEPTION(ClassifierConfig::from_json(j, "run/config.json"), Error, [&](const Error& e) {
-      return std::string(e.what()).find(std::string("run/config.json: field \"") + field + "\"") != std::string::npos;
-    });
+    BOOST_CHECK_EXCEPTION(
+        ClassifierConfig::from_json(j, "run/config.json"), Error, [&](const Error& e) {
+          return std::string(e.what()).find(std::string("run/config.json: field \"") + field +
+                                            "\"") != std::string::npos;
+        });
   }
   c.ngram_max = 9;
   BOOST_CHECK_THROW(EncoderClassifier{c}, Error);
@@ -414,9 +426,11 @@ BOOST_AUTO_TEST_CASE(classifier_config_ngram_fields) {
 BOOST_AUTO_TEST_CASE(constructors_and_from_json_validate_alike) {
   auto both = [](auto c, const auto& build, const std::string& who, const std::string& why) {
     using Config = decltype(c);
-    BOOST_CHECK_EXCEPTION(Config::from_json(c.to_json(), "c.json"), Error,
-                          [&](const Error& e) { return testing::names(e, "c.json: field " + why); });
-    BOOST_CHECK_EXCEPTION(build(c), Error, [&](const Error& e) { return testing::names(e, who + ": field " + why); });
+    BOOST_CHECK_EXCEPTION(Config::from_json(c.to_json(), "c.json"), Error, [&](const Error& e) {
+      return testing::names(e, "c.json: field " + why);
+    });
+    BOOST_CHECK_EXCEPTION(
+        build(c), Error, [&](const Error& e) { return testing::names(e, who + ": field " + why); });
   };
   auto lm = [](const LMConfig& c) { DecoderOnlyLM m(c); };
   auto tr = [](const TransformerConfig& c) { Transformer m(c); };
@@ -456,11 +470,12 @@ BOOST_AUTO_TEST_SUITE_END()
 BOOST_AUTO_TEST_SUITE(config_sizes)
 
 BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
-  for (auto kind : {nn::Positions::sinusoidal, nn::Positions::learned, nn::Positions::rope, nn::Positions::alibi,
-                    nn::Positions::relative})
+  for (auto kind : {nn::Positions::sinusoidal, nn::Positions::learned, nn::Positions::rope,
+                    nn::Positions::alibi, nn::Positions::relative})
     for (bool pre : {false, true}) {
       TransformerConfig t;
-      t.vocab = 37, t.d_model = 16, t.heads = 2, t.d_ff = 24, t.enc_layers = 2, t.dec_layers = 1, t.max_len = 20;
+      t.vocab = 37, t.d_model = 16, t.heads = 2, t.d_ff = 24, t.enc_layers = 2, t.dec_layers = 1,
+      t.max_len = 20;
       t.positions.kind = kind, t.norm_first = pre, t.final_norm = true;
       BOOST_TEST(t.parameter_count() == Transformer(t).num_parameters());
       t.final_norm = false;
@@ -473,14 +488,18 @@ BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
       for (int variant = 0; variant < 6; ++variant) {
         LMConfig v = l;
         v.rms_norm = variant == 0 || variant == 5;
-        v.ffn = variant == 1 ? nn::Activation::gelu : variant >= 2 && variant != 4 ? nn::Activation::swiglu : v.ffn;
+        v.ffn = variant == 1                   ? nn::Activation::gelu
+                : variant >= 2 && variant != 4 ? nn::Activation::swiglu
+                                               : v.ffn;
         v.kv_heads = variant == 3 ? 1 : variant == 5 ? 2 : 0;
         v.bias = !(variant == 4 || variant == 5);
         v.tied_output = variant != 5 && variant != 2;
-        BOOST_TEST(v.parameter_count() == DecoderOnlyLM(v).num_parameters(), "LM variant " << variant);
+        BOOST_TEST(v.parameter_count() == DecoderOnlyLM(v).num_parameters(),
+                   "LM variant " << variant);
       }
       ClassifierConfig c;
-      c.vocab = 31, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 2, c.max_len = 10, c.classes = 5;
+      c.vocab = 31, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 2, c.max_len = 10,
+      c.classes = 5;
       c.positions.kind = kind, c.norm_first = pre;
       BOOST_TEST(c.parameter_count() == EncoderClassifier(c).num_parameters());
       c.ngram_buckets = 13;
@@ -497,18 +516,21 @@ BOOST_AUTO_TEST_CASE(oversized_configs_are_refused_before_building) {
   });
   t.enc_layers = 2;
   t.vocab = int64_t(1) << 40, t.d_model = int64_t(1) << 30;
-  BOOST_CHECK_EXCEPTION(check_config_memory(t, "c.json"), Error,
-                        [](const Error& e) { return testing::names(e, "parameter count: the count overflows int64"); });
+  BOOST_CHECK_EXCEPTION(check_config_memory(t, "c.json"), Error, [](const Error& e) {
+    return testing::names(e, "parameter count: the count overflows int64");
+  });
   TransformerConfig ok;
   BOOST_CHECK_NO_THROW(check_config_memory(ok, "c.json"));
   // The peak counts the float64 staging of a sinusoid table: a float32 table peaks at 3x.
   BOOST_TEST(model_peak_bytes(10, 100, DType::f32, 2) == 10 * 2 * 4 + 100 * (4 + 8));
   BOOST_TEST(model_peak_bytes(10, 0, DType::f64, 4) == 10 * 4 * 8);
   const std::vector<std::pair<std::string, Tensor>> w = {{"a", zeros({3, 4})}};
-  BOOST_CHECK_EXCEPTION(check_weights_count(13, w, "c.json", "m.safetensors"), Error, [](const Error& e) {
-    return std::string(e.what()) ==
-           "'c.json' describes a model of 13 parameters but 'm.safetensors' holds 12: they do not belong together";
-  });
+  BOOST_CHECK_EXCEPTION(check_weights_count(13, w, "c.json", "m.safetensors"), Error,
+                        [](const Error& e) {
+                          return std::string(e.what()) ==
+                                 "'c.json' describes a model of 13 parameters but 'm.safetensors' "
+                                 "holds 12: they do not belong together";
+                        });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
@@ -533,8 +555,9 @@ std::vector<std::string> paths_of(const nn::NamedTensors& w) {
 // and without a tape; so do the cross-attention weights Transformer::decode gives back.
 BOOST_AUTO_TEST_CASE(attention_recorder_keeps_the_logits_bit_identical) {
   const std::vector<std::string> expected = {
-      "encoder.layers.0.self_attn",      "encoder.layers.1.self_attn",      "decoder.layers.0.self_attn",
-      "decoder.layers.0.multihead_attn", "decoder.layers.1.self_attn", "decoder.layers.1.multihead_attn"};
+      "encoder.layers.0.self_attn", "encoder.layers.1.self_attn",
+      "decoder.layers.0.self_attn", "decoder.layers.0.multihead_attn",
+      "decoder.layers.1.self_attn", "decoder.layers.1.multihead_attn"};
   for (bool pre_ln : {false, true}) {
     Transformer m(small_cfg(DType::f32, pre_ln));
     m.eval();
@@ -563,7 +586,8 @@ BOOST_AUTO_TEST_CASE(attention_recorder_keeps_the_logits_bit_identical) {
   }
   nn::AttentionRecorder rec;
   BOOST_CHECK_EXCEPTION(rec.get("decoder.layers.9.self_attn"), Error, [](const Error& e) {
-    return testing::names(e, "AttentionRecorder: no attention weights under 'decoder.layers.9.self_attn'");
+    return testing::names(
+        e, "AttentionRecorder: no attention weights under 'decoder.layers.9.self_attn'");
   });
 }
 
@@ -571,7 +595,8 @@ BOOST_AUTO_TEST_CASE(attention_recorder_keeps_the_logits_bit_identical) {
 // decoding gives the same tokens with it, one entry per attention per step.
 BOOST_AUTO_TEST_CASE(attention_recorder_in_every_model) {
   LMConfig lc;
-  lc.vocab = 11, lc.d_model = 16, lc.heads = 2, lc.d_ff = 32, lc.layers = 2, lc.max_len = 16, lc.dropout = 0.0;
+  lc.vocab = 11, lc.d_model = 16, lc.heads = 2, lc.d_ff = 32, lc.layers = 2, lc.max_len = 16,
+  lc.dropout = 0.0;
   DecoderOnlyLM lm(lc);
   lm.eval();
   autograd::NoGrad ng;
@@ -580,7 +605,8 @@ BOOST_AUTO_TEST_CASE(attention_recorder_in_every_model) {
     const auto plain = lm.forward(x).to_vector<float>();
     nn::AttentionRecorder rec;
     BOOST_TEST(plain == lm.forward(x).to_vector<float>());
-    BOOST_TEST(paths_of(rec.weights()) == (std::vector<std::string>{"blocks.layers.0.self_attn", "blocks.layers.1.self_attn"}),
+    BOOST_TEST(paths_of(rec.weights()) == (std::vector<std::string>{"blocks.layers.0.self_attn",
+                                                                    "blocks.layers.1.self_attn"}),
                std::boolalpha);
   }
   ClassifierConfig cc = model_zoo::tiny_classifier_config(0);
@@ -617,22 +643,26 @@ BOOST_AUTO_TEST_CASE(forward_hooks_read_and_replace_outputs) {
   const auto plain = m.forward(src, tgt).to_vector<double>();
   std::vector<std::string> seen;
   Tensor ffn_out;
-  nn::HookHandle reader = m.register_forward_hook([&](const std::string& path, const nn::Module& mod, const Tensor& out) {
-    seen.push_back(path);
-    if (path == "decoder.layers.1.linear2") {
-      BOOST_TEST(&mod == m.decoder->layers[1]->linear2.get());
-      ffn_out = out;
-    }
-    return Tensor();  // keep the output
-  });
+  nn::HookHandle reader = m.register_forward_hook(
+      [&](const std::string& path, const nn::Module& mod, const Tensor& out) {
+        seen.push_back(path);
+        if (path == "decoder.layers.1.linear2") {
+          BOOST_TEST(&mod == m.decoder->layers[1]->linear2.get());
+          ffn_out = out;
+        }
+        return Tensor();  // keep the output
+      });
   BOOST_TEST(m.forward(src, tgt).to_vector<double>() == plain);
   BOOST_TEST(ffn_out.shape() == (Shape{1, 3, 16}));
-  for (const char* p : {"embedding", "encoder.layers.0.self_attn.out_proj", "encoder.layers.0.self_attn",
-                        "encoder.layers.0.linear1", "encoder.layers.0.norm2", "encoder.layers.0", "encoder.norm",
-                        "encoder", "decoder.layers.0.multihead_attn", "decoder.layers.1", "decoder"})
+  for (const char* p :
+       {"embedding", "encoder.layers.0.self_attn.out_proj", "encoder.layers.0.self_attn",
+        "encoder.layers.0.linear1", "encoder.layers.0.norm2", "encoder.layers.0", "encoder.norm",
+        "encoder", "decoder.layers.0.multihead_attn", "decoder.layers.1", "decoder"})
     BOOST_TEST((std::find(seen.begin(), seen.end(), p) != seen.end()), p);
   // A layer's own output comes after its sublayers'.
-  const auto at = [&](const std::string& p) { return std::find(seen.begin(), seen.end(), p) - seen.begin(); };
+  const auto at = [&](const std::string& p) {
+    return std::find(seen.begin(), seen.end(), p) - seen.begin();
+  };
   BOOST_TEST(at("encoder.layers.0.linear2") < at("encoder.layers.0"));
   reader.remove();
   BOOST_TEST(!reader.active());
@@ -642,10 +672,11 @@ BOOST_AUTO_TEST_CASE(forward_hooks_read_and_replace_outputs) {
 
   // Zeroing the last decoder layer's FFN: post-LN, that layer's output is then norm3(x).
   Tensor before_ffn;
-  nn::HookHandle zero = m.decoder->layers[1]->register_forward_hook([&](const std::string& path, const nn::Module&, const Tensor& out) {
-    if (path == "norm2") before_ffn = out;
-    return path == "linear2" ? zeros(out.shape(), out.dtype()) : Tensor();
-  });
+  nn::HookHandle zero = m.decoder->layers[1]->register_forward_hook(
+      [&](const std::string& path, const nn::Module&, const Tensor& out) {
+        if (path == "norm2") before_ffn = out;
+        return path == "linear2" ? zeros(out.shape(), out.dtype()) : Tensor();
+      });
   const Tensor zeroed = m.forward(src, tgt);
   BOOST_TEST(max_abs_diff(zeroed.to_vector<double>(), plain) > 1e-3);
   zero.remove();
@@ -653,8 +684,9 @@ BOOST_AUTO_TEST_CASE(forward_hooks_read_and_replace_outputs) {
   const Tensor expected = m.logits(m.decoder->norm->forward(last.norm3->forward(before_ffn)));
   BOOST_TEST(max_abs_diff(zeroed.to_vector<double>(), expected.to_vector<double>()) < 1e-12);
   BOOST_TEST(m.forward(src, tgt).to_vector<double>() == plain);
-  BOOST_CHECK_EXCEPTION(m.register_forward_hook(nullptr), Error,
-                        [](const Error& e) { return testing::names(e, "register_forward_hook: the hook is an empty function"); });
+  BOOST_CHECK_EXCEPTION(m.register_forward_hook(nullptr), Error, [](const Error& e) {
+    return testing::names(e, "register_forward_hook: the hook is an empty function");
+  });
 }
 
 // to(float64): the same logits as the float32 model within float32's tolerance, every
@@ -670,12 +702,14 @@ BOOST_AUTO_TEST_CASE(module_to_dtype_converts_and_trains) {
     BOOST_TEST(p.requires_grad());
     BOOST_TEST(p.is_leaf());
   }
-  BOOST_TEST((m64.encoder->layers[0]->linear1->weight.dtype() == DType::f64));  // the layers' own handles
-  const Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, 2), tgt_in = ids({2, 11, 12, 2, 13, 0}, 2),
-               tgt_out = ids({11, 12, 3, 13, 3, 0}, 2);
+  BOOST_TEST(
+      (m64.encoder->layers[0]->linear1->weight.dtype() == DType::f64));  // the layers' own handles
+  const Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0}, 2),
+               tgt_in = ids({2, 11, 12, 2, 13, 0}, 2), tgt_out = ids({11, 12, 3, 13, 3, 0}, 2);
   {
     autograd::NoGrad ng;
-    BOOST_TEST(max_abs_diff(m32.forward(src, tgt_in).to_vector<double>(), m64.forward(src, tgt_in).to_vector<double>()) < 1e-4);
+    BOOST_TEST(max_abs_diff(m32.forward(src, tgt_in).to_vector<double>(),
+                            m64.forward(src, tgt_in).to_vector<double>()) < 1e-4);
   }
   Tensor loss = m64.loss(src, tgt_in, tgt_out);
   BOOST_TEST((loss.dtype() == DType::f64));
@@ -693,8 +727,10 @@ BOOST_AUTO_TEST_CASE(module_to_dtype_converts_and_trains) {
   Transformer back(small_cfg());
   back.to(DType::f64).to(DType::f32);
   const auto a = back.named_parameters(), b = m32.named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) BOOST_TEST(a[i].second.to_vector<float>() == b[i].second.to_vector<float>(), a[i].first);
-  BOOST_CHECK_EXCEPTION(back.to(DType::i64), Error, [](const Error& e) { return testing::names(e, "Module::to:"); });
+  for (size_t i = 0; i < a.size(); ++i)
+    BOOST_TEST(a[i].second.to_vector<float>() == b[i].second.to_vector<float>(), a[i].first);
+  BOOST_CHECK_EXCEPTION(back.to(DType::i64), Error,
+                        [](const Error& e) { return testing::names(e, "Module::to:"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -146,9 +146,12 @@ BOOST_AUTO_TEST_CASE(load_state_dict_checks_names_shapes_dtypes) {
     BOOST_TEST(b.weight.to_vector<double>() == before);  // nothing copied
   };
   expect({{"weight", zeros({2, 3})}}, "missing tensor 'bias'");
-  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2})}, {"extra", zeros({1})}}, "unexpected tensor 'extra'");
-  expect({{"weight", zeros({3, 2})}, {"bias", zeros({2})}}, "tensor 'weight' is f32 (3, 2) but the model expects f32 (2, 3)");
-  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2}, DType::i64)}}, "tensor 'bias' is i64 (2) but the model expects f32 (2)");
+  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2})}, {"extra", zeros({1})}},
+         "unexpected tensor 'extra'");
+  expect({{"weight", zeros({3, 2})}, {"bias", zeros({2})}},
+         "tensor 'weight' is f32 (3, 2) but the model expects f32 (2, 3)");
+  expect({{"weight", zeros({2, 3})}, {"bias", zeros({2}, DType::i64)}},
+         "tensor 'bias' is i64 (2) but the model expects f32 (2)");
   // EvalScope restores the flag.
   {
     EvalScope es(b);
@@ -177,11 +180,13 @@ BOOST_AUTO_TEST_CASE(grouped_cross_attention_equals_repeated_cache_rows) {
   BOOST_TEST(wg.shape() == wr.shape());
   check_same(yg, yr, 1e-12);
   check_same(wg, wr, 1e-12);
-  check_same(mha.forward_cross_cached(x, grouped, pad, nullptr, G), yr, 1e-12);  // the no-weights path
+  check_same(mha.forward_cross_cached(x, grouped, pad, nullptr, G), yr,
+             1e-12);  // the no-weights path
   BOOST_CHECK_EXCEPTION(mha.forward_cross_cached(x, grouped, pad, nullptr, 2), Error,
                         [](const Error& e) { return names(e, "grouped cross-attention"); });
-  BOOST_CHECK_EXCEPTION(mha.forward_cross_cached(randn({2 * G, 2, 8}, DType::f64, g), grouped, pad, nullptr, G),
-                        Error, [](const Error& e) { return names(e, "grouped cross-attention"); });
+  BOOST_CHECK_EXCEPTION(
+      mha.forward_cross_cached(randn({2 * G, 2, 8}, DType::f64, g), grouped, pad, nullptr, G),
+      Error, [](const Error& e) { return names(e, "grouped cross-attention"); });
 }
 
 // Forward hooks on a small tree: the hook sees each module once per forward with its path below
@@ -199,26 +204,32 @@ BOOST_AUTO_TEST_CASE(forward_hooks_on_a_module_tree) {
       norm = register_module("norm", std::make_shared<nn::LayerNorm>(4, 1e-5, DType::f64));
       add_module("again", a);  // shared: one hook call per forward of a
     }
-    Tensor forward(const Tensor& x) const { return hooked(b->forward(norm->forward(a->forward(x)))); }
+    Tensor forward(const Tensor& x) const {
+      return hooked(b->forward(norm->forward(a->forward(x))));
+    }
   } net;
   const Tensor x = from_vector(std::vector<double>{1, -2, 0.5}, {1, 3});
   const auto plain = net.forward(x).to_vector<double>();
   std::vector<std::string> order;
-  nn::HookHandle h1 = net.register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor&) {
-    order.push_back("1:" + p);
-    return Tensor();
-  });
-  nn::HookHandle h2 = net.a->register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor& out) {
-    order.push_back("2:" + p);
-    return affine(out, 2.0, 0.0);  // doubles a's output; the LayerNorm then undoes the scale
-  });
+  nn::HookHandle h1 =
+      net.register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor&) {
+        order.push_back("1:" + p);
+        return Tensor();
+      });
+  nn::HookHandle h2 =
+      net.a->register_forward_hook([&](const std::string& p, const nn::Module&, const Tensor& out) {
+        order.push_back("2:" + p);
+        return affine(out, 2.0, 0.0);  // doubles a's output; the LayerNorm then undoes the scale
+      });
   BOOST_TEST(net.forward(x).to_vector<double>().size() == 2u);
-  BOOST_TEST(order == (std::vector<std::string>{"1:a", "2:", "1:norm", "1:b", "1:"}), std::boolalpha);
+  BOOST_TEST(order == (std::vector<std::string>{"1:a", "2:", "1:norm", "1:b", "1:"}),
+             std::boolalpha);
   h2.remove();
   h2.remove();  // twice is harmless
-  nn::HookHandle h3 = net.norm->register_forward_hook([](const std::string&, const nn::Module&, const Tensor& out) {
-    return zeros(out.shape(), out.dtype());
-  });
+  nn::HookHandle h3 =
+      net.norm->register_forward_hook([](const std::string&, const nn::Module&, const Tensor& out) {
+        return zeros(out.shape(), out.dtype());
+      });
   // b(0) = b's bias, and no gradient reaches a through the replaced output
   BOOST_TEST(net.forward(x).to_vector<double>() == net.b->bias.to_vector<double>());
   Tensor loss = sum(net.forward(x));

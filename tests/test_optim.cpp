@@ -191,8 +191,7 @@ BOOST_AUTO_TEST_CASE(adamw_decoupled_decay) {
     BOOST_CHECK_EQUAL(std::string(opt.name()), "AdamW");
     give_grad(p, {0.5, 0.5});
     opt.step();
-    check_close(vals(p), {1.98 - 0.1 * 0.5 / (0.5 + 1e-8), -3.96 - 0.1 * 0.5 / (0.5 + 1e-8)},
-                tol);
+    check_close(vals(p), {1.98 - 0.1 * 0.5 / (0.5 + 1e-8), -3.96 - 0.1 * 0.5 / (0.5 + 1e-8)}, tol);
     check_close(vals(opt.state_tensors()[0].second), {0.05, 0.05}, tol);
   }
   // The default weight decay is 1e-2 and a zero grad still decays: p = 1 * (1 - 1e-3*1e-2)
@@ -257,17 +256,24 @@ BOOST_AUTO_TEST_CASE(groups_scale_lr_and_decay_alone) {
   // Same grads, two groups: lr_scale 0.5 halves the first Adam step (~lr), weight decay as L2
   // in Adam enters the grad of its group only.
   Tensor a = param({1}, {1}), b = param({1}, {1}), c = param({1}, {1});
-  Adam opt(ParamGroups{{{{"a", a}}, 0.0, 1.0}, {{{"b", b}}, 0.0, 0.5}, {{{"c", c}}, 1.0, 1.0}}, 0.1);
+  Adam opt(ParamGroups{{{{"a", a}}, 0.0, 1.0}, {{{"b", b}}, 0.0, 0.5}, {{{"c", c}}, 1.0, 1.0}},
+           0.1);
   for (const Tensor& t : {a, b, c}) give_grad(t, {0.5});
   opt.step();
   check_close(vals(a), {1 - 0.1 * 0.5 / (0.5 + 1e-8)}, 1e-14);
   check_close(vals(b), {1 - 0.05 * 0.5 / (0.5 + 1e-8)}, 1e-14);
   check_close(vals(c), {1 - 0.1 * 1.5 / (1.5 + 1e-8)}, 1e-14);  // g = 0.5 + 1.0 * 1
   BOOST_CHECK_EQUAL(opt.group_of(2), 2u);
-  check_error([&] { Adam(ParamGroups{{{{"a", param({1}, {1})}}, -0.5}}, 0.1); },
-              "Adam: weight_decay must be >= 0, got -0.5");
-  check_error([&] { SGD(ParamGroups{{{{"a", param({1}, {1})}}}, {{{"b", param({1}, {1})}}, 0, NAN}}, 0.1); },
-              "SGD: group 1 lr_scale must be a finite number >= 0, got nan");
+  check_error(
+      [&] {
+        Adam(ParamGroups{{{{"a", param({1}, {1})}}, -0.5}}, 0.1);
+      },
+      "Adam: weight_decay must be >= 0, got -0.5");
+  check_error(
+      [&] {
+        SGD(ParamGroups{{{{"a", param({1}, {1})}}}, {{{"b", param({1}, {1})}}, 0, NAN}}, 0.1);
+      },
+      "SGD: group 1 lr_scale must be a finite number >= 0, got nan");
   // SGD with groups: wd as L2 per group.
   Tensor x = param({2}, {1}), y = param({2}, {1});
   SGD sgd(ParamGroups{{{{"x", x}}, 0.5}, {{{"y", y}}, 0.0, 2.0}}, 0.1);
@@ -298,7 +304,8 @@ BOOST_AUTO_TEST_CASE(groups_save_and_load) {
   BOOST_CHECK_EQUAL(back.group_weight_decay(0), 0.2);
   BOOST_CHECK_EQUAL(back.group_weight_decay(1), 0.0);
   for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), -0.1));
-  for (auto& [n, t] : qs) copy_into(t, ps[n == "w" ? 0 : 1].second), give_grad(t, std::vector<double>(t.numel(), -0.1));
+  for (auto& [n, t] : qs)
+    copy_into(t, ps[n == "w" ? 0 : 1].second), give_grad(t, std::vector<double>(t.numel(), -0.1));
   opt.step();
   back.step();
   for (size_t i = 0; i < ps.size(); ++i) BOOST_CHECK(bit_equal(ps[i].second, qs[i].second));
@@ -306,8 +313,9 @@ BOOST_AUTO_TEST_CASE(groups_save_and_load) {
   // Another grouping is refused, naming the parameter; so is one group for a grouped state.
   NamedParams rs = make();
   AdamW swapped(ParamGroups{{{rs[1]}, 0.2}, {{rs[0]}, 0.0}}, 0.1);
-  check_error([&] { swapped.load_state(opt.state_tensors(), j); },
-              "load_state: parameter 'b' is in group 0 of this optimizer but in group 1 of the state");
+  check_error(
+      [&] { swapped.load_state(opt.state_tensors(), j); },
+      "load_state: parameter 'b' is in group 0 of this optimizer but in group 1 of the state");
   AdamW single(make(), 0.1);
   check_error([&] { single.load_state(opt.state_tensors(), j); },
               "load_state: 'param_groups' must be an array of 1 groups");
@@ -325,10 +333,10 @@ BOOST_AUTO_TEST_CASE(cosine_and_constant_schedules) {
   const Schedule cos = Schedule::cosine(1.0, 0.1, 10, 110);
   BOOST_CHECK_CLOSE(cos.lr(1), 0.1, 1e-12);  // linear warmup
   BOOST_CHECK_CLOSE(cos.lr(5), 0.5, 1e-12);
-  BOOST_CHECK_EQUAL(cos.lr(10), 1.0);         // the peak at the end of warmup
+  BOOST_CHECK_EQUAL(cos.lr(10), 1.0);          // the peak at the end of warmup
   BOOST_CHECK_CLOSE(cos.lr(60), 0.55, 1e-12);  // half way: the mean of peak and floor
-  BOOST_CHECK_EQUAL(cos.lr(110), 0.1);        // the floor at the last step...
-  BOOST_CHECK_EQUAL(cos.lr(500), 0.1);        // ...and after it
+  BOOST_CHECK_EQUAL(cos.lr(110), 0.1);         // the floor at the last step...
+  BOOST_CHECK_EQUAL(cos.lr(500), 0.1);         // ...and after it
   for (int64_t s = 11; s <= 110; ++s) BOOST_CHECK_LE(cos.lr(s), cos.lr(s - 1));
   const Schedule flat = Schedule::constant(0.3, 4);
   BOOST_CHECK_CLOSE(flat.lr(2), 0.15, 1e-12);
@@ -336,13 +344,16 @@ BOOST_AUTO_TEST_CASE(cosine_and_constant_schedules) {
   BOOST_CHECK_EQUAL(flat.lr(1000), 0.3);
   BOOST_CHECK_EQUAL(Schedule::constant(0.3).lr(1), 0.3);
   const Schedule noam = Schedule::noam(2.0, 512, 4000);
-  for (int64_t s : {1, 100, 4000, 9000}) BOOST_CHECK_EQUAL(noam.lr(s), (NoamSchedule{2.0, 512, 4000}.lr(s)));
+  for (int64_t s : {1, 100, 4000, 9000})
+    BOOST_CHECK_EQUAL(noam.lr(s), (NoamSchedule{2.0, 512, 4000}.lr(s)));
   BOOST_CHECK_EQUAL(cos.to_json()["schedule"], "cosine");
   BOOST_CHECK_EQUAL(cos.to_json()["total"], 110);
 
   check_error([&] { cos.lr(0); }, "Schedule: step must be >= 1, got 0");
-  check_error([] { Schedule::cosine(1.0, 2.0, 0, 10); }, "Schedule: min_lr must be in [0, lr = 1], got 2");
-  check_error([] { Schedule::cosine(1.0, 0.0, 10, 10); }, "Schedule: the cosine decay needs more steps (10) than warmup steps (10)");
+  check_error([] { Schedule::cosine(1.0, 2.0, 0, 10); },
+              "Schedule: min_lr must be in [0, lr = 1], got 2");
+  check_error([] { Schedule::cosine(1.0, 0.0, 10, 10); },
+              "Schedule: the cosine decay needs more steps (10) than warmup steps (10)");
   check_error([] { Schedule::constant(-1); }, "Schedule: lr must be >= 0, got -1");
   check_error([] { Schedule::constant(1, -2); }, "Schedule: warmup must be >= 0, got -2");
   check_error([] { Schedule::noam(1, 0, 10); }, "Schedule: d_model must be >= 1, got 0");
@@ -423,11 +434,10 @@ BOOST_AUTO_TEST_CASE(minimise_quadratic) {
   };
   const std::vector<Case> cases = {
       {"SGD", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.2); }, 200},
-      {"SGD momentum",
-       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9); }, 300},
-      {"SGD nesterov",
-       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 0, true); },
+      {"SGD momentum", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9); },
        300},
+      {"SGD nesterov",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 0, true); }, 300},
       {"Adam", [](NamedParams p) { return std::make_unique<Adam>(std::move(p), 0.05); }, 1500},
       {"AdamW",
        [](NamedParams p) {
@@ -587,9 +597,13 @@ NamedParams copy_params(const NamedParams& ps) {
 BOOST_AUTO_TEST_CASE(exact_resume) {
   TempDir dir;
   const std::vector<std::pair<const char*, MakeOpt>> makers = {
-      {"sgd", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 1e-3, true); }},
+      {"sgd",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 1e-3, true); }},
       {"sgd_plain", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05); }},
-      {"adam", [](NamedParams p) { return std::make_unique<Adam>(std::move(p), 0.03, 0.8, 0.99, 1e-6, 1e-2); }},
+      {"adam",
+       [](NamedParams p) {
+         return std::make_unique<Adam>(std::move(p), 0.03, 0.8, 0.99, 1e-6, 1e-2);
+       }},
       {"adamw", [](NamedParams p) { return std::make_unique<AdamW>(std::move(p), 0.03); }},
   };
   for (const auto& [what, make] : makers) {
@@ -648,19 +662,30 @@ BOOST_AUTO_TEST_CASE(constructor_errors) {
   check_error([&] { SGD(ps(), 0.1, 0, 0, true); }, "SGD: nesterov momentum requires momentum > 0");
   check_error([] { SGD(NamedParams{}, 0.1); }, "Optimizer: got an empty parameter list");
   Tensor w = param({1}, {1});
-  check_error([&] { SGD({{"w", w}, {"w", param({1}, {1})}}, 0.1); },
-              "Optimizer: parameter name 'w' appears twice");
-  check_error([&] { SGD({{"w", w}, {"v", w}}, 0.1); },
-              "Optimizer: parameter 'v' is the same tensor as an earlier parameter");
+  check_error(
+      [&] {
+        SGD({{"w", w}, {"w", param({1}, {1})}}, 0.1);
+      },
+      "Optimizer: parameter name 'w' appears twice");
+  check_error(
+      [&] {
+        SGD({{"w", w}, {"v", w}}, 0.1);
+      },
+      "Optimizer: parameter 'v' is the same tensor as an earlier parameter");
   check_error([] { SGD({{"i", arange(4)}}, 0.1); }, "Optimizer: parameter 'i' is i64 (4)");
-  check_error([] { SGD({{"u", Tensor()}}, 0.1); }, "Optimizer: parameter 'u' is an undefined tensor");
+  check_error(
+      [] {
+        SGD({{"u", Tensor()}}, 0.1);
+      },
+      "Optimizer: parameter 'u' is an undefined tensor");
   SGD ok(ps(), 0.1);
   check_error([&] { ok.set_lr(-2); }, "SGD: lr must be >= 0, got -2");
   // A grad whose shape does not match the parameter is caught before anything is written.
   Tensor x = param({1, 2, 3, 4, 5, 6}, {2, 3});
   SGD sx({{"x", x}}, 0.1);
   x.impl()->grad = cast_copy(from_vector(std::vector<double>(6, 1), {3, 2}), DType::f64).impl_ptr();
-  check_error([&] { sx.step(); }, "SGD::step: grad of 'x' is f64 (3, 2) but the parameter is f64 (2, 3)");
+  check_error([&] { sx.step(); },
+              "SGD::step: grad of 'x' is f64 (3, 2) but the parameter is f64 (2, 3)");
   BOOST_CHECK_EQUAL(sx.step_count(), 0);
 }
 
@@ -683,10 +708,16 @@ BOOST_AUTO_TEST_CASE(load_state_errors) {
   auto try_load = [&](const std::vector<std::pair<std::string, Tensor>>& ts,
                       const nlohmann::json& j) { other.load_state(ts, j); };
 
-  check_error([&] { try_load(with("w.exp_avg", zeros({2, 3}, DType::f64)), good_j); },
-              "load_state: tensor 'w.exp_avg' has shape (2, 3) but parameter 'w' is (3, 2)");
-  check_error([&] { try_load(with("w.exp_avg_sq", zeros({3, 2}, DType::f32)), good_j); },
-              "load_state: tensor 'w.exp_avg_sq' is float32 but parameter 'w' is float64");
+  check_error(
+      [&] {
+        try_load(with("w.exp_avg", zeros({2, 3}, DType::f64)), good_j);
+      },
+      "load_state: tensor 'w.exp_avg' has shape (2, 3) but parameter 'w' is (3, 2)");
+  check_error(
+      [&] {
+        try_load(with("w.exp_avg_sq", zeros({3, 2}, DType::f32)), good_j);
+      },
+      "load_state: tensor 'w.exp_avg_sq' is float32 but parameter 'w' is float64");
   check_error([&] { try_load({good_t[0]}, good_j); }, "load_state: missing tensor 'w.exp_avg_sq'");
   {
     auto ts = good_t;

@@ -29,7 +29,8 @@ using graft::testing::TempDir;
 
 // How many files and directories `dir` holds.
 size_t entries(const TempDir& dir) {
-  return static_cast<size_t>(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()));
+  return static_cast<size_t>(
+      std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()));
 }
 
 bool has_png_signature(const std::string& path) {
@@ -41,20 +42,24 @@ bool has_png_signature(const std::string& path) {
 
 // Decoded PNG; pixels are cairo's native-endian 0xAARRGGBB.
 struct Image {
-  std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface{nullptr, cairo_surface_destroy};
+  std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)> surface{nullptr,
+                                                                             cairo_surface_destroy};
   int width = 0, height = 0;
 
   explicit Image(const std::string& path) {
     surface.reset(cairo_image_surface_create_from_png(path.c_str()));
     BOOST_REQUIRE_MESSAGE(cairo_surface_status(surface.get()) == CAIRO_STATUS_SUCCESS,
-                          "cannot read " << path << ": " << cairo_status_to_string(cairo_surface_status(surface.get())));
+                          "cannot read "
+                              << path << ": "
+                              << cairo_status_to_string(cairo_surface_status(surface.get())));
     cairo_surface_flush(surface.get());
     width = cairo_image_surface_get_width(surface.get());
     height = cairo_image_surface_get_height(surface.get());
   }
   uint32_t pixel(int x, int y) const {
     const unsigned char* row =
-        cairo_image_surface_get_data(surface.get()) + static_cast<ptrdiff_t>(y) * cairo_image_surface_get_stride(surface.get());
+        cairo_image_surface_get_data(surface.get()) +
+        static_cast<ptrdiff_t>(y) * cairo_image_surface_get_stride(surface.get());
     return reinterpret_cast<const uint32_t*>(row)[x] & 0xffffffu;
   }
   double luminance(int x, int y) const {
@@ -124,7 +129,8 @@ BOOST_AUTO_TEST_CASE(line_chart_writes_png_of_requested_size) {
 
 BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
   TempDir dir;
-  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN(),
+               inf = std::numeric_limits<double>::infinity();
   Panel odd{"odd data", "x", "y", {}, false};
   odd.series.push_back({"with nan/inf", {0, 1, 2, 3, nan, 5, 6}, {1, nan, 3, inf, 2, -inf, 4}});
   odd.series.push_back({"empty", {}, {}});
@@ -136,8 +142,10 @@ BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
   Panel constant{"constant", "", "", {{"c", {0, 1, 2}, {0, 0, 0}}, {"d", {7, 7}, {7, 7}}}, false};
   Panel narrow_log{"narrow log", "", "", {{"n", {0, 1, 2}, {2.0, 2.1, 2.2}}}, true};
   Panel tiny_values{"tiny", "", "", {{"t", {0, 1e-9, 2e-9}, {1e-7, 3e-7, 2e-7}}}, false};
-  Panel utf8{"UTF-8 ▁título \xff bad", "schritt ▁", "\x01 ctrl", {{"▁séries", {0, 1}, {0, 1}}}, false};
-  const std::vector<Panel> panels{odd, nothing, all_nan, log_nonpos, constant, narrow_log, tiny_values, utf8};
+  Panel utf8{
+      "UTF-8 ▁título \xff bad", "schritt ▁", "\x01 ctrl", {{"▁séries", {0, 1}, {0, 1}}}, false};
+  const std::vector<Panel> panels{odd,      nothing,    all_nan,     log_nonpos,
+                                  constant, narrow_log, tiny_values, utf8};
   const std::string path = dir / "odd.png";
   BOOST_CHECK_NO_THROW(graft::plot::line_chart(path, panels, 2400, 400));
   BOOST_TEST(has_png_signature(path));
@@ -156,7 +164,8 @@ BOOST_AUTO_TEST_CASE(line_chart_handles_degenerate_data) {
 BOOST_AUTO_TEST_CASE(heatmap_writes_png) {
   TempDir dir;
   const std::string path = dir / "attn.png";
-  const std::vector<std::string> src{"▁Das", "▁ist", "▁ein", "▁Test", "."}, tgt{"▁This", "▁is", "▁a", "▁test"};
+  const std::vector<std::string> src{"▁Das", "▁ist", "▁ein", "▁Test", "."},
+      tgt{"▁This", "▁is", "▁a", "▁test"};
   std::vector<std::vector<double>> m(tgt.size(), std::vector<double>(src.size(), 0.05));
   for (size_t i = 0; i < tgt.size(); ++i) m[i][i] = 0.8;
   graft::plot::heatmap(path, m, tgt, src, "cross-attention, layer 6");
@@ -168,7 +177,8 @@ BOOST_AUTO_TEST_CASE(heatmap_writes_png) {
 
   // Long sentences, NaN cells, out-of-range values, long and odd labels.
   std::vector<std::string> many;
-  for (int i = 0; i < 70; ++i) many.push_back(i == 3 ? std::string(200, 'x') : "▁tok" + std::to_string(i));
+  for (int i = 0; i < 70; ++i)
+    many.push_back(i == 3 ? std::string(200, 'x') : "▁tok" + std::to_string(i));
   std::vector<std::vector<double>> big(70, std::vector<double>(70, 0.1));
   big[0][0] = std::numeric_limits<double>::quiet_NaN();
   big[1][1] = 7;
@@ -194,8 +204,10 @@ BOOST_AUTO_TEST_CASE(heatmap_bright_cell_is_brightest) {
   };
   // The layout does not depend on the values: the pixels that differ between an
   // all-0 and an all-1 matrix are exactly the cells, which locates the grid.
-  const Image zeros = draw(std::vector<std::vector<double>>(rows, std::vector<double>(cols, 0.0)), "zeros.png");
-  const Image ones = draw(std::vector<std::vector<double>>(rows, std::vector<double>(cols, 1.0)), "ones.png");
+  const Image zeros =
+      draw(std::vector<std::vector<double>>(rows, std::vector<double>(cols, 0.0)), "zeros.png");
+  const Image ones =
+      draw(std::vector<std::vector<double>>(rows, std::vector<double>(cols, 1.0)), "ones.png");
   BOOST_REQUIRE(zeros.width == ones.width && zeros.height == ones.height);
   int x0 = zeros.width, y0 = zeros.height, x1 = -1, y1 = -1;
   for (int y = 0; y < zeros.height; ++y)
@@ -205,7 +217,8 @@ BOOST_AUTO_TEST_CASE(heatmap_bright_cell_is_brightest) {
         BOOST_TEST_REQUIRE(ones.luminance(x, y) > zeros.luminance(x, y));
       }
   BOOST_REQUIRE(x1 > x0 && y1 > y0);
-  const double cw = (x1 - x0 + 1) / static_cast<double>(cols), ch = (y1 - y0 + 1) / static_cast<double>(rows);
+  const double cw = (x1 - x0 + 1) / static_cast<double>(cols),
+               ch = (y1 - y0 + 1) / static_cast<double>(rows);
   BOOST_TEST(std::abs(cw - ch) < 1.0);  // square cells
   auto centre = [&](size_t r, size_t c) {
     return std::pair<int, int>{x0 + static_cast<int>((static_cast<double>(c) + 0.5) * cw),
@@ -222,7 +235,9 @@ BOOST_AUTO_TEST_CASE(heatmap_bright_cell_is_brightest) {
     for (size_t c = 0; c < cols; ++c) {
       if (r == 1 && c == 2) continue;
       const auto [x, y] = centre(r, c);
-      BOOST_TEST_CONTEXT("cell " << r << "," << c) { BOOST_TEST(img.luminance(bx, by) > img.luminance(x, y)); }
+      BOOST_TEST_CONTEXT("cell " << r << "," << c) {
+        BOOST_TEST(img.luminance(bx, by) > img.luminance(x, y));
+      }
     }
   // Brightness grows with the value: 0.95 > 0.5 > 0.2.
   const auto [mx, my] = centre(0, 0);
@@ -235,14 +250,27 @@ BOOST_AUTO_TEST_CASE(heatmap_errors_leave_no_file) {
   const std::string path = dir / "bad.png";
   const std::vector<std::vector<double>> m(3, std::vector<double>(4, 0.5));
   const std::vector<std::string> r3{"a", "b", "c"}, c4{"w", "x", "y", "z"};
-  require_error([&] { graft::plot::heatmap(path, m, {"a", "b"}, c4, "t"); },
-                "heatmap: matrix is 3x4 but 2 row labels");
-  require_error([&] { graft::plot::heatmap(path, m, r3, {"w", "x", "y", "z", "v"}, "t"); },
-                "heatmap: matrix is 3x4 but 5 column labels");
+  require_error(
+      [&] {
+        graft::plot::heatmap(path, m, {"a", "b"}, c4, "t");
+      },
+      "heatmap: matrix is 3x4 but 2 row labels");
+  require_error(
+      [&] {
+        graft::plot::heatmap(path, m, r3, {"w", "x", "y", "z", "v"}, "t");
+      },
+      "heatmap: matrix is 3x4 but 5 column labels");
   require_error([&] { graft::plot::heatmap(path, {}, {}, {}, "t"); }, "heatmap: matrix is empty");
-  require_error([&] { graft::plot::heatmap(path, {{}, {}}, {"a", "b"}, {}, "t"); }, "heatmap: matrix is empty");
-  require_error([&] { graft::plot::heatmap(path, {{1, 2}, {3}}, {"a", "b"}, {"x", "y"}, "t"); },
-                "heatmap: row 1 has 1 values but row 0 has 2");
+  require_error(
+      [&] {
+        graft::plot::heatmap(path, {{}, {}}, {"a", "b"}, {}, "t");
+      },
+      "heatmap: matrix is empty");
+  require_error(
+      [&] {
+        graft::plot::heatmap(path, {{1, 2}, {3}}, {"a", "b"}, {"x", "y"}, "t");
+      },
+      "heatmap: row 1 has 1 values but row 0 has 2");
   const std::string missing = dir / "no/such/dir/attn.png";
   require_error([&] { graft::plot::heatmap(missing, m, r3, c4, "t"); },
                 "heatmap: cannot write '" + missing + "': ");
@@ -251,7 +279,8 @@ BOOST_AUTO_TEST_CASE(heatmap_errors_leave_no_file) {
   // A failed call must not clobber an existing plot.
   graft::plot::heatmap(path, m, r3, c4, "good");
   const auto size = fs::file_size(path);
-  require_error([&] { graft::plot::heatmap(path, m, r3, {"w"}, "t"); }, "heatmap: matrix is 3x4 but 1 column labels");
+  require_error([&] { graft::plot::heatmap(path, m, r3, {"w"}, "t"); },
+                "heatmap: matrix is 3x4 but 1 column labels");
   BOOST_TEST(fs::file_size(path) == size);
   BOOST_TEST(has_png_signature(path));
   BOOST_TEST(entries(dir) == 1u);
@@ -261,7 +290,8 @@ BOOST_AUTO_TEST_CASE(line_chart_errors_leave_no_file) {
   TempDir dir;
   const std::string path = dir / "bad.png";
   require_error([&] { graft::plot::line_chart(path, {}); }, "line_chart: no panels");
-  require_error([&] { graft::plot::line_chart(path, training_panels(), 0, 450); }, "line_chart: invalid size 0x450");
+  require_error([&] { graft::plot::line_chart(path, training_panels(), 0, 450); },
+                "line_chart: invalid size 0x450");
   require_error([&] { graft::plot::line_chart(path, training_panels(), 1200, -5); },
                 "line_chart: invalid size 1200x-5");
   require_error([&] { graft::plot::line_chart(path, training_panels(), 40000, 10); },

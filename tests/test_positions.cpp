@@ -21,8 +21,8 @@ using nn::Positions;
 
 namespace {
 
-const Positions kAll[] = {Positions::sinusoidal, Positions::learned, Positions::rope, Positions::alibi,
-                          Positions::relative};
+const Positions kAll[] = {Positions::sinusoidal, Positions::learned, Positions::rope,
+                          Positions::alibi, Positions::relative};
 
 TransformerConfig cfg(Positions p, DType dt = DType::f32) {
   TransformerConfig c;
@@ -47,7 +47,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(x[i] - y[i]));
   return m;
 }
-
 
 // Self-attention of fixed q, k, v content with every position shifted by `shift`.
 Tensor attend_shifted(const nn::AttentionPositions& pos, const Tensor& q, const Tensor& k,
@@ -123,7 +122,8 @@ BOOST_AUTO_TEST_CASE(causal_alibi_equals_the_full_formula) {
   std::vector<double> full(H * T * T);
   for (int64_t h = 0; h < H; ++h)
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < T; ++j) full[(h * T + i) * T + j] = -alibi.slopes[h] * (double)(i - j);
+      for (int64_t j = 0; j < T; ++j)
+        full[(h * T + i) * T + j] = -alibi.slopes[h] * (double)(i - j);
   AttentionOptions a, b;
   a.causal = b.causal = true;
   a.bias = alibi.bias(0, T, 0, T, DType::f64);
@@ -178,7 +178,8 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_recomputation_for_every_kind) {
     for (int64_t t = 0; t < 3; ++t) {
       Tensor h = m.decoder->forward_step(m.embed(ids({prefix[t], prefix[3 + t]}, 2), t), memory,
                                          m.pad_mask(src), caches, 4);
-      BOOST_TEST(max_abs_diff(m.logits(h), slice(whole, 1, t, t + 1)) < 1e-10, nn::positions_name(p) << " t " << t);
+      BOOST_TEST(max_abs_diff(m.logits(h), slice(whole, 1, t, t + 1)) < 1e-10, nn::positions_name(p)
+                                                                                   << " t " << t);
     }
   }
 }
@@ -194,7 +195,8 @@ BOOST_AUTO_TEST_CASE(relative_bias_names_shapes_and_gradients) {
   Transformer m(c);
   int found = 0;
   for (auto& [name, t] : m.state_dict())
-    if (name == "encoder.relative_attention_bias.weight" || name == "decoder.relative_attention_bias.weight") {
+    if (name == "encoder.relative_attention_bias.weight" ||
+        name == "decoder.relative_attention_bias.weight") {
       BOOST_TEST(t.shape() == (Shape{8, 2}));
       ++found;
     }
@@ -216,8 +218,10 @@ BOOST_AUTO_TEST_CASE(relative_bias_names_shapes_and_gradients) {
     for (auto& [name, x] : t.state_dict()) n.push_back(name);
     return n;
   };
-  BOOST_TEST(names(Transformer(cfg(Positions::rope))) == names(Transformer(cfg(Positions::sinusoidal))));
-  BOOST_TEST(names(Transformer(cfg(Positions::alibi))) == names(Transformer(cfg(Positions::sinusoidal))));
+  BOOST_TEST(names(Transformer(cfg(Positions::rope))) ==
+             names(Transformer(cfg(Positions::sinusoidal))));
+  BOOST_TEST(names(Transformer(cfg(Positions::alibi))) ==
+             names(Transformer(cfg(Positions::sinusoidal))));
 }
 
 BOOST_AUTO_TEST_CASE(rope_and_alibi_models_pass_float64_gradcheck) {
@@ -230,10 +234,12 @@ BOOST_AUTO_TEST_CASE(rope_and_alibi_models_pass_float64_gradcheck) {
     Transformer m(c);
     Tensor src = ids({4, 5, 6, 3, 5, 3, 0, 0}, 2), tin = ids({2, 4, 6, 2, 5, 0}, 2);
     Tensor tout = from_vector(std::vector<int64_t>{4, 6, 3, 5, 3, 0}, {6}, DType::i64);
-    GradcheckResult r = gradcheck([&](const Tensors&) {
-      // pad targets ignored: the pad embedding row gets no gradient by design
-      return cross_entropy(reshape(m.forward(src, tin), {6, c.vocab}), tout, 0.0, 0);
-    }, m.parameters());
+    GradcheckResult r = gradcheck(
+        [&](const Tensors&) {
+          // pad targets ignored: the pad embedding row gets no gradient by design
+          return cross_entropy(reshape(m.forward(src, tin), {6, c.vocab}), tout, 0.0, 0);
+        },
+        m.parameters());
     BOOST_TEST(r.ok, nn::positions_name(p) << ": " << r.message);
   }
 }
@@ -251,17 +257,19 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
   j["learned_pos"] = true;  // a config written before "positions"
   BOOST_TEST((TransformerConfig::from_json(j).positions.kind == Positions::learned));
   j["positions"] = "absolute";
-  BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(j, "run/config.json"), Error, [](const Error& e) {
-    return names(e, "run/config.json: field \"positions\"") && names(e, "unknown kind 'absolute'") &&
-           names(e, "rope, alibi, relative");
-  });
+  BOOST_CHECK_EXCEPTION(
+      TransformerConfig::from_json(j, "run/config.json"), Error, [](const Error& e) {
+        return names(e, "run/config.json: field \"positions\"") &&
+               names(e, "unknown kind 'absolute'") && names(e, "rope, alibi, relative");
+      });
   // Every field is named: a missing size, a wrong type, an id outside the vocabulary.
   auto bad = [&](const char* field, nlohmann::json v, const std::string& part) {
     auto k = cfg(Positions::rope).to_json();
     if (v.is_null()) k.erase(field);
     else k[field] = v;
-    BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(k, "c.json"), Error,
-                          [&](const Error& e) { return names(e, std::string("c.json: field \"") + field + "\" " + part); });
+    BOOST_CHECK_EXCEPTION(TransformerConfig::from_json(k, "c.json"), Error, [&](const Error& e) {
+      return names(e, std::string("c.json: field \"") + field + "\" " + part);
+    });
   };
   bad("d_model", nullptr, "is missing");
   bad("heads", "four", "must be an integer, got \"four\"");
@@ -286,8 +294,9 @@ BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {
   m.eval();
   autograd::NoGrad ng;
   BOOST_TEST(max_abs_diff(m.forward(src, tin), m.forward(src, tin)) == 0.0);
-  BOOST_CHECK_EXCEPTION(nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.0), Error,
-                        [](const Error& e) { return names(e, "attention dropout must be in [0, 1)"); });
+  BOOST_CHECK_EXCEPTION(
+      nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.0), Error,
+      [](const Error& e) { return names(e, "attention dropout must be in [0, 1)"); });
 }
 
 // LM generation through the decoding module: cached equals recomputation (greedy and beam) for
@@ -336,11 +345,14 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   DecoderOnlyLM learned(lc);
   DecodeOptions o;
   o.max_len = 10;
-  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error, [](const Error& e) { return names(e, "max_len 8"); });
-  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error, [](const Error& e) { return names(e, "equal lengths"); });
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}}, -1, o), Error,
+                        [](const Error& e) { return names(e, "max_len 8"); });
+  BOOST_CHECK_EXCEPTION(generate(learned, {{1, 2}, {3}}, -1, o), Error,
+                        [](const Error& e) { return names(e, "equal lengths"); });
   // More beams than tokens with no EOS: the empty beams never reach the model.
   LMConfig tiny;
-  tiny.vocab = 3, tiny.d_model = 8, tiny.heads = 2, tiny.d_ff = 8, tiny.layers = 1, tiny.max_len = 16;
+  tiny.vocab = 3, tiny.d_model = 8, tiny.heads = 2, tiny.d_ff = 8, tiny.layers = 1,
+  tiny.max_len = 16;
   tiny.positions.kind = Positions::alibi;
   DecoderOnlyLM small(tiny);
   o.max_len = 4;
@@ -348,8 +360,9 @@ BOOST_AUTO_TEST_CASE(lm_cached_generation_equals_recomputation) {
   BOOST_TEST(generate(small, {{1}}, -1, o)[0].size() == 4u);
   // A stack built causal refuses bidirectional use (its alibi bias assumes causal attention).
   autograd::NoGrad ng;
-  BOOST_CHECK_EXCEPTION(small.blocks->Encoder::forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
-                        [](const Error& e) { return names(e, "built for causal attention, called bidirectional"); });
+  BOOST_CHECK_EXCEPTION(
+      small.blocks->Encoder::forward(small.embed(ids({1, 2}, 1)), Tensor(), false), Error,
+      [](const Error& e) { return names(e, "built for causal attention, called bidirectional"); });
 }
 
 // Every kind in the other two models: the LM stays causal, the classifier ignores padding.
@@ -383,8 +396,9 @@ BOOST_AUTO_TEST_CASE(lm_and_classifier_take_every_kind) {
     cc.dtype = DType::f64;
     cc.positions.kind = p;
     EncoderClassifier cl(cc);
-    BOOST_TEST(max_abs_diff(cl.forward(ids({3, 4, 5}, 1)), cl.forward(ids({3, 4, 5, 0, 0}, 1))) < 1e-12,
-               nn::positions_name(p));
+    BOOST_TEST(
+        max_abs_diff(cl.forward(ids({3, 4, 5}, 1)), cl.forward(ids({3, 4, 5, 0, 0}, 1))) < 1e-12,
+        nn::positions_name(p));
   }
 }
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "graft/autograd/tape.h"
-#include "graft/ops/reduce.h"
 #include "graft/ops/heads.h"
+#include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 
 using namespace graft;
@@ -20,7 +20,9 @@ using I = std::vector<int64_t>;
 Tensor f64(const V& v, const Shape& s) { return from_vector(v, s); }
 Tensor i64(const I& v, const Shape& s) { return from_vector(v, s); }
 // 0, 1, 2, ... in float64
-Tensor iota(const Shape& s) { return arange(0.0, (double)shape_numel(s), 1.0, DType::f64).detach(); }
+Tensor iota(const Shape& s) {
+  return arange(0.0, (double)shape_numel(s), 1.0, DType::f64).detach();
+}
 Tensor iota_shaped(const Shape& s) { return reshape(iota({shape_numel(s)}), s); }
 
 V vals(const Tensor& t) { return t.to_vector<double>(); }
@@ -87,8 +89,12 @@ BOOST_AUTO_TEST_CASE(reshape_of_viewable_noncontiguous_stays_a_view) {
 BOOST_AUTO_TEST_CASE(reshape_matches_copy_for_many_layouts) {
   // Every reshape of every layout must read the same elements as reshaping a contiguous copy.
   Tensor base = iota_shaped({2, 3, 4});
-  std::vector<Tensor> layouts = {base, permute(base, {2, 0, 1}), permute(base, {1, 0, 2}),
-                                 slice(base, 2, 1, 3), slice(base, 0, 1, 2), slice(base, 2, 0, 4, 2),
+  std::vector<Tensor> layouts = {base,
+                                 permute(base, {2, 0, 1}),
+                                 permute(base, {1, 0, 2}),
+                                 slice(base, 2, 1, 3),
+                                 slice(base, 0, 1, 2),
+                                 slice(base, 2, 0, 4, 2),
                                  unsqueeze(transpose(base, 0, 2), 1)};
   for (auto& x : layouts) {
     const int64_t n = x.numel();
@@ -144,9 +150,9 @@ BOOST_AUTO_TEST_CASE(permute_values_and_backward) {
   BOOST_TEST(y.shape() == Shape({4, 2, 3}));
   V v = vals(y);
   BOOST_TEST(v[0] == 0);
-  BOOST_TEST(v[1] == 4);        // y[0, 0, 1] = x[0, 1, 0]
-  BOOST_TEST(v[6] == 1);        // y[1, 0, 0] = x[0, 0, 1]
-  BOOST_TEST(v[3 + 2] == 20);   // y[0, 1, 2] = x[1, 2, 0]
+  BOOST_TEST(v[1] == 4);       // y[0, 0, 1] = x[0, 1, 0]
+  BOOST_TEST(v[6] == 1);       // y[1, 0, 0] = x[0, 0, 1]
+  BOOST_TEST(v[3 + 2] == 20);  // y[0, 1, 2] = x[1, 2, 0]
   // Upstream gradient = y's own values: dx must be x's values in x's layout.
   Tensor dx_expect = iota({24});
   BOOST_TEST(grad_of(x, y, contiguous_copy(y.detach())) == vals(dx_expect),
@@ -155,19 +161,24 @@ BOOST_AUTO_TEST_CASE(permute_values_and_backward) {
 
 BOOST_AUTO_TEST_CASE(permute_transpose_errors) {
   Tensor x = zeros({2, 3, 4});
-  BOOST_CHECK_EXCEPTION(permute(x, {0, 0, 1}), Error, mentions({"permute", "(0, 0, 1)", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(permute(x, {0, 0, 1}), Error,
+                        mentions({"permute", "(0, 0, 1)", "(2, 3, 4)"}));
   BOOST_CHECK_EXCEPTION(permute(x, {0, 1}), Error, mentions({"permute", "(0, 1)", "(2, 3, 4)"}));
   BOOST_CHECK_EXCEPTION(permute(x, {0, 1, 3}), Error, mentions({"permute", "(2, 3, 4)"}));
   BOOST_CHECK_EXCEPTION(transpose(x, 0, 3), Error, mentions({"transpose", "axis 3", "(2, 3, 4)"}));
-  BOOST_CHECK_EXCEPTION(transpose(x, -4, 0), Error, mentions({"transpose", "axis -4", "(2, 3, 4)"}));
+  BOOST_CHECK_EXCEPTION(transpose(x, -4, 0), Error,
+                        mentions({"transpose", "axis -4", "(2, 3, 4)"}));
 }
 
 // ---- slice ----
 BOOST_AUTO_TEST_CASE(slice_values) {
   Tensor x = iota_shaped({3, 5});
-  BOOST_TEST(vals(slice(x, 1, 1, 5, 2)) == V({1, 3, 6, 8, 11, 13}), boost::test_tools::per_element());
-  BOOST_TEST(vals(slice(x, 0, -1, 100)) == V({10, 11, 12, 13, 14}), boost::test_tools::per_element());
-  BOOST_TEST(vals(slice(x, -1, -100, 2)) == V({0, 1, 5, 6, 10, 11}), boost::test_tools::per_element());
+  BOOST_TEST(vals(slice(x, 1, 1, 5, 2)) == V({1, 3, 6, 8, 11, 13}),
+             boost::test_tools::per_element());
+  BOOST_TEST(vals(slice(x, 0, -1, 100)) == V({10, 11, 12, 13, 14}),
+             boost::test_tools::per_element());
+  BOOST_TEST(vals(slice(x, -1, -100, 2)) == V({0, 1, 5, 6, 10, 11}),
+             boost::test_tools::per_element());
   BOOST_TEST(slice(x, 1, 4, 2).shape() == Shape({3, 0}));
   BOOST_TEST(slice(x, 1, 7, 9).shape() == Shape({3, 0}));
   BOOST_TEST(slice(x, 1, 0, 5, 3).shape() == Shape({3, 2}));
@@ -226,7 +237,8 @@ BOOST_AUTO_TEST_CASE(broadcast_to_view_and_backward) {
 
 BOOST_AUTO_TEST_CASE(broadcast_to_errors) {
   Tensor x = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(broadcast_to(x, {4, 3}), Error, mentions({"broadcast_to", "(2, 3)", "(4, 3)"}));
+  BOOST_CHECK_EXCEPTION(broadcast_to(x, {4, 3}), Error,
+                        mentions({"broadcast_to", "(2, 3)", "(4, 3)"}));
   BOOST_CHECK_EXCEPTION(broadcast_to(x, {3}), Error, mentions({"broadcast_to", "(2, 3)", "(3)"}));
   BOOST_CHECK_EXCEPTION(broadcast_to(x, {-1, 2, 3}), Error, mentions({"broadcast_to", "(2, 3)"}));
 }
@@ -253,7 +265,8 @@ BOOST_AUTO_TEST_CASE(to_dtype_casts_value_and_gradient) {
   BOOST_TEST((x.grad().dtype() == DType::f32));
   BOOST_TEST(vals(x.grad()) == V({0.5, 4}), boost::test_tools::per_element());
   BOOST_TEST(to_dtype(x, DType::f32).impl() == x.impl());
-  BOOST_TEST(vals(to_dtype(i64({3, -1}, {2}), DType::f32)) == V({3, -1}), boost::test_tools::per_element());
+  BOOST_TEST(vals(to_dtype(i64({3, -1}, {2}), DType::f32)) == V({3, -1}),
+             boost::test_tools::per_element());
   BOOST_CHECK_EXCEPTION(to_dtype(Tensor(), DType::f32), Error, mentions({"to_dtype", "undefined"}));
 }
 
@@ -276,8 +289,10 @@ BOOST_AUTO_TEST_CASE(concat_errors) {
   BOOST_CHECK_EXCEPTION(concat({}, 0), Error, mentions({"concat"}));
   BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3}, DType::f64)}, 0), Error,
                         mentions({"concat", "dtype", "f32 (2, 3)", "f64 (2, 3)"}));
-  BOOST_CHECK_EXCEPTION(concat({a, zeros({3, 3})}, 1), Error, mentions({"concat", "(2, 3)", "(3, 3)"}));
-  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3, 1})}, 0), Error, mentions({"concat", "(2, 3)", "(2, 3, 1)"}));
+  BOOST_CHECK_EXCEPTION(concat({a, zeros({3, 3})}, 1), Error,
+                        mentions({"concat", "(2, 3)", "(3, 3)"}));
+  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3, 1})}, 0), Error,
+                        mentions({"concat", "(2, 3)", "(2, 3, 1)"}));
   BOOST_CHECK_EXCEPTION(concat({a, a}, 2), Error, mentions({"concat", "axis 2", "(2, 3)"}));
   BOOST_CHECK_EXCEPTION(concat({scalar(1), scalar(2)}, 0), Error, mentions({"concat", "0-d"}));
 }
@@ -298,7 +313,8 @@ BOOST_AUTO_TEST_CASE(split_views_and_backward) {
 
 BOOST_AUTO_TEST_CASE(split_errors) {
   Tensor x = zeros({2, 4});
-  BOOST_CHECK_EXCEPTION(split(x, {1, 2}, 1), Error, mentions({"split", "(1, 2)", "(2, 4)", "size 4"}));
+  BOOST_CHECK_EXCEPTION(split(x, {1, 2}, 1), Error,
+                        mentions({"split", "(1, 2)", "(2, 4)", "size 4"}));
   BOOST_CHECK_EXCEPTION(split(x, {5, -1}, 1), Error, mentions({"split", "negative", "(2, 4)"}));
   BOOST_CHECK_EXCEPTION(split(x, {2}, 2), Error, mentions({"split", "axis 2", "(2, 4)"}));
 }
@@ -337,7 +353,8 @@ BOOST_AUTO_TEST_CASE(select_rows_in_place_on_a_view) {
     Tensor buf = iota_shaped({B, 2, 4, 3});
     Tensor view = slice(buf, 2, 1, 4);
     std::vector<int64_t> from(B);
-    for (int64_t i = 0; i < B; ++i) from[i] = (i % 5 == 1) ? i : (i * 3 + 2) % B;  // repeats, kept rows
+    for (int64_t i = 0; i < B; ++i)
+      from[i] = (i % 5 == 1) ? i : (i * 3 + 2) % B;  // repeats, kept rows
     const Tensor idx = i64(from, {B});
     const V want = vals(index_select(contiguous(view), 0, idx));
     const V first = vals(contiguous(slice(buf, 2, 0, 1)));
@@ -353,12 +370,15 @@ BOOST_AUTO_TEST_CASE(select_rows_errors) {
   Tensor x = zeros({5, 3});
   BOOST_CHECK_EXCEPTION(select_rows_(x, i64({0, 1, 2, 3, 5}, {5})), Error,
                         mentions({"select_rows_", "index 5", "5 rows", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(select_rows_(x, i64({0, 1}, {2})), Error, mentions({"select_rows_", "5 entries", "(2)"}));
-  BOOST_CHECK_EXCEPTION(select_rows_(transpose(zeros({3, 5}), 0, 1), i64({0, 1, 2, 3, 4}, {5})), Error,
-                        mentions({"select_rows_", "contiguous last dim"}));
-  BOOST_CHECK_EXCEPTION(select_rows_(zeros({5}), i64({0, 1, 2, 3, 4}, {5})), Error, mentions({"select_rows_", ">= 2 dims"}));
-  BOOST_CHECK_EXCEPTION(select_rows_(broadcast_to(zeros({1, 3}), {5, 3}), i64({0, 1, 2, 3, 4}, {5})), Error,
-                        mentions({"select_rows_", "do not overlap"}));
+  BOOST_CHECK_EXCEPTION(select_rows_(x, i64({0, 1}, {2})), Error,
+                        mentions({"select_rows_", "5 entries", "(2)"}));
+  BOOST_CHECK_EXCEPTION(select_rows_(transpose(zeros({3, 5}), 0, 1), i64({0, 1, 2, 3, 4}, {5})),
+                        Error, mentions({"select_rows_", "contiguous last dim"}));
+  BOOST_CHECK_EXCEPTION(select_rows_(zeros({5}), i64({0, 1, 2, 3, 4}, {5})), Error,
+                        mentions({"select_rows_", ">= 2 dims"}));
+  BOOST_CHECK_EXCEPTION(
+      select_rows_(broadcast_to(zeros({1, 3}), {5, 3}), i64({0, 1, 2, 3, 4}, {5})), Error,
+      mentions({"select_rows_", "do not overlap"}));
 }
 
 BOOST_AUTO_TEST_CASE(index_select_errors) {
@@ -399,7 +419,8 @@ BOOST_AUTO_TEST_CASE(embedding_float32_and_saved_ids_checked) {
   BOOST_TEST(vals(y) == V({3, 4, 3, 4}), boost::test_tools::per_element());
   // Changing the ids after the forward would make the scatter wrong: backward refuses.
   fill_(ids, 0);
-  BOOST_CHECK_EXCEPTION(y.backward(ones({2, 2})), Error, mentions({"embedding", "modified in place"}));
+  BOOST_CHECK_EXCEPTION(y.backward(ones({2, 2})), Error,
+                        mentions({"embedding", "modified in place"}));
   autograd::clear_tape();
 }
 
@@ -407,9 +428,12 @@ BOOST_AUTO_TEST_CASE(embedding_errors) {
   Tensor w = zeros({5, 3});
   BOOST_CHECK_EXCEPTION(embedding(w, i64({0, 7}, {2})), Error,
                         mentions({"embedding", "id 7", "[0, 5)", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(embedding(w, i64({-2}, {1})), Error, mentions({"embedding", "id -2", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(embedding(w, zeros({2})), Error, mentions({"embedding", "int64", "f32 (2)"}));
-  BOOST_CHECK_EXCEPTION(embedding(zeros({5}), i64({0}, {1})), Error, mentions({"embedding", "2-D", "(5)"}));
+  BOOST_CHECK_EXCEPTION(embedding(w, i64({-2}, {1})), Error,
+                        mentions({"embedding", "id -2", "(5, 3)"}));
+  BOOST_CHECK_EXCEPTION(embedding(w, zeros({2})), Error,
+                        mentions({"embedding", "int64", "f32 (2)"}));
+  BOOST_CHECK_EXCEPTION(embedding(zeros({5}), i64({0}, {1})), Error,
+                        mentions({"embedding", "2-D", "(5)"}));
   BOOST_CHECK_EXCEPTION(embedding(zeros({5, 3}, DType::i64), i64({0}, {1})), Error,
                         mentions({"embedding", "float", "(5, 3)"}));
   BOOST_CHECK_EXCEPTION(embedding(w, i64({0}, {1}), 5), Error,
@@ -433,7 +457,8 @@ BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
     BOOST_CHECK(got == ref);
   }
   Tensor one = randn({B, T, H * Dh}, DType::f32, g);
-  BOOST_CHECK(merge_heads(split_heads(one, 1, H)[0]).to_vector<double>() == one.to_vector<double>());
+  BOOST_CHECK(merge_heads(split_heads(one, 1, H)[0]).to_vector<double>() ==
+              one.to_vector<double>());
   BOOST_CHECK_THROW(split_heads(y, 5, H), Error);
   BOOST_CHECK_THROW(split_heads(randn({2, 3}, DType::f32, g), 1, 1), Error);
   BOOST_CHECK_THROW(merge_heads(y), Error);
@@ -465,8 +490,8 @@ BOOST_AUTO_TEST_CASE(copy_into_refuses_a_destination_with_overlapping_elements) 
                         mentions({"copy_into", "share memory", "(0, 1)"}));
   BOOST_TEST(vals(row) == (V{0, 1, 2}));
   const Tensor three = iota({3});
-  BOOST_CHECK_EXCEPTION(copy_into(Tensor::view_of(three, {2, 2}, {1, 1}, 0), iota_shaped({2, 2})), Error,
-                        mentions({"copy_into", "share memory"}));
+  BOOST_CHECK_EXCEPTION(copy_into(Tensor::view_of(three, {2, 2}, {1, 1}, 0), iota_shaped({2, 2})),
+                        Error, mentions({"copy_into", "share memory"}));
   // Offsets 2i + 3j for (3, 2): 0, 3, 2, 5, 4, 7, all distinct though the strides interleave.
   Tensor eight = zeros({8}, DType::f64);
   copy_into(Tensor::view_of(eight, {3, 2}, {2, 3}, 0), iota_shaped({3, 2}));

@@ -1,5 +1,5 @@
-// softmax, log_softmax, layer_norm and rms_norm: hand-computed values in both dtypes, float32 (oneDNN)
-// vs float64 (loops) on larger inputs, and the misuse errors.
+// softmax, log_softmax, layer_norm and rms_norm: hand-computed values in both dtypes, float32
+// (oneDNN) vs float64 (loops) on larger inputs, and the misuse errors.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 
@@ -85,7 +85,8 @@ BOOST_AUTO_TEST_CASE(layer_norm_values) {
                 {-1.5 * r, -0.5 * r, 0.5 * r, 1.5 * r, -15 * r2, -5 * r2, 5 * r2, 15 * r2});
     // backward with dy = ones: dx = 0 (the mean is removed), dw = sum of normalised x, db = rows
     Tensor xg = vec({1, 2, 3, 4, 0, 2, 0, 2}, {2, 4}, dt).requires_grad_();
-    Tensor wg = vec({1, 2, 3, 4}, {4}, dt).requires_grad_(), bg = vec({0, 0, 0, 0}, {4}, dt).requires_grad_();
+    Tensor wg = vec({1, 2, 3, 4}, {4}, dt).requires_grad_(),
+           bg = vec({0, 0, 0, 0}, {4}, dt).requires_grad_();
     layer_norm(xg, wg, bg).backward(ones({2, 4}, dt));
     const double q = 1 / std::sqrt(1 + 1e-5);
     check_close(wg.grad(), {-1.5 * r - q, -0.5 * r + q, 0.5 * r - q, 1.5 * r + q});
@@ -100,7 +101,9 @@ BOOST_AUTO_TEST_CASE(layer_norm_f32_matches_f64) {
     Tensor x = randn({5, 7, 48}, DType::f64, g, 0.3, 2).requires_grad_();
     Tensor w = variant < 2 ? randn({48}, DType::f64, g, 1, 0.5).requires_grad_() : Tensor();
     Tensor b = variant < 1 ? randn({48}, DType::f64, g).requires_grad_() : Tensor();
-    auto f32 = [](const Tensor& t) { return t.defined() ? cast_copy(t, DType::f32).requires_grad_() : Tensor(); };
+    auto f32 = [](const Tensor& t) {
+      return t.defined() ? cast_copy(t, DType::f32).requires_grad_() : Tensor();
+    };
     Tensor x32 = f32(x), w32 = f32(w), b32 = f32(b);
     Tensor y = layer_norm(x, w, b), y32 = layer_norm(x32, w32, b32);
     check_same(y32, y, 1e-4);
@@ -130,7 +133,9 @@ BOOST_AUTO_TEST_CASE(rms_norm_f32_matches_f64) {
   for (bool weighted : {true, false}) {
     Tensor x = randn({5, 7, 48}, DType::f64, g, 0.3, 2).requires_grad_();
     Tensor w = weighted ? randn({48}, DType::f64, g, 1, 0.5).requires_grad_() : Tensor();
-    auto f32 = [](const Tensor& t) { return t.defined() ? cast_copy(t, DType::f32).requires_grad_() : Tensor(); };
+    auto f32 = [](const Tensor& t) {
+      return t.defined() ? cast_copy(t, DType::f32).requires_grad_() : Tensor();
+    };
     Tensor x32 = f32(x), w32 = f32(w);
     Tensor y = rms_norm(x, w), y32 = rms_norm(x32, w32);
     check_same(y32, y, 1e-4);
@@ -143,38 +148,50 @@ BOOST_AUTO_TEST_CASE(rms_norm_f32_matches_f64) {
 }
 
 BOOST_AUTO_TEST_CASE(misuse) {
-  BOOST_CHECK_EXCEPTION(softmax(zeros({2, 3}), 2), Error,
-                        [](const Error& e) { return names(e, "softmax: axis 2 out of range for rank 2"); });
+  BOOST_CHECK_EXCEPTION(softmax(zeros({2, 3}), 2), Error, [](const Error& e) {
+    return names(e, "softmax: axis 2 out of range for rank 2");
+  });
   BOOST_CHECK_EXCEPTION(log_softmax(zeros({2, 3}), -3), Error, [](const Error& e) {
     return names(e, "log_softmax: axis -3 out of range for rank 2");
   });
-  BOOST_CHECK_EXCEPTION(softmax(zeros({3}, DType::i64)), Error,
-                        [](const Error& e) { return names(e, "softmax: expected a float tensor, got i64 (3)"); });
+  BOOST_CHECK_EXCEPTION(softmax(zeros({3}, DType::i64)), Error, [](const Error& e) {
+    return names(e, "softmax: expected a float tensor, got i64 (3)");
+  });
   BOOST_CHECK_EXCEPTION(layer_norm(zeros({2, 4}), zeros({5}), Tensor()), Error, [](const Error& e) {
     return names(e, "layer_norm: x f32 (2, 4), w f32 (5): w must be (4)");
   });
-  BOOST_CHECK_EXCEPTION(layer_norm(zeros({2, 4}), zeros({4}), zeros({2, 4})), Error, [](const Error& e) {
-    return names(e, "layer_norm: x f32 (2, 4), w f32 (4), b f32 (2, 4): b must be (4)");
-  });
+  BOOST_CHECK_EXCEPTION(
+      layer_norm(zeros({2, 4}), zeros({4}), zeros({2, 4})), Error, [](const Error& e) {
+        return names(e, "layer_norm: x f32 (2, 4), w f32 (4), b f32 (2, 4): b must be (4)");
+      });
   BOOST_CHECK_EXCEPTION(layer_norm(zeros({2, 4}), zeros({4}, DType::f64), Tensor()), Error,
-                        [](const Error& e) { return names(e, "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"); });
-  BOOST_CHECK_EXCEPTION(layer_norm(scalar(1.0), Tensor(), Tensor()), Error,
-                        [](const Error& e) { return names(e, "layer_norm: x f32 (): x needs at least 1 dim"); });
-  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), zeros({3})), Error,
-                        [](const Error& e) { return names(e, "rms_norm: x f32 (2, 4), w f32 (3): w must be (4)"); });
-  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), Tensor(), -1.0), Error,
-                        [](const Error& e) { return names(e, "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"); });
+                        [](const Error& e) {
+                          return names(e, "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch");
+                        });
+  BOOST_CHECK_EXCEPTION(layer_norm(scalar(1.0), Tensor(), Tensor()), Error, [](const Error& e) {
+    return names(e, "layer_norm: x f32 (): x needs at least 1 dim");
+  });
+  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), zeros({3})), Error, [](const Error& e) {
+    return names(e, "rms_norm: x f32 (2, 4), w f32 (3): w must be (4)");
+  });
+  BOOST_CHECK_EXCEPTION(rms_norm(zeros({2, 4}), Tensor(), -1.0), Error, [](const Error& e) {
+    return names(e, "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0");
+  });
   // add_layer_norm: the residual must match x (no broadcasting); the checks name the fused op.
-  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({4}), zeros({4}), Tensor()), Error, [](const Error& e) {
-    return names(e, "add_layer_norm: r f32 (4) must have the dtype and shape of x f32 (2, 4)");
-  });
-  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({2, 4}, DType::f64), Tensor(), Tensor()), Error,
-                        [](const Error& e) { return names(e, "add_layer_norm: r f64 (2, 4) must have the dtype"); });
-  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), Tensor(), Tensor(), Tensor()), Error,
-                        [](const Error& e) { return names(e, "add_layer_norm: r undefined tensor must have"); });
-  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor()), Error, [](const Error& e) {
-    return names(e, "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)");
-  });
+  BOOST_CHECK_EXCEPTION(
+      add_layer_norm(zeros({2, 4}), zeros({4}), zeros({4}), Tensor()), Error, [](const Error& e) {
+        return names(e, "add_layer_norm: r f32 (4) must have the dtype and shape of x f32 (2, 4)");
+      });
+  BOOST_CHECK_EXCEPTION(
+      add_layer_norm(zeros({2, 4}), zeros({2, 4}, DType::f64), Tensor(), Tensor()), Error,
+      [](const Error& e) { return names(e, "add_layer_norm: r f64 (2, 4) must have the dtype"); });
+  BOOST_CHECK_EXCEPTION(
+      add_layer_norm(zeros({2, 4}), Tensor(), Tensor(), Tensor()), Error,
+      [](const Error& e) { return names(e, "add_layer_norm: r undefined tensor must have"); });
+  BOOST_CHECK_EXCEPTION(add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor()), Error,
+                        [](const Error& e) {
+                          return names(e, "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)");
+                        });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -47,15 +47,19 @@ std::string error_of(Fn&& fn) {
 // Deterministic German-like sentences with umlauts and ß; enough variety that
 // a 100-piece vocabulary must split words into subwords.
 std::vector<std::string> german_sentences(size_t n) {
-  const std::vector<std::string> subj = {"Der Bäcker", "Die Ärztin", "Ein Müller", "Das Mädchen",
-                                         "Der Schüler", "Die Größe", "Unser Förster",
-                                         "Die Übersetzerin", "Ein Ölhändler"};
-  const std::vector<std::string> verb = {"öffnet", "grüßt", "überprüft", "zählt", "fährt zu",
-                                         "schließt", "träumt von"};
-  const std::vector<std::string> obj = {"die Tür", "den Käse", "das Büro", "die Straße",
+  const std::vector<std::string> subj = {"Der Bäcker",    "Die Ärztin",       "Ein Müller",
+                                         "Das Mädchen",   "Der Schüler",      "Die Größe",
+                                         "Unser Förster", "Die Übersetzerin", "Ein Ölhändler"};
+  const std::vector<std::string> verb = {"öffnet",   "grüßt",    "überprüft", "zählt",
+                                         "fährt zu", "schließt", "träumt von"};
+  const std::vector<std::string> obj = {"die Tür",       "den Käse",   "das Büro",   "die Straße",
                                         "den Schlüssel", "die Brücke", "das Gemüse", "die Äpfel"};
-  const std::vector<std::string> tail = {"heute.", "morgen früh.", "sehr schnell!", "um 3.5 Uhr.",
-                                         "im Frühling.", "ohne Grund?",
+  const std::vector<std::string> tail = {"heute.",
+                                         "morgen früh.",
+                                         "sehr schnell!",
+                                         "um 3.5 Uhr.",
+                                         "im Frühling.",
+                                         "ohne Grund?",
                                          "mit Brot, Öl & Salz: gut."};
   std::vector<std::string> out;
   for (size_t i = 0; i < n; ++i) {
@@ -101,7 +105,8 @@ BOOST_AUTO_TEST_CASE(tokenize_13a_utf8) {
   BOOST_TEST(tokenize_13a("ÄÖÜ.x") == "ÄÖÜ . x");
   BOOST_TEST(tokenize_13a("Straße,Öl") == "Straße , Öl");
   // U+00A0 NO-BREAK SPACE is whitespace for Python's str.split.
-  BOOST_TEST(tokenize_13a("a\xC2\xA0" "b") == "a b");
+  BOOST_TEST(tokenize_13a("a\xC2\xA0"
+                          "b") == "a b");
   // U+00E9 and U+4E2D must come out byte-identical.
   BOOST_TEST(tokenize_13a("café 中.") == "café 中 .");
 }
@@ -179,8 +184,7 @@ BOOST_AUTO_TEST_CASE(bleu_edge_cases) {
   BOOST_TEST(mixed > 0.0);
   BOOST_TEST(mixed < 100.0);
   // Tokenisation happens before matching: "mat." equals "mat ." in the ref.
-  BOOST_TEST(corpus_bleu({"the cat sat on the mat."}, {"the cat sat on the mat ."}).score ==
-                 100.0,
+  BOOST_TEST(corpus_bleu({"the cat sat on the mat."}, {"the cat sat on the mat ."}).score == 100.0,
              boost::test_tools::tolerance(1e-9));
   // Empty corpus: no statistics, score 0, no division by zero.
   const BleuResult empty = corpus_bleu({}, {});
@@ -201,8 +205,11 @@ BOOST_AUTO_TEST_CASE(printable_escapes_what_a_terminal_would_act_on) {
   BOOST_TEST(printable("a\nb\x1b[31m\x7f") == "a\\x0Ab\\x1B[31m\\x7F");
   BOOST_TEST(printable("\xff\xfe ok") == "\\xFF\\xFE ok");
   BOOST_TEST(printable("back\\slash") == "back\\\\slash");
-  BOOST_TEST(printable("\xc2\x9b" "1m") == "\\xC2\\x9B" "1m");             // C1 CSI
-  BOOST_TEST(printable("x\xe2\x80\xaey") == "x\\xE2\\x80\\xAEy");       // right-to-left override
+  BOOST_TEST(printable("\xc2\x9b"
+                       "1m") ==
+             "\\xC2\\x9B"
+             "1m");                                                // C1 CSI
+  BOOST_TEST(printable("x\xe2\x80\xaey") == "x\\xE2\\x80\\xAEy");  // right-to-left override
   BOOST_TEST(printable(std::string(300, 'a'), 10) == "aaaaaaaaaa...");
 }
 
@@ -210,41 +217,42 @@ BOOST_AUTO_TEST_CASE(valid_utf8_cases) {
   BOOST_TEST(valid_utf8(""));
   BOOST_TEST(valid_utf8("plain ascii"));
   BOOST_TEST(valid_utf8("Grüße"));
-  BOOST_TEST(valid_utf8("\xF0\x9F\x98\x80"));      // U+1F600
-  BOOST_TEST(valid_utf8("\xF4\x8F\xBF\xBF"));      // U+10FFFF, the maximum
-  BOOST_TEST(valid_utf8("\xED\x9F\xBF"));          // U+D7FF, just below surrogates
-  BOOST_TEST(valid_utf8("\xEE\x80\x80"));          // U+E000, just above surrogates
-  BOOST_TEST(!valid_utf8("\xF4\x90\x80\x80"));     // U+110000
-  BOOST_TEST(!valid_utf8("\xED\xA0\x80"));         // U+D800 surrogate
-  BOOST_TEST(!valid_utf8("\xC0\xAF"));             // overlong '/'
-  BOOST_TEST(!valid_utf8("\xC1\xBF"));             // overlong
-  BOOST_TEST(!valid_utf8("\xE0\x80\xAF"));         // overlong, 3 bytes
-  BOOST_TEST(!valid_utf8("\xF0\x80\x80\xAF"));     // overlong, 4 bytes
-  BOOST_TEST(!valid_utf8("\x80"));                 // stray continuation
+  BOOST_TEST(valid_utf8("\xF0\x9F\x98\x80"));   // U+1F600
+  BOOST_TEST(valid_utf8("\xF4\x8F\xBF\xBF"));   // U+10FFFF, the maximum
+  BOOST_TEST(valid_utf8("\xED\x9F\xBF"));       // U+D7FF, just below surrogates
+  BOOST_TEST(valid_utf8("\xEE\x80\x80"));       // U+E000, just above surrogates
+  BOOST_TEST(!valid_utf8("\xF4\x90\x80\x80"));  // U+110000
+  BOOST_TEST(!valid_utf8("\xED\xA0\x80"));      // U+D800 surrogate
+  BOOST_TEST(!valid_utf8("\xC0\xAF"));          // overlong '/'
+  BOOST_TEST(!valid_utf8("\xC1\xBF"));          // overlong
+  BOOST_TEST(!valid_utf8("\xE0\x80\xAF"));      // overlong, 3 bytes
+  BOOST_TEST(!valid_utf8("\xF0\x80\x80\xAF"));  // overlong, 4 bytes
+  BOOST_TEST(!valid_utf8("\x80"));              // stray continuation
   BOOST_TEST(!valid_utf8("\xFF"));
   BOOST_TEST(!valid_utf8("\xF5\x80\x80\x80"));
-  BOOST_TEST(!valid_utf8("ab\xC3"));               // truncated at end
-  BOOST_TEST(!valid_utf8("\xE2\x82"));             // truncated at end
-  BOOST_TEST(!valid_utf8("\xE2\x28\xA1"));         // bad continuation
+  BOOST_TEST(!valid_utf8("ab\xC3"));        // truncated at end
+  BOOST_TEST(!valid_utf8("\xE2\x82"));      // truncated at end
+  BOOST_TEST(!valid_utf8("\xE2\x28\xA1"));  // bad continuation
 }
 
 BOOST_AUTO_TEST_CASE(read_tsv_counts_each_bad_line_kind) {
   TempDir dir;
   const fs::path file = dir.path / "corpus.tsv";
   write_file(file,
-             "\xEF\xBB\xBFHallo Welt\tHello world\n"      // kept (BOM dropped)
-             "Guten Morgen\tGood morning\r\n"              // kept (CRLF)
-             "\n"                                          // empty
-             "   \r\n"                                     // empty
-             "no tab here\n"                               // malformed
-             "a\tb\tc\n"                                   // malformed: two tabs
-             "  \tonly target\n"                           // malformed: empty side
-             "stray \xFF byte\tx\n"                        // bad_utf8
-             "overlong \xC0\xAF\tx\n"                      // bad_utf8
-             "surrogate \xED\xA0\x80\tx\n"                 // bad_utf8
-             "truncated \xC3\tx\n"                         // bad_utf8
-             + std::string(600, 'a') + "\t" + std::string(600, 'b') + "\n"  // too_long
-             "  Grüße \t Greetings  ");                    // kept, no final newline
+             "\xEF\xBB\xBFHallo Welt\tHello world\n"  // kept (BOM dropped)
+             "Guten Morgen\tGood morning\r\n"         // kept (CRLF)
+             "\n"                                     // empty
+             "   \r\n"                                // empty
+             "no tab here\n"                          // malformed
+             "a\tb\tc\n"                              // malformed: two tabs
+             "  \tonly target\n"                      // malformed: empty side
+             "stray \xFF byte\tx\n"                   // bad_utf8
+             "overlong \xC0\xAF\tx\n"                 // bad_utf8
+             "surrogate \xED\xA0\x80\tx\n"            // bad_utf8
+             "truncated \xC3\tx\n"                    // bad_utf8
+                 + std::string(600, 'a') + "\t" + std::string(600, 'b') +
+                 "\n"                        // too_long
+                 "  Grüße \t Greetings  ");  // kept, no final newline
   CorpusStats st;
   const auto pairs = read_tsv(file.string(), st);
   BOOST_TEST(st.read == 13u);
@@ -289,8 +297,12 @@ BOOST_AUTO_TEST_CASE(line_reader_caps_while_reading) {
   const std::string path = (dir.path / "lines.txt").string();
   {
     std::ofstream out(path, std::ios::binary);
-    out << "short\r\n" << std::string(5000000, 'x') << "\n" << std::string("a\0b", 3) << "\n"
-        << "12345\r\n" << "123456\n" << "last";
+    out << "short\r\n"
+        << std::string(5000000, 'x') << "\n"
+        << std::string("a\0b", 3) << "\n"
+        << "12345\r\n"
+        << "123456\n"
+        << "last";
   }
   FILE* f = std::fopen(path.c_str(), "rb");
   BOOST_REQUIRE(f);
@@ -301,7 +313,8 @@ BOOST_AUTO_TEST_CASE(line_reader_caps_while_reading) {
   while (r.next(line, too_long, "test")) got.emplace_back(line, too_long);
   std::fclose(f);
   const std::vector<std::pair<std::string, bool>> want = {
-      {"short", false}, {"", true}, {std::string("a\0b", 3), false}, {"12345", false}, {"", true}, {"last", false}};
+      {"short", false}, {"", true}, {std::string("a\0b", 3), false},
+      {"12345", false}, {"", true}, {"last", false}};
   BOOST_TEST(got.size() == want.size());
   for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
     BOOST_TEST(got[i].first == want[i].first, "line " << i);

@@ -1,7 +1,7 @@
 // The library training loop (nn/trainer.h) on a toy task: it learns, resumes bit-exactly,
 // stops early, and refuses a non-finite loss or an empty task with a message naming the cause.
-#include <boost/test/unit_test.hpp>
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -68,7 +68,9 @@ struct TwoRanks final : nn::Communicator {
   void wait_all() override {}
   void broadcast(Tensor&, int) override {}
   std::string broadcast_string(const std::string& s, int) override { return s; }
-  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override { return {v, v}; }
+  std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override {
+    return {v, v};
+  }
   void barrier() override {}
   [[noreturn]] void abort(const std::string& m, int) override { fail(m); }
 };
@@ -100,7 +102,8 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
     const size_t a = line.find(','), b = line.find(',', a + 1), last = line.rfind(',');
     BOOST_TEST(std::stoll(line) == seen[n].step);
     BOOST_TEST(std::stod(line.substr(a + 1, b - a - 1)) == seen[n].train_loss);
-    if (last + 1 < line.size()) BOOST_TEST(std::stod(line.substr(last + 1)) == seen[n].valid.at("mse"));
+    if (last + 1 < line.size())
+      BOOST_TEST(std::stod(line.substr(last + 1)) == seen[n].valid.at("mse"));
   }
   BOOST_TEST(n == seen.size());
 }
@@ -116,11 +119,14 @@ BOOST_AUTO_TEST_CASE(newest_is_best_by_the_stop_metric) {
   };
   BOOST_TEST(nn::newest_is_best({row(10, 0.5)}, "macro_f1", true));
   BOOST_TEST(nn::newest_is_best({row(10, 0.5), row(15, -1), row(20, 0.6)}, "macro_f1", true));
-  BOOST_TEST(nn::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1", true));  // a tie takes the newer
+  BOOST_TEST(
+      nn::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1", true));  // a tie takes the newer
   BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", true));
-  BOOST_TEST(nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", false));  // lower is better
+  BOOST_TEST(
+      nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", false));  // lower is better
   BOOST_TEST(!nn::newest_is_best({row(10, 0.6), row(20, 0.7)}, "macro_f1", false));
-  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1", true));  // no validation on the newest
+  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1",
+                                 true));  // no validation on the newest
   BOOST_TEST(!nn::newest_is_best({}, "macro_f1", true));
 }
 
@@ -174,8 +180,9 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
     nn::LoopOptions other = adamw_cosine(dir, 40);
     other.resume = true;
     set(other);
-    BOOST_CHECK_EXCEPTION(nn::train_loop(d.task, other), Error,
-                          [](const Error& e) { return names(e, "the run was trained with") && names(e, "\"adamw\""); });
+    BOOST_CHECK_EXCEPTION(nn::train_loop(d.task, other), Error, [](const Error& e) {
+      return names(e, "the run was trained with") && names(e, "\"adamw\"");
+    });
   };
   refuse([](nn::LoopOptions& x) { x.weight_decay = 0.2; });
   refuse([](nn::LoopOptions& x) { x.optimizer = "adam"; });
@@ -198,8 +205,9 @@ BOOST_AUTO_TEST_CASE(recipe_round_trip) {
   nlohmann::json bad = nn::loop_recipe(cos);
   bad["schedule"].erase("min_lr");
   nn::LoopOptions o = opts("unused", 20);
-  BOOST_CHECK_EXCEPTION(nn::apply_recipe(bad, o, "config"), Error,
-                        [](const Error& e) { return names(e, "config: 'schedule'") && names(e, "min_lr"); });
+  BOOST_CHECK_EXCEPTION(nn::apply_recipe(bad, o, "config"), Error, [](const Error& e) {
+    return names(e, "config: 'schedule'") && names(e, "min_lr");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(warmup_then_constant) {
@@ -223,7 +231,9 @@ BOOST_AUTO_TEST_CASE(weight_decay_skips_biases_and_loss_of_batch) {
   manual_seed(1);
   Toy t(3);
   t.task.loss = nullptr;
-  t.task.loss_of_batch = [&t](int64_t i) { return affine(mean(t.model.forward(t.xs[i])), 0.0, 0.0); };
+  t.task.loss_of_batch = [&t](int64_t i) {
+    return affine(mean(t.model.forward(t.xs[i])), 0.0, 0.0);
+  };
   t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };
   const double w0 = t.model.weight.to_vector<double>()[0], b0 = t.model.bias.to_vector<double>()[0];
   nn::LoopOptions o = opts(fresh_dir("decay_groups"), 2);
@@ -241,14 +251,17 @@ BOOST_AUTO_TEST_CASE(weight_decay_skips_biases_and_loss_of_batch) {
                         [](const Error& e) { return names(e, "cannot be split across 2 ranks"); });
   Toy both(3);
   both.task.loss_of_batch = t.task.loss_of_batch;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(both.task, opts(fresh_dir("both"), 2)), Error,
-                        [](const Error& e) { return names(e, "gives both loss and loss_of_batch"); });
+  BOOST_CHECK_EXCEPTION(
+      nn::train_loop(both.task, opts(fresh_dir("both"), 2)), Error,
+      [](const Error& e) { return names(e, "gives both loss and loss_of_batch"); });
 }
 
 BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
   manual_seed(1);
   Toy t(3);
-  t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };  // never improves
+  t.task.validate = []() -> std::map<std::string, double> {
+    return {{"mse", 1.0}};
+  };  // never improves
   nn::LoopOptions o = opts(fresh_dir("early"), 1000);
   o.patience = 2;
   nn::LoopResult r = nn::train_loop(t.task, o);
@@ -257,8 +270,9 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
   BOOST_TEST(r.last_step == 30);
   o.patience = 1;
   t.task.stop_metric = "bleu";
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
-                        [](const Error& e) { return names(e, "early stopping metric 'bleu' is not a validation metric"); });
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    return names(e, "early stopping metric 'bleu' is not a validation metric");
+  });
 }
 
 // Time to quality: the run stops at the first validation whose metric reaches stop_at, and says
@@ -284,8 +298,9 @@ BOOST_AUTO_TEST_CASE(stop_at_a_target_metric) {
   BOOST_TEST(!r.reached_target);
   BOOST_TEST(r.last_step == 40);
   u.task.stop_metric = "bleu";
-  BOOST_CHECK_EXCEPTION(nn::train_loop(u.task, o), Error,
-                        [](const Error& e) { return names(e, "metric 'bleu' is not a validation metric"); });
+  BOOST_CHECK_EXCEPTION(nn::train_loop(u.task, o), Error, [](const Error& e) {
+    return names(e, "metric 'bleu' is not a validation metric");
+  });
 }
 
 // A validation that is not finite stops the run with an error naming the metric and the step.
@@ -293,8 +308,9 @@ BOOST_AUTO_TEST_CASE(non_finite_validation_is_an_error) {
   manual_seed(1);
   Toy t(3);
   t.task.validate = []() -> std::map<std::string, double> { return {{"mse", NAN}}; };
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("valid_nan"), 30)), Error,
-                        [](const Error& e) { return names(e, "train: validation mse is nan at step 10"); });
+  BOOST_CHECK_EXCEPTION(
+      nn::train_loop(t.task, opts(fresh_dir("valid_nan"), 30)), Error,
+      [](const Error& e) { return names(e, "train: validation mse is nan at step 10"); });
 }
 
 // With min_delta, improvements no larger than it do not reset the patience count.
@@ -315,7 +331,8 @@ BOOST_AUTO_TEST_CASE(early_stopping_min_delta) {
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 40);
   o.min_delta = -1;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) { return names(e, "--min-delta"); });
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+                        [](const Error& e) { return names(e, "--min-delta"); });
 }
 
 // A step whose gradient is not finite skips the update (the loss stays finite): the run goes on,
@@ -381,9 +398,11 @@ void commit_edited_state(const fs::path& dir, const std::function<void(nlohmann:
   nlohmann::json trainer = nlohmann::json::parse(f.metadata.at("trainer"));
   edit(trainer);
   f.metadata["trainer"] = trainer.dump();
-  f.metadata["metadata_checksum"] = nn::text_checksum(f.metadata["trainer"] + '\n' + f.metadata.at("optimizer"));
+  f.metadata["metadata_checksum"] =
+      nn::text_checksum(f.metadata["trainer"] + '\n' + f.metadata.at("optimizer"));
   std::ifstream csv(dir / "metrics.csv");
-  const std::string metrics((std::istreambuf_iterator<char>(csv)), std::istreambuf_iterator<char>());
+  const std::string metrics((std::istreambuf_iterator<char>(csv)),
+                            std::istreambuf_iterator<char>());
   nn::CheckpointCommit c(dir.string(), 999);
   nn::save_safetensors(c.path("train_state.safetensors"), f.tensors, f.metadata);
   nn::atomic_write(c.path("metrics.csv"), [&](std::ostream& os) { os << metrics; });
@@ -400,9 +419,11 @@ BOOST_AUTO_TEST_CASE(batch_order_must_be_a_permutation) {
   commit_edited_state(dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>(8, 0); });
   nn::LoopOptions o = opts(dir, 20);
   o.resume = true;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
-                        [](const Error& e) { return names(e, "batch order is not a permutation of the 8 batches"); });
-  commit_edited_state(dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>{7, 6, 5, 4, 3, 2, 1, 0}; });
+  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    return names(e, "batch order is not a permutation of the 8 batches");
+  });
+  commit_edited_state(
+      dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>{7, 6, 5, 4, 3, 2, 1, 0}; });
   BOOST_TEST(nn::train_loop(t.task, o).last_step == 20);  // a permutation is fine
 }
 
@@ -420,7 +441,8 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   std::vector<std::string> entries;
   for (auto& e : fs::directory_iterator(dir)) entries.push_back(e.path().filename().string());
   std::sort(entries.begin(), entries.end());
-  BOOST_TEST(entries == (std::vector<std::string>{"checkpoint", "ckpt-00000020", "metrics.csv", "train_state.safetensors"}),
+  BOOST_TEST(entries == (std::vector<std::string>{"checkpoint", "ckpt-00000020", "metrics.csv",
+                                                  "train_state.safetensors"}),
              boost::test_tools::per_element());
   nn::LoopOptions o = opts(dir, 30);
   o.resume = true;
@@ -430,8 +452,9 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     in.close();
     std::ofstream(csv, std::ios::trunc) << text << "25,garbage\n";
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
-                          [](const Error& e) { return names(e, "metrics.csv' line 6 is not a metrics row"); });
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+      return names(e, "metrics.csv' line 6 is not a metrics row");
+    });
     std::ofstream(csv, std::ios::trunc) << text;
   }
   // A run directory of graft 0.4: a plain train_state.safetensors, no checkpoint link.
@@ -475,7 +498,9 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   Toy t(3);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard sh) { return ++calls == 3 ? affine(good(i, sh), NAN, 0.0) : good(i, sh); };
+  t.task.loss = [&](int64_t i, nn::Shard sh) {
+    return ++calls == 3 ? affine(good(i, sh), NAN, 0.0) : good(i, sh);
+  };
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("nan"), 10)), Error,
                         [](const Error& e) { return names(e, "the loss is nan at step 3"); });
   Toy e(3);
@@ -489,21 +514,31 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   auto refuse = [&](auto set, const std::string& part) {
     nn::LoopOptions o = opts(fresh_dir("badopt"), 10);
     set(o);
-    BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, o), Error, [&](const Error& x) { return names(x, part); });
+    BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, o), Error,
+                          [&](const Error& x) { return names(x, part); });
   };
-  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; }, "--minutes must be a finite number");
+  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; },
+         "--minutes must be a finite number");
   refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "--minutes must be a finite number");
   refuse([](nn::LoopOptions& o) { o.lr = -1; }, "--lr must be a finite number >= 0");
   refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "--lr must be a finite number >= 0");
   refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr factor must be");
-  refuse([](nn::LoopOptions& o) { o.optimizer = "sgd"; }, "--optimizer must be adam or adamw, got 'sgd'");
-  refuse([](nn::LoopOptions& o) { o.schedule = "linear"; }, "--schedule must be noam, cosine or constant");
-  refuse([](nn::LoopOptions& o) { o.schedule = "noam"; }, "the Noam schedule is scaled by the lr factor");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; }, "--schedule cosine needs --lr > 0");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; }, "give --steps");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; }, "more steps (10) than warmup steps (10)");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; }, "--min-lr (1) must not exceed --lr (0.05)");
-  refuse([](nn::LoopOptions& o) { o.weight_decay = -1; }, "--weight-decay must be a finite number >= 0");
+  refuse([](nn::LoopOptions& o) { o.optimizer = "sgd"; },
+         "--optimizer must be adam or adamw, got 'sgd'");
+  refuse([](nn::LoopOptions& o) { o.schedule = "linear"; },
+         "--schedule must be noam, cosine or constant");
+  refuse([](nn::LoopOptions& o) { o.schedule = "noam"; },
+         "the Noam schedule is scaled by the lr factor");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; },
+         "--schedule cosine needs --lr > 0");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; },
+         "give --steps");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; },
+         "more steps (10) than warmup steps (10)");
+  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; },
+         "--min-lr (1) must not exceed --lr (0.05)");
+  refuse([](nn::LoopOptions& o) { o.weight_decay = -1; },
+         "--weight-decay must be a finite number >= 0");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
+#include "graft/autograd/tape.h"
+#include "graft/nn/checkpoint.h"
 #include "graft/nn/optim.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
@@ -137,7 +137,8 @@ BOOST_AUTO_TEST_CASE(overfits_one_batch) {
   int step = 0;
   for (; step < 400 && loss_v >= 0.05; ++step) {
     Tensor lg = m.forward(b.src, b.tgt_in);
-    Tensor loss = cross_entropy(reshape(lg, {-1, 24}), reshape(b.tgt_out, {-1}), 0.0, text::Tokenizer::PAD);
+    Tensor loss =
+        cross_entropy(reshape(lg, {-1, 24}), reshape(b.tgt_out, {-1}), 0.0, text::Tokenizer::PAD);
     loss.backward();
     nn::clip_grad_norm(params, 1.0);
     opt.step();
@@ -222,7 +223,9 @@ BOOST_AUTO_TEST_CASE(graph_of_a_step_leaves_the_run_unchanged) {
   BOOST_TEST(dot.find("label=\"decoder\"") != std::string::npos);
   BOOST_TEST(dot.find("label=\"encoder.layers.0.self_attn.in_proj_weight\\n") != std::string::npos);
   o.graph = dir / "step.txt";
-  BOOST_CHECK_EXCEPTION(tr::train(o), Error, [](const Error& e) { return message_has(e, "must end in .dot, .svg, .png or .pdf"); });
+  BOOST_CHECK_EXCEPTION(tr::train(o), Error, [](const Error& e) {
+    return message_has(e, "must end in .dot, .svg, .png or .pdf");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(damaged_checkpoints_give_clear_errors) {
@@ -235,33 +238,42 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_give_clear_errors) {
   resume.resume = true;
 
   {  // cut off mid-data, as a crash during a non-atomic copy would leave it
-    std::ofstream(state, std::ios::binary | std::ios::trunc).write(good.data(), (std::streamsize)good.size() / 2);
-    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception,
-                          [](const std::exception& e) { return message_has(e, "truncated or corrupted"); });
+    std::ofstream(state, std::ios::binary | std::ios::trunc)
+        .write(good.data(), (std::streamsize)good.size() / 2);
+    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception, [](const std::exception& e) {
+      return message_has(e, "truncated or corrupted");
+    });
   }
   {  // one flipped bit in the tensor data: structurally valid, caught by the checksum
     std::string bad = good;
     bad[bad.size() - 100] ^= 0x10;
-    std::ofstream(state, std::ios::binary | std::ios::trunc).write(bad.data(), (std::streamsize)bad.size());
-    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception,
-                          [](const std::exception& e) { return message_has(e, "checksum mismatch"); });
+    std::ofstream(state, std::ios::binary | std::ios::trunc)
+        .write(bad.data(), (std::streamsize)bad.size());
+    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception, [](const std::exception& e) {
+      return message_has(e, "checksum mismatch");
+    });
   }
   {  // garbage in the JSON header
     std::string bad = good;
     bad[10] = '#';
-    std::ofstream(state, std::ios::binary | std::ios::trunc).write(bad.data(), (std::streamsize)bad.size());
-    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception,
-                          [](const std::exception& e) { return message_has(e, "truncated or corrupted"); });
+    std::ofstream(state, std::ios::binary | std::ios::trunc)
+        .write(bad.data(), (std::streamsize)bad.size());
+    BOOST_CHECK_EXCEPTION(tr::train(resume), std::exception, [](const std::exception& e) {
+      return message_has(e, "truncated or corrupted");
+    });
   }
   {  // the weights for inference are checked the same way
     std::string w = read_bytes(dir / "run/model.safetensors");
     w[w.size() - 4] ^= 0x01;
-    std::ofstream(dir / "run/model.safetensors", std::ios::binary | std::ios::trunc).write(w.data(), (std::streamsize)w.size());
-    BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception,
-                          [](const std::exception& e) { return message_has(e, "checksum mismatch"); });
+    std::ofstream(dir / "run/model.safetensors", std::ios::binary | std::ios::trunc)
+        .write(w.data(), (std::streamsize)w.size());
+    BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception, [](const std::exception& e) {
+      return message_has(e, "checksum mismatch");
+    });
   }
   {  // the intact state resumes
-    std::ofstream(state, std::ios::binary | std::ios::trunc).write(good.data(), (std::streamsize)good.size());
+    std::ofstream(state, std::ios::binary | std::ios::trunc)
+        .write(good.data(), (std::streamsize)good.size());
     auto r = tr::train(resume);
     BOOST_TEST(r.first_step == 4);
     BOOST_TEST(r.last_step == 8);
@@ -273,13 +285,13 @@ BOOST_AUTO_TEST_CASE(bad_corpus_lines_are_skipped_and_counted) {
   {
     std::ofstream f(dir / "train.tsv", std::ios::binary);
     f << "the dog runs .\tder Hund läuft .\n"
-      << "\n"                                    // empty
-      << "no tab on this line\n"                 // malformed
-      << "a\tb\tc\n"                             // malformed: two tabs
-      << "   \t der Hund\n"                      // malformed: empty source
-      << "bad \xff\xfe utf8\tschlecht\n"         // bad UTF-8
-      << std::string(1200, 'x') << "\ty\n"       // too long
-      << "the cat sleeps .\r\n"                  // malformed (CRLF, no tab)
+      << "\n"                               // empty
+      << "no tab on this line\n"            // malformed
+      << "a\tb\tc\n"                        // malformed: two tabs
+      << "   \t der Hund\n"                 // malformed: empty source
+      << "bad \xff\xfe utf8\tschlecht\n"    // bad UTF-8
+      << std::string(1200, 'x') << "\ty\n"  // too long
+      << "the cat sleeps .\r\n"             // malformed (CRLF, no tab)
       << "the cat sleeps .\tdie Katze schläft .\r\n";
   }
   text::CorpusStats st;
@@ -296,8 +308,9 @@ BOOST_AUTO_TEST_CASE(bad_corpus_lines_are_skipped_and_counted) {
                         [](const std::exception& e) { return message_has(e, "cannot open"); });
   // /dev/zero has no newline and no end: refused before reading (it once never returned).
   fs::create_symlink("/dev/zero", dir / "zero.tsv");
-  BOOST_CHECK_EXCEPTION(tr::load_corpus(dir / "zero.tsv", st), Error,
-                        [](const Error& e) { return testing::names(e, "zero.tsv' is not a regular file"); });
+  BOOST_CHECK_EXCEPTION(tr::load_corpus(dir / "zero.tsv", st), Error, [](const Error& e) {
+    return testing::names(e, "zero.tsv' is not a regular file");
+  });
 }
 
 // The tokenizer is trained deterministically: the same sentences give the same spm.model and
@@ -331,14 +344,18 @@ BOOST_AUTO_TEST_CASE(run_directory_is_tied_and_odd_inputs_are_handled) {
   std::string long_line;
   for (int i = 0; i < 400; ++i) long_line += "the dog ";
   size_t truncated = 0;
-  auto out = tr::translate_lines(*run.model, *run.tok, {"", "  \t ", "the dog runs .", long_line}, 1, 0, &truncated);
+  auto out = tr::translate_lines(*run.model, *run.tok, {"", "  \t ", "the dog runs .", long_line},
+                                 1, 0, &truncated);
   BOOST_REQUIRE(out.size() == 4u);
   BOOST_TEST(out[0] == "");
   BOOST_TEST(out[1] == "");
   BOOST_TEST(truncated == 1u);
   // The copy-source baseline scores each source as its own hypothesis.
-  BOOST_TEST(tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "the dog runs ."}}).copy_source.score > 99.999);
-  BOOST_TEST(tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "der Hund rennt ."}}).copy_source.score < 20.0);
+  BOOST_TEST(
+      tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "the dog runs ."}}).copy_source.score >
+      99.999);
+  BOOST_TEST(tr::evaluate(*run.model, *run.tok, {{"the dog runs .", "der Hund rennt ."}})
+                 .copy_source.score < 20.0);
 
   const std::string cfg = dir / "run/config.json";
   const std::string original = read_bytes(cfg);
@@ -355,9 +372,11 @@ BOOST_AUTO_TEST_CASE(run_directory_is_tied_and_odd_inputs_are_handled) {
   other.vocab = 100;  // the same data and vocabulary would give the same spm.model, byte for byte
   tr::train(other);
   BOOST_REQUIRE(read_bytes(dir / "other/spm.model") != read_bytes(dir / "run/spm.model"));
-  fs::copy_file(dir / "other/spm.model", dir / "run/spm.model", fs::copy_options::overwrite_existing);
-  BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception,
-                        [&](const std::exception& e) { return message_has(e, "spm.model' does not match the weights"); });
+  fs::copy_file(dir / "other/spm.model", dir / "run/spm.model",
+                fs::copy_options::overwrite_existing);
+  BOOST_CHECK_EXCEPTION(tr::load_run(dir / "run"), std::exception, [&](const std::exception& e) {
+    return message_has(e, "spm.model' does not match the weights");
+  });
 }
 
 // A corpus none of whose pairs fits the model stops with an error, not a crash.
@@ -381,8 +400,9 @@ BOOST_AUTO_TEST_CASE(corpus_longer_than_max_len_everywhere) {
   }
   auto o = tiny_options(dir / "data", dir / "run", 4);
   o.vocab = 40;
-  BOOST_CHECK_EXCEPTION(tr::train(o), std::exception,
-                        [](const std::exception& e) { return message_has(e, "pairs of") && message_has(e, "train.tsv' fits the model"); });
+  BOOST_CHECK_EXCEPTION(tr::train(o), std::exception, [](const std::exception& e) {
+    return message_has(e, "pairs of") && message_has(e, "train.tsv' fits the model");
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

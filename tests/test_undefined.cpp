@@ -19,8 +19,8 @@
 
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
-#include "graft/models/config_json.h"
 #include "graft/models/bert.h"
+#include "graft/models/config_json.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/sentence_encoder.h"
@@ -133,20 +133,25 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
       if (!scopes.empty()) scopes.pop_back();
     } else if (g != ";") {
       size_t end = after;  // just past the balanced parameter list
-      for (int depth = 1; depth > 0 && end < s.size(); ++end) depth += s[end] == '(' ? 1 : s[end] == ')' ? -1 : 0;
-      // The rest of the declaration (qualifiers, a constructor's initialisers) up to its ';' or body.
+      for (int depth = 1; depth > 0 && end < s.size(); ++end)
+        depth += s[end] == '(' ? 1 : s[end] == ')' ? -1 : 0;
+      // The rest of the declaration (qualifiers, a constructor's initialisers) up to its ';' or
+      // body.
       pos = end;
       for (int depth = 0; pos < s.size() && (depth > 0 || (s[pos] != ';' && s[pos] != '{')); ++pos)
         depth += s[pos] == '(' ? 1 : s[pos] == ')' ? -1 : 0;
       const std::string name = m.str(6), params = s.substr(after, end - 1 - after);
       const std::string prefix = s.substr(statement, at - statement);
-      const bool in_body = std::any_of(scopes.begin(), scopes.end(), [](const Scope& c) { return c.cls == "{}"; });
-      const bool hidden = std::any_of(scopes.begin(), scopes.end(), [](const Scope& c) { return !c.cls.empty() && !c.open; });
+      const bool in_body =
+          std::any_of(scopes.begin(), scopes.end(), [](const Scope& c) { return c.cls == "{}"; });
+      const bool hidden = std::any_of(scopes.begin(), scopes.end(),
+                                      [](const Scope& c) { return !c.cls.empty() && !c.open; });
       const std::string owner = scopes.empty() ? "" : scopes.back().cls;
       if (in_body || hidden || name == owner || name == "~" + owner) continue;
       const std::vector<std::string> types = split_params(params);
-      const bool takes = std::any_of(types.begin(), types.end(),
-                                     [](const std::string& t) { return std::regex_match(t, tensor_param); });
+      const bool takes = std::any_of(types.begin(), types.end(), [](const std::string& t) {
+        return std::regex_match(t, tensor_param);
+      });
       if (!takes && !(owner == "Tensor" && prefix.find("static") == std::string::npos)) continue;
       std::string sig;
       for (auto& c : scopes)
@@ -215,7 +220,9 @@ Generator& gen() {
 }
 Tensor f(const Shape& s) { return randn(s, DType::f32, gen()); }
 Tensor leaf(const Shape& s) { return randn(s, DType::f64, gen()).requires_grad_(); }
-Tensor i64(const std::vector<int64_t>& v) { return from_vector(v, {(int64_t)v.size()}, DType::i64); }
+Tensor i64(const std::vector<int64_t>& v) {
+  return from_vector(v, {(int64_t)v.size()}, DType::i64);
+}
 Tensor ids(int64_t b, int64_t t) {  // token ids in [3, 16): no pad, bos or eos
   std::vector<int64_t> v;
   for (int64_t i = 0; i < b * t; ++i) v.push_back(3 + (int64_t)gen().below(13));
@@ -263,7 +270,8 @@ const models::Transformer& transformer() {
 template <class Config>
 Config stack_config() {
   Config c;
-  c.vocab = 16, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 1, c.max_len = 16, c.dropout = 0.0;
+  c.vocab = 16, c.d_model = 8, c.heads = 2, c.d_ff = 16, c.layers = 1, c.max_len = 16,
+  c.dropout = 0.0;
   return c;
 }
 const models::DecoderOnlyLM& lm() {
@@ -291,7 +299,8 @@ const models::SentenceEncoder& sentence_encoder() {
   static const testing::TempDir dir("undefined_bert");
   static const models::SentenceEncoder e([] {
     models::save_hf_bert(bert(), dir.path.string());
-    std::ofstream(dir / "vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\n";
+    std::ofstream(dir / "vocab.txt")
+        << "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nb\nc\nd\ne\nf\ng\nh\ni\nj\nk\nl\n";
     return dir.path.string();
   }());
   return e;
@@ -309,24 +318,41 @@ UnaryOp square_row() {
 
 // A case whose only Tensor argument is `make()`.
 Case one(std::string sig, std::function<Tensor()> make, std::function<void(const Tensor&)> call) {
-  return {std::move(sig), [make] { return Tensors{make()}; }, [call](const Tensors& t) { call(t[0]); }};
+  return {std::move(sig), [make] { return Tensors{make()}; },
+          [call](const Tensors& t) { call(t[0]); }};
 }
 
 std::vector<Case> cases() {
   const auto x23 = [] { return f({2, 3}); };
   std::vector<Case> c = {
       // autograd/
-      one("graph_dot(const Tensor&, const std::vector<std::pair<std::string, Tensor>>&)", scalar_loss,
-          [](const Tensor& t) { autograd::graph_dot(t); }),
-      one("nonfinite_kind(const Tensor&)", x23, [](const Tensor& t) { autograd::nonfinite_kind(t); }),
-      {"backward(const Tensor&, const Tensor&, bool, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
-       [](const Tensors& t) { autograd::backward(t[0], t[1], false); }, {1}},
-      {"accumulate_grad(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({2, 3})}; },
+      one("graph_dot(const Tensor&, const std::vector<std::pair<std::string, Tensor>>&)",
+          scalar_loss, [](const Tensor& t) { autograd::graph_dot(t); }),
+      one("nonfinite_kind(const Tensor&)", x23,
+          [](const Tensor& t) { autograd::nonfinite_kind(t); }),
+      {"backward(const Tensor&, const Tensor&, bool, bool)",
+       [] {
+         return Tensors{scalar_loss(), scalar(1, DType::f64)};
+       },
+       [](const Tensors& t) { autograd::backward(t[0], t[1], false); },
+       {1}},
+      {"accumulate_grad(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 3}), f({2, 3})};
+       },
        [](const Tensors& t) { autograd::accumulate_grad(t[0], t[1]); }},
-      one("reduce_grad(const Tensor&, const Shape&)", x23, [](const Tensor& t) { autograd::reduce_grad(t, {1, 3}); }),
-      one("expand_grad(const Tensor&, const Shape&)", x23, [](const Tensor& t) { autograd::expand_grad(t, {4, 2, 3}); }),
+      one("reduce_grad(const Tensor&, const Shape&)", x23,
+          [](const Tensor& t) {
+            autograd::reduce_grad(t, {1, 3});
+          }),
+      one("expand_grad(const Tensor&, const Shape&)", x23,
+          [](const Tensor& t) {
+            autograd::expand_grad(t, {4, 2, 3});
+          }),
       one("Tensor::view_of(const Tensor&, const Shape&, const Shape&, int64_t)", x23,
-          [](const Tensor& t) { Tensor::view_of(t, {3, 2}, {1, 3}, 0); }),
+          [](const Tensor& t) {
+            Tensor::view_of(t, {3, 2}, {1, 3}, 0);
+          }),
       one("Tensor::shape()", x23, [](const Tensor& t) { t.shape(); }),
       one("Tensor::strides()", x23, [](const Tensor& t) { t.strides(); }),
       one("Tensor::offset()", x23, [](const Tensor& t) { t.offset(); }),
@@ -335,51 +361,86 @@ std::vector<Case> cases() {
       one("Tensor::numel()", x23, [](const Tensor& t) { t.numel(); }),
       one("Tensor::dtype()", x23, [](const Tensor& t) { t.dtype(); }),
       one("Tensor::is_contiguous()", x23, [](const Tensor& t) { t.is_contiguous(); }),
-      {"Tensor::same_storage(const Tensor&)", [] { return Tensors{f({2}), f({2})}; },
+      {"Tensor::same_storage(const Tensor&)",
+       [] {
+         return Tensors{f({2}), f({2})};
+       },
        [](const Tensors& t) { t[0].same_storage(t[1]); }},
       one("Tensor::data()", x23, [](const Tensor& t) { t.data<float>(); }),
       one("Tensor::raw()", x23, [](const Tensor& t) { t.raw(); }),
-      one("Tensor::item()", [] { return f({1}); }, [](const Tensor& t) { t.item(); }),
+      one(
+          "Tensor::item()", [] { return f({1}); }, [](const Tensor& t) { t.item(); }),
       one("Tensor::to_vector()", x23, [](const Tensor& t) { t.to_vector<double>(); }),
       one("Tensor::requires_grad()", x23, [](const Tensor& t) { t.requires_grad(); }),
       one("Tensor::requires_grad_(bool)", x23, [](Tensor t) { t.requires_grad_(); }),
       one("Tensor::is_leaf()", x23, [](const Tensor& t) { t.is_leaf(); }),
       one("Tensor::grad()", x23, [](const Tensor& t) { t.grad(); }),
-      {"Tensor::set_grad(const Tensor&)", [] { return Tensors{f({2}), f({2})}; },
-       [](const Tensors& t) { Tensor(t[0]).set_grad(t[1]); }, {1}},
+      {"Tensor::set_grad(const Tensor&)",
+       [] {
+         return Tensors{f({2}), f({2})};
+       },
+       [](const Tensors& t) { Tensor(t[0]).set_grad(t[1]); },
+       {1}},
       one("Tensor::zero_grad()", x23, [](Tensor t) { t.zero_grad(); }),
       one("Tensor::retain_grad()", scalar_loss, [](const Tensor& t) { t.retain_grad(); }),
-      one("retain_grad(const Tensor&)", scalar_loss, [](const Tensor& t) { autograd::retain_grad(t); }),
+      one("retain_grad(const Tensor&)", scalar_loss,
+          [](const Tensor& t) { autograd::retain_grad(t); }),
       one("Tensor::detach()", x23, [](const Tensor& t) { t.detach(); }),
-      {"Tensor::backward(const Tensor&, bool, bool)", [] { return Tensors{scalar_loss(), scalar(1, DType::f64)}; },
-       [](const Tensors& t) { t[0].backward(t[1]); }, {1}},
+      {"Tensor::backward(const Tensor&, bool, bool)",
+       [] {
+         return Tensors{scalar_loss(), scalar(1, DType::f64)};
+       },
+       [](const Tensors& t) { t[0].backward(t[1]); },
+       {1}},
       one("Tensor::bump_version()", x23, [](const Tensor& t) { t.bump_version(); }),
       one("Tensor::version()", x23, [](const Tensor& t) { t.version(); }),
       one("Tensor::str(int)", x23, [](const Tensor& t) { t.str(); }),
-      {"describe(const Tensor&)", [] { return Tensors{f({2})}; }, [](const Tensors& t) { describe(t[0]); }, {0}},
+      {"describe(const Tensor&)",
+       [] { return Tensors{f({2})}; },
+       [](const Tensors& t) { describe(t[0]); },
+       {0}},
       one("check_defined(const Tensor&, const char*, const char*)", x23,
           [](const Tensor& t) { check_defined(t, "test", "t"); }),
       one("contiguous_copy(const Tensor&)", x23, [](const Tensor& t) { contiguous_copy(t); }),
-      one("cast_copy(const Tensor&, DType)", x23, [](const Tensor& t) { cast_copy(t, DType::f64); }),
-      {"copy_into(const Tensor&, const Tensor&)", [] { return Tensors{f({2}), f({2})}; },
+      one("cast_copy(const Tensor&, DType)", x23,
+          [](const Tensor& t) { cast_copy(t, DType::f64); }),
+      {"copy_into(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2}), f({2})};
+       },
        [](const Tensors& t) { copy_into(t[0], t[1]); }},
-      {"accumulate_into(const Tensor&, const Tensor&)", [] { return Tensors{f({2}), f({2})}; },
+      {"accumulate_into(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2}), f({2})};
+       },
        [](const Tensors& t) { accumulate_into(t[0], t[1]); }},
       one("fill_(const Tensor&, double)", x23, [](const Tensor& t) { fill_(t, 1); }),
-      one("sum_axes(const Tensor&, const std::vector<int64_t>&, double)", x23, [](const Tensor& t) { sum_axes(t, {1}); }),
-      one("sum_to_shape(const Tensor&, const Shape&)", x23, [](const Tensor& t) { sum_to_shape(t, {3}); }),
+      one("sum_axes(const Tensor&, const std::vector<int64_t>&, double)", x23,
+          [](const Tensor& t) { sum_axes(t, {1}); }),
+      one("sum_to_shape(const Tensor&, const Shape&)", x23,
+          [](const Tensor& t) { sum_to_shape(t, {3}); }),
       // ops/
-      {"scaled_dot_product_attention(const Tensor&, const Tensor&, const Tensor&, const AttentionOptions&)",
-       [] { return Tensors{f({1, 2, 3, 4}), f({1, 2, 3, 4}), f({1, 2, 3, 4})}; },
+      {"scaled_dot_product_attention(const Tensor&, const Tensor&, const Tensor&, const "
+       "AttentionOptions&)",
+       [] {
+         return Tensors{f({1, 2, 3, 4}), f({1, 2, 3, 4}), f({1, 2, 3, 4})};
+       },
        [](const Tensors& t) { scaled_dot_product_attention(t[0], t[1], t[2]); }},
-      one("dropout(const Tensor&, double, bool, Generator&)", x23, [](const Tensor& t) { dropout(t, 0.5, true); }),
-      one("relu_dropout(const Tensor&, double, bool, Generator&)", x23, [](const Tensor& t) { relu_dropout(t, 0.5, true); }),
-      one("unary(const UnaryOp&, const Tensor&, double, double)", x23, [](const Tensor& t) { unary(square_row(), t); }),
+      one("dropout(const Tensor&, double, bool, Generator&)", x23,
+          [](const Tensor& t) { dropout(t, 0.5, true); }),
+      one("relu_dropout(const Tensor&, double, bool, Generator&)", x23,
+          [](const Tensor& t) { relu_dropout(t, 0.5, true); }),
+      one("unary(const UnaryOp&, const Tensor&, double, double)", x23,
+          [](const Tensor& t) { unary(square_row(), t); }),
       // x or y may be undefined (the row reads the one it saves); both undefined is an error.
       {"unary_df_constant(const UnaryOp&, const Tensor&, const Tensor&, double, double)",
-       [] { return Tensors{f({2, 3}), f({2, 3})}; },
+       [] {
+         return Tensors{f({2, 3}), f({2, 3})};
+       },
        [](const Tensors& t) {
-         const UnaryOp relu_like{.name = "relu_like", .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; }};
+         const UnaryOp relu_like{.name = "relu_like", .df = [](double x, double, double, double) {
+                                   return x > 0 ? 1.0 : 0.0;
+                                 }};
          unary_df_constant(relu_like, t[0], t[1], 0, 0);
        },
        {0, 1}},
@@ -405,22 +466,43 @@ std::vector<Case> cases() {
       one("mul(const Tensor&, double)", x23, [](const Tensor& t) { mul(t, 2.0); }),
       one("mul(double, const Tensor&)", x23, [](const Tensor& t) { mul(2.0, t); }),
       one("div(const Tensor&, double)", x23, [](const Tensor& t) { div(t, 2.0); }),
-      {"maximum(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({3})}; },
+      {"maximum(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 3}), f({3})};
+       },
        [](const Tensors& t) { maximum(t[0], t[1]); }},
-      {"minimum(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({3})}; },
+      {"minimum(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 3}), f({3})};
+       },
        [](const Tensors& t) { minimum(t[0], t[1]); }},
       // ops/custom.h
-      one("broadcast_strides(const Tensor&, const Shape&)", x23, [](const Tensor& t) { kern::broadcast_strides(t, {4, 2, 3}); }),
+      one("broadcast_strides(const Tensor&, const Shape&)", x23,
+          [](const Tensor& t) {
+            kern::broadcast_strides(t, {4, 2, 3});
+          }),
       one("contig(const Tensor&)", x23, [](const Tensor& t) { kern::contig(t); }),
-      one("check_float(const char*, const Tensor&)", x23, [](const Tensor& t) { kern::check_float("test", t); }),
-      {"check_same_dtype(const char*, const Tensor&, const Tensor&)", [] { return Tensors{f({2}), f({3})}; },
+      one("check_float(const char*, const Tensor&)", x23,
+          [](const Tensor& t) { kern::check_float("test", t); }),
+      {"check_same_dtype(const char*, const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2}), f({3})};
+       },
        [](const Tensors& t) { kern::check_same_dtype("test", t[0], t[1]); }},
       {"matmul_into(const Tensor&, const Tensor&, const Tensor&, double, bool)",
-       [] { return Tensors{f({2, 3}), f({3, 4}), f({2, 4})}; },
+       [] {
+         return Tensors{f({2, 3}), f({3, 4}), f({2, 4})};
+       },
        [](const Tensors& t) { kern::matmul_into(t[0], t[1], t[2]); }},
-      {"where(const Tensor&, const Tensor&, const Tensor&)", [] { return Tensors{i64({1, 0, 1}), f({3}), f({3})}; },
+      {"where(const Tensor&, const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{i64({1, 0, 1}), f({3}), f({3})};
+       },
        [](const Tensors& t) { where(t[0], t[1], t[2]); }},
-      {"masked_fill(const Tensor&, const Tensor&, double)", [] { return Tensors{f({3}), i64({1, 0, 1})}; },
+      {"masked_fill(const Tensor&, const Tensor&, double)",
+       [] {
+         return Tensors{f({3}), i64({1, 0, 1})};
+       },
        [](const Tensors& t) { masked_fill(t[0], t[1], 0); }},
       one("eq(const Tensor&, double)", x23, [](const Tensor& t) { eq(t, 0); }),
       one("operator-(const Tensor&)", x23, [](const Tensor& t) { -t; }),
@@ -431,61 +513,137 @@ std::vector<Case> cases() {
       one("operator*(const Tensor&, double)", x23, [](const Tensor& t) { t * 2.0; }),
       one("operator*(double, const Tensor&)", x23, [](const Tensor& t) { 2.0 * t; }),
       one("operator/(const Tensor&, double)", x23, [](const Tensor& t) { t / 2.0; }),
-      one("split_heads(const Tensor&, int64_t, int64_t)", [] { return f({1, 2, 8}); },
+      one(
+          "split_heads(const Tensor&, int64_t, int64_t)",
+          [] {
+            return f({1, 2, 8});
+          },
           [](const Tensor& t) { split_heads(t, 2, 2); }),
-      one("merge_heads(const Tensor&)", [] { return f({1, 2, 2, 2}); }, [](const Tensor& t) { merge_heads(t); }),
-      {"cross_entropy(const Tensor&, const Tensor&, double, int64_t)", [] { return Tensors{f({2, 5}), i64({1, 4})}; },
+      one(
+          "merge_heads(const Tensor&)",
+          [] {
+            return f({1, 2, 2, 2});
+          },
+          [](const Tensor& t) { merge_heads(t); }),
+      {"cross_entropy(const Tensor&, const Tensor&, double, int64_t)",
+       [] {
+         return Tensors{f({2, 5}), i64({1, 4})};
+       },
        [](const Tensors& t) { cross_entropy(t[0], t[1]); }},
-      {"linear_cross_entropy(const Tensor&, const Tensor&, const Tensor&, double, int64_t, int64_t)",
-       [] { return Tensors{f({2, 4}), f({5, 4}), i64({1, 4})}; },
+      {"linear_cross_entropy(const Tensor&, const Tensor&, const Tensor&, double, int64_t, "
+       "int64_t)",
+       [] {
+         return Tensors{f({2, 4}), f({5, 4}), i64({1, 4})};
+       },
        [](const Tensors& t) { linear_cross_entropy(t[0], t[1], t[2]); }},
-      {"matmul(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({3, 4})}; },
+      {"matmul(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 3}), f({3, 4})};
+       },
        [](const Tensors& t) { matmul(t[0], t[1]); }},
-      {"linear(const Tensor&, const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({4, 3}), f({4})}; },
-       [](const Tensors& t) { linear(t[0], t[1], t[2]); }, {2}},
-      {"layer_norm(const Tensor&, const Tensor&, const Tensor&, double)", [] { return Tensors{f({2, 4}), f({4}), f({4})}; },
-       [](const Tensors& t) { layer_norm(t[0], t[1], t[2]); }, {1, 2}},
+      {"linear(const Tensor&, const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 3}), f({4, 3}), f({4})};
+       },
+       [](const Tensors& t) { linear(t[0], t[1], t[2]); },
+       {2}},
+      {"layer_norm(const Tensor&, const Tensor&, const Tensor&, double)",
+       [] {
+         return Tensors{f({2, 4}), f({4}), f({4})};
+       },
+       [](const Tensors& t) { layer_norm(t[0], t[1], t[2]); },
+       {1, 2}},
       {"add_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)",
-       [] { return Tensors{f({2, 4}), f({2, 4}), f({4}), f({4})}; },
-       [](const Tensors& t) { add_layer_norm(t[0], t[1], t[2], t[3]); }, {2, 3}},
-      {"rms_norm(const Tensor&, const Tensor&, double)", [] { return Tensors{f({2, 4}), f({4})}; },
-       [](const Tensors& t) { rms_norm(t[0], t[1]); }, {1}},
-      one("sum(const Tensor&, const std::vector<int64_t>&, bool)", x23, [](const Tensor& t) { sum(t); }),
-      one("mean(const Tensor&, const std::vector<int64_t>&, bool)", x23, [](const Tensor& t) { mean(t); }),
+       [] {
+         return Tensors{f({2, 4}), f({2, 4}), f({4}), f({4})};
+       },
+       [](const Tensors& t) { add_layer_norm(t[0], t[1], t[2], t[3]); },
+       {2, 3}},
+      {"rms_norm(const Tensor&, const Tensor&, double)",
+       [] {
+         return Tensors{f({2, 4}), f({4})};
+       },
+       [](const Tensors& t) { rms_norm(t[0], t[1]); },
+       {1}},
+      one("sum(const Tensor&, const std::vector<int64_t>&, bool)", x23,
+          [](const Tensor& t) { sum(t); }),
+      one("mean(const Tensor&, const std::vector<int64_t>&, bool)", x23,
+          [](const Tensor& t) { mean(t); }),
       one("max(const Tensor&, int64_t, bool)", x23, [](const Tensor& t) { max(t, 1); }),
-      one("amax(const Tensor&, const std::vector<int64_t>&, bool)", x23, [](const Tensor& t) { amax(t); }),
+      one("amax(const Tensor&, const std::vector<int64_t>&, bool)", x23,
+          [](const Tensor& t) { amax(t); }),
       one("argmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { argmax(t, 1); }),
-      one("var(const Tensor&, const std::vector<int64_t>&, bool, int64_t)", x23, [](const Tensor& t) { var(t, {1}); }),
+      one("var(const Tensor&, const std::vector<int64_t>&, bool, int64_t)", x23,
+          [](const Tensor& t) { var(t, {1}); }),
       one("sum_to(const Tensor&, const Shape&)", x23, [](const Tensor& t) { sum_to(t, {3}); }),
-      {"rope(const Tensor&, const Tensor&, double)", [] { return Tensors{f({1, 3, 4}), i64({0, 1, 2})}; },
+      {"rope(const Tensor&, const Tensor&, double)",
+       [] {
+         return Tensors{f({1, 3, 4}), i64({0, 1, 2})};
+       },
        [](const Tensors& t) { rope(t[0], t[1]); }},
-      one("reshape(const Tensor&, Shape)", x23, [](const Tensor& t) { reshape(t, {3, 2}); }),
-      one("permute(const Tensor&, const std::vector<int64_t>&)", x23, [](const Tensor& t) { permute(t, {1, 0}); }),
-      one("transpose(const Tensor&, int64_t, int64_t)", x23, [](const Tensor& t) { transpose(t, 0, 1); }),
-      one("slice(const Tensor&, int64_t, int64_t, int64_t, int64_t)", x23, [](const Tensor& t) { slice(t, 1, 0, 2); }),
+      one("reshape(const Tensor&, Shape)", x23,
+          [](const Tensor& t) {
+            reshape(t, {3, 2});
+          }),
+      one("permute(const Tensor&, const std::vector<int64_t>&)", x23,
+          [](const Tensor& t) {
+            permute(t, {1, 0});
+          }),
+      one("transpose(const Tensor&, int64_t, int64_t)", x23,
+          [](const Tensor& t) { transpose(t, 0, 1); }),
+      one("slice(const Tensor&, int64_t, int64_t, int64_t, int64_t)", x23,
+          [](const Tensor& t) { slice(t, 1, 0, 2); }),
       one("unsqueeze(const Tensor&, int64_t)", x23, [](const Tensor& t) { unsqueeze(t, 0); }),
-      one("squeeze(const Tensor&, int64_t)", [] { return f({1, 3}); }, [](const Tensor& t) { squeeze(t, 0); }),
-      one("broadcast_to(const Tensor&, const Shape&)", x23, [](const Tensor& t) { broadcast_to(t, {4, 2, 3}); }),
+      one(
+          "squeeze(const Tensor&, int64_t)",
+          [] {
+            return f({1, 3});
+          },
+          [](const Tensor& t) { squeeze(t, 0); }),
+      one("broadcast_to(const Tensor&, const Shape&)", x23,
+          [](const Tensor& t) {
+            broadcast_to(t, {4, 2, 3});
+          }),
       one("contiguous(const Tensor&)", x23, [](const Tensor& t) { contiguous(t); }),
       one("to_dtype(const Tensor&, DType)", x23, [](const Tensor& t) { to_dtype(t, DType::f64); }),
-      one("split(const Tensor&, const std::vector<int64_t>&, int64_t)", x23, [](const Tensor& t) { split(t, {1, 2}, 1); }),
-      {"index_select(const Tensor&, int64_t, const Tensor&)", [] { return Tensors{f({3, 2}), i64({2, 0})}; },
+      one("split(const Tensor&, const std::vector<int64_t>&, int64_t)", x23,
+          [](const Tensor& t) {
+            split(t, {1, 2}, 1);
+          }),
+      {"index_select(const Tensor&, int64_t, const Tensor&)",
+       [] {
+         return Tensors{f({3, 2}), i64({2, 0})};
+       },
        [](const Tensors& t) { index_select(t[0], 0, t[1]); }},
-      {"select_rows_(const Tensor&, const Tensor&)", [] { return Tensors{f({3, 2}), i64({2, 0, 1})}; },
+      {"select_rows_(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({3, 2}), i64({2, 0, 1})};
+       },
        [](const Tensors& t) { select_rows_(t[0], t[1]); }},
-      {"embedding(const Tensor&, const Tensor&, int64_t)", [] { return Tensors{f({5, 4}), i64({1, 3})}; },
+      {"embedding(const Tensor&, const Tensor&, int64_t)",
+       [] {
+         return Tensors{f({5, 4}), i64({1, 3})};
+       },
        [](const Tensors& t) { embedding(t[0], t[1]); }},
       one("softmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { softmax(t); }),
       one("log_softmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { log_softmax(t); }),
   };
-  for (const char* op : {"add", "sub", "mul", "div", "operator+", "operator-", "operator*", "operator/"}) {
+  for (const char* op :
+       {"add", "sub", "mul", "div", "operator+", "operator-", "operator*", "operator/"}) {
     const std::string name = op;
-    c.push_back({name + "(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 3}), f({3})}; },
+    c.push_back({name + "(const Tensor&, const Tensor&)",
+                 [] {
+                   return Tensors{f({2, 3}), f({3})};
+                 },
                  [name](const Tensors& t) {
-                   if (name == "add" || name == "operator+") (void)(name == "add" ? add(t[0], t[1]) : t[0] + t[1]);
-                   if (name == "sub" || name == "operator-") (void)(name == "sub" ? sub(t[0], t[1]) : t[0] - t[1]);
-                   if (name == "mul" || name == "operator*") (void)(name == "mul" ? mul(t[0], t[1]) : t[0] * t[1]);
-                   if (name == "div" || name == "operator/") (void)(name == "div" ? div(t[0], t[1]) : t[0] / t[1]);
+                   if (name == "add" || name == "operator+")
+                     (void)(name == "add" ? add(t[0], t[1]) : t[0] + t[1]);
+                   if (name == "sub" || name == "operator-")
+                     (void)(name == "sub" ? sub(t[0], t[1]) : t[0] - t[1]);
+                   if (name == "mul" || name == "operator*")
+                     (void)(name == "mul" ? mul(t[0], t[1]) : t[0] * t[1]);
+                   if (name == "div" || name == "operator/")
+                     (void)(name == "div" ? div(t[0], t[1]) : t[0] / t[1]);
                  }});
   }
   return c;
@@ -500,7 +658,8 @@ std::vector<Case> nn_and_model_cases() {
   const auto x3 = [] { return f({1, 3, 8}); };
   const auto step = [] { return f({1, 1, 8}); };
   std::vector<Case> c = {
-      one("KVCache::select_rows(const Tensor&)", [] { return i64({0}); },
+      one(
+          "KVCache::select_rows(const Tensor&)", [] { return i64({0}); },
           [](const Tensor& rows) {
             autograd::NoGrad ng;
             KVCache cache;
@@ -508,160 +667,303 @@ std::vector<Case> nn_and_model_cases() {
             cache.select_rows(rows);
           }),
       {"KVCache::append(const Tensor&, const Tensor&, int64_t)",
-       [] { return Tensors{f({1, 2, 1, 4}), f({1, 2, 1, 4})}; },
+       [] {
+         return Tensors{f({1, 2, 1, 4}), f({1, 2, 1, 4})};
+       },
        [](const Tensors& t) {
          KVCache cache;
          cache.append(t[0], t[1], 4);
        }},
-      {"MultiHeadAttention::forward(const Tensor&, const Tensor&, const Tensor&, bool, Tensor*, const AttentionPositions*)",
-       [] { return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 2)}; },
-       [](const Tensors& t) { mha().forward(t[0], t[1], t[2]); }, {2}},
-      one("MultiHeadAttention::forward_self_step(const Tensor&, KVCache&, int64_t, const AttentionPositions*)", step,
+      {"MultiHeadAttention::forward(const Tensor&, const Tensor&, const Tensor&, bool, Tensor*, "
+       "const AttentionPositions*)",
+       [] {
+         return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 2)};
+       },
+       [](const Tensors& t) { mha().forward(t[0], t[1], t[2]); },
+       {2}},
+      one("MultiHeadAttention::forward_self_step(const Tensor&, KVCache&, int64_t, const "
+          "AttentionPositions*)",
+          step,
           [](const Tensor& t) {
             KVCache cache;
             mha().forward_self_step(t, cache, 4);
           }),
-      one("MultiHeadAttention::fill_cross_cache(const Tensor&, KVCache&)", [] { return f({1, 2, 8}); },
+      one(
+          "MultiHeadAttention::fill_cross_cache(const Tensor&, KVCache&)",
+          [] {
+            return f({1, 2, 8});
+          },
           [](const Tensor& t) {
             KVCache cache;
             mha().fill_cross_cache(t, cache);
           }),
-      {"MultiHeadAttention::forward_cross_cached(const Tensor&, const KVCache&, const Tensor&, Tensor*, int64_t)",
-       [] { return Tensors{f({1, 1, 8}), no_pad(1, 2)}; },
+      {"MultiHeadAttention::forward_cross_cached(const Tensor&, const KVCache&, const Tensor&, "
+       "Tensor*, int64_t)",
+       [] {
+         return Tensors{f({1, 1, 8}), no_pad(1, 2)};
+       },
        [](const Tensors& t) {
          KVCache cache;
          mha().fill_cross_cache(f({1, 2, 8}), cache);
          mha().forward_cross_cached(t[0], cache, t[1]);
        },
        {1}},
-      one("shard_of(const Tensor&, Shard)", [] { return f({4, 2}); }, [](const Tensor& t) { shard_of(t, Shard{0, 2}); }),
-      one("shard_loss(const Tensor&, int64_t, int64_t)", [] { return scalar(1.0); },
+      one(
+          "shard_of(const Tensor&, Shard)",
+          [] {
+            return f({4, 2});
+          },
+          [](const Tensor& t) {
+            shard_of(t, Shard{0, 2});
+          }),
+      one(
+          "shard_loss(const Tensor&, int64_t, int64_t)", [] { return scalar(1.0); },
           [](const Tensor& t) { shard_loss(t, 1, 2); }),
-      one("Linear::forward(const Tensor&)", [] { return f({2, 3}); },
+      one(
+          "Linear::forward(const Tensor&)",
+          [] {
+            return f({2, 3});
+          },
           [](const Tensor& t) { Linear(3, 4).forward(t); }),
-      one("Embedding::forward(const Tensor&)", [] { return i64({1, 2}); },
+      one(
+          "Embedding::forward(const Tensor&)",
+          [] {
+            return i64({1, 2});
+          },
           [](const Tensor& t) { Embedding(5, 4).forward(t); }),
-      one("LayerNorm::forward(const Tensor&)", [] { return f({2, 4}); }, [](const Tensor& t) { LayerNorm(4).forward(t); }),
-      {"LayerNorm::forward_add(const Tensor&, const Tensor&)", [] { return Tensors{f({2, 4}), f({2, 4})}; },
+      one(
+          "LayerNorm::forward(const Tensor&)",
+          [] {
+            return f({2, 4});
+          },
+          [](const Tensor& t) { LayerNorm(4).forward(t); }),
+      {"LayerNorm::forward_add(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({2, 4}), f({2, 4})};
+       },
        [](const Tensors& t) { LayerNorm(4).forward_add(t[0], t[1]); }},
-      one("Dropout::forward(const Tensor&)", [] { return f({2, 4}); }, [](const Tensor& t) { Dropout(0.5).forward(t); }),
-      one("feed_forward(const Linear&, const Dropout&, const Linear&, Activation, const Tensor&, const Linear*)",
-          [] { return f({2, 4}); },
+      one(
+          "Dropout::forward(const Tensor&)",
+          [] {
+            return f({2, 4});
+          },
+          [](const Tensor& t) { Dropout(0.5).forward(t); }),
+      one(
+          "feed_forward(const Linear&, const Dropout&, const Linear&, Activation, const Tensor&, "
+          "const Linear*)",
+          [] {
+            return f({2, 4});
+          },
           [](const Tensor& t) {
             Linear gate(4, 6);
             feed_forward(Linear(4, 6), Dropout(0.0), Linear(6, 4), Activation::swiglu, t, &gate);
           }),
       {"add_positions(const Tensor&, const Tensor&, int64_t, bool)",
-       [] { return Tensors{f({1, 3, 8}), sinusoid_table(0, 16, 8, DType::f32)}; },
+       [] {
+         return Tensors{f({1, 3, 8}), sinusoid_table(0, 16, 8, DType::f32)};
+       },
        [](const Tensors& t) { add_positions(t[0], t[1], 0, true); }},
       one("SinusoidalPositionalEncoding::forward(const Tensor&, int64_t)", x3,
           [](const Tensor& t) { SinusoidalPositionalEncoding(16, 8).forward(t); }),
       one("LearnedPositionalEncoding::forward(const Tensor&, int64_t)", x3,
           [](const Tensor& t) { LearnedPositionalEncoding(16, 8).forward(t); }),
-      one("xavier_uniform_(const Tensor&, Generator&, double)", [] { return f({3, 4}); },
+      one(
+          "xavier_uniform_(const Tensor&, Generator&, double)",
+          [] {
+            return f({3, 4});
+          },
           [](const Tensor& t) { xavier_uniform_(t, gen()); }),
-      one("uniform_(const Tensor&, double, double, Generator&)", [] { return f({3, 4}); },
+      one(
+          "uniform_(const Tensor&, double, double, Generator&)",
+          [] {
+            return f({3, 4});
+          },
           [](const Tensor& t) { uniform_(t, 0, 1, gen()); }),
-      one("normal_(const Tensor&, double, double, Generator&)", [] { return f({3, 4}); },
+      one(
+          "normal_(const Tensor&, double, double, Generator&)",
+          [] {
+            return f({3, 4});
+          },
           [](const Tensor& t) { normal_(t, 0, 1, gen()); }),
-      one("RotaryPositions::rotate(const Tensor&, int64_t)", [] { return f({1, 2, 3, 4}); },
+      one(
+          "RotaryPositions::rotate(const Tensor&, int64_t)",
+          [] {
+            return f({1, 2, 3, 4});
+          },
           [](const Tensor& t) { RotaryPositions(10000.0).rotate(t, 0); }),
       one("EmbeddingPositions::forward(const Tensor&, int64_t)", x3,
-          [](const Tensor& t) { EmbeddingPositions(Positions::sinusoidal, 16, 8, DType::f32, gen()).forward(t); }),
+          [](const Tensor& t) {
+            EmbeddingPositions(Positions::sinusoidal, 16, 8, DType::f32, gen()).forward(t);
+          }),
       {"EncoderLayer::forward(const Tensor&, const Tensor&, bool, const AttentionPositions*)",
-       [] { return Tensors{f({1, 3, 8}), no_pad(1, 3)}; }, [](const Tensors& t) { enc_layer().forward(t[0], t[1]); }, {1}},
-      one("EncoderLayer::forward_step(const Tensor&, KVCache&, int64_t, const AttentionPositions*)", step,
+       [] {
+         return Tensors{f({1, 3, 8}), no_pad(1, 3)};
+       },
+       [](const Tensors& t) { enc_layer().forward(t[0], t[1]); },
+       {1}},
+      one("EncoderLayer::forward_step(const Tensor&, KVCache&, int64_t, const AttentionPositions*)",
+          step,
           [](const Tensor& t) {
             KVCache cache;
             enc_layer().forward_step(t, cache, 4);
           }),
-      {"DecoderLayer::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor*, const AttentionPositions*)",
-       [] { return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)}; },
-       [](const Tensors& t) { dec_layer().forward(t[0], t[1], t[2], t[3]); }, {2, 3}},
-      {"DecoderLayer::forward_step(const Tensor&, const Tensor&, const Tensor&, DecoderLayerCache&, int64_t, Tensor*, "
+      {"DecoderLayer::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor*, "
+       "const AttentionPositions*)",
+       [] {
+         return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)};
+       },
+       [](const Tensors& t) { dec_layer().forward(t[0], t[1], t[2], t[3]); },
+       {2, 3}},
+      {"DecoderLayer::forward_step(const Tensor&, const Tensor&, const Tensor&, "
+       "DecoderLayerCache&, int64_t, Tensor*, "
        "const AttentionPositions*, int64_t)",
-       [] { return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)}; },
+       [] {
+         return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)};
+       },
        [](const Tensors& t) {
          DecoderLayerCache cache;
          dec_layer().forward_step(t[0], t[1], t[2], cache, 4);
        },
        {2}},
-      {"Encoder::forward(const Tensor&, const Tensor&, bool)", [] { return Tensors{f({1, 3, 8}), no_pad(1, 3)}; },
-       [](const Tensors& t) { encoder(false).forward(t[0], t[1]); }, {1}},
+      {"Encoder::forward(const Tensor&, const Tensor&, bool)",
+       [] {
+         return Tensors{f({1, 3, 8}), no_pad(1, 3)};
+       },
+       [](const Tensors& t) { encoder(false).forward(t[0], t[1]); },
+       {1}},
       one("Encoder::forward_step(const Tensor&, std::vector<KVCache>&, int64_t)", step,
           [](const Tensor& t) {
             std::vector<KVCache> caches;
             encoder(true).forward_step(t, caches, 4);
           }),
-      {"CausalStack::forward(const Tensor&, const Tensor&)", [] { return Tensors{f({1, 3, 8}), no_pad(1, 3)}; },
-       [](const Tensors& t) { causal_stack().forward(t[0], t[1]); }, {1}},
+      {"CausalStack::forward(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({1, 3, 8}), no_pad(1, 3)};
+       },
+       [](const Tensors& t) { causal_stack().forward(t[0], t[1]); },
+       {1}},
       {"Decoder::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensors*)",
-       [] { return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)}; },
-       [](const Tensors& t) { decoder().forward(t[0], t[1], t[2], t[3]); }, {2, 3}},
-      {"Decoder::forward_step(const Tensor&, const Tensor&, const Tensor&, std::vector<DecoderLayerCache>&, int64_t, "
+       [] {
+         return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)};
+       },
+       [](const Tensors& t) { decoder().forward(t[0], t[1], t[2], t[3]); },
+       {2, 3}},
+      {"Decoder::forward_step(const Tensor&, const Tensor&, const Tensor&, "
+       "std::vector<DecoderLayerCache>&, int64_t, "
        "Tensors*, int64_t)",
-       [] { return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)}; },
+       [] {
+         return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)};
+       },
        [](const Tensors& t) {
          std::vector<DecoderLayerCache> caches;
          decoder().forward_step(t[0], t[1], t[2], caches, 4);
        },
        {2}},
       // models/
-      one("check_token_ids(const char*, const Tensor&)", [] { return ids(1, 3); },
+      one(
+          "check_token_ids(const char*, const Tensor&)", [] { return ids(1, 3); },
           [](const Tensor& t) { check_token_ids("test", t); }),
-      one("DecoderOnlyLM::forward(const Tensor&)", [] { return ids(1, 3); }, [](const Tensor& t) { lm().forward(t); }),
-      one("DecoderOnlyLM::embed(const Tensor&, int64_t)", [] { return ids(1, 3); }, [](const Tensor& t) { lm().embed(t); }),
+      one(
+          "DecoderOnlyLM::forward(const Tensor&)", [] { return ids(1, 3); },
+          [](const Tensor& t) { lm().forward(t); }),
+      one(
+          "DecoderOnlyLM::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
+          [](const Tensor& t) { lm().embed(t); }),
       one("DecoderOnlyLM::logits(const Tensor&)", x3, [](const Tensor& t) { lm().logits(t); }),
-      one("EncoderClassifier::forward(const Tensor&)", [] { return ids(1, 3); },
+      one(
+          "EncoderClassifier::forward(const Tensor&)", [] { return ids(1, 3); },
           [](const Tensor& t) { classifier().forward(t); }),
-      one("EncoderClassifier::ngram_ids(const Tensor&)", [] { return ids(1, 3); },
+      one(
+          "EncoderClassifier::ngram_ids(const Tensor&)", [] { return ids(1, 3); },
           [](const Tensor& t) { classifier().ngram_ids(t); }),
       {"BertEncoder::forward(const Tensor&, const Tensor&, const Tensor&)",
-       [] { return Tensors{ids(1, 3), f({1, 3}), no_pad(1, 3)}; },
+       [] {
+         return Tensors{ids(1, 3), f({1, 3}), no_pad(1, 3)};
+       },
        [](const Tensors& t) { bert().forward(t[0], t[1], t[2]); },
        {1, 2}},
-      {"mean_pool(const Tensor&, const Tensor&)", [] { return Tensors{f({1, 3, 8}), f({1, 3})}; },
+      {"mean_pool(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{f({1, 3, 8}), f({1, 3})};
+       },
        [](const Tensors& t) { models::mean_pool(t[0], t[1]); }},
-      one("l2_normalize(const Tensor&, double)", [] { return f({2, 8}); },
+      one(
+          "l2_normalize(const Tensor&, double)",
+          [] {
+            return f({2, 8});
+          },
           [](const Tensor& t) { models::l2_normalize(t); }),
-      {"pool(const Tensor&, const Tensor&, Pooling, bool)", [] { return Tensors{f({1, 3, 8}), f({1, 3})}; },
+      {"pool(const Tensor&, const Tensor&, Pooling, bool)",
+       [] {
+         return Tensors{f({1, 3, 8}), f({1, 3})};
+       },
        [](const Tensors& t) { models::pool(t[0], t[1], models::Pooling::mean, true); }},
-      {"SentenceEncoder::embed(const Tensor&, const Tensor&)", [] { return Tensors{ids(1, 3), f({1, 3})}; },
+      {"SentenceEncoder::embed(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{ids(1, 3), f({1, 3})};
+       },
        [](const Tensors& t) { sentence_encoder().embed(t[0], t[1]); },
        {1}},
-      one("Transformer::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
+      one(
+          "Transformer::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
           [](const Tensor& t) { transformer().embed(t); }),
-      one("Transformer::encode(const Tensor&)", [] { return ids(1, 3); }, [](const Tensor& t) { transformer().encode(t); }),
+      one(
+          "Transformer::encode(const Tensor&)", [] { return ids(1, 3); },
+          [](const Tensor& t) { transformer().encode(t); }),
       {"Transformer::decode(const Tensor&, const Tensor&, const Tensor&, Tensors*)",
-       [] { return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)}; },
+       [] {
+         return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)};
+       },
        [](const Tensors& t) { transformer().decode(t[0], t[1], t[2]); }},
-      {"Transformer::forward(const Tensor&, const Tensor&)", [] { return Tensors{ids(1, 4), ids(1, 3)}; },
+      {"Transformer::forward(const Tensor&, const Tensor&)",
+       [] {
+         return Tensors{ids(1, 4), ids(1, 3)};
+       },
        [](const Tensors& t) { transformer().forward(t[0], t[1]); }},
       {"Transformer::loss(const Tensor&, const Tensor&, const Tensor&, double)",
-       [] { return Tensors{ids(1, 4), ids(1, 3), ids(1, 3)}; },
+       [] {
+         return Tensors{ids(1, 4), ids(1, 3), ids(1, 3)};
+       },
        [](const Tensors& t) { transformer().loss(t[0], t[1], t[2]); }},
       {"Transformer::decoder_states(const Tensor&, const Tensor&, const Tensor&, Tensors*)",
-       [] { return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)}; },
+       [] {
+         return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)};
+       },
        [](const Tensors& t) { transformer().decoder_states(t[0], t[1], t[2]); }},
-      one("Transformer::logits(const Tensor&)", x3, [](const Tensor& t) { transformer().logits(t); }),
-      one("Transformer::pad_mask(const Tensor&)", [] { return ids(1, 3); }, [](const Tensor& t) { transformer().pad_mask(t); }),
-      one("translate(const Transformer&, const Tensor&, const DecodeOptions&)", [] { return ids(1, 4); },
+      one("Transformer::logits(const Tensor&)", x3,
+          [](const Tensor& t) { transformer().logits(t); }),
+      one(
+          "Transformer::pad_mask(const Tensor&)", [] { return ids(1, 3); },
+          [](const Tensor& t) { transformer().pad_mask(t); }),
+      one(
+          "translate(const Transformer&, const Tensor&, const DecodeOptions&)",
+          [] { return ids(1, 4); },
           [](const Tensor& t) { translate(transformer(), t, decode_options(1)); }),
-      one("greedy_decode(const Transformer&, const Tensor&, const DecodeOptions&)", [] { return ids(1, 4); },
+      one(
+          "greedy_decode(const Transformer&, const Tensor&, const DecodeOptions&)",
+          [] { return ids(1, 4); },
           [](const Tensor& t) { greedy_decode(transformer(), t, decode_options(1)); }),
-      one("beam_search(const Transformer&, const Tensor&, const DecodeOptions&)", [] { return ids(1, 4); },
+      one(
+          "beam_search(const Transformer&, const Tensor&, const DecodeOptions&)",
+          [] { return ids(1, 4); },
           [](const Tensor& t) { beam_search(transformer(), t, decode_options(2)); }),
   };
   // The base AttentionPositions adds no rotation: rotate() hands its tensor back as it is, so an
   // undefined one comes back undefined, as documented ("x itself").
-  c.push_back({"AttentionPositions::rotate(const Tensor&, int64_t)", [] { return Tensors{f({1, 2, 3, 4})}; },
-               [](const Tensors& t) { AttentionPositions().rotate(t[0], 0); }, {0}});
+  c.push_back({"AttentionPositions::rotate(const Tensor&, int64_t)",
+               [] {
+                 return Tensors{f({1, 2, 3, 4})};
+               },
+               [](const Tensors& t) { AttentionPositions().rotate(t[0], 0); },
+               {0}});
   // One process has nothing to send or receive: the single-process communicator's calls are no-ops
   // for any tensor, through the base class too.
-  for (const char* fn : {"allreduce_sum(Tensor&)", "start_allreduce_sum(Tensor&)", "broadcast(Tensor&, int)"})
+  for (const char* fn :
+       {"allreduce_sum(Tensor&)", "start_allreduce_sum(Tensor&)", "broadcast(Tensor&, int)"})
     for (const char* cls : {"Communicator::", "SingleProcessCommunicator::"}) {
       const std::string name = fn;
-      c.push_back({cls + name, [] { return Tensors{f({2})}; },
+      c.push_back({cls + name,
+                   [] { return Tensors{f({2})}; },
                    [name](const Tensors& t) {
                      SingleProcessCommunicator single;
                      Communicator& comm = single;
@@ -715,17 +1017,21 @@ struct Tensor {
 )";
   std::vector<std::string> got;
   for (auto& d : tensor_functions("x.h", text)) got.push_back(d.signature);
-  const std::vector<std::string> want = {
-      "free_fn(const Tensor&, const Tensor&, Generator&)", "operator+(double, const Tensor&)",
-      "Thing::forward(const Tensor&)",  "Thing::helper(Tensor&)",
-      "Tensor::view_of(const Tensor&, const Shape&)", "Tensor::defined()", "Tensor::data()"};
+  const std::vector<std::string> want = {"free_fn(const Tensor&, const Tensor&, Generator&)",
+                                         "operator+(double, const Tensor&)",
+                                         "Thing::forward(const Tensor&)",
+                                         "Thing::helper(Tensor&)",
+                                         "Tensor::view_of(const Tensor&, const Shape&)",
+                                         "Tensor::defined()",
+                                         "Tensor::data()"};
   BOOST_TEST(got == want, boost::test_tools::per_element());
   // And the real headers: many functions, among them the ones issue 31 found crashing.
   std::set<std::string> found;
   for (auto& d : public_tensor_functions()) found.insert(d.signature);
   BOOST_TEST(found.size() > 100u);
-  for (const char* sig : {"where(const Tensor&, const Tensor&, const Tensor&)", "Tensor::item()",
-                          "copy_into(const Tensor&, const Tensor&)", "Linear::forward(const Tensor&)"})
+  for (const char* sig :
+       {"where(const Tensor&, const Tensor&, const Tensor&)", "Tensor::item()",
+        "copy_into(const Tensor&, const Tensor&)", "Linear::forward(const Tensor&)"})
     BOOST_TEST(found.count(sig) == 1u, sig);
 }
 
@@ -733,16 +1039,20 @@ struct Tensor {
 // reasoned entry in kExcluded), and every case names a function the headers still declare.
 BOOST_AUTO_TEST_CASE(every_public_function_taking_a_tensor_has_a_case) {
   std::set<std::string> covered;
-  for (auto& c : all_cases()) BOOST_TEST(covered.insert(c.signature).second, "two cases for " << c.signature);
+  for (auto& c : all_cases())
+    BOOST_TEST(covered.insert(c.signature).second, "two cases for " << c.signature);
   std::set<std::string> declared;
   for (auto& d : public_tensor_functions()) {
     declared.insert(d.signature);
     if (!covered.count(d.signature) && !kExcluded.count(d.signature))
-      BOOST_ERROR(d.header << ": " << d.signature
-                           << " takes a Tensor but has no undefined-tensor case in tests/test_undefined.cpp");
+      BOOST_ERROR(
+          d.header
+          << ": " << d.signature
+          << " takes a Tensor but has no undefined-tensor case in tests/test_undefined.cpp");
   }
   for (auto& sig : covered)
-    BOOST_TEST(declared.count(sig) == 1u, "the case " << sig << " names no declaration of the public headers");
+    BOOST_TEST(declared.count(sig) == 1u,
+               "the case " << sig << " names no declaration of the public headers");
   for (auto& [sig, why] : kExcluded)
     BOOST_TEST(declared.count(sig) == 1u, "the exclusion " << sig << " names no declaration");
 }

@@ -23,8 +23,9 @@ using Ids = std::vector<int64_t>;
 using Words = std::vector<std::string>;
 
 const std::vector<std::string> kVocab = {
-    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "aff", "able", "hello", "world",
-    ",", "!", "cafe", "caf", "##é", "日", "本", "ab", "c", "d", "##ef", "x", "##x"};
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un",   "##aff", "##able", "aff",
+    "able",  "hello", "world", ",",     "!",      "cafe", "caf",   "##é",    "日",
+    "本",    "ab",    "c",     "d",     "##ef",   "x",    "##x"};
 
 WordPiece small(WordPieceOptions o = {}) { return WordPiece(kVocab, o); }
 
@@ -35,7 +36,9 @@ Ids ids_of(const std::vector<std::string>& tokens) {
   return ids;
 }
 
-void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary) << bytes;
+}
 
 std::string vocab_txt(const std::vector<std::string>& tokens) {
   std::string s;
@@ -65,8 +68,10 @@ boost::test_tools::assertion_result model_present(boost::unit_test::test_unit_id
 
 BOOST_AUTO_TEST_CASE(lowercases_and_splits_punctuation) {
   const WordPiece wp = small();
-  BOOST_TEST(wp.basic_tokenize("HeLLo,WORLD!") == (Words{"hello", ",", "world", "!"}), boost::test_tools::per_element());
-  BOOST_TEST(wp.encode("Hello, World!") == ids_of({"hello", ",", "world", "!"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.basic_tokenize("HeLLo,WORLD!") == (Words{"hello", ",", "world", "!"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("Hello, World!") == ids_of({"hello", ",", "world", "!"}),
+             boost::test_tools::per_element());
   // ASCII symbols count as punctuation, Unicode's P* too (« » ¿ —), but not Unicode's symbols (∑).
   BOOST_TEST(wp.basic_tokenize("a$b^c«d»¿e—f∑g") ==
                  (Words{"a", "$", "b", "^", "c", "«", "d", "»", "¿", "e", "—", "f∑g"}),
@@ -74,57 +79,75 @@ BOOST_AUTO_TEST_CASE(lowercases_and_splits_punctuation) {
   // Full lowercasing: İ is i and a combining dot (kept: accents are stripped before lowercasing).
   WordPieceOptions keep;
   keep.strip_accents = false;
-  BOOST_TEST(small(keep).basic_tokenize("İSTANBUL ΣΑΣ") == (Words{"i\xCC\x87stanbul", "σασ"}), boost::test_tools::per_element());
+  BOOST_TEST(small(keep).basic_tokenize("İSTANBUL ΣΑΣ") == (Words{"i\xCC\x87stanbul", "σασ"}),
+             boost::test_tools::per_element());
   WordPieceOptions cased;
   cased.lowercase = false;
-  BOOST_TEST(small(cased).basic_tokenize("Hello Café") == (Words{"Hello", "Café"}), boost::test_tools::per_element());
+  BOOST_TEST(small(cased).basic_tokenize("Hello Café") == (Words{"Hello", "Café"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(strips_accents_unless_told) {
   BOOST_TEST(small().encode("Café") == ids_of({"cafe"}), boost::test_tools::per_element());
-  BOOST_TEST(small().basic_tokenize("naïve déjà") == (Words{"naive", "deja"}), boost::test_tools::per_element());
+  BOOST_TEST(small().basic_tokenize("naïve déjà") == (Words{"naive", "deja"}),
+             boost::test_tools::per_element());
   WordPieceOptions keep;
   keep.strip_accents = false;  // lowercase stays on
-  BOOST_TEST(small(keep).encode("CAFÉ") == ids_of({"caf", "##é"}), boost::test_tools::per_element());
+  BOOST_TEST(small(keep).encode("CAFÉ") == ids_of({"caf", "##é"}),
+             boost::test_tools::per_element());
   WordPieceOptions strip_cased;
   strip_cased.lowercase = false;
   strip_cased.strip_accents = true;
-  BOOST_TEST(small(strip_cased).basic_tokenize("Café") == (Words{"Cafe"}), boost::test_tools::per_element());
+  BOOST_TEST(small(strip_cased).basic_tokenize("Café") == (Words{"Cafe"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(spaces_cjk_ideographs) {
-  BOOST_TEST(small().basic_tokenize("日本語のカナ") == (Words{"日", "本", "語", "のカナ"}), boost::test_tools::per_element());
+  BOOST_TEST(small().basic_tokenize("日本語のカナ") == (Words{"日", "本", "語", "のカナ"}),
+             boost::test_tools::per_element());
   BOOST_TEST(small().encode("日本") == ids_of({"日", "本"}), boost::test_tools::per_element());
   WordPieceOptions off;
   off.handle_chinese_chars = false;
-  BOOST_TEST(small(off).basic_tokenize("日本") == (Words{"日本"}), boost::test_tools::per_element());
+  BOOST_TEST(small(off).basic_tokenize("日本") == (Words{"日本"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(cleans_control_characters_and_whitespace) {
-  // \x01, U+200B (a format character), NUL and U+FFFD go; tab, newline, U+00A0 and U+3000 are spaces.
-  const std::string text = std::string("a\x01") + "b\tc\n\xC2\xA0" + "d\xE2\x80\x8B" + "e" + std::string(1, '\0') +
-                           "f\xEF\xBF\xBDg\xE3\x80\x80x";
-  BOOST_TEST(small().basic_tokenize(text) == (Words{"ab", "c", "defg", "x"}), boost::test_tools::per_element());
+  // \x01, U+200B (a format character), NUL and U+FFFD go; tab, newline, U+00A0 and U+3000 are
+  // spaces.
+  const std::string text = std::string("a\x01") + "b\tc\n\xC2\xA0" + "d\xE2\x80\x8B" + "e" +
+                           std::string(1, '\0') + "f\xEF\xBF\xBDg\xE3\x80\x80x";
+  BOOST_TEST(small().basic_tokenize(text) == (Words{"ab", "c", "defg", "x"}),
+             boost::test_tools::per_element());
   BOOST_TEST(small().normalize("A\rB\x7F") == "a b");
   WordPieceOptions raw;
   raw.clean_text = false;
-  BOOST_TEST(small(raw).basic_tokenize("a\x01" "b c") == (Words{"a\x01" "b", "c"}), boost::test_tools::per_element());
+  BOOST_TEST(small(raw).basic_tokenize("a\x01"
+                                       "b c") == (Words{"a\x01"
+                                                        "b",
+                                                        "c"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(greedy_longest_match_with_continuing_pieces) {
   const WordPiece wp = small();
-  BOOST_TEST(wp.encode("unaffable") == ids_of({"un", "##aff", "##able"}), boost::test_tools::per_element());
-  BOOST_TEST(wp.encode("affable def") == ids_of({"aff", "##able", "d", "##ef"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("unaffable") == ids_of({"un", "##aff", "##able"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("affable def") == ids_of({"aff", "##able", "d", "##ef"}),
+             boost::test_tools::per_element());
   // One piece with no match makes the whole word unknown; the next word is tokenized again.
-  BOOST_TEST(wp.encode("unaffablez hello") == ids_of({"[UNK]", "hello"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("unaffablez hello") == ids_of({"[UNK]", "hello"}),
+             boost::test_tools::per_element());
   BOOST_TEST(wp.encode("zzz") == ids_of({"[UNK]"}), boost::test_tools::per_element());
   // More code points than max_input_chars_per_word: unknown, however well it would split.
   WordPieceOptions shorter;
   shorter.max_input_chars_per_word = 5;
-  BOOST_TEST(small(shorter).encode("xxxxx xxxxxx") == ids_of({"x", "##x", "##x", "##x", "##x", "[UNK]"}),
-             boost::test_tools::per_element());
+  BOOST_TEST(
+      small(shorter).encode("xxxxx xxxxxx") == ids_of({"x", "##x", "##x", "##x", "##x", "[UNK]"}),
+      boost::test_tools::per_element());
   BOOST_TEST(wp.encode(std::string(100, 'x')).size() == 100u);
-  BOOST_TEST(wp.encode(std::string(101, 'x')) == ids_of({"[UNK]"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode(std::string(101, 'x')) == ids_of({"[UNK]"}),
+             boost::test_tools::per_element());
   BOOST_TEST(wp.encode(" \t ").empty());
 }
 
@@ -133,20 +156,26 @@ BOOST_AUTO_TEST_CASE(added_tokens_are_matched_whole_in_the_raw_text) {
   BOOST_TEST(wp.encode("hello[SEP]world [MASK]") == ids_of({"hello", "[SEP]", "world", "[MASK]"}),
              boost::test_tools::per_element());
   // Only as written: lowercase is not the token.
-  BOOST_TEST(wp.basic_tokenize("[sep]") == (Words{"[", "sep", "]"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.basic_tokenize("[sep]") == (Words{"[", "sep", "]"}),
+             boost::test_tools::per_element());
   WordPieceOptions none;
   none.added_tokens = std::vector<std::string>{};
-  BOOST_TEST(small(none).basic_tokenize("[SEP]") == (Words{"[", "sep", "]"}), boost::test_tools::per_element());
+  BOOST_TEST(small(none).basic_tokenize("[SEP]") == (Words{"[", "sep", "]"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(encode_with_specials_truncates_the_pieces) {
   const WordPiece wp = small();
   const int64_t cls = wp.cls_id(), sep = wp.sep_id();
-  BOOST_TEST(wp.encode_with_specials("unaffable hello", 100) == (Ids{cls, 5, 6, 7, 10, sep}), boost::test_tools::per_element());
-  BOOST_TEST(wp.encode_with_specials("unaffable hello", 4) == (Ids{cls, 5, 6, sep}), boost::test_tools::per_element());
-  BOOST_TEST(wp.encode_with_specials("unaffable hello", 2) == (Ids{cls, sep}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode_with_specials("unaffable hello", 100) == (Ids{cls, 5, 6, 7, 10, sep}),
+             boost::test_tools::per_element());
+  BOOST_TEST(wp.encode_with_specials("unaffable hello", 4) == (Ids{cls, 5, 6, sep}),
+             boost::test_tools::per_element());
+  BOOST_TEST(wp.encode_with_specials("unaffable hello", 2) == (Ids{cls, sep}),
+             boost::test_tools::per_element());
   BOOST_TEST(wp.encode_with_specials("", 8) == (Ids{cls, sep}), boost::test_tools::per_element());
-  BOOST_TEST(error_of([&] { wp.encode_with_specials("hello", 1); }).find("max_len 1") != std::string::npos);
+  BOOST_TEST(error_of([&] { wp.encode_with_specials("hello", 1); }).find("max_len 1") !=
+             std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(ids_and_tokens) {
@@ -158,36 +187,51 @@ BOOST_AUTO_TEST_CASE(ids_and_tokens) {
   BOOST_TEST(wp.sep_id() == 3);
   BOOST_TEST(wp.id("##aff") == 6);
   BOOST_TEST(wp.token(6) == "##aff");
-  BOOST_TEST(error_of([&] { wp.id("zebra"); }).find("\"zebra\" is not in the vocabulary") != std::string::npos);
-  BOOST_TEST(error_of([&] { wp.token(25); }).find("the id 25 is outside [0, 25)") != std::string::npos);
+  BOOST_TEST(error_of([&] { wp.id("zebra"); }).find("\"zebra\" is not in the vocabulary") !=
+             std::string::npos);
+  BOOST_TEST(error_of([&] { wp.token(25); }).find("the id 25 is outside [0, 25)") !=
+             std::string::npos);
   BOOST_TEST(error_of([&] { wp.token(-1); }).find("the id -1") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(invalid_utf8_names_the_byte) {
   const WordPiece wp = small();
-  const std::string m = error_of([&] { wp.encode("abc\xFF" "def"); });
+  const std::string m = error_of([&] {
+    wp.encode(
+        "abc\xFF"
+        "def");
+  });
   BOOST_TEST(m.find("not valid UTF-8 at byte 3") != std::string::npos, m);
-  BOOST_TEST(error_of([&] { wp.basic_tokenize("\xED\xA0\x80"); }).find("at byte 0") != std::string::npos);  // a surrogate
-  BOOST_TEST(error_of([&] { wp.encode("ab\xC3"); }).find("at byte 2") != std::string::npos);           // cut short
-  BOOST_TEST(error_of([&] { wp.normalize("\xC0\xAF"); }).find("at byte 0") != std::string::npos);       // overlong
+  BOOST_TEST(error_of([&] { wp.basic_tokenize("\xED\xA0\x80"); }).find("at byte 0") !=
+             std::string::npos);  // a surrogate
+  BOOST_TEST(error_of([&] { wp.encode("ab\xC3"); }).find("at byte 2") !=
+             std::string::npos);  // cut short
+  BOOST_TEST(error_of([&] { wp.normalize("\xC0\xAF"); }).find("at byte 0") !=
+             std::string::npos);  // overlong
 }
 
 BOOST_AUTO_TEST_CASE(vocabulary_errors_name_the_cause) {
   std::vector<std::string> no_unk = kVocab;
   no_unk.erase(no_unk.begin() + 1);
-  BOOST_TEST(error_of([&] { WordPiece(no_unk, {}); }) == "WordPiece: the vocabulary has no unknown token \"[UNK]\"");
+  BOOST_TEST(error_of([&] { WordPiece(no_unk, {}); }) ==
+             "WordPiece: the vocabulary has no unknown token \"[UNK]\"");
   std::vector<std::string> no_sep = kVocab;
   no_sep.erase(no_sep.begin() + 3);
-  BOOST_TEST(error_of([&] { WordPiece(no_sep, {}); }).find("no separator token \"[SEP]\"") != std::string::npos);
+  BOOST_TEST(error_of([&] { WordPiece(no_sep, {}); }).find("no separator token \"[SEP]\"") !=
+             std::string::npos);
   std::vector<std::string> twice = kVocab;
   twice.push_back("hello");
-  BOOST_TEST(error_of([&] { WordPiece(twice, {}); }).find("\"hello\" is repeated (ids 10 and 25)") != std::string::npos);
+  BOOST_TEST(error_of([&] {
+               WordPiece(twice, {});
+             }).find("\"hello\" is repeated (ids 10 and 25)") != std::string::npos);
   std::vector<std::string> empty = kVocab;
   empty.push_back("");
-  BOOST_TEST(error_of([&] { WordPiece(empty, {}); }).find("the token of id 25 is empty") != std::string::npos);
+  BOOST_TEST(error_of([&] { WordPiece(empty, {}); }).find("the token of id 25 is empty") !=
+             std::string::npos);
   WordPieceOptions added;
   added.added_tokens = std::vector<std::string>{"<mask>"};
-  BOOST_TEST(error_of([&] { small(added); }).find("no added token \"<mask>\"") != std::string::npos);
+  BOOST_TEST(error_of([&] { small(added); }).find("no added token \"<mask>\"") !=
+             std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(vocab_txt_and_its_errors) {
@@ -196,7 +240,8 @@ BOOST_AUTO_TEST_CASE(vocab_txt_and_its_errors) {
   write_file(good, vocab_txt(kVocab));
   const WordPiece wp = WordPiece::from_vocab_txt(good.string(), {});
   BOOST_TEST(wp.size() == (int64_t)kVocab.size());
-  BOOST_TEST(wp.encode("Unaffable") == ids_of({"un", "##aff", "##able"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("Unaffable") == ids_of({"un", "##aff", "##able"}),
+             boost::test_tools::per_element());
 
   std::vector<std::string> no_unk = kVocab;
   no_unk.erase(no_unk.begin() + 1);
@@ -206,8 +251,10 @@ BOOST_AUTO_TEST_CASE(vocab_txt_and_its_errors) {
              "WordPiece: '" + bad.string() + "': the vocabulary has no unknown token \"[UNK]\"");
   const fs::path twice = dir.path / "twice.txt";
   write_file(twice, vocab_txt(kVocab) + "hello\n");
-  BOOST_TEST(error_of([&] { WordPiece::from_vocab_txt(twice.string(), {}); }).find(
-                 "line 26: the token \"hello\" is repeated (first on line 11)") != std::string::npos);
+  BOOST_TEST(error_of([&] {
+               WordPiece::from_vocab_txt(twice.string(), {});
+             }).find("line 26: the token \"hello\" is repeated (first on line 11)") !=
+             std::string::npos);
   const fs::path missing = dir.path / "missing.txt";
   const std::string m = error_of([&] { WordPiece::from_vocab_txt(missing.string(), {}); });
   BOOST_TEST(m == "WordPiece: '" + missing.string() + "': no such file");
@@ -216,30 +263,37 @@ BOOST_AUTO_TEST_CASE(vocab_txt_and_its_errors) {
 BOOST_AUTO_TEST_CASE(from_directory_reads_tokenizer_config_beside_vocab_txt) {
   TempDir dir("wordpiece");
   BOOST_TEST(error_of([&] { WordPiece::from_directory(dir.path.string()); }) ==
-             "WordPiece: '" + dir.path.string() + "': neither tokenizer.json nor vocab.txt is there");
+             "WordPiece: '" + dir.path.string() +
+                 "': neither tokenizer.json nor vocab.txt is there");
   write_file(dir.path / "vocab.txt", vocab_txt(kVocab));
-  BOOST_TEST(WordPiece::from_directory(dir.path.string()).encode("CAFÉ") == ids_of({"cafe"}), boost::test_tools::per_element());
+  BOOST_TEST(WordPiece::from_directory(dir.path.string()).encode("CAFÉ") == ids_of({"cafe"}),
+             boost::test_tools::per_element());
   write_file(dir.path / "tokenizer_config.json",
              R"({"do_lower_case": true, "strip_accents": false, "tokenize_chinese_chars": false,
                  "unk_token": {"content": "[UNK]"}, "mask_token": "[MASK]"})");
   const WordPiece wp = WordPiece::from_directory(dir.path.string());
   BOOST_TEST(!wp.options().strip_accents.value());
   BOOST_TEST(!wp.options().handle_chinese_chars);
-  BOOST_TEST(wp.encode("CAFÉ [MASK]") == ids_of({"caf", "##é", "[MASK]"}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode("CAFÉ [MASK]") == ids_of({"caf", "##é", "[MASK]"}),
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(tokenizer_json_and_its_errors) {
   TempDir dir("wordpiece");
   auto tokenizer_json = [&](const std::string& model_type, const std::string& normalizer) {
     std::string vocab;
-    for (size_t i = 0; i < kVocab.size(); ++i) vocab += (i ? ", \"" : "\"") + kVocab[i] + "\": " + std::to_string(i);
+    for (size_t i = 0; i < kVocab.size(); ++i)
+      vocab += (i ? ", \"" : "\"") + kVocab[i] + "\": " + std::to_string(i);
     return R"({"normalizer": )" + normalizer + R"(, "pre_tokenizer": {"type": "BertPreTokenizer"},
       "added_tokens": [{"id": 3, "content": "[SEP]", "special": true, "normalized": false}],
-      "model": {"type": ")" + model_type + R"(", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
-                "max_input_chars_per_word": 100, "vocab": {)" + vocab + "}}}";
+      "model": {"type": ")" +
+           model_type + R"(", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                "max_input_chars_per_word": 100, "vocab": {)" +
+           vocab + "}}}";
   };
   const fs::path good = dir.path / "tokenizer.json";
-  write_file(good, tokenizer_json("WordPiece", R"({"type": "BertNormalizer", "lowercase": false})"));
+  write_file(good,
+             tokenizer_json("WordPiece", R"({"type": "BertNormalizer", "lowercase": false})"));
   const WordPiece wp = WordPiece::from_tokenizer_json(good.string());
   BOOST_TEST(!wp.options().lowercase);
   BOOST_TEST(wp.basic_tokenize("Hello [SEP] [MASK]") == (Words{"Hello", "[SEP]", "[", "MASK", "]"}),
@@ -252,36 +306,50 @@ BOOST_AUTO_TEST_CASE(tokenizer_json_and_its_errors) {
              "WordPiece: '" + bpe.string() + "': model type \"BPE\" is not WordPiece");
   const fs::path nfc = dir.path / "nfc.json";
   write_file(nfc, tokenizer_json("WordPiece", R"({"type": "NFC"})"));
-  BOOST_TEST(error_of([&] { WordPiece::from_tokenizer_json(nfc.string()); }).find(
-                 "normalizer type \"NFC\" is not BertNormalizer") != std::string::npos);
+  BOOST_TEST(error_of([&] {
+               WordPiece::from_tokenizer_json(nfc.string());
+             }).find("normalizer type \"NFC\" is not BertNormalizer") != std::string::npos);
   const fs::path broken = dir.path / "broken.json";
   write_file(broken, "{\"model\": ");
-  BOOST_TEST(error_of([&] { WordPiece::from_tokenizer_json(broken.string()); }).find("not valid JSON") != std::string::npos);
+  BOOST_TEST(error_of([&] {
+               WordPiece::from_tokenizer_json(broken.string());
+             }).find("not valid JSON") != std::string::npos);
   const fs::path missing = dir.path / "missing.json";
   BOOST_TEST(error_of([&] { WordPiece::from_tokenizer_json(missing.string()); }) ==
              "WordPiece: '" + missing.string() + "': no such file");
 }
 
-// Ids that `tokenizers` 0.23.3 gives (Tokenizer.from_file(tokenizer.json), no truncation, no padding).
-BOOST_AUTO_TEST_CASE(pretrained_minilm_ids_as_tokenizers_gives_them, *boost::unit_test::precondition(model_present)) {
+// Ids that `tokenizers` 0.23.3 gives (Tokenizer.from_file(tokenizer.json), no truncation, no
+// padding).
+BOOST_AUTO_TEST_CASE(pretrained_minilm_ids_as_tokenizers_gives_them,
+                     *boost::unit_test::precondition(model_present)) {
   const WordPiece wp = WordPiece::from_directory(kModel.string());
   BOOST_TEST(wp.size() == 30522);
   const int64_t all = 1000;
   auto check = [&](const std::string& text, const Ids& want) {
-    BOOST_TEST_CONTEXT(text) { BOOST_TEST(wp.encode_with_specials(text, all) == want, boost::test_tools::per_element()); }
+    BOOST_TEST_CONTEXT(text) {
+      BOOST_TEST(wp.encode_with_specials(text, all) == want, boost::test_tools::per_element());
+    }
   };
   check("Hello, world!", {101, 7592, 1010, 2088, 999, 102});
   check("Café déjà vu — naïve façade", {101, 7668, 2139, 3900, 24728, 1517, 15743, 8508, 102});
   check("The unaffable tokenizer's [SEP] and [sep] [MASK]",
-        {101, 1996, 14477, 20961, 3468, 19204, 17629, 1005, 1055, 102, 1998, 1031, 19802, 1033, 103, 102});
+        {101, 1996, 14477, 20961, 3468, 19204, 17629, 1005, 1055, 102, 1998, 1031, 19802, 1033, 103,
+         102});
   check("日本語のテキスト", {101, 1864, 1876, 1950, 1671, 30239, 30227, 30233, 30240, 102});
   check("İstanbul ΣΟΦΙΑ straße", {101, 9960, 1173, 29730, 29736, 27432, 2358, 27807, 102});
-  check(std::string("a\xC2\xAD" "b\xE2\x80\x8B" "c\xC2\xA0" "d\te") + std::string(1, '\0') + "f\xEF\xBF\xBDg",
+  check(std::string("a\xC2\xAD"
+                    "b\xE2\x80\x8B"
+                    "c\xC2\xA0"
+                    "d\te") +
+            std::string(1, '\0') + "f\xEF\xBF\xBDg",
         {101, 5925, 1040, 1041, 2546, 2290, 102});
   check("🥰 emoji ∑ x²", {101, 100, 7861, 29147, 2072, 100, 1060, 10701, 102});
-  check("supercalifragilisticexpialidocious", {101, 3565, 9289, 10128, 29181, 24411, 4588, 10288, 19312, 21273, 10085, 6313, 102});
+  check("supercalifragilisticexpialidocious",
+        {101, 3565, 9289, 10128, 29181, 24411, 4588, 10288, 19312, 21273, 10085, 6313, 102});
   check(std::string(101, 'x'), {101, 100, 102});
   check("a[CLS]b", {101, 1037, 101, 1038, 102});
   check("", {101, 102});
-  BOOST_TEST(wp.encode_with_specials("Hello, world!", 4) == (Ids{101, 7592, 1010, 102}), boost::test_tools::per_element());
+  BOOST_TEST(wp.encode_with_specials("Hello, world!", 4) == (Ids{101, 7592, 1010, 102}),
+             boost::test_tools::per_element());
 }

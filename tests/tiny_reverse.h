@@ -59,7 +59,8 @@ struct TinyRun {
   Bf16Path path;
   int64_t steps = 0;
   uint64_t copies_last_step = 0;  // the bf16 weight copies the last step made
-  explicit TinyRun(Precision p = Precision::fp32, Bf16Path bp = Bf16Path::onednn) : precision(p), path(bp) {}
+  explicit TinyRun(Precision p = Precision::fp32, Bf16Path bp = Bf16Path::onednn)
+      : precision(p), path(bp) {}
 
   void train(int n) {
     PrecisionGuard guard(precision, path);
@@ -129,7 +130,8 @@ struct LearnedDecoder {
     models::DecodeOptions o;
     o.max_len = 10;
     o.beam = beam_size;
-    return beam_size == 1 ? models::greedy_decode(run.m, batch.src, o) : models::beam_search(run.m, batch.src, o);
+    return beam_size == 1 ? models::greedy_decode(run.m, batch.src, o)
+                          : models::beam_search(run.m, batch.src, o);
   }
   // How many of the sequences equal their counterparts in `want`.
   static int same(const models::Sequences& got, const models::Sequences& want) {
@@ -138,6 +140,5 @@ struct LearnedDecoder {
     return n;
   }
 };
-
 
 }  // namespace graft::testing::tiny_reverse

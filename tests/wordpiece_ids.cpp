@@ -50,7 +50,8 @@ std::string utf8_of(uint32_t c) {
   } else if (c < 0x800) {
     s += (char)(0xC0 | (c >> 6)), s += (char)(0x80 | (c & 0x3F));
   } else if (c < 0x10000) {
-    s += (char)(0xE0 | (c >> 12)), s += (char)(0x80 | ((c >> 6) & 0x3F)), s += (char)(0x80 | (c & 0x3F));
+    s += (char)(0xE0 | (c >> 12)), s += (char)(0x80 | ((c >> 6) & 0x3F)),
+        s += (char)(0x80 | (c & 0x3F));
   } else {
     s += (char)(0xF0 | (c >> 18)), s += (char)(0x80 | ((c >> 12) & 0x3F));
     s += (char)(0x80 | ((c >> 6) & 0x3F)), s += (char)(0x80 | (c & 0x3F));
@@ -85,7 +86,8 @@ void print_chars() {
     const std::string s = utf8_of(c);
     std::snprintf(buf, sizeof buf, "%X", c);
     out += buf;
-    for (int step = 0; step < 4; ++step) out.append("|").append(hex_code_points(steps[step].normalize(s)));
+    for (int step = 0; step < 4; ++step)
+      out.append("|").append(hex_code_points(steps[step].normalize(s)));
     std::string between = "a";
     between.append(s).push_back('b');
     const std::vector<std::string> words = steps[4].basic_tokenize(between);
@@ -105,7 +107,8 @@ void print_ids(const WordPiece& wp, const std::string& path) {
     size_t end = bytes.find('\n', begin);
     if (end == std::string::npos) end = bytes.size();
     try {
-      const auto ids = wp.encode_with_specials(bytes.substr(begin, end - begin), std::numeric_limits<int64_t>::max());
+      const auto ids = wp.encode_with_specials(bytes.substr(begin, end - begin),
+                                               std::numeric_limits<int64_t>::max());
       for (size_t i = 0; i < ids.size(); ++i) {
         if (i) out.push_back(' ');
         out.append(std::to_string(ids[i]));

@@ -13,14 +13,14 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "graft/models/run.h"
-#include "graft/autograd/tape.h"
 #include "examples/classify/naive_bayes.h"
 #include "examples/classify/pretrained.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/tape.h"
+#include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::classify {
@@ -64,7 +64,8 @@ std::vector<std::vector<std::string>> fortunes_of(const std::string& path) {
 // The files of each language: each fortune file once, its ".u8" version when the package ships
 // a non-empty one (de, es, cs, ... convert legacy encodings there; pl ships UTF-8 originals and
 // empty ".u8" files). Lines that are not UTF-8 are dropped by fortunes_of.
-std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(const std::string& dir) {
+std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(
+    const std::string& dir) {
   auto files_in = [&](const std::string& sub) {
     if (!fs::is_directory(dir + "/" + sub))
       fail("'" + dir + "/" + sub + "' is missing (apt-get install fortunes-" + sub + ")");
@@ -79,10 +80,17 @@ std::vector<std::pair<std::string, std::vector<std::string>>> langid_sources(con
     return f;
   };
   std::vector<std::string> en;
-  for (const char* f : {"fortunes", "literature", "wisdom", "people", "humorists", "science", "work"})
+  for (const char* f :
+       {"fortunes", "literature", "wisdom", "people", "humorists", "science", "work"})
     en.push_back(dir + "/" + f);
-  return {{"en", en},          {"de", files_in("de")}, {"es", files_in("es")}, {"it", files_in("it")},
-          {"pt", {dir + "/brasil"}}, {"pl", files_in("pl")}, {"cs", files_in("cs")}, {"ga", files_in("ga")}};
+  return {{"en", en},
+          {"de", files_in("de")},
+          {"es", files_in("es")},
+          {"it", files_in("it")},
+          {"pt", {dir + "/brasil"}},
+          {"pl", files_in("pl")},
+          {"cs", files_in("cs")},
+          {"ga", files_in("ga")}};
 }
 
 // Batches of up to `rows` texts (each cut to max_bytes) padded with PAD to the longest; texts
@@ -91,14 +99,16 @@ struct Batch {
   Tensor ids, labels;
   int64_t tokens = 0;
 };
-std::vector<Batch> make_batches(const std::vector<Example>& data, const std::vector<std::string>& labels,
-                                int64_t rows, int64_t max_bytes) {
+std::vector<Batch> make_batches(const std::vector<Example>& data,
+                                const std::vector<std::string>& labels, int64_t rows,
+                                int64_t max_bytes) {
   std::vector<std::string> texts;
   texts.reserve(data.size());
   for (const Example& e : data) texts.push_back(cut_utf8(e.text, (size_t)max_bytes));
   std::vector<size_t> order(data.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return texts[a].size() < texts[b].size(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return texts[a].size() < texts[b].size(); });
   const LabelIndex label_index(labels);
   std::vector<Batch> out;
   for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
@@ -126,7 +136,8 @@ std::vector<std::string> labels_of(const std::vector<Example>& data, const std::
   std::unordered_set<std::string> seen;
   for (const Example& e : data)
     if (seen.insert(e.label).second && seen.size() > kMaxLabels)
-      fail("'" + where + "' has more than " + std::to_string(kMaxLabels) + " distinct labels, the most a run may have");
+      fail("'" + where + "' has more than " + std::to_string(kMaxLabels) +
+           " distinct labels, the most a run may have");
   std::vector<std::string> labels(seen.begin(), seen.end());
   std::sort(labels.begin(), labels.end());
   return labels;
@@ -139,7 +150,8 @@ LabelIndex::LabelIndex(const std::vector<std::string>& labels) {
 
 int64_t LabelIndex::operator()(const std::string& l) const {
   const auto it = index_.find(l);
-  if (it == index_.end()) fail("label '" + text::printable(l) + "' is not one of the model's labels");
+  if (it == index_.end())
+    fail("label '" + text::printable(l) + "' is not one of the model's labels");
   return it->second;
 }
 
@@ -181,8 +193,7 @@ std::vector<Example> read_tsv(const std::string& path) {
     if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos)
       fail(where + ": expected label<TAB>text");
     Example e{trim(line.substr(0, tab)), trim(line.substr(tab + 1))};
-    if (e.label.empty() || e.text.empty())
-      fail(where + ": empty label or text");
+    if (e.label.empty() || e.text.empty()) fail(where + ": empty label or text");
     out.push_back(std::move(e));
   }
   return out;
@@ -216,8 +227,8 @@ Splits build_langid(const std::string& dir, int64_t per_language, uint64_t seed)
   return s;
 }
 
-const std::vector<std::string> kTopics = {"art",      "computers", "food",     "law",     "literature",
-                                          "love",     "medicine",  "politics", "science", "sports"};
+const std::vector<std::string> kTopics = {"art",  "computers", "food",     "law",     "literature",
+                                          "love", "medicine",  "politics", "science", "sports"};
 
 Splits build_topics(const std::string& dir, uint64_t seed) {
   Splits s;
@@ -282,25 +293,29 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
 namespace {
 
 models::ClassifierConfig config_model(const nlohmann::json& j, const std::string& cfg_path) {
-  models::ClassifierConfig c = models::ClassifierConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
+  models::ClassifierConfig c =
+      models::ClassifierConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
   models::check_config_memory(c, cfg_path);
   return c;
 }
 
 }  // namespace
 
-std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes, const std::string& cfg_path) {
+std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
+                                       const std::string& cfg_path) {
   std::vector<std::string> labels;
   try {
     labels = j.at("labels").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
-    fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" + nn::json_message(e) + ")");
+    fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" + nn::json_message(e) +
+         ")");
   }
   if ((int64_t)labels.size() != classes)
-    fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " + std::to_string(classes) + " classes");
+    fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " +
+         std::to_string(classes) + " classes");
   if (labels.size() > kMaxLabels)
-    fail("'" + cfg_path + "': field \"labels\" has " + std::to_string(labels.size()) + " labels, more than the " +
-         std::to_string(kMaxLabels) + " a run may have");
+    fail("'" + cfg_path + "': field \"labels\" has " + std::to_string(labels.size()) +
+         " labels, more than the " + std::to_string(kMaxLabels) + " a run may have");
   std::vector<std::string> sorted = labels;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
@@ -308,12 +323,14 @@ std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
   return labels;
 }
 
-void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path, nn::LoopOptions& loop) {
+void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path,
+                          nn::LoopOptions& loop) {
   if (!saved.contains("train")) return;
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   loop.lr_factor = nn::json_field<double>(saved["train"], "lr_factor", where);
   loop.warmup = nn::json_field<int64_t>(saved["train"], "warmup", where);
-  if (saved["train"].contains("recipe")) nn::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
+  if (saved["train"].contains("recipe"))
+    nn::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
   nn::check_loop_options(loop);
 }
 
@@ -342,9 +359,12 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
     fs::create_directories(o.loop.run_dir);
-    const nlohmann::json schedule{
-        {"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup}, {"recipe", nn::loop_recipe(o.loop)}};
-    nn::save_json(cfg_path, {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});
+    const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor},
+                                  {"warmup", o.loop.warmup},
+                                  {"recipe", nn::loop_recipe(o.loop)}};
+    nn::save_json(
+        cfg_path,
+        {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});
   });
   return c;
 }
@@ -354,16 +374,17 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
 // macro-F1; the validation accuracy of a class with few lines swings from one validation to the
 // next), train_state.safetensors the latest.
 nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batch>& batches,
-                        const std::vector<std::string>& labels, const std::vector<Example>& valid_set,
-                        const TrainOptions& o, const Metrics& baseline) {
+                        const std::vector<std::string>& labels,
+                        const std::vector<Example>& valid_set, const TrainOptions& o,
+                        const Metrics& baseline) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
   task.loss = [&](int64_t i, nn::Shard s) {
     const Tensor ids = nn::shard_of(batches[i].ids, s);
-    return nn::shard_loss(cross_entropy(model.forward(ids), nn::shard_of(batches[i].labels, s)), ids.size(0),
-                          batches[i].ids.size(0));
+    return nn::shard_loss(cross_entropy(model.forward(ids), nn::shard_of(batches[i].labels, s)),
+                          ids.size(0), batches[i].ids.size(0));
   };
   task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
@@ -379,16 +400,20 @@ nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batc
   for (auto& b : batches) fp.emplace_back("", b.ids);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {cfg_path};
-  task.run_config =
-      nlohmann::json{{"model", model.cfg.to_json()}, {"labels", labels}, {"batch_rows", o.batch_rows}}.dump();
+  task.run_config = nlohmann::json{
+      {"model", model.cfg.to_json()},
+      {"labels", labels},
+      {"batch_rows",
+       o.batch_rows}}.dump();
   task.on_validated = [&model, &o, &baseline, cfg_path](const nn::Validated& v) {
     if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, "graft-classifier",
-                       {cfg_path});
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
+                       "graft-classifier", {cfg_path});
     if (o.plot)
-      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
-                            "validation",
-                            {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
+      plot::learning_curves(
+          v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
+          "validation",
+          {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
   };
   return task;
 }
@@ -408,7 +433,8 @@ bool is_pretrained_run(const std::string& run_dir) {
 }  // namespace
 
 TrainResult train(const TrainOptions& o) {
-  if (!o.init_from.empty() || (o.loop.resume && is_pretrained_run(o.loop.run_dir))) return train_pretrained(o);
+  if (!o.init_from.empty() || (o.loop.resume && is_pretrained_run(o.loop.run_dir)))
+    return train_pretrained(o);
   if (o.freeze) fail("train: --freeze needs --init-from (a pretrained encoder to freeze)");
   nn::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
@@ -422,18 +448,23 @@ TrainResult train(const TrainOptions& o) {
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows, c.max_len);
   const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
   TrainResult r;
-  if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
+  if (rank0)
+    r.baseline_valid =
+        evaluate(NaiveBayes(train_set, labels), labels, valid_set);  // for the curves
   if (!o.loop.quiet && rank0) {
-    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
-              << labels.size() << " labels, " << batches.size() << " batches, " << model.num_parameters()
-              << " parameters (" << nn::positions_name(c.positions.kind) << ")\n";
+    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size()
+              << " valid texts, " << labels.size() << " labels, " << batches.size() << " batches, "
+              << model.num_parameters() << " parameters (" << nn::positions_name(c.positions.kind)
+              << ")\n";
     std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
                  100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
   }
   const nn::TrainTask task = make_task(model, batches, labels, valid_set, o, r.baseline_valid);
   lo.d_model = c.d_model;
   r.loop = nn::train_loop(task, lo);
-  if (rank0) r.valid = evaluate(*load_run(o.loop.run_dir).model, labels, valid_set);  // the saved (best) weights
+  if (rank0)
+    r.valid =
+        evaluate(*load_run(o.loop.run_dir).model, labels, valid_set);  // the saved (best) weights
   return r;
 }
 
@@ -450,17 +481,21 @@ LoadedRun load_run(const std::string& run_dir) {
   auto loaded = models::load_run_model<models::EncoderClassifier>(run_dir);
   LoadedRun r;
   r.labels = config_labels(loaded.config, loaded.model->cfg.classes, run_dir + "/config.json");
-  if (auto it = loaded.config.find("data"); it != loaded.config.end() && it->is_string()) r.data_dir = *it;
+  if (auto it = loaded.config.find("data"); it != loaded.config.end() && it->is_string())
+    r.data_dir = *it;
   r.model = std::move(loaded.model);
   return r;
 }
 
 Metrics evaluate(const LoadedRun& run, const std::vector<Example>& data) {
-  return run.pretrained ? evaluate(*run.pretrained, run.labels, data) : evaluate(*run.model, run.labels, data);
+  return run.pretrained ? evaluate(*run.pretrained, run.labels, data)
+                        : evaluate(*run.model, run.labels, data);
 }
 
-std::vector<std::pair<std::string, double>> predict(const LoadedRun& run, const std::vector<std::string>& texts) {
-  return run.pretrained ? predict(*run.pretrained, run.labels, texts) : predict(*run.model, run.labels, texts);
+std::vector<std::pair<std::string, double>> predict(const LoadedRun& run,
+                                                    const std::vector<std::string>& texts) {
+  return run.pretrained ? predict(*run.pretrained, run.labels, texts)
+                        : predict(*run.model, run.labels, texts);
 }
 
 }  // namespace graft::classify

@@ -31,10 +31,10 @@ struct Example {
 };
 
 // label<TAB>text per line (labels are strings). A path that is not a regular file or is over
-// text::kMaxInputFileBytes is refused (check_input_file); empty lines are skipped, any other line without
-// exactly one tab or with an empty side, not UTF-8, or over kMaxLineBytes (found while reading) is
-// an error naming the file and line. Texts are kept whole (each model cuts them to its input
-// length).
+// text::kMaxInputFileBytes is refused (check_input_file); empty lines are skipped, any other line
+// without exactly one tab or with an empty side, not UTF-8, or over kMaxLineBytes (found while
+// reading) is an error naming the file and line. Texts are kept whole (each model cuts them to its
+// input length).
 std::vector<Example> read_tsv(const std::string& path);
 void write_tsv(const std::string& path, const std::vector<Example>& examples);  // atomic
 
@@ -75,11 +75,14 @@ constexpr size_t kMaxLabels = 1024;
 // The distinct labels of `data`, sorted (one pass through a hash set); throws naming `where`
 // (the file) and kMaxLabels when there are more.
 std::vector<std::string> labels_of(const std::vector<Example>& data, const std::string& where);
-// config.json's "labels": a list of `classes` distinct strings; throws naming cfg_path and the field.
-std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes, const std::string& cfg_path);
+// config.json's "labels": a list of `classes` distinct strings; throws naming cfg_path and the
+// field.
+std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
+                                       const std::string& cfg_path);
 // On --resume, the learning-rate schedule config.json's "train" section saved, put into `loop`
 // (a run of graft 0.2 saved none: the options given stay); throws naming cfg_path.
-void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path, nn::LoopOptions& loop);
+void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path,
+                          nn::LoopOptions& loop);
 // Label name -> its index in `labels`, a hash map built once, so that an example's lookup does
 // not scan the labels.
 class LabelIndex {
@@ -110,7 +113,8 @@ struct TrainOptions {
   // whether the encoder stays frozen (the head alone trains). `dropout` is then the head's.
   std::string init_from;
   bool freeze = false;
-  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2, batch_rows = 512;  // 512: best of 64..1024 (docs/classify.md)
+  int64_t d_model = 64, heads = 4, d_ff = 128, layers = 2,
+          batch_rows = 512;  // 512: best of 64..1024 (docs/classify.md)
   // Hashed byte 2..5-gram inputs (models::ClassifierConfig) and dropout 0.3: the best measured
   // (docs/classify.md).
   int64_t ngram_buckets = 262144, ngram_max = 5;
@@ -143,6 +147,7 @@ struct LoadedRun {
 LoadedRun load_run(const std::string& run_dir);
 // evaluate() and predict() of whichever model the run holds.
 Metrics evaluate(const LoadedRun& run, const std::vector<Example>& data);
-std::vector<std::pair<std::string, double>> predict(const LoadedRun& run, const std::vector<std::string>& texts);
+std::vector<std::pair<std::string, double>> predict(const LoadedRun& run,
+                                                    const std::vector<std::string>& texts);
 
 }  // namespace graft::classify

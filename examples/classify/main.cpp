@@ -1,10 +1,10 @@
-// classify: an encoder-only Transformer classifier (bytes plus hashed byte n-grams, masked mean pooling),
-// or a pretrained BERT-family encoder with a linear head (--init-from, pretrained.h).
+// classify: an encoder-only Transformer classifier (bytes plus hashed byte n-grams, masked mean
+// pooling), or a pretrained BERT-family encoder with a linear head (--init-from, pretrained.h).
 //   classify prepare --out data/langid            (language identification from Debian's fortunes)
 //   classify prepare --task topics --out data/topics   (a fortune's topic file from its text)
 //   classify train --data data/langid --out runs/langid [--minutes 3] [--positions rope]
-//   classify train --data data/topics --out runs/ft --init-from build/pretrained/all-MiniLM-L6-v2 [--freeze]
-//   classify evaluate --run runs/langid --data data/langid/test.tsv [--confusion cm.png]
+//   classify train --data data/topics --out runs/ft --init-from build/pretrained/all-MiniLM-L6-v2
+//   [--freeze] classify evaluate --run runs/langid --data data/langid/test.tsv [--confusion cm.png]
 //   echo "Das ist ein Satz." | classify predict --run runs/langid
 #include <cstdio>
 #include <filesystem>
@@ -23,7 +23,8 @@ using namespace graft;
 
 namespace {
 
-void confusion_png(const std::string& path, const classify::Metrics& m, const std::vector<std::string>& labels) {
+void confusion_png(const std::string& path, const classify::Metrics& m,
+                   const std::vector<std::string>& labels) {
   std::vector<std::vector<double>> rows;
   for (auto& r : m.confusion) {
     double n = 0;
@@ -32,28 +33,33 @@ void confusion_png(const std::string& path, const classify::Metrics& m, const st
     for (int64_t v : r) f.push_back(n > 0 ? (double)v / n : 0.0);
     rows.push_back(f);
   }
-  plot::heatmap(path, rows, labels, labels, "confusion matrix (rows: true label, columns: predicted; row-normalised)");
+  plot::heatmap(path, rows, labels, labels,
+                "confusion matrix (rows: true label, columns: predicted; row-normalised)");
 }
 
-int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes, int64_t per_language,
-                uint64_t seed) {
-  auto s = task == "topics" ? classify::build_topics(fortunes, seed) : classify::build_langid(fortunes, per_language, seed);
+int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes,
+                int64_t per_language, uint64_t seed) {
+  auto s = task == "topics" ? classify::build_topics(fortunes, seed)
+                            : classify::build_langid(fortunes, per_language, seed);
   std::filesystem::create_directories(out);
   classify::write_tsv(out + "/train.tsv", s.train);
   classify::write_tsv(out + "/valid.tsv", s.valid);
   classify::write_tsv(out + "/test.tsv", s.test);
-  std::printf("wrote %zu / %zu / %zu examples to %s/{train,valid,test}.tsv\n", s.train.size(), s.valid.size(),
-              s.test.size(), out.c_str());
+  std::printf("wrote %zu / %zu / %zu examples to %s/{train,valid,test}.tsv\n", s.train.size(),
+              s.valid.size(), s.test.size(), out.c_str());
   return 0;
 }
 
 int cmd_train(const classify::TrainOptions& o) {
-  if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
+  if (o.loop.steps <= 0 && o.loop.minutes <= 0)
+    throw std::runtime_error("train: give --steps N or --minutes M");
   auto r = classify::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
-  std::printf("trained steps %lld..%lld in %.1f s%s; best validated weights: valid accuracy %.2f%%, macro-F1 %.4f\n",
-              (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
-              r.loop.stopped_early ? " (stopped early)" : "", 100 * r.valid.accuracy, r.valid.macro_f1);
+  std::printf(
+      "trained steps %lld..%lld in %.1f s%s; best validated weights: valid accuracy %.2f%%, "
+      "macro-F1 %.4f\n",
+      (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
+      r.loop.stopped_early ? " (stopped early)" : "", 100 * r.valid.accuracy, r.valid.macro_f1);
   return 0;
 }
 
@@ -75,12 +81,14 @@ int cmd_evaluate(const std::string& run_dir, const std::string& data, const std:
   const std::string train = baseline_train.empty() ? recorded : baseline_train;
   if (train.empty() || (baseline_train.empty() && !std::filesystem::is_regular_file(train))) {
     std::printf("baseline: skipped (%s; give --baseline-train FILE)\n",
-                train.empty() ? "the run does not record its data directory" : ("no file '" + train + "'").c_str());
+                train.empty() ? "the run does not record its data directory"
+                              : ("no file '" + train + "'").c_str());
     return 0;
   }
-  const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(train), run.labels), run.labels, examples);
-  std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n", classify::kBaselineName,
-              train.c_str(), 100 * b.accuracy, b.macro_f1);
+  const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(train), run.labels),
+                                    run.labels, examples);
+  std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n",
+              classify::kBaselineName, train.c_str(), 100 * b.accuracy, b.macro_f1);
   return 0;
 }
 
@@ -105,14 +113,16 @@ cli::Command add_prepare(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("prepare", "write a task's TSVs from Debian's fortunes");
   sub->add_option("--task", a->task,
-                  "langid (the language of a line, eight fortunes packages) or topics (the English topic file of a "
-                  "fortune: art, computers, food, law, literature, love, medicine, politics, science, sports)")
+                  "langid (the language of a line, eight fortunes packages) or topics (the English "
+                  "topic file of a "
+                  "fortune: art, computers, food, law, literature, love, medicine, politics, "
+                  "science, sports)")
       ->check(CLI::IsMember({"langid", "topics"}));
   sub->add_option("--out", a->out, "output directory")->required();
   sub->add_option("--fortunes", a->fortunes, "fortunes directory");
-  sub->add_option("--per-language", a->per_language, "langid: lines per language at most")->check(CLI::Range(int64_t(10), int64_t(1) << 30));
-  sub->add_option("--seed", a->seed, "split seed")
-      ->check(cli::seed_range());
+  sub->add_option("--per-language", a->per_language, "langid: lines per language at most")
+      ->check(CLI::Range(int64_t(10), int64_t(1) << 30));
+  sub->add_option("--seed", a->seed, "split seed")->check(cli::seed_range());
   return {sub, [a] { return cmd_prepare(a->task, a->out, a->fortunes, a->per_language, a->seed); }};
 }
 
@@ -142,32 +152,46 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--heads", o->heads, "attention heads")->check(CLI::Range(1, 64));
   sub->add_option("--layers", o->layers, "encoder layers")->check(CLI::Range(1, 64));
   sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
-  sub->add_option("--dropout", o->dropout, "dropout (default 0.3; with --init-from the head's, default 0.1)")
+  sub->add_option("--dropout", o->dropout,
+                  "dropout (default 0.3; with --init-from the head's, default 0.1)")
       ->check(cli::range(0.0, 0.99));
-  sub->add_option("--max-bytes", o->max_bytes, "byte model: texts are cut to this many bytes (its input length)")
+  sub->add_option("--max-bytes", o->max_bytes,
+                  "byte model: texts are cut to this many bytes (its input length)")
       ->check(CLI::Range(int64_t(8), int64_t(1) << 16));
   sub->add_option("--init-from", o->init_from,
-                  "a pretrained sentence-transformers / Hugging Face BERT directory: fine-tune its encoder with a "
+                  "a pretrained sentence-transformers / Hugging Face BERT directory: fine-tune its "
+                  "encoder with a "
                   "linear head (the byte-model options do not apply)");
   sub->add_flag("--freeze", o->freeze,
-                "with --init-from: keep the encoder frozen and train the head alone on embeddings computed once "
+                "with --init-from: keep the encoder frozen and train the head alone on embeddings "
+                "computed once "
                 "(logistic regression on the sentence embeddings)");
   sub->add_option("--ngram-buckets", o->ngram_buckets,
-                  "hashed byte n-gram inputs: rows of their embedding table (default 262144; 0: bytes alone)")
+                  "hashed byte n-gram inputs: rows of their embedding table (default 262144; 0: "
+                  "bytes alone)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  sub->add_option("--ngram-max", o->ngram_max, "the longest hashed n-gram, in bytes (default 5)")->check(CLI::Range(2, 8));
-  sub->add_option("--batch-rows", o->batch_rows, "texts per batch (default 512; with --init-from 32)")->check(CLI::Range(1, 4096));
-  auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(cli::range(0.01, 1e6));
+  sub->add_option("--ngram-max", o->ngram_max, "the longest hashed n-gram, in bytes (default 5)")
+      ->check(CLI::Range(2, 8));
+  sub->add_option("--batch-rows", o->batch_rows,
+                  "texts per batch (default 512; with --init-from 32)")
+      ->check(CLI::Range(1, 4096));
+  auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")
+                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")
+                      ->check(cli::range(0.01, 1e6));
   auto& l = o->loop;
-  cli::add_recipe_options(sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor}, 200);
-  sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
-  sub->add_option("--patience", o->loop.patience, "early stopping after N validations without a better macro-F1")
+  cli::add_recipe_options(
+      sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor},
+      200);
+  sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--patience", o->loop.patience,
+                  "early stopping after N validations without a better macro-F1")
       ->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--min-delta", o->loop.min_delta, "early stopping: an improvement of the macro-F1 must exceed this")
+  sub->add_option("--min-delta", o->loop.min_delta,
+                  "early stopping: an improvement of the macro-F1 must exceed this")
       ->check(cli::non_negative());
-  sub->add_option("--seed", o->loop.seed, "seed")
-      ->check(cli::seed_range());
+  sub->add_option("--seed", o->loop.seed, "seed")->check(cli::seed_range());
   sub->add_flag("--resume", o->loop.resume, "continue the run in --out exactly where it stopped");
   cli::add_data_parallel_options(sub, o->loop.bucket_mb, o->loop.overlap);
   cli::add_detect_anomaly(sub);
@@ -189,8 +213,9 @@ cli::Command add_evaluate(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--data", a->data, "label<TAB>text file")->required();
   sub->add_option("--confusion", a->png, "confusion-matrix PNG (default: <run>/confusion.png)");
-  sub->add_option("--baseline-train", a->baseline_train,
-                  "train the Naive Bayes baseline on this label<TAB>text file (default: the run's train.tsv)");
+  sub->add_option(
+      "--baseline-train", a->baseline_train,
+      "train the Naive Bayes baseline on this label<TAB>text file (default: the run's train.tsv)");
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->data, a->png, a->baseline_train); }};
 }
@@ -206,9 +231,11 @@ cli::Command add_predict(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"graft encoder classifier: prepare data, train, evaluate, predict (labels<TAB>text TSV)"};
+  CLI::App app{
+      "graft encoder classifier: prepare data, train, evaluate, predict (labels<TAB>text TSV)"};
   app.require_subcommand(1);
   cli::show_defaults(app);
-  const std::vector<cli::Command> commands = {add_prepare(app), add_train(app), add_evaluate(app), add_predict(app)};
+  const std::vector<cli::Command> commands = {add_prepare(app), add_train(app), add_evaluate(app),
+                                              add_predict(app)};
   return cli::run_commands(app, commands, argc, argv);
 }

@@ -23,7 +23,8 @@ void for_each_gram(const std::string& text, F&& f) {
 
 }  // namespace
 
-NaiveBayes::NaiveBayes(const std::vector<Example>& data, const std::vector<std::string>& labels, double alpha) {
+NaiveBayes::NaiveBayes(const std::vector<Example>& data, const std::vector<std::string>& labels,
+                       double alpha) {
   if (data.empty()) fail("naive bayes: no training examples");
   if (!(alpha > 0) || !std::isfinite(alpha)) fail("naive bayes: alpha must be a finite number > 0");
   const size_t C = labels.size();
@@ -42,7 +43,8 @@ NaiveBayes::NaiveBayes(const std::vector<Example>& data, const std::vector<std::
   const double V = (double)row_.size();
   log_prior_.resize(C);
   for (size_t c = 0; c < C; ++c)
-    log_prior_[c] = docs[c] > 0 ? std::log(docs[c] / (double)data.size()) : -std::numeric_limits<double>::infinity();
+    log_prior_[c] = docs[c] > 0 ? std::log(docs[c] / (double)data.size())
+                                : -std::numeric_limits<double>::infinity();
   log_p_.resize(counts.size());
   for (size_t r = 0; r < row_.size(); ++r)
     for (size_t c = 0; c < C; ++c)
@@ -63,10 +65,13 @@ int64_t NaiveBayes::predict(const std::string& text) const {
   return (int64_t)best;
 }
 
-Metrics evaluate(const NaiveBayes& nb, const std::vector<std::string>& labels, const std::vector<Example>& data) {
-  std::vector<std::vector<int64_t>> confusion(labels.size(), std::vector<int64_t>(labels.size(), 0));
+Metrics evaluate(const NaiveBayes& nb, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data) {
+  std::vector<std::vector<int64_t>> confusion(labels.size(),
+                                              std::vector<int64_t>(labels.size(), 0));
   const LabelIndex label_index(labels);
-  for (const Example& e : data) ++confusion[(size_t)label_index(e.label)][(size_t)nb.predict(e.text)];
+  for (const Example& e : data)
+    ++confusion[(size_t)label_index(e.label)][(size_t)nb.predict(e.text)];
   return metrics_of(std::move(confusion));
 }
 

@@ -20,7 +20,8 @@ class NaiveBayes {
   // Counts the n-grams of every text of `data` per label (each label must be among `labels`);
   // P(gram | label) is additively smoothed by `alpha` over the n-grams seen in training.
   // Throws when data is empty, a label is unknown, or alpha is not a finite number > 0.
-  NaiveBayes(const std::vector<Example>& data, const std::vector<std::string>& labels, double alpha = 1.0);
+  NaiveBayes(const std::vector<Example>& data, const std::vector<std::string>& labels,
+             double alpha = 1.0);
 
   // The label id of the highest log P(label) + sum over the text's n-grams of log P(gram | label)
   // (n-grams never seen in training are skipped).
@@ -33,6 +34,7 @@ class NaiveBayes {
 };
 
 // The baseline's accuracy, macro-F1 and confusion on `data`, as evaluate() gives the model's.
-Metrics evaluate(const NaiveBayes& nb, const std::vector<std::string>& labels, const std::vector<Example>& data);
+Metrics evaluate(const NaiveBayes& nb, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data);
 
 }  // namespace graft::classify

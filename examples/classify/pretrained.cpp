@@ -13,9 +13,9 @@
 #include "examples/classify/naive_bayes.h"
 #include "examples/common/curves.h"
 #include "graft/autograd/tape.h"
-#include "graft/nn/text.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::classify {
@@ -38,11 +38,13 @@ PretrainedConfig PretrainedConfig::from_json(const nlohmann::json& j, const std:
   PretrainedConfig c;
   static_cast<models::BertConfig&>(c) = models::BertConfig::from_json(j, where);
   const models::ConfigReader r(j, where);
-  r.get("classes", c.classes), r.get("normalize", c.normalize), r.get("head_dropout", c.head_dropout);
+  r.get("classes", c.classes), r.get("normalize", c.normalize),
+      r.get("head_dropout", c.head_dropout);
   r.get("max_seq_length", c.max_seq_length);
   std::string pooling;
   r.get("pooling", pooling);
-  if (pooling != "mean" && pooling != "cls") r.bad("pooling", "must be \"mean\" or \"cls\", got \"" + text::printable(pooling) + "\"");
+  if (pooling != "mean" && pooling != "cls")
+    r.bad("pooling", "must be \"mean\" or \"cls\", got \"" + text::printable(pooling) + "\"");
   c.pooling = pooling == "cls" ? models::Pooling::cls : models::Pooling::mean;
   c.validate(where);
   return c;
@@ -54,20 +56,25 @@ void PretrainedConfig::validate(const std::string& where) const {
   c.size("classes", classes, (int64_t)kMaxLabels);
   c.probability("head_dropout", head_dropout);
   if (max_seq_length < 2 || max_seq_length > max_len)
-    c.bad("max_seq_length", "must be in [2, " + std::to_string(max_len) + "] (max_len), got " + std::to_string(max_seq_length));
+    c.bad("max_seq_length", "must be in [2, " + std::to_string(max_len) + "] (max_len), got " +
+                                std::to_string(max_seq_length));
 }
 
 int64_t PretrainedConfig::parameter_count() const {
-  return checked_add(BertConfig::parameter_count(), checked_mul(d_model + 1, classes, "parameter count"), "parameter count");
+  return checked_add(BertConfig::parameter_count(),
+                     checked_mul(d_model + 1, classes, "parameter count"), "parameter count");
 }
 
-PretrainedClassifier::PretrainedClassifier(const PretrainedConfig& c, std::shared_ptr<models::BertEncoder> enc)
+PretrainedClassifier::PretrainedClassifier(const PretrainedConfig& c,
+                                           std::shared_ptr<models::BertEncoder> enc)
     : cfg(c), dropout_gen(c.seed * 31 + 11) {
   c.validate("PretrainedClassifier");
   Generator gen(c.seed + 1);
-  encoder = register_module("encoder", enc ? std::move(enc) : std::make_shared<models::BertEncoder>(c));
+  encoder =
+      register_module("encoder", enc ? std::move(enc) : std::make_shared<models::BertEncoder>(c));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.head_dropout, &dropout_gen));
-  head = register_module("head", std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
+  head = register_module("head",
+                         std::make_shared<nn::Linear>(c.d_model, c.classes, true, c.dtype, gen));
 }
 
 Tensor PretrainedClassifier::embed(const Tensor& ids, const Tensor& pad) const {
@@ -85,8 +92,8 @@ Tensor PretrainedClassifier::logits(const Tensor& embeddings) const {
 // ---- tokens and batches ----
 
 const std::vector<std::string>& tokenizer_files() {
-  static const std::vector<std::string> files{"tokenizer.json", "vocab.txt", "tokenizer_config.json",
-                                              "special_tokens_map.json"};
+  static const std::vector<std::string> files{"tokenizer.json", "vocab.txt",
+                                              "tokenizer_config.json", "special_tokens_map.json"};
   return files;
 }
 
@@ -97,7 +104,6 @@ std::vector<std::string> tokenizer_files_in(const std::string& dir) {
   return out;
 }
 
-
 namespace {
 
 // A padded batch of token ids (models::pad_batch) with its labels.
@@ -107,8 +113,10 @@ struct TokenBatch {
 };
 
 // Batches of up to `rows` examples in `order`, each padded to its longest.
-std::vector<TokenBatch> token_batches(const std::vector<std::vector<int64_t>>& ids, const std::vector<int64_t>& labels,
-                                      const std::vector<size_t>& order, int64_t rows, int64_t pad_id) {
+std::vector<TokenBatch> token_batches(const std::vector<std::vector<int64_t>>& ids,
+                                      const std::vector<int64_t>& labels,
+                                      const std::vector<size_t>& order, int64_t rows,
+                                      int64_t pad_id) {
   std::vector<TokenBatch> out;
   for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
     const size_t b1 = std::min(order.size(), b0 + (size_t)rows);
@@ -131,11 +139,13 @@ std::vector<TokenBatch> token_batches(const std::vector<std::vector<int64_t>>& i
 std::vector<size_t> by_length(const std::vector<std::vector<int64_t>>& ids) {
   std::vector<size_t> order(ids.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
   return order;
 }
 
-std::vector<int64_t> label_ids(const std::vector<Example>& data, const std::vector<std::string>& labels) {
+std::vector<int64_t> label_ids(const std::vector<Example>& data,
+                               const std::vector<std::string>& labels) {
   const LabelIndex index(labels);
   std::vector<int64_t> out;
   for (const Example& e : data) out.push_back(index(e.label));
@@ -149,7 +159,8 @@ std::vector<std::string> texts_of(const std::vector<Example>& data) {
 }
 
 // The pooled embeddings of every text (N, d), row i for ids[i]; eval mode, no gradients.
-Tensor embed_all(PretrainedClassifier& m, const std::vector<std::vector<int64_t>>& ids, int64_t batch_rows) {
+Tensor embed_all(PretrainedClassifier& m, const std::vector<std::vector<int64_t>>& ids,
+                 int64_t batch_rows) {
   nn::EvalScope es(m);
   autograd::NoGrad ng;
   const int64_t d = m.cfg.d_model;
@@ -159,15 +170,19 @@ Tensor embed_all(PretrainedClassifier& m, const std::vector<std::vector<int64_t>
   size_t k = 0;
   for (const TokenBatch& b : token_batches(ids, no_labels, order, batch_rows, m.cfg.pad_id)) {
     const std::vector<float> e = to_dtype(m.embed(b.ids, b.pad), DType::f32).to_vector<float>();
-    for (int64_t i = 0; i < b.ids.size(0); ++i, ++k) std::copy_n(e.begin() + i * d, d, out.begin() + order[k] * d);
+    for (int64_t i = 0; i < b.ids.size(0); ++i, ++k)
+      std::copy_n(e.begin() + i * d, d, out.begin() + order[k] * d);
   }
   return from_vector(out, {(int64_t)ids.size(), d});
 }
 
-Metrics confusion_of(const std::vector<std::vector<int64_t>>& confusion_in) { return metrics_of(confusion_in); }
+Metrics confusion_of(const std::vector<std::vector<int64_t>>& confusion_in) {
+  return metrics_of(confusion_in);
+}
 
 // Accuracy and macro-F1 of the classifier on tokenized examples.
-Metrics evaluate_ids(PretrainedClassifier& m, size_t classes, const std::vector<std::vector<int64_t>>& ids,
+Metrics evaluate_ids(PretrainedClassifier& m, size_t classes,
+                     const std::vector<std::vector<int64_t>>& ids,
                      const std::vector<int64_t>& gold) {
   nn::EvalScope es(m);
   autograd::NoGrad ng;
@@ -182,13 +197,16 @@ Metrics evaluate_ids(PretrainedClassifier& m, size_t classes, const std::vector<
 
 }  // namespace
 
-Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels, const std::vector<Example>& data) {
+Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data) {
   const auto gold = label_ids(data, labels);  // an unknown label fails before any work
-  return evaluate_ids(*run.model, labels.size(), models::tokenize_texts(*run.tokenizer, texts_of(data), run.model->cfg.max_seq_length),
-                      gold);
+  return evaluate_ids(
+      *run.model, labels.size(),
+      models::tokenize_texts(*run.tokenizer, texts_of(data), run.model->cfg.max_seq_length), gold);
 }
 
-std::vector<std::pair<std::string, double>> predict(const PretrainedRun& run, const std::vector<std::string>& labels,
+std::vector<std::pair<std::string, double>> predict(const PretrainedRun& run,
+                                                    const std::vector<std::string>& labels,
                                                     const std::vector<std::string>& texts) {
   PretrainedClassifier& m = *run.model;
   nn::EvalScope es(m);
@@ -237,10 +255,12 @@ struct Start {
   bool freeze = false;
 };
 
-Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set, const nn::LoopOptions& lo) {
+Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
+                  const nn::LoopOptions& lo) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (!fs::is_regular_file(o.init_from + "/config.json"))
-    fail("train: --init-from '" + o.init_from + "' has no config.json (expected a sentence-transformers or Hugging Face "
+    fail("train: --init-from '" + o.init_from +
+         "' has no config.json (expected a sentence-transformers or Hugging Face "
          "BERT directory: config.json, model.safetensors, tokenizer.json or vocab.txt)");
   models::SentenceEncoder se(o.init_from);
   Start s;
@@ -251,13 +271,15 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set, 
   c.classes = (int64_t)s.labels.size(), c.pooling = se.pooling, c.normalize = se.normalize;
   c.head_dropout = o.dropout, c.max_seq_length = se.max_seq_length, c.seed = o.loop.seed;
   s.tokenizer = std::make_unique<text::WordPiece>(se.tokenizer);
-  s.model = std::make_unique<PretrainedClassifier>(c, std::shared_ptr<models::BertEncoder>(std::move(se.model)));
+  s.model = std::make_unique<PretrainedClassifier>(
+      c, std::shared_ptr<models::BertEncoder>(std::move(se.model)));
   nn::on_rank0(nn::world_communicator(), [&] {
     fs::create_directories(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
       fs::copy_file(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string(),
                     fs::copy_options::overwrite_existing);
-    const nlohmann::json schedule{{"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", nn::loop_recipe(lo)}};
+    const nlohmann::json schedule{
+        {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", nn::loop_recipe(lo)}};
     nn::save_json(cfg_path, {{"family", "pretrained"},
                              {"model", c.to_json()},
                              {"labels", s.labels},
@@ -276,19 +298,22 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set, 
 Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   const nlohmann::json j = nn::load_resume_config(o.loop.run_dir);
-  const PretrainedConfig c = PretrainedConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
+  const PretrainedConfig c =
+      PretrainedConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
   Start s;
   s.labels = config_labels(j, c.classes, cfg_path);
   apply_saved_schedule(j, cfg_path, lo);
   s.freeze = nn::json_field<bool>(j, "freeze", "resume: '" + cfg_path + "'");
   o.batch_rows = nn::json_field<int64_t>(j, "batch_rows", "resume: '" + cfg_path + "'");
-  s.tokenizer = std::make_unique<text::WordPiece>(text::WordPiece::from_directory(o.loop.run_dir + "/tokenizer"));
+  s.tokenizer = std::make_unique<text::WordPiece>(
+      text::WordPiece::from_directory(o.loop.run_dir + "/tokenizer"));
   s.model = std::make_unique<PretrainedClassifier>(c);
   if (s.freeze) {
     if (fs::exists(o.loop.run_dir + "/model.safetensors")) {
       s.model->load_state_dict(load_pretrained_run(o.loop.run_dir).model->state_dict());
     } else {
-      const std::string from = nn::json_field<std::string>(j, "init_from", "resume: '" + cfg_path + "'");
+      const std::string from =
+          nn::json_field<std::string>(j, "init_from", "resume: '" + cfg_path + "'");
       std::shared_ptr<models::BertEncoder> enc = models::load_hf_bert(from);
       s.model->encoder->load_state_dict(enc->state_dict());
     }
@@ -299,20 +324,23 @@ Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
 // The parts of the train task that both ways of training share: validation metrics, early
 // stopping on macro-F1, and model.safetensors (the whole classifier, encoder included) plus the
 // curves at each validation.
-void common_task(nn::TrainTask& task, PretrainedClassifier& model, const TrainOptions& o, const Metrics& baseline,
-                 const std::vector<std::string>& tied) {
+void common_task(nn::TrainTask& task, PretrainedClassifier& model, const TrainOptions& o,
+                 const Metrics& baseline, const std::vector<std::string>& tied) {
   task.metric_names = {"accuracy", "macro_f1"};
   task.stop_metric = "macro_f1";
   task.higher_is_better = true;
   task.tied_files = tied;
-  task.run_config = nlohmann::json{{"model", model.cfg.to_json()}, {"batch_rows", o.batch_rows}}.dump();
+  task.run_config =
+      nlohmann::json{{"model", model.cfg.to_json()}, {"batch_rows", o.batch_rows}}.dump();
   task.on_validated = [&model, &o, baseline, tied](const nn::Validated& v) {
     if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, "graft-classifier", tied);
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
+                       "graft-classifier", tied);
     if (o.plot)
-      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
-                            "validation",
-                            {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
+      plot::learning_curves(
+          v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
+          "validation",
+          {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
   };
 }
 
@@ -329,7 +357,8 @@ TrainResult train_pretrained(const TrainOptions& options) {
   nn::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
-  if (train_set.empty() || valid_set.empty()) fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
+  if (train_set.empty() || valid_set.empty())
+    fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
   nn::LoopOptions lo = o.loop;
   Start s = o.loop.resume ? start_resumed(o, lo) : start_fresh(o, train_set, lo);
   PretrainedClassifier& model = *s.model;
@@ -340,17 +369,18 @@ TrainResult train_pretrained(const TrainOptions& options) {
   const int64_t L = model.cfg.max_seq_length;
   const auto train_ids = models::tokenize_texts(*s.tokenizer, texts_of(train_set), L);
   const auto valid_ids = models::tokenize_texts(*s.tokenizer, texts_of(valid_set), L);
-  const auto train_gold = label_ids(train_set, s.labels), valid_gold = label_ids(valid_set, s.labels);
+  const auto train_gold = label_ids(train_set, s.labels),
+             valid_gold = label_ids(valid_set, s.labels);
   const bool rank0 = nn::world_communicator().rank() == 0;
   TrainResult r;
   if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, s.labels), s.labels, valid_set);
   if (!o.loop.quiet && rank0) {
     int64_t cut = 0;
     for (auto& ids : train_ids) cut += (int64_t)ids.size() == L;
-    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size() << " valid texts, "
-              << s.labels.size() << " labels, " << model.num_parameters() << " parameters (pretrained "
-              << (s.freeze ? "encoder frozen" : "encoder fine-tuned") << ", " << cut << " train texts cut at " << L
-              << " tokens)\n";
+    std::cerr << "classify: " << train_set.size() << " train / " << valid_set.size()
+              << " valid texts, " << s.labels.size() << " labels, " << model.num_parameters()
+              << " parameters (pretrained " << (s.freeze ? "encoder frozen" : "encoder fine-tuned")
+              << ", " << cut << " train texts cut at " << L << " tokens)\n";
     std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
                  100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
   }
@@ -365,7 +395,8 @@ TrainResult train_pretrained(const TrainOptions& options) {
   Tensor train_emb, valid_emb;
   std::vector<std::pair<Tensor, Tensor>> emb_batches;  // (embeddings, labels)
   if (!s.freeze) {
-    batches = token_batches(train_ids, train_gold, by_length(train_ids), o.batch_rows, model.cfg.pad_id);
+    batches =
+        token_batches(train_ids, train_gold, by_length(train_ids), o.batch_rows, model.cfg.pad_id);
     task.model = &model;
     task.generators.push_back(&model.encoder->dropout_gen);
     task.batches = (int64_t)batches.size();
@@ -392,7 +423,8 @@ TrainResult train_pretrained(const TrainOptions& options) {
     Generator g(o.loop.seed * 7 + 3);
     const std::vector<int64_t> perm = nn::shuffled_order((int64_t)train_ids.size(), g);
     std::vector<size_t> order(perm.begin(), perm.end());
-    batches = token_batches(train_ids, train_gold, order, o.batch_rows, model.cfg.pad_id);  // for the fingerprint
+    batches = token_batches(train_ids, train_gold, order, o.batch_rows,
+                            model.cfg.pad_id);  // for the fingerprint
     const std::vector<float> all = train_emb.to_vector<float>();
     const int64_t d = model.cfg.d_model;
     for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)o.batch_rows) {
@@ -403,15 +435,16 @@ TrainResult train_pretrained(const TrainOptions& options) {
         e.insert(e.end(), all.begin() + order[k] * d, all.begin() + (order[k] + 1) * d);
         lab.push_back(train_gold[order[k]]);
       }
-      emb_batches.emplace_back(from_vector(e, {(int64_t)(b1 - b0), d}), from_vector(lab, {(int64_t)lab.size()}));
+      emb_batches.emplace_back(from_vector(e, {(int64_t)(b1 - b0), d}),
+                               from_vector(lab, {(int64_t)lab.size()}));
     }
     model.train();  // the head's dropout; the encoder is used no more
     task.model = model.head.get();
     task.batches = (int64_t)emb_batches.size();
     task.loss = [&](int64_t i, nn::Shard sh) {
       const Tensor e = nn::shard_of(emb_batches[i].first, sh);
-      return nn::shard_loss(cross_entropy(model.logits(e), nn::shard_of(emb_batches[i].second, sh)), e.size(0),
-                            emb_batches[i].first.size(0));
+      return nn::shard_loss(cross_entropy(model.logits(e), nn::shard_of(emb_batches[i].second, sh)),
+                            e.size(0), emb_batches[i].first.size(0));
     };
     task.examples = [&](int64_t i) { return emb_batches[i].first.size(0); };
     task.tokens = [&](int64_t i) { return batches[i].tokens; };
@@ -419,7 +452,8 @@ TrainResult train_pretrained(const TrainOptions& options) {
       nn::EvalScope es(model);
       autograd::NoGrad ng;
       const auto pred = argmax(model.logits(valid_emb), 1).to_vector<int64_t>();
-      std::vector<std::vector<int64_t>> confusion(s.labels.size(), std::vector<int64_t>(s.labels.size(), 0));
+      std::vector<std::vector<int64_t>> confusion(s.labels.size(),
+                                                  std::vector<int64_t>(s.labels.size(), 0));
       for (size_t i = 0; i < pred.size(); ++i) ++confusion[valid_gold[i]][pred[i]];
       const Metrics v = metrics_of(confusion);
       return {{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
@@ -427,7 +461,9 @@ TrainResult train_pretrained(const TrainOptions& options) {
     task.data_fingerprint = fingerprint(batches);
   }
   r.loop = nn::train_loop(task, lo);
-  if (rank0) r.valid = evaluate(load_pretrained_run(o.loop.run_dir), s.labels, valid_set);  // the saved (best) weights
+  if (rank0)
+    r.valid = evaluate(load_pretrained_run(o.loop.run_dir), s.labels,
+                       valid_set);  // the saved (best) weights
   return r;
 }
 

@@ -2,8 +2,9 @@
 // sentence encoder (models::SentenceEncoder's directory: tokenizer, encoder, pooling,
 // normalisation) with dropout and a linear head over the labels.
 //
-//   e = pool(BertEncoder(ids, pad))  (mean over the real tokens, or [CLS]);  e = e / |e| if normalised
-//   logits = head(dropout(e))        head: d -> classes (a normalised e scaled by sqrt(d) first)
+//   e = pool(BertEncoder(ids, pad))  (mean over the real tokens, or [CLS]);  e = e / |e| if
+//   normalised logits = head(dropout(e))        head: d -> classes (a normalised e scaled by
+//   sqrt(d) first)
 //
 // Fine-tuning trains every weight; --freeze trains the head alone on embeddings computed once
 // (logistic regression on frozen sentence embeddings). Either way the run directory is
@@ -27,15 +28,16 @@ namespace graft::classify {
 
 // The classifier's config: the encoder's (models::BertConfig) plus what sits on top of it.
 struct PretrainedConfig : models::BertConfig {
-  int64_t classes = 2;          // output classes
+  int64_t classes = 2;  // output classes
   models::Pooling pooling = models::Pooling::mean;
-  bool normalize = false;       // L2-normalise the pooled vector before the head
-  double head_dropout = 0.1;    // on the pooled vector, while training
-  int64_t max_seq_length = 256; // a text is cut to this many ids, [CLS] and [SEP] included
+  bool normalize = false;        // L2-normalise the pooled vector before the head
+  double head_dropout = 0.1;     // on the pooled vector, while training
+  int64_t max_seq_length = 256;  // a text is cut to this many ids, [CLS] and [SEP] included
   nlohmann::json to_json() const;
   // Reads to_json()'s form and validates it.
   // @throws graft::Error naming `where` and the field.
-  static PretrainedConfig from_json(const nlohmann::json& j, const std::string& where = "PretrainedConfig");
+  static PretrainedConfig from_json(const nlohmann::json& j,
+                                    const std::string& where = "PretrainedConfig");
   // BertConfig::validate() plus classes in [1, kMaxLabels], head_dropout in [0, 1) and
   // max_seq_length in [2, max_len].
   // @throws graft::Error `<where>: field "<name>" ...`.
@@ -48,7 +50,8 @@ class PretrainedClassifier : public nn::Module {
   // A classifier of config c over `encoder` (its config must be c's encoder part), or over a
   // fresh encoder built from c when encoder is null; the head is initialised from c.seed.
   // @throws graft::Error when c.validate() refuses c.
-  explicit PretrainedClassifier(const PretrainedConfig& c, std::shared_ptr<models::BertEncoder> encoder = nullptr);
+  explicit PretrainedClassifier(const PretrainedConfig& c,
+                                std::shared_ptr<models::BertEncoder> encoder = nullptr);
   // ids (B, T), pad (B, T) non-zero = padding -> the pooled (and normalised) embeddings (B, d).
   Tensor embed(const Tensor& ids, const Tensor& pad) const;
   // embeddings (B, d) -> logits (B, classes), through dropout while training (normalised
@@ -56,7 +59,7 @@ class PretrainedClassifier : public nn::Module {
   Tensor logits(const Tensor& embeddings) const;
   Tensor forward(const Tensor& ids, const Tensor& pad) const { return logits(embed(ids, pad)); }
   PretrainedConfig cfg;
-  Generator dropout_gen;  // the head's dropout masks
+  Generator dropout_gen;                         // the head's dropout masks
   std::shared_ptr<models::BertEncoder> encoder;  // "encoder"
   std::shared_ptr<nn::Dropout> dropout;
   std::shared_ptr<nn::Linear> head;  // "head", d -> classes
@@ -73,10 +76,11 @@ const std::vector<std::string>& tokenizer_files();
 // The tokenizer files of `dir` that exist (full paths).
 std::vector<std::string> tokenizer_files_in(const std::string& dir);
 
-
 // evaluate()/predict() of classify.h for the pretrained family.
-Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels, const std::vector<Example>& data);
-std::vector<std::pair<std::string, double>> predict(const PretrainedRun& run, const std::vector<std::string>& labels,
+Metrics evaluate(const PretrainedRun& run, const std::vector<std::string>& labels,
+                 const std::vector<Example>& data);
+std::vector<std::pair<std::string, double>> predict(const PretrainedRun& run,
+                                                    const std::vector<std::string>& labels,
                                                     const std::vector<std::string>& texts);
 
 // classify::train() for o.init_from (or a resumed pretrained run).

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <limits>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -18,9 +18,9 @@
 #include <CLI/CLI.hpp>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/text.h"
 #include "graft/models/decoding.h"
 #include "graft/nn/communicator.h"
+#include "graft/nn/text.h"
 #include "graft/ops/precision.h"
 
 namespace graft::cli {
@@ -33,7 +33,8 @@ inline CLI::Validator range(double lo, double hi) {
   return CLI::Validator(
       [inside](std::string& s) -> std::string {
         double v = 0;
-        if (CLI::detail::lexical_cast(s, v) && std::isnan(v)) return "Value " + s + " is not a number";
+        if (CLI::detail::lexical_cast(s, v) && std::isnan(v))
+          return "Value " + s + " is not a number";
         return inside(s);
       },
       inside.get_description());
@@ -48,12 +49,14 @@ inline CLI::Validator seed_range() { return CLI::Range(uint64_t(0), uint64_t(1) 
 // (models/decoding.h; check_decode_options() checks the values before any work).
 inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
   sub->add_option("--beam", o.beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  sub->add_flag("--sample", o.sample, "sample each token (with --temperature, --top-k, --top-p, --seed)");
+  sub->add_flag("--sample", o.sample,
+                "sample each token (with --temperature, --top-k, --top-p, --seed)");
   // 0 passes these two (NaN does not): check_decode_options() then names the option.
   sub->add_option("--temperature", o.sampling.temperature, "sampling temperature (> 0)")
       ->check(non_negative());
   sub->add_option("--top-k", o.sampling.top_k, "sample among the k most likely tokens (0: all)");
-  sub->add_option("--top-p", o.sampling.top_p, "sample from the nucleus of probability p, in (0, 1]")
+  sub->add_option("--top-p", o.sampling.top_p,
+                  "sample from the nucleus of probability p, in (0, 1]")
       ->check(range(0.0, 1.0));
   sub->add_option("--seed", o.seed, "sampling seed (same seed, same output)")->check(seed_range());
 }
@@ -80,22 +83,29 @@ inline int64_t auto_warmup(int64_t steps, int64_t cap) {
 // --optimizer, --weight-decay, --schedule, --lr, --min-lr, --warmup, --lr-factor
 // (nn::LoopOptions). Call set_auto_warmup() after parsing.
 inline void add_recipe_options(CLI::App* sub, const RecipeFlags& f, int64_t warmup_cap) {
-  sub->add_option("--optimizer", *f.optimizer, "adam (weight decay as L2) or adamw (decoupled weight decay)")
+  sub->add_option("--optimizer", *f.optimizer,
+                  "adam (weight decay as L2) or adamw (decoupled weight decay)")
       ->check(CLI::IsMember({"adam", "adamw"}));
   sub->add_option("--weight-decay", *f.weight_decay,
                   "weight decay of the weight matrices (never norms, biases or embeddings)")
       ->check(non_negative());
-  sub->add_option("--schedule", *f.schedule,
-                  "learning-rate schedule: auto (noam when --lr is 0, else --lr from the first step), noam, "
-                  "cosine (warmup, then cosine decay to --min-lr at the last of --steps) or constant (warmup, then --lr)")
+  sub->add_option(
+         "--schedule", *f.schedule,
+         "learning-rate schedule: auto (noam when --lr is 0, else --lr from the first step), noam, "
+         "cosine (warmup, then cosine decay to --min-lr at the last of --steps) or constant "
+         "(warmup, then --lr)")
       ->check(CLI::IsMember({"auto", "noam", "cosine", "constant"}));
-  sub->add_option("--lr", *f.lr, "the peak learning rate of cosine and constant (with auto: a constant rate; 0: noam)")
+  sub->add_option(
+         "--lr", *f.lr,
+         "the peak learning rate of cosine and constant (with auto: a constant rate; 0: noam)")
       ->check(range(0.0, 10.0));
-  sub->add_option("--min-lr", *f.min_lr, "cosine: the learning rate it decays to")->check(range(0.0, 10.0));
+  sub->add_option("--min-lr", *f.min_lr, "cosine: the learning rate it decays to")
+      ->check(range(0.0, 10.0));
   sub->add_option("--warmup", *f.warmup, "warmup steps of every schedule")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 30))
       ->default_str("auto: --steps/10, 400 with --minutes, at most " + std::to_string(warmup_cap));
-  sub->add_option("--lr-factor", *f.lr_factor, "noam: the schedule's factor")->check(range(1e-6, 1e3));
+  sub->add_option("--lr-factor", *f.lr_factor, "noam: the schedule's factor")
+      ->check(range(1e-6, 1e3));
 }
 
 // Sets the warmup by auto_warmup() unless --warmup was given (a resumed run then takes its
@@ -109,21 +119,26 @@ inline void show_defaults(CLI::App& app) { app.option_defaults()->always_capture
 
 // --detect-anomaly: anomaly mode for the whole run (autograd/tape.h).
 inline void add_detect_anomaly(CLI::App* sub) {
-  sub->add_flag_callback("--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
-                         "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
+  sub->add_flag_callback(
+      "--detect-anomaly", [] { autograd::set_anomaly_mode(true); },
+      "check every op for NaN/Inf and name the first one (op, shapes, module); slower");
 }
 
 // --bucket-mb, --no-overlap: how data-parallel training (under mpirun) sums the gradients
 // (nn::LoopOptions::bucket_mb and overlap); --collective-timeout: its watchdog.
 inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& overlap) {
-  sub->add_option("--bucket-mb", bucket_mb, "under mpirun: gradient bucket size in MiB for the cross-rank sums")
+  sub->add_option("--bucket-mb", bucket_mb,
+                  "under mpirun: gradient bucket size in MiB for the cross-rank sums")
       ->check(range(0.01, 4096.0));
-  sub->add_flag_callback("--no-overlap", [&overlap] { overlap = false; },
-                         "under mpirun: sum the gradients after backward instead of during it (for measuring)");
+  sub->add_flag_callback(
+      "--no-overlap", [&overlap] { overlap = false; },
+      "under mpirun: sum the gradients after backward instead of during it (for measuring)");
   // The watchdog belongs to the communicator (nn::Communicator::set_collective_timeout).
   sub->add_option_function<double>(
-         "--collective-timeout", [](const double& s) { nn::world_communicator().set_collective_timeout(s); },
-         "under mpirun: seconds a rank waits for the others before ending the job, naming a rank that "
+         "--collective-timeout",
+         [](const double& s) { nn::world_communicator().set_collective_timeout(s); },
+         "under mpirun: seconds a rank waits for the others before ending the job, naming a rank "
+         "that "
          "stopped answering (0: forever; default GRAFT_COLLECTIVE_TIMEOUT or " +
              std::to_string((int)nn::Communicator::kDefaultCollectiveTimeout) + ")")
       ->check(CLI::NonNegativeNumber);
@@ -146,25 +161,30 @@ inline void add_precision(CLI::App* sub, PrecisionUse use = PrecisionUse::traini
            const Precision p = parse_precision(s, "--precision");
            if (p != Precision::fp32) {
              const bool bf16 = p == Precision::bf16;
-             const std::string why = bf16 ? bf16_unavailable_reason("--precision") : int8_unavailable_reason("--precision");
+             const std::string why = bf16 ? bf16_unavailable_reason("--precision")
+                                          : int8_unavailable_reason("--precision");
              if (!why.empty()) throw CLI::ValidationError(why);
              std::cerr << (bf16 ? bf16_description() : int8_description()) << '\n';
            }
            precision_choice() = p;
          },
-         std::string("matmul precision: fp32 (default), bf16 (bf16 operands, float32 accumulation and "
-                     "everything else float32; needs a CPU with AVX512_BF16 or AMX)") +
-             (inference ? " or int8 (linear layers on int8 weights per output channel and int8 inputs per "
+         std::string(
+             "matmul precision: fp32 (default), bf16 (bf16 operands, float32 accumulation and "
+             "everything else float32; needs a CPU with AVX512_BF16 or AMX)") +
+             (inference ? " or int8 (linear layers on int8 weights per output channel and int8 "
+                          "inputs per "
                           "row; needs AVX512_VNNI, AVX-VNNI or AMX)"
                         : ""))
-      ->check(inference ? CLI::IsMember({"fp32", "bf16", "int8"}) : CLI::IsMember({"fp32", "bf16"}));
+      ->check(inference ? CLI::IsMember({"fp32", "bf16", "int8"})
+                        : CLI::IsMember({"fp32", "bf16"}));
 }
 
 // The one line a program prints for an error: the message escaped, and the standard library's
 // internal names ("std::bad_alloc", "vector::reserve") replaced by what they mean.
 inline std::string error_line(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e)) return "out of memory";
-  if (dynamic_cast<const std::length_error*>(&e)) return "a requested size is too large (" + text::printable(e.what()) + ")";
+  if (dynamic_cast<const std::length_error*>(&e))
+    return "a requested size is too large (" + text::printable(e.what()) + ")";
   return text::printable(e.what(), 1000);
 }
 
@@ -210,14 +230,16 @@ struct Command {
 // A program's main after its subcommands are added: parses (usage errors exit 2), enters the
 // --precision chosen, runs the subcommand given; any error is one line "<prog>: <message>" on
 // stderr and exit code 2.
-inline int run_commands(CLI::App& app, const std::vector<Command>& commands, int argc, char** argv) {
+inline int run_commands(CLI::App& app, const std::vector<Command>& commands, int argc,
+                        char** argv) {
   if (const int rc = parse(app, argc, argv); rc >= 0) return rc;
   PrecisionGuard precision(precision_choice());
   try {
     for (const Command& c : commands)
       if (*c.sub) return c.run();
   } catch (const std::exception& e) {
-    const std::string line = std::filesystem::path(argv[0]).filename().string() + ": " + error_line(e);
+    const std::string line =
+        std::filesystem::path(argv[0]).filename().string() + ": " + error_line(e);
     // Under mpirun the other ranks may be waiting for this one in a collective: end them all.
     if (nn::launched_by_mpi() && nn::mpi_available()) nn::world_communicator().abort(line, 2);
     std::cerr << line << '\n';

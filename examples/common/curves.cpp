@@ -13,19 +13,24 @@ void learning_curves(const std::string& png_path, const std::vector<nn::MetricsR
   std::vector<Series> ms;
   for (auto& m : metrics) ms.push_back({"valid " + m, {}, {}});
   for (auto& r : rows) {
-    if (std::isfinite(r.train_loss)) train.x.push_back((double)r.step), train.y.push_back(r.train_loss);
-    if (r.valid.count("loss")) valid.x.push_back((double)r.step), valid.y.push_back(r.valid.at("loss"));
+    if (std::isfinite(r.train_loss))
+      train.x.push_back((double)r.step), train.y.push_back(r.train_loss);
+    if (r.valid.count("loss"))
+      valid.x.push_back((double)r.step), valid.y.push_back(r.valid.at("loss"));
     for (size_t i = 0; i < metrics.size(); ++i)
-      if (r.valid.count(metrics[i])) ms[i].x.push_back((double)r.step), ms[i].y.push_back(r.valid.at(metrics[i]));
+      if (r.valid.count(metrics[i]))
+        ms[i].x.push_back((double)r.step), ms[i].y.push_back(r.valid.at(metrics[i]));
   }
   if (!rows.empty())
     for (auto& m : metrics)
       if (auto it = baseline.metrics.find(m); it != baseline.metrics.end())
-        ms.push_back({baseline.name + " " + m, {(double)rows.front().step, (double)rows.back().step},
+        ms.push_back({baseline.name + " " + m,
+                      {(double)rows.front().step, (double)rows.back().step},
                       {it->second, it->second}});
   std::vector<Series> loss{train};
   if (!valid.x.empty()) loss.push_back(valid);
-  line_chart(png_path, {Panel{"loss", "step", "loss", loss, true}, Panel{metrics_title, "step", "", ms, false}});
+  line_chart(png_path, {Panel{"loss", "step", "loss", loss, true},
+                        Panel{metrics_title, "step", "", ms, false}});
 }
 
 }  // namespace graft::plot

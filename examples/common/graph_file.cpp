@@ -35,10 +35,12 @@ bool run_dot(const std::string& format, const std::string& in, const std::string
   if (posix_spawnp(&pid, "dot", nullptr, nullptr, argv.data(), environ) != 0) return false;
   int status = 0;
   while (waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) fail("graph: waiting for Graphviz's dot: " + std::string(std::strerror(errno)));
+    if (errno != EINTR)
+      fail("graph: waiting for Graphviz's dot: " + std::string(std::strerror(errno)));
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return false;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    fail("graph: Graphviz's dot could not render '" + out + "' (exit status " + std::to_string(WEXITSTATUS(status)) + ")");
+    fail("graph: Graphviz's dot could not render '" + out + "' (exit status " +
+         std::to_string(WEXITSTATUS(status)) + ")");
   return true;
 }
 
@@ -65,7 +67,9 @@ void write_graph(const std::string& dot_text, const std::string& path) {
     throw;
   }
   std::filesystem::remove(tmp);
-  if (!ran) fail("graph: rendering '" + path + "' needs Graphviz's dot (apt-get install graphviz), or name a .dot file");
+  if (!ran)
+    fail("graph: rendering '" + path +
+         "' needs Graphviz's dot (apt-get install graphviz), or name a .dot file");
 }
 
 }  // namespace graft::plot

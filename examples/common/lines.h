@@ -17,7 +17,8 @@ constexpr uintmax_t kMaxInputFileBytes = uintmax_t(1) << 30;
 // or read error (a directory's read fails at once: it cannot hang). Errors are
 // graft::Error "<who>: '<path>' is not a regular file ..." / "... is N bytes, over the limit of
 // `cap` bytes ..." (who empty: no prefix).
-void check_input_file(const std::string& who, const std::string& path, uintmax_t cap = kMaxInputFileBytes);
+void check_input_file(const std::string& who, const std::string& path,
+                      uintmax_t cap = kMaxInputFileBytes);
 
 class LineReader {
  public:

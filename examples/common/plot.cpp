@@ -45,7 +45,8 @@ std::pair<SurfacePtr, ContextPtr> make_canvas(const char* fn, int width, int hei
                  " image: " + cairo_status_to_string(cairo_surface_status(surface.get())));
   ContextPtr cr(cairo_create(surface.get()));
   if (cairo_status(cr.get()) != CAIRO_STATUS_SUCCESS)
-    fail(fn, std::string("cannot create drawing context: ") + cairo_status_to_string(cairo_status(cr.get())));
+    fail(fn, std::string("cannot create drawing context: ") +
+                 cairo_status_to_string(cairo_status(cr.get())));
   cairo_set_source_rgb(cr.get(), 1, 1, 1);
   cairo_paint(cr.get());
   return {std::move(surface), std::move(cr)};
@@ -53,7 +54,8 @@ std::pair<SurfacePtr, ContextPtr> make_canvas(const char* fn, int width, int hei
 
 // Writes the surface to path + ".tmp" and renames it onto path. On any failure
 // the temporary file is removed and the target is left untouched.
-void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface, const std::string& path) {
+void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface,
+                      const std::string& path) {
   if (cairo_status(cr) != CAIRO_STATUS_SUCCESS)
     fail(fn, std::string("drawing failed: ") + cairo_status_to_string(cairo_status(cr)));
   cairo_surface_flush(surface);
@@ -90,9 +92,16 @@ std::string clean_utf8(const std::string& s) {
     }
     size_t len = 0;
     uint32_t cp = 0;
-    if (c >= 0xc2 && c <= 0xdf) { len = 2; cp = c & 0x1fu; }
-    else if (c >= 0xe0 && c <= 0xef) { len = 3; cp = c & 0x0fu; }
-    else if (c >= 0xf0 && c <= 0xf4) { len = 4; cp = c & 0x07u; }
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+      cp = c & 0x1fu;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      cp = c & 0x0fu;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      cp = c & 0x07u;
+    }
     bool ok = len != 0 && i + len <= n;
     for (size_t k = 1; ok && k < len; ++k) {
       if ((p[i + k] & 0xc0u) != 0x80u) ok = false;
@@ -301,7 +310,8 @@ std::vector<Point> usable_points(const Series& s, bool log_y) {
   std::vector<Point> pts;
   for (size_t i = 0; i < s.x.size(); ++i) {
     const double x = s.x[i], y = s.y[i];
-    if (!std::isfinite(x) || !std::isfinite(y) || std::fabs(x) > kLimit || std::fabs(y) > kLimit) continue;
+    if (!std::isfinite(x) || !std::isfinite(y) || std::fabs(x) > kLimit || std::fabs(y) > kLimit)
+      continue;
     if (log_y) {
       if (!(y > 0) || y < 1 / kLimit) continue;
       pts.push_back({x, std::log10(y)});
@@ -315,7 +325,7 @@ std::vector<Point> usable_points(const Series& s, bool log_y) {
 // A panel's plot area on the page: where the axes go, their ranges and ticks, the fonts' line
 // heights, and the data in axis units.
 struct PanelLayout {
-  double px0 = 0, pw = 0;          // the panel's column on the page
+  double px0 = 0, pw = 0;                 // the panel's column on the page
   double ax = 0, ay = 0, aw = 1, ah = 1;  // the plot area
   Range xr{0, 1}, yr{0, 1};
   Ticks xt, yt;
@@ -358,14 +368,17 @@ PanelLayout lay_out_panel(cairo_t* cr, const Panel& panel, double px0, double pw
   set_font(cr, kTickFont);
   L.tick_h = line_height(cr);
   const double top = 8 + (clean_utf8(panel.title).empty() ? 6 : L.title_h + 8);
-  const double bottom = 6 + (clean_utf8(panel.xlabel).empty() ? 0 : L.label_h + 4) + L.tick_h + kTickLen + 4;
+  const double bottom =
+      6 + (clean_utf8(panel.xlabel).empty() ? 0 : L.label_h + 4) + L.tick_h + kTickLen + 4;
   L.ay = top, L.ah = std::max(1.0, height - top - bottom);
 
   const int ytarget = std::max(2, static_cast<int>(L.ah / 45));
-  L.yt = panel.log_y ? log_ticks(L.yr.lo, L.yr.hi, ytarget) : linear_ticks(L.yr.lo, L.yr.hi, ytarget);
+  L.yt =
+      panel.log_y ? log_ticks(L.yr.lo, L.yr.hi, ytarget) : linear_ticks(L.yr.lo, L.yr.hi, ytarget);
   double ytick_w = 0;
   for (const auto& l : L.yt.labels) ytick_w = std::max(ytick_w, text_width(cr, l));
-  const double left = 8 + (clean_utf8(panel.ylabel).empty() ? 0 : L.label_h + 6) + ytick_w + kTickLen + 4;
+  const double left =
+      8 + (clean_utf8(panel.ylabel).empty() ? 0 : L.label_h + 6) + ytick_w + kTickLen + 4;
   const double right = 16;
   L.ax = px0 + left, L.aw = std::max(1.0, pw - left - right);
 
@@ -373,7 +386,8 @@ PanelLayout lay_out_panel(cairo_t* cr, const Panel& panel, double px0, double pw
     L.xt = linear_ticks(L.xr.lo, L.xr.hi, target);
     double w = 0;
     for (const auto& l : L.xt.labels) w = std::max(w, text_width(cr, l));
-    const double spacing = L.xt.pos.size() >= 2 ? (L.xt.pos[1] - L.xt.pos[0]) / (L.xr.hi - L.xr.lo) * L.aw : L.aw;
+    const double spacing =
+        L.xt.pos.size() >= 2 ? (L.xt.pos[1] - L.xt.pos[0]) / (L.xr.hi - L.xr.lo) * L.aw : L.aw;
     if (spacing >= w + 12) break;
   }
   return L;
@@ -452,20 +466,22 @@ void draw_frame_and_ticks(cairo_t* cr, const PanelLayout& L) {
     draw_text(cr, L.yt.labels[i], ax - kTickLen - 4, L.sy(L.yt.pos[i]), 1.0);
 }
 
-void draw_labels_and_title(cairo_t* cr, const PanelLayout& L, const std::string& title, const std::string& xlabel,
-                           const std::string& ylabel) {
+void draw_labels_and_title(cairo_t* cr, const PanelLayout& L, const std::string& title,
+                           const std::string& xlabel, const std::string& ylabel) {
   cairo_set_source_rgb(cr, 0, 0, 0);
   set_font(cr, kLabelFont);
   if (!xlabel.empty())
     draw_text(cr, fit_text(cr, xlabel, L.aw), L.ax + L.aw / 2,
               L.ay + L.ah + kTickLen + 3 + L.tick_h + 4 + L.label_h / 2, 0.5);
-  if (!ylabel.empty()) draw_text_up(cr, fit_text(cr, ylabel, L.ah), L.px0 + 8 + L.label_h / 2, L.ay + L.ah / 2, 0.5);
+  if (!ylabel.empty())
+    draw_text_up(cr, fit_text(cr, ylabel, L.ah), L.px0 + 8 + L.label_h / 2, L.ay + L.ah / 2, 0.5);
   if (title.empty()) return;
   set_font(cr, kTitleFont, true);
   const std::string t = fit_text(cr, title, L.pw - 16);
   const double w = text_width(cr, t);  // centred over the plot area, kept inside the panel
   draw_text(cr, t,
-            std::clamp(L.ax + L.aw / 2, L.px0 + 8 + w / 2, std::max(L.px0 + 8 + w / 2, L.px0 + L.pw - 8 - w / 2)),
+            std::clamp(L.ax + L.aw / 2, L.px0 + 8 + w / 2,
+                       std::max(L.px0 + 8 + w / 2, L.px0 + L.pw - 8 - w / 2)),
             8 + L.title_h / 2, 0.5);
 }
 
@@ -473,15 +489,19 @@ void draw_labels_and_title(cairo_t* cr, const PanelLayout& L, const std::string&
 // (and segment midpoints).
 std::pair<double, double> emptiest_corner(const PanelLayout& L, double lw, double lh) {
   const double inset = 8;
-  const std::array<std::pair<double, double>, 4> corners{{{L.ax + L.aw - inset - lw, L.ay + inset},
-                                                          {L.ax + inset, L.ay + inset},
-                                                          {L.ax + L.aw - inset - lw, L.ay + L.ah - inset - lh},
-                                                          {L.ax + inset, L.ay + L.ah - inset - lh}}};
+  const std::array<std::pair<double, double>, 4> corners{
+      {{L.ax + L.aw - inset - lw, L.ay + inset},
+       {L.ax + inset, L.ay + inset},
+       {L.ax + L.aw - inset - lw, L.ay + L.ah - inset - lh},
+       {L.ax + inset, L.ay + L.ah - inset - lh}}};
   size_t best = 0, best_hits = SIZE_MAX;
   for (size_t c = 0; c < corners.size(); ++c) {
-    const double lx = corners[c].first, ly = corners[c].second;  // no structured binding: clang 14 cannot capture one
+    const double lx = corners[c].first,
+                 ly = corners[c].second;  // no structured binding: clang 14 cannot capture one
     size_t hits = 0;
-    auto inside = [&](double x, double y) { return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh; };
+    auto inside = [&](double x, double y) {
+      return x >= lx && x <= lx + lw && y >= ly && y <= ly + lh;
+    };
     for (const auto& pts : L.data)
       for (size_t k = 0; k < pts.size(); ++k) {
         const double x = L.sx(pts[k].x), y = L.sy(pts[k].y);
@@ -540,7 +560,8 @@ void draw_panel(cairo_t* cr, const Panel& panel, double px0, double pw, double h
   draw_grid(cr, L);
   draw_series(cr, L);
   draw_frame_and_ticks(cr, L);
-  draw_labels_and_title(cr, L, clean_utf8(panel.title), clean_utf8(panel.xlabel), clean_utf8(panel.ylabel));
+  draw_labels_and_title(cr, L, clean_utf8(panel.title), clean_utf8(panel.xlabel),
+                        clean_utf8(panel.ylabel));
   draw_legend(cr, L, panel);
 }
 
@@ -563,7 +584,8 @@ Rgb ramp(double v) {
 
 }  // namespace
 
-void line_chart(const std::string& png_path, const std::vector<Panel>& panels, int width, int height) {
+void line_chart(const std::string& png_path, const std::vector<Panel>& panels, int width,
+                int height) {
   const char* fn = "line_chart";
   if (panels.empty()) fail(fn, "no panels");
   if (width < 1 || height < 1 || width > 32767 || height > 32767)
@@ -571,8 +593,9 @@ void line_chart(const std::string& png_path, const std::vector<Panel>& panels, i
   for (const Panel& p : panels)
     for (const Series& s : p.series)
       if (s.x.size() != s.y.size())
-        fail(fn, "series '" + s.name + "' in panel '" + p.title + "' has " + std::to_string(s.x.size()) +
-                     " x values but " + std::to_string(s.y.size()) + " y values");
+        fail(fn, "series '" + s.name + "' in panel '" + p.title + "' has " +
+                     std::to_string(s.x.size()) + " x values but " + std::to_string(s.y.size()) +
+                     " y values");
 
   auto [surface, cr] = make_canvas(fn, width, height);
   const double pw = static_cast<double>(width) / static_cast<double>(panels.size());
@@ -592,19 +615,21 @@ namespace {
 
 // The matrix is rectangular, the labels match it, and it is small enough to draw.
 void check_heatmap_input(const char* fn, const std::vector<std::vector<double>>& m,
-                         const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels) {
+                         const std::vector<std::string>& row_labels,
+                         const std::vector<std::string>& col_labels) {
   if (m.empty() || m[0].empty()) fail(fn, "matrix is empty");
   const size_t rows = m.size(), cols = m[0].size();
   for (size_t r = 1; r < rows; ++r)
     if (m[r].size() != cols)
-      fail(fn, "row " + std::to_string(r) + " has " + std::to_string(m[r].size()) + " values but row 0 has " +
-                   std::to_string(cols));
+      fail(fn, "row " + std::to_string(r) + " has " + std::to_string(m[r].size()) +
+                   " values but row 0 has " + std::to_string(cols));
   const std::string dims = std::to_string(rows) + "x" + std::to_string(cols);
   if (row_labels.size() != rows)
     fail(fn, "matrix is " + dims + " but " + std::to_string(row_labels.size()) + " row labels");
   if (col_labels.size() != cols)
     fail(fn, "matrix is " + dims + " but " + std::to_string(col_labels.size()) + " column labels");
-  if (rows > 4000 || cols > 4000) fail(fn, "matrix is " + dims + ", too large to draw (max 4000x4000)");
+  if (rows > 4000 || cols > 4000)
+    fail(fn, "matrix is " + dims + ", too large to draw (max 4000x4000)");
 }
 
 // Where a heatmap's parts go. The labels decide the image size, so they are measured first.
@@ -619,8 +644,10 @@ struct HeatmapLayout {
 
 constexpr double kHeatMargin = 14, kHeatTickLen = 4, kHeatTickFont = 11, kHeatTitleFont = 16;
 
-HeatmapLayout lay_out_heatmap(const char* fn, size_t rows, size_t cols, const std::vector<std::string>& row_labels,
-                              const std::vector<std::string>& col_labels, const std::string& title) {
+HeatmapLayout lay_out_heatmap(const char* fn, size_t rows, size_t cols,
+                              const std::vector<std::string>& row_labels,
+                              const std::vector<std::string>& col_labels,
+                              const std::string& title) {
   HeatmapLayout L;
   L.rows = rows, L.cols = cols;
   // Cell size: large for short sentences, never below 14 px while labels can
@@ -657,21 +684,24 @@ HeatmapLayout lay_out_heatmap(const char* fn, size_t rows, size_t cols, const st
   L.grid_w = L.cell * static_cast<double>(cols), L.grid_h = L.cell * static_cast<double>(rows);
   const double bar_gap = 24;
   L.bar_h = std::max(L.grid_h, 160.0);
-  const double content_w = kHeatMargin + row_w + kHeatTickLen + 4 + L.grid_w + bar_gap + L.bar_w + kHeatTickLen + 4 +
-                           bar_label_w + kHeatMargin;
+  const double content_w = kHeatMargin + row_w + kHeatTickLen + 4 + L.grid_w + bar_gap + L.bar_w +
+                           kHeatTickLen + 4 + bar_label_w + kHeatMargin;
   const double title_box = title_w + 2 * kHeatMargin;
-  const double shift = title_box > content_w ? std::floor((title_box - content_w) / 2) : 0;  // centre under title
+  const double shift =
+      title_box > content_w ? std::floor((title_box - content_w) / 2) : 0;  // centre under title
   L.x0 = std::round(shift + kHeatMargin + row_w + kHeatTickLen + 4);
   L.y0 = std::round(kHeatMargin + (title.empty() ? 0 : L.title_h + 12));
   L.bar_x = L.x0 + L.grid_w + bar_gap;
-  const double content_h = L.y0 + std::max(L.grid_h + kHeatTickLen + 4 + col_w, L.bar_h) + kHeatMargin;
+  const double content_h =
+      L.y0 + std::max(L.grid_h + kHeatTickLen + 4 + col_w, L.bar_h) + kHeatMargin;
   L.width = static_cast<int>(std::ceil(std::max(content_w, title_box)));
   L.height = static_cast<int>(std::ceil(content_h));
   return L;
 }
 
 // Cells and the colour bar, with crisp edges (integer cell size and origin).
-void draw_heatmap_cells(cairo_t* cr, const HeatmapLayout& L, const std::vector<std::vector<double>>& m) {
+void draw_heatmap_cells(cairo_t* cr, const HeatmapLayout& L,
+                        const std::vector<std::vector<double>>& m) {
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
   for (size_t r = 0; r < L.rows; ++r)
     for (size_t k = 0; k < L.cols; ++k) {
@@ -682,7 +712,8 @@ void draw_heatmap_cells(cairo_t* cr, const HeatmapLayout& L, const std::vector<s
       } else {
         cairo_set_source_rgb(cr, 0.8, 0.8, 0.8);
       }
-      cairo_rectangle(cr, L.x0 + L.cell * static_cast<double>(k), L.y0 + L.cell * static_cast<double>(r), L.cell, L.cell);
+      cairo_rectangle(cr, L.x0 + L.cell * static_cast<double>(k),
+                      L.y0 + L.cell * static_cast<double>(r), L.cell, L.cell);
       cairo_fill(cr);
     }
   const int bar_steps = static_cast<int>(L.bar_h);
@@ -722,9 +753,11 @@ void draw_heatmap_labels(cairo_t* cr, const HeatmapLayout& L, const std::string&
   cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
   set_font(cr, L.font);
   for (size_t r = 0; r < L.rows; r += L.stride)
-    draw_text(cr, L.rl[r], L.x0 - kHeatTickLen - 4, L.y0 + L.cell * (static_cast<double>(r) + 0.5), 1.0);
+    draw_text(cr, L.rl[r], L.x0 - kHeatTickLen - 4, L.y0 + L.cell * (static_cast<double>(r) + 0.5),
+              1.0);
   for (size_t k = 0; k < L.cols; k += L.stride)
-    draw_text_up(cr, L.cl[k], L.x0 + L.cell * (static_cast<double>(k) + 0.5), L.y0 + L.grid_h + kHeatTickLen + 4, 1.0);
+    draw_text_up(cr, L.cl[k], L.x0 + L.cell * (static_cast<double>(k) + 0.5),
+                 L.y0 + L.grid_h + kHeatTickLen + 4, 1.0);
   set_font(cr, kHeatTickFont);
   for (int i = 0; i <= 4; ++i) {
     char buf[16];

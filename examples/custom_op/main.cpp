@@ -32,8 +32,12 @@ constexpr auto softsign_df = [](auto x, auto, auto, auto) {
 Tensor softsign_df_op(const UnaryOp&, const Tensor& x, const Tensor&, double, double) {
   return pow(add(abs(x), 1.0), -2.0);
 }
-const UnaryOp kSoftsign = unary_row<softsign_f, softsign_df>(
-    {.name = "softsign", .lo = -3, .hi = 3, .kinks = {0.0}, .family = "custom", .df_op = softsign_df_op});
+const UnaryOp kSoftsign = unary_row<softsign_f, softsign_df>({.name = "softsign",
+                                                              .lo = -3,
+                                                              .hi = 3,
+                                                              .kinks = {0.0},
+                                                              .family = "custom",
+                                                              .df_op = softsign_df_op});
 
 Tensor softsign(const Tensor& x) { return unary(kSoftsign, x); }
 
@@ -47,7 +51,7 @@ Tensor softplus_backward(const Tensor& x, const Tensor& dout) { return mul(dout,
 
 // softplus: y = log(1 + exp(x)), elementwise; x (...) -> y (...)
 Tensor softplus(const Tensor& x) {
-  kern::check_float("softplus", x);  // "softplus: expected a float tensor, got ..."
+  kern::check_float("softplus", x);   // "softplus: expected a float tensor, got ..."
   const Tensor xc = kern::contig(x);  // x itself when contiguous: simple loops below
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   GRAFT_DISPATCH_FLOAT(x.dtype(), "softplus", [&] {
@@ -55,7 +59,8 @@ Tensor softplus(const Tensor& x) {
     T* py = y.data<T>();
     // log1p(exp(-|x|)) + max(x, 0) avoids overflow for large x; chunks over the threads.
     kern::parallel_for(x.numel(), [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
+      for (int64_t i = i0; i < i1; ++i)
+        py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
     });
   });
   // Saved: x itself, not the contiguous copy xc: under create_graph the backward's sigmoid(x) is
@@ -69,8 +74,12 @@ Tensor softplus(const Tensor& x) {
 
 int main() {
   register_unary_cases(kSoftsign);  // softsign/contiguous and softsign/transposed
-  register_case({.name = "custom/softplus", .op = "softplus",
-                 .make_inputs = [](DType dt, Generator& g) { return Tensors{case_input_t({3, 4}, dt, g, -3, 3)}; },
+  register_case({.name = "custom/softplus",
+                 .op = "softplus",
+                 .make_inputs =
+                     [](DType dt, Generator& g) {
+                       return Tensors{case_input_t({3, 4}, dt, g, -3, 3)};
+                     },
                  .fn = [](const Tensors& x) { return softplus(x[0]); }});
   int failures = 0, checked = 0;
   for (const OpCase& c : registered_cases()) {
@@ -80,9 +89,9 @@ int main() {
     Generator g2(1);
     GradcheckResult r2 = gradgradcheck(c.fn, c.make_inputs(DType::f64, g2), c.opt);
     GradcheckResult r32 = check_f32_vs_f64(c);
-    std::printf("%-20s float64 gradcheck: %s  gradgradcheck: %s  float32 vs float64: %s\n", c.name.c_str(),
-                r64.ok ? "ok" : r64.message.c_str(), r2.ok ? "ok" : r2.message.c_str(),
-                r32.ok ? "ok" : r32.message.c_str());
+    std::printf("%-20s float64 gradcheck: %s  gradgradcheck: %s  float32 vs float64: %s\n",
+                c.name.c_str(), r64.ok ? "ok" : r64.message.c_str(),
+                r2.ok ? "ok" : r2.message.c_str(), r32.ok ? "ok" : r32.message.c_str());
     failures += !r64.ok + !r2.ok + !r32.ok;
     ++checked;
   }

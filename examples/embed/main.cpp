@@ -63,38 +63,42 @@ models::SentenceEncoder::Progress progress_line(const char* what) {
     if (now - *last < std::chrono::seconds(tty ? 2 : 30)) return;  // short encodes print nothing
     *last = now;
     const double s = std::chrono::duration<double>(now - *start).count();
-    std::fprintf(stderr, "%s%s: %lld/%lld texts, %.0f/s%s", tty ? "\r" : "", what, (long long)done, (long long)total,
-                 s > 0 ? (double)done / s : 0.0, tty && done < total ? "" : "\n");
+    std::fprintf(stderr, "%s%s: %lld/%lld texts, %.0f/s%s", tty ? "\r" : "", what, (long long)done,
+                 (long long)total, s > 0 ? (double)done / s : 0.0, tty && done < total ? "" : "\n");
   };
 }
 
 models::SentenceEncoder load_model(const std::string& dir) {
   if (!std::filesystem::is_directory(dir))
-    fail("--model '" + dir + "' is not a directory (run examples/embed/fetch_model.sh, or make embed)");
+    fail("--model '" + dir +
+         "' is not a directory (run examples/embed/fetch_model.sh, or make embed)");
   return models::SentenceEncoder(dir);
 }
 
-int cmd_encode(const std::string& model_dir, const std::string& in, const std::string& out, int64_t batch) {
+int cmd_encode(const std::string& model_dir, const std::string& in, const std::string& out,
+               int64_t batch) {
   const models::SentenceEncoder enc = load_model(model_dir);
   const std::vector<std::string> lines = read_lines(in);
   const Tensor e = enc.encode(lines, batch, progress_line("encode"));
   nn::save_safetensors(out, {{"embeddings", e}}, {{"model", model_dir}, {"texts", in}});
-  std::printf("wrote %lld x %lld embeddings of %s to %s\n", (long long)e.size(0), (long long)e.size(1), in.c_str(),
-              out.c_str());
+  std::printf("wrote %lld x %lld embeddings of %s to %s\n", (long long)e.size(0),
+              (long long)e.size(1), in.c_str(), out.c_str());
   return 0;
 }
 
 // The index of a collection: its embeddings, tied to the collection's and the model's bytes, so
 // an edited collection or another model is noticed and the index rebuilt.
 Tensor collection_index(const models::SentenceEncoder& enc, const std::string& collection,
-                        const std::vector<std::string>& texts, const std::string& index, int64_t batch) {
+                        const std::vector<std::string>& texts, const std::string& index,
+                        int64_t batch) {
   const std::vector<std::string> tied = {collection, enc.dir + "/model.safetensors"};
   std::string stale;  // why an index that exists is not used
   if (std::filesystem::exists(index)) {
     try {
       nn::NamedTensors w = nn::load_weights(index, "embed search", tied);
       if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
-          w[0].second.size(0) == (int64_t)texts.size() && w[0].second.size(1) == enc.model->cfg.d_model)
+          w[0].second.size(0) == (int64_t)texts.size() &&
+          w[0].second.size(1) == enc.model->cfg.d_model)
         return w[0].second;
       stale = "its vectors do not fit the collection";
     } catch (const Error& e) {
@@ -103,9 +107,12 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
   }
   const Tensor e = enc.encode(texts, batch, progress_line("index"));
   nn::save_weights({{"embeddings", e}}, index, 0, kIndexFormat, tied);
-  if (stale.empty()) std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(), index.c_str());
-  else std::fprintf(stderr, "embed: rebuilt the index %s of %zu texts (the old one: %s)\n", index.c_str(), texts.size(),
-                    stale.c_str());
+  if (stale.empty())
+    std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(),
+                 index.c_str());
+  else
+    std::fprintf(stderr, "embed: rebuilt the index %s of %zu texts (the old one: %s)\n",
+                 index.c_str(), texts.size(), stale.c_str());
   return e;
 }
 
@@ -127,7 +134,8 @@ int cmd_search(const std::string& model_dir, const std::string& collection, std:
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [s](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
     std::printf("query: %s\n", queries[i].c_str());
-    for (int64_t r = 0; r < k; ++r) std::printf("  %.4f  %s\n", s[order[r]], texts[order[r]].c_str());
+    for (int64_t r = 0; r < k; ++r)
+      std::printf("  %.4f  %s\n", s[order[r]], texts[order[r]].c_str());
   }
   return 0;
 }
@@ -148,7 +156,8 @@ int cmd_tokenize(const std::string& model_dir, int64_t max_len) {
   int64_t n = 0;
   for (std::string line; std::getline(std::cin, line);) {
     ++n;
-    if (!text::valid_utf8(line)) fail("tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
+    if (!text::valid_utf8(line))
+      fail("tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
     const std::vector<int64_t> ids = tok.encode_with_specials(line, max_len);
     for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
     std::printf("\n");
@@ -159,7 +168,8 @@ int cmd_tokenize(const std::string& model_dir, int64_t max_len) {
 // Each subcommand: its options (kept alive by the closure that runs it) and its CLI.
 
 void add_model_option(CLI::App* sub, std::string& dir) {
-  sub->add_option("--model", dir, "sentence-transformers directory (config.json, model.safetensors, tokenizer)");
+  sub->add_option("--model", dir,
+                  "sentence-transformers directory (config.json, model.safetensors, tokenizer)");
 }
 
 cli::Command add_encode(CLI::App& app) {
@@ -168,11 +178,14 @@ cli::Command add_encode(CLI::App& app) {
     int64_t batch = 32;
   };
   auto a = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("encode", "embed each line of a text file into a safetensors file");
+  auto* sub =
+      app.add_subcommand("encode", "embed each line of a text file into a safetensors file");
   add_model_option(sub, a->model);
   sub->add_option("--in", a->in, "text file, one text per line")->required();
-  sub->add_option("--out", a->out, "output safetensors file (tensor \"embeddings\", N x d)")->required();
-  sub->add_option("--batch", a->batch, "texts per batch (sorted by length)")->check(CLI::Range(1, 4096));
+  sub->add_option("--out", a->out, "output safetensors file (tensor \"embeddings\", N x d)")
+      ->required();
+  sub->add_option("--batch", a->batch, "texts per batch (sorted by length)")
+      ->check(CLI::Range(1, 4096));
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_encode(a->model, a->in, a->out, a->batch); }};
 }
@@ -184,15 +197,20 @@ cli::Command add_search(CLI::App& app) {
     int64_t top_k = 5, batch = 32;
   };
   auto a = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("search", "the texts of a collection most like each query (cosine), with scores");
+  auto* sub = app.add_subcommand(
+      "search", "the texts of a collection most like each query (cosine), with scores");
   add_model_option(sub, a->model);
   sub->add_option("--collection", a->collection, "text file, one text per line")->required();
-  sub->add_option("--index", a->index, "the collection's index, built once (default: <collection>.index.safetensors)");
+  sub->add_option("--index", a->index,
+                  "the collection's index, built once (default: <collection>.index.safetensors)");
   sub->add_option("--query", a->queries, "a query (repeatable; none: one per stdin line)");
   sub->add_option("--top-k", a->top_k, "results per query")->check(CLI::Range(1, 1000));
-  sub->add_option("--batch", a->batch, "texts per batch while indexing")->check(CLI::Range(1, 4096));
+  sub->add_option("--batch", a->batch, "texts per batch while indexing")
+      ->check(CLI::Range(1, 4096));
   cli::add_precision(sub, cli::PrecisionUse::inference);
-  return {sub, [a] { return cmd_search(a->model, a->collection, a->index, a->queries, a->top_k, a->batch); }};
+  return {sub, [a] {
+            return cmd_search(a->model, a->collection, a->index, a->queries, a->top_k, a->batch);
+          }};
 }
 
 cli::Command add_similarity(CLI::App& app) {
@@ -216,16 +234,20 @@ cli::Command add_tokenize(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("tokenize", "the token ids ([CLS] ... [SEP]) of each stdin line");
   add_model_option(sub, a->model);
-  sub->add_option("--max-len", a->max_len, "ids per line at most")->check(CLI::Range(int64_t(2), int64_t(1) << 30));
+  sub->add_option("--max-len", a->max_len, "ids per line at most")
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 30));
   return {sub, [a] { return cmd_tokenize(a->model, a->max_len); }};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"graft sentence embeddings from a pretrained BERT-family encoder: encode, search, similarity"};
+  CLI::App app{
+      "graft sentence embeddings from a pretrained BERT-family encoder: encode, search, "
+      "similarity"};
   app.require_subcommand(1);
   cli::show_defaults(app);
-  const std::vector<cli::Command> commands = {add_encode(app), add_search(app), add_similarity(app), add_tokenize(app)};
+  const std::vector<cli::Command> commands = {add_encode(app), add_search(app), add_similarity(app),
+                                              add_tokenize(app)};
   return cli::run_commands(app, commands, argc, argv);
 }

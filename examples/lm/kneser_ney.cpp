@@ -29,14 +29,18 @@ double discount_of(const std::unordered_map<uint64_t, double>& count) {
 
 KneserNey::KneserNey(const std::vector<int64_t>& stream, int order) {
   if (order < 1 || order > kMaxOrder)
-    fail("kneser-ney: the order must be in [1, " + std::to_string(kMaxOrder) + "], got " + std::to_string(order));
-  if (stream.size() < (size_t)order) fail("kneser-ney: a stream of " + std::to_string(stream.size()) + " tokens");
+    fail("kneser-ney: the order must be in [1, " + std::to_string(kMaxOrder) + "], got " +
+         std::to_string(order));
+  if (stream.size() < (size_t)order)
+    fail("kneser-ney: a stream of " + std::to_string(stream.size()) + " tokens");
   for (int64_t t : stream)
-    if (t < 0 || t >= kVocab - 1) fail("kneser-ney: token " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= kVocab - 1)
+      fail("kneser-ney: token " + std::to_string(t) + " is outside the vocabulary");
   levels_.resize((size_t)order);
   // The top order counts its n-grams; each lower order counts, for each of its n-grams, the
   // distinct tokens seen before it (its continuation count).
-  for (size_t i = (size_t)order - 1; i < stream.size(); ++i) levels_.back().count[gram_key(stream, i, order)] += 1;
+  for (size_t i = (size_t)order - 1; i < stream.size(); ++i)
+    levels_.back().count[gram_key(stream, i, order)] += 1;
   for (int k = order - 1; k >= 1; --k) {
     const uint64_t suffix = (uint64_t(1) << (kBits * k)) - 1;
     for (auto& [key, c] : levels_[(size_t)k].count) levels_[(size_t)k - 1].count[key & suffix] += 1;
@@ -69,7 +73,8 @@ double KneserNey::prob(const std::vector<int64_t>& stream, size_t i) const {
 Metrics evaluate(const KneserNey& kn, const std::vector<int64_t>& stream, int64_t context) {
   if (context < 1) fail("evaluate: the context must be >= 1");
   const int64_t windows = ((int64_t)stream.size() - 1) / context;
-  if (windows < 1) fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
+  if (windows < 1)
+    fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
   double nll = 0;
   int64_t chars = 0;
   for (int64_t i = 1; i <= windows * context; ++i) {

@@ -34,8 +34,8 @@ class KneserNey {
 
  private:
   struct Context {
-    double total = 0;     // the counts of the n-grams that extend it, summed
-    double types = 0;     // how many distinct tokens follow it
+    double total = 0;  // the counts of the n-grams that extend it, summed
+    double types = 0;  // how many distinct tokens follow it
   };
   struct Level {
     std::unordered_map<uint64_t, double> count;  // raw counts (top order) or continuation counts

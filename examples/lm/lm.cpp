@@ -7,13 +7,13 @@
 #include <iostream>
 #include <sstream>
 
-#include "graft/models/run.h"
-#include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
 #include "examples/lm/kneser_ney.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/tape.h"
+#include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::lm {
@@ -28,9 +28,16 @@ std::string trim(const std::string& s) {
 }
 
 nlohmann::json options_json(const TrainOptions& o, int64_t context) {
-  return {{"text", o.text}, {"preset", o.preset}, {"positions", o.positions}, {"context", context},
-          {"batch_rows", o.batch_rows}, {"lr_factor", o.loop.lr_factor}, {"warmup", o.loop.warmup},
-          {"dropout", o.dropout}, {"seed", o.loop.seed}, {"recipe", nn::loop_recipe(o.loop)}};
+  return {{"text", o.text},
+          {"preset", o.preset},
+          {"positions", o.positions},
+          {"context", context},
+          {"batch_rows", o.batch_rows},
+          {"lr_factor", o.loop.lr_factor},
+          {"warmup", o.loop.warmup},
+          {"dropout", o.dropout},
+          {"seed", o.loop.seed},
+          {"recipe", nn::loop_recipe(o.loop)}};
 }
 
 }  // namespace
@@ -40,7 +47,8 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     text::check_input_file("", path, kMaxTextFileBytes);  // not /dev/zero, not over 1 GiB
     if (!fs::is_regular_file(path))
-      fail("cannot read '" + path + "': " + (fs::exists(path) ? "a directory" : "No such file or directory"));
+      fail("cannot read '" + path +
+           "': " + (fs::exists(path) ? "a directory" : "No such file or directory"));
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot read '" + path + "'");
     std::stringstream ss;
@@ -67,10 +75,12 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
 
 void split_documents(const std::vector<std::string>& docs, int64_t valid_every, uint64_t seed,
                      std::vector<std::string>& train, std::vector<std::string>& valid) {
-  if (docs.size() < 2) fail("need at least 2 documents to split train/valid, got " + std::to_string(docs.size()));
+  if (docs.size() < 2)
+    fail("need at least 2 documents to split train/valid, got " + std::to_string(docs.size()));
   Generator g(seed);
   const std::vector<int64_t> order = nn::shuffled_order((int64_t)docs.size(), g);
-  for (size_t i = 0; i < order.size(); ++i) (i % (size_t)valid_every == 0 ? valid : train).push_back(docs[order[i]]);
+  for (size_t i = 0; i < order.size(); ++i)
+    (i % (size_t)valid_every == 0 ? valid : train).push_back(docs[order[i]]);
   if (train.empty()) std::swap(train, valid), valid.push_back(train.back()), train.pop_back();
 }
 
@@ -130,7 +140,8 @@ Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, i
     for (int64_t t : b.target.to_vector<int64_t>()) r.chars += chars_of(t);
     r.tokens += b.tokens;
   }
-  if (r.tokens == 0) fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
+  if (r.tokens == 0)
+    fail("evaluate: the text is shorter than one window of " + std::to_string(context) + " tokens");
   return metrics_of(nll, r.tokens, r.chars);
 }
 
@@ -170,11 +181,13 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (o.loop.resume) {
     saved = nn::load_resume_config(o.loop.run_dir);
-    context = nn::json_field<int64_t>(saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(),
-                                      "context", "resume: '" + cfg_path + "': \"train\" section");
+    context = nn::json_field<int64_t>(
+        saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(), "context",
+        "resume: '" + cfg_path + "': \"train\" section");
     models::model_section(saved, cfg_path, "resume");
     models::LMConfig c = models::LMConfig::from_json(saved["model"], cfg_path);
-    if (context < 1 || context > c.max_len) fail("resume: '" + cfg_path + "': context must be in [1, max_len]");
+    if (context < 1 || context > c.max_len)
+      fail("resume: '" + cfg_path + "': context must be in [1, max_len]");
     models::check_config_memory(c, cfg_path);
     return c;
   }
@@ -204,7 +217,8 @@ void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
   o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
   o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
   o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
-  if (t.contains("recipe")) nn::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
+  if (t.contains("recipe"))
+    nn::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
   if (o.batch_rows < 1 || o.batch_rows > 4096)
     fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
   nn::check_loop_options(o.loop);
@@ -213,8 +227,8 @@ void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
 // What nn::train_loop needs: the sharded loss, validation, and the weights and curves (with the
 // baseline's line) written at each validation.
 nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& batches,
-                        const std::vector<int64_t>& valid_stream, int64_t context, const TrainOptions& o,
-                        const Metrics& baseline) {
+                        const std::vector<int64_t>& valid_stream, int64_t context,
+                        const TrainOptions& o, const Metrics& baseline) {
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)batches.size();
@@ -237,14 +251,16 @@ nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& 
   for (auto& b : batches) fp.emplace_back("", b.input);
   task.data_fingerprint = nn::weights_checksum(fp);
   task.tied_files = {o.loop.run_dir + "/config.json"};
-  task.run_config = nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
+  task.run_config =
+      nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
   task.on_validated = [&model, &o, &baseline](const nn::Validated& v) {
     if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, "graft-lm",
-                       {o.loop.run_dir + "/config.json"});
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
+                       "graft-lm", {o.loop.run_dir + "/config.json"});
     if (o.plot)
       plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "nats/token", {"bpc"},
-                            "validation bits per character", {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
+                            "validation bits per character",
+                            {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
   };
   return task;
 }
@@ -260,7 +276,8 @@ TrainResult train(const TrainOptions& opts) {
   if (o.loop.resume) apply_saved_training(o, saved);
   std::vector<std::string> train_docs, valid_docs;
   split_documents(read_documents(o.text), 20, o.loop.seed, train_docs, valid_docs);
-  const std::vector<int64_t> train_stream = token_stream(train_docs), valid_stream = token_stream(valid_docs);
+  const std::vector<int64_t> train_stream = token_stream(train_docs),
+                             valid_stream = token_stream(valid_docs);
   const std::vector<Batch> batches = make_batches(train_stream, context, o.batch_rows);
   models::DecoderOnlyLM model(cfg);
   const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
@@ -268,10 +285,12 @@ TrainResult train(const TrainOptions& opts) {
   if (rank0)  // the baseline, for the curves
     r.baseline_valid = evaluate(KneserNey(train_stream, kBaselineOrder), valid_stream, context);
   if (!o.loop.quiet && rank0) {
-    std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size() << " valid documents, "
-              << batches.size() << " batches of " << o.batch_rows << " x " << context << " tokens, "
-              << model.num_parameters() << " parameters (" << nn::positions_name(cfg.positions.kind) << ")\n";
-    std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName, r.baseline_valid.bpc);
+    std::cerr << "lm: " << train_docs.size() << " train / " << valid_docs.size()
+              << " valid documents, " << batches.size() << " batches of " << o.batch_rows << " x "
+              << context << " tokens, " << model.num_parameters() << " parameters ("
+              << nn::positions_name(cfg.positions.kind) << ")\n";
+    std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName,
+                 r.baseline_valid.bpc);
   }
   const nn::TrainTask task = make_task(model, batches, valid_stream, context, o, r.baseline_valid);
   nn::LoopOptions lo = o.loop;

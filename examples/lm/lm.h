@@ -32,7 +32,7 @@ void split_documents(const std::vector<std::string>& docs, int64_t valid_every, 
                      std::vector<std::string>& train, std::vector<std::string>& valid);
 // BOS doc EOS BOS doc EOS ... as byte tokens.
 std::vector<int64_t> token_stream(const std::vector<std::string>& docs);
-std::vector<int64_t> encode(const std::string& text);   // bytes only
+std::vector<int64_t> encode(const std::string& text);  // bytes only
 // Characters a predicted token covers: a UTF-8 lead byte or an ASCII byte starts one, a
 // continuation byte none, EOS one (the document's end), BOS none (never predicted: it follows EOS).
 int64_t chars_of(int64_t token);
@@ -62,11 +62,13 @@ models::LMConfig preset(const std::string& name);
 
 struct TrainOptions {
   std::vector<std::string> text;  // files
-  std::string preset = "lm-mini", positions;  // positions empty: the preset's (learned; llama-mini rope)
-  int64_t context = 0;            // 0: the preset's
+  std::string preset = "lm-mini",
+              positions;  // positions empty: the preset's (learned; llama-mini rope)
+  int64_t context = 0;    // 0: the preset's
   int64_t batch_rows = 16;
-  double dropout = 0.0;  // 0: the best measured in make lm's budget (docs/lm.md); the model does not overfit there
-  bool plot = true;  // curves.png
+  double dropout = 0.0;  // 0: the best measured in make lm's budget (docs/lm.md); the model does
+                         // not overfit there
+  bool plot = true;      // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
   nn::LoopOptions loop;
   TrainOptions() {
@@ -77,7 +79,7 @@ struct TrainOptions {
 };
 struct TrainResult {
   nn::LoopResult loop;
-  Metrics valid;        // at the training context
+  Metrics valid;           // at the training context
   Metrics baseline_valid;  // the Kneser-Ney baseline's (kneser_ney.h) on the same tokens; rank 0
   int64_t context = 0;
 };

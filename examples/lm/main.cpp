@@ -22,8 +22,9 @@ namespace {
 std::vector<std::string> default_text() {
   const std::string dir = "/usr/share/games/fortunes";
   std::vector<std::string> files;
-  for (const char* f : {"fortunes", "literature", "wisdom", "people", "humorists", "science", "work",
-                        "education", "food", "politics", "love", "men-women", "miscellaneous"})
+  for (const char* f :
+       {"fortunes", "literature", "wisdom", "people", "humorists", "science", "work", "education",
+        "food", "politics", "love", "men-women", "miscellaneous"})
     if (std::filesystem::exists(dir + "/" + f)) files.push_back(dir + "/" + f);
   if (files.empty())
     throw std::runtime_error("no --text given and Debian's fortunes are not installed in " + dir +
@@ -32,25 +33,29 @@ std::vector<std::string> default_text() {
 }
 
 void print_metrics(const char* what, const lm::Metrics& m, int64_t context) {
-  std::printf("%s (context %lld): loss %.4f nats/token, perplexity %.3f, %.4f bits/char (%lld tokens, %lld chars)\n",
-              what, (long long)context, m.loss, m.ppl, m.bpc, (long long)m.tokens, (long long)m.chars);
+  std::printf(
+      "%s (context %lld): loss %.4f nats/token, perplexity %.3f, %.4f bits/char (%lld tokens, %lld "
+      "chars)\n",
+      what, (long long)context, m.loss, m.ppl, m.bpc, (long long)m.tokens, (long long)m.chars);
 }
 
 // Each subcommand: its options (kept alive by the closure that runs it) and its CLI.
 
 int cmd_train(lm::TrainOptions o) {
-  if (o.loop.steps <= 0 && o.loop.minutes <= 0) throw std::runtime_error("train: give --steps N or --minutes M");
+  if (o.loop.steps <= 0 && o.loop.minutes <= 0)
+    throw std::runtime_error("train: give --steps N or --minutes M");
   if (o.text.empty() && !o.loop.resume) o.text = default_text();
   lm::TrainResult r = lm::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
-  std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s)%s\n", (long long)r.loop.first_step,
-              (long long)r.loop.last_step, r.loop.train_seconds, r.loop.tokens_per_s,
-              r.loop.stopped_early ? ", stopped early" : "");
+  std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s)%s\n",
+              (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
+              r.loop.tokens_per_s, r.loop.stopped_early ? ", stopped early" : "");
   print_metrics("valid", r.valid, r.context);
   return 0;
 }
 
-int cmd_generate(const std::string& run_dir, const std::string& prompt_text, const models::DecodeOptions& o) {
+int cmd_generate(const std::string& run_dir, const std::string& prompt_text,
+                 const models::DecodeOptions& o) {
   models::check_decode_options(o);
   lm::LoadedRun run = lm::load_run(run_dir);
   std::vector<int64_t> prompt{lm::kBOS};
@@ -62,41 +67,61 @@ int cmd_generate(const std::string& run_dir, const std::string& prompt_text, con
 
 // The run's validation documents, or every document of `text` when given.
 // Then the Kneser-Ney baseline trained on the run's training documents, on the same tokens.
-int cmd_evaluate(const std::string& run_dir, int64_t context, const std::vector<std::string>& text) {
+int cmd_evaluate(const std::string& run_dir, int64_t context,
+                 const std::vector<std::string>& text) {
   lm::LoadedRun run = lm::load_run(run_dir);
   const int64_t ctx = context > 0 ? context : run.context;
   std::vector<std::string> train_docs, valid_docs;
   lm::split_documents(lm::read_documents(run.text), 20, run.seed, train_docs, valid_docs);
   const char* what = text.empty() ? "valid" : "text";
-  const std::vector<int64_t> stream = lm::token_stream(text.empty() ? valid_docs : lm::read_documents(text));
+  const std::vector<int64_t> stream =
+      lm::token_stream(text.empty() ? valid_docs : lm::read_documents(text));
   print_metrics(what, lm::evaluate(*run.model, stream, ctx), ctx);
-  const lm::Metrics b = lm::evaluate(lm::KneserNey(lm::token_stream(train_docs), lm::kBaselineOrder), stream, ctx);
-  std::printf("baseline (%s, trained on the run's training documents): %.4f bits/char\n", lm::kBaselineName, b.bpc);
+  const lm::Metrics b =
+      lm::evaluate(lm::KneserNey(lm::token_stream(train_docs), lm::kBaselineOrder), stream, ctx);
+  std::printf("baseline (%s, trained on the run's training documents): %.4f bits/char\n",
+              lm::kBaselineName, b.bpc);
   return 0;
 }
 
 cli::Command add_train(CLI::App& app) {
   auto o = std::make_shared<lm::TrainOptions>();
-  auto* sub = app.add_subcommand("train", "train (or --resume) a language model into a run directory");
-  sub->add_option("--text", o->text, "UTF-8 text files (fortune files or paragraphs); default: Debian's English fortunes");
+  auto* sub =
+      app.add_subcommand("train", "train (or --resume) a language model into a run directory");
+  sub->add_option(
+      "--text", o->text,
+      "UTF-8 text files (fortune files or paragraphs); default: Debian's English fortunes");
   sub->add_option("--out", o->loop.run_dir, "run directory")->required();
-  sub->add_option("--preset", o->preset, "lm-mini, lm-small or llama-mini (rope, RMSNorm, SwiGLU, 2 KV heads, no biases)")
+  sub->add_option("--preset", o->preset,
+                  "lm-mini, lm-small or llama-mini (rope, RMSNorm, SwiGLU, 2 KV heads, no biases)")
       ->check(CLI::IsMember({"lm-mini", "lm-small", "llama-mini"}));
-  sub->add_option("--positions", o->positions, "sinusoidal, learned, rope, alibi, relative (default: the preset's)")
+  sub->add_option("--positions", o->positions,
+                  "sinusoidal, learned, rope, alibi, relative (default: the preset's)")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
-  sub->add_option("--context", o->context, "training context in tokens (default: the preset's)")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--context", o->context, "training context in tokens (default: the preset's)")
+      ->check(CLI::Range(1, 1 << 16));
   sub->add_option("--batch-rows", o->batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
-  auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")->check(cli::range(0.01, 1e6));
+  auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")
+                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")
+                      ->check(cli::range(0.01, 1e6));
   auto& l = o->loop;
-  cli::add_recipe_options(sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor}, 400);
-  sub->add_option("--dropout", o->dropout, "dropout (default 0: best in 5 minutes; past ~7 minutes 0.1, docs/lm.md)")->check(cli::range(0.0, 0.99));
-  sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")->check(CLI::Range(1, 1 << 30));
-  sub->add_option("--patience", o->loop.patience, "early stopping after N validations without a better bpc (0: off)")
+  cli::add_recipe_options(
+      sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor},
+      400);
+  sub->add_option("--dropout", o->dropout,
+                  "dropout (default 0: best in 5 minutes; past ~7 minutes 0.1, docs/lm.md)")
+      ->check(cli::range(0.0, 0.99));
+  sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--patience", o->loop.patience,
+                  "early stopping after N validations without a better bpc (0: off)")
       ->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--min-delta", o->loop.min_delta, "early stopping: an improvement of the bpc must exceed this")
+  sub->add_option("--min-delta", o->loop.min_delta,
+                  "early stopping: an improvement of the bpc must exceed this")
       ->check(cli::non_negative());
-  sub->add_option("--seed", o->loop.seed, "seed for initialisation, dropout, batch order and the split")
+  sub->add_option("--seed", o->loop.seed,
+                  "seed for initialisation, dropout, batch order and the split")
       ->check(cli::seed_range());
   sub->add_flag("--resume", o->loop.resume, "continue the run in --out exactly where it stopped");
   cli::add_data_parallel_options(sub, o->loop.bucket_mb, o->loop.overlap);
@@ -119,7 +144,8 @@ cli::Command add_generate(CLI::App& app) {
   auto* sub = app.add_subcommand("generate", "continue a prompt");
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--prompt", a->prompt, "text to continue (may be empty)");
-  sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")
+      ->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt); }};
@@ -134,8 +160,11 @@ cli::Command add_evaluate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("evaluate", "validation loss, perplexity and bits per character");
   sub->add_option("--run", a->run, "run directory")->required();
-  sub->add_option("--context", a->context, "window in tokens (default: the training context)")->check(CLI::Range(1, 1 << 16));
-  sub->add_option("--text", a->text, "score every document of these files (fortune or plain text) instead of the run's validation documents")
+  sub->add_option("--context", a->context, "window in tokens (default: the training context)")
+      ->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--text", a->text,
+                  "score every document of these files (fortune or plain text) instead of the "
+                  "run's validation documents")
       ->check(CLI::ExistingFile);
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->context, a->text); }};

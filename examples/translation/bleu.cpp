@@ -37,10 +37,9 @@ char32_t decode_at(std::string_view s, size_t i, size_t& len) {
 // Matching it exactly matters for e.g. U+00A0 NO-BREAK SPACE, which is a
 // token boundary in sacreBLEU but would not be for an ASCII-only split.
 bool py_isspace(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 ||
-         c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 std::vector<std::string> py_split(std::string_view s) {
@@ -75,8 +74,7 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   std::string out;
   out.reserve(s.size());
   size_t pos = 0;
-  for (size_t hit; (hit = s.find(from, pos)) != std::string::npos;
-       pos = hit + from.size()) {
+  for (size_t hit; (hit = s.find(from, pos)) != std::string::npos; pos = hit + from.size()) {
     out.append(s, pos, hit - pos);
     out.append(to);
   }
@@ -191,15 +189,13 @@ std::string space_symbols(const std::string& line) {
 std::string split_punctuation(std::string line) {
   auto not_digit = [](char c) { return !is_digit(c); };
   auto dot_comma = [](char c) { return c == '.' || c == ','; };
-  line = sub_pair(line, not_digit, dot_comma, [](std::string& o, char x, char y) {
-    o += x, o += ' ', o += y, o += ' ';
-  });
-  line = sub_pair(line, dot_comma, not_digit, [](std::string& o, char x, char y) {
-    o += ' ', o += x, o += ' ', o += y;
-  });
-  return sub_pair(line, is_digit, [](char c) { return c == '-'; }, [](std::string& o, char x, char y) {
-    o += x, o += ' ', o += y, o += ' ';
-  });
+  line = sub_pair(line, not_digit, dot_comma,
+                  [](std::string& o, char x, char y) { o += x, o += ' ', o += y, o += ' '; });
+  line = sub_pair(line, dot_comma, not_digit,
+                  [](std::string& o, char x, char y) { o += ' ', o += x, o += ' ', o += y; });
+  return sub_pair(
+      line, is_digit, [](char c) { return c == '-'; },
+      [](std::string& o, char x, char y) { o += x, o += ' ', o += y, o += ' '; });
 }
 
 // Rule 6: whitespace collapsed to single spaces (Python str.split semantics).
@@ -218,12 +214,10 @@ std::string tokenize_13a(const std::string& input) {
   return collapse_whitespace(split_punctuation(space_symbols(unescape_13a(input))));
 }
 
-BleuResult corpus_bleu(const std::vector<std::string>& hyps,
-                       const std::vector<std::string>& refs) {
+BleuResult corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
   if (hyps.size() != refs.size()) {
-    throw std::invalid_argument("corpus_bleu: " + std::to_string(hyps.size()) +
-                                " hypotheses but " + std::to_string(refs.size()) +
-                                " references");
+    throw std::invalid_argument("corpus_bleu: " + std::to_string(hyps.size()) + " hypotheses but " +
+                                std::to_string(refs.size()) + " references");
   }
   std::array<size_t, kMaxOrder> correct{}, total{};
   size_t sys_len = 0, ref_len = 0;
@@ -251,9 +245,9 @@ BleuResult corpus_bleu(const std::vector<std::string>& hyps,
   res.ratio = ref_len ? static_cast<double>(sys_len) / static_cast<double>(ref_len) : 0.0;
   res.signature = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.0.0-graft";
   if (sys_len < ref_len) {
-    res.bp = sys_len > 0 ? std::exp(1.0 - static_cast<double>(ref_len) /
-                                              static_cast<double>(sys_len))
-                         : 0.0;
+    res.bp = sys_len > 0
+                 ? std::exp(1.0 - static_cast<double>(ref_len) / static_cast<double>(sys_len))
+                 : 0.0;
   } else {
     res.bp = 1.0;
   }
@@ -276,8 +270,7 @@ BleuResult corpus_bleu(const std::vector<std::string>& hyps,
       smooth *= 2.0;
       res.precisions[n] = 100.0 / (smooth * static_cast<double>(total[n]));
     } else {
-      res.precisions[n] = 100.0 * static_cast<double>(correct[n]) /
-                          static_cast<double>(total[n]);
+      res.precisions[n] = 100.0 * static_cast<double>(correct[n]) / static_cast<double>(total[n]);
     }
   }
   double log_sum = 0.0;
@@ -291,8 +284,8 @@ std::string BleuResult::str() const {
   std::snprintf(buf, sizeof buf,
                 "BLEU = %.2f %.1f/%.1f/%.1f/%.1f (BP = %.3f ratio = %.3f "
                 "hyp_len = %zu ref_len = %zu)",
-                score, precisions[0], precisions[1], precisions[2], precisions[3],
-                bp, ratio, sys_len, ref_len);
+                score, precisions[0], precisions[1], precisions[2], precisions[3], bp, ratio,
+                sys_len, ref_len);
   return buf;
 }
 

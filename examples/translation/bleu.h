@@ -12,12 +12,12 @@
 namespace graft::text {
 
 struct BleuResult {
-  double score = 0.0;                    // 0..100
-  std::array<double, 4> precisions{};    // modified n-gram precisions, 0..100
-  double bp = 0.0;                       // brevity penalty
-  double ratio = 0.0;                    // sys_len / ref_len (0 if ref_len == 0)
-  size_t sys_len = 0, ref_len = 0;       // token counts after 13a tokenisation
-  std::string signature;                 // sacreBLEU-style reproducibility string
+  double score = 0.0;                  // 0..100
+  std::array<double, 4> precisions{};  // modified n-gram precisions, 0..100
+  double bp = 0.0;                     // brevity penalty
+  double ratio = 0.0;                  // sys_len / ref_len (0 if ref_len == 0)
+  size_t sys_len = 0, ref_len = 0;     // token counts after 13a tokenisation
+  std::string signature;               // sacreBLEU-style reproducibility string
 
   // "BLEU = 34.21 70.1/45.2/30.3/20.1 (BP = 1.000 ratio = 1.002 hyp_len = 123 ref_len = 122)"
   std::string str() const;
@@ -25,8 +25,7 @@ struct BleuResult {
 
 // hyps[i] is scored against refs[i]. Throws std::invalid_argument (naming both
 // sizes) when the vectors differ in length.
-BleuResult corpus_bleu(const std::vector<std::string>& hyps,
-                       const std::vector<std::string>& refs);
+BleuResult corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs);
 
 // The mteval-v13a tokenisation used by sacreBLEU's default "13a" tokenizer.
 // Input is UTF-8; tokens are returned joined by single spaces.

@@ -38,15 +38,14 @@ size_t count_words(std::string_view s) {
 
 }  // namespace
 
-
 std::string CorpusStats::summary() const {
   return "read=" + std::to_string(read) + " kept=" + std::to_string(kept) +
          " empty=" + std::to_string(empty) + " malformed=" + std::to_string(malformed) +
          " bad_utf8=" + std::to_string(bad_utf8) + " too_long=" + std::to_string(too_long);
 }
 
-std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
-                           size_t max_bytes, size_t max_words) {
+std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats, size_t max_bytes,
+                           size_t max_words) {
   check_input_file("read_tsv", path);  // not /dev/zero, not over 1 GiB
   // stdio rather than iostreams: fopen reliably sets errno for the error message.
   std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);

@@ -40,8 +40,7 @@ struct Pair {
 // <strerror>") when the file cannot be opened, graft::Error when it is not a
 // regular file (a directory, /dev/zero) or is over kMaxInputFileBytes
 // (check_input_file), and an "error reading" message on an I/O error.
-std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats,
-                           size_t max_bytes = 1000, size_t max_words = 0);
-
+std::vector<Pair> read_tsv(const std::string& path, CorpusStats& stats, size_t max_bytes = 1000,
+                           size_t max_words = 0);
 
 }  // namespace graft::text

@@ -14,27 +14,32 @@ namespace {
 const Tensor& batch_ids(const nn::SafetensorsFile& f, const char* name) {
   const Tensor& t = f.at(name);
   if (t.dtype() != DType::i64 || t.dim() != 2)
-    fail("forward: '" + f.path + "': \"" + name + "\" must be int64 (rows, length), got " + describe(t));
+    fail("forward: '" + f.path + "': \"" + name + "\" must be int64 (rows, length), got " +
+         describe(t));
   return t;
 }
 
 }  // namespace
 
-void write_forward(const std::string& run_dir, const std::string& batch_path, double label_smoothing,
-                   const std::string& out_path) {
-  if (!(label_smoothing >= 0 && label_smoothing < 1)) fail("forward: --label-smoothing must be in [0, 1)");
+void write_forward(const std::string& run_dir, const std::string& batch_path,
+                   double label_smoothing, const std::string& out_path) {
+  if (!(label_smoothing >= 0 && label_smoothing < 1))
+    fail("forward: --label-smoothing must be in [0, 1)");
   LoadedRun run = load_run(run_dir);
   const models::Transformer& m = *run.model;
   const nn::SafetensorsFile batch = nn::load_safetensors(batch_path);
-  const Tensor &src = batch_ids(batch, "src"), &tgt_in = batch_ids(batch, "tgt_in"), &tgt_out = batch_ids(batch, "tgt_out");
+  const Tensor &src = batch_ids(batch, "src"), &tgt_in = batch_ids(batch, "tgt_in"),
+               &tgt_out = batch_ids(batch, "tgt_out");
   if (tgt_in.shape() != tgt_out.shape() || src.size(0) != tgt_in.size(0))
-    fail("forward: '" + batch_path + "': src " + describe(src) + ", tgt_in " + describe(tgt_in) + ", tgt_out " +
-         describe(tgt_out) + ": the rows must agree and tgt_in and tgt_out must have one shape");
+    fail("forward: '" + batch_path + "': src " + describe(src) + ", tgt_in " + describe(tgt_in) +
+         ", tgt_out " + describe(tgt_out) +
+         ": the rows must agree and tgt_in and tgt_out must have one shape");
   Tensor logits = m.forward(src, tgt_in);
-  Tensor loss = cross_entropy(reshape(logits, {-1, m.cfg.vocab}), reshape(tgt_out, {-1}), label_smoothing,
-                              m.cfg.pad_id);
+  Tensor loss = cross_entropy(reshape(logits, {-1, m.cfg.vocab}), reshape(tgt_out, {-1}),
+                              label_smoothing, m.cfg.pad_id);
   loss.backward();
-  std::vector<std::pair<std::string, Tensor>> out = {{"logits", logits.detach()}, {"loss", reshape(loss.detach(), {1})}};
+  std::vector<std::pair<std::string, Tensor>> out = {{"logits", logits.detach()},
+                                                     {"loss", reshape(loss.detach(), {1})}};
   for (const auto& [name, p] : m.named_parameters()) {
     if (!p.grad().defined()) fail("forward: parameter '" + name + "' got no gradient");
     out.emplace_back("grad." + name, p.grad());
@@ -45,8 +50,8 @@ void write_forward(const std::string& run_dir, const std::string& batch_path, do
 void import_weights(const std::string& run_dir, const std::string& weights_path) {
   const std::string cfg_path = run_dir + "/config.json";
   const nlohmann::json j = nn::load_json(cfg_path);
-  const models::TransformerConfig cfg =
-      models::TransformerConfig::from_json(models::model_section(j, cfg_path, "import-weights"), cfg_path);
+  const models::TransformerConfig cfg = models::TransformerConfig::from_json(
+      models::model_section(j, cfg_path, "import-weights"), cfg_path);
   models::check_config_memory(cfg, cfg_path, /*copies=*/2);  // the file's tensors and the model's
   const nn::SafetensorsFile w = nn::load_safetensors(weights_path);
   models::check_weights_count(cfg.parameter_count(), w.tensors, cfg_path, weights_path);

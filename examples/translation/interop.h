@@ -13,8 +13,8 @@ namespace graft::translation {
 // (B, T, V), "loss" (the label-smoothed cross-entropy, mean over non-PAD targets, shape (1))
 // and "grad.<name>" for every parameter (the gradient of that loss). Errors name the file and
 // the tensor.
-void write_forward(const std::string& run_dir, const std::string& batch_path, double label_smoothing,
-                   const std::string& out_path);
+void write_forward(const std::string& run_dir, const std::string& batch_path,
+                   double label_smoothing, const std::string& out_path);
 
 // Writes run_dir/model.safetensors (checksummed, tied to run_dir's config.json and spm.model)
 // from plain safetensors weights under graft's names, e.g. saved from PyTorch: every parameter

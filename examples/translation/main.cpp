@@ -1,7 +1,8 @@
 // translate: the toy English -> German example end to end.
 //   translate generate-data --out data/toy --seed 1 --train 50000 --valid 1000 --test 1000
 //   translate train --data data/toy --out runs/demo --preset tiny --minutes 9
-//   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention a.png]
+//   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention
+//   a.png]
 //     [--sample --temperature 0.8 --top-k 20 --top-p 0.9 --seed 1]
 //   translate evaluate --run runs/demo --data data/toy/test.tsv
 //   translate forward --run runs/demo --batch batch.safetensors --out outputs.safetensors
@@ -29,7 +30,8 @@ namespace tr = graft::translation;
 
 namespace {
 
-int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid, size_t n_test) {
+int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid,
+                 size_t n_test) {
   std::filesystem::create_directories(out);
   auto splits = toy::generate(seed, n_train, n_valid, n_test);
   toy::write_tsv(out + "/train.tsv", splits.train);
@@ -43,10 +45,11 @@ int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n
 int cmd_train(const tr::TrainOptions& o) {
   auto r = tr::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
-  std::printf("trained steps %lld..%lld in %.1f s (%.0f target tokens/s); valid loss %.4f ppl %.3f "
-              "acc %.2f%% BLEU %.2f\n",
-              (long long)r.first_step, (long long)r.last_step, r.train_seconds, r.tokens_per_s,
-              r.last_valid.loss, r.last_valid.ppl, 100 * r.last_valid.acc, r.last_valid.bleu);
+  std::printf(
+      "trained steps %lld..%lld in %.1f s (%.0f target tokens/s); valid loss %.4f ppl %.3f "
+      "acc %.2f%% BLEU %.2f\n",
+      (long long)r.first_step, (long long)r.last_step, r.train_seconds, r.tokens_per_s,
+      r.last_valid.loss, r.last_valid.ppl, 100 * r.last_valid.acc, r.last_valid.bleu);
   return 0;
 }
 
@@ -93,17 +96,22 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   std::printf("baseline (copy the source): BLEU %.2f\n", r.copy_source.score);
   const std::string decoding = beam > 1 ? "beam " + std::to_string(beam) : "greedy";
   if (r.forced.tokens > 0)
-    std::printf("decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",
-                decoding.c_str(), 100 * r.forced.acc, r.forced.ppl, (long long)r.forced.tokens);
+    std::printf(
+        "decoding: %s; teacher-forced token accuracy %.2f%%, perplexity %.4f (%lld tokens)\n",
+        decoding.c_str(), 100 * r.forced.acc, r.forced.ppl, (long long)r.forced.tokens);
   else
-    std::printf("decoding: %s; no teacher-forced metrics: no pair fits the model's max_len\n", decoding.c_str());
+    std::printf("decoding: %s; no teacher-forced metrics: no pair fits the model's max_len\n",
+                decoding.c_str());
   if (r.forced_dropped)
-    std::printf("%zu pair(s) longer than the model's max_len (%lld tokens) left out of the teacher-forced metrics\n",
-                r.forced_dropped, (long long)lr.model->cfg.max_len);
+    std::printf(
+        "%zu pair(s) longer than the model's max_len (%lld tokens) left out of the teacher-forced "
+        "metrics\n",
+        r.forced_dropped, (long long)lr.model->cfg.max_len);
   if (r.truncated)
     std::printf("%zu source(s) longer than max_len truncated for decoding\n", r.truncated);
   for (int i = 0; i < samples && i < (int)pairs.size(); ++i)
-    std::printf("\nSRC: %s\nREF: %s\nHYP: %s\n", pairs[i].src.c_str(), pairs[i].tgt.c_str(), r.hyps[i].c_str());
+    std::printf("\nSRC: %s\nREF: %s\nHYP: %s\n", pairs[i].src.c_str(), pairs[i].tgt.c_str(),
+                r.hyps[i].c_str());
   return 0;
 }
 
@@ -114,10 +122,11 @@ int cmd_score(const std::string& run, const std::string& data, const std::string
   text::check_input_file("score", hyp_ids);  // not /dev/zero, not over 1 GiB
   std::ifstream in(hyp_ids);
   if (!in) throw std::runtime_error("score: cannot open '" + hyp_ids + "'");
-  const size_t n = (size_t)std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  const size_t n = (size_t)std::count(std::istreambuf_iterator<char>(in),
+                                      std::istreambuf_iterator<char>(), '\n');
   if (n > pairs.size())
-    throw std::runtime_error("score: '" + hyp_ids + "' has " + std::to_string(n) + " lines, '" + data +
-                             "' only " + std::to_string(pairs.size()) + " pairs");
+    throw std::runtime_error("score: '" + hyp_ids + "' has " + std::to_string(n) + " lines, '" +
+                             data + "' only " + std::to_string(pairs.size()) + " pairs");
   std::vector<std::string> refs;
   for (size_t i = 0; i < n; ++i) refs.push_back(pairs[i].tgt);
   text::Tokenizer tok(run + "/spm.model");
@@ -136,10 +145,11 @@ cli::Command add_generate(CLI::App& app) {
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("generate-data", "write a toy English->German corpus");
   sub->add_option("--out", a->out, "output directory")->required();
-  sub->add_option("--seed", a->seed, "generator seed")
-      ->check(cli::seed_range());
-  sub->add_option("--train", a->train, "training pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
-  sub->add_option("--valid", a->valid, "validation pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
+  sub->add_option("--seed", a->seed, "generator seed")->check(cli::seed_range());
+  sub->add_option("--train", a->train, "training pairs")
+      ->check(CLI::Range(size_t(1), size_t(1) << 24));
+  sub->add_option("--valid", a->valid, "validation pairs")
+      ->check(CLI::Range(size_t(1), size_t(1) << 24));
   sub->add_option("--test", a->test, "test pairs")->check(CLI::Range(size_t(1), size_t(1) << 24));
   return {sub, [a] { return cmd_generate(a->out, a->seed, a->train, a->valid, a->test); }};
 }
@@ -150,20 +160,29 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--data", o->data_dir, "directory with train.tsv and valid.tsv")->required();
   sub->add_option("--out", o->run_dir, "run directory")->required();
   sub->add_option("--preset", o->preset, "model preset (tiny, small, base, big)");
-  auto* steps = sub->add_option("--steps", o->steps, "training steps")->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
-                      ->check(cli::range(0.01, 1e6));
-  sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  cli::add_recipe_options(
-      sub, {&o->optimizer, &o->weight_decay, &o->schedule, &o->lr, &o->min_lr, &o->warmup, &o->lr_factor}, 4000);
-  sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")->check(cli::range(0.0, 0.99));
+  auto* steps = sub->add_option("--steps", o->steps, "training steps")
+                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes =
+      sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
+          ->check(cli::range(0.01, 1e6));
+  sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
+  cli::add_recipe_options(sub,
+                          {&o->optimizer, &o->weight_decay, &o->schedule, &o->lr, &o->min_lr,
+                           &o->warmup, &o->lr_factor},
+                          4000);
+  sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")
+      ->check(cli::range(0.0, 0.99));
   sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 0.99));
   sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
-  sub->add_option("--positions", o->positions, "positional encoding: sinusoidal, learned, rope, alibi, relative")
+  sub->add_option("--positions", o->positions,
+                  "positional encoding: sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
-  sub->add_option("--attention-dropout", o->attention_dropout, "dropout on the attention probabilities")
+  sub->add_option("--attention-dropout", o->attention_dropout,
+                  "dropout on the attention probabilities")
       ->check(cli::range(0.0, 0.99));
-  sub->add_option("--vocab", o->vocab, "SentencePiece vocabulary size")->check(CLI::Range(8, 1 << 20));
+  sub->add_option("--vocab", o->vocab, "SentencePiece vocabulary size")
+      ->check(CLI::Range(8, 1 << 20));
   sub->add_option("--valid-every", o->valid_every, "validate and checkpoint every N steps")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   sub->add_option("--log-every", o->log_every, "metrics row / non-TTY progress line every N steps")
@@ -174,22 +193,26 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--patience", o->patience,
                   "early stopping: stop after N validations without a better valid BLEU (0: off)")
       ->check(CLI::NonNegativeNumber);  // an integer
-  sub->add_option("--min-delta", o->min_delta, "early stopping: a valid BLEU counts as better only above the best + this")
+  sub->add_option("--min-delta", o->min_delta,
+                  "early stopping: a valid BLEU counts as better only above the best + this")
       ->check(cli::non_negative());
   sub->add_option("--stop-at-bleu", o->stop_at_bleu,
                   "time to quality: stop at the first validation with valid BLEU >= this")
       ->check(cli::range(0.0, 100.0));
-  sub->add_option("--dump-batches", o->dump_batches,
-                  "write the batches, their order and the initial weights for a peer implementation (bench)");
+  sub->add_option(
+      "--dump-batches", o->dump_batches,
+      "write the batches, their order and the initial weights for a peer implementation (bench)");
   sub->add_option("--graph", o->graph,
-                  "also draw one training step's recorded graph into FILE (.svg/.png/.pdf via Graphviz, or .dot)");
+                  "also draw one training step's recorded graph into FILE (.svg/.png/.pdf via "
+                  "Graphviz, or .dot)");
   sub->add_flag("--resume", o->resume, "continue the run in --out exactly where it stopped");
   cli::add_detect_anomaly(sub);
   steps->excludes(minutes);
   minutes->excludes(steps);
   cli::add_precision(sub);
   return {sub, [o, sub] {
-            if (o->steps <= 0 && o->minutes <= 0) throw CLI::ValidationError("train: give --steps N or --minutes M");
+            if (o->steps <= 0 && o->minutes <= 0)
+              throw CLI::ValidationError("train: give --steps N or --minutes M");
             cli::set_auto_warmup(sub, o->warmup, o->steps, 4000);
             return cmd_train(*o);
           }};
@@ -206,11 +229,13 @@ cli::Command add_translate(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory")->required();
   cli::add_decoding_options(sub, a->opt);
   sub->add_option("--length-penalty", a->opt.length_penalty,
-                  "beam search: the final beams ranked by score / ((5 + length) / 6)^alpha (GNMT); 0: by score")
+                  "beam search: the final beams ranked by score / ((5 + length) / 6)^alpha (GNMT); "
+                  "0: by score")
       ->check(cli::range(0.0, 10.0));
   sub->add_option("--max-len", a->max_len, "maximum output pieces (default 2 * source + 10)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  sub->add_option("--attention", a->attention, "PNG heatmap of the first sentence's cross-attention");
+  sub->add_option("--attention", a->attention,
+                  "PNG heatmap of the first sentence's cross-attention");
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_translate(a->run, a->opt, a->max_len, a->attention); }};
 }
@@ -225,7 +250,8 @@ cli::Command add_evaluate(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--data", a->data, "source<TAB>reference file")->required();
   sub->add_option("--beam", a->beam, "beam size (1: greedy)")->check(CLI::Range(1, 64));
-  sub->add_option("--samples", a->samples, "sample translations to print")->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--samples", a->samples, "sample translations to print")
+      ->check(CLI::Range(0, 1 << 20));
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] { return cmd_evaluate(a->run, a->data, a->beam, a->samples); }};
 }
@@ -236,7 +262,9 @@ cli::Command add_score(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand(
-      "score", "BLEU of hypotheses given as token ids (a line of ids per sentence), decoded with a run's SentencePiece model, against the first references of a TSV");
+      "score",
+      "BLEU of hypotheses given as token ids (a line of ids per sentence), decoded with a run's "
+      "SentencePiece model, against the first references of a TSV");
   sub->add_option("--run", a->run, "run directory (its spm.model)")->required();
   sub->add_option("--data", a->data, "source<TAB>reference file")->required();
   sub->add_option("--hyp-ids", a->hyp_ids, "hypothesis ids, one sentence per line")->required();
@@ -249,12 +277,18 @@ cli::Command add_forward(CLI::App& app) {
     double label_smoothing = 0.1;
   };
   auto a = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("forward", "a run's logits, loss and parameter gradients on one batch of ids "
-                                            "(safetensors in and out), to compare with another implementation");
+  auto* sub =
+      app.add_subcommand("forward",
+                         "a run's logits, loss and parameter gradients on one batch of ids "
+                         "(safetensors in and out), to compare with another implementation");
   sub->add_option("--run", a->run, "run directory")->required();
-  sub->add_option("--batch", a->batch, "safetensors file with int64 src, tgt_in, tgt_out")->required();
-  sub->add_option("--out", a->out, "safetensors file to write logits, loss and grad.<parameter> into")->required();
-  sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")->check(cli::range(0.0, 0.99));
+  sub->add_option("--batch", a->batch, "safetensors file with int64 src, tgt_in, tgt_out")
+      ->required();
+  sub->add_option("--out", a->out,
+                  "safetensors file to write logits, loss and grad.<parameter> into")
+      ->required();
+  sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")
+      ->check(cli::range(0.0, 0.99));
   return {sub, [a] { return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0; }};
 }
 
@@ -263,10 +297,12 @@ cli::Command add_import_weights(CLI::App& app) {
     std::string run, weights;
   };
   auto a = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("import-weights", "write a run's model.safetensors from plain safetensors weights "
-                                                   "under graft's names (e.g. saved from PyTorch)");
+  auto* sub = app.add_subcommand("import-weights",
+                                 "write a run's model.safetensors from plain safetensors weights "
+                                 "under graft's names (e.g. saved from PyTorch)");
   sub->add_option("--run", a->run, "run directory with config.json and spm.model")->required();
-  sub->add_option("--weights", a->weights, "safetensors file with every parameter, float32")->required();
+  sub->add_option("--weights", a->weights, "safetensors file with every parameter, float32")
+      ->required();
   return {sub, [a] { return tr::import_weights(a->run, a->weights), 0; }};
 }
 
@@ -276,8 +312,8 @@ int main(int argc, char** argv) {
   CLI::App app{"graft toy translation: generate data, train a Transformer, translate, evaluate"};
   app.require_subcommand(1);
   cli::show_defaults(app);
-  const std::vector<cli::Command> commands = {add_generate(app), add_train(app),   add_translate(app),
-                                              add_evaluate(app), add_score(app),   add_forward(app),
-                                              add_import_weights(app)};
+  const std::vector<cli::Command> commands = {
+      add_generate(app), add_train(app),   add_translate(app),     add_evaluate(app),
+      add_score(app),    add_forward(app), add_import_weights(app)};
   return cli::run_commands(app, commands, argc, argv);
 }

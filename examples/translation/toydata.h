@@ -21,11 +21,11 @@
 namespace graft::toy {
 
 struct Pair {
-    std::string src, tgt;  // English, German
+  std::string src, tgt;  // English, German
 };
 
 struct Splits {
-    std::vector<Pair> train, valid, test;
+  std::vector<Pair> train, valid, test;
 };
 
 // Subject pronouns; English "you" is always rendered as singular informal "du".
@@ -41,32 +41,32 @@ enum class Conj : uint8_t { None, Because, While, If, That };
 
 // Noun phrase. Either a pronoun (pron != None, subjects only) or a lexicon noun.
 struct NP {
-    Pron pron = Pron::None;
-    int noun = -1;  // index from noun_id()
-    bool plural = false;
-    Det det = Det::Def;
-    int count = 0;  // only for Det::Num
-    int adj = -1;   // index from adj_id(), -1 = none
+  Pron pron = Pron::None;
+  int noun = -1;  // index from noun_id()
+  bool plural = false;
+  Det det = Det::Def;
+  int count = 0;  // only for Det::Num
+  int adj = -1;   // index from adj_id(), -1 = none
 };
 
 struct Clause {
-    NP subj;
-    int verb = -1;            // index from verb_id()
-    std::optional<NP> iobj;   // dative indirect object (give/show/bring)
-    std::optional<NP> obj;    // accusative object, or dative for help/thank
-    bool negated = false;
-    Tense tense = Tense::Present;
+  NP subj;
+  int verb = -1;           // index from verb_id()
+  std::optional<NP> iobj;  // dative indirect object (give/show/bring)
+  std::optional<NP> obj;   // accusative object, or dative for help/thank
+  bool negated = false;
+  Tense tense = Tense::Present;
 };
 
 struct Sentence {
-    Clause main;
-    int time_adverb = -1;  // fronted, triggers verb-second inversion
-    int manner = -1;       // manner adverb, intransitive main verbs only
-    int prep = -1;         // optional prepositional phrase (dative) ...
-    NP pp;                 // ... and its noun phrase
-    Conj conj = Conj::None;
-    bool sub_first = false;  // adverbial clause fronted: "because ..., the man ..."
-    Clause sub;              // used when conj != None
+  Clause main;
+  int time_adverb = -1;  // fronted, triggers verb-second inversion
+  int manner = -1;       // manner adverb, intransitive main verbs only
+  int prep = -1;         // optional prepositional phrase (dative) ...
+  NP pp;                 // ... and its noun phrase
+  Conj conj = Conj::None;
+  bool sub_first = false;  // adverbial clause fronted: "because ..., the man ..."
+  Clause sub;              // used when conj != None
 };
 
 // Renders a structure in both languages. Throws std::invalid_argument when the
@@ -94,7 +94,7 @@ int time_adverb_id(std::string_view en);
 int manner_id(std::string_view en);
 
 struct LexiconSize {
-    size_t nouns, verbs, adjectives, prepositions, time_adverbs, manner_adverbs, numbers;
+  size_t nouns, verbs, adjectives, prepositions, time_adverbs, manner_adverbs, numbers;
 };
 LexiconSize lexicon_size();
 

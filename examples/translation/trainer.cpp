@@ -14,11 +14,11 @@
 #include <numeric>
 #include <sstream>
 
-#include "graft/autograd/graph.h"
-#include "graft/autograd/tape.h"
 #include "examples/common/curves.h"
 #include "examples/common/graph_file.h"
 #include "examples/common/lines.h"
+#include "graft/autograd/graph.h"
+#include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
@@ -33,7 +33,8 @@ namespace graft::translation {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t PAD = text::Tokenizer::PAD, BOS = text::Tokenizer::BOS, EOS = text::Tokenizer::EOS;
+constexpr int64_t PAD = text::Tokenizer::PAD, BOS = text::Tokenizer::BOS,
+                  EOS = text::Tokenizer::EOS;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -52,7 +53,8 @@ std::vector<text::Pair> load_corpus(const std::string& path, text::CorpusStats& 
   return text::read_tsv(path, stats);
 }
 
-std::vector<Example> encode_pairs(const text::Tokenizer& tok, const std::vector<text::Pair>& pairs) {
+std::vector<Example> encode_pairs(const text::Tokenizer& tok,
+                                  const std::vector<text::Pair>& pairs) {
   std::vector<Example> out(pairs.size());
   for (size_t i = 0; i < pairs.size(); ++i) {
     auto s = tok.encode(pairs[i].src), t = tok.encode(pairs[i].tgt);
@@ -64,15 +66,15 @@ std::vector<Example> encode_pairs(const text::Tokenizer& tok, const std::vector<
 
 std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
                                 int64_t max_len, size_t* dropped) {
-  if (max_tokens < 1) fail("make_batches: max_tokens must be >= 1, got " + std::to_string(max_tokens));
+  if (max_tokens < 1)
+    fail("make_batches: max_tokens must be >= 1, got " + std::to_string(max_tokens));
   std::vector<size_t> idx;
   size_t n_dropped = 0;
   for (size_t i = 0; i < examples.size(); ++i) {
     const auto& e = examples[i];
     if (e.src.empty() || (int64_t)e.src.size() > max_len - 1 || (int64_t)e.tgt.size() > max_len - 1)
       ++n_dropped;
-    else
-      idx.push_back(i);
+    else idx.push_back(i);
   }
   if (dropped) *dropped = n_dropped;
   // Sorting by target then source length keeps both sides' padding small; stable for
@@ -181,7 +183,8 @@ std::vector<std::string> translate_lines(models::Transformer& m, const text::Tok
     }
     if (!enc[i].empty()) order.push_back(i);
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return enc[a].size() < enc[b].size(); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return enc[a].size() < enc[b].size(); });
   std::vector<std::string> out(lines.size());
   // Beams multiply the rows, so the chunk shrinks to keep the decoder's working set similar.
   const size_t chunk = std::max<size_t>(1, 128 / (size_t)std::max(1, beam));
@@ -209,7 +212,8 @@ std::vector<std::string> translate_lines(models::Transformer& m, const text::Tok
 EvalResult evaluate(models::Transformer& m, const text::Tokenizer& tok,
                     const std::vector<text::Pair>& pairs, int beam, int64_t batch_tokens) {
   EvalResult r;
-  r.forced = teacher_forced(m, make_batches(encode_pairs(tok, pairs), batch_tokens, m.cfg.max_len, &r.forced_dropped));
+  r.forced = teacher_forced(
+      m, make_batches(encode_pairs(tok, pairs), batch_tokens, m.cfg.max_len, &r.forced_dropped));
   std::vector<std::string> srcs, refs;
   for (auto& p : pairs) {
     srcs.push_back(p.src);
@@ -260,11 +264,14 @@ text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_
     int64_t id;
     while (ls >> id) {
       if (id < 0 || id >= tok.vocab_size())
-        fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) + ": id " +
-             std::to_string(id) + " outside the vocabulary (" + std::to_string(tok.vocab_size()) + ")");
+        fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) +
+             ": id " + std::to_string(id) + " outside the vocabulary (" +
+             std::to_string(tok.vocab_size()) + ")");
       ids.push_back((int)id);
     }
-    if (!ls.eof()) fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) + " is not ids");
+    if (!ls.eof())
+      fail("bleu_of_ids: '" + hyp_ids_file + "' line " + std::to_string(hyps.size() + 1) +
+           " is not ids");
     hyps.push_back(tok.decode(ids));
   }
   if (hyps.size() != refs.size())
@@ -295,21 +302,36 @@ LoadedRun load_run(const std::string& run_dir) {
   LoadedRun r;
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
   if (r.tok->vocab_size() != loaded.model->cfg.vocab)
-    fail("load_run: '" + run_dir + "/spm.model' has " + std::to_string(r.tok->vocab_size()) + " pieces but '" +
-         run_dir + "/config.json' says vocab " + std::to_string(loaded.model->cfg.vocab));
+    fail("load_run: '" + run_dir + "/spm.model' has " + std::to_string(r.tok->vocab_size()) +
+         " pieces but '" + run_dir + "/config.json' says vocab " +
+         std::to_string(loaded.model->cfg.vocab));
   r.model = std::move(loaded.model);
   r.config = std::move(loaded.config);
   return r;
 }
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"data_dir", data_dir}, {"preset", preset}, {"steps", steps}, {"minutes", minutes},
-          {"batch_tokens", batch_tokens}, {"lr_factor", lr_factor}, {"warmup", warmup},
-          {"lr", lr}, {"optimizer", optimizer}, {"weight_decay", weight_decay}, {"schedule", schedule},
-          {"min_lr", min_lr}, {"decay_steps", schedule == "cosine" && decay_steps == 0 ? steps : decay_steps},
-          {"label_smoothing", label_smoothing}, {"dropout", dropout},
-          {"pre_ln", pre_ln}, {"positions", positions}, {"attention_dropout", attention_dropout},
-          {"vocab", vocab}, {"valid_every", valid_every}, {"seed", seed}};
+  return {{"data_dir", data_dir},
+          {"preset", preset},
+          {"steps", steps},
+          {"minutes", minutes},
+          {"batch_tokens", batch_tokens},
+          {"lr_factor", lr_factor},
+          {"warmup", warmup},
+          {"lr", lr},
+          {"optimizer", optimizer},
+          {"weight_decay", weight_decay},
+          {"schedule", schedule},
+          {"min_lr", min_lr},
+          {"decay_steps", schedule == "cosine" && decay_steps == 0 ? steps : decay_steps},
+          {"label_smoothing", label_smoothing},
+          {"dropout", dropout},
+          {"pre_ln", pre_ln},
+          {"positions", positions},
+          {"attention_dropout", attention_dropout},
+          {"vocab", vocab},
+          {"valid_every", valid_every},
+          {"seed", seed}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -317,10 +339,10 @@ nlohmann::json TrainOptions::to_json() const {
 
 namespace {
 
-
 // The graph of one training step's loss, clustered by module, drawn into `path`. The dropout
 // generator is put back, so the run trains as it would without the drawing.
-void draw_step_graph(models::Transformer& model, const Batch& b, double label_smoothing, const std::string& path) {
+void draw_step_graph(models::Transformer& model, const Batch& b, double label_smoothing,
+                     const std::string& path) {
   const uint64_t dropout_state = model.dropout_gen.state();
   std::string dot;
   {
@@ -345,22 +367,31 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   c.attention_dropout = o.attention_dropout;
   c.seed = o.seed;
   if (c.d_model % c.heads)
-    fail("train: d_model " + std::to_string(c.d_model) + " is not divisible by heads " + std::to_string(c.heads));
+    fail("train: d_model " + std::to_string(c.d_model) + " is not divisible by heads " +
+         std::to_string(c.heads));
   return c;
 }
 
 // Every option that is not the loop's, before any data is read: the error names the option.
 void check_train_options(const TrainOptions& o) {
   auto bad = [](const std::string& m) { fail("train: " + m); };
-  if (o.batch_tokens < 1 || o.batch_tokens > (int64_t(1) << 30)) bad("--batch-tokens must be in [1, 2^30]");
-  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1)) bad("--label-smoothing must be in [0, 1)");
+  if (o.batch_tokens < 1 || o.batch_tokens > (int64_t(1) << 30))
+    bad("--batch-tokens must be in [1, 2^30]");
+  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1))
+    bad("--label-smoothing must be in [0, 1)");
   if (!(o.dropout >= 0 && o.dropout < 1)) bad("--dropout must be in [0, 1)");
-  if (!(o.attention_dropout >= 0 && o.attention_dropout < 1)) bad("--attention-dropout must be in [0, 1)");
-  if (o.vocab < 8 || o.vocab > (1 << 20)) bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
+  if (!(o.attention_dropout >= 0 && o.attention_dropout < 1))
+    bad("--attention-dropout must be in [0, 1)");
+  if (o.vocab < 8 || o.vocab > (1 << 20))
+    bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
   if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
-  for (auto [name, v] : {std::pair{"--d-model", o.d_model}, {"--heads", o.heads}, {"--d-ff", o.d_ff}, {"--layers", o.layers}})
-    if (v < 0 || v > (int64_t(1) << 24)) bad(std::string(name) + " must be in [0, 2^24] (0: the preset's)");
+  for (auto [name, v] : {std::pair{"--d-model", o.d_model},
+                         {"--heads", o.heads},
+                         {"--d-ff", o.d_ff},
+                         {"--layers", o.layers}})
+    if (v < 0 || v > (int64_t(1) << 24))
+      bad(std::string(name) + " must be in [0, 2^24] (0: the preset's)");
   if (o.layers > 1024) bad("--layers must be <= 1024");
   (void)models::preset(o.preset, 8);  // an unknown preset names the known ones
 }
@@ -387,15 +418,21 @@ std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& 
     const auto v = t.to_vector<int64_t>();
     const int64_t B = t.size(0), L = t.size(1);
     nlohmann::json j = nlohmann::json::array();
-    for (int64_t r = 0; r < B; ++r) j.push_back(std::vector<int64_t>(v.begin() + r * L, v.begin() + (r + 1) * L));
+    for (int64_t r = 0; r < B; ++r)
+      j.push_back(std::vector<int64_t>(v.begin() + r * L, v.begin() + (r + 1) * L));
     return j;
   };
   for (size_t i = 0; i < batches.size(); ++i)
-    f << nlohmann::json{{"batch", i}, {"src", rows(batches[i].src)}, {"tgt_in", rows(batches[i].tgt_in)},
-                        {"tgt_out", rows(batches[i].tgt_out)}}.dump() << "\n";
+    f << nlohmann::json{{"batch", i},
+                        {"src", rows(batches[i].src)},
+                        {"tgt_in", rows(batches[i].tgt_in)},
+                        {"tgt_out", rows(batches[i].tgt_out)}}
+             .dump()
+      << "\n";
   for (const std::string& s : bleu_src) {
     auto ids = tok.encode(s);
-    if ((int64_t)ids.size() > model.cfg.max_len) ids.resize(model.cfg.max_len);  // as translate_lines
+    if ((int64_t)ids.size() > model.cfg.max_len)
+      ids.resize(model.cfg.max_len);  // as translate_lines
     f << nlohmann::json{{"bleu_src", std::vector<int64_t>(ids.begin(), ids.end())}}.dump() << "\n";
   }
   f << std::flush;
@@ -414,7 +451,8 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
   if (!o.resume) return {};
   const std::string cfg_path = o.run_dir + "/config.json";
   nlohmann::json saved = nn::load_resume_config(o.run_dir);
-  const nlohmann::json t = saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
+  const nlohmann::json t =
+      saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
   o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
@@ -439,7 +477,8 @@ nn::LoopOptions loop_options(const TrainOptions& o) {
   lo.optimizer = o.optimizer, lo.weight_decay = o.weight_decay, lo.schedule = o.schedule;
   lo.min_lr = o.min_lr, lo.decay_steps = o.decay_steps;
   lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu, lo.seed = o.seed;
+  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu,
+  lo.seed = o.seed;
   lo.resume = o.resume, lo.quiet = o.quiet;
   lo.bucket_mb = o.bucket_mb, lo.overlap = o.overlap;
   return lo;
@@ -448,7 +487,8 @@ nn::LoopOptions loop_options(const TrainOptions& o) {
 using Say = std::function<void(const std::string&)>;
 
 // run/spm.model, trained on the training pairs' both sides unless a resumed run has it.
-void ensure_tokenizer(const TrainOptions& o, const std::vector<text::Pair>& train_pairs, const Say& say) {
+void ensure_tokenizer(const TrainOptions& o, const std::vector<text::Pair>& train_pairs,
+                      const Say& say) {
   const std::string spm = o.run_dir + "/spm.model";
   if (o.resume && fs::exists(spm)) return;
   if (o.resume) fail("resume: '" + spm + "' is missing");
@@ -465,16 +505,20 @@ void ensure_tokenizer(const TrainOptions& o, const std::vector<text::Pair>& trai
 }
 
 // A split's batches; an error when none fits the model.
-std::vector<Batch> batches_that_fit(const text::Tokenizer& tok, const std::vector<text::Pair>& pairs,
-                                    const TrainOptions& o, int64_t max_len, const char* split, const Say& say) {
+std::vector<Batch> batches_that_fit(const text::Tokenizer& tok,
+                                    const std::vector<text::Pair>& pairs, const TrainOptions& o,
+                                    int64_t max_len, const char* split, const Say& say) {
   size_t dropped = 0;
   auto batches = make_batches(encode_pairs(tok, pairs), o.batch_tokens, max_len, &dropped);
-  const std::string limit = " (" + std::to_string(max_len - 1) + " tokens a side, the model's max_len - 1)";
+  const std::string limit =
+      " (" + std::to_string(max_len - 1) + " tokens a side, the model's max_len - 1)";
   if (batches.empty())
-    fail("train: none of the " + std::to_string(pairs.size()) + " pairs of '" + o.data_dir + "/" + split +
-         ".tsv' fits the model" + limit + (std::string(split) == "valid" ? ": nothing to validate on" : ""));
-  if (dropped) say("dropped " + std::to_string(dropped) + " " + (std::string(split) == "valid" ? "validation" : "training") +
-                   " pairs longer than" + limit);
+    fail("train: none of the " + std::to_string(pairs.size()) + " pairs of '" + o.data_dir + "/" +
+         split + ".tsv' fits the model" + limit +
+         (std::string(split) == "valid" ? ": nothing to validate on" : ""));
+  if (dropped)
+    say("dropped " + std::to_string(dropped) + " " +
+        (std::string(split) == "valid" ? "validation" : "training") + " pairs longer than" + limit);
   return batches;
 }
 
@@ -492,12 +536,15 @@ TrainData load_pairs(const TrainOptions& o, const Say& say) {
   d.valid_pairs = load_corpus(o.data_dir + "/valid.tsv", st_valid);
   say("train.tsv: " + st_train.summary());
   say("valid.tsv: " + st_valid.summary());
-  if (d.train_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/train.tsv'");
-  if (d.valid_pairs.empty()) fail("train: no usable sentence pairs in '" + o.data_dir + "/valid.tsv'");
+  if (d.train_pairs.empty())
+    fail("train: no usable sentence pairs in '" + o.data_dir + "/train.tsv'");
+  if (d.valid_pairs.empty())
+    fail("train: no usable sentence pairs in '" + o.data_dir + "/valid.tsv'");
   return d;
 }
 
-void batch_data(TrainData& d, const text::Tokenizer& tok, const TrainOptions& o, int64_t max_len, const Say& say) {
+void batch_data(TrainData& d, const text::Tokenizer& tok, const TrainOptions& o, int64_t max_len,
+                const Say& say) {
   d.batches = batches_that_fit(tok, d.train_pairs, o, max_len, "train", say);
   d.valid_batches = batches_that_fit(tok, d.valid_pairs, o, max_len, "valid", say);
   for (size_t i = 0; i < d.valid_pairs.size() && (int64_t)i < o.bleu_sentences; ++i)
@@ -517,9 +564,11 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
     if (dump.is_open()) dump << "{\"step_batch\":" << i << "}\n" << std::flush;
     const Tensor tgt_out = nn::shard_of(b.tgt_out, s);
     const auto ids = tgt_out.to_vector<int64_t>();
-    const int64_t targets = (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != PAD; });
-    return nn::shard_loss(model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), tgt_out, o.label_smoothing),
-                          targets, b.tgt_tokens);
+    const int64_t targets =
+        (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != PAD; });
+    return nn::shard_loss(
+        model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), tgt_out, o.label_smoothing),
+        targets, b.tgt_tokens);
   };
   task.examples = [&d](int64_t i) { return d.batches[(size_t)i].src.size(0); };
   task.tokens = [&d](int64_t i) { return d.batches[(size_t)i].tgt_tokens; };
@@ -527,7 +576,8 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   task.validate = [&model, &tok, &d]() -> std::map<std::string, double> {
     ForcedMetrics fm = teacher_forced(model, d.valid_batches);
     double bleu = 0;
-    if (!d.bleu_src.empty()) bleu = text::corpus_bleu(translate_lines(model, tok, d.bleu_src), d.bleu_ref).score;
+    if (!d.bleu_src.empty())
+      bleu = text::corpus_bleu(translate_lines(model, tok, d.bleu_src), d.bleu_ref).score;
     return {{"loss", fm.loss}, {"ppl", fm.ppl}, {"acc", fm.acc}, {"bleu", bleu}};
   };
   task.stop_metric = "bleu";
@@ -536,7 +586,8 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   task.data_fingerprint = batches_fingerprint(d.batches);
   task.tied_files = tied_files(o.run_dir);
   task.on_validated = [&model, &o](const nn::Validated& v) {
-    if (v.best) save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.run_dir));
+    if (v.best)
+      save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.run_dir));
     if (o.plot)
       plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "label-smoothed", {"bleu"},
                             "validation BLEU (greedy)");
@@ -570,7 +621,8 @@ TrainResult train(const TrainOptions& opts) {
     cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
     models::check_config_memory(cfg, o.run_dir + "/config.json");
   } else {
-    models::check_config_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
+    models::check_config_memory(make_config(o, o.vocab),
+                                "train");  // the vocabulary can only shrink
   }
   // Under mpirun rank 0 alone writes the run's files and talks; the others wait for them.
   nn::Communicator& comm = nn::world_communicator();
@@ -584,9 +636,11 @@ TrainResult train(const TrainOptions& opts) {
     fs::create_directories(o.run_dir);
     ensure_tokenizer(o, d.train_pairs, say);
     if (!o.resume)
-      nn::save_json(o.run_dir + "/config.json",
-                    {{"model", make_config(o, text::Tokenizer(o.run_dir + "/spm.model").vocab_size()).to_json()},
-                     {"train", o.to_json()}});
+      nn::save_json(
+          o.run_dir + "/config.json",
+          {{"model",
+            make_config(o, text::Tokenizer(o.run_dir + "/spm.model").vocab_size()).to_json()},
+           {"train", o.to_json()}});
   });
   const text::Tokenizer tok(o.run_dir + "/spm.model");
   if (!o.resume) cfg = make_config(o, tok.vocab_size());
@@ -595,9 +649,10 @@ TrainResult train(const TrainOptions& opts) {
   batch_data(d, tok, o, cfg.max_len, say);
   {
     std::ostringstream os;
-    os << "model: " << model.num_parameters() << " parameters (d " << cfg.d_model << ", " << cfg.heads
-       << " heads, ff " << cfg.d_ff << ", " << cfg.enc_layers << "+" << cfg.dec_layers << " layers, vocab "
-       << cfg.vocab << "); " << d.batches.size() << " batches of <= " << o.batch_tokens << " target tokens";
+    os << "model: " << model.num_parameters() << " parameters (d " << cfg.d_model << ", "
+       << cfg.heads << " heads, ff " << cfg.d_ff << ", " << cfg.enc_layers << "+" << cfg.dec_layers
+       << " layers, vocab " << cfg.vocab << "); " << d.batches.size()
+       << " batches of <= " << o.batch_tokens << " target tokens";
     say(os.str());
   }
   std::ofstream dump;

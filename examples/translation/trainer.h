@@ -21,12 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "graft/autograd/tensor.h"
-#include "graft/nn/trainer.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
-#include "graft/nn/tokenizer.h"
+#include "graft/autograd/tensor.h"
 #include "graft/models/transformer.h"
+#include "graft/nn/tokenizer.h"
+#include "graft/nn/trainer.h"
 
 namespace graft::translation {
 
@@ -53,25 +53,26 @@ struct Batch {
 std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
                                 int64_t max_len, size_t* dropped = nullptr);
 
-
 // ---- training ----
 
 struct TrainOptions {
   std::string data_dir, run_dir;
   std::string preset = "tiny";
-  int64_t steps = 0;       // stop after this many steps (0: no step limit)
-  double minutes = 0;      // stop after this much training time, summed over resumes (0: none)
+  int64_t steps = 0;   // stop after this many steps (0: no step limit)
+  double minutes = 0;  // stop after this much training time, summed over resumes (0: none)
   int64_t batch_tokens = 4096;
   // The recipe (nn::LoopOptions' fields of the same names; the CLI sets warmup by
   // cli::auto_warmup() when --warmup is not given).
   std::string optimizer = "adam";  // adam or adamw
   double weight_decay = 0;         // on the weight matrices only
-  std::string schedule = "auto";   // auto (Noam when lr is 0, else constant lr), noam, cosine, constant
+  std::string schedule =
+      "auto";              // auto (Noam when lr is 0, else constant lr), noam, cosine, constant
   double lr_factor = 1.0;  // Noam factor ...
   int64_t warmup = 4000;   // ... and the warmup of every schedule
-  double lr = 0;           // the peak of cosine and constant; with auto > 0: a constant learning rate
-  double min_lr = 0;       // cosine: the floor
-  int64_t decay_steps = 0; // cosine: where it reaches min_lr (0: steps; a resumed run keeps its own)
+  double lr = 0;      // the peak of cosine and constant; with auto > 0: a constant learning rate
+  double min_lr = 0;  // cosine: the floor
+  int64_t decay_steps =
+      0;  // cosine: where it reaches min_lr (0: steps; a resumed run keeps its own)
   double label_smoothing = 0.1;
   double dropout = 0.1;
   bool pre_ln = false;
@@ -79,11 +80,11 @@ struct TrainOptions {
   double attention_dropout = 0;
   int vocab = 1000;
   int64_t valid_every = 500;
-  int64_t log_every = 100;   // metrics.csv row / non-TTY progress line interval
+  int64_t log_every = 100;  // metrics.csv row / non-TTY progress line interval
   int64_t bleu_sentences = 200;
-  int64_t patience = 0;      // early stopping: validations without a better valid BLEU (0: off)
-  double min_delta = 0;      // early stopping: a better BLEU must beat the best by more than this
-  double stop_at_bleu = NAN; // time to quality: stop once valid BLEU reaches this (NaN: never)
+  int64_t patience = 0;       // early stopping: validations without a better valid BLEU (0: off)
+  double min_delta = 0;       // early stopping: a better BLEU must beat the best by more than this
+  double stop_at_bleu = NAN;  // time to quality: stop once valid BLEU reaches this (NaN: never)
   // For a peer implementation trained on the same data (bench/torch_quality.py): writes every
   // batch's ids, the BLEU sources' ids and then, per step, the batch it trained on, as JSON
   // lines to this file, and the initial weights to <file>.init.safetensors. Not with resume.
@@ -92,10 +93,10 @@ struct TrainOptions {
   // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
   // come from its config.json; steps, minutes and the reporting options still come from here.
   bool resume = false;
-  bool quiet = false;        // no progress output (tests)
+  bool quiet = false;                              // no progress output (tests)
   double bucket_mb = nn::LoopOptions{}.bucket_mb;  // data parallel: gradient bucket size in MiB
-  bool overlap = true;       // data parallel: sum the buckets during backward
-  bool plot = true;          // write curves.png
+  bool overlap = true;                             // data parallel: sum the buckets during backward
+  bool plot = true;                                // write curves.png
   // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf
   // through Graphviz, .dot as text) before training; it leaves the run as without it.
   std::string graph;
@@ -110,12 +111,12 @@ struct ValidMetrics {
 };
 
 struct TrainResult {
-  int64_t first_step = 0;     // steps taken before this call (resume point)
+  int64_t first_step = 0;  // steps taken before this call (resume point)
   int64_t last_step = 0;
-  std::vector<double> losses; // losses[i] is the training loss of step first_step + 1 + i
+  std::vector<double> losses;  // losses[i] is the training loss of step first_step + 1 + i
   ValidMetrics last_valid;
-  double tokens_per_s = 0;    // target tokens per second of training (this call)
-  double train_seconds = 0;   // this call
+  double tokens_per_s = 0;   // target tokens per second of training (this call)
+  double train_seconds = 0;  // this call
   bool stopped_early = false;
 };
 

@@ -19,16 +19,22 @@ MPI_Datatype mpi_type(const Tensor& t, const char* what) {
   if (!t.defined() || !t.is_contiguous())
     fail(std::string("mpi: ") + what + " needs a contiguous tensor, got " + describe(t));
   switch (t.dtype()) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i64: return MPI_INT64_T;
-    default: break;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i64:
+      return MPI_INT64_T;
+    default:
+      break;
   }
   fail(std::string("mpi: ") + what + " of " + describe(t) + ": only f32, f64 and i64 tensors");
 }
 
 int mpi_count(int64_t n, const char* what) {
-  if (n > INT_MAX) fail(std::string("mpi: ") + what + " of " + std::to_string(n) + " elements (at most INT_MAX per call)");
+  if (n > INT_MAX)
+    fail(std::string("mpi: ") + what + " of " + std::to_string(n) +
+         " elements (at most INT_MAX per call)");
   return (int)n;
 }
 
@@ -44,7 +50,8 @@ const int kToken = 0;  // the content of both (the tag is the message)
 constexpr double kAnswerSeconds = 2;
 
 Clock::time_point after(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 // "3", "0.5", "600": seconds for messages.
@@ -105,13 +112,15 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(Tensor& t) override {
     const MPI_Datatype dt = mpi_type(t, "allreduce");
     MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), "allreduce"), dt, MPI_SUM, MPI_COMM_WORLD, &r);
+    MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), "allreduce"), dt, MPI_SUM,
+                   MPI_COMM_WORLD, &r);
     wait(&r, 1);
   }
   void start_allreduce_sum(Tensor& t) override {
     const MPI_Datatype dt = mpi_type(t, "allreduce");
     MPI_Request r;
-    MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), "allreduce"), dt, MPI_SUM, MPI_COMM_WORLD, &r);
+    MPI_Iallreduce(MPI_IN_PLACE, t.raw(), mpi_count(t.numel(), "allreduce"), dt, MPI_SUM,
+                   MPI_COMM_WORLD, &r);
     pending_.push_back(r);
   }
   void progress() override {
@@ -147,13 +156,15 @@ class MpiCommunicator final : public Communicator {
     MPI_Iallreduce(MPI_IN_PLACE, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r[1]);
     wait(r, 2);
     if (lo != hi)
-      fail("mpi: allgather of " + std::to_string(lo) + " to " + std::to_string(hi) + " values: the ranks disagree");
+      fail("mpi: allgather of " + std::to_string(lo) + " to " + std::to_string(hi) +
+           " values: the ranks disagree");
     std::vector<uint64_t> all((size_t)n * (size_t)size_);
     MPI_Request g;
     MPI_Iallgather(values.data(), n, MPI_UINT64_T, all.data(), n, MPI_UINT64_T, MPI_COMM_WORLD, &g);
     wait(&g, 1);
     std::vector<std::vector<uint64_t>> out((size_t)size_);
-    for (int r = 0; r < size_; ++r) out[(size_t)r].assign(all.begin() + (int64_t)r * n, all.begin() + (int64_t)(r + 1) * n);
+    for (int r = 0; r < size_; ++r)
+      out[(size_t)r].assign(all.begin() + (int64_t)r * n, all.begin() + (int64_t)(r + 1) * n);
     return out;
   }
   void barrier() override {
@@ -195,7 +206,9 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void listen_for_pings() { MPI_Irecv(&ping_token_, 1, MPI_INT, MPI_ANY_SOURCE, kPing, watch_, &ping_); }
+  void listen_for_pings() {
+    MPI_Irecv(&ping_token_, 1, MPI_INT, MPI_ANY_SOURCE, kPing, watch_, &ping_);
+  }
 
   void answer_pings() {
     for (;;) {
@@ -242,8 +255,8 @@ class MpiCommunicator final : public Communicator {
     const std::vector<int> silent = silent_ranks();
     const std::string waited = seconds_text(timeout) + " s";
     abort(silent.empty()
-              ? "data parallel: every rank answered, but a collective has not completed in " + waited +
-                    " (the ranks are not in the same collective); ending the job"
+              ? "data parallel: every rank answered, but a collective has not completed in " +
+                    waited + " (the ranks are not in the same collective); ending the job"
               : "data parallel: " + ranks_have(silent, size_) + " not answered for " + waited +
                     " (stopped or hung); ending the job",
           1);
@@ -253,13 +266,15 @@ class MpiCommunicator final : public Communicator {
   bool owns_init_ = false;
   std::string name_;
   std::vector<MPI_Request> pending_;
-  MPI_Comm watch_ = MPI_COMM_NULL;  // the watchdog's pings and answers
+  MPI_Comm watch_ = MPI_COMM_NULL;       // the watchdog's pings and answers
   MPI_Request ping_ = MPI_REQUEST_NULL;  // listens for a ping from any rank
   int ping_token_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>();
+}
 
 }  // namespace graft::nn

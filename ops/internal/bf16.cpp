@@ -79,7 +79,8 @@ std::atomic<uint64_t> weight_copies{0};
 // The copy of t's span (`rounded`: float32 values, else bf16 bits), from derived_copy() when
 // `reuse`.
 template <class Make>
-std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, bool weight, Make make) {
+std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, bool weight,
+                                   Make make) {
   if (!reuse) return make();
   return derived_copy(t, rounded ? 1 : 0, [&] {
     if (weight) ++weight_copies;
@@ -128,11 +129,13 @@ Bf16Operand to_bf16(const Tensor& t, bool contiguous, bool reuse, int slot, bool
   out.strides = contiguous ? contiguous_strides(t.shape()) : bf16_strides(t);
   const size_t bytes = (size_t)std::max<int64_t>(t.numel(), 1) * 2;
   auto fill = [&](const std::shared_ptr<Storage>& s) {
-    convert(swap ? swapped_view(t) : t, span, static_cast<uint16_t*>(s->data), [](float x) { return bf16_bits(x); });
+    convert(swap ? swapped_view(t) : t, span, static_cast<uint16_t*>(s->data),
+            [](float x) { return bf16_bits(x); });
     return s;
   };
   if (reuse && span) {
-    out.storage = span_copy(t, false, true, weight, [&] { return fill(std::make_shared<Storage>(bytes)); });
+    out.storage =
+        span_copy(t, false, true, weight, [&] { return fill(std::make_shared<Storage>(bytes)); });
     return out;
   }
   std::shared_ptr<Storage> buf = scratch(slot, bytes);
@@ -178,9 +181,12 @@ Bf16Operand kept_bf16(const Tensor& t) {
   auto it = copies.find(key);
   if (it != copies.end() && it->second.source.lock() == src && it->second.version == src->version)
     if ((out.storage = it->second.copy.lock())) return out;
-  std::erase_if(copies, [](const auto& kv) { return kv.second.copy.expired() || kv.second.source.expired(); });
+  std::erase_if(copies, [](const auto& kv) {
+    return kv.second.copy.expired() || kv.second.source.expired();
+  });
   out.storage = std::make_shared<Storage>((size_t)std::max<int64_t>(t.numel(), 1) * 2);
-  convert(t, t.is_contiguous(), static_cast<uint16_t*>(out.storage->data), [](float x) { return bf16_bits(x); });
+  convert(t, t.is_contiguous(), static_cast<uint16_t*>(out.storage->data),
+          [](float x) { return bf16_bits(x); });
   copies[key] = KeptEntry{src, out.storage, src->version};
   return out;
 }

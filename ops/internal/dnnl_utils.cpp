@@ -18,7 +18,8 @@ dnnl::stream& stream() {
 Shape canonical_strides(const Shape& shape, const Shape& strides) {
   Shape st = strides;
   for (size_t d = shape.size(); d-- > 0;)
-    if (shape[d] == 1) st[d] = d + 1 < shape.size() ? st[d + 1] * std::max<int64_t>(shape[d + 1], 1) : 1;
+    if (shape[d] == 1)
+      st[d] = d + 1 < shape.size() ? st[d + 1] * std::max<int64_t>(shape[d + 1], 1) : 1;
   return st;
 }
 
@@ -38,7 +39,9 @@ dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) {
   return dnnl::memory(d, engine(), t.raw());
 }
 
-dnnl::memory mem(const dnnl::memory::desc& d, void* data) { return dnnl::memory(d, engine(), data); }
+dnnl::memory mem(const dnnl::memory::desc& d, void* data) {
+  return dnnl::memory(d, engine(), data);
+}
 
 dnnl::memory mem(const Tensor& t) { return mem(md(t), t); }
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "graft/ops/custom.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/internal/dnnl_utils.h"
+#include "graft/ops/internal/kernels.h"
 
 namespace graft::kern {
 
@@ -58,14 +58,16 @@ struct QuantWeights {
 };
 QuantWeights view_quantized(const Storage& s, int64_t OUT) {
   auto* base = static_cast<char*>(s.data);
-  const size_t sums_at = aligned(OUT * sizeof(float)), data_at = sums_at + aligned(OUT * sizeof(int32_t));
+  const size_t sums_at = aligned(OUT * sizeof(float)),
+               data_at = sums_at + aligned(OUT * sizeof(int32_t));
   return {reinterpret_cast<const float*>(base), reinterpret_cast<const int32_t*>(base + sums_at),
           reinterpret_cast<const int8_t*>(base + data_at)};
 }
 
 // Storage for a weight's int8 form whose wq part takes `data_bytes`.
 std::shared_ptr<Storage> quantized_storage(int64_t OUT, size_t data_bytes) {
-  return std::make_shared<Storage>(aligned(OUT * sizeof(float)) + aligned(OUT * sizeof(int32_t)) + data_bytes);
+  return std::make_shared<Storage>(aligned(OUT * sizeof(float)) + aligned(OUT * sizeof(int32_t)) +
+                                   data_bytes);
 }
 
 // w (OUT, IN) quantized per output channel, wq as plain rows.
@@ -101,7 +103,8 @@ QuantRows quantize_activations(const Tensor& x2) {
   data.resize((size_t)N * IN);
   scale.resize(N);
   const float* px = x2.data<float>();
-  uint8_t* pq = data.data();  // the pointers, not the thread_local vectors, go into the parallel loop
+  uint8_t* pq =
+      data.data();  // the pointers, not the thread_local vectors, go into the parallel loop
   float* ps = scale.data();
 #pragma omp parallel for if (N * IN > kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -112,7 +115,8 @@ QuantRows quantize_activations(const Tensor& x2) {
 }
 
 // acc (N, OUT, int32, written over y's bytes) -> y = (acc - 128 sum[o]) xs[n] ws[o] + b[o].
-void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, float* y, int64_t N, int64_t OUT) {
+void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, float* y, int64_t N,
+                int64_t OUT) {
   const float* pb = b.defined() ? b.data<float>() : nullptr;
 #pragma omp parallel for if (N * OUT > kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -127,12 +131,14 @@ void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, floa
 }
 
 // The integer sums in a plain loop: acc[n][o] = Σ_k xq[n][k] wq[o][k], over y's bytes.
-void matmul_int8_reference(const QuantRows& x, const QuantWeights& w, float* y, int64_t N, int64_t IN, int64_t OUT) {
+void matmul_int8_reference(const QuantRows& x, const QuantWeights& w, float* y, int64_t N,
+                           int64_t IN, int64_t OUT) {
 #pragma omp parallel for collapse(2) if (N * OUT * IN > kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < OUT; ++o) {
       int32_t acc = 0;
-      for (int64_t k = 0; k < IN; ++k) acc += (int32_t)x.data[n * IN + k] * (int32_t)w.data[o * IN + k];
+      for (int64_t k = 0; k < IN; ++k)
+        acc += (int32_t)x.data[n * IN + k] * (int32_t)w.data[o * IN + k];
       y[n * OUT + o] = std::bit_cast<float>(acc);
     }
 }
@@ -159,7 +165,8 @@ std::shared_ptr<Storage> weights_for_kernel(const Tensor& w, const dnnl::memory:
     const auto rows = quantize_weights(w);
     auto s = quantized_storage(OUT, best.get_size());
     const QuantWeights from = view_quantized(*rows, OUT), to = view_quantized(*s, OUT);
-    std::memcpy(s->data, rows->data, reinterpret_cast<const char*>(from.data) - static_cast<const char*>(rows->data));
+    std::memcpy(s->data, rows->data,
+                reinterpret_cast<const char*>(from.data) - static_cast<const char*>(rows->data));
     auto src = onednn::mem(plain, const_cast<int8_t*>(from.data));
     auto dst = onednn::mem(best, const_cast<int8_t*>(to.data));
     dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
@@ -170,11 +177,13 @@ std::shared_ptr<Storage> weights_for_kernel(const Tensor& w, const dnnl::memory:
 
 }  // namespace
 
-void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2, bool reference) {
+void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                 bool reference) {
   const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
   if (IN > kMaxIn)
-    fail("linear: int8 precision sums " + std::to_string(IN) + " products per output, more than the " +
-         std::to_string(kMaxIn) + " an int32 sum of u8 x s8 products holds without overflow");
+    fail("linear: int8 precision sums " + std::to_string(IN) +
+         " products per output, more than the " + std::to_string(kMaxIn) +
+         " an int32 sum of u8 x s8 products holds without overflow");
   float* y = y2.data<float>();
   const QuantRows xq = quantize_activations(x2);
   if (reference) {
@@ -188,9 +197,10 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   const auto& c = int8_matmul(N, IN, OUT);
   const auto s = weights_for_kernel(w, c.mds[3], c.mds[1]);
   const QuantWeights q = view_quantized(*s, OUT);
-  c.prim.execute(onednn::stream(), {{DNNL_ARG_SRC, onednn::mem(c.mds[0], const_cast<uint8_t*>(xq.data))},
-                                    {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], const_cast<int8_t*>(q.data))},
-                                    {DNNL_ARG_DST, onednn::mem(c.mds[2], y)}});
+  c.prim.execute(onednn::stream(),
+                 {{DNNL_ARG_SRC, onednn::mem(c.mds[0], const_cast<uint8_t*>(xq.data))},
+                  {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], const_cast<int8_t*>(q.data))},
+                  {DNNL_ARG_DST, onednn::mem(c.mds[2], y)}});
   onednn::stream().wait();
   dequantize(xq, q, b, y, N, OUT);
 }

@@ -17,7 +17,8 @@ namespace graft::kern {
 // y2 (N, OUT) = int8 linear of x2 (N, IN) and w (OUT, IN) (+ b (OUT) when defined), all float32
 // and contiguous. `reference` computes the same integer sums in a plain loop instead of oneDNN's
 // int8 kernel: bit for bit the same outputs (the sums are exact), at loop speed.
-void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2, bool reference);
+void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                 bool reference);
 
 // How many quantized weight copies have been made in this process (ops/precision.h:
 // int8_weight_copies_made).

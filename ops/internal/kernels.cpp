@@ -4,9 +4,9 @@
 #include <bit>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
-#include <string_view>
 
 #include "graft/ops/internal/bf16.h"
 #include "graft/ops/internal/dnnl_utils.h"
@@ -22,8 +22,8 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
     const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1)
       fail(std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) +
-           " cannot be broadcast (dim " + std::to_string(i) + ": " + std::to_string(da) +
-           " vs " + std::to_string(db) + ")");
+           " cannot be broadcast (dim " + std::to_string(i) + ": " + std::to_string(da) + " vs " +
+           std::to_string(db) + ")");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -136,7 +136,8 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
     attr.set_post_ops(po);
   }
   auto desc = [&] {
-    return bias ? dnnl::matmul::desc(a_md, b_md, bias_md, o_md) : dnnl::matmul::desc(a_md, b_md, o_md);
+    return bias ? dnnl::matmul::desc(a_md, b_md, bias_md, o_md)
+                : dnnl::matmul::desc(a_md, b_md, o_md);
   };
   dnnl::matmul::primitive_desc pd(desc(), attr, onednn::engine());
   // A strided batch can land on the reference kernel (orders of magnitude slower); dense
@@ -155,7 +156,8 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
 // bf16 copy's strides on the bf16 kernel).
 Shape operand_strides(const Operand& o, bool bf16_kernel) {
   if (o.is_kept()) return onednn::canonical_strides(o.kept.shape, o.kept.strides);
-  return onednn::canonical_strides(o.f32.shape(), bf16_kernel ? bf16_strides(o.f32) : o.f32.strides());
+  return onednn::canonical_strides(o.f32.shape(),
+                                   bf16_kernel ? bf16_strides(o.f32) : o.f32.strides());
 }
 
 // A row-major copy of a kept bf16 operand read through other strides (a transpose view).
@@ -175,7 +177,8 @@ Bf16Operand dense_bf16(const Bf16Operand& k) {
 // The operand's bf16 copy for the kernel (slot 0 for a, 1 for b): a kept one as it is, unless
 // the primitive needs dense operands and it is a transpose view.
 Bf16Operand kernel_bf16(const Operand& o, bool dense, BCopy copy, int slot) {
-  if (!o.is_kept()) return to_bf16(o.f32, dense, copy != BCopy::per_call, slot, copy == BCopy::weight);
+  if (!o.is_kept())
+    return to_bf16(o.f32, dense, copy != BCopy::per_call, slot, copy == BCopy::weight);
   return dense && !is_dense(o.kept.shape, o.kept.strides) ? dense_bf16(o.kept) : o.kept;
 }
 
@@ -187,7 +190,9 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
   const bool bf16 = matmul_precision() == Precision::bf16;
   const bool bf16_kernel = bf16_kernel_in_force();
   if ((a.is_kept() || b.is_kept()) && !bf16_kernel)
-    fail("bmm: a kept bf16 operand needs the oneDNN bf16 path (PrecisionGuard(bf16) on a CPU with a kernel)");
+    fail(
+        "bmm: a kept bf16 operand needs the oneDNN bf16 path (PrecisionGuard(bf16) on a CPU with a "
+        "kernel)");
   if (bf16 && !bf16_kernel) {
     a.f32 = rounded_to_bf16(a.f32, false);
     b.f32 = rounded_to_bf16(b.f32, b_copy != BCopy::per_call, b_copy == BCopy::weight);
@@ -196,13 +201,14 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
   if (!b.is_kept()) b.f32 = onednn::operand(b.f32);
   if (!a.is_kept() && !b.is_kept()) merge_batch(a.f32, b.f32, out);
   const Shape as = operand_strides(a, bf16_kernel), bs = operand_strides(b, bf16_kernel);
-  onednn::Key key{(int64_t)a.shape().size(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha), bf16_kernel,
-                  bias.defined()};
+  onednn::Key key{(int64_t)a.shape().size(), accumulate, (int64_t)std::bit_cast<uint32_t>(alpha),
+                  bf16_kernel, bias.defined()};
   for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
     key.insert(key.end(), v->begin(), v->end());
   const auto dt = bf16_kernel ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-  const auto& c = onednn::cached<dnnl::matmul>(
-      key, [&] { return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate, bias.defined()); });
+  const auto& c = onednn::cached<dnnl::matmul>(key, [&] {
+    return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate, bias.defined());
+  });
   void *pa, *pb;
   Bf16Operand a16, b16;
   if (bf16_kernel) {
@@ -230,8 +236,7 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
 // one thread and accumulated in i-k-j order so the inner loop streams a row of b.
 template <class T>
 void bmm_loop(const Tensor& a, const Tensor& b, const Tensor& out, T alpha, bool accumulate) {
-  const int64_t r = out.dim(), M = out.shape()[r - 2], N = out.shape()[r - 1],
-                K = a.shape()[r - 1];
+  const int64_t r = out.dim(), M = out.shape()[r - 2], N = out.shape()[r - 1], K = a.shape()[r - 1];
   const Shape sa = broadcast_strides(a, out.shape()), sb = broadcast_strides(b, out.shape());
   // broadcast_strides maps against out's last two dims too; only the batch part is used.
   const int64_t am = a.strides()[r - 2], ak = a.strides()[r - 1];
@@ -272,7 +277,8 @@ struct Derived {
   uint64_t version = 0;
   std::shared_ptr<Storage> copy;
 };
-using DerivedKey = std::tuple<const Storage*, int64_t, int64_t, uint64_t>;  // storage, offset, numel, tag
+using DerivedKey =
+    std::tuple<const Storage*, int64_t, int64_t, uint64_t>;  // storage, offset, numel, tag
 std::mutex derived_mutex;
 std::map<DerivedKey, Derived>& derived_cache() {
   static std::map<DerivedKey, Derived> cache;
@@ -319,7 +325,8 @@ void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha, bo
   if (a.is_kept() || b.is_kept() || (a.f32.dtype() == DType::f32 && a.f32.dim() <= 12))
     bmm_f32(a, b, out, (float)alpha, accumulate, b_copy, Tensor());
   else
-    GRAFT_DISPATCH_FLOAT(a.f32.dtype(), "bmm", [&] { bmm_loop<T>(a.f32, b.f32, out, (T)alpha, accumulate); });
+    GRAFT_DISPATCH_FLOAT(a.f32.dtype(), "bmm",
+                         [&] { bmm_loop<T>(a.f32, b.f32, out, (T)alpha, accumulate); });
 }
 
 namespace {
@@ -329,23 +336,26 @@ std::string describe_operand(const Operand& o) {
 bool operand_is_f32(const Operand& o) { return o.is_kept() || o.f32.dtype() == DType::f32; }
 }  // namespace
 
-void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out, BCopy b_copy) {
+void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out,
+               BCopy b_copy) {
   const Shape &sa = a.shape(), &sb = b.shape();
   if (!operand_is_f32(a) || !operand_is_f32(b) || bias.dtype() != DType::f32 ||
       out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || sa.size() != 2 ||
       sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[1] != sb[0] || sa[1] == 0 ||
       bias.shape()[0] != out.shape()[1] || sa[0] != out.shape()[0] || sb[1] != out.shape()[1])
-    fail("gemm_bias: a " + describe_operand(a) + " @ b " + describe_operand(b) + " + bias " + describe(bias) +
-         " into " + describe(out) + ": float32, 2-D, K > 0 and matching shapes required");
+    fail("gemm_bias: a " + describe_operand(a) + " @ b " + describe_operand(b) + " + bias " +
+         describe(bias) + " into " + describe(out) +
+         ": float32, 2-D, K > 0 and matching shapes required");
   if (out.numel() == 0) return;
   bmm_f32(a, b, out, 1.0f, false, b_copy, bias);
 }
 
 void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate, BCopy b_copy) {
   const Shape &sa = a.shape(), &sb = b.shape();
-  if (sa.size() != 2 || sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[0] != out.shape()[0] ||
-      sb[1] != out.shape()[1] || sa[1] != sb[0])
-    fail("gemm: a " + describe_operand(a) + " @ b " + describe_operand(b) + " into " + describe(out));
+  if (sa.size() != 2 || sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() ||
+      sa[0] != out.shape()[0] || sb[1] != out.shape()[1] || sa[1] != sb[0])
+    fail("gemm: a " + describe_operand(a) + " @ b " + describe_operand(b) + " into " +
+         describe(out));
   bmm(a, b, out, 1.0, accumulate, b_copy);
 }
 
@@ -385,7 +395,8 @@ bool matmul_fits(const Shape& a, const Shape& b, const Shape& out) {
 }
 }  // namespace
 
-void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, bool accumulate) {
+void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha,
+                 bool accumulate) {
   check_float("matmul_into", a);
   check_float("matmul_into", b);
   check_float("matmul_into", out);
@@ -393,7 +404,8 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   check_same_dtype("matmul_into", a, out);
   if (!matmul_fits(a.shape(), b.shape(), out.shape()) || !out.is_contiguous())
     fail("matmul_into: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out) +
-         ": equal ranks >= 2, matching inner dims, batch dims equal or 1 and a contiguous out required");
+         ": equal ranks >= 2, matching inner dims, batch dims equal or 1 and a contiguous out "
+         "required");
   bmm(a, b, out, alpha, accumulate);
 }
 
@@ -405,9 +417,12 @@ Tensor apply_linear(const char* name, const char* adjoint_name, const Tensor& g,
     out = f(g);
   }
   if (autograd::needs_record({g}))
-    autograd::record(name, {g}, {out}, {}, [name, adjoint_name, f, adjoint](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{c.create_graph ? apply_linear(adjoint_name, name, dout[0], adjoint, f) : adjoint(dout[0])};
-    });
+    autograd::record(name, {g}, {out}, {},
+                     [name, adjoint_name, f, adjoint](const autograd::Ctx& c, const Tensors& dout) {
+                       return Tensors{c.create_graph
+                                          ? apply_linear(adjoint_name, name, dout[0], adjoint, f)
+                                          : adjoint(dout[0])};
+                     });
   return out;
 }
 

@@ -18,8 +18,8 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
-#include "graft/ops/internal/bf16.h"
 #include "graft/ops/custom.h"
+#include "graft/ops/internal/bf16.h"
 
 namespace graft::kern {
 
@@ -63,8 +63,8 @@ enum class BCopy { per_call, weight, steady };
 // keeps for its backward (kept_bf16), multiplied as it is (the oneDNN bf16 path only).
 struct Operand {
   Tensor f32;
-  Bf16Operand kept;  // storage set: the kept bf16 copy (f32 undefined)
-  Operand(const Tensor& t) : f32(t) {}  // NOLINT: a tensor is an operand
+  Bf16Operand kept;                               // storage set: the kept bf16 copy (f32 undefined)
+  Operand(const Tensor& t) : f32(t) {}            // NOLINT: a tensor is an operand
   Operand(Bf16Operand k) : kept(std::move(k)) {}  // NOLINT: so is a kept copy
   bool is_kept() const { return kept.storage != nullptr; }
   const Shape& shape() const { return is_kept() ? kept.shape : f32.shape(); }
@@ -107,7 +107,8 @@ Tensor unaliased(const Tensor& t);
 // one; a float compare there would stop GCC vectorising the loops that call it without
 // `#pragma omp simd` (it will not if-convert them under -ftrapping-math).
 inline float exp_nonpos(float x) {
-  return exp_in_range(std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u)));  // -87.0f
+  return exp_in_range(
+      std::bit_cast<float>(std::min(std::bit_cast<uint32_t>(x), 0xC2AE0000u)));  // -87.0f
 }
 inline float exp_nonpos(float x, float) { return exp_nonpos(x); }
 inline double exp_nonpos(double x, double) { return std::exp(x); }  // the float64 reference
@@ -134,7 +135,9 @@ struct DropoutMask {
     m.keep_value = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
     return m;
   }
-  bool keep(int64_t i) const { return (mix64(state0 + ((uint64_t)i + 1) * kGolden) >> 11) >= threshold; }
+  bool keep(int64_t i) const {
+    return (mix64(state0 + ((uint64_t)i + 1) * kGolden) >> 11) >= threshold;
+  }
 };
 
 // The element offset (from the tensor's first element) of the `run`-th last-dim run over dims

@@ -25,7 +25,9 @@ void check(bool ok, const std::string& what) {
 
 GRAFT_DECLARE_OP("consumer_cube", "consumer");
 
-Tensor cube_backward(const Tensor& x, const Tensor& dout) { return mul(dout, affine(mul(x, x), 3.0, 0.0)); }
+Tensor cube_backward(const Tensor& x, const Tensor& dout) {
+  return mul(dout, affine(mul(x, x), 3.0, 0.0));
+}
 
 // cube: y = x^3 elementwise; x (...) -> y (...)
 Tensor cube(const Tensor& x) {
@@ -35,9 +37,10 @@ Tensor cube(const Tensor& x) {
     y = mul(mul(x, x), x);
   }
   if (autograd::needs_record({x}))
-    autograd::record("consumer_cube", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{cube_backward(c.saved[0], dout[0])};
-    });
+    autograd::record("consumer_cube", {x}, {y}, {x},
+                     [](const autograd::Ctx& c, const Tensors& dout) {
+                       return Tensors{cube_backward(c.saved[0], dout[0])};
+                     });
   return y;
 }
 
@@ -52,7 +55,8 @@ void custom_op_gradchecks() {
 
 void small_model_trains() {
   models::LMConfig c;
-  c.vocab = 12, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 16, c.dropout = 0.0;
+  c.vocab = 12, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 16,
+  c.dropout = 0.0;
   models::DecoderOnlyLM lm(c);
   nn::Adam opt(lm.named_parameters(), 1e-2);
   const std::vector<int64_t> seq = {1, 4, 5, 6, 7, 8, 9, 10, 11};
@@ -67,7 +71,8 @@ void small_model_trains() {
     (step == 0 ? first : last) = loss.item();
   }
   std::printf("decoder-only LM: loss %.4f -> %.4f in 30 Adam steps\n", first, last);
-  check(std::isfinite(last) && last < 0.5 * first, "a small model trains through the installed library");
+  check(std::isfinite(last) && last < 0.5 * first,
+        "a small model trains through the installed library");
 }
 
 // ---- a checkpoint written by the installed translate --------------------------------------------
@@ -75,7 +80,8 @@ void small_model_trains() {
 void translate_checkpoint_loads(const std::string& run) {
   const std::string cfg_path = run + "/config.json";
   const nlohmann::json j = nn::load_json(cfg_path);
-  const models::TransformerConfig cfg = models::TransformerConfig::from_json(j.at("model"), cfg_path);
+  const models::TransformerConfig cfg =
+      models::TransformerConfig::from_json(j.at("model"), cfg_path);
   auto weights = models::load_run_weights(cfg, cfg_path, run + "/model.safetensors",
                                           {cfg_path, run + "/spm.model"});
   models::Transformer m(cfg);
@@ -92,17 +98,20 @@ void translate_checkpoint_loads(const std::string& run) {
   check(in_vocab, "a checkpoint written by the installed translate loads and decodes");
 }
 
-// ---- a tokenizer trained from a few sentences ----------------------------------------------------
+// ---- a tokenizer trained from a few sentences
+// ----------------------------------------------------
 
 void tokenizer_trains(const std::string& run) {
-  const std::vector<std::string> sents = {"the cat sat on the mat", "the dog sat on the log",
-                                          "a cat and a dog", "the mat and the log",
-                                          "der Hund und die Katze", "die Katze sitzt auf der Matte"};
+  const std::vector<std::string> sents = {
+      "the cat sat on the mat", "the dog sat on the log", "a cat and a dog",
+      "the mat and the log",    "der Hund und die Katze", "die Katze sitzt auf der Matte"};
   text::Tokenizer::train(sents, run + "/consumer_spm", 40);
   const text::Tokenizer tok(run + "/consumer_spm.model");
   const std::vector<int> ids = tok.encode("the cat sat on the log");
-  std::printf("tokenizer: %d pieces, \"the cat sat on the log\" -> %zu ids\n", tok.vocab_size(), ids.size());
-  check(!ids.empty() && tok.decode(ids) == "the cat sat on the log", "a tokenizer trains, encodes and decodes");
+  std::printf("tokenizer: %d pieces, \"the cat sat on the log\" -> %zu ids\n", tok.vocab_size(),
+              ids.size());
+  check(!ids.empty() && tok.decode(ids) == "the cat sat on the log",
+        "a tokenizer trains, encodes and decodes");
 }
 
 }  // namespace
@@ -114,7 +123,8 @@ int main(int argc, char** argv) {
   }
   try {
     std::printf("graft %s (graft/version.h), package %s\n", GRAFT_VERSION_STRING, PACKAGE_VERSION);
-    check(std::string(GRAFT_VERSION_STRING) == PACKAGE_VERSION, "graft/version.h agrees with the package's version");
+    check(std::string(GRAFT_VERSION_STRING) == PACKAGE_VERSION,
+          "graft/version.h agrees with the package's version");
     custom_op_gradchecks();
     small_model_trains();
     translate_checkpoint_loads(argv[1]);

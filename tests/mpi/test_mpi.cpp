@@ -44,7 +44,8 @@ std::vector<Batch> make_batches(int count, int64_t rows, int64_t vocab) {
     Batch batch;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t ls = 2 + (int64_t)g.below(6), lt = 2 + (int64_t)g.below(6);
-      for (int64_t t = 0; t < ls; ++t) src[(size_t)(r * T + t)] = 4 + (int64_t)g.below((uint64_t)vocab - 4);
+      for (int64_t t = 0; t < ls; ++t)
+        src[(size_t)(r * T + t)] = 4 + (int64_t)g.below((uint64_t)vocab - 4);
       tin[(size_t)(r * T)] = 2;
       for (int64_t t = 0; t < lt; ++t) {
         const int64_t y = 4 + (int64_t)g.below((uint64_t)vocab - 4);
@@ -63,7 +64,8 @@ std::vector<Batch> make_batches(int count, int64_t rows, int64_t vocab) {
 
 models::TransformerConfig tiny_config(double dropout) {
   models::TransformerConfig c;
-  c.vocab = 16, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.enc_layers = 1, c.dec_layers = 1, c.max_len = 16;
+  c.vocab = 16, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.enc_layers = 1, c.dec_layers = 1,
+  c.max_len = 16;
   c.dropout = dropout;
   c.dtype = DType::f64;  // so that the order of the sums is the only difference, far below 1e-5
   return c;
@@ -84,9 +86,10 @@ struct Tiny {
       const Batch& b = batches[(size_t)i];
       const Tensor out = nn::shard_of(b.tgt_out, s);
       const auto ids = out.to_vector<int64_t>();
-      const int64_t targets = (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != 0; });
-      return nn::shard_loss(model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), out, 0.1), targets,
-                            b.tokens);
+      const int64_t targets =
+          (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != 0; });
+      return nn::shard_loss(model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), out, 0.1),
+                            targets, b.tokens);
     };
     task.examples = [this](int64_t i) { return batches[(size_t)i].src.size(0); };
     task.tokens = [this](int64_t i) { return batches[(size_t)i].tokens; };
@@ -139,7 +142,8 @@ struct TimeoutFor {
 // GRAFT_COLLECTIVE_TIMEOUT for a scope (unset: nullptr).
 struct TimeoutVariable {
   const char* name = "GRAFT_COLLECTIVE_TIMEOUT";
-  std::optional<std::string> saved = std::getenv(name) ? std::optional<std::string>(std::getenv(name)) : std::nullopt;
+  std::optional<std::string> saved =
+      std::getenv(name) ? std::optional<std::string>(std::getenv(name)) : std::nullopt;
   explicit TimeoutVariable(const char* value) { value ? setenv(name, value, 1) : unsetenv(name); }
   ~TimeoutVariable() { saved ? setenv(name, saved->c_str(), 1) : unsetenv(name); }
 };
@@ -166,7 +170,8 @@ void check_close(const nn::Module& a, const nn::Module& b, double rel) {
       if (!(e <= worst)) worst = e, where = pa[k].first;
     }
   }
-  BOOST_CHECK_MESSAGE(worst <= rel, "worst relative difference " << worst << " (in " << where << ") > " << rel);
+  BOOST_CHECK_MESSAGE(worst <= rel,
+                      "worst relative difference " << worst << " (in " << where << ") > " << rel);
   BOOST_TEST_MESSAGE("worst relative difference " << worst << " (in " << where << ")");
 }
 
@@ -273,8 +278,9 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
   {
     Tiny t(0.0, /*rows=*/1);
     const fs::path dir = shared_dir("too_small");
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(dir, 20, world())), Error,
-                          [](const Error& e) { return names(e, "the data is too small for 2 ranks"); });
+    BOOST_CHECK_EXCEPTION(
+        nn::train_loop(t.task, options(dir, 20, world())), Error,
+        [](const Error& e) { return names(e, "the data is too small for 2 ranks"); });
     BOOST_TEST(!fs::exists(dir / "train_state.safetensors"));
   }
   {
@@ -282,14 +288,17 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
     if (rank == 1) t.task.data_fingerprint = "other data";
     const fs::path dir = shared_dir("disagree_data");
     BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(dir, 20, world())), Error,
-                          [](const Error& e) { return names(e, "the ranks disagree") && names(e, "rank 1 differs"); });
+                          [](const Error& e) {
+                            return names(e, "the ranks disagree") && names(e, "rank 1 differs");
+                          });
     BOOST_TEST(!fs::exists(dir / "train_state.safetensors"));
   }
   {
     Tiny t(0.0);
     if (rank == 1) t.task.run_config = "{\"heads\": 4}";  // a model option that keeps the shapes
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(shared_dir("disagree_config"), 20, world())), Error,
-                          [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
+    BOOST_CHECK_EXCEPTION(
+        nn::train_loop(t.task, options(shared_dir("disagree_config"), 20, world())), Error,
+        [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
   }
   {
     Tiny t(0.0);
@@ -330,7 +339,8 @@ BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
 BOOST_AUTO_TEST_CASE(collective_timeout_option) {
   {
     TimeoutVariable unset(nullptr);
-    BOOST_TEST(nn::collective_timeout_from_environment() == nn::Communicator::kDefaultCollectiveTimeout);
+    BOOST_TEST(nn::collective_timeout_from_environment() ==
+               nn::Communicator::kDefaultCollectiveTimeout);
   }
   {
     TimeoutVariable v("2.5");
@@ -339,14 +349,16 @@ BOOST_AUTO_TEST_CASE(collective_timeout_option) {
   for (const char* bad : {"-1", "ten", "5s", "nan"}) {
     TimeoutVariable v(bad);
     BOOST_CHECK_EXCEPTION(nn::collective_timeout_from_environment(), Error, [bad](const Error& e) {
-      return names(e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad + "' is not a number of seconds >= 0");
+      return names(
+          e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad + "' is not a number of seconds >= 0");
     });
   }
   TimeoutFor t(0);  // restores the world's timeout
   BOOST_TEST(world().collective_timeout() == 0.0);
   for (double bad : {-1.0, (double)NAN, (double)INFINITY})
-    BOOST_CHECK_EXCEPTION(world().set_collective_timeout(bad), Error,
-                          [](const Error& e) { return names(e, "the collective timeout must be a number of seconds >= 0"); });
+    BOOST_CHECK_EXCEPTION(world().set_collective_timeout(bad), Error, [](const Error& e) {
+      return names(e, "the collective timeout must be a number of seconds >= 0");
+    });
   BOOST_TEST(world().collective_timeout() == 0.0);
 }
 
@@ -358,7 +370,8 @@ BOOST_AUTO_TEST_CASE(a_slow_rank_within_the_timeout_is_waited_for) {
   auto good = dp.task.loss;
   int calls = 0;
   dp.task.loss = [&](int64_t i, nn::Shard s) {
-    if (world().rank() == 1 && ++calls == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (world().rank() == 1 && ++calls == 3)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     return good(i, s);
   };
   BOOST_TEST(nn::train_loop(dp.task, options(shared_dir("slow"), 20, world())).last_step == 20);
@@ -387,10 +400,11 @@ BOOST_AUTO_TEST_CASE(rank_throws) {
 GRAFT_DECLARE_OP("fail_in_backward_on_rank1", "test");
 Tensor fail_in_backward_on_rank1(const Tensor& x) {
   Tensor y = x.detach();
-  autograd::record("fail_in_backward_on_rank1", {x}, {y}, {}, [](const autograd::Ctx&, const Tensors& dout) -> Tensors {
-    if (world().rank() == 1) fail("a failure injected in rank 1's backward");
-    return {dout[0]};
-  });
+  autograd::record("fail_in_backward_on_rank1", {x}, {y}, {},
+                   [](const autograd::Ctx&, const Tensors& dout) -> Tensors {
+                     if (world().rank() == 1) fail("a failure injected in rank 1's backward");
+                     return {dout[0]};
+                   });
   return y;
 }
 
