@@ -55,6 +55,19 @@ PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
+# The C++ sources in .clang-format's style: `make format` rewrites them, `make format-check`
+# (run by .ci/run) lists every file that differs and fails. clang-format from Debian (14 on
+# Debian 12).
+FORMAT_FILES = $(shell git ls-files '*.cpp' '*.h' 2>/dev/null)
+format:
+	$(call apt_install,clang-format)
+	clang-format -i $(FORMAT_FILES)
+format-check:
+	$(call apt_install,clang-format)
+	@bad=""; for f in $(FORMAT_FILES); do clang-format --dry-run --Werror "$$f" 2>/dev/null || bad="$$bad $$f"; done; \
+	  if [ -n "$$bad" ]; then echo "format-check: not in .clang-format's style (make format fixes them):$$bad"; exit 1; fi; \
+	  echo "format-check: $(words $(FORMAT_FILES)) files in .clang-format's style"
+
 # The API reference from the public headers (Doxygen) into build/docs/html; any warning
 # (an undocumented public symbol, a broken reference) fails it.
 DOC_DEPS = doxygen graphviz
