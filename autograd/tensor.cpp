@@ -86,11 +86,11 @@ Shape contiguous_strides(const Shape& s) {
 
 void fail(const std::string& msg) { throw Error(msg); }
 
-int64_t norm_axis(const char* op, int64_t axis, int64_t rank) {
+int64_t norm_axis(const char* op, int64_t axis, int64_t rank, const Tensor* input) {
   int64_t a = axis < 0 ? axis + rank : axis;
   if (a < 0 || a >= rank)
-    fail(std::string(op) + ": axis " + std::to_string(axis) + " out of range for rank " +
-         std::to_string(rank));
+    fail(std::string(op) + ": axis " + std::to_string(axis) + " out of range for " +
+         (input ? "input " + describe(*input) : "rank " + std::to_string(rank)));
   return a;
 }
 

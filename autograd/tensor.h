@@ -69,9 +69,12 @@ struct Error : std::runtime_error {
 /// Throws graft::Error with message `msg`; the one place the library raises its errors.
 /// @throws graft::Error always.
 [[noreturn]] void fail(const std::string& msg);
-/// Normalises a possibly negative axis against a rank (-1 is the last axis).
-/// @throws graft::Error "<op>: axis a out of range for rank r" unless -rank <= axis < rank.
-int64_t norm_axis(const char* op, int64_t axis, int64_t rank);
+class Tensor;
+/// Normalises a possibly negative axis against a rank (-1 is the last axis). With `input`, the
+/// error names the input (its dtype and shape) rather than the rank alone.
+/// @throws graft::Error "<op>: axis a out of range for rank r" (or "... for input <describe>")
+///         unless -rank <= axis < rank.
+int64_t norm_axis(const char* op, int64_t axis, int64_t rank, const Tensor* input = nullptr);
 
 /// Raw, 64-byte aligned memory shared by a tensor and all its views. The version counter is
 /// shared by all views of the storage.

@@ -142,29 +142,26 @@ void scale_kernel(T* __restrict g, int64_t n, T c) {
   for (int64_t i = 0; i < n; ++i) g[i] *= c;
 }
 
-// ---- JSON readers for load_state: every miss names the key ----
+// ---- JSON readers for load_state: json_field() (checkpoint.h), every miss naming the key ----
 
+const char* const kLoadState = "load_state";
+
+// j[key] as it is (an array or object the caller walks), or an error naming the key.
 const nlohmann::json& need(const nlohmann::json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) fail(std::string("load_state: missing '") + key + "'");
+  if (!j.is_object() || !j.contains(key))
+    fail(std::string(kLoadState) + ": '" + key + "' is missing");
   return j.at(key);
 }
 double need_number(const nlohmann::json& j, const char* key) {
-  const auto& v = need(j, key);
-  if (!v.is_number())
-    fail(std::string("load_state: '") + key + "' must be a number, got " + json_excerpt(v));
-  return v.get<double>();
+  return json_field<double>(j, key, kLoadState);
 }
-int64_t need_int(const nlohmann::json& j, const char* key) {
-  const auto& v = need(j, key);
-  if (!v.is_number_integer() || v.get<int64_t>() < 0)
-    fail(std::string("load_state: '") + key + "' must be an integer >= 0, got " + json_excerpt(v));
-  return v.get<int64_t>();
-}
-bool need_bool(const nlohmann::json& j, const char* key) {
-  const auto& v = need(j, key);
-  if (!v.is_boolean())
-    fail(std::string("load_state: '") + key + "' must be true or false, got " + json_excerpt(v));
-  return v.get<bool>();
+// A count (a step): an integer >= 0.
+int64_t need_count(const nlohmann::json& j, const char* key) {
+  const int64_t v = json_field<int64_t>(j, key, kLoadState);
+  if (v < 0)
+    fail(std::string(kLoadState) + ": '" + key + "' must be an integer >= 0, got " +
+         std::to_string(v));
+  return v;
 }
 
 }  // namespace
@@ -317,7 +314,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
   if (!type.is_string() || type.get<std::string>() != name())
     fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " +
          name());
-  const int64_t step = need_int(j, "step");
+  const int64_t step = need_count(j, "step");
   const double lr = need_number(j, "lr");
   check_nonneg("load_state", "lr", lr);
 
@@ -433,7 +430,7 @@ nlohmann::json SGD::state_json() const {
 void SGD::check_hyper(const nlohmann::json& j) const {
   const double momentum = need_number(j, "momentum");
   check_nonneg("load_state", "momentum", momentum);
-  const bool nesterov = need_bool(j, "nesterov");
+  const bool nesterov = json_field<bool>(j, "nesterov", kLoadState);
   if (nesterov && momentum <= 0) fail("load_state: SGD state has nesterov with momentum 0");
   // The momentum buffers exist only when momentum != 0, so that must agree.
   if ((momentum != 0) != (momentum_ != 0))
@@ -540,7 +537,7 @@ void Adam::check_hyper(const nlohmann::json& j) const {
   check_beta("load_state", "beta1", need_number(j, "beta1"));
   check_beta("load_state", "beta2", need_number(j, "beta2"));
   check_nonneg("load_state", "eps", need_number(j, "eps"));
-  const int64_t step = need_int(j, "step");
+  const int64_t step = need_count(j, "step");
   const auto& steps = need(j, "param_steps");
   if (!steps.is_object()) fail("load_state: 'param_steps' must be an object");
   for (const auto& [pname, p] : params_) {

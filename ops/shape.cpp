@@ -42,13 +42,9 @@ void check_defined(const char* op, const Tensor& x) {
   if (!x.defined()) fail(std::string(op) + ": got an undefined tensor");
 }
 
-// Normalises an axis, naming the input's shape in the error (norm_axis names only the rank).
+// Normalises an axis, naming the input's shape in the error.
 int64_t axis_of(const char* op, int64_t axis, const Tensor& x, int64_t rank) {
-  const int64_t a = axis < 0 ? axis + rank : axis;
-  if (a < 0 || a >= rank)
-    fail(std::string(op) + ": axis " + std::to_string(axis) + " out of range for input " +
-         describe(x));
-  return a;
+  return norm_axis(op, axis, rank, &x);
 }
 int64_t axis_of(const char* op, int64_t axis, const Tensor& x) {
   return axis_of(op, axis, x, x.dim());

@@ -731,7 +731,7 @@ BOOST_AUTO_TEST_CASE(load_state_errors) {
                 "load_state: the state is for optimizer \"SGD\" but this one is Adam");
     j = good_j;
     j.erase("beta2");
-    check_error([&] { try_load(good_t, j); }, "load_state: missing 'beta2'");
+    check_error([&] { try_load(good_t, j); }, "load_state: 'beta2' is missing");
     j = good_j;
     j["lr"] = "fast";
     check_error([&] { try_load(good_t, j); }, "load_state: 'lr' must be a number");
