@@ -441,8 +441,8 @@ class Loop {
  public:
   // resume: whether run_dir has a checkpoint to continue (o.resume, and one was committed).
   Loop(const TrainTask& task, const LoopOptions& o, Communicator& comm, bool resume)
-      : t_(task),
-        o_(o),
+      : task_(task),
+        options_(o),
         comm_(comm),
         resume_(resume),
         rank_(comm.rank()),
@@ -457,8 +457,8 @@ class Loop {
   // Each step below either runs on every rank or fails on every rank (on_every_rank() holds no
   // collective call inside; the checks and synchronise_start() fail alike on every rank).
   LoopResult run() {
-    on_every_rank(comm_, [&] { tied_ = tied_fingerprints(t_); });
-    check_ranks_agree(comm_, t_, o_, tied_);
+    on_every_rank(comm_, [&] { tied_ = tied_fingerprints(task_); });
+    check_ranks_agree(comm_, task_, options_, tied_);
     on_every_rank(comm_, [&] { start(); });
     synchronise_start();
     if (ranks_ == 1) return train();
@@ -474,21 +474,22 @@ class Loop {
 
  private:
   LoopResult train() {
-    if (o_.patience > 0 && s_.since_best >= o_.patience) {  // a resumed run that had stopped early
-      say("the run had stopped early at step " + std::to_string(s_.step) + "; nothing to do");
+    if (options_.patience > 0 &&
+        state_.since_best >= options_.patience) {  // a resumed run that had stopped early
+      say("the run had stopped early at step " + std::to_string(state_.step) + "; nothing to do");
       res_.stopped_early = true;
-      res_.last_step = s_.step;
+      res_.last_step = state_.step;
       return res_;
     }
     while (!done()) {
       train_step();
-      if (s_.step % o_.valid_every == 0 && validate_and_save(true)) break;
+      if (state_.step % options_.valid_every == 0 && validate_and_save(true)) break;
     }
     // Off the validation cadence (a time budget): validate and save for the record, without
     // counting it for early stopping, so a resumed run stops where an uninterrupted one would.
-    if (last_valid_step_ != s_.step) validate_and_save(false);
+    if (last_valid_step_ != state_.step) validate_and_save(false);
     if (tty_) std::cerr << "\n";
-    res_.last_step = s_.step;
+    res_.last_step = state_.step;
     res_.train_seconds = seconds_since(t_start_);
     res_.tokens_per_s = (double)tok_total_ / std::max(1e-9, res_.train_seconds - valid_seconds_);
     res_.ranks = ranks_;
@@ -508,8 +509,9 @@ class Loop {
         "data parallel: %d ranks (%s), %zu gradient bucket%s (%.1f MB a step, overlap %s); "
         "waited %.2f s for the sums after backward (%.1f%% of %.1f s of training)",
         ranks_, comm_.name().c_str(), res_.buckets, res_.buckets == 1 ? "" : "s",
-        (double)res_.gradient_bytes / 1e6, o_.overlap ? "on" : "off", res_.allreduce_wait_seconds,
-        100.0 * res_.allreduce_wait_seconds / std::max(1e-9, train_s), train_s);
+        (double)res_.gradient_bytes / 1e6, options_.overlap ? "on" : "off",
+        res_.allreduce_wait_seconds, 100.0 * res_.allreduce_wait_seconds / std::max(1e-9, train_s),
+        train_s);
     say(buf);
   }
 
@@ -518,7 +520,7 @@ class Loop {
     if (tty_) std::cerr << "\r\033[K";
     std::cerr << s << std::endl;
   }
-  double elapsed() const { return s_.elapsed + seconds_since(t_start_); }
+  double elapsed() const { return state_.elapsed + seconds_since(t_start_); }
   // A fresh run takes rank 0's initial weights on every rank. A resumed one checks that every
   // rank loaded the same state (one shared run directory), else the ranks would drift apart.
   void synchronise_start() {
@@ -533,7 +535,7 @@ class Loop {
     NamedTensors state = params_;
     for (auto& [n, t] : opt_->state_tensors()) state.emplace_back("optim." + n, t);
     const uint64_t sum = std::stoull(weights_checksum(state).substr(0, 16), nullptr, 16);
-    const auto all = comm_.allgather({(uint64_t)s_.step, sum});
+    const auto all = comm_.allgather({(uint64_t)state_.step, sum});
     for (int r = 1; r < ranks_; ++r)
       if (all[(size_t)r] != all[0])
         fail("resume: rank " + std::to_string(r) +
@@ -544,29 +546,31 @@ class Loop {
 
   // The time budget is rank 0's clock, so every rank stops after the same step.
   bool done() {
-    if (o_.steps > 0 && s_.step >= o_.steps) return true;
-    if (!(o_.minutes > 0)) return false;
-    Tensor up = full({1}, elapsed() >= o_.minutes * 60.0 ? 1.0 : 0.0, DType::i64);
+    if (options_.steps > 0 && state_.step >= options_.steps) return true;
+    if (!(options_.minutes > 0)) return false;
+    Tensor up = full({1}, elapsed() >= options_.minutes * 60.0 ? 1.0 : 0.0, DType::i64);
     comm_.broadcast(up, 0);
     return up.item() != 0;
   }
 
   void start() {
-    s_.batch_gen = Generator(o_.seed * 0x2545F4914F6CDD1Dull + 17);
-    if (o_.resume && !resume_) say("no checkpoint in '" + o_.run_dir + "' yet: starting at step 0");
+    state_.batch_gen = Generator(options_.seed * 0x2545F4914F6CDD1Dull + 17);
+    if (options_.resume && !resume_)
+      say("no checkpoint in '" + options_.run_dir + "' yet: starting at step 0");
     if (resume_) {
-      const auto saved = load_train_state(state_path(), t_, recipe_, *opt_, s_);
+      const auto saved = load_train_state(state_path(), task_, recipe_, *opt_, state_);
       last_valid_step_ =
-          s_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
-      rows_ = read_metrics(o_.run_dir + "/" + kMetricsFile, t_.metric_names, s_.step);
-      say("resumed at step " + std::to_string(s_.step) + " (epoch " + std::to_string(s_.epoch) +
-          ", batch " + std::to_string(s_.pos) + "/" + std::to_string(t_.batches) + ")");
+          state_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
+      rows_ = read_metrics(options_.run_dir + "/" + kMetricsFile, task_.metric_names, state_.step);
+      say("resumed at step " + std::to_string(state_.step) + " (epoch " +
+          std::to_string(state_.epoch) + ", batch " + std::to_string(state_.pos) + "/" +
+          std::to_string(task_.batches) + ")");
       if ((int)saved.size() == ranks_) {
-        set_generator_states(t_, saved[(size_t)rank_]);
+        set_generator_states(task_, saved[(size_t)rank_]);
       } else {
         // Another rank count shards each batch differently: the result cannot be the one the
         // saved ranks would have reached, only one as good. Dropout streams start anew per rank.
-        set_generator_states(t_, rank_streams(saved[0], rank_));
+        set_generator_states(task_, rank_streams(saved[0], rank_));
         say("the run was saved by " + std::to_string(saved.size()) + " rank" +
             (saved.size() == 1 ? "" : "s") + " and resumes on " + std::to_string(ranks_) +
             ": each rank's dropout stream is derived anew "
@@ -574,40 +578,42 @@ class Loop {
             std::to_string(saved.size()) + ")");
       }
     } else {
-      manual_seed(o_.seed);
-      s_.order = shuffled_order(t_.batches, s_.batch_gen);
-      set_generator_states(t_,
-                           rank_streams(generator_states(t_), rank_));  // dropout streams per rank
+      manual_seed(options_.seed);
+      state_.order = shuffled_order(task_.batches, state_.batch_gen);
+      set_generator_states(
+          task_, rank_streams(generator_states(task_), rank_));  // dropout streams per rank
     }
     if (ranks_ > 1)
-      sync_ = std::make_unique<GradientBuckets>(params_, comm_, (size_t)(o_.bucket_mb * (1 << 20)),
-                                                o_.overlap);
-    res_.first_step = s_.step;
+      sync_ = std::make_unique<GradientBuckets>(
+          params_, comm_, (size_t)(options_.bucket_mb * (1 << 20)), options_.overlap);
+    res_.first_step = state_.step;
     t_start_ = t_interval_ = t_draw_ = Clock::now();
   }
 
-  std::string state_path() const { return o_.run_dir + "/" + kStateFile; }
+  std::string state_path() const { return options_.run_dir + "/" + kStateFile; }
 
   void train_step() {
-    if (s_.pos == t_.batches) {
-      ++s_.epoch;
-      s_.pos = 0;
-      s_.order = shuffled_order(t_.batches, s_.batch_gen);
+    if (state_.pos == task_.batches) {
+      ++state_.epoch;
+      state_.pos = 0;
+      state_.order = shuffled_order(task_.batches, state_.batch_gen);
     }
-    const int64_t b = s_.order[(size_t)s_.pos++];
-    lr_ = schedule_.lr(s_.step + 1);
+    const int64_t b = state_.order[(size_t)state_.pos++];
+    lr_ = schedule_.lr(state_.step + 1);
     opt_->set_lr(lr_);
     const Shard shard{rank_, ranks_};
     // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
     const auto [first, last] =
-        ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(t_.examples(b), shard);
+        ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(task_.examples(b), shard);
     const bool has_rows = first < last;
-    const Tensor loss = !has_rows ? Tensor() : t_.loss ? t_.loss(b, shard) : t_.loss_of_batch(b);
+    const Tensor loss = !has_rows    ? Tensor()
+                        : task_.loss ? task_.loss(b, shard)
+                                     : task_.loss_of_batch(b);
     const double lv = global_loss(loss);
     if (!std::isfinite(lv)) {
       autograd::clear_tape();
-      fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(s_.step + 1) +
-           " (the last good state is in '" + state_path() + "'" +
+      fail("train: the loss is " + std::to_string(lv) + " at step " +
+           std::to_string(state_.step + 1) + " (the last good state is in '" + state_path() + "'" +
            (autograd::anomaly_mode()
                 ? ")"
                 : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
@@ -616,13 +622,13 @@ class Loop {
     else sync_->finish();
     // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
     // the run alive and deterministic.
-    if (std::isfinite(clip_grad_norm(params_, o_.clip))) opt_->step();
+    if (std::isfinite(clip_grad_norm(params_, options_.clip))) opt_->step();
     opt_->zero_grad();
-    ++s_.step;
+    ++state_.step;
     res_.losses.push_back(lv);
-    s_.acc_loss += lv;
-    ++s_.acc_n;
-    const int64_t n = t_.tokens(b);
+    state_.acc_loss += lv;
+    ++state_.acc_n;
+    const int64_t n = task_.tokens(b);
     tok_total_ += n;
     tok_interval_ += n;
     log(lv);
@@ -652,31 +658,32 @@ class Loop {
   std::map<std::string, double> validate_on_rank0() {
     std::map<std::string, double> vm;
     if (rank_ == 0) {
-      EvalScope es(*t_.model);
+      EvalScope es(*task_.model);
       autograd::NoGrad ng;
-      vm = t_.validate();
+      vm = task_.validate();
     }
     if (ranks_ == 1) return vm;
-    const size_t n = t_.metric_names.size();
+    const size_t n = task_.metric_names.size();
     Tensor v = zeros({(int64_t)(2 * n)}, DType::f64);  // (present, value) per metric
     double* d = v.data<double>();
     for (size_t i = 0; i < n; ++i)
-      if (auto it = vm.find(t_.metric_names[i]); it != vm.end())
+      if (auto it = vm.find(task_.metric_names[i]); it != vm.end())
         d[2 * i] = 1, d[2 * i + 1] = it->second;
     comm_.broadcast(v, 0);
     vm.clear();
     for (size_t i = 0; i < n; ++i)
-      if (d[2 * i] != 0) vm[t_.metric_names[i]] = d[2 * i + 1];
+      if (d[2 * i] != 0) vm[task_.metric_names[i]] = d[2 * i + 1];
     return vm;
   }
 
   void log(double lv) {
-    const bool row = s_.step % o_.log_every == 0;
+    const bool row = state_.step % options_.log_every == 0;
     if (row) {
       last_tps_ = (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
-      rows_.push_back(as_written({s_.step, s_.acc_loss / (double)s_.acc_n, lr_, last_tps_, {}}));
-      s_.acc_loss = 0;
-      s_.acc_n = 0;
+      rows_.push_back(
+          as_written({state_.step, state_.acc_loss / (double)state_.acc_n, lr_, last_tps_, {}}));
+      state_.acc_loss = 0;
+      state_.acc_n = 0;
       t_interval_ = Clock::now();
       tok_interval_ = 0;
     }
@@ -685,14 +692,15 @@ class Loop {
     const double tps = last_tps_ > 0
                            ? last_tps_
                            : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
-    const double per_step = seconds_since(t_start_) / (double)(s_.step - res_.first_step);
-    double eta = o_.steps > 0 ? per_step * (double)(o_.steps - s_.step) : NAN;
-    if (o_.minutes > 0)
-      eta = std::isfinite(eta) ? std::min(eta, o_.minutes * 60 - elapsed())
-                               : o_.minutes * 60 - elapsed();
+    const double per_step = seconds_since(t_start_) / (double)(state_.step - res_.first_step);
+    double eta = options_.steps > 0 ? per_step * (double)(options_.steps - state_.step) : NAN;
+    if (options_.minutes > 0)
+      eta = std::isfinite(eta) ? std::min(eta, options_.minutes * 60 - elapsed())
+                               : options_.minutes * 60 - elapsed();
     char buf[200];
     std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s",
-                  (long long)s_.step, (long long)s_.epoch, lv, lr_, tps, fmt_duration(eta).c_str());
+                  (long long)state_.step, (long long)state_.epoch, lv, lr_, tps,
+                  fmt_duration(eta).c_str());
     if (tty_) std::cerr << "\r\033[K" << buf << std::flush;
     else std::cerr << buf << std::endl;
   }
@@ -706,10 +714,10 @@ class Loop {
     for (auto& [name, v] : vm)
       if (!std::isfinite(v))
         fail("train: validation " + name + " is " + std::to_string(v) + " at step " +
-             std::to_string(s_.step) + " (the last good state is in '" + state_path() + "')");
+             std::to_string(state_.step) + " (the last good state is in '" + state_path() + "')");
     res_.last_valid = vm;
-    MetricsRow r{s_.step, NAN, NAN, NAN, {}};
-    if (!rows_.empty() && rows_.back().step == s_.step) {
+    MetricsRow r{state_.step, NAN, NAN, NAN, {}};
+    if (!rows_.empty() && rows_.back().step == state_.step) {
       r = rows_.back();
       rows_.pop_back();
     }
@@ -717,14 +725,14 @@ class Loop {
     rows_.push_back(as_written(r));
     const bool stop =
         counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
-    LoopState snap = s_;
+    LoopState snap = state_;
     snap.elapsed = elapsed();
-    const auto generators = comm_.allgather(generator_states(t_));
+    const auto generators = comm_.allgather(generator_states(task_));
     if (rank_ == 0) save_checkpoint(snap, generators);  // rank 0 alone writes files
-    last_valid_step_ = s_.step;
+    last_valid_step_ = state_.step;
     std::ostringstream os;
-    os << "step " << s_.step << " ";
-    for (auto& n : t_.metric_names)
+    os << "step " << state_.step << " ";
+    for (auto& n : task_.metric_names)
       os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
     char buf[32];
     std::snprintf(buf, sizeof buf, "  (%.1f s)", seconds_since(t0));
@@ -734,14 +742,16 @@ class Loop {
     tok_interval_ = 0;
     valid_seconds_ += seconds_since(t0);
     if (res_.reached_target) {
-      say("reached valid " + t_.stop_metric + " " + fmt_num(o_.stop_at) + " at step " +
-          std::to_string(s_.step) + " after " + fmt_num(res_.seconds_to_target) +
+      say("reached valid " + task_.stop_metric + " " + fmt_num(options_.stop_at) + " at step " +
+          std::to_string(state_.step) + " after " + fmt_num(res_.seconds_to_target) +
           " s of training (" + fmt_num(res_.wall_seconds_to_target) + " s wall)");
     } else if (stop) {
       res_.stopped_early = true;
-      say("early stopping: valid " + t_.stop_metric + " has not improved" +
-          (o_.min_delta > 0 ? " by more than " + fmt_num(o_.min_delta) : std::string()) + " for " +
-          std::to_string(o_.patience) + " validations (best " + fmt_num(s_.best) + ")");
+      say("early stopping: valid " + task_.stop_metric + " has not improved" +
+          (options_.min_delta > 0 ? " by more than " + fmt_num(options_.min_delta)
+                                  : std::string()) +
+          " for " + std::to_string(options_.patience) + " validations (best " +
+          fmt_num(state_.best) + ")");
     }
     return stop;
   }
@@ -749,45 +759,47 @@ class Loop {
   // The train state, metrics.csv and the program's files, committed as one checkpoint.
   void save_checkpoint(const LoopState& snap,
                        const std::vector<std::vector<uint64_t>>& generators) {
-    CheckpointCommit c(o_.run_dir, snap.step);
-    save_train_state(c.path(kStateFile), t_, *opt_, snap, tied_, recipe_, generators);
-    write_metrics(c.path(kMetricsFile), t_.metric_names, rows_);
-    const bool best =
-        t_.stop_metric.empty() || newest_is_best(rows_, t_.stop_metric, t_.higher_is_better);
-    if (t_.on_validated) t_.on_validated(Validated{snap.step, rows_, best, c});
+    CheckpointCommit c(options_.run_dir, snap.step);
+    save_train_state(c.path(kStateFile), task_, *opt_, snap, tied_, recipe_, generators);
+    write_metrics(c.path(kMetricsFile), task_.metric_names, rows_);
+    const bool best = task_.stop_metric.empty() ||
+                      newest_is_best(rows_, task_.stop_metric, task_.higher_is_better);
+    if (task_.on_validated) task_.on_validated(Validated{snap.step, rows_, best, c});
     c.commit();
   }
 
   // this_valid_s: the seconds this validation took, not training time.
   bool reached_target(const std::map<std::string, double>& vm, double this_valid_s) {
-    if (std::isnan(o_.stop_at)) return false;
-    auto it = vm.find(t_.stop_metric);
+    if (std::isnan(options_.stop_at)) return false;
+    auto it = vm.find(task_.stop_metric);
     if (it == vm.end() || !std::isfinite(it->second)) return false;
-    if (t_.higher_is_better ? it->second < o_.stop_at : it->second > o_.stop_at) return false;
+    if (task_.higher_is_better ? it->second < options_.stop_at : it->second > options_.stop_at)
+      return false;
     res_.reached_target = true;
-    res_.target_step = s_.step;
+    res_.target_step = state_.step;
     res_.wall_seconds_to_target = seconds_since(t_start_);
     res_.seconds_to_target = res_.wall_seconds_to_target - valid_seconds_ - this_valid_s;
     return true;
   }
 
   bool update_early_stopping(const std::map<std::string, double>& vm) {
-    if (o_.patience <= 0) return false;
-    auto it = vm.find(t_.stop_metric);
+    if (options_.patience <= 0) return false;
+    auto it = vm.find(task_.stop_metric);
     const double v = it == vm.end() ? NAN : it->second;
-    const double gain = t_.higher_is_better ? v - s_.best : s_.best - v;
-    const bool better = std::isfinite(v) && (!std::isfinite(s_.best) || gain > o_.min_delta);
+    const double gain = task_.higher_is_better ? v - state_.best : state_.best - v;
+    const bool better =
+        std::isfinite(v) && (!std::isfinite(state_.best) || gain > options_.min_delta);
     if (better) {
-      s_.best = v;
-      s_.since_best = 0;
+      state_.best = v;
+      state_.since_best = 0;
     } else {
-      ++s_.since_best;
+      ++state_.since_best;
     }
-    return s_.since_best >= o_.patience;
+    return state_.since_best >= options_.patience;
   }
 
-  const TrainTask& t_;
-  const LoopOptions& o_;
+  const TrainTask& task_;
+  const LoopOptions& options_;
   Communicator& comm_;
   const bool resume_;
   const int rank_, ranks_;
@@ -796,10 +808,10 @@ class Loop {
   std::unique_ptr<GradientBuckets> sync_;  // on several ranks
   std::unique_ptr<Optimizer> opt_;
   Schedule schedule_;
-  nlohmann::json recipe_;  // loop_recipe(o_): kept in the train state, checked on resume
+  nlohmann::json recipe_;  // loop_recipe(options_): kept in the train state, checked on resume
   bool tty_;
   nlohmann::json tied_;  // the tied files' fingerprints as this run found them at its start
-  LoopState s_;
+  LoopState state_;
   LoopResult res_;
   std::vector<MetricsRow> rows_;
   Clock::time_point t_start_, t_interval_, t_draw_;
