@@ -525,7 +525,7 @@ nlohmann::json load_resume_config(const std::string& run_dir) {
   const std::string path = run_dir + "/config.json";
   std::error_code ec;
   if (!fs::exists(path, ec))
-    fail("resume: '" + path + "' is missing (nothing to resume; drop --resume to start fresh)");
+    fail("resume: '" + path + "' is missing (nothing to resume; start a fresh run instead)");
   return load_json(path);
 }
 

@@ -211,7 +211,7 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
                                  nlohmann::json& oj) {
   if (!fs::exists(path))
     fail("resume: no training state at '" + path +
-         "' (nothing to resume; drop --resume to start fresh)");
+         "' (nothing to resume; start a fresh run instead)");
   SafetensorsFile f;
   try {
     f = load_safetensors(path);
@@ -616,7 +616,7 @@ class Loop {
            std::to_string(state_.step + 1) + " (the last good state is in '" + state_path() + "'" +
            (autograd::anomaly_mode()
                 ? ")"
-                : "; --detect-anomaly or GRAFT_DETECT_ANOMALY=1 names the op that made it)"));
+                : "; anomaly mode (GRAFT_DETECT_ANOMALY=1) names the op that made it)"));
     }
     if (has_rows) backward(loss);
     else sync_->finish();
@@ -825,49 +825,46 @@ static void check_loop_rest(const LoopOptions& o);
 
 void check_loop_options(const LoopOptions& o) {
   if (!(o.minutes >= 0) || !std::isfinite(o.minutes))
-    fail("train: --minutes must be a finite number >= 0");
+    fail("train: minutes must be a finite number >= 0");
   if (o.steps <= 0 && !(o.minutes > 0))
-    fail("train: give a step budget (--steps) or a time budget (--minutes)");
-  if (o.valid_every < 1 || o.log_every < 1)
-    fail("train: --valid-every and the log interval must be >= 1");
+    fail("train: give a step budget (steps) or a time budget (minutes)");
+  if (o.valid_every < 1 || o.log_every < 1) fail("train: valid_every and log_every must be >= 1");
   if (o.patience < 0) fail("train: patience must be >= 0");
   if (!(o.min_delta >= 0) || !std::isfinite(o.min_delta))
-    fail("train: --min-delta must be a finite number >= 0");
+    fail("train: min_delta must be a finite number >= 0");
   if (!(o.lr >= 0) || !std::isfinite(o.lr))
-    fail("train: --lr must be a finite number >= 0 (0: the Noam schedule)");
+    fail("train: lr must be a finite number >= 0 (0: the Noam schedule)");
   if (!(o.lr_factor > 0) || !std::isfinite(o.lr_factor))
-    fail("train: the lr factor must be a finite number > 0");
+    fail("train: lr_factor must be a finite number > 0");
   if (o.optimizer != "adam" && o.optimizer != "adamw")
-    fail("train: --optimizer must be adam or adamw, got '" + o.optimizer + "'");
+    fail("train: optimizer must be adam or adamw, got '" + o.optimizer + "'");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
-    fail("train: --weight-decay must be a finite number >= 0");
+    fail("train: weight_decay must be a finite number >= 0");
   if (!(o.min_lr >= 0) || !std::isfinite(o.min_lr))
-    fail("train: --min-lr must be a finite number >= 0");
-  if (o.decay_steps < 0) fail("train: the decay steps must be >= 0 (0: the step budget)");
+    fail("train: min_lr must be a finite number >= 0");
+  if (o.decay_steps < 0) fail("train: decay_steps must be >= 0 (0: the step budget)");
   if (o.d_model < 1) fail("train: d_model must be >= 1");
   const bool noam = o.schedule == "noam" || (o.schedule == "auto" && o.lr == 0);
   if (noam) {
-    if (o.warmup < 1) fail("train: --warmup must be >= 1 for the Noam schedule");
+    if (o.warmup < 1) fail("train: warmup must be >= 1 for the Noam schedule");
     if (o.schedule == "noam" && o.lr > 0)
       fail(
-          "train: --lr is the peak of the cosine and constant schedules; the Noam schedule is "
-          "scaled by the "
-          "lr factor (--lr-factor) instead");
+          "train: lr is the peak of the cosine and constant schedules; the Noam schedule is "
+          "scaled by lr_factor instead");
   } else if (o.schedule == "cosine" || o.schedule == "constant") {
-    if (o.warmup < 0) fail("train: --warmup must be >= 0");
+    if (o.warmup < 0) fail("train: warmup must be >= 0");
     if (!(o.lr > 0))
-      fail("train: --schedule " + o.schedule + " needs --lr > 0 (its peak learning rate)");
+      fail("train: schedule " + o.schedule + " needs lr > 0 (its peak learning rate)");
   } else if (o.schedule != "auto") {
-    fail("train: --schedule must be noam, cosine or constant, got '" + o.schedule + "'");
+    fail("train: schedule must be noam, cosine or constant, got '" + o.schedule + "'");
   }
   if (o.schedule != "cosine") return check_loop_rest(o);
   if (o.min_lr > o.lr)
-    fail("train: --min-lr (" + fmt_num(o.min_lr) + ") must not exceed --lr (" + fmt_num(o.lr) +
-         ")");
+    fail("train: min_lr (" + fmt_num(o.min_lr) + ") must not exceed lr (" + fmt_num(o.lr) + ")");
   const int64_t total = o.decay_steps > 0 ? o.decay_steps : o.steps;
-  if (total <= 0) fail("train: --schedule cosine decays over the step budget: give --steps");
+  if (total <= 0) fail("train: schedule cosine decays over the step budget: give steps");
   if (total <= o.warmup)
-    fail("train: --schedule cosine needs more steps (" + std::to_string(total) +
+    fail("train: schedule cosine needs more steps (" + std::to_string(total) +
          ") than warmup steps (" + std::to_string(o.warmup) + ")");
   check_loop_rest(o);
 }

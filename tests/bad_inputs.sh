@@ -53,8 +53,8 @@ case_ CLI "\`--steps 99999999999999999999\`" 2 "--steps: Value" -- "$T" train --
 case_ CLI "\`--lr nan\`" 2 "--lr: Value nan is not a number" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr nan
 case_ CLI "\`--lr -1\`" 2 "--lr: Value -1 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --lr -1
 case_ CLI "\`--schedule linear\`" 2 "--schedule: linear not in {auto,noam,cosine,constant}" -- "$T" train --data "$D" --out "$W/x" --steps 5 --schedule linear
-case_ CLI "\`--schedule cosine\` without \`--lr\`" 2 "--schedule cosine needs --lr > 0" -- "$T" train --data "$D" --out "$W/x" --steps 5 --schedule cosine
-case_ CLI "\`--schedule cosine\` with \`--minutes\`" 2 "cosine decays over the step budget: give --steps" -- "$T" train --data "$D" --out "$W/x" --minutes 1 --schedule cosine --lr 1e-3
+case_ CLI "\`--schedule cosine\` without \`--lr\`" 2 "schedule cosine needs lr > 0" -- "$T" train --data "$D" --out "$W/x" --steps 5 --schedule cosine
+case_ CLI "\`--schedule cosine\` with \`--minutes\`" 2 "cosine decays over the step budget: give steps" -- "$T" train --data "$D" --out "$W/x" --minutes 1 --schedule cosine --lr 1e-3
 case_ CLI "\`--optimizer sgd\`" 2 "--optimizer: sgd not in {adam,adamw}" -- "$LM" train --out "$W/x" --steps 5 --optimizer sgd
 case_ CLI "\`--minutes nan\`" 2 "--minutes: Value nan is not a number" -- "$T" train --data "$D" --out "$W/x" --minutes nan
 case_ CLI "\`--vocab 2147483000\`" 2 "--vocab: Value 2147483000 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 5 --vocab 2147483000

@@ -332,7 +332,7 @@ BOOST_AUTO_TEST_CASE(early_stopping_min_delta) {
   BOOST_TEST(r.last_step == 40);
   o.min_delta = -1;
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
-                        [](const Error& e) { return names(e, "--min-delta"); });
+                        [](const Error& e) { return names(e, "min_delta"); });
 }
 
 // A step whose gradient is not finite skips the update (the loss stays finite): the run goes on,
@@ -518,27 +518,27 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
                           [&](const Error& x) { return names(x, part); });
   };
   refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; },
-         "--minutes must be a finite number");
-  refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "--minutes must be a finite number");
-  refuse([](nn::LoopOptions& o) { o.lr = -1; }, "--lr must be a finite number >= 0");
-  refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "--lr must be a finite number >= 0");
-  refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr factor must be");
+         "minutes must be a finite number");
+  refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "minutes must be a finite number");
+  refuse([](nn::LoopOptions& o) { o.lr = -1; }, "lr must be a finite number >= 0");
+  refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "lr must be a finite number >= 0");
+  refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr_factor must be");
   refuse([](nn::LoopOptions& o) { o.optimizer = "sgd"; },
-         "--optimizer must be adam or adamw, got 'sgd'");
+         "optimizer must be adam or adamw, got 'sgd'");
   refuse([](nn::LoopOptions& o) { o.schedule = "linear"; },
-         "--schedule must be noam, cosine or constant");
+         "schedule must be noam, cosine or constant");
   refuse([](nn::LoopOptions& o) { o.schedule = "noam"; },
-         "the Noam schedule is scaled by the lr factor");
+         "the Noam schedule is scaled by lr_factor");
   refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; },
-         "--schedule cosine needs --lr > 0");
+         "schedule cosine needs lr > 0");
   refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; },
-         "give --steps");
+         "give steps");
   refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; },
          "more steps (10) than warmup steps (10)");
   refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; },
-         "--min-lr (1) must not exceed --lr (0.05)");
+         "min_lr (1) must not exceed lr (0.05)");
   refuse([](nn::LoopOptions& o) { o.weight_decay = -1; },
-         "--weight-decay must be a finite number >= 0");
+         "weight_decay must be a finite number >= 0");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
