@@ -240,7 +240,8 @@ std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json", weights_path = dir + "/model.safetensors";
   const BertConfig c = BertConfig::from_hf_json(nn::load_json(cfg_path), cfg_path);
   check_config_memory(c, cfg_path, /*copies=*/3);  // the file, the mapped tensors, the model
-  if (!std::filesystem::exists(weights_path))
+  std::error_code ec;
+  if (!std::filesystem::exists(weights_path, ec))
     fail("load_hf_bert: '" + weights_path +
          "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
   const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
@@ -285,7 +286,9 @@ void save_hf_bert(const BertEncoder& model, const std::string& dir) {
       out.emplace_back(m.hf[i],
                        contiguous(slice(t, 0, (int64_t)i * rows, (int64_t)(i + 1) * rows)));
   }
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) fail("save_hf_bert: cannot create '" + dir + "': " + ec.message());
   nn::save_json(dir + "/config.json", cfg);
   nn::save_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
 }

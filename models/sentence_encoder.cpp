@@ -15,7 +15,7 @@ namespace {
 /// sentence_bert_config.json's max_seq_length, or the position table's length without it.
 int64_t read_max_seq_length(const std::string& dir, int64_t max_len) {
   const std::string path = dir + "/sentence_bert_config.json";
-  if (!std::filesystem::exists(path)) return max_len;
+  if (std::error_code ec; !std::filesystem::exists(path, ec)) return max_len;
   int64_t n = max_len;
   ConfigReader(nn::load_json(path), path).get_or_keep("max_seq_length", n);
   if (n < 2 || n > max_len)
@@ -28,7 +28,7 @@ int64_t read_max_seq_length(const std::string& dir, int64_t max_len) {
 /// 1_Pooling/config.json's mode (mean or CLS), mean without it.
 Pooling read_pooling(const std::string& dir) {
   const std::string path = dir + "/1_Pooling/config.json";
-  if (!std::filesystem::exists(path)) return Pooling::mean;
+  if (std::error_code ec; !std::filesystem::exists(path, ec)) return Pooling::mean;
   const nlohmann::json j = nn::load_json(path);
   const ConfigReader r(j, path);
   bool mean = false, cls = false, other = false;
@@ -47,7 +47,7 @@ Pooling read_pooling(const std::string& dir) {
 /// Whether modules.json lists a Normalize module.
 bool read_normalize(const std::string& dir) {
   const std::string path = dir + "/modules.json";
-  if (!std::filesystem::exists(path)) return false;
+  if (std::error_code ec; !std::filesystem::exists(path, ec)) return false;
   const nlohmann::json j = nn::load_json(path);
   if (!j.is_array()) fail(path + ": must be a JSON array of modules");
   for (const auto& m : j)
