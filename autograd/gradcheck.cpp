@@ -329,6 +329,19 @@ std::pair<Tensors, Tensors> inputs_in_both_precisions(const OpCase& c) {
 
 }  // namespace
 
+std::string check_error_input(const ErrorInput& e) {
+  try {
+    e.call();
+  } catch (const Error& err) {
+    const std::string m = err.what();
+    if (m.find(e.message) != std::string::npos) return "";
+    return e.what + ": the error \"" + m + "\" does not contain \"" + e.message + "\"";
+  } catch (const std::exception& other) {
+    return e.what + ": threw a non-graft exception: " + other.what();
+  }
+  return e.what + ": nothing was thrown (want an error containing \"" + e.message + "\")";
+}
+
 GradcheckResult check_f32_vs_f64(const OpCase& c) {
   GradcheckResult res;
   auto [x32, x64] = inputs_in_both_precisions(c);

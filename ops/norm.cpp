@@ -546,7 +546,17 @@ void register_rms_norm_cases() {
           [](DType dt, Generator& g) {
             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
           },
-      .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
+      .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); },
+      .error_inputs = {{"a weight of another width",
+                        [] {
+                          rms_norm(zeros({2, 4}), zeros({3}));
+                        },
+                        "rms_norm: x f32 (2, 4), w f32 (3): w must be (4)"},
+                       {"a negative eps",
+                        [] {
+                          rms_norm(zeros({2, 4}), Tensor(), -1.0);
+                        },
+                        "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"}}});
   // A transposed (non-contiguous) x, its rows broadcast against one weight vector.
   register_case(OpCase{.name = "rms_norm/weighted_transposed",
                        .op = "rms_norm",
@@ -588,7 +598,29 @@ void register_add_layer_norm_cases() {
             r.requires_grad_(false);
             return Tensors{case_input({4, 6}, dt, g), r, case_input({6}, dt, g, 0.5, 1.5)};
           },
-      .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); }});
+      .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], Tensor(), 1e-5); },
+      // The residual must match x (no broadcasting); the checks name the fused op.
+      .error_inputs =
+          {{"a residual of another shape",
+            [] {
+              add_layer_norm(zeros({2, 4}), zeros({4}), zeros({4}), Tensor());
+            },
+            "add_layer_norm: r f32 (4) must have the dtype and shape of x f32 (2, 4)"},
+           {"a residual of another dtype",
+            [] {
+              add_layer_norm(zeros({2, 4}), zeros({2, 4}, DType::f64), Tensor(), Tensor());
+            },
+            "add_layer_norm: r f64 (2, 4) must have the dtype"},
+           {"an undefined residual",
+            [] {
+              add_layer_norm(zeros({2, 4}), Tensor(), Tensor(), Tensor());
+            },
+            "add_layer_norm: r undefined tensor must have"},
+           {"a weight of another width",
+            [] {
+              add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor());
+            },
+            "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"}}});
 }
 
 }  // namespace
@@ -597,15 +629,32 @@ void register_norm_cases() {
   register_add_layer_norm_cases();
   register_rms_norm_cases();
   // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
-  register_case(OpCase{.name = "layer_norm/affine",
-                       .op = "layer_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2),
-                                            case_input({5}, dt, g, 0.5, 1.5),
-                                            case_input({5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  register_case(
+      OpCase{.name = "layer_norm/affine",
+             .op = "layer_norm",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3, 5}, dt, g, -2, 2),
+                                  case_input({5}, dt, g, 0.5, 1.5), case_input({5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
+             .error_inputs = {{"a weight of another width",
+                               [] {
+                                 layer_norm(zeros({2, 4}), zeros({5}), Tensor());
+                               },
+                               "layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"},
+                              {"a bias of x's shape",
+                               [] {
+                                 layer_norm(zeros({2, 4}), zeros({4}), zeros({2, 4}));
+                               },
+                               "layer_norm: x f32 (2, 4), w f32 (4), b f32 (2, 4): b must be (4)"},
+                              {"a weight of another dtype",
+                               [] {
+                                 layer_norm(zeros({2, 4}), zeros({4}, DType::f64), Tensor());
+                               },
+                               "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"},
+                              {"a 0-dim x", [] { layer_norm(scalar(1.0), Tensor(), Tensor()); },
+                               "layer_norm: x f32 (): x needs at least 1 dim"}}});
   register_case(
       OpCase{.name = "layer_norm/plain_transposed",
              .op = "layer_norm",

@@ -148,7 +148,14 @@ void register_softmax_cases() {
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({3, 5}, dt, g, -2, 2)};
                            },
-                       .fn = [](const Tensors& x) { return softmax(x[0], -1); }});
+                       .fn = [](const Tensors& x) { return softmax(x[0], -1); },
+                       .error_inputs = {{"axis 2 of a rank-2 input",
+                                         [] {
+                                           softmax(zeros({2, 3}), 2);
+                                         },
+                                         "softmax: axis 2 out of range for rank 2"},
+                                        {"an int64 input", [] { softmax(zeros({3}, DType::i64)); },
+                                         "softmax: expected a float tensor, got i64 (3)"}}});
   register_case(OpCase{.name = "softmax/middle_axis_transposed",
                        .op = "softmax",
                        .make_inputs =
@@ -162,7 +169,12 @@ void register_softmax_cases() {
                            [](DType dt, Generator& g) {
                              return Tensors{case_input_t({3, 5}, dt, g, -2, 2)};
                            },
-                       .fn = [](const Tensors& x) { return log_softmax(x[0], -1); }});
+                       .fn = [](const Tensors& x) { return log_softmax(x[0], -1); },
+                       .error_inputs = {{"axis -3 of a rank-2 input",
+                                         [] {
+                                           log_softmax(zeros({2, 3}), -3);
+                                         },
+                                         "log_softmax: axis -3 out of range for rank 2"}}});
   register_case(OpCase{.name = "log_softmax/middle_axis",
                        .op = "log_softmax",
                        .make_inputs =

@@ -13,6 +13,19 @@
 
 namespace graft {
 
+/// A bad input of a case's op and the error it must raise (as OpInfo's error_inputs): `call`
+/// applies the op to it and must throw a graft::Error whose message contains `message`. The
+/// gradcheck-all test runs every case's (check_error_input()).
+struct ErrorInput {
+  std::string what;            ///< the bad input in words, such as "axis 2 of a rank-2 input"
+  std::function<void()> call;  ///< the op applied to the bad input
+  std::string message;         ///< a fragment the error message must contain
+};
+
+/// "" when `e.call()` throws a graft::Error whose message contains `e.message`, else what went
+/// wrong (nothing thrown, another message, another exception type).
+std::string check_error_input(const ErrorInput& e);
+
 /// One registered case for the generic tests. make_inputs builds the inputs in the requested
 /// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
 /// that should be checked come back with requires_grad set.
@@ -28,6 +41,7 @@ struct OpCase {
   ///@{
   double f32_atol = 1e-4, f32_rtol = 1e-3;
   ///@}
+  std::vector<ErrorInput> error_inputs{};  ///< bad inputs of the op and the errors they raise
 };
 
 /// A case for an op that another op's backward records under create_graph (such as

@@ -46,6 +46,34 @@ BOOST_AUTO_TEST_CASE(every_declared_op_has_a_case) {
   }
 }
 
+// Every case's bad inputs raise their errors (OpCase::error_inputs), and nothing is left on the
+// tape by a failed call.
+BOOST_DATA_TEST_CASE(error_inputs_raise_their_errors, boost::unit_test::data::make(case_names()),
+                     name) {
+  for (const ErrorInput& e : find_case(name).error_inputs) {
+    const std::string complaint = check_error_input(e);
+    BOOST_TEST(complaint.empty(), name << ": " << complaint);
+  }
+  autograd::clear_tape();
+}
+
+BOOST_AUTO_TEST_CASE(check_error_input_tells_what_went_wrong) {
+  BOOST_TEST(check_error_input({"ok", [] { fail("op: bad shape"); }, "bad shape"}).empty());
+  BOOST_TEST(check_error_input({"silent", [] {}, "bad"}).find("nothing was thrown") !=
+             std::string::npos);
+  BOOST_TEST(check_error_input({"other", [] { fail("op: bad dtype"); }, "bad shape"})
+                 .find("does not contain \"bad shape\"") != std::string::npos);
+  BOOST_TEST(check_error_input({"std", [] { throw std::out_of_range("at"); }, "x"})
+                 .find("non-graft exception") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(error_inputs_are_listed) {
+  size_t n = 0;
+  for (const OpCase& c : registered_cases()) n += c.error_inputs.size();
+  BOOST_TEST_MESSAGE(n << " error inputs in " << registered_cases().size() << " cases");
+  BOOST_TEST(n >= 10u);
+}
+
 BOOST_DATA_TEST_CASE(float64_gradcheck, boost::unit_test::data::make(case_names()), name) {
   const OpCase& c = find_case(name);
   Generator gen(11);
