@@ -285,17 +285,4 @@ Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions
   return decode(step, Sequences(src.shape()[0], {m.cfg.bos_id}), m.cfg.eos_id, o);
 }
 
-Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o) {
-  DecodeOptions g = o;
-  g.beam = 1;
-  g.sample = false;
-  return translate(m, src, g);
-}
-
-Sequences beam_search(const Transformer& m, const Tensor& src, const DecodeOptions& o) {
-  DecodeOptions g = o;
-  g.sample = false;
-  return translate(m, src, g);
-}
-
 }  // namespace graft::models

@@ -124,11 +124,5 @@ class Transformer : public nn::Module {
 /// @throws graft::Error when src is not int64 (B, S), for bad options (check_decode_options()),
 ///         or (learned positions) max_len + 1 > the config's max_len.
 Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o);
-/// translate() with greedy decoding (beam 1, no sampling).
-/// @throws graft::Error as translate().
-Sequences greedy_decode(const Transformer& m, const Tensor& src, const DecodeOptions& o);
-/// translate() with beam search of width o.beam (no sampling).
-/// @throws graft::Error as translate().
-Sequences beam_search(const Transformer& m, const Tensor& src, const DecodeOptions& o);
 
 }  // namespace graft::models

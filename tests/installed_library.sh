@@ -25,7 +25,7 @@ VERSION=$(sed -n 's/^project(graft VERSION \([0-9.]*\).*/\1/p' "$SRC/CMakeLists.
 [[ -n $VERSION ]] || fail "no version in CMakeLists.txt's project()"
 
 # What is installed.
-for prog in translate lm classify; do [[ -x $P/bin/$prog ]] || fail "bin/$prog is not installed"; done
+for prog in translate lm classify embed; do [[ -x $P/bin/$prog ]] || fail "bin/$prog is not installed"; done
 [[ -f $LIBDIR/cmake/graft/graftConfig.cmake && -f $LIBDIR/cmake/graft/graftConfigVersion.cmake ]] ||
   fail "the CMake package is not installed"
 for layer in autograd ops nn models; do

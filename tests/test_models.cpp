@@ -161,9 +161,9 @@ BOOST_AUTO_TEST_CASE(cached_decoding_equals_full_recomputation) {
     o.max_len = 12;
     o.stop_at_eos = false;
     o.use_cache = true;
-    auto cached = greedy_decode(m, src, o);
+    auto cached = translate(m, src, o);
     o.use_cache = false;
-    auto full = greedy_decode(m, src, o);
+    auto full = translate(m, src, o);
     BOOST_TEST(cached == full);
     // Logit-level check: one cached step vs the full decoder at the same position.
     autograd::NoGrad ng;
@@ -193,9 +193,9 @@ BOOST_AUTO_TEST_CASE(cached_beam_search_equals_full_recomputation) {
   for (bool stop : {false, true}) {
     o.stop_at_eos = stop;
     o.use_cache = true;
-    auto cached = beam_search(m, src, o);
+    auto cached = translate(m, src, o);
     o.use_cache = false;
-    BOOST_TEST(cached == beam_search(m, src, o));
+    BOOST_TEST(cached == translate(m, src, o));
   }
 }
 
@@ -205,11 +205,11 @@ BOOST_AUTO_TEST_CASE(beam_one_equals_greedy_and_beam_is_no_worse) {
   Tensor src = ids({5, 6, 7, 8, 3, 9, 10, 3, 0, 0, 12, 3, 0, 0, 0}, 3);
   DecodeOptions o;
   o.max_len = 10;
-  auto g = greedy_decode(m, src, o);
+  auto g = translate(m, src, o);
   o.beam = 1;
-  BOOST_TEST(beam_search(m, src, o) == g);
+  BOOST_TEST(translate(m, src, o) == g);
   o.beam = 4;
-  auto b = beam_search(m, src, o);
+  auto b = translate(m, src, o);
   BOOST_TEST(b.size() == 3u);
 }
 
@@ -623,9 +623,9 @@ BOOST_AUTO_TEST_CASE(attention_recorder_in_every_model) {
   o.max_len = 5;
   o.stop_at_eos = false;
   o.use_cache = true;
-  const auto plain = greedy_decode(m, src, o);
+  const auto plain = translate(m, src, o);
   nn::AttentionRecorder steps;
-  BOOST_TEST(greedy_decode(m, src, o) == plain);
+  BOOST_TEST(translate(m, src, o) == plain);
   size_t encoder = 0, decoder = 0;
   for (auto& [path, w] : steps.weights()) (path.rfind("encoder.", 0) == 0 ? encoder : decoder) += 1;
   BOOST_TEST(encoder == 2u);  // the source is encoded once

@@ -939,14 +939,6 @@ std::vector<Case> nn_and_model_cases() {
           "translate(const Transformer&, const Tensor&, const DecodeOptions&)",
           [] { return ids(1, 4); },
           [](const Tensor& t) { translate(transformer(), t, decode_options(1)); }),
-      one(
-          "greedy_decode(const Transformer&, const Tensor&, const DecodeOptions&)",
-          [] { return ids(1, 4); },
-          [](const Tensor& t) { greedy_decode(transformer(), t, decode_options(1)); }),
-      one(
-          "beam_search(const Transformer&, const Tensor&, const DecodeOptions&)",
-          [] { return ids(1, 4); },
-          [](const Tensor& t) { beam_search(transformer(), t, decode_options(2)); }),
   };
   // The base AttentionPositions adds no rotation: rotate() hands its tensor back as it is, so an
   // undefined one comes back undefined, as documented ("x itself").

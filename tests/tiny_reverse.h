@@ -130,8 +130,7 @@ struct LearnedDecoder {
     models::DecodeOptions o;
     o.max_len = 10;
     o.beam = beam_size;
-    return beam_size == 1 ? models::greedy_decode(run.m, batch.src, o)
-                          : models::beam_search(run.m, batch.src, o);
+    return models::translate(run.m, batch.src, o);
   }
   // How many of the sequences equal their counterparts in `want`.
   static int same(const models::Sequences& got, const models::Sequences& want) {

@@ -90,7 +90,7 @@ void translate_checkpoint_loads(const std::string& run) {
   Tensor src = from_vector(std::vector<int64_t>{10, 11, 12, 13, cfg.eos_id}, {1, 5}, DType::i64);
   models::DecodeOptions o;
   o.max_len = 8;
-  const models::Sequences out = models::greedy_decode(m, src, o);
+  const models::Sequences out = models::translate(m, src, o);
   bool in_vocab = out.size() == 1 && !out[0].empty();
   for (int64_t t : out.at(0)) in_vocab = in_vocab && t >= 0 && t < cfg.vocab;
   std::printf("translate checkpoint: %lld parameters, greedy output of %zu tokens\n",
