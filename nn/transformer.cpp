@@ -199,14 +199,10 @@ Encoder::Encoder(const LayerConfig& c, int64_t n, bool final_norm, Generator& ge
   positions = stack_positions(*this, c, pos, causal, gen);
 }
 
-Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad, bool causal) const {
+Tensor Encoder::forward(const Tensor& x, const Tensor& src_pad) const {
   const auto named = scope();
-  if (positions && causal != causal_)
-    fail(std::string("Encoder: its alibi/relative terms were built for ") +
-         (causal_ ? "causal" : "bidirectional") + " attention, called " +
-         (causal ? "causal" : "bidirectional"));
   Tensor h = x;
-  for (auto& l : layers) h = l->forward(h, src_pad, causal, positions.get());
+  for (auto& l : layers) h = l->forward(h, src_pad, causal_, positions.get());
   return hooked(norm ? norm->forward(h) : h);
 }
 

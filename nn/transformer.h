@@ -168,10 +168,11 @@ class Encoder : public Module {
   /// @throws graft::Error for a bad layer config or bad relative settings.
   Encoder(const LayerConfig& c, int64_t num_layers, bool final_norm, Generator& gen,
           Generator* dropout_gen, const PositionOptions& pos = {}, bool causal = false);
-  /// x (B, S, d) -> (B, S, d); src_pad (B, S) or undefined; `causal` must match the
-  /// constructor's when the stack has alibi/relative terms.
-  /// @throws graft::Error when `causal` differs from what the positional terms were built for.
-  Tensor forward(const Tensor& x, const Tensor& src_pad, bool causal = false) const;
+  /// x (B, S, d) -> (B, S, d); src_pad (B, S) or undefined; self-attention is causal when the
+  /// stack was built causal (the constructor's `causal`, the one place it is said).
+  Tensor forward(const Tensor& x, const Tensor& src_pad) const;
+  /// Whether self-attention is causal (a decoder-only stack).
+  bool causal() const { return causal_; }
   /// A causal stack, new positions only, one cache per layer (inference only):
   /// x (B, T, d) -> (B, T, d); `caches` is resized to the number of layers.
   /// @throws graft::Error when the stack has positional terms built bidirectional, or a cache
@@ -182,7 +183,7 @@ class Encoder : public Module {
   std::shared_ptr<AttentionPositions> positions;      ///< null for sinusoidal/learned
 
  private:
-  bool causal_;  // what the positional terms were built for
+  bool causal_;  // causal self-attention (and positional terms built for it)
 };
 
 /// A decoder-only (language model) stack: the encoder's blocks with causal self-attention, and
@@ -193,10 +194,6 @@ class CausalStack : public Encoder {
   CausalStack(const LayerConfig& c, int64_t num_layers, Generator& gen, Generator* dropout_gen,
               const PositionOptions& pos = {})
       : Encoder(c, num_layers, /*final_norm=*/true, gen, dropout_gen, pos, /*causal=*/true) {}
-  /// x (B, T, d) -> (B, T, d), causal; pad (B, T) or undefined.
-  Tensor forward(const Tensor& x, const Tensor& pad) const {
-    return Encoder::forward(x, pad, true);
-  }
 };
 
 /// A stack of DecoderLayers with an optional final LayerNorm; owns its rope/alibi/relative

@@ -250,10 +250,6 @@ const nn::Encoder& encoder(bool causal) {
   static nn::Encoder causal_stack(layer(), 1, true, gen(), nullptr, {}, true);
   return causal ? causal_stack : bidirectional;
 }
-const nn::CausalStack& causal_stack() {
-  static nn::CausalStack m(layer(), 1, gen(), nullptr);
-  return m;
-}
 const nn::Decoder& decoder() {
   static nn::Decoder m(layer(), 1, true, gen(), nullptr);
   return m;
@@ -825,7 +821,7 @@ std::vector<Case> nn_and_model_cases() {
          dec_layer().forward_step(t[0], t[1], t[2], cache, 4);
        },
        {2}},
-      {"Encoder::forward(const Tensor&, const Tensor&, bool)",
+      {"Encoder::forward(const Tensor&, const Tensor&)",
        [] {
          return Tensors{f({1, 3, 8}), no_pad(1, 3)};
        },
@@ -836,12 +832,6 @@ std::vector<Case> nn_and_model_cases() {
             std::vector<KVCache> caches;
             encoder(true).forward_step(t, caches, 4);
           }),
-      {"CausalStack::forward(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({1, 3, 8}), no_pad(1, 3)};
-       },
-       [](const Tensors& t) { causal_stack().forward(t[0], t[1]); },
-       {1}},
       {"Decoder::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensors*)",
        [] {
          return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)};
