@@ -21,6 +21,7 @@
 #include "graft/models/decoding.h"
 #include "graft/nn/communicator.h"
 #include "graft/nn/text.h"
+#include "graft/nn/trainer.h"
 #include "graft/ops/precision.h"
 
 namespace graft::cli {
@@ -142,6 +143,34 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
          "stopped answering (0: forever; default GRAFT_COLLECTIVE_TIMEOUT or " +
              std::to_string((int)nn::Communicator::kDefaultCollectiveTimeout) + ")")
       ->check(CLI::NonNegativeNumber);
+}
+
+// The training loop's flags of a program whose options hold an nn::LoopOptions: --steps or
+// --minutes (one of them), the recipe (add_recipe_options), --valid-every, --patience and
+// --min-delta (early stopping on `metric`, the validation metric it watches), --seed (what it
+// seeds: `seeds`), --resume, the data-parallel options and --detect-anomaly.
+inline void add_loop_options(CLI::App* sub, nn::LoopOptions& l, int64_t warmup_cap,
+                             const std::string& metric, const std::string& seeds) {
+  auto* steps = sub->add_option("--steps", l.steps, "training steps")
+                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  auto* minutes =
+      sub->add_option("--minutes", l.minutes, "training time budget")->check(range(0.01, 1e6));
+  steps->excludes(minutes);
+  add_recipe_options(
+      sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor},
+      warmup_cap);
+  sub->add_option("--valid-every", l.valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--patience", l.patience,
+                  "early stopping after N validations without a better " + metric + " (0: off)")
+      ->check(CLI::Range(0, 1 << 20));
+  sub->add_option("--min-delta", l.min_delta,
+                  "early stopping: an improvement of the " + metric + " must exceed this")
+      ->check(non_negative());
+  sub->add_option("--seed", l.seed, "seed for " + seeds)->check(seed_range());
+  sub->add_flag("--resume", l.resume, "continue the run in --out exactly where it stopped");
+  add_data_parallel_options(sub, l.bucket_mb, l.overlap);
+  add_detect_anomaly(sub);
 }
 
 // --precision fp32|bf16 (|int8 for inference subcommands): the matmul precision of the whole run

@@ -101,32 +101,11 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--context", o->context, "training context in tokens (default: the preset's)")
       ->check(CLI::Range(1, 1 << 16));
   sub->add_option("--batch-rows", o->batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
-  auto* steps = sub->add_option("--steps", o->loop.steps, "training steps")
-                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes = sub->add_option("--minutes", o->loop.minutes, "training time budget")
-                      ->check(cli::range(0.01, 1e6));
-  auto& l = o->loop;
-  cli::add_recipe_options(
-      sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor},
-      400);
   sub->add_option("--dropout", o->dropout,
                   "dropout (default 0: best in 5 minutes; past ~7 minutes 0.1, docs/lm.md)")
       ->check(cli::range(0.0, 0.99));
-  sub->add_option("--valid-every", o->loop.valid_every, "validate and checkpoint every N steps")
-      ->check(CLI::Range(1, 1 << 30));
-  sub->add_option("--patience", o->loop.patience,
-                  "early stopping after N validations without a better bpc (0: off)")
-      ->check(CLI::Range(0, 1 << 20));
-  sub->add_option("--min-delta", o->loop.min_delta,
-                  "early stopping: an improvement of the bpc must exceed this")
-      ->check(cli::non_negative());
-  sub->add_option("--seed", o->loop.seed,
-                  "seed for initialisation, dropout, batch order and the split")
-      ->check(cli::seed_range());
-  sub->add_flag("--resume", o->loop.resume, "continue the run in --out exactly where it stopped");
-  cli::add_data_parallel_options(sub, o->loop.bucket_mb, o->loop.overlap);
-  cli::add_detect_anomaly(sub);
-  steps->excludes(minutes);
+  cli::add_loop_options(sub, o->loop, 400, "bpc",
+                        "initialisation, dropout, batch order and the split");
   cli::add_precision(sub);
   return {sub, [o, sub] {
             cli::set_auto_warmup(sub, o->loop.warmup, o->loop.steps, 400);
