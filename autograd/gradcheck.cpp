@@ -329,6 +329,18 @@ std::pair<Tensors, Tensors> inputs_in_both_precisions(const OpCase& c) {
 
 }  // namespace
 
+OpCase one_input_case(std::string name, std::string op, Shape shape, bool transposed,
+                      std::function<Tensor(const Tensor&)> fn, double lo, double hi) {
+  return OpCase{.name = std::move(name),
+                .op = std::move(op),
+                .make_inputs =
+                    [shape, transposed, lo, hi](DType dt, Generator& g) {
+                      return Tensors{transposed ? case_input_t(shape, dt, g, lo, hi)
+                                                : case_input(shape, dt, g, lo, hi)};
+                    },
+                .fn = [fn](const Tensors& x) { return fn(x[0]); }};
+}
+
 std::string check_error_input(const ErrorInput& e) {
   try {
     e.call();

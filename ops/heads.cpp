@@ -128,20 +128,12 @@ void register_heads_cases() {
                              return add(mul(p[0], p[1]), mul(p[2], p[2]));
                            }});
   // A part without gradient, from a non-contiguous input.
-  register_case(OpCase{.name = "split_heads/unused_part_noncontiguous",
-                       .op = "split_heads",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return split_heads(x[0], 2, 1)[1]; }});
-  register_case(OpCase{.name = "merge_heads/noncontiguous",
-                       .op = "merge_heads",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 2, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return merge_heads(x[0]); }});
+  register_case(one_input_case("split_heads/unused_part_noncontiguous", "split_heads", {2, 3, 4},
+                               /*transposed=*/true,
+                               [](const Tensor& x) { return split_heads(x, 2, 1)[1]; }));
+  register_case(one_input_case("merge_heads/noncontiguous", "merge_heads", {2, 3, 2, 4},
+                               /*transposed=*/true,
+                               [](const Tensor& x) { return merge_heads(x); }));
 }
 
 }  // namespace graft

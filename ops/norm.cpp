@@ -566,13 +566,9 @@ void register_rms_norm_cases() {
                                             case_input({6}, dt, g, -1.5, 1.5)};
                            },
                        .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
-  register_case(OpCase{.name = "rms_norm/plain_many_rows_eps",
-                       .op = "rms_norm",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({37, 4}, dt, g, -2, 2)};
-                           },
-                       .fn = [](const Tensors& x) { return rms_norm(x[0], Tensor(), 0.1); }});
+  register_case(one_input_case(
+      "rms_norm/plain_many_rows_eps", "rms_norm", {37, 4}, /*transposed=*/false,
+      [](const Tensor& x) { return rms_norm(x, Tensor(), 0.1); }, -2, 2));
 }
 
 void register_add_layer_norm_cases() {

@@ -255,85 +255,32 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 }
 
 void register_reduce_cases() {
-  register_case(OpCase{.name = "sum/axes_keepdim",
-                       .op = "sum",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return sum(x[0], {0, -1}, true);
-                           }});
-  register_case(OpCase{.name = "sum/all",
-                       .op = "sum",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return sum(x[0]); }});
-  register_case(OpCase{.name = "sum/size1_axis",
-                       .op = "sum",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({1, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return sum(x[0], {0}); }});
-  register_case(OpCase{.name = "mean/axis",
-                       .op = "mean",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return mean(x[0], {1}); }});
-  register_case(OpCase{.name = "max/axis",
-                       .op = "max",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return max(x[0], 1, true); }});
-  register_case(OpCase{.name = "amax/axes",
-                       .op = "amax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return amax(x[0], {0, -1});
-                           }});
-  register_case(OpCase{.name = "amax/all_keepdim",
-                       .op = "amax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return amax(x[0], {}, true); }});
-  register_case(OpCase{.name = "var/unbiased",
-                       .op = "var",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return var(x[0], {-1}); }});
-  register_case(OpCase{.name = "var/biased_all",
-                       .op = "var",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return var(x[0], {}, false, 0); }});
-  register_case(OpCase{.name = "sum_to/broadcast",
-                       .op = "sum_to",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return sum_to(x[0], {3, 1});
-                           }});
+  register_case(one_input_case("sum/axes_keepdim", "sum", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) {
+                                 return sum(x, {0, -1}, true);
+                               }));
+  register_case(one_input_case("sum/all", "sum", {3, 4}, /*transposed=*/false,
+                               [](const Tensor& x) { return sum(x); }));
+  register_case(one_input_case("sum/size1_axis", "sum", {1, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return sum(x, {0}); }));
+  register_case(one_input_case("mean/axis", "mean", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return mean(x, {1}); }));
+  register_case(one_input_case("max/axis", "max", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return max(x, 1, true); }));
+  register_case(
+      one_input_case("amax/axes", "amax", {2, 3, 4}, /*transposed=*/true, [](const Tensor& x) {
+        return amax(x, {0, -1});
+      }));
+  register_case(one_input_case("amax/all_keepdim", "amax", {3, 4}, /*transposed=*/false,
+                               [](const Tensor& x) { return amax(x, {}, true); }));
+  register_case(one_input_case("var/unbiased", "var", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return var(x, {-1}); }));
+  register_case(one_input_case("var/biased_all", "var", {3, 4}, /*transposed=*/false,
+                               [](const Tensor& x) { return var(x, {}, false, 0); }));
+  register_case(one_input_case("sum_to/broadcast", "sum_to", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) {
+                                 return sum_to(x, {3, 1});
+                               }));
 }
 
 }  // namespace graft

@@ -644,130 +644,54 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
 namespace {
 
 void register_view_cases() {
-  register_case(OpCase{.name = "reshape/infer",
-                       .op = "reshape",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return reshape(x[0], {4, -1});
-                           }});
-  register_case(OpCase{.name = "reshape/noncontiguous_copy",
-                       .op = "reshape",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return reshape(x[0], {6, 4});
-                           }});
-  register_case(OpCase{.name = "reshape/noncontiguous_view",
-                       .op = "reshape",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return reshape(x[0], {2, 1, 3, 2, 2});
-                           }});
-  register_case(OpCase{.name = "permute/3d",
-                       .op = "permute",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return permute(x[0], {2, 0, 1});
-                           }});
-  register_case(OpCase{.name = "permute/noncontiguous",
-                       .op = "permute",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return permute(x[0], {1, -1, 0});
-                           }});
-  register_case(OpCase{.name = "transpose/last_two",
-                       .op = "permute",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return transpose(x[0], -1, -2); }});
+  register_case(one_input_case("reshape/infer", "reshape", {2, 3, 4}, /*transposed=*/false,
+                               [](const Tensor& x) {
+                                 return reshape(x, {4, -1});
+                               }));
+  register_case(one_input_case("reshape/noncontiguous_copy", "reshape", {2, 3, 4},
+                               /*transposed=*/true, [](const Tensor& x) {
+                                 return reshape(x, {6, 4});
+                               }));
+  register_case(one_input_case("reshape/noncontiguous_view", "reshape", {2, 3, 4},
+                               /*transposed=*/true, [](const Tensor& x) {
+                                 return reshape(x, {2, 1, 3, 2, 2});
+                               }));
+  register_case(
+      one_input_case("permute/3d", "permute", {2, 3, 4}, /*transposed=*/false, [](const Tensor& x) {
+        return permute(x, {2, 0, 1});
+      }));
+  register_case(one_input_case("permute/noncontiguous", "permute", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) {
+                                 return permute(x, {1, -1, 0});
+                               }));
+  register_case(one_input_case("transpose/last_two", "permute", {2, 3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return transpose(x, -1, -2); }));
   register_case(backward_op_case("slice_backward/step", "slice_backward", {5, 4}, {2, 4},
                                  [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }));
-  register_case(OpCase{.name = "slice/step",
-                       .op = "slice",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({5, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return slice(x[0], 0, 1, 5, 2); }});
-  register_case(OpCase{.name = "slice/negative_clamped_noncontiguous",
-                       .op = "slice",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return slice(x[0], -1, -4, 100); }});
-  register_case(OpCase{.name = "unsqueeze/noncontiguous",
-                       .op = "unsqueeze",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return unsqueeze(x[0], 1); }});
-  register_case(OpCase{.name = "unsqueeze/last",
-                       .op = "unsqueeze",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return unsqueeze(x[0], -1); }});
-  register_case(OpCase{.name = "squeeze/noncontiguous",
-                       .op = "squeeze",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({4, 1, 3}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return squeeze(x[0], -2); }});
-  register_case(OpCase{.name = "broadcast_to/lead_and_inner",
-                       .op = "broadcast_to",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 1}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return broadcast_to(x[0], {2, 3, 4});
-                           }});
-  register_case(OpCase{.name = "broadcast_to/noncontiguous",
-                       .op = "broadcast_to",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({1, 3, 2}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return broadcast_to(x[0], {4, 3, 2});
-                           }});
+  register_case(one_input_case("slice/step", "slice", {5, 4}, /*transposed=*/false,
+                               [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }));
+  register_case(one_input_case("slice/negative_clamped_noncontiguous", "slice", {3, 4, 5},
+                               /*transposed=*/true,
+                               [](const Tensor& x) { return slice(x, -1, -4, 100); }));
+  register_case(one_input_case("unsqueeze/noncontiguous", "unsqueeze", {3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return unsqueeze(x, 1); }));
+  register_case(one_input_case("unsqueeze/last", "unsqueeze", {3, 4}, /*transposed=*/false,
+                               [](const Tensor& x) { return unsqueeze(x, -1); }));
+  register_case(one_input_case("squeeze/noncontiguous", "squeeze", {4, 1, 3}, /*transposed=*/true,
+                               [](const Tensor& x) { return squeeze(x, -2); }));
+  register_case(one_input_case("broadcast_to/lead_and_inner", "broadcast_to", {3, 1},
+                               /*transposed=*/false, [](const Tensor& x) {
+                                 return broadcast_to(x, {2, 3, 4});
+                               }));
+  register_case(one_input_case("broadcast_to/noncontiguous", "broadcast_to", {1, 3, 2},
+                               /*transposed=*/true, [](const Tensor& x) {
+                                 return broadcast_to(x, {4, 3, 2});
+                               }));
 }
 
 void register_copy_cases() {
-  register_case(OpCase{.name = "contiguous/transposed",
-                       .op = "contiguous",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return contiguous(x[0]); }});
+  register_case(one_input_case("contiguous/transposed", "contiguous", {3, 4}, /*transposed=*/true,
+                               [](const Tensor& x) { return contiguous(x); }));
   // The round trip through float32 rounds x; with a wide central difference (eps 0.1 on a linear
   // function) the rounding error (~1e-7) stays far below atol.
   register_case(OpCase{.name = "to_dtype/round_trip",
@@ -799,16 +723,10 @@ void register_copy_cases() {
                    return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
                  },
              .fn = [](const Tensors& x) { return concat(x, 0); }});
-  register_case(OpCase{.name = "split/one_piece_used",
-                       .op = "split",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 6}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             return split(x[0], {1, 3, 2}, 1)[1];
-                           }});
+  register_case(one_input_case("split/one_piece_used", "split", {3, 6}, /*transposed=*/true,
+                               [](const Tensor& x) {
+                                 return split(x, {1, 3, 2}, 1)[1];
+                               }));
   register_case(OpCase{.name = "split/all_pieces_reordered",
                        .op = "split",
                        .make_inputs =

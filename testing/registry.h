@@ -52,6 +52,12 @@ struct OpCase {
 OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
                         std::function<Tensor(const Tensor&)> forward);
 
+/// A case of an op of one float input: uniform(lo, hi) of `shape`, stored with its last two dims
+/// transposed when `transposed` (the op then sees a non-contiguous view, as case_input_t());
+/// `fn` applies the op to it.
+OpCase one_input_case(std::string name, std::string op, Shape shape, bool transposed,
+                      std::function<Tensor(const Tensor&)> fn, double lo = -1, double hi = 1);
+
 /// Adds a case to the registry (names must be unique). The library's own cases are registered by
 /// register_op_cases() (graft/testing/op_cases.h); a program adds its own with explicit calls.
 /// Thread-safe.
