@@ -350,6 +350,107 @@ std::string fingerprint(const std::vector<TokenBatch>& batches) {
   return nn::weights_checksum(fp);
 }
 
+// What a train task's closures read: the token batches (and, frozen, the embedding batches and
+// the validation embeddings); it outlives the task.
+struct TaskData {
+  std::vector<TokenBatch> batches;
+  std::vector<std::pair<Tensor, Tensor>> emb_batches;  // (embeddings, labels)
+  Tensor valid_emb;
+};
+
+// Fine-tuning: every weight trains on batches of similar lengths.
+void fine_tune_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier& model,
+                    const std::vector<std::vector<int64_t>>& train_ids,
+                    const std::vector<int64_t>& train_gold,
+                    const std::vector<std::vector<int64_t>>& valid_ids,
+                    const std::vector<int64_t>& valid_gold, const std::vector<std::string>& labels,
+                    const TrainOptions& o) {
+  auto& batches = data.batches;
+  batches =
+      token_batches(train_ids, train_gold, by_length(train_ids), o.batch_rows, model.cfg.pad_id);
+  task.model = &model;
+  task.generators.push_back(&model.encoder->dropout_gen);
+  task.batches = (int64_t)batches.size();
+  task.loss = [&](int64_t i, nn::Shard sh) {
+    const Tensor ids = nn::shard_of(batches[i].ids, sh);
+    return nn::shard_loss(cross_entropy(model.forward(ids, nn::shard_of(batches[i].pad, sh)),
+                                        nn::shard_of(batches[i].labels, sh)),
+                          ids.size(0), batches[i].ids.size(0));
+  };
+  task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
+  task.tokens = [&](int64_t i) { return batches[i].tokens; };
+  task.validate = [&model, &valid_ids, &valid_gold, n = labels.size()] {
+    const Metrics v = evaluate_ids(model, n, valid_ids, valid_gold);
+    return std::map<std::string, double>{{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
+  };
+  task.data_fingerprint = fingerprint(batches);
+}
+
+// The rows `order` of embeddings (N, d) with their labels, in batches of `rows`.
+std::vector<std::pair<Tensor, Tensor>> embedding_batches(const Tensor& emb,
+                                                         const std::vector<size_t>& order,
+                                                         const std::vector<int64_t>& gold,
+                                                         int64_t rows) {
+  const std::vector<float> all = emb.to_vector<float>();
+  const int64_t d = emb.size(1);
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)rows) {
+    const size_t b1 = std::min(order.size(), b0 + (size_t)rows);
+    std::vector<float> e;
+    std::vector<int64_t> lab;
+    for (size_t k = b0; k < b1; ++k) {
+      e.insert(e.end(), all.begin() + order[k] * d, all.begin() + (order[k] + 1) * d);
+      lab.push_back(gold[order[k]]);
+    }
+    out.emplace_back(from_vector(e, {(int64_t)(b1 - b0), d}),
+                     from_vector(lab, {(int64_t)lab.size()}));
+  }
+  return out;
+}
+
+// Frozen: the encoder embeds every text once; the head alone trains (logistic regression).
+void frozen_head_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier& model,
+                      const std::vector<std::vector<int64_t>>& train_ids,
+                      const std::vector<int64_t>& train_gold,
+                      const std::vector<std::vector<int64_t>>& valid_ids,
+                      const std::vector<int64_t>& valid_gold,
+                      const std::vector<std::string>& labels, const TrainOptions& o, bool report) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor train_emb = embed_all(model, train_ids, 32);
+  data.valid_emb = embed_all(model, valid_ids, 32);
+  if (report)
+    std::fprintf(stderr, "embedded %zu texts in %.1f s\n", train_ids.size() + valid_ids.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  Generator g(o.loop.seed * 7 + 3);
+  const std::vector<int64_t> perm = nn::shuffled_order((int64_t)train_ids.size(), g);
+  const std::vector<size_t> order(perm.begin(), perm.end());
+  auto& batches = data.batches;
+  batches = token_batches(train_ids, train_gold, order, o.batch_rows,
+                          model.cfg.pad_id);  // for the fingerprint and the token counts
+  auto& emb_batches = data.emb_batches;
+  emb_batches = embedding_batches(train_emb, order, train_gold, o.batch_rows);
+  model.train();  // the head's dropout; the encoder is used no more
+  task.model = model.head.get();
+  task.batches = (int64_t)emb_batches.size();
+  task.loss = [&](int64_t i, nn::Shard sh) {
+    const Tensor e = nn::shard_of(emb_batches[i].first, sh);
+    return nn::shard_loss(cross_entropy(model.logits(e), nn::shard_of(emb_batches[i].second, sh)),
+                          e.size(0), emb_batches[i].first.size(0));
+  };
+  task.examples = [&](int64_t i) { return emb_batches[i].first.size(0); };
+  task.tokens = [&](int64_t i) { return batches[i].tokens; };
+  task.validate = [&model, &data, &valid_gold, n = labels.size()] {
+    nn::EvalScope es(model);
+    autograd::NoGrad ng;
+    const auto pred = argmax(model.logits(data.valid_emb), 1).to_vector<int64_t>();
+    std::vector<std::vector<int64_t>> confusion(n, std::vector<int64_t>(n, 0));
+    for (size_t i = 0; i < pred.size(); ++i) ++confusion[valid_gold[i]][pred[i]];
+    const Metrics v = metrics_of(confusion);
+    return std::map<std::string, double>{{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
+  };
+  task.data_fingerprint = fingerprint(batches);
+}
+
 }  // namespace
 
 TrainResult train_pretrained(const TrainOptions& options) {
@@ -391,75 +492,12 @@ TrainResult train_pretrained(const TrainOptions& options) {
 
   // Fine-tuning: batches of similar lengths. Frozen: the embeddings once, then the head on
   // batches drawn in a seeded order (the head sees every topic in each batch).
-  std::vector<TokenBatch> batches;
-  Tensor train_emb, valid_emb;
-  std::vector<std::pair<Tensor, Tensor>> emb_batches;  // (embeddings, labels)
-  if (!s.freeze) {
-    batches =
-        token_batches(train_ids, train_gold, by_length(train_ids), o.batch_rows, model.cfg.pad_id);
-    task.model = &model;
-    task.generators.push_back(&model.encoder->dropout_gen);
-    task.batches = (int64_t)batches.size();
-    task.loss = [&](int64_t i, nn::Shard sh) {
-      const Tensor ids = nn::shard_of(batches[i].ids, sh);
-      return nn::shard_loss(cross_entropy(model.forward(ids, nn::shard_of(batches[i].pad, sh)),
-                                          nn::shard_of(batches[i].labels, sh)),
-                            ids.size(0), batches[i].ids.size(0));
-    };
-    task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
-    task.tokens = [&](int64_t i) { return batches[i].tokens; };
-    task.validate = [&]() -> std::map<std::string, double> {
-      const Metrics v = evaluate_ids(model, s.labels.size(), valid_ids, valid_gold);
-      return {{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
-    };
-    task.data_fingerprint = fingerprint(batches);
-  } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    train_emb = embed_all(model, train_ids, 32);
-    valid_emb = embed_all(model, valid_ids, 32);
-    if (!o.loop.quiet && rank0)
-      std::fprintf(stderr, "embedded %zu texts in %.1f s\n", train_ids.size() + valid_ids.size(),
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    Generator g(o.loop.seed * 7 + 3);
-    const std::vector<int64_t> perm = nn::shuffled_order((int64_t)train_ids.size(), g);
-    std::vector<size_t> order(perm.begin(), perm.end());
-    batches = token_batches(train_ids, train_gold, order, o.batch_rows,
-                            model.cfg.pad_id);  // for the fingerprint
-    const std::vector<float> all = train_emb.to_vector<float>();
-    const int64_t d = model.cfg.d_model;
-    for (size_t b0 = 0; b0 < order.size(); b0 += (size_t)o.batch_rows) {
-      const size_t b1 = std::min(order.size(), b0 + (size_t)o.batch_rows);
-      std::vector<float> e;
-      std::vector<int64_t> lab;
-      for (size_t k = b0; k < b1; ++k) {
-        e.insert(e.end(), all.begin() + order[k] * d, all.begin() + (order[k] + 1) * d);
-        lab.push_back(train_gold[order[k]]);
-      }
-      emb_batches.emplace_back(from_vector(e, {(int64_t)(b1 - b0), d}),
-                               from_vector(lab, {(int64_t)lab.size()}));
-    }
-    model.train();  // the head's dropout; the encoder is used no more
-    task.model = model.head.get();
-    task.batches = (int64_t)emb_batches.size();
-    task.loss = [&](int64_t i, nn::Shard sh) {
-      const Tensor e = nn::shard_of(emb_batches[i].first, sh);
-      return nn::shard_loss(cross_entropy(model.logits(e), nn::shard_of(emb_batches[i].second, sh)),
-                            e.size(0), emb_batches[i].first.size(0));
-    };
-    task.examples = [&](int64_t i) { return emb_batches[i].first.size(0); };
-    task.tokens = [&](int64_t i) { return batches[i].tokens; };
-    task.validate = [&]() -> std::map<std::string, double> {
-      nn::EvalScope es(model);
-      autograd::NoGrad ng;
-      const auto pred = argmax(model.logits(valid_emb), 1).to_vector<int64_t>();
-      std::vector<std::vector<int64_t>> confusion(s.labels.size(),
-                                                  std::vector<int64_t>(s.labels.size(), 0));
-      for (size_t i = 0; i < pred.size(); ++i) ++confusion[valid_gold[i]][pred[i]];
-      const Metrics v = metrics_of(confusion);
-      return {{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
-    };
-    task.data_fingerprint = fingerprint(batches);
-  }
+  TaskData data;
+  if (!s.freeze)
+    fine_tune_task(task, data, model, train_ids, train_gold, valid_ids, valid_gold, s.labels, o);
+  else
+    frozen_head_task(task, data, model, train_ids, train_gold, valid_ids, valid_gold, s.labels, o,
+                     !o.loop.quiet && rank0);
   r.loop = nn::train_loop(task, lo);
   if (rank0)
     r.valid = evaluate(load_pretrained_run(o.loop.run_dir), s.labels,
