@@ -124,8 +124,10 @@ int cmd_search(const std::string& model_dir, const std::string& collection, std:
   const Tensor e = collection_index(enc, collection, texts, index, batch);
   if (queries.empty())
     for (std::string q; std::getline(std::cin, q);) queries.push_back(q);
-  const Tensor q = enc.encode(queries, batch);
-  const std::vector<float> scores = matmul(q, transpose(e, 0, 1)).to_vector<float>();
+  // Cosines: normalised here too, for a model whose directory has no Normalize module.
+  const Tensor q = models::l2_normalize(enc.encode(queries, batch));
+  const std::vector<float> scores =
+      matmul(q, transpose(models::l2_normalize(e), 0, 1)).to_vector<float>();
   const int64_t n = (int64_t)texts.size(), k = std::min<int64_t>(top_k, n);
   for (size_t i = 0; i < queries.size(); ++i) {
     std::vector<int64_t> order(n);
