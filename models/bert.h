@@ -45,7 +45,7 @@ struct BertConfig : StackConfig {
   /// Reads to_json()'s form, then validate()s it.
   /// @throws graft::Error naming the field and `where`.
   static BertConfig from_json(const nlohmann::json& j, const std::string& where = "BertConfig");
-  /// validate_stack() plus type_vocab in [1, 2^24], eps in (0, 1), attention_dropout in [0, 1),
+  /// validate_stack() plus type_vocab in [1, 2^24], eps in (0, 1), attention_dropout in [0, 1],
   /// a GELU or ReLU activation, learned positions and post-LN.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "BertConfig") const;

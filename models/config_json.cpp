@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "graft/nn/text.h"
+#include "graft/ops/dropout.h"
 
 namespace graft::models {
 
@@ -18,7 +19,7 @@ void ConfigCheck::size(const char* name, int64_t v, int64_t max) const {
 }
 
 void ConfigCheck::probability(const char* name, double v) const {
-  if (!(v >= 0 && v < 1)) bad(name, "must be in [0, 1), got " + std::to_string(v));
+  if (!is_dropout_p(v)) bad(name, "must be in [0, 1], got " + std::to_string(v));
 }
 
 void ConfigCheck::token_id(const char* name, int64_t id, int64_t vocab) const {

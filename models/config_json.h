@@ -40,7 +40,7 @@ class ConfigCheck {
   /// A size in [1, max].
   /// @throws graft::Error when v is outside [1, max].
   void size(const char* name, int64_t v, int64_t max = kMaxSize) const;
-  /// A probability in [0, 1) (NaN is refused).
+  /// A drop probability: in [0, 1] (is_dropout_p; NaN is refused).
   /// @throws graft::Error when v is outside [0, 1) or NaN.
   void probability(const char* name, double v) const;
   /// A token id in [0, vocab).
@@ -135,7 +135,7 @@ struct StackConfig {
   /// @throws graft::Error naming the field for a missing or mistyped value.
   void read_stack(const ConfigReader& r);
   /// Checks every range: sizes in [1, kMaxSize], layers in [1, kMaxLayers], max_len in
-  /// [1, kMaxLen], dropout in [0, 1), heads dividing d_model, pad_id in [0, vocab), the
+  /// [1, kMaxLen], dropout in [0, 1], heads dividing d_model, pad_id in [0, vocab), the
   /// position settings. Errors name `where` and the field.
   /// @throws graft::Error naming the first field out of range.
   void validate_stack(const std::string& where) const;

@@ -52,7 +52,7 @@ struct TransformerConfig {
                                      const std::string& where = "TransformerConfig");
   /// Checks every range, the one check both from_json() and the Transformer's constructor make:
   /// sizes in [1, kMaxSize], enc_layers and dec_layers in [1, kMaxLayers], max_len in
-  /// [1, kMaxLen], dropout and attention_dropout in [0, 1), heads dividing d_model, pad_id,
+  /// [1, kMaxLen], dropout and attention_dropout in [0, 1], heads dividing d_model, pad_id,
   /// bos_id and eos_id in [0, vocab), the position settings (ConfigCheck).
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "TransformerConfig") const;

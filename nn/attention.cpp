@@ -44,8 +44,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
   if (kv_heads <= 0 || h % kv_heads != 0)
     fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " +
          std::to_string(h));
-  if (!(dropout >= 0 && dropout < 1))
-    fail("MultiHeadAttention: attention dropout must be in [0, 1), got " + std::to_string(dropout));
+  if (!is_dropout_p(dropout))
+    fail("MultiHeadAttention: attention dropout must be in [0, 1], got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
   const int64_t rows = d + 2 * kv_heads * (d / heads);
   Tensor w = Tensor::empty({rows, d}, dt);

@@ -51,6 +51,10 @@ Tensor LayerNorm::forward_add(const Tensor& x, const Tensor& r) const {
   return hooked(rms ? rms_norm(add(x, r), weight, eps) : add_layer_norm(x, r, weight, bias, eps));
 }
 
+Dropout::Dropout(double p, Generator* gen) : p(p), gen_(gen) {
+  if (!is_dropout_p(p)) fail("Dropout: p must be in [0, 1], got " + std::to_string(p));
+}
+
 Tensor Dropout::forward(const Tensor& x) const {
   const auto named = scope();
   if (!training() || p == 0) return hooked(x);

@@ -75,12 +75,13 @@ class RMSNorm : public LayerNorm {
 class Dropout : public Module {
  public:
   /// Drops with probability `p`, masks from *gen (null: default_generator()).
-  explicit Dropout(double p, Generator* gen = nullptr) : p(p), gen_(gen) {}
+  /// @throws graft::Error when p is outside [0, 1] (is_dropout_p).
+  explicit Dropout(double p, Generator* gen = nullptr);
   /// x (...) -> (...); x itself in eval mode or when p is 0.
   /// @throws graft::Error when training and p is outside [0, 1] or x is not float.
   Tensor forward(const Tensor& x) const;
   Generator& generator() const;  ///< the one given, else default_generator()
-  double p;                      ///< the drop probability (checked only when forward() drops)
+  double p;                      ///< the drop probability (checked again when forward() drops)
 
  private:
   Generator* gen_;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/bf16.h"
 #include "graft/ops/internal/cases.h"
@@ -185,8 +186,8 @@ Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
   }
   if (!std::isfinite(opt.scale))
     fail(op + ": scale must be finite, got " + std::to_string(opt.scale));
-  if (!(opt.dropout >= 0 && opt.dropout < 1))
-    fail(op + ": dropout must be in [0, 1), got " + std::to_string(opt.dropout));
+  if (!is_dropout_p(opt.dropout))
+    fail(op + ": dropout must be in [0, 1], got " + std::to_string(opt.dropout));
   if (opt.dropout > 0 && !opt.generator)
     fail(op + ": dropout " + std::to_string(opt.dropout) + " needs a generator");
   return g;

@@ -26,7 +26,7 @@ struct AttentionOptions {
   double scale = 0;  ///< 0: 1/sqrt(D)
   /// Also return P (AttentionResult::weights), the weights before dropout.
   bool return_weights = false;
-  /// Dropout on the attention probabilities (nn.MultiheadAttention's `dropout`), in [0, 1): P is
+  /// Dropout on the attention probabilities (nn.MultiheadAttention's `dropout`), in [0, 1]: P is
   /// multiplied by a mask drawn from *generator (kept with probability 1 - dropout) and by
   /// 1/(1 - dropout); the mask is recomputed from the generator state in backward, never stored.
   /// Applied whenever it is > 0: the caller decides (training only).
@@ -53,7 +53,7 @@ struct AttentionResult {
 /// @throws graft::Error "scaled_dot_product_attention: ..." when q, k or v is undefined, not
 ///         float, not rank 4, or of different dtypes; when B, H, D or the key counts disagree;
 ///         when the mask is not (B, Tk); when the bias has another dtype or does not broadcast
-///         to (B, H, Tq, Tk); when scale is not finite; when dropout is outside [0, 1) or has no
+///         to (B, H, Tq, Tk); when scale is not finite; when dropout is outside [0, 1] or has no
 ///         generator.
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt = {});

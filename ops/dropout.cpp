@@ -147,7 +147,7 @@ Tensor relu_dropout_backward(const Tensor& dout, const Tensor& out, double keep_
 }
 
 void check_p(const char* op, double p, const Tensor& x) {
-  if (!(p >= 0.0 && p <= 1.0))
+  if (!is_dropout_p(p))
     fail(std::string(op) + ": p must be in [0, 1], got p = " + std::to_string(p) + " for x " +
          describe(x));
 }
@@ -202,6 +202,34 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return out;
 }
 
+namespace {
+
+// The bad inputs of dropout and relu_dropout (`op`, applied by `fn`): p outside [0, 1] whether
+// training or not, NaN, an integer x.
+std::vector<ErrorInput> dropout_error_inputs(const std::string& op,
+                                             Tensor (*fn)(const Tensor&, double, bool,
+                                                          Generator&)) {
+  const std::string p_rule = op + ": p must be in [0, 1], got p = ";
+  return {{"p = 1.5",
+           [fn] {
+             fn(zeros({2, 3}), 1.5, true, default_generator());
+           },
+           p_rule + "1.500000 for x f32 (2, 3)"},
+          {"p = -0.1 in eval mode",
+           [fn] {
+             fn(zeros({2, 3}), -0.1, false, default_generator());
+           },
+           p_rule + "-0.100000"},
+          {"p = NaN", [fn] { fn(zeros({2}), std::nan(""), true, default_generator()); }, p_rule},
+          {"an integer x",
+           [fn] {
+             fn(from_vector(std::vector<int64_t>{1, 2}, {2}), 0.5, true, default_generator());
+           },
+           op + ": expected a float tensor, got i64 (2)"}};
+}
+
+}  // namespace
+
 void register_dropout_cases() {
   // A fresh Generator per call so every forward of the gradcheck draws the same mask.
   register_case(OpCase{.name = "dropout/p0.4",
@@ -214,7 +242,8 @@ void register_dropout_cases() {
                            [](const Tensors& x) {
                              Generator g(5);
                              return dropout(x[0], 0.4, true, g);
-                           }});
+                           },
+                       .error_inputs = dropout_error_inputs("dropout", dropout)});
   register_case(OpCase{.name = "dropout/noncontig",
                        .op = "dropout",
                        .make_inputs =
@@ -239,7 +268,8 @@ void register_dropout_cases() {
             Generator g(7);
             Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
             return relu_dropout(mul(x[0], sign), 0.3, true, g);
-          }});
+          },
+      .error_inputs = dropout_error_inputs("relu_dropout", relu_dropout)});
 }
 
 }  // namespace graft

@@ -7,6 +7,11 @@
 
 namespace graft {
 
+/// Whether p is a drop probability: in [0, 1], PyTorch's rule (p = 1 drops every element; NaN
+/// is refused). dropout(), relu_dropout(), attention's dropout, nn::Dropout and every model
+/// config check their probabilities with it.
+constexpr bool is_dropout_p(double p) { return p >= 0.0 && p <= 1.0; }
+
 /// out = x * m / (1 - p), m ~ Bernoulli(1 - p) drawn from `gen` (advancing it by x.numel()
 /// draws); x itself when !training or p == 0. x (...) -> out (...). The backward recomputes the
 /// mask from the generator state it started from, so no mask is stored.

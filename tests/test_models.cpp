@@ -443,7 +443,7 @@ BOOST_AUTO_TEST_CASE(constructors_and_from_json_validate_alike) {
   l.max_len = kMaxLen + 1;
   both(l, lm, "DecoderOnlyLM", "\"max_len\" must be in [1, 65536], got 65537");
   l.max_len = 16, l.dropout = NAN;
-  both(l, lm, "DecoderOnlyLM", "\"dropout\" must be in [0, 1)");
+  both(l, lm, "DecoderOnlyLM", "\"dropout\" must be in [0, 1]");
   TransformerConfig t = small_cfg();
   t.max_len = 3000000;  // once a 4.5 GB sinusoid table, built before the first token
   both(t, tr, "Transformer", "\"max_len\" must be in [1, 65536], got 3000000");
@@ -451,8 +451,8 @@ BOOST_AUTO_TEST_CASE(constructors_and_from_json_validate_alike) {
   both(t, tr, "Transformer", "\"eos_id\" must be a token id in [0, vocab 23), got 23");
   t.eos_id = 3, t.heads = 3;
   both(t, tr, "Transformer", "\"heads\" must divide d_model 16, got 3");
-  t.heads = 2, t.attention_dropout = 1;
-  both(t, tr, "Transformer", "\"attention_dropout\" must be in [0, 1), got 1");
+  t.heads = 2, t.attention_dropout = 1.5;
+  both(t, tr, "Transformer", "\"attention_dropout\" must be in [0, 1], got 1.5");
   ClassifierConfig c = tiny_classifier_config(0);
   c.classes = 0;
   both(c, cl, "EncoderClassifier", "\"classes\" must be in [1, 16777216], got 0");

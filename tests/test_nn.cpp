@@ -86,6 +86,13 @@ BOOST_AUTO_TEST_CASE(layer_norm_module_and_dropout_modes) {
   BOOST_TEST(zeros_n < 600);
   d.eval();
   BOOST_TEST(d.forward(x).same_storage(x));  // identity in eval mode
+  // One rule for p everywhere, PyTorch's: [0, 1], refused at construction; p = 1 drops all.
+  Dropout all(1.0, &g);
+  for (double t : all.forward(x).to_vector<double>()) BOOST_TEST(t == 0.0);
+  for (double p : {-0.1, 1.5, std::nan("")})
+    BOOST_CHECK_EXCEPTION(Dropout{p}, Error, [](const Error& e) {
+      return std::string(e.what()).find("Dropout: p must be in [0, 1], got ") == 0;
+    });
 }
 
 BOOST_AUTO_TEST_CASE(multi_head_attention_layout_and_masks) {

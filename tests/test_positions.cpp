@@ -278,7 +278,7 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
   bad("norm_first", 1, "must be true or false, got 1");
   bad("enc_layers", -2, "must be in [1, 1024]");
   bad("eos_id", 99, "must be a token id in [0, vocab 23)");
-  bad("dropout", 1.5, "must be in [0, 1)");
+  bad("dropout", 1.5, "must be in [0, 1]");
   bad("dtype", "int8", "must be float32 or float64");
 }
 
@@ -295,8 +295,8 @@ BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {
   autograd::NoGrad ng;
   BOOST_TEST(max_abs_diff(m.forward(src, tin), m.forward(src, tin)) == 0.0);
   BOOST_CHECK_EXCEPTION(
-      nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.0), Error,
-      [](const Error& e) { return names(e, "attention dropout must be in [0, 1)"); });
+      nn::MultiHeadAttention(8, 2, DType::f32, default_generator(), 1.5), Error,
+      [](const Error& e) { return names(e, "attention dropout must be in [0, 1]"); });
 }
 
 // LM generation through the decoding module: cached equals recomputation (greedy and beam) for

@@ -38,7 +38,7 @@ struct PretrainedConfig : models::BertConfig {
   // @throws graft::Error naming `where` and the field.
   static PretrainedConfig from_json(const nlohmann::json& j,
                                     const std::string& where = "PretrainedConfig");
-  // BertConfig::validate() plus classes in [1, kMaxLabels], head_dropout in [0, 1) and
+  // BertConfig::validate() plus classes in [1, kMaxLabels], head_dropout in [0, 1] and
   // max_seq_length in [2, max_len].
   // @throws graft::Error `<where>: field "<name>" ...`.
   void validate(const std::string& where = "PretrainedConfig") const;

@@ -172,7 +172,7 @@ cli::Command add_train(CLI::App& app) {
                            &o->warmup, &o->lr_factor},
                           4000);
   sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")
-      ->check(cli::range(0.0, 0.99));
+      ->check(cli::range(0.0, 1.0));
   sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 0.99));
   sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
   sub->add_option("--positions", o->positions,

@@ -24,6 +24,7 @@
 #include "graft/nn/checkpoint.h"
 #include "graft/nn/optim.h"
 #include "graft/nn/trainer.h"
+#include "graft/ops/dropout.h"
 #include "graft/ops/ops.h"
 
 namespace fs = std::filesystem;
@@ -379,9 +380,8 @@ void check_train_options(const TrainOptions& o) {
     bad("--batch-tokens must be in [1, 2^30]");
   if (!(o.label_smoothing >= 0 && o.label_smoothing < 1))
     bad("--label-smoothing must be in [0, 1)");
-  if (!(o.dropout >= 0 && o.dropout < 1)) bad("--dropout must be in [0, 1)");
-  if (!(o.attention_dropout >= 0 && o.attention_dropout < 1))
-    bad("--attention-dropout must be in [0, 1)");
+  if (!is_dropout_p(o.dropout)) bad("--dropout must be in [0, 1]");
+  if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
     bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
   if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
