@@ -1,7 +1,5 @@
 #include "graft/autograd/tape.h"
 
-#include "graft/autograd/graph.h"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,60 +11,16 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "graft/autograd/graph.h"
+#include "graft/autograd/internal/tape_state.h"
+
 namespace graft::autograd {
 
+using detail::Entry;
+using detail::Route;
+using detail::Tape;
+
 namespace {
-
-// Where a gradient for one input goes: the producing entry (non-leaf) or the leaf itself.
-struct Route {
-  int64_t index = -1;  // producing entry, or -1
-  int slot = 0;
-  std::shared_ptr<TensorImpl> leaf;  // set for leaves that require grad
-  Shape shape;
-  DType dtype = DType::f32;
-  bool needs = false;
-};
-
-struct Entry {
-  const char* op = "";
-  std::string path;  // the module path it was recorded under (anomaly mode or KeepModulePaths)
-  std::vector<Route> inputs;
-  std::vector<Shape> out_shapes;
-  std::vector<DType> out_dtypes;
-  Tensors saved;
-  std::vector<uint64_t> saved_versions;
-  std::vector<std::shared_ptr<Storage>> kept;
-  // The storages the kept buffers were made from, and their versions then (checked like saved).
-  std::vector<std::pair<std::weak_ptr<Storage>, uint64_t>> kept_sources;
-  bool marked = false;  // the storages of `saved` count this entry in Storage::saved_by_tape
-  BackwardFn fn;
-  // retained[k]: output k asked for its gradient (Tensor::retain_grad()); empty when none did, so
-  // an entry whose outputs did not ask pays one empty() test in backward.
-  std::vector<std::weak_ptr<TensorImpl>> retained;
-  bool freed = false;
-  int order = 1;  // 1 + the order of the backward that recorded it (1: recorded by a forward)
-  bool double_backward = true;  // its op's backward is differentiable (declare_op())
-};
-
-void mark_saved(Entry& e, bool on);
-
-// Tape ids start at 1 (0 in a TensorImpl means "never recorded") and are never reused, so a
-// tensor recorded on a thread that has exited is still told apart from this thread's.
-uint64_t next_tape_id() {
-  static std::atomic<uint64_t> next{1};
-  return next++;
-}
-
-struct Tape {
-  const uint64_t id = next_tape_id();
-  std::deque<Entry> entries;  // a deque: a backward under create_graph appends while one runs
-  uint64_t epoch = 1;
-  size_t live = 0;
-  // A thread that ends with entries on its tape leaves no storage counted as saved.
-  ~Tape() {
-    for (auto& e : entries) mark_saved(e, false);
-  }
-};
 
 thread_local Tape t_tape;
 
@@ -141,19 +95,31 @@ const OpDecl* find_decl(const char* name) {
   return nullptr;
 }
 
+const TapeLink& link(const TensorImpl* t) { return TapeAccess::link(t); }
+TapeLink& link(TensorImpl* t) { return TapeAccess::link(t); }
+
 // A tensor produced by an entry of another thread's tape (see tape.h: a graph belongs to the
 // thread that recorded it).
 bool from_other_thread(const TensorImpl* t) {
-  return t->tape_index >= 0 && t->tape_id != t_tape.id;
+  return link(t).index >= 0 && link(t).tape_id != t_tape.id;
 }
 
-// A tensor produced by an entry of an earlier epoch (the tape was cleared since).
+}  // namespace
+
+namespace detail {
+
+uint64_t next_tape_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+
+Tape& this_tape() { return t_tape; }
+int& keep_paths_count() { return t_keep_paths; }
+
 bool from_old_epoch(const TensorImpl* t) {
-  return t->tape_index >= 0 && t->tape_epoch != t_tape.epoch;
+  return link(t).index >= 0 && link(t).epoch != t_tape.epoch;
 }
 
-// Fails unless t's producing entry (if any) is on this thread's tape: `what` names the caller
-// and the tensor, such as "backward: the root".
 void check_this_thread(const TensorImpl* t, const std::string& what) {
   if (from_other_thread(t))
     fail(what +
@@ -177,6 +143,14 @@ void mark_saved(Entry& e, bool on) {
     else --s->saved_by_tape;
   }
 }
+
+}  // namespace detail
+
+using detail::check_this_thread;
+using detail::from_old_epoch;
+using detail::mark_saved;
+
+namespace {
 
 void free_entry(Entry& e) {
   if (e.freed) return;
@@ -370,14 +344,14 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
       r.shape = t.shape();
       r.dtype = t.dtype();
       r.needs = ti->requires_grad;
-      if (ti->tape_index >= 0) {
+      if (link(ti).index >= 0) {
         check_this_thread(ti, std::string("record: input ") + std::to_string(e.inputs.size()) +
                                   " of '" + op + "'");
         if (from_old_epoch(ti))
           already_freed(std::string("the tape entry that produced input ") +
                         std::to_string(e.inputs.size()) + " of '" + op + "'");
-        r.index = ti->tape_index;
-        r.slot = ti->tape_slot;
+        r.index = link(ti).index;
+        r.slot = link(ti).slot;
       } else if (ti->requires_grad) {
         r.leaf = t.impl_ptr();
       }
@@ -400,10 +374,10 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
     e.out_dtypes.push_back(o.dtype());
     TensorImpl* oi = o.impl();
     oi->requires_grad = is_floating(o.dtype());
-    oi->tape_index = index;
-    oi->tape_id = t_tape.id;
-    oi->tape_epoch = t_tape.epoch;
-    oi->tape_slot = slot++;
+    link(oi).index = index;
+    link(oi).tape_id = t_tape.id;
+    link(oi).epoch = t_tape.epoch;
+    link(oi).slot = slot++;
   }
   t_tape.entries.push_back(std::move(e));
   ++t_tape.live;
@@ -698,7 +672,7 @@ void free_after(const Pass& p, bool failed) {
 
 // Seeds the pending gradient of a non-leaf output.
 void seed(Pass& p, const Tensor& out, const Tensor& g) {
-  add_gradient(p.pending_of(out.impl()->tape_index)[out.impl()->tape_slot], g, p.create);
+  add_gradient(p.pending_of(link(out.impl()).index)[link(out.impl()).slot], g, p.create);
 }
 
 // The gradient an output is seeded with: `g`, or ones for a one-element output. `caller` and
@@ -720,9 +694,9 @@ Tensor seed_for(const Tensor& out, const Tensor& g, const std::string& caller,
 // Fails unless `t` is an op output whose graph is still there, or a leaf.
 void check_live(const TensorImpl* t, const std::string& what) {
   check_this_thread(t, what);
-  if (t->tape_index < 0) return;
+  if (link(t).index < 0) return;
   if (from_old_epoch(t)) already_freed(what + ": the tape entry that produced it");
-  if (t_tape.entries[t->tape_index].freed) already_freed(t_tape.entries[t->tape_index].op);
+  if (t_tape.entries[link(t).index].freed) already_freed(t_tape.entries[link(t).index].op);
 }
 
 // Runs a pass, freeing what it must when it ends or fails. Grad mode is on under create_graph
@@ -753,14 +727,14 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph, bool cr
   const Tensor g = seed_for(root, grad, "backward", "root");
   TensorImpl* ri = root.impl();
   check_live(ri, "backward: the root " + describe(root));
-  if (ri->tape_index < 0) {  // a leaf: its gradient is the seed itself
+  if (link(ri).index < 0) {  // a leaf: its gradient is the seed itself
     add_to_grad(ri->grad, g, create_graph, false);
     return;
   }
   Pass p;
   p.create = create_graph;
   p.retain = retain_graph || create_graph;
-  p.top = ri->tape_index;
+  p.top = link(ri).index;
   if (t_grad_ready) p.ready_at = leaves_ready_at(p.top);
   p.pending.resize((size_t)p.top + 1);
   seed(p, root, g);
@@ -780,8 +754,8 @@ void mark_targets(Pass& p, const Tensors& inputs, const char* caller) {
       fail(what + " " + describe(inputs[k]) + " does not require grad");
     check_live(inputs[k].impl(), what);
     const TensorImpl* t = inputs[k].impl();
-    if (t->tape_index < 0) p.leaf_target.emplace(t, k);
-    else p.entry_target.emplace(std::make_pair(t->tape_index, t->tape_slot), k);
+    if (link(t).index < 0) p.leaf_target.emplace(t, k);
+    else p.entry_target.emplace(std::make_pair(link(t).index, link(t).slot), k);
   }
   p.captured.assign(inputs.size(), Grad());
   if (p.top < 0) return;
@@ -803,11 +777,11 @@ Tensors run_capture(Pass& p, const Tensors& outputs, const Tensors& seeds, const
     // An output that is itself an input: its seed is (part of) that input's gradient, and a pass
     // that stops at targets goes no further with it.
     const auto leaf = p.leaf_target.find(t);
-    const auto entry = t->tape_index >= 0 ? p.entry_target.find({t->tape_index, t->tape_slot})
+    const auto entry = link(t).index >= 0 ? p.entry_target.find({link(t).index, link(t).slot})
                                           : p.entry_target.end();
     if (p.stop_at_targets && entry != p.entry_target.end())
       add_gradient(p.captured[entry->second], seeds[k], p.create);
-    else if (t->tape_index >= 0) seed(p, outputs[k], seeds[k]);
+    else if (link(t).index >= 0) seed(p, outputs[k], seeds[k]);
     else if (leaf != p.leaf_target.end())
       add_gradient(p.captured[leaf->second], seeds[k], p.create);
   }
@@ -843,7 +817,7 @@ Tensors grad(const Tensors& outputs, const Tensors& inputs, const Tensors& grad_
     check_live(outputs[k].impl(), what);
     seeds.push_back(seed_for(outputs[k], grad_outputs.empty() ? Tensor() : grad_outputs[k], "grad",
                              "output " + std::to_string(k)));
-    p.top = std::max(p.top, outputs[k].impl()->tape_index);
+    p.top = std::max(p.top, link(outputs[k].impl()).index);
   }
   mark_targets(p, inputs, "grad");
   Tensors out = run_capture(p, outputs, seeds, inputs);
@@ -883,7 +857,7 @@ Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, con
   p.retain = true;
   p.bottom = (int64_t)first;
   for (const Tensor& t : targets)
-    if (t.impl()->tape_index >= 0) p.bottom = std::min(p.bottom, t.impl()->tape_index);
+    if (link(t.impl()).index >= 0) p.bottom = std::min(p.bottom, link(t.impl()).index);
   // The outputs the forward recorded, and any that is one of the inputs returned as is.
   auto is_input = [&](const Tensor& o) {
     for (const Tensor& t : targets)
@@ -893,7 +867,7 @@ Tensors differentiate(const std::function<Tensors(const Tensors&)>& forward, con
   Tensors seeds, seeded;
   for (size_t k = 0; k < outs.size(); ++k) {
     if (!outs[k].defined() || !outs[k].requires_grad()) continue;
-    const int64_t at_index = outs[k].impl()->tape_index;
+    const int64_t at_index = link(outs[k].impl()).index;
     const bool recorded = at_index >= 0 && (size_t)at_index >= first;
     if (!recorded && !is_input(outs[k])) continue;
     seeded.push_back(outs[k]);
@@ -972,19 +946,19 @@ size_t tape_size() { return t_tape.live; }
 void retain_grad(const Tensor& t) {
   check_defined(t, "retain_grad", "the tensor");
   TensorImpl* ti = t.impl();
-  if (ti->tape_index < 0) {
+  if (link(ti).index < 0) {
     if (!ti->requires_grad)
       fail("retain_grad: tensor " + describe(t) +
            " does not require grad (a leaf needs requires_grad_() first)");
     return;  // a leaf that requires grad keeps its gradient anyway
   }
   check_this_thread(ti, "retain_grad: the tensor " + describe(t));
-  if (from_old_epoch(ti) || t_tape.entries[ti->tape_index].freed)
+  if (from_old_epoch(ti) || t_tape.entries[link(ti).index].freed)
     fail("retain_grad: the tape entry that produced " + describe(t) +
          " was already freed by a backward()");
-  Entry& e = t_tape.entries[ti->tape_index];
+  Entry& e = t_tape.entries[link(ti).index];
   if (e.retained.empty()) e.retained.resize(e.out_shapes.size());
-  e.retained[ti->tape_slot] = t.impl_ptr();
+  e.retained[link(ti).slot] = t.impl_ptr();
 }
 
 GradReadyScope::GradReadyScope(GradReadyHook hook) : prev_(std::move(t_grad_ready)) {
@@ -995,126 +969,6 @@ GradReadyScope::~GradReadyScope() { t_grad_ready = std::move(prev_); }
 void clear_tape() {
   for (auto& e : t_tape.entries) free_entry(e);
   compact_if_empty();
-}
-
-// ---- graph_dot ---------------------------------------------------------------------------------
-
-KeepModulePaths::KeepModulePaths() { ++t_keep_paths; }
-KeepModulePaths::~KeepModulePaths() { --t_keep_paths; }
-
-namespace {
-
-std::string dot_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// "e12" (entry 12), "l3" (leaf 3). Built by appending: g++ 12 warns falsely (-Wrestrict, GCC
-// bug 105329) on "e" + std::to_string(i).
-std::string node_id(char kind, int64_t i) {
-  std::string s(1, kind);
-  return s += std::to_string(i);
-}
-
-// The entries `root` depends on, in tape order.
-std::vector<int64_t> entries_behind(int64_t root) {
-  std::vector<bool> seen(t_tape.entries.size(), false);
-  std::vector<int64_t> stack{root}, out;
-  seen[root] = true;
-  while (!stack.empty()) {
-    const int64_t i = stack.back();
-    stack.pop_back();
-    out.push_back(i);
-    for (const Route& r : t_tape.entries[i].inputs)
-      if (r.index >= 0 && !seen[r.index]) seen[r.index] = true, stack.push_back(r.index);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// Module paths as nested clusters: each node of the tree holds its entries and its children.
-struct Cluster {
-  std::vector<int64_t> entries;
-  std::map<std::string, Cluster> children;
-};
-
-void write_cluster(std::string& dot, const std::string& label, const Cluster& c, int& next_id,
-                   int depth) {
-  const std::string pad(2 * depth, ' ');
-  if (depth > 0)
-    dot += pad + "subgraph cluster_" + std::to_string(next_id++) + " {\n" + pad + "  label=\"" +
-           dot_escape(label) + "\";\n";
-  for (int64_t i : c.entries) {
-    const Entry& e = t_tape.entries[i];
-    std::string text = dot_escape(e.op);
-    for (size_t k = 0; k < e.out_shapes.size(); ++k)
-      text += "\\n" + describe(e.out_dtypes[k], e.out_shapes[k]);
-    dot += pad + "  " + node_id('e', i) + " [label=\"" + text + "\"];\n";
-  }
-  for (const auto& [name, child] : c.children) write_cluster(dot, name, child, next_id, depth + 1);
-  if (depth > 0) dot += pad + "}\n";
-}
-
-}  // namespace
-
-std::string graph_dot(const Tensor& t,
-                      const std::vector<std::pair<std::string, Tensor>>& leaf_names) {
-  if (!t.defined()) fail("graph_dot: the tensor is undefined");
-  const TensorImpl* ti = t.impl();
-  check_this_thread(ti, "graph_dot: the tensor");
-  if (from_old_epoch(ti))
-    fail("graph_dot: the tensor's graph was freed (the tape was cleared since it was made)");
-  std::map<const TensorImpl*, std::string> names;
-  for (const auto& [name, leaf] : leaf_names)
-    if (leaf.defined()) names.emplace(leaf.impl(), name);
-  auto leaf_label = [&](const TensorImpl* leaf, DType dt, const Shape& shape) {
-    auto it = names.find(leaf);
-    return dot_escape((it == names.end() ? std::string("leaf") : it->second)) + "\\n" +
-           describe(dt, shape);
-  };
-  std::string dot = "digraph graft {\n  node [shape=box, fontname=\"Helvetica\", fontsize=10];\n";
-  if (ti->tape_index < 0) {  // nothing recorded behind it
-    dot += "  l0 [shape=ellipse, label=\"" + leaf_label(ti, t.dtype(), t.shape()) + "\"];\n}\n";
-    return dot;
-  }
-  const std::vector<int64_t> entries = entries_behind(ti->tape_index);
-  Cluster top;
-  for (int64_t i : entries) {
-    Cluster* c = &top;
-    const std::string& path = t_tape.entries[i].path;
-    for (size_t start = 0; !path.empty() && start <= path.size();) {
-      const size_t dot_at = std::min(path.find('.', start), path.size());
-      c = &c->children[path.substr(start, dot_at - start)];
-      start = dot_at + 1;
-    }
-    c->entries.push_back(i);
-  }
-  int next_cluster = 0;
-  write_cluster(dot, "", top, next_cluster, 0);
-  std::map<const TensorImpl*, int> leaves;
-  std::string edges;
-  for (int64_t i : entries) {
-    for (const Route& r : t_tape.entries[i].inputs) {
-      std::string from;
-      if (r.index >= 0) {
-        from = node_id('e', r.index);
-      } else if (r.leaf) {
-        auto [it, added] = leaves.emplace(r.leaf.get(), (int)leaves.size());
-        from = node_id('l', it->second);
-        if (added)
-          dot += "  " + from + " [shape=ellipse, style=filled, fillcolor=\"#dde8f5\", label=\"" +
-                 leaf_label(r.leaf.get(), r.dtype, r.shape) + "\"];\n";
-      } else {
-        continue;  // an input that needs no gradient (data, ids)
-      }
-      edges += "  " + from + " -> " + node_id('e', i) + ";\n";
-    }
-  }
-  return dot + edges + "}\n";
 }
 
 }  // namespace graft::autograd

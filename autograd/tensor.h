@@ -101,8 +101,22 @@ struct Storage {
   static size_t cached_bytes();  ///< freed big blocks kept for reuse (not counted in live_bytes)
 };
 
+namespace autograd {
+struct TapeAccess;
+}
+
+/// Where the op that produced a tensor sits on a tape; autograd's alone (private to TensorImpl).
+struct TapeLink {
+  int64_t index = -1;  ///< tape position of the producing op; -1 for leaves
+  /// Which thread's tape `index` refers to: each thread's tape has an id of its own, never
+  /// reused (see autograd/tape.h on graphs and threads).
+  uint64_t tape_id = 0;
+  uint64_t epoch = 0;  ///< which tape generation `index` refers to (clear_tape() starts one)
+  int slot = 0;        ///< which output of its tape entry this tensor is
+};
+
 /// The state behind a Tensor handle, shared by the handles that copy it. Library code reads it
-/// through Tensor's accessors; the tape fields belong to autograd.
+/// through Tensor's accessors; its place on the tape is autograd's (private).
 struct TensorImpl {
   std::shared_ptr<Storage> storage;  ///< the memory, shared with every view
   int64_t offset = 0;                ///< in elements
@@ -113,14 +127,12 @@ struct TensorImpl {
   DType dtype = DType::f32;    ///< element type
   bool requires_grad = false;  ///< a gradient is wanted (leaf) or flows through it (op output)
   std::shared_ptr<TensorImpl> grad;  ///< accumulated gradient (leaves, and retain_grad() outputs)
-  /// Tape position of the op that produced this tensor; -1 for leaves.
-  int64_t tape_index = -1;
-  /// Which thread's tape tape_index refers to: each thread's tape has an id of its own, never
-  /// reused (see autograd/tape.h on graphs and threads).
-  uint64_t tape_id = 0;
-  /// Which tape generation tape_index refers to (clear_tape() starts a new one).
-  uint64_t tape_epoch = 0;
-  int tape_slot = 0;  ///< which output of its tape entry this tensor is
+  /// Whether a recorded op produced this tensor (false for leaves).
+  bool recorded() const { return tape_.index >= 0; }
+
+ private:
+  friend struct autograd::TapeAccess;
+  TapeLink tape_;
 };
 
 /// An N-d array handle: shape, strides, dtype and a shared Storage, plus the autograd state.
@@ -189,7 +201,7 @@ class Tensor {
   ///         produced (detach() it first).
   Tensor& requires_grad_(bool on = true);
   /// True when no op on the tape produced this tensor.
-  bool is_leaf() const { return state("is_leaf").tape_index < 0; }
+  bool is_leaf() const { return !state("is_leaf").recorded(); }
   /// The gradient accumulated by backward(): a leaf's, or a non-leaf's that called
   /// retain_grad(); undefined when none arrived yet (always, for other non-leaves).
   /// @throws graft::Error when the tensor itself is undefined.
