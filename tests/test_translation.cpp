@@ -56,25 +56,25 @@ void write_toy_corpus(const std::string& dir) {
 tr::TrainOptions tiny_options(const std::string& data, const std::string& run, int64_t steps) {
   tr::TrainOptions o;
   o.data_dir = data;
-  o.run_dir = run;
-  o.steps = steps;
+  o.loop.run_dir = run;
+  o.loop.steps = steps;
   o.batch_tokens = 256;
-  o.warmup = 10;
-  o.lr_factor = 1.0;
+  o.loop.warmup = 10;
+  o.loop.lr_factor = 1.0;
   o.vocab = 120;
   // 15 does not divide the interruption point (20), so the uninterrupted run validates at
   // different steps than the interrupted one: validation must not disturb any RNG.
-  o.valid_every = 15;
-  o.log_every = 5;
+  o.loop.valid_every = 15;
+  o.loop.log_every = 5;
   o.bleu_sentences = 10;
-  o.quiet = true;
+  o.loop.quiet = true;
   o.plot = false;
   o.d_model = 32;
   o.heads = 2;
   o.d_ff = 64;
   o.layers = 1;
   o.dropout = 0.1;  // on, so the dropout generator has to be restored too
-  o.seed = 3;
+  o.loop.seed = 3;
   return o;
 }
 
@@ -184,7 +184,7 @@ BOOST_AUTO_TEST_CASE(interrupted_and_resumed_run_matches_exactly) {
 
   auto first = tr::train(tiny_options(dir / "data", dir / "split", N / 2));
   auto o = tiny_options(dir / "data", dir / "split", N);
-  o.resume = true;
+  o.loop.resume = true;
   auto second = tr::train(o);
   BOOST_TEST(second.first_step == N / 2);
   std::vector<double> joined = first.losses;
@@ -235,7 +235,7 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_give_clear_errors) {
   const std::string state = dir / "run/train_state.safetensors";
   const std::string good = read_bytes(state);
   auto resume = tiny_options(dir / "data", dir / "run", 8);
-  resume.resume = true;
+  resume.loop.resume = true;
 
   {  // cut off mid-data, as a crash during a non-atomic copy would leave it
     std::ofstream(state, std::ios::binary | std::ios::trunc)

@@ -154,7 +154,7 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--d-ff", o->d_ff, "feed-forward width")->check(CLI::Range(4, 65536));
   sub->add_option("--dropout", o->dropout,
                   "dropout (default 0.3; with --init-from the head's, default 0.1)")
-      ->check(cli::range(0.0, 0.99));
+      ->check(cli::range(0.0, 1.0));
   sub->add_option("--max-bytes", o->max_bytes,
                   "byte model: texts are cut to this many bytes (its input length)")
       ->check(CLI::Range(int64_t(8), int64_t(1) << 16));

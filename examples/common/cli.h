@@ -145,10 +145,11 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
       ->check(CLI::NonNegativeNumber);
 }
 
-// The training loop's flags of a program whose options hold an nn::LoopOptions: --steps or
-// --minutes (one of them), the recipe (add_recipe_options), --valid-every, --patience and
-// --min-delta (early stopping on `metric`, the validation metric it watches), --seed (what it
-// seeds: `seeds`), --resume, the data-parallel options and --detect-anomaly.
+// The training loop's flags of the three programs (their options hold an nn::LoopOptions):
+// --steps or --minutes (one of them), the recipe (add_recipe_options), --valid-every,
+// --log-every, --patience and --min-delta (early stopping on `metric`, the validation metric it
+// watches), --seed (what it seeds: `seeds`), --resume, the data-parallel options and
+// --detect-anomaly.
 inline void add_loop_options(CLI::App* sub, nn::LoopOptions& l, int64_t warmup_cap,
                              const std::string& metric, const std::string& seeds) {
   auto* steps = sub->add_option("--steps", l.steps, "training steps")
@@ -160,6 +161,8 @@ inline void add_loop_options(CLI::App* sub, nn::LoopOptions& l, int64_t warmup_c
       sub, {&l.optimizer, &l.weight_decay, &l.schedule, &l.lr, &l.min_lr, &l.warmup, &l.lr_factor},
       warmup_cap);
   sub->add_option("--valid-every", l.valid_every, "validate and checkpoint every N steps")
+      ->check(CLI::Range(1, 1 << 30));
+  sub->add_option("--log-every", l.log_every, "metrics row / non-TTY progress line every N steps")
       ->check(CLI::Range(1, 1 << 30));
   sub->add_option("--patience", l.patience,
                   "early stopping after N validations without a better " + metric + " (0: off)")

@@ -103,7 +103,7 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--batch-rows", o->batch_rows, "windows per batch")->check(CLI::Range(1, 4096));
   sub->add_option("--dropout", o->dropout,
                   "dropout (default 0: best in 5 minutes; past ~7 minutes 0.1, docs/lm.md)")
-      ->check(cli::range(0.0, 0.99));
+      ->check(cli::range(0.0, 1.0));
   cli::add_loop_options(sub, o->loop, 400, "bpc",
                         "initialisation, dropout, batch order and the split");
   cli::add_precision(sub);

@@ -158,62 +158,38 @@ cli::Command add_train(CLI::App& app) {
   auto o = std::make_shared<tr::TrainOptions>();
   auto* sub = app.add_subcommand("train", "train (or --resume) a model into a run directory");
   sub->add_option("--data", o->data_dir, "directory with train.tsv and valid.tsv")->required();
-  sub->add_option("--out", o->run_dir, "run directory")->required();
+  sub->add_option("--out", o->loop.run_dir, "run directory")->required();
   sub->add_option("--preset", o->preset, "model preset (tiny, small, base, big)");
-  auto* steps = sub->add_option("--steps", o->steps, "training steps")
-                    ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
-  auto* minutes =
-      sub->add_option("--minutes", o->minutes, "training time budget (total over resumes)")
-          ->check(cli::range(0.01, 1e6));
   sub->add_option("--batch-tokens", o->batch_tokens, "padded target tokens per batch")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  cli::add_recipe_options(sub,
-                          {&o->optimizer, &o->weight_decay, &o->schedule, &o->lr, &o->min_lr,
-                           &o->warmup, &o->lr_factor},
-                          4000);
+  cli::add_loop_options(sub, o->loop, 4000, "valid BLEU",
+                        "initialisation, dropout and batch order");
+  sub->add_option("--stop-at-bleu", o->loop.stop_at,
+                  "time to quality: stop at the first validation with valid BLEU >= this")
+      ->check(cli::range(0.0, 100.0));
   sub->add_option("--label-smoothing", o->label_smoothing, "label smoothing epsilon")
       ->check(cli::range(0.0, 1.0));
-  sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 0.99));
+  sub->add_option("--dropout", o->dropout, "dropout probability")->check(cli::range(0.0, 1.0));
   sub->add_flag("--pre-ln", o->pre_ln, "pre-LayerNorm blocks (default post-LN)");
   sub->add_option("--positions", o->positions,
                   "positional encoding: sinusoidal, learned, rope, alibi, relative")
       ->check(CLI::IsMember({"sinusoidal", "learned", "rope", "alibi", "relative"}));
   sub->add_option("--attention-dropout", o->attention_dropout,
                   "dropout on the attention probabilities")
-      ->check(cli::range(0.0, 0.99));
+      ->check(cli::range(0.0, 1.0));
   sub->add_option("--vocab", o->vocab, "SentencePiece vocabulary size")
       ->check(CLI::Range(8, 1 << 20));
-  sub->add_option("--valid-every", o->valid_every, "validate and checkpoint every N steps")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--log-every", o->log_every, "metrics row / non-TTY progress line every N steps")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
-  sub->add_option("--seed", o->seed, "seed for initialisation, dropout and batch order")
-      ->check(cli::seed_range());
-  cli::add_data_parallel_options(sub, o->bucket_mb, o->overlap);
-  sub->add_option("--patience", o->patience,
-                  "early stopping: stop after N validations without a better valid BLEU (0: off)")
-      ->check(CLI::NonNegativeNumber);  // an integer
-  sub->add_option("--min-delta", o->min_delta,
-                  "early stopping: a valid BLEU counts as better only above the best + this")
-      ->check(cli::non_negative());
-  sub->add_option("--stop-at-bleu", o->stop_at_bleu,
-                  "time to quality: stop at the first validation with valid BLEU >= this")
-      ->check(cli::range(0.0, 100.0));
   sub->add_option(
       "--dump-batches", o->dump_batches,
       "write the batches, their order and the initial weights for a peer implementation (bench)");
   sub->add_option("--graph", o->graph,
                   "also draw one training step's recorded graph into FILE (.svg/.png/.pdf via "
                   "Graphviz, or .dot)");
-  sub->add_flag("--resume", o->resume, "continue the run in --out exactly where it stopped");
-  cli::add_detect_anomaly(sub);
-  steps->excludes(minutes);
-  minutes->excludes(steps);
   cli::add_precision(sub);
   return {sub, [o, sub] {
-            if (o->steps <= 0 && o->minutes <= 0)
+            if (o->loop.steps <= 0 && o->loop.minutes <= 0)
               throw CLI::ValidationError("train: give --steps N or --minutes M");
-            cli::set_auto_warmup(sub, o->warmup, o->steps, 4000);
+            cli::set_auto_warmup(sub, o->loop.warmup, o->loop.steps, 4000);
             return cmd_train(*o);
           }};
 }

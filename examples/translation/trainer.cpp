@@ -314,25 +314,27 @@ LoadedRun load_run(const std::string& run_dir) {
 nlohmann::json TrainOptions::to_json() const {
   return {{"data_dir", data_dir},
           {"preset", preset},
-          {"steps", steps},
-          {"minutes", minutes},
+          {"steps", loop.steps},
+          {"minutes", loop.minutes},
           {"batch_tokens", batch_tokens},
-          {"lr_factor", lr_factor},
-          {"warmup", warmup},
-          {"lr", lr},
-          {"optimizer", optimizer},
-          {"weight_decay", weight_decay},
-          {"schedule", schedule},
-          {"min_lr", min_lr},
-          {"decay_steps", schedule == "cosine" && decay_steps == 0 ? steps : decay_steps},
+          {"lr_factor", loop.lr_factor},
+          {"warmup", loop.warmup},
+          {"lr", loop.lr},
+          {"optimizer", loop.optimizer},
+          {"weight_decay", loop.weight_decay},
+          {"schedule", loop.schedule},
+          {"min_lr", loop.min_lr},
+          {"decay_steps",
+           loop.schedule == "cosine" && loop.decay_steps == 0 ? loop.steps : loop.decay_steps},
           {"label_smoothing", label_smoothing},
           {"dropout", dropout},
           {"pre_ln", pre_ln},
           {"positions", positions},
           {"attention_dropout", attention_dropout},
           {"vocab", vocab},
-          {"valid_every", valid_every},
-          {"seed", seed}};
+          {"valid_every", loop.valid_every},
+          {"seed", loop.seed},
+          {"recipe", nn::loop_recipe(loop)}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,7 +368,7 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   c.norm_first = o.pre_ln;
   c.positions.kind = nn::parse_positions(o.positions);
   c.attention_dropout = o.attention_dropout;
-  c.seed = o.seed;
+  c.seed = o.loop.seed;
   if (c.d_model % c.heads)
     fail("train: d_model " + std::to_string(c.d_model) + " is not divisible by heads " +
          std::to_string(c.heads));
@@ -411,7 +413,8 @@ namespace {
 std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& model,
                               const std::vector<Batch>& batches, const text::Tokenizer& tok,
                               const std::vector<std::string>& bleu_src) {
-  if (o.resume) fail("train: --dump-batches records a whole run from step 0; not with --resume");
+  if (o.loop.resume)
+    fail("train: --dump-batches records a whole run from step 0; not with --resume");
   std::ofstream f(o.dump_batches, std::ios::trunc);
   if (!f) fail("train: cannot write '" + o.dump_batches + "'");
   auto rows = [](const Tensor& t) {
@@ -448,40 +451,30 @@ namespace {
 // command line says now; only the stopping rule and the reporting may change. Returns the run's
 // config.json (empty when not resuming).
 nlohmann::json apply_resumed_options(TrainOptions& o) {
-  if (!o.resume) return {};
-  const std::string cfg_path = o.run_dir + "/config.json";
-  nlohmann::json saved = nn::load_resume_config(o.run_dir);
+  if (!o.loop.resume) return {};
+  const std::string cfg_path = o.loop.run_dir + "/config.json";
+  nlohmann::json saved = nn::load_resume_config(o.loop.run_dir);
   const nlohmann::json t =
       saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
-  o.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-  o.warmup = nn::json_field<int64_t>(t, "warmup", where);
-  o.lr = nn::json_field<double>(t, "lr", where);
-  // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
-  o.optimizer = t.value("optimizer", std::string("adam"));
-  o.weight_decay = t.value("weight_decay", 0.0);
-  o.schedule = t.value("schedule", std::string("auto"));
-  o.min_lr = t.value("min_lr", 0.0);
-  o.decay_steps = t.value("decay_steps", int64_t(0));
+  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
+  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
+  o.loop.lr = nn::json_field<double>(t, "lr", where);
+  if (t.contains("recipe")) {
+    nn::apply_recipe(t["recipe"], o.loop, where);  // as lm and classify; graft >= 0.6
+  } else {
+    // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
+    o.loop.optimizer = t.value("optimizer", std::string("adam"));
+    o.loop.weight_decay = t.value("weight_decay", 0.0);
+    o.loop.schedule = t.value("schedule", std::string("auto"));
+    o.loop.min_lr = t.value("min_lr", 0.0);
+    o.loop.decay_steps = t.value("decay_steps", int64_t(0));
+  }
   o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
-  o.seed = nn::json_field<uint64_t>(t, "seed", where);
+  o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
   models::model_section(saved, cfg_path, "resume");
   return saved;
-}
-
-nn::LoopOptions loop_options(const TrainOptions& o) {
-  nn::LoopOptions lo;
-  lo.run_dir = o.run_dir;
-  lo.steps = o.steps, lo.minutes = o.minutes, lo.lr = o.lr, lo.lr_factor = o.lr_factor;
-  lo.optimizer = o.optimizer, lo.weight_decay = o.weight_decay, lo.schedule = o.schedule;
-  lo.min_lr = o.min_lr, lo.decay_steps = o.decay_steps;
-  lo.warmup = o.warmup, lo.valid_every = o.valid_every, lo.log_every = o.log_every;
-  lo.patience = o.patience, lo.min_delta = o.min_delta, lo.stop_at = o.stop_at_bleu,
-  lo.seed = o.seed;
-  lo.resume = o.resume, lo.quiet = o.quiet;
-  lo.bucket_mb = o.bucket_mb, lo.overlap = o.overlap;
-  return lo;
 }
 
 using Say = std::function<void(const std::string&)>;
@@ -489,14 +482,14 @@ using Say = std::function<void(const std::string&)>;
 // run/spm.model, trained on the training pairs' both sides unless a resumed run has it.
 void ensure_tokenizer(const TrainOptions& o, const std::vector<text::Pair>& train_pairs,
                       const Say& say) {
-  const std::string spm = o.run_dir + "/spm.model";
-  if (o.resume && fs::exists(spm)) return;
-  if (o.resume) fail("resume: '" + spm + "' is missing");
+  const std::string spm = o.loop.run_dir + "/spm.model";
+  if (o.loop.resume && fs::exists(spm)) return;
+  if (o.loop.resume) fail("resume: '" + spm + "' is missing");
   std::vector<std::string> sents;
   sents.reserve(2 * train_pairs.size());
   for (auto& p : train_pairs) sents.push_back(p.src), sents.push_back(p.tgt);
   auto t0 = Clock::now();
-  text::Tokenizer::train(sents, o.run_dir + "/spm", o.vocab);
+  text::Tokenizer::train(sents, o.loop.run_dir + "/spm", o.vocab);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f", seconds_since(t0));
   // The trainer may settle on fewer pieces than requested on a small language.
@@ -584,10 +577,10 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   task.higher_is_better = true;
   task.generators = {&model.dropout_gen};
   task.data_fingerprint = batches_fingerprint(d.batches);
-  task.tied_files = tied_files(o.run_dir);
+  task.tied_files = tied_files(o.loop.run_dir);
   task.on_validated = [&model, &o](const nn::Validated& v) {
     if (v.best)
-      save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.run_dir));
+      save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.loop.run_dir));
     if (o.plot)
       plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "label-smoothed", {"bleu"},
                             "validation BLEU (greedy)");
@@ -613,37 +606,38 @@ TrainResult result_of(const nn::LoopResult& lr) {
 TrainResult train(const TrainOptions& opts) {
   TrainOptions o = opts;
   const nlohmann::json saved = apply_resumed_options(o);
-  nn::LoopOptions lo = loop_options(o);
-  nn::check_loop_options(lo);  // before the data and SentencePiece work
+  nn::check_loop_options(o.loop);  // before the data and SentencePiece work
   check_train_options(o);
   models::TransformerConfig cfg;
-  if (o.resume) {
-    cfg = models::TransformerConfig::from_json(saved.at("model"), o.run_dir + "/config.json");
-    models::check_config_memory(cfg, o.run_dir + "/config.json");
+  if (o.loop.resume) {
+    cfg = models::TransformerConfig::from_json(saved.at("model"), o.loop.run_dir + "/config.json");
+    models::check_config_memory(cfg, o.loop.run_dir + "/config.json");
   } else {
     models::check_config_memory(make_config(o, o.vocab),
                                 "train");  // the vocabulary can only shrink
   }
+  // Noam's width, and the one the saved recipe names.
+  o.loop.d_model = o.loop.resume ? cfg.d_model : make_config(o, o.vocab).d_model;
   // Under mpirun rank 0 alone writes the run's files and talks; the others wait for them.
   nn::Communicator& comm = nn::world_communicator();
   const bool rank0 = comm.rank() == 0;
   const Say say = [&o, rank0](const std::string& s) {
-    if (!o.quiet && rank0) std::cerr << s << std::endl;
+    if (!o.loop.quiet && rank0) std::cerr << s << std::endl;
   };
 
   TrainData d = load_pairs(o, say);
   nn::on_rank0(comm, [&] {
-    fs::create_directories(o.run_dir);
+    fs::create_directories(o.loop.run_dir);
     ensure_tokenizer(o, d.train_pairs, say);
-    if (!o.resume)
+    if (!o.loop.resume)
       nn::save_json(
-          o.run_dir + "/config.json",
+          o.loop.run_dir + "/config.json",
           {{"model",
-            make_config(o, text::Tokenizer(o.run_dir + "/spm.model").vocab_size()).to_json()},
+            make_config(o, text::Tokenizer(o.loop.run_dir + "/spm.model").vocab_size()).to_json()},
            {"train", o.to_json()}});
   });
-  const text::Tokenizer tok(o.run_dir + "/spm.model");
-  if (!o.resume) cfg = make_config(o, tok.vocab_size());
+  const text::Tokenizer tok(o.loop.run_dir + "/spm.model");
+  if (!o.loop.resume) cfg = make_config(o, tok.vocab_size());
   models::Transformer model(cfg);
   model.train();
   batch_data(d, tok, o, cfg.max_len, say);
@@ -662,8 +656,7 @@ TrainResult train(const TrainOptions& opts) {
   });
   nn::TrainTask task = make_task(model, tok, d, o, dump);
   task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", o.to_json()}}.dump();
-  lo.d_model = cfg.d_model;
-  return result_of(nn::train_loop(task, lo));
+  return result_of(nn::train_loop(task, o.loop));
 }
 
 }  // namespace graft::translation

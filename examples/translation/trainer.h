@@ -56,52 +56,31 @@ std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t ma
 // ---- training ----
 
 struct TrainOptions {
-  std::string data_dir, run_dir;
+  std::string data_dir;
   std::string preset = "tiny";
-  int64_t steps = 0;   // stop after this many steps (0: no step limit)
-  double minutes = 0;  // stop after this much training time, summed over resumes (0: none)
   int64_t batch_tokens = 4096;
-  // The recipe (nn::LoopOptions' fields of the same names; the CLI sets warmup by
-  // cli::auto_warmup() when --warmup is not given).
-  std::string optimizer = "adam";  // adam or adamw
-  double weight_decay = 0;         // on the weight matrices only
-  std::string schedule =
-      "auto";              // auto (Noam when lr is 0, else constant lr), noam, cosine, constant
-  double lr_factor = 1.0;  // Noam factor ...
-  int64_t warmup = 4000;   // ... and the warmup of every schedule
-  double lr = 0;      // the peak of cosine and constant; with auto > 0: a constant learning rate
-  double min_lr = 0;  // cosine: the floor
-  int64_t decay_steps =
-      0;  // cosine: where it reaches min_lr (0: steps; a resumed run keeps its own)
   double label_smoothing = 0.1;
   double dropout = 0.1;
   bool pre_ln = false;
   std::string positions = "sinusoidal";  // sinusoidal, learned, rope, alibi, relative
   double attention_dropout = 0;
   int vocab = 1000;
-  int64_t valid_every = 500;
-  int64_t log_every = 100;  // metrics.csv row / non-TTY progress line interval
   int64_t bleu_sentences = 200;
-  int64_t patience = 0;       // early stopping: validations without a better valid BLEU (0: off)
-  double min_delta = 0;       // early stopping: a better BLEU must beat the best by more than this
-  double stop_at_bleu = NAN;  // time to quality: stop once valid BLEU reaches this (NaN: never)
   // For a peer implementation trained on the same data (bench/torch_quality.py): writes every
   // batch's ids, the BLEU sources' ids and then, per step, the batch it trained on, as JSON
   // lines to this file, and the initial weights to <file>.init.safetensors. Not with resume.
   std::string dump_batches;
-  uint64_t seed = 1;
-  // Continue the run in run_dir exactly: the model config and the schedule/batching/seed options
-  // come from its config.json; steps, minutes and the reporting options still come from here.
-  bool resume = false;
-  bool quiet = false;                              // no progress output (tests)
-  double bucket_mb = nn::LoopOptions{}.bucket_mb;  // data parallel: gradient bucket size in MiB
-  bool overlap = true;                             // data parallel: sum the buckets during backward
-  bool plot = true;                                // write curves.png
+  bool plot = true;  // write curves.png
   // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf
   // through Graphviz, .dot as text) before training; it leaves the run as without it.
   std::string graph;
   // Overrides of the preset (0: keep the preset's value); the tests use tiny models.
   int64_t d_model = 0, heads = 0, d_ff = 0, layers = 0;
+  // run_dir, budget, recipe, validation, early stopping (on valid BLEU; stop_at: time to a
+  // valid BLEU), seed (initialisation, dropout, batch order), resume (the model config and the
+  // recipe/batching/seed come from the run's config.json; the budget and reporting from here),
+  // data parallel. The loop's d_model is the model's.
+  nn::LoopOptions loop;
 
   nlohmann::json to_json() const;
 };
