@@ -17,6 +17,7 @@
 #include "examples/classify/pretrained.h"
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
+#include "examples/common/train_task.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
@@ -369,6 +370,25 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   return c;
 }
 
+}  // namespace
+
+void set_classifier_reporting(nn::TrainTask& task, const nn::Module& model, const TrainOptions& o,
+                              const Metrics& baseline, const std::vector<std::string>& tied) {
+  task.metric_names = {"accuracy", "macro_f1"};
+  task.stop_metric = "macro_f1";
+  task.higher_is_better = true;
+  tasks::save_best_and_draw(
+      task, model, "graft-classifier", tied, [&o, baseline](const nn::Validated& v) {
+        if (!o.plot) return;
+        plot::learning_curves(
+            v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
+            "validation",
+            {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
+      });
+}
+
+namespace {
+
 // What nn::train_loop needs: the sharded loss, validation, and the curves (with the baseline's
 // lines) written at each validation. model.safetensors holds the best validated weights (by
 // macro-F1; the validation accuracy of a class with few lines swings from one validation to the
@@ -377,44 +397,18 @@ nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batc
                         const std::vector<std::string>& labels,
                         const std::vector<Example>& valid_set, const TrainOptions& o,
                         const Metrics& baseline) {
-  const std::string cfg_path = o.loop.run_dir + "/config.json";
   nn::TrainTask task;
-  task.model = &model;
-  task.batches = (int64_t)batches.size();
-  task.loss = [&](int64_t i, nn::Shard s) {
-    const Tensor ids = nn::shard_of(batches[i].ids, s);
-    return nn::shard_loss(cross_entropy(model.forward(ids), nn::shard_of(batches[i].labels, s)),
-                          ids.size(0), batches[i].ids.size(0));
-  };
-  task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
-  task.tokens = [&](int64_t i) { return batches[i].tokens; };
-  task.metric_names = {"accuracy", "macro_f1"};
+  tasks::set_row_batches(task, model, batches, &Batch::ids, &Batch::labels);
   task.validate = [&]() -> std::map<std::string, double> {
     const Metrics v = evaluate(model, labels, valid_set);
     return {{"accuracy", v.accuracy}, {"macro_f1", v.macro_f1}};
   };
-  task.stop_metric = "macro_f1";
-  task.higher_is_better = true;
-  task.generators = {&model.dropout_gen};
-  std::vector<std::pair<std::string, Tensor>> fp;
-  for (auto& b : batches) fp.emplace_back("", b.ids);
-  task.data_fingerprint = nn::weights_checksum(fp);
-  task.tied_files = {cfg_path};
   task.run_config = nlohmann::json{
       {"model", model.cfg.to_json()},
       {"labels", labels},
       {"batch_rows",
        o.batch_rows}}.dump();
-  task.on_validated = [&model, &o, &baseline, cfg_path](const nn::Validated& v) {
-    if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
-                       "graft-classifier", {cfg_path});
-    if (o.plot)
-      plot::learning_curves(
-          v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
-          "validation",
-          {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
-  };
+  set_classifier_reporting(task, model, o, baseline, {o.loop.run_dir + "/config.json"});
   return task;
 }
 

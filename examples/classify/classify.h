@@ -128,6 +128,13 @@ struct TrainOptions {
     loop.log_every = 50;
   }
 };
+// What every classifier training task reports (the byte model's and the pretrained one's):
+// accuracy and macro-F1, early stopping on macro-F1 (higher is better), the best weights into
+// model.safetensors ("graft-classifier", tied to `tied`) and the curves with the Naive Bayes
+// baseline's lines (unless !o.plot). `model` and `o` outlive the task.
+void set_classifier_reporting(nn::TrainTask& task, const nn::Module& model, const TrainOptions& o,
+                              const Metrics& baseline, const std::vector<std::string>& tied);
+
 struct TrainResult {
   nn::LoopResult loop;
   // The saved model's (the best validated weights) and the Naive Bayes baseline's (naive_bayes.h),

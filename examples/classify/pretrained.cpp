@@ -321,27 +321,14 @@ Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
   return s;
 }
 
-// The parts of the train task that both ways of training share: validation metrics, early
-// stopping on macro-F1, and model.safetensors (the whole classifier, encoder included) plus the
-// curves at each validation.
+// The parts of the train task that both ways of training share: the run config, and what every
+// classifier reports (set_classifier_reporting: model.safetensors holds the whole classifier,
+// encoder included).
 void common_task(nn::TrainTask& task, PretrainedClassifier& model, const TrainOptions& o,
                  const Metrics& baseline, const std::vector<std::string>& tied) {
-  task.metric_names = {"accuracy", "macro_f1"};
-  task.stop_metric = "macro_f1";
-  task.higher_is_better = true;
-  task.tied_files = tied;
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"batch_rows", o.batch_rows}}.dump();
-  task.on_validated = [&model, &o, baseline, tied](const nn::Validated& v) {
-    if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
-                       "graft-classifier", tied);
-    if (o.plot)
-      plot::learning_curves(
-          v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
-          "validation",
-          {"Naive Bayes", {{"accuracy", baseline.accuracy}, {"macro_f1", baseline.macro_f1}}});
-  };
+  set_classifier_reporting(task, model, o, baseline, tied);
 }
 
 std::string fingerprint(const std::vector<TokenBatch>& batches) {

@@ -9,6 +9,7 @@
 
 #include "examples/common/curves.h"
 #include "examples/common/lines.h"
+#include "examples/common/train_task.h"
 #include "examples/lm/kneser_ney.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
@@ -230,38 +231,23 @@ nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& 
                         const std::vector<int64_t>& valid_stream, int64_t context,
                         const TrainOptions& o, const Metrics& baseline) {
   nn::TrainTask task;
-  task.model = &model;
-  task.batches = (int64_t)batches.size();
-  task.loss = [&](int64_t i, nn::Shard s) {
-    const Tensor input = nn::shard_of(batches[i].input, s);
-    const Tensor mean = cross_entropy(reshape(model.forward(input), {-1, kVocab}),
-                                      reshape(nn::shard_of(batches[i].target, s), {-1}));
-    return nn::shard_loss(mean, input.size(0), batches[i].input.size(0));  // every row is full
-  };
-  task.examples = [&](int64_t i) { return batches[i].input.size(0); };
-  task.tokens = [&](int64_t i) { return batches[i].tokens; };
+  tasks::set_row_batches(task, model, batches, &Batch::input, &Batch::target);
   task.metric_names = {"loss", "bpc"};
   task.validate = [&model, &valid_stream, context]() -> std::map<std::string, double> {
     const Metrics v = evaluate(model, valid_stream, context);
     return {{"loss", v.loss}, {"bpc", v.bpc}};
   };
   task.stop_metric = "bpc";
-  task.generators = {&model.dropout_gen};
-  std::vector<std::pair<std::string, Tensor>> fp;
-  for (auto& b : batches) fp.emplace_back("", b.input);
-  task.data_fingerprint = nn::weights_checksum(fp);
-  task.tied_files = {o.loop.run_dir + "/config.json"};
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
-  task.on_validated = [&model, &o, &baseline](const nn::Validated& v) {
-    if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
-                       "graft-lm", {o.loop.run_dir + "/config.json"});
-    if (o.plot)
-      plot::learning_curves(v.checkpoint.path("curves.png"), v.rows, "nats/token", {"bpc"},
-                            "validation bits per character",
-                            {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
-  };
+  tasks::save_best_and_draw(task, model, "graft-lm", {o.loop.run_dir + "/config.json"},
+                            [&o, &baseline](const nn::Validated& v) {
+                              if (!o.plot) return;
+                              plot::learning_curves(v.checkpoint.path("curves.png"), v.rows,
+                                                    "nats/token", {"bpc"},
+                                                    "validation bits per character",
+                                                    {"Kneser-Ney 7-gram", {{"bpc", baseline.bpc}}});
+                            });
   return task;
 }
 

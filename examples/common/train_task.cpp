@@ -1,0 +1,17 @@
+#include "examples/common/train_task.h"
+
+namespace graft::tasks {
+
+void save_best_and_draw(nn::TrainTask& task, const nn::Module& model, const std::string& format,
+                        const std::vector<std::string>& tied,
+                        std::function<void(const nn::Validated&)> draw) {
+  task.tied_files = tied;
+  task.on_validated = [&model, format, tied, draw = std::move(draw)](const nn::Validated& v) {
+    if (v.best)
+      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, format,
+                       tied);
+    if (draw) draw(v);
+  };
+}
+
+}  // namespace graft::tasks

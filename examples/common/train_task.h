@@ -1,0 +1,51 @@
+// What the lm and classify programs' training tasks (nn::TrainTask) share: batches of rows
+// trained by cross-entropy and sharded by rows across ranks, and at each validation the best
+// weights saved beside the run's config.json and the learning curves drawn.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graft/nn/checkpoint.h"
+#include "graft/nn/module.h"
+#include "graft/nn/trainer.h"
+#include "graft/ops/loss.h"
+#include "graft/ops/shape.h"
+
+namespace graft::tasks {
+
+// Sets task's model, batches, loss, examples, tokens, generators and data_fingerprint for
+// `batches` (a Batch has Tensor members `input` and `target` named by the member pointers, and
+// int64_t `tokens`): batch i's loss is the mean cross-entropy of model.forward(input) (logits,
+// classes last) against target (one class per logit row), each rank given its shard of the
+// rows. The fingerprint covers the inputs. `batches` and `model` outlive the task.
+template <class Model, class Batch>
+void set_row_batches(nn::TrainTask& task, Model& model, const std::vector<Batch>& batches,
+                     Tensor Batch::*input, Tensor Batch::*target) {
+  task.model = &model;
+  task.generators = {&model.dropout_gen};
+  task.batches = (int64_t)batches.size();
+  task.loss = [&model, &batches, input, target](int64_t i, nn::Shard s) {
+    const Batch& b = batches[(size_t)i];
+    const Tensor x = nn::shard_of(b.*input, s);
+    const Tensor logits = model.forward(x);
+    const Tensor mean = cross_entropy(reshape(logits, {-1, logits.shape().back()}),
+                                      reshape(nn::shard_of(b.*target, s), {-1}));
+    return nn::shard_loss(mean, x.size(0), (b.*input).size(0));
+  };
+  task.examples = [&batches, input](int64_t i) { return (batches[(size_t)i].*input).size(0); };
+  task.tokens = [&batches](int64_t i) { return batches[(size_t)i].tokens; };
+  std::vector<std::pair<std::string, Tensor>> fp;
+  for (const Batch& b : batches) fp.emplace_back("", b.*input);
+  task.data_fingerprint = nn::weights_checksum(fp);
+}
+
+// Sets task's tied_files to `tied` and its on_validated: the best validated weights into the
+// checkpoint's model.safetensors (tagged `format`, tied to those files), then `draw(v)` (the
+// curves) unless it is empty. `model` outlives the task.
+void save_best_and_draw(nn::TrainTask& task, const nn::Module& model, const std::string& format,
+                        const std::vector<std::string>& tied,
+                        std::function<void(const nn::Validated&)> draw);
+
+}  // namespace graft::tasks
