@@ -588,8 +588,9 @@ std::string file_fingerprint(const std::string& file, const char* who) {
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
                   int64_t step, const std::string& format,
                   const std::vector<std::string>& tied_files) {
-  std::map<std::string, std::string> meta = {
-      {"format", format}, {"step", std::to_string(step)}, {"checksum", weights_checksum(sd)}};
+  std::map<std::string, std::string> meta = checksum_metadata(sd);
+  meta["format"] = format;
+  meta["step"] = std::to_string(step);
   for (auto& f : tied_files) meta[fingerprint_key(f)] = file_fingerprint(f, "save_weights");
   save_safetensors(path, sd, meta);
 }
@@ -597,14 +598,7 @@ void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const s
 std::vector<std::pair<std::string, Tensor>> load_weights(
     const std::string& path, const char* who, const std::vector<std::string>& tied_files) {
   SafetensorsFile f = load_safetensors(path);
-  auto it = f.metadata.find("checksum");
-  if (it == f.metadata.end())
-    fail(std::string(who) + ": '" + f.path +
-         "': no checksum in the metadata; not a graft checkpoint");
-  const std::string sum = weights_checksum(f.tensors);
-  if (it->second != sum)
-    fail(std::string(who) + ": '" + f.path + "': checksum mismatch (stored " + it->second +
-         ", computed " + sum + "): the checkpoint is corrupted");
+  check_weights_checksum(f, who);
   for (auto& file : tied_files) {
     auto fp = f.metadata.find(fingerprint_key(file));
     if (fp == f.metadata.end())
@@ -643,17 +637,46 @@ struct Hash64 {
   }
 };
 
-}  // namespace
-
-std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+// The checksum of `tensors`; with_dtype: weights_checksum's, else that of files written before
+// graft 0.6 (checksum_version absent).
+std::string checksum_of(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        bool with_dtype) {
   Hash64 h;
   for (auto& [name, t0] : tensors) {
     for (char c : name) h.mix((unsigned char)c);
+    if (with_dtype)
+      for (const char* c = dtype_name(t0.dtype()); *c; ++c) h.mix((unsigned char)*c);
     for (auto d : t0.shape()) h.mix((uint64_t)d);
     const Tensor t = t0.is_contiguous() ? t0 : contiguous_copy(t0);
     h.bytes(static_cast<const unsigned char*>(t.raw()), (size_t)t.numel() * dtype_size(t.dtype()));
   }
   return h.hex();
+}
+
+}  // namespace
+
+std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  return checksum_of(tensors, true);
+}
+
+std::map<std::string, std::string> checksum_metadata(
+    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  return {{"checksum", weights_checksum(tensors)}, {"checksum_version", "2"}};
+}
+
+void check_weights_checksum(const SafetensorsFile& f, const std::string& who) {
+  const auto it = f.metadata.find("checksum");
+  if (it == f.metadata.end())
+    fail(who + ": '" + f.path + "': no checksum in the metadata; not a graft checkpoint");
+  const auto version = f.metadata.find("checksum_version");
+  const bool v2 = version != f.metadata.end();
+  if (v2 && version->second != "2")
+    fail(who + ": '" + f.path + "': unknown checksum_version '" + text::printable(version->second) +
+         "' (this graft writes and reads 2)");
+  const std::string sum = checksum_of(f.tensors, v2);
+  if (it->second != sum)
+    fail(who + ": '" + f.path + "': checksum mismatch (stored " + text::printable(it->second) +
+         ", computed " + sum + "): the checkpoint is corrupted");
 }
 
 std::string text_checksum(const std::string& text) {

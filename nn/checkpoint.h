@@ -74,10 +74,21 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 /// cannot be read counts as none.
 int remove_stale_temp_files(const std::string& dir);
 
-/// A hash over every tensor's name, shape and bytes, as 16 hex digits: safetensors carries no
-/// checksum of its own, so flipped bits in the data section would otherwise load silently.
-/// Checkpoints store it in their metadata and verify it on load. Not cryptographic.
+/// A hash over every tensor's name, dtype, shape and bytes, as 16 hex digits: safetensors carries
+/// no checksum of its own, so flipped bits in the data section (or a dtype changed in the
+/// header) would otherwise load silently. Checkpoints store it in their metadata
+/// (checksum_metadata()) and verify it on load (check_weights_checksum()). Not cryptographic.
 std::string weights_checksum(const std::vector<std::pair<std::string, Tensor>>& tensors);
+/// The metadata entries that carry weights_checksum(tensors): "checksum", and
+/// "checksum_version" "2" (a file without it was written before graft 0.6, by a checksum that
+/// did not cover the dtype).
+std::map<std::string, std::string> checksum_metadata(
+    const std::vector<std::pair<std::string, Tensor>>& tensors);
+/// Verifies the checksum f's metadata stores against its tensors (a file written before graft
+/// 0.6 by the checksum of its day, without the dtype).
+/// @throws graft::Error "<who>: '<path>': ..." when the metadata has no checksum, names an
+///         unknown checksum_version, or the checksum differs (the file is corrupted).
+void check_weights_checksum(const SafetensorsFile& f, const std::string& who);
 /// The same over text (metadata, side files), so they can be tied to the weights.
 std::string text_checksum(const std::string& text);
 /// text_checksum of a side file's bytes (at most 256 MiB); errors start with who.

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kStateVersion = "graft-train-state-3";
+constexpr const char* kStateVersion = "graft-train-state-4";  // 4: checksums cover dtype
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -198,11 +198,11 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
                             {"tied", tied},
                             {"recipe", recipe}};
   const std::string trainer = j.dump(), optimizer = opt.state_json().dump();
-  save_safetensors(path, tensors,
-                   {{"trainer", trainer},
-                    {"optimizer", optimizer},
-                    {"checksum", weights_checksum(tensors)},
-                    {"metadata_checksum", metadata_checksum(trainer, optimizer)}});
+  std::map<std::string, std::string> meta = checksum_metadata(tensors);
+  meta["trainer"] = trainer;
+  meta["optimizer"] = optimizer;
+  meta["metadata_checksum"] = metadata_checksum(trainer, optimizer);
+  save_safetensors(path, tensors, meta);
 }
 
 // The file checked whole (checksum, version, data fingerprint, shapes) before anything changes.
@@ -218,12 +218,7 @@ SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
   } catch (const std::exception& e) {
     fail(std::string("resume: the checkpoint is truncated or corrupted: ") + e.what());
   }
-  auto it = f.metadata.find("checksum");
-  if (it == f.metadata.end())
-    fail("resume: '" + path + "': no checksum in the metadata; not a graft checkpoint");
-  if (it->second != weights_checksum(f.tensors))
-    fail("resume: '" + path + "': checksum mismatch (stored " + it->second + ", computed " +
-         weights_checksum(f.tensors) + "): the checkpoint is corrupted");
+  check_weights_checksum(f, "resume");
   auto meta = [&](const char* key) {
     auto m = f.metadata.find(key);
     if (m == f.metadata.end())

@@ -584,6 +584,36 @@ BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
   });
 }
 
+// The checksum covers the dtype: the same bytes relabelled from F64 to I64 in the header are
+// caught. A file written before graft 0.6 (no checksum_version; its checksum without the dtype)
+// still loads, and an unknown checksum_version is refused by name.
+BOOST_AUTO_TEST_CASE(weights_checksum_covers_dtype) {
+  TempDir td;
+  const std::string w = td.file("model.safetensors"), bad = td.file("relabelled.safetensors");
+  const std::vector<double> values{1.0, 2.0};
+  nn::save_weights({{"w", from_vector(values, {2}, DType::f64)}}, w, 3, "test");
+  nn::SafetensorsFile f = nn::load_safetensors(w);
+  BOOST_TEST(f.metadata.at("checksum_version") == "2");
+  std::vector<int64_t> same_bytes(2);
+  std::memcpy(same_bytes.data(), values.data(), 16);
+  nn::save_safetensors(bad, {{"w", from_vector(same_bytes, {2})}}, f.metadata);
+  BOOST_CHECK_EXCEPTION(nn::load_weights(bad, "load"), Error, [&](const Error& e) {
+    return std::string(e.what()).find("load: '" + bad + "': checksum mismatch (stored ") == 0;
+  });
+  // What graft 0.5 wrote for these tensors: its checksum over name, shape and bytes.
+  std::map<std::string, std::string> old_meta = {
+      {"format", "test"}, {"step", "3"}, {"checksum", "71008a61f36223b3"}};
+  nn::save_safetensors(bad, f.tensors, old_meta);
+  BOOST_TEST(nn::load_weights(bad, "load")[0].second.to_vector<double>() == values);
+  old_meta["checksum_version"] = "3";
+  nn::save_safetensors(bad, f.tensors, old_meta);
+  BOOST_CHECK_EXCEPTION(nn::load_weights(bad, "load"), Error, [&](const Error& e) {
+    return std::string(e.what()) == "load: '" + bad +
+                                        "': unknown checksum_version '3' (this graft writes "
+                                        "and reads 2)";
+  });
+}
+
 // A write that runs out of space (here: a file-size limit, which fails writes like a full disk
 // does) fails with an error naming the file, keeps the previous file whole and leaves no temp.
 BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
