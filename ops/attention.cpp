@@ -246,8 +246,8 @@ QKV kept_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
 // dV = Pd^T dO, dPd = dO V^T, dP = dPd * mask / (1 - p). dS = P * (dP - rowsum(dP * P));
 // dbias is dS of the full (B, H, Tq, Tk) shape (the bias enters S unscaled), which the tape sums
 // over the dims the bias was broadcast along.
-Tensors scaled_dot_product_attention_backward(const Ctx& c, const QKV& in, const Tensor& bias,
-                                              const Tensor& dout, const AttentionCtx& a) {
+Tensors scaled_dot_product_attention_backward(const Tensor& dout, const Ctx& c, const QKV& in,
+                                              const Tensor& bias, const AttentionCtx& a) {
   using kern::bmm;
   using kern::transposed;
   const Geom& g = a.g;
@@ -424,10 +424,10 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   kern::bmm(P, in.v, res.out, 1.0, false,
             steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
   if (!record) return res;
-  auto backward = [a, prec = precision_state()](const Ctx& c, const QKV& in, const Tensor& bias,
-                                                const Tensor& dout) {
+  auto backward = [a, prec = precision_state()](const Tensor& dout, const Ctx& c, const QKV& in,
+                                                const Tensor& bias) {
     PrecisionGuard guard(prec);
-    return scaled_dot_product_attention_backward(c, in, bias, dout, a);
+    return scaled_dot_product_attention_backward(dout, c, in, bias, a);
   };
   if (keep) {
     autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {opt.bias},
@@ -438,7 +438,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                               "': under create_graph it needs q, k and v, "
                               "which the bf16 path kept only as bfloat16; compute higher-order "
                               "gradients in float32 precision");
-                       return backward(c, in, c.saved[0], dout[0]);
+                       return backward(dout[0], c, in, c.saved[0]);
                      });
   } else {
     autograd::record(
@@ -450,7 +450,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                   return Tensors{attention_composed(in[0], in[1], in[2], in[3], a)};
                 },
                 c.saved, dout, c.needs);
-          return backward(c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3], dout[0]);
+          return backward(dout[0], c, QKV{c.saved[0], c.saved[1], c.saved[2]}, c.saved[3]);
         });
   }
   return res;

@@ -341,7 +341,7 @@ void unary_df32_rows(const UnaryOp& op, const Tensor& x, const Tensor& y, const 
 
 // data is what the row saves (x, y, or undefined) -> dx = dout * df.
 // Under create_graph dx = dout * df_op(...), recorded.
-Tensor unary_backward(const UnaryOp& op, const Tensor& data, const Tensor& dout, double a, double b,
+Tensor unary_backward(const Tensor& dout, const Tensor& data, const UnaryOp& op, double a, double b,
                       bool create_graph = false) {
   if (op.saves == Saves::nothing) return unary(kAffine, dout, op.df(0, 0, a, b), 0.0);
   if (create_graph) {
@@ -400,7 +400,7 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   const Tensor saved = op.saves == Saves::input ? x : op.saves == Saves::output ? y : Tensor();
   // The row by value: a caller's row need not outlive the tape.
   autograd::record(op.name, {x}, {y}, {saved}, [row = op, a, b](const Ctx& c, const Tensors& dout) {
-    return Tensors{unary_backward(row, c.saved[0], dout[0], a, b, c.create_graph)};
+    return Tensors{unary_backward(dout[0], c.saved[0], row, a, b, c.create_graph)};
   });
   return y;
 }
@@ -409,7 +409,7 @@ Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, d
   const Tensor& data = x.defined() ? x : y;
   check_defined(data, row.name, "the saved input or output");
   autograd::NoGrad constant;
-  return unary_backward(row, data.detach(), full(data.shape(), 1.0, data.dtype()), a, b);
+  return unary_backward(full(data.shape(), 1.0, data.dtype()), data.detach(), row, a, b);
 }
 
 void register_unary_cases(const UnaryOp& op) {
@@ -529,21 +529,21 @@ GRAFT_DECLARE_OP("masked_fill", "elementwise");
 namespace {
 
 // out = a + b: da = dout, db = dout.
-Tensors add_backward(const Ctx&, const Tensor& dout) { return {dout, dout}; }
+Tensors add_backward(const Tensor& dout, const Ctx&) { return {dout, dout}; }
 
 // out = a - b: da = dout, db = -dout.
-Tensors sub_backward(const Ctx& c, const Tensor& dout) {
+Tensors sub_backward(const Tensor& dout, const Ctx& c) {
   return {dout, c.needs[1] ? neg(dout) : Tensor()};
 }
 
 // out = a * b: da = dout * b, db = dout * a; saved {a, b}.
-Tensors mul_backward(const Ctx& c, const Tensor& dout) {
+Tensors mul_backward(const Tensor& dout, const Ctx& c) {
   const Tensor &a = c.saved[0], &b = c.saved[1];
   return {c.needs[0] ? mul(dout, b) : Tensor(), c.needs[1] ? mul(dout, a) : Tensor()};
 }
 
 // out = a / b: da = dout / b, db = -dout * out / b; saved {b, out} (out instead of a).
-Tensors div_backward(const Ctx& c, const Tensor& dout) {
+Tensors div_backward(const Tensor& dout, const Ctx& c) {
   const Tensor &b = c.saved[0], &out = c.saved[1];
   const Tensor g = div(dout, b);
   return {g, c.needs[1] ? neg(mul(g, out)) : Tensor()};
@@ -558,7 +558,7 @@ Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd 
     Tensors saved;
     if (save_inputs) saved = op == BinOp::div ? Tensors{b, out} : Tensors{a, b};
     autograd::record(name, {a, b}, {out}, saved,
-                     [bwd](const Ctx& c, const Tensors& dout) { return bwd(c, dout[0]); });
+                     [bwd](const Ctx& c, const Tensors& dout) { return bwd(dout[0], c); });
   }
   return out;
 }
@@ -649,7 +649,7 @@ Tensor extremum_grad(Pick p, const Tensor& dout, const Tensor& x, const Tensor& 
 
 // maximum / minimum: da = dout * share(a, b), db = dout * share(b, a); saved {a, b}.
 // Under create_graph: dout times the shares as a constant (their derivative is zero).
-Tensors extremum_backward(Pick p, const Ctx& c, const Tensor& dout) {
+Tensors extremum_backward(const Tensor& dout, const Ctx& c, Pick p) {
   const Tensor &a = c.saved[0], &b = c.saved[1];
   auto grad = [&](const Tensor& x, const Tensor& y) {
     if (!c.create_graph) return extremum_grad(p, dout, x, y);
@@ -672,7 +672,7 @@ Tensor extremum(const char* name, Pick p, const Tensor& a, const Tensor& b) {
   });
   if (autograd::needs_record({a, b}))
     autograd::record(name, {a, b}, {out}, {a, b}, [p](const Ctx& c, const Tensors& dout) {
-      return extremum_backward(p, c, dout[0]);
+      return extremum_backward(dout[0], c, p);
     });
   return out;
 }
@@ -741,14 +741,14 @@ Tensor route_grad(const Ctx& c, const Tensor& dout, const std::shared_ptr<std::v
 }
 
 // out = cond ? a : b: da = dout where cond, db = dout elsewhere (output shape; the tape sums).
-Tensors where_backward(const Ctx& c, const Tensor& dout,
+Tensors where_backward(const Tensor& dout, const Ctx& c,
                        const std::shared_ptr<std::vector<uint8_t>>& m) {
   return {c.needs[0] ? route_grad(c, dout, m, true) : Tensor(),
           c.needs[1] ? route_grad(c, dout, m, false) : Tensor()};
 }
 
 // out = mask ? value : x: dx = dout where the mask is off.
-Tensors masked_fill_backward(const Ctx& c, const Tensor& dout,
+Tensors masked_fill_backward(const Tensor& dout, const Ctx& c,
                              const std::shared_ptr<std::vector<uint8_t>>& m) {
   return {route_grad(c, dout, m, false)};
 }
@@ -767,7 +767,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   GRAFT_DISPATCH_FLOAT(a.dtype(), "where", [&] { select_ref<T>(*m, a, b, out); });
   if (autograd::needs_record({a, b}))
     autograd::record("where", {a, b}, {out}, {}, [m](const Ctx& c, const Tensors& dout) {
-      return where_backward(c, dout[0], m);
+      return where_backward(dout[0], c, m);
     });
   return out;
 }
@@ -788,7 +788,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   });
   if (autograd::needs_record({x}))
     autograd::record("masked_fill", {x}, {out}, {}, [m](const Ctx& c, const Tensors& dout) {
-      return masked_fill_backward(c, dout[0], m);
+      return masked_fill_backward(dout[0], c, m);
     });
   return out;
 }

@@ -168,13 +168,22 @@ void check_cross_entropy(const Tensor& logits, const Tensor& target, double labe
   check_smoothing("cross_entropy", label_smoothing);
 }
 
+// What cross_entropy's backward needs of its forward's options: the label smoothing eps, the
+// ignored target and the number of targets not ignored.
+struct CrossEntropySpec {
+  double eps = 0;
+  int64_t ignore_index = -100, n_valid = 0;
+};
+
 }  // namespace
 
-// x (N, C) contiguous logits, tgt (N), lse (N) float64, dloss the upstream scalar -> dx (N, C),
+// dloss the upstream scalar, x (N, C) contiguous logits, tgt (N), lse (N) float64 -> dx (N, C),
 // written into x's own buffer when `overwrite` (nothing else holds the logits): no second (N, C)
 // buffer at the top of backward, where memory peaks.
-Tensor cross_entropy_backward(const Tensor& x, const Tensor& tgt, const Tensor& lse, double dloss,
-                              double eps, int64_t ignore_index, int64_t n_valid, bool overwrite) {
+Tensor cross_entropy_backward(double dloss, const Tensor& x, const Tensor& tgt, const Tensor& lse,
+                              const CrossEntropySpec& spec, bool overwrite) {
+  const double eps = spec.eps;
+  const int64_t ignore_index = spec.ignore_index, n_valid = spec.n_valid;
   Tensor dx = overwrite ? x : Tensor::empty(x.shape(), x.dtype());
   const double g = n_valid > 0 ? dloss / (double)n_valid : 0.0;
   const int64_t* pt = tgt.data<const int64_t>();
@@ -188,8 +197,10 @@ Tensor cross_entropy_backward(const Tensor& x, const Tensor& tgt, const Tensor& 
 // cross_entropy's backward as recorded ops (under create_graph): dloss * (softmax(x) - q) / n_valid
 // on the valid rows, q the smoothed target distribution (a constant), so it differentiates again
 // through softmax. x is the logits as recorded (routed to their producer).
-Tensor cross_entropy_backward_graph(const Tensor& x, const Tensor& tgt, const Tensor& dloss,
-                                    double eps, int64_t ignore_index, int64_t n_valid) {
+Tensor cross_entropy_backward_graph(const Tensor& dloss, const Tensor& x, const Tensor& tgt,
+                                    const CrossEntropySpec& spec) {
+  const double eps = spec.eps;
+  const int64_t ignore_index = spec.ignore_index, n_valid = spec.n_valid;
   const int64_t N = x.size(0), C = x.size(1);
   std::vector<double> q((size_t)(N * C), 0.0);
   const int64_t* pt = tgt.data<const int64_t>();
@@ -227,18 +238,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   if (autograd::needs_record({logits}))
     // A copied (non-contiguous) x keeps the logits too: the backward under create_graph needs them
     // as recorded.
-    autograd::record(
-        "cross_entropy", {logits}, {out},
-        {xc, kern::contig(target), lse, xc.same_storage(logits) ? Tensor() : logits},
-        [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
-          const Tensors& s = c.saved;
-          if (c.create_graph)
-            return Tensors{cross_entropy_backward_graph(s[3].defined() ? s[3] : s[0], s[1], dout[0],
-                                                        label_smoothing, ignore_index, n_valid)};
-          return Tensors{cross_entropy_backward(s[0], s[1], s[2], dout[0].item(), label_smoothing,
-                                                ignore_index, n_valid,
-                                                autograd::can_overwrite(c, 0))};
-        });
+    autograd::record("cross_entropy", {logits}, {out},
+                     {xc, kern::contig(target), lse, xc.same_storage(logits) ? Tensor() : logits},
+                     [spec = CrossEntropySpec{label_smoothing, ignore_index, n_valid}](
+                         const Ctx& c, const Tensors& dout) {
+                       const Tensors& s = c.saved;
+                       if (c.create_graph)
+                         return Tensors{cross_entropy_backward_graph(
+                             dout[0], s[3].defined() ? s[3] : s[0], s[1], spec)};
+                       return Tensors{cross_entropy_backward(dout[0].item(), s[0], s[1], s[2], spec,
+                                                             autograd::can_overwrite(c, 0))};
+                     });
   return out;
 }
 
@@ -318,7 +328,7 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
 
 // The forward already made dx and dw (for an upstream gradient of 1): the backward scales them
 // by the upstream scalar, in place when nothing else holds them.
-Tensors linear_cross_entropy_backward(const Ctx& c, double dloss) {
+Tensors linear_cross_entropy_backward(double dloss, const Ctx& c) {
   Tensors grads(2);
   for (size_t i = 0; i < 2; ++i) {
     if (!c.needs[i] || !c.saved[i].defined()) continue;
@@ -369,12 +379,12 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   // until this last op's backward, the first to run).
   if (need_dx || need_dw)
     autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
-                     [label_smoothing, ignore_index, n_valid](const Ctx& c, const Tensors& dout) {
-                       if (!c.create_graph) return linear_cross_entropy_backward(c, dout[0].item());
+                     [spec = CrossEntropySpec{label_smoothing, ignore_index, n_valid}](
+                         const Ctx& c, const Tensors& dout) {
+                       if (!c.create_graph) return linear_cross_entropy_backward(dout[0].item(), c);
                        const Tensor &xr = c.saved[2], &wr = c.saved[3];
                        const Tensor g = cross_entropy_backward_graph(
-                           matmul(xr, transpose(wr, 0, 1)), c.saved[4], dout[0], label_smoothing,
-                           ignore_index, n_valid);
+                           dout[0], matmul(xr, transpose(wr, 0, 1)), c.saved[4], spec);
                        return Tensors{c.needs[0] ? matmul(g, wr) : Tensor(),
                                       c.needs[1] ? matmul(transpose(g, 0, 1), xr) : Tensor()};
                      });

@@ -91,7 +91,7 @@ GRAFT_DECLARE_OP("matmul", "matmul");
 // matmul's backward as recorded ops (under create_graph): 1-D operands promoted as in the forward
 // (a (K) as (1, K), b (K) as (K, 1)), the promoted dims dropped again; broadcast batch dims are
 // summed by the tape.
-Tensors matmul_backward_graph(const Tensor& a, const Tensor& b, const Tensor& dout,
+Tensors matmul_backward_graph(const Tensor& dout, const Tensor& a, const Tensor& b,
                               const std::vector<bool>& needs) {
   const Tensor pa = a.dim() == 1 ? unsqueeze(a, 0) : a, pb = b.dim() == 1 ? unsqueeze(b, -1) : b;
   Shape ps = dout.shape();
@@ -110,7 +110,7 @@ Tensors matmul_backward_graph(const Tensor& a, const Tensor& b, const Tensor& do
   return {da, db};
 }
 
-Tensors matmul_backward(const Tensor& a, const Tensor& b, const Tensor& dout,
+Tensors matmul_backward(const Tensor& dout, const Tensor& a, const Tensor& b,
                         const std::vector<bool>& needs) {
   const Promoted p = promote(a, b);
   const int64_t r = p.a.dim();
@@ -149,8 +149,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                      [prec = precision_state()](const autograd::Ctx& c, const Tensors& dout) {
                        PrecisionGuard guard(prec);
                        if (c.create_graph)
-                         return matmul_backward_graph(c.saved[0], c.saved[1], dout[0], c.needs);
-                       return matmul_backward(c.saved[0], c.saved[1], dout[0], c.needs);
+                         return matmul_backward_graph(dout[0], c.saved[0], c.saved[1], c.needs);
+                       return matmul_backward(dout[0], c.saved[0], c.saved[1], c.needs);
                      });
   return out;
 }
@@ -406,8 +406,8 @@ struct LinearGrads {
 };
 
 // The backward of a bf16 linear that kept x16 = bf16(x) (rows, IN) from its forward instead of x.
-Tensors linear_backward_kept(const kern::Bf16Operand& x16, const Shape& x_shape, const Tensor& w_in,
-                             const Tensor& dout, bool has_bias, const std::vector<bool>& needs) {
+Tensors linear_backward_kept(const Tensor& dout, const kern::Bf16Operand& x16, const Shape& x_shape,
+                             const Tensor& w_in, bool has_bias, const std::vector<bool>& needs) {
   const Tensor w = kern::contig(w_in), dy = kern::as_rows(dout);
   LinearGrads g(x_shape, w, has_bias, needs);
   linear_backward_bf16(dy, x16, w, g.dx_rows(), g.dw, g.db);
@@ -415,9 +415,9 @@ Tensors linear_backward_kept(const kern::Bf16Operand& x16, const Shape& x_shape,
 }
 }  // namespace
 
-// x (..., IN), w (OUT, IN), dy (..., OUT) -> dx (..., IN), dw (OUT, IN), db (OUT) where needed
+// dy (..., OUT), x (..., IN), w (OUT, IN) -> dx (..., IN), dw (OUT, IN), db (OUT) where needed
 // (db only with a bias).
-Tensors linear_backward(const Tensor& x, const Tensor& w_in, const Tensor& dout, bool has_bias,
+Tensors linear_backward(const Tensor& dout, const Tensor& x, const Tensor& w_in, bool has_bias,
                         const std::vector<bool>& needs) {
   const Tensor x2 = kern::as_rows(kern::contig(x)), w = kern::contig(w_in);
   const Tensor dy = kern::as_rows(dout);
@@ -455,7 +455,7 @@ bool linear_in_int8(const Tensor& x, bool record) {
 namespace {
 // linear's backward as recorded ops (under create_graph): dx = dy w, dw = dy^T x over all rows,
 // db = dy (the tape sums it to (OUT)).
-Tensors linear_backward_graph(const Tensor& x, const Tensor& w, const Tensor& dy, bool has_bias,
+Tensors linear_backward_graph(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
                               const std::vector<bool>& needs) {
   Tensor dx, dw, db;
   if (needs[0]) dx = matmul(dy, w);
@@ -477,9 +477,9 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
                      [has_bias, prec](const autograd::Ctx& c, const Tensors& dout) {
                        PrecisionGuard guard(prec);
                        if (c.create_graph)
-                         return linear_backward_graph(c.saved[0], c.saved[1], dout[0], has_bias,
+                         return linear_backward_graph(dout[0], c.saved[0], c.saved[1], has_bias,
                                                       c.needs);
-                       return linear_backward(c.saved[0], c.saved[1], dout[0], has_bias, c.needs);
+                       return linear_backward(dout[0], c.saved[0], c.saved[1], has_bias, c.needs);
                      });
     return;
   }
@@ -492,7 +492,7 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
                " backward of 'linear': under create_graph it needs its float input x, "
                "which the bf16 path kept only as bfloat16; compute higher-order gradients in "
                "float32 precision");
-        return linear_backward_kept(*x16, x_shape, c.saved[0], dout[0], has_bias, c.needs);
+        return linear_backward_kept(dout[0], *x16, x_shape, c.saved[0], has_bias, c.needs);
       });
 }
 }  // namespace

@@ -228,11 +228,25 @@ void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, d
 
 }  // namespace
 
-// src = y when from_y (then b is the shift used to rebuild xhat, mean is unused) or x, dy: all
-// (..., C); w, b (C) or undefined; mean, var (N rows) -> dx (..., C), dw (C), db (C) where needed.
-Tensors layer_norm_backward(const Tensor& src_in, const Tensor& w_in, const Tensor& b_in,
-                            const Tensor& mean, const Tensor& var, const Tensor& dout, double eps,
-                            bool from_y, bool has_w, bool has_b, const std::vector<bool>& needs) {
+// What layer_norm's (and add_layer_norm's) forward keeps for its backward, in the order of its
+// saved tensors: src = y when from_y (then b is the shift used to rebuild xhat and mean is
+// unused) or x (..., C); w, b (C) or undefined; mean, var (N rows); and the forward's options.
+struct LayerNormSaved {
+  Tensor src, w, b, mean, var;
+  double eps = 0;
+  bool from_y = false, has_w = false, has_b = false;
+};
+
+LayerNormSaved layer_norm_saved(const Tensors& s, double eps, bool from_y, bool has_w, bool has_b) {
+  return {s[0], s[1], s[2], s[3], s[4], eps, from_y, has_w, has_b};
+}
+
+// dy (..., C) -> dx (..., C), dw (C), db (C) where needed.
+Tensors layer_norm_backward(const Tensor& dout, const LayerNormSaved& s,
+                            const std::vector<bool>& needs) {
+  const Tensor &src_in = s.src, &w_in = s.w, &b_in = s.b, &mean = s.mean, &var = s.var;
+  const double eps = s.eps;
+  const bool from_y = s.from_y, has_w = s.has_w, has_b = s.has_b;
   const int64_t C = src_in.shape().back(), N = C ? src_in.numel() / C : 0;
   const Tensor src = kern::contig(src_in), dy = kern::contig(dout);
   const Tensor w = has_w ? kern::contig(w_in) : Tensor();
@@ -288,8 +302,8 @@ Tensor xhat_from_y(const Tensor& y, const Tensor& w, const Tensor& b) {
 // layer_norm's backward as recorded ops from y and the variance (both routed to the op itself):
 // dx = (g - mean(g) - xhat mean(g xhat)) / sigma + dvar 2 xhat sigma / C with g = dy w, sigma =
 // sqrt(var + eps); dw = dy xhat and db = dy (the tape sums them to (C)).
-Tensors layer_norm_backward_from_y_graph(const Tensor& y, const Tensor& w, const Tensor& b,
-                                         const Tensor& var, const Tensor& dy, const Tensor& dvar,
+Tensors layer_norm_backward_from_y_graph(const Tensor& dy, const Tensor& dvar, const Tensor& y,
+                                         const Tensor& w, const Tensor& b, const Tensor& var,
                                          double eps) {
   const double C = (double)y.shape().back();
   const Tensor xhat = xhat_from_y(y, w, b);
@@ -305,17 +319,15 @@ Tensors layer_norm_backward_from_y_graph(const Tensor& y, const Tensor& w, const
 // The gradient that reaches the variance output (only ever from a backward recorded under
 // create_graph) added to dx: dvar * 2 (x - mean) / C, x - mean = xhat sigma rebuilt from y when
 // from_y. Not recorded.
-void add_variance_gradient(Tensor& dx, const Tensor& dvar, const Tensor& src, const Tensor& w,
-                           const Tensor& b, const Tensor& mean_rows, const Tensor& var, double eps,
-                           bool from_y) {
+void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved& s) {
   bool any = false;
   for (double v : dvar.to_vector<double>()) any |= v != 0;
   if (!any || !dx.defined()) return;
   autograd::NoGrad raw;
-  const Shape& shape = src.shape();
+  const Shape& shape = s.src.shape();
   const Tensor centred =
-      from_y ? mul(xhat_from_y(src, w, b), sqrt(affine(per_row(var, shape), 1, eps)))
-             : sub(src, per_row(mean_rows, shape));
+      s.from_y ? mul(xhat_from_y(s.src, s.w, s.b), sqrt(affine(per_row(s.var, shape), 1, s.eps)))
+               : sub(s.src, per_row(s.mean, shape));
   dx = add(dx, mul(per_row(dvar, shape), affine(centred, 2.0 / (double)shape.back(), 0)));
 }
 
@@ -350,7 +362,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
                                                                     const Tensors& dout) {
         const Tensors& s = c.saved;
         if (c.create_graph && from_y)
-          return layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
+          return layer_norm_backward_from_y_graph(dout[0], dout[1], s[0], s[1], s[2], s[4], eps);
         if (c.create_graph) {  // b is not kept with x; db = dy whatever it is
           Tensors g = autograd::differentiate(
               [eps](const Tensors& in) { return layer_norm_composed(in[0], in[1], Tensor(), eps); },
@@ -358,9 +370,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
           g.push_back(has_b ? dout[0] : Tensor());
           return g;
         }
-        Tensors g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w,
-                                        has_b, c.needs);
-        add_variance_gradient(g[0], dout[1], s[0], s[1], s[2], s[3], s[4], eps, from_y);
+        const LayerNormSaved saved = layer_norm_saved(s, eps, from_y, has_w, has_b);
+        Tensors g = layer_norm_backward(dout[0], saved, c.needs);
+        add_variance_gradient(g[0], dout[1], saved);
         return g;
       });
   return y;
@@ -407,7 +419,7 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
         const std::vector<bool> needs{c.needs[0] || c.needs[1], c.needs[2], c.needs[3]};
         Tensors g;
         if (c.create_graph && from_y) {
-          g = layer_norm_backward_from_y_graph(s[0], s[1], s[2], s[4], dout[0], dout[1], eps);
+          g = layer_norm_backward_from_y_graph(dout[0], dout[1], s[0], s[1], s[2], s[4], eps);
         } else if (c.create_graph) {
           Tensors g = autograd::differentiate(
               [eps](const Tensors& in) {
@@ -417,9 +429,9 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
           g.push_back(has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
           return g;
         } else {
-          g = layer_norm_backward(s[0], s[1], s[2], s[3], s[4], dout[0], eps, from_y, has_w, has_b,
-                                  needs);
-          add_variance_gradient(g[0], dout[1], s[0], s[1], s[2], s[3], s[4], eps, from_y);
+          const LayerNormSaved saved = layer_norm_saved(s, eps, from_y, has_w, has_b);
+          g = layer_norm_backward(dout[0], saved, needs);
+          add_variance_gradient(g[0], dout[1], saved);
         }
         return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(),
                        needs[1] ? g[1] : Tensor(), needs[2] ? g[2] : Tensor()};
@@ -487,9 +499,9 @@ void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, 
 
 }  // namespace
 
-// x, dy (..., C), w (C) or undefined, rstd (N rows) -> dx (..., C), dw (C) where needed.
-Tensors rms_norm_backward(const Tensor& x_in, const Tensor& w_in, const Tensor& rstd,
-                          const Tensor& dout, const std::vector<bool>& needs) {
+// dy, x (..., C), w (C) or undefined, rstd (N rows) -> dx (..., C), dw (C) where needed.
+Tensors rms_norm_backward(const Tensor& dout, const Tensor& x_in, const Tensor& w_in,
+                          const Tensor& rstd, const std::vector<bool>& needs) {
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::contig(x_in), dy = kern::contig(dout);
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
@@ -531,7 +543,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
                 return Tensors{in[1].defined() ? mul(y, in[1]) : y};
               },
               {c.saved[0], c.saved[1]}, dout, c.needs);
-        return rms_norm_backward(c.saved[0], c.saved[1], c.saved[2], dout[0], c.needs);
+        return rms_norm_backward(dout[0], c.saved[0], c.saved[1], c.saved[2], c.needs);
       });
   return y;
 }

@@ -119,8 +119,8 @@ void max_backward_loop(const Tensor& dout, const Tensor& idx, const Split3& s, c
       px[(o * n + pi[o * inner + i]) * inner + i] += pd[o * inner + i];
 }
 
-// idx (the argmax per slice), dout -> dx of x's shape.
-Tensor max_backward(const Tensor& idx, const Tensor& dout, const Shape& x_shape, const Split3& s) {
+// dout, idx (the argmax per slice) -> dx of x's shape.
+Tensor max_backward(const Tensor& dout, const Tensor& idx, const Shape& x_shape, const Split3& s) {
   Tensor dx = Tensor::empty(x_shape, dout.dtype());
   GRAFT_DISPATCH_FLOAT(dx.dtype(), "max", [&] { max_backward_loop<T>(dout, idx, s, dx); });
   return dx;
@@ -172,10 +172,10 @@ Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
     autograd::record("max", {x}, {out}, {r.idx},
                      [xs = x.shape(), s = r.split](const Ctx& c, const Tensors& dout) {
                        if (!c.create_graph)
-                         return Tensors{max_backward(c.saved[0], dout[0], xs, s)};
+                         return Tensors{max_backward(dout[0], c.saved[0], xs, s)};
                        // dout spread over the axis, times the argmax's one-hot mask as a constant.
                        const Tensor onehot = max_backward(
-                           c.saved[0], full(dout[0].shape(), 1.0, dout[0].dtype()), xs, s);
+                           full(dout[0].shape(), 1.0, dout[0].dtype()), c.saved[0], xs, s);
                        const Tensor spread = broadcast_to(reshape(dout[0], {s.outer, 1, s.inner}),
                                                           {s.outer, s.n, s.inner});
                        return Tensors{mul(reshape(spread, xs), onehot)};
@@ -200,7 +200,7 @@ Tensor maxima_mask(const Tensor& x, const Tensor& m) {
 
 // amax: dout (kept shape) shared evenly among each slice's maxima; x and m (the maxima, reduced
 // axes kept) saved.
-Tensor amax_backward(const Tensor& x, const Tensor& m, const Tensor& dout,
+Tensor amax_backward(const Tensor& dout, const Tensor& x, const Tensor& m,
                      const std::vector<int64_t>& axes, bool create_graph) {
   const Tensor mask = maxima_mask(x, m);
   const Tensor d =
@@ -219,7 +219,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   const Tensor out = keepdim ? m : kern::reshaped(m, dropped_shape(x.shape(), ax));
   if (autograd::needs_record({x}))
     autograd::record("amax", {x}, {out}, {x, m}, [ax](const Ctx& c, const Tensors& dout) {
-      return Tensors{amax_backward(c.saved[0], c.saved[1], dout[0], ax, c.create_graph)};
+      return Tensors{amax_backward(dout[0], c.saved[0], c.saved[1], ax, c.create_graph)};
     });
   return out;
 }

@@ -80,7 +80,7 @@ void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
 
 // oneDNN 2.6 runs its softmax backward on the reference kernel (ref:any: 21 ms for 32768x128,
 // measured); the OpenMP loop is the same formula and ~10x faster, so both precisions use it.
-Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, int64_t axis,
+Tensor softmax_like_backward(const Tensor& dy, const Tensor& y, const char* op, int64_t axis,
                              bool log) {
   Tensor dx = Tensor::empty(y.shape(), y.dtype());
   if (dx.numel() > 0)
@@ -90,15 +90,15 @@ Tensor softmax_like_backward(const char* op, const Tensor& y, const Tensor& dy, 
 
 // softmax: dx = y * (dy - sum(dy * y)) along axis; recorded ops under create_graph (y is the
 // op's own output, so its second derivative runs through this op again).
-Tensor softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis, bool create_graph) {
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t axis, bool create_graph) {
   if (create_graph) return mul(y, sub(dy, sum(mul(dy, y), {axis}, true)));
-  return softmax_like_backward("softmax", y, dy, axis, false);
+  return softmax_like_backward(dy, y, "softmax", axis, false);
 }
 
 // log_softmax: dx = dy - exp(y) * sum(dy) along axis; recorded ops under create_graph.
-Tensor log_softmax_backward(const Tensor& y, const Tensor& dy, int64_t axis, bool create_graph) {
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t axis, bool create_graph) {
   if (create_graph) return sub(dy, mul(exp(y), sum(dy, {axis}, true)));
-  return softmax_like_backward("log_softmax", y, dy, axis, true);
+  return softmax_like_backward(dy, y, "log_softmax", axis, true);
 }
 
 // x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
@@ -120,8 +120,8 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool lo
   if (record)
     autograd::record(
         op, {x_in}, {y}, {y}, [axis, log](const autograd::Ctx& c, const Tensors& dout) {
-          return Tensors{log ? log_softmax_backward(c.saved[0], dout[0], axis, c.create_graph)
-                             : softmax_backward(c.saved[0], dout[0], axis, c.create_graph)};
+          return Tensors{log ? log_softmax_backward(dout[0], c.saved[0], axis, c.create_graph)
+                             : softmax_backward(dout[0], c.saved[0], axis, c.create_graph)};
         });
   return y;
 }

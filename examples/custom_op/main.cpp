@@ -47,7 +47,7 @@ GRAFT_DECLARE_OP("softplus", "custom");
 
 // softplus: dx = dout * sigmoid(x); x is what the forward saved. Built from graft's ops, so it
 // has a double backward as it is.
-Tensor softplus_backward(const Tensor& x, const Tensor& dout) { return mul(dout, sigmoid(x)); }
+Tensor softplus_backward(const Tensor& dout, const Tensor& x) { return mul(dout, sigmoid(x)); }
 
 // softplus: y = log(1 + exp(x)), elementwise; x (...) -> y (...)
 Tensor softplus(const Tensor& x) {
@@ -67,7 +67,7 @@ Tensor softplus(const Tensor& x) {
   // differentiated through x's own tape route, which a copy made here would cut.
   if (autograd::needs_record({x}))
     autograd::record("softplus", {x}, {y}, {x}, [](const autograd::Ctx& c, const Tensors& dout) {
-      return Tensors{softplus_backward(c.saved[0], dout[0])};
+      return Tensors{softplus_backward(dout[0], c.saved[0])};
     });
   return y;
 }
