@@ -76,7 +76,10 @@ void link_name(const fs::path& run, const std::string& name) {
 // The previous checkpoint's files this one did not write, as hard links (copies where the
 // filesystem has none).
 void carry_over(const fs::path& from, const fs::path& to) {
-  for (const auto& e : fs::directory_iterator(from)) {
+  std::error_code list_ec;
+  fs::directory_iterator files(from, list_ec);
+  if (list_ec) io_fail(from, "cannot list the previous checkpoint", list_ec.value());
+  for (const auto& e : files) {
     if (!e.is_regular_file()) continue;
     const fs::path dst = to / e.path().filename();
     std::error_code ec;
@@ -132,12 +135,22 @@ void CheckpointCommit::commit() {
   const std::string previous = pointer_target(run);
   if (!previous.empty()) carry_over(run / previous, dir);
   sync_directory(dir.string(), "checkpoint");
-  for (const auto& e : fs::directory_iterator(dir)) link_name(run, e.path().filename().string());
+  std::error_code list_ec;
+  fs::directory_iterator files(dir, list_ec);
+  if (list_ec) io_fail(dir, "cannot list the checkpoint", list_ec.value());
+  for (const auto& e : files) link_name(run, e.path().filename().string());
   replace_link(run / kPointer, name_);  // the commit
   sync_directory(run_dir_, "checkpoint");
   committed_ = true;
   std::error_code ec;
   if (!previous.empty()) fs::remove_all(run / previous, ec);
+}
+
+void create_run_directory(const std::string& run_dir) {
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) fail("run directory '" + run_dir + "': cannot create it: " + ec.message());
+  if (!fs::is_directory(run_dir, ec)) fail("run directory '" + run_dir + "': not a directory");
 }
 
 std::string current_checkpoint(const std::string& run_dir) {

@@ -52,6 +52,11 @@ class CheckpointCommit {
   bool committed_ = false;
 };
 
+/// Creates run_dir (and its parents) when missing.
+/// @throws graft::Error "run directory '<dir>': ..." when it cannot (a file in the way, no
+///         permission).
+void create_run_directory(const std::string& run_dir);
+
 /// The directory of run_dir's current checkpoint, or "" when none was committed.
 std::string current_checkpoint(const std::string& run_dir);
 

@@ -207,6 +207,20 @@ Optimizer::Optimizer(ParamGroups groups, const char* opname) {
 
 Optimizer::~Optimizer() = default;
 
+const Optimizer::GroupSettings& Optimizer::group(size_t g) const {
+  if (g >= groups_.size())
+    fail(std::string(name()) + ": group " + std::to_string(g) + " of " +
+         std::to_string(groups_.size()) + " parameter groups");
+  return groups_[g];
+}
+
+size_t Optimizer::group_of(size_t i) const {
+  if (i >= group_of_.size())
+    fail(std::string(name()) + "::group_of: parameter " + std::to_string(i) + " of " +
+         std::to_string(group_of_.size()));
+  return group_of_[i];
+}
+
 void Optimizer::set_lr(double lr) {
   check_nonneg(name(), "lr", lr);
   lr_ = lr;
@@ -445,6 +459,13 @@ void SGD::load_hyper(const nlohmann::json& j) {
 
 // ---------------------------------------------------------------------------------------------
 // Adam / AdamW
+
+int64_t Adam::param_step(size_t i) const {
+  if (i >= param_steps_.size())
+    fail(std::string(name()) + "::param_step: parameter " + std::to_string(i) + " of " +
+         std::to_string(param_steps_.size()));
+  return param_steps_[i];
+}
 
 Adam::Adam(NamedParams params, double lr, double beta1, double beta2, double eps,
            double weight_decay)

@@ -79,11 +79,11 @@ class Optimizer {
   const NamedParams& params() const { return params_; }
   size_t group_count() const { return groups_.size(); }  ///< the number of parameter groups
   /// Group g's weight decay and lr scale, and the group of parameter i.
-  /// @throws std::out_of_range for g >= group_count() or i >= params().size().
+  /// @throws graft::Error for g >= group_count() or i >= params().size().
   ///@{
-  double group_weight_decay(size_t g) const { return groups_.at(g).weight_decay; }
-  double group_lr_scale(size_t g) const { return groups_.at(g).lr_scale; }
-  size_t group_of(size_t i) const { return group_of_.at(i); }
+  double group_weight_decay(size_t g) const { return group(g).weight_decay; }
+  double group_lr_scale(size_t g) const { return group(g).lr_scale; }
+  size_t group_of(size_t i) const;
   ///@}
   virtual const char* name() const = 0;  ///< "SGD", "Adam", "AdamW": checked on load
 
@@ -140,6 +140,8 @@ class Optimizer {
   /// parameter in the same group); a state without "param_groups" is one group.
   /// @throws graft::Error "load_state: ..." when they differ or a field is missing or malformed.
   std::vector<GroupSettings> saved_groups(const nlohmann::json& j) const;
+  /// groups_[g]; @throws graft::Error naming g and the group count when g is out of range.
+  const GroupSettings& group(size_t g) const;
   NamedParams params_;                 ///< the parameters, group after group
   std::vector<GroupSettings> groups_;  ///< the groups' settings
   std::vector<size_t> group_of_;       ///< the group of each parameter
@@ -209,8 +211,8 @@ class Adam : public Optimizer {
   /// Group 0's L2 (Adam) or decoupled (AdamW) factor.
   double weight_decay() const { return group_weight_decay(0); }
   /// Steps taken by parameter i (fewer than step_count() if it sometimes had no grad).
-  /// @throws std::out_of_range when i >= params().size().
-  int64_t param_step(size_t i) const { return param_steps_.at(i); }
+  /// @throws graft::Error when i >= params().size().
+  int64_t param_step(size_t i) const;
 
  protected:
   /// The shared constructor: decoupled selects AdamW's decay, opname names the errors.

@@ -34,8 +34,7 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 void write_model(const std::string& proto, const std::string& prefix) {
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.LoadFromSerializedProto(proto);
-  if (!status.ok())
-    throw std::runtime_error("Tokenizer::train: '" + prefix + "': " + status.ToString());
+  if (!status.ok()) fail("Tokenizer::train: '" + prefix + "': " + status.ToString());
   nn::atomic_write(prefix + ".model", [&](std::ostream& os) {
     os.write(proto.data(), (std::streamsize)proto.size());
   });
@@ -69,10 +68,10 @@ struct Tokenizer::Impl {
 
 void Tokenizer::train(const std::vector<std::string>& sentences, const std::string& model_prefix,
                       int vocab_size, ModelType type) {
-  if (sentences.empty()) throw std::invalid_argument("Tokenizer::train: no sentences");
+  if (sentences.empty()) fail("Tokenizer::train: no sentences");
   if (vocab_size <= 4) {
-    throw std::invalid_argument("Tokenizer::train: vocab_size " + std::to_string(vocab_size) +
-                                " leaves no room beyond the 4 special tokens");
+    fail("Tokenizer::train: vocab_size " + std::to_string(vocab_size) +
+         " leaves no room beyond the 4 special tokens");
   }
   // The model is trained into memory (no model_prefix) and written here, so the file does not
   // depend on where it goes: SentencePiece stores its trainer options in the model, model_prefix
@@ -101,8 +100,7 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
   std::string proto;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &proto);
   if (!status.ok()) {
-    throw std::runtime_error("Tokenizer::train: failed for '" + model_prefix +
-                             "': " + status.ToString());
+    fail("Tokenizer::train: failed for '" + model_prefix + "': " + status.ToString());
   }
   write_model(proto, model_prefix);
 }
@@ -111,8 +109,7 @@ Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Imp
   check_model_file(model_path);
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
-    throw std::runtime_error("Tokenizer: cannot load model '" + model_path +
-                             "': " + status.ToString());
+    fail("Tokenizer: cannot load model '" + model_path + "': " + status.ToString());
   }
 }
 
@@ -123,7 +120,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 std::vector<int> Tokenizer::encode(const std::string& text) const {
   std::vector<int> ids;
   const auto status = impl_->sp.Encode(text, &ids);
-  if (!status.ok()) throw std::runtime_error("Tokenizer::encode: " + status.ToString());
+  if (!status.ok()) fail("Tokenizer::encode: " + status.ToString());
   return ids;
 }
 
@@ -133,14 +130,14 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
   kept.reserve(ids.size());
   for (int id : ids) {
     if (id < 0 || id >= n) {
-      throw std::out_of_range("Tokenizer::decode: id " + std::to_string(id) +
-                              " outside vocabulary of " + std::to_string(n));
+      fail("Tokenizer::decode: id " + std::to_string(id) + " outside vocabulary of " +
+           std::to_string(n));
     }
     if (id != PAD && id != BOS && id != EOS) kept.push_back(id);
   }
   std::string text;
   const auto status = impl_->sp.Decode(kept, &text);
-  if (!status.ok()) throw std::runtime_error("Tokenizer::decode: " + status.ToString());
+  if (!status.ok()) fail("Tokenizer::decode: " + status.ToString());
   return text;
 }
 
@@ -148,8 +145,8 @@ int Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 
 std::string Tokenizer::piece(int id) const {
   if (id < 0 || id >= vocab_size()) {
-    throw std::out_of_range("Tokenizer::piece: id " + std::to_string(id) +
-                            " outside vocabulary of " + std::to_string(vocab_size()));
+    fail("Tokenizer::piece: id " + std::to_string(id) + " outside vocabulary of " +
+         std::to_string(vocab_size()));
   }
   return impl_->sp.IdToPiece(id);
 }

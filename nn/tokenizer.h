@@ -29,8 +29,8 @@ class Tokenizer {
   /// memory and writes `model_prefix + ".model"` and `model_prefix + ".vocab"`, each atomically.
   /// Deterministic: the same sentences give the same bytes, whatever the prefix (directory).
   /// vocab_size is a soft limit, so that tiny corpora that cannot reach it still train.
-  /// @throws std::invalid_argument for an empty sentence list or vocab_size <= 4.
-  /// @throws std::runtime_error when SentencePiece fails; graft::Error when a file cannot be
+  /// @throws graft::Error for an empty sentence list or vocab_size <= 4,
+  ///         when SentencePiece fails, or when a file cannot be
   /// written.
   static void train(const std::vector<std::string>& sentences, const std::string& model_prefix,
                     int vocab_size, ModelType type = ModelType::Unigram);
@@ -48,15 +48,15 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
   /// The ids of text's pieces, no BOS/EOS added.
-  /// @throws std::runtime_error when SentencePiece fails.
+  /// @throws graft::Error when SentencePiece fails.
   std::vector<int> encode(const std::string& text) const;
   /// The text of ids; PAD, BOS and EOS are dropped, so raw decoder output can be passed as is.
-  /// @throws std::out_of_range for an id outside [0, vocab_size()).
+  /// @throws graft::Error for an id outside [0, vocab_size()).
   std::string decode(const std::vector<int>& ids) const;
   /// The number of pieces, special tokens included.
   int vocab_size() const;
   /// The piece of one id, e.g. "<pad>" for PAD.
-  /// @throws std::out_of_range for an id outside [0, vocab_size()).
+  /// @throws graft::Error for an id outside [0, vocab_size()).
   std::string piece(int id) const;
 
  private:

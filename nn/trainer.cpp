@@ -14,6 +14,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/gradient_buckets.h"
 #include "graft/nn/optim.h"
 
@@ -209,7 +210,8 @@ void save_train_state(const std::string& path, const TrainTask& task, const Opti
 SafetensorsFile read_train_state(const std::string& path, const TrainTask& task,
                                  const nlohmann::json& recipe, nlohmann::json& j,
                                  nlohmann::json& oj) {
-  if (!fs::exists(path))
+  std::error_code ec;
+  if (!fs::exists(path, ec))
     fail("resume: no training state at '" + path +
          "' (nothing to resume; start a fresh run instead)");
   SafetensorsFile f;
@@ -939,7 +941,7 @@ LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   on_every_rank(comm, [&] {
     check_task(task, o, comm.size());
     if (comm.rank() == 0) {
-      fs::create_directories(o.run_dir);
+      create_run_directory(o.run_dir);
       remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
       clean_checkpoints(o.run_dir,
                         o.resume);  // what a killed commit left; a fresh run's predecessor

@@ -303,6 +303,12 @@ BOOST_AUTO_TEST_CASE(groups_save_and_load) {
   back.load_state(opt.state_tensors(), j);
   BOOST_CHECK_EQUAL(back.group_weight_decay(0), 0.2);
   BOOST_CHECK_EQUAL(back.group_weight_decay(1), 0.0);
+  BOOST_CHECK_EXCEPTION(back.group_lr_scale(2), Error, [](const Error& e) {
+    return std::string(e.what()) == "AdamW: group 2 of 2 parameter groups";
+  });
+  BOOST_CHECK_EXCEPTION(back.param_step(9), Error, [](const Error& e) {
+    return std::string(e.what()) == "AdamW::param_step: parameter 9 of 2";
+  });
   for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), -0.1));
   for (auto& [n, t] : qs)
     copy_into(t, ps[n == "w" ? 0 : 1].second), give_grad(t, std::vector<double>(t.numel(), -0.1));

@@ -362,8 +362,12 @@ BOOST_AUTO_TEST_CASE(tokenizer_train_and_round_trip) {
   for (int id : tok.encode("ä ö ü Ä Ö Ü ß")) BOOST_TEST(id != Tokenizer::UNK);
   BOOST_TEST(tok.encode("").empty());
   BOOST_TEST(tok.decode({}) == "");
-  BOOST_CHECK_THROW(tok.decode({tok.vocab_size()}), std::out_of_range);
-  BOOST_CHECK_THROW(tok.piece(-1), std::out_of_range);
+  BOOST_CHECK_EXCEPTION(tok.decode({tok.vocab_size()}), graft::Error, [](const graft::Error& e) {
+    return std::string(e.what()).find("Tokenizer::decode: id ") == 0;
+  });
+  BOOST_CHECK_EXCEPTION(tok.piece(-1), graft::Error, [](const graft::Error& e) {
+    return std::string(e.what()).find("Tokenizer::piece: id -1 outside vocabulary of ") == 0;
+  });
 }
 
 BOOST_AUTO_TEST_CASE(tokenizer_training_is_deterministic) {
@@ -388,10 +392,16 @@ BOOST_AUTO_TEST_CASE(tokenizer_errors) {
   const std::string msg = error_of([] { Tokenizer t("/nonexistent/graft/spm.model"); });
   BOOST_TEST(msg.find("'/nonexistent/graft/spm.model'") != std::string::npos, msg);
   TempDir dir;
-  BOOST_CHECK_THROW(Tokenizer::train({}, dir / "unused", 100), std::invalid_argument);
-  BOOST_CHECK_THROW(Tokenizer::train({"x"}, dir / "unused", 4), std::invalid_argument);
+  BOOST_CHECK_EXCEPTION(Tokenizer::train({}, dir / "unused", 100), graft::Error,
+                        [](const graft::Error& e) {
+                          return std::string(e.what()) == "Tokenizer::train: no sentences";
+                        });
+  BOOST_CHECK_EXCEPTION(Tokenizer::train({"x"}, dir / "unused", 4), graft::Error,
+                        [](const graft::Error& e) {
+                          return std::string(e.what()).find("Tokenizer::train: vocab_size 4") == 0;
+                        });
   const std::string bad_prefix = (dir.path / "missing_dir" / "spm").string();
-  BOOST_CHECK_THROW(Tokenizer::train(german_sentences(20), bad_prefix, 50), std::runtime_error);
+  BOOST_CHECK_THROW(Tokenizer::train(german_sentences(20), bad_prefix, 50), graft::Error);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

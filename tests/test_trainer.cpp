@@ -539,6 +539,15 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
          "min_lr (1) must not exceed lr (0.05)");
   refuse([](nn::LoopOptions& o) { o.weight_decay = -1; },
          "weight_decay must be a finite number >= 0");
+  // A run directory that cannot be made is a graft::Error naming it, not a filesystem_error.
+  const fs::path file = fresh_dir("blocked") / "a_file";
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << "x";
+  BOOST_CHECK_EXCEPTION(
+      nn::train_loop(ok.task, opts(file / "run", 10)), Error, [&](const Error& x) {
+        return std::string(x.what()).find("run directory '" + (file / "run").string() +
+                                          "': cannot create it: ") == 0;
+      });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -21,6 +21,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
@@ -359,7 +360,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
-    fs::create_directories(o.loop.run_dir);
+    nn::create_run_directory(o.loop.run_dir);
     const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor},
                                   {"warmup", o.loop.warmup},
                                   {"recipe", nn::loop_recipe(o.loop)}};

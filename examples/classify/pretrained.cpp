@@ -15,6 +15,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
@@ -274,7 +275,7 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
   s.model = std::make_unique<PretrainedClassifier>(
       c, std::shared_ptr<models::BertEncoder>(std::move(se.model)));
   nn::on_rank0(nn::world_communicator(), [&] {
-    fs::create_directories(o.loop.run_dir + "/tokenizer");
+    nn::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
       fs::copy_file(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string(),
                     fs::copy_options::overwrite_existing);

@@ -14,6 +14,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
@@ -202,7 +203,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
-    fs::create_directories(o.loop.run_dir);
+    nn::create_run_directory(o.loop.run_dir);
     nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
   });
   return c;

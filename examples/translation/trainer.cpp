@@ -22,6 +22,7 @@
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/optim.h"
 #include "graft/nn/trainer.h"
 #include "graft/ops/dropout.h"
@@ -627,7 +628,7 @@ TrainResult train(const TrainOptions& opts) {
 
   TrainData d = load_pairs(o, say);
   nn::on_rank0(comm, [&] {
-    fs::create_directories(o.loop.run_dir);
+    nn::create_run_directory(o.loop.run_dir);
     ensure_tokenizer(o, d.train_pairs, say);
     if (!o.loop.resume)
       nn::save_json(
