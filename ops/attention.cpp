@@ -501,11 +501,73 @@ void register_attention_dropout_cases() {
                            }});
 }
 
+// The bad inputs of scaled_dot_product_attention, each against q (2, 2, 3, 4), k (2, 2, 5, 4),
+// v (2, 2, 5, 6) with one of them, the mask or the bias made wrong.
+std::vector<ErrorInput> attention_error_inputs() {
+  const auto call = [](const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionOptions& opt = {}) {
+    scaled_dot_product_attention(q, k, v, opt);
+  };
+  const Shape q{2, 2, 3, 4}, k{2, 2, 5, 4}, v{2, 2, 5, 6};
+  const std::string op = std::string(kOp) + ": ";
+  const std::string qkv_good = "q f32 (2, 2, 3, 4), k f32 (2, 2, 5, 4), v f32 (2, 2, 5, 6)";
+  return {{"a rank-3 q",
+           [=] {
+             call(zeros({2, 3, 4}), zeros(k), zeros(v));
+           },
+           op + "q, k, v must be rank 4 (B, H, T, D), got q f32 (2, 3, 4), k f32 (2, 2, 5, 4), "
+                "v f32 (2, 2, 5, 6)"},
+          {"k of another head dim",
+           [=] {
+             call(zeros(q), zeros({2, 2, 5, 3}), zeros(v));
+           },
+           op + "q and k head dims differ (4 vs 3): q f32 (2, 2, 3, 4), k f32 (2, 2, 5, 3), "
+                "v f32 (2, 2, 5, 6)"},
+          {"v of another key count",
+           [=] {
+             call(zeros(q), zeros(k), zeros({2, 2, 4, 6}));
+           },
+           op + "k and v key counts differ (5 vs 4): q f32 (2, 2, 3, 4), k f32 (2, 2, 5, 4), "
+                "v f32 (2, 2, 4, 6)"},
+          {"k and v of another head count",
+           [=] {
+             call(zeros(q), zeros({2, 3, 5, 4}), zeros({2, 3, 5, 6}));
+           },
+           op + "batch and head dims (B, H) differ: q f32 (2, 2, 3, 4), k f32 (2, 3, 5, 4), "
+                "v f32 (2, 3, 5, 6)"},
+          {"an f64 v", [=] { call(zeros(q), zeros(k), zeros(v, DType::f64)); },
+           op + "dtype mismatch, q f32 (2, 2, 3, 4), k f32 (2, 2, 5, 4), v f64 (2, 2, 5, 6)"},
+          {"an int64 v", [=] { call(zeros(q), zeros(k), zeros(v, DType::i64)); },
+           op + "expected a float tensor, got i64 (2, 2, 5, 6)"},
+          {"a key_padding_mask of another key count",
+           [=] {
+             AttentionOptions opt;
+             opt.key_padding_mask = zeros({2, 3});
+             call(zeros(q), zeros(k), zeros(v), opt);
+           },
+           op + "key_padding_mask f32 (2, 3) must be (B, Tk) = (2, 5) for " + qkv_good},
+          {"a bias that does not broadcast",
+           [=] {
+             AttentionOptions opt;
+             opt.bias = zeros({2, 3, 3});
+             call(zeros(q), zeros(k), zeros(v), opt);
+           },
+           op + "bias f32 (2, 3, 3) does not broadcast to (B, H, Tq, Tk) = (2, 2, 3, 5)"},
+          {"an f64 bias",
+           [=] {
+             AttentionOptions opt;
+             opt.bias = zeros({3, 5}, DType::f64);
+             call(zeros(q), zeros(k), zeros(v), opt);
+           },
+           op + "bias f64 (3, 5) must have the dtype of q f32 (2, 2, 3, 4)"}};
+}
+
 void register_attention_mask_cases() {
   register_case(OpCase{.name = "attention/plain",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },
-                       .fn = [](const Tensors& x) { return attn(x, false); }});
+                       .fn = [](const Tensors& x) { return attn(x, false); },
+                       .error_inputs = attention_error_inputs()});
   register_case(OpCase{.name = "attention/causal_square",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 4, 4); },
