@@ -412,7 +412,11 @@ Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, d
   return unary_backward(full(data.shape(), 1.0, data.dtype()), data.detach(), row, a, b);
 }
 
-void register_unary_cases(const UnaryOp& op) {
+namespace {
+
+// Declares the row's op and registers its two default cases; the contiguous one carries
+// `error_inputs`.
+void register_row_cases(const UnaryOp& op, const std::vector<ErrorInput>& error_inputs) {
   autograd::declare_op(op.name, op.family, op.df_op != nullptr);
   for (bool transposed : {false, true})
     register_case(OpCase{
@@ -422,8 +426,13 @@ void register_unary_cases(const UnaryOp& op) {
             [row = op, transposed](DType dt, Generator& g) {
               return Tensors{unary_case_input(row, dt, g, transposed)};
             },
-        .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); }});
+        .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); },
+        .error_inputs = transposed ? std::vector<ErrorInput>{} : error_inputs});
 }
+
+}  // namespace
+
+void register_unary_cases(const UnaryOp& op) { register_row_cases(op, {}); }
 
 namespace {
 
@@ -817,10 +826,24 @@ namespace {
 Tensors one(const Shape& s, DType dt, Generator& g, double lo = -1, double hi = 1) {
   return {case_input(s, dt, g, lo, hi)};
 }
+
+// The bad inputs of a library row's public function (none for most rows).
+std::vector<ErrorInput> row_error_inputs(const UnaryOp& row) {
+  if (&row == &kExp)
+    return {{"an int64 input", [] { exp(ones({2}, DType::i64)); },
+             "exp: expected a float tensor, got i64 (2)"}};
+  if (&row == &kSilu)
+    return {{"an int64 input", [] { silu(ones({2}, DType::i64)); },
+             "silu: expected a float tensor, got i64 (2)"}};
+  if (&row == &kClamp)
+    return {{"a NaN lower bound", [] { clamp(ones({2}), std::nan(""), 0); },
+             "clamp: a NaN bound (lo nan, hi 0.000000)"}};
+  return {};
+}
 }  // namespace
 
 void register_elementwise_cases() {
-  for (const UnaryOp* row : kRows) register_unary_cases(*row);
+  for (const UnaryOp* row : kRows) register_row_cases(*row, row_error_inputs(*row));
   register_case(
       OpCase{.name = "add/broadcast",
              .op = "add",
@@ -828,7 +851,12 @@ void register_elementwise_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return add(x[0], x[1]); },
+             .error_inputs = {{"shapes that do not broadcast",
+                               [] {
+                                 add(ones({2, 3}), ones({4}));
+                               },
+                               "add: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}}});
   register_case(OpCase{.name = "add/noncontig_lhs_broadcast",
                        .op = "add",
                        .make_inputs =
@@ -849,7 +877,12 @@ void register_elementwise_cases() {
                            [](DType dt, Generator& g) {
                              return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return mul(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return mul(x[0], x[1]); },
+                       .error_inputs = {{"an f32 and an f64 input",
+                                         [] {
+                                           mul(ones({2, 3}), ones({2, 3}, DType::f64));
+                                         },
+                                         "mul: dtype mismatch, f32 (2, 3) vs f64 (2, 3)"}}});
   register_case(OpCase{.name = "mul/same_tensor",
                        .op = "mul",
                        .make_inputs =
@@ -865,38 +898,55 @@ void register_elementwise_cases() {
                    return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)};
                  },
              .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
-  register_case(OpCase{.name = "maximum/broadcast",
-                       .op = "maximum",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return maximum(x[0], x[1]); }});
+  register_case(OpCase{
+      .name = "maximum/broadcast",
+      .op = "maximum",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)};
+          },
+      .fn = [](const Tensors& x) { return maximum(x[0], x[1]); },
+      .error_inputs = {{"shapes that do not broadcast",
+                        [] {
+                          maximum(ones({2, 3}), ones({4}));
+                        },
+                        "maximum: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}}});
   register_case(OpCase{.name = "minimum/broadcast",
                        .op = "minimum",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return minimum(x[0], x[1]); }});
-  register_case(OpCase{.name = "where/broadcast",
-                       .op = "where",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{
-                                 from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
-                                 case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); }});
-  register_case(OpCase{.name = "masked_fill/broadcast",
-                       .op = "masked_fill",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{
-                                 case_input_t({2, 3, 4}, dt, g),
-                                 from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
-                           },
-                       .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); }});
+                       .fn = [](const Tensors& x) { return minimum(x[0], x[1]); },
+                       .error_inputs = {{"an f32 and an f64 input",
+                                         [] { minimum(ones({2}), ones({2}, DType::f64)); },
+                                         "minimum: dtype mismatch, f32 (2) vs f64 (2)"}}});
+  register_case(
+      OpCase{.name = "where/broadcast",
+             .op = "where",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
+                                  case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); },
+             .error_inputs = {{"a condition that does not broadcast with the values",
+                               [] { where(ones({2}), ones({3}), ones({3})); },
+                               "where: shapes (2) and (3) cannot be broadcast (dim 0: 2 vs 3)"}}});
+  register_case(
+      OpCase{.name = "masked_fill/broadcast",
+             .op = "masked_fill",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({2, 3, 4}, dt, g),
+                                  from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
+                 },
+             .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); },
+             .error_inputs = {{"a mask that does not broadcast to x",
+                               [] {
+                                 masked_fill(ones({3}), ones({2, 3}), 0);
+                               },
+                               "masked_fill: mask f32 (2, 3) does not broadcast to x f32 (3)"}}});
 }
 
 }  // namespace graft
