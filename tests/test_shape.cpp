@@ -1,5 +1,7 @@
 // Shape ops: forward values against hand-computed numbers, view/storage semantics, hand-checked
-// backward values (scatter-add accumulation, padding_idx), and one misuse check per error.
+// backward values (scatter-add accumulation, padding_idx), and the misuse checks that are not one
+// op's bad inputs (select_rows_, changed saved ids, copy_into). Each op's bad inputs are its
+// OpCase's error_inputs (ops/shape.cpp, ops/heads.cpp), run by test_gradcheck_all.
 #include <boost/test/unit_test.hpp>
 
 #include <string>
@@ -120,15 +122,6 @@ BOOST_AUTO_TEST_CASE(reshape_backward) {
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
-BOOST_AUTO_TEST_CASE(reshape_errors) {
-  Tensor x = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(reshape(x, {4, 2}), Error, mentions({"reshape", "(2, 3)", "(4, 2)"}));
-  BOOST_CHECK_EXCEPTION(reshape(x, {4, -1}), Error, mentions({"reshape", "(2, 3)", "(4, -1)"}));
-  BOOST_CHECK_EXCEPTION(reshape(x, {-1, -1}), Error, mentions({"reshape", "(2, 3)", "only one"}));
-  BOOST_CHECK_EXCEPTION(reshape(x, {-2, -3}), Error, mentions({"reshape", "(2, 3)", "-2"}));
-  BOOST_CHECK_EXCEPTION(reshape(zeros({0, 3}), {0, -1}), Error, mentions({"reshape", "(0, 3)"}));
-}
-
 // ---- permute / transpose ----
 BOOST_AUTO_TEST_CASE(transpose_view_shares_storage) {
   Tensor x = iota_shaped({2, 3});
@@ -159,17 +152,6 @@ BOOST_AUTO_TEST_CASE(permute_values_and_backward) {
              boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(permute_transpose_errors) {
-  Tensor x = zeros({2, 3, 4});
-  BOOST_CHECK_EXCEPTION(permute(x, {0, 0, 1}), Error,
-                        mentions({"permute", "(0, 0, 1)", "(2, 3, 4)"}));
-  BOOST_CHECK_EXCEPTION(permute(x, {0, 1}), Error, mentions({"permute", "(0, 1)", "(2, 3, 4)"}));
-  BOOST_CHECK_EXCEPTION(permute(x, {0, 1, 3}), Error, mentions({"permute", "(2, 3, 4)"}));
-  BOOST_CHECK_EXCEPTION(transpose(x, 0, 3), Error, mentions({"transpose", "axis 3", "(2, 3, 4)"}));
-  BOOST_CHECK_EXCEPTION(transpose(x, -4, 0), Error,
-                        mentions({"transpose", "axis -4", "(2, 3, 4)"}));
-}
-
 // ---- slice ----
 BOOST_AUTO_TEST_CASE(slice_values) {
   Tensor x = iota_shaped({3, 5});
@@ -192,13 +174,6 @@ BOOST_AUTO_TEST_CASE(slice_backward_zero_outside) {
              boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(slice_errors) {
-  Tensor x = zeros({3, 4});
-  BOOST_CHECK_EXCEPTION(slice(x, 0, 0, 2, 0), Error, mentions({"slice", "step", "(3, 4)"}));
-  BOOST_CHECK_EXCEPTION(slice(x, 0, 2, 0, -1), Error, mentions({"slice", "step", "(3, 4)"}));
-  BOOST_CHECK_EXCEPTION(slice(x, 2, 0, 1), Error, mentions({"slice", "axis 2", "(3, 4)"}));
-}
-
 // ---- unsqueeze / squeeze ----
 BOOST_AUTO_TEST_CASE(unsqueeze_squeeze_values) {
   Tensor x = iota_shaped({2, 3});
@@ -214,14 +189,6 @@ BOOST_AUTO_TEST_CASE(unsqueeze_squeeze_values) {
   BOOST_TEST(squeeze(zeros({1}), 0).dim() == 0);
 }
 
-BOOST_AUTO_TEST_CASE(unsqueeze_squeeze_errors) {
-  Tensor x = zeros({2, 1});
-  BOOST_CHECK_EXCEPTION(squeeze(x, 0), Error, mentions({"squeeze", "(2, 1)", "size 2"}));
-  BOOST_CHECK_EXCEPTION(squeeze(x, 2), Error, mentions({"squeeze", "axis 2", "(2, 1)"}));
-  BOOST_CHECK_EXCEPTION(unsqueeze(x, 3), Error, mentions({"unsqueeze", "axis 3", "(2, 1)"}));
-  BOOST_CHECK_EXCEPTION(unsqueeze(x, -4), Error, mentions({"unsqueeze", "axis -4", "(2, 1)"}));
-}
-
 // ---- broadcast_to ----
 BOOST_AUTO_TEST_CASE(broadcast_to_view_and_backward) {
   Tensor x = f64({1, 2, 3}, {3, 1}).requires_grad_();
@@ -233,14 +200,6 @@ BOOST_AUTO_TEST_CASE(broadcast_to_view_and_backward) {
   // dx[i] = sum over the broadcast axes of g[:, i, :]
   BOOST_TEST(grad_of(x, y, g) == V({1 + 2 + 7 + 8, 3 + 4 + 9 + 10, 5 + 6 + 11 + 12}),
              boost::test_tools::per_element());
-}
-
-BOOST_AUTO_TEST_CASE(broadcast_to_errors) {
-  Tensor x = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(broadcast_to(x, {4, 3}), Error,
-                        mentions({"broadcast_to", "(2, 3)", "(4, 3)"}));
-  BOOST_CHECK_EXCEPTION(broadcast_to(x, {3}), Error, mentions({"broadcast_to", "(2, 3)", "(3)"}));
-  BOOST_CHECK_EXCEPTION(broadcast_to(x, {-1, 2, 3}), Error, mentions({"broadcast_to", "(2, 3)"}));
 }
 
 // ---- contiguous / to_dtype ----
@@ -267,7 +226,6 @@ BOOST_AUTO_TEST_CASE(to_dtype_casts_value_and_gradient) {
   BOOST_TEST(to_dtype(x, DType::f32).impl() == x.impl());
   BOOST_TEST(vals(to_dtype(i64({3, -1}, {2}), DType::f32)) == V({3, -1}),
              boost::test_tools::per_element());
-  BOOST_CHECK_EXCEPTION(to_dtype(Tensor(), DType::f32), Error, mentions({"to_dtype", "undefined"}));
 }
 
 // ---- concat / split ----
@@ -284,19 +242,6 @@ BOOST_AUTO_TEST_CASE(concat_values_and_backward) {
              boost::test_tools::per_element());
 }
 
-BOOST_AUTO_TEST_CASE(concat_errors) {
-  Tensor a = zeros({2, 3});
-  BOOST_CHECK_EXCEPTION(concat({}, 0), Error, mentions({"concat"}));
-  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3}, DType::f64)}, 0), Error,
-                        mentions({"concat", "dtype", "f32 (2, 3)", "f64 (2, 3)"}));
-  BOOST_CHECK_EXCEPTION(concat({a, zeros({3, 3})}, 1), Error,
-                        mentions({"concat", "(2, 3)", "(3, 3)"}));
-  BOOST_CHECK_EXCEPTION(concat({a, zeros({2, 3, 1})}, 0), Error,
-                        mentions({"concat", "(2, 3)", "(2, 3, 1)"}));
-  BOOST_CHECK_EXCEPTION(concat({a, a}, 2), Error, mentions({"concat", "axis 2", "(2, 3)"}));
-  BOOST_CHECK_EXCEPTION(concat({scalar(1), scalar(2)}, 0), Error, mentions({"concat", "0-d"}));
-}
-
 BOOST_AUTO_TEST_CASE(split_views_and_backward) {
   Tensor x = iota_shaped({2, 5}).requires_grad_();
   Tensors p = split(x, {2, 0, 3}, 1);
@@ -309,14 +254,6 @@ BOOST_AUTO_TEST_CASE(split_views_and_backward) {
   BOOST_TEST(grad_of(x, p[2], f64({1, 2, 3, 4, 5, 6}, {2, 3})) == V({0, 0, 1, 2, 3, 0, 0, 4, 5, 6}),
              boost::test_tools::per_element());
   BOOST_TEST(autograd::tape_size() == 0u);
-}
-
-BOOST_AUTO_TEST_CASE(split_errors) {
-  Tensor x = zeros({2, 4});
-  BOOST_CHECK_EXCEPTION(split(x, {1, 2}, 1), Error,
-                        mentions({"split", "(1, 2)", "(2, 4)", "size 4"}));
-  BOOST_CHECK_EXCEPTION(split(x, {5, -1}, 1), Error, mentions({"split", "negative", "(2, 4)"}));
-  BOOST_CHECK_EXCEPTION(split(x, {2}, 2), Error, mentions({"split", "axis 2", "(2, 4)"}));
 }
 
 // ---- index_select ----
@@ -381,20 +318,6 @@ BOOST_AUTO_TEST_CASE(select_rows_errors) {
       mentions({"select_rows_", "do not overlap"}));
 }
 
-BOOST_AUTO_TEST_CASE(index_select_errors) {
-  Tensor x = zeros({5, 3});
-  BOOST_CHECK_EXCEPTION(index_select(x, 0, i64({1, 5}, {2})), Error,
-                        mentions({"index_select", "index 5", "size 5", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(index_select(x, 1, i64({-1}, {1})), Error,
-                        mentions({"index_select", "index -1", "size 3", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(index_select(x, 0, zeros({2})), Error,
-                        mentions({"index_select", "int64", "f32 (2)", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(index_select(x, 0, i64({0, 1}, {1, 2})), Error,
-                        mentions({"index_select", "1-D", "i64 (1, 2)"}));
-  BOOST_CHECK_EXCEPTION(index_select(x, 2, i64({0}, {1})), Error,
-                        mentions({"index_select", "axis 2", "(5, 3)"}));
-}
-
 // ---- embedding ----
 BOOST_AUTO_TEST_CASE(embedding_values_and_padding_gradient) {
   Tensor w = iota_shaped({4, 2}).requires_grad_();
@@ -424,25 +347,9 @@ BOOST_AUTO_TEST_CASE(embedding_float32_and_saved_ids_checked) {
   autograd::clear_tape();
 }
 
-BOOST_AUTO_TEST_CASE(embedding_errors) {
-  Tensor w = zeros({5, 3});
-  BOOST_CHECK_EXCEPTION(embedding(w, i64({0, 7}, {2})), Error,
-                        mentions({"embedding", "id 7", "[0, 5)", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(embedding(w, i64({-2}, {1})), Error,
-                        mentions({"embedding", "id -2", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(embedding(w, zeros({2})), Error,
-                        mentions({"embedding", "int64", "f32 (2)"}));
-  BOOST_CHECK_EXCEPTION(embedding(zeros({5}), i64({0}, {1})), Error,
-                        mentions({"embedding", "2-D", "(5)"}));
-  BOOST_CHECK_EXCEPTION(embedding(zeros({5, 3}, DType::i64), i64({0}, {1})), Error,
-                        mentions({"embedding", "float", "(5, 3)"}));
-  BOOST_CHECK_EXCEPTION(embedding(w, i64({0}, {1}), 5), Error,
-                        mentions({"embedding", "padding_idx 5", "(5, 3)"}));
-}
-
 // split_heads against the view it replaces: y (B, T, parts * H * Dh) as (B, T, parts, H, Dh)
-// permuted to (parts, B, H, T, Dh); merge_heads undoes it; bad shapes name the op.
-BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
+// permuted to (parts, B, H, T, Dh); merge_heads undoes it.
+BOOST_AUTO_TEST_CASE(split_and_merge_heads_values) {
   Generator g(3);
   const int64_t B = 2, T = 5, P = 3, H = 2, Dh = 4;
   Tensor y = randn({B, T, P * H * Dh}, DType::f32, g);
@@ -459,9 +366,6 @@ BOOST_AUTO_TEST_CASE(split_and_merge_heads_values_and_misuse) {
   Tensor one = randn({B, T, H * Dh}, DType::f32, g);
   BOOST_CHECK(merge_heads(split_heads(one, 1, H)[0]).to_vector<double>() ==
               one.to_vector<double>());
-  BOOST_CHECK_THROW(split_heads(y, 5, H), Error);
-  BOOST_CHECK_THROW(split_heads(randn({2, 3}, DType::f32, g), 1, 1), Error);
-  BOOST_CHECK_THROW(merge_heads(y), Error);
 }
 
 // Issue 31: copy_into between overlapping views of one storage copies as memmove does (the
