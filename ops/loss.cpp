@@ -402,6 +402,86 @@ Tensor targets(std::vector<int64_t> t) {
 
 namespace {
 
+// cross_entropy's bad inputs: targets out of range or of another dtype, shape or rank, logits
+// that are not (N, C) floats, label smoothing outside [0, 1).
+std::vector<ErrorInput> cross_entropy_error_inputs() {
+  return {{"a target of C",
+           [] {
+             cross_entropy(zeros({3, 4}), targets({0, 4, 1}));
+           },
+           "cross_entropy: target 4 at position 1 is out of range [0, 4) for logits f32 (3, 4) "
+           "(ignore_index -100)"},
+          {"a negative target that is not ignore_index",
+           [] {
+             cross_entropy(zeros({3, 4}), targets({0, -1, 1}));
+           },
+           "cross_entropy: target -1 at position 1 is out of range [0, 4) for logits f32 (3, 4) "
+           "(ignore_index -100)"},
+          {"float targets",
+           [] {
+             cross_entropy(zeros({3, 4}), from_vector(std::vector<float>{0, 1, 2}, {3}));
+           },
+           "cross_entropy: target must be int64 class indices, got f32 (3)"},
+          {"rank-3 logits",
+           [] {
+             cross_entropy(zeros({2, 3, 4}), targets({0, 1}));
+           },
+           "cross_entropy: logits must be (N, C), got f32 (2, 3, 4)"},
+          {"fewer targets than rows",
+           [] {
+             cross_entropy(zeros({3, 4}), targets({0, 1}));
+           },
+           "cross_entropy: logits f32 (3, 4) need target (N) = (3), got i64 (2)"},
+          {"targets of rank 2",
+           [] {
+             cross_entropy(zeros({3, 4}), from_vector(std::vector<int64_t>{0, 1, 2}, {3, 1}));
+           },
+           "cross_entropy: logits f32 (3, 4) need target (N) = (3), got i64 (3, 1)"},
+          {"int64 logits",
+           [] {
+             cross_entropy(from_vector(std::vector<int64_t>{0, 1}, {1, 2}), targets({0}));
+           },
+           "cross_entropy: expected a float tensor, got i64 (1, 2)"},
+          {"label smoothing 1.5",
+           [] {
+             cross_entropy(zeros({3, 4}), targets({0, 1, 2}), 1.5);
+           },
+           "cross_entropy: label_smoothing must be in [0, 1], got 1.500000"}};
+}
+
+// linear_cross_entropy's bad inputs: x and w of other widths, a target count or class out of
+// range, label smoothing outside [0, 1), a negative chunk size.
+std::vector<ErrorInput> linear_cross_entropy_error_inputs() {
+  return {
+      {"w of another width",
+       [] {
+         linear_cross_entropy(ones({3, 4}), ones({5, 3}), targets({0, 1, 2}));
+       },
+       "linear_cross_entropy: needs x (N, d) and w (V, d) of one dtype, got x f32 (3, 4), w f32 "
+       "(5, 3)"},
+      {"fewer targets than rows",
+       [] {
+         linear_cross_entropy(ones({3, 4}), ones({5, 4}), targets({0, 1}));
+       },
+       "linear_cross_entropy: x f32 (3, 4), w f32 (5, 4) need target (N) = (3) int64, got i64 (2)"},
+      {"a target of C",
+       [] {
+         linear_cross_entropy(ones({3, 4}), ones({5, 4}), targets({0, 5, 1}));
+       },
+       "linear_cross_entropy: target 5 at position 1 is out of range [0, 5) for x f32 (3, 4), w "
+       "f32 (5, 4) (ignore_index -100)"},
+      {"label smoothing 2",
+       [] {
+         linear_cross_entropy(ones({3, 4}), ones({5, 4}), targets({0, 1, 2}), 2.0);
+       },
+       "linear_cross_entropy: label_smoothing must be in [0, 1], got 2.000000"},
+      {"chunk_rows -1",
+       [] {
+         linear_cross_entropy(ones({3, 4}), ones({5, 4}), targets({0, 1, 2}), 0.0, -100, -1);
+       },
+       "linear_cross_entropy: chunk_rows must be >= 0"}};
+}
+
 void register_cross_entropy_cases() {
   register_case(
       OpCase{.name = "cross_entropy/plain",
@@ -418,7 +498,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); },
+             .error_inputs = cross_entropy_error_inputs()});
   register_case(
       OpCase{.name = "cross_entropy/ignored_targets",
              .op = "cross_entropy",
@@ -464,7 +545,8 @@ void register_linear_cross_entropy_cases() {
             return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
                            targets({4, 0, 5, 1, 2})};
           },
-      .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); }});
+      .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); },
+      .error_inputs = linear_cross_entropy_error_inputs()});
   // x as a transposed view, one chunk.
   register_case(
       OpCase{.name = "linear_cross_entropy/transposed_x",
