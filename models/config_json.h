@@ -41,7 +41,7 @@ class ConfigCheck {
   /// @throws graft::Error when v is outside [1, max].
   void size(const char* name, int64_t v, int64_t max = kMaxSize) const;
   /// A drop probability: in [0, 1] (is_dropout_p; NaN is refused).
-  /// @throws graft::Error when v is outside [0, 1) or NaN.
+  /// @throws graft::Error when v is outside [0, 1] or NaN.
   void probability(const char* name, double v) const;
   /// A token id in [0, vocab).
   /// @throws graft::Error when id is outside [0, vocab).

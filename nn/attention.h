@@ -90,7 +90,7 @@ class MultiHeadAttention : public Module {
   /// dropout: on the attention probabilities while training (nn.MultiheadAttention's `dropout`),
   /// masks drawn from *dropout_gen (default: the global generator).
   /// @throws graft::Error when heads does not divide d (or is not positive), or dropout is
-  ///         outside [0, 1).
+  ///         outside [0, 1].
   /// kv_heads (0: heads): grouped-query attention, kv_heads dividing heads; K and V are projected
   /// to kv_heads heads and each serves heads / kv_heads consecutive query heads (in_proj_weight is
   /// then (d + 2 kv_heads Dh, d)). bias false: no in_proj_bias and an out_proj without bias.

@@ -15,6 +15,7 @@
 #include <set>
 #include <streambuf>
 
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/text.h"
 
 namespace graft::nn {
@@ -497,14 +498,14 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 int remove_stale_temp_files(const std::string& dir) {
   int removed = 0;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (const fs::path e : directory_entries(dir, ec)) {
+    const std::string name = e.filename().string();
     const size_t at = name.rfind(".tmp.");
     if (at == std::string::npos || at + 5 >= name.size()) continue;
     const std::string pid = name.substr(at + 5);
     if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
     if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
-    if (fs::remove(e.path(), ec)) ++removed;
+    if (fs::remove(e, ec)) ++removed;
   }
   return removed;
 }

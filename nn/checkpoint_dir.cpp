@@ -77,15 +77,15 @@ void link_name(const fs::path& run, const std::string& name) {
 // filesystem has none).
 void carry_over(const fs::path& from, const fs::path& to) {
   std::error_code list_ec;
-  fs::directory_iterator files(from, list_ec);
+  const std::vector<std::string> files = directory_entries(from.string(), list_ec);
   if (list_ec) io_fail(from, "cannot list the previous checkpoint", list_ec.value());
-  for (const auto& e : files) {
-    if (!e.is_regular_file()) continue;
-    const fs::path dst = to / e.path().filename();
+  for (const fs::path src : files) {
     std::error_code ec;
+    if (!fs::is_regular_file(src, ec)) continue;
+    const fs::path dst = to / src.filename();
     if (fs::exists(fs::symlink_status(dst, ec))) continue;
-    fs::create_hard_link(e.path(), dst, ec);
-    if (ec && !fs::copy_file(e.path(), dst, ec))
+    fs::create_hard_link(src, dst, ec);
+    if (ec && !fs::copy_file(src, dst, ec))
       io_fail(dst, "cannot carry the previous checkpoint's file over", ec.value());
   }
 }
@@ -136,14 +136,21 @@ void CheckpointCommit::commit() {
   if (!previous.empty()) carry_over(run / previous, dir);
   sync_directory(dir.string(), "checkpoint");
   std::error_code list_ec;
-  fs::directory_iterator files(dir, list_ec);
+  const std::vector<std::string> files = directory_entries(dir.string(), list_ec);
   if (list_ec) io_fail(dir, "cannot list the checkpoint", list_ec.value());
-  for (const auto& e : files) link_name(run, e.path().filename().string());
+  for (const fs::path f : files) link_name(run, f.filename().string());
   replace_link(run / kPointer, name_);  // the commit
   sync_directory(run_dir_, "checkpoint");
   committed_ = true;
   std::error_code ec;
   if (!previous.empty()) fs::remove_all(run / previous, ec);
+}
+
+std::vector<std::string> directory_entries(const std::string& dir, std::error_code& ec) {
+  std::vector<std::string> out;
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) out.push_back(it->path().string());
+  return out;
 }
 
 void create_run_directory(const std::string& run_dir) {
@@ -167,12 +174,13 @@ int clean_checkpoints(const std::string& run_dir, bool keep_current) {
   else if (fs::remove(run / kPointer, ec))
     ++removed;                  // first: from here on the run has no checkpoint
   std::vector<fs::path> stale;  // collected first: removing while iterating may skip entries
-  for (const auto& e : fs::directory_iterator(run, ec)) {
-    const std::string name = e.path().filename().string();
+  std::error_code list_ec;      // a run directory that cannot be listed has nothing to clean
+  for (const fs::path e : directory_entries(run_dir, list_ec)) {
+    const std::string name = e.filename().string();
     const bool new_link =
         name.size() > std::strlen(kNewLink) &&
         name.compare(name.size() - std::strlen(kNewLink), std::string::npos, kNewLink) == 0;
-    if (new_link || (name.rfind(kPrefix, 0) == 0 && name != current)) stale.push_back(e.path());
+    if (new_link || (name.rfind(kPrefix, 0) == 0 && name != current)) stale.push_back(e);
   }
   for (const fs::path& p : stale)
     if (fs::remove_all(p, ec) > 0) ++removed;

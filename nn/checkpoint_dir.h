@@ -18,6 +18,8 @@
 
 #include <cstdint>
 #include <string>
+#include <system_error>
+#include <vector>
 
 namespace graft::nn {
 
@@ -51,6 +53,10 @@ class CheckpointCommit {
   std::string run_dir_, name_;
   bool committed_ = false;
 };
+
+/// The paths of dir's entries (not recursive), listed without throwing: `ec` tells an error
+/// (then the entries listed until it are returned).
+std::vector<std::string> directory_entries(const std::string& dir, std::error_code& ec);
 
 /// Creates run_dir (and its parents) when missing.
 /// @throws graft::Error "run directory '<dir>': ..." when it cannot (a file in the way, no

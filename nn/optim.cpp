@@ -209,15 +209,15 @@ Optimizer::~Optimizer() = default;
 
 const Optimizer::GroupSettings& Optimizer::group(size_t g) const {
   if (g >= groups_.size())
-    fail(std::string(name()) + ": group " + std::to_string(g) + " of " +
-         std::to_string(groups_.size()) + " parameter groups");
+    fail(std::string(name()) + ": group " + std::to_string(g) + " out of range (" +
+         std::to_string(groups_.size()) + " parameter groups)");
   return groups_[g];
 }
 
 size_t Optimizer::group_of(size_t i) const {
   if (i >= group_of_.size())
-    fail(std::string(name()) + "::group_of: parameter " + std::to_string(i) + " of " +
-         std::to_string(group_of_.size()));
+    fail(std::string(name()) + "::group_of: parameter " + std::to_string(i) + " out of range (" +
+         std::to_string(group_of_.size()) + " parameters)");
   return group_of_[i];
 }
 
@@ -462,8 +462,8 @@ void SGD::load_hyper(const nlohmann::json& j) {
 
 int64_t Adam::param_step(size_t i) const {
   if (i >= param_steps_.size())
-    fail(std::string(name()) + "::param_step: parameter " + std::to_string(i) + " of " +
-         std::to_string(param_steps_.size()));
+    fail(std::string(name()) + "::param_step: parameter " + std::to_string(i) + " out of range (" +
+         std::to_string(param_steps_.size()) + " parameters)");
   return param_steps_[i];
 }
 

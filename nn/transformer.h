@@ -66,7 +66,7 @@ class EncoderLayer : public Module {
   /// A layer of config c, parameters drawn from gen, dropout masks from *dropout_gen (null:
   /// the global generator).
   /// @throws graft::Error when heads does not divide d_model or attention_dropout is outside
-  ///         [0, 1).
+  ///         [0, 1].
   EncoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
   /// x (B, S, d) -> (B, S, d); src_pad (B, S) non-zero = pad (or undefined); causal for
   /// decoder-only stacks.
@@ -116,7 +116,7 @@ class DecoderLayer : public Module {
   /// A layer of config c, parameters drawn from gen, dropout masks from *dropout_gen (null:
   /// the global generator).
   /// @throws graft::Error when heads does not divide d_model or attention_dropout is outside
-  ///         [0, 1).
+  ///         [0, 1].
   DecoderLayer(const LayerConfig& c, Generator& gen, Generator* dropout_gen);
   /// y (B, T, d) target side, memory (B, S, d) -> (B, T, d); causal self-attention; tgt_pad
   /// (B, T) and src_pad (B, S) or undefined; cross_weights (optional)

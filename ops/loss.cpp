@@ -403,7 +403,7 @@ Tensor targets(std::vector<int64_t> t) {
 namespace {
 
 // cross_entropy's bad inputs: targets out of range or of another dtype, shape or rank, logits
-// that are not (N, C) floats, label smoothing outside [0, 1).
+// that are not (N, C) floats, label smoothing outside [0, 1].
 std::vector<ErrorInput> cross_entropy_error_inputs() {
   return {{"a target of C",
            [] {
@@ -450,7 +450,7 @@ std::vector<ErrorInput> cross_entropy_error_inputs() {
 }
 
 // linear_cross_entropy's bad inputs: x and w of other widths, a target count or class out of
-// range, label smoothing outside [0, 1), a negative chunk size.
+// range, label smoothing outside [0, 1], a negative chunk size.
 std::vector<ErrorInput> linear_cross_entropy_error_inputs() {
   return {
       {"w of another width",

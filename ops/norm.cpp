@@ -226,8 +226,6 @@ void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, d
   onednn::stream().wait();
 }
 
-}  // namespace
-
 // What layer_norm's (and add_layer_norm's) forward keeps for its backward, in the order of its
 // saved tensors: src = y when from_y (then b is the shift used to rebuild xhat and mean is
 // unused) or x (..., C); w, b (C) or undefined; mean, var (N rows); and the forward's options.
@@ -271,8 +269,6 @@ Tensors layer_norm_backward(const Tensor& dout, const LayerNormSaved& s,
   });
   return {dx, dw, db};
 }
-
-namespace {
 
 // The per-row statistic (N) as (..., 1) of x's leading shape, for broadcasting over a row.
 Tensor per_row(const Tensor& stat, const Shape& x_shape) {
@@ -497,8 +493,6 @@ void rms_norm_backward_rows(const T* x, const T* w, const T* rstd, const T* dy, 
   if (dw) add_block_sums<T>(part.data(), blocks, C, dw, nullptr);
 }
 
-}  // namespace
-
 // dy, x (..., C), w (C) or undefined, rstd (N rows) -> dx (..., C), dw (C) where needed.
 Tensors rms_norm_backward(const Tensor& dout, const Tensor& x_in, const Tensor& w_in,
                           const Tensor& rstd, const std::vector<bool>& needs) {
@@ -519,6 +513,8 @@ Tensors rms_norm_backward(const Tensor& dout, const Tensor& x_in, const Tensor& 
   });
   return {dx, dw};
 }
+
+}  // namespace
 
 Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
   check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");

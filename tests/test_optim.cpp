@@ -304,10 +304,10 @@ BOOST_AUTO_TEST_CASE(groups_save_and_load) {
   BOOST_CHECK_EQUAL(back.group_weight_decay(0), 0.2);
   BOOST_CHECK_EQUAL(back.group_weight_decay(1), 0.0);
   BOOST_CHECK_EXCEPTION(back.group_lr_scale(2), Error, [](const Error& e) {
-    return std::string(e.what()) == "AdamW: group 2 of 2 parameter groups";
+    return std::string(e.what()) == "AdamW: group 2 out of range (2 parameter groups)";
   });
   BOOST_CHECK_EXCEPTION(back.param_step(9), Error, [](const Error& e) {
-    return std::string(e.what()) == "AdamW::param_step: parameter 9 of 2";
+    return std::string(e.what()) == "AdamW::param_step: parameter 9 out of range (2 parameters)";
   });
   for (auto& [n, t] : ps) give_grad(t, std::vector<double>(t.numel(), -0.1));
   for (auto& [n, t] : qs)

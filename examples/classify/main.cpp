@@ -138,7 +138,7 @@ void pretrained_defaults(const CLI::App* sub, classify::TrainOptions& o) {
   if (unset("--schedule")) o.loop.schedule = o.loop.steps > 0 ? "cosine" : "constant";
   if (unset("--lr")) o.loop.lr = o.freeze ? 1e-3 : 5e-5;
   if (unset("--valid-every")) o.loop.valid_every = 100;
-  o.loop.log_every = 10;
+  if (unset("--log-every")) o.loop.log_every = 10;
 }
 
 cli::Command add_train(CLI::App& app) {

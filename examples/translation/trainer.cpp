@@ -381,8 +381,8 @@ void check_train_options(const TrainOptions& o) {
   auto bad = [](const std::string& m) { fail("train: " + m); };
   if (o.batch_tokens < 1 || o.batch_tokens > (int64_t(1) << 30))
     bad("--batch-tokens must be in [1, 2^30]");
-  if (!(o.label_smoothing >= 0 && o.label_smoothing < 1))
-    bad("--label-smoothing must be in [0, 1)");
+  if (!(o.label_smoothing >= 0 && o.label_smoothing <= 1))
+    bad("--label-smoothing must be in [0, 1]");
   if (!is_dropout_p(o.dropout)) bad("--dropout must be in [0, 1]");
   if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
