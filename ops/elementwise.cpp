@@ -842,8 +842,10 @@ std::vector<ErrorInput> row_error_inputs(const UnaryOp& row) {
 }
 }  // namespace
 
-void register_elementwise_cases() {
-  for (const UnaryOp* row : kRows) register_row_cases(*row, row_error_inputs(*row));
+namespace {
+
+// add, sub, mul, div: broadcasting, non-contiguous operands, one tensor twice.
+void register_arithmetic_cases() {
   register_case(
       OpCase{.name = "add/broadcast",
              .op = "add",
@@ -898,6 +900,10 @@ void register_elementwise_cases() {
                    return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)};
                  },
              .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
+}
+
+// maximum, minimum: broadcasting against a transposed operand.
+void register_extremum_cases() {
   register_case(OpCase{
       .name = "maximum/broadcast",
       .op = "maximum",
@@ -921,6 +927,10 @@ void register_elementwise_cases() {
                        .error_inputs = {{"an f32 and an f64 input",
                                          [] { minimum(ones({2}), ones({2}, DType::f64)); },
                                          "minimum: dtype mismatch, f32 (2) vs f64 (2)"}}});
+}
+
+// where, masked_fill: integer conditions and masks broadcast over the values.
+void register_select_cases() {
   register_case(
       OpCase{.name = "where/broadcast",
              .op = "where",
@@ -947,6 +957,15 @@ void register_elementwise_cases() {
                                  masked_fill(ones({3}), ones({2, 3}), 0);
                                },
                                "masked_fill: mask f32 (2, 3) does not broadcast to x f32 (3)"}}});
+}
+
+}  // namespace
+
+void register_elementwise_cases() {
+  for (const UnaryOp* row : kRows) register_row_cases(*row, row_error_inputs(*row));
+  register_arithmetic_cases();
+  register_extremum_cases();
+  register_select_cases();
 }
 
 }  // namespace graft

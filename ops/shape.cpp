@@ -1037,6 +1037,10 @@ void register_gather_cases() {
                  [](const Tensors& x) {
                    return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
                  }});
+}
+
+// embedding: repeated ids, a non-contiguous weight, padding_idx.
+void register_embedding_cases() {
   register_case(OpCase{
       .name = "embedding/repeated_ids",
       .op = "embedding",
@@ -1086,6 +1090,7 @@ void register_shape_cases() {
   register_view_cases();
   register_copy_cases();
   register_gather_cases();
+  register_embedding_cases();
 }
 
 }  // namespace graft
