@@ -288,13 +288,6 @@ void run_train(const Args& a) {
        ",\"cached_mib\":" + num(Storage::cached_bytes() / 1048576.0) + "," + shares);
 }
 
-// sum_i <g_i, v_i>, recorded: the scalar whose gradient is the Hessian-vector product.
-Tensor dot(const Tensors& g, const Tensors& v) {
-  Tensor s = scalar(0.0, g[0].dtype());
-  for (size_t i = 0; i < g.size(); ++i) s = add(s, sum(mul(g[i], v[i])));
-  return s;
-}
-
 // The per-op backward times (on stderr) of one run of `f`.
 void print_backward_profile(const char* title, const std::function<void()>& f) {
   autograd::profile_report();  // resets
@@ -316,13 +309,14 @@ void profile_hvp(const std::function<Tensor()>& loss, const Tensors& params, con
   Tensors g;
   print_backward_profile("create_graph",
                          [&] { g = autograd::grad({l}, params, {}, {.create_graph = true}); });
-  const Tensor g_dot_v = dot(g, v);
-  print_backward_profile("second", [&] { autograd::grad({g_dot_v}, params); });
+  print_backward_profile("second", [&] { autograd::grad(g, params, v); });
 }
 
 // --what hvp: a Hessian-vector product of the training loss (the gradient g with create_graph,
-// then the gradient of g . v, v random) against the forward and backward of a training step, in
-// one process, each with its peak of live tensor memory and the HVP's three phases.
+// then the backward of g with upstream gradients v, v random: H v, the gradient of g . v, without
+// recording the dot product) against the forward and backward of a training step, in
+// one process, each with its peak of live tensor memory and the HVP's three phases;
+// hvp_over_step_paired is the median of each HVP's time over the step timed just before it.
 void run_hvp(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
@@ -347,19 +341,26 @@ void run_hvp(const Args& a) {
     const auto t0 = Clock::now();
     const Tensor l = loss();
     const auto t1 = Clock::now();
-    const Tensor g_dot_v = dot(autograd::grad({l}, params, {}, {.create_graph = true}), v);
+    const Tensors g = autograd::grad({l}, params, {}, {.create_graph = true});
     const auto t2 = Clock::now();
-    autograd::grad({g_dot_v}, params);
+    autograd::grad(g, params, v);
     const auto t3 = Clock::now();
     hvp_peak = peak_mib();
     const std::chrono::duration<double, std::milli> d0 = t1 - t0, d1 = t2 - t1, d2 = t3 - t2;
     phase_ms[0] = d0.count(), phase_ms[1] = d1.count(), phase_ms[2] = d2.count();
   };
-  const double t_step = time_median(a.warmup, a.steps, step);
-  const double t_hvp = time_median(a.warmup, a.steps, hvp);
+  // Steps and HVPs alternate, so a drift in the machine's speed moves both medians alike.
+  std::vector<double> t_steps, t_hvps, ratios;
+  for (int i = 0; i < a.warmup + a.steps; ++i) {
+    const double ts = time_median(0, 1, step), th = time_median(0, 1, hvp);
+    if (i < a.warmup) continue;
+    t_steps.push_back(ts), t_hvps.push_back(th), ratios.push_back(th / ts);
+  }
+  const double t_step = median(t_steps), t_hvp = median(t_hvps);
   if (std::getenv("GRAFT_PROFILE_HVP")) profile_hvp(loss, params, v);
   emit("\"what\":\"hvp\",\"config\":\"" + b.name + "\",\"step_ms\":" + num(t_step * 1e3) +
        ",\"hvp_ms\":" + num(t_hvp * 1e3) + ",\"hvp_over_step\":" + num(t_hvp / t_step) +
+       ",\"hvp_over_step_paired\":" + num(median(ratios)) +
        ",\"step_peak_live_mib\":" + num(step_peak) + ",\"hvp_peak_live_mib\":" + num(hvp_peak) +
        ",\"hvp_forward_ms\":" + num(phase_ms[0]) + ",\"hvp_first_backward_ms\":" +
        num(phase_ms[1]) + ",\"hvp_second_backward_ms\":" + num(phase_ms[2]) +

@@ -181,7 +181,8 @@ def run_train(torch, a):
 
 def run_hvp(torch, a):
     """A Hessian-vector product of the train loss (autograd.grad with create_graph, then the
-    gradient of g . v) against a training step's forward and backward, as graft_bench --what hvp.
+    backward of g with grad_outputs v: H v, the gradient of g . v) against a training step's
+    forward and backward, as graft_bench --what hvp.
     Attention on the math backend: the fused CPU kernels have no double backward."""
     d, h, ff, L, V, B, S, T = CONFIGS[a.config]
     torch.manual_seed(1)
@@ -206,8 +207,7 @@ def run_hvp(torch, a):
 
     def hvp():
         g = torch.autograd.grad(loss(), params, create_graph=True)
-        gv = sum((gi * vi).sum() for gi, vi in zip(g, v))
-        torch.autograd.grad(gv, params)
+        torch.autograd.grad(g, params, grad_outputs=v)
 
     with sdpa_kernel(SDPBackend.MATH):
         t_step = time_median(a.warmup, a.steps, step)
@@ -986,7 +986,8 @@ def report(a):
               "compares with PyTorch fp32; train_bf16_speedup_vs_graft_fp32 has graft fp32 in the "
               "PyTorch column")
     md.append("- hvp_time / hvp_over_train_step: a Hessian-vector product of the train loss (the "
-              "gradient with create_graph, then the gradient of g . v), median of 3 after 1 warm-up, "
+              "gradient g with create_graph, then g's backward with upstream gradients v: the "
+              "gradient of g . v), median of 3 after 1 warm-up, "
               "and its ratio to a training step's forward and backward (no optimizer) timed in the "
               "same process; PyTorch 2.x eager with attention on the math backend (its fused CPU "
               "kernels have no double backward); ratio < 1 in the last row means graft's HVP costs "

@@ -194,6 +194,19 @@ Tensor cross_entropy_backward(double dloss, const Tensor& x, const Tensor& tgt, 
   return dx;
 }
 
+// q (N, C): the smoothed target distribution of each row, (1 - eps) onehot(t) + eps / C; rows
+// whose target is ignore_index are zero.
+template <class T>
+void smoothed_targets(const int64_t* t, int64_t N, int64_t C, double eps, int64_t ignore_index,
+                      T* q) {
+#pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const bool valid = t[i] != ignore_index;
+    std::fill(q + i * C, q + (i + 1) * C, valid ? (T)(eps / (double)C) : T(0));
+    if (valid) q[i * C + t[i]] = (T)(eps / (double)C + 1.0 - eps);
+  }
+}
+
 // cross_entropy's backward as recorded ops (under create_graph): dloss * (softmax(x) - q) / n_valid
 // on the valid rows, q the smoothed target distribution (a constant), so it differentiates again
 // through softmax. x is the logits as recorded (routed to their producer).
@@ -202,17 +215,16 @@ Tensor cross_entropy_backward_graph(const Tensor& dloss, const Tensor& x, const 
   const double eps = spec.eps;
   const int64_t ignore_index = spec.ignore_index, n_valid = spec.n_valid;
   const int64_t N = x.size(0), C = x.size(1);
-  std::vector<double> q((size_t)(N * C), 0.0);
   const int64_t* pt = tgt.data<const int64_t>();
-  for (int64_t i = 0; i < N; ++i) {
-    if (pt[i] == ignore_index) continue;
-    for (int64_t j = 0; j < C; ++j)
-      q[(size_t)(i * C + j)] = eps / (double)C + (j == pt[i] ? 1.0 - eps : 0.0);
-  }
+  // q made in x's dtype straight away: an (N, C) float64 vector took fresh pages each call (a
+  // base model's 65 MB, the page faults of a Hessian-vector product's first backward).
+  Tensor q = Tensor::empty({N, C}, x.dtype());
   std::vector<double> rows((size_t)N);
+  GRAFT_DISPATCH_FLOAT(x.dtype(), "cross_entropy",
+                       [&] { smoothed_targets(pt, N, C, eps, ignore_index, q.data<T>()); });
   for (int64_t i = 0; i < N; ++i)
     rows[(size_t)i] = pt[i] == ignore_index || n_valid == 0 ? 0.0 : 1.0 / (double)n_valid;
-  const Tensor diff = sub(softmax(x, -1), from_vector(q, {N, C}, x.dtype()));
+  const Tensor diff = sub(softmax(x, -1), q);
   return mul(mul(diff, from_vector(rows, {N, 1}, x.dtype())), dloss);
 }
 
@@ -324,6 +336,106 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
   }
 }
 
+GRAFT_DECLARE_OP("linear_cross_entropy_backward", "loss");
+
+// linear_cross_entropy's gradients as recorded ops: G = dloss r (softmax(x w^T) - q) (r = 1 / the
+// valid targets, 0 on ignored rows), dx = G w, dw = G^T x.
+Tensors lce_grads_composed(const Tensor& x, const Tensor& w, const Tensor& dloss, const Tensor& tgt,
+                           const CrossEntropySpec& spec) {
+  const Tensor g = cross_entropy_backward_graph(dloss, matmul(x, transpose(w, 0, 1)), tgt, spec);
+  return {matmul(g, w), matmul(transpose(g, 0, 1), x)};
+}
+
+// One chunk of lce_second_backward's rows, in place: the logits z become dloss G and h (= H)
+// becomes Z; dot[n] = <G, H>'s row n for dloss 1. Ignored rows give zeros.
+template <class T>
+void lce_second_rows(T* z, T* h, int64_t n, int64_t C, const int64_t* t, const LceOptions& o,
+                     double dloss, double* dot) {
+  const double eps = o.label_smoothing;
+  const T a = (T)(dloss * o.g), off = (T)(eps / (double)C);
+#pragma omp parallel for if (n * C > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T *zr = z + i * C, *hr = h + i * C;
+    if (t[i] == o.ignore_index) {
+      std::fill(zr, zr + C, T(0));
+      std::fill(hr, hr + C, T(0));
+      dot[i] = 0;
+      continue;
+    }
+    T mx = zr[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 1; c < C; ++c) mx = std::max(mx, zr[c]);
+    double se = 0;
+#pragma omp simd reduction(+ : se)
+    for (int64_t c = 0; c < C; ++c) {
+      zr[c] = kern::exp_nonpos(zr[c] - mx, T());
+      se += (double)zr[c];
+    }
+    const T inv = (T)(1.0 / se);
+    double ph = 0, sh = 0;  // <P, h>, sum of h
+#pragma omp simd reduction(+ : ph, sh)
+    for (int64_t c = 0; c < C; ++c) {
+      zr[c] *= inv;
+      ph += (double)zr[c] * (double)hr[c];
+      sh += (double)hr[c];
+    }
+    dot[i] = o.g * (ph - eps / (double)C * sh - (1 - eps) * (double)hr[t[i]]);
+    const T s = (T)ph;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) {
+      hr[c] = a * zr[c] * (hr[c] - s);
+      zr[c] = a * (zr[c] - off);
+    }
+    zr[t[i]] -= a * (T)(1 - eps);
+  }
+}
+
+// The backward of linear_cross_entropy_backward (outputs dx = dloss G w, dw = dloss G^T x with
+// G = r (softmax(x w^T) - q)), without recording. For upstream gradients gdx, gdw and
+// H = gdx w^T + x gdw^T [N, V]:
+//   d/dx = dloss G gdw + Z w,  d/dw = dloss G^T gdx + Z^T x,  d/ddloss = <G, H>,
+// with Z = dloss r (P . H - P rowsum(P . H)), the softmax's Jacobian applied to H. Chunks of rows
+// as in the forward: 7 matmuls of the logits' size per chunk (the composed form's graph takes 9)
+// and one pass over its rows.
+Tensors lce_second_backward(const Tensor& gdx, const Tensor& gdw, const Ctx& c,
+                            const CrossEntropySpec& spec, int64_t chunk_rows) {
+  const Tensor x = kern::contig(c.saved[0]), &w = c.saved[1], &tgt = c.saved[2];
+  const double dloss = c.saved[3].item();
+  const int64_t N = x.size(0), V = w.size(0);
+  const LceOptions o{spec.eps, spec.ignore_index, chunk_rows,
+                     spec.n_valid > 0 ? 1.0 / (double)spec.n_valid : 0.0};
+  const int64_t rows = chunk_rows > 0 ? chunk_rows : std::max<int64_t>(1, (int64_t(1) << 21) / V);
+  Tensor zb = Tensor::empty({std::min(rows, N), V}, x.dtype()),
+         hb = Tensor::empty(zb.shape(), x.dtype());
+  Tensor gx = c.needs[0] ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
+  Tensor gw = c.needs[1] ? zeros(w.shape(), w.dtype()) : Tensor();
+  std::vector<double> dot((size_t)N);
+  const int64_t* pt = tgt.data<const int64_t>();
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t r1 = std::min(N, r0 + rows), n = r1 - r0;
+    const Tensor xc = kern::row_range(x, r0, r1), gc = kern::row_range(gdx, r0, r1),
+                 zc = kern::row_range(zb, 0, n), hc = kern::row_range(hb, 0, n);
+    kern::gemm(xc, kern::swap_last2(w), zc, false, kern::BCopy::weight);  // logits
+    kern::gemm(gc, kern::swap_last2(w), hc, false, kern::BCopy::weight);  // H = gdx w^T
+    kern::gemm(xc, kern::swap_last2(gdw), hc, /*accumulate=*/true);       //   + x gdw^T
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "linear_cross_entropy_backward", [&] {
+      lce_second_rows(zc.data<T>(), hc.data<T>(), n, V, pt + r0, o, dloss, dot.data() + r0);
+    });
+    if (gx.defined()) {
+      const Tensor gxc = kern::row_range(gx, r0, r1);
+      kern::gemm(zc, gdw, gxc);                                          // dloss G gdw
+      kern::gemm(hc, w, gxc, /*accumulate=*/true, kern::BCopy::weight);  //   + Z w
+    }
+    if (gw.defined()) {
+      kern::gemm(kern::swap_last2(zc), gc, gw, /*accumulate=*/true);  // dloss G^T gdx
+      kern::gemm(kern::swap_last2(hc), xc, gw, /*accumulate=*/true);  //   + Z^T x
+    }
+  }
+  double total = 0;
+  for (double d : dot) total += d;
+  return {gx, gw, c.needs[2] ? scalar(total, c.saved[3].dtype()) : Tensor()};
+}
+
 }  // namespace
 
 // The forward already made dx and dw (for an upstream gradient of 1): the backward scales them
@@ -345,6 +457,42 @@ Tensors linear_cross_entropy_backward(double dloss, const Ctx& c) {
   }
   return grads;
 }
+
+namespace {
+// linear_cross_entropy's backward under create_graph: the gradients its forward made, scaled by
+// dloss, become the outputs of a recorded linear_cross_entropy_backward (its inputs x, w and
+// dloss), whose own backward is lce_second_backward, or lce_grads_composed differentiated under
+// create_graph again. When the forward made only one of them, the composed form is recorded.
+Tensors record_lce_grads(const Tensor& dloss, const Ctx& c, const CrossEntropySpec& spec,
+                         int64_t chunk_rows) {
+  const Tensor &x = c.saved[2], &w = c.saved[3], &tgt = c.saved[4];
+  if (!c.saved[0].defined() || !c.saved[1].defined()) {
+    const Tensors g = lce_grads_composed(x, w, dloss, tgt, spec);
+    return {c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[1] : Tensor()};
+  }
+  Tensors grads(2);
+  {
+    autograd::NoGrad values;
+    const double scale = dloss.item();
+    // Fresh tensors unless this is the forward entry's last use (retain_graph keeps its saved
+    // gradients for a later backward, which must not hand out this entry's outputs).
+    for (size_t i = 0; i < 2; ++i)
+      grads[i] = scale == 1.0 && c.last_use ? c.saved[i] : affine(c.saved[i], scale, 0.0);
+  }
+  autograd::record("linear_cross_entropy_backward", {x, w, dloss}, grads, {x, w, tgt, dloss},
+                   [spec, chunk_rows](const Ctx& c2, const Tensors& g) {
+                     if (!c2.create_graph)
+                       return lce_second_backward(g[0], g[1], c2, spec, chunk_rows);
+                     const Tensor t = c2.saved[2];
+                     return autograd::differentiate(
+                         [t, spec](const Tensors& in) {
+                           return lce_grads_composed(in[0], in[1], in[2], t, spec);
+                         },
+                         {c2.saved[0], c2.saved[1], c2.saved[3]}, g, c2.needs);
+                   });
+  return {c.needs[0] ? grads[0] : Tensor(), c.needs[1] ? grads[1] : Tensor()};
+}
+}  // namespace
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
                             double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
@@ -379,14 +527,10 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   // until this last op's backward, the first to run).
   if (need_dx || need_dw)
     autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
-                     [spec = CrossEntropySpec{label_smoothing, ignore_index, n_valid}](
+                     [spec = CrossEntropySpec{label_smoothing, ignore_index, n_valid}, chunk_rows](
                          const Ctx& c, const Tensors& dout) {
                        if (!c.create_graph) return linear_cross_entropy_backward(dout[0].item(), c);
-                       const Tensor &xr = c.saved[2], &wr = c.saved[3];
-                       const Tensor g = cross_entropy_backward_graph(
-                           dout[0], matmul(xr, transpose(wr, 0, 1)), c.saved[4], spec);
-                       return Tensors{c.needs[0] ? matmul(g, wr) : Tensor(),
-                                      c.needs[1] ? matmul(transpose(g, 0, 1), xr) : Tensor()};
+                       return record_lce_grads(dout[0], c, spec, chunk_rows);
                      });
   return out;
 }
@@ -557,6 +701,24 @@ void register_linear_cross_entropy_cases() {
                                   case_input({5, 3}, dt, g, -1, 1), targets({4, 0, 3, 1})};
                  },
              .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+  // The op linear_cross_entropy's backward records under create_graph: its outputs are the
+  // gradients (dx, dw), here flattened into one vector; three chunks, an ignored target.
+  register_case(OpCase{
+      .name = "linear_cross_entropy_backward/chunks",
+      .op = "linear_cross_entropy_backward",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input({5, 3}, dt, g, -1, 1), case_input({6, 3}, dt, g, -1, 1),
+                           targets({4, 0, 5, 1, 2})};
+          },
+      .fn =
+          [](const Tensors& x) {
+            const bool record = autograd::grad_enabled();  // off for central differences
+            autograd::EnableGrad on;
+            const Tensor loss = linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2);
+            const Tensors g = autograd::grad({loss}, {x[0], x[1]}, {}, {.create_graph = record});
+            return concat({reshape(g[0], {-1}), reshape(g[1], {-1})}, 0);
+          }});
 }
 
 }  // namespace

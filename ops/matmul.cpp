@@ -453,14 +453,56 @@ bool linear_in_int8(const Tensor& x, bool record) {
 }
 
 namespace {
+GRAFT_DECLARE_OP("linear_weight_grad", "matmul");
+
+// linear_weight_grad's backward for g (OUT, IN): d dy = x g^T, d x = dy g, each in its
+// operand's shape; recorded ops under create_graph.
+Tensors linear_weight_grad_backward(const Tensor& g, const Tensor& dy, const Tensor& x,
+                                    const autograd::Ctx& c) {
+  const int64_t out = g.size(0), in = g.size(1);
+  if (c.create_graph)
+    return {c.needs[0] ? reshape(matmul(reshape(x, {-1, in}), transpose(g, 0, 1)), dy.shape())
+                       : Tensor(),
+            c.needs[1] ? reshape(matmul(reshape(dy, {-1, out}), g), x.shape()) : Tensor()};
+  const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
+  Tensor ddy, dx;
+  if (c.needs[0]) {
+    ddy = Tensor::empty(dy.shape(), dy.dtype());
+    kern::gemm(x2, kern::swap_last2(g), kern::as_rows(ddy));
+  }
+  if (c.needs[1]) {
+    dx = Tensor::empty(x.shape(), x.dtype());
+    kern::gemm(dy2, g, kern::as_rows(dx));
+  }
+  return {ddy, dx};
+}
+
+// dw (OUT, IN) = dy^T x over all rows of dy (..., OUT) and x (..., IN): linear's weight gradient
+// as an op of its own, which linear's backward records under create_graph. Written as
+// matmul(transpose(dy), x) instead, the next backward would make the gradient of the transposed
+// dy and copy it back into dy's layout (a tenth of the base model's Hessian-vector product's
+// second backward, outside the matmuls).
+Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
+  const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
+  Tensor dw = Tensor::empty({dy2.size(1), x2.size(1)}, dy.dtype());
+  if (dy2.size(0) == 0) fill_(dw, 0);
+  else kern::gemm(kern::swap_last2(dy2), x2, dw);
+  if (autograd::needs_record({dy, x}))
+    autograd::record("linear_weight_grad", {dy, x}, {dw}, {dy, x},
+                     [prec = precision_state()](const autograd::Ctx& c, const Tensors& dout) {
+                       PrecisionGuard guard(prec);
+                       return linear_weight_grad_backward(dout[0], c.saved[0], c.saved[1], c);
+                     });
+  return dw;
+}
+
 // linear's backward as recorded ops (under create_graph): dx = dy w, dw = dy^T x over all rows,
 // db = dy (the tape sums it to (OUT)).
 Tensors linear_backward_graph(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
                               const std::vector<bool>& needs) {
   Tensor dx, dw, db;
   if (needs[0]) dx = matmul(dy, w);
-  if (needs[1])
-    dw = matmul(transpose(reshape(dy, {-1, w.size(0)}), 0, 1), reshape(x, {-1, w.size(1)}));
+  if (needs[1]) dw = linear_weight_grad(dy, x);
   if (has_bias && needs[2]) db = dy;
   return {dx, dw, db};
 }
@@ -647,6 +689,22 @@ void register_linear_cases() {
                    return Tensors{case_input_t({3, 4}, dt, g), case_input_t({5, 4}, dt, g)};
                  },
              .fn = [](const Tensors& x) { return linear(x[0], x[1]); }});
+  // The op linear's backward records for dw under create_graph: dy (..., OUT), x (..., IN).
+  register_case(
+      OpCase{.name = "linear_weight_grad/3d",
+             .op = "linear_weight_grad",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({2, 3, 5}, dt, g)};
+                 },
+             .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); }});
+  register_case(OpCase{.name = "linear_weight_grad/transposed_x",
+                       .op = "linear_weight_grad",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 5}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); }});
 }
 
 }  // namespace
