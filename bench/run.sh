@@ -73,12 +73,12 @@ for c in $CONFIGS; do
   fi
 done
 
-# ---- Hessian-vector products: warm-up 1, median of 3, against a training step's forward and
+# ---- Hessian-vector products: warm-up 1, median of 5, against a training step's forward and
 # backward in the same process (graft_bench --what hvp). PyTorch 2.x's side is in torch2.sh:
 # 1.13 has no torch.nn.attention.sdpa_kernel to put attention on its double-differentiable path.
 echo "bench: Hessian-vector products" >&2
 for c in $CONFIGS; do
-  result graft "$GB" --what hvp --config "$c" --warmup 1 --steps 3
+  result graft "$GB" --what hvp --config "$c" --warmup 1 --steps 5
 done
 
 # ---- decoding: 32 sources x 32 tokens, 32 new tokens, warm-up 1, median of 5 ----------------

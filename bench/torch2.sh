@@ -97,7 +97,7 @@ torch2_rows() {
     done
   done
   for c in $CONFIGS; do  # as run.sh's Hessian-vector products (eager)
-    t2 --what hvp --config "$c" --warmup 1 --steps 3
+    t2 --what hvp --config "$c" --warmup 1 --steps 5
   done
   for c in $CONFIGS; do  # as run.sh's decoding rows
     for mode in "" --compile; do

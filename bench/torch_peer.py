@@ -209,11 +209,18 @@ def run_hvp(torch, a):
         g = torch.autograd.grad(loss(), params, create_graph=True)
         torch.autograd.grad(g, params, grad_outputs=v)
 
-    with sdpa_kernel(SDPBackend.MATH):
-        t_step = time_median(a.warmup, a.steps, step)
-        t_hvp = time_median(a.warmup, a.steps, hvp)
+    steps, hvps = [], []
+    with sdpa_kernel(SDPBackend.MATH):  # steps and HVPs alternate, as graft_bench's
+        for i in range(a.warmup + a.steps):
+            ts, th = time_median(0, 1, step), time_median(0, 1, hvp)
+            if i >= a.warmup:
+                steps.append(ts)
+                hvps.append(th)
+    t_step, t_hvp = median(steps), median(hvps)
     emit({"what": "hvp", "config": a.config, "step_ms": t_step * 1e3, "hvp_ms": t_hvp * 1e3,
-          "hvp_over_step": t_hvp / t_step, "peak_rss_mib": peak_rss_mib()})
+          "hvp_over_step": t_hvp / t_step,
+          "hvp_over_step_paired": median([h / s for h, s in zip(hvps, steps)]),
+          "peak_rss_mib": peak_rss_mib()})
 
 
 def autocast(torch, a):
@@ -858,7 +865,8 @@ def report(a):
         if g is None:
             continue
         add("hvp_time", c, gk(g, "hvp_ms"), peers("hvp", c, value=key("hvp_ms")), "ms", False)
-        add("hvp_over_train_step", c, gk(g, "hvp_over_step"), peers("hvp", c, value=key("hvp_over_step")),
+        paired = lambda r: r.get("hvp_over_step_paired", r["hvp_over_step"])  # older runs: unpaired
+        add("hvp_over_train_step", c, paired(g) if g else None, peers("hvp", c, value=paired),
             "x its step", False)
     for c in CONFIGS:
         g = find("graft", "train", c)
@@ -987,10 +995,10 @@ def report(a):
               "PyTorch column")
     md.append("- hvp_time / hvp_over_train_step: a Hessian-vector product of the train loss (the "
               "gradient g with create_graph, then g's backward with upstream gradients v: the "
-              "gradient of g . v), median of 3 after 1 warm-up, "
-              "and its ratio to a training step's forward and backward (no optimizer) timed in the "
-              "same process; PyTorch 2.x eager with attention on the math backend (its fused CPU "
-              "kernels have no double backward); ratio < 1 in the last row means graft's HVP costs "
+              "gradient of g . v), median of 5 after 1 warm-up, and its ratio to a training step's "
+              "forward and backward (no optimizer) timed in the same process (steps and HVPs "
+              "alternate; the median of each HVP over the step before it); PyTorch 2.x eager with "
+              "attention on the math backend (its fused CPU kernels have no double backward); ratio < 1 in the last row means graft's HVP costs "
               "more of its own step than PyTorch's does")
     md.append("- greedy_decode_cached_peer / greedy_decode_bf16 / beam4_decode_cached_peer: against a "
               "PyTorch decoder with an incremental KV cache (fairseq-style; beam search reorders the "
