@@ -22,6 +22,7 @@
 #include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"
+#include "graft/ops/precision.h"
 #include "graft/ops/shape.h"
 #include "graft/ops/softmax.h"
 
@@ -339,11 +340,11 @@ void lce_chunks(const Tensor& xs, const Tensor& w, const std::vector<int64_t>& t
 GRAFT_DECLARE_OP("linear_cross_entropy_backward", "loss");
 
 // linear_cross_entropy's gradients as recorded ops: G = dloss r (softmax(x w^T) - q) (r = 1 / the
-// valid targets, 0 on ignored rows), dx = G w, dw = G^T x.
+// valid targets, 0 on ignored rows), dx = G w, dw = G^T x, each where `needs` asks for it.
 Tensors lce_grads_composed(const Tensor& x, const Tensor& w, const Tensor& dloss, const Tensor& tgt,
-                           const CrossEntropySpec& spec) {
+                           const CrossEntropySpec& spec, std::vector<bool> needs = {true, true}) {
   const Tensor g = cross_entropy_backward_graph(dloss, matmul(x, transpose(w, 0, 1)), tgt, spec);
-  return {matmul(g, w), matmul(transpose(g, 0, 1), x)};
+  return {needs[0] ? matmul(g, w) : Tensor(), needs[1] ? matmul(transpose(g, 0, 1), x) : Tensor()};
 }
 
 // One chunk of lce_second_backward's rows, in place: the logits z become dloss G and h (= H)
@@ -408,7 +409,8 @@ Tensors lce_second_backward(const Tensor& gdx, const Tensor& gdw, const Ctx& c,
   Tensor zb = Tensor::empty({std::min(rows, N), V}, x.dtype()),
          hb = Tensor::empty(zb.shape(), x.dtype());
   Tensor gx = c.needs[0] ? Tensor::empty(x.shape(), x.dtype()) : Tensor();
-  Tensor gw = c.needs[1] ? zeros(w.shape(), w.dtype()) : Tensor();
+  Tensor gw = c.needs[1] ? Tensor::empty(w.shape(), w.dtype()) : Tensor();
+  if (gw.defined() && N == 0) fill_(gw, 0);
   std::vector<double> dot((size_t)N);
   const int64_t* pt = tgt.data<const int64_t>();
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
@@ -427,8 +429,8 @@ Tensors lce_second_backward(const Tensor& gdx, const Tensor& gdw, const Ctx& c,
       kern::gemm(hc, w, gxc, /*accumulate=*/true, kern::BCopy::weight);  //   + Z w
     }
     if (gw.defined()) {
-      kern::gemm(kern::swap_last2(zc), gc, gw, /*accumulate=*/true);  // dloss G^T gdx
-      kern::gemm(kern::swap_last2(hc), xc, gw, /*accumulate=*/true);  //   + Z^T x
+      kern::gemm(kern::swap_last2(zc), gc, gw, /*accumulate=*/r0 > 0);  // dloss G^T gdx
+      kern::gemm(kern::swap_last2(hc), xc, gw, /*accumulate=*/true);    //   + Z^T x
     }
   }
   double total = 0;
@@ -466,21 +468,19 @@ namespace {
 Tensors record_lce_grads(const Tensor& dloss, const Ctx& c, const CrossEntropySpec& spec,
                          int64_t chunk_rows) {
   const Tensor &x = c.saved[2], &w = c.saved[3], &tgt = c.saved[4];
-  if (!c.saved[0].defined() || !c.saved[1].defined()) {
-    const Tensors g = lce_grads_composed(x, w, dloss, tgt, spec);
-    return {c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[1] : Tensor()};
-  }
+  if (!c.saved[0].defined() || !c.saved[1].defined())
+    return lce_grads_composed(x, w, dloss, tgt, spec, {c.needs[0], c.needs[1]});
   Tensors grads(2);
   {
+    // Copies: create_graph keeps the forward's entry (and its saved gradients, which a later
+    // plain backward hands out), so they cannot become this entry's outputs.
     autograd::NoGrad values;
     const double scale = dloss.item();
-    // Fresh tensors unless this is the forward entry's last use (retain_graph keeps its saved
-    // gradients for a later backward, which must not hand out this entry's outputs).
-    for (size_t i = 0; i < 2; ++i)
-      grads[i] = scale == 1.0 && c.last_use ? c.saved[i] : affine(c.saved[i], scale, 0.0);
+    for (size_t i = 0; i < 2; ++i) grads[i] = affine(c.saved[i], scale, 0.0);
   }
   autograd::record("linear_cross_entropy_backward", {x, w, dloss}, grads, {x, w, tgt, dloss},
-                   [spec, chunk_rows](const Ctx& c2, const Tensors& g) {
+                   [spec, chunk_rows, prec = precision_state()](const Ctx& c2, const Tensors& g) {
+                     PrecisionGuard guard(prec);
                      if (!c2.create_graph)
                        return lce_second_backward(g[0], g[1], c2, spec, chunk_rows);
                      const Tensor t = c2.saved[2];
@@ -701,6 +701,17 @@ void register_linear_cross_entropy_cases() {
                                   case_input({5, 3}, dt, g, -1, 1), targets({4, 0, 3, 1})};
                  },
              .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+  // x a constant: the forward makes dw alone, and the backward under create_graph records the
+  // composed form instead of linear_cross_entropy_backward.
+  register_case(
+      OpCase{.name = "linear_cross_entropy/constant_x",
+             .op = "linear_cross_entropy",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{rand({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
+                                  targets({4, 0, 3, 1})};
+                 },
+             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1); }});
   // The op linear_cross_entropy's backward records under create_graph: its outputs are the
   // gradients (dx, dw), here flattened into one vector; three chunks, an ignored target.
   register_case(OpCase{
