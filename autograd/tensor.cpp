@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "graft/autograd/internal/parallel.h"
 #include "graft/autograd/tape.h"
 
 namespace graft {
@@ -456,8 +457,7 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
   const S* s = src.data<S>();
   if (dst.is_contiguous() && src.is_contiguous()) {
     const int64_t n = src.numel();
-#pragma omp parallel for if (n > 1 << 16)
-    for (int64_t i = 0; i < n; ++i) d[i] = (D)s[i];
+    detail::parallel_for(n, n > 1 << 16, [&](int64_t i) { d[i] = (D)s[i]; });
     return;
   }
   if (copy_transposed(dst, src, d, s)) return;
@@ -480,8 +480,7 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
   }
   const int64_t inner = shp[r - 1], rows = n / inner;
   const int64_t sd = dst.strides()[r - 1], ss = src.strides()[r - 1];
-#pragma omp parallel for if (n > 1 << 15) schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
+  detail::parallel_for(rows, n > 1 << 15, [&](int64_t row) {
     int64_t rem = row, od = 0, os = 0;
     for (int64_t k = r - 2; k >= 0; --k) {
       const int64_t id = rem % shp[k];
@@ -490,7 +489,7 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
       os += id * src.strides()[k];
     }
     for (int64_t i = 0; i < inner; ++i) d[od + i * sd] = (D)s[os + i * ss];
-  }
+  });
 }
 
 template <class D>

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/bf16.h"
@@ -344,36 +345,33 @@ void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   T* wp = weights.defined() ? weights.data<T>() : nullptr;
   const int64_t rows = g.rows(), D = g.D, Dv = g.Dv;
   const T sc = (T)scale;
-#pragma omp parallel if (rows * g.Tk * (D + Dv) > kern::kParallelGrain)
-  {
-    std::vector<T> s(g.Tk);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r % g.Tq, bh = r / g.Tq, h = bh % g.H, b = bh / g.H, end = m.end(i);
-      const T* qi = qp + b * qs[0] + h * qs[1] + i * qs[2];
-      const T* kb = kp + b * ks[0] + h * ks[1];
-      const T* vb = vp + b * vs[0] + h * vs[1];
-      for (int64_t j = 0; j < end; ++j) {
-        const T* kj = kb + j * ks[2];
-        T acc = 0;
+  detail::parallel_for_scratch(
+      rows, rows * g.Tk * (D + Dv) > kern::kParallelGrain, [&] { return std::vector<T>(g.Tk); },
+      [&](int64_t r, std::vector<T>& s) {
+        const int64_t i = r % g.Tq, bh = r / g.Tq, h = bh % g.H, b = bh / g.H, end = m.end(i);
+        const T* qi = qp + b * qs[0] + h * qs[1] + i * qs[2];
+        const T* kb = kp + b * ks[0] + h * ks[1];
+        const T* vb = vp + b * vs[0] + h * vs[1];
+        for (int64_t j = 0; j < end; ++j) {
+          const T* kj = kb + j * ks[2];
+          T acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t e = 0; e < D; ++e) acc += qi[e] * kj[e];
-        s[j] = sc * acc;
-      }
-      softmax_row(s.data(), g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
-                  bias.col_stride());
-      if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
-      T* o = op + r * Dv;
-      std::fill(o, o + Dv, T(0));
-      for (int64_t j = 0; j < end; ++j) {
-        const T p = s[j];
-        if (p == 0) continue;  // masked keys (and every key of an all-masked row)
-        const T* vj = vb + j * vs[2];
+          for (int64_t e = 0; e < D; ++e) acc += qi[e] * kj[e];
+          s[j] = sc * acc;
+        }
+        softmax_row(s.data(), g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
+                    bias.col_stride());
+        if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
+        T* o = op + r * Dv;
+        std::fill(o, o + Dv, T(0));
+        for (int64_t j = 0; j < end; ++j) {
+          const T p = s[j];
+          if (p == 0) continue;  // masked keys (and every key of an all-masked row)
+          const T* vj = vb + j * vs[2];
 #pragma omp simd
-        for (int64_t e = 0; e < Dv; ++e) o[e] += p * vj[e];
-      }
-    }
-  }
+          for (int64_t e = 0; e < Dv; ++e) o[e] += p * vj[e];
+        }
+      });
 }
 
 // Padding flags as bytes so the row loop does not care about the mask's dtype.

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/internal/parallel.h"
 #include "graft/autograd/tape.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/cases.h"
@@ -40,15 +41,15 @@ void move_heads(const Tensor& rows, const Tensor& heads, const HeadGeom& g, int6
   const int64_t row_bytes = g.parts * g.H * run;
   auto* r = static_cast<std::byte*>(rows.raw()) + p * g.H * run;
   auto* h = static_cast<std::byte*>(heads.raw());
-#pragma omp parallel for collapse(2) if (rows.numel() > kern::kParallelGrain) schedule(static)
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t hh = 0; hh < g.H; ++hh)
-      for (int64_t t = 0; t < g.T; ++t) {
-        std::byte* at_rows = r + (b * g.T + t) * row_bytes + hh * run;
-        std::byte* at_heads = h + ((b * g.H + hh) * g.T + t) * run;
-        if (to_heads) std::memcpy(at_heads, at_rows, run);
-        else std::memcpy(at_rows, at_heads, run);
-      }
+  detail::parallel_for(g.B * g.H, rows.numel() > kern::kParallelGrain, [&](int64_t bh) {
+    const int64_t b = bh / g.H, hh = bh % g.H;
+    for (int64_t t = 0; t < g.T; ++t) {
+      std::byte* at_rows = r + (b * g.T + t) * row_bytes + hh * run;
+      std::byte* at_heads = h + (bh * g.T + t) * run;
+      if (to_heads) std::memcpy(at_heads, at_rows, run);
+      else std::memcpy(at_rows, at_heads, run);
+    }
+  });
 }
 
 // rows (dense) -> parts dense head tensors (views of one buffer).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/dnnl_utils.h"
@@ -36,35 +37,32 @@ void layer_norm_loop(const Tensor& x, const Tensor& r, const Tensor& w, const Te
   const T* pb = b.defined() ? b.data<T>() : nullptr;
   T *py = y.data<T>(), *pm = mean.data<T>(), *pv = var.data<T>();
   T* ps = s.defined() ? s.data<T>() : nullptr;
-#pragma omp parallel if (N * C > kern::kParallelGrain)
-  {
-    std::vector<T> buf(pr && !ps ? C : 0);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const T* xr = px + n * C;
-      if (pr) {
-        T* sr = ps ? ps + n * C : buf.data();
+  detail::parallel_for_scratch(
+      N, N * C > kern::kParallelGrain, [&] { return std::vector<T>(pr && !ps ? C : 0); },
+      [&](int64_t n, std::vector<T>& buf) {
+        const T* xr = px + n * C;
+        if (pr) {
+          T* sr = ps ? ps + n * C : buf.data();
 #pragma omp simd
-        for (int64_t i = 0; i < C; ++i) sr[i] = xr[i] + pr[n * C + i];
-        xr = sr;
-      }
-      T m = 0;
+          for (int64_t i = 0; i < C; ++i) sr[i] = xr[i] + pr[n * C + i];
+          xr = sr;
+        }
+        T m = 0;
 #pragma omp simd reduction(+ : m)
-      for (int64_t i = 0; i < C; ++i) m += xr[i];
-      m /= T(C);
-      T v = 0;
+        for (int64_t i = 0; i < C; ++i) m += xr[i];
+        m /= T(C);
+        T v = 0;
 #pragma omp simd reduction(+ : v)
-      for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
-      v /= T(C);
-      const T rstd = T(1) / std::sqrt(v + T(eps));
-      T* yr = py + n * C;
+        for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
+        v /= T(C);
+        const T rstd = T(1) / std::sqrt(v + T(eps));
+        T* yr = py + n * C;
 #pragma omp simd
-      for (int64_t i = 0; i < C; ++i)
-        yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
-      pm[n] = m;
-      pv[n] = v;
-    }
-  }
+        for (int64_t i = 0; i < C; ++i)
+          yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
+        pm[n] = m;
+        pv[n] = v;
+      });
 }
 
 // The backward needs the normalised rows xhat. It is rebuilt from the output when that is

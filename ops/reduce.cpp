@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
@@ -92,8 +93,7 @@ void max_loop(const Tensor& xc, const Split3& s, const Tensor& out, const Tensor
   const T* p = xc.data<T>();
   T* po = out.data<T>();
   int64_t* pi = idx.data<int64_t>();
-#pragma omp parallel for if (outer * n * inner > kern::kParallelGrain)
-  for (int64_t o = 0; o < outer; ++o)
+  detail::parallel_for(outer, outer * n * inner > kern::kParallelGrain, [&](int64_t o) {
     for (int64_t i = 0; i < inner; ++i) {
       int64_t best = 0;
       T bv = p[o * n * inner + i];
@@ -104,6 +104,7 @@ void max_loop(const Tensor& xc, const Split3& s, const Tensor& out, const Tensor
       po[o * inner + i] = bv;
       pi[o * inner + i] = best;
     }
+  });
 }
 
 // max: dx = dout at each slice's argmax, 0 elsewhere.

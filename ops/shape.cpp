@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/internal/cases.h"
 #include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
@@ -117,12 +118,11 @@ Tensor slice_view(const Tensor& x, int64_t axis, int64_t start, int64_t len, int
 void gather_rows(const char* src, char* dst, const int64_t* idx, int64_t outer, int64_t n,
                  int64_t k, size_t row_bytes) {
   const int64_t rows = outer * k;
-#pragma omp parallel for if ((int64_t)(rows * row_bytes) > kern::kParallelGrain * 4) \
-    schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t o = r / k, j = r % k;
-    std::memcpy(dst + r * row_bytes, src + (o * n + idx[j]) * row_bytes, row_bytes);
-  }
+  detail::parallel_for(
+      rows, (int64_t)(rows * row_bytes) > kern::kParallelGrain * 4, [&](int64_t r) {
+        const int64_t o = r / k, j = r % k;
+        std::memcpy(dst + r * row_bytes, src + (o * n + idx[j]) * row_bytes, row_bytes);
+      });
 }
 
 // dx (outer, n, inner) += scatter of dout (outer, k, inner): dx[o, idx[j]] += dout[o, j], except
