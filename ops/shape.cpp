@@ -556,18 +556,17 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
       new char[(size_t)moved.size() * row_elems * es]);  // the source rows, read first
   char* base = static_cast<char*>(x.impl()->storage->data);
   const int64_t m = (int64_t)moved.size();
-#pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
-  for (int64_t j = 0; j < m; ++j) {
+  const bool parallel = m * row_elems > kern::kParallelGrain;
+  detail::parallel_for(m, parallel, [&](int64_t j) {
     char* out = held.get() + (size_t)j * row_elems * es;
     for_each_run(x, from[moved[j]],
                  [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
-  }
-#pragma omp parallel for if (m * row_elems > kern::kParallelGrain) schedule(static)
-  for (int64_t j = 0; j < m; ++j) {
+  });
+  detail::parallel_for(m, parallel, [&](int64_t j) {
     const char* in = held.get() + (size_t)j * row_elems * es;
     for_each_run(x, moved[j],
                  [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
-  }
+  });
   x.bump_version();
 }
 
