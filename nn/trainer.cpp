@@ -275,6 +275,32 @@ bool is_permutation_of_indices(const std::vector<int64_t>& v) {
   return true;
 }
 
+// The loop state a train state's trainer metadata `j` saved, checked against a run of `batches`
+// batches.
+LoopState loop_state_from(const nlohmann::json& j, const std::string& path, int64_t batches) {
+  LoopState ns;
+  const std::string where = "resume: '" + path + "': trainer metadata";
+  ns.step = json_field<int64_t>(j, "step", where);
+  ns.epoch = json_field<int64_t>(j, "epoch", where);
+  ns.pos = json_field<int64_t>(j, "pos", where);
+  ns.order = json_field<std::vector<int64_t>>(j, "order", where);
+  ns.batch_gen.set_state(json_field<uint64_t>(j, "batch_gen", where));
+  ns.elapsed = bits_double(json_field<uint64_t>(j, "elapsed_bits", where));
+  ns.acc_loss = bits_double(json_field<uint64_t>(j, "acc_loss_bits", where));
+  ns.acc_n = json_field<int64_t>(j, "acc_n", where);
+  ns.best = bits_double(json_field<uint64_t>(j, "best_bits", where));
+  ns.since_best = json_field<int64_t>(j, "since_best", where);
+  if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 ||
+      ns.since_best < 0)
+    fail("resume: '" + path +
+         "': bad trainer metadata (negative counters or a non-finite elapsed time)");
+  if ((int64_t)ns.order.size() != batches || ns.pos < 0 || ns.pos > batches ||
+      !is_permutation_of_indices(ns.order))
+    fail("resume: '" + path + "': batch order is not a permutation of the " +
+         std::to_string(batches) + " batches");
+  return ns;
+}
+
 // Restores the weights, the optimizer and the loop state; returns every saved rank's generator
 // states (one rank for a run saved before data parallelism).
 std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, const TrainTask& task,
@@ -288,33 +314,11 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
     else if (n.rfind("optim.", 0) == 0) optim_t.emplace_back(n.substr(6), t);
     else fail("resume: '" + path + "': unexpected tensor '" + n + "'");
   }
-  LoopState ns;
-  std::vector<uint64_t> gens;
-  int64_t optimizer_steps = 0;
-  uint64_t default_gen = 0;
+  LoopState ns = loop_state_from(j, path, task.batches);
   const std::string where = "resume: '" + path + "': trainer metadata";
-  ns.step = json_field<int64_t>(j, "step", where);
-  ns.epoch = json_field<int64_t>(j, "epoch", where);
-  ns.pos = json_field<int64_t>(j, "pos", where);
-  ns.order = json_field<std::vector<int64_t>>(j, "order", where);
-  ns.batch_gen.set_state(json_field<uint64_t>(j, "batch_gen", where));
-  gens = json_field<std::vector<uint64_t>>(j, "generators", where);
-  ns.elapsed = bits_double(json_field<uint64_t>(j, "elapsed_bits", where));
-  ns.acc_loss = bits_double(json_field<uint64_t>(j, "acc_loss_bits", where));
-  ns.acc_n = json_field<int64_t>(j, "acc_n", where);
-  ns.best = bits_double(json_field<uint64_t>(j, "best_bits", where));
-  ns.since_best = json_field<int64_t>(j, "since_best", where);
-  optimizer_steps = json_field<int64_t>(j, "optimizer_steps", where);
-  default_gen = json_field<uint64_t>(j, "default_gen", where);
-  if (!std::isfinite(ns.elapsed) || ns.elapsed < 0 || ns.step < 0 || ns.epoch < 0 || ns.acc_n < 0 ||
-      ns.since_best < 0)
-    fail("resume: '" + path +
-         "': bad trainer metadata (negative counters or a non-finite elapsed time)");
-  const int64_t nb = task.batches;
-  if ((int64_t)ns.order.size() != nb || ns.pos < 0 || ns.pos > nb ||
-      !is_permutation_of_indices(ns.order))
-    fail("resume: '" + path + "': batch order is not a permutation of the " + std::to_string(nb) +
-         " batches");
+  const auto gens = json_field<std::vector<uint64_t>>(j, "generators", where);
+  const int64_t optimizer_steps = json_field<int64_t>(j, "optimizer_steps", where);
+  const uint64_t default_gen = json_field<uint64_t>(j, "default_gen", where);
   if (gens.size() != task.generators.size())
     fail("resume: '" + path + "': " + std::to_string(gens.size()) + " generator states for " +
          std::to_string(task.generators.size()) + " generators");

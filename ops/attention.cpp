@@ -385,6 +385,21 @@ std::shared_ptr<const std::vector<uint8_t>> pad_flags(const Tensor& key_padding_
   return std::make_shared<const std::vector<uint8_t>>(std::move(pad));
 }
 
+// The attention of few queries through few_queries_attention (no tape): the output, and the
+// weights when asked for.
+AttentionResult few_queries_result(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionCtx& a, const AttentionOptions& opt) {
+  const Geom& g = a.g;
+  AttentionResult res;
+  res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
+  if (opt.return_weights) res.weights = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
+  GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] {
+    few_queries_attention<T>(q, k, v, res.out, res.weights, g, a.scale, a.row_mask(),
+                             bias_view<T>(opt.bias, g));
+  });
+  return res;
+}
+
 }  // namespace
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -397,16 +412,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                  opt.dropout > 0,
                  {}};
   const bool record = autograd::needs_record({q, k, v, opt.bias});
-  if (few_queries(q, k, v, g, record, opt)) {
-    AttentionResult res;
-    res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
-    if (opt.return_weights) res.weights = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
-    GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] {
-      few_queries_attention<T>(q, k, v, res.out, res.weights, g, a.scale, a.row_mask(),
-                               bias_view<T>(opt.bias, g));
-    });
-    return res;
-  }
+  if (few_queries(q, k, v, g, record, opt)) return few_queries_result(q, k, v, a, opt);
   const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
   const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());

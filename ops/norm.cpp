@@ -625,54 +625,29 @@ void register_add_layer_norm_cases() {
             "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"}}});
 }
 
-}  // namespace
+// layer_norm's bad inputs: a weight or bias of another shape or dtype, a 0-dim x.
+std::vector<ErrorInput> layer_norm_error_inputs() {
+  return {{"a weight of another width",
+           [] {
+             layer_norm(zeros({2, 4}), zeros({5}), Tensor());
+           },
+           "layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"},
+          {"a bias of x's shape",
+           [] {
+             layer_norm(zeros({2, 4}), zeros({4}), zeros({2, 4}));
+           },
+           "layer_norm: x f32 (2, 4), w f32 (4), b f32 (2, 4): b must be (4)"},
+          {"a weight of another dtype",
+           [] {
+             layer_norm(zeros({2, 4}), zeros({4}, DType::f64), Tensor());
+           },
+           "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"},
+          {"a 0-dim x", [] { layer_norm(scalar(1.0), Tensor(), Tensor()); },
+           "layer_norm: x f32 (): x needs at least 1 dim"}};
+}
 
-void register_norm_cases() {
-  register_add_layer_norm_cases();
-  register_rms_norm_cases();
-  // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
-  register_case(
-      OpCase{.name = "layer_norm/affine",
-             .op = "layer_norm",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 3, 5}, dt, g, -2, 2),
-                                  case_input({5}, dt, g, 0.5, 1.5), case_input({5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
-             .error_inputs = {{"a weight of another width",
-                               [] {
-                                 layer_norm(zeros({2, 4}), zeros({5}), Tensor());
-                               },
-                               "layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"},
-                              {"a bias of x's shape",
-                               [] {
-                                 layer_norm(zeros({2, 4}), zeros({4}), zeros({2, 4}));
-                               },
-                               "layer_norm: x f32 (2, 4), w f32 (4), b f32 (2, 4): b must be (4)"},
-                              {"a weight of another dtype",
-                               [] {
-                                 layer_norm(zeros({2, 4}), zeros({4}, DType::f64), Tensor());
-                               },
-                               "layer_norm: x f32 (2, 4), w f64 (4): dtype mismatch"},
-                              {"a 0-dim x", [] { layer_norm(scalar(1.0), Tensor(), Tensor()); },
-                               "layer_norm: x f32 (): x needs at least 1 dim"}}});
-  register_case(
-      OpCase{.name = "layer_norm/plain_transposed",
-             .op = "layer_norm",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({4, 6}, dt, g, -2, 2)};
-                 },
-             .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
-  register_case(OpCase{
-      .name = "layer_norm/weight_only_transposed",
-      .op = "layer_norm",
-      .make_inputs =
-          [](DType dt, Generator& g) {
-            return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
-          },
-      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
+// The cases whose backward reads x instead of rebuilding xhat from y (xhat_from_output).
+void register_layer_norm_keeps_x_cases() {
   // Backward from x (not y): a zero scale, and a shift over kMaxShiftOverScale times its scale.
   register_case(
       OpCase{.name = "layer_norm/zero_weight_keeps_x",
@@ -692,6 +667,41 @@ void register_norm_cases() {
             return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
           },
       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+}
+
+}  // namespace
+
+void register_norm_cases() {
+  register_add_layer_norm_cases();
+  register_rms_norm_cases();
+  register_layer_norm_keeps_x_cases();
+  // Inputs on [-2, 2] with C >= 4 keep the rows' variance well away from 0 (and from eps).
+  register_case(OpCase{.name = "layer_norm/affine",
+                       .op = "layer_norm",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input({2, 3, 5}, dt, g, -2, 2),
+                                            case_input({5}, dt, g, 0.5, 1.5),
+                                            case_input({5}, dt, g)};
+                           },
+                       .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
+                       .error_inputs = layer_norm_error_inputs()});
+  register_case(
+      OpCase{.name = "layer_norm/plain_transposed",
+             .op = "layer_norm",
+             .make_inputs =
+                 [](DType dt, Generator& g) {
+                   return Tensors{case_input_t({4, 6}, dt, g, -2, 2)};
+                 },
+             .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
+  register_case(OpCase{
+      .name = "layer_norm/weight_only_transposed",
+      .op = "layer_norm",
+      .make_inputs =
+          [](DType dt, Generator& g) {
+            return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
+          },
+      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
   register_case(OpCase{
       .name = "layer_norm/bias_only_many_rows",
       .op = "layer_norm",
