@@ -2,6 +2,7 @@
 // float64 runs the plain reference loops of the same formulas.
 #include "graft/ops/elementwise.h"
 
+#include <bit>
 #include <cmath>
 #include <unordered_set>
 
@@ -274,27 +275,35 @@ dnnl::eltwise_forward::primitive_desc eltwise_fwd_pd(algorithm alg, const dnnl::
   return dnnl::eltwise_forward::primitive_desc(desc, onednn::engine());
 }
 
-// y = f(x) through oneDNN eltwise (x contiguous float32, non-empty).
+// The cache key of an eltwise problem: contiguous data of n elements, alg with a and b.
+onednn::Key eltwise_key(algorithm alg, int64_t n, double a, double b) {
+  return {(int64_t)alg, n, (int64_t)std::bit_cast<uint64_t>(a),
+          (int64_t)std::bit_cast<uint64_t>(b)};
+}
+
+// y = f(x) through oneDNN eltwise (x contiguous float32, non-empty), as one flat dim.
 void unary_forward_f32(algorithm alg, const Tensor& x, const Tensor& y, double a, double b) {
   using namespace onednn;
-  auto d = md_contiguous(x.shape());
-  dnnl::eltwise_forward(eltwise_fwd_pd(alg, d, a, b))
-      .execute(stream(), {{DNNL_ARG_SRC, mem(d, x)}, {DNNL_ARG_DST, mem(d, y)}});
-  stream().wait();
+  const auto& c = cached<dnnl::eltwise_forward>(eltwise_key(alg, x.numel(), a, b), [&] {
+    auto d = md_contiguous({x.numel()});
+    return Cached<dnnl::eltwise_forward>{dnnl::eltwise_forward(eltwise_fwd_pd(alg, d, a, b)), {d}};
+  });
+  run(c, {{DNNL_ARG_SRC, c.mds[0], x.raw()}, {DNNL_ARG_DST, c.mds[0], y.raw()}});
 }
 
 // dx = dy * f'(data), data being x or y (whichever alg reads); all contiguous float32, non-empty.
 void unary_backward_f32(algorithm alg, bool use_dst, const Tensor& data, const Tensor& dy,
                         const Tensor& dx, double a, double b) {
   using namespace onednn;
-  auto d = md_contiguous(dy.shape());
-  dnnl::eltwise_backward::desc bdesc(alg, d, d, (float)a, (float)b);
-  dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), eltwise_fwd_pd(alg, d, a, b));
-  dnnl::eltwise_backward(bpd).execute(stream(),
-                                      {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, mem(d, data)},
-                                       {DNNL_ARG_DIFF_DST, mem(d, dy)},
-                                       {DNNL_ARG_DIFF_SRC, mem(d, dx)}});
-  stream().wait();
+  const auto& c = cached<dnnl::eltwise_backward>(eltwise_key(alg, dy.numel(), a, b), [&] {
+    auto d = md_contiguous({dy.numel()});
+    dnnl::eltwise_backward::desc bdesc(alg, d, d, (float)a, (float)b);
+    dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), eltwise_fwd_pd(alg, d, a, b));
+    return Cached<dnnl::eltwise_backward>{dnnl::eltwise_backward(bpd), {d}};
+  });
+  run(c, {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, c.mds[0], data.raw()},
+          {DNNL_ARG_DIFF_DST, c.mds[0], dy.raw()},
+          {DNNL_ARG_DIFF_SRC, c.mds[0], dx.raw()}});
 }
 
 template <class T>
@@ -498,13 +507,19 @@ bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   // Dense strides for the padded shape, size-1 dims included: any other stride there makes
   // oneDNN 2.6 see a permuted layout and run its reference kernel (the (B, T, d) + (T, d)
   // positional-encoding add took 18-30 ms instead of 0.2).
-  auto amd = md(a), bmd = md(bs, contiguous_strides(bs)), omd = md(out);
-  dnnl::binary::desc d(binary_alg(op), amd, bmd, omd);
-  dnnl::binary::primitive_desc pd(d, engine());
-  dnnl::binary(pd).execute(stream(), {{DNNL_ARG_SRC_0, mem(amd, a)},
-                                      {DNNL_ARG_SRC_1, mem(bmd, bc)},
-                                      {DNNL_ARG_DST, mem(omd, out)}});
-  stream().wait();
+  Key key{(int64_t)op};
+  append_geometry(key, a);
+  append_geometry(key, out);
+  key.insert(key.end(), bs.begin(), bs.end());
+  const auto& c = cached<dnnl::binary>(key, [&] {
+    auto amd = md(a), bmd = md(bs, contiguous_strides(bs)), omd = md(out);
+    dnnl::binary::desc d(binary_alg(op), amd, bmd, omd);
+    return Cached<dnnl::binary>{dnnl::binary(dnnl::binary::primitive_desc(d, engine())),
+                                {amd, bmd, omd}};
+  });
+  run(c, {{DNNL_ARG_SRC_0, c.mds[0], a.raw()},
+          {DNNL_ARG_SRC_1, c.mds[1], bc.raw()},
+          {DNNL_ARG_DST, c.mds[2], out.raw()}});
   return true;
 }
 

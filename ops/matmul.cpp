@@ -256,12 +256,10 @@ std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::
 // Runs a cached inner_product forward (mds: x, w, b, y) on x, w at those pointers, b and y2.
 void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c, void* x, void* w,
                            const Tensor& b, const Tensor& y2) {
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], x)},
-                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], w)},
-                                             {DNNL_ARG_DST, onednn::mem(c.mds[3], y2)}};
-  if (b.defined()) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[2], b);
-  c.prim.execute(onednn::stream(), args);
-  onednn::stream().wait();
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], x},
+                  {DNNL_ARG_WEIGHTS, c.mds[1], w},
+                  {DNNL_ARG_BIAS, c.mds[2], b.defined() ? b.raw() : nullptr},
+                  {DNNL_ARG_DST, c.mds[3], y2.raw()}});
 }
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
@@ -313,10 +311,9 @@ void linear_backward_data_f32(const LinearMds& m, const Tensor& dy, const Tensor
     return onednn::Cached<ipd>{
         ipd(ipd::primitive_desc(ipd::desc(m.x, m.w, m.y), onednn::engine(), hint)), {}};
   });
-  c.prim.execute(onednn::stream(), {{DNNL_ARG_DIFF_DST, onednn::mem(m.y, dy)},
-                                    {DNNL_ARG_WEIGHTS, onednn::mem(m.w, w)},
-                                    {DNNL_ARG_DIFF_SRC, onednn::mem(m.x, dx2)}});
-  onednn::stream().wait();
+  onednn::run(c, {{DNNL_ARG_DIFF_DST, m.y, dy.raw()},
+                  {DNNL_ARG_WEIGHTS, m.w, w.raw()},
+                  {DNNL_ARG_DIFF_SRC, m.x, dx2.raw()}});
 }
 
 // dw (OUT, IN) = dy^T x and db (OUT) = column sums of dy, where defined.
@@ -338,12 +335,10 @@ void linear_backward_weights_f32(const LinearMds& m, const Tensor& x2, const Ten
     return onednn::Cached<ipw>{ipw(ipw::primitive_desc(d, onednn::engine(), hint)), {}};
   });
   const Tensor dw_buf = dw.defined() ? dw : Tensor::empty(m.w.dims(), DType::f32);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(m.x, x2)},
-                                             {DNNL_ARG_DIFF_DST, onednn::mem(m.y, dy)},
-                                             {DNNL_ARG_DIFF_WEIGHTS, onednn::mem(m.w, dw_buf)}};
-  if (with_db) args[DNNL_ARG_DIFF_BIAS] = onednn::mem(m.b, db);
-  c.prim.execute(onednn::stream(), args);
-  onednn::stream().wait();
+  onednn::run(c, {{DNNL_ARG_SRC, m.x, x2.raw()},
+                  {DNNL_ARG_DIFF_DST, m.y, dy.raw()},
+                  {DNNL_ARG_DIFF_WEIGHTS, m.w, dw_buf.raw()},
+                  {DNNL_ARG_DIFF_BIAS, m.b, with_db ? db.raw() : nullptr}});
 }
 
 // Under PrecisionGuard(bf16), linear's matmuls go through kern::bmm (bf16 operands), the bias

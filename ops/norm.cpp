@@ -7,6 +7,7 @@
 #include "graft/ops/norm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -207,21 +208,24 @@ void check_layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double 
 // mean and variance the backward needs.
 void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
                             const Tensor& y, const Tensor& mean, const Tensor& var, bool training) {
+  using lnf = dnnl::layer_normalization_forward;
   const int64_t C = x.shape().back();
-  auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
-  auto pd =
-      ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()),
-                training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(d, x)},
-                                             {DNNL_ARG_DST, onednn::mem(d, y)}};
-  if (training) {
-    args[DNNL_ARG_MEAN] = onednn::mem(stat, mean);
-    args[DNNL_ARG_VARIANCE] = onednn::mem(stat, var);
-  }
-  if (w.defined()) args[DNNL_ARG_SCALE] = onednn::mem(cm, w);
-  if (b.defined()) args[DNNL_ARG_SHIFT] = onednn::mem(cm, b);
-  dnnl::layer_normalization_forward(pd).execute(onednn::stream(), args);
-  onednn::stream().wait();
+  onednn::Key key{(int64_t)std::bit_cast<uint64_t>(eps), w.defined(), b.defined(), training};
+  onednn::append_geometry(key, x);
+  onednn::append_geometry(key, mean);
+  const auto& c = onednn::cached<lnf>(key, [&] {
+    auto d = onednn::md(x), stat = onednn::md(mean), cm = onednn::md_contiguous({C});
+    const auto kind =
+        training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    return onednn::Cached<lnf>{
+        lnf(ln_fwd_pd(d, stat, eps, ln_flags(w.defined(), b.defined()), kind)), {d, stat, cm}};
+  });
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], x.raw()},
+                  {DNNL_ARG_DST, c.mds[0], y.raw()},
+                  {DNNL_ARG_MEAN, c.mds[1], training ? mean.raw() : nullptr},
+                  {DNNL_ARG_VARIANCE, c.mds[1], training ? var.raw() : nullptr},
+                  {DNNL_ARG_SCALE, c.mds[2], w.defined() ? w.raw() : nullptr},
+                  {DNNL_ARG_SHIFT, c.mds[2], b.defined() ? b.raw() : nullptr}});
 }
 
 // What layer_norm's (and add_layer_norm's) forward keeps for its backward, in the order of its

@@ -70,12 +70,15 @@ typename Fwd::primitive_desc fwd_pd(const dnnl::memory::desc& d, int axis, dnnl:
 
 template <class Fwd>
 void forward_f32(const Tensor& x, const Tensor& y, int axis, bool training) {
-  auto d = onednn::md(x);
-  auto pd = fwd_pd<Fwd>(
-      d, axis, training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference);
-  Fwd(pd).execute(onednn::stream(),
-                  {{DNNL_ARG_SRC, onednn::mem(d, x)}, {DNNL_ARG_DST, onednn::mem(d, y)}});
-  onednn::stream().wait();
+  onednn::Key key{axis, training};
+  onednn::append_geometry(key, x);
+  const auto& c = onednn::cached<Fwd>(key, [&] {
+    auto d = onednn::md(x);
+    const auto kind =
+        training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    return onednn::Cached<Fwd>{Fwd(fwd_pd<Fwd>(d, axis, kind)), {d}};
+  });
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], x.raw()}, {DNNL_ARG_DST, c.mds[0], y.raw()}});
 }
 
 // oneDNN 2.6 runs its softmax backward on the reference kernel (ref:any: 21 ms for 32768x128,

@@ -64,4 +64,26 @@ bool usable(const Tensor& t) {
 
 Tensor operand(const Tensor& t) { return usable(t) ? t : contiguous_copy(t); }
 
+void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
+         std::initializer_list<Arg> args) {
+  size_t n = 0;
+  for (const Arg& a : args) n += a.data != nullptr;
+  if (mems.size() != n) mems.clear();  // a caller that varies its arguments
+  for (const Arg& a : args) {
+    if (!a.data) continue;
+    void* data = const_cast<void*>(a.data);
+    auto it = mems.find(a.arg);
+    if (it == mems.end()) mems.emplace(a.arg, dnnl::memory(a.md, engine(), data));
+    else it->second.set_data_handle(data);
+  }
+  prim.execute(stream(), mems);
+  stream().wait();
+}
+
+void append_geometry(Key& key, const Tensor& t) {
+  key.push_back(t.dim());
+  key.insert(key.end(), t.shape().begin(), t.shape().end());
+  key.insert(key.end(), t.strides().begin(), t.strides().end());
+}
+
 }  // namespace graft::onednn

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <dnnl.hpp>
+#include <initializer_list>
 #include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "graft/autograd/tensor.h"
@@ -48,7 +50,28 @@ struct Cached {
   Prim prim;
   std::vector<dnnl::memory::desc> mds;  // in the order the caller executes them
   bool dense_copy = false;              // operands must be made dense first (see kern::bmm)
+  // The memory objects run() hands the primitive, one per argument: made on the first run and
+  // pointed at each later run's data (making them each run cost 7% of a one-sentence decoding
+  // step of the tiny Transformer: oneDNN allocates each with posix_memalign).
+  mutable std::unordered_map<int, dnnl::memory> args{};
 };
+
+// One argument of a primitive run: which one (DNNL_ARG_*), its descriptor and its data (null:
+// the primitive runs without this argument, as an undefined bias).
+struct Arg {
+  int arg;
+  const dnnl::memory::desc& md;
+  const void* data;
+};
+// Runs prim on args through the memory objects in mems (made there when missing) and waits.
+void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
+         std::initializer_list<Arg> args);
+template <class Prim>
+void run(const Cached<Prim>& c, std::initializer_list<Arg> args) {
+  run(c.prim, c.args, args);
+}
+// A key's entries for a tensor's geometry: rank, shape and strides.
+void append_geometry(Key& key, const Tensor& t);
 template <class Prim, class Make>
 const Cached<Prim>& cached(const Key& key, Make&& make) {
   thread_local std::map<Key, Cached<Prim>> cache;

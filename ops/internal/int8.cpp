@@ -197,11 +197,9 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   const auto& c = int8_matmul(N, IN, OUT);
   const auto s = weights_for_kernel(w, c.mds[3], c.mds[1]);
   const QuantWeights q = view_quantized(*s, OUT);
-  c.prim.execute(onednn::stream(),
-                 {{DNNL_ARG_SRC, onednn::mem(c.mds[0], const_cast<uint8_t*>(xq.data))},
-                  {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], const_cast<int8_t*>(q.data))},
-                  {DNNL_ARG_DST, onednn::mem(c.mds[2], y)}});
-  onednn::stream().wait();
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], xq.data},
+                  {DNNL_ARG_WEIGHTS, c.mds[1], q.data},
+                  {DNNL_ARG_DST, c.mds[2], y}});
   dequantize(xq, q, b, y, N, OUT);
 }
 

@@ -224,12 +224,10 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
     pa = a.f32.raw();
     pb = b.f32.raw();
   }
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn::mem(c.mds[0], pa)},
-                                             {DNNL_ARG_WEIGHTS, onednn::mem(c.mds[1], pb)},
-                                             {DNNL_ARG_DST, onednn::mem(c.mds[2], out)}};
-  if (bias.defined()) args[DNNL_ARG_BIAS] = onednn::mem(c.mds[3], bias.raw());
-  c.prim.execute(onednn::stream(), args);
-  onednn::stream().wait();
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], pa},
+                  {DNNL_ARG_WEIGHTS, c.mds[1], pb},
+                  {DNNL_ARG_DST, c.mds[2], out.raw()},
+                  {DNNL_ARG_BIAS, c.mds[3], bias.defined() ? bias.raw() : nullptr}});
 }
 
 // The reference: rows of the output (batch x M) are split over threads; each row is written by
