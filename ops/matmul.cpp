@@ -53,22 +53,25 @@ struct Promoted {
 };
 
 Promoted promote(const Tensor& a, const Tensor& b) {
-  const std::string what = "matmul: " + shape_str(a.shape()) + " @ " + shape_str(b.shape());
-  if (a.dim() == 0 || b.dim() == 0) fail(what + ": both operands need at least 1 dim");
+  // The message prefix, built only when a check fails.
+  const auto what = [&] {
+    return "matmul: " + shape_str(a.shape()) + " @ " + shape_str(b.shape());
+  };
+  if (a.dim() == 0 || b.dim() == 0) fail(what() + ": both operands need at least 1 dim");
   Promoted p;
   p.a = a.dim() == 1
             ? view_as(a, {1, a.shape()[0]}, {a.shape()[0] * a.strides()[0], a.strides()[0]})
             : a;
   p.b = b.dim() == 1 ? view_as(b, {b.shape()[0], 1}, {b.strides()[0], 1}) : b;
   const int64_t K = p.a.shape().back(), Kb = p.b.shape()[p.b.dim() - 2];
-  if (K != Kb) fail(what + ": inner dims " + std::to_string(K) + " != " + std::to_string(Kb));
+  if (K != Kb) fail(what() + ": inner dims " + std::to_string(K) + " != " + std::to_string(Kb));
   const size_t r = std::max(p.a.dim(), p.b.dim());
   p.a = pad_rank(p.a, r);
   p.b = pad_rank(p.b, r);
   for (size_t d = 0; d + 2 < r; ++d) {
     const int64_t da = p.a.shape()[d], db = p.b.shape()[d];
     if (da != db && da != 1 && db != 1)
-      fail(what + ": batch dims " +
+      fail(what() + ": batch dims " +
            shape_str(Shape(a.shape().begin(), a.shape().end() - std::min<int64_t>(a.dim(), 2))) +
            " and " +
            shape_str(Shape(b.shape().begin(), b.shape().end() - std::min<int64_t>(b.dim(), 2))) +
@@ -370,18 +373,20 @@ void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   kern::check_float("linear", x);
   kern::check_float("linear", w);
   const bool has_bias = b.defined();
-  const std::string what = "linear: x " + shape_str(x.shape()) + ", w " + shape_str(w.shape()) +
-                           (has_bias ? ", b " + shape_str(b.shape()) : std::string());
+  const auto what = [&] {  // the message prefix, built only when a check fails
+    return "linear: x " + shape_str(x.shape()) + ", w " + shape_str(w.shape()) +
+           (has_bias ? ", b " + shape_str(b.shape()) : std::string());
+  };
   if (x.dtype() != w.dtype() || (has_bias && b.dtype() != x.dtype()))
-    fail(what + ": dtype mismatch, " + describe(x) + " vs " + describe(w) +
+    fail(what() + ": dtype mismatch, " + describe(x) + " vs " + describe(w) +
          (has_bias ? " vs " + describe(b) : std::string()));
-  if (x.dim() < 1) fail(what + ": x needs at least 1 dim");
-  if (w.dim() != 2) fail(what + ": w must be 2-D (OUT, IN)");
+  if (x.dim() < 1) fail(what() + ": x needs at least 1 dim");
+  if (w.dim() != 2) fail(what() + ": w must be 2-D (OUT, IN)");
   if (w.shape()[1] != x.shape().back())
-    fail(what + ": in features " + std::to_string(x.shape().back()) + " != w's " +
+    fail(what() + ": in features " + std::to_string(x.shape().back()) + " != w's " +
          std::to_string(w.shape()[1]));
   if (has_bias && (b.dim() != 1 || b.shape()[0] != w.shape()[0]))
-    fail(what + ": b must be (" + std::to_string(w.shape()[0]) + ")");
+    fail(what() + ": b must be (" + std::to_string(w.shape()[0]) + ")");
 }
 
 }  // namespace
