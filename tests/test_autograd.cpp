@@ -2,6 +2,7 @@
 // version counters, memory staying flat across training steps.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "graft/autograd/gradcheck.h"
@@ -341,6 +342,46 @@ BOOST_AUTO_TEST_CASE(big_block_cache_merges_freed_neighbours) {
   }
   Tensor d = Tensor::empty({whole});
   BOOST_TEST((static_cast<char*>(d.raw()) == head));
+}
+
+// Small blocks (under 1 MiB) freed on a thread go to that thread's cache: the next request of the
+// same size class (capacity) gets the block back, a request of another class never does. Every
+// class is tried at its edges, in a fresh thread (an empty cache, far below its 16 MiB bound).
+// AddressSanitizer builds skip the cache: there only the sizes and the alignment are checked.
+BOOST_AUTO_TEST_CASE(small_block_cache_reuses_blocks_within_their_size_class) {
+#if defined(__SANITIZE_ADDRESS__)
+  const bool cached = false;
+#else
+  const bool cached = true;
+#endif
+  std::vector<size_t> sizes = {0, 1, 63};
+  for (size_t n = 64; n <= 4096; n += 64) sizes.insert(sizes.end(), {n, n + 1});  // 64-byte steps
+  for (size_t p = 4096; p < (size_t(1) << 20); p *= 2)  // classes (p, 2p] in steps of p / 4
+    for (size_t k = 4; k <= 8; ++k) sizes.insert(sizes.end(), {p / 4 * k, p / 4 * k + 1});
+  std::string failure;  // the first wrong block; the loop stops there, before writing to it
+  std::thread([&] {
+    for (size_t i = 0; i + 1 < sizes.size() && failure.empty(); ++i) {
+      void* first = nullptr;
+      size_t first_capacity = 0;
+      {
+        Storage a(sizes[i]);
+        std::memset(a.data, 0x5a, a.capacity);
+        first = a.data;
+        first_capacity = a.capacity;
+      }
+      Storage b(sizes[i + 1]);
+      const bool small = b.capacity < (size_t(1) << 20) && first_capacity < (size_t(1) << 20);
+      const std::string which =
+          "sizes " + std::to_string(sizes[i]) + " then " + std::to_string(sizes[i + 1]) +
+          ", capacities " + std::to_string(first_capacity) + " and " + std::to_string(b.capacity);
+      if (b.capacity < std::max<size_t>(b.nbytes, 1) || reinterpret_cast<uintptr_t>(b.data) % 64)
+        failure = which + ": too small or misaligned";
+      else if (cached && small && (b.data == first) != (b.capacity == first_capacity))
+        failure = which + (b.data == first ? ": block of another class reused" : ": not reused");
+      else std::memset(b.data, 0xa5, b.capacity);
+    }
+  }).join();
+  BOOST_TEST(failure.empty(), failure);
 }
 
 BOOST_AUTO_TEST_CASE(gradcheck_reports_the_worst_element) {
