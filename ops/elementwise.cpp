@@ -397,12 +397,14 @@ Tensor unary_case_input(const UnaryOp& op, DType dt, Generator& g, bool transpos
 Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   kern::check_float(op.name, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
+  const bool record = autograd::needs_record({x});
   const algorithm alg = dnnl_algorithm(op);
-  if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0)
+  const bool small = kern::loop_beats_onednn(x.numel(), record);
+  if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0 && !small)
     unary_forward_f32(alg, kern::contig(x), y, a, b);
   else if (x.dtype() == DType::f32 && op.f32) unary_f32_rows(op, kern::contig(x), y, a, b);
   else GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
-  if (!autograd::needs_record({x})) return y;
+  if (!record) return y;
   thread_local std::unordered_set<const char*> declared;
   if (declared.insert(op.name).second)
     autograd::declare_op(op.name, op.family, op.df_op != nullptr);
@@ -523,13 +525,15 @@ bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   return true;
 }
 
-Tensor binary_raw(const char* name, BinOp op, const Tensor& a, const Tensor& b) {
+Tensor binary_raw(const char* name, BinOp op, const Tensor& a, const Tensor& b, bool record) {
   kern::check_float(name, a);
   kern::check_float(name, b);
   kern::check_same_dtype(name, a, b);
   Tensor out = Tensor::empty(kern::broadcast_shapes(name, a.shape(), b.shape()), a.dtype());
   if (out.numel() == 0) return out;
-  if (a.dtype() == DType::f32) {
+  if (a.dtype() == DType::f32 && kern::loop_beats_onednn(out.numel(), record)) {
+    binary_ref<float>(op, a, b, out);
+  } else if (a.dtype() == DType::f32) {
     if (binary_f32(op, a, b, out)) return out;
     if ((op == BinOp::add || op == BinOp::mul) && binary_f32(op, b, a, out)) return out;
     binary_ref<float>(op, a, b, out);
@@ -577,8 +581,9 @@ Tensors div_backward(const Tensor& dout, const Ctx& c) {
 template <class Bwd>
 Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd bwd,
               bool save_inputs) {
-  Tensor out = binary_raw(name, op, a, b);
-  if (autograd::needs_record({a, b})) {
+  const bool record = autograd::needs_record({a, b});
+  Tensor out = binary_raw(name, op, a, b, record);
+  if (record) {
     Tensors saved;
     if (save_inputs) saved = op == BinOp::div ? Tensors{b, out} : Tensors{a, b};
     autograd::record(name, {a, b}, {out}, saved,

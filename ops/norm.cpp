@@ -340,7 +340,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
   Tensor mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
   const bool record = autograd::needs_record({x_in, w_in, b_in});
-  if (y.numel() > 0 && onednn::usable(x))
+  if (y.numel() > 0 && onednn::usable(x) && !kern::loop_beats_onednn(y.numel(), record))
     layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
   else if (y.numel() > 0)
     GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {

@@ -84,6 +84,8 @@ bool batch_is_one(const Tensor& t) {
   return true;
 }
 
+bool loop_beats_onednn(int64_t n, bool record) { return !record && n < 4096; }
+
 int64_t merged_row_stride(const Tensor& t) {
   int64_t stride = -1;  // stride of the innermost non-1 dim seen so far
   for (int64_t d = 0; d + 1 < t.dim(); ++d) {

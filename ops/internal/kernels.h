@@ -47,6 +47,12 @@ Tensor as_rows(const Tensor& t);
 Tensor row_range(const Tensor& t, int64_t r0, int64_t r1);
 // True when every batch dim (all but the last two) of t is 1.
 bool batch_is_one(const Tensor& t);
+// Whether a float32 elementwise or norm op over n elements that records nothing (inference)
+// takes its plain loop instead of a oneDNN primitive: below 4096 elements a primitive's fixed
+// cost per call (2-4 µs measured for eltwise, binary and layer norm) is more than the work (the
+// ops of one decoding step of a small model). Recorded ops keep oneDNN, so the gradcheck cases
+// still compare oneDNN's float32 with the float64 loop.
+bool loop_beats_onednn(int64_t n, bool record);
 // If dims [0, rank-1) of t (batch dims and M) can be read as one dim, its stride (the rows of a
 // (B..., M, K) operand laid out as one (B*M, K) matrix); -1 otherwise.
 int64_t merged_row_stride(const Tensor& t);
