@@ -149,11 +149,13 @@ void KVCache::select_rows(const Tensor& rows) {
 std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_new,
                                           int64_t capacity) {
   autograd::NoGrad ng;
-  const std::string given = "k_new " + describe(k_new) + ", v_new " + describe(v_new);
+  const auto given = [&] {  // built only for an error message
+    return "k_new " + describe(k_new) + ", v_new " + describe(v_new);
+  };
   if (!k_new.defined() || !v_new.defined() || k_new.dim() != 4 || k_new.shape() != v_new.shape() ||
       k_new.dtype() != v_new.dtype())
     fail("KVCache::append: k_new and v_new must be the same (B, H, T, Dh) of one dtype, got " +
-         given);
+         given());
   const Shape& s = k_new.shape();
   if (!k.defined()) {
     if (capacity <= 0)
@@ -164,11 +166,11 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   }
   const Shape& c = k.shape();
   if (s[0] != c[0] || s[1] != c[1] || s[3] != c[3] || k_new.dtype() != k.dtype())
-    fail("KVCache::append: " + given + " do not match the cache " + describe(k) +
+    fail("KVCache::append: " + given() + " do not match the cache " + describe(k) +
          " (B, H, Dh and dtype must agree)");
   if (len + s[2] > c[2])
     fail("KVCache::append: KV cache of capacity " + std::to_string(c[2]) + " is full (" +
-         std::to_string(len) + " + " + std::to_string(s[2]) + " positions, " + given + ")");
+         std::to_string(len) + " + " + std::to_string(s[2]) + " positions, " + given() + ")");
   copy_into(slice(k, 2, len, len + s[2]), k_new);
   copy_into(slice(v, 2, len, len + s[2]), v_new);
   len += s[2];

@@ -69,12 +69,15 @@ Tensor rotate(const Tensor& x_in, const Angles& a, int64_t Tn, double sign) {
 void check_rope(const Tensor& x, const Tensor& positions, double base) {
   kern::check_float("rope", x);
   check_defined(positions, "rope", "positions");
-  const std::string what = "rope: x " + describe(x) + ", positions " + describe(positions);
-  if (x.dim() < 2 || x.shape().back() % 2 != 0) fail(what + ": x must be (..., T, D) with D even");
+  const auto what = [&] {  // built only for an error message
+    return "rope: x " + describe(x) + ", positions " + describe(positions);
+  };
+  if (x.dim() < 2 || x.shape().back() % 2 != 0)
+    fail(what() + ": x must be (..., T, D) with D even");
   if (positions.dtype() != DType::i64 || positions.dim() != 1 || positions.size(0) != x.size(-2))
-    fail(what + ": positions must be int64 (T) = (" + std::to_string(x.size(-2)) + ")");
+    fail(what() + ": positions must be int64 (T) = (" + std::to_string(x.size(-2)) + ")");
   if (!(base > 1) || !std::isfinite(base))
-    fail(what + ": base must be finite and > 1, got " + std::to_string(base));
+    fail(what() + ": base must be finite and > 1, got " + std::to_string(base));
 }
 
 // rope: dx = dout rotated back (by -angle).
