@@ -134,12 +134,15 @@ const UnaryOp kSigmoid{.name = "sigmoid",
                        .lo = -3,
                        .hi = 3,
                        .df_op = sigmoid_df_op};
-const UnaryOp kRelu{.name = "relu",
-                    .f = [](double x, double, double) { return x > 0 ? x : 0.0; },
-                    .df = [](double x, double, double, double) { return x > 0 ? 1.0 : 0.0; },
-                    .onednn = Eltwise::relu,
-                    .kinks = {0.0},
-                    .df_op = unary_df_constant};
+// relu and affine have oneDNN algorithms and float32 rows too: small inference calls run the row
+// (kern::loop_beats_onednn).
+constexpr auto relu_f = [](auto x, auto, auto) { return x > 0 ? x : decltype(x)(0); };
+constexpr auto relu_df = [](auto x, auto, auto, auto) {
+  using T = decltype(x);
+  return x > 0 ? T(1) : T(0);
+};
+const UnaryOp kRelu = unary_row<relu_f, relu_df>(
+    {.name = "relu", .onednn = Eltwise::relu, .kinks = {0.0}, .df_op = unary_df_constant});
 const UnaryOp kGeluErf{
     .name = "gelu",
     .f = [](double x, double, double) { return 0.5 * x * (1 + std::erf(x / M_SQRT2)); },
@@ -160,14 +163,14 @@ const UnaryOp kGeluTanh{.name = "gelu_tanh",
                         .hi = 3,
                         .df_op = gelu_tanh_df_op};
 // oneDNN eltwise_linear computes a * x + b; the derivative a needs nothing saved.
-const UnaryOp kAffine{.name = "affine",
-                      .f = [](double x, double a, double b) { return a * x + b; },
-                      .df = [](double, double, double a, double) { return a; },
-                      .saves = Saves::nothing,
-                      .onednn = Eltwise::linear,
-                      .case_a = -0.5,
-                      .case_b = 2.5,
-                      .df_op = unary_df_constant};
+constexpr auto affine_f = [](auto x, auto a, auto b) { return a * x + b; };
+constexpr auto affine_df = [](auto, auto, auto a, auto) { return a; };
+const UnaryOp kAffine = unary_row<affine_f, affine_df>({.name = "affine",
+                                                        .saves = Saves::nothing,
+                                                        .onednn = Eltwise::linear,
+                                                        .case_a = -0.5,
+                                                        .case_b = 2.5,
+                                                        .df_op = unary_df_constant});
 
 // The rows below are written once for both precisions (unary_row): f and df at double are the
 // reference, at float the vectorised loop that runs a row without a oneDNN algorithm.
@@ -399,7 +402,7 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   const bool record = autograd::needs_record({x});
   const algorithm alg = dnnl_algorithm(op);
-  const bool small = kern::loop_beats_onednn(x.numel(), record);
+  const bool small = op.f32 && kern::loop_beats_onednn(x.numel(), record);
   if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0 && !small)
     unary_forward_f32(alg, kern::contig(x), y, a, b);
   else if (x.dtype() == DType::f32 && op.f32) unary_f32_rows(op, kern::contig(x), y, a, b);
