@@ -243,9 +243,10 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m,
 // converted) once per version of w (kern::derived_copy), kept while w lives. Decoding reads
 // every weight once per token; its 32-row steps read plain weights through gemm:jit at about
 // half the rate brgemm reads its blocked ones (docs/performance.md).
-std::shared_ptr<Storage> reordered_weights(const Tensor& w, const dnnl::memory::desc& plain,
+std::shared_ptr<Storage> reordered_weights(const Tensor& w, uint64_t tag,
+                                           const dnnl::memory::desc& plain,
                                            const dnnl::memory::desc& best) {
-  return kern::derived_copy(w, onednn::layout_tag(best), [&] {
+  return kern::derived_copy(w, tag, [&] {
     if (best.data_type() == dnnl::memory::data_type::bf16) kern::count_bf16_weight_copy();
     auto s = std::make_shared<Storage>(best.get_size());
     auto src = onednn::mem(plain, w);
@@ -268,9 +269,11 @@ void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c,
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (reordered_weights()). With bf16, x and w are
 // read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
-void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
-                              bool bf16) {
-  const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
+// x and y are dense with N rows (any rank: no row views made, which cost a decoding step of a small
+// model 6%).
+void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
+                              const Tensor& y, bool bf16) {
+  const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   const bool has_bias = b.defined();
   const auto kind = dnnl::prop_kind::forward_inference;
   const auto dt = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
@@ -281,13 +284,16 @@ void linear_forward_inference(const Tensor& x2, const Tensor& w, const Tensor& b
     m.x = dnnl::memory::desc(m.x.dims(), dt, dnnl::memory::format_tag::ab);
     m.w = dnnl::memory::desc(m.w.dims(), dt, dnnl::memory::format_tag::any);
     const auto pd = linear_fwd_pd(m, kind);
-    return onednn::Cached<ipf>{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
+    onednn::Cached<ipf> made{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
+    made.weights_tag = onednn::layout_tag(pd.weights_desc());
+    return made;
   });
   const bool reorder = c.mds[1] != c.mds[4];
-  const std::shared_ptr<Storage> wr = reorder ? reordered_weights(w, c.mds[4], c.mds[1]) : nullptr;
+  const std::shared_ptr<Storage> wr =
+      reorder ? reordered_weights(w, c.weights_tag, c.mds[4], c.mds[1]) : nullptr;
   const kern::Bf16Operand x16 =
-      bf16 ? kern::to_bf16(x2, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
-  execute_inner_product(c, bf16 ? x16.data() : x2.raw(), reorder ? wr->data : w.raw(), b, y2);
+      bf16 ? kern::to_bf16(x, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
+  execute_inner_product(c, bf16 ? x16.data() : x.raw(), reorder ? wr->data : w.raw(), b, y);
 }
 
 // float32 training forward through oneDNN inner_product on plain weights, its primitive cached
@@ -452,6 +458,13 @@ bool linear_in_int8(const Tensor& x, bool record) {
   return true;
 }
 
+// A float32 linear at fp32 precision that records nothing, on non-empty x and y: the path a
+// decoding step takes most, run without row views (linear_forward_inference).
+bool plain_f32_inference(const Tensor& x, const Tensor& y, bool record) {
+  return !record && x.dtype() == DType::f32 && matmul_precision() == Precision::fp32 &&
+         x.numel() > 0 && y.numel() > 0;
+}
+
 namespace {
 GRAFT_DECLARE_OP("linear_weight_grad", "matmul");
 
@@ -543,11 +556,15 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   check_linear(x, w, b);
   Shape y_shape = x.shape();
   y_shape.back() = w.shape()[0];
-  const Tensor x2 = kern::as_rows(kern::contig(x)), wc = kern::contig(w);
+  const Tensor xc = kern::contig(x), wc = kern::contig(w);
   const Tensor bc = b.defined() ? kern::contig(b) : Tensor();
   Tensor y = Tensor::empty(y_shape, x.dtype());
-  const Tensor y2 = kern::as_rows(y);
   const bool record = autograd::needs_record({x, w, b});
+  if (plain_f32_inference(x, y, record)) {  // the common inference case, without row views
+    linear_forward_inference(xc, x.numel() / x.shape().back(), wc, bc, y, /*bf16=*/false);
+    return y;
+  }
+  const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);
   if (linear_in_int8(x, record) && x2.numel() > 0 && y2.numel() > 0) {
     kern::linear_int8(x2, wc, bc, y2, /*reference=*/!int8_kernel_available());
     return y;
@@ -560,9 +577,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const kern::BCopy w_copy = record ? kern::BCopy::per_call : kern::BCopy::weight;
   if (x16) linear_forward_bf16(*x16, wc, bc, y2, w_copy);
   else if (bf16 && !record && kern::bf16_kernel_in_force())
-    linear_forward_inference(x2, wc, bc, y2, /*bf16=*/true);
+    linear_forward_inference(x2, x2.shape()[0], wc, bc, y2, /*bf16=*/true);
   else if (bf16) linear_forward_bf16(x2, wc, bc, y2, w_copy);
-  else if (f32 && !record) linear_forward_inference(x2, wc, bc, y2, /*bf16=*/false);
+  else if (f32 && !record) linear_forward_inference(x2, x2.shape()[0], wc, bc, y2, /*bf16=*/false);
   else if (f32) linear_forward_f32(x2, wc, bc, y2);
   else GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record) record_linear(x, w, b, y, x16);

@@ -50,6 +50,7 @@ struct Cached {
   Prim prim;
   std::vector<dnnl::memory::desc> mds;  // in the order the caller executes them
   bool dense_copy = false;              // operands must be made dense first (see kern::bmm)
+  uint64_t weights_tag = 0;  // layout_tag() of its weights' kernel layout, where it has one
   // The memory objects run() hands the primitive, one per argument: made on the first run and
   // pointed at each later run's data (making them each run cost 7% of a one-sentence decoding
   // step of the tiny Transformer: oneDNN allocates each with posix_memalign).
