@@ -25,18 +25,21 @@ namespace graft {
 
 namespace {
 
-// x (N, C) contiguous, w/b (C) or undefined -> y (N, C), mean (N), var (N) (biased). With r
-// (N, C) contiguous, the rows normalised are x + r (add_layer_norm), written to s when s is
-// defined. One pass per row: the row (or its sum) is read once from memory.
+// x (N rows of C, contiguous, any shape), w/b (C) or undefined -> y (like x), mean (N) and var
+// (N, biased) where defined (inference needs neither). With r (like x), the rows normalised are
+// x + r (add_layer_norm), written to s when s is defined. One pass per row: the row (or its sum)
+// is read once from memory.
 template <class T>
-void layer_norm_loop(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b, double eps,
-                     const Tensor& y, const Tensor& mean, const Tensor& var, const Tensor& s) {
-  const int64_t N = x.shape()[0], C = x.shape()[1];
+void layer_norm_loop(int64_t N, int64_t C, const Tensor& x, const Tensor& r, const Tensor& w,
+                     const Tensor& b, double eps, const Tensor& y, const Tensor& mean,
+                     const Tensor& var, const Tensor& s) {
   const T* px = x.data<T>();
   const T* pr = r.defined() ? r.data<T>() : nullptr;
   const T* pw = w.defined() ? w.data<T>() : nullptr;
   const T* pb = b.defined() ? b.data<T>() : nullptr;
-  T *py = y.data<T>(), *pm = mean.data<T>(), *pv = var.data<T>();
+  T* py = y.data<T>();
+  T* pm = mean.defined() ? mean.data<T>() : nullptr;
+  T* pv = var.defined() ? var.data<T>() : nullptr;
   T* ps = s.defined() ? s.data<T>() : nullptr;
   detail::parallel_for_scratch(
       N, N * C > kern::kParallelGrain, [&] { return std::vector<T>(pr && !ps ? C : 0); },
@@ -61,8 +64,8 @@ void layer_norm_loop(const Tensor& x, const Tensor& r, const Tensor& w, const Te
 #pragma omp simd
         for (int64_t i = 0; i < C; ++i)
           yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
-        pm[n] = m;
-        pv[n] = v;
+        if (pm) pm[n] = m;
+        if (pv) pv[n] = v;
       });
 }
 
@@ -338,14 +341,16 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
   const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
   Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
-  Tensor mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
   const bool record = autograd::needs_record({x_in, w_in, b_in});
-  if (y.numel() > 0 && onednn::usable(x) && !kern::loop_beats_onednn(y.numel(), record))
-    layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
-  else if (y.numel() > 0)
+  const bool loop =
+      y.numel() > 0 && (!onednn::usable(x) || kern::loop_beats_onednn(y.numel(), record));
+  Tensor mean, var;  // the loop without a tape writes neither
+  if (record || !loop) mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
+  if (loop)
     GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-      layer_norm_loop<T>(x, Tensor(), w, b, eps, kern::reshaped(y, {N, C}), mean, var, Tensor());
+      layer_norm_loop<T>(N, C, x, Tensor(), w, b, eps, y, mean, var, Tensor());
     });
+  else if (y.numel() > 0) layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
   if (!record) return y;
   bool from_y = false;
   GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
@@ -389,21 +394,20 @@ Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in
     fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " +
          describe(x_in));
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C}),
-               r = kern::reshaped(kern::contig(r_in), {N, C});
+  const Tensor x = kern::contig(x_in), r = kern::contig(r_in);
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
   const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
   const bool record = autograd::needs_record({x_in, r_in, w_in, b_in});
-  bool from_y = false;
-  GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
+  bool from_y = false;  // for the backward: inference skips the scan of w and b
+  if (record)
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
   Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
-  Tensor mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
+  Tensor mean, var;  // only the backward reads them
+  if (record) mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
   Tensor sum = record && !from_y ? Tensor::empty(x_in.shape(), x_in.dtype()) : Tensor();
   if (y.numel() > 0)
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm", [&] {
-      layer_norm_loop<T>(x, r, w, b, eps, kern::reshaped(y, {N, C}), mean, var,
-                         sum.defined() ? kern::reshaped(sum, {N, C}) : Tensor());
-    });
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "add_layer_norm",
+                         [&] { layer_norm_loop<T>(N, C, x, r, w, b, eps, y, mean, var, sum); });
   if (!record) return y;
   // As layer_norm's (the variance a second output); without y to rebuild xhat from, x and r are
   // kept too, for the backward under create_graph (the sum written out is not on the tape).
