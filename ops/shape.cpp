@@ -516,13 +516,29 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& idx) {
 }
 
 namespace {
-// Calls f(offset) with the element offset of each contiguous last-dim run of row `row` of x.
+// A tensor's rows (dim 0) as contiguous runs: its shape and strides with the trailing dims that
+// are contiguous together merged into the last (a KV cache's (H, len, Dh) row is H runs of
+// len * Dh elements, not H * len runs of Dh). The last stride must be 1.
+struct RowRuns {
+  Shape shape, strides;
+  int64_t run() const { return shape.back(); }
+  int64_t runs() const { return shape_numel(shape) / std::max<int64_t>(shape[0] * run(), 1); }
+};
+RowRuns row_runs(const Tensor& x) {
+  int64_t d = x.dim() - 1, run = x.shape()[d];
+  while (d > 1 && x.strides()[d - 1] == run) run *= x.shape()[--d];
+  RowRuns r{Shape(x.shape().begin(), x.shape().begin() + d),
+            Shape(x.strides().begin(), x.strides().begin() + d)};
+  r.shape.push_back(run);
+  r.strides.push_back(1);
+  return r;
+}
+
+// Calls f(offset) with the element offset of each contiguous run of row `row` of x.
 template <class F>
-void for_each_run(const Tensor& x, int64_t row, F&& f) {
-  const int64_t runs =
-      x.numel() / std::max<int64_t>(x.shape()[0], 1) / std::max<int64_t>(x.shape().back(), 1);
-  for (int64_t k = 0; k < runs; ++k)
-    f(x.offset() + row * x.strides()[0] + kern::run_offset(x.shape(), x.strides(), k, 1));
+void for_each_run(const Tensor& x, const RowRuns& rr, int64_t row, F&& f) {
+  for (int64_t k = 0, n = rr.runs(); k < n; ++k)
+    f(x.offset() + row * x.strides()[0] + kern::run_offset(rr.shape, rr.strides, k, 1));
 }
 }  // namespace
 
@@ -550,7 +566,8 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
     if (from[i] != i) moved.push_back(i);
   }
   if (moved.empty() || x.numel() == 0) return;
-  const size_t es = dtype_size(x.dtype()), run = (size_t)x.shape().back() * es;
+  const RowRuns rr = row_runs(x);
+  const size_t es = dtype_size(x.dtype()), run = (size_t)rr.run() * es;
   const int64_t row_elems = x.numel() / B;
   std::unique_ptr<char[]> held(
       new char[(size_t)moved.size() * row_elems * es]);  // the source rows, read first
@@ -559,12 +576,12 @@ void select_rows_(const Tensor& x, const Tensor& idx) {
   const bool parallel = m * row_elems > kern::kParallelGrain;
   detail::parallel_for(m, parallel, [&](int64_t j) {
     char* out = held.get() + (size_t)j * row_elems * es;
-    for_each_run(x, from[moved[j]],
+    for_each_run(x, rr, from[moved[j]],
                  [&](int64_t off) { std::memcpy(out, base + off * es, run), out += run; });
   });
   detail::parallel_for(m, parallel, [&](int64_t j) {
     const char* in = held.get() + (size_t)j * row_elems * es;
-    for_each_run(x, moved[j],
+    for_each_run(x, rr, moved[j],
                  [&](int64_t off) { std::memcpy(base + off * es, in, run), in += run; });
   });
   x.bump_version();
