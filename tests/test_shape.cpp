@@ -283,7 +283,8 @@ BOOST_AUTO_TEST_CASE(index_select_large_is_deterministic) {
 
 // select_rows_ on positions 1..3 of a (5, 2, 4, 3) buffer (a view with an offset), as a beam
 // reorder of a KV cache: rows repeated and kept, equal to index_select of the view; position 0
-// and the version follow.
+// and the version follow. (Each row of the view is 2 runs of 3 x 3 elements; the whole buffer's
+// rows, one run each, are in select_rows_on_dense_rows.)
 BOOST_AUTO_TEST_CASE(select_rows_in_place_on_a_view) {
   for (int64_t scale : {1, 400}) {  // 400: enough rows to run the parallel copies
     const int64_t B = 5 * scale;
@@ -301,6 +302,14 @@ BOOST_AUTO_TEST_CASE(select_rows_in_place_on_a_view) {
     BOOST_TEST(vals(contiguous(slice(buf, 2, 0, 1))) == first, boost::test_tools::per_element());
     BOOST_TEST(buf.version() > v0);
   }
+}
+
+BOOST_AUTO_TEST_CASE(select_rows_on_dense_rows) {
+  Tensor x = iota_shaped({4, 2, 4, 3});
+  const Tensor idx = i64({3, 3, 0, 1}, {4});
+  const V want = vals(index_select(x, 0, idx));
+  select_rows_(x, idx);
+  BOOST_TEST(vals(x) == want, boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(select_rows_errors) {
