@@ -19,6 +19,8 @@
     every recompile happens there); RESULT's warmup_s is the warm-up's time, compile included
     (shorter once inductor's cache under /tmp holds the kernels).
   --tag TEXT: names a tuning of the run (e.g. mkl-shim) in its RESULT line and the report.
+  TORCH_PEER_PROFILE=1 (--what train): after the timing, 2 more steps under torch.profiler, the
+    ops by self CPU time on stderr (where PyTorch's step goes, beside GRAFT_PROFILE=1's graft side).
   torch_peer.py --report RESULTS.jsonl --csv OUT.csv --md OUT.md   (no torch needed)
 
 Each measuring run prints one line "RESULT {json}" with medians and the process's peak resident
@@ -174,6 +176,12 @@ def run_train(torch, a):
         state["loss"] = loss.item()
 
     t = time_median(a.warmup, a.steps, step)
+    if os.environ.get("TORCH_PEER_PROFILE"):  # where a step goes: 2 more steps, by op, on stderr
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20),
+              file=sys.stderr)
     emit({"what": "train", "config": a.config, "ms": t * 1e3, "tok_s": target_tokens / t,
           "target_tokens": target_tokens, "params": sum(p.numel() for p in model.parameters()),
           "loss": state["loss"], "peak_rss_mib": peak_rss_mib(), "precision": a.precision})
