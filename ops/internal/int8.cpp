@@ -153,14 +153,18 @@ const onednn::Cached<dnnl::matmul>& int8_matmul(int64_t N, int64_t IN, int64_t O
     const dnnl::memory::desc src({N, IN}, dt::u8, tag::ab), wei({IN, OUT}, dt::s8, tag::any),
         dst({N, OUT}, dt::s32, tag::ab), plain({IN, OUT}, dt::s8, tag::ba);
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), onednn::engine());
-    return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {src, pd.weights_desc(), dst, plain}};
+    onednn::Cached<dnnl::matmul> made{dnnl::matmul(pd), {src, pd.weights_desc(), dst, plain}};
+    made.weights_tag = onednn::layout_tag(pd.weights_desc());
+    return made;
   });
 }
 
 // w's int8 form with wq reordered into the kernel's layout `best` (once per version of w).
-std::shared_ptr<Storage> weights_for_kernel(const Tensor& w, const dnnl::memory::desc& plain,
+// tag: layout_tag(best), kept with the cached matmul.
+std::shared_ptr<Storage> weights_for_kernel(const Tensor& w, uint64_t tag,
+                                            const dnnl::memory::desc& plain,
                                             const dnnl::memory::desc& best) {
-  return derived_copy(w, onednn::layout_tag(best), [&] {
+  return derived_copy(w, tag, [&] {
     const int64_t OUT = w.shape()[0];
     const auto rows = quantize_weights(w);
     auto s = quantized_storage(OUT, best.get_size());
@@ -195,7 +199,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
     return;
   }
   const auto& c = int8_matmul(N, IN, OUT);
-  const auto s = weights_for_kernel(w, c.mds[3], c.mds[1]);
+  const auto s = weights_for_kernel(w, c.weights_tag, c.mds[3], c.mds[1]);
   const QuantWeights q = view_quantized(*s, OUT);
   onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], xq.data},
                   {DNNL_ARG_WEIGHTS, c.mds[1], q.data},
