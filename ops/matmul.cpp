@@ -296,6 +296,22 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
   execute_inner_product(c, bf16 ? x16.data() : x.raw(), reorder ? wr->data : w.raw(), b, y);
 }
 
+// One row through graft's own loop: y (OUT) = w (OUT, IN) x (IN) + b, the rows of w split over
+// the threads and read in order (one stream for the prefetcher). oneDNN's inner product at one row
+// splits outputs of 128-256 features over two threads poorly (15-18 GB/s of weights from L3
+// against 45-60 here, measured on a Zen 4); see docs/performance.md.
+void linear_one_row_f32(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                        int64_t OUT) {
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t o = 0; o < OUT; ++o) {
+    const float* row = w + o * IN;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < IN; ++i) s += row[i] * x[i];
+    y[o] = b ? s + b[o] : s;
+  }
+}
+
 // float32 training forward through oneDNN inner_product on plain weights, its primitive cached
 // per problem.
 void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
@@ -561,7 +577,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(y_shape, x.dtype());
   const bool record = autograd::needs_record({x, w, b});
   if (plain_f32_inference(x, y, record)) {  // the common inference case, without row views
-    linear_forward_inference(xc, x.numel() / x.shape().back(), wc, bc, y, /*bf16=*/false);
+    const int64_t rows = x.numel() / x.shape().back();
+    if (rows == 1)
+      linear_one_row_f32(xc.data<float>(), wc.data<float>(),
+                         bc.defined() ? bc.data<float>() : nullptr, y.data<float>(), w.shape()[1],
+                         w.shape()[0]);
+    else linear_forward_inference(xc, rows, wc, bc, y, /*bf16=*/false);
     return y;
   }
   const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);

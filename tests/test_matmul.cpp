@@ -5,6 +5,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/ops/matmul.h"
+#include "graft/ops/shape.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -164,15 +165,15 @@ BOOST_AUTO_TEST_CASE(linear_f32_matches_f64) {
 }
 
 // Without a tape, linear reads its weights in oneDNN's preferred layout, reordered once per
-// weight version: the values match float64 for the shapes decoding uses (32 rows, and one row),
-// and an in-place update of the weights is seen by the next call.
+// weight version: the values match float64 for the shapes decoding uses (32 rows, and the 4 rows
+// of beam search), and an in-place update of the weights is seen by the next call.
 BOOST_AUTO_TEST_CASE(linear_inference_layout_matches_f64_and_follows_updates) {
   Generator g(6);
   for (int64_t out : {512, 259}) {  // 259: not a multiple of any block size
     Tensor w = randn({out, 256}, DType::f64, g), b = randn({out}, DType::f64, g);
     Tensor w32 = cast_copy(w, DType::f32), b32 = cast_copy(b, DType::f32);
     autograd::NoGrad ng;
-    for (int64_t rows : {32, 1}) {
+    for (int64_t rows : {32, 4}) {
       Tensor x = randn({rows, 256}, DType::f64, g);
       check_same(linear(cast_copy(x, DType::f32), w32, b32), linear(x, w, b), 1e-4);
     }
@@ -182,6 +183,36 @@ BOOST_AUTO_TEST_CASE(linear_inference_layout_matches_f64_and_follows_updates) {
     copy_into(w, randn({out, 256}, DType::f64, g));
     copy_into(w32, cast_copy(w, DType::f32));  // bumps the version: the next call reorders again
     check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+  }
+}
+
+// One row without a tape (greedy decoding of one sentence) takes graft's own matrix-vector loop:
+// it matches float64 with and without bias, on one thread's sizes and on sizes split over threads,
+// at lengths that are no multiple of a vector, with the row as (IN), (1, IN), (1, 1, IN) or a
+// strided view, and it follows in-place updates of the weights.
+BOOST_AUTO_TEST_CASE(linear_one_row_inference_matches_f64) {
+  Generator g(7);
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{3, 5}, {257, 259}, {1024, 256}}) {
+    for (bool bias : {false, true}) {
+      Tensor w = randn({out, in}, DType::f64, g);
+      Tensor b = bias ? randn({out}, DType::f64, g) : Tensor();
+      Tensor w32 = cast_copy(w, DType::f32), b32 = bias ? cast_copy(b, DType::f32) : Tensor();
+      autograd::NoGrad ng;
+      Tensor x = randn({in}, DType::f64, g), x32 = cast_copy(x, DType::f32);
+      for (const Shape& shape : {Shape{in}, Shape{1, in}, Shape{1, 1, in}}) {
+        Tensor y32 = linear(reshape(x32, shape), w32, b32);
+        Shape y_shape = shape;
+        y_shape.back() = out;
+        BOOST_TEST(y32.shape() == y_shape);
+        check_same(reshape(y32, {out}), linear(x, w, b), 1e-4);
+      }
+      Tensor wide = randn({in, 2}, DType::f64, g);  // column 0: a strided row
+      check_same(linear(squeeze(slice(cast_copy(wide, DType::f32), 1, 0, 1), 1), w32, b32),
+                 linear(squeeze(slice(wide, 1, 0, 1), 1), w, b), 1e-4);
+      copy_into(w, randn({out, in}, DType::f64, g));
+      copy_into(w32, cast_copy(w, DType::f32));
+      check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+    }
   }
 }
 
