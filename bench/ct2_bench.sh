@@ -6,7 +6,8 @@
 # rows' seeded model (tiny, small, base) as a translate run directory, and
 # examples/translation/ct2_convert.py converts it (float32, and int8 for the int8 rows). Then,
 # side by side, one process per configuration: greedy and beam 4 at batch 32 (new tokens/s) and at
-# batch 1 (ms per sentence), float32 against float32, int8 against int8 (CTranslate2's int8 rows
+# batch 1 (ms per sentence; the median of CT2_LATENCY_ROUNDS, default 3, alternating pairs of
+# processes), float32 against float32, int8 against int8 (CTranslate2's int8 rows
 # always, graft's only where graft_bench takes --precision int8 on this CPU), bf16 against bf16
 # where CTranslate2 has a bf16 CPU type here (not on this AMD EPYC: it refuses bfloat16). Writes bench/results/latest_ct2.jsonl and replaces (or appends) the section
 # "graft vs CTranslate2" of MD. Skips with a message, exit 0, when ctranslate2 cannot be had.
@@ -66,16 +67,27 @@ echo "bench: graft int8 rows: $GRAFT_INT8; bf16 rows: $($CT2_BF16 && $GB_BF16 &&
   echo "no (CTranslate2 bfloat16 on this CPU: $CT2_BF16, graft bf16 kernel: $GB_BF16)")" >&2
 
 # pair C WHAT BATCH PREC CT2_TYPE MODEL GRAFT: graft's row (when GRAFT is true), then
-# CTranslate2's on the same work; at float32 CTranslate2's ids are compared with graft's.
+# CTranslate2's on the same work; at float32 CTranslate2's ids are compared with graft's. One
+# sentence (batch 1) runs LATENCY_ROUNDS such pairs, the two sides alternating, and the report
+# takes each side's median over them: a one-sentence run lasts milliseconds, and this VM's speed
+# drifts by a third from minute to minute.
+LATENCY_ROUNDS=${CT2_LATENCY_ROUNDS:-3}
+if ! [[ $LATENCY_ROUNDS =~ ^[1-9][0-9]?$ ]]; then
+  echo "bench: CT2_LATENCY_ROUNDS must be a whole number from 1 to 99, got '$LATENCY_ROUNDS'" >&2
+  exit 2
+fi
 pair() {
   local c=$1 what=$2 batch=$3 prec=$4 ct=$5 model=$6 graft=$7
-  local ids=$WORK/$c.$what.$batch.$prec.ids
-  $graft && result graft "$GB" --what "$what" --config "$c" --batch "$batch" --warmup 1 --steps 5 \
-    --precision "$prec" --ids "$ids"
-  local cmp=()
-  [ "$prec" = fp32 ] && [ -s "$ids" ] && cmp=(--graft-ids "$ids")
-  result ct2 "$VPY" bench/ct2_peer.py --what "$what" --config "$c" --batch "$batch" --warmup 1 --steps 5 \
-    --compute-type "$ct" --model "$model" --threads "$THREADS" "${cmp[@]}"
+  local ids=$WORK/$c.$what.$batch.$prec.ids rounds=1 i
+  [ "$batch" = 1 ] && rounds=$LATENCY_ROUNDS
+  for ((i = 0; i < rounds; ++i)); do
+    $graft && result graft "$GB" --what "$what" --config "$c" --batch "$batch" --warmup 1 --steps 5 \
+      --precision "$prec" --ids "$ids"
+    local cmp=()
+    [ "$prec" = fp32 ] && [ -s "$ids" ] && cmp=(--graft-ids "$ids")
+    result ct2 "$VPY" bench/ct2_peer.py --what "$what" --config "$c" --batch "$batch" --warmup 1 \
+      --steps 5 --compute-type "$ct" --model "$model" --threads "$THREADS" "${cmp[@]}"
+  done
 }
 
 for c in $CONFIGS; do
@@ -91,13 +103,14 @@ done
 
 META=$WORK/meta.json
 CPU=$(lscpu | sed -n 's/^Model name: *//p' | head -1) DATE=$(date -u '+%Y-%m-%d %H:%M UTC') LOAD=$LOAD \
-  THREADS=$THREADS GRAFT_INT8=$GRAFT_INT8 INFO=${info#RESULT } SECONDS_TAKEN=$(( $(date +%s) - START )) \
+  THREADS=$THREADS GRAFT_INT8=$GRAFT_INT8 INFO=${info#RESULT } ROUNDS=$LATENCY_ROUNDS SECONDS_TAKEN=$(( $(date +%s) - START )) \
   "$VPY" -c '
 import json, os
 e = os.environ
 info = json.loads(e["INFO"] or "{}")
 meta = {"date": e["DATE"], "cpu": e["CPU"], "threads": int(e["THREADS"]), "load": e["LOAD"],
-        "graft_int8": e["GRAFT_INT8"], "seconds": int(e["SECONDS_TAKEN"])}
+        "graft_int8": e["GRAFT_INT8"], "seconds": int(e["SECONDS_TAKEN"]),
+        "latency_rounds": int(e["ROUNDS"])}
 meta.update({"ct2_" + k: v for k, v in info.items() if k != "what"})
 print(json.dumps(meta))' >"$META"
 cp "$RES" "$OUT/latest_ct2.jsonl"

@@ -162,12 +162,22 @@ def report(a):
     meta = json.load(open(a.meta)) if a.meta else {}
 
     def find(side, what, config, precision, batch):
-        hit = None  # the last such row (ct2_bench.sh measures its own graft rows)
-        for r in res[side]:
-            if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) == \
-                    (what, config, precision, batch):
-                hit = r
-        return hit
+        """The side's rows of this work (one, or one a round for one sentence) as one row: the
+        median of each numeric field over them, the lowest agreement with graft's ids."""
+        hits = [r for r in res[side]
+                if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) ==
+                (what, config, precision, batch)]
+        if not hits:
+            return None
+        row = dict(hits[-1])
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row[k] = median([h[k] for h in hits if isinstance(h.get(k), (int, float))])
+        for k in ("agree", "agree_tokens"):
+            if k in row:
+                row[k] = min(h[k] for h in hits if k in h)
+        row["rounds"] = len(hits)
+        return row
 
     rows = []  # benchmark, config, precision, graft, ct2, unit, ratio
     agree = []
@@ -204,7 +214,8 @@ def report(a):
               "quantizes at load time for compute_type int8")
     md.append("- the same work: the first 1 or 32 of graft_bench's 32 sources x 32 tokens, exactly 32 new "
               "tokens (min = max decoding length), greedy or beam 4 (one hypothesis), warm-up 1 run of 4 new "
-              "tokens, median of 5 runs, each configuration in its own process (peak RSS = VmHWM; the Python "
+              "tokens, median of 5 runs, each configuration in its own process; one sentence: the median of "
+              f"{meta.get('latency_rounds', 1)} such processes a side, graft's and CTranslate2's alternating (peak RSS = VmHWM; the Python "
               "side's includes the interpreter and the ctranslate2 module, "
               f"{fmt(meta.get('ct2_base_rss_mib'))} MiB before the model is loaded)")
     md.append(f"- CTranslate2 on this CPU: {meta.get('ct2_backend') or '?'}; compute types "
