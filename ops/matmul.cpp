@@ -266,14 +266,34 @@ void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c,
                   {DNNL_ARG_DST, c.mds[3], y2.raw()}});
 }
 
+// One row through graft's own loop: y (OUT) = w (OUT, IN) x (IN) + b, the rows of w split over
+// the threads and read in order (one stream for the prefetcher). oneDNN's inner product at one row
+// splits outputs of 128-256 features over two threads poorly (15-18 GB/s of weights from L3
+// against 45-60 here, measured on a Zen 4); see docs/performance.md.
+void linear_one_row_f32(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                        int64_t OUT) {
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t o = 0; o < OUT; ++o) {
+    const float* row = w + o * IN;
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < IN; ++i) s += row[i] * x[i];
+    y[o] = b ? s + b[o] : s;
+  }
+}
+
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
-// weights in the primitive's preferred layout (reordered_weights()). With bf16, x and w are
+// weights in the primitive's preferred layout (reordered_weights()); one float32 row through
+// linear_one_row_f32 instead. With bf16, x and w are
 // read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
 // x and y are dense with N rows (any rank: no row views made, which cost a decoding step of a small
 // model 6%).
 void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
                               const Tensor& y, bool bf16) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
+  if (N == 1 && !bf16)
+    return linear_one_row_f32(x.data<float>(), w.data<float>(),
+                              b.defined() ? b.data<float>() : nullptr, y.data<float>(), IN, OUT);
   const bool has_bias = b.defined();
   const auto kind = dnnl::prop_kind::forward_inference;
   const auto dt = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
@@ -294,22 +314,6 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
   const kern::Bf16Operand x16 =
       bf16 ? kern::to_bf16(x, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
   execute_inner_product(c, bf16 ? x16.data() : x.raw(), reorder ? wr->data : w.raw(), b, y);
-}
-
-// One row through graft's own loop: y (OUT) = w (OUT, IN) x (IN) + b, the rows of w split over
-// the threads and read in order (one stream for the prefetcher). oneDNN's inner product at one row
-// splits outputs of 128-256 features over two threads poorly (15-18 GB/s of weights from L3
-// against 45-60 here, measured on a Zen 4); see docs/performance.md.
-void linear_one_row_f32(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                        int64_t OUT) {
-#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
-  for (int64_t o = 0; o < OUT; ++o) {
-    const float* row = w + o * IN;
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < IN; ++i) s += row[i] * x[i];
-    y[o] = b ? s + b[o] : s;
-  }
 }
 
 // float32 training forward through oneDNN inner_product on plain weights, its primitive cached
@@ -577,12 +581,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   Tensor y = Tensor::empty(y_shape, x.dtype());
   const bool record = autograd::needs_record({x, w, b});
   if (plain_f32_inference(x, y, record)) {  // the common inference case, without row views
-    const int64_t rows = x.numel() / x.shape().back();
-    if (rows == 1)
-      linear_one_row_f32(xc.data<float>(), wc.data<float>(),
-                         bc.defined() ? bc.data<float>() : nullptr, y.data<float>(), w.shape()[1],
-                         w.shape()[0]);
-    else linear_forward_inference(xc, rows, wc, bc, y, /*bf16=*/false);
+    linear_forward_inference(xc, x.numel() / x.shape().back(), wc, bc, y, /*bf16=*/false);
     return y;
   }
   const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);
