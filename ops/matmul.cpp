@@ -1,5 +1,6 @@
-// matmul and linear. float32 runs oneDNN (kern::bmm for matmul; inner_product for linear) on the
-// tensors' own strides, so transposed views are read in place; float64 runs reference loops.
+// matmul and linear. float32 runs oneDNN (kern::bmm for matmul and linear's training forward;
+// inner_product for linear's inference and backward) on the tensors' own strides, so transposed
+// views are read in place; float64 runs reference loops.
 #include "graft/ops/matmul.h"
 
 #include <algorithm>
@@ -316,20 +317,6 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
   execute_inner_product(c, bf16 ? x16.data() : x.raw(), reorder ? wr->data : w.raw(), b, y);
 }
 
-// float32 training forward through oneDNN inner_product on plain weights, its primitive cached
-// per problem.
-void linear_forward_f32(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
-  const int64_t N = x2.shape()[0], IN = x2.shape()[1], OUT = w.shape()[0];
-  const bool has_bias = b.defined();
-  const auto kind = dnnl::prop_kind::forward_training;
-  using ipf = dnnl::inner_product_forward;
-  const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias}, [&] {
-    LinearMds m(N, IN, OUT, has_bias);
-    return onednn::Cached<ipf>{ipf(linear_fwd_pd(m, kind)), {m.x, m.w, m.b, m.y}};
-  });
-  execute_inner_product(c, x2.raw(), w.raw(), b, y2);
-}
-
 // dx (N, IN) = dy (N, OUT) @ w (OUT, IN), through oneDNN inner_product backward-data.
 void linear_backward_data_f32(const LinearMds& m, const Tensor& dy, const Tensor& w,
                               const Tensor& dx2) {
@@ -380,8 +367,12 @@ bool linear_in_bf16(const Tensor& x) {
   return x.dtype() == DType::f32 && matmul_precision() == Precision::bf16;
 }
 
-void linear_forward_bf16(const kern::Operand& x2, const Tensor& w, const Tensor& b,
-                         const Tensor& y2, kern::BCopy w_copy) {
+// The training forward, float32 or bf16 (x2 or w read as bf16 under PrecisionGuard(bf16)):
+// y2 = x2 w^T + b through oneDNN matmul, the bias added by its kernel. For float32 this replaced
+// inner_product forward on plain weights, which ran 1024 x 2048 -> 512 at 138-156 GFLOP/s on a
+// Zen 4 where matmul runs it at 216 (docs/performance.md).
+void linear_forward_matmul(const kern::Operand& x2, const Tensor& w, const Tensor& b,
+                           const Tensor& y2, kern::BCopy w_copy) {
   if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2, w_copy);
   else kern::gemm(x2, swap_last2(w), y2, /*accumulate=*/false, w_copy);
 }
@@ -595,12 +586,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     x16 = std::make_shared<kern::Bf16Operand>(kern::kept_bf16(x2));
   const bool f32 = x.dtype() == DType::f32 && x2.numel() > 0 && y2.numel() > 0;
   const kern::BCopy w_copy = record ? kern::BCopy::per_call : kern::BCopy::weight;
-  if (x16) linear_forward_bf16(*x16, wc, bc, y2, w_copy);
+  if (x16) linear_forward_matmul(*x16, wc, bc, y2, w_copy);
   else if (bf16 && !record && kern::bf16_kernel_in_force())
     linear_forward_inference(x2, x2.shape()[0], wc, bc, y2, /*bf16=*/true);
-  else if (bf16) linear_forward_bf16(x2, wc, bc, y2, w_copy);
+  else if (bf16) linear_forward_matmul(x2, wc, bc, y2, w_copy);
   else if (f32 && !record) linear_forward_inference(x2, x2.shape()[0], wc, bc, y2, /*bf16=*/false);
-  else if (f32) linear_forward_f32(x2, wc, bc, y2);
+  else if (f32) linear_forward_matmul(x2, wc, bc, y2, w_copy);
   else GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record) record_linear(x, w, b, y, x16);
   return y;
