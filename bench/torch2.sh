@@ -3,7 +3,7 @@
 # build folder (bench/pyvenv.sh; never in CI, never the system python), the same torch_peer.py
 # workloads eager and under torch.compile.
 #   Sourced by bench/run.sh, which then calls torch2_rows (it uses run.sh's result, field, RES,
-#   CONFIGS, BF16, BUILD). Sets torch2_json (torch_peer.py --what config), torch2_tuning and,
+#   CONFIGS, BF16, BUILD, and GB for graft's training rows run again next to these). Sets torch2_json (torch_peer.py --what config), torch2_tuning and,
 #   where the environment cannot be had, torch2_missing (the rows are then skipped).
 #   Alone: bench/torch2.sh [BUILD_DIR] [OUT.jsonl]   (default: build, bench/results/torch2.jsonl)
 #   runs only this side (BENCH_CONFIGS, BENCH_THREADS as run.sh; for checks and previews).
@@ -67,6 +67,14 @@ t2() {
   result pytorch2 env LD_PRELOAD="$T2PRE" "$T2" bench/torch_peer.py --tag "$tag" "$@"
 }
 
+# graft_again ARGS...: graft's training row once more, right before the PyTorch 2.x row it is
+# compared with (run.sh's GB; nothing when this file runs alone). The report takes the median of
+# graft's runs of a row: this VM's speed drifts by 10% over the minutes between run.sh's graft row
+# and these, and one run decided base training's ratio either way (docs/performance.md).
+graft_again() {
+  if [ -n "${GB:-}" ]; then result graft "$GB" "$@"; fi
+}
+
 # torch2_rows: the whole PyTorch 2.x side.
 torch2_rows() {
   echo "bench: PyTorch 2.x (PyPI), eager and torch.compile" >&2
@@ -92,8 +100,12 @@ torch2_rows() {
       result pytorch2 "$T2" bench/torch_peer.py --what train --config "$c" --warmup 2 --steps $n
     fi
     for mode in "" --compile; do
+      graft_again --what train --config "$c" --warmup 2 --steps $n
       t2 $mode --what train --config "$c" --warmup 2 --steps $n
-      if $BF16; then t2 $mode --what train --config "$c" --warmup 2 --steps $n --precision bf16; fi
+      if $BF16; then
+        graft_again --what train --config "$c" --warmup 2 --steps $n --precision bf16
+        t2 $mode --what train --config "$c" --warmup 2 --steps $n --precision bf16
+      fi
     done
   done
   for c in $CONFIGS; do  # as run.sh's Hessian-vector products (eager)

@@ -836,6 +836,15 @@ def report(a):
                 return r
         return None
 
+    def graft_train(config, precision="fp32"):
+        """graft's training row: the run of median step time among graft's runs of it (run.sh's,
+        and one next to each PyTorch 2.x row of the config when torch2.sh ran), so a row is not
+        decided by the minute graft happened to run in."""
+        runs = sorted((r for r in res["graft"] if r.get("what") == "train" and
+                       r.get("config") == config and r.get("precision", "fp32") == precision),
+                      key=lambda r: r["ms"])
+        return runs[(len(runs) - 1) // 2] if runs else None
+
     def peers(what, config=None, precision="fp32", value=None, **kw):
         """Every PyTorch configuration's value for a row: [(label, value)]; value(record) or
         the record itself."""
@@ -885,7 +894,7 @@ def report(a):
         add("hvp_over_train_step", c, paired(g) if g else None, peers("hvp", c, value=paired),
             "x its step", False)
     for c in CONFIGS:
-        g = find("graft", "train", c)
+        g = graft_train(c)
         add("train_step_time", c, gk(g, "ms"), peers("train", c, value=key("ms")), "ms", False)
         add("train_throughput", c, gk(g, "tok_s"), peers("train", c, value=key("tok_s")),
             "target tok/s", True)
@@ -895,7 +904,7 @@ def report(a):
         mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / peak_gflops * 100.0) if r else None
         add("train_mfu", c, mfu(g), peers("train", c, value=mfu), "% of sgemm peak", True)
     for c in CONFIGS:  # bf16 (rows only where this CPU has oneDNN bf16 kernels)
-        gb, gf = find("graft", "train", c, "bf16"), find("graft", "train", c)
+        gb, gf = graft_train(c, "bf16"), graft_train(c)
         pb = peers("train", c, "bf16", value=key("tok_s"))
         if gb or pb:
             add("train_throughput_bf16", c, gk(gb, "tok_s"), pb, "target tok/s", True)
@@ -928,7 +937,7 @@ def report(a):
                 add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True, "triad")
     for prec in ("fp32", "bf16"):  # where a training step goes (graft_bench's profile pass)
         for c in CONFIGS:
-            g = find("graft", "train", c, prec)
+            g = graft_train(c, prec)
             if g and "profile_ms" in g:
                 add("train_attention_share_" + prec, c, 100 * g["attention_share"], None, "% of step", True)
                 add("train_nonmatmul_share_" + prec, c, 100 * g["nonmatmul_share"], None, "% of step", True)
@@ -1022,6 +1031,8 @@ def report(a):
               "full recomputation, checked by CRC in the run); greedy_decode / beam4_decode: against "
               "nn.Transformer re-running the prefix")
     md.append("- training: median of 21 (tiny), 9 (small), 5 (base) steps after 2 warm-up steps (forward, backward, Adam); "
+              "graft's row is the median of its runs of it: one next to PyTorch 1.13's row and, "
+              "with PyTorch 2.x, one right before each 2.x row (eager, compiled), so 3 runs; "
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
               "in its own process, peak RSS = VmHWM")
