@@ -3,8 +3,9 @@
 # build folder (bench/pyvenv.sh; never in CI, never the system python), the same torch_peer.py
 # workloads eager and under torch.compile.
 #   Sourced by bench/run.sh, which then calls torch2_rows (it uses run.sh's result, field, RES,
-#   CONFIGS, BF16, BUILD, and GB for graft's training rows run again next to these). Sets torch2_json (torch_peer.py --what config), torch2_tuning and,
-#   where the environment cannot be had, torch2_missing (the rows are then skipped).
+#   CONFIGS, BF16, BUILD, and GB for graft's training rows run again next to these). Sets
+#   torch2_json (torch_peer.py --what config), torch2_tuning and, where the environment cannot be
+#   had, torch2_missing (the rows are then skipped).
 #   Alone: bench/torch2.sh [BUILD_DIR] [OUT.jsonl]   (default: build, bench/results/torch2.jsonl)
 #   runs only this side (BENCH_CONFIGS, BENCH_THREADS as run.sh; for checks and previews).
 #
