@@ -285,8 +285,8 @@ void linear_one_row_f32(const float* x, const float* w, const float* b, float* y
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (reordered_weights()); one float32 row through
-// linear_one_row_f32 instead. With bf16, x and w are
-// read as bf16 (x converted into the per-thread buffer), bias and y stay float32.
+// linear_one_row_f32 instead. With bf16, x and w are read as bf16 (x converted into the per-thread
+// buffer), bias and y stay float32.
 // x and y are dense with N rows (any rank: no row views made, which cost a decoding step of a small
 // model 6%).
 void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
