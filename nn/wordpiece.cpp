@@ -1,6 +1,7 @@
 #include "graft/nn/wordpiece.h"
 
 #include "graft/autograd/tensor.h"
+#include "graft/nn/checkpoint.h"
 #include "graft/nn/text.h"
 
 #include <unicode/normalizer2.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <numeric>
 
 namespace graft::text {
 namespace {
@@ -298,15 +300,14 @@ WordPiece make_named(const std::string& path, std::vector<std::string> vocab,
 // ---- tokenizer.json --------------------------------------------------------------------------
 
 // The value at `key` of `obj` as a T; `fallback` when absent or null; an error naming the key
-// when it is of another type.
+// when it is of another type, or a number that is not an integer in T's range for an integer T
+// (nlohmann would truncate 2.5 and convert 1e300 with undefined behaviour).
 template <class T>
 T field(const json& obj, const char* key, T fallback, const std::string& where) {
   if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
-  try {
-    return obj[key].get<T>();
-  } catch (const json::exception&) {
-    fail(where + ": \"" + key + "\" has the wrong type (" + obj[key].type_name() + ")");
-  }
+  if (const std::string c = nn::json_complaint<T>(obj[key]); !c.empty())
+    fail(where + ": \"" + key + "\" " + c);
+  return obj[key].get<T>();
 }
 
 std::string type_of(const json& section) {
@@ -324,8 +325,8 @@ std::vector<std::string> read_model_vocab(const json& model, const std::string& 
   std::vector<std::string> tokens(vocab.size());
   std::vector<bool> seen(vocab.size(), false);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer())
-      fail(where + ": the id of \"" + printable(it.key()) + "\" is not an integer");
+    if (const std::string c = nn::json_complaint<int64_t>(it.value()); !c.empty())
+      fail(where + ": the id of \"" + printable(it.key()) + "\" " + c);
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= (int64_t)tokens.size()) {
       fail(where + ": the id " + std::to_string(id) + " of \"" + printable(it.key()) +
@@ -472,25 +473,30 @@ WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
       fail("WordPiece: the token \"" + printable(t) + "\" is repeated (ids " +
            std::to_string(it->second) + " and " + std::to_string(i) + ")");
     }
-    const std::string_view prefix = options_.continuing_prefix;
-    longest_token_ =
-        std::max(longest_token_, t.size() - (t.starts_with(prefix) ? prefix.size() : 0));
+    word_start_.insert(t, (int64_t)i);
+    if (t.starts_with(options_.continuing_prefix))
+      word_continuation_.insert(std::string_view(t).substr(options_.continuing_prefix.size()),
+                                (int64_t)i);
   }
   unk_ = find_required(options_.unk_token, "unknown");
   cls_ = find_required(options_.cls_token, "classifier");
   sep_ = find_required(options_.sep_token, "separator");
   pad_ = find_required(options_.pad_token, "padding");
   strip_accents_ = options_.strip_accents.value_or(options_.lowercase);
+  std::vector<std::string> added;
   if (options_.added_tokens) {
-    added_ = *options_.added_tokens;
-    for (const std::string& t : added_) find_required(t, "added");
+    added = *options_.added_tokens;
   } else {
-    added_ = {options_.pad_token, options_.unk_token, options_.cls_token, options_.sep_token};
-    if (ids_.count("[MASK]")) added_.push_back("[MASK]");
+    added = {options_.pad_token, options_.unk_token, options_.cls_token, options_.sep_token};
+    if (ids_.count("[MASK]")) added.push_back("[MASK]");
   }
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const auto& a, const auto& b) { return a.size() > b.size(); });
-  added_.erase(std::unique(added_.begin(), added_.end()), added_.end());
+  for (const std::string& t : added) {
+    const int64_t id = find_required(t, "added");
+    std::string reversed(t.rbegin(), t.rend());
+    added_.trie.insert(reversed, id);
+  }
+  added_.build();
+  has_added_ = !added.empty();
 }
 
 int64_t WordPiece::find_required(const std::string& token, const char* what) const {
@@ -592,35 +598,83 @@ void WordPiece::split_words(std::u32string_view text, std::vector<std::string>& 
   flush();
 }
 
+void WordPiece::ByteTrie::insert(std::string_view key, int64_t id) {
+  int32_t node = 0;
+  for (const char c : key) {
+    const auto b = (unsigned char)c;
+    const auto [it, added] = edges.emplace(uint64_t(node) * 256 + b, (int32_t)value.size());
+    if (added) {
+      value.push_back(-1), parent.push_back(node), depth.push_back(depth[(size_t)node] + 1);
+      byte.push_back(b);
+    }
+    node = it->second;
+  }
+  value[(size_t)node] = id;
+}
+
+// The failure links in order of depth (a node's link is shallower than it), and with them the
+// longest token that is a suffix of each node's string.
+void WordPiece::AddedTokenMatcher::build() {
+  const size_t n = trie.value.size();
+  std::vector<int32_t> order((size_t)n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return trie.depth[(size_t)a] < trie.depth[(size_t)b];
+  });
+  fail.assign(n, 0);
+  longest.assign(n, -1);
+  for (const int32_t v : order) {
+    if (v == 0) continue;
+    if (const int32_t u = trie.parent[(size_t)v]; u != 0) {
+      int32_t z = fail[(size_t)u], next = -1;
+      while ((next = trie.child(z, trie.byte[(size_t)v])) < 0 && z != 0) z = fail[(size_t)z];
+      fail[(size_t)v] = next < 0 ? 0 : next;
+    }
+    longest[(size_t)v] = trie.value[(size_t)v] >= 0 ? v : longest[(size_t)fail[(size_t)v]];
+  }
+}
+
+// Backwards over the text: after byte i the automaton's state is the longest suffix of the
+// reversed text read so far, i.e. the longest prefix of text[i..] that starts an added token;
+// its longest token is the longest added token starting at i. Each byte makes one forward
+// transition and the failure transitions, which only shorten the state, never outnumber them.
+std::vector<int32_t> WordPiece::AddedTokenMatcher::longest_at(std::string_view text,
+                                                              int64_t& steps) const {
+  std::vector<int32_t> out(text.size(), -1);
+  int32_t state = 0;
+  for (size_t i = text.size(); i-- > 0;) {
+    const auto b = (unsigned char)text[i];
+    int32_t next;
+    while ((next = trie.child(state, b)) < 0 && state != 0) state = fail[(size_t)state], ++steps;
+    state = next < 0 ? 0 : next;
+    ++steps;
+    out[i] = longest[(size_t)state];
+  }
+  return out;
+}
+
 // Greedy longest match first from the left; pieces after the first carry the continuing prefix.
 // A word with no match at some position, or longer than max_input_chars_per_word, is one unk.
-void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids) const {
+// Each piece is the last token met walking the trie from its start (ending at a character
+// boundary), so a piece costs at most the longest token's bytes + 1 steps.
+void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids,
+                              int64_t& steps) const {
   if ((int64_t)code_points(word) > options_.max_input_chars_per_word) {
     ids.push_back(unk_);
     return;
   }
   const size_t mark = ids.size();
-  const std::string& prefix = options_.continuing_prefix;
-  std::string key;
   for (size_t start = 0; start < word.size();) {
-    size_t end = std::min(word.size(), start + longest_token_);
-    while (end < word.size() && ((unsigned char)word[end] & 0xC0) == 0x80)
-      --end;  // a character boundary
+    const ByteTrie& trie = start == 0 ? word_start_ : word_continuation_;
     int64_t found = -1;
-    for (; end > start; --end) {
-      if (end < word.size() && ((unsigned char)word[end] & 0xC0) == 0x80) continue;
-      const std::string_view piece = word.substr(start, end - start);
-      auto it = ids_.end();
-      if (start == 0) {
-        it = ids_.find(piece);
-      } else {
-        key.assign(prefix).append(piece);
-        it = ids_.find(std::string_view(key));
-      }
-      if (it != ids_.end()) {
-        found = it->second;
-        break;
-      }
+    size_t found_end = start;
+    for (size_t k = start, node = 0; k < word.size(); ++k) {
+      ++steps;
+      const int32_t next = trie.child((int32_t)node, (unsigned char)word[k]);
+      if (next < 0) break;
+      node = (size_t)next;
+      const bool boundary = k + 1 == word.size() || ((unsigned char)word[k + 1] & 0xC0) != 0x80;
+      if (trie.value[node] >= 0 && boundary) found = trie.value[node], found_end = k + 1;
     }
     if (found < 0) {
       ids.resize(mark);
@@ -628,7 +682,7 @@ void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids) 
       return;
     }
     ids.push_back(found);
-    start = end;
+    start = found_end;
   }
 }
 
@@ -636,7 +690,8 @@ void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids) 
 // so a match starts and ends at character boundaries); the text between them is normalised and
 // split into words.
 template <class OnWord, class OnAdded>
-void WordPiece::for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded&& on_added) const {
+void WordPiece::for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded&& on_added,
+                              int64_t& steps) const {
   check_utf8(utf8, "the text");
   std::vector<std::string> words;
   std::u32string normalized;
@@ -649,14 +704,18 @@ void WordPiece::for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded
     for (const std::string& w : words) on_word(w);
   };
   size_t done = 0;
-  for (size_t i = 0; i < utf8.size() && !added_.empty(); ++i) {
-    for (const std::string& t : added_) {
-      if (utf8.compare(i, t.size(), t) != 0) continue;
+  if (has_added_) {
+    const std::vector<int32_t> longest = added_.longest_at(utf8, steps);
+    for (size_t i = 0; i < utf8.size();) {
+      const int32_t node = longest[i];
+      if (node < 0) {
+        ++i;
+        continue;
+      }
       words_of(done, i);
-      on_added(t);
-      done = i + t.size();
-      i = done - 1;
-      break;
+      const size_t length = (size_t)added_.trie.depth[(size_t)node];
+      on_added(std::string_view(utf8).substr(i, length), added_.trie.value[(size_t)node]);
+      done = i += length;
     }
   }
   words_of(done, utf8.size());
@@ -674,17 +733,23 @@ std::string WordPiece::normalize(const std::string& utf8) const {
 
 std::vector<std::string> WordPiece::basic_tokenize(const std::string& utf8) const {
   std::vector<std::string> words;
+  int64_t steps = 0;
   for_each_word(
       utf8, [&](const std::string& w) { words.push_back(w); },
-      [&](const std::string& t) { words.push_back(t); });
+      [&](std::string_view t, int64_t) { words.emplace_back(t); }, steps);
   return words;
 }
 
 std::vector<int64_t> WordPiece::encode(const std::string& utf8) const {
+  int64_t steps = 0;
+  return encode(utf8, steps);
+}
+
+std::vector<int64_t> WordPiece::encode(const std::string& utf8, int64_t& steps) const {
   std::vector<int64_t> ids;
   for_each_word(
-      utf8, [&](const std::string& w) { append_pieces(w, ids); },
-      [&](const std::string& t) { ids.push_back(ids_.find(t)->second); });
+      utf8, [&](const std::string& w) { append_pieces(w, ids, steps); },
+      [&](std::string_view, int64_t id) { ids.push_back(id); }, steps);
   return ids;
 }
 

@@ -79,6 +79,12 @@ class WordPiece {
   /// The ids of the word pieces, no specials added.
   /// @throws graft::Error naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode(const std::string& utf8) const;
+  /// encode(), adding to `steps` the steps of its matching loops: one per automaton transition
+  /// while finding the added tokens (at most 2 per byte of the text) and one per trie edge while
+  /// matching word pieces (at most the longest token's bytes + 1 per byte of a word), whatever
+  /// the number of added tokens or max_input_chars_per_word. Tests bound the work with it.
+  /// @throws graft::Error naming the byte offset of invalid UTF-8.
+  std::vector<int64_t> encode(const std::string& utf8, int64_t& steps) const;
   /// [CLS] pieces [SEP], the pieces truncated so that the whole is at most max_len ids (max_len >=
   /// 2)
   /// @throws graft::Error for max_len < 2, or naming the byte offset of invalid UTF-8.
@@ -104,21 +110,46 @@ class WordPiece {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
+  /// A trie over byte strings; node 0 is the root.
+  struct ByteTrie {
+    std::unordered_map<uint64_t, int32_t> edges;  ///< node * 256 + byte -> child
+    std::vector<int64_t> value{-1};               ///< the id of the key ending at a node, or -1
+    std::vector<int32_t> parent{-1}, depth{0};    ///< for building an automaton over it
+    std::vector<unsigned char> byte{0};           ///< the byte of the edge into a node
+    /// The child of node along byte b, or -1.
+    int32_t child(int32_t node, unsigned char b) const {
+      const auto it = edges.find(uint64_t(node) * 256 + b);
+      return it == edges.end() ? -1 : it->second;
+    }
+    void insert(std::string_view key, int64_t id);
+  };
+  /// Aho-Corasick over the added tokens reversed: run over the text backwards, it gives at each
+  /// byte the longest added token that starts there, in one pass.
+  struct AddedTokenMatcher {
+    ByteTrie trie;
+    std::vector<int32_t> fail;     ///< the longest proper suffix of a node's string in the trie
+    std::vector<int32_t> longest;  ///< the node of the longest token that is a suffix, or -1
+    void build();
+    std::vector<int32_t> longest_at(std::string_view text, int64_t& steps) const;
+  };
   int64_t find_required(const std::string& token, const char* what) const;
   void append_normalized(std::u32string_view text, std::u32string& out) const;
   void split_words(std::u32string_view text, std::vector<std::string>& words) const;
-  void append_pieces(std::string_view word, std::vector<int64_t>& ids) const;
+  void append_pieces(std::string_view word, std::vector<int64_t>& ids, int64_t& steps) const;
   /// Calls on_word for each word of text, in order, and on_added for each added token's id.
   template <class OnWord, class OnAdded>
-  void for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded&& on_added) const;
+  void for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded&& on_added,
+                     int64_t& steps) const;
 
   std::vector<std::string> vocab_;
   std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> ids_;
   WordPieceOptions options_;
   bool strip_accents_ = true;
   int64_t unk_ = 0, cls_ = 0, sep_ = 0, pad_ = 0;
-  size_t longest_token_ = 0;        ///< bytes, without the continuing prefix
-  std::vector<std::string> added_;  ///< longest first, so that the longest match wins
+  ByteTrie word_start_;         ///< every token, for a word's first piece
+  ByteTrie word_continuation_;  ///< the tokens with the continuing prefix, the prefix dropped
+  AddedTokenMatcher added_;     ///< the added tokens
+  bool has_added_ = false;      ///< whether there are any
 };
 
 }  // namespace graft::text

@@ -4,6 +4,7 @@
 // on every line of the fortune files is tests/wordpiece_reference.sh.
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -317,6 +318,132 @@ BOOST_AUTO_TEST_CASE(tokenizer_json_and_its_errors) {
   const fs::path missing = dir.path / "missing.json";
   BOOST_TEST(error_of([&] { WordPiece::from_tokenizer_json(missing.string()); }) ==
              "WordPiece: '" + missing.string() + "': no such file");
+}
+
+// The added tokens are found leftmost, then longest, as a plain scan that tries every token at
+// every byte finds them, overlapping tokens included.
+BOOST_AUTO_TEST_CASE(added_tokens_match_leftmost_longest_as_a_plain_scan) {
+  const std::vector<std::string> added = {"ab", "abc", "bcd", "c", "b", "cdab"};
+  std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "d"};
+  for (const std::string& t : added)
+    if (std::find(vocab.begin(), vocab.end(), t) == vocab.end()) vocab.push_back(t);
+  WordPieceOptions o;
+  o.added_tokens = added;
+  const WordPiece wp(vocab, o);
+  uint64_t state = 12345;
+  for (int n = 0; n < 500; ++n) {
+    std::string text;
+    for (int k = 0; k < 24; ++k) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      text += "abcd "[(state >> 33) % 5];
+    }
+    Words want;
+    std::string word;
+    auto flush = [&] {
+      if (!word.empty()) want.push_back(word);
+      word.clear();
+    };
+    for (size_t i = 0; i < text.size();) {
+      size_t best = 0;
+      for (const std::string& t : added)
+        if (text.compare(i, t.size(), t) == 0) best = std::max(best, t.size());
+      if (best > 0) {
+        flush();
+        want.push_back(text.substr(i, best));
+        i += best;
+      } else {
+        if (text[i] == ' ') flush();
+        else word += text[i];
+        ++i;
+      }
+    }
+    flush();
+    BOOST_TEST(wp.basic_tokenize(text) == want, "text \"" << text << "\"");
+  }
+}
+
+// Issue 47: 100,000 added tokens made every byte try every token. Now the work per byte is
+// bounded whatever their number: at most 2 automaton steps per byte, and the short words
+// between them a few trie steps each.
+BOOST_AUTO_TEST_CASE(many_added_tokens_cost_a_bounded_number_of_steps_per_byte) {
+  std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "<", ">", "t"};
+  for (char d = '0'; d <= '9'; ++d) vocab.push_back(std::string("##") + d);
+  std::vector<std::string> added;
+  for (int i = 0; i < 10000; ++i) {
+    std::string t = std::to_string(10000 + i);
+    added.push_back("<t" + t.substr(1) + ">");
+    vocab.push_back(added.back());
+  }
+  WordPieceOptions o;
+  o.added_tokens = added;
+  const WordPiece wp(vocab, o);
+  std::string text;
+  while (text.size() < 100000) text += "<t0042> <t004 <t9999><t999";
+  int64_t steps = 0;
+  const Ids ids = wp.encode(text, steps);
+  BOOST_TEST(steps <= 4 * (int64_t)text.size());
+  BOOST_TEST(std::count(ids.begin(), ids.end(), wp.id("<t0042>")) ==
+             std::count(ids.begin(), ids.end(), wp.id("<t9999>")));
+  BOOST_TEST(ids == wp.encode(text), boost::test_tools::per_element());
+}
+
+// Issue 47: with a raised max_input_chars_per_word a long word cost the longest token's length
+// in lookups at every piece, each hashing up to that many bytes. The trie walk of a piece stops
+// where no token continues, so a long token elsewhere in the vocabulary costs nothing here.
+BOOST_AUTO_TEST_CASE(a_long_word_costs_a_bounded_number_of_steps_per_byte) {
+  const std::string long_token(1000, 'q');
+  const std::vector<std::string> vocab = {"[PAD]", "[UNK]", "[CLS]",    "[SEP]",
+                                          "a",     "##a",   "aaaab",    "##aaaab",
+                                          "b",     "##b",   long_token, "##" + long_token};
+  WordPieceOptions o;
+  o.max_input_chars_per_word = 1000000;
+  const WordPiece wp(vocab, o);
+  for (const size_t n : {size_t(1000), size_t(100000)}) {
+    const std::string word = std::string(n, 'a') + "b";
+    int64_t steps = 0;
+    const Ids ids = wp.encode(word, steps);
+    BOOST_TEST(steps <= 6 * (int64_t)word.size());
+    BOOST_TEST_REQUIRE(ids.size() == n - 3);
+    BOOST_TEST(ids.front() == wp.id("a"));
+    BOOST_TEST(std::count(ids.begin(), ids.end(), wp.id("##a")) == (int64_t)n - 5);
+    BOOST_TEST(ids.back() == wp.id("##aaaab"));
+  }
+  // A word along the long token's path: its length + 1 steps a piece, beside the added-token
+  // scan's (the specials', at most 2 a byte).
+  int64_t steps = 0;
+  const std::string qs(2000, 'q');
+  const Ids long_ids = wp.encode(qs, steps);
+  BOOST_TEST(long_ids == (Ids{wp.id(long_token), wp.id("##" + long_token)}),
+             boost::test_tools::per_element());
+  BOOST_TEST(steps <= 2 * (int64_t)qs.size() + 2 * 1001);
+}
+
+// Issue 47: tokenizer.json numbers are integers in range, not converted as nlohmann would
+// (1e300 with undefined behaviour, 2.5 truncated to 2).
+BOOST_AUTO_TEST_CASE(tokenizer_json_numbers_must_be_integers_in_range) {
+  TempDir dir("wordpiece_numbers");
+  const fs::path path = dir.path / "tokenizer.json";
+  auto with = [&](const std::string& max_chars, const std::string& unk_id,
+                  const std::string& sep_id) {
+    write_file(path, R"({"normalizer": null, "pre_tokenizer": {"type": "BertPreTokenizer"},
+      "added_tokens": [{"id": )" +
+                         sep_id + R"(, "content": "[SEP]"}],
+      "model": {"type": "WordPiece", "unk_token": "[UNK]", "max_input_chars_per_word": )" +
+                         max_chars + R"(, "vocab": {"[PAD]": 0, "[UNK]": )" + unk_id +
+                         R"(, "[CLS]": 2, "[SEP]": 3}}})");
+    return error_of([&] { WordPiece::from_tokenizer_json(path.string()); });
+  };
+  const std::string where = "WordPiece: '" + path.string() + "': ";
+  BOOST_TEST(with("100", "1", "3") == "<no graft::Error>");
+  BOOST_TEST(with("2.5", "1", "3") ==
+             where + "\"max_input_chars_per_word\" must be an integer, got 2.5");
+  BOOST_TEST(with("1e300", "1", "3") ==
+             where + "\"max_input_chars_per_word\" must be an integer, got 1e+300");
+  BOOST_TEST(with("100", "1.0", "3") == where + "the id of \"[UNK]\" must be an integer, got 1.0");
+  BOOST_TEST(with("100", "18446744073709551615", "3") ==
+             where + "the id of \"[UNK]\" must be an integer, got 18446744073709551615");
+  BOOST_TEST(with("100", "1", "3.5") == where + "\"id\" must be an integer, got 3.5");
+  BOOST_TEST(with("100", "1", "-1e300") == where + "\"id\" must be an integer, got -1e+300");
 }
 
 // Ids that `tokenizers` 0.23.3 gives (Tokenizer.from_file(tokenizer.json), no truncation, no
