@@ -160,6 +160,9 @@ Tensor l2_normalize(const Tensor& x, double eps) {
 }
 
 std::vector<HfNameMap> bert_hf_names(int64_t layers) {
+  if (layers < 0 || layers > kMaxLayers)
+    fail("bert_hf_names: layers must be in [0, " + std::to_string(kMaxLayers) + "], got " +
+         std::to_string(layers));
   std::vector<HfNameMap> m = {{{"embeddings.word_embeddings.weight"}, "word.weight"},
                               {{"embeddings.position_embeddings.weight"}, "position.weight"},
                               {{"embeddings.token_type_embeddings.weight"}, "token_type.weight"},
@@ -193,6 +196,7 @@ bool unused_hf_tensor(const std::string& name) {
 }
 
 /// The file's tensors by their BertModel names ("bert." stripped when every encoder tensor has it).
+/// A name given both with and without the prefix is an error: either copy could be the one meant.
 std::map<std::string, Tensor> hf_tensors(const nn::SafetensorsFile& f) {
   const bool prefixed = f.contains("bert.embeddings.word_embeddings.weight");
   std::map<std::string, Tensor> out;
@@ -203,34 +207,61 @@ std::map<std::string, Tensor> hf_tensors(const nn::SafetensorsFile& f) {
     if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
       fail("load_hf_bert: '" + f.path + "': tensor '" + name + "' is " + dtype_name(t.dtype()) +
            ", not a float32 or float64 weight");
-    out.emplace(n, t);
+    if (!out.emplace(n, t).second)
+      fail("load_hf_bert: '" + f.path + "': the file holds both 'bert." + n + "' and '" + n +
+           "'; keep one of them");
   }
   return out;
 }
 
-/// The graft parameters of `model` from the file's tensors, every shape checked, nothing left over.
-nn::NamedTensors map_hf_weights(std::map<std::string, Tensor> file, const BertEncoder& model,
-                                const std::string& path) {
-  std::map<std::string, Shape> want;
-  for (const auto& [n, t] : model.named_parameters()) want[n] = t.shape();
-  nn::NamedTensors out;
-  for (const HfNameMap& m : bert_hf_names(model.cfg.layers)) {
-    Shape part = want.at(m.graft);
+/// The shape BertEncoder gives its parameter `graft` (a bert_hf_names() name) under config c,
+/// computed without building the model, so a file that does not fit is refused before any
+/// weight of the config's size is allocated.
+Shape graft_parameter_shape(const BertConfig& c, const std::string& graft) {
+  const auto ends = [&](const char* s) { return graft.ends_with(s); };
+  const int64_t d = c.d_model;
+  if (graft == "word.weight") return {c.vocab, d};
+  if (graft == "position.weight") return {c.max_len, d};
+  if (graft == "token_type.weight") return {c.type_vocab, d};
+  if (ends("in_proj_weight")) return {3 * d, d};
+  if (ends("in_proj_bias")) return {3 * d};
+  if (ends("linear1.weight")) return {c.d_ff, d};
+  if (ends("linear1.bias")) return {c.d_ff};
+  if (ends("linear2.weight")) return {d, c.d_ff};
+  if (ends("out_proj.weight")) return {d, d};
+  return {d};  // the LayerNorms' weights and biases, out_proj's and linear2's biases
+}
+
+/// Every tensor the config needs is in the file with its shape, and nothing else is: checked on
+/// the file's shapes and the config alone, before the model is built.
+void check_hf_shapes(const std::map<std::string, Tensor>& file, const BertConfig& c,
+                     const std::string& path) {
+  std::set<std::string> unused;
+  for (const auto& [n, t] : file) unused.insert(n);
+  for (const HfNameMap& m : bert_hf_names(c.layers)) {
+    Shape part = graft_parameter_shape(c, m.graft);
     part[0] /= (int64_t)m.hf.size();  // query, key and value: a third of in_proj's rows each
-    Tensors parts;
     for (const std::string& h : m.hf) {
       auto it = file.find(h);
       if (it == file.end()) fail("load_hf_bert: '" + path + "': tensor '" + h + "' is missing");
       if (it->second.shape() != part)
         fail("load_hf_bert: '" + path + "': tensor '" + h + "' has shape " +
              shape_str(it->second.shape()) + ", the config needs " + shape_str(part));
-      parts.push_back(to_dtype(it->second, model.cfg.dtype));
-      file.erase(it);
+      unused.erase(h);
     }
+  }
+  if (!unused.empty())
+    fail("load_hf_bert: '" + path + "': unexpected tensor '" + *unused.begin() + "'");
+}
+
+/// The graft parameters of the model from the file's tensors (check_hf_shapes() passed).
+nn::NamedTensors map_hf_weights(const std::map<std::string, Tensor>& file, const BertConfig& c) {
+  nn::NamedTensors out;
+  for (const HfNameMap& m : bert_hf_names(c.layers)) {
+    Tensors parts;
+    for (const std::string& h : m.hf) parts.push_back(to_dtype(file.at(h), c.dtype));
     out.emplace_back(m.graft, parts.size() == 1 ? parts[0] : concat(parts, 0));
   }
-  if (!file.empty())
-    fail("load_hf_bert: '" + path + "': unexpected tensor '" + file.begin()->first + "'");
   return out;
 }
 
@@ -245,8 +276,11 @@ std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
     fail("load_hf_bert: '" + weights_path +
          "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
   const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
+  const std::map<std::string, Tensor> file = hf_tensors(f);
+  check_hf_shapes(file, c, weights_path);
+  nn::NamedTensors weights = map_hf_weights(file, c);
   auto model = std::make_unique<BertEncoder>(c);
-  model->load_state_dict(map_hf_weights(hf_tensors(f), *model, weights_path));
+  model->load_state_dict(weights);
   model->eval();
   return model;
 }

@@ -96,14 +96,17 @@ struct HfNameMap {
 };
 /// Every parameter of a BertEncoder of `layers` layers with its Hugging Face name(s) (BertModel's,
 /// without a prefix).
+/// @throws graft::Error when layers is outside [0, kMaxLayers].
 std::vector<HfNameMap> bert_hf_names(int64_t layers);
 
 /// Loads a Hugging Face BERT checkpoint directory: config.json and model.safetensors. Names are
 /// mapped by bert_hf_names(), optionally under a "bert." prefix; "embeddings.position_ids" and
-/// the unused "pooler.*" (and, under "bert.", the "cls.*" heads) are skipped. The weights are
-/// checked whole before the model is built.
+/// the unused "pooler.*" (and, under "bert.", the "cls.*" heads) are skipped. Every tensor's
+/// name, dtype and shape is checked against the config before the model is built, so a config
+/// larger than its file allocates nothing of the config's size.
 /// @throws graft::Error naming the file and the tensor: a missing, unexpected or mis-shaped
-///         tensor, a dtype other than F32/F64, a truncated file, an unsupported architecture.
+///         tensor, a dtype other than F32/F64, a tensor both with and without the "bert."
+///         prefix, a truncated file, an unsupported architecture.
 std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir);
 
 /// Writes `model` as a Hugging Face BERT checkpoint directory (created when missing):

@@ -6,6 +6,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -58,6 +59,62 @@ bool read_normalize(const std::string& dir) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& embedding_files() {
+  static const std::vector<std::string> files = {
+      "config.json",           "model.safetensors",
+      "tokenizer.json",        "vocab.txt",
+      "tokenizer_config.json", "modules.json",
+      "1_Pooling/config.json", "sentence_bert_config.json"};
+  return files;
+}
+
+namespace {
+
+constexpr const char* kAbsent = "absent";
+
+/// The fingerprint of a model file, or kAbsent: a file added or removed changes an embedding too.
+std::string model_file_fingerprint(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  if (std::error_code ec; !std::filesystem::exists(path, ec)) return kAbsent;
+  return nn::file_fingerprint(path, "SentenceEncoder");
+}
+
+}  // namespace
+
+std::map<std::string, std::string> SentenceEncoder::index_ties(
+    const std::string& collection) const {
+  std::map<std::string, std::string> ties = {
+      {"format", kIndexFormat},
+      {"collection", nn::file_fingerprint(collection, "SentenceEncoder")}};
+  for (const std::string& name : embedding_files())
+    ties["model:" + name] = model_file_fingerprint(dir, name);
+  return ties;
+}
+
+void SentenceEncoder::check_index_ties(const std::map<std::string, std::string>& metadata,
+                                       const std::string& collection,
+                                       const std::string& index) const {
+  const auto stored = [&](const std::string& key) {
+    const auto it = metadata.find(key);
+    return it == metadata.end() ? std::string() : it->second;
+  };
+  const std::string at = "'" + index + "': ";
+  if (stored("format") != kIndexFormat)
+    fail(at + "written in the format \"" + text::printable(stored("format")) + "\", not \"" +
+         kIndexFormat + "\"");
+  if (stored("collection") != nn::file_fingerprint(collection, "SentenceEncoder"))
+    fail(at + "the collection '" + collection + "' was edited since it was built");
+  for (const std::string& name : embedding_files()) {
+    const std::string was = stored("model:" + name), now = model_file_fingerprint(dir, name);
+    if (was == now) continue;
+    fail(at + "'" + dir + "/" + name + "' was " +
+         (was == kAbsent   ? "added"
+          : now == kAbsent ? "removed"
+                           : "edited") +
+         " since it was built (or the model is another)");
+  }
+}
 
 Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize) {
   const Tensor e = pooling == Pooling::cls ? squeeze(slice(h, 1, 0, 1), 1) : mean_pool(h, pad);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,16 @@ Tensor pool(const Tensor& h, const Tensor& pad, Pooling pooling, bool normalize)
 std::vector<std::vector<int64_t>> tokenize_texts(const text::WordPiece& tokenizer,
                                                  const std::vector<std::string>& texts,
                                                  int64_t max_len);
+
+/// The format an index of embeddings (SentenceEncoder::index_ties()) is written in; 2 ties it to
+/// every file of the model directory that changes an embedding, 1 tied only the weights.
+constexpr const char* kIndexFormat = "graft-embed-index-2";
+
+/// The files of a sentence-transformers directory that change its embeddings, relative to it:
+/// config.json, model.safetensors, the tokenizer's (tokenizer.json, vocab.txt,
+/// tokenizer_config.json), modules.json (normalisation), 1_Pooling/config.json (pooling) and
+/// sentence_bert_config.json (max_seq_length). Any of them may be absent.
+const std::vector<std::string>& embedding_files();
 
 /// A pretrained sentence encoder: tokenizer, BERT encoder, pooling and normalisation, as a
 /// sentence-transformers directory describes them (all-MiniLM-L6-v2 and its kind).
@@ -55,6 +66,16 @@ class SentenceEncoder {
   /// undefined: the positions holding the model's pad id.
   /// @throws graft::Error as BertEncoder::forward().
   Tensor embed(const Tensor& ids, const Tensor& pad) const;
+  /// The metadata that ties an index of `collection`'s embeddings to everything they came from:
+  /// "format" (kIndexFormat), "collection" (the fingerprint of its bytes) and "model:<name>" for
+  /// each of embedding_files(): the fingerprint of dir/<name>, or "absent".
+  /// @throws graft::Error when a file cannot be read (or is over 256 MiB).
+  std::map<std::string, std::string> index_ties(const std::string& collection) const;
+  /// Checks an index's metadata (index_ties() when it was written) against the files now.
+  /// @throws graft::Error "'<index>': ..." naming the first difference: another format, or the
+  ///         collection or a model file (named) edited, added or removed since.
+  void check_index_ties(const std::map<std::string, std::string>& metadata,
+                        const std::string& collection, const std::string& index) const;
   text::WordPiece tokenizer;           ///< from the directory's tokenizer files
   std::unique_ptr<BertEncoder> model;  ///< the encoder
   int64_t max_seq_length = 512;        ///< texts are cut to this many ids, [CLS] and [SEP] included

@@ -208,6 +208,12 @@ printf 'the cat sat\na cat sat.\n' >"$W/lines.txt"
 case_ embed "search: the collection edited since its index was built" 0 "embed: rebuilt the index" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt" --query cat
 mv "$W/tsv/train.moved" "$W/tsv/train.tsv"
 case_ classify "train --init-from a directory without config.json" 2 "config.json" -- "$CL" train --data "$W/tsv" --out "$W/clp" --steps 2 --init-from "$W/none"
+# The index is tied to every model file that changes an embedding, not only the weights.
+bert && "$EM" search --model "$W/b" --collection "$W/lines.txt" --query cat >/dev/null 2>&1
+mkdir -p "$W/b/1_Pooling" && echo '{"pooling_mode_cls_token": true}' >"$W/b/1_Pooling/config.json"
+case_ embed "search: a pooling config added since the index was built" 0 "1_Pooling/config.json' was added since it was built" -- "$EM" search --model "$W/b" --collection "$W/lines.txt" --query cat
+sed -i 's/^cat$/dog/' "$W/b/vocab.txt"
+case_ embed "search: vocab.txt edited since the index was built" 0 "vocab.txt' was edited since it was built" -- "$EM" search --model "$W/b" --collection "$W/lines.txt" --query cat
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

@@ -8,6 +8,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/models/bert.h"
+#include "graft/models/sentence_encoder.h"
 #include "graft/nn/checkpoint.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
@@ -59,6 +60,17 @@ void edit_weights(const TempDir& dir,
   std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
   edit(t);
   nn::save_safetensors(dir / "model.safetensors", nn::NamedTensors(t.begin(), t.end()));
+}
+
+// Whether fn throws a graft::Error containing `what` ("" : whether it throws at all).
+template <class Fn>
+bool error_names(Fn&& fn, const std::string& what) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return std::string(e.what()).find(what) != std::string::npos;
+  }
+  return false;
 }
 
 }  // namespace
@@ -172,6 +184,93 @@ BOOST_AUTO_TEST_CASE(bert_prefix_and_pretraining_heads_load) {
   auto back = load_hf_bert(dir.path.string());
   const Tensor x = ids({2, 5, 7, 3}, 1);
   BOOST_TEST(m->forward(x).to_vector<float>() == back->forward(x).to_vector<float>());
+}
+
+BOOST_AUTO_TEST_CASE(prefixed_and_bare_copies_of_a_tensor_are_an_error) {
+  TempDir dir("bert_both");
+  saved_model(dir);
+  edit_weights(dir, [](auto& t) {
+    std::map<std::string, Tensor> p;
+    for (auto& [n, v] : t) p["bert." + n] = v;
+    p["encoder.layer.0.output.dense.bias"] = zeros({16});  // a second, bare copy
+    t = p;
+  });
+  BOOST_CHECK_EXCEPTION(load_hf_bert(dir.path.string()), Error, [](const Error& e) {
+    return names(e,
+                 "the file holds both 'bert.encoder.layer.0.output.dense.bias' and "
+                 "'encoder.layer.0.output.dense.bias'");
+  });
+}
+
+// A config far larger than its small file fails on the file's shapes before the model is built:
+// the live tensor bytes never reach the config's size (268 MB of FFN weights here).
+BOOST_AUTO_TEST_CASE(huge_config_with_small_file_fails_before_allocating) {
+  TempDir dir("bert_huge");
+  saved_model(dir);
+  nlohmann::json j = nn::load_json(dir / "config.json");
+  j["intermediate_size"] = int64_t(1) << 20;
+  nn::save_json(dir / "config.json", j);
+  Storage::reset_peak_live_bytes();
+  const size_t before = Storage::live_bytes();
+  BOOST_CHECK_EXCEPTION(load_hf_bert(dir.path.string()), Error, [](const Error& e) {
+    return names(e,
+                 "tensor 'encoder.layer.0.intermediate.dense.weight' has shape (24, 16), "
+                 "the config needs (1048576, 16)");
+  });
+  BOOST_TEST(Storage::peak_live_bytes() - before < size_t(8) << 20);
+}
+
+BOOST_AUTO_TEST_CASE(hf_names_check_the_layer_count) {
+  BOOST_TEST(bert_hf_names(2).size() == 5 + 2 * 12);
+  for (int64_t layers : {int64_t(-1), int64_t(1) << 40})
+    BOOST_CHECK_EXCEPTION(bert_hf_names(layers), Error, [&](const Error& e) {
+      return names(e, "bert_hf_names: layers must be in [0, 1024], got " + std::to_string(layers));
+    });
+}
+
+// Issue 47: an index is tied to every model file that changes an embedding (the pooling,
+// normalisation and sequence-length configs, the tokenizer, config.json), not only the weights.
+BOOST_AUTO_TEST_CASE(index_ties_name_every_model_file_changed_since) {
+  TempDir dir("bert_index");
+  saved_model(dir);
+  std::string vocab;
+  for (int i = 0; i < 40; ++i)
+    vocab += (i == 0   ? "[PAD]"
+              : i == 1 ? "[UNK]"
+              : i == 2 ? "[CLS]"
+              : i == 3 ? "[SEP]"
+                       : "w" + std::to_string(i)) +
+             std::string("\n");
+  std::ofstream(dir / "vocab.txt") << vocab;
+  std::ofstream(dir / "texts.txt") << "one\ntwo\n";
+  const std::string collection = dir / "texts.txt", where = "idx";
+  const SentenceEncoder enc(dir.path.string());
+  const std::map<std::string, std::string> ties = enc.index_ties(collection);
+  BOOST_CHECK_NO_THROW(enc.check_index_ties(ties, collection, where));
+  const auto refused = [&](const std::string& why) {
+    return error_names([&] { enc.check_index_ties(ties, collection, where); }, why);
+  };
+  std::filesystem::create_directories(dir / "1_Pooling");
+  std::ofstream(dir / "1_Pooling/config.json") << R"({"pooling_mode_cls_token": true})";
+  BOOST_TEST(
+      refused("'idx': '" + (dir / "1_Pooling/config.json") + "' was added since it was built"));
+  std::filesystem::remove(dir / "1_Pooling/config.json");
+  BOOST_TEST(!refused(""));
+  std::ofstream(dir / "vocab.txt", std::ios::app) << "extra\n";
+  BOOST_TEST(refused("vocab.txt' was edited since it was built"));
+  std::ofstream(dir / "vocab.txt") << vocab;
+  std::filesystem::remove(dir / "config.json");
+  BOOST_TEST(refused("config.json' was removed since it was built"));
+  save_hf_bert(*enc.model, dir.path.string());
+  std::ofstream(dir / "sentence_bert_config.json") << R"({"max_seq_length": 8})";
+  BOOST_TEST(refused("sentence_bert_config.json' was added"));
+  std::filesystem::remove(dir / "sentence_bert_config.json");
+  std::ofstream(dir / "texts.txt", std::ios::app) << "three\n";
+  BOOST_TEST(refused("the collection '" + collection + "' was edited since it was built"));
+  std::map<std::string, std::string> old_format = ties;
+  old_format["format"] = "graft-embed-index-1";
+  BOOST_CHECK_EXCEPTION(enc.check_index_ties(old_format, collection, where), Error,
+                        [](const Error& e) { return names(e, "\"graft-embed-index-1\", not"); });
 }
 
 BOOST_AUTO_TEST_CASE(pooled_embedding_ignores_padding) {

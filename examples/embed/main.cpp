@@ -29,7 +29,6 @@ namespace {
 
 constexpr const char* kDefaultModel = "build/pretrained/all-MiniLM-L6-v2";
 constexpr size_t kMaxLineBytes = size_t(1) << 20;
-constexpr const char* kIndexFormat = "graft-embed-index-1";
 
 // The lines of a text file (one text each), every line checked for length and UTF-8 up front.
 std::vector<std::string> read_lines(const std::string& path) {
@@ -86,16 +85,19 @@ int cmd_encode(const std::string& model_dir, const std::string& in, const std::s
   return 0;
 }
 
-// The index of a collection: its embeddings, tied to the collection's and the model's bytes, so
-// an edited collection or another model is noticed and the index rebuilt.
+// The index of a collection: its embeddings, tied to the collection's bytes and to every model
+// file that changes an embedding (SentenceEncoder::index_ties), so an edited collection, another
+// model or an edited model file is noticed and the index rebuilt.
 Tensor collection_index(const models::SentenceEncoder& enc, const std::string& collection,
                         const std::vector<std::string>& texts, const std::string& index,
                         int64_t batch) {
-  const std::vector<std::string> tied = {collection, enc.dir + "/model.safetensors"};
   std::string stale;  // why an index that exists is not used
   if (std::filesystem::exists(index)) {
     try {
-      nn::NamedTensors w = nn::load_weights(index, "embed search", tied);
+      nn::SafetensorsFile f = nn::load_safetensors(index);
+      nn::check_weights_checksum(f, "embed search");
+      enc.check_index_ties(f.metadata, collection, index);
+      nn::NamedTensors& w = f.tensors;
       if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
           w[0].second.size(0) == (int64_t)texts.size() &&
           w[0].second.size(1) == enc.model->cfg.d_model)
@@ -106,7 +108,10 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
     }
   }
   const Tensor e = enc.encode(texts, batch, progress_line("index"));
-  nn::save_weights({{"embeddings", e}}, index, 0, kIndexFormat, tied);
+  const nn::NamedTensors saved = {{"embeddings", e}};
+  std::map<std::string, std::string> meta = nn::checksum_metadata(saved);
+  meta.merge(enc.index_ties(collection));
+  nn::save_safetensors(index, saved, meta);
   if (stale.empty())
     std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(),
                  index.c_str());
