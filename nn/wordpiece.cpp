@@ -474,10 +474,12 @@ WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
            std::to_string(it->second) + " and " + std::to_string(i) + ")");
     }
     word_start_.insert(t, (int64_t)i);
-    if (t.starts_with(options_.continuing_prefix))
-      word_continuation_.insert(std::string_view(t).substr(options_.continuing_prefix.size()),
-                                (int64_t)i);
+    // A piece ends at a character boundary: a key that is not UTF-8 could only match inside one.
+    if (!t.starts_with(options_.continuing_prefix)) continue;
+    const std::string_view rest = std::string_view(t).substr(options_.continuing_prefix.size());
+    if (!rest.empty() && valid_utf8(rest)) word_continuation_.insert(rest, (int64_t)i);
   }
+  word_continuation_.build();
   unk_ = find_required(options_.unk_token, "unknown");
   cls_ = find_required(options_.cls_token, "classifier");
   sep_ = find_required(options_.sep_token, "separator");
@@ -490,11 +492,7 @@ WordPiece::WordPiece(std::vector<std::string> vocab, WordPieceOptions options)
     added = {options_.pad_token, options_.unk_token, options_.cls_token, options_.sep_token};
     if (ids_.count("[MASK]")) added.push_back("[MASK]");
   }
-  for (const std::string& t : added) {
-    const int64_t id = find_required(t, "added");
-    std::string reversed(t.rbegin(), t.rend());
-    added_.trie.insert(reversed, id);
-  }
+  for (const std::string& t : added) added_.insert(t, find_required(t, "added"));
   added_.build();
   has_added_ = !added.empty();
 }
@@ -612,9 +610,13 @@ void WordPiece::ByteTrie::insert(std::string_view key, int64_t id) {
   value[(size_t)node] = id;
 }
 
+void WordPiece::LongestMatcher::insert(std::string_view key, int64_t id) {
+  trie.insert(std::string(key.rbegin(), key.rend()), id);
+}
+
 // The failure links in order of depth (a node's link is shallower than it), and with them the
 // longest token that is a suffix of each node's string.
-void WordPiece::AddedTokenMatcher::build() {
+void WordPiece::LongestMatcher::build() {
   const size_t n = trie.value.size();
   std::vector<int32_t> order((size_t)n);
   std::iota(order.begin(), order.end(), 0);
@@ -638,9 +640,9 @@ void WordPiece::AddedTokenMatcher::build() {
 // reversed text read so far, i.e. the longest prefix of text[i..] that starts an added token;
 // its longest token is the longest added token starting at i. Each byte makes one forward
 // transition and the failure transitions, which only shorten the state, never outnumber them.
-std::vector<int32_t> WordPiece::AddedTokenMatcher::longest_at(std::string_view text,
-                                                              int64_t& steps) const {
-  std::vector<int32_t> out(text.size(), -1);
+void WordPiece::LongestMatcher::longest_at(std::string_view text, std::vector<int32_t>& out,
+                                           int64_t& steps) const {
+  out.assign(text.size(), -1);
   int32_t state = 0;
   for (size_t i = text.size(); i-- > 0;) {
     const auto b = (unsigned char)text[i];
@@ -650,39 +652,45 @@ std::vector<int32_t> WordPiece::AddedTokenMatcher::longest_at(std::string_view t
     ++steps;
     out[i] = longest[(size_t)state];
   }
-  return out;
 }
 
 // Greedy longest match first from the left; pieces after the first carry the continuing prefix.
 // A word with no match at some position, or longer than max_input_chars_per_word, is one unk.
-// Each piece is the last token met walking the trie from its start (ending at a character
-// boundary), so a piece costs at most the longest token's bytes + 1 steps.
-void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids,
-                              int64_t& steps) const {
+// The first piece is the last token met walking the trie from the word's start (at most the
+// word's bytes in steps); the longest continuing piece at every later byte comes from one
+// backward pass of word_continuation_ (at most 2 steps a byte), so a word costs at most 3 steps
+// a byte, whatever its length and the vocabulary's longest token.
+void WordPiece::append_pieces(std::string_view word, std::vector<int64_t>& ids, int64_t& steps,
+                              std::vector<int32_t>& scratch) const {
   if ((int64_t)code_points(word) > options_.max_input_chars_per_word) {
     ids.push_back(unk_);
     return;
   }
+  int64_t first = -1;
+  size_t start = 0;
+  for (size_t k = 0, node = 0; k < word.size(); ++k) {
+    ++steps;
+    const int32_t next = word_start_.child((int32_t)node, (unsigned char)word[k]);
+    if (next < 0) break;
+    node = (size_t)next;
+    const bool boundary = k + 1 == word.size() || ((unsigned char)word[k + 1] & 0xC0) != 0x80;
+    if (word_start_.value[node] >= 0 && boundary) first = word_start_.value[node], start = k + 1;
+  }
+  if (first < 0) {
+    ids.push_back(unk_);
+    return;
+  }
+  const std::string_view rest = word.substr(start);
+  word_continuation_.longest_at(rest, scratch, steps);
   const size_t mark = ids.size();
-  for (size_t start = 0; start < word.size();) {
-    const ByteTrie& trie = start == 0 ? word_start_ : word_continuation_;
-    int64_t found = -1;
-    size_t found_end = start;
-    for (size_t k = start, node = 0; k < word.size(); ++k) {
-      ++steps;
-      const int32_t next = trie.child((int32_t)node, (unsigned char)word[k]);
-      if (next < 0) break;
-      node = (size_t)next;
-      const bool boundary = k + 1 == word.size() || ((unsigned char)word[k + 1] & 0xC0) != 0x80;
-      if (trie.value[node] >= 0 && boundary) found = trie.value[node], found_end = k + 1;
-    }
-    if (found < 0) {
+  ids.push_back(first);
+  for (size_t i = 0; i < rest.size(); i += word_continuation_.length(scratch[i])) {
+    if (scratch[i] < 0) {
       ids.resize(mark);
       ids.push_back(unk_);
       return;
     }
-    ids.push_back(found);
-    start = found_end;
+    ids.push_back(word_continuation_.id(scratch[i]));
   }
 }
 
@@ -705,7 +713,8 @@ void WordPiece::for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded
   };
   size_t done = 0;
   if (has_added_) {
-    const std::vector<int32_t> longest = added_.longest_at(utf8, steps);
+    std::vector<int32_t> longest;
+    added_.longest_at(utf8, longest, steps);
     for (size_t i = 0; i < utf8.size();) {
       const int32_t node = longest[i];
       if (node < 0) {
@@ -713,8 +722,8 @@ void WordPiece::for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded
         continue;
       }
       words_of(done, i);
-      const size_t length = (size_t)added_.trie.depth[(size_t)node];
-      on_added(std::string_view(utf8).substr(i, length), added_.trie.value[(size_t)node]);
+      const size_t length = added_.length(node);
+      on_added(std::string_view(utf8).substr(i, length), added_.id(node));
       done = i += length;
     }
   }
@@ -747,8 +756,9 @@ std::vector<int64_t> WordPiece::encode(const std::string& utf8) const {
 
 std::vector<int64_t> WordPiece::encode(const std::string& utf8, int64_t& steps) const {
   std::vector<int64_t> ids;
+  std::vector<int32_t> scratch;  // append_pieces' matches, reused from word to word
   for_each_word(
-      utf8, [&](const std::string& w) { append_pieces(w, ids, steps); },
+      utf8, [&](const std::string& w) { append_pieces(w, ids, steps, scratch); },
       [&](std::string_view, int64_t id) { ids.push_back(id); }, steps);
   return ids;
 }

@@ -80,9 +80,10 @@ class WordPiece {
   /// @throws graft::Error naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode(const std::string& utf8) const;
   /// encode(), adding to `steps` the steps of its matching loops: one per automaton transition
-  /// while finding the added tokens (at most 2 per byte of the text) and one per trie edge while
-  /// matching word pieces (at most the longest token's bytes + 1 per byte of a word), whatever
-  /// the number of added tokens or max_input_chars_per_word. Tests bound the work with it.
+  /// while finding the added tokens (at most 2 per byte of the text) and while finding the
+  /// pieces of a word (at most 3 per byte of the word), so at most 5 per byte whatever the
+  /// number of added tokens, the longest token or max_input_chars_per_word. Tests bound the
+  /// work with it.
   /// @throws graft::Error naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode(const std::string& utf8, int64_t& steps) const;
   /// [CLS] pieces [SEP], the pieces truncated so that the whole is at most max_len ids (max_len >=
@@ -123,19 +124,25 @@ class WordPiece {
     }
     void insert(std::string_view key, int64_t id);
   };
-  /// Aho-Corasick over the added tokens reversed: run over the text backwards, it gives at each
-  /// byte the longest added token that starts there, in one pass.
-  struct AddedTokenMatcher {
-    ByteTrie trie;
+  /// Aho-Corasick over keys reversed: run over a text backwards, it gives at each byte the
+  /// longest key that starts there, in one pass of at most 2 steps a byte.
+  struct LongestMatcher {
+    ByteTrie trie;                 ///< the keys reversed
     std::vector<int32_t> fail;     ///< the longest proper suffix of a node's string in the trie
-    std::vector<int32_t> longest;  ///< the node of the longest token that is a suffix, or -1
+    std::vector<int32_t> longest;  ///< the node of the longest key that is a suffix, or -1
+    void insert(std::string_view key, int64_t id);
     void build();
-    std::vector<int32_t> longest_at(std::string_view text, int64_t& steps) const;
+    /// out[i]: the trie node of the longest key starting at text[i], or -1.
+    void longest_at(std::string_view text, std::vector<int32_t>& out, int64_t& steps) const;
+    /// The key's bytes and id of a node longest_at() gave.
+    size_t length(int32_t node) const { return (size_t)trie.depth[(size_t)node]; }
+    int64_t id(int32_t node) const { return trie.value[(size_t)node]; }
   };
   int64_t find_required(const std::string& token, const char* what) const;
   void append_normalized(std::u32string_view text, std::u32string& out) const;
   void split_words(std::u32string_view text, std::vector<std::string>& words) const;
-  void append_pieces(std::string_view word, std::vector<int64_t>& ids, int64_t& steps) const;
+  void append_pieces(std::string_view word, std::vector<int64_t>& ids, int64_t& steps,
+                     std::vector<int32_t>& scratch) const;
   /// Calls on_word for each word of text, in order, and on_added for each added token's id.
   template <class OnWord, class OnAdded>
   void for_each_word(const std::string& utf8, OnWord&& on_word, OnAdded&& on_added,
@@ -146,10 +153,10 @@ class WordPiece {
   WordPieceOptions options_;
   bool strip_accents_ = true;
   int64_t unk_ = 0, cls_ = 0, sep_ = 0, pad_ = 0;
-  ByteTrie word_start_;         ///< every token, for a word's first piece
-  ByteTrie word_continuation_;  ///< the tokens with the continuing prefix, the prefix dropped
-  AddedTokenMatcher added_;     ///< the added tokens
-  bool has_added_ = false;      ///< whether there are any
+  ByteTrie word_start_;               ///< every token, for a word's first piece
+  LongestMatcher word_continuation_;  ///< the tokens with the continuing prefix, without it
+  LongestMatcher added_;              ///< the added tokens
+  bool has_added_ = false;            ///< whether there are any
 };
 
 }  // namespace graft::text
