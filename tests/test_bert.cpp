@@ -62,6 +62,14 @@ void edit_weights(const TempDir& dir,
   nn::save_safetensors(dir / "model.safetensors", nn::NamedTensors(t.begin(), t.end()));
 }
 
+// saved_model() with a vocab.txt of its 40 tokens: a sentence-transformers directory.
+void sentence_model(const TempDir& dir) {
+  saved_model(dir);
+  std::ofstream vocab(dir / "vocab.txt");
+  for (const char* special : {"[PAD]", "[UNK]", "[CLS]", "[SEP]"}) vocab << special << "\n";
+  for (int i = 4; i < 40; ++i) vocab << "w" << i << "\n";
+}
+
 // Whether fn throws a graft::Error containing `what` ("" : whether it throws at all).
 template <class Fn>
 bool error_names(Fn&& fn, const std::string& what) {
@@ -108,6 +116,14 @@ BOOST_AUTO_TEST_CASE(hf_config_errors) {
   j["position_embedding_type"] = "relative_key";
   BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
                         [](const Error& e) { return names(e, "position_embedding_type"); });
+  // Numbers are integers in range, never converted as nlohmann would (2.5 -> 2, 1e300 -> UB).
+  for (const nlohmann::json& bad : {nlohmann::json(2.5), nlohmann::json(1e300)}) {
+    j = small_hf_config();
+    j["intermediate_size"] = bad;
+    BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error, [](const Error& e) {
+      return names(e, "config.json: field \"intermediate_size\" must be an integer");
+    });
+  }
   j = small_hf_config();
   j["num_attention_heads"] = 3;
   BOOST_CHECK_EXCEPTION(BertConfig::from_hf_json(j, "config.json"), Error,
@@ -232,16 +248,7 @@ BOOST_AUTO_TEST_CASE(hf_names_check_the_layer_count) {
 // normalisation and sequence-length configs, the tokenizer, config.json), not only the weights.
 BOOST_AUTO_TEST_CASE(index_ties_name_every_model_file_changed_since) {
   TempDir dir("bert_index");
-  saved_model(dir);
-  std::string vocab;
-  for (int i = 0; i < 40; ++i)
-    vocab += (i == 0   ? "[PAD]"
-              : i == 1 ? "[UNK]"
-              : i == 2 ? "[CLS]"
-              : i == 3 ? "[SEP]"
-                       : "w" + std::to_string(i)) +
-             std::string("\n");
-  std::ofstream(dir / "vocab.txt") << vocab;
+  sentence_model(dir);
   std::ofstream(dir / "texts.txt") << "one\ntwo\n";
   const std::string collection = dir / "texts.txt", where = "idx";
   const SentenceEncoder enc(dir.path.string());
@@ -258,7 +265,7 @@ BOOST_AUTO_TEST_CASE(index_ties_name_every_model_file_changed_since) {
   BOOST_TEST(!refused(""));
   std::ofstream(dir / "vocab.txt", std::ios::app) << "extra\n";
   BOOST_TEST(refused("vocab.txt' was edited since it was built"));
-  std::ofstream(dir / "vocab.txt") << vocab;
+  sentence_model(dir);
   std::filesystem::remove(dir / "config.json");
   BOOST_TEST(refused("config.json' was removed since it was built"));
   save_hf_bert(*enc.model, dir.path.string());
@@ -271,6 +278,17 @@ BOOST_AUTO_TEST_CASE(index_ties_name_every_model_file_changed_since) {
   old_format["format"] = "graft-embed-index-1";
   BOOST_CHECK_EXCEPTION(enc.check_index_ties(old_format, collection, where), Error,
                         [](const Error& e) { return names(e, "\"graft-embed-index-1\", not"); });
+}
+
+BOOST_AUTO_TEST_CASE(sentence_configs_numbers_are_integers) {
+  TempDir dir("bert_sentence_config");
+  sentence_model(dir);
+  for (const char* bad : {"2.5", "1e300"}) {
+    std::ofstream(dir / "sentence_bert_config.json") << "{\"max_seq_length\": " << bad << "}";
+    BOOST_CHECK_EXCEPTION(SentenceEncoder(dir.path.string()), Error, [](const Error& e) {
+      return names(e, "sentence_bert_config.json: field \"max_seq_length\" must be an integer");
+    });
+  }
 }
 
 BOOST_AUTO_TEST_CASE(pooled_embedding_ignores_padding) {
