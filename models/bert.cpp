@@ -265,6 +265,13 @@ nn::NamedTensors map_hf_weights(const std::map<std::string, Tensor>& file, const
   return out;
 }
 
+/// The encoder with its parameters allocated but not initialised: the file supplies every one
+/// (check_hf_shapes() refuses a file without them), so drawing them would be wasted work.
+std::unique_ptr<BertEncoder> uninitialised_bert(const BertConfig& c) {
+  const nn::SkipInit skip;
+  return std::make_unique<BertEncoder>(c);
+}
+
 }  // namespace
 
 std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
@@ -278,9 +285,8 @@ std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
   const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
   const std::map<std::string, Tensor> file = hf_tensors(f);
   check_hf_shapes(file, c, weights_path);
-  nn::NamedTensors weights = map_hf_weights(file, c);
-  auto model = std::make_unique<BertEncoder>(c);
-  model->load_state_dict(weights);
+  auto model = uninitialised_bert(c);
+  model->adopt_state_dict(map_hf_weights(file, c));
   model->eval();
   return model;
 }

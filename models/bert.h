@@ -103,7 +103,10 @@ std::vector<HfNameMap> bert_hf_names(int64_t layers);
 /// mapped by bert_hf_names(), optionally under a "bert." prefix; "embeddings.position_ids" and
 /// the unused "pooler.*" (and, under "bert.", the "cls.*" heads) are skipped. Every tensor's
 /// name, dtype and shape is checked against the config before the model is built, so a config
-/// larger than its file allocates nothing of the config's size.
+/// larger than its file allocates nothing of the config's size. The encoder is then built
+/// without initialising its parameters (nn::SkipInit: the file supplies every one) and takes the
+/// file's tensors' memory (nn::Module::adopt_state_dict()), so loading draws no random number
+/// and copies no weight of the model's dtype twice.
 /// @throws graft::Error naming the file and the tensor: a missing, unexpected or mis-shaped
 ///         tensor, a dtype other than F32/F64, a tensor both with and without the "bert."
 ///         prefix, a truncated file, an unsupported architecture.

@@ -48,12 +48,16 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
     fail("MultiHeadAttention: attention dropout must be in [0, 1], got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
   const int64_t rows = d + 2 * kv_heads * (d / heads);
-  Tensor w = Tensor::empty({rows, d}, dt);
-  xavier_uniform_(w, gen);
-  in_proj_weight = register_parameter("in_proj_weight", w);
-  if (has_bias) in_proj_bias = register_parameter("in_proj_bias", zeros({rows}, dt));
+  in_proj_weight = register_parameter("in_proj_weight", new_parameter({rows, d}, dt, [&] {
+                                        Tensor w = Tensor::empty({rows, d}, dt);
+                                        xavier_uniform_(w, gen);
+                                        return w;
+                                      }));
+  if (has_bias)
+    in_proj_bias = register_parameter("in_proj_bias",
+                                      new_parameter({rows}, dt, [&] { return zeros({rows}, dt); }));
   out_proj = register_module("out_proj", std::make_shared<Linear>(d, d, has_bias, dt, gen));
-  if (has_bias) fill_(out_proj->bias, 0.0);
+  if (has_bias && !SkipInit::active()) fill_(out_proj->bias, 0.0);  // drawn, then zeroed as torch
 }
 
 Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t parts) const {

@@ -8,8 +8,11 @@ namespace graft::nn {
 
 Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt, Generator& gen) {
   const double bound = 1.0 / std::sqrt((double)in);
-  weight = register_parameter("weight", rand({out, in}, dt, gen, -bound, bound));
-  if (has_bias) bias = register_parameter("bias", rand({out}, dt, gen, -bound, bound));
+  const auto draw = [&](const Shape& s) {
+    return new_parameter(s, dt, [&] { return rand(s, dt, gen, -bound, bound); });
+  };
+  weight = register_parameter("weight", draw({out, in}));
+  if (has_bias) bias = register_parameter("bias", draw({out}));
 }
 
 Tensor Linear::forward(const Tensor& x) const {
@@ -22,9 +25,11 @@ Embedding::Embedding(int64_t vocab, int64_t dim, int64_t pad, DType dt, Generato
     : padding_idx(pad) {
   if (pad >= vocab)
     fail("Embedding: padding_idx " + std::to_string(pad) + " >= vocab " + std::to_string(vocab));
-  Tensor w = randn({vocab, dim}, dt, gen, 0.0, init_std);
-  if (pad >= 0) fill_(slice(w, 0, pad, pad + 1), 0.0);
-  weight = register_parameter("weight", w);
+  weight = register_parameter("weight", new_parameter({vocab, dim}, dt, [&] {
+                                Tensor w = randn({vocab, dim}, dt, gen, 0.0, init_std);
+                                if (pad >= 0) fill_(slice(w, 0, pad, pad + 1), 0.0);
+                                return w;
+                              }));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const {
@@ -33,12 +38,12 @@ Tensor Embedding::forward(const Tensor& ids) const {
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt) : eps(eps_) {
-  weight = register_parameter("weight", ones({dim}, dt));
-  bias = register_parameter("bias", zeros({dim}, dt));
+  weight = register_parameter("weight", new_parameter({dim}, dt, [&] { return ones({dim}, dt); }));
+  bias = register_parameter("bias", new_parameter({dim}, dt, [&] { return zeros({dim}, dt); }));
 }
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, DType dt, bool rms_norm) : eps(eps_), rms(rms_norm) {
-  weight = register_parameter("weight", ones({dim}, dt));
+  weight = register_parameter("weight", new_parameter({dim}, dt, [&] { return ones({dim}, dt); }));
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
@@ -132,7 +137,9 @@ Tensor SinusoidalPositionalEncoding::forward(const Tensor& x, int64_t start) con
 
 LearnedPositionalEncoding::LearnedPositionalEncoding(int64_t max_len, int64_t d, DType dt,
                                                      Generator& gen) {
-  weight = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
+  weight = register_parameter("weight", new_parameter({max_len, d}, dt, [&] {
+                                return randn({max_len, d}, dt, gen, 0.0, 0.02);
+                              }));
 }
 
 Tensor LearnedPositionalEncoding::forward(const Tensor& x, int64_t start) const {

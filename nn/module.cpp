@@ -120,16 +120,36 @@ Tensor Module::hooked(Tensor output) const {
   return output;
 }
 
+namespace {
+thread_local bool t_skip_init = false;
+thread_local int64_t t_initialised = 0;
+}  // namespace
+
+SkipInit::SkipInit() : was_(t_skip_init) { t_skip_init = true; }
+SkipInit::~SkipInit() { t_skip_init = was_; }
+bool SkipInit::active() { return t_skip_init; }
+
+Tensor new_parameter(const Shape& shape, DType dt, const std::function<Tensor()>& init) {
+  if (t_skip_init) return Tensor::empty(shape, dt);
+  ++t_initialised;
+  return init();
+}
+
+int64_t initialised_parameters() { return t_initialised; }
+
 void uniform_(const Tensor& w, double lo, double hi, Generator& gen) {
+  if (t_skip_init) return;
   copy_into(w, rand(w.shape(), w.dtype(), gen, lo, hi));
 }
 
 void normal_(const Tensor& w, double mean, double std, Generator& gen) {
+  if (t_skip_init) return;
   copy_into(w, randn(w.shape(), w.dtype(), gen, mean, std));
 }
 
 void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
   if (w.dim() < 2) fail("xavier_uniform_: needs rank >= 2, got " + describe(w));
+  if (t_skip_init) return;
   int64_t receptive = 1;
   for (int64_t i = 2; i < w.dim(); ++i) receptive *= w.shape()[i];
   const double fan_in = (double)w.shape()[1] * receptive,
@@ -138,26 +158,52 @@ void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
   uniform_(w, -a, a, gen);
 }
 
-void Module::load_state_dict(const NamedTensors& tensors) {
+// Each parameter with the tensor given for it, after checking that the names, shapes and dtypes
+// match exactly.
+std::vector<std::pair<Tensor, const Tensor*>> Module::checked_sources(
+    const NamedTensors& tensors) const {
   const NamedTensors params = named_parameters();
   std::map<std::string, const Tensor*> given;  // by name: a file of 10^5 tensors stays fast
   for (auto& [name, t] : tensors) {
     check_defined(t, "load_state_dict", ("tensor '" + name + "'").c_str());
     if (!given.emplace(name, &t).second) fail("load_state_dict: tensor '" + name + "' given twice");
   }
+  std::vector<std::pair<Tensor, const Tensor*>> out;
   for (auto& [name, p] : params) {
     auto it = given.find(name);
     if (it == given.end()) fail("load_state_dict: missing tensor '" + name + "'");
     if (it->second->shape() != p.shape() || it->second->dtype() != p.dtype())
       fail("load_state_dict: tensor '" + name + "' is " + describe(*it->second) +
            " but the model expects " + describe(p));
+    out.emplace_back(p, it->second);
   }
   if (given.size() != params.size()) {
     for (auto& [name, t] : params) given.erase(name);
     fail("load_state_dict: unexpected tensor '" + given.begin()->first + "'");
   }
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& tensors) {
+  const auto sources = checked_sources(tensors);
   autograd::NoGrad ng;
-  for (auto& [name, p] : params) copy_into(p, *given.at(name));
+  for (auto& [p, t] : sources) copy_into(p, *t);
+}
+
+void Module::adopt_state_dict(const NamedTensors& tensors) {
+  const auto sources = checked_sources(tensors);
+  autograd::NoGrad ng;
+  for (auto& [p, t] : sources) {
+    if (!t->is_contiguous()) {
+      copy_into(p, *t);
+      continue;
+    }
+    // The parameter's own state takes the memory, so every handle on it (a tied weight) sees it.
+    TensorImpl& s = *p.impl();
+    s.storage = t->impl()->storage;
+    s.offset = t->offset();
+    s.strides = t->strides();
+  }
 }
 
 }  // namespace graft::nn

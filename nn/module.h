@@ -74,6 +74,13 @@ class Module {
   /// @throws graft::Error "load_state_dict: ..." for a tensor given twice, undefined, missing,
   ///         unexpected, or of another shape or dtype than the model's.
   void load_state_dict(const NamedTensors& tensors);
+  /// load_state_dict() without the copy, for a model built under SkipInit: each parameter takes
+  /// the given tensor's memory where that tensor is contiguous (its values are not copied), and
+  /// a copy of it otherwise. The parameter then shares its memory with the given tensor (and
+  /// with every other view of it): pass tensors nothing else writes, such as a file's just
+  /// loaded. Checked exactly as load_state_dict(), everything before anything is taken.
+  /// @throws graft::Error "load_state_dict: ..." as load_state_dict().
+  void adopt_state_dict(const NamedTensors& tensors);
 
   /// Sets training mode (dropout active) on this module and every descendant; false = eval().
   void train(bool on = true);
@@ -138,6 +145,7 @@ class Module {
   Tensor hooked(Tensor output) const;
 
  private:
+  std::vector<std::pair<Tensor, const Tensor*>> checked_sources(const NamedTensors& tensors) const;
   void collect(const std::string& prefix, NamedTensors& out, bool buffers,
                std::vector<const TensorImpl*>& seen) const;
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
@@ -168,7 +176,38 @@ class EvalScope {
   bool was_;
 };
 
-// Initialisers (in place, no tape), drawing from the given generator.
+/// While one is alive on a thread, the modules built on that thread leave their parameters
+/// uninitialised: new_parameter() allocates them (Tensor::empty) without drawing or filling
+/// them, and xavier_uniform_(), uniform_() and normal_() leave their tensor as it is. For a model
+/// whose every parameter is loaded right after (adopt_state_dict(), load_state_dict(), which
+/// refuse a missing one): building it then costs no random draws and no pass over the weights,
+/// and its generators are not advanced. Buffers (the sinusoidal table) are computed as always,
+/// since no checkpoint holds them. Scopes nest; each restores the state it found.
+class SkipInit {
+ public:
+  /// Skips initialisation on this thread until destroyed.
+  SkipInit();
+  /// Restores the state the constructor found.
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+  /// Whether a SkipInit is alive on this thread.
+  static bool active();
+
+ private:
+  bool was_;
+};
+
+/// A new parameter of `shape` and `dt`: what `init` returns (a fresh tensor of that shape and
+/// dtype), or uninitialised memory while a SkipInit is alive, in which case `init` is not called.
+/// Every layer constructor makes its parameters through it.
+Tensor new_parameter(const Shape& shape, DType dt, const std::function<Tensor()>& init);
+
+/// How many parameters new_parameter() has initialised (called `init` for) on this thread so
+/// far: a test of a loader checks that it initialises none.
+int64_t initialised_parameters();
+
+// Initialisers (in place, no tape), drawing from the given generator; no-ops under SkipInit.
 /// Xavier/Glorot uniform init, in place, no tape: U(-a, a) with
 /// a = gain * sqrt(6 / (fan_in + fan_out)), as torch.nn.init.xavier_uniform_.
 /// @throws graft::Error when w has fewer than 2 dims.

@@ -25,7 +25,9 @@ EmbeddingPositions::EmbeddingPositions(Positions k, int64_t max_len, int64_t d, 
                                        Generator& gen)
     : kind(k) {
   if (kind == Positions::learned)
-    table = register_parameter("weight", randn({max_len, d}, dt, gen, 0.0, 0.02));
+    table = register_parameter("weight", new_parameter({max_len, d}, dt, [&] {
+                                 return randn({max_len, d}, dt, gen, 0.0, 0.02);
+                               }));
   if (kind == Positions::sinusoidal)
     table = register_buffer("table", sinusoid_table(0, max_len, d, dt));
 }
@@ -102,7 +104,9 @@ RelativePositionBias::RelativePositionBias(int64_t heads, bool bidirectional, in
   if (buckets < 4 || max_distance <= buckets / (bidirectional ? 4 : 2))
     fail("RelativePositionBias: need buckets >= 4 and max_distance > the exact range, got " +
          std::to_string(buckets) + " buckets, max_distance " + std::to_string(max_distance));
-  weight = register_parameter("weight", randn({buckets, heads}, dt, gen, 0.0, 0.1));
+  weight = register_parameter("weight", new_parameter({buckets, heads}, dt, [&] {
+                                return randn({buckets, heads}, dt, gen, 0.0, 0.1);
+                              }));
 }
 
 Tensor RelativePositionBias::bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk,

@@ -141,6 +141,27 @@ BOOST_AUTO_TEST_CASE(hf_round_trip_is_exact) {
   BOOST_TEST(back->num_parameters() == m->num_parameters());
 }
 
+// The file supplies every parameter, so loading builds the encoder without initialising any
+// (the old code drew or filled all 29, then overwrote them), in float32 and from a float64 file.
+BOOST_AUTO_TEST_CASE(loading_initialises_no_parameter) {
+  TempDir dir("bert_noinit");
+  auto m = saved_model(dir);
+  const Tensor x = ids({2, 5, 7, 3, 0, 0, 9, 4, 1, 8, 11, 12}, 2);
+  for (const DType file_dtype : {DType::f32, DType::f64}) {
+    edit_weights(dir, [&](auto& t) {
+      for (auto& [n, v] : t) v = to_dtype(v, file_dtype);
+    });
+    const int64_t before = nn::initialised_parameters();
+    auto back = load_hf_bert(dir.path.string());
+    BOOST_TEST(nn::initialised_parameters() == before);
+    BOOST_TEST(m->forward(x).to_vector<float>() == back->forward(x).to_vector<float>());
+    BOOST_TEST((back->word->weight.dtype() == DType::f32 && back->word->weight.requires_grad()));
+  }
+  const int64_t before = nn::initialised_parameters();
+  BertEncoder built(small_cfg());  // building one to train still initialises every parameter
+  BOOST_TEST(nn::initialised_parameters() - before == (int64_t)built.named_parameters().size());
+}
+
 BOOST_AUTO_TEST_CASE(importer_names_the_tensor_at_fault) {
   TempDir dir("bert_bad");
   saved_model(dir);

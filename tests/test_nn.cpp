@@ -167,6 +167,72 @@ BOOST_AUTO_TEST_CASE(load_state_dict_checks_names_shapes_dtypes) {
   BOOST_TEST(b.training());
 }
 
+// Under SkipInit every layer allocates its parameters without drawing or filling them: the
+// generator does not move and new_parameter() counts no initialisation; sinusoidal buffers are
+// still computed. Scopes nest, and afterwards layers draw exactly as before.
+BOOST_AUTO_TEST_CASE(skip_init_draws_and_fills_nothing) {
+  Generator g(3);
+  const uint64_t state = g.state();
+  const int64_t inits = initialised_parameters();
+  LayerConfig c;
+  c.d_model = 8, c.heads = 2, c.d_ff = 12;
+  PositionOptions rel;
+  rel.kind = Positions::relative;
+  {
+    const SkipInit skip;
+    { const SkipInit inner; }
+    BOOST_TEST(SkipInit::active());
+    Linear l(8, 3, true, DType::f32, g);
+    Embedding e(10, 4, 0, DType::f64, g);
+    LayerNorm n(8, 1e-5, DType::f32);
+    RMSNorm r(8, 1e-5, DType::f32);
+    MultiHeadAttention mha(8, 2, DType::f32, g);
+    EmbeddingPositions learned(Positions::learned, 6, 8, DType::f32, g);
+    LearnedPositionalEncoding lpe(6, 8, DType::f32, g);
+    EmbeddingPositions sin(Positions::sinusoidal, 6, 8, DType::f32, g);
+    Encoder enc(c, 2, true, g, nullptr, rel);
+    const Tensor w = zeros({4, 4});
+    xavier_uniform_(w, g), uniform_(w, -1, 1, g), normal_(w, 0, 1, g);
+    BOOST_TEST(g.state() == state);
+    BOOST_TEST(initialised_parameters() == inits);
+    BOOST_TEST(w.to_vector<float>() == std::vector<float>(16, 0.0f));
+    BOOST_TEST(l.weight.shape() == (Shape{3, 8}));
+    BOOST_TEST((e.weight.dtype() == DType::f64));
+    BOOST_TEST(enc.num_parameters() == encoder_parameters(c, 2, true, rel));
+    BOOST_TEST(sin.named_buffers()[0].second.to_vector<double>() ==
+               sinusoid_table(0, 6, 8, DType::f32).to_vector<double>());
+  }
+  BOOST_TEST(!SkipInit::active());
+  Generator fresh(3);
+  Linear drawn(8, 3, true, DType::f32, g), again(8, 3, true, DType::f32, fresh);
+  BOOST_TEST(drawn.weight.to_vector<float>() == again.weight.to_vector<float>());
+  BOOST_TEST(initialised_parameters() == inits + 4);
+}
+
+// adopt_state_dict checks as load_state_dict does, then takes a contiguous tensor's memory (no
+// copy) and copies any other; every handle on the parameter sees the new values.
+BOOST_AUTO_TEST_CASE(adopt_state_dict_takes_the_tensors_memory) {
+  Linear a(3, 2, true, DType::f32);
+  const Tensor w = randn({2, 3}), b = transpose(randn({1, 2}), 0, 1);
+  const Tensor b_view = reshape(b, {2});
+  const Tensor handle = a.weight;
+  a.adopt_state_dict({{"weight", w}, {"bias", b_view}});
+  BOOST_TEST(handle.same_storage(w));
+  BOOST_TEST(handle.to_vector<float>() == w.to_vector<float>());
+  BOOST_TEST(a.bias.to_vector<float>() == b_view.to_vector<float>());
+  BOOST_TEST(a.weight.requires_grad());
+  const auto before = a.weight.to_vector<float>();
+  for (const auto& [bad, part] : std::vector<std::pair<NamedTensors, std::string>>{
+           {{{"weight", zeros({2, 3})}}, "missing tensor 'bias'"},
+           {{{"weight", zeros({3, 2})}, {"bias", zeros({2})}}, "tensor 'weight' is f32 (3, 2)"},
+           {{{"weight", zeros({2, 3})}, {"bias", Tensor()}}, "tensor 'bias'"}}) {
+    BOOST_CHECK_EXCEPTION(a.adopt_state_dict(bad), Error, [&](const Error& e) {
+      return std::string(e.what()).find(part) != std::string::npos;
+    });
+    BOOST_TEST(a.weight.to_vector<float>() == before);  // nothing taken
+  }
+}
+
 // Grouped cross-attention (beam search's G beams per source) reads each cache row once for its
 // G query rows: the same outputs and weights as the ungrouped call over a cache whose rows are
 // repeated G times; a batch that is not G x the cache's, or T > 1, is refused.
