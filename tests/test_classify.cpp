@@ -12,6 +12,7 @@
 #include "examples/classify/pretrained.h"
 #include "graft/models/bert.h"
 #include "graft/nn/checkpoint.h"
+#include "tests/nan_weight.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -136,6 +137,39 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
 }
 
 // The metrics of a confusion matrix, by hand: 7 of 8 right; F1 6/7 and 8/9.
+// A run whose weights load (checksum and all) but compute NaN: predict and evaluate fail naming
+// the text or examples, the parameter holding NaN and the first op it reached (anomaly mode),
+// where they once printed "nan" scores and an accuracy of argmax over NaN.
+BOOST_AUTO_TEST_CASE(a_nan_weight_fails_predict_and_evaluate_by_name) {
+  const TempDir dir("classify_nan");
+  const fs::path d = dir.path;
+  const std::vector<classify::Example> data = {
+      {"vowel", "aeio"}, {"consonant", "tkpr"}, {"vowel", "ioea"}, {"consonant", "rpkt"}};
+  classify::write_tsv((d / "train.tsv").string(), data);
+  classify::write_tsv((d / "valid.tsv").string(), data);
+  classify::TrainOptions o;
+  o.data_dir = d.string(), o.loop.run_dir = (d / "run").string();
+  o.d_model = 8, o.heads = 2, o.d_ff = 16, o.layers = 1, o.ngram_buckets = 0;
+  o.loop.steps = 2, o.loop.valid_every = 2, o.loop.quiet = true;
+  classify::train(o);
+  const std::string weights = o.loop.run_dir + "/model.safetensors";
+  BOOST_TEST(classify::predict(classify::load_run(o.loop.run_dir), {"aeio"}).size() == 1u);
+  testing::put_nan_weight(weights, "head.weight");
+  const classify::LoadedRun run = classify::load_run(o.loop.run_dir);  // the checksum holds
+  BOOST_CHECK_EXCEPTION(classify::predict(run, {"", "aeio"}), Error, [](const Error& e) {
+    return names(e,
+                 "predict: the output for 'aeio' holds NaN: the model's parameter 'head.weight' "
+                 "(f32 (2, 8)) holds NaN; anomaly: input ") &&
+           names(e, " in head holds NaN");
+  });
+  BOOST_CHECK_EXCEPTION(classify::evaluate(run, data), Error, [](const Error& e) {
+    return names(e,
+                 "evaluate: the output for examples 1..4 holds NaN: the model's parameter "
+                 "'head.weight'") &&
+           names(e, "anomaly: input ");
+  });
+}
+
 BOOST_AUTO_TEST_CASE(metrics_of_a_confusion_matrix) {
   const classify::Metrics m = classify::metrics_of({{3, 1}, {0, 4}});
   BOOST_TEST(m.n == 8);
