@@ -421,6 +421,36 @@ BOOST_AUTO_TEST_CASE(init_from_a_pretrained_encoder) {
 }
 
 // --resume of a fine-tuning run continues bit-exactly.
+// The pretrained family's predict and evaluate check their outputs too: a head weight of NaN
+// (the file's checksum restored, so it loads) is named, never printed as a score.
+BOOST_AUTO_TEST_CASE(init_from_a_nan_weight_fails_predict_and_evaluate_by_name) {
+  const TempDir dir("classify_pretrained_nan");
+  const fs::path d = dir.path;
+  write_tiny_pretrained(d / "bert");
+  const std::vector<classify::Example> train = toy_topics(16, 3);
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), train);
+  classify::TrainOptions o = tiny_options(d, "tuned", false);
+  o.loop.steps = 2, o.loop.valid_every = 2;
+  classify::train(o);
+  const std::string weights = o.loop.run_dir + "/model.safetensors";
+  std::string head;
+  for (const auto& [name, t] : nn::load_safetensors(weights).tensors)
+    if (name.find("head") != std::string::npos && t.dim() == 2) head = name;
+  BOOST_TEST_REQUIRE(!head.empty());
+  testing::put_nan_weight(weights, head);
+  const classify::LoadedRun run = classify::load_run(o.loop.run_dir);
+  BOOST_CHECK_EXCEPTION(classify::predict(run, {"the dogs"}), Error, [&](const Error& e) {
+    return names(e, "predict: the output for 'the dogs' holds NaN: the model's parameter '" + head +
+                        "'") &&
+           names(e, "anomaly: input ");
+  });
+  BOOST_CHECK_EXCEPTION(classify::evaluate(run, train), Error, [&](const Error& e) {
+    return names(
+        e, "evaluate: the output for a batch holds NaN: the model's parameter '" + head + "'");
+  });
+}
+
 BOOST_AUTO_TEST_CASE(init_from_resume_is_bit_exact) {
   const TempDir dir("classify_pretrained_resume");
   const fs::path d = dir.path;
