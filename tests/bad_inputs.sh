@@ -252,6 +252,8 @@ case_ output "embed search \`--index\` naming the model's weights" 2 "is the sam
 case_ output "classify evaluate \`--confusion\` a FIFO" 2 "--confusion: '$W/fifo' is a FIFO (named pipe), not a file to write" -- timeout 20 "$CL" evaluate --run "$W/clrun" --data "$W/tsv/valid.tsv" --confusion "$W/fifo"
 case_ output "translate forward \`--out\` naming its \`--batch\`" 2 "forward --out: '$W/batch.st' is the same file as --batch" -- "$T" forward --run "$W/run" --batch "$W/batch.st" --out "$W/batch.st"
 case_ output "translate \`--attention\` naming the run's weights" 2 "--attention: '$W/run/model.safetensors' is the same file as the run's model.safetensors" -- "$T" translate --run "$W/run" --attention "$W/run/model.safetensors"
+fresh; rm "$W/r/model.safetensors" && mkdir "$W/r/model.safetensors"
+case_ output "import-weights into a run whose model.safetensors is a directory" 2 "import-weights: '$W/r/model.safetensors' is a directory, not a file to write" -- "$T" import-weights --run "$W/r" --weights "$W/run/model.safetensors"
 
 # Stdin read with a cap per line, in bounded memory: 20 MB of zero bytes without a newline (as
 # `< /dev/zero` gives; it once grew until the OOM killer) is one line over the cap.

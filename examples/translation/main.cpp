@@ -318,7 +318,11 @@ cli::Command add_import_weights(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory with config.json and spm.model")->required();
   sub->add_option("--weights", a->weights, "safetensors file with every parameter, float32")
       ->required();
-  return {sub, [a] { return tr::import_weights(a->run, a->weights), 0; }};
+  return {sub, [a] {
+            // --weights may be the run's own model.safetensors: it is read whole before the write.
+            text::check_output_file("import-weights", a->run + "/model.safetensors", {});
+            return tr::import_weights(a->run, a->weights), 0;
+          }};
 }
 
 }  // namespace
