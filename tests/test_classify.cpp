@@ -10,6 +10,7 @@
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
 #include "examples/classify/pretrained.h"
+#include "graft/autograd/tape.h"
 #include "graft/models/bert.h"
 #include "graft/nn/checkpoint.h"
 #include "tests/nan_weight.h"
@@ -168,6 +169,7 @@ BOOST_AUTO_TEST_CASE(a_nan_weight_fails_predict_and_evaluate_by_name) {
                  "'head.weight'") &&
            names(e, "anomaly: input ");
   });
+  BOOST_TEST(autograd::tape_size() == 0u);  // the anomaly reruns' entries freed
 }
 
 BOOST_AUTO_TEST_CASE(metrics_of_a_confusion_matrix) {

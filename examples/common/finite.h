@@ -26,16 +26,20 @@ inline std::string nonfinite_parameter(const nn::Module& m) {
 }
 
 // The anomaly error of `forward` run again with recording and anomaly mode on: it names the first
-// op (and module) that made or received a NaN or Inf; "" when no recorded op saw one.
+// op (and module) that made or received a NaN or Inf; "" when no recorded op saw one. The rerun's
+// tape entries are never run backward: they are freed when the tape held nothing before it.
 inline std::string first_nonfinite_op(const std::function<void()>& forward) {
+  const size_t before = autograd::tape_size();
+  std::string why;
   try {
     autograd::EnableGrad record;
     autograd::AnomalyMode anomaly;
     forward();
   } catch (const Error& e) {
-    return e.what();
+    why = e.what();
   }
-  return "";
+  if (before == 0) autograd::clear_tape();
+  return why;
 }
 
 // Throws "<what> holds NaN: <parameter>; <anomaly error>" (the causes that were found).
