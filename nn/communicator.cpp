@@ -5,7 +5,9 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <sstream>
 
+#include "graft/nn/text.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/shape.h"
 
@@ -24,12 +26,26 @@ void SingleProcessCommunicator::abort(const std::string& message, int code) {
   std::exit(code);
 }
 
+namespace {
+
+// "a number of seconds in [0, 1000000] (0: wait forever)": what both setters accept.
+std::string timeout_range() {
+  return "a number of seconds in [0, " +
+         std::to_string((long long)Communicator::kMaxCollectiveTimeout) + "] (0: wait forever)";
+}
+
+bool valid_timeout(double seconds) {
+  return std::isfinite(seconds) && seconds >= 0 && seconds <= Communicator::kMaxCollectiveTimeout;
+}
+
+}  // namespace
+
 void Communicator::set_collective_timeout(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0)
-    fail(
-        "data parallel: the collective timeout must be a number of seconds >= 0 (0: wait forever), "
-        "got " +
-        std::to_string(seconds));
+  if (!valid_timeout(seconds)) {
+    std::ostringstream got;
+    got << seconds;
+    fail("data parallel: the collective timeout must be " + timeout_range() + ", got " + got.str());
+  }
   collective_timeout_ = seconds;
 }
 
@@ -38,9 +54,9 @@ double collective_timeout_from_environment() {
   if (!s || !*s) return Communicator::kDefaultCollectiveTimeout;
   char* end = nullptr;
   const double v = std::strtod(s, &end);
-  if (*end != '\0' || !std::isfinite(v) || v < 0)
-    fail(std::string("data parallel: GRAFT_COLLECTIVE_TIMEOUT='") + s +
-         "' is not a number of seconds >= 0 (0: wait forever)");
+  if (*end != '\0' || !valid_timeout(v))
+    fail(std::string("data parallel: GRAFT_COLLECTIVE_TIMEOUT='") + text::printable(s, 100) +
+         "' is not " + timeout_range());
   return v;
 }
 

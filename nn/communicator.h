@@ -53,7 +53,7 @@ class Communicator {
   /// ranks before it ends the job, naming the ranks that did not answer (a rank stopped with
   /// SIGSTOP, hung, or busy longer than that). 0 waits forever. Set the same on every rank;
   /// kDefaultCollectiveTimeout unless changed. One process never waits, so it has no effect there.
-  /// @throws graft::Error unless `seconds` is finite and >= 0.
+  /// @throws graft::Error unless `seconds` is a number in [0, kMaxCollectiveTimeout].
   void set_collective_timeout(double seconds);
   /// The watchdog's timeout in seconds (0: none); see set_collective_timeout().
   double collective_timeout() const { return collective_timeout_; }
@@ -61,6 +61,10 @@ class Communicator {
   /// The default collective timeout, in seconds: longer than any wait of a healthy run (rank 0
   /// validating or saving while the others wait), short enough to end a stalled job the same hour.
   static constexpr double kDefaultCollectiveTimeout = 600;
+  /// The longest collective timeout, in seconds (10^6, 11.6 days): a deadline this far ahead
+  /// still fits the clock (steady_clock counts int64 nanoseconds, ~292 years), where 10^10 s once
+  /// overflowed it into the past and ended a healthy job at its first wait. Longer: use 0.
+  static constexpr double kMaxCollectiveTimeout = 1e6;
 
  private:
   double collective_timeout_ = kDefaultCollectiveTimeout;
@@ -93,7 +97,8 @@ bool launched_by_mpi();
 /// The collective timeout that world_communicator() gives an MPI communicator: the environment
 /// variable GRAFT_COLLECTIVE_TIMEOUT (seconds, 0: wait forever) when set, else
 /// Communicator::kDefaultCollectiveTimeout.
-/// @throws graft::Error when GRAFT_COLLECTIVE_TIMEOUT is set to anything but a number >= 0.
+/// @throws graft::Error when GRAFT_COLLECTIVE_TIMEOUT is set to anything but a number in
+///         [0, Communicator::kMaxCollectiveTimeout].
 double collective_timeout_from_environment();
 /// The process-wide communicator: MPI's when launched_by_mpi() (initialising MPI on the first
 /// call, finalising it at exit; its collective timeout from collective_timeout_from_environment()),

@@ -215,6 +215,62 @@ case_ embed "search: a pooling config added since the index was built" 0 "1_Pool
 sed -i 's/^cat$/dog/' "$W/b/vocab.txt"
 case_ embed "search: vocab.txt edited since the index was built" 0 "vocab.txt' was edited since it was built" -- "$EM" search --model "$W/b" --collection "$W/lines.txt" --query cat
 
+# Outputs checked: a model that loads (checksum and all) but holds a NaN weight (tests/nan_weight
+# fills one through the library) makes every score, loss and embedding command fail naming the
+# output, the weight and the first op it reached, leaving no output file behind.
+NW=$BUILD/tests/nan_weight
+absent() { [[ -e $1 ]] && { echo "FAIL: $2 left '$1' behind" >&2; failures=$((failures + 1)); }; }
+cp -r "$W/clrun" "$W/clnan" && "$NW" "$W/clnan/model.safetensors" head.weight
+printf 'hello there\n' >"$W/stdin"
+STDIN=$W/stdin case_ output "classify predict, a NaN weight (once printed \`nan\`, exit 0)" 2 "stdin line 1: predict: the output for 'hello there' holds NaN: the model's parameter 'head.weight'" -- "$CL" predict --run "$W/clnan"
+case_ output "classify evaluate, a NaN weight" 2 "evaluate: the output for examples 1..2 holds NaN: the model's parameter 'head.weight'" -- "$CL" evaluate --run "$W/clnan" --data "$W/tsv/valid.tsv" --confusion "$W/cm.png"
+absent "$W/cm.png" "classify evaluate with a NaN weight"
+cp -r "$W/lmrun" "$W/lmnan" && "$NW" "$W/lmnan/model.safetensors" embedding.weight
+case_ output "lm evaluate, a NaN weight" 2 "is NaN: the model's parameter 'embedding.weight'" -- "$LM" evaluate --run "$W/lmnan" --text "$W/moss.txt"
+bert && "$NW" "$W/b/model.safetensors" embeddings.word_embeddings.weight
+case_ output "embed encode, a NaN weight" 2 "the embedding of '$W/lines.txt' line 1 holds NaN: the model's parameter 'word.weight'" -- "$EM" encode --model "$W/b" --in "$W/lines.txt" --out "$W/nan.st"
+absent "$W/nan.st" "embed encode with a NaN weight"
+case_ output "embed similarity, a NaN weight" 2 "the embedding of text 1 holds NaN: the model's parameter 'word.weight'" -- "$EM" similarity --model "$W/b" a b
+case_ output "embed search, a NaN weight" 2 "search: the model's parameter 'word.weight' (f32 (11, 8)) holds NaN" -- "$EM" search --model "$W/b" --collection "$W/lines.txt" --index "$W/nan.index" --query cat
+absent "$W/nan.index" "embed search with a NaN weight"
+fresh; "$NW" "$W/r/model.safetensors" embedding.weight
+case_ output "translate evaluate, a NaN weight" 2 "evaluate: the model's parameter 'embedding.weight'" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+python3 -c '
+import json, struct, sys
+header, data = {}, b""
+for name, row in (("src", [5, 6, 7, 3]), ("tgt_in", [2, 5, 6]), ("tgt_out", [5, 6, 3])):
+    b = struct.pack("<%dq" % len(row), *row)
+    header[name] = {"dtype": "I64", "shape": [1, len(row)], "data_offsets": [len(data), len(data) + len(b)]}
+    data += b
+h = json.dumps(header).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + data)' "$W/batch.st"
+case_ output "translate forward, a NaN weight" 2 "forward: the logits holds NaN: the model's parameter 'embedding.weight'" -- "$T" forward --run "$W/r" --batch "$W/batch.st" --out "$W/fw.st"
+absent "$W/fw.st" "translate forward with a NaN weight"
+
+# Output paths: a FIFO, a directory or an input of the same command is refused by name before
+# any work (a device too: `--out /dev/full` as root once replaced the device with a file; not
+# tried here, where a regression would replace it).
+mkfifo "$W/fifo"
+case_ output "embed encode \`--out\` a FIFO" 2 "encode --out: '$W/fifo' is a FIFO (named pipe), not a file to write" -- timeout 20 "$EM" encode --model "$W/bert" --in "$W/lines.txt" --out "$W/fifo"
+case_ output "embed encode \`--out\` a directory" 2 "encode --out: '$W' is a directory, not a file to write" -- "$EM" encode --model "$W/bert" --in "$W/lines.txt" --out "$W"
+case_ output "embed search \`--index\` naming the collection (once overwrote it)" 2 "search --index: '$W/lines.txt' is the same file as --collection" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt" --index "$W/lines.txt" --query cat
+case_ output "embed search \`--index\` naming the model's weights" 2 "is the same file as the model's model.safetensors" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt" --index "$W/bert/model.safetensors" --query cat
+case_ output "classify evaluate \`--confusion\` a FIFO" 2 "--confusion: '$W/fifo' is a FIFO (named pipe), not a file to write" -- timeout 20 "$CL" evaluate --run "$W/clrun" --data "$W/tsv/valid.tsv" --confusion "$W/fifo"
+case_ output "translate forward \`--out\` naming its \`--batch\`" 2 "forward --out: '$W/batch.st' is the same file as --batch" -- "$T" forward --run "$W/run" --batch "$W/batch.st" --out "$W/batch.st"
+case_ output "translate \`--attention\` naming the run's weights" 2 "--attention: '$W/run/model.safetensors' is the same file as the run's model.safetensors" -- "$T" translate --run "$W/run" --attention "$W/run/model.safetensors"
+fresh; rm "$W/r/model.safetensors" && mkdir "$W/r/model.safetensors"
+case_ output "import-weights into a run whose model.safetensors is a directory" 2 "import-weights: '$W/r/model.safetensors' is a directory, not a file to write" -- "$T" import-weights --run "$W/r" --weights "$W/run/model.safetensors"
+
+# Stdin read with a cap per line, in bounded memory: 20 MB of zero bytes without a newline (as
+# `< /dev/zero` gives; it once grew until the OOM killer) is one line over the cap.
+head -c 20000000 /dev/zero >"$W/zeros"
+STDIN=$W/zeros case_ input "classify predict < 20 MB of zero bytes, no newline" 0 "classify: 1 input line(s) over 65536 bytes were not classified (empty output lines)" -- "$CL" predict --run "$W/clrun"
+STDIN=$W/zeros case_ input "embed search < 20 MB of zero bytes, no newline" 2 "search: stdin line 1 is over 1048576 bytes" -- "$EM" search --model "$W/bert" --collection "$W/lines.txt"
+STDIN=$W/zeros case_ input "embed tokenize < 20 MB of zero bytes, no newline" 2 "tokenize: stdin line 1 is over 1048576 bytes" -- "$EM" tokenize --model "$W/bert"
+
+case_ CLI "\`--collective-timeout nan\` (once SIGABRT)" 2 "--collective-timeout: Value nan is not a number" -- "$LM" train --out "$W/x" --steps 2 --collective-timeout nan
+case_ CLI "\`--collective-timeout 1e10\` (once overflowed the watchdog's deadline)" 2 "--collective-timeout: Value 1e10 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 2 --collective-timeout 1e10
+
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2
   exit 1

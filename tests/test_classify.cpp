@@ -10,8 +10,10 @@
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
 #include "examples/classify/pretrained.h"
+#include "graft/autograd/tape.h"
 #include "graft/models/bert.h"
 #include "graft/nn/checkpoint.h"
+#include "tests/nan_weight.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -136,6 +138,40 @@ BOOST_AUTO_TEST_CASE(learns_a_small_task_and_predicts_without_padding_effects) {
 }
 
 // The metrics of a confusion matrix, by hand: 7 of 8 right; F1 6/7 and 8/9.
+// A run whose weights load (checksum and all) but compute NaN: predict and evaluate fail naming
+// the text or examples, the parameter holding NaN and the first op it reached (anomaly mode),
+// where they once printed "nan" scores and an accuracy of argmax over NaN.
+BOOST_AUTO_TEST_CASE(a_nan_weight_fails_predict_and_evaluate_by_name) {
+  const TempDir dir("classify_nan");
+  const fs::path d = dir.path;
+  const std::vector<classify::Example> data = {
+      {"vowel", "aeio"}, {"consonant", "tkpr"}, {"vowel", "ioea"}, {"consonant", "rpkt"}};
+  classify::write_tsv((d / "train.tsv").string(), data);
+  classify::write_tsv((d / "valid.tsv").string(), data);
+  classify::TrainOptions o;
+  o.data_dir = d.string(), o.loop.run_dir = (d / "run").string();
+  o.d_model = 8, o.heads = 2, o.d_ff = 16, o.layers = 1, o.ngram_buckets = 0;
+  o.loop.steps = 2, o.loop.valid_every = 2, o.loop.quiet = true;
+  classify::train(o);
+  const std::string weights = o.loop.run_dir + "/model.safetensors";
+  BOOST_TEST(classify::predict(classify::load_run(o.loop.run_dir), {"aeio"}).size() == 1u);
+  testing::put_nan_weight(weights, "head.weight");
+  const classify::LoadedRun run = classify::load_run(o.loop.run_dir);  // the checksum holds
+  BOOST_CHECK_EXCEPTION(classify::predict(run, {"", "aeio"}), Error, [](const Error& e) {
+    return names(e,
+                 "predict: the output for 'aeio' holds NaN: the model's parameter 'head.weight' "
+                 "(f32 (2, 8)) holds NaN; anomaly: input ") &&
+           names(e, " in head holds NaN");
+  });
+  BOOST_CHECK_EXCEPTION(classify::evaluate(run, data), Error, [](const Error& e) {
+    return names(e,
+                 "evaluate: the output for examples 1..4 holds NaN: the model's parameter "
+                 "'head.weight'") &&
+           names(e, "anomaly: input ");
+  });
+  BOOST_TEST(autograd::tape_size() == 0u);  // the anomaly reruns' entries freed
+}
+
 BOOST_AUTO_TEST_CASE(metrics_of_a_confusion_matrix) {
   const classify::Metrics m = classify::metrics_of({{3, 1}, {0, 4}});
   BOOST_TEST(m.n == 8);
@@ -387,6 +423,36 @@ BOOST_AUTO_TEST_CASE(init_from_a_pretrained_encoder) {
 }
 
 // --resume of a fine-tuning run continues bit-exactly.
+// The pretrained family's predict and evaluate check their outputs too: a head weight of NaN
+// (the file's checksum restored, so it loads) is named, never printed as a score.
+BOOST_AUTO_TEST_CASE(init_from_a_nan_weight_fails_predict_and_evaluate_by_name) {
+  const TempDir dir("classify_pretrained_nan");
+  const fs::path d = dir.path;
+  write_tiny_pretrained(d / "bert");
+  const std::vector<classify::Example> train = toy_topics(16, 3);
+  classify::write_tsv((d / "train.tsv").string(), train);
+  classify::write_tsv((d / "valid.tsv").string(), train);
+  classify::TrainOptions o = tiny_options(d, "tuned", false);
+  o.loop.steps = 2, o.loop.valid_every = 2;
+  classify::train(o);
+  const std::string weights = o.loop.run_dir + "/model.safetensors";
+  std::string head;
+  for (const auto& [name, t] : nn::load_safetensors(weights).tensors)
+    if (name.find("head") != std::string::npos && t.dim() == 2) head = name;
+  BOOST_TEST_REQUIRE(!head.empty());
+  testing::put_nan_weight(weights, head);
+  const classify::LoadedRun run = classify::load_run(o.loop.run_dir);
+  BOOST_CHECK_EXCEPTION(classify::predict(run, {"the dogs"}), Error, [&](const Error& e) {
+    return names(e, "predict: the output for 'the dogs' holds NaN: the model's parameter '" + head +
+                        "'") &&
+           names(e, "anomaly: input ");
+  });
+  BOOST_CHECK_EXCEPTION(classify::evaluate(run, train), Error, [&](const Error& e) {
+    return names(
+        e, "evaluate: the output for a batch holds NaN: the model's parameter '" + head + "'");
+  });
+}
+
 BOOST_AUTO_TEST_CASE(init_from_resume_is_bit_exact) {
   const TempDir dir("classify_pretrained_resume");
   const fs::path d = dir.path;

@@ -9,6 +9,7 @@
 
 #include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
+#include "tests/nan_weight.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -173,6 +174,31 @@ BOOST_DATA_TEST_CASE(tiny_model_learns_a_text_and_generates_it,
   for (int64_t t : lm::encode("the cat ")) prompt.push_back(t);
   BOOST_TEST(lm::decode(models::generate(*run.model, {prompt}, lm::kEOS, d)[0]) ==
              "sat on the mat.");
+}
+
+// A run whose weights load (checksum and all) but compute NaN: evaluate fails naming the tokens,
+// the parameter holding NaN and the first op it reached (anomaly mode), where it once printed a
+// loss of nan.
+BOOST_AUTO_TEST_CASE(a_nan_weight_fails_evaluate_by_name) {
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "the cat sat on the mat.\n%\n";
+  const TempDir dir("lm_nan");
+  auto f = write(dir, "cats.txt", text);
+  lm::TrainOptions o;
+  o.text = {f.string()};
+  o.loop.run_dir = dir / "run";
+  o.context = 8, o.batch_rows = 2, o.loop.steps = 2, o.loop.valid_every = 2, o.loop.quiet = true;
+  lm::train(o);
+  const std::vector<int64_t> stream = lm::token_stream({"the cat sat on the mat."});
+  BOOST_TEST(std::isfinite(lm::evaluate(*lm::load_run(o.loop.run_dir).model, stream, 8).loss));
+  testing::put_nan_weight(o.loop.run_dir + "/model.safetensors", "embedding.weight");
+  lm::LoadedRun run = lm::load_run(o.loop.run_dir);  // the checksum holds
+  BOOST_CHECK_EXCEPTION(lm::evaluate(*run.model, stream, 8), Error, [](const Error& e) {
+    return names(e,
+                 "evaluate: the loss of tokens 1..24 is NaN: the model's parameter "
+                 "'embedding.weight' (f32 (") &&
+           names(e, "holds NaN; anomaly: input ");
+  });
 }
 
 // The program's --resume continues bit-exactly: 40 steps straight equal 25 + a resumed 15.

@@ -10,8 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include "examples/common/cli.h"
 #include "examples/common/lines.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
@@ -320,6 +324,122 @@ BOOST_AUTO_TEST_CASE(line_reader_caps_while_reading) {
     BOOST_TEST(got[i].first == want[i].first, "line " << i);
     BOOST_TEST(got[i].second == want[i].second, "line " << i);
   }
+}
+
+// for_each_chunk: every line once, in order, in chunks of at most `chunk` lines, an overlong line
+// flagged and not kept, and nothing else held: `< /dev/zero` (one endless line) is read in
+// bounded memory and ends as one too-long line.
+BOOST_AUTO_TEST_CASE(for_each_chunk_bounds_what_it_holds) {
+  TempDir dir;
+  const std::string path = (dir.path / "lines.txt").string();
+  write_file(path, "a\nbb\n" + std::string(100, 'x') + "\nc\nd\ne");
+  FILE* f = std::fopen(path.c_str(), "rb");
+  BOOST_REQUIRE(f);
+  std::vector<std::string> got;
+  std::vector<size_t> starts, sizes;
+  for_each_chunk(f, 10, 2, "test", [&](const std::vector<CappedLine>& lines, size_t before) {
+    starts.push_back(before);
+    sizes.push_back(lines.size());
+    for (const CappedLine& l : lines) got.push_back(l.too_long ? "<long>" : l.text);
+  });
+  std::fclose(f);
+  BOOST_TEST(got == (std::vector<std::string>{"a", "bb", "<long>", "c", "d", "e"}));
+  BOOST_TEST(starts == (std::vector<size_t>{0, 2, 4}));
+  BOOST_TEST(sizes == (std::vector<size_t>{2, 2, 2}));
+  // 20 MB of zero bytes without a newline, as `head -c 20M /dev/zero` gives: one line, too long.
+  FILE* zero = std::fopen("/dev/zero", "rb");
+  BOOST_REQUIRE(zero);
+  FILE* bounded = std::fopen(path.c_str(), "w+b");
+  BOOST_REQUIRE(bounded);
+  std::vector<char> block(1 << 20);
+  for (int i = 0; i < 20; ++i) {
+    BOOST_REQUIRE(std::fread(block.data(), 1, block.size(), zero) == block.size());
+    BOOST_REQUIRE(std::fwrite(block.data(), 1, block.size(), bounded) == block.size());
+  }
+  std::fclose(zero);
+  std::rewind(bounded);
+  size_t lines = 0, long_lines = 0;
+  for_each_chunk(bounded, 1 << 16, 256, "test", [&](const std::vector<CappedLine>& c, size_t) {
+    for (const CappedLine& l : c) {
+      ++lines;
+      long_lines += l.too_long && l.text.empty();
+    }
+  });
+  std::fclose(bounded);
+  BOOST_TEST(lines == 1u);
+  BOOST_TEST(long_lines == 1u);
+}
+
+// An output path that is a device, a FIFO, a socket or a directory (or a link to one), or one of
+// the command's inputs, is refused by name before anything is written; a new or regular file
+// passes.
+BOOST_AUTO_TEST_CASE(check_output_file_refuses_what_a_write_would_destroy) {
+  TempDir dir;
+  const std::string d = dir.path.string();
+  auto refused = [](const std::string& path, const std::vector<NamedPath>& inputs,
+                    const std::string& words) {
+    BOOST_CHECK_EXCEPTION(check_output_file("--out", path, inputs), graft::Error,
+                          [&](const graft::Error& e) {
+                            return graft::testing::names(e, "--out: '" + path + "' " + words);
+                          });
+  };
+  refused("/dev/null", {}, "is a character device, not a file to write");
+  refused(d, {}, "is a directory, not a file to write");
+  BOOST_REQUIRE(mkfifo((d + "/fifo").c_str(), 0600) == 0);
+  refused(d + "/fifo", {}, "is a FIFO (named pipe), not a file to write");
+  fs::create_symlink("/dev/full", d + "/full");
+  refused(d + "/full", {}, "is a character device");
+  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
+  BOOST_REQUIRE(sock >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = d + "/sock";
+  BOOST_REQUIRE(sock_path.size() < sizeof(addr.sun_path));
+  std::copy(sock_path.begin(), sock_path.end(), addr.sun_path);
+  BOOST_REQUIRE(bind(sock, (sockaddr*)&addr, sizeof(addr)) == 0);
+  refused(sock_path, {}, "is a socket, not a file to write");
+  close(sock);
+  // The same file as an input: by name, through another spelling, through a link, and a hard link.
+  write_file(d + "/in.txt", "text\n");
+  const std::vector<NamedPath> in = {{d + "/in.txt", "--collection"}};
+  refused(d + "/in.txt", in, "is the same file as --collection");
+  refused(d + "/./in.txt", in, "is the same file as --collection");
+  fs::create_symlink(d + "/in.txt", d + "/link.txt");
+  refused(d + "/link.txt", in, "is the same file as --collection");
+  fs::create_hard_link(d + "/in.txt", d + "/hard.txt");
+  refused(d + "/hard.txt", in, "is the same file as --collection");
+  // Two spellings of one file that does not exist yet.
+  refused(d + "/new.txt", {{d + "/./new.txt", "--index"}}, "is the same file as --index");
+  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/new.txt", in));
+  write_file(d + "/old.txt", "replace me\n");
+  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/old.txt", in));
+  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/new.txt", {{"", "--unset"}}));
+}
+
+// --collective-timeout: NaN once passed CLI11's check and aborted the program in the setter's
+// exception (SIGABRT), and 1e10 s overflowed the watchdog's deadline; both, and what is past
+// 10^6 s, are usage errors now (exit code 2), and a value in range sets the communicator's.
+BOOST_AUTO_TEST_CASE(collective_timeout_flag_is_range_checked) {
+  graft::nn::Communicator& world = graft::nn::world_communicator();
+  const double saved = world.collective_timeout();
+  auto parse = [](const std::string& value) {
+    CLI::App app;
+    double bucket_mb = 25;
+    bool overlap = true;
+    graft::cli::add_data_parallel_options(app.add_subcommand("train"), bucket_mb, overlap);
+    std::vector<std::string> args = {"prog", "train", "--collective-timeout", value};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    return graft::cli::parse(app, (int)argv.size(), argv.data());
+  };
+  for (const char* bad : {"nan", "-nan", "inf", "-1", "1e10", "1000001", "ten"})
+    BOOST_TEST(parse(bad) == 2, bad);
+  BOOST_TEST(world.collective_timeout() == saved);
+  BOOST_TEST(parse("1e6") == -1);
+  BOOST_TEST(world.collective_timeout() == 1e6);
+  BOOST_TEST(parse("0") == -1);
+  BOOST_TEST(world.collective_timeout() == 0.0);
+  world.set_collective_timeout(saved);
 }
 
 // ----------------------------------------------------------------- tokenizer

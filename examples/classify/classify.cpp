@@ -16,6 +16,7 @@
 #include "examples/classify/naive_bayes.h"
 #include "examples/classify/pretrained.h"
 #include "examples/common/curves.h"
+#include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "examples/common/train_task.h"
 #include "graft/autograd/tape.h"
@@ -48,6 +49,7 @@ std::string trim(const std::string& s) {
 std::vector<std::vector<std::string>> fortunes_of(const std::string& path) {
   text::check_input_file("prepare", path);
   std::ifstream in(path, std::ios::binary);
+  in.exceptions(std::ios::badbit);  // a bad_alloc in getline throws instead of ending the loop
   std::vector<std::vector<std::string>> out(1);
   for (std::string line; std::getline(in, line);) {
     if (line == "%" || line == "%\r") {
@@ -264,8 +266,15 @@ Metrics evaluate(models::EncoderClassifier& m, const std::vector<std::string>& l
   autograd::NoGrad ng;
   const size_t C = labels.size();
   std::vector<std::vector<int64_t>> confusion(C, std::vector<int64_t>(C, 0));
+  size_t first = 0;  // the batch's first example, for the error
   for (const Batch& b : make_batches(data, labels, 64, m.cfg.max_len)) {
-    const auto pred = argmax(m.forward(b.ids), 1).to_vector<int64_t>();
+    // argmax turns NaN logits into some label: accuracy would look like a number.
+    const Tensor logits =
+        cli::check_finite("evaluate: the output for examples " + std::to_string(first + 1) + ".." +
+                              std::to_string(first + (size_t)b.ids.size(0)),
+                          m.forward(b.ids), &m, [&] { m.forward(b.ids); });
+    first += (size_t)b.ids.size(0);
+    const auto pred = argmax(logits, 1).to_vector<int64_t>();
     const auto gold = b.labels.to_vector<int64_t>();
     for (size_t i = 0; i < gold.size(); ++i) ++confusion[gold[i]][pred[i]];
   }
@@ -285,7 +294,11 @@ std::vector<std::pair<std::string, double>> predict(models::EncoderClassifier& m
       continue;
     }
     const std::vector<int64_t> ids = encode(t);
-    auto p = softmax(m.forward(from_vector(ids, {1, (int64_t)ids.size()})), 1).to_vector<double>();
+    const Tensor x = from_vector(ids, {1, (int64_t)ids.size()});
+    const Tensor logits =
+        cli::check_finite("predict: the output for '" + text::printable(t, 60) + "'", m.forward(x),
+                          &m, [&] { m.forward(x); });
+    auto p = softmax(logits, 1).to_vector<double>();
     const int64_t best = std::max_element(p.begin(), p.end()) - p.begin();
     out.emplace_back(labels[best], p[best]);
   }

@@ -17,6 +17,8 @@
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
 #include "examples/common/cli.h"
+#include "examples/common/finite.h"
+#include "examples/common/lines.h"
 #include "examples/common/plot.h"
 
 using namespace graft;
@@ -39,6 +41,8 @@ void confusion_png(const std::string& path, const classify::Metrics& m,
 
 int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes,
                 int64_t per_language, uint64_t seed) {
+  for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
+    text::check_output_file("prepare --out", out + split, {});
   auto s = task == "topics" ? classify::build_topics(fortunes, seed)
                             : classify::build_langid(fortunes, per_language, seed);
   std::filesystem::create_directories(out);
@@ -59,7 +63,9 @@ int cmd_train(const classify::TrainOptions& o) {
       "trained steps %lld..%lld in %.1f s%s; best validated weights: valid accuracy %.2f%%, "
       "macro-F1 %.4f\n",
       (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
-      r.loop.stopped_early ? " (stopped early)" : "", 100 * r.valid.accuracy, r.valid.macro_f1);
+      r.loop.stopped_early ? " (stopped early)" : "",
+      100 * cli::check_finite("train: the valid accuracy", r.valid.accuracy),
+      cli::check_finite("train: the valid macro-F1", r.valid.macro_f1));
   return 0;
 }
 
@@ -67,12 +73,18 @@ int cmd_train(const classify::TrainOptions& o) {
 // train.tsv (or `baseline_train`).
 int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
                  std::string baseline_train) {
+  const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
+  text::check_output_file("--confusion", png,
+                          {{run_dir + "/config.json", "the run's config.json"},
+                           {run_dir + "/model.safetensors", "the run's weights"},
+                           {data, "--data"},
+                           {baseline_train, "--baseline-train"}});
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
   auto m = classify::evaluate(run, examples);
   std::printf("%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f\n", data.c_str(), (long long)m.n,
-              100 * m.accuracy, m.macro_f1);
-  const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
+              100 * cli::check_finite("evaluate: the accuracy", m.accuracy),
+              cli::check_finite("evaluate: the macro-F1", m.macro_f1));
   confusion_png(png, m, run.labels);
   std::printf("confusion matrix: %s\n", png.c_str());
   // The run's own train.tsv may have moved since (its path is relative to where training ran):
@@ -88,17 +100,39 @@ int cmd_evaluate(const std::string& run_dir, const std::string& data, const std:
   const auto b = classify::evaluate(classify::NaiveBayes(classify::read_tsv(train), run.labels),
                                     run.labels, examples);
   std::printf("baseline (%s, trained on %s): accuracy %.2f%%, macro-F1 %.4f\n",
-              classify::kBaselineName, train.c_str(), 100 * b.accuracy, b.macro_f1);
+              classify::kBaselineName, train.c_str(),
+              100 * cli::check_finite("evaluate: the baseline's accuracy", b.accuracy),
+              cli::check_finite("evaluate: the baseline's macro-F1", b.macro_f1));
   return 0;
 }
 
+// Stdin line by line, each printed as soon as it is classified; a line over the cap (read no
+// further than that) is an empty output line in its place, counted on stderr at the end.
 int cmd_predict(const std::string& run_dir) {
   auto run = classify::load_run(run_dir);
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(std::cin, line);) lines.push_back(line);
-  for (auto& [label, p] : classify::predict(run, lines))
-    if (label.empty()) std::printf("\n");
-    else std::printf("%s\t%.4f\n", label.c_str(), p);
+  size_t overlong = 0;
+  auto classify_chunk = [&](const std::vector<text::CappedLine>& lines, size_t before) {
+    for (size_t i = 0; i < lines.size(); ++i) {
+      overlong += lines[i].too_long;
+      std::vector<std::pair<std::string, double>> r;
+      try {
+        r = classify::predict(run, {lines[i].text});
+      } catch (const Error& e) {
+        fail("stdin line " + std::to_string(before + i + 1) + ": " + e.what());
+      }
+      const auto& [label, p] = r.at(0);
+      if (label.empty()) std::printf("\n");
+      else std::printf("%s\t%.4f\n", label.c_str(), p);
+    }
+    std::fflush(stdout);
+  };
+  text::for_each_chunk(stdin, classify::kMaxLineBytes, 256, "predict: standard input",
+                       classify_chunk);
+  if (overlong)
+    std::fprintf(stderr,
+                 "classify: %zu input line(s) over %zu bytes were not classified (empty output "
+                 "lines)\n",
+                 overlong, classify::kMaxLineBytes);
   return 0;
 }
 

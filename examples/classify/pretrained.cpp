@@ -12,6 +12,7 @@
 
 #include "examples/classify/naive_bayes.h"
 #include "examples/common/curves.h"
+#include "examples/common/finite.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
@@ -189,7 +190,11 @@ Metrics evaluate_ids(PretrainedClassifier& m, size_t classes,
   autograd::NoGrad ng;
   std::vector<std::vector<int64_t>> confusion(classes, std::vector<int64_t>(classes, 0));
   for (const TokenBatch& b : token_batches(ids, gold, by_length(ids), 32, m.cfg.pad_id)) {
-    const auto pred = argmax(m.forward(b.ids, b.pad), 1).to_vector<int64_t>();
+    // argmax turns NaN logits into some label: accuracy would look like a number.
+    const Tensor logits =
+        cli::check_finite("evaluate: the output for a batch", m.forward(b.ids, b.pad), &m,
+                          [&] { m.forward(b.ids, b.pad); });
+    const auto pred = argmax(logits, 1).to_vector<int64_t>();
     const auto g = b.labels.to_vector<int64_t>();
     for (size_t i = 0; i < g.size(); ++i) ++confusion[g[i]][pred[i]];
   }
@@ -222,7 +227,10 @@ std::vector<std::pair<std::string, double>> predict(const PretrainedRun& run,
     }
     const std::vector<int64_t> ids = run.tokenizer->encode_with_specials(t, m.cfg.max_seq_length);
     const auto [x, pad] = models::pad_batch({ids}, m.cfg.pad_id);
-    auto p = softmax(m.forward(x, pad), 1).to_vector<double>();
+    const Tensor logits =
+        cli::check_finite("predict: the output for '" + text::printable(t, 60) + "'",
+                          m.forward(x, pad), &m, [&] { m.forward(x, pad); });
+    auto p = softmax(logits, 1).to_vector<double>();
     const int64_t best = std::max_element(p.begin(), p.end()) - p.begin();
     out.emplace_back(labels[best], p[best]);
   }

@@ -134,15 +134,25 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
   sub->add_flag_callback(
       "--no-overlap", [&overlap] { overlap = false; },
       "under mpirun: sum the gradients after backward instead of during it (for measuring)");
-  // The watchdog belongs to the communicator (nn::Communicator::set_collective_timeout).
+  // The watchdog belongs to the communicator (nn::Communicator::set_collective_timeout). NaN
+  // once passed CLI::NonNegativeNumber and the setter's graft::Error, thrown inside CLI11's
+  // parse, aborted the program; the range check refuses it first, and the setter's own error
+  // becomes a usage error too.
+  const double max = nn::Communicator::kMaxCollectiveTimeout;
   sub->add_option_function<double>(
          "--collective-timeout",
-         [](const double& s) { nn::world_communicator().set_collective_timeout(s); },
+         [](const double& s) {
+           try {
+             nn::world_communicator().set_collective_timeout(s);
+           } catch (const Error& e) {
+             throw CLI::ValidationError("--collective-timeout", e.what());
+           }
+         },
          "under mpirun: seconds a rank waits for the others before ending the job, naming a rank "
-         "that "
-         "stopped answering (0: forever; default GRAFT_COLLECTIVE_TIMEOUT or " +
+         "that stopped answering (0: forever, at most " +
+             std::to_string((long long)max) + "; default GRAFT_COLLECTIVE_TIMEOUT or " +
              std::to_string((int)nn::Communicator::kDefaultCollectiveTimeout) + ")")
-      ->check(CLI::NonNegativeNumber);
+      ->check(range(0.0, max));
 }
 
 // The training loop's flags of the three programs (their options hold an nn::LoopOptions):

@@ -7,17 +7,20 @@
 // --model DIR defaults to build/pretrained/all-MiniLM-L6-v2 (where `make embed` puts it).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "examples/common/cli.h"
+#include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "graft/models/sentence_encoder.h"
 #include "graft/nn/checkpoint.h"
@@ -74,11 +77,54 @@ models::SentenceEncoder load_model(const std::string& dir) {
   return models::SentenceEncoder(dir);
 }
 
+// The files of a model directory that loading it reads (models/sentence_encoder.h, bert.h,
+// nn/wordpiece.h): an output path must not be one of them.
+std::vector<text::NamedPath> model_files(const std::string& dir) {
+  std::vector<text::NamedPath> files;
+  for (const char* f :
+       {"model.safetensors", "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+        "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"})
+    files.push_back({dir + "/" + f, std::string("the model's ") + f});
+  return files;
+}
+
+// Refuses an output path that is a device, a FIFO, a directory, one of `inputs` or a file of
+// the model, before any work.
+void check_output(const std::string& option, const std::string& path, const std::string& model_dir,
+                  std::vector<text::NamedPath> inputs) {
+  const std::vector<text::NamedPath> model = model_files(model_dir);
+  inputs.insert(inputs.end(), model.begin(), model.end());
+  text::check_output_file(option, path, inputs);
+}
+
+// Each row of `e` (the embeddings of `texts`) finite: a NaN or Inf names the row's text (`name`
+// and its number, counted from first + 1), the model's parameter holding NaN, and the first op
+// that made it (that text's forward run again under anomaly mode).
+void check_embeddings(const models::SentenceEncoder& enc, const Tensor& e,
+                      const std::vector<std::string>& texts, const std::string& name,
+                      size_t first = 0) {
+  if (!autograd::nonfinite_kind(e)) return;
+  const std::vector<float> v = to_dtype(e, DType::f32).to_vector<float>();
+  const int64_t d = e.size(1);
+  const int64_t row =
+      (std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) - v.begin()) / d;
+  const Tensor r =
+      from_vector(std::vector<float>(v.begin() + row * d, v.begin() + (row + 1) * d), {d});
+  const std::string text = texts.at((size_t)row);
+  cli::check_finite(
+      "the embedding of " + name + " " + std::to_string(first + row + 1), r, enc.model.get(), [&] {
+        const auto [x, pad] = models::pad_batch({enc.tokenize(text)}, enc.model->cfg.pad_id);
+        enc.embed(x, pad);
+      });
+}
+
 int cmd_encode(const std::string& model_dir, const std::string& in, const std::string& out,
                int64_t batch) {
+  check_output("encode --out", out, model_dir, {{in, "--in"}});
   const models::SentenceEncoder enc = load_model(model_dir);
   const std::vector<std::string> lines = read_lines(in);
   const Tensor e = enc.encode(lines, batch, progress_line("encode"));
+  check_embeddings(enc, e, lines, "'" + in + "' line");  // before anything is written
   nn::save_safetensors(out, {{"embeddings", e}}, {{"model", model_dir}, {"texts", in}});
   std::printf("wrote %lld x %lld embeddings of %s to %s\n", (long long)e.size(0),
               (long long)e.size(1), in.c_str(), out.c_str());
@@ -121,18 +167,9 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
   return e;
 }
 
-int cmd_search(const std::string& model_dir, const std::string& collection, std::string index,
-               std::vector<std::string> queries, int64_t top_k, int64_t batch) {
-  const models::SentenceEncoder enc = load_model(model_dir);
-  const std::vector<std::string> texts = read_lines(collection);
-  if (index.empty()) index = collection + ".index.safetensors";
-  const Tensor e = collection_index(enc, collection, texts, index, batch);
-  if (queries.empty())
-    for (std::string q; std::getline(std::cin, q);) queries.push_back(q);
-  // Cosines: normalised here too, for a model whose directory has no Normalize module.
-  const Tensor q = models::l2_normalize(enc.encode(queries, batch));
-  const std::vector<float> scores =
-      matmul(q, transpose(models::l2_normalize(e), 0, 1)).to_vector<float>();
+// The top_k texts of the collection for each query, printed as each chunk of queries is encoded.
+void print_results(const std::vector<std::string>& queries, const std::vector<float>& scores,
+                   const std::vector<std::string>& texts, int64_t top_k) {
   const int64_t n = (int64_t)texts.size(), k = std::min<int64_t>(top_k, n);
   for (size_t i = 0; i < queries.size(); ++i) {
     std::vector<int64_t> order(n);
@@ -144,31 +181,87 @@ int cmd_search(const std::string& model_dir, const std::string& collection, std:
     for (int64_t r = 0; r < k; ++r)
       std::printf("  %.4f  %s\n", s[order[r]], texts[order[r]].c_str());
   }
+  std::fflush(stdout);
+}
+
+// The queries' cosines with every text of the index (`normed`: its rows L2-normalised), each
+// checked finite; `name` + number names a query in errors.
+std::vector<float> query_scores(const models::SentenceEncoder& enc, const Tensor& normed,
+                                const std::vector<std::string>& queries, int64_t batch,
+                                const std::string& name, size_t first = 0) {
+  const Tensor qe = enc.encode(queries, batch);
+  check_embeddings(enc, qe, queries, name, first);
+  // Cosines: normalised here too, for a model whose directory has no Normalize module.
+  const Tensor scores = matmul(models::l2_normalize(qe), transpose(normed, 0, 1));
+  return cli::check_finite("search: the scores", scores).to_vector<float>();
+}
+
+int cmd_search(const std::string& model_dir, const std::string& collection, std::string index,
+               std::vector<std::string> queries, int64_t top_k, int64_t batch) {
+  if (index.empty()) index = collection + ".index.safetensors";
+  check_output("search --index", index, model_dir, {{collection, "--collection"}});
+  const models::SentenceEncoder enc = load_model(model_dir);
+  const std::vector<std::string> texts = read_lines(collection);
+  // A model holding NaN would write an index of NaN vectors, used by every later search.
+  if (const std::string bad = cli::nonfinite_parameter(*enc.model); !bad.empty())
+    fail("search: " + bad + " (--model '" + model_dir + "'): its index would hold NaN");
+  const Tensor e = collection_index(enc, collection, texts, index, batch);
+  if (autograd::nonfinite_kind(e)) {
+    std::filesystem::remove(index);  // never reused
+    try {
+      check_embeddings(enc, e, texts, "'" + collection + "' line");
+    } catch (const Error& bad) {
+      fail(std::string(bad.what()) + " (in the index '" + index +
+           "', removed: the next search rebuilds it)");
+    }
+  }
+  const Tensor normed = models::l2_normalize(e);
+  if (!queries.empty()) {
+    print_results(queries, query_scores(enc, normed, queries, batch, "--query"), texts, top_k);
+    return 0;
+  }
+  // One query per stdin line, in chunks of `batch`: memory stays bounded whatever comes in.
+  auto search_chunk = [&](const std::vector<text::CappedLine>& lines, size_t before) {
+    std::vector<std::string> chunk;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string where = "search: stdin line " + std::to_string(before + i + 1);
+      if (lines[i].too_long) fail(where + " is over " + std::to_string(kMaxLineBytes) + " bytes");
+      if (!text::valid_utf8(lines[i].text)) fail(where + " is not valid UTF-8");
+      chunk.push_back(lines[i].text);
+    }
+    print_results(chunk, query_scores(enc, normed, chunk, batch, "stdin line", before), texts,
+                  top_k);
+  };
+  text::for_each_chunk(stdin, kMaxLineBytes, (size_t)batch, "search: standard input", search_chunk);
   return 0;
 }
 
 int cmd_similarity(const std::string& model_dir, const std::string& a, const std::string& b) {
   const models::SentenceEncoder enc = load_model(model_dir);
-  const Tensor e = models::l2_normalize(enc.encode({a, b}));
+  const Tensor raw = enc.encode({a, b});
+  check_embeddings(enc, raw, {a, b}, "text");
+  const Tensor e = models::l2_normalize(raw);
   const std::vector<float> v = e.to_vector<float>();
   const int64_t d = e.size(1);
   double cos = 0;
   for (int64_t j = 0; j < d; ++j) cos += (double)v[j] * v[d + j];
-  std::printf("%.4f\n", cos);
+  std::printf("%.4f\n", cli::check_finite("similarity: the cosine", cos));
   return 0;
 }
 
 int cmd_tokenize(const std::string& model_dir, int64_t max_len) {
   const text::WordPiece tok = text::WordPiece::from_directory(model_dir);
-  int64_t n = 0;
-  for (std::string line; std::getline(std::cin, line);) {
-    ++n;
-    if (!text::valid_utf8(line))
-      fail("tokenize: stdin line " + std::to_string(n) + " is not valid UTF-8");
-    const std::vector<int64_t> ids = tok.encode_with_specials(line, max_len);
-    for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
-    std::printf("\n");
-  }
+  auto tokenize_chunk = [&](const std::vector<text::CappedLine>& lines, size_t before) {
+    for (size_t k = 0; k < lines.size(); ++k) {
+      const std::string where = "tokenize: stdin line " + std::to_string(before + k + 1);
+      if (lines[k].too_long) fail(where + " is over " + std::to_string(kMaxLineBytes) + " bytes");
+      if (!text::valid_utf8(lines[k].text)) fail(where + " is not valid UTF-8");
+      const std::vector<int64_t> ids = tok.encode_with_specials(lines[k].text, max_len);
+      for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %lld" : "%lld", (long long)ids[i]);
+      std::printf("\n");
+    }
+  };
+  text::for_each_chunk(stdin, kMaxLineBytes, 256, "tokenize: standard input", tokenize_chunk);
   return 0;
 }
 

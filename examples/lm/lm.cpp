@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "examples/common/curves.h"
+#include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "examples/common/train_task.h"
 #include "examples/lm/kneser_ney.h"
@@ -53,12 +54,16 @@ std::vector<std::string> read_documents(const std::vector<std::string>& paths) {
            "': " + (fs::exists(path) ? "a directory" : "No such file or directory"));
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot read '" + path + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string text = ss.str();
+    // Read by its size, not `ss << in.rdbuf()`: a stream turns bad_alloc into a failbit, and the
+    // text would be cut short without a word under a memory limit.
+    std::string text((size_t)fs::file_size(path), '\0');
+    if (!in.read(text.data(), (std::streamsize)text.size()))
+      fail("cannot read '" + path + "': " + std::to_string(in.gcount()) + " of " +
+           std::to_string(text.size()) + " bytes read");
     if (!text::valid_utf8(text)) fail("'" + path + "' is not UTF-8 text");
     const bool fortune = text.find("\n%\n") != std::string::npos || text.rfind("%\n", 0) == 0;
     std::istringstream lines(text);
+    lines.exceptions(std::ios::badbit);  // a bad_alloc in getline throws instead of ending the loop
     std::string line, cur;
     auto flush = [&] {
       const std::string d = trim(cur);
@@ -136,9 +141,15 @@ Metrics evaluate(models::DecoderOnlyLM& m, const std::vector<int64_t>& stream, i
   autograd::NoGrad ng;
   Metrics r;
   double nll = 0;
+  int64_t first = 0;  // the batch's first token, for the error
   for (const Batch& b : make_batches(stream, context, 8)) {
-    Tensor lg = reshape(m.forward(b.input), {-1, kVocab});
-    nll += cross_entropy(lg, reshape(b.target, {-1})).item() * (double)b.tokens;
+    auto loss = [&] {
+      return cross_entropy(reshape(m.forward(b.input), {-1, kVocab}), reshape(b.target, {-1}));
+    };
+    const std::string what = "evaluate: the loss of tokens " + std::to_string(first + 1) + ".." +
+                             std::to_string(first + b.tokens);
+    nll += cli::check_finite(what, loss().item(), &m, loss) * (double)b.tokens;
+    first += b.tokens;
     for (int64_t t : b.target.to_vector<int64_t>()) r.chars += chars_of(t);
     r.tokens += b.tokens;
   }

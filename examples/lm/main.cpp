@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/common/cli.h"
+#include "examples/common/finite.h"
 #include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
 
@@ -32,7 +33,11 @@ std::vector<std::string> default_text() {
   return files;
 }
 
+// lm::evaluate() checks each window's loss; this checks what is printed.
 void print_metrics(const char* what, const lm::Metrics& m, int64_t context) {
+  const std::string name = std::string(what) + " ";
+  cli::check_finite(name + "loss", m.loss);
+  cli::check_finite(name + "bits per character", m.bpc);
   std::printf(
       "%s (context %lld): loss %.4f nats/token, perplexity %.3f, %.4f bits/char (%lld tokens, %lld "
       "chars)\n",
@@ -80,7 +85,7 @@ int cmd_evaluate(const std::string& run_dir, int64_t context,
   const lm::Metrics b =
       lm::evaluate(lm::KneserNey(lm::token_stream(train_docs), lm::kBaselineOrder), stream, ctx);
   std::printf("baseline (%s, trained on the run's training documents): %.4f bits/char\n",
-              lm::kBaselineName, b.bpc);
+              lm::kBaselineName, cli::check_finite("the baseline's bits per character", b.bpc));
   return 0;
 }
 

@@ -1,5 +1,6 @@
 #include "examples/translation/interop.h"
 
+#include "examples/common/finite.h"
 #include "examples/translation/trainer.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
@@ -34,15 +35,23 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
     fail("forward: '" + batch_path + "': src " + describe(src) + ", tgt_in " + describe(tgt_in) +
          ", tgt_out " + describe(tgt_out) +
          ": the rows must agree and tgt_in and tgt_out must have one shape");
+  auto loss_of = [&](const Tensor& logits) {
+    return cross_entropy(reshape(logits, {-1, m.cfg.vocab}), reshape(tgt_out, {-1}),
+                         label_smoothing, m.cfg.pad_id);
+  };
   Tensor logits = m.forward(src, tgt_in);
-  Tensor loss = cross_entropy(reshape(logits, {-1, m.cfg.vocab}), reshape(tgt_out, {-1}),
-                              label_smoothing, m.cfg.pad_id);
+  Tensor loss = loss_of(logits);
+  // Nothing non-finite is written: the anomaly rerun names the first op that made it.
+  auto rerun = [&] { loss_of(m.forward(src, tgt_in)); };
+  cli::check_finite("forward: the logits", logits, &m, rerun);
+  cli::check_finite("forward: the loss", loss, &m, rerun);
   loss.backward();
   std::vector<std::pair<std::string, Tensor>> out = {{"logits", logits.detach()},
                                                      {"loss", reshape(loss.detach(), {1})}};
   for (const auto& [name, p] : m.named_parameters()) {
     if (!p.grad().defined()) fail("forward: parameter '" + name + "' got no gradient");
-    out.emplace_back("grad." + name, p.grad());
+    out.emplace_back("grad." + name,
+                     cli::check_finite("forward: the gradient of '" + name + "'", p.grad()));
   }
   nn::save_safetensors(out_path, out, {{"format", "graft-forward"}});
 }

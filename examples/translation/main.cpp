@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/common/cli.h"
+#include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "examples/common/plot.h"
 #include "examples/translation/interop.h"
@@ -30,8 +31,25 @@ namespace tr = graft::translation;
 
 namespace {
 
+// The files of a run directory that its commands read, which no output path may name.
+std::vector<text::NamedPath> run_files(const std::string& run) {
+  std::vector<text::NamedPath> files;
+  for (const char* f : {"config.json", "model.safetensors", "spm.model", "spm.vocab",
+                        "train_state.safetensors", "metrics.csv"})
+    files.push_back({run + "/" + f, std::string("the run's ") + f});
+  return files;
+}
+
+// run_files() and `more`.
+std::vector<text::NamedPath> run_files(const std::string& run, std::vector<text::NamedPath> more) {
+  for (text::NamedPath& f : run_files(run)) more.push_back(std::move(f));
+  return more;
+}
+
 int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid,
                  size_t n_test) {
+  for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
+    text::check_output_file("generate-data --out", out + split, {});
   std::filesystem::create_directories(out);
   auto splits = toy::generate(seed, n_train, n_valid, n_test);
   toy::write_tsv(out + "/train.tsv", splits.train);
@@ -43,6 +61,11 @@ int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n
 }
 
 int cmd_train(const tr::TrainOptions& o) {
+  const std::vector<text::NamedPath> inputs =
+      run_files(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
+                                 {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
+  if (!o.graph.empty()) text::check_output_file("--graph", o.graph, inputs);
+  if (!o.dump_batches.empty()) text::check_output_file("--dump-batches", o.dump_batches, inputs);
   auto r = tr::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf(
@@ -56,6 +79,7 @@ int cmd_train(const tr::TrainOptions& o) {
 int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_t max_len,
                   const std::string& attention) {
   models::check_decode_options(o);  // before loading anything
+  if (!attention.empty()) text::check_output_file("--attention", attention, run_files(run));
   auto lr = tr::load_run(run);
   std::vector<std::string> lines;
   size_t overlong = 0, truncated = 0;
@@ -90,10 +114,19 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   auto pairs = tr::load_corpus(data, st);
   std::printf("%s: %s\n", data.c_str(), st.summary().c_str());
   if (pairs.empty()) throw std::runtime_error("evaluate: no usable pairs in '" + data + "'");
+  // A model holding NaN decodes nothing worth a BLEU; decoding would stop at its first NaN logit
+  // without naming the weight.
+  if (const std::string bad = cli::nonfinite_parameter(*lr.model); !bad.empty())
+    fail("evaluate: " + bad + " (--run '" + run + "')");
   auto r = tr::evaluate(*lr.model, *lr.tok, pairs, beam);
+  if (r.forced.tokens > 0) {
+    cli::check_finite("evaluate: the teacher-forced perplexity", r.forced.ppl, lr.model.get());
+    cli::check_finite("evaluate: the teacher-forced accuracy", r.forced.acc, lr.model.get());
+  }
   std::printf("%s\n", r.bleu.str().c_str());
   std::printf("signature: %s\n", r.bleu.signature.c_str());
-  std::printf("baseline (copy the source): BLEU %.2f\n", r.copy_source.score);
+  std::printf("baseline (copy the source): BLEU %.2f\n",
+              cli::check_finite("evaluate: the baseline's BLEU", r.copy_source.score));
   const std::string decoding = beam > 1 ? "beam " + std::to_string(beam) : "greedy";
   if (r.forced.tokens > 0)
     std::printf(
@@ -130,7 +163,9 @@ int cmd_score(const std::string& run, const std::string& data, const std::string
   std::vector<std::string> refs;
   for (size_t i = 0; i < n; ++i) refs.push_back(pairs[i].tgt);
   text::Tokenizer tok(run + "/spm.model");
-  std::printf("%s\n", tr::bleu_of_ids(tok, hyp_ids, refs).str().c_str());
+  const text::BleuResult bleu = tr::bleu_of_ids(tok, hyp_ids, refs);
+  cli::check_finite("score: the BLEU", bleu.score);
+  std::printf("%s\n", bleu.str().c_str());
   return 0;
 }
 
@@ -265,7 +300,11 @@ cli::Command add_forward(CLI::App& app) {
       ->required();
   sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")
       ->check(cli::range(0.0, 0.99));
-  return {sub, [a] { return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0; }};
+  return {sub, [a] {
+            text::check_output_file("forward --out", a->out,
+                                    run_files(a->run, {{a->batch, "--batch"}}));
+            return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0;
+          }};
 }
 
 cli::Command add_import_weights(CLI::App& app) {
@@ -279,7 +318,11 @@ cli::Command add_import_weights(CLI::App& app) {
   sub->add_option("--run", a->run, "run directory with config.json and spm.model")->required();
   sub->add_option("--weights", a->weights, "safetensors file with every parameter, float32")
       ->required();
-  return {sub, [a] { return tr::import_weights(a->run, a->weights), 0; }};
+  return {sub, [a] {
+            // --weights may be the run's own model.safetensors: it is read whole before the write.
+            text::check_output_file("import-weights", a->run + "/model.safetensors", {});
+            return tr::import_weights(a->run, a->weights), 0;
+          }};
 }
 
 }  // namespace

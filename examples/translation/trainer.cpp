@@ -258,6 +258,7 @@ text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_
   text::check_input_file("bleu_of_ids", hyp_ids_file);
   std::ifstream in(hyp_ids_file);
   if (!in) fail("bleu_of_ids: cannot open '" + hyp_ids_file + "'");
+  in.exceptions(std::ios::badbit);  // a bad_alloc in getline throws instead of ending the loop
   std::vector<std::string> hyps;
   std::string line;
   while (std::getline(in, line)) {

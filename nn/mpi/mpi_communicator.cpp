@@ -49,9 +49,13 @@ const int kToken = 0;  // the content of both (the tag is the message)
 // they are waiting too; this leaves room for oversubscribed cores.
 constexpr double kAnswerSeconds = 2;
 
+// Now plus `seconds`, saturated at the clock's end: a duration past what Clock::duration holds
+// (int64 nanoseconds, ~292 years) would overflow into the past and end the wait at once.
 Clock::time_point after(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const Clock::time_point now = Clock::now();
+  const double room = std::chrono::duration<double>(Clock::time_point::max() - now).count();
+  if (!(seconds < room / 2)) return Clock::time_point::max();  // half: no rounding over it
+  return now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 // "3", "0.5", "600": seconds for messages.

@@ -335,7 +335,8 @@ BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
   });
 }
 
-// The watchdog's timeout: a number of seconds >= 0, from GRAFT_COLLECTIVE_TIMEOUT when set.
+// The watchdog's timeout: a number of seconds in [0, 10^6], from GRAFT_COLLECTIVE_TIMEOUT when set
+// (10^10 s once overflowed the deadline into the past and ended a healthy job at once).
 BOOST_AUTO_TEST_CASE(collective_timeout_option) {
   {
     TimeoutVariable unset(nullptr);
@@ -346,20 +347,26 @@ BOOST_AUTO_TEST_CASE(collective_timeout_option) {
     TimeoutVariable v("2.5");
     BOOST_TEST(nn::collective_timeout_from_environment() == 2.5);
   }
-  for (const char* bad : {"-1", "ten", "5s", "nan"}) {
+  {
+    TimeoutVariable v("1e6");
+    BOOST_TEST(nn::collective_timeout_from_environment() == 1e6);
+  }
+  for (const char* bad : {"-1", "ten", "5s", "nan", "inf", "1e10", "1000000.5"}) {
     TimeoutVariable v(bad);
     BOOST_CHECK_EXCEPTION(nn::collective_timeout_from_environment(), Error, [bad](const Error& e) {
-      return names(
-          e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad + "' is not a number of seconds >= 0");
+      return names(e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad +
+                          "' is not a number of seconds in [0, 1000000] (0: wait forever)");
     });
   }
   TimeoutFor t(0);  // restores the world's timeout
   BOOST_TEST(world().collective_timeout() == 0.0);
-  for (double bad : {-1.0, (double)NAN, (double)INFINITY})
+  for (double bad : {-1.0, (double)NAN, (double)INFINITY, 1e10, 1e6 + 1})
     BOOST_CHECK_EXCEPTION(world().set_collective_timeout(bad), Error, [](const Error& e) {
-      return names(e, "the collective timeout must be a number of seconds >= 0");
+      return names(e, "the collective timeout must be a number of seconds in [0, 1000000]");
     });
   BOOST_TEST(world().collective_timeout() == 0.0);
+  world().set_collective_timeout(1e6);
+  BOOST_TEST(world().collective_timeout() == 1e6);
 }
 
 // A rank slower than the others by less than the timeout (1.5 s late at its third step, against
