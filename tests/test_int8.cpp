@@ -163,13 +163,21 @@ BOOST_AUTO_TEST_CASE(nonfinite_weights_are_refused) {
         return names(e, "linear (int8): weight f32 (3, 8) holds " + value + " at (1, 5)");
       });
     }
-  // Through linear itself, under the guard.
+  // Through linear itself, under the guard: where modules push their names (anomaly mode), the
+  // error names the module whose weight it is.
   std::vector<float> wv = random({3, 8}, 17).to_vector<float>();
   wv[0] = std::numeric_limits<float>::infinity();
   PrecisionGuard guard(Precision::int8);
   autograd::NoGrad ng;
-  BOOST_CHECK_EXCEPTION(linear(x, from_vector(wv, {3, 8})), Error,
-                        [](const Error& e) { return names(e, "holds inf at (0, 0)"); });
+  BOOST_CHECK_EXCEPTION(linear(x, from_vector(wv, {3, 8})), Error, [](const Error& e) {
+    return names(e, "holds inf at (0, 0)") &&
+           names(e, "anomaly mode, GRAFT_DETECT_ANOMALY=1, names the module");
+  });
+  autograd::AnomalyMode anomaly;
+  autograd::NameScope decoder("decoder"), proj("proj");
+  BOOST_CHECK_EXCEPTION(linear(x, from_vector(wv, {3, 8})), Error, [](const Error& e) {
+    return names(e, "linear (int8) in decoder.proj: weight f32 (3, 8) holds inf at (0, 0)");
+  });
 }
 
 BOOST_AUTO_TEST_CASE(int8_errors_and_what_it_leaves_alone) {

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "graft/autograd/tape.h"
 #include "graft/ops/internal/bf16.h"
 #include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/precision.h"
@@ -339,11 +340,14 @@ void check_weight_finite(const Tensor& w, const std::string& what, bool bf16) {
   std::ostringstream v;
   v.precision(9);
   v << ws.to_vector<double>()[bad];
-  fail(what + ": weight " + describe(ws) + " holds " + v.str() +
-       (std::isfinite(ws.to_vector<double>()[bad]) ? " (beyond bf16's range)" : "") + " at " +
-       index_of(ws.shape(), bad) + "; a kept " + (bf16 ? "bf16" : "int8") +
+  // The module path names the parameter (module.weight) where modules push their names.
+  const std::string path = autograd::name_scope_path();
+  fail(what + (path.empty() ? "" : " in " + path) + ": weight " + describe(ws) + " holds " +
+       v.str() + (std::isfinite(ws.to_vector<double>()[bad]) ? " (beyond bf16's range)" : "") +
+       " at " + index_of(ws.shape(), bad) + "; a kept " + (bf16 ? "bf16" : "int8") +
        " copy of a weight needs finite values (a NaN or inf parameter: check the run or the "
-       "checkpoint that made it)");
+       "checkpoint that made it" +
+       (path.empty() ? "; anomaly mode, GRAFT_DETECT_ANOMALY=1, names the module" : "") + ")");
 }
 
 std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
