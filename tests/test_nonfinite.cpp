@@ -6,10 +6,13 @@
 //  - the outputs that depend on the element are found on the float64 path by putting finite
 //    probes (-3, -0.5, 0.5, 3) there instead: an output that changes with a probe depends on it
 //    (a masked-out key, a dropped element or the unused side of `where` does not);
-//  - with NaN, each of those outputs must be NaN: on the float64 path, on the float32 path with
-//    grad off (small inputs run the vectorised loops) and with grad on (oneDNN where it runs);
+//  - with NaN, each of those outputs must be NaN: on the float64 path and on every float32 path
+//    (grad off: small inputs run the vectorised loops; grad on: oneDNN where it runs; under bf16,
+//    its reference path and oneDNN's kernel where this CPU has one; under int8);
 //  - for all three values, the float32 outputs must be NaN, +inf, -inf or finite exactly where
-//    the float64 outputs are (the float32 paths agree with the reference loops).
+//    the float64 outputs are (the float32 paths agree with the reference loops); under int8 an
+//    infinite output may be NaN (an int8 row cannot hold an inf), and under bf16 and int8 a
+//    non-finite weight may be refused (kern::check_weight_finite), as designed.
 // A case whose op does something else on purpose says so (NonFiniteRule::exception, with why):
 // only the float32-vs-float64 agreement is checked there. A case with no decision fails.
 #include <boost/test/data/test_case.hpp>
@@ -21,6 +24,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/ops.h"
+#include "graft/ops/precision.h"
 #include "graft/testing/op_cases.h"
 
 using namespace graft;
@@ -76,17 +80,44 @@ Tensors inputs_of(const OpCase& c, DType dt) {
   return dt == DType::f32 ? x32 : x64;
 }
 
-// The op's output values in dtype dt with `v` at `spot` (none when spot is null), with grad
-// recording on or off.
-std::vector<double> output_with(const OpCase& c, DType dt, const Spot* spot, double v, bool grad) {
-  Tensors x = inputs_of(c, dt);
+// One way of running a case: its dtype, grad recording on or off, the matmul precision.
+struct Path {
+  const char* name;
+  DType dt;
+  bool grad;
+  Precision precision = Precision::fp32;
+  Bf16Path bf16 = Bf16Path::automatic;
+};
+
+// The float64 reference, then the float32 paths: without grad (small calls run the vectorised
+// loops), with grad (oneDNN), under bf16 (the reference path, and oneDNN's kernel where this CPU
+// has one) and under int8 (inference only).
+std::vector<Path> paths() {
+  std::vector<Path> p = {
+      {"float64", DType::f64, false},
+      {"float32", DType::f32, false},
+      {"float32 with grad", DType::f32, true},
+      {"float32 under bf16 (reference)", DType::f32, false, Precision::bf16, Bf16Path::reference},
+      {"float32 under bf16 (reference) with grad", DType::f32, true, Precision::bf16,
+       Bf16Path::reference},
+      {"float32 under int8", DType::f32, false, Precision::int8}};
+  if (bf16_kernel_available()) {
+    p.push_back(
+        {"float32 under bf16 (oneDNN)", DType::f32, false, Precision::bf16, Bf16Path::onednn});
+    p.push_back({"float32 under bf16 (oneDNN) with grad", DType::f32, true, Precision::bf16,
+                 Bf16Path::onednn});
+  }
+  return p;
+}
+
+// The op's output values on `path` with `v` at `spot` (none when spot is null).
+std::vector<double> output_with(const OpCase& c, const Path& path, const Spot* spot, double v) {
+  Tensors x = inputs_of(c, path.dt);
   if (spot) set_element(x[spot->input], spot->element, v);
   std::vector<double> out;
-  if (grad) {
-    autograd::EnableGrad on;
-    out = c.fn(x).to_vector<double>();
-  } else {
-    autograd::NoGrad off;
+  {
+    PrecisionGuard precision(path.precision, path.bf16);
+    autograd::GradMode mode(path.grad);
     out = c.fn(x).to_vector<double>();
   }
   autograd::clear_tape();
@@ -95,10 +126,11 @@ std::vector<double> output_with(const OpCase& c, DType dt, const Spot* spot, dou
 
 // The outputs that change (value or NaN-ness) when a finite probe is put at `spot`.
 std::vector<bool> dependents(const OpCase& c, const Spot& spot) {
-  const std::vector<double> base = output_with(c, DType::f64, nullptr, 0, false);
+  const Path f64 = paths()[0];
+  const std::vector<double> base = output_with(c, f64, nullptr, 0);
   std::vector<bool> dep(base.size(), false);
   for (double probe : {-3.0, -0.5, 0.5, 3.0}) {
-    const std::vector<double> y = output_with(c, DType::f64, &spot, probe, false);
+    const std::vector<double> y = output_with(c, f64, &spot, probe);
     for (size_t i = 0; i < y.size() && i < dep.size(); ++i)
       if (!(y[i] == base[i]) && !(std::isnan(y[i]) && std::isnan(base[i]))) dep[i] = true;
   }
@@ -119,28 +151,48 @@ std::string where_str(const OpCase& c, const Spot& s, double v, const char* path
   return os.str();
 }
 
-// What is wrong with the case's outputs for `v` at `spot` ("" when nothing).
+// Whether `m` is the refusal of a weight that a kept bf16 or int8 copy cannot hold
+// (kern::check_weight_finite): what those paths do with a non-finite weight, by design.
+bool refused_weight(const std::string& m) {
+  return m.find("copy of a weight needs finite values") != std::string::npos;
+}
+
+// Whether output kinds `got` (on `p`) and `want` (float64's) agree: the same, or under int8 NaN
+// for an infinite output (a row holding an inf has no int8 scale: its outputs are NaN, as
+// ops/internal/int8.h says).
+bool kinds_agree(const Path& p, double got, double want) {
+  if (std::string(kind_of(got)) == kind_of(want)) return true;
+  return p.precision == Precision::int8 && std::isnan(got) && std::isinf(want);
+}
+
+// What is wrong with the case's outputs for `v` at `spot` ("" when nothing): each path's outputs
+// against the float64 path's (the first).
 std::string check_spot(const OpCase& c, const Spot& spot, double v) {
-  const std::vector<double> y64 = output_with(c, DType::f64, &spot, v, false);
-  const std::vector<double> y32 = output_with(c, DType::f32, &spot, v, false);
-  const std::vector<double> y32g = output_with(c, DType::f32, &spot, v, true);
-  if (y32.size() != y64.size() || y32g.size() != y64.size())
-    return where_str(c, spot, v, "output sizes differ between float32 and float64");
-  if (std::isnan(v) && c.nonfinite.kind == NonFiniteRule::propagates) {
-    const std::vector<bool> dep = dependents(c, spot);
-    const std::pair<const char*, const std::vector<double>*> paths[] = {
-        {"float64", &y64}, {"float32", &y32}, {"float32 with grad", &y32g}};
-    for (auto [path, y] : paths)
-      for (size_t i = 0; i < dep.size() && i < y->size(); ++i)
-        if (dep[i] && !std::isnan((*y)[i]))
-          return where_str(c, spot, v, path) + ": output " + std::to_string(i) +
-                 " depends on it but is " + std::to_string((*y)[i]);
+  const std::vector<Path> ps = paths();
+  const std::vector<double> y64 = output_with(c, ps[0], &spot, v);
+  const std::vector<bool> dep = std::isnan(v) && c.nonfinite.kind == NonFiniteRule::propagates
+                                    ? dependents(c, spot)
+                                    : std::vector<bool>();
+  for (const Path& p : ps) {
+    std::vector<double> y;
+    try {
+      y = output_with(c, p, &spot, v);
+    } catch (const Error& e) {
+      autograd::clear_tape();
+      if (p.precision != Precision::fp32 && refused_weight(e.what())) continue;
+      throw;
+    }
+    if (y.size() != y64.size())
+      return where_str(c, spot, v, p.name) + ": output size differs from float64's";
+    for (size_t i = 0; i < dep.size() && i < y.size(); ++i)
+      if (dep[i] && !std::isnan(y[i]))
+        return where_str(c, spot, v, p.name) + ": output " + std::to_string(i) +
+               " depends on it but is " + std::to_string(y[i]);
+    for (size_t i = 0; i < y.size(); ++i)
+      if (!kinds_agree(p, y[i], y64[i]))
+        return where_str(c, spot, v, p.name) + ": output " + std::to_string(i) + " is " +
+               kind_of(y[i]) + ", float64's is " + kind_of(y64[i]);
   }
-  for (size_t i = 0; i < y64.size(); ++i)
-    for (const std::vector<double>* y : {&y32, &y32g})
-      if (std::string(kind_of((*y)[i])) != kind_of(y64[i]))
-        return where_str(c, spot, v, y == &y32 ? "float32" : "float32 with grad") + ": output " +
-               std::to_string(i) + " is " + kind_of((*y)[i]) + ", float64's is " + kind_of(y64[i]);
   return "";
 }
 
