@@ -251,6 +251,10 @@ BOOST_AUTO_TEST_CASE(the_check_catches_a_nan_dropping_op) {
                  return from_vector(v, x[0].shape(), x[0].dtype());
                },
            .nonfinite = nan_propagates()};
+  // A case written without a decision is undecided, which every_case_keeps_its_nonfinite_rule
+  // refuses.
+  const OpCase fresh{.name = "test/new", .op = "test", .make_inputs = c.make_inputs, .fn = c.fn};
+  BOOST_TEST(fresh.nonfinite.kind == NonFiniteRule::undecided);
   const std::vector<std::string> bad = check_case(c);
   BOOST_TEST(bad.size() == 2u);  // NaN at element 0 and at element 3
   for (const std::string& m : bad)
@@ -292,11 +296,11 @@ std::string unreached(const std::vector<double>& y, Reach reach) {
       for (int64_t i = 0; i < (int64_t)y.size(); ++i) want.push_back(i);
       break;
   }
-  std::string out;
+  std::ostringstream out;
   for (int64_t i : want)
-    if (i >= (int64_t)y.size() || !std::isnan(y[i]))
-      out += " " + std::to_string(i) + (i < (int64_t)y.size() ? "=" + std::to_string(y[i]) : "");
-  return out.substr(0, 200);
+    if (i >= (int64_t)y.size()) out << " " << i << " (missing)";
+    else if (!std::isnan(y[i])) out << " " << i << "=" << y[i];
+  return out.str().substr(0, 200);
 }
 }  // namespace
 
