@@ -148,11 +148,12 @@ BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
 }
 
 // A NaN or inf weight is refused when quantized, naming the op, the weight and the element: its
-// channel's scale would be NaN (or the other channels' outputs finite), silently.
+// channel's scale would be NaN and every output of that channel NaN, silently.
 BOOST_AUTO_TEST_CASE(nonfinite_weights_are_refused) {
   const Tensor x = random({2, 8}, 15);
   for (double bad :
-       {std::numeric_limits<double>::infinity(), -1e40, std::numeric_limits<double>::quiet_NaN()})
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN()})
     for (bool reference : {true, false}) {
       if (!reference && !int8_kernel_available()) continue;
       std::vector<float> wv = random({3, 8}, 16).to_vector<float>();
