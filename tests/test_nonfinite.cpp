@@ -311,6 +311,12 @@ BOOST_AUTO_TEST_CASE(large_float32_calls_and_fast_paths_propagate_nan) {
   const Tensor target = zeros({kRows}, DType::i64);
   const std::vector<LargeCall> calls = {
       {"relu", [](const Tensor& x) { return relu(x); }, Reach::element},
+      {"exp", [](const Tensor& x) { return exp(x); }, Reach::element},
+      {"log", [](const Tensor& x) { return log(x); }, Reach::element},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, Reach::element},
+      {"pow", [](const Tensor& x) { return pow(x, 2.0); }, Reach::element},
+      {"affine", [](const Tensor& x) { return affine(x, -0.5, 2.0); }, Reach::element},
+      {"cos", [](const Tensor& x) { return cos(x); }, Reach::element},
       {"gelu", [](const Tensor& x) { return gelu(x); }, Reach::element},
       {"gelu_tanh", [](const Tensor& x) { return gelu(x, true); }, Reach::element},
       {"silu", [](const Tensor& x) { return silu(x); }, Reach::element},
@@ -327,6 +333,7 @@ BOOST_AUTO_TEST_CASE(large_float32_calls_and_fast_paths_propagate_nan) {
       {"layer_norm", [&](const Tensor& x) { return layer_norm(x, w, b); }, Reach::row},
       {"add_layer_norm", [&](const Tensor& x) { return add_layer_norm(x, zeros(x.shape()), w, b); },
        Reach::row},
+      {"rms_norm", [&](const Tensor& x) { return rms_norm(x, w); }, Reach::row},
       {"max", [](const Tensor& x) { return max(x, -1); }, Reach::reduced_row},
       {"amax", [](const Tensor& x) { return amax(x, {-1}); }, Reach::reduced_row},
       {"sum", [](const Tensor& x) { return sum(x, {-1}); }, Reach::reduced_row},
