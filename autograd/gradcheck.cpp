@@ -223,7 +223,8 @@ void register_autograd_cases() {
                    [](DType dt, Generator& g) {
                      return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 4}, dt, g)};
                    },
-               .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); }});
+               .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); },
+               .nonfinite = nan_propagates()});
     register_case(OpCase{.name = "reduce_grad/broadcast",
                          .op = "reduce_grad",
                          .make_inputs =
@@ -233,7 +234,8 @@ void register_autograd_cases() {
                          .fn =
                              [](const Tensors& x) {
                                return autograd::reduce_grad(x[0], {3, 1});
-                             }});
+                             },
+                         .nonfinite = nan_propagates()});
     register_case(OpCase{.name = "expand_grad/broadcast",
                          .op = "expand_grad",
                          .make_inputs =
@@ -243,7 +245,8 @@ void register_autograd_cases() {
                          .fn =
                              [](const Tensors& x) {
                                return autograd::expand_grad(x[0], {2, 3, 4});
-                             }});
+                             },
+                         .nonfinite = nan_propagates()});
   });
 }
 

@@ -62,8 +62,16 @@ struct RowMask {
   }
 };
 
+template <class T>
+bool has_nan(const T* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    if (std::isnan(s[j])) return true;
+  return false;
+}
+
 // In place on one row s (Tk): s += bias, masked keys dropped, s = softmax(s). A row with no
-// attendable key (or only -inf scores) becomes all zeros, so out = 0 and its gradients are 0.
+// attendable key (or only -inf scores) becomes all zeros, so out = 0 and its gradients are 0;
+// a row whose attendable scores are NaN (a NaN query) is NaN.
 // Separate branch-free passes so each vectorises (kern::exp_nonpos instead of a libm call):
 // measured 14 -> 4 ms for the forward softmax of the attention micro-benchmark.
 template <class T>
@@ -78,7 +86,9 @@ void softmax_row(T* s, int64_t Tk, int64_t end, const uint8_t* pad, const T* bia
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 0; j < end; ++j) mx = std::max(mx, s[j]);
   if (mx == kNegInf) {
-    for (int64_t j = 0; j < Tk; ++j) s[j] = 0;
+    // The max reduction may drop NaN: a row of NaN scores (a NaN query) is all NaN, as PyTorch's.
+    const T fill = has_nan(s, end) ? std::numeric_limits<T>::quiet_NaN() : T(0);
+    for (int64_t j = 0; j < Tk; ++j) s[j] = j < end ? fill : T(0);
     return;
   }
   T sum = 0;
@@ -364,9 +374,9 @@ void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
         if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
         T* o = op + r * Dv;
         std::fill(o, o + Dv, T(0));
+        // Every key, masked ones too (p = 0): 0 * a NaN value is NaN, as in the matmul path.
         for (int64_t j = 0; j < end; ++j) {
           const T p = s[j];
-          if (p == 0) continue;  // masked keys (and every key of an all-masked row)
           const T* vj = vb + j * vs[2];
 #pragma omp simd
           for (int64_t e = 0; e < Dv; ++e) o[e] += p * vj[e];
@@ -502,7 +512,8 @@ void register_attention_dropout_cases() {
                              opt.dropout = 0.3;
                              opt.generator = &gen;
                              return scaled_dot_product_attention(x[0], x[1], x[2], opt).out;
-                           }});
+                           },
+                       .nonfinite = nan_propagates()});
 }
 
 // The bad inputs of scaled_dot_product_attention, each against q (2, 2, 3, 4), k (2, 2, 5, 4),
@@ -571,15 +582,18 @@ void register_attention_mask_cases() {
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 3, 4); },
                        .fn = [](const Tensors& x) { return attn(x, false); },
-                       .error_inputs = attention_error_inputs()});
+                       .error_inputs = attention_error_inputs(),
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "attention/causal_square",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 4, 4); },
-                       .fn = [](const Tensors& x) { return attn(x, true); }});
+                       .fn = [](const Tensors& x) { return attn(x, true); },
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "attention/causal_tq_lt_tk",
                        .op = "scaled_dot_product_attention",
                        .make_inputs = [](DType dt, Generator& g) { return qkv(dt, g, 2, 4); },
-                       .fn = [](const Tensors& x) { return attn(x, true); }});
+                       .fn = [](const Tensors& x) { return attn(x, true); },
+                       .nonfinite = nan_propagates()});
   // Batch 1 has every key masked: its outputs and gradients must be 0, not NaN.
   register_case(
       OpCase{.name = "attention/padding_all_masked_row",
@@ -590,7 +604,8 @@ void register_attention_mask_cases() {
                    x.push_back(from_vector(std::vector<int64_t>{0, 0, 1, 0, 1, 1, 1, 1}, {2, 4}));
                    return x;
                  },
-             .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); }});
+             .fn = [](const Tensors& x) { return attn(x, false, Extra::mask); },
+             .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "attention/broadcast_bias",
                        .op = "scaled_dot_product_attention",
                        .make_inputs =
@@ -599,7 +614,8 @@ void register_attention_mask_cases() {
                              x.push_back(case_input({1, 2, 3, 4}, dt, g));
                              return x;
                            },
-                       .fn = [](const Tensors& x) { return attn(x, true, Extra::bias); }});
+                       .fn = [](const Tensors& x) { return attn(x, true, Extra::bias); },
+                       .nonfinite = nan_propagates()});
   // q as the (B, T, H, D) output of a projection, split into heads by a permute view.
   register_case(OpCase{
       .name = "attention/noncontig_q",
@@ -614,7 +630,8 @@ void register_attention_mask_cases() {
             AttentionOptions opt;
             opt.scale = 0.7;
             return scaled_dot_product_attention(permute(x[0], {0, 2, 1, 3}), x[1], x[2], opt).out;
-          }});
+          },
+      .nonfinite = nan_propagates()});
 }
 
 }  // namespace

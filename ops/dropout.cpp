@@ -243,7 +243,8 @@ void register_dropout_cases() {
                              Generator g(5);
                              return dropout(x[0], 0.4, true, g);
                            },
-                       .error_inputs = dropout_error_inputs("dropout", dropout)});
+                       .error_inputs = dropout_error_inputs("dropout", dropout),
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "dropout/noncontig",
                        .op = "dropout",
                        .make_inputs =
@@ -254,7 +255,8 @@ void register_dropout_cases() {
                            [](const Tensors& x) {
                              Generator g(5);
                              return dropout(x[0], 0.25, true, g);
-                           }});
+                           },
+                       .nonfinite = nan_propagates()});
   // relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
   register_case(OpCase{
       .name = "relu_dropout/p0.3",
@@ -269,7 +271,8 @@ void register_dropout_cases() {
             Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
             return relu_dropout(mul(x[0], sign), 0.3, true, g);
           },
-      .error_inputs = dropout_error_inputs("relu_dropout", relu_dropout)});
+      .error_inputs = dropout_error_inputs("relu_dropout", relu_dropout),
+      .nonfinite = nan_propagates()});
 }
 
 }  // namespace graft

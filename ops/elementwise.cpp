@@ -135,8 +135,10 @@ const UnaryOp kSigmoid{.name = "sigmoid",
                        .hi = 3,
                        .df_op = sigmoid_df_op};
 // relu and affine have oneDNN algorithms and float32 rows too: small inference calls run the row
-// (kern::loop_beats_onednn).
-constexpr auto relu_f = [](auto x, auto, auto) { return x > 0 ? x : decltype(x)(0); };
+// (kern::loop_beats_onednn). relu's forward always runs its row: oneDNN 2.6's relu turns NaN
+// into 0 (see onednn_forward_keeps_nan()).
+// x < 0 ? 0 : x keeps NaN (PyTorch's relu(NaN) is NaN); x > 0 ? x : 0 turned it into 0.
+constexpr auto relu_f = [](auto x, auto, auto) { return x < 0 ? decltype(x)(0) : x; };
 constexpr auto relu_df = [](auto x, auto, auto, auto) {
   using T = decltype(x);
   return x > 0 ? T(1) : T(0);
@@ -272,6 +274,15 @@ algorithm dnnl_algorithm(const UnaryOp& op) {
   return algorithm::undef;
 }
 
+// Whether oneDNN 2.6's eltwise forward of the row gives NaN for a NaN input, as the row's f does:
+// its relu gives 0 (relu then runs its row, as fast: both stream memory) and its exp gives inf
+// (exp has no float32 row: an input holding a NaN takes the reference loop instead).
+bool onednn_forward_keeps_nan(const UnaryOp& op, const Tensor& x) {
+  if (op.onednn == Eltwise::relu) return false;
+  if (op.onednn == Eltwise::exp) return !kern::has_nan(x.data<float>(), x.numel());
+  return true;
+}
+
 dnnl::eltwise_forward::primitive_desc eltwise_fwd_pd(algorithm alg, const dnnl::memory::desc& d,
                                                      double a, double b) {
   dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_training, alg, d, (float)a, (float)b);
@@ -403,9 +414,11 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
   const bool record = autograd::needs_record({x});
   const algorithm alg = dnnl_algorithm(op);
   const bool small = op.f32 && kern::loop_beats_onednn(x.numel(), record);
-  if (x.dtype() == DType::f32 && alg != algorithm::undef && x.numel() > 0 && !small)
-    unary_forward_f32(alg, kern::contig(x), y, a, b);
-  else if (x.dtype() == DType::f32 && op.f32) unary_f32_rows(op, kern::contig(x), y, a, b);
+  const bool f32 = x.dtype() == DType::f32 && x.numel() > 0;
+  const Tensor xc = f32 && (alg != algorithm::undef || op.f32) ? kern::contig(x) : x;
+  if (f32 && alg != algorithm::undef && !small && onednn_forward_keeps_nan(op, xc))
+    unary_forward_f32(alg, xc, y, a, b);
+  else if (f32 && op.f32) unary_f32_rows(op, xc, y, a, b);
   else GRAFT_DISPATCH_FLOAT(x.dtype(), op.name, [&] { unary_loop<T>(op, x, y, a, b); });
   if (!record) return y;
   thread_local std::unordered_set<const char*> declared;
@@ -441,7 +454,8 @@ void register_row_cases(const UnaryOp& op, const std::vector<ErrorInput>& error_
               return Tensors{unary_case_input(row, dt, g, transposed)};
             },
         .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); },
-        .error_inputs = transposed ? std::vector<ErrorInput>{} : error_inputs});
+        .error_inputs = transposed ? std::vector<ErrorInput>{} : error_inputs,
+        .nonfinite = nan_propagates()});
 }
 
 }  // namespace
@@ -886,21 +900,24 @@ void register_arithmetic_cases() {
                                [] {
                                  add(ones({2, 3}), ones({4}));
                                },
-                               "add: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}}});
+                               "add: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}},
+             .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "add/noncontig_lhs_broadcast",
                        .op = "add",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return add(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return add(x[0], x[1]); },
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "sub/broadcast",
                        .op = "sub",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return sub(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return sub(x[0], x[1]); },
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "mul/broadcast",
                        .op = "mul",
                        .make_inputs =
@@ -912,14 +929,16 @@ void register_arithmetic_cases() {
                                          [] {
                                            mul(ones({2, 3}), ones({2, 3}, DType::f64));
                                          },
-                                         "mul: dtype mismatch, f32 (2, 3) vs f64 (2, 3)"}}});
+                                         "mul: dtype mismatch, f32 (2, 3) vs f64 (2, 3)"}},
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "mul/same_tensor",
                        .op = "mul",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return one({3, 4}, dt, g);
                            },
-                       .fn = [](const Tensors& x) { return mul(x[0], x[0]); }});
+                       .fn = [](const Tensors& x) { return mul(x[0], x[0]); },
+                       .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "div/broadcast",
              .op = "div",
@@ -927,7 +946,8 @@ void register_arithmetic_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)};
                  },
-             .fn = [](const Tensors& x) { return div(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return div(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
 }
 
 // maximum, minimum: broadcasting against a transposed operand.
@@ -944,7 +964,8 @@ void register_extremum_cases() {
                         [] {
                           maximum(ones({2, 3}), ones({4}));
                         },
-                        "maximum: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}}});
+                        "maximum: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}},
+      .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "minimum/broadcast",
                        .op = "minimum",
                        .make_inputs =
@@ -954,7 +975,8 @@ void register_extremum_cases() {
                        .fn = [](const Tensors& x) { return minimum(x[0], x[1]); },
                        .error_inputs = {{"an f32 and an f64 input",
                                          [] { minimum(ones({2}), ones({2}, DType::f64)); },
-                                         "minimum: dtype mismatch, f32 (2) vs f64 (2)"}}});
+                                         "minimum: dtype mismatch, f32 (2) vs f64 (2)"}},
+                       .nonfinite = nan_propagates()});
 }
 
 // where, masked_fill: integer conditions and masks broadcast over the values.
@@ -970,7 +992,8 @@ void register_select_cases() {
              .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); },
              .error_inputs = {{"a condition that does not broadcast with the values",
                                [] { where(ones({2}), ones({3}), ones({3})); },
-                               "where: shapes (2) and (3) cannot be broadcast (dim 0: 2 vs 3)"}}});
+                               "where: shapes (2) and (3) cannot be broadcast (dim 0: 2 vs 3)"}},
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "masked_fill/broadcast",
              .op = "masked_fill",
@@ -984,7 +1007,8 @@ void register_select_cases() {
                                [] {
                                  masked_fill(ones({3}), ones({2, 3}), 0);
                                },
-                               "masked_fill: mask f32 (2, 3) does not broadcast to x f32 (3)"}}});
+                               "masked_fill: mask f32 (2, 3) does not broadcast to x f32 (3)"}},
+             .nonfinite = nan_propagates()});
 }
 
 }  // namespace

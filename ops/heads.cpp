@@ -139,11 +139,13 @@ void register_heads_cases() {
                                            split_heads(zeros({2, 3}), 1, 1);
                                          },
                                          "split_heads: y f32 (2, 3) must be (B, T, parts * heads "
-                                         "* Dh) with parts 1 > 0 and heads 1 > 0"}}});
+                                         "* Dh) with parts 1 > 0 and heads 1 > 0"}},
+                       .nonfinite = nan_propagates()});
   // A part without gradient, from a non-contiguous input.
-  register_case(one_input_case("split_heads/unused_part_noncontiguous", "split_heads", {2, 3, 4},
-                               /*transposed=*/true,
-                               [](const Tensor& x) { return split_heads(x, 2, 1)[1]; }));
+  register_case(with_nonfinite(
+      one_input_case("split_heads/unused_part_noncontiguous", "split_heads", {2, 3, 4},
+                     /*transposed=*/true, [](const Tensor& x) { return split_heads(x, 2, 1)[1]; }),
+      nan_propagates()));
   OpCase merge =
       one_input_case("merge_heads/noncontiguous", "merge_heads", {2, 3, 2, 4},
                      /*transposed=*/true, [](const Tensor& x) { return merge_heads(x); });
@@ -152,7 +154,7 @@ void register_heads_cases() {
                            merge_heads(zeros({2, 5, 24}));
                          },
                          "merge_heads: x f32 (2, 5, 24) must be (B, H, T, Dh)"}};
-  register_case(std::move(merge));
+  register_case(with_nonfinite(std::move(merge), nan_propagates()));
 }
 
 }  // namespace graft

@@ -634,7 +634,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({0, 3, 1, 4})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "cross_entropy/smoothing",
              .op = "cross_entropy",
@@ -643,7 +644,8 @@ void register_cross_entropy_cases() {
                    return Tensors{case_input({4, 5}, dt, g, -2, 2), targets({2, 2, 0, 4})};
                  },
              .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); },
-             .error_inputs = cross_entropy_error_inputs()});
+             .error_inputs = cross_entropy_error_inputs(),
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "cross_entropy/ignored_targets",
              .op = "cross_entropy",
@@ -651,7 +653,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({5, 4}, dt, g, -2, 2), targets({1, -100, 3, -100, 0})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.2); },
+             .nonfinite = nan_propagates()});
   // ignore_index may be a real class id (PyTorch allows it): rows with target 1 drop out.
   register_case(
       OpCase{.name = "cross_entropy/ignore_index_in_range",
@@ -660,7 +663,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({4, 3}, dt, g, -2, 2), targets({1, 2, 1, 0})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.0, 1); },
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "cross_entropy/all_ignored",
              .op = "cross_entropy",
@@ -668,7 +672,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({2, 3}, dt, g, -2, 2), targets({-100, -100})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); },
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "cross_entropy/noncontig",
              .op = "cross_entropy",
@@ -676,7 +681,8 @@ void register_cross_entropy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input_t({6, 4}, dt, g, -2, 2), targets({3, 0, 2, 1, 1, 3})};
                  },
-             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); }});
+             .fn = [](const Tensors& x) { return cross_entropy(x[0], x[1], 0.1); },
+             .nonfinite = nan_propagates()});
 }
 
 void register_linear_cross_entropy_cases() {
@@ -690,7 +696,8 @@ void register_linear_cross_entropy_cases() {
                            targets({4, 0, 5, 1, 2})};
           },
       .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2); },
-      .error_inputs = linear_cross_entropy_error_inputs()});
+      .error_inputs = linear_cross_entropy_error_inputs(),
+      .nonfinite = nan_propagates()});
   // x as a transposed view, one chunk.
   register_case(
       OpCase{.name = "linear_cross_entropy/transposed_x",
@@ -700,7 +707,8 @@ void register_linear_cross_entropy_cases() {
                    return Tensors{case_input_t({4, 3}, dt, g, -1, 1),
                                   case_input({5, 3}, dt, g, -1, 1), targets({4, 0, 3, 1})};
                  },
-             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); }});
+             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2]); },
+             .nonfinite = nan_propagates()});
   // x a constant: the forward makes dw alone, and the backward under create_graph records the
   // composed form instead of linear_cross_entropy_backward.
   register_case(
@@ -711,7 +719,8 @@ void register_linear_cross_entropy_cases() {
                    return Tensors{rand({4, 3}, dt, g, -1, 1), case_input({5, 3}, dt, g, -1, 1),
                                   targets({4, 0, 3, 1})};
                  },
-             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1); }});
+             .fn = [](const Tensors& x) { return linear_cross_entropy(x[0], x[1], x[2], 0.1); },
+             .nonfinite = nan_propagates()});
   // The op linear_cross_entropy's backward records under create_graph: its outputs are the
   // gradients (dx, dw), here flattened into one vector; three chunks, an ignored target.
   register_case(OpCase{
@@ -729,7 +738,8 @@ void register_linear_cross_entropy_cases() {
             const Tensor loss = linear_cross_entropy(x[0], x[1], x[2], 0.1, 0, 2);
             const Tensors g = autograd::grad({loss}, {x[0], x[1]}, {}, {.create_graph = record});
             return concat({reshape(g[0], {-1}), reshape(g[1], {-1})}, 0);
-          }});
+          },
+      .nonfinite = nan_propagates()});
 }
 
 }  // namespace

@@ -248,7 +248,10 @@ std::shared_ptr<Storage> reordered_weights(const Tensor& w, uint64_t tag,
                                            const dnnl::memory::desc& plain,
                                            const dnnl::memory::desc& best) {
   return kern::derived_copy(w, tag, [&] {
-    if (best.data_type() == dnnl::memory::data_type::bf16) kern::count_bf16_weight_copy();
+    if (best.data_type() == dnnl::memory::data_type::bf16) {
+      kern::check_weight_finite(w, "linear (bf16)", true);
+      kern::count_bf16_weight_copy();
+    }
     auto s = std::make_shared<Storage>(best.get_size());
     auto src = onednn::mem(plain, w);
     auto dst = onednn::mem(best, s->data);
@@ -657,7 +660,8 @@ void register_matmul_only_cases() {
                    return Tensors{case_input({2, 1, 3, 4}, dt, g), case_input({3, 4, 5}, dt, g)};
                  },
              .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-             .error_inputs = matmul_error_inputs()});
+             .error_inputs = matmul_error_inputs(),
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "matmul/batched_2d_transposed",
              .op = "matmul",
@@ -665,7 +669,8 @@ void register_matmul_only_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({2, 3, 4}, dt, g), case_input_t({4, 5}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "matmul/batched_times_size1_batch",
              .op = "matmul",
@@ -673,7 +678,8 @@ void register_matmul_only_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({2, 3, 4}, dt, g), case_input({1, 4, 5}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "matmul/transposed_a_batched",
              .op = "matmul",
@@ -681,21 +687,24 @@ void register_matmul_only_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({2, 4, 5}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "matmul/vec_mat",
                        .op = "matmul",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({4}, dt, g), case_input({4, 5}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "matmul/mat_vec_batched",
                        .op = "matmul",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({2, 3, 4}, dt, g), case_input({4}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
+                       .nonfinite = nan_propagates()});
 }
 
 // linear: a bias over 3-D x, transposed x and w without bias.
@@ -708,7 +717,8 @@ void register_linear_cases() {
                                             case_input({5}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return linear(x[0], x[1], x[2]); },
-                       .error_inputs = linear_error_inputs()});
+                       .error_inputs = linear_error_inputs(),
+                       .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "linear/no_bias_transposed_x",
              .op = "linear",
@@ -716,7 +726,8 @@ void register_linear_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input_t({3, 4}, dt, g), case_input_t({5, 4}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return linear(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return linear(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   // The op linear's backward records for dw under create_graph: dy (..., OUT), x (..., IN).
   register_case(
       OpCase{.name = "linear_weight_grad/3d",
@@ -725,14 +736,16 @@ void register_linear_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({2, 3, 4}, dt, g), case_input({2, 3, 5}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); }});
+             .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); },
+             .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "linear_weight_grad/transposed_x",
                        .op = "linear_weight_grad",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 5}, dt, g)};
                            },
-                       .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); }});
+                       .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); },
+                       .nonfinite = nan_propagates()});
 }
 
 }  // namespace

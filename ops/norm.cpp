@@ -570,7 +570,8 @@ void register_rms_norm_cases() {
                         [] {
                           rms_norm(zeros({2, 4}), Tensor(), -1.0);
                         },
-                        "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"}}});
+                        "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"}},
+      .nonfinite = nan_propagates()});
   // A transposed (non-contiguous) x, its rows broadcast against one weight vector.
   register_case(OpCase{.name = "rms_norm/weighted_transposed",
                        .op = "rms_norm",
@@ -579,10 +580,13 @@ void register_rms_norm_cases() {
                              return Tensors{case_input_t({3, 4, 6}, dt, g, -2, 2),
                                             case_input({6}, dt, g, -1.5, 1.5)};
                            },
-                       .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); }});
-  register_case(one_input_case(
-      "rms_norm/plain_many_rows_eps", "rms_norm", {37, 4}, /*transposed=*/false,
-      [](const Tensor& x) { return rms_norm(x, Tensor(), 0.1); }, -2, 2));
+                       .fn = [](const Tensors& x) { return rms_norm(x[0], x[1], 1e-6); },
+                       .nonfinite = nan_propagates()});
+  register_case(
+      with_nonfinite(one_input_case(
+                         "rms_norm/plain_many_rows_eps", "rms_norm", {37, 4}, /*transposed=*/false,
+                         [](const Tensor& x) { return rms_norm(x, Tensor(), 0.1); }, -2, 2),
+                     nan_propagates()));
 }
 
 void register_add_layer_norm_cases() {
@@ -598,7 +602,8 @@ void register_add_layer_norm_cases() {
                              case_input({5}, dt, g, 0.5, 1.5),
                              kept ? case_input({5}, dt, g, 100, 200) : case_input({5}, dt, g)};
             },
-        .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], x[3], 1e-5); }});
+        .fn = [](const Tensors& x) { return add_layer_norm(x[0], x[1], x[2], x[3], 1e-5); },
+        .nonfinite = nan_propagates()});
   register_case(OpCase{
       .name = "add_layer_norm/constant_residual",
       .op = "add_layer_norm",
@@ -630,7 +635,8 @@ void register_add_layer_norm_cases() {
             [] {
               add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor());
             },
-            "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"}}});
+            "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"}},
+      .nonfinite = nan_propagates()});
 }
 
 // layer_norm's bad inputs: a weight or bias of another shape or dtype, a 0-dim x.
@@ -665,7 +671,8 @@ void register_layer_norm_keeps_x_cases() {
                    Tensor w = from_vector(std::vector<double>{0.7, 0.0, 1.2, -0.9, 1.1}, {5}, dt);
                    return Tensors{case_input({3, 5}, dt, g, -2, 2), w, case_input({5}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+             .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
+             .nonfinite = nan_propagates()});
   register_case(OpCase{
       .name = "layer_norm/large_shift_keeps_x",
       .op = "layer_norm",
@@ -674,7 +681,8 @@ void register_layer_norm_keeps_x_cases() {
             Tensor b = from_vector(std::vector<double>{0.1, 200.0, -0.3, 0.2}, {4}, dt);
             return Tensors{case_input({3, 4}, dt, g, -2, 2), case_input({4}, dt, g, 0.5, 1.5), b};
           },
-      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
+      .nonfinite = nan_propagates()});
 }
 
 }  // namespace
@@ -693,7 +701,8 @@ void register_norm_cases() {
                                             case_input({5}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
-                       .error_inputs = layer_norm_error_inputs()});
+                       .error_inputs = layer_norm_error_inputs(),
+                       .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "layer_norm/plain_transposed",
              .op = "layer_norm",
@@ -701,7 +710,8 @@ void register_norm_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input_t({4, 6}, dt, g, -2, 2)};
                  },
-             .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
+             .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); },
+             .nonfinite = nan_propagates()});
   register_case(OpCase{
       .name = "layer_norm/weight_only_transposed",
       .op = "layer_norm",
@@ -709,7 +719,8 @@ void register_norm_cases() {
           [](DType dt, Generator& g) {
             return Tensors{case_input_t({3, 2, 5}, dt, g, -2, 2), case_input({5}, dt, g, 0.5, 1.5)};
           },
-      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); }});
+      .fn = [](const Tensors& x) { return layer_norm(x[0], x[1], Tensor(), 1e-5); },
+      .nonfinite = nan_propagates()});
   register_case(OpCase{
       .name = "layer_norm/bias_only_many_rows",
       .op = "layer_norm",
@@ -717,7 +728,8 @@ void register_norm_cases() {
           [](DType dt, Generator& g) {
             return Tensors{case_input({37, 4}, dt, g, -2, 2), Tensor(), case_input({4}, dt, g)};
           },
-      .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); }});
+      .fn = [](const Tensors& x) { return layer_norm(x[0], Tensor(), x[2], 1e-5); },
+      .nonfinite = nan_propagates()});
 }
 
 }  // namespace graft

@@ -904,69 +904,95 @@ std::vector<ErrorInput> embedding_error_inputs() {
 }
 
 void register_view_cases() {
-  register_case(
+  register_case(with_nonfinite(
       with_error_inputs(one_input_case("reshape/infer", "reshape", {2, 3, 4}, /*transposed=*/false,
                                        [](const Tensor& x) {
                                          return reshape(x, {4, -1});
                                        }),
-                        reshape_error_inputs()));
-  register_case(one_input_case("reshape/noncontiguous_copy", "reshape", {2, 3, 4},
-                               /*transposed=*/true, [](const Tensor& x) {
-                                 return reshape(x, {6, 4});
-                               }));
-  register_case(one_input_case("reshape/noncontiguous_view", "reshape", {2, 3, 4},
-                               /*transposed=*/true, [](const Tensor& x) {
-                                 return reshape(x, {2, 1, 3, 2, 2});
-                               }));
-  register_case(
+                        reshape_error_inputs()),
+      nan_propagates()));
+  register_case(with_nonfinite(one_input_case("reshape/noncontiguous_copy", "reshape", {2, 3, 4},
+                                              /*transposed=*/true,
+                                              [](const Tensor& x) {
+                                                return reshape(x, {6, 4});
+                                              }),
+                               nan_propagates()));
+  register_case(with_nonfinite(one_input_case("reshape/noncontiguous_view", "reshape", {2, 3, 4},
+                                              /*transposed=*/true,
+                                              [](const Tensor& x) {
+                                                return reshape(x, {2, 1, 3, 2, 2});
+                                              }),
+                               nan_propagates()));
+  register_case(with_nonfinite(
       with_error_inputs(one_input_case("permute/3d", "permute", {2, 3, 4}, /*transposed=*/false,
                                        [](const Tensor& x) {
                                          return permute(x, {2, 0, 1});
                                        }),
-                        permute_error_inputs()));
-  register_case(one_input_case("permute/noncontiguous", "permute", {2, 3, 4}, /*transposed=*/true,
-                               [](const Tensor& x) {
-                                 return permute(x, {1, -1, 0});
-                               }));
-  register_case(with_error_inputs(
-      one_input_case("transpose/last_two", "permute", {2, 3, 4}, /*transposed=*/true,
-                     [](const Tensor& x) { return transpose(x, -1, -2); }),
-      transpose_error_inputs()));
-  register_case(backward_op_case("slice_backward/step", "slice_backward", {5, 4}, {2, 4},
-                                 [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }));
+                        permute_error_inputs()),
+      nan_propagates()));
+  register_case(with_nonfinite(
+      one_input_case("permute/noncontiguous", "permute", {2, 3, 4}, /*transposed=*/true,
+                     [](const Tensor& x) {
+                       return permute(x, {1, -1, 0});
+                     }),
+      nan_propagates()));
+  register_case(with_nonfinite(
+      with_error_inputs(
+          one_input_case("transpose/last_two", "permute", {2, 3, 4}, /*transposed=*/true,
+                         [](const Tensor& x) { return transpose(x, -1, -2); }),
+          transpose_error_inputs()),
+      nan_propagates()));
   register_case(
+      with_nonfinite(backward_op_case("slice_backward/step", "slice_backward", {5, 4}, {2, 4},
+                                      [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }),
+                     nan_propagates()));
+  register_case(with_nonfinite(
       with_error_inputs(one_input_case("slice/step", "slice", {5, 4}, /*transposed=*/false,
                                        [](const Tensor& x) { return slice(x, 0, 1, 5, 2); }),
-                        slice_error_inputs()));
-  register_case(one_input_case("slice/negative_clamped_noncontiguous", "slice", {3, 4, 5},
-                               /*transposed=*/true,
-                               [](const Tensor& x) { return slice(x, -1, -4, 100); }));
-  register_case(with_error_inputs(
-      one_input_case("unsqueeze/noncontiguous", "unsqueeze", {3, 4}, /*transposed=*/true,
-                     [](const Tensor& x) { return unsqueeze(x, 1); }),
-      unsqueeze_error_inputs()));
-  register_case(one_input_case("unsqueeze/last", "unsqueeze", {3, 4}, /*transposed=*/false,
-                               [](const Tensor& x) { return unsqueeze(x, -1); }));
-  register_case(with_error_inputs(
-      one_input_case("squeeze/noncontiguous", "squeeze", {4, 1, 3}, /*transposed=*/true,
-                     [](const Tensor& x) { return squeeze(x, -2); }),
-      squeeze_error_inputs()));
+                        slice_error_inputs()),
+      nan_propagates()));
+  register_case(with_nonfinite(
+      one_input_case("slice/negative_clamped_noncontiguous", "slice", {3, 4, 5},
+                     /*transposed=*/true, [](const Tensor& x) { return slice(x, -1, -4, 100); }),
+      nan_propagates()));
+  register_case(with_nonfinite(
+      with_error_inputs(
+          one_input_case("unsqueeze/noncontiguous", "unsqueeze", {3, 4}, /*transposed=*/true,
+                         [](const Tensor& x) { return unsqueeze(x, 1); }),
+          unsqueeze_error_inputs()),
+      nan_propagates()));
   register_case(
+      with_nonfinite(one_input_case("unsqueeze/last", "unsqueeze", {3, 4}, /*transposed=*/false,
+                                    [](const Tensor& x) { return unsqueeze(x, -1); }),
+                     nan_propagates()));
+  register_case(with_nonfinite(
+      with_error_inputs(
+          one_input_case("squeeze/noncontiguous", "squeeze", {4, 1, 3}, /*transposed=*/true,
+                         [](const Tensor& x) { return squeeze(x, -2); }),
+          squeeze_error_inputs()),
+      nan_propagates()));
+  register_case(with_nonfinite(
       with_error_inputs(one_input_case("broadcast_to/lead_and_inner", "broadcast_to", {3, 1},
                                        /*transposed=*/false,
                                        [](const Tensor& x) {
                                          return broadcast_to(x, {2, 3, 4});
                                        }),
-                        broadcast_to_error_inputs()));
-  register_case(one_input_case("broadcast_to/noncontiguous", "broadcast_to", {1, 3, 2},
-                               /*transposed=*/true, [](const Tensor& x) {
-                                 return broadcast_to(x, {4, 3, 2});
-                               }));
+                        broadcast_to_error_inputs()),
+      nan_propagates()));
+  register_case(
+      with_nonfinite(one_input_case("broadcast_to/noncontiguous", "broadcast_to", {1, 3, 2},
+                                    /*transposed=*/true,
+                                    [](const Tensor& x) {
+                                      return broadcast_to(x, {4, 3, 2});
+                                    }),
+                     nan_propagates()));
 }
 
 void register_copy_cases() {
-  register_case(one_input_case("contiguous/transposed", "contiguous", {3, 4}, /*transposed=*/true,
-                               [](const Tensor& x) { return contiguous(x); }));
+  register_case(with_nonfinite(
+      one_input_case("contiguous/transposed", "contiguous", {3, 4}, /*transposed=*/true,
+                     [](const Tensor& x) { return contiguous(x); }),
+      nan_propagates()));
   // The round trip through float32 rounds x; with a wide central difference (eps 0.1 on a linear
   // function) the rounding error (~1e-7) stays far below atol.
   register_case(OpCase{.name = "to_dtype/round_trip",
@@ -982,7 +1008,8 @@ void register_copy_cases() {
                              return to_dtype(to_dtype(x[0], other), x[0].dtype());
                            },
                        .opt = {.eps = 0.1},
-                       .error_inputs = to_dtype_error_inputs()});
+                       .error_inputs = to_dtype_error_inputs(),
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "concat/inner_axis_noncontiguous",
                        .op = "concat",
                        .make_inputs =
@@ -991,7 +1018,8 @@ void register_copy_cases() {
                                             case_input_t({2, 4}, dt, g)};
                            },
                        .fn = [](const Tensors& x) { return concat(x, -1); },
-                       .error_inputs = concat_error_inputs()});
+                       .error_inputs = concat_error_inputs(),
+                       .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "concat/outer_axis",
              .op = "concat",
@@ -999,13 +1027,15 @@ void register_copy_cases() {
                  [](DType dt, Generator& g) {
                    return Tensors{case_input({1, 2, 3}, dt, g), case_input_t({2, 2, 3}, dt, g)};
                  },
-             .fn = [](const Tensors& x) { return concat(x, 0); }});
-  register_case(
+             .fn = [](const Tensors& x) { return concat(x, 0); },
+             .nonfinite = nan_propagates()});
+  register_case(with_nonfinite(
       with_error_inputs(one_input_case("split/one_piece_used", "split", {3, 6}, /*transposed=*/true,
                                        [](const Tensor& x) {
                                          return split(x, {1, 3, 2}, 1)[1];
                                        }),
-                        split_error_inputs()));
+                        split_error_inputs()),
+      nan_propagates()));
   register_case(OpCase{.name = "split/all_pieces_reordered",
                        .op = "split",
                        .make_inputs =
@@ -1016,20 +1046,25 @@ void register_copy_cases() {
                            [](const Tensors& x) {
                              Tensors p = split(x[0], {2, 0, 3}, 0);
                              return concat({p[2], p[1], p[0]}, 0);
-                           }});
+                           },
+                       .nonfinite = nan_propagates()});
 }
 
 void register_gather_cases() {
-  register_case(backward_op_case(
-      "index_select_backward/repeated_rows", "index_select_backward", {5, 3}, {5, 3},
-      [](const Tensor& x) {
-        return index_select(x, 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
-      }));
-  register_case(backward_op_case(
-      "embedding_backward/padding_idx", "embedding_backward", {5, 3}, {2, 3, 3},
-      [](const Tensor& x) {
-        return embedding(x, from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}), 0);
-      }));
+  register_case(with_nonfinite(
+      backward_op_case(
+          "index_select_backward/repeated_rows", "index_select_backward", {5, 3}, {5, 3},
+          [](const Tensor& x) {
+            return index_select(x, 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
+          }),
+      nan_propagates()));
+  register_case(with_nonfinite(
+      backward_op_case(
+          "embedding_backward/padding_idx", "embedding_backward", {5, 3}, {2, 3, 3},
+          [](const Tensor& x) {
+            return embedding(x, from_vector(std::vector<int64_t>{3, 0, 3, 1, 0, 4}, {2, 3}), 0);
+          }),
+      nan_propagates()));
   register_case(OpCase{
       .name = "index_select/repeated_rows",
       .op = "index_select",
@@ -1041,7 +1076,8 @@ void register_gather_cases() {
           [](const Tensors& x) {
             return index_select(x[0], 0, from_vector(std::vector<int64_t>{4, 0, 4, 2, 4}, {5}));
           },
-      .error_inputs = index_select_error_inputs()});
+      .error_inputs = index_select_error_inputs(),
+      .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "index_select/inner_axis_noncontiguous",
              .op = "index_select",
@@ -1052,7 +1088,8 @@ void register_gather_cases() {
              .fn =
                  [](const Tensors& x) {
                    return index_select(x[0], 1, from_vector(std::vector<int64_t>{2, 2, 0, 1}, {4}));
-                 }});
+                 },
+             .nonfinite = nan_propagates()});
 }
 
 // embedding: repeated ids, a non-contiguous weight, padding_idx.
@@ -1068,7 +1105,8 @@ void register_embedding_cases() {
           [](const Tensors& x) {
             return embedding(x[0], from_vector(std::vector<int64_t>{1, 5, 1, 0, 2, 1}, {2, 3}));
           },
-      .error_inputs = embedding_error_inputs()});
+      .error_inputs = embedding_error_inputs(),
+      .nonfinite = nan_propagates()});
   register_case(
       OpCase{.name = "embedding/noncontiguous_weight",
              .op = "embedding",
@@ -1079,7 +1117,8 @@ void register_embedding_cases() {
              .fn =
                  [](const Tensors& x) {
                    return embedding(x[0], from_vector(std::vector<int64_t>{4, 4, 0, 3}, {4}));
-                 }});
+                 },
+             .nonfinite = nan_propagates()});
   // padding_idx rows get no gradient although the forward reads them, which central differences
   // would see; so the case drops the padded positions (flat 1 and 4) from the output and checks
   // the non-padded rows, repeated ids included. tests/test_shape.cpp checks the padded row's zero.
@@ -1097,7 +1136,8 @@ void register_embedding_cases() {
                                  /*padding_idx=*/0);
                    return index_select(reshape(out, {6, 3}), 0,
                                        from_vector(std::vector<int64_t>{0, 2, 3, 5}, {4}));
-                 }});
+                 },
+             .nonfinite = nan_propagates()});
 }
 
 }  // namespace

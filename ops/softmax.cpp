@@ -113,7 +113,8 @@ Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool lo
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   const bool record = autograd::needs_record({x_in});
   if (y.numel() > 0) {
-    if (onednn::usable(x)) {
+    // oneDNN's softmax drops a NaN (and turns a +inf row finite): such a row must be all NaN.
+    if (onednn::usable(x) && !kern::has_nan(x.data<float>(), x.numel(), /*pos_inf=*/true)) {
       if (log) forward_f32<dnnl::logsoftmax_forward>(x, y, (int)axis, record);
       else forward_f32<dnnl::softmax_forward>(x, y, (int)axis, record);
     } else {
@@ -158,14 +159,16 @@ void register_softmax_cases() {
                                          },
                                          "softmax: axis 2 out of range for rank 2"},
                                         {"an int64 input", [] { softmax(zeros({3}, DType::i64)); },
-                                         "softmax: expected a float tensor, got i64 (3)"}}});
+                                         "softmax: expected a float tensor, got i64 (3)"}},
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "softmax/middle_axis_transposed",
                        .op = "softmax",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)};
                            },
-                       .fn = [](const Tensors& x) { return softmax(x[0], 1); }});
+                       .fn = [](const Tensors& x) { return softmax(x[0], 1); },
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "log_softmax/last_axis_transposed",
                        .op = "log_softmax",
                        .make_inputs =
@@ -177,14 +180,16 @@ void register_softmax_cases() {
                                          [] {
                                            log_softmax(zeros({2, 3}), -3);
                                          },
-                                         "log_softmax: axis -3 out of range for rank 2"}}});
+                                         "log_softmax: axis -3 out of range for rank 2"}},
+                       .nonfinite = nan_propagates()});
   register_case(OpCase{.name = "log_softmax/middle_axis",
                        .op = "log_softmax",
                        .make_inputs =
                            [](DType dt, Generator& g) {
                              return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)};
                            },
-                       .fn = [](const Tensors& x) { return log_softmax(x[0], -2); }});
+                       .fn = [](const Tensors& x) { return log_softmax(x[0], -2); },
+                       .nonfinite = nan_propagates()});
 }
 
 }  // namespace graft

@@ -26,6 +26,19 @@ struct ErrorInput {
 /// wrong (nothing thrown, another message, another exception type).
 std::string check_error_input(const ErrorInput& e);
 
+/// What a case's op does with a NaN or +-Inf in its float inputs, checked by
+/// tests/test_nonfinite.cpp (a case left `undecided` fails there, so every new op decides).
+struct NonFiniteRule {
+  /// The decision.
+  enum Kind {
+    undecided,   ///< none taken yet: the non-finite test fails for the case
+    propagates,  ///< PyTorch's rule: a NaN reaches every output that depends on its element
+    exception,   ///< the op does something else on purpose; `why` says what and why
+  };
+  Kind kind = undecided;  ///< the decision
+  std::string why{};      ///< for an exception: what the op does instead, and why
+};
+
 /// One registered case for the generic tests. make_inputs builds the inputs in the requested
 /// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
 /// that should be checked come back with requires_grad set.
@@ -42,7 +55,21 @@ struct OpCase {
   double f32_atol = 1e-4, f32_rtol = 1e-3;
   ///@}
   std::vector<ErrorInput> error_inputs{};  ///< bad inputs of the op and the errors they raise
+  NonFiniteRule nonfinite{};               ///< what the op does with NaN and +-Inf inputs
 };
+
+/// The rule of almost every op: NaN propagates to every output that depends on it.
+inline NonFiniteRule nan_propagates() { return {NonFiniteRule::propagates, ""}; }
+/// An exception to nan_propagates(): `why` says what the op does instead, and why.
+inline NonFiniteRule nan_exception(std::string why) {
+  return {NonFiniteRule::exception, std::move(why)};
+}
+/// `c` with its non-finite decision set to `rule` (for cases built by a helper such as
+/// one_input_case()).
+inline OpCase with_nonfinite(OpCase c, NonFiniteRule rule) {
+  c.nonfinite = std::move(rule);
+  return c;
+}
 
 /// A case for an op that another op's backward records under create_graph (such as
 /// slice_backward): its input is the upstream gradient v of `forward` (of shape out_shape) at a

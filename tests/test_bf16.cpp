@@ -406,6 +406,33 @@ BOOST_AUTO_TEST_CASE(weight_copies_follow_the_weights_version) {
   }
 }
 
+// A kept bf16 copy of a weight refuses a NaN or inf in it, or a finite value that rounds to inf
+// in bf16, naming the weight and the element (in training the weight is converted per call and
+// NaN propagates like any value).
+BOOST_AUTO_TEST_CASE(kept_weight_copies_refuse_nonfinite_weights) {
+  Generator g(16);
+  const Tensor x = randn({4, 8}, DType::f32, g);
+  for (Bf16Path path : paths())
+    for (double bad : {std::numeric_limits<double>::quiet_NaN(),
+                       -std::numeric_limits<double>::infinity(), 3.4e38}) {
+      std::vector<float> wv = randn({3, 8}, DType::f32, g).to_vector<float>();
+      wv[2 * 8 + 1] = (float)bad;
+      const Tensor w = from_vector(wv, {3, 8});
+      PrecisionGuard guard(Precision::bf16, path);
+      autograd::NoGrad ng;
+      const std::string value = std::isnan(bad) ? "holds nan" : bad < 0 ? "holds -inf" : "beyond";
+      BOOST_CHECK_EXCEPTION(linear(x, w), Error, [&](const Error& e) {
+        return testing::names(e, "weight f32 (3, 8)") && testing::names(e, value) &&
+               testing::names(e, "at (2, 1)") && testing::names(e, "bf16");
+      });
+      const Tensor target = from_vector(std::vector<int64_t>{0, 1, 2, 0}, {4}, DType::i64);
+      BOOST_CHECK_EXCEPTION(linear_cross_entropy(x, w, target), Error, [&](const Error& e) {
+        return testing::names(e, "bf16 matmul: weight f32 (3, 8)") &&
+               testing::names(e, "at (2, 1)") && testing::names(e, value);
+      });
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // ---- a tiny Transformer: training and decoding ----------------------------------------------

@@ -147,6 +147,40 @@ BOOST_AUTO_TEST_CASE(zero_rows_and_nan_rows) {
   }
 }
 
+// A NaN or inf weight is refused when quantized, naming the op, the weight and the element: its
+// channel's scale would be NaN and every output of that channel NaN, silently.
+BOOST_AUTO_TEST_CASE(nonfinite_weights_are_refused) {
+  const Tensor x = random({2, 8}, 15);
+  for (double bad :
+       {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
+        std::numeric_limits<double>::quiet_NaN()})
+    for (bool reference : {true, false}) {
+      if (!reference && !int8_kernel_available()) continue;
+      std::vector<float> wv = random({3, 8}, 16).to_vector<float>();
+      wv[1 * 8 + 5] = (float)bad;
+      const Tensor w = from_vector(wv, {3, 8});
+      const std::string value = std::isnan(bad) ? "nan" : bad > 0 ? "inf" : "-inf";
+      BOOST_CHECK_EXCEPTION(int8_linear(x, w, Tensor(), reference), Error, [&](const Error& e) {
+        return names(e, "linear (int8): weight f32 (3, 8) holds " + value + " at (1, 5)");
+      });
+    }
+  // Through linear itself, under the guard: where modules push their names (anomaly mode), the
+  // error names the module whose weight it is.
+  std::vector<float> wv = random({3, 8}, 17).to_vector<float>();
+  wv[0] = std::numeric_limits<float>::infinity();
+  PrecisionGuard guard(Precision::int8);
+  autograd::NoGrad ng;
+  BOOST_CHECK_EXCEPTION(linear(x, from_vector(wv, {3, 8})), Error, [](const Error& e) {
+    return names(e, "holds inf at (0, 0)") &&
+           names(e, "anomaly mode, GRAFT_DETECT_ANOMALY=1, names the module");
+  });
+  autograd::AnomalyMode anomaly;
+  autograd::NameScope decoder("decoder"), proj("proj");
+  BOOST_CHECK_EXCEPTION(linear(x, from_vector(wv, {3, 8})), Error, [](const Error& e) {
+    return names(e, "linear (int8) in decoder.proj: weight f32 (3, 8) holds inf at (0, 0)");
+  });
+}
+
 BOOST_AUTO_TEST_CASE(int8_errors_and_what_it_leaves_alone) {
   Tensor x = random({2, 8}, 13), w = random({3, 8}, 14);
   w.requires_grad_();

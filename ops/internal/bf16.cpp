@@ -77,12 +77,13 @@ void convert(const Tensor& t, bool span, Out* dst, Conv conv) {
 std::atomic<uint64_t> weight_copies{0};
 
 // The copy of t's span (`rounded`: float32 values, else bf16 bits), from derived_copy() when
-// `reuse`.
+// `reuse`. A kept weight copy refuses a weight bf16 cannot hold (check_weight_finite).
 template <class Make>
 std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, bool weight,
                                    Make make) {
   if (!reuse) return make();
   return derived_copy(t, rounded ? 1 : 0, [&] {
+    if (weight) check_weight_finite(t, "bf16 matmul", true);
     if (weight) ++weight_copies;
     return make();
   });

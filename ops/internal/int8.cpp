@@ -70,8 +70,10 @@ std::shared_ptr<Storage> quantized_storage(int64_t OUT, size_t data_bytes) {
                                    data_bytes);
 }
 
-// w (OUT, IN) quantized per output channel, wq as plain rows.
+// w (OUT, IN) quantized per output channel, wq as plain rows. A NaN or inf weight is refused: its
+// channel's scale would be NaN, silently (the activations' rows keep the NaN-scale rule).
 std::shared_ptr<Storage> quantize_weights(const Tensor& w) {
+  check_weight_finite(w, "linear (int8)", false);
   const int64_t OUT = w.shape()[0], IN = w.shape()[1];
   auto s = quantized_storage(OUT, (size_t)OUT * IN);
   const QuantWeights q = view_quantized(*s, OUT);

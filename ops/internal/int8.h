@@ -6,8 +6,9 @@
 // VNNI's vpdpbusd and AMX multiply natively); the int32 sums are corrected by 128 * Σ_k wq[o][k]
 // and dequantized with the bias added:
 //   y[n][o] = (acc[n][o] - 128 Σ_k wq[o][k]) * xs[n] * ws[o] + b[o]
-// A row or channel whose scale is not finite (a NaN or inf in it) gives NaN outputs, as float32
-// would; an all-zero one gives exact zeros (plus the bias).
+// An input row whose scale is not finite (a NaN or inf in it) gives NaN outputs, as float32
+// would; an all-zero one gives exact zeros (plus the bias). A weight holding a NaN or inf is
+// refused when it is quantized (kern::check_weight_finite names it and the element).
 #pragma once
 
 #include "graft/autograd/tensor.h"

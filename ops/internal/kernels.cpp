@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
 
+#include "graft/autograd/tape.h"
 #include "graft/ops/internal/bf16.h"
 #include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/precision.h"
@@ -285,6 +289,66 @@ std::map<DerivedKey, Derived>& derived_cache() {
   return cache;
 }
 }  // namespace
+
+namespace {
+// "(1, 2)": the index of element `flat` (row-major) of `shape`.
+std::string index_of(const Shape& shape, int64_t flat) {
+  std::string out;
+  for (size_t d = shape.size(); d-- > 0;) {
+    out = std::to_string(flat % std::max<int64_t>(shape[d], 1)) + (out.empty() ? "" : ", ") + out;
+    flat /= std::max<int64_t>(shape[d], 1);
+  }
+  return "(" + out + ")";
+}
+
+// The largest float that rounds to a finite bf16 (0x7F7F7FFF: the next one rounds up to inf).
+const float kBf16Max = std::bit_cast<float>(0x7F7F7FFFu);
+
+// w with its dims ordered by decreasing stride (a view that records nothing): a matmul reads a
+// linear weight (OUT, IN) as its transpose view (IN, OUT), and the error should name the weight
+// as its owner made it.
+Tensor in_storage_order(const Tensor& w) {
+  std::vector<size_t> dims(w.dim());
+  for (size_t d = 0; d < dims.size(); ++d) dims[d] = d;
+  std::stable_sort(dims.begin(), dims.end(),
+                   [&](size_t a, size_t b) { return w.strides()[a] > w.strides()[b]; });
+  Shape shape, strides;
+  for (size_t d : dims) shape.push_back(w.shape()[d]), strides.push_back(w.strides()[d]);
+  return Tensor::view_of(w, shape, strides, w.offset());
+}
+}  // namespace
+
+bool has_nan(const float* p, int64_t n, bool pos_inf) {
+  const float limit =
+      pos_inf ? std::numeric_limits<float>::max() : std::numeric_limits<float>::infinity();
+  int bad = 0;
+#pragma omp parallel for simd reduction(| : bad) if (n > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i) bad |= !(p[i] <= limit);
+  return bad != 0;
+}
+
+void check_weight_finite(const Tensor& w, const std::string& what, bool bf16) {
+  const Tensor ws = in_storage_order(w);
+  const float* p = ws.data<const float>();
+  const float limit = bf16 ? kBf16Max : std::numeric_limits<float>::max();
+  int64_t bad = -1, i = 0;
+  for_each_offset(ws.shape(), ws.strides(), [&](int64_t o) {
+    if (bad < 0 && !(std::fabs(p[o]) <= limit)) bad = i;
+    ++i;
+  });
+  if (bad < 0) return;
+  std::ostringstream v;
+  v.precision(9);
+  v << ws.to_vector<double>()[bad];
+  // The module path names the parameter (module.weight) where modules push their names.
+  const std::string path = autograd::name_scope_path();
+  fail(what + (path.empty() ? "" : " in " + path) + ": weight " + describe(ws) + " holds " +
+       v.str() + (std::isfinite(ws.to_vector<double>()[bad]) ? " (beyond bf16's range)" : "") +
+       " at " + index_of(ws.shape(), bad) + "; a kept " + (bf16 ? "bf16" : "int8") +
+       " copy of a weight needs finite values (a NaN or inf parameter: check the run or the "
+       "checkpoint that made it" +
+       (path.empty() ? "; anomaly mode, GRAFT_DETECT_ANOMALY=1, names the module" : "") + ")");
+}
 
 std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
                                       const std::function<std::shared_ptr<Storage>()>& make) {
