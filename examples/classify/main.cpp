@@ -18,6 +18,7 @@
 #include "examples/classify/naive_bayes.h"
 #include "examples/common/cli.h"
 #include "examples/common/plot.h"
+#include "graft/nn/checkpoint.h"
 
 using namespace graft;
 
@@ -67,12 +68,14 @@ int cmd_train(const classify::TrainOptions& o) {
 // train.tsv (or `baseline_train`).
 int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
                  std::string baseline_train) {
+  const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
+  nn::check_output_path("evaluate: --confusion", png,
+                        {data, baseline_train, run_dir + "/config.json"});
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
   auto m = classify::evaluate(run, examples);
   std::printf("%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f\n", data.c_str(), (long long)m.n,
               100 * m.accuracy, m.macro_f1);
-  const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
   confusion_png(png, m, run.labels);
   std::printf("confusion matrix: %s\n", png.c_str());
   // The run's own train.tsv may have moved since (its path is relative to where training ran):
