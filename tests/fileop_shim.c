@@ -1,7 +1,7 @@
 // An LD_PRELOAD shim for tests/kill_every_file_op.sh: counts the file operations that make a
 // write durable or visible (fsync, fdatasync, rename, link, symlink, unlink, remove, mkdir,
-// rmdir) on paths under GRAFT_FILEOP_DIR, and kills the process with SIGKILL just before the
-// GRAFT_FILEOP_KILL-th of them (1-based). With GRAFT_FILEOP_LOG set it appends "N op path" per
+// rmdir) on GRAFT_FILEOP_DIR (an absolute path) and paths under it, and kills the process with
+// SIGKILL just before the GRAFT_FILEOP_KILL-th of them (1-based). With GRAFT_FILEOP_LOG set it appends "N op path" per
 // counted operation to that file, so a test can list the moments to kill at.
 //
 // GRAFT_FILEOP_FAIL=N makes the N-th counted operation fail instead: it returns -1 (EOF for
@@ -45,7 +45,9 @@ static const char* full_path(const char* p, char* buf, size_t n) {
 // Whether the operation about to run is the one to fail (errno is then set).
 static int before(const char* op, const char* path) {
   const char* dir = getenv("GRAFT_FILEOP_DIR");
-  if (!dir || !*dir || !strstr(path, dir)) return 0;
+  if (!dir || !*dir) return 0;
+  const size_t len = strlen(dir);  // dir itself or what is under it, not "<dir>.log"
+  if (strncmp(path, dir, len) != 0 || (path[len] != 0 && path[len] != '/')) return 0;
   if (logging) return 0;  // the log's own fclose is not the run's
   const long n = ++counted;
   const char* log = getenv("GRAFT_FILEOP_LOG");

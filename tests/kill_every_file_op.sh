@@ -99,7 +99,7 @@ interrupt() {  # program n errno run log
 strerror() { case $1 in EIO) echo "Input/output error" ;; ENOSPC) echo "No space left on device" ;; esac; }
 
 # One interruption: a fresh run stopped at file operation n, resumed to its end, compared. Runs
-# in a directory of its own (no name a prefix of another's: the shim matches by substring).
+# in a directory of its own.
 interrupt_and_resume() {  # program n errno
   local prog=$1 n=$2 err=$3 run=$W/$prog-$2-$3-run op cmd
   op=$(sed -n "${n}p" "$W/$prog.ops")
