@@ -1,6 +1,7 @@
 #include "graft/nn/checkpoint_dir.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -242,14 +243,16 @@ bool held_until_exit(const std::pair<dev_t, ino_t>& id) {
   return false;
 }
 
-// What the holder wrote into the lock file: its pid, for the message.
+// The holder, for the message: the pid it wrote into the lock file, when that process runs (a
+// holder that is not graft, such as flock(1), leaves the pid of an earlier writer there).
 std::string lock_holder(int fd) {
   char buf[32] = {};
   const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
   std::string pid(buf, n > 0 ? size_t(n) : 0);
   while (!pid.empty() && pid.back() == '\n') pid.pop_back();
-  if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos)
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos)
     return "another process";
+  if (::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH) return "another process";
   return "process " + pid;
 }
 

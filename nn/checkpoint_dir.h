@@ -92,7 +92,8 @@ class RunLock {
  public:
   /// Takes the lock; run_dir must exist.
   /// @throws graft::Error "run directory '<dir>' is being written by process <pid> (it holds
-  ///         '<dir>/writer.lock'): one writer per run; ..." when another writer holds it, or
+  ///         '<dir>/writer.lock'): one writer per run; ..." when another writer holds it ("by
+  ///         another process" when its pid is not known), or
   ///         "run directory '<dir>': cannot ..." when the lock file cannot be opened (a
   ///         symbolic link there is refused) or locked.
   explicit RunLock(const std::string& run_dir);

@@ -211,7 +211,7 @@ case_ classify "train --init-from a directory without config.json" 2 "config.jso
 mkdir -p "$W/graph.svg"
 case_ translate "\`train --graph\` naming a directory" 2 "graph: output '$W/graph.svg' is a directory" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --graph "$W/graph.svg"
 case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "is the same file as the input '$D/train.tsv'" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
-case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
+case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by another process" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

@@ -1,5 +1,7 @@
 #include <boost/test/unit_test.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -909,6 +911,21 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
     });
   }
   { const nn::RunLock again(run); }  // released with its holder
+  {  // a holder that is not graft (flock(1), say) beside the pid of an earlier, dead writer
+    const pid_t dead = ::fork();
+    if (dead == 0) ::_exit(0);
+    BOOST_REQUIRE(dead > 0);
+    BOOST_REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+    write_bytes(td.file("writer.lock"), std::to_string(dead) + "\n");
+    const int fd = ::open(td.file("writer.lock").c_str(), O_RDONLY | O_CLOEXEC);
+    BOOST_REQUIRE(fd >= 0);
+    BOOST_REQUIRE(::flock(fd, LOCK_EX) == 0);
+    BOOST_CHECK_EXCEPTION(nn::RunLock second(run), Error, [&](const Error& e) {
+      return graft::testing::names(e,
+                                   "'" + run + "' is being written by another process (it holds");
+    });
+    ::close(fd);
+  }
   BOOST_TEST(nn::clean_checkpoints(run, false) == 0);
   BOOST_TEST(td.listing() == std::vector<std::string>{"writer.lock"});
   const std::string held = td.file("held");
