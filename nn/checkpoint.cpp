@@ -530,7 +530,7 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 }
 
 // The pid in a temp file name create_temp_file (or graph_file.cpp, "<name>.tmp.<pid>.dot") made,
-// or in the "<name>.tmp.<pid>" of graft before 0.7; 0 for any other name.
+// or in the "<name>.tmp.<pid>" of graft 0.6 and earlier; 0 for any other name.
 static int temp_file_owner(const std::string& name) {
   const size_t at = name.rfind(".tmp.");
   if (at == std::string::npos || at == 0) return 0;

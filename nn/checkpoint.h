@@ -79,7 +79,7 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
 int create_temp_file(const std::string& path, std::string& tmp, const std::string& who);
 
 /// Removes the temp files create_temp_file() left in dir when its process was killed
-/// mid-save ("<name>.tmp.<pid>.<suffix>", or "<name>.tmp.<pid>" of graft before 0.7, of a pid
+/// mid-save ("<name>.tmp.<pid>.<suffix>", or "<name>.tmp.<pid>" of graft 0.6 and earlier, of a pid
 /// no longer running); returns how many. A directory that cannot be read counts as none.
 int remove_stale_temp_files(const std::string& dir);
 
