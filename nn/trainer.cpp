@@ -592,10 +592,13 @@ class Loop {
     if (options_.resume && !resume_)
       say("no checkpoint in '" + options_.run_dir + "' yet: starting at step 0");
     if (resume_) {
-      const auto saved = load_train_state(state_path(), task_, recipe_, *opt_, state_);
+      // Read from the checkpoint directory itself, not through the run/<name> links, which
+      // are for readers and which anything in the run directory could have replaced.
+      const std::string ckpt = current_checkpoint(options_.run_dir);
+      const auto saved = load_train_state(ckpt + "/" + kStateFile, task_, recipe_, *opt_, state_);
       last_valid_step_ =
           state_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
-      rows_ = read_metrics(options_.run_dir + "/" + kMetricsFile, task_.metric_names, state_.step);
+      rows_ = read_metrics(ckpt + "/" + kMetricsFile, task_.metric_names, state_.step);
       say("resumed at step " + std::to_string(state_.step) + " (epoch " +
           std::to_string(state_.epoch) + ", batch " + std::to_string(state_.pos) + "/" +
           std::to_string(task_.batches) + ")");

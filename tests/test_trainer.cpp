@@ -473,6 +473,15 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
     });
     std::ofstream(csv, std::ios::trunc) << text;
   }
+  {  // Issue 47: a run/<name> link replaced by one to a file outside the checkpoint is not read
+    const fs::path outside = fresh_dir("outside_metrics");
+    fs::create_directories(outside);
+    std::ofstream(outside / "metrics.csv") << "garbage\n";
+    fs::remove(dir / "metrics.csv");
+    fs::create_symlink(outside / "metrics.csv", dir / "metrics.csv");
+    BOOST_TEST(nn::train_loop(t.task, o).last_step == 30);
+    BOOST_TEST(fs::read_symlink(dir / "metrics.csv").string() == "checkpoint/metrics.csv");
+  }
   // A run directory of graft 0.4: a plain train_state.safetensors, no checkpoint link.
   const fs::path old = fresh_dir("old_layout");
   fs::create_directories(old);
