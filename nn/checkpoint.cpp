@@ -2,16 +2,20 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <mutex>
+#include <random>
 #include <set>
 #include <streambuf>
 
@@ -461,10 +465,40 @@ SafetensorsFile load_safetensors(const std::string& path) {
   return out;
 }
 
+int create_temp_file(const std::string& path, std::string& tmp, const std::string& who) {
+  // Names no other process can guess in advance are not what makes this safe (O_EXCL and
+  // O_NOFOLLOW are: a planted file or link makes open fail instead of being written through);
+  // they keep a planted name from blocking the write, and two writers of one path apart.
+  static std::mutex mu;
+  static std::mt19937_64 gen{std::random_device{}()};
+  constexpr const char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  int err = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string suffix(6, 'x');
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (char& c : suffix) c = kChars[gen() % (sizeof kChars - 1)];
+    }
+    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + suffix;
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) return fd;
+    err = errno;
+    if (err != EEXIST) break;
+  }
+  fail(who + ": " + squote(path) + ": cannot create the temporary file " + squote(tmp) + ": " +
+       std::strerror(err));
+}
+
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) io_fail(path, "cannot create the temporary file " + squote(tmp), errno);
+  std::string tmp;
+  const int fd = create_temp_file(path, tmp, "atomic_write");
+  FILE* f = ::fdopen(fd, "wb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    io_fail(path, "cannot open the temporary file " + squote(tmp), err);
+  }
   try {
     FileOutBuf buf(f);
     std::ostream os(&buf);
@@ -495,19 +529,81 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
   if (r != 0 && err != EINVAL) io_fail(path, "written, but fsync of its directory failed", err);
 }
 
+// The pid in a temp file name create_temp_file (or graph_file.cpp, "<name>.tmp.<pid>.dot") made,
+// or in the "<name>.tmp.<pid>" of graft 0.6 and earlier; 0 for any other name.
+static int temp_file_owner(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0) return 0;
+  const std::string rest = name.substr(at + 5);
+  const size_t dot = rest.find('.');
+  const std::string pid = rest.substr(0, dot);
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos)
+    return 0;
+  if (dot != std::string::npos) {  // create_temp_file's random suffix, or graph_file's ".dot"
+    const std::string suffix = rest.substr(dot + 1);
+    if (suffix.empty() || suffix.size() > 16 ||
+        std::any_of(suffix.begin(), suffix.end(),
+                    [](char c) { return !std::isalnum((unsigned char)c); }))
+      return 0;
+  }
+  return std::stoi(pid);
+}
+
 int remove_stale_temp_files(const std::string& dir) {
   int removed = 0;
   std::error_code ec;
   for (const fs::path e : directory_entries(dir, ec)) {
-    const std::string name = e.filename().string();
-    const size_t at = name.rfind(".tmp.");
-    if (at == std::string::npos || at + 5 >= name.size()) continue;
-    const std::string pid = name.substr(at + 5);
-    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
-    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // still running
+    const int pid = temp_file_owner(e.filename().string());
+    if (pid <= 0) continue;
+    if (::kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;  // still running
     if (fs::remove(e, ec)) ++removed;
   }
   return removed;
+}
+
+namespace {
+
+// What kind of file st is, for a message, or "" for a regular file.
+const char* special_kind(const struct stat& st) {
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "";
+}
+
+// Whether b is the file a (whose stat is a_st) names: the same inode, or where b cannot be
+// looked at, the same canonical path.
+bool same_file(const std::string& a, const struct stat& a_st, const std::string& b) {
+  struct stat b_st;
+  if (::stat(b.c_str(), &b_st) == 0)
+    return a_st.st_dev == b_st.st_dev && a_st.st_ino == b_st.st_ino;
+  std::error_code ec1, ec2;
+  const fs::path ca = fs::weakly_canonical(a, ec1), cb = fs::weakly_canonical(b, ec2);
+  return !ec1 && !ec2 && ca == cb;
+}
+
+}  // namespace
+
+void check_output_path(const std::string& who, const std::string& path,
+                       const std::vector<std::string>& inputs) {
+  const std::string where = who + ": output " + squote(path);
+  if (path.empty()) fail(who + ": the output path is empty");
+  struct stat lst;
+  if (::lstat(path.c_str(), &lst) != 0) {
+    if (errno != ENOENT) fail(where + ": cannot check it: " + std::strerror(errno));
+    return;  // a new file: no input can be it
+  }
+  struct stat st = lst;
+  const bool link = S_ISLNK(lst.st_mode);
+  if (link && ::stat(path.c_str(), &st) != 0) return;  // a dangling link: replaced, not followed
+  if (const char* kind = special_kind(st); *kind)
+    fail(where + " is " + (link ? std::string("a symbolic link to ") : std::string()) + kind +
+         ", not a file it can write");
+  for (const std::string& in : inputs)
+    if (!in.empty() && same_file(path, st, in))
+      fail(where + " is the same file as the input " + squote(in) +
+           ": writing it would destroy what it reads");
 }
 
 void save_json(const std::string& path, const nlohmann::json& j) {

@@ -60,19 +60,39 @@ SafetensorsFile load_safetensors(const std::string& path);
 /// Writes a file atomically: `writer` fills the stream, and `path` then holds either all of it
 /// or what it held before.
 ///
-/// Writes "<path>.tmp.<pid>", flushes and fsyncs it, renames it over path, then fsyncs the
-/// directory. If the writer throws or any step fails, the temp file is removed and whatever
-/// was at path before is untouched; the writer's own exception is rethrown unchanged, I/O
-/// failures are graft::Errors naming path. The temp name is per process, so two threads of one
-/// process must not write the same path at the same time.
+/// Writes a fresh temp file beside path (create_temp_file()), flushes and fsyncs it, renames it
+/// over path, then fsyncs the directory. If the writer throws or any step fails, the temp file
+/// is removed and whatever was at path before is untouched; the writer's own exception is
+/// rethrown unchanged, I/O failures are graft::Errors naming path. A symbolic link at path is
+/// replaced, never written through. Threads may write one path at once (the last rename wins).
 /// @throws graft::Error "atomic_write: '<path>': ..." when creating, writing, syncing or
 ///         renaming fails (and whatever `writer` throws).
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer);
 
-/// Removes the temp files atomic_write left in dir when its process was killed mid-save
-/// ("<name>.tmp.<pid>" of a pid no longer running); returns how many. A directory that
-/// cannot be read counts as none.
+/// Creates the temp file for a write of path in path's directory, as
+/// "<path>.tmp.<pid>.<6 random letters or digits>", exclusively and without following links
+/// (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask): a file or symbolic link planted
+/// under a temp name is never written through. Sets tmp to its name; returns its descriptor
+/// (close-on-exec), which the caller closes and whose file it renames or removes.
+/// @throws graft::Error "<who>: '<path>': cannot create the temporary file '<tmp>': ..." when
+///         the directory refuses it (missing, not writable, full) or 100 names were taken.
+int create_temp_file(const std::string& path, std::string& tmp, const std::string& who);
+
+/// Removes the temp files create_temp_file() left in dir when its process was killed
+/// mid-save ("<name>.tmp.<pid>.<suffix>", or "<name>.tmp.<pid>" of graft 0.6 and earlier, of a pid
+/// no longer running); returns how many. A directory that cannot be read counts as none.
 int remove_stale_temp_files(const std::string& dir);
+
+/// Refuses an output path a command would write: one naming a directory, a device, a FIFO or a
+/// socket (or a symbolic link to one of them), or the same file as any of the command's
+/// inputs (the same device and inode, or the same canonical path), which the write would
+/// destroy while reading it. A missing path, a regular file and a dangling link pass (an
+/// atomic_write() replaces the link itself). Empty entries of inputs are skipped.
+/// @throws graft::Error "<who>: output '<path>' is a directory, not a file it can write" (a
+///         device, a FIFO, a socket, a symbolic link to ...), "<who>: output '<path>' is the
+///         same file as the input '<input>': ...", or for an empty path.
+void check_output_path(const std::string& who, const std::string& path,
+                       const std::vector<std::string>& inputs = {});
 
 /// A hash over every tensor's name, dtype, shape and bytes, as 16 hex digits: safetensors carries
 /// no checksum of its own, so flipped bits in the data section (or a dtype changed in the

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "graft/autograd/tape.h"
@@ -74,12 +75,17 @@ MetricsRow as_written(MetricsRow r) {
   return r;
 }
 
+// metrics.csv's first line.
+std::string metrics_header(const std::vector<std::string>& names) {
+  std::string h = "step,train_loss,lr,tokens_per_s";
+  for (auto& n : names) h += ",valid_" + n;
+  return h;
+}
+
 void write_metrics(const std::string& path, const std::vector<std::string>& names,
                    const std::vector<MetricsRow>& rows) {
   atomic_write(path, [&](std::ostream& os) {
-    os << "step,train_loss,lr,tokens_per_s";
-    for (auto& n : names) os << ",valid_" << n;
-    os << '\n';
+    os << metrics_header(names) << '\n';
     for (auto& r : rows) {
       os << r.step << ',' << fmt_num(r.train_loss) << ',' << fmt_num(r.lr) << ','
          << fmt_num(r.tokens_per_s);
@@ -92,38 +98,63 @@ void write_metrics(const std::string& path, const std::vector<std::string>& name
   });
 }
 
+// One line of metrics.csv as write_metrics wrote it: exactly one cell per column, every cell a
+// whole number (the step) or empty or a whole number in the C locale's syntax.
+MetricsRow parse_metrics_row(const std::string& line, const std::vector<std::string>& names) {
+  std::vector<std::string> f;
+  size_t from = 0;
+  for (size_t comma; (comma = line.find(',', from)) != std::string::npos; from = comma + 1)
+    f.push_back(line.substr(from, comma - from));
+  f.push_back(line.substr(from));
+  if (f.size() != 4 + names.size())
+    throw std::invalid_argument(std::to_string(f.size()) + " cells, not " +
+                                std::to_string(4 + names.size()));
+  auto num = [](const std::string& s) {
+    size_t used = 0;
+    const double v = s.empty() ? NAN : std::stod(s, &used);
+    if (used != s.size()) throw std::invalid_argument(s);
+    return v;
+  };
+  MetricsRow r;
+  size_t used = 0;
+  r.step = std::stoll(f[0], &used);
+  if (used != f[0].size() || f[0].empty() || r.step < 0) throw std::invalid_argument(f[0]);
+  r.train_loss = num(f[1]), r.lr = num(f[2]), r.tokens_per_s = num(f[3]);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!f[4 + i].empty()) r.valid[names[i]] = num(f[4 + i]);
+  return r;
+}
+
 // The rows of the checkpoint's metrics.csv, which was committed with its train state (steps up
-// to last_step). A row that does not parse is damage, not something to skip.
+// to last_step, the last of them last_step: a checkpoint is taken at a validation, which writes
+// a row). Anything else is damage, not something to skip: the history would be lost.
 std::vector<MetricsRow> read_metrics(const std::string& path, const std::vector<std::string>& names,
                                      int64_t last_step) {
   std::ifstream in(path);
   std::string line;
   if (!std::getline(in, line))
     fail("resume: '" + path + "' is missing or empty: the checkpoint is damaged");
+  if (line != metrics_header(names))
+    fail("resume: '" + path + "' line 1 is not the header '" + metrics_header(names) +
+         "': the checkpoint is damaged or of another program");
   std::vector<MetricsRow> rows;
   for (int64_t n = 2; std::getline(in, line); ++n) {
-    std::vector<std::string> f;
-    std::stringstream ss(line);
-    for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
-    f.resize(4 + names.size());
-    auto num = [](const std::string& s) {
-      size_t used = 0;
-      const double v = s.empty() ? NAN : std::stod(s, &used);
-      if (used != s.size()) throw std::invalid_argument(s);
-      return v;
-    };
     MetricsRow r;
     try {
-      r.step = std::stoll(f[0]);
-      r.train_loss = num(f[1]), r.lr = num(f[2]), r.tokens_per_s = num(f[3]);
-      for (size_t i = 0; i < names.size(); ++i)
-        if (!f[4 + i].empty()) r.valid[names[i]] = num(f[4 + i]);
+      r = parse_metrics_row(line, names);
     } catch (const std::exception&) {
       fail("resume: '" + path + "' line " + std::to_string(n) +
            " is not a metrics row: the checkpoint is damaged");
     }
+    if (!rows.empty() && r.step <= rows.back().step)
+      fail("resume: '" + path + "' line " + std::to_string(n) + ": step " + std::to_string(r.step) +
+           " does not follow step " + std::to_string(rows.back().step) +
+           ": the checkpoint is damaged");
     if (r.step <= last_step) rows.push_back(r);
   }
+  if (last_step > 0 && (rows.empty() || rows.back().step != last_step))
+    fail("resume: '" + path + "' has no row for step " + std::to_string(last_step) +
+         ", the train state's: the checkpoint is damaged");
   return rows;
 }
 
@@ -561,10 +592,13 @@ class Loop {
     if (options_.resume && !resume_)
       say("no checkpoint in '" + options_.run_dir + "' yet: starting at step 0");
     if (resume_) {
-      const auto saved = load_train_state(state_path(), task_, recipe_, *opt_, state_);
+      // Read from the checkpoint directory itself, not through the run/<name> links, which
+      // are for readers and which anything in the run directory could have replaced.
+      const std::string ckpt = current_checkpoint(options_.run_dir);
+      const auto saved = load_train_state(ckpt + "/" + kStateFile, task_, recipe_, *opt_, state_);
       last_valid_step_ =
           state_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
-      rows_ = read_metrics(options_.run_dir + "/" + kMetricsFile, task_.metric_names, state_.step);
+      rows_ = read_metrics(ckpt + "/" + kMetricsFile, task_.metric_names, state_.step);
       say("resumed at step " + std::to_string(state_.step) + " (epoch " +
           std::to_string(state_.epoch) + ", batch " + std::to_string(state_.pos) + "/" +
           std::to_string(task_.batches) + ")");
@@ -944,10 +978,12 @@ std::vector<int64_t> shuffled_order(int64_t n, Generator& gen) {
 LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   Communicator& comm = o.comm ? *o.comm : world_communicator();
   bool resume = false;
+  std::optional<RunLock> lock;  // rank 0 alone writes the run
   on_every_rank(comm, [&] {
     check_task(task, o, comm.size());
     if (comm.rank() == 0) {
       create_run_directory(o.run_dir);
+      lock.emplace(o.run_dir);
       remove_stale_temp_files(o.run_dir);  // left by a run killed inside a save
       clean_checkpoints(o.run_dir,
                         o.resume);  // what a killed commit left; a fresh run's predecessor

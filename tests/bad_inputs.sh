@@ -270,6 +270,10 @@ STDIN=$W/zeros case_ input "embed tokenize < 20 MB of zero bytes, no newline" 2 
 
 case_ CLI "\`--collective-timeout nan\` (once SIGABRT)" 2 "--collective-timeout: Value nan is not a number" -- "$LM" train --out "$W/x" --steps 2 --collective-timeout nan
 case_ CLI "\`--collective-timeout 1e10\` (once overflowed the watchdog's deadline)" 2 "--collective-timeout: Value 1e10 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 2 --collective-timeout 1e10
+mkdir -p "$W/graph.svg"
+case_ translate "\`train --graph\` naming a directory" 2 "graph: output '$W/graph.svg' is a directory" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --graph "$W/graph.svg"
+case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "is the same file as the input '$D/train.tsv'" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
+case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by another process" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

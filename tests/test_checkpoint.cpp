@@ -1,6 +1,10 @@
 #include <boost/test/unit_test.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -729,6 +733,215 @@ BOOST_AUTO_TEST_CASE(clean_checkpoints_and_damaged_pointers) {
   fs::create_symlink("ckpt-00000042", td.dir / "checkpoint");
   BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) {
     return graft::testing::names(e, "which is missing");
+  });
+}
+
+// Issue 47: a temp file is created exclusively and never followed through a link planted under
+// the name the write would use (graft 0.6 opened "<path>.tmp.<pid>" with fopen "w", and
+// overwrote whatever a planted link there pointed at).
+BOOST_AUTO_TEST_CASE(atomic_write_never_writes_through_a_planted_link) {
+  TempDir td;
+  const std::string victim = td.file("victim"), path = td.file("config.json");
+  write_bytes(victim, "precious");
+  fs::create_symlink(victim, path + ".tmp." + std::to_string(::getpid()));
+  nn::atomic_write(path, [](std::ostream& os) { os << "new"; });
+  BOOST_TEST(read_bytes(victim) == "precious");
+  BOOST_TEST(read_bytes(path) == "new");
+  // A link planted at the target itself is replaced, not written through.
+  fs::remove(path);
+  fs::create_symlink(victim, path);
+  nn::atomic_write(path, [](std::ostream& os) { os << "newer"; });
+  BOOST_TEST(read_bytes(victim) == "precious");
+  BOOST_TEST(!fs::is_symlink(path));
+  BOOST_TEST(read_bytes(path) == "newer");
+  // Two temp files of one path never share a name, and each is a fresh regular file.
+  std::string a, b;
+  const int fa = nn::create_temp_file(path, a, "test"), fb = nn::create_temp_file(path, b, "test");
+  BOOST_TEST(fa >= 0);
+  BOOST_TEST(fb >= 0);
+  BOOST_TEST(a != b);
+  BOOST_TEST(a.rfind(path + ".tmp." + std::to_string(::getpid()) + ".", 0) == 0u);
+  ::close(fa), ::close(fb);
+  fs::remove(a), fs::remove(b);
+  BOOST_CHECK_EXCEPTION(
+      nn::create_temp_file(td.file("missing/x"), a, "test"), Error,
+      [](const Error& e) { return graft::testing::names(e, "cannot create the temporary file"); });
+}
+
+// The temp files of a process that no longer runs are removed, in the names create_temp_file
+// makes and in graft 0.6's; a running process's and other files stay.
+BOOST_AUTO_TEST_CASE(stale_temp_files_of_dead_processes_are_removed) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  BOOST_REQUIRE(child > 0);
+  int status = 0;
+  BOOST_REQUIRE(::waitpid(child, &status, 0) == child);
+  TempDir td;
+  const std::string dead = std::to_string(child), alive = std::to_string(::getpid());
+  for (const std::string& name : std::vector<std::string>{
+           "a.tmp." + dead + ".Ab3dE9", "a.tmp." + dead, "g.svg.tmp." + dead + ".dot",
+           "a.tmp." + alive + ".Ab3dE9", "a.tmp.x", "a.tmp." + dead + ".a-b", "plain"})
+    write_bytes(td.file(name), "x");
+  BOOST_TEST(nn::remove_stale_temp_files(td.dir.string()) == 3);
+  std::vector<std::string> kept = {"a.tmp." + alive + ".Ab3dE9", "a.tmp." + dead + ".a-b",
+                                   "a.tmp.x", "plain"};
+  std::sort(kept.begin(), kept.end());
+  BOOST_TEST(td.listing() == kept, boost::test_tools::per_element());
+}
+
+// Issue 47: check_output_path refuses, by name, an output that is no file to write or is one of
+// the command's inputs, and lets a new file, a regular file or a dangling link through.
+BOOST_AUTO_TEST_CASE(output_paths_that_are_not_files_or_are_inputs_are_refused) {
+  TempDir td;
+  auto refused = [](const std::string& path, const std::vector<std::string>& inputs,
+                    const std::string& why) {
+    BOOST_CHECK_EXCEPTION(
+        nn::check_output_path("cmd: --out", path, inputs), Error, [&](const Error& e) {
+          return graft::testing::names(e, "cmd: --out: output '" + path + "' is " + why);
+        });
+  };
+  const std::string dir = td.file("d"), fifo = td.file("fifo"), in = td.file("in.txt");
+  fs::create_directory(dir);
+  BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  write_bytes(in, "input");
+  refused(dir, {}, "a directory, not a file it can write");
+  refused(fifo, {}, "a FIFO, not a file it can write");
+  refused("/dev/null", {}, "a device, not a file it can write");
+  fs::create_symlink(dir, td.file("to_dir"));
+  refused(td.file("to_dir"), {}, "a symbolic link to a directory");
+  fs::create_symlink(fifo, td.file("to_fifo"));
+  refused(td.file("to_fifo"), {}, "a symbolic link to a FIFO");
+  refused(in, {"", in}, "the same file as the input '" + in + "'");
+  fs::create_hard_link(in, td.file("hard"));
+  refused(td.file("hard"), {in}, "the same file as the input '" + in + "'");
+  fs::create_symlink(in, td.file("soft"));
+  refused(td.file("soft"), {in}, "the same file as the input '" + in + "'");
+  const std::string dotted = (td.dir / "d" / ".." / "in.txt").string();
+  refused(dotted, {in}, "the same file as the input '" + in + "'");
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("new.txt"), {in}));
+  write_bytes(td.file("old.txt"), "old");
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("old.txt"), {in}));
+  fs::create_symlink(td.file("nowhere"), td.file("dangling"));
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("dangling"), {in}));
+  BOOST_CHECK_EXCEPTION(nn::check_output_path("cmd", "", {}), Error, [](const Error& e) {
+    return graft::testing::names(e, "cmd: the output path is empty");
+  });
+}
+
+// Issue 47: a checkpoint directory of the run that is a symbolic link (to a directory outside
+// the run), or that holds one, is refused: graft 0.6 hard-linked its files into the next
+// checkpoint.
+BOOST_AUTO_TEST_CASE(symbolic_links_in_checkpoints_are_refused) {
+  TempDir td, outside;
+  const std::string run = td.dir.string();
+  write_bytes(outside.file("secret"), "not the run's");
+  fs::create_symlink(outside.dir, td.dir / "ckpt-00000003");
+  fs::create_symlink("ckpt-00000003", td.dir / "checkpoint");
+  auto is_link_error = [](const Error& e) {
+    return graft::testing::names(e, "ckpt-00000003' is a symbolic link, not a checkpoint");
+  };
+  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, is_link_error);
+  BOOST_CHECK_EXCEPTION(
+      {
+        nn::CheckpointCommit c(run, 6);
+        c.commit();
+      },
+      Error, is_link_error);
+  BOOST_TEST(!fs::exists(td.dir / "secret"));
+  BOOST_TEST(!fs::exists(td.dir / "ckpt-00000006"));
+  // A link inside a real checkpoint directory is not carried over either.
+  fs::remove(td.dir / "checkpoint");
+  fs::remove(td.dir / "ckpt-00000003");
+  {
+    nn::CheckpointCommit c(run, 3);
+    write_bytes(c.path("a.txt"), "a3");
+    c.commit();
+  }
+  fs::create_symlink(outside.file("secret"), td.dir / "ckpt-00000003" / "evil");
+  nn::CheckpointCommit c(run, 6);
+  BOOST_CHECK_EXCEPTION(c.commit(), Error, [](const Error& e) {
+    return graft::testing::names(e, "evil' is not a regular file");
+  });
+  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
+}
+
+// Issue 47: a commit is either current and complete or the previous one is. A second commit()
+// is refused (graft 0.6 removed the directory the pointer named), and two commits of one step
+// made at once write directories of their own (graft 0.6's second removed the first's files).
+BOOST_AUTO_TEST_CASE(commits_never_remove_the_current_checkpoint) {
+  TempDir td;
+  const std::string run = td.dir.string();
+  {
+    nn::CheckpointCommit c(run, 3);
+    write_bytes(c.path("a.txt"), "a3");
+    c.commit();
+    BOOST_CHECK_EXCEPTION(c.commit(), Error, [](const Error& e) {
+      return graft::testing::names(e, "ckpt-00000003' was committed already");
+    });
+  }
+  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
+  {
+    nn::CheckpointCommit first(run, 5), second(run, 5);
+    write_bytes(first.path("a.txt"), "a5 first");
+    write_bytes(second.path("b.txt"), "b5 second");
+    first.commit();
+    BOOST_TEST(read_bytes(td.file("a.txt")) == "a5 first");
+    second.commit();
+  }
+  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000005.1").string());
+  BOOST_TEST(read_bytes(td.file("a.txt")) == "a5 first");  // carried over from the first
+  BOOST_TEST(read_bytes(td.file("b.txt")) == "b5 second");
+  BOOST_TEST(!fs::exists(td.dir / "ckpt-00000005"));
+}
+
+// Issue 47, one writer per run: a second RunLock fails at once naming the run and the holder's
+// pid; a run this process locked until exit counts as held; a link planted as the lock file is
+// refused; what is left (writer.lock) is no checkpoint leftover.
+BOOST_AUTO_TEST_CASE(one_writer_per_run) {
+  TempDir td;
+  const std::string run = td.dir.string();
+  {
+    const nn::RunLock first(run);
+    BOOST_CHECK_EXCEPTION(nn::RunLock second(run), Error, [&](const Error& e) {
+      return graft::testing::names(e, "run directory '" + run + "' is being written by process " +
+                                          std::to_string(::getpid()) + " (it holds '" + run +
+                                          "/writer.lock'): one writer per run");
+    });
+  }
+  { const nn::RunLock again(run); }  // released with its holder
+  {  // a holder that is not graft (flock(1), say) beside the pid of an earlier, dead writer
+    const pid_t dead = ::fork();
+    if (dead == 0) ::_exit(0);
+    BOOST_REQUIRE(dead > 0);
+    BOOST_REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+    write_bytes(td.file("writer.lock"), std::to_string(dead) + "\n");
+    const int fd = ::open(td.file("writer.lock").c_str(), O_RDONLY | O_CLOEXEC);
+    BOOST_REQUIRE(fd >= 0);
+    BOOST_REQUIRE(::flock(fd, LOCK_EX) == 0);
+    BOOST_CHECK_EXCEPTION(nn::RunLock second(run), Error, [&](const Error& e) {
+      return graft::testing::names(e,
+                                   "'" + run + "' is being written by another process (it holds");
+    });
+    ::close(fd);
+  }
+  BOOST_TEST(nn::clean_checkpoints(run, false) == 0);
+  BOOST_TEST(td.listing() == std::vector<std::string>{"writer.lock"});
+  const std::string held = td.file("held");
+  nn::lock_run_until_exit(held);  // creates it
+  nn::lock_run_until_exit(held);
+  { const nn::RunLock nested(held); }
+  BOOST_TEST(fs::is_directory(held));
+  TempDir other;
+  fs::create_symlink(td.file("victim"), other.dir / "writer.lock");
+  BOOST_CHECK_EXCEPTION(nn::RunLock planted(other.dir.string()), Error, [](const Error& e) {
+    return graft::testing::names(e, "cannot open its lock file");
+  });
+  BOOST_TEST(!fs::exists(td.file("victim")));
+  nn::CheckpointCommit c(run, 1);
+  BOOST_CHECK_EXCEPTION(c.path("writer.lock"), Error, [](const Error& e) {
+    return graft::testing::names(e, "is not a plain file name");
   });
 }
 

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <memory>
 
+#include <unistd.h>
+
 #include "graft/nn/checkpoint.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/trainer.h"
@@ -442,7 +444,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   for (auto& e : fs::directory_iterator(dir)) entries.push_back(e.path().filename().string());
   std::sort(entries.begin(), entries.end());
   BOOST_TEST(entries == (std::vector<std::string>{"checkpoint", "ckpt-00000020", "metrics.csv",
-                                                  "train_state.safetensors"}),
+                                                  "train_state.safetensors", "writer.lock"}),
              boost::test_tools::per_element());
   nn::LoopOptions o = opts(dir, 30);
   o.resume = true;
@@ -455,7 +457,30 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
     BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
       return names(e, "metrics.csv' line 6 is not a metrics row");
     });
+    // Issue 47: a file whose header is not metrics.csv's (a one-line garbage file was read as
+    // an empty history), and one that lost the rows up to the train state's step.
+    std::ofstream(csv, std::ios::trunc) << "garbage\n";
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+      return names(e, "metrics.csv' line 1 is not the header 'step,train_loss,lr,tokens_per_s");
+    });
+    std::ofstream(csv, std::ios::trunc) << text.substr(0, text.find('\n') + 1);
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+      return names(e, "metrics.csv' has no row for step 20, the train state's");
+    });
+    std::ofstream(csv, std::ios::trunc) << text << "20,1,1,1,1\n";
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+      return names(e, "step 20 does not follow step 20");
+    });
     std::ofstream(csv, std::ios::trunc) << text;
+  }
+  {  // Issue 47: a run/<name> link replaced by one to a file outside the checkpoint is not read
+    const fs::path outside = fresh_dir("outside_metrics");
+    fs::create_directories(outside);
+    std::ofstream(outside / "metrics.csv") << "garbage\n";
+    fs::remove(dir / "metrics.csv");
+    fs::create_symlink(outside / "metrics.csv", dir / "metrics.csv");
+    BOOST_TEST(nn::train_loop(t.task, o).last_step == 30);
+    BOOST_TEST(fs::read_symlink(dir / "metrics.csv").string() == "checkpoint/metrics.csv");
   }
   // A run directory of graft 0.4: a plain train_state.safetensors, no checkpoint link.
   const fs::path old = fresh_dir("old_layout");
@@ -464,6 +489,25 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   o.run_dir = old.string();
   BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
                         [](const Error& e) { return names(e, "were not committed as one unit"); });
+}
+
+// Issue 47, one writer per run: while a RunLock (another training, say) holds the run, a
+// training into it fails at once, naming the run and the holder, and writes nothing there;
+// once the holder is gone the same training runs.
+BOOST_AUTO_TEST_CASE(a_second_writer_fails_at_once) {
+  manual_seed(1);
+  Toy t(3);
+  const fs::path dir = fresh_dir("second_writer");
+  fs::create_directories(dir);
+  {
+    const nn::RunLock holder(dir.string());
+    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(dir, 20)), Error, [&](const Error& e) {
+      return names(e, "run directory '" + dir.string() + "' is being written by process " +
+                          std::to_string(::getpid()));
+    });
+    BOOST_TEST(!fs::exists(dir / "checkpoint"));
+  }
+  BOOST_TEST(nn::train_loop(t.task, opts(dir, 20)).last_step == 20);
 }
 
 // A run killed before its first checkpoint: --resume starts it at step 0 and ends where an

@@ -373,7 +373,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
-    nn::create_run_directory(o.loop.run_dir);
+    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
     const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor},
                                   {"warmup", o.loop.warmup},
                                   {"recipe", nn::loop_recipe(o.loop)}};

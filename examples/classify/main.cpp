@@ -20,6 +20,7 @@
 #include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "examples/common/plot.h"
+#include "graft/nn/checkpoint.h"
 
 using namespace graft;
 

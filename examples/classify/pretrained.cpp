@@ -283,6 +283,7 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
   s.model = std::make_unique<PretrainedClassifier>(
       c, std::shared_ptr<models::BertEncoder>(std::move(se.model)));
   nn::on_rank0(nn::world_communicator(), [&] {
+    nn::lock_run_until_exit(o.loop.run_dir);
     nn::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
       fs::copy_file(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string(),

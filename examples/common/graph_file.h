@@ -6,10 +6,12 @@
 
 namespace graft::plot {
 
-// Throws graft::Error naming the file when it cannot be written, and saying how to install
-// Graphviz when `dot` is missing.
+// Writes through nn::atomic_write (the file holds the whole graph or what it held before; a
+// planted link is replaced, never followed). Throws graft::Error naming the file when it cannot
+// be written, and saying how to install Graphviz when `dot` is missing.
 void write_graph(const std::string& dot_text, const std::string& path);
-// The file name's check alone (its extension), for a program to run before any work.
+// The file name's checks alone, for a program to run before any work: its extension, and
+// nn::check_output_path (not a directory, device, FIFO or socket).
 void check_graph_file_name(const std::string& path);
 
 }  // namespace graft::plot

@@ -5,16 +5,18 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "graft/nn/checkpoint.h"
 
 namespace graft::plot {
 namespace {
@@ -52,23 +54,29 @@ std::pair<SurfacePtr, ContextPtr> make_canvas(const char* fn, int width, int hei
   return {std::move(surface), std::move(cr)};
 }
 
-// Writes the surface to path + ".tmp" and renames it onto path. On any failure
-// the temporary file is removed and the target is left untouched.
+// cairo's PNG bytes, appended to a std::string.
+cairo_status_t append_png_bytes(void* closure, const unsigned char* data, unsigned int length) {
+  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+  return CAIRO_STATUS_SUCCESS;
+}
+
+// Encodes the surface as PNG and writes it through nn::atomic_write (a temp file created
+// exclusively beside path, never through a planted link). On any failure the temp file is
+// removed and the target is left untouched.
 void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface,
                       const std::string& path) {
   if (cairo_status(cr) != CAIRO_STATUS_SUCCESS)
     fail(fn, std::string("drawing failed: ") + cairo_status_to_string(cairo_status(cr)));
   cairo_surface_flush(surface);
-  const std::string tmp = path + ".tmp";
-  const cairo_status_t st = cairo_surface_write_to_png(surface, tmp.c_str());
-  if (st != CAIRO_STATUS_SUCCESS) {
-    std::remove(tmp.c_str());
+  std::string png;
+  const cairo_status_t st = cairo_surface_write_to_png_stream(surface, append_png_bytes, &png);
+  if (st != CAIRO_STATUS_SUCCESS)
     fail(fn, "cannot write '" + path + "': " + cairo_status_to_string(st));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    fail(fn, "cannot write '" + path + "': " + std::strerror(err));
+  try {
+    nn::atomic_write(path,
+                     [&](std::ostream& os) { os.write(png.data(), std::streamsize(png.size())); });
+  } catch (const std::exception& e) {
+    fail(fn, "cannot write '" + path + "': " + e.what());
   }
 }
 

@@ -214,7 +214,7 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   nn::on_rank0(nn::world_communicator(), [&] {
-    nn::create_run_directory(o.loop.run_dir);
+    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
     nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
   });
   return c;

@@ -6,6 +6,7 @@
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
 #include "graft/nn/checkpoint.h"
+#include "graft/nn/checkpoint_dir.h"
 #include "graft/ops/ops.h"
 
 namespace graft::translation {
@@ -26,6 +27,8 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
                    double label_smoothing, const std::string& out_path) {
   if (!(label_smoothing >= 0 && label_smoothing < 1))
     fail("forward: --label-smoothing must be in [0, 1)");
+  nn::check_output_path("forward: --out", out_path,
+                        {batch_path, run_dir + "/model.safetensors", run_dir + "/config.json"});
   LoadedRun run = load_run(run_dir);
   const models::Transformer& m = *run.model;
   const nn::SafetensorsFile batch = nn::load_safetensors(batch_path);
@@ -59,6 +62,7 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
 void import_weights(const std::string& run_dir, const std::string& weights_path) {
   const std::string cfg_path = run_dir + "/config.json";
   const nlohmann::json j = nn::load_json(cfg_path);
+  const nn::RunLock lock(run_dir);  // it writes the run's model.safetensors
   const models::TransformerConfig cfg = models::TransformerConfig::from_json(
       models::model_section(j, cfg_path, "import-weights"), cfg_path);
   models::check_config_memory(cfg, cfg_path, /*copies=*/2);  // the file's tensors and the model's

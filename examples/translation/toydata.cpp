@@ -1,9 +1,11 @@
 #include "examples/translation/toydata.h"
 
 #include <array>
-#include <fstream>
+#include <ostream>
 #include <stdexcept>
 #include <unordered_set>
+
+#include "graft/nn/checkpoint.h"
 
 namespace graft::toy {
 namespace {
@@ -783,12 +785,12 @@ Splits generate(uint64_t seed, size_t n_train, size_t n_valid, size_t n_test) {
   return out;
 }
 
+// Through nn::atomic_write: a file or link planted in the output directory is replaced, never
+// written through, and a failed write leaves what was there.
 void write_tsv(const std::string& path, const std::vector<Pair>& pairs) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("toydata::write_tsv: cannot open " + path);
-  for (const auto& p : pairs) f << p.src << '\t' << p.tgt << '\n';
-  f.close();
-  if (!f) throw std::runtime_error("toydata::write_tsv: write failed for " + path);
+  nn::atomic_write(path, [&](std::ostream& os) {
+    for (const auto& p : pairs) os << p.src << '\t' << p.tgt << '\n';
+  });
 }
 
 int noun_id(std::string_view en) { return find_id(NOUNS, std::size(NOUNS), en, "noun"); }

@@ -388,7 +388,13 @@ void check_train_options(const TrainOptions& o) {
   if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
     bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
+  const std::vector<std::string> inputs = {o.data_dir + "/train.tsv", o.data_dir + "/valid.tsv",
+                                           o.loop.run_dir + "/config.json",
+                                           o.loop.run_dir + "/spm.model"};
   if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
+  if (!o.graph.empty()) nn::check_output_path("train: --graph", o.graph, inputs);
+  if (!o.dump_batches.empty())
+    nn::check_output_path("train: --dump-batches", o.dump_batches, inputs);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
   for (auto [name, v] : {std::pair{"--d-model", o.d_model},
                          {"--heads", o.heads},
@@ -629,7 +635,7 @@ TrainResult train(const TrainOptions& opts) {
 
   TrainData d = load_pairs(o, say);
   nn::on_rank0(comm, [&] {
-    nn::create_run_directory(o.loop.run_dir);
+    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
     ensure_tokenizer(o, d.train_pairs, say);
     if (!o.loop.resume)
       nn::save_json(
