@@ -529,6 +529,16 @@ void atomic_write(const std::string& path, const std::function<void(std::ostream
   if (r != 0 && err != EINVAL) io_fail(path, "written, but fsync of its directory failed", err);
 }
 
+void atomic_copy(const std::string& src, const std::string& dst) {
+  std::ifstream in(src, std::ios::binary);
+  if (!in) fail("atomic_copy: " + squote(src) + ": cannot open: " + std::strerror(errno));
+  atomic_write(dst, [&](std::ostream& os) {
+    char buf[1 << 16];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) os.write(buf, in.gcount());
+    if (in.bad()) fail("atomic_copy: " + squote(src) + ": reading failed");
+  });
+}
+
 // The pid in a temp file name create_temp_file (or graph_file.cpp, "<name>.tmp.<pid>.dot") made,
 // or in the "<name>.tmp.<pid>" of graft 0.6 and earlier; 0 for any other name.
 static int temp_file_owner(const std::string& name) {
@@ -567,17 +577,17 @@ namespace {
 const char* special_kind(const struct stat& st) {
   if (S_ISDIR(st.st_mode)) return "a directory";
   if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";
   if (S_ISSOCK(st.st_mode)) return "a socket";
   return "";
 }
 
-// Whether b is the file a (whose stat is a_st) names: the same inode, or where b cannot be
-// looked at, the same canonical path.
-bool same_file(const std::string& a, const struct stat& a_st, const std::string& b) {
+// Whether b names the file a names: the same inode where both exist (a_st: a's stat, null when
+// a does not exist), else the same canonical path (a file about to be made, spelt two ways).
+bool same_file(const std::string& a, const struct stat* a_st, const std::string& b) {
   struct stat b_st;
-  if (::stat(b.c_str(), &b_st) == 0)
-    return a_st.st_dev == b_st.st_dev && a_st.st_ino == b_st.st_ino;
+  if (a_st && ::stat(b.c_str(), &b_st) == 0)
+    return a_st->st_dev == b_st.st_dev && a_st->st_ino == b_st.st_ino;
   std::error_code ec1, ec2;
   const fs::path ca = fs::weakly_canonical(a, ec1), cb = fs::weakly_canonical(b, ec2);
   return !ec1 && !ec2 && ca == cb;
@@ -586,24 +596,25 @@ bool same_file(const std::string& a, const struct stat& a_st, const std::string&
 }  // namespace
 
 void check_output_path(const std::string& who, const std::string& path,
-                       const std::vector<std::string>& inputs) {
-  const std::string where = who + ": output " + squote(path);
-  if (path.empty()) fail(who + ": the output path is empty");
-  struct stat lst;
-  if (::lstat(path.c_str(), &lst) != 0) {
-    if (errno != ENOENT) fail(where + ": cannot check it: " + std::strerror(errno));
-    return;  // a new file: no input can be it
+                       const std::vector<NamedInput>& inputs) {
+  const std::string prefix = who.empty() ? "" : who + ": ";
+  if (path.empty()) fail(prefix + "the output path is empty");
+  const std::string where = prefix + squote(text::printable(path));
+  struct stat st;
+  const bool exists = ::stat(path.c_str(), &st) == 0;  // follows a link to what it names
+  if (!exists && errno != ENOENT) fail(where + ": cannot check it: " + std::strerror(errno));
+  if (exists) {
+    struct stat lst;
+    const bool link = ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
+    if (const char* kind = special_kind(st); *kind)
+      fail(where + " is " + std::string(link ? "a symbolic link to " : "") + kind +
+           ", not a file to write");
   }
-  struct stat st = lst;
-  const bool link = S_ISLNK(lst.st_mode);
-  if (link && ::stat(path.c_str(), &st) != 0) return;  // a dangling link: replaced, not followed
-  if (const char* kind = special_kind(st); *kind)
-    fail(where + " is " + (link ? std::string("a symbolic link to ") : std::string()) + kind +
-         ", not a file it can write");
-  for (const std::string& in : inputs)
-    if (!in.empty() && same_file(path, st, in))
-      fail(where + " is the same file as the input " + squote(in) +
-           ": writing it would destroy what it reads");
+  for (const NamedInput& in : inputs)
+    if (!in.path.empty() && same_file(path, exists ? &st : nullptr, in.path))
+      fail(where + " is the same file as " + (in.what.empty() ? "the input" : in.what) + " (" +
+           squote(text::printable(in.path)) +
+           "), which this command reads: writing it would destroy it");
 }
 
 void save_json(const std::string& path, const nlohmann::json& j) {

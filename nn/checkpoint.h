@@ -69,6 +69,12 @@ SafetensorsFile load_safetensors(const std::string& path);
 ///         renaming fails (and whatever `writer` throws).
 void atomic_write(const std::string& path, const std::function<void(std::ostream&)>& writer);
 
+/// Copies the file src to dst through atomic_write(): dst then holds all of src or what it held
+/// before, and a link planted at dst is replaced, never written through (a plain copy follows it).
+/// @throws graft::Error "atomic_copy: '<src>': ..." when src cannot be read (and what
+///         atomic_write() throws).
+void atomic_copy(const std::string& src, const std::string& dst);
+
 /// Creates the temp file for a write of path in path's directory, as
 /// "<path>.tmp.<pid>.<6 random letters or digits>", exclusively and without following links
 /// (O_CREAT | O_EXCL | O_NOFOLLOW, mode 0666 less the umask): a file or symbolic link planted
@@ -83,16 +89,25 @@ int create_temp_file(const std::string& path, std::string& tmp, const std::strin
 /// no longer running); returns how many. A directory that cannot be read counts as none.
 int remove_stale_temp_files(const std::string& dir);
 
-/// Refuses an output path a command would write: one naming a directory, a device, a FIFO or a
-/// socket (or a symbolic link to one of them), or the same file as any of the command's
-/// inputs (the same device and inode, or the same canonical path), which the write would
-/// destroy while reading it. A missing path, a regular file and a dangling link pass (an
-/// atomic_write() replaces the link itself). Empty entries of inputs are skipped.
-/// @throws graft::Error "<who>: output '<path>' is a directory, not a file it can write" (a
-///         device, a FIFO, a socket, a symbolic link to ...), "<who>: output '<path>' is the
-///         same file as the input '<input>': ...", or for an empty path.
+/// An input file of a command, and what to call it in a message ("--collection", "the run's
+/// weights"); see check_output_path().
+struct NamedInput {
+  std::string path;  ///< the file; an empty path is skipped
+  std::string what;  ///< how a message names it; empty: "the input"
+};
+
+/// Refuses an output path a command would write, before any work: one naming a directory, a
+/// device, a FIFO or a socket (or a symbolic link to one of them: writing "/dev/full" as root
+/// once replaced the device with a regular file, since every save renames a temp file over its
+/// path), or the same file as any of the command's inputs (the same device and inode, or the
+/// same canonical path), which the write would destroy while reading it. A missing path, a
+/// regular file and a dangling link pass (an atomic_write() replaces the link itself).
+/// @throws graft::Error "<who>: '<path>' is a directory, not a file to write" (a device, a FIFO
+///         (named pipe), a socket, a symbolic link to ...), "<who>: '<path>' is the same file as
+///         <what> ('<input>'), which this command reads: writing it would destroy it", or for an
+///         empty path.
 void check_output_path(const std::string& who, const std::string& path,
-                       const std::vector<std::string>& inputs = {});
+                       const std::vector<NamedInput>& inputs = {});
 
 /// A hash over every tensor's name, dtype, shape and bytes, as 16 hex digits: safetensors carries
 /// no checksum of its own, so flipped bits in the data section (or a dtype changed in the

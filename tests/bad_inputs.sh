@@ -114,7 +114,7 @@ import struct,sys; open(sys.argv[1],'wb').write(struct.pack('<Q',2**62)+b'{}')" 
 case_ checkpoint "header length 2^62" 2 "exceeds the limit" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
 fresh; head -c 3000 "$W/run/train_state.safetensors" >"$W/r/train_state.safetensors"
 case_ checkpoint "train_state.safetensors truncated, --resume" 2 "truncated or corrupted" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
-fresh; rm "$W/r/train_state.safetensors"
+fresh; rm "$W/r/checkpoint/train_state.safetensors"
 case_ checkpoint "--resume without a train state" 2 "nothing to resume" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 case_ checkpoint "forward: a batch file without \"src\"" 2 "no tensor 'src' in '$W/run/model.safetensors'" -- "$T" forward --run "$W/run" --batch "$W/run/model.safetensors" --out "$W/fw.safetensors"
 case_ checkpoint "import-weights: a train state instead of weights" 2 "they do not belong together" -- "$T" import-weights --run "$W/r" --weights "$W/run/train_state.safetensors"
@@ -271,8 +271,8 @@ STDIN=$W/zeros case_ input "embed tokenize < 20 MB of zero bytes, no newline" 2 
 case_ CLI "\`--collective-timeout nan\` (once SIGABRT)" 2 "--collective-timeout: Value nan is not a number" -- "$LM" train --out "$W/x" --steps 2 --collective-timeout nan
 case_ CLI "\`--collective-timeout 1e10\` (once overflowed the watchdog's deadline)" 2 "--collective-timeout: Value 1e10 not in range" -- "$T" train --data "$D" --out "$W/x" --steps 2 --collective-timeout 1e10
 mkdir -p "$W/graph.svg"
-case_ translate "\`train --graph\` naming a directory" 2 "graph: output '$W/graph.svg' is a directory" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --graph "$W/graph.svg"
-case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "is the same file as the input '$D/train.tsv'" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
+case_ translate "\`train --graph\` naming a directory" 2 "graph: '$W/graph.svg' is a directory, not a file to write" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --graph "$W/graph.svg"
+case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "--dump-batches: '$D/train.tsv' is the same file as --data's train.tsv" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
 case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by another process" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
 
 if [[ $failures -gt 0 ]]; then

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -768,6 +770,28 @@ BOOST_AUTO_TEST_CASE(atomic_write_never_writes_through_a_planted_link) {
       [](const Error& e) { return graft::testing::names(e, "cannot create the temporary file"); });
 }
 
+// atomic_copy (a tokenizer copied into a run) replaces a link planted at its destination
+// instead of writing through it, as fs::copy_file(overwrite_existing) did; empty files copy too.
+BOOST_AUTO_TEST_CASE(atomic_copy_never_writes_through_a_planted_link) {
+  TempDir td;
+  const std::string victim = td.file("victim"), src = td.file("vocab.txt"), dst = td.file("copy");
+  write_bytes(victim, "precious");
+  std::string big(200000, 'x');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char('a' + i % 26);
+  write_bytes(src, big);
+  fs::create_symlink(victim, dst);
+  nn::atomic_copy(src, dst);
+  BOOST_TEST(read_bytes(victim) == "precious");
+  BOOST_TEST(!fs::is_symlink(dst));
+  BOOST_TEST(read_bytes(dst) == big);
+  write_bytes(src, "");
+  nn::atomic_copy(src, dst);
+  BOOST_TEST(read_bytes(dst) == "");
+  BOOST_CHECK_EXCEPTION(nn::atomic_copy(td.file("none"), dst), Error, [&](const Error& e) {
+    return graft::testing::names(e, "atomic_copy: '" + td.file("none") + "': cannot open");
+  });
+}
+
 // The temp files of a process that no longer runs are removed, in the names create_temp_file
 // makes and in graft 0.6's; a running process's and other files stay.
 BOOST_AUTO_TEST_CASE(stale_temp_files_of_dead_processes_are_removed) {
@@ -793,36 +817,54 @@ BOOST_AUTO_TEST_CASE(stale_temp_files_of_dead_processes_are_removed) {
 // the command's inputs, and lets a new file, a regular file or a dangling link through.
 BOOST_AUTO_TEST_CASE(output_paths_that_are_not_files_or_are_inputs_are_refused) {
   TempDir td;
-  auto refused = [](const std::string& path, const std::vector<std::string>& inputs,
+  auto refused = [](const std::string& path, const std::vector<nn::NamedInput>& inputs,
                     const std::string& why) {
-    BOOST_CHECK_EXCEPTION(
-        nn::check_output_path("cmd: --out", path, inputs), Error, [&](const Error& e) {
-          return graft::testing::names(e, "cmd: --out: output '" + path + "' is " + why);
-        });
+    BOOST_CHECK_EXCEPTION(nn::check_output_path("cmd --out", path, inputs), Error,
+                          [&](const Error& e) {
+                            return graft::testing::names(e, "cmd --out: '" + path + "' is " + why);
+                          });
   };
   const std::string dir = td.file("d"), fifo = td.file("fifo"), in = td.file("in.txt");
   fs::create_directory(dir);
   BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   write_bytes(in, "input");
-  refused(dir, {}, "a directory, not a file it can write");
-  refused(fifo, {}, "a FIFO, not a file it can write");
-  refused("/dev/null", {}, "a device, not a file it can write");
+  refused(dir, {}, "a directory, not a file to write");
+  refused(fifo, {}, "a FIFO (named pipe), not a file to write");
+  refused("/dev/null", {}, "a device, not a file to write");
+  fs::create_symlink("/dev/full", td.file("full"));
+  refused(td.file("full"), {}, "a symbolic link to a device, not a file to write");
   fs::create_symlink(dir, td.file("to_dir"));
   refused(td.file("to_dir"), {}, "a symbolic link to a directory");
   fs::create_symlink(fifo, td.file("to_fifo"));
   refused(td.file("to_fifo"), {}, "a symbolic link to a FIFO");
-  refused(in, {"", in}, "the same file as the input '" + in + "'");
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  BOOST_REQUIRE(sock >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = td.file("sock");
+  BOOST_REQUIRE(sock_path.size() < sizeof(addr.sun_path));
+  std::copy(sock_path.begin(), sock_path.end(), addr.sun_path);
+  BOOST_REQUIRE(::bind(sock, (sockaddr*)&addr, sizeof(addr)) == 0);
+  refused(sock_path, {}, "a socket, not a file to write");
+  ::close(sock);
+  // The same file as an input: by name, through a hard link, a symbolic link, another spelling.
+  const std::string same = "the same file as --collection ('" + in + "'), which this command reads";
+  refused(in, {{"", "--unset"}, {in, "--collection"}}, same);
   fs::create_hard_link(in, td.file("hard"));
-  refused(td.file("hard"), {in}, "the same file as the input '" + in + "'");
+  refused(td.file("hard"), {{in, "--collection"}}, same);
   fs::create_symlink(in, td.file("soft"));
-  refused(td.file("soft"), {in}, "the same file as the input '" + in + "'");
+  refused(td.file("soft"), {{in, "--collection"}}, same);
   const std::string dotted = (td.dir / "d" / ".." / "in.txt").string();
-  refused(dotted, {in}, "the same file as the input '" + in + "'");
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("new.txt"), {in}));
+  refused(dotted, {{in, "--collection"}}, same);
+  refused(in, {{in, ""}}, "the same file as the input ('" + in + "')");
+  // Two spellings of one file that does not exist yet.
+  refused(td.file("new.txt"), {{(td.dir / "." / "new.txt").string(), "--index"}},
+          "the same file as --index");
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("new.txt"), {{in, "--collection"}}));
   write_bytes(td.file("old.txt"), "old");
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("old.txt"), {in}));
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("old.txt"), {{in, "--collection"}}));
   fs::create_symlink(td.file("nowhere"), td.file("dangling"));
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("dangling"), {in}));
+  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("dangling"), {{in, "--collection"}}));
   BOOST_CHECK_EXCEPTION(nn::check_output_path("cmd", "", {}), Error, [](const Error& e) {
     return graft::testing::names(e, "cmd: the output path is empty");
   });

@@ -370,52 +370,6 @@ BOOST_AUTO_TEST_CASE(for_each_chunk_bounds_what_it_holds) {
   BOOST_TEST(long_lines == 1u);
 }
 
-// An output path that is a device, a FIFO, a socket or a directory (or a link to one), or one of
-// the command's inputs, is refused by name before anything is written; a new or regular file
-// passes.
-BOOST_AUTO_TEST_CASE(check_output_file_refuses_what_a_write_would_destroy) {
-  TempDir dir;
-  const std::string d = dir.path.string();
-  auto refused = [](const std::string& path, const std::vector<NamedPath>& inputs,
-                    const std::string& words) {
-    BOOST_CHECK_EXCEPTION(check_output_file("--out", path, inputs), graft::Error,
-                          [&](const graft::Error& e) {
-                            return graft::testing::names(e, "--out: '" + path + "' " + words);
-                          });
-  };
-  refused("/dev/null", {}, "is a character device, not a file to write");
-  refused(d, {}, "is a directory, not a file to write");
-  BOOST_REQUIRE(mkfifo((d + "/fifo").c_str(), 0600) == 0);
-  refused(d + "/fifo", {}, "is a FIFO (named pipe), not a file to write");
-  fs::create_symlink("/dev/full", d + "/full");
-  refused(d + "/full", {}, "is a character device");
-  const int sock = socket(AF_UNIX, SOCK_STREAM, 0);
-  BOOST_REQUIRE(sock >= 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string sock_path = d + "/sock";
-  BOOST_REQUIRE(sock_path.size() < sizeof(addr.sun_path));
-  std::copy(sock_path.begin(), sock_path.end(), addr.sun_path);
-  BOOST_REQUIRE(bind(sock, (sockaddr*)&addr, sizeof(addr)) == 0);
-  refused(sock_path, {}, "is a socket, not a file to write");
-  close(sock);
-  // The same file as an input: by name, through another spelling, through a link, and a hard link.
-  write_file(d + "/in.txt", "text\n");
-  const std::vector<NamedPath> in = {{d + "/in.txt", "--collection"}};
-  refused(d + "/in.txt", in, "is the same file as --collection");
-  refused(d + "/./in.txt", in, "is the same file as --collection");
-  fs::create_symlink(d + "/in.txt", d + "/link.txt");
-  refused(d + "/link.txt", in, "is the same file as --collection");
-  fs::create_hard_link(d + "/in.txt", d + "/hard.txt");
-  refused(d + "/hard.txt", in, "is the same file as --collection");
-  // Two spellings of one file that does not exist yet.
-  refused(d + "/new.txt", {{d + "/./new.txt", "--index"}}, "is the same file as --index");
-  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/new.txt", in));
-  write_file(d + "/old.txt", "replace me\n");
-  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/old.txt", in));
-  BOOST_CHECK_NO_THROW(check_output_file("--out", d + "/new.txt", {{"", "--unset"}}));
-}
-
 // --collective-timeout: NaN once passed CLI11's check and aborted the program in the setter's
 // exception (SIGABRT), and 1e10 s overflowed the watchdog's deadline; both, and what is past
 // 10^6 s, are usage errors now (exit code 2), and a value in range sets the communicator's.

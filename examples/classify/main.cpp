@@ -43,7 +43,7 @@ void confusion_png(const std::string& path, const classify::Metrics& m,
 int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes,
                 int64_t per_language, uint64_t seed) {
   for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
-    text::check_output_file("prepare --out", out + split, {});
+    nn::check_output_path("prepare --out", out + split, {});
   auto s = task == "topics" ? classify::build_topics(fortunes, seed)
                             : classify::build_langid(fortunes, per_language, seed);
   std::filesystem::create_directories(out);
@@ -75,11 +75,11 @@ int cmd_train(const classify::TrainOptions& o) {
 int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
                  std::string baseline_train) {
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
-  text::check_output_file("--confusion", png,
-                          {{run_dir + "/config.json", "the run's config.json"},
-                           {run_dir + "/model.safetensors", "the run's weights"},
-                           {data, "--data"},
-                           {baseline_train, "--baseline-train"}});
+  nn::check_output_path("--confusion", png,
+                        {{run_dir + "/config.json", "the run's config.json"},
+                         {run_dir + "/model.safetensors", "the run's weights"},
+                         {data, "--data"},
+                         {baseline_train, "--baseline-train"}});
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
   auto m = classify::evaluate(run, examples);

@@ -286,8 +286,7 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
     nn::lock_run_until_exit(o.loop.run_dir);
     nn::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
-      fs::copy_file(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string(),
-                    fs::copy_options::overwrite_existing);
+      nn::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
     const nlohmann::json schedule{
         {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", nn::loop_recipe(lo)}};
     nn::save_json(cfg_path, {{"family", "pretrained"},

@@ -25,60 +25,6 @@ void check_input_file(const std::string& who, const std::string& path, uintmax_t
          " bytes for an input file (split it)");
 }
 
-namespace {
-
-// "a directory", "a character device", ...: what an existing path is, when it is no regular file.
-const char* not_a_file(const std::filesystem::file_status& st) {
-  namespace fs = std::filesystem;
-  switch (st.type()) {
-    case fs::file_type::directory:
-      return "a directory";
-    case fs::file_type::character:
-      return "a character device";
-    case fs::file_type::block:
-      return "a block device";
-    case fs::file_type::fifo:
-      return "a FIFO (named pipe)";
-    case fs::file_type::socket:
-      return "a socket";
-    case fs::file_type::regular:
-    case fs::file_type::not_found:
-      return nullptr;
-    default:
-      return "not a regular file";
-  }
-}
-
-// Whether a and b name one file: the same device and inode when both exist, else the same
-// canonical path (a file about to be made).
-bool same_file(const std::string& a, const std::string& b) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
-  const fs::path ca = fs::weakly_canonical(a, ec);
-  if (ec) return false;
-  const fs::path cb = fs::weakly_canonical(b, ec);
-  return !ec && ca == cb;
-}
-
-}  // namespace
-
-void check_output_file(const std::string& who, const std::string& path,
-                       const std::vector<NamedPath>& inputs) {
-  namespace fs = std::filesystem;
-  const std::string file = (who.empty() ? "" : who + ": ") + "'" + printable(path) + "'";
-  if (path.empty()) fail((who.empty() ? "" : who + ": ") + "the output path is empty");
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);  // follows symbolic links
-  if (ec && st.type() != fs::file_type::not_found)
-    fail(file + ": cannot check the output path: " + ec.message());
-  if (const char* kind = not_a_file(st)) fail(file + " is " + kind + ", not a file to write");
-  for (const NamedPath& in : inputs)
-    if (!in.path.empty() && same_file(path, in.path))
-      fail(file + " is the same file as " + in.what + " ('" + printable(in.path) +
-           "'), which this command reads: writing it would destroy it");
-}
-
 // Byte by byte (getc_unlocked is a buffered read, not a call per byte), so NUL bytes stay in
 // the line for the UTF-8 check to reject, and nothing past the cap is stored.
 bool LineReader::next(std::string& line, bool& too_long, const std::string& what) {

@@ -22,21 +22,6 @@ constexpr uintmax_t kMaxInputFileBytes = uintmax_t(1) << 30;
 void check_input_file(const std::string& who, const std::string& path,
                       uintmax_t cap = kMaxInputFileBytes);
 
-// Refuses, before anything is written, an output path that is no place for a new regular file:
-// one that exists as a directory, a device (writing "/dev/full" as root once replaced the device
-// with a regular file: every save renames a temporary file over its path), a FIFO or a socket,
-// or a symbolic link to one; or the same file as one of `inputs`, the files the command reads
-// (same device and inode, or the same canonical path), which the write would destroy. A path
-// that does not exist yet passes. Errors are graft::Error "<who>: '<path>' is a directory, not a
-// file to write" / "... is the same file as <what it is>" (who empty: no prefix), where each
-// input is (path, what it is: "--collection", "the model's weights").
-struct NamedPath {
-  std::string path;
-  std::string what;
-};
-void check_output_file(const std::string& who, const std::string& path,
-                       const std::vector<NamedPath>& inputs);
-
 class LineReader {
  public:
   // Reads from f (not owned); lines longer than cap bytes (without the line ending) are

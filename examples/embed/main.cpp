@@ -77,24 +77,13 @@ models::SentenceEncoder load_model(const std::string& dir) {
   return models::SentenceEncoder(dir);
 }
 
-// The files of a model directory that loading it reads (models/sentence_encoder.h, bert.h,
-// nn/wordpiece.h): an output path must not be one of them.
-std::vector<text::NamedPath> model_files(const std::string& dir) {
-  std::vector<text::NamedPath> files;
-  for (const char* f :
-       {"model.safetensors", "config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
-        "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"})
-    files.push_back({dir + "/" + f, std::string("the model's ") + f});
-  return files;
-}
-
 // Refuses an output path that is a device, a FIFO, a directory, one of `inputs` or a file of
-// the model, before any work.
+// the model (models::embedding_files(): every file loading it reads), before any work.
 void check_output(const std::string& option, const std::string& path, const std::string& model_dir,
-                  std::vector<text::NamedPath> inputs) {
-  const std::vector<text::NamedPath> model = model_files(model_dir);
-  inputs.insert(inputs.end(), model.begin(), model.end());
-  text::check_output_file(option, path, inputs);
+                  std::vector<nn::NamedInput> inputs) {
+  for (const std::string& f : models::embedding_files())
+    inputs.push_back({model_dir + "/" + f, "the model's " + f});
+  nn::check_output_path(option, path, inputs);
 }
 
 // Each row of `e` (the embeddings of `texts`) finite: a NaN or Inf names the row's text (`name`

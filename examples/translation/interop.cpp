@@ -27,8 +27,7 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
                    double label_smoothing, const std::string& out_path) {
   if (!(label_smoothing >= 0 && label_smoothing < 1))
     fail("forward: --label-smoothing must be in [0, 1)");
-  nn::check_output_path("forward: --out", out_path,
-                        {batch_path, run_dir + "/model.safetensors", run_dir + "/config.json"});
+  nn::check_output_path("forward --out", out_path, run_inputs(run_dir, {{batch_path, "--batch"}}));
   LoadedRun run = load_run(run_dir);
   const models::Transformer& m = *run.model;
   const nn::SafetensorsFile batch = nn::load_safetensors(batch_path);

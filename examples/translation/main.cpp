@@ -31,25 +31,10 @@ namespace tr = graft::translation;
 
 namespace {
 
-// The files of a run directory that its commands read, which no output path may name.
-std::vector<text::NamedPath> run_files(const std::string& run) {
-  std::vector<text::NamedPath> files;
-  for (const char* f : {"config.json", "model.safetensors", "spm.model", "spm.vocab",
-                        "train_state.safetensors", "metrics.csv"})
-    files.push_back({run + "/" + f, std::string("the run's ") + f});
-  return files;
-}
-
-// run_files() and `more`.
-std::vector<text::NamedPath> run_files(const std::string& run, std::vector<text::NamedPath> more) {
-  for (text::NamedPath& f : run_files(run)) more.push_back(std::move(f));
-  return more;
-}
-
 int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid,
                  size_t n_test) {
   for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
-    text::check_output_file("generate-data --out", out + split, {});
+    nn::check_output_path("generate-data --out", out + split, {});
   std::filesystem::create_directories(out);
   auto splits = toy::generate(seed, n_train, n_valid, n_test);
   toy::write_tsv(out + "/train.tsv", splits.train);
@@ -61,11 +46,6 @@ int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n
 }
 
 int cmd_train(const tr::TrainOptions& o) {
-  const std::vector<text::NamedPath> inputs =
-      run_files(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
-                                 {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
-  if (!o.graph.empty()) text::check_output_file("--graph", o.graph, inputs);
-  if (!o.dump_batches.empty()) text::check_output_file("--dump-batches", o.dump_batches, inputs);
   auto r = tr::train(o);
   if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf(
@@ -79,7 +59,7 @@ int cmd_train(const tr::TrainOptions& o) {
 int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_t max_len,
                   const std::string& attention) {
   models::check_decode_options(o);  // before loading anything
-  if (!attention.empty()) text::check_output_file("--attention", attention, run_files(run));
+  if (!attention.empty()) nn::check_output_path("--attention", attention, tr::run_inputs(run));
   auto lr = tr::load_run(run);
   std::vector<std::string> lines;
   size_t overlong = 0, truncated = 0;
@@ -300,11 +280,7 @@ cli::Command add_forward(CLI::App& app) {
       ->required();
   sub->add_option("--label-smoothing", a->label_smoothing, "label smoothing of the loss")
       ->check(cli::range(0.0, 0.99));
-  return {sub, [a] {
-            text::check_output_file("forward --out", a->out,
-                                    run_files(a->run, {{a->batch, "--batch"}}));
-            return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0;
-          }};
+  return {sub, [a] { return tr::write_forward(a->run, a->batch, a->label_smoothing, a->out), 0; }};
 }
 
 cli::Command add_import_weights(CLI::App& app) {
@@ -320,7 +296,7 @@ cli::Command add_import_weights(CLI::App& app) {
       ->required();
   return {sub, [a] {
             // --weights may be the run's own model.safetensors: it is read whole before the write.
-            text::check_output_file("import-weights", a->run + "/model.safetensors", {});
+            nn::check_output_path("import-weights", a->run + "/model.safetensors", {});
             return tr::import_weights(a->run, a->weights), 0;
           }};
 }

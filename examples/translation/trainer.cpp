@@ -299,6 +299,14 @@ std::vector<std::string> tied_files(const std::string& run_dir) {
   return {run_dir + "/config.json", run_dir + "/spm.model"};
 }
 
+std::vector<nn::NamedInput> run_inputs(const std::string& run_dir,
+                                       std::vector<nn::NamedInput> more) {
+  for (const char* f : {"config.json", "model.safetensors", "spm.model", "spm.vocab",
+                        "train_state.safetensors", "metrics.csv"})
+    more.push_back({run_dir + "/" + f, std::string("the run's ") + f});
+  return more;
+}
+
 LoadedRun load_run(const std::string& run_dir) {
   // The weights are tied to spm.model too: the tokenizer is checked before it is read.
   auto loaded = models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"});
@@ -388,13 +396,12 @@ void check_train_options(const TrainOptions& o) {
   if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
     bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
-  const std::vector<std::string> inputs = {o.data_dir + "/train.tsv", o.data_dir + "/valid.tsv",
-                                           o.loop.run_dir + "/config.json",
-                                           o.loop.run_dir + "/spm.model"};
+  const std::vector<nn::NamedInput> inputs =
+      run_inputs(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
+                                  {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
   if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
-  if (!o.graph.empty()) nn::check_output_path("train: --graph", o.graph, inputs);
-  if (!o.dump_batches.empty())
-    nn::check_output_path("train: --dump-batches", o.dump_batches, inputs);
+  if (!o.graph.empty()) nn::check_output_path("--graph", o.graph, inputs);
+  if (!o.dump_batches.empty()) nn::check_output_path("--dump-batches", o.dump_batches, inputs);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
   for (auto [name, v] : {std::pair{"--d-model", o.d_model},
                          {"--heads", o.heads},

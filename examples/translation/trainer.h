@@ -25,6 +25,7 @@
 #include "examples/translation/corpus.h"
 #include "graft/autograd/tensor.h"
 #include "graft/models/transformer.h"
+#include "graft/nn/checkpoint.h"
 #include "graft/nn/tokenizer.h"
 #include "graft/nn/trainer.h"
 
@@ -169,6 +170,10 @@ void save_model(const models::Transformer& m, const std::string& path, int64_t s
                 const std::vector<std::string>& tied_files = {});
 // The side files a run's weights are tied to: its config.json and spm.model.
 std::vector<std::string> tied_files(const std::string& run_dir);
+// The files of a run directory that its commands read, which no output path may name
+// (nn::check_output_path), followed by `more`.
+std::vector<nn::NamedInput> run_inputs(const std::string& run_dir,
+                                       std::vector<nn::NamedInput> more = {});
 // Verifies the checksum; throws "load_model: '<path>': ..." on any problem.
 void load_model(models::Transformer& m, const std::string& path);
 
