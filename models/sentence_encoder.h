@@ -67,8 +67,8 @@ class SentenceEncoder {
   /// @throws graft::Error as BertEncoder::forward().
   Tensor embed(const Tensor& ids, const Tensor& pad) const;
   /// The metadata that ties an index of `collection`'s embeddings to everything they came from:
-  /// "format" (kIndexFormat), "collection" (the fingerprint of its bytes) and "model:<name>" for
-  /// each of embedding_files(): the fingerprint of dir/<name>, or "absent".
+  /// "format" (kIndexFormat), "collection" (the fingerprint of its bytes) and "model:NAME" for
+  /// each of embedding_files(): the fingerprint of dir/NAME, or "absent".
   /// @throws graft::Error when a file cannot be read (or is over 256 MiB).
   std::map<std::string, std::string> index_ties(const std::string& collection) const;
   /// Checks an index's metadata (index_ties() when it was written) against the files now.
