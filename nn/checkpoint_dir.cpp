@@ -265,6 +265,15 @@ RunLock::RunLock(const std::string& run_dir) {
   if (fd_ < 0)
     fail("run directory '" + run_dir + "': cannot open its lock file '" + path +
          "': " + std::strerror(errno));
+  // O_NOFOLLOW stops a planted symbolic link, not a hard link to a file outside the run (or a
+  // device, a FIFO): the pid written below would truncate it.
+  struct stat st;
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd_);
+    fd_ = -1;
+    fail("run directory '" + run_dir + "': its lock file '" + path +
+         "' is not a plain file of the run (a hard link, a device or a FIFO); remove it");
+  }
   int r;
   do r = ::flock(fd_, LOCK_EX | LOCK_NB);
   while (r != 0 && errno == EINTR);

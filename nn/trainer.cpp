@@ -98,8 +98,9 @@ void write_metrics(const std::string& path, const std::vector<std::string>& name
   });
 }
 
-// One line of metrics.csv as write_metrics wrote it: exactly one cell per column, every cell a
-// whole number (the step) or empty or a whole number in the C locale's syntax.
+// One line of metrics.csv as write_metrics wrote it: exactly one cell per column, the step a
+// whole number, every other cell empty or a number (NaN for a value not finite) in the C
+// locale's syntax.
 MetricsRow parse_metrics_row(const std::string& line, const std::vector<std::string>& names) {
   std::vector<std::string> f;
   size_t from = 0;

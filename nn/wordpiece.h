@@ -81,8 +81,9 @@ class WordPiece {
   std::vector<int64_t> encode(const std::string& utf8) const;
   /// encode(), adding to `steps` the steps of its matching loops: one per automaton transition
   /// while finding the added tokens (at most 2 per byte of the text) and while finding the
-  /// pieces of a word (at most 3 per byte of the word), so at most 5 per byte whatever the
-  /// number of added tokens, the longest token or max_input_chars_per_word. Tests bound the
+  /// pieces of a word (at most 3 per byte of the normalised word), so at most 5 per byte where
+  /// normalisation does not lengthen the text (NFD lengthens UTF-8 at most 3 times), whatever
+  /// the number of added tokens, the longest token or max_input_chars_per_word. Tests bound the
   /// work with it.
   /// @throws graft::Error naming the byte offset of invalid UTF-8.
   std::vector<int64_t> encode(const std::string& utf8, int64_t& steps) const;

@@ -374,8 +374,9 @@ void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
         if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
         T* o = op + r * Dv;
         std::fill(o, o + Dv, T(0));
-        // Every key, masked ones too (p = 0): 0 * a NaN value is NaN, as in the matmul path.
-        for (int64_t j = 0; j < end; ++j) {
+        // Every key, masked ones too (p = 0, past `end` as well): 0 * a NaN value is NaN, as in
+        // the matmul path, so both paths give one result for a NaN value at any key.
+        for (int64_t j = 0; j < g.Tk; ++j) {
           const T p = s[j];
           const T* vj = vb + j * vs[2];
 #pragma omp simd

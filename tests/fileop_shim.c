@@ -144,6 +144,10 @@ int rmdir(const char* p) {
   return real(p);
 }
 
+// Whether open's third argument is there (glibc's __OPEN_NEEDS_MODE): O_TMPFILE holds
+// O_DIRECTORY's bit, so testing its bits alone would read a mode a directory open never passed.
+static int needs_mode(int flags) { return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE; }
+
 // Counted with GRAFT_FILEOP_MORE=1 only.
 static int open_op(const char* p, int flags) {
   return more() && (flags & O_CREAT) && path_op("open", p);
@@ -151,7 +155,7 @@ static int open_op(const char* p, int flags) {
 int open(const char* p, int flags, ...) {
   REAL(int, "open", const char*, int, ...);
   mode_t m = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
+  if (needs_mode(flags)) {
     va_list ap;
     va_start(ap, flags);
     m = va_arg(ap, mode_t);
@@ -163,7 +167,7 @@ int open(const char* p, int flags, ...) {
 int open64(const char* p, int flags, ...) {
   REAL(int, "open64", const char*, int, ...);
   mode_t m = 0;
-  if (flags & (O_CREAT | O_TMPFILE)) {
+  if (needs_mode(flags)) {
     va_list ap;
     va_start(ap, flags);
     m = va_arg(ap, mode_t);

@@ -981,6 +981,14 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
     return graft::testing::names(e, "cannot open its lock file");
   });
   BOOST_TEST(!fs::exists(td.file("victim")));
+  // A hard link to a file outside the run, planted as the lock file, is refused, not truncated.
+  TempDir linked;
+  write_bytes(td.file("precious"), "precious");
+  fs::create_hard_link(td.file("precious"), linked.dir / "writer.lock");
+  BOOST_CHECK_EXCEPTION(nn::RunLock planted(linked.dir.string()), Error, [](const Error& e) {
+    return graft::testing::names(e, "is not a plain file of the run (a hard link");
+  });
+  BOOST_TEST(read_bytes(td.file("precious")) == "precious");
   nn::CheckpointCommit c(run, 1);
   BOOST_CHECK_EXCEPTION(c.path("writer.lock"), Error, [](const Error& e) {
     return graft::testing::names(e, "is not a plain file name");

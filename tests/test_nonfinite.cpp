@@ -400,4 +400,30 @@ BOOST_AUTO_TEST_CASE(attention_propagates_nan_and_ignores_masked_keys) {
       }
 }
 
+// A NaN value (V) at a causally masked key: its probability is 0 and 0 * NaN is NaN, so every row
+// is NaN on both paths (the row loop of <= 4 query rows without grad once stopped at the causal
+// end and left the rows before the key finite, while the matmul path made them NaN).
+BOOST_AUTO_TEST_CASE(a_nan_value_at_a_masked_key_reaches_every_row_on_both_paths) {
+  Generator g(5);
+  const int64_t B = 1, H = 1, D = 4;
+  for (int64_t T : {int64_t(3), int64_t(8)})
+    for (bool grad : {false, true})
+      for (DType dt : {DType::f32, DType::f64}) {
+        Tensor q = randn({B, H, T, D}, dt, g), k = randn({B, H, T, D}, dt, g),
+               v = randn({B, H, T, D}, dt, g);
+        set_element(v, (T - 1) * D + 1, std::nan(""));  // the last key: masked for rows < T - 1
+        for (Tensor* t : {&q, &k, &v})
+          if (grad) t->requires_grad_();
+        autograd::GradMode mode(grad);
+        AttentionOptions opt;
+        opt.causal = true;
+        const std::vector<double> y =
+            scaled_dot_product_attention(q, k, v, opt).out.to_vector<double>();
+        for (int64_t i = 0; i < T; ++i)
+          BOOST_TEST(std::isnan(y[i * D + 1]),
+                     "T " << T << (grad ? " grad " : " ") << dtype_name(dt) << ": row " << i);
+        autograd::clear_tape();
+      }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -430,6 +430,27 @@ BOOST_AUTO_TEST_CASE(a_long_word_costs_a_bounded_number_of_steps_per_byte) {
              (int64_t)as.size() - 1);
 }
 
+// Normalisation may lengthen the text (NFD makes a 3-byte Hangul syllable 3 jamo of 3 bytes):
+// the bound is 2 steps per byte of the text and 3 per byte of its normalised words, and NFD
+// lengthens UTF-8 at most 3 times (Unicode's UAX #15), so the cost stays linear in the input.
+BOOST_AUTO_TEST_CASE(text_that_normalisation_lengthens_costs_steps_per_normalised_byte) {
+  const std::string han = "\xed\x95\x9c", guk = "\xea\xb5\xad";  // two Hangul syllables
+  const WordPiece probe({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"}, {});
+  const std::string han_nfd = probe.normalize(han);
+  BOOST_TEST_REQUIRE(han_nfd.size() == 9u);  // lowercasing implies NFD, as BERT's uncased
+  WordPieceOptions o;
+  o.max_input_chars_per_word = 1000000;
+  const WordPiece wp({"[PAD]", "[UNK]", "[CLS]", "[SEP]", han_nfd, "##" + han_nfd}, o);
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += (i % 7 == 6 ? " " : (i % 3 ? han : guk));
+  int64_t steps = 0;
+  const Ids ids = wp.encode(text, steps);
+  const int64_t normalised = (int64_t)wp.normalize(text).size();
+  BOOST_TEST(normalised <= 3 * (int64_t)text.size());
+  BOOST_TEST(steps <= 2 * (int64_t)text.size() + 3 * normalised);
+  BOOST_TEST(!ids.empty());
+}
+
 // Issue 47: tokenizer.json numbers are integers in range, not converted as nlohmann would
 // (1e300 with undefined behaviour, 2.5 truncated to 2).
 BOOST_AUTO_TEST_CASE(tokenizer_json_numbers_must_be_integers_in_range) {

@@ -16,6 +16,7 @@
 
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
+#include "examples/classify/pretrained.h"
 #include "examples/common/cli.h"
 #include "examples/common/finite.h"
 #include "examples/common/lines.h"
@@ -70,16 +71,25 @@ int cmd_train(const classify::TrainOptions& o) {
   return 0;
 }
 
+// What evaluate reads, which --confusion must not name: the run's files (both families: the
+// pretrained one keeps its tokenizer in run/tokenizer/), --data and --baseline-train.
+std::vector<nn::NamedInput> run_inputs(const std::string& run_dir, const std::string& data,
+                                       const std::string& baseline_train) {
+  std::vector<nn::NamedInput> in = {{data, "--data"}, {baseline_train, "--baseline-train"}};
+  for (const char* f :
+       {"config.json", "model.safetensors", "train_state.safetensors", "metrics.csv", "train.tsv"})
+    in.push_back({run_dir + "/" + f, std::string("the run's ") + f});
+  for (const std::string& f : classify::tokenizer_files())
+    in.push_back({run_dir + "/tokenizer/" + f, "the run's tokenizer/" + f});
+  return in;
+}
+
 // The model's scores, then the Naive Bayes baseline's on the same data, trained on the run's
 // train.tsv (or `baseline_train`).
 int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
                  std::string baseline_train) {
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
-  nn::check_output_path("--confusion", png,
-                        {{run_dir + "/config.json", "the run's config.json"},
-                         {run_dir + "/model.safetensors", "the run's weights"},
-                         {data, "--data"},
-                         {baseline_train, "--baseline-train"}});
+  nn::check_output_path("--confusion", png, run_inputs(run_dir, data, baseline_train));
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
   auto m = classify::evaluate(run, examples);

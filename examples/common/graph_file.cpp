@@ -86,11 +86,11 @@ bool run_dot(const std::string& format, const std::string& in, const std::string
 
 }  // namespace
 
-void check_graph_file_name(const std::string& path) {
+void check_graph_file_name(const std::string& path, const std::vector<nn::NamedInput>& inputs) {
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext != ".dot" && ext != ".gv" && ext != ".svg" && ext != ".png" && ext != ".pdf")
     fail("graph: '" + path + "': the file name must end in .dot, .svg, .png or .pdf");
-  nn::check_output_path("graph", path);
+  nn::check_output_path("graph", path, inputs);
 }
 
 void write_graph(const std::string& dot_text, const std::string& path) {

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "graft/nn/checkpoint.h"
 
 namespace graft::plot {
 
@@ -11,7 +14,7 @@ namespace graft::plot {
 // be written, and saying how to install Graphviz when `dot` is missing.
 void write_graph(const std::string& dot_text, const std::string& path);
 // The file name's checks alone, for a program to run before any work: its extension, and
-// nn::check_output_path (not a directory, device, FIFO or socket).
-void check_graph_file_name(const std::string& path);
+// nn::check_output_path (not a directory, device, FIFO or socket, nor one of `inputs`).
+void check_graph_file_name(const std::string& path, const std::vector<nn::NamedInput>& inputs = {});
 
 }  // namespace graft::plot

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <ostream>
 #include <stdexcept>
 #include <string>
@@ -54,9 +55,14 @@ std::pair<SurfacePtr, ContextPtr> make_canvas(const char* fn, int width, int hei
   return {std::move(surface), std::move(cr)};
 }
 
-// cairo's PNG bytes, appended to a std::string.
+// cairo's PNG bytes, appended to a std::string. No exception may cross cairo's C frames: an
+// out-of-memory append is reported to cairo as its own error.
 cairo_status_t append_png_bytes(void* closure, const unsigned char* data, unsigned int length) {
-  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+  try {
+    static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+  } catch (const std::bad_alloc&) {
+    return CAIRO_STATUS_NO_MEMORY;
+  }
   return CAIRO_STATUS_SUCCESS;
 }
 

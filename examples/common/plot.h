@@ -5,9 +5,11 @@
 // `pkg-config --libs cairo` (Debian: libcairo2-dev). Text is drawn with
 // cairo's font API through fontconfig ("sans-serif", DejaVu Sans on Debian).
 //
-// Both functions validate their input first, then draw, write
-// `png_path + ".tmp"` and rename it onto `png_path`, so a failure never
-// leaves a half-written PNG behind (and never clobbers an existing file).
+// Both functions validate their input first, then draw, encode the PNG in
+// memory and write it through nn::atomic_write (a temp file created
+// exclusively beside `png_path`, never through a planted link, renamed onto
+// it), so a failure never leaves a half-written PNG behind (and never
+// clobbers an existing file).
 // All errors are std::runtime_error whose message starts with the function
 // name, e.g. "heatmap: matrix is 3x4 but 2 row labels" or
 // "line_chart: cannot write 'out/loss.png': <reason>".

@@ -93,12 +93,13 @@ void check_embeddings(const models::SentenceEncoder& enc, const Tensor& e,
                       const std::vector<std::string>& texts, const std::string& name,
                       size_t first = 0) {
   if (!autograd::nonfinite_kind(e)) return;
-  const std::vector<float> v = to_dtype(e, DType::f32).to_vector<float>();
+  const std::vector<double> v = e.to_vector<double>();  // exact for every float dtype
   const int64_t d = e.size(1);
   const int64_t row =
-      (std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }) - v.begin()) / d;
+      (std::find_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }) - v.begin()) /
+      d;
   const Tensor r =
-      from_vector(std::vector<float>(v.begin() + row * d, v.begin() + (row + 1) * d), {d});
+      from_vector(std::vector<double>(v.begin() + row * d, v.begin() + (row + 1) * d), {d});
   const std::string text = texts.at((size_t)row);
   cli::check_finite(
       "the embedding of " + name + " " + std::to_string(first + row + 1), r, enc.model.get(), [&] {
@@ -135,14 +136,18 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
       nn::NamedTensors& w = f.tensors;
       if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
           w[0].second.size(0) == (int64_t)texts.size() &&
-          w[0].second.size(1) == enc.model->cfg.d_model)
-        return w[0].second;
-      stale = "its vectors do not fit the collection";
+          w[0].second.size(1) == enc.model->cfg.d_model) {
+        if (!autograd::nonfinite_kind(w[0].second)) return w[0].second;
+        stale = "its vectors hold NaN or Inf";
+      } else {
+        stale = "its vectors do not fit the collection";
+      }
     } catch (const Error& e) {
       stale = e.what();
     }
   }
   const Tensor e = enc.encode(texts, batch, progress_line("index"));
+  check_embeddings(enc, e, texts, "'" + collection + "' line");  // before the index is written
   const nn::NamedTensors saved = {{"embeddings", e}};
   std::map<std::string, std::string> meta = nn::checksum_metadata(saved);
   meta.merge(enc.index_ties(collection));
@@ -195,15 +200,6 @@ int cmd_search(const std::string& model_dir, const std::string& collection, std:
   if (const std::string bad = cli::nonfinite_parameter(*enc.model); !bad.empty())
     fail("search: " + bad + " (--model '" + model_dir + "'): its index would hold NaN");
   const Tensor e = collection_index(enc, collection, texts, index, batch);
-  if (autograd::nonfinite_kind(e)) {
-    std::filesystem::remove(index);  // never reused
-    try {
-      check_embeddings(enc, e, texts, "'" + collection + "' line");
-    } catch (const Error& bad) {
-      fail(std::string(bad.what()) + " (in the index '" + index +
-           "', removed: the next search rebuilds it)");
-    }
-  }
   const Tensor normed = models::l2_normalize(e);
   if (!queries.empty()) {
     print_results(queries, query_scores(enc, normed, queries, batch, "--query"), texts, top_k);

@@ -56,22 +56,35 @@ int cmd_train(const tr::TrainOptions& o) {
   return 0;
 }
 
+// Lines translated at a time from standard input (sorted by length into batches within it).
+constexpr size_t kTranslateChunk = 1024;
+
 int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_t max_len,
                   const std::string& attention) {
   models::check_decode_options(o);  // before loading anything
   if (!attention.empty()) nn::check_output_path("--attention", attention, tr::run_inputs(run));
   auto lr = tr::load_run(run);
-  std::vector<std::string> lines;
   size_t overlong = 0, truncated = 0;
-  text::LineReader reader(stdin, text::kHardLineCap);
-  bool too_long = false;
-  for (std::string line; reader.next(line, too_long, "error reading standard input");) {
-    overlong += too_long;  // an overlong line stays an empty output line, in its place
-    lines.push_back(too_long ? std::string() : line);
-  }
-  auto hyps = tr::translate_lines(*lr.model, *lr.tok, lines, o, max_len, &truncated);
-  for (auto& h : hyps) std::cout << h << '\n';
-  std::cout.flush();
+  std::string first_line, first_hyp;  // for --attention
+  bool any = false;
+  // In chunks of lines, each translated and printed before the next is read: memory stays
+  // bounded whatever comes in (`yes | translate translate`).
+  text::for_each_chunk(
+      stdin, text::kHardLineCap, kTranslateChunk, "error reading standard input",
+      [&](const std::vector<text::CappedLine>& chunk, size_t) {
+        std::vector<std::string> lines;
+        for (const text::CappedLine& l : chunk) {
+          overlong += l.too_long;  // an overlong line stays an empty output line, in its place
+          lines.push_back(l.text);
+        }
+        size_t chunk_truncated = 0;
+        const auto hyps =
+            tr::translate_lines(*lr.model, *lr.tok, lines, o, max_len, &chunk_truncated);
+        truncated += chunk_truncated;
+        for (const auto& h : hyps) std::cout << h << '\n';
+        std::cout.flush();
+        if (!any && !lines.empty()) first_line = lines[0], first_hyp = hyps[0], any = true;
+      });
   if (overlong)
     std::cerr << "translate: " << overlong << " input line(s) over " << text::kHardLineCap
               << " bytes were not translated (empty output lines)\n";
@@ -79,8 +92,8 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
     std::cerr << "translate: " << truncated << " input line(s) longer than the model's max_len ("
               << lr.model->cfg.max_len << " tokens) were truncated\n";
   if (!attention.empty()) {
-    if (lines.empty()) throw std::runtime_error("--attention: no input sentence");
-    auto a = tr::cross_attention(*lr.model, *lr.tok, lines[0], hyps[0]);
+    if (!any) throw std::runtime_error("--attention: no input sentence");
+    auto a = tr::cross_attention(*lr.model, *lr.tok, first_line, first_hyp);
     plot::heatmap(attention, a.weights, a.tgt_pieces, a.src_pieces,
                   "cross-attention, last decoder layer (mean over heads)");
     std::cerr << "wrote " << attention << '\n';

@@ -1,5 +1,6 @@
 #include "examples/translation/trainer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -399,8 +400,7 @@ void check_train_options(const TrainOptions& o) {
   const std::vector<nn::NamedInput> inputs =
       run_inputs(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
                                   {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
-  if (!o.graph.empty()) plot::check_graph_file_name(o.graph);
-  if (!o.graph.empty()) nn::check_output_path("--graph", o.graph, inputs);
+  if (!o.graph.empty()) plot::check_graph_file_name(o.graph, inputs);
   if (!o.dump_batches.empty()) nn::check_output_path("--dump-batches", o.dump_batches, inputs);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
   for (auto [name, v] : {std::pair{"--d-model", o.d_model},
@@ -425,13 +425,29 @@ namespace {
 
 // TrainOptions::dump_batches: the batches and BLEU sources now, the per-step order as training
 // goes (task.loss), the initial weights beside.
-std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& model,
-                              const std::vector<Batch>& batches, const text::Tokenizer& tok,
-                              const std::vector<std::string>& bleu_src) {
+using DumpFile = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+// The file at path, created or truncated, never through a symbolic link planted there (the
+// dump is written for the whole run, so not through atomic_write()'s temp file).
+DumpFile open_dump_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  const int err = errno;
+  DumpFile f(fd >= 0 ? ::fdopen(fd, "w") : nullptr, &std::fclose);
+  if (!f) {
+    if (fd >= 0) ::close(fd);
+    fail("train: --dump-batches: cannot write '" + path + "': " + std::strerror(err) +
+         (err == ELOOP ? " (a symbolic link, which is not followed)" : ""));
+  }
+  return f;
+}
+
+DumpFile open_batch_dump(const TrainOptions& o, const models::Transformer& model,
+                         const std::vector<Batch>& batches, const text::Tokenizer& tok,
+                         const std::vector<std::string>& bleu_src) {
   if (o.loop.resume)
     fail("train: --dump-batches records a whole run from step 0; not with --resume");
-  std::ofstream f(o.dump_batches, std::ios::trunc);
-  if (!f) fail("train: cannot write '" + o.dump_batches + "'");
+  DumpFile f = open_dump_file(o.dump_batches);
+  auto line = [&f](const nlohmann::json& j) { std::fprintf(f.get(), "%s\n", j.dump().c_str()); };
   auto rows = [](const Tensor& t) {
     const auto v = t.to_vector<int64_t>();
     const int64_t B = t.size(0), L = t.size(1);
@@ -441,19 +457,18 @@ std::ofstream open_batch_dump(const TrainOptions& o, const models::Transformer& 
     return j;
   };
   for (size_t i = 0; i < batches.size(); ++i)
-    f << nlohmann::json{{"batch", i},
-                        {"src", rows(batches[i].src)},
-                        {"tgt_in", rows(batches[i].tgt_in)},
-                        {"tgt_out", rows(batches[i].tgt_out)}}
-             .dump()
-      << "\n";
+    line({{"batch", i},
+          {"src", rows(batches[i].src)},
+          {"tgt_in", rows(batches[i].tgt_in)},
+          {"tgt_out", rows(batches[i].tgt_out)}});
   for (const std::string& s : bleu_src) {
     auto ids = tok.encode(s);
     if ((int64_t)ids.size() > model.cfg.max_len)
       ids.resize(model.cfg.max_len);  // as translate_lines
-    f << nlohmann::json{{"bleu_src", std::vector<int64_t>(ids.begin(), ids.end())}}.dump() << "\n";
+    line({{"bleu_src", std::vector<int64_t>(ids.begin(), ids.end())}});
   }
-  f << std::flush;
+  if (std::fflush(f.get()) != 0)
+    fail("train: --dump-batches: writing '" + o.dump_batches + "' failed: " + std::strerror(errno));
   save_model(model, o.dump_batches + ".init.safetensors", 0, {});
   return f;
 }
@@ -563,13 +578,13 @@ void batch_data(TrainData& d, const text::Tokenizer& tok, const TrainOptions& o,
 // validation (teacher-forced loss, perplexity and accuracy, greedy BLEU), the weights and curves
 // written at each validation.
 nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, const TrainData& d,
-                        const TrainOptions& o, std::ofstream& dump) {
+                        const TrainOptions& o, FILE* dump) {
   nn::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)d.batches.size();
-  task.loss = [&model, &d, &o, &dump](int64_t i, nn::Shard s) {
+  task.loss = [&model, &d, &o, dump](int64_t i, nn::Shard s) {
     const Batch& b = d.batches[(size_t)i];
-    if (dump.is_open()) dump << "{\"step_batch\":" << i << "}\n" << std::flush;
+    if (dump) std::fprintf(dump, "{\"step_batch\":%lld}\n", (long long)i), std::fflush(dump);
     const Tensor tgt_out = nn::shard_of(b.tgt_out, s);
     const auto ids = tgt_out.to_vector<int64_t>();
     const int64_t targets =
@@ -664,12 +679,12 @@ TrainResult train(const TrainOptions& opts) {
        << " batches of <= " << o.batch_tokens << " target tokens";
     say(os.str());
   }
-  std::ofstream dump;
+  DumpFile dump(nullptr, &std::fclose);
   nn::on_rank0(comm, [&] {
     if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
     if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
   });
-  nn::TrainTask task = make_task(model, tok, d, o, dump);
+  nn::TrainTask task = make_task(model, tok, d, o, dump.get());
   task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", o.to_json()}}.dump();
   return result_of(nn::train_loop(task, o.loop));
 }
