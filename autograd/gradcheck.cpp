@@ -213,6 +213,32 @@ void register_case(OpCase c) {
 
 const std::vector<OpCase>& registered_cases() { return cases(); }
 
+std::vector<std::string> registered_case_names() {
+  std::vector<std::string> names;
+  for (const OpCase& c : cases()) names.push_back(c.name);
+  return names;
+}
+
+const OpCase& registered_case(const std::string& name) {
+  for (const OpCase& c : cases())
+    if (c.name == name) return c;
+  fail("no registered op case '" + name + "'");
+}
+
+std::pair<Tensors, Tensors> case_inputs_f32_f64(const OpCase& c) {
+  Generator g64(7), g32(7);
+  Tensors x64 = c.make_inputs(DType::f64, g64);
+  Tensors x32 = c.make_inputs(DType::f32, g32);
+  for (size_t k = 0; k < x64.size(); ++k) {
+    if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
+    copy_into(x32[k], x64[k]);
+    copy_into(x64[k], x32[k]);
+    x32[k].zero_grad();
+    x64[k].zero_grad();
+  }
+  return {x32, x64};
+}
+
 void register_autograd_cases() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -313,23 +339,6 @@ void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string
   }
 }
 
-// The case's inputs in both precisions, with the same values: the float32 inputs are the float64
-// ones rounded (keeping any non-contiguous layout the case built), and the float64 ones are then
-// set to the rounded values.
-std::pair<Tensors, Tensors> inputs_in_both_precisions(const OpCase& c) {
-  Generator g64(7), g32(7);
-  Tensors x64 = c.make_inputs(DType::f64, g64);
-  Tensors x32 = c.make_inputs(DType::f32, g32);
-  for (size_t k = 0; k < x64.size(); ++k) {
-    if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
-    copy_into(x32[k], x64[k]);
-    copy_into(x64[k], x32[k]);
-    x32[k].zero_grad();
-    x64[k].zero_grad();
-  }
-  return {x32, x64};
-}
-
 }  // namespace
 
 OpCase one_input_case(std::string name, std::string op, Shape shape, bool transposed,
@@ -359,7 +368,7 @@ std::string check_error_input(const ErrorInput& e) {
 
 GradcheckResult check_f32_vs_f64(const OpCase& c) {
   GradcheckResult res;
-  auto [x32, x64] = inputs_in_both_precisions(c);
+  auto [x32, x64] = case_inputs_f32_f64(c);
   Tensor y64 = c.fn(x64), y32 = c.fn(x32);
   if (y32.dtype() != DType::f32 || y64.dtype() != DType::f64) {
     res.ok = false;
@@ -389,7 +398,7 @@ GradcheckResult check_f32_vs_f64(const OpCase& c) {
 
 GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c) {
   GradcheckResult res;
-  auto [x32, x64] = inputs_in_both_precisions(c);
+  auto [x32, x64] = case_inputs_f32_f64(c);
   SecondOrder s32 = second_order_setup(c.fn, x32, 99, DType::f32);
   SecondOrder s64 = second_order_setup(c.fn, x64, 99, DType::f64);
   if (s64.wrt.empty()) return res;

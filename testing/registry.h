@@ -103,6 +103,15 @@ Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, do
 Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
 /// Every case registered so far, in registration order.
 const std::vector<OpCase>& registered_cases();
+/// The names of registered_cases(), in registration order (what a data-driven test runs over).
+std::vector<std::string> registered_case_names();
+/// The registered case named `name`.
+/// @throws graft::Error "no registered op case '<name>'".
+const OpCase& registered_case(const std::string& name);
+/// The case's inputs in float32 and float64 with the same values: the float32 inputs are the
+/// float64 ones rounded (keeping any non-contiguous layout the case built), and the float64 ones
+/// are then set to the rounded values; gradients cleared.
+std::pair<Tensors, Tensors> case_inputs_f32_f64(const OpCase& c);
 
 /// Runs the case's float32 forward and backward and compares output and input gradients with
 /// the float64 path (same input values, same upstream gradient).

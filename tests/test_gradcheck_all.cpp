@@ -13,15 +13,9 @@ using namespace graft;
 namespace {
 std::vector<std::string> case_names() {
   register_op_cases();
-  std::vector<std::string> names;
-  for (auto& c : registered_cases()) names.push_back(c.name);
-  return names;
+  return registered_case_names();
 }
-const OpCase& find_case(const std::string& name) {
-  for (auto& c : registered_cases())
-    if (c.name == name) return c;
-  throw std::runtime_error("no case " + name);
-}
+
 bool has_double_backward(const std::string& op) {
   for (auto& d : autograd::declared_ops())
     if (d.name == op) return d.double_backward;
@@ -50,7 +44,7 @@ BOOST_AUTO_TEST_CASE(every_declared_op_has_a_case) {
 // tape by a failed call.
 BOOST_DATA_TEST_CASE(error_inputs_raise_their_errors, boost::unit_test::data::make(case_names()),
                      name) {
-  for (const ErrorInput& e : find_case(name).error_inputs) {
+  for (const ErrorInput& e : registered_case(name).error_inputs) {
     const std::string complaint = check_error_input(e);
     BOOST_TEST(complaint.empty(), name << ": " << complaint);
   }
@@ -75,7 +69,7 @@ BOOST_AUTO_TEST_CASE(error_inputs_are_listed) {
 }
 
 BOOST_DATA_TEST_CASE(float64_gradcheck, boost::unit_test::data::make(case_names()), name) {
-  const OpCase& c = find_case(name);
+  const OpCase& c = registered_case(name);
   Generator gen(11);
   Tensors inputs = c.make_inputs(DType::f64, gen);
   GradcheckResult r = gradcheck(c.fn, inputs, c.opt);
@@ -84,14 +78,14 @@ BOOST_DATA_TEST_CASE(float64_gradcheck, boost::unit_test::data::make(case_names(
 }
 
 BOOST_DATA_TEST_CASE(float32_matches_float64, boost::unit_test::data::make(case_names()), name) {
-  GradcheckResult r = check_f32_vs_f64(find_case(name));
+  GradcheckResult r = check_f32_vs_f64(registered_case(name));
   BOOST_TEST(r.ok, name << ": " << r.message);
 }
 
 // Second order: every case's double backward against central differences of its first
 // gradients; an op declared without a double backward must say so when asked for one.
 BOOST_DATA_TEST_CASE(float64_gradgradcheck, boost::unit_test::data::make(case_names()), name) {
-  const OpCase& c = find_case(name);
+  const OpCase& c = registered_case(name);
   Generator gen(11);
   Tensors inputs = c.make_inputs(DType::f64, gen);
   if (!has_double_backward(c.op)) {
@@ -109,7 +103,7 @@ BOOST_DATA_TEST_CASE(float64_gradgradcheck, boost::unit_test::data::make(case_na
 
 BOOST_DATA_TEST_CASE(float32_double_backward_matches_float64,
                      boost::unit_test::data::make(case_names()), name) {
-  const OpCase& c = find_case(name);
+  const OpCase& c = registered_case(name);
   if (!has_double_backward(c.op)) return;
   GradcheckResult r = check_f32_vs_f64_double_backward(c);
   BOOST_TEST(r.ok, name << ": " << r.message);

@@ -33,15 +33,7 @@ namespace {
 
 std::vector<std::string> case_names() {
   register_op_cases();
-  std::vector<std::string> names;
-  for (auto& c : registered_cases()) names.push_back(c.name);
-  return names;
-}
-
-const OpCase& find_case(const std::string& name) {
-  for (auto& c : registered_cases())
-    if (c.name == name) return c;
-  throw std::runtime_error("no case " + name);
+  return registered_case_names();
 }
 
 // Where one value goes: input `input`, logical element `element`.
@@ -69,14 +61,7 @@ void set_element(const Tensor& t, int64_t e, double v) {
 // The case's inputs in dtype dt, with the float64 values rounded to float32 (as
 // check_f32_vs_f64()), so both precisions see the same numbers.
 Tensors inputs_of(const OpCase& c, DType dt) {
-  Generator g64(7), g32(7);
-  Tensors x64 = c.make_inputs(DType::f64, g64);
-  Tensors x32 = c.make_inputs(DType::f32, g32);
-  for (size_t k = 0; k < x64.size(); ++k) {
-    if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
-    copy_into(x32[k], x64[k]);
-    copy_into(x64[k], x32[k]);
-  }
+  auto [x32, x64] = case_inputs_f32_f64(c);
   return dt == DType::f32 ? x32 : x64;
 }
 
@@ -225,7 +210,7 @@ BOOST_AUTO_TEST_SUITE(nonfinite)
 
 BOOST_DATA_TEST_CASE(every_case_keeps_its_nonfinite_rule,
                      boost::unit_test::data::make(case_names()), name) {
-  const OpCase& c = find_case(name);
+  const OpCase& c = registered_case(name);
   BOOST_TEST(c.nonfinite.kind != NonFiniteRule::undecided,
              name << " has no non-finite decision (OpCase::nonfinite)");
   if (c.nonfinite.kind == NonFiniteRule::exception)
