@@ -152,30 +152,23 @@ static int needs_mode(int flags) { return (flags & O_CREAT) || (flags & O_TMPFIL
 static int open_op(const char* p, int flags) {
   return more() && (flags & O_CREAT) && path_op("open", p);
 }
-int open(const char* p, int flags, ...) {
-  REAL(int, "open", const char*, int, ...);
-  mode_t m = 0;
-  if (needs_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    m = va_arg(ap, mode_t);
-    va_end(ap);
+// open and open64 alike: the mode read only where the call passed one, then the operation
+// counted (and, when its turn comes, failed).
+#define OPEN_WRAPPER(name)                     \
+  int name(const char* p, int flags, ...) {    \
+    REAL(int, #name, const char*, int, ...);   \
+    mode_t m = 0;                              \
+    if (needs_mode(flags)) {                   \
+      va_list ap;                              \
+      va_start(ap, flags);                     \
+      m = va_arg(ap, mode_t);                  \
+      va_end(ap);                              \
+    }                                          \
+    if (open_op(p, flags)) return -1;          \
+    return real(p, flags, m);                  \
   }
-  if (open_op(p, flags)) return -1;
-  return real(p, flags, m);
-}
-int open64(const char* p, int flags, ...) {
-  REAL(int, "open64", const char*, int, ...);
-  mode_t m = 0;
-  if (needs_mode(flags)) {
-    va_list ap;
-    va_start(ap, flags);
-    m = va_arg(ap, mode_t);
-    va_end(ap);
-  }
-  if (open_op(p, flags)) return -1;
-  return real(p, flags, m);
-}
+OPEN_WRAPPER(open)
+OPEN_WRAPPER(open64)
 int fflush(FILE* f) {
   REAL(int, "fflush", FILE*);
   if (f && more() && fd_op("fflush", fileno(f))) return EOF;
