@@ -5,7 +5,7 @@
 #include <deque>
 #include <map>
 
-#include "graft/autograd/internal/tape_state.h"
+#include "autograd/internal/tape_state.h"
 
 namespace graft::autograd {
 

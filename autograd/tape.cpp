@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/internal/tape_state.h"
 #include "graft/autograd/graph.h"
-#include "graft/autograd/internal/tape_state.h"
 
 namespace graft::autograd {
 

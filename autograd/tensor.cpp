@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "graft/autograd/internal/parallel.h"
+#include "autograd/internal/parallel.h"
 #include "graft/autograd/tape.h"
 
 namespace graft {

@@ -21,19 +21,19 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/internal/parallel.h"
 #include "graft/autograd/gradcheck.h"
-#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/bf16.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"
 #include "graft/ops/precision.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 #include "graft/ops/softmax.h"
+#include "ops/internal/bf16.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

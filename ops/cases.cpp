@@ -1,4 +1,4 @@
-#include "graft/ops/internal/cases.h"
+#include "ops/internal/cases.h"
 
 #include <mutex>
 

@@ -13,8 +13,8 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

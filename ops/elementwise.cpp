@@ -7,10 +7,10 @@
 #include <unordered_set>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

@@ -19,12 +19,12 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/matmul.h"
 #include "graft/ops/precision.h"
 #include "graft/ops/shape.h"
 #include "graft/ops/softmax.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

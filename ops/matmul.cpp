@@ -8,14 +8,14 @@
 #include <mutex>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/bf16.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/int8.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/precision.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
+#include "ops/internal/bf16.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/int8.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

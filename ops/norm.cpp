@@ -12,14 +12,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "autograd/internal/parallel.h"
 #include "graft/autograd/gradcheck.h"
-#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

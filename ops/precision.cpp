@@ -5,9 +5,9 @@
 #include <optional>
 #include <string_view>
 
-#include "graft/ops/internal/bf16.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/int8.h"
+#include "ops/internal/bf16.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/int8.h"
 
 namespace graft {
 

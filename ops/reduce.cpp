@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/internal/parallel.h"
 #include "graft/autograd/gradcheck.h"
-#include "graft/autograd/internal/parallel.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

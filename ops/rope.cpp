@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/shape.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

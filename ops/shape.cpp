@@ -10,11 +10,11 @@
 #include <memory>
 #include <optional>
 
+#include "autograd/internal/parallel.h"
 #include "graft/autograd/gradcheck.h"
-#include "graft/autograd/internal/parallel.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

@@ -9,10 +9,10 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
-#include "graft/ops/internal/cases.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/reduce.h"
+#include "ops/internal/cases.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kernels.h"
 
 namespace graft {
 

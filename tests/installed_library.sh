@@ -21,8 +21,8 @@ cmake --install "$BUILD" --prefix "$P" >/dev/null
 LIBDIR=$(dirname "$(find "$P" -name graft.pc -path '*/pkgconfig/*' | head -n 1)")/..
 [[ -f $LIBDIR/pkgconfig/graft.pc ]] || fail "no graft.pc under $P"
 LIBDIR=$(cd "$LIBDIR" && pwd)
-VERSION=$(sed -n 's/^project(graft VERSION \([0-9.]*\).*/\1/p' "$SRC/CMakeLists.txt")
-[[ -n $VERSION ]] || fail "no version in CMakeLists.txt's project()"
+VERSION=$(sed -n 's/^#define GRAFT_VERSION_STRING "\([0-9.]*\)"$/\1/p' "$SRC/include/graft/version.h")
+[[ -n $VERSION ]] || fail "no GRAFT_VERSION_STRING in include/graft/version.h"
 
 # What is installed.
 for prog in translate lm classify embed; do [[ -x $P/bin/$prog ]] || fail "bin/$prog is not installed"; done
@@ -38,6 +38,9 @@ for layer in autograd ops nn models; do
     [[ -f $LIBDIR/libgraft_$layer.a ]] || fail "neither libgraft_$layer.so nor .a is installed"
   fi
 done
+# The installed headers are the source tree's include/graft/, file for file (the fmt layout).
+diff -r "$SRC/include/graft" "$P/include/graft" >"$W/diff" ||
+  { cat "$W/diff" >&2; fail "the installed include/graft differs from the source tree's include/graft"; }
 for internal in ops/internal ops/kernels.h; do
   [[ ! -e $P/include/graft/$internal ]] || fail "the internal header $internal is installed"
 done

@@ -8,7 +8,7 @@
 #include <iostream>
 #include <limits>
 
-#include "graft/ops/internal/int8.h"
+#include "ops/internal/int8.h"
 #include "tests/tiny_reverse.h"
 
 using namespace graft;

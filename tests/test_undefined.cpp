@@ -166,17 +166,18 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
   return out;
 }
 
-// The directory of the public headers, set by tests/CMakeLists.txt.
-std::string source_dir() { return GRAFT_SOURCE_DIR; }
+// The directory of the public headers: include/graft/ of the source tree (tests/CMakeLists.txt
+// sets GRAFT_SOURCE_DIR).
+std::string source_dir() { return GRAFT_SOURCE_DIR "/include/graft"; }
 
-// Every public header: the .h files of autograd/, ops/, nn/ and models/, not their subfolders
-// (ops/internal/ is internal and not installed; see CMakeLists.txt).
+// Every public header: the .h files under include/graft/'s autograd/, ops/, nn/ and models/ (the
+// internal headers are not there: they stay beside their sources, see CMakeLists.txt).
 std::vector<Declared> public_tensor_functions() {
   std::vector<std::string> headers;
   for (const char* dir : {"autograd", "ops", "nn", "models"})
-    for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/" + dir))
+    for (const auto& e : std::filesystem::recursive_directory_iterator(source_dir() + "/" + dir))
       if (e.path().extension() == ".h")
-        headers.push_back(std::string(dir) + "/" + e.path().filename().string());
+        headers.push_back(std::filesystem::relative(e.path(), source_dir()).string());
   std::sort(headers.begin(), headers.end());
   std::vector<Declared> out;
   for (const auto& h : headers) {

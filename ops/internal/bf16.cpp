@@ -1,4 +1,4 @@
-#include "graft/ops/internal/bf16.h"
+#include "ops/internal/bf16.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,8 +7,8 @@
 #include <numeric>
 #include <tuple>
 
-#include "graft/ops/internal/kernels.h"
 #include "graft/ops/precision.h"
+#include "ops/internal/kernels.h"
 
 namespace graft::kern {
 

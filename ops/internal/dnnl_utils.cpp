@@ -1,4 +1,4 @@
-#include "graft/ops/internal/dnnl_utils.h"
+#include "ops/internal/dnnl_utils.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "graft/ops/internal/int8.h"
+#include "ops/internal/int8.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "graft/ops/custom.h"
-#include "graft/ops/internal/dnnl_utils.h"
-#include "graft/ops/internal/kernels.h"
+#include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kernels.h"
 
 namespace graft::kern {
 

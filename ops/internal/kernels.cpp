@@ -1,4 +1,4 @@
-#include "graft/ops/internal/kernels.h"
+#include "ops/internal/kernels.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,9 +12,9 @@
 #include <unordered_map>
 
 #include "graft/autograd/tape.h"
-#include "graft/ops/internal/bf16.h"
-#include "graft/ops/internal/dnnl_utils.h"
 #include "graft/ops/precision.h"
+#include "ops/internal/bf16.h"
+#include "ops/internal/dnnl_utils.h"
 
 namespace graft::kern {
 

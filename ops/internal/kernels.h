@@ -19,7 +19,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
 #include "graft/ops/custom.h"
-#include "graft/ops/internal/bf16.h"
+#include "ops/internal/bf16.h"
 
 namespace graft::kern {
 
