@@ -47,8 +47,8 @@
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/optim.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;
@@ -252,7 +252,7 @@ void run_train(const Args& a) {
   models::Transformer model(model_config(b));
   model.train();
   auto params = model.named_parameters();
-  nn::Adam opt(params, 1e-4, 0.9, 0.98, 1e-9);
+  train::Adam opt(params, 1e-4, 0.9, 0.98, 1e-9);
   const TrainBatch d = train_batch(b);
   const Tensor &src = d.src, &tgt_in = d.tgt_in, &tgt_out = d.tgt_out;
   const int64_t target_tokens = d.target_tokens;
@@ -446,9 +446,9 @@ void run_save_model(const Args& a) {
   models::Transformer model(model_config(b));
   std::filesystem::create_directories(a.out);
   const std::string cfg_path = a.out + "/config.json";
-  nn::save_json(cfg_path, {{"model", model.cfg.to_json()}});
-  nn::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer",
-                   {cfg_path});
+  train::save_json(cfg_path, {{"model", model.cfg.to_json()}});
+  train::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer",
+                      {cfg_path});
   emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":\"" + a.out +
        "\",\"params\":" + std::to_string(model.num_parameters()));
 }
@@ -527,7 +527,7 @@ models::LMConfig lm_config() {
 void run_lm_train(const Args& a) {
   models::DecoderOnlyLM model(lm_config());
   model.train();
-  nn::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);
+  train::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);
   // Windows of 129 tokens: input = [:-1], target = [1:] (every row full, as examples/lm cuts them).
   const auto w = byte_ids(kLMRows, kLMContext + 1, 4, 1, kLMPad);
   std::vector<int64_t> in, out;
@@ -604,7 +604,7 @@ int64_t count_not(const std::vector<int64_t>& v, int64_t pad) {
 void run_cls_train(const Args& a) {
   models::EncoderClassifier model(cls_config());
   model.train();
-  nn::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);  // dense, n-gram table included
+  train::Adam opt(model.named_parameters(), 1e-4, 0.9, 0.98, 1e-9);  // dense, n-gram table included
   const auto ids_v = byte_ids(kClsRows, kClsLen, 6, 8, kClsPad);
   std::vector<int64_t> labels_v(kClsRows);
   for (int64_t b = 0; b < kClsRows; ++b) labels_v[b] = b % kClsClasses;

@@ -6,7 +6,7 @@
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/transformer.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 using namespace graft;
 
@@ -23,7 +23,7 @@ void try_family(const nlohmann::json& j) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nlohmann::json j;
   try {
-    j = nn::parse_json(std::string(reinterpret_cast<const char*>(data), size), "fuzz.json", 32);
+    j = train::parse_json(std::string(reinterpret_cast<const char*>(data), size), "fuzz.json", 32);
   } catch (const Error&) {
     return 0;
   }

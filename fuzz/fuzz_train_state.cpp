@@ -11,10 +11,10 @@
 #include <string>
 
 #include "fuzz/fuzz_util.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
 #include "graft/nn/layers.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/ops.h"
 #include "tests/toy_task.h"
 
@@ -28,8 +28,8 @@ struct Toy : testing::ToyTask {
   Toy() : ToyTask(1, 4) {}
 };
 
-nn::LoopOptions options(const std::string& dir, bool resume) {
-  nn::LoopOptions o;
+train::LoopOptions options(const std::string& dir, bool resume) {
+  train::LoopOptions o;
   o.run_dir = dir;
   o.steps = 6;
   o.lr = 0.05;
@@ -55,18 +55,18 @@ const std::string& seed_dir() {
     fuzz::remove_at_exit(d);
     fuzz::remove_at_exit(run_dir());
     Toy t;
-    nn::LoopOptions o = options(d, false);
+    train::LoopOptions o = options(d, false);
     o.steps = 3;
-    nn::train_loop(t.task, o);
+    train::train_loop(t.task, o);
     return d;
   }();
   return dir;
 }
 
 // Its genuine train state.
-const nn::SafetensorsFile& genuine() {
-  static const nn::SafetensorsFile f =
-      nn::load_safetensors(seed_dir() + "/train_state.safetensors");
+const train::SafetensorsFile& genuine() {
+  static const train::SafetensorsFile f =
+      train::load_safetensors(seed_dir() + "/train_state.safetensors");
   return f;
 }
 
@@ -81,21 +81,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::map<std::string, std::string> meta = genuine().metadata;
   meta["trainer"] = trainer;
   meta["optimizer"] = optimizer;
-  meta["metadata_checksum"] = nn::text_checksum(trainer + '\n' + optimizer);
+  meta["metadata_checksum"] = train::text_checksum(trainer + '\n' + optimizer);
   const std::string dir = run_dir();
   fs::create_directories(dir);
   try {  // a checkpoint of the seed run's metrics.csv and this state
-    nn::CheckpointCommit c(dir, 3);
+    train::CheckpointCommit c(dir, 3);
     fs::copy_file(seed_dir() + "/metrics.csv", c.path("metrics.csv"),
                   fs::copy_options::overwrite_existing);
-    nn::save_safetensors(c.path("train_state.safetensors"), genuine().tensors, meta);
+    train::save_safetensors(c.path("train_state.safetensors"), genuine().tensors, meta);
     c.commit();
   } catch (const Error&) {
     return 0;  // metadata that is not UTF-8 cannot be written
   }
   Toy t;
   try {
-    const nn::LoopResult r = nn::train_loop(t.task, options(dir, true));
+    const train::LoopResult r = train::train_loop(t.task, options(dir, true));
     if (r.last_step < r.first_step) __builtin_trap();
   } catch (const Error&) {
   }

@@ -6,7 +6,7 @@
 #include "examples/classify/classify.h"
 #include "examples/translation/corpus.h"
 #include "fuzz/fuzz_util.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 
 using namespace graft;
 

@@ -6,8 +6,8 @@
 #include <set>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -197,7 +197,7 @@ bool unused_hf_tensor(const std::string& name) {
 
 /// The file's tensors by their BertModel names ("bert." stripped when every encoder tensor has it).
 /// A name given both with and without the prefix is an error: either copy could be the one meant.
-std::map<std::string, Tensor> hf_tensors(const nn::SafetensorsFile& f) {
+std::map<std::string, Tensor> hf_tensors(const train::SafetensorsFile& f) {
   const bool prefixed = f.contains("bert.embeddings.word_embeddings.weight");
   std::map<std::string, Tensor> out;
   for (const auto& [name, t] : f.tensors) {
@@ -276,13 +276,13 @@ std::unique_ptr<BertEncoder> uninitialised_bert(const BertConfig& c) {
 
 std::unique_ptr<BertEncoder> load_hf_bert(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json", weights_path = dir + "/model.safetensors";
-  const BertConfig c = BertConfig::from_hf_json(nn::load_json(cfg_path), cfg_path);
+  const BertConfig c = BertConfig::from_hf_json(train::load_json(cfg_path), cfg_path);
   check_config_memory(c, cfg_path, /*copies=*/3);  // the file, the mapped tensors, the model
   std::error_code ec;
   if (!std::filesystem::exists(weights_path, ec))
     fail("load_hf_bert: '" + weights_path +
          "' is missing (a PyTorch .bin converts with examples/embed/bin_to_safetensors.py)");
-  const nn::SafetensorsFile f = nn::load_safetensors(weights_path);
+  const train::SafetensorsFile f = train::load_safetensors(weights_path);
   const std::map<std::string, Tensor> file = hf_tensors(f);
   check_hf_shapes(file, c, weights_path);
   auto model = uninitialised_bert(c);
@@ -329,8 +329,8 @@ void save_hf_bert(const BertEncoder& model, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) fail("save_hf_bert: cannot create '" + dir + "': " + ec.message());
-  nn::save_json(dir + "/config.json", cfg);
-  nn::save_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+  train::save_json(dir + "/config.json", cfg);
+  train::save_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
 }
 
 std::pair<Tensor, Tensor> pad_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id) {

@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 #include "graft/ops/dropout.h"
 
 namespace graft::models {

@@ -5,8 +5,8 @@
 #include <numeric>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -18,7 +18,7 @@ int64_t read_max_seq_length(const std::string& dir, int64_t max_len) {
   const std::string path = dir + "/sentence_bert_config.json";
   if (std::error_code ec; !std::filesystem::exists(path, ec)) return max_len;
   int64_t n = max_len;
-  ConfigReader(nn::load_json(path), path).get_or_keep("max_seq_length", n);
+  ConfigReader(train::load_json(path), path).get_or_keep("max_seq_length", n);
   if (n < 2 || n > max_len)
     bad_field(path, "max_seq_length",
               "must be in [2, " + std::to_string(max_len) + "] (max_position_embeddings), got " +
@@ -30,7 +30,7 @@ int64_t read_max_seq_length(const std::string& dir, int64_t max_len) {
 Pooling read_pooling(const std::string& dir) {
   const std::string path = dir + "/1_Pooling/config.json";
   if (std::error_code ec; !std::filesystem::exists(path, ec)) return Pooling::mean;
-  const nlohmann::json j = nn::load_json(path);
+  const nlohmann::json j = train::load_json(path);
   const ConfigReader r(j, path);
   bool mean = false, cls = false, other = false;
   r.get_or_keep("pooling_mode_mean_tokens", mean), r.get_or_keep("pooling_mode_cls_token", cls);
@@ -49,7 +49,7 @@ Pooling read_pooling(const std::string& dir) {
 bool read_normalize(const std::string& dir) {
   const std::string path = dir + "/modules.json";
   if (std::error_code ec; !std::filesystem::exists(path, ec)) return false;
-  const nlohmann::json j = nn::load_json(path);
+  const nlohmann::json j = train::load_json(path);
   if (!j.is_array()) fail(path + ": must be a JSON array of modules");
   for (const auto& m : j)
     if (m.is_object() && m.contains("type") && m["type"].is_string() &&
@@ -77,7 +77,7 @@ constexpr const char* kAbsent = "absent";
 std::string model_file_fingerprint(const std::string& dir, const std::string& name) {
   const std::string path = dir + "/" + name;
   if (std::error_code ec; !std::filesystem::exists(path, ec)) return kAbsent;
-  return nn::file_fingerprint(path, "SentenceEncoder");
+  return train::file_fingerprint(path, "SentenceEncoder");
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ std::map<std::string, std::string> SentenceEncoder::index_ties(
     const std::string& collection) const {
   std::map<std::string, std::string> ties = {
       {"format", kIndexFormat},
-      {"collection", nn::file_fingerprint(collection, "SentenceEncoder")}};
+      {"collection", train::file_fingerprint(collection, "SentenceEncoder")}};
   for (const std::string& name : embedding_files())
     ties["model:" + name] = model_file_fingerprint(dir, name);
   return ties;
@@ -103,7 +103,7 @@ void SentenceEncoder::check_index_ties(const std::map<std::string, std::string>&
   if (stored("format") != kIndexFormat)
     fail(at + "written in the format \"" + text::printable(stored("format")) + "\", not \"" +
          kIndexFormat + "\"");
-  if (stored("collection") != nn::file_fingerprint(collection, "SentenceEncoder"))
+  if (stored("collection") != train::file_fingerprint(collection, "SentenceEncoder"))
     fail(at + "the collection '" + collection + "' was edited since it was built");
   for (const std::string& name : embedding_files()) {
     const std::string was = stored("model:" + name), now = model_file_fingerprint(dir, name);

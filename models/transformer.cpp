@@ -6,8 +6,8 @@
 #include <numeric>
 
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/config_json.h"
-#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
+#include "graft/autograd/text.h"
 #include "graft/nn/layers.h"
-#include "graft/nn/text.h"
 #include "graft/ops/ops.h"
 
 namespace graft::nn {

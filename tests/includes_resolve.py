@@ -4,6 +4,9 @@ C++ sources, the headers, the C++ blocks of the docs) names a file under include
 tree, with no build: the public headers live in include/graft/ (the fmt layout), and a reader or a
 tool can follow every include. The internal headers (ops/internal/, autograd/internal/) are
 included from the source root instead ("ops/internal/kernels.h"), so none may be named graft/...
+It also holds the layers to their edges (README's Layout; CMakeLists.txt links the libraries so):
+a file of a layer, source or public header, includes the public headers of the layers below it
+only: autograd <- ops <- nn <- nn/train <- models, and nn/text on autograd and nn/train alone.
   tests/includes_resolve.py SOURCE_DIR"""
 import os
 import re
@@ -11,6 +14,27 @@ import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](graft/[^>"]+)[>"]', re.M)
 SCANNED = (".h", ".cpp", ".c", ".md", ".in")
+# What each layer may include (its own headers and those of the layers it links).
+# testing/'s registry is still implemented in autograd/ and ops/ (issue 48 moves it into a
+# library of its own); until then those two may include it.
+ALLOWED = {
+    "autograd": {"autograd", "testing"},
+    "ops": {"autograd", "ops", "testing"},
+    "nn": {"autograd", "ops", "nn"},
+    "nn/train": {"autograd", "ops", "nn", "nn/train"},
+    "nn/text": {"autograd", "nn/text", "nn/train"},
+    "models": {"autograd", "ops", "nn", "nn/train", "nn/text", "models"},
+    "testing": {"autograd", "ops", "testing"},
+}
+
+
+def layer_of(rel):
+    """The layer a repository path (or a graft/... include) belongs to, or None."""
+    rel = re.sub(r"^(include/)?graft/", "", rel)
+    for layer in sorted(ALLOWED, key=len, reverse=True):
+        if rel.startswith(layer + "/"):
+            return layer
+    return None
 
 
 def scanned_files(root):
@@ -30,10 +54,13 @@ def scanned_files(root):
 def unresolved(root, path):
     """The graft/... includes of one file that name no file under ROOT/include/."""
     text = open(path, encoding="utf-8", errors="replace").read()
+    rel = os.path.relpath(path, root)
     for m in INCLUDE.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
         if not os.path.isfile(os.path.join(root, "include", m.group(1))):
-            line = text.count("\n", 0, m.start()) + 1
-            yield f"{os.path.relpath(path, root)}:{line}: #include {m.group(1)}: no include/{m.group(1)}"
+            yield f"{rel}:{line}: #include {m.group(1)}: no include/{m.group(1)}"
+        elif layer_of(rel) and layer_of(m.group(1)) not in ALLOWED[layer_of(rel)]:
+            yield f"{rel}:{line}: #include {m.group(1)}: layer {layer_of(rel)} may not include {layer_of(m.group(1))}"
 
 
 def main():
@@ -44,7 +71,7 @@ def main():
         bad.extend(unresolved(root, path))
     for b in bad:
         print("includes_resolve:", b)
-    print(f"includes_resolve: {n} files scanned, {len(bad)} graft/... includes name no file under include/")
+    print(f"includes_resolve: {n} files scanned, {len(bad)} graft/... includes missing under include/ or against the layers")
     return 1 if bad else 0
 
 

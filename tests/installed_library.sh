@@ -28,7 +28,7 @@ VERSION=$(sed -n 's/^#define GRAFT_VERSION_STRING "\([0-9.]*\)"$/\1/p' "$SRC/inc
 for prog in translate lm classify embed; do [[ -x $P/bin/$prog ]] || fail "bin/$prog is not installed"; done
 [[ -f $LIBDIR/cmake/graft/graftConfig.cmake && -f $LIBDIR/cmake/graft/graftConfigVersion.cmake ]] ||
   fail "the CMake package is not installed"
-for layer in autograd ops nn models; do
+for layer in autograd ops nn train text models; do
   lib=$LIBDIR/libgraft_$layer.so
   if [[ -e $lib ]]; then
     soname=$(objdump -p "$lib" | awk '/SONAME/ {print $2}')

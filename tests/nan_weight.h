@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 namespace graft::testing {
 
@@ -17,7 +17,7 @@ namespace graft::testing {
 // its checksum recomputed (when it has one); throws naming the tensors it has when there is no
 // floating tensor of that name.
 inline void put_nan_weight(const std::string& path, const std::string& name) {
-  nn::SafetensorsFile f = nn::load_safetensors(path);
+  train::SafetensorsFile f = train::load_safetensors(path);
   bool done = false;
   std::string names;
   for (auto& [n, t] : f.tensors) {
@@ -31,8 +31,8 @@ inline void put_nan_weight(const std::string& path, const std::string& name) {
   if (!done)
     fail("put_nan_weight: '" + path + "' has no floating tensor '" + name + "' (" + names + ")");
   if (f.metadata.count("checksum"))
-    for (const auto& [k, v] : nn::checksum_metadata(f.tensors)) f.metadata[k] = v;
-  nn::save_safetensors(path, f.tensors, f.metadata);
+    for (const auto& [k, v] : train::checksum_metadata(f.tensors)) f.metadata[k] = v;
+  train::save_safetensors(path, f.tensors, f.metadata);
 }
 
 }  // namespace graft::testing

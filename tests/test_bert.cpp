@@ -9,7 +9,7 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/models/bert.h"
 #include "graft/models/sentence_encoder.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
@@ -56,10 +56,10 @@ std::unique_ptr<BertEncoder> saved_model(const TempDir& dir) {
 // Rewrites dir/model.safetensors through `edit` (a map of the tensors by name).
 void edit_weights(const TempDir& dir,
                   const std::function<void(std::map<std::string, Tensor>&)>& edit) {
-  const nn::SafetensorsFile f = nn::load_safetensors(dir / "model.safetensors");
+  const train::SafetensorsFile f = train::load_safetensors(dir / "model.safetensors");
   std::map<std::string, Tensor> t(f.tensors.begin(), f.tensors.end());
   edit(t);
-  nn::save_safetensors(dir / "model.safetensors", nn::NamedTensors(t.begin(), t.end()));
+  train::save_safetensors(dir / "model.safetensors", nn::NamedTensors(t.begin(), t.end()));
 }
 
 // saved_model() with a vocab.txt of its 40 tokens: a sentence-transformers directory.
@@ -244,9 +244,9 @@ BOOST_AUTO_TEST_CASE(prefixed_and_bare_copies_of_a_tensor_are_an_error) {
 BOOST_AUTO_TEST_CASE(huge_config_with_small_file_fails_before_allocating) {
   TempDir dir("bert_huge");
   saved_model(dir);
-  nlohmann::json j = nn::load_json(dir / "config.json");
+  nlohmann::json j = train::load_json(dir / "config.json");
   j["intermediate_size"] = int64_t(1) << 20;
-  nn::save_json(dir / "config.json", j);
+  train::save_json(dir / "config.json", j);
   Storage::reset_peak_live_bytes();
   const size_t before = Storage::live_bytes();
   BOOST_CHECK_EXCEPTION(load_hf_bert(dir.path.string()), Error, [](const Error& e) {

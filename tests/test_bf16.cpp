@@ -12,7 +12,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/models/transformer.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/optim.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 #include "tests/tiny_reverse.h"

@@ -21,8 +21,8 @@
 #include <stdexcept>
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -93,7 +93,7 @@ void expect_load_error(const TempDir& td, const std::string& bytes,
   const std::string path = td.file("bad.safetensors");
   write_bytes(path, bytes);
   try {
-    nn::load_safetensors(path);
+    train::load_safetensors(path);
     BOOST_ERROR("expected a graft::Error containing '" << parts.front() << "'");
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -108,11 +108,11 @@ void expect_load_error(const TempDir& td, const std::string& bytes,
 
 std::string small_valid_file(const TempDir& td) {
   const std::string path = td.file("small.safetensors");
-  nn::save_safetensors(path,
-                       {{"w", from_vector(std::vector<float>{1.f, 2.f, 3.f, 4.f}, {2, 2})},
-                        {"step", from_vector(std::vector<int64_t>{7}, {})},
-                        {"e", Tensor::empty({0}, DType::f64)}},
-                       {{"k", "v"}});
+  train::save_safetensors(path,
+                          {{"w", from_vector(std::vector<float>{1.f, 2.f, 3.f, 4.f}, {2, 2})},
+                           {"step", from_vector(std::vector<int64_t>{7}, {})},
+                           {"e", Tensor::empty({0}, DType::f64)}},
+                          {{"k", "v"}});
   return read_bytes(path);
 }
 
@@ -145,7 +145,7 @@ BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
                                                           {"ids", i64},    {"scale", scalar0},
                                                           {"none", empty}, {"view", view}};
   const std::string path = td.file("model.safetensors");
-  nn::save_safetensors(path, in);
+  train::save_safetensors(path, in);
   BOOST_TEST(td.listing() == std::vector<std::string>{"model.safetensors"});
 
   const std::string bytes = read_bytes(path);
@@ -153,7 +153,7 @@ BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
   BOOST_TEST((8 + n) % 8 == 0u);  // data section is 8-byte aligned
 
-  const auto loaded = nn::load_safetensors(path);
+  const auto loaded = train::load_safetensors(path);
   BOOST_TEST(loaded.metadata.empty());
   BOOST_REQUIRE_EQUAL(loaded.tensors.size(), in.size());
   for (size_t i = 0; i < in.size(); ++i) {
@@ -173,7 +173,7 @@ BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact) {
 
   // Saving what was loaded reproduces the file byte for byte.
   const std::string again = td.file("again.safetensors");
-  nn::save_safetensors(again, loaded.tensors);
+  train::save_safetensors(again, loaded.tensors);
   BOOST_TEST(read_bytes(again) == bytes);
 }
 
@@ -185,8 +185,8 @@ BOOST_AUTO_TEST_CASE(metadata_round_trip_and_lookup) {
       {"step", "1200"},
       {"note", "quotes \" and \\ and ünïcödé\nnewline"},
       {"", ""}};
-  nn::save_safetensors(path, {{"x", ones({2})}}, meta);
-  const auto f = nn::load_safetensors(path);
+  train::save_safetensors(path, {{"x", ones({2})}}, meta);
+  const auto f = train::load_safetensors(path);
   BOOST_TEST(f.metadata == meta);
   BOOST_TEST(f.contains("x"));
   BOOST_TEST(!f.contains("y"));
@@ -200,8 +200,8 @@ BOOST_AUTO_TEST_CASE(metadata_round_trip_and_lookup) {
   }
 
   // No tensors at all is a valid file too.
-  nn::save_safetensors(path, {}, {{"only", "meta"}});
-  const auto g = nn::load_safetensors(path);
+  train::save_safetensors(path, {}, {{"only", "meta"}});
+  const auto g = train::load_safetensors(path);
   BOOST_TEST(g.tensors.empty());
   BOOST_TEST(g.metadata.at("only") == "meta");
 }
@@ -212,7 +212,7 @@ BOOST_AUTO_TEST_CASE(save_rejects_bad_input_without_touching_disk) {
   auto expect = [&](const std::vector<std::pair<std::string, Tensor>>& ts,
                     const std::string& part) {
     try {
-      nn::save_safetensors(path, ts);
+      train::save_safetensors(path, ts);
       BOOST_ERROR("expected a throw for " << part);
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -237,7 +237,7 @@ BOOST_AUTO_TEST_CASE(hand_built_files_that_are_valid) {
                       R"( "a": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]},)"
                       R"( "z": {"dtype": "F64", "shape": [0, 3], "data_offsets": [12, 12]}}   )",
                       data));
-  const auto f = nn::load_safetensors(path);
+  const auto f = train::load_safetensors(path);
   BOOST_REQUIRE_EQUAL(f.tensors.size(), 3u);
   BOOST_TEST(f.tensors[0].first == "a");  // loaded in data order
   BOOST_TEST(f.at("a").to_vector<int64_t>() == std::vector<int64_t>{5});
@@ -245,7 +245,7 @@ BOOST_AUTO_TEST_CASE(hand_built_files_that_are_valid) {
   BOOST_TEST(f.at("z").numel() == 0);
 
   write_bytes(path, st_file("{}"));
-  BOOST_TEST(nn::load_safetensors(path).tensors.empty());
+  BOOST_TEST(train::load_safetensors(path).tensors.empty());
 }
 
 BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
@@ -376,14 +376,14 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
   // Not a readable regular file.
   expect_load_error(td, "", {"too short"});
   try {
-    nn::load_safetensors(td.file("missing.safetensors"));
+    train::load_safetensors(td.file("missing.safetensors"));
     BOOST_ERROR("expected a throw");
   } catch (const Error& e) {
     BOOST_TEST(std::string(e.what()).find("missing.safetensors': cannot open") != std::string::npos,
                e.what());
   }
   try {
-    nn::load_safetensors(td.dir.string());
+    train::load_safetensors(td.dir.string());
     BOOST_ERROR("expected a throw");
   } catch (const Error& e) {
     BOOST_TEST(std::string(e.what()).find("not a regular file") != std::string::npos, e.what());
@@ -398,7 +398,7 @@ BOOST_AUTO_TEST_CASE(every_truncation_is_an_error) {
   for (size_t len = 0; len < bytes.size(); ++len) {
     write_bytes(path, bytes.substr(0, len));
     try {
-      nn::load_safetensors(path);
+      train::load_safetensors(path);
       BOOST_ERROR("prefix of " << len << " bytes loaded");
     } catch (const Error&) {
     } catch (const std::exception& e) {
@@ -406,7 +406,7 @@ BOOST_AUTO_TEST_CASE(every_truncation_is_an_error) {
     }
   }
   write_bytes(path, bytes);
-  BOOST_TEST(nn::load_safetensors(path).tensors.size() == 3u);
+  BOOST_TEST(train::load_safetensors(path).tensors.size() == 3u);
 }
 
 BOOST_AUTO_TEST_CASE(random_header_corruption_never_crashes) {
@@ -429,7 +429,7 @@ BOOST_AUTO_TEST_CASE(random_header_corruption_never_crashes) {
     }
     write_bytes(path, b);
     try {
-      const auto f = nn::load_safetensors(path);
+      const auto f = train::load_safetensors(path);
       ++loaded;
       for (const auto& [name, t] : f.tensors) BOOST_TEST(t.numel() >= 0);
     } catch (const Error&) {
@@ -447,7 +447,7 @@ BOOST_AUTO_TEST_CASE(atomic_write_keeps_the_old_file_when_the_writer_throws) {
   const std::string path = td.file("state.json");
   write_bytes(path, "old content");
   try {
-    nn::atomic_write(path, [](std::ostream& os) {
+    train::atomic_write(path, [](std::ostream& os) {
       os << std::string(100000, 'x');  // enough that some of it reaches the temp file
       throw std::runtime_error("writer failed midway");
     });
@@ -458,15 +458,15 @@ BOOST_AUTO_TEST_CASE(atomic_write_keeps_the_old_file_when_the_writer_throws) {
   BOOST_TEST(read_bytes(path) == "old content");
   BOOST_TEST(td.listing() == std::vector<std::string>{"state.json"});
 
-  nn::atomic_write(path, [](std::ostream& os) { os << "new content"; });
+  train::atomic_write(path, [](std::ostream& os) { os << "new content"; });
   BOOST_TEST(read_bytes(path) == "new content");
   BOOST_TEST(td.listing() == std::vector<std::string>{"state.json"});
 
   // A failed safetensors save leaves the previous checkpoint loadable.
   const std::string ck = td.file("ck.safetensors");
-  nn::save_safetensors(ck, {{"w", ones({3})}});
+  train::save_safetensors(ck, {{"w", ones({3})}});
   const std::string before = read_bytes(ck);
-  BOOST_CHECK_THROW(nn::save_safetensors(ck, {{"w", ones({3})}, {"w", ones({3})}}), Error);
+  BOOST_CHECK_THROW(train::save_safetensors(ck, {{"w", ones({3})}, {"w", ones({3})}}), Error);
   BOOST_TEST(read_bytes(ck) == before);
 }
 
@@ -481,14 +481,14 @@ BOOST_AUTO_TEST_CASE(atomic_write_failures_name_the_path) {
       BOOST_TEST(std::string(e.what()).find("'" + path + "'") != std::string::npos, e.what());
     }
   };
-  expect([&] { nn::atomic_write(nowhere, [](std::ostream& os) { os << "x"; }); }, nowhere);
-  expect([&] { nn::save_safetensors(nowhere, {{"w", ones({1})}}); }, nowhere);
-  expect([&] { nn::save_json(nowhere, {{"a", 1}}); }, nowhere);
+  expect([&] { train::atomic_write(nowhere, [](std::ostream& os) { os << "x"; }); }, nowhere);
+  expect([&] { train::save_safetensors(nowhere, {{"w", ones({1})}}); }, nowhere);
+  expect([&] { train::save_json(nowhere, {{"a", 1}}); }, nowhere);
 
   // The rename fails when the target is a directory: the temp file must still be cleaned up.
   const std::string as_dir = td.file("occupied");
   fs::create_directory(as_dir);
-  expect([&] { nn::atomic_write(as_dir, [](std::ostream& os) { os << "x"; }); }, as_dir);
+  expect([&] { train::atomic_write(as_dir, [](std::ostream& os) { os << "x"; }); }, as_dir);
   BOOST_TEST(td.listing() == std::vector<std::string>{"occupied"});
 }
 
@@ -496,21 +496,21 @@ BOOST_AUTO_TEST_CASE(json_round_trip_and_errors) {
   TempDir td;
   const std::string path = td.file("cfg.json");
   const nlohmann::json j = {{"lr", 3e-4}, {"layers", {1, 2, 3}}, {"name", "tiny"}, {"step", 1200}};
-  nn::save_json(path, j);
-  BOOST_TEST(nn::load_json(path) == j);
+  train::save_json(path, j);
+  BOOST_TEST(train::load_json(path) == j);
   BOOST_TEST(td.listing() == std::vector<std::string>{"cfg.json"});
 
   write_bytes(path, "{\n  \"lr\": 3e-4,\n  \"layers\": [1, 2,]\n}\n");
   try {
-    nn::load_json(path);
+    train::load_json(path);
     BOOST_ERROR("expected a throw");
   } catch (const Error& e) {
     const std::string msg = e.what();
     BOOST_TEST(msg.rfind("load_json: '" + path + "': ", 0) == 0u, msg);
     BOOST_TEST(msg.find("line 3, column") != std::string::npos, msg);
   }
-  BOOST_CHECK_THROW(nn::load_json(td.file("absent.json")), Error);
-  BOOST_CHECK_THROW(nn::save_json(path, nlohmann::json("bad\xff")), Error);
+  BOOST_CHECK_THROW(train::load_json(td.file("absent.json")), Error);
+  BOOST_CHECK_THROW(train::save_json(path, nlohmann::json("bad\xff")), Error);
 }
 
 // The header's structure is checked before nlohmann builds anything: a deeply nested header
@@ -525,9 +525,9 @@ BOOST_AUTO_TEST_CASE(header_structure_limits) {
       {"nested more than 3 levels"});
   // Brackets inside strings do not count.
   const std::string path = td.file("names.safetensors");
-  nn::save_safetensors(path, {{"[[[{{{", from_vector(std::vector<float>{1.f}, {1})}},
-                       {{"k", "]]]}}"}});
-  BOOST_TEST(nn::load_safetensors(path).contains("[[[{{{"));
+  train::save_safetensors(path, {{"[[[{{{", from_vector(std::vector<float>{1.f}, {1})}},
+                          {{"k", "]]]}}"}});
+  BOOST_TEST(train::load_safetensors(path).contains("[[[{{{"));
 
   std::string many = "{";
   const int n = 200000;
@@ -537,7 +537,7 @@ BOOST_AUTO_TEST_CASE(header_structure_limits) {
   many += "}";
   write_bytes(td.file("many.safetensors"), st_file(many));
   const auto t0 = std::chrono::steady_clock::now();
-  const auto f = nn::load_safetensors(td.file("many.safetensors"));
+  const auto f = train::load_safetensors(td.file("many.safetensors"));
   BOOST_TEST(f.tensors.size() == size_t(n));
   BOOST_TEST(f.tensors[1].first == "t1");  // header order kept for equal (empty) regions
   // Not a timing target: minutes (the old quadratic parse) versus well under one second.
@@ -545,19 +545,19 @@ BOOST_AUTO_TEST_CASE(header_structure_limits) {
 }
 
 BOOST_AUTO_TEST_CASE(json_text_checks) {
-  BOOST_CHECK_EXCEPTION(nn::parse_json(std::string(50, '[') + std::string(50, ']'), "cfg", 32),
+  BOOST_CHECK_EXCEPTION(train::parse_json(std::string(50, '[') + std::string(50, ']'), "cfg", 32),
                         Error, [](const Error& e) {
                           return std::string(e.what()).find("cfg: JSON nested more than 32") == 0;
                         });
-  BOOST_CHECK_EXCEPTION(nn::check_json_text("[1,2,3]", 4, 2, "x"), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::check_json_text("[1,2,3]", 4, 2, "x"), Error, [](const Error& e) {
     return std::string(e.what()) == "x: more than 2 entries";
   });
   BOOST_CHECK_NO_THROW(
-      nn::check_json_text("[\"\\\"[[[[\"]", 1, 10, "x"));  // an escaped quote in a string
-  BOOST_TEST(nn::json_excerpt(nlohmann::json(std::string(200, 'a'))).size() == 80u);
+      train::check_json_text("[\"\\\"[[[[\"]", 1, 10, "x"));  // an escaped quote in a string
+  BOOST_TEST(train::json_excerpt(nlohmann::json(std::string(200, 'a'))).size() == 80u);
   TempDir td;
   write_bytes(td.file("big.json"), "[" + std::string(17 << 20, ' ') + "]");
-  BOOST_CHECK_EXCEPTION(nn::load_json(td.file("big.json")), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::load_json(td.file("big.json")), Error, [](const Error& e) {
     return std::string(e.what()).find("more than the 16777216") != std::string::npos;
   });
 }
@@ -572,20 +572,20 @@ BOOST_AUTO_TEST_CASE(tied_files_are_fingerprinted) {
   write_bytes(tok, "tokenizer bytes");
   const std::vector<std::pair<std::string, Tensor>> sd = {
       {"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}};
-  nn::save_weights(sd, w, 3, "test", {cfg, tok});
-  BOOST_TEST(nn::load_weights(w, "load", {cfg, tok}).size() == 1u);
+  train::save_weights(sd, w, 3, "test", {cfg, tok});
+  BOOST_TEST(train::load_weights(w, "load", {cfg, tok}).size() == 1u);
   write_bytes(cfg, "{\"heads\": 8}\n");
-  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
     return std::string(e.what()) == "load: '" + cfg + "' does not match the weights in '" + w +
                                         "': it was edited or comes from another run";
   });
   write_bytes(cfg, "{\"heads\": 4}\n");
   write_bytes(tok, "another run's tokenizer");
-  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::load_weights(w, "load", {cfg, tok}), Error, [&](const Error& e) {
     return std::string(e.what()).find("'" + tok + "' does not match") != std::string::npos;
   });
-  nn::save_weights(sd, w, 3, "test");  // no fingerprints
-  BOOST_CHECK_EXCEPTION(nn::load_weights(w, "load", {cfg}), Error, [&](const Error& e) {
+  train::save_weights(sd, w, 3, "test");  // no fingerprints
+  BOOST_CHECK_EXCEPTION(train::load_weights(w, "load", {cfg}), Error, [&](const Error& e) {
     return std::string(e.what()).find("carries no fingerprint of") != std::string::npos;
   });
 }
@@ -597,23 +597,23 @@ BOOST_AUTO_TEST_CASE(weights_checksum_covers_dtype) {
   TempDir td;
   const std::string w = td.file("model.safetensors"), bad = td.file("relabelled.safetensors");
   const std::vector<double> values{1.0, 2.0};
-  nn::save_weights({{"w", from_vector(values, {2}, DType::f64)}}, w, 3, "test");
-  nn::SafetensorsFile f = nn::load_safetensors(w);
+  train::save_weights({{"w", from_vector(values, {2}, DType::f64)}}, w, 3, "test");
+  train::SafetensorsFile f = train::load_safetensors(w);
   BOOST_TEST(f.metadata.at("checksum_version") == "2");
   std::vector<int64_t> same_bytes(2);
   std::memcpy(same_bytes.data(), values.data(), 16);
-  nn::save_safetensors(bad, {{"w", from_vector(same_bytes, {2})}}, f.metadata);
-  BOOST_CHECK_EXCEPTION(nn::load_weights(bad, "load"), Error, [&](const Error& e) {
+  train::save_safetensors(bad, {{"w", from_vector(same_bytes, {2})}}, f.metadata);
+  BOOST_CHECK_EXCEPTION(train::load_weights(bad, "load"), Error, [&](const Error& e) {
     return std::string(e.what()).find("load: '" + bad + "': checksum mismatch (stored ") == 0;
   });
   // What graft 0.5 wrote for these tensors: its checksum over name, shape and bytes.
   std::map<std::string, std::string> old_meta = {
       {"format", "test"}, {"step", "3"}, {"checksum", "71008a61f36223b3"}};
-  nn::save_safetensors(bad, f.tensors, old_meta);
-  BOOST_TEST(nn::load_weights(bad, "load")[0].second.to_vector<double>() == values);
+  train::save_safetensors(bad, f.tensors, old_meta);
+  BOOST_TEST(train::load_weights(bad, "load")[0].second.to_vector<double>() == values);
   old_meta["checksum_version"] = "3";
-  nn::save_safetensors(bad, f.tensors, old_meta);
-  BOOST_CHECK_EXCEPTION(nn::load_weights(bad, "load"), Error, [&](const Error& e) {
+  train::save_safetensors(bad, f.tensors, old_meta);
+  BOOST_CHECK_EXCEPTION(train::load_weights(bad, "load"), Error, [&](const Error& e) {
     return std::string(e.what()) == "load: '" + bad +
                                         "': unknown checksum_version '3' (this graft writes "
                                         "and reads 2)";
@@ -625,7 +625,7 @@ BOOST_AUTO_TEST_CASE(weights_checksum_covers_dtype) {
 BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
   TempDir td;
   const std::string path = td.file("w.safetensors");
-  nn::save_safetensors(path, {{"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}});
+  train::save_safetensors(path, {{"w", from_vector(std::vector<float>{1.f, 2.f}, {2})}});
   const std::string before = read_bytes(path);
   rlimit old{};
   BOOST_REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
@@ -635,7 +635,7 @@ BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
   BOOST_REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
   std::string msg;
   try {
-    nn::save_safetensors(path, {{"w", zeros({1 << 18})}});
+    train::save_safetensors(path, {{"w", zeros({1 << 18})}});
   } catch (const Error& e) {
     msg = e.what();
   }
@@ -651,20 +651,20 @@ BOOST_AUTO_TEST_CASE(out_of_space_during_a_save_keeps_the_old_file) {
 // range would be undefined behaviour in the conversion), no negative becomes unsigned.
 BOOST_AUTO_TEST_CASE(typed_json_reads) {
   using nlohmann::json;
-  BOOST_TEST(nn::json_complaint<int64_t>(json(-3)).empty());
-  BOOST_TEST(nn::json_complaint<int64_t>(json(2.5)) == "must be an integer, got 2.5");
-  BOOST_TEST(nn::json_complaint<uint64_t>(json(4.6e23)) ==
+  BOOST_TEST(train::json_complaint<int64_t>(json(-3)).empty());
+  BOOST_TEST(train::json_complaint<int64_t>(json(2.5)) == "must be an integer, got 2.5");
+  BOOST_TEST(train::json_complaint<uint64_t>(json(4.6e23)) ==
              "must be a non-negative integer, got 4.6e+23");
-  BOOST_TEST(nn::json_complaint<uint64_t>(json(-1)) == "must be a non-negative integer, got -1");
-  BOOST_TEST(nn::json_complaint<int64_t>(json(uint64_t(1) << 63)) ==
+  BOOST_TEST(train::json_complaint<uint64_t>(json(-1)) == "must be a non-negative integer, got -1");
+  BOOST_TEST(train::json_complaint<int64_t>(json(uint64_t(1) << 63)) ==
              "must be an integer, got 9223372036854775808");
-  BOOST_TEST(nn::json_complaint<int>(json(int64_t(1) << 40)) ==
+  BOOST_TEST(train::json_complaint<int>(json(int64_t(1) << 40)) ==
              "must be an integer, got 1099511627776");
-  BOOST_TEST(nn::json_complaint<std::vector<int64_t>>(json::parse("[1, \"a\"]")) ==
+  BOOST_TEST(train::json_complaint<std::vector<int64_t>>(json::parse("[1, \"a\"]")) ==
              "entry 1 must be an integer, got \"a\"");
-  BOOST_TEST(nn::json_complaint<double>(json("3")) == "must be a number, got \"3\"");
+  BOOST_TEST(train::json_complaint<double>(json("3")) == "must be a number, got \"3\"");
   BOOST_CHECK_EXCEPTION(
-      nn::json_field<int64_t>(json::object(), "step", "state"), Error,
+      train::json_field<int64_t>(json::object(), "step", "state"), Error,
       [](const Error& e) { return std::string(e.what()) == "state: 'step' is missing"; });
 }
 
@@ -673,18 +673,18 @@ BOOST_AUTO_TEST_CASE(typed_json_reads) {
 BOOST_AUTO_TEST_CASE(checkpoint_directories_commit_as_one_unit) {
   TempDir td;
   const std::string run = td.dir.string();
-  BOOST_TEST(nn::current_checkpoint(run).empty());
+  BOOST_TEST(train::current_checkpoint(run).empty());
   {
-    nn::CheckpointCommit c(run, 3);
+    train::CheckpointCommit c(run, 3);
     write_bytes(c.path("a.txt"), "a3");
     write_bytes(c.path("b.txt"), "b3");
     BOOST_TEST(!fs::exists(td.dir / "a.txt"));  // not before the commit
     c.commit();
   }
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
-  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  BOOST_TEST(train::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
   {
-    nn::CheckpointCommit c(run, 6);
+    train::CheckpointCommit c(run, 6);
     write_bytes(c.path("a.txt"), "a6");
     c.commit();  // b.txt carried over
   }
@@ -692,19 +692,19 @@ BOOST_AUTO_TEST_CASE(checkpoint_directories_commit_as_one_unit) {
   BOOST_TEST(read_bytes(td.file("b.txt")) == "b3");
   BOOST_TEST(!fs::exists(td.dir / "ckpt-00000003"));  // the previous one is gone
   {
-    nn::CheckpointCommit c(run, 9);
+    train::CheckpointCommit c(run, 9);
     write_bytes(c.path("a.txt"), "a9");  // an error before commit(): nothing changes
   }
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a6");
   BOOST_TEST(!fs::exists(td.dir / "ckpt-00000009"));
   {
-    nn::CheckpointCommit c(run, 6);  // the current checkpoint's step again: another directory
+    train::CheckpointCommit c(run, 6);  // the current checkpoint's step again: another directory
     write_bytes(c.path("a.txt"), "a6 again");
     c.commit();
   }
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a6 again");
-  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000006.1").string());
-  nn::CheckpointCommit c(run, 12);
+  BOOST_TEST(train::current_checkpoint(run) == (td.dir / "ckpt-00000006.1").string());
+  train::CheckpointCommit c(run, 12);
   for (const char* bad : {"", "x/y", "..", "checkpoint", "ckpt-1"})
     BOOST_CHECK_EXCEPTION(c.path(bad), Error, [](const Error& e) {
       return graft::testing::names(e, "is not a plain file name");
@@ -717,23 +717,23 @@ BOOST_AUTO_TEST_CASE(clean_checkpoints_and_damaged_pointers) {
   TempDir td;
   const std::string run = td.dir.string();
   {
-    nn::CheckpointCommit c(run, 3);
+    train::CheckpointCommit c(run, 3);
     write_bytes(c.path("a.txt"), "a3");
     c.commit();
   }
   fs::create_directories(td.dir / "ckpt-00000006");
   fs::create_symlink("ckpt-00000006", td.dir / "checkpoint.graft-new-link");
-  BOOST_TEST(nn::clean_checkpoints(run, true) == 2);
+  BOOST_TEST(train::clean_checkpoints(run, true) == 2);
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
-  BOOST_TEST(nn::clean_checkpoints(run, false) == 2);  // the pointer and ckpt-00000003
-  BOOST_TEST(nn::current_checkpoint(run).empty());
+  BOOST_TEST(train::clean_checkpoints(run, false) == 2);  // the pointer and ckpt-00000003
+  BOOST_TEST(train::current_checkpoint(run).empty());
   fs::create_symlink("/etc", td.dir / "checkpoint");
-  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::current_checkpoint(run), Error, [](const Error& e) {
     return graft::testing::names(e, "not at a checkpoint directory of its run");
   });
   fs::remove(td.dir / "checkpoint");
   fs::create_symlink("ckpt-00000042", td.dir / "checkpoint");
-  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::current_checkpoint(run), Error, [](const Error& e) {
     return graft::testing::names(e, "which is missing");
   });
 }
@@ -746,19 +746,20 @@ BOOST_AUTO_TEST_CASE(atomic_write_never_writes_through_a_planted_link) {
   const std::string victim = td.file("victim"), path = td.file("config.json");
   write_bytes(victim, "precious");
   fs::create_symlink(victim, path + ".tmp." + std::to_string(::getpid()));
-  nn::atomic_write(path, [](std::ostream& os) { os << "new"; });
+  train::atomic_write(path, [](std::ostream& os) { os << "new"; });
   BOOST_TEST(read_bytes(victim) == "precious");
   BOOST_TEST(read_bytes(path) == "new");
   // A link planted at the target itself is replaced, not written through.
   fs::remove(path);
   fs::create_symlink(victim, path);
-  nn::atomic_write(path, [](std::ostream& os) { os << "newer"; });
+  train::atomic_write(path, [](std::ostream& os) { os << "newer"; });
   BOOST_TEST(read_bytes(victim) == "precious");
   BOOST_TEST(!fs::is_symlink(path));
   BOOST_TEST(read_bytes(path) == "newer");
   // Two temp files of one path never share a name, and each is a fresh regular file.
   std::string a, b;
-  const int fa = nn::create_temp_file(path, a, "test"), fb = nn::create_temp_file(path, b, "test");
+  const int fa = train::create_temp_file(path, a, "test"),
+            fb = train::create_temp_file(path, b, "test");
   BOOST_TEST(fa >= 0);
   BOOST_TEST(fb >= 0);
   BOOST_TEST(a != b);
@@ -766,7 +767,7 @@ BOOST_AUTO_TEST_CASE(atomic_write_never_writes_through_a_planted_link) {
   ::close(fa), ::close(fb);
   fs::remove(a), fs::remove(b);
   BOOST_CHECK_EXCEPTION(
-      nn::create_temp_file(td.file("missing/x"), a, "test"), Error,
+      train::create_temp_file(td.file("missing/x"), a, "test"), Error,
       [](const Error& e) { return graft::testing::names(e, "cannot create the temporary file"); });
 }
 
@@ -780,14 +781,14 @@ BOOST_AUTO_TEST_CASE(atomic_copy_never_writes_through_a_planted_link) {
   for (size_t i = 0; i < big.size(); ++i) big[i] = char('a' + i % 26);
   write_bytes(src, big);
   fs::create_symlink(victim, dst);
-  nn::atomic_copy(src, dst);
+  train::atomic_copy(src, dst);
   BOOST_TEST(read_bytes(victim) == "precious");
   BOOST_TEST(!fs::is_symlink(dst));
   BOOST_TEST(read_bytes(dst) == big);
   write_bytes(src, "");
-  nn::atomic_copy(src, dst);
+  train::atomic_copy(src, dst);
   BOOST_TEST(read_bytes(dst) == "");
-  BOOST_CHECK_EXCEPTION(nn::atomic_copy(td.file("none"), dst), Error, [&](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::atomic_copy(td.file("none"), dst), Error, [&](const Error& e) {
     return graft::testing::names(e, "atomic_copy: '" + td.file("none") + "': cannot open");
   });
 }
@@ -806,7 +807,7 @@ BOOST_AUTO_TEST_CASE(stale_temp_files_of_dead_processes_are_removed) {
            "a.tmp." + dead + ".Ab3dE9", "a.tmp." + dead, "g.svg.tmp." + dead + ".dot",
            "a.tmp." + alive + ".Ab3dE9", "a.tmp.x", "a.tmp." + dead + ".a-b", "plain"})
     write_bytes(td.file(name), "x");
-  BOOST_TEST(nn::remove_stale_temp_files(td.dir.string()) == 3);
+  BOOST_TEST(train::remove_stale_temp_files(td.dir.string()) == 3);
   std::vector<std::string> kept = {"a.tmp." + alive + ".Ab3dE9", "a.tmp." + dead + ".a-b",
                                    "a.tmp.x", "plain"};
   std::sort(kept.begin(), kept.end());
@@ -817,9 +818,9 @@ BOOST_AUTO_TEST_CASE(stale_temp_files_of_dead_processes_are_removed) {
 // the command's inputs, and lets a new file, a regular file or a dangling link through.
 BOOST_AUTO_TEST_CASE(output_paths_that_are_not_files_or_are_inputs_are_refused) {
   TempDir td;
-  auto refused = [](const std::string& path, const std::vector<nn::NamedInput>& inputs,
+  auto refused = [](const std::string& path, const std::vector<train::NamedInput>& inputs,
                     const std::string& why) {
-    BOOST_CHECK_EXCEPTION(nn::check_output_path("cmd --out", path, inputs), Error,
+    BOOST_CHECK_EXCEPTION(train::check_output_path("cmd --out", path, inputs), Error,
                           [&](const Error& e) {
                             return graft::testing::names(e, "cmd --out: '" + path + "' is " + why);
                           });
@@ -860,12 +861,13 @@ BOOST_AUTO_TEST_CASE(output_paths_that_are_not_files_or_are_inputs_are_refused) 
   // Two spellings of one file that does not exist yet.
   refused(td.file("new.txt"), {{(td.dir / "." / "new.txt").string(), "--index"}},
           "the same file as --index");
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("new.txt"), {{in, "--collection"}}));
+  BOOST_CHECK_NO_THROW(train::check_output_path("cmd", td.file("new.txt"), {{in, "--collection"}}));
   write_bytes(td.file("old.txt"), "old");
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("old.txt"), {{in, "--collection"}}));
+  BOOST_CHECK_NO_THROW(train::check_output_path("cmd", td.file("old.txt"), {{in, "--collection"}}));
   fs::create_symlink(td.file("nowhere"), td.file("dangling"));
-  BOOST_CHECK_NO_THROW(nn::check_output_path("cmd", td.file("dangling"), {{in, "--collection"}}));
-  BOOST_CHECK_EXCEPTION(nn::check_output_path("cmd", "", {}), Error, [](const Error& e) {
+  BOOST_CHECK_NO_THROW(
+      train::check_output_path("cmd", td.file("dangling"), {{in, "--collection"}}));
+  BOOST_CHECK_EXCEPTION(train::check_output_path("cmd", "", {}), Error, [](const Error& e) {
     return graft::testing::names(e, "cmd: the output path is empty");
   });
 }
@@ -882,10 +884,10 @@ BOOST_AUTO_TEST_CASE(symbolic_links_in_checkpoints_are_refused) {
   auto is_link_error = [](const Error& e) {
     return graft::testing::names(e, "ckpt-00000003' is a symbolic link, not a checkpoint");
   };
-  BOOST_CHECK_EXCEPTION(nn::current_checkpoint(run), Error, is_link_error);
+  BOOST_CHECK_EXCEPTION(train::current_checkpoint(run), Error, is_link_error);
   BOOST_CHECK_EXCEPTION(
       {
-        nn::CheckpointCommit c(run, 6);
+        train::CheckpointCommit c(run, 6);
         c.commit();
       },
       Error, is_link_error);
@@ -895,16 +897,16 @@ BOOST_AUTO_TEST_CASE(symbolic_links_in_checkpoints_are_refused) {
   fs::remove(td.dir / "checkpoint");
   fs::remove(td.dir / "ckpt-00000003");
   {
-    nn::CheckpointCommit c(run, 3);
+    train::CheckpointCommit c(run, 3);
     write_bytes(c.path("a.txt"), "a3");
     c.commit();
   }
   fs::create_symlink(outside.file("secret"), td.dir / "ckpt-00000003" / "evil");
-  nn::CheckpointCommit c(run, 6);
+  train::CheckpointCommit c(run, 6);
   BOOST_CHECK_EXCEPTION(c.commit(), Error, [](const Error& e) {
     return graft::testing::names(e, "evil' is not a regular file");
   });
-  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  BOOST_TEST(train::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
 }
 
@@ -915,24 +917,24 @@ BOOST_AUTO_TEST_CASE(commits_never_remove_the_current_checkpoint) {
   TempDir td;
   const std::string run = td.dir.string();
   {
-    nn::CheckpointCommit c(run, 3);
+    train::CheckpointCommit c(run, 3);
     write_bytes(c.path("a.txt"), "a3");
     c.commit();
     BOOST_CHECK_EXCEPTION(c.commit(), Error, [](const Error& e) {
       return graft::testing::names(e, "ckpt-00000003' was committed already");
     });
   }
-  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
+  BOOST_TEST(train::current_checkpoint(run) == (td.dir / "ckpt-00000003").string());
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a3");
   {
-    nn::CheckpointCommit first(run, 5), second(run, 5);
+    train::CheckpointCommit first(run, 5), second(run, 5);
     write_bytes(first.path("a.txt"), "a5 first");
     write_bytes(second.path("b.txt"), "b5 second");
     first.commit();
     BOOST_TEST(read_bytes(td.file("a.txt")) == "a5 first");
     second.commit();
   }
-  BOOST_TEST(nn::current_checkpoint(run) == (td.dir / "ckpt-00000005.1").string());
+  BOOST_TEST(train::current_checkpoint(run) == (td.dir / "ckpt-00000005.1").string());
   BOOST_TEST(read_bytes(td.file("a.txt")) == "a5 first");  // carried over from the first
   BOOST_TEST(read_bytes(td.file("b.txt")) == "b5 second");
   BOOST_TEST(!fs::exists(td.dir / "ckpt-00000005"));
@@ -945,14 +947,14 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
   TempDir td;
   const std::string run = td.dir.string();
   {
-    const nn::RunLock first(run);
-    BOOST_CHECK_EXCEPTION(nn::RunLock second(run), Error, [&](const Error& e) {
+    const train::RunLock first(run);
+    BOOST_CHECK_EXCEPTION(train::RunLock second(run), Error, [&](const Error& e) {
       return graft::testing::names(e, "run directory '" + run + "' is being written by process " +
                                           std::to_string(::getpid()) + " (it holds '" + run +
                                           "/writer.lock'): one writer per run");
     });
   }
-  { const nn::RunLock again(run); }  // released with its holder
+  { const train::RunLock again(run); }  // released with its holder
   {  // a holder that is not graft (flock(1), say) beside the pid of an earlier, dead writer
     const pid_t dead = ::fork();
     if (dead == 0) ::_exit(0);
@@ -962,22 +964,22 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
     const int fd = ::open(td.file("writer.lock").c_str(), O_RDONLY | O_CLOEXEC);
     BOOST_REQUIRE(fd >= 0);
     BOOST_REQUIRE(::flock(fd, LOCK_EX) == 0);
-    BOOST_CHECK_EXCEPTION(nn::RunLock second(run), Error, [&](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::RunLock second(run), Error, [&](const Error& e) {
       return graft::testing::names(e,
                                    "'" + run + "' is being written by another process (it holds");
     });
     ::close(fd);
   }
-  BOOST_TEST(nn::clean_checkpoints(run, false) == 0);
+  BOOST_TEST(train::clean_checkpoints(run, false) == 0);
   BOOST_TEST(td.listing() == std::vector<std::string>{"writer.lock"});
   const std::string held = td.file("held");
-  nn::lock_run_until_exit(held);  // creates it
-  nn::lock_run_until_exit(held);
-  { const nn::RunLock nested(held); }
+  train::lock_run_until_exit(held);  // creates it
+  train::lock_run_until_exit(held);
+  { const train::RunLock nested(held); }
   BOOST_TEST(fs::is_directory(held));
   TempDir other;
   fs::create_symlink(td.file("victim"), other.dir / "writer.lock");
-  BOOST_CHECK_EXCEPTION(nn::RunLock planted(other.dir.string()), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::RunLock planted(other.dir.string()), Error, [](const Error& e) {
     return graft::testing::names(e, "cannot open its lock file");
   });
   BOOST_TEST(!fs::exists(td.file("victim")));
@@ -985,11 +987,11 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
   TempDir linked;
   write_bytes(td.file("precious"), "precious");
   fs::create_hard_link(td.file("precious"), linked.dir / "writer.lock");
-  BOOST_CHECK_EXCEPTION(nn::RunLock planted(linked.dir.string()), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::RunLock planted(linked.dir.string()), Error, [](const Error& e) {
     return graft::testing::names(e, "is not a plain file of the run (a hard link");
   });
   BOOST_TEST(read_bytes(td.file("precious")) == "precious");
-  nn::CheckpointCommit c(run, 1);
+  train::CheckpointCommit c(run, 1);
   BOOST_CHECK_EXCEPTION(c.path("writer.lock"), Error, [](const Error& e) {
     return graft::testing::names(e, "is not a plain file name");
   });

@@ -1,4 +1,4 @@
-// The classifier example's library: TSV reading, a small task learned through nn::train_loop,
+// The classifier example's library: TSV reading, a small task learned through train::train_loop,
 // predictions independent of the padding their batch needed, and the metrics.
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
@@ -12,7 +12,7 @@
 #include "examples/classify/pretrained.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/bert.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 #include "tests/nan_weight.h"
 #include "tests/test_util.h"
 
@@ -278,8 +278,8 @@ BOOST_AUTO_TEST_CASE(the_saved_weights_are_the_best_validated) {
       best = f1, best_step = std::stoll(line);
   }
   BOOST_TEST_REQUIRE(best_step < 60);  // else the test could not tell the best from the latest
-  const nn::SafetensorsFile saved =
-      nn::load_safetensors((d / "run" / "model.safetensors").string());
+  const train::SafetensorsFile saved =
+      train::load_safetensors((d / "run" / "model.safetensors").string());
   BOOST_TEST(saved.metadata.at("step") == std::to_string(best_step));
   BOOST_TEST(std::fabs(r.valid.macro_f1 - best) < 1e-6);  // train() reports the saved weights
 }
@@ -437,7 +437,7 @@ BOOST_AUTO_TEST_CASE(init_from_a_nan_weight_fails_predict_and_evaluate_by_name) 
   classify::train(o);
   const std::string weights = o.loop.run_dir + "/model.safetensors";
   std::string head;
-  for (const auto& [name, t] : nn::load_safetensors(weights).tensors)
+  for (const auto& [name, t] : train::load_safetensors(weights).tensors)
     if (name.find("head") != std::string::npos && t.dim() == 2) head = name;
   BOOST_TEST_REQUIRE(!head.empty());
   testing::put_nan_weight(weights, head);

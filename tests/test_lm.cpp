@@ -1,5 +1,5 @@
 // The language-model example's library: documents, byte tokens, bits per character, and a tiny
-// model learning a text through nn::train_loop, then generating it back.
+// model learning a text through train::train_loop, then generating it back.
 #include <boost/test/data/monomorphic.hpp>
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>

@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/optim.h"
 #include "tests/test_util.h"
 
 using namespace graft;
-using namespace graft::nn;
+using namespace graft::train;
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "examples/common/lines.h"
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
-#include "graft/nn/tokenizer.h"
+#include "graft/nn/text/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -374,7 +374,7 @@ BOOST_AUTO_TEST_CASE(for_each_chunk_bounds_what_it_holds) {
 // exception (SIGABRT), and 1e10 s overflowed the watchdog's deadline; both, and what is past
 // 10^6 s, are usage errors now (exit code 2), and a value in range sets the communicator's.
 BOOST_AUTO_TEST_CASE(collective_timeout_flag_is_range_checked) {
-  graft::nn::Communicator& world = graft::nn::world_communicator();
+  graft::train::Communicator& world = graft::train::world_communicator();
   const double saved = world.collective_timeout();
   auto parse = [](const std::string& value) {
     CLI::App app;

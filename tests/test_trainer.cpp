@@ -11,9 +11,9 @@
 
 #include <unistd.h>
 
-#include "graft/nn/checkpoint.h"
 #include "graft/nn/layers.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 #include "tests/toy_task.h"
@@ -26,8 +26,8 @@ namespace {
 
 using Toy = graft::testing::ToyTask;
 
-nn::LoopOptions opts(const fs::path& dir, int64_t steps) {
-  nn::LoopOptions o;
+train::LoopOptions opts(const fs::path& dir, int64_t steps) {
+  train::LoopOptions o;
   o.run_dir = dir.string();
   o.steps = steps;
   o.lr = 0.05;
@@ -46,8 +46,8 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 // AdamW with weight decay and warmup then cosine decay to a floor at step 30.
-nn::LoopOptions adamw_cosine(const fs::path& dir, int64_t steps) {
-  nn::LoopOptions o = opts(dir, steps);
+train::LoopOptions adamw_cosine(const fs::path& dir, int64_t steps) {
+  train::LoopOptions o = opts(dir, steps);
   o.optimizer = "adamw";
   o.weight_decay = 0.1;
   o.schedule = "cosine";
@@ -60,7 +60,7 @@ nn::LoopOptions adamw_cosine(const fs::path& dir, int64_t steps) {
 
 // Rank 0 of two that agree on everything (one process plays both): enough for the checks the
 // loop makes before its first step.
-struct TwoRanks final : nn::Communicator {
+struct TwoRanks final : train::Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string name() const override { return "two ranks (test)"; }
@@ -85,9 +85,9 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
   manual_seed(1);
   Toy t(3);
   const fs::path dir = fresh_dir("learns");
-  std::vector<nn::MetricsRow> seen;  // what on_validated was handed last
-  t.task.on_validated = [&](const nn::Validated& v) { seen = v.rows; };
-  nn::LoopResult r = nn::train_loop(t.task, opts(dir, 200));
+  std::vector<train::MetricsRow> seen;  // what on_validated was handed last
+  t.task.on_validated = [&](const train::Validated& v) { seen = v.rows; };
+  train::LoopResult r = train::train_loop(t.task, opts(dir, 200));
   BOOST_TEST(r.last_step == 200);
   BOOST_TEST(r.last_valid.at("mse") < 1e-3);
   BOOST_TEST(r.losses.front() > 10 * r.losses.back());
@@ -114,37 +114,37 @@ BOOST_AUTO_TEST_CASE(learns_and_writes_metrics) {
 // earlier one (a tie takes the newer weights), upwards or downwards.
 BOOST_AUTO_TEST_CASE(newest_is_best_by_the_stop_metric) {
   auto row = [](int64_t step, double f1) {
-    nn::MetricsRow r;
+    train::MetricsRow r;
     r.step = step;
     if (f1 >= 0) r.valid["macro_f1"] = f1;
     return r;
   };
-  BOOST_TEST(nn::newest_is_best({row(10, 0.5)}, "macro_f1", true));
-  BOOST_TEST(nn::newest_is_best({row(10, 0.5), row(15, -1), row(20, 0.6)}, "macro_f1", true));
+  BOOST_TEST(train::newest_is_best({row(10, 0.5)}, "macro_f1", true));
+  BOOST_TEST(train::newest_is_best({row(10, 0.5), row(15, -1), row(20, 0.6)}, "macro_f1", true));
+  BOOST_TEST(train::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1",
+                                   true));  // a tie takes the newer
+  BOOST_TEST(!train::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", true));
   BOOST_TEST(
-      nn::newest_is_best({row(10, 0.5), row(20, 0.5)}, "macro_f1", true));  // a tie takes the newer
-  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", true));
-  BOOST_TEST(
-      nn::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", false));  // lower is better
-  BOOST_TEST(!nn::newest_is_best({row(10, 0.6), row(20, 0.7)}, "macro_f1", false));
-  BOOST_TEST(!nn::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1",
-                                 true));  // no validation on the newest
-  BOOST_TEST(!nn::newest_is_best({}, "macro_f1", true));
+      train::newest_is_best({row(10, 0.7), row(20, 0.6)}, "macro_f1", false));  // lower is better
+  BOOST_TEST(!train::newest_is_best({row(10, 0.6), row(20, 0.7)}, "macro_f1", false));
+  BOOST_TEST(!train::newest_is_best({row(10, 0.7), row(20, -1)}, "macro_f1",
+                                    true));  // no validation on the newest
+  BOOST_TEST(!train::newest_is_best({}, "macro_f1", true));
 }
 
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   manual_seed(1);
   Toy a(3);
-  nn::LoopResult whole = nn::train_loop(a.task, opts(fresh_dir("whole"), 30));
+  train::LoopResult whole = train::train_loop(a.task, opts(fresh_dir("whole"), 30));
   manual_seed(1);
   Toy b(3);
   const fs::path dir = fresh_dir("split");
-  nn::train_loop(b.task, opts(dir, 20));
+  train::train_loop(b.task, opts(dir, 20));
   manual_seed(99);  // whatever happens in between is restored from the state
   Toy c(3);
-  nn::LoopOptions o = opts(dir, 30);
+  train::LoopOptions o = opts(dir, 30);
   o.resume = true;
-  nn::LoopResult rest = nn::train_loop(c.task, o);
+  train::LoopResult rest = train::train_loop(c.task, o);
   BOOST_TEST(rest.first_step == 20);
   BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
   BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
@@ -154,9 +154,9 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
   manual_seed(1);
   Toy a(3);
-  std::vector<nn::MetricsRow> rows;
-  a.task.on_validated = [&](const nn::Validated& v) { rows = v.rows; };
-  nn::LoopResult whole = nn::train_loop(a.task, adamw_cosine(fresh_dir("cos_whole"), 30));
+  std::vector<train::MetricsRow> rows;
+  a.task.on_validated = [&](const train::Validated& v) { rows = v.rows; };
+  train::LoopResult whole = train::train_loop(a.task, adamw_cosine(fresh_dir("cos_whole"), 30));
   // Warmup to the peak at step 5, then the floor at the last step (the rows every 5 steps).
   BOOST_REQUIRE_EQUAL(rows.size(), 6u);
   BOOST_TEST(rows[0].lr == 0.05);
@@ -166,12 +166,12 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
   manual_seed(1);
   Toy b(3);
   const fs::path dir = fresh_dir("cos_split");
-  nn::train_loop(b.task, adamw_cosine(dir, 20));
+  train::train_loop(b.task, adamw_cosine(dir, 20));
   manual_seed(99);
   Toy c(3);
-  nn::LoopOptions o = adamw_cosine(dir, 30);
+  train::LoopOptions o = adamw_cosine(dir, 30);
   o.resume = true;
-  nn::LoopResult rest = nn::train_loop(c.task, o);
+  train::LoopResult rest = train::train_loop(c.task, o);
   BOOST_TEST(rest.first_step == 20);
   BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
   BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
@@ -179,35 +179,35 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact_with_adamw_and_cosine) {
   // A resume with another recipe would not continue the same run: refused, naming what differs.
   auto refuse = [&](auto set) {
     Toy d(3);
-    nn::LoopOptions other = adamw_cosine(dir, 40);
+    train::LoopOptions other = adamw_cosine(dir, 40);
     other.resume = true;
     set(other);
-    BOOST_CHECK_EXCEPTION(nn::train_loop(d.task, other), Error, [](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(d.task, other), Error, [](const Error& e) {
       return names(e, "the run was trained with") && names(e, "\"adamw\"");
     });
   };
-  refuse([](nn::LoopOptions& x) { x.weight_decay = 0.2; });
-  refuse([](nn::LoopOptions& x) { x.optimizer = "adam"; });
-  refuse([](nn::LoopOptions& x) { x.min_lr = 0.001; });
-  refuse([](nn::LoopOptions& x) { x.decay_steps = 0; });  // the horizon would become 40
+  refuse([](train::LoopOptions& x) { x.weight_decay = 0.2; });
+  refuse([](train::LoopOptions& x) { x.optimizer = "adam"; });
+  refuse([](train::LoopOptions& x) { x.min_lr = 0.001; });
+  refuse([](train::LoopOptions& x) { x.decay_steps = 0; });  // the horizon would become 40
 }
 
 // What a program saves in its config and restores on --resume: the same recipe back, whatever
 // the options given now; a field missing is named.
 BOOST_AUTO_TEST_CASE(recipe_round_trip) {
-  const nn::LoopOptions cos = adamw_cosine("unused", 20);
-  for (const nn::LoopOptions& o : {cos, opts("unused", 20)}) {
-    const nlohmann::json r = nn::loop_recipe(o);
-    nn::LoopOptions back = opts("unused", 99);
+  const train::LoopOptions cos = adamw_cosine("unused", 20);
+  for (const train::LoopOptions& o : {cos, opts("unused", 20)}) {
+    const nlohmann::json r = train::loop_recipe(o);
+    train::LoopOptions back = opts("unused", 99);
     back.lr_factor = 3, back.warmup = 77;
-    nn::apply_recipe(nlohmann::json::parse(r.dump()), back, "config");
-    BOOST_TEST(nn::loop_recipe(back) == r);
+    train::apply_recipe(nlohmann::json::parse(r.dump()), back, "config");
+    BOOST_TEST(train::loop_recipe(back) == r);
   }
-  BOOST_TEST(nn::loop_recipe(cos)["schedule"]["total"] == 30);  // decay_steps, not steps
-  nlohmann::json bad = nn::loop_recipe(cos);
+  BOOST_TEST(train::loop_recipe(cos)["schedule"]["total"] == 30);  // decay_steps, not steps
+  nlohmann::json bad = train::loop_recipe(cos);
   bad["schedule"].erase("min_lr");
-  nn::LoopOptions o = opts("unused", 20);
-  BOOST_CHECK_EXCEPTION(nn::apply_recipe(bad, o, "config"), Error, [](const Error& e) {
+  train::LoopOptions o = opts("unused", 20);
+  BOOST_CHECK_EXCEPTION(train::apply_recipe(bad, o, "config"), Error, [](const Error& e) {
     return names(e, "config: 'schedule'") && names(e, "min_lr");
   });
 }
@@ -215,12 +215,12 @@ BOOST_AUTO_TEST_CASE(recipe_round_trip) {
 BOOST_AUTO_TEST_CASE(warmup_then_constant) {
   manual_seed(1);
   Toy t(3);
-  std::vector<nn::MetricsRow> rows;
-  t.task.on_validated = [&](const nn::Validated& v) { rows = v.rows; };
-  nn::LoopOptions o = opts(fresh_dir("warm_const"), 20);
+  std::vector<train::MetricsRow> rows;
+  t.task.on_validated = [&](const train::Validated& v) { rows = v.rows; };
+  train::LoopOptions o = opts(fresh_dir("warm_const"), 20);
   o.schedule = "constant";
   o.warmup = 10;
-  nn::train_loop(t.task, o);
+  train::train_loop(t.task, o);
   BOOST_REQUIRE_EQUAL(rows.size(), 4u);
   BOOST_TEST(rows[0].lr == 0.025);  // step 5 of 10
   BOOST_TEST(rows[1].lr == 0.05);
@@ -238,23 +238,23 @@ BOOST_AUTO_TEST_CASE(weight_decay_skips_biases_and_loss_of_batch) {
   };
   t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };
   const double w0 = t.model.weight.to_vector<double>()[0], b0 = t.model.bias.to_vector<double>()[0];
-  nn::LoopOptions o = opts(fresh_dir("decay_groups"), 2);
+  train::LoopOptions o = opts(fresh_dir("decay_groups"), 2);
   o.optimizer = "adamw";
   o.weight_decay = 0.5;
-  nn::train_loop(t.task, o);
+  train::train_loop(t.task, o);
   BOOST_TEST(t.model.weight.to_vector<double>()[0] == w0 * (1 - 0.05 * 0.5) * (1 - 0.05 * 0.5));
   BOOST_TEST(t.model.bias.to_vector<double>()[0] == b0);
 
   // Such a task cannot be split across ranks; a task with both losses is ambiguous.
   TwoRanks two;
-  nn::LoopOptions on2 = opts(fresh_dir("two_ranks"), 2);
+  train::LoopOptions on2 = opts(fresh_dir("two_ranks"), 2);
   on2.comm = &two;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, on2), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, on2), Error,
                         [](const Error& e) { return names(e, "cannot be split across 2 ranks"); });
   Toy both(3);
   both.task.loss_of_batch = t.task.loss_of_batch;
   BOOST_CHECK_EXCEPTION(
-      nn::train_loop(both.task, opts(fresh_dir("both"), 2)), Error,
+      train::train_loop(both.task, opts(fresh_dir("both"), 2)), Error,
       [](const Error& e) { return names(e, "gives both loss and loss_of_batch"); });
 }
 
@@ -264,15 +264,15 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
   t.task.validate = []() -> std::map<std::string, double> {
     return {{"mse", 1.0}};
   };  // never improves
-  nn::LoopOptions o = opts(fresh_dir("early"), 1000);
+  train::LoopOptions o = opts(fresh_dir("early"), 1000);
   o.patience = 2;
-  nn::LoopResult r = nn::train_loop(t.task, o);
+  train::LoopResult r = train::train_loop(t.task, o);
   // Validations at 10 (the best), 20 and 30 (no better): stop at 30.
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 30);
   o.patience = 1;
   t.task.stop_metric = "bleu";
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
     return names(e, "early stopping metric 'bleu' is not a validation metric");
   });
 }
@@ -282,9 +282,9 @@ BOOST_AUTO_TEST_CASE(early_stopping_after_patience_validations) {
 BOOST_AUTO_TEST_CASE(stop_at_a_target_metric) {
   manual_seed(1);
   Toy t(3);
-  nn::LoopOptions o = opts(fresh_dir("target"), 1000);
+  train::LoopOptions o = opts(fresh_dir("target"), 1000);
   o.stop_at = 0.01;  // mse: lower is better
-  nn::LoopResult r = nn::train_loop(t.task, o);
+  train::LoopResult r = train::train_loop(t.task, o);
   BOOST_TEST(r.reached_target);
   BOOST_TEST(r.last_step == r.target_step);
   BOOST_TEST(r.target_step % 10 == 0);
@@ -296,11 +296,11 @@ BOOST_AUTO_TEST_CASE(stop_at_a_target_metric) {
   Toy u(3);
   o = opts(fresh_dir("target_missed"), 40);
   o.stop_at = -1;  // unreachable
-  r = nn::train_loop(u.task, o);
+  r = train::train_loop(u.task, o);
   BOOST_TEST(!r.reached_target);
   BOOST_TEST(r.last_step == 40);
   u.task.stop_metric = "bleu";
-  BOOST_CHECK_EXCEPTION(nn::train_loop(u.task, o), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::train_loop(u.task, o), Error, [](const Error& e) {
     return names(e, "metric 'bleu' is not a validation metric");
   });
 }
@@ -311,7 +311,7 @@ BOOST_AUTO_TEST_CASE(non_finite_validation_is_an_error) {
   Toy t(3);
   t.task.validate = []() -> std::map<std::string, double> { return {{"mse", NAN}}; };
   BOOST_CHECK_EXCEPTION(
-      nn::train_loop(t.task, opts(fresh_dir("valid_nan"), 30)), Error,
+      train::train_loop(t.task, opts(fresh_dir("valid_nan"), 30)), Error,
       [](const Error& e) { return names(e, "train: validation mse is nan at step 10"); });
 }
 
@@ -325,15 +325,15 @@ BOOST_AUTO_TEST_CASE(early_stopping_min_delta) {
     const double v[] = {1.0, 0.9, 0.85, 0.84, 0.83, 0.82};
     return {{"mse", v[std::min((*calls)++, 5)]}};
   };
-  nn::LoopOptions o = opts(fresh_dir("min_delta"), 1000);
+  train::LoopOptions o = opts(fresh_dir("min_delta"), 1000);
   o.patience = 2;
   o.min_delta = 0.095;
-  nn::LoopResult r = nn::train_loop(t.task, o);
+  train::LoopResult r = train::train_loop(t.task, o);
   // 10: first (best 1.0), 20: 0.9 counts (gain 0.1), 30: 0.85 and 40: 0.84 do not: stop at 40.
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 40);
   o.min_delta = -1;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error,
                         [](const Error& e) { return names(e, "min_delta"); });
 }
 
@@ -343,7 +343,7 @@ BOOST_AUTO_TEST_CASE(skipped_update_then_exact_resume) {
   auto poisoned = [](Toy& t) {
     auto good = t.task.loss;
     auto calls = std::make_shared<int>(0);
-    t.task.loss = [&t, good, calls](int64_t i, nn::Shard sh) {
+    t.task.loss = [&t, good, calls](int64_t i, train::Shard sh) {
       Tensor l = good(i, sh);
       if (++*calls != 7) return l;
       // + 0 * sqrt(w - w): 0 in the forward, 0 * inf = NaN in the gradient of w.
@@ -354,17 +354,17 @@ BOOST_AUTO_TEST_CASE(skipped_update_then_exact_resume) {
   manual_seed(1);
   Toy a(3);
   poisoned(a);
-  nn::LoopResult whole = nn::train_loop(a.task, opts(fresh_dir("skip_whole"), 30));
+  train::LoopResult whole = train::train_loop(a.task, opts(fresh_dir("skip_whole"), 30));
   for (double l : whole.losses) BOOST_REQUIRE(std::isfinite(l));
   manual_seed(1);
   Toy b(3);
   poisoned(b);
   const fs::path dir = fresh_dir("skip_split");
-  nn::train_loop(b.task, opts(dir, 20));
+  train::train_loop(b.task, opts(dir, 20));
   Toy c(3);
-  nn::LoopOptions o = opts(dir, 30);
+  train::LoopOptions o = opts(dir, 30);
   o.resume = true;
-  nn::LoopResult rest = nn::train_loop(c.task, o);
+  train::LoopResult rest = train::train_loop(c.task, o);
   BOOST_TEST(rest.losses == std::vector<double>(whole.losses.begin() + 20, whole.losses.end()));
   BOOST_TEST(c.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
 }
@@ -376,17 +376,17 @@ BOOST_AUTO_TEST_CASE(early_stop_is_final_and_budget_end_validation_does_not_coun
   Toy t(3);
   t.task.validate = []() -> std::map<std::string, double> { return {{"mse", 1.0}}; };
   const fs::path dir = fresh_dir("early_resume");
-  nn::LoopOptions o = opts(dir, 25);  // validations at 10, 20 (cadence) and 25 (budget end)
+  train::LoopOptions o = opts(dir, 25);  // validations at 10, 20 (cadence) and 25 (budget end)
   o.patience = 2;
-  nn::LoopResult r = nn::train_loop(t.task, o);
+  train::LoopResult r = train::train_loop(t.task, o);
   BOOST_TEST(!r.stopped_early);
   BOOST_TEST(r.last_step == 25);
   o.steps = 1000;
   o.resume = true;
-  r = nn::train_loop(t.task, o);  // 30 is the second validation without improvement
+  r = train::train_loop(t.task, o);  // 30 is the second validation without improvement
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 30);
-  r = nn::train_loop(t.task, o);
+  r = train::train_loop(t.task, o);
   BOOST_TEST(r.stopped_early);
   BOOST_TEST(r.last_step == 30);
   BOOST_TEST(r.losses.empty());
@@ -396,18 +396,18 @@ BOOST_AUTO_TEST_CASE(early_stop_is_final_and_budget_end_validation_does_not_coun
 // committed as a new checkpoint beside the same metrics.csv: what a forged or damaged file
 // that passes the checksums would hold.
 void commit_edited_state(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
-  nn::SafetensorsFile f = nn::load_safetensors((dir / "train_state.safetensors").string());
+  train::SafetensorsFile f = train::load_safetensors((dir / "train_state.safetensors").string());
   nlohmann::json trainer = nlohmann::json::parse(f.metadata.at("trainer"));
   edit(trainer);
   f.metadata["trainer"] = trainer.dump();
   f.metadata["metadata_checksum"] =
-      nn::text_checksum(f.metadata["trainer"] + '\n' + f.metadata.at("optimizer"));
+      train::text_checksum(f.metadata["trainer"] + '\n' + f.metadata.at("optimizer"));
   std::ifstream csv(dir / "metrics.csv");
   const std::string metrics((std::istreambuf_iterator<char>(csv)),
                             std::istreambuf_iterator<char>());
-  nn::CheckpointCommit c(dir.string(), 999);
-  nn::save_safetensors(c.path("train_state.safetensors"), f.tensors, f.metadata);
-  nn::atomic_write(c.path("metrics.csv"), [&](std::ostream& os) { os << metrics; });
+  train::CheckpointCommit c(dir.string(), 999);
+  train::save_safetensors(c.path("train_state.safetensors"), f.tensors, f.metadata);
+  train::atomic_write(c.path("metrics.csv"), [&](std::ostream& os) { os << metrics; });
   c.commit();
 }
 
@@ -417,16 +417,16 @@ BOOST_AUTO_TEST_CASE(batch_order_must_be_a_permutation) {
   manual_seed(1);
   Toy t(3);
   const fs::path dir = fresh_dir("order");
-  nn::train_loop(t.task, opts(dir, 10));
+  train::train_loop(t.task, opts(dir, 10));
   commit_edited_state(dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>(8, 0); });
-  nn::LoopOptions o = opts(dir, 20);
+  train::LoopOptions o = opts(dir, 20);
   o.resume = true;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
     return names(e, "batch order is not a permutation of the 8 batches");
   });
   commit_edited_state(
       dir, [](nlohmann::json& j) { j["order"] = std::vector<int64_t>{7, 6, 5, 4, 3, 2, 1, 0}; });
-  BOOST_TEST(nn::train_loop(t.task, o).last_step == 20);  // a permutation is fine
+  BOOST_TEST(train::train_loop(t.task, o).last_step == 20);  // a permutation is fine
 }
 
 // Checkpoints are directories made current by one rename: a resume reads the train state and
@@ -436,7 +436,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   manual_seed(1);
   Toy t(3);
   const fs::path dir = fresh_dir("one_checkpoint");
-  nn::train_loop(t.task, opts(dir, 20));
+  train::train_loop(t.task, opts(dir, 20));
   BOOST_TEST(fs::is_symlink(dir / "checkpoint"));
   BOOST_TEST(fs::read_symlink(dir / "checkpoint").string() == "ckpt-00000020");
   BOOST_TEST(fs::read_symlink(dir / "metrics.csv").string() == "checkpoint/metrics.csv");
@@ -446,7 +446,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   BOOST_TEST(entries == (std::vector<std::string>{"checkpoint", "ckpt-00000020", "metrics.csv",
                                                   "train_state.safetensors", "writer.lock"}),
              boost::test_tools::per_element());
-  nn::LoopOptions o = opts(dir, 30);
+  train::LoopOptions o = opts(dir, 30);
   o.resume = true;
   {  // a metrics row that does not parse
     const std::string csv = (dir / "metrics.csv").string();
@@ -454,21 +454,21 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     in.close();
     std::ofstream(csv, std::ios::trunc) << text << "25,garbage\n";
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
       return names(e, "metrics.csv' line 6 is not a metrics row");
     });
     // Issue 47: a file whose header is not metrics.csv's (a one-line garbage file was read as
     // an empty history), and one that lost the rows up to the train state's step.
     std::ofstream(csv, std::ios::trunc) << "garbage\n";
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
       return names(e, "metrics.csv' line 1 is not the header 'step,train_loss,lr,tokens_per_s");
     });
     std::ofstream(csv, std::ios::trunc) << text.substr(0, text.find('\n') + 1);
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
       return names(e, "metrics.csv' has no row for step 20, the train state's");
     });
     std::ofstream(csv, std::ios::trunc) << text << "20,1,1,1,1\n";
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
       return names(e, "step 20 does not follow step 20");
     });
     std::ofstream(csv, std::ios::trunc) << text;
@@ -479,7 +479,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
     std::ofstream(outside / "metrics.csv") << "garbage\n";
     fs::remove(dir / "metrics.csv");
     fs::create_symlink(outside / "metrics.csv", dir / "metrics.csv");
-    BOOST_TEST(nn::train_loop(t.task, o).last_step == 30);
+    BOOST_TEST(train::train_loop(t.task, o).last_step == 30);
     BOOST_TEST(fs::read_symlink(dir / "metrics.csv").string() == "checkpoint/metrics.csv");
   }
   // A run directory of graft 0.4: a plain train_state.safetensors, no checkpoint link.
@@ -487,7 +487,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_one_checkpoint) {
   fs::create_directories(old);
   fs::copy_file(dir / "train_state.safetensors", old / "train_state.safetensors");
   o.run_dir = old.string();
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error,
                         [](const Error& e) { return names(e, "were not committed as one unit"); });
 }
 
@@ -500,14 +500,14 @@ BOOST_AUTO_TEST_CASE(a_second_writer_fails_at_once) {
   const fs::path dir = fresh_dir("second_writer");
   fs::create_directories(dir);
   {
-    const nn::RunLock holder(dir.string());
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(dir, 20)), Error, [&](const Error& e) {
+    const train::RunLock holder(dir.string());
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, opts(dir, 20)), Error, [&](const Error& e) {
       return names(e, "run directory '" + dir.string() + "' is being written by process " +
                           std::to_string(::getpid()));
     });
     BOOST_TEST(!fs::exists(dir / "checkpoint"));
   }
-  BOOST_TEST(nn::train_loop(t.task, opts(dir, 20)).last_step == 20);
+  BOOST_TEST(train::train_loop(t.task, opts(dir, 20)).last_step == 20);
 }
 
 // A run killed before its first checkpoint: --resume starts it at step 0 and ends where an
@@ -515,14 +515,14 @@ BOOST_AUTO_TEST_CASE(a_second_writer_fails_at_once) {
 BOOST_AUTO_TEST_CASE(resume_without_a_checkpoint_starts_at_step_0) {
   manual_seed(1);
   Toy a(3);
-  nn::LoopResult whole = nn::train_loop(a.task, opts(fresh_dir("no_ckpt_whole"), 20));
+  train::LoopResult whole = train::train_loop(a.task, opts(fresh_dir("no_ckpt_whole"), 20));
   const fs::path dir = fresh_dir("no_ckpt");
   fs::create_directories(dir / "ckpt-00000010");  // an unfinished commit of the killed run
   std::ofstream(dir / "ckpt-00000010" / "train_state.safetensors") << "half";
   Toy b(3);
-  nn::LoopOptions o = opts(dir, 20);
+  train::LoopOptions o = opts(dir, 20);
   o.resume = true;
-  nn::LoopResult r = nn::train_loop(b.task, o);
+  train::LoopResult r = train::train_loop(b.task, o);
   BOOST_TEST(r.first_step == 0);
   BOOST_TEST(r.losses == whole.losses);
   BOOST_TEST(b.model.weight.to_vector<double>() == a.model.weight.to_vector<double>());
@@ -532,7 +532,7 @@ BOOST_AUTO_TEST_CASE(resume_without_a_checkpoint_starts_at_step_0) {
   o.steps = 5;
   o.valid_every = 100;
   Toy c(3);
-  nn::train_loop(c.task, o);
+  train::train_loop(c.task, o);
   BOOST_TEST(fs::read_symlink(dir / "checkpoint").string() == "ckpt-00000005");
   BOOST_TEST(!fs::exists(dir / "ckpt-00000020"));
 }
@@ -542,53 +542,53 @@ BOOST_AUTO_TEST_CASE(non_finite_loss_and_empty_task_are_errors) {
   Toy t(3);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard sh) {
+  t.task.loss = [&](int64_t i, train::Shard sh) {
     return ++calls == 3 ? affine(good(i, sh), NAN, 0.0) : good(i, sh);
   };
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, opts(fresh_dir("nan"), 10)), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, opts(fresh_dir("nan"), 10)), Error,
                         [](const Error& e) { return names(e, "the loss is nan at step 3"); });
   Toy e(3);
   e.task.batches = 0;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(e.task, opts(fresh_dir("empty"), 10)), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(e.task, opts(fresh_dir("empty"), 10)), Error,
                         [](const Error& x) { return names(x, "no training batches"); });
   Toy ok(3);
-  BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, opts(fresh_dir("nobudget"), 0)), Error,
+  BOOST_CHECK_EXCEPTION(train::train_loop(ok.task, opts(fresh_dir("nobudget"), 0)), Error,
                         [](const Error& x) { return names(x, "give a step budget"); });
   // Options that would train forever or wrongly: a NaN time budget, a negative or NaN lr.
   auto refuse = [&](auto set, const std::string& part) {
-    nn::LoopOptions o = opts(fresh_dir("badopt"), 10);
+    train::LoopOptions o = opts(fresh_dir("badopt"), 10);
     set(o);
-    BOOST_CHECK_EXCEPTION(nn::train_loop(ok.task, o), Error,
+    BOOST_CHECK_EXCEPTION(train::train_loop(ok.task, o), Error,
                           [&](const Error& x) { return names(x, part); });
   };
-  refuse([](nn::LoopOptions& o) { o.steps = 0, o.minutes = NAN; },
+  refuse([](train::LoopOptions& o) { o.steps = 0, o.minutes = NAN; },
          "minutes must be a finite number");
-  refuse([](nn::LoopOptions& o) { o.minutes = NAN; }, "minutes must be a finite number");
-  refuse([](nn::LoopOptions& o) { o.lr = -1; }, "lr must be a finite number >= 0");
-  refuse([](nn::LoopOptions& o) { o.lr = NAN; }, "lr must be a finite number >= 0");
-  refuse([](nn::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr_factor must be");
-  refuse([](nn::LoopOptions& o) { o.optimizer = "sgd"; },
+  refuse([](train::LoopOptions& o) { o.minutes = NAN; }, "minutes must be a finite number");
+  refuse([](train::LoopOptions& o) { o.lr = -1; }, "lr must be a finite number >= 0");
+  refuse([](train::LoopOptions& o) { o.lr = NAN; }, "lr must be a finite number >= 0");
+  refuse([](train::LoopOptions& o) { o.lr = 0, o.lr_factor = 0; }, "lr_factor must be");
+  refuse([](train::LoopOptions& o) { o.optimizer = "sgd"; },
          "optimizer must be adam or adamw, got 'sgd'");
-  refuse([](nn::LoopOptions& o) { o.schedule = "linear"; },
+  refuse([](train::LoopOptions& o) { o.schedule = "linear"; },
          "schedule must be noam, cosine or constant");
-  refuse([](nn::LoopOptions& o) { o.schedule = "noam"; },
+  refuse([](train::LoopOptions& o) { o.schedule = "noam"; },
          "the Noam schedule is scaled by lr_factor");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; },
+  refuse([](train::LoopOptions& o) { o.schedule = "cosine", o.lr = 0; },
          "schedule cosine needs lr > 0");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; },
+  refuse([](train::LoopOptions& o) { o.schedule = "cosine", o.steps = 0, o.minutes = 1; },
          "give steps");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; },
+  refuse([](train::LoopOptions& o) { o.schedule = "cosine", o.warmup = 10; },
          "more steps (10) than warmup steps (10)");
-  refuse([](nn::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; },
+  refuse([](train::LoopOptions& o) { o.schedule = "cosine", o.min_lr = 1; },
          "min_lr (1) must not exceed lr (0.05)");
-  refuse([](nn::LoopOptions& o) { o.weight_decay = -1; },
+  refuse([](train::LoopOptions& o) { o.weight_decay = -1; },
          "weight_decay must be a finite number >= 0");
   // A run directory that cannot be made is a graft::Error naming it, not a filesystem_error.
   const fs::path file = fresh_dir("blocked") / "a_file";
   fs::create_directories(file.parent_path());
   std::ofstream(file) << "x";
   BOOST_CHECK_EXCEPTION(
-      nn::train_loop(ok.task, opts(file / "run", 10)), Error, [&](const Error& x) {
+      train::train_loop(ok.task, opts(file / "run", 10)), Error, [&](const Error& x) {
         return std::string(x.what()).find("run directory '" + (file / "run").string() +
                                           "': cannot create it: ") == 0;
       });

@@ -15,8 +15,8 @@
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
 #include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/optim.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(overfits_one_batch) {
   auto& b = batches[0];
   models::Transformer m(small_config(24, 0.0));
   auto params = m.named_parameters();
-  nn::Adam opt(params, 3e-3, 0.9, 0.98, 1e-9);
+  train::Adam opt(params, 3e-3, 0.9, 0.98, 1e-9);
   double loss_v = 1e9;
   int step = 0;
   for (; step < 400 && loss_v >= 0.05; ++step) {
@@ -140,7 +140,7 @@ BOOST_AUTO_TEST_CASE(overfits_one_batch) {
     Tensor loss =
         cross_entropy(reshape(lg, {-1, 24}), reshape(b.tgt_out, {-1}), 0.0, text::Tokenizer::PAD);
     loss.backward();
-    nn::clip_grad_norm(params, 1.0);
+    train::clip_grad_norm(params, 1.0);
     opt.step();
     opt.zero_grad();
     loss_v = loss.item();
@@ -195,8 +195,8 @@ BOOST_AUTO_TEST_CASE(interrupted_and_resumed_run_matches_exactly) {
                "step " << i + 1 << ": " << joined[i] << " vs " << full.losses[i]);
   // The same weights bit for bit (the files' metadata differ: each run's config.json says its
   // own step budget, and the weights carry its fingerprint).
-  BOOST_TEST(nn::weights_checksum(nn::load_weights(dir / "full/model.safetensors", "test")) ==
-             nn::weights_checksum(nn::load_weights(dir / "split/model.safetensors", "test")));
+  BOOST_TEST(train::weights_checksum(train::load_weights(dir / "full/model.safetensors", "test")) ==
+             train::weights_checksum(train::load_weights(dir / "split/model.safetensors", "test")));
   // The curves agree too: same steps, same train_loss cells.
   auto sa = column(dir / "full/metrics.csv", 1), sb = column(dir / "split/metrics.csv", 1);
   auto ka = column(dir / "full/metrics.csv", 0), kb = column(dir / "split/metrics.csv", 0);

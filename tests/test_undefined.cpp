@@ -26,10 +26,10 @@
 #include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/attention.h"
-#include "graft/nn/communicator.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/module.h"
 #include "graft/nn/positions.h"
+#include "graft/nn/train/communicator.h"
 #include "graft/nn/transformer.h"
 #include "graft/ops/ops.h"
 #include "test_util.h"
@@ -651,6 +651,7 @@ namespace {
 
 std::vector<Case> nn_and_model_cases() {
   using namespace graft::nn;
+  using namespace graft::train;
   using namespace graft::models;
   const auto x3 = [] { return f({1, 3, 8}); };
   const auto step = [] { return f({1, 1, 8}); };

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "graft/nn/wordpiece.h"
+#include "graft/nn/text/wordpiece.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;

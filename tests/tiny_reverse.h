@@ -7,7 +7,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/models/transformer.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/optim.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
@@ -53,7 +53,7 @@ inline Batch reverse_batch(Generator& g, int64_t B) {
 // float32 matmuls, label smoothing as in training).
 struct TinyRun {
   models::Transformer m{tiny_cfg()};  // the same seed, so the same initial weights, for every run
-  nn::Adam opt{m.named_parameters(), 1e-3};
+  train::Adam opt{m.named_parameters(), 1e-3};
   Generator data{77};
   Precision precision;
   Bf16Path path;

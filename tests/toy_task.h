@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "graft/nn/layers.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/ops.h"
 
 namespace graft::testing {
@@ -16,7 +16,7 @@ namespace graft::testing {
 struct ToyTask {
   nn::Linear model{1, 1, true, DType::f64, default_generator()};
   std::vector<Tensor> xs, ys;
-  nn::TrainTask task;
+  train::TrainTask task;
   explicit ToyTask(uint64_t seed, int batches = 8) {
     Generator g(seed);
     for (int b = 0; b < batches; ++b) {
@@ -26,10 +26,10 @@ struct ToyTask {
     }
     task.model = &model;
     task.batches = batches;
-    task.loss = [this](int64_t i, nn::Shard s) {
-      Tensor d = sub(model.forward(nn::shard_of(xs[i], s)), nn::shard_of(ys[i], s));
-      const auto [first, last] = nn::shard_rows(4, s);
-      return nn::shard_loss(mean(mul(d, d)), last - first, 4);
+    task.loss = [this](int64_t i, train::Shard s) {
+      Tensor d = sub(model.forward(train::shard_of(xs[i], s)), train::shard_of(ys[i], s));
+      const auto [first, last] = train::shard_rows(4, s);
+      return train::shard_loss(mean(mul(d, d)), last - first, 4);
     };
     task.examples = [](int64_t) { return int64_t(4); };
     task.tokens = [](int64_t) { return int64_t(4); };

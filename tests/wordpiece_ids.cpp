@@ -21,7 +21,7 @@
 #include <unicode/uchar.h>
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/wordpiece.h"
+#include "graft/nn/text/wordpiece.h"
 
 using graft::text::WordPiece;
 using graft::text::WordPieceOptions;

@@ -20,10 +20,10 @@
 #include "examples/common/lines.h"
 #include "examples/common/train_task.h"
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/run.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/text.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
 #include "graft/ops/ops.h"
 
 namespace graft::classify {
@@ -204,7 +204,7 @@ std::vector<Example> read_tsv(const std::string& path) {
 }
 
 void write_tsv(const std::string& path, const std::vector<Example>& examples) {
-  nn::atomic_write(path, [&](std::ostream& os) {
+  train::atomic_write(path, [&](std::ostream& os) {
     for (auto& e : examples) os << e.label << '\t' << e.text << '\n';
   });
 }
@@ -217,7 +217,7 @@ Splits build_langid(const std::string& dir, int64_t per_language, uint64_t seed)
     for (auto& f : files)
       for (auto& fo : fortunes_of(f))
         if (!fo.empty()) fortunes.push_back(fo);
-    const std::vector<int64_t> order = nn::shuffled_order((int64_t)fortunes.size(), g);
+    const std::vector<int64_t> order = train::shuffled_order((int64_t)fortunes.size(), g);
     int64_t taken = 0;
     for (size_t i = 0; i < order.size() && taken < per_language; ++i) {
       auto& split = i % 10 == 0 ? s.test : i % 10 == 1 ? s.valid : s.train;  // by fortune
@@ -247,7 +247,7 @@ Splits build_topics(const std::string& dir, uint64_t seed) {
       for (auto& line : lines) t += (t.empty() ? "" : " ") + line;
       if (!t.empty() && seen.insert(t).second) texts.push_back(t);
     }
-    const std::vector<int64_t> order = nn::shuffled_order((int64_t)texts.size(), g);
+    const std::vector<int64_t> order = train::shuffled_order((int64_t)texts.size(), g);
     for (size_t i = 0; i < order.size(); ++i)
       (i % 10 == 0 ? s.test : i % 10 == 1 ? s.valid : s.train).push_back({topic, texts[order[i]]});
   }
@@ -322,8 +322,8 @@ std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
   try {
     labels = j.at("labels").get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
-    fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" + nn::json_message(e) +
-         ")");
+    fail("'" + cfg_path + "': field \"labels\" must be a list of strings (" +
+         train::json_message(e) + ")");
   }
   if ((int64_t)labels.size() != classes)
     fail("'" + cfg_path + "': " + std::to_string(labels.size()) + " labels for " +
@@ -339,14 +339,14 @@ std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
 }
 
 void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path,
-                          nn::LoopOptions& loop) {
+                          train::LoopOptions& loop) {
   if (!saved.contains("train")) return;
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
-  loop.lr_factor = nn::json_field<double>(saved["train"], "lr_factor", where);
-  loop.warmup = nn::json_field<int64_t>(saved["train"], "warmup", where);
+  loop.lr_factor = train::json_field<double>(saved["train"], "lr_factor", where);
+  loop.warmup = train::json_field<int64_t>(saved["train"], "warmup", where);
   if (saved["train"].contains("recipe"))
-    nn::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
-  nn::check_loop_options(loop);
+    train::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
+  train::check_loop_options(loop);
 }
 
 namespace {
@@ -354,11 +354,11 @@ namespace {
 // The run's model config and labels: from config.json on --resume (with the saved schedule put
 // into `loop`), else from the options and the training labels (config.json written by rank 0).
 models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Example>& train_set,
-                                    std::vector<std::string>& labels, nn::LoopOptions& loop) {
+                                    std::vector<std::string>& labels, train::LoopOptions& loop) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   models::ClassifierConfig c;
   if (o.loop.resume) {
-    const nlohmann::json j = nn::load_resume_config(o.loop.run_dir);
+    const nlohmann::json j = train::load_resume_config(o.loop.run_dir);
     c = config_model(j, cfg_path);
     labels = config_labels(j, c.classes, cfg_path);
     apply_saved_schedule(j, cfg_path, loop);
@@ -372,12 +372,12 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   c.positions.kind = nn::parse_positions(o.positions);
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
-  nn::on_rank0(nn::world_communicator(), [&] {
-    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
+  train::on_rank0(train::world_communicator(), [&] {
+    train::lock_run_until_exit(o.loop.run_dir);  // also creates it
     const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor},
                                   {"warmup", o.loop.warmup},
-                                  {"recipe", nn::loop_recipe(o.loop)}};
-    nn::save_json(
+                                  {"recipe", train::loop_recipe(o.loop)}};
+    train::save_json(
         cfg_path,
         {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});
   });
@@ -386,13 +386,14 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
 
 }  // namespace
 
-void set_classifier_reporting(nn::TrainTask& task, const nn::Module& model, const TrainOptions& o,
-                              const Metrics& baseline, const std::vector<std::string>& tied) {
+void set_classifier_reporting(train::TrainTask& task, const nn::Module& model,
+                              const TrainOptions& o, const Metrics& baseline,
+                              const std::vector<std::string>& tied) {
   task.metric_names = {"accuracy", "macro_f1"};
   task.stop_metric = "macro_f1";
   task.higher_is_better = true;
   tasks::save_best_and_draw(
-      task, model, "graft-classifier", tied, [&o, baseline](const nn::Validated& v) {
+      task, model, "graft-classifier", tied, [&o, baseline](const train::Validated& v) {
         if (!o.plot) return;
         plot::learning_curves(
             v.checkpoint.path("curves.png"), v.rows, "cross-entropy", {"accuracy", "macro_f1"},
@@ -403,15 +404,15 @@ void set_classifier_reporting(nn::TrainTask& task, const nn::Module& model, cons
 
 namespace {
 
-// What nn::train_loop needs: the sharded loss, validation, and the curves (with the baseline's
+// What train::train_loop needs: the sharded loss, validation, and the curves (with the baseline's
 // lines) written at each validation. model.safetensors holds the best validated weights (by
 // macro-F1; the validation accuracy of a class with few lines swings from one validation to the
 // next), train_state.safetensors the latest.
-nn::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batch>& batches,
-                        const std::vector<std::string>& labels,
-                        const std::vector<Example>& valid_set, const TrainOptions& o,
-                        const Metrics& baseline) {
-  nn::TrainTask task;
+train::TrainTask make_task(models::EncoderClassifier& model, const std::vector<Batch>& batches,
+                           const std::vector<std::string>& labels,
+                           const std::vector<Example>& valid_set, const TrainOptions& o,
+                           const Metrics& baseline) {
+  train::TrainTask task;
   tasks::set_row_batches(task, model, batches, &Batch::ids, &Batch::labels);
   task.validate = [&]() -> std::map<std::string, double> {
     const Metrics v = evaluate(model, labels, valid_set);
@@ -434,7 +435,7 @@ namespace {
 bool is_pretrained_run(const std::string& run_dir) {
   const std::string cfg_path = run_dir + "/config.json";
   if (!fs::exists(cfg_path)) return false;
-  const nlohmann::json j = nn::load_json(cfg_path);
+  const nlohmann::json j = train::load_json(cfg_path);
   return j.is_object() && j.contains("family") && j["family"] == "pretrained";
 }
 
@@ -444,17 +445,17 @@ TrainResult train(const TrainOptions& o) {
   if (!o.init_from.empty() || (o.loop.resume && is_pretrained_run(o.loop.run_dir)))
     return train_pretrained(o);
   if (o.freeze) fail("train: --freeze needs --init-from (a pretrained encoder to freeze)");
-  nn::check_loop_options(o.loop);  // before any data work
+  train::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
   if (train_set.empty() || valid_set.empty())
     fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
   std::vector<std::string> labels;
-  nn::LoopOptions lo = o.loop;
+  train::LoopOptions lo = o.loop;
   const models::ClassifierConfig c = run_config(o, train_set, labels, lo);
   models::EncoderClassifier model(c);
   const std::vector<Batch> batches = make_batches(train_set, labels, o.batch_rows, c.max_len);
-  const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
+  const bool rank0 = train::world_communicator().rank() == 0;  // rank 0 alone reports
   TrainResult r;
   if (rank0)
     r.baseline_valid =
@@ -467,9 +468,9 @@ TrainResult train(const TrainOptions& o) {
     std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
                  100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
   }
-  const nn::TrainTask task = make_task(model, batches, labels, valid_set, o, r.baseline_valid);
+  const train::TrainTask task = make_task(model, batches, labels, valid_set, o, r.baseline_valid);
   lo.d_model = c.d_model;
-  r.loop = nn::train_loop(task, lo);
+  r.loop = train::train_loop(task, lo);
   if (rank0)
     r.valid =
         evaluate(*load_run(o.loop.run_dir).model, labels, valid_set);  // the saved (best) weights
@@ -481,7 +482,7 @@ LoadedRun load_run(const std::string& run_dir) {
     LoadedRun r;
     r.pretrained = std::make_shared<PretrainedRun>(load_pretrained_run(run_dir));
     const std::string cfg_path = run_dir + "/config.json";
-    const nlohmann::json j = nn::load_json(cfg_path);
+    const nlohmann::json j = train::load_json(cfg_path);
     r.labels = config_labels(j, r.pretrained->model->cfg.classes, cfg_path);
     if (auto it = j.find("data"); it != j.end() && it->is_string()) r.data_dir = *it;
     return r;

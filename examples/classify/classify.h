@@ -1,6 +1,6 @@
 // The classifier example's reusable half: TSV data (label<TAB>text), the language-identification
 // corpus built from Debian's fortunes packages, byte-level tokens, training through
-// nn::train_loop and evaluation (accuracy, macro-F1, confusion matrix). main.cpp is the command
+// train::train_loop and evaluation (accuracy, macro-F1, confusion matrix). main.cpp is the command
 // line over these; the tests call them directly.
 //
 // Two model families share the data, the metrics and the run directory. The byte family:
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "graft/models/encoder_classifier.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/trainer.h"
 
 namespace graft::classify {
 
@@ -82,7 +82,7 @@ std::vector<std::string> config_labels(const nlohmann::json& j, int64_t classes,
 // On --resume, the learning-rate schedule config.json's "train" section saved, put into `loop`
 // (a run of graft 0.2 saved none: the options given stay); throws naming cfg_path.
 void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_path,
-                          nn::LoopOptions& loop);
+                          train::LoopOptions& loop);
 // Label name -> its index in `labels`, a hash map built once, so that an example's lookup does
 // not scan the labels.
 class LabelIndex {
@@ -121,7 +121,7 @@ struct TrainOptions {
   double dropout = 0.3;
   bool plot = true;  // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
-  nn::LoopOptions loop;
+  train::LoopOptions loop;
   TrainOptions() {
     loop.warmup = 200;
     loop.valid_every = 200;
@@ -132,11 +132,12 @@ struct TrainOptions {
 // accuracy and macro-F1, early stopping on macro-F1 (higher is better), the best weights into
 // model.safetensors ("graft-classifier", tied to `tied`) and the curves with the Naive Bayes
 // baseline's lines (unless !o.plot). `model` and `o` outlive the task.
-void set_classifier_reporting(nn::TrainTask& task, const nn::Module& model, const TrainOptions& o,
-                              const Metrics& baseline, const std::vector<std::string>& tied);
+void set_classifier_reporting(train::TrainTask& task, const nn::Module& model,
+                              const TrainOptions& o, const Metrics& baseline,
+                              const std::vector<std::string>& tied);
 
 struct TrainResult {
-  nn::LoopResult loop;
+  train::LoopResult loop;
   // The saved model's (the best validated weights) and the Naive Bayes baseline's (naive_bayes.h),
   // on rank 0.
   Metrics valid, baseline_valid;

@@ -21,7 +21,7 @@
 #include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "examples/common/plot.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 using namespace graft;
 
@@ -44,7 +44,7 @@ void confusion_png(const std::string& path, const classify::Metrics& m,
 int cmd_prepare(const std::string& task, const std::string& out, const std::string& fortunes,
                 int64_t per_language, uint64_t seed) {
   for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
-    nn::check_output_path("prepare --out", out + split, {});
+    train::check_output_path("prepare --out", out + split, {});
   auto s = task == "topics" ? classify::build_topics(fortunes, seed)
                             : classify::build_langid(fortunes, per_language, seed);
   std::filesystem::create_directories(out);
@@ -60,7 +60,7 @@ int cmd_train(const classify::TrainOptions& o) {
   if (o.loop.steps <= 0 && o.loop.minutes <= 0)
     throw std::runtime_error("train: give --steps N or --minutes M");
   auto r = classify::train(o);
-  if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
+  if (train::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf(
       "trained steps %lld..%lld in %.1f s%s; best validated weights: valid accuracy %.2f%%, "
       "macro-F1 %.4f\n",
@@ -73,9 +73,9 @@ int cmd_train(const classify::TrainOptions& o) {
 
 // What evaluate reads, which --confusion must not name: the run's files (both families: the
 // pretrained one keeps its tokenizer in run/tokenizer/), --data and --baseline-train.
-std::vector<nn::NamedInput> run_inputs(const std::string& run_dir, const std::string& data,
-                                       const std::string& baseline_train) {
-  std::vector<nn::NamedInput> in = {{data, "--data"}, {baseline_train, "--baseline-train"}};
+std::vector<train::NamedInput> run_inputs(const std::string& run_dir, const std::string& data,
+                                          const std::string& baseline_train) {
+  std::vector<train::NamedInput> in = {{data, "--data"}, {baseline_train, "--baseline-train"}};
   for (const char* f :
        {"config.json", "model.safetensors", "train_state.safetensors", "metrics.csv", "train.tsv"})
     in.push_back({run_dir + "/" + f, std::string("the run's ") + f});
@@ -89,7 +89,7 @@ std::vector<nn::NamedInput> run_inputs(const std::string& run_dir, const std::st
 int cmd_evaluate(const std::string& run_dir, const std::string& data, const std::string& png_path,
                  std::string baseline_train) {
   const std::string png = png_path.empty() ? run_dir + "/confusion.png" : png_path;
-  nn::check_output_path("--confusion", png, run_inputs(run_dir, data, baseline_train));
+  train::check_output_path("--confusion", png, run_inputs(run_dir, data, baseline_train));
   auto run = classify::load_run(run_dir);
   const std::vector<classify::Example> examples = classify::read_tsv(data);
   auto m = classify::evaluate(run, examples);

@@ -14,10 +14,10 @@
 #include "examples/common/curves.h"
 #include "examples/common/finite.h"
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/run.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/text.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
 #include "graft/ops/ops.h"
 
 namespace graft::classify {
@@ -265,7 +265,7 @@ struct Start {
 };
 
 Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
-                  const nn::LoopOptions& lo) {
+                  const train::LoopOptions& lo) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (!fs::is_regular_file(o.init_from + "/config.json"))
     fail("train: --init-from '" + o.init_from +
@@ -282,21 +282,21 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
   s.tokenizer = std::make_unique<text::WordPiece>(se.tokenizer);
   s.model = std::make_unique<PretrainedClassifier>(
       c, std::shared_ptr<models::BertEncoder>(std::move(se.model)));
-  nn::on_rank0(nn::world_communicator(), [&] {
-    nn::lock_run_until_exit(o.loop.run_dir);
-    nn::create_run_directory(o.loop.run_dir + "/tokenizer");
+  train::on_rank0(train::world_communicator(), [&] {
+    train::lock_run_until_exit(o.loop.run_dir);
+    train::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
-      nn::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
+      train::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
     const nlohmann::json schedule{
-        {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", nn::loop_recipe(lo)}};
-    nn::save_json(cfg_path, {{"family", "pretrained"},
-                             {"model", c.to_json()},
-                             {"labels", s.labels},
-                             {"data", o.data_dir},
-                             {"init_from", o.init_from},
-                             {"freeze", o.freeze},
-                             {"batch_rows", o.batch_rows},
-                             {"train", schedule}});
+        {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", train::loop_recipe(lo)}};
+    train::save_json(cfg_path, {{"family", "pretrained"},
+                                {"model", c.to_json()},
+                                {"labels", s.labels},
+                                {"data", o.data_dir},
+                                {"init_from", o.init_from},
+                                {"freeze", o.freeze},
+                                {"batch_rows", o.batch_rows},
+                                {"train", schedule}});
   });
   return s;
 }
@@ -304,16 +304,16 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
 // --resume: the config, labels and schedule config.json saved, the tokenizer copied into the run;
 // a frozen run's encoder from its model.safetensors (the train state holds the head alone), or
 // from the directory it started from when no validation was saved yet.
-Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
+Start start_resumed(TrainOptions& o, train::LoopOptions& lo) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
-  const nlohmann::json j = nn::load_resume_config(o.loop.run_dir);
+  const nlohmann::json j = train::load_resume_config(o.loop.run_dir);
   const PretrainedConfig c =
       PretrainedConfig::from_json(models::model_section(j, cfg_path, "resume"), cfg_path);
   Start s;
   s.labels = config_labels(j, c.classes, cfg_path);
   apply_saved_schedule(j, cfg_path, lo);
-  s.freeze = nn::json_field<bool>(j, "freeze", "resume: '" + cfg_path + "'");
-  o.batch_rows = nn::json_field<int64_t>(j, "batch_rows", "resume: '" + cfg_path + "'");
+  s.freeze = train::json_field<bool>(j, "freeze", "resume: '" + cfg_path + "'");
+  o.batch_rows = train::json_field<int64_t>(j, "batch_rows", "resume: '" + cfg_path + "'");
   s.tokenizer = std::make_unique<text::WordPiece>(
       text::WordPiece::from_directory(o.loop.run_dir + "/tokenizer"));
   s.model = std::make_unique<PretrainedClassifier>(c);
@@ -322,7 +322,7 @@ Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
       s.model->load_state_dict(load_pretrained_run(o.loop.run_dir).model->state_dict());
     } else {
       const std::string from =
-          nn::json_field<std::string>(j, "init_from", "resume: '" + cfg_path + "'");
+          train::json_field<std::string>(j, "init_from", "resume: '" + cfg_path + "'");
       std::shared_ptr<models::BertEncoder> enc = models::load_hf_bert(from);
       s.model->encoder->load_state_dict(enc->state_dict());
     }
@@ -333,7 +333,7 @@ Start start_resumed(TrainOptions& o, nn::LoopOptions& lo) {
 // The parts of the train task that both ways of training share: the run config, and what every
 // classifier reports (set_classifier_reporting: model.safetensors holds the whole classifier,
 // encoder included).
-void common_task(nn::TrainTask& task, PretrainedClassifier& model, const TrainOptions& o,
+void common_task(train::TrainTask& task, PretrainedClassifier& model, const TrainOptions& o,
                  const Metrics& baseline, const std::vector<std::string>& tied) {
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"batch_rows", o.batch_rows}}.dump();
@@ -343,7 +343,7 @@ void common_task(nn::TrainTask& task, PretrainedClassifier& model, const TrainOp
 std::string fingerprint(const std::vector<TokenBatch>& batches) {
   std::vector<std::pair<std::string, Tensor>> fp;
   for (auto& b : batches) fp.emplace_back("", b.ids), fp.emplace_back("", b.labels);
-  return nn::weights_checksum(fp);
+  return train::weights_checksum(fp);
 }
 
 // What a train task's closures read: the token batches (and, frozen, the embedding batches and
@@ -355,7 +355,7 @@ struct TaskData {
 };
 
 // Fine-tuning: every weight trains on batches of similar lengths.
-void fine_tune_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier& model,
+void fine_tune_task(train::TrainTask& task, TaskData& data, PretrainedClassifier& model,
                     const std::vector<std::vector<int64_t>>& train_ids,
                     const std::vector<int64_t>& train_gold,
                     const std::vector<std::vector<int64_t>>& valid_ids,
@@ -367,11 +367,11 @@ void fine_tune_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier& m
   task.model = &model;
   task.generators.push_back(&model.encoder->dropout_gen);
   task.batches = (int64_t)batches.size();
-  task.loss = [&](int64_t i, nn::Shard sh) {
-    const Tensor ids = nn::shard_of(batches[i].ids, sh);
-    return nn::shard_loss(cross_entropy(model.forward(ids, nn::shard_of(batches[i].pad, sh)),
-                                        nn::shard_of(batches[i].labels, sh)),
-                          ids.size(0), batches[i].ids.size(0));
+  task.loss = [&](int64_t i, train::Shard sh) {
+    const Tensor ids = train::shard_of(batches[i].ids, sh);
+    return train::shard_loss(cross_entropy(model.forward(ids, train::shard_of(batches[i].pad, sh)),
+                                           train::shard_of(batches[i].labels, sh)),
+                             ids.size(0), batches[i].ids.size(0));
   };
   task.examples = [&](int64_t i) { return batches[i].ids.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
@@ -405,7 +405,7 @@ std::vector<std::pair<Tensor, Tensor>> embedding_batches(const Tensor& emb,
 }
 
 // Frozen: the encoder embeds every text once; the head alone trains (logistic regression).
-void frozen_head_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier& model,
+void frozen_head_task(train::TrainTask& task, TaskData& data, PretrainedClassifier& model,
                       const std::vector<std::vector<int64_t>>& train_ids,
                       const std::vector<int64_t>& train_gold,
                       const std::vector<std::vector<int64_t>>& valid_ids,
@@ -418,7 +418,7 @@ void frozen_head_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier&
     std::fprintf(stderr, "embedded %zu texts in %.1f s\n", train_ids.size() + valid_ids.size(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   Generator g(o.loop.seed * 7 + 3);
-  const std::vector<int64_t> perm = nn::shuffled_order((int64_t)train_ids.size(), g);
+  const std::vector<int64_t> perm = train::shuffled_order((int64_t)train_ids.size(), g);
   const std::vector<size_t> order(perm.begin(), perm.end());
   auto& batches = data.batches;
   batches = token_batches(train_ids, train_gold, order, o.batch_rows,
@@ -428,10 +428,11 @@ void frozen_head_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier&
   model.train();  // the head's dropout; the encoder is used no more
   task.model = model.head.get();
   task.batches = (int64_t)emb_batches.size();
-  task.loss = [&](int64_t i, nn::Shard sh) {
-    const Tensor e = nn::shard_of(emb_batches[i].first, sh);
-    return nn::shard_loss(cross_entropy(model.logits(e), nn::shard_of(emb_batches[i].second, sh)),
-                          e.size(0), emb_batches[i].first.size(0));
+  task.loss = [&](int64_t i, train::Shard sh) {
+    const Tensor e = train::shard_of(emb_batches[i].first, sh);
+    return train::shard_loss(
+        cross_entropy(model.logits(e), train::shard_of(emb_batches[i].second, sh)), e.size(0),
+        emb_batches[i].first.size(0));
   };
   task.examples = [&](int64_t i) { return emb_batches[i].first.size(0); };
   task.tokens = [&](int64_t i) { return batches[i].tokens; };
@@ -451,12 +452,12 @@ void frozen_head_task(nn::TrainTask& task, TaskData& data, PretrainedClassifier&
 
 TrainResult train_pretrained(const TrainOptions& options) {
   TrainOptions o = options;
-  nn::check_loop_options(o.loop);  // before any data work
+  train::check_loop_options(o.loop);  // before any data work
   const std::vector<Example> train_set = read_tsv(o.data_dir + "/train.tsv");
   const std::vector<Example> valid_set = read_tsv(o.data_dir + "/valid.tsv");
   if (train_set.empty() || valid_set.empty())
     fail("'" + o.data_dir + "' has an empty train.tsv or valid.tsv");
-  nn::LoopOptions lo = o.loop;
+  train::LoopOptions lo = o.loop;
   Start s = o.loop.resume ? start_resumed(o, lo) : start_fresh(o, train_set, lo);
   PretrainedClassifier& model = *s.model;
   const std::string cfg_path = o.loop.run_dir + "/config.json";
@@ -468,7 +469,7 @@ TrainResult train_pretrained(const TrainOptions& options) {
   const auto valid_ids = models::tokenize_texts(*s.tokenizer, texts_of(valid_set), L);
   const auto train_gold = label_ids(train_set, s.labels),
              valid_gold = label_ids(valid_set, s.labels);
-  const bool rank0 = nn::world_communicator().rank() == 0;
+  const bool rank0 = train::world_communicator().rank() == 0;
   TrainResult r;
   if (rank0) r.baseline_valid = evaluate(NaiveBayes(train_set, s.labels), s.labels, valid_set);
   if (!o.loop.quiet && rank0) {
@@ -481,7 +482,7 @@ TrainResult train_pretrained(const TrainOptions& options) {
     std::fprintf(stderr, "baseline (%s): valid accuracy %.2f%%, macro-F1 %.4f\n", kBaselineName,
                  100 * r.baseline_valid.accuracy, r.baseline_valid.macro_f1);
   }
-  nn::TrainTask task;
+  train::TrainTask task;
   common_task(task, model, o, r.baseline_valid, tied);
   task.generators = {&model.dropout_gen};
   lo.d_model = model.cfg.d_model;
@@ -494,7 +495,7 @@ TrainResult train_pretrained(const TrainOptions& options) {
   else
     frozen_head_task(task, data, model, train_ids, train_gold, valid_ids, valid_gold, s.labels, o,
                      !o.loop.quiet && rank0);
-  r.loop = nn::train_loop(task, lo);
+  r.loop = train::train_loop(task, lo);
   if (rank0)
     r.valid = evaluate(load_pretrained_run(o.loop.run_dir), s.labels,
                        valid_set);  // the saved (best) weights

@@ -22,7 +22,7 @@
 #include "examples/classify/classify.h"
 #include "graft/models/bert.h"
 #include "graft/models/sentence_encoder.h"
-#include "graft/nn/wordpiece.h"
+#include "graft/nn/text/wordpiece.h"
 
 namespace graft::classify {
 

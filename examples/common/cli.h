@@ -18,10 +18,10 @@
 #include <CLI/CLI.hpp>
 
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/decoding.h"
-#include "graft/nn/communicator.h"
-#include "graft/nn/text.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/communicator.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/precision.h"
 
 namespace graft::cli {
@@ -63,7 +63,7 @@ inline void add_decoding_options(CLI::App* sub, models::DecodeOptions& o) {
 }
 
 // The training recipe's flags, the same in every training program: they set these fields (of an
-// nn::LoopOptions, or a program's copies of them).
+// train::LoopOptions, or a program's copies of them).
 struct RecipeFlags {
   std::string* optimizer;
   double* weight_decay;
@@ -82,7 +82,7 @@ inline int64_t auto_warmup(int64_t steps, int64_t cap) {
 }
 
 // --optimizer, --weight-decay, --schedule, --lr, --min-lr, --warmup, --lr-factor
-// (nn::LoopOptions). Call set_auto_warmup() after parsing.
+// (train::LoopOptions). Call set_auto_warmup() after parsing.
 inline void add_recipe_options(CLI::App* sub, const RecipeFlags& f, int64_t warmup_cap) {
   sub->add_option("--optimizer", *f.optimizer,
                   "adam (weight decay as L2) or adamw (decoupled weight decay)")
@@ -126,7 +126,7 @@ inline void add_detect_anomaly(CLI::App* sub) {
 }
 
 // --bucket-mb, --no-overlap: how data-parallel training (under mpirun) sums the gradients
-// (nn::LoopOptions::bucket_mb and overlap); --collective-timeout: its watchdog.
+// (train::LoopOptions::bucket_mb and overlap); --collective-timeout: its watchdog.
 inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& overlap) {
   sub->add_option("--bucket-mb", bucket_mb,
                   "under mpirun: gradient bucket size in MiB for the cross-rank sums")
@@ -134,16 +134,16 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
   sub->add_flag_callback(
       "--no-overlap", [&overlap] { overlap = false; },
       "under mpirun: sum the gradients after backward instead of during it (for measuring)");
-  // The watchdog belongs to the communicator (nn::Communicator::set_collective_timeout). NaN
+  // The watchdog belongs to the communicator (train::Communicator::set_collective_timeout). NaN
   // once passed CLI::NonNegativeNumber and the setter's graft::Error, thrown inside CLI11's
   // parse, aborted the program; the range check refuses it first, and the setter's own error
   // becomes a usage error too.
-  const double max = nn::Communicator::kMaxCollectiveTimeout;
+  const double max = train::Communicator::kMaxCollectiveTimeout;
   sub->add_option_function<double>(
          "--collective-timeout",
          [](const double& s) {
            try {
-             nn::world_communicator().set_collective_timeout(s);
+             train::world_communicator().set_collective_timeout(s);
            } catch (const Error& e) {
              throw CLI::ValidationError("--collective-timeout", e.what());
            }
@@ -151,16 +151,16 @@ inline void add_data_parallel_options(CLI::App* sub, double& bucket_mb, bool& ov
          "under mpirun: seconds a rank waits for the others before ending the job, naming a rank "
          "that stopped answering (0: forever, at most " +
              std::to_string((long long)max) + "; default GRAFT_COLLECTIVE_TIMEOUT or " +
-             std::to_string((int)nn::Communicator::kDefaultCollectiveTimeout) + ")")
+             std::to_string((int)train::Communicator::kDefaultCollectiveTimeout) + ")")
       ->check(range(0.0, max));
 }
 
-// The training loop's flags of the three programs (their options hold an nn::LoopOptions):
+// The training loop's flags of the three programs (their options hold an train::LoopOptions):
 // --steps or --minutes (one of them), the recipe (add_recipe_options), --valid-every,
 // --log-every, --patience and --min-delta (early stopping on `metric`, the validation metric it
 // watches), --seed (what it seeds: `seeds`), --resume, the data-parallel options and
 // --detect-anomaly.
-inline void add_loop_options(CLI::App* sub, nn::LoopOptions& l, int64_t warmup_cap,
+inline void add_loop_options(CLI::App* sub, train::LoopOptions& l, int64_t warmup_cap,
                              const std::string& metric, const std::string& seeds) {
   auto* steps = sub->add_option("--steps", l.steps, "training steps")
                     ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
@@ -283,7 +283,8 @@ inline int run_commands(CLI::App& app, const std::vector<Command>& commands, int
     const std::string line =
         std::filesystem::path(argv[0]).filename().string() + ": " + error_line(e);
     // Under mpirun the other ranks may be waiting for this one in a collective: end them all.
-    if (nn::launched_by_mpi() && nn::mpi_available()) nn::world_communicator().abort(line, 2);
+    if (train::launched_by_mpi() && train::mpi_available())
+      train::world_communicator().abort(line, 2);
     std::cerr << line << '\n';
     return 2;
   }

@@ -6,7 +6,7 @@
 
 namespace graft::plot {
 
-void learning_curves(const std::string& png_path, const std::vector<nn::MetricsRow>& rows,
+void learning_curves(const std::string& png_path, const std::vector<train::MetricsRow>& rows,
                      const std::string& loss_label, const std::vector<std::string>& metrics,
                      const std::string& metrics_title, const Baseline& baseline) {
   Series train{"train loss (" + loss_label + ")", {}, {}}, valid{"valid loss", {}, {}};

@@ -1,5 +1,5 @@
 // Learning curves every example program draws (curves.png in its run directory), from the
-// rows nn::train_loop keeps: the training loss with the validation loss (when the task reports
+// rows train::train_loop keeps: the training loss with the validation loss (when the task reports
 // one, "loss") on a log axis, and the named validation metrics in a second panel.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/trainer.h"
 
 namespace graft::plot {
 
@@ -18,7 +18,7 @@ struct Baseline {
   std::string name;  // "Naive Bayes", ...
   std::map<std::string, double> metrics;
 };
-void learning_curves(const std::string& png_path, const std::vector<nn::MetricsRow>& rows,
+void learning_curves(const std::string& png_path, const std::vector<train::MetricsRow>& rows,
                      const std::string& loss_label, const std::vector<std::string>& metrics,
                      const std::string& metrics_title, const Baseline& baseline = {});
 

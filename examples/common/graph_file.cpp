@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 extern char** environ;
 
@@ -23,7 +23,7 @@ namespace {
 // The DOT text in a temp file beside `path` (created exclusively, never through a planted
 // link) for dot to read; its name goes to tmp, which the caller removes.
 void write_dot_input(const std::string& text, const std::string& path, std::string& tmp) {
-  const int fd = nn::create_temp_file(path, tmp, "graph");
+  const int fd = train::create_temp_file(path, tmp, "graph");
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -86,24 +86,24 @@ bool run_dot(const std::string& format, const std::string& in, const std::string
 
 }  // namespace
 
-void check_graph_file_name(const std::string& path, const std::vector<nn::NamedInput>& inputs) {
+void check_graph_file_name(const std::string& path, const std::vector<train::NamedInput>& inputs) {
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext != ".dot" && ext != ".gv" && ext != ".svg" && ext != ".png" && ext != ".pdf")
     fail("graph: '" + path + "': the file name must end in .dot, .svg, .png or .pdf");
-  nn::check_output_path("graph", path, inputs);
+  train::check_output_path("graph", path, inputs);
 }
 
 void write_graph(const std::string& dot_text, const std::string& path) {
   check_graph_file_name(path);
   const std::string ext = std::filesystem::path(path).extension().string();
   if (ext == ".dot" || ext == ".gv")
-    return nn::atomic_write(path, [&](std::ostream& os) {
+    return train::atomic_write(path, [&](std::ostream& os) {
       os.write(dot_text.data(), std::streamsize(dot_text.size()));
     });
   std::string tmp;
   write_dot_input(dot_text, path, tmp);
   try {
-    nn::atomic_write(path, [&](std::ostream& os) {
+    train::atomic_write(path, [&](std::ostream& os) {
       if (!run_dot(ext.substr(1), tmp, path, os))
         fail("graph: rendering '" + path +
              "' needs Graphviz's dot (apt-get install graphviz), or name a .dot file");

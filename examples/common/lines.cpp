@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 
 namespace graft::text {
 

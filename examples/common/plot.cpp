@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 namespace graft::plot {
 namespace {
@@ -66,7 +66,7 @@ cairo_status_t append_png_bytes(void* closure, const unsigned char* data, unsign
   return CAIRO_STATUS_SUCCESS;
 }
 
-// Encodes the surface as PNG and writes it through nn::atomic_write (a temp file created
+// Encodes the surface as PNG and writes it through train::atomic_write (a temp file created
 // exclusively beside path, never through a planted link). On any failure the temp file is
 // removed and the target is left untouched.
 void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface,
@@ -79,8 +79,8 @@ void write_png_atomic(const char* fn, cairo_t* cr, cairo_surface_t* surface,
   if (st != CAIRO_STATUS_SUCCESS)
     fail(fn, "cannot write '" + path + "': " + cairo_status_to_string(st));
   try {
-    nn::atomic_write(path,
-                     [&](std::ostream& os) { os.write(png.data(), std::streamsize(png.size())); });
+    train::atomic_write(
+        path, [&](std::ostream& os) { os.write(png.data(), std::streamsize(png.size())); });
   } catch (const std::exception& e) {
     fail(fn, "cannot write '" + path + "': " + e.what());
   }

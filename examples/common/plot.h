@@ -6,7 +6,7 @@
 // cairo's font API through fontconfig ("sans-serif", DejaVu Sans on Debian).
 //
 // Both functions validate their input first, then draw, encode the PNG in
-// memory and write it through nn::atomic_write (a temp file created
+// memory and write it through train::atomic_write (a temp file created
 // exclusively beside `png_path`, never through a planted link, renamed onto
 // it), so a failure never leaves a half-written PNG behind (and never
 // clobbers an existing file).

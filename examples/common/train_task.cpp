@@ -2,14 +2,14 @@
 
 namespace graft::tasks {
 
-void save_best_and_draw(nn::TrainTask& task, const nn::Module& model, const std::string& format,
+void save_best_and_draw(train::TrainTask& task, const nn::Module& model, const std::string& format,
                         const std::vector<std::string>& tied,
-                        std::function<void(const nn::Validated&)> draw) {
+                        std::function<void(const train::Validated&)> draw) {
   task.tied_files = tied;
-  task.on_validated = [&model, format, tied, draw = std::move(draw)](const nn::Validated& v) {
+  task.on_validated = [&model, format, tied, draw = std::move(draw)](const train::Validated& v) {
     if (v.best)
-      nn::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step, format,
-                       tied);
+      train::save_weights(model.state_dict(), v.checkpoint.path("model.safetensors"), v.step,
+                          format, tied);
     if (draw) draw(v);
   };
 }

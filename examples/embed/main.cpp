@@ -23,7 +23,7 @@
 #include "examples/common/finite.h"
 #include "examples/common/lines.h"
 #include "graft/models/sentence_encoder.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;
@@ -80,10 +80,10 @@ models::SentenceEncoder load_model(const std::string& dir) {
 // Refuses an output path that is a device, a FIFO, a directory, one of `inputs` or a file of
 // the model (models::embedding_files(): every file loading it reads), before any work.
 void check_output(const std::string& option, const std::string& path, const std::string& model_dir,
-                  std::vector<nn::NamedInput> inputs) {
+                  std::vector<train::NamedInput> inputs) {
   for (const std::string& f : models::embedding_files())
     inputs.push_back({model_dir + "/" + f, "the model's " + f});
-  nn::check_output_path(option, path, inputs);
+  train::check_output_path(option, path, inputs);
 }
 
 // Each row of `e` (the embeddings of `texts`) finite: a NaN or Inf names the row's text (`name`
@@ -115,7 +115,7 @@ int cmd_encode(const std::string& model_dir, const std::string& in, const std::s
   const std::vector<std::string> lines = read_lines(in);
   const Tensor e = enc.encode(lines, batch, progress_line("encode"));
   check_embeddings(enc, e, lines, "'" + in + "' line");  // before anything is written
-  nn::save_safetensors(out, {{"embeddings", e}}, {{"model", model_dir}, {"texts", in}});
+  train::save_safetensors(out, {{"embeddings", e}}, {{"model", model_dir}, {"texts", in}});
   std::printf("wrote %lld x %lld embeddings of %s to %s\n", (long long)e.size(0),
               (long long)e.size(1), in.c_str(), out.c_str());
   return 0;
@@ -130,8 +130,8 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
   std::string stale;  // why an index that exists is not used
   if (std::filesystem::exists(index)) {
     try {
-      nn::SafetensorsFile f = nn::load_safetensors(index);
-      nn::check_weights_checksum(f, "embed search");
+      train::SafetensorsFile f = train::load_safetensors(index);
+      train::check_weights_checksum(f, "embed search");
       enc.check_index_ties(f.metadata, collection, index);
       nn::NamedTensors& w = f.tensors;
       if (w.size() == 1 && w[0].first == "embeddings" && w[0].second.dim() == 2 &&
@@ -149,9 +149,9 @@ Tensor collection_index(const models::SentenceEncoder& enc, const std::string& c
   const Tensor e = enc.encode(texts, batch, progress_line("index"));
   check_embeddings(enc, e, texts, "'" + collection + "' line");  // before the index is written
   const nn::NamedTensors saved = {{"embeddings", e}};
-  std::map<std::string, std::string> meta = nn::checksum_metadata(saved);
+  std::map<std::string, std::string> meta = train::checksum_metadata(saved);
   meta.merge(enc.index_ties(collection));
-  nn::save_safetensors(index, saved, meta);
+  train::save_safetensors(index, saved, meta);
   if (stale.empty())
     std::fprintf(stderr, "embed: wrote the index of %zu texts to %s\n", texts.size(),
                  index.c_str());

@@ -13,10 +13,10 @@
 #include "examples/common/train_task.h"
 #include "examples/lm/kneser_ney.h"
 #include "graft/autograd/tape.h"
+#include "graft/autograd/text.h"
 #include "graft/models/run.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/text.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
 #include "graft/ops/ops.h"
 
 namespace graft::lm {
@@ -40,7 +40,7 @@ nlohmann::json options_json(const TrainOptions& o, int64_t context) {
           {"warmup", o.loop.warmup},
           {"dropout", o.dropout},
           {"seed", o.loop.seed},
-          {"recipe", nn::loop_recipe(o.loop)}};
+          {"recipe", train::loop_recipe(o.loop)}};
 }
 
 }  // namespace
@@ -85,7 +85,7 @@ void split_documents(const std::vector<std::string>& docs, int64_t valid_every, 
   if (docs.size() < 2)
     fail("need at least 2 documents to split train/valid, got " + std::to_string(docs.size()));
   Generator g(seed);
-  const std::vector<int64_t> order = nn::shuffled_order((int64_t)docs.size(), g);
+  const std::vector<int64_t> order = train::shuffled_order((int64_t)docs.size(), g);
   for (size_t i = 0; i < order.size(); ++i)
     (i % (size_t)valid_every == 0 ? valid : train).push_back(docs[order[i]]);
   if (train.empty()) std::swap(train, valid), valid.push_back(train.back()), train.pop_back();
@@ -193,8 +193,8 @@ namespace {
 models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::json& saved) {
   const std::string cfg_path = o.loop.run_dir + "/config.json";
   if (o.loop.resume) {
-    saved = nn::load_resume_config(o.loop.run_dir);
-    context = nn::json_field<int64_t>(
+    saved = train::load_resume_config(o.loop.run_dir);
+    context = train::json_field<int64_t>(
         saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json(), "context",
         "resume: '" + cfg_path + "': \"train\" section");
     models::model_section(saved, cfg_path, "resume");
@@ -213,9 +213,9 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
   c.max_len = std::max(c.max_len, context);
   models::check_config_memory(c, "train");
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
-  nn::on_rank0(nn::world_communicator(), [&] {
-    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
-    nn::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
+  train::on_rank0(train::world_communicator(), [&] {
+    train::lock_run_until_exit(o.loop.run_dir);  // also creates it
+    train::save_json(cfg_path, {{"model", c.to_json()}, {"train", options_json(o, context)}});
   });
   return c;
 }
@@ -225,24 +225,24 @@ models::LMConfig run_config(const TrainOptions& o, int64_t& context, nlohmann::j
 void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
   const nlohmann::json& t = saved["train"];
   const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
-  o.text = nn::json_field<std::vector<std::string>>(t, "text", where);
-  o.batch_rows = nn::json_field<int64_t>(t, "batch_rows", where);
-  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
-  o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
+  o.text = train::json_field<std::vector<std::string>>(t, "text", where);
+  o.batch_rows = train::json_field<int64_t>(t, "batch_rows", where);
+  o.loop.lr_factor = train::json_field<double>(t, "lr_factor", where);
+  o.loop.warmup = train::json_field<int64_t>(t, "warmup", where);
+  o.loop.seed = train::json_field<uint64_t>(t, "seed", where);
   if (t.contains("recipe"))
-    nn::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
+    train::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
   if (o.batch_rows < 1 || o.batch_rows > 4096)
     fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
-  nn::check_loop_options(o.loop);
+  train::check_loop_options(o.loop);
 }
 
-// What nn::train_loop needs: the sharded loss, validation, and the weights and curves (with the
+// What train::train_loop needs: the sharded loss, validation, and the weights and curves (with the
 // baseline's line) written at each validation.
-nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& batches,
-                        const std::vector<int64_t>& valid_stream, int64_t context,
-                        const TrainOptions& o, const Metrics& baseline) {
-  nn::TrainTask task;
+train::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& batches,
+                           const std::vector<int64_t>& valid_stream, int64_t context,
+                           const TrainOptions& o, const Metrics& baseline) {
+  train::TrainTask task;
   tasks::set_row_batches(task, model, batches, &Batch::input, &Batch::target);
   task.metric_names = {"loss", "bpc"};
   task.validate = [&model, &valid_stream, context]() -> std::map<std::string, double> {
@@ -253,7 +253,7 @@ nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& 
   task.run_config =
       nlohmann::json{{"model", model.cfg.to_json()}, {"train", options_json(o, context)}}.dump();
   tasks::save_best_and_draw(task, model, "graft-lm", {o.loop.run_dir + "/config.json"},
-                            [&o, &baseline](const nn::Validated& v) {
+                            [&o, &baseline](const train::Validated& v) {
                               if (!o.plot) return;
                               plot::learning_curves(v.checkpoint.path("curves.png"), v.rows,
                                                     "nats/token", {"bpc"},
@@ -266,7 +266,7 @@ nn::TrainTask make_task(models::DecoderOnlyLM& model, const std::vector<Batch>& 
 }  // namespace
 
 TrainResult train(const TrainOptions& opts) {
-  nn::check_loop_options(opts.loop);  // before any data work
+  train::check_loop_options(opts.loop);  // before any data work
   TrainOptions o = opts;
   int64_t context = 0;
   nlohmann::json saved;
@@ -278,7 +278,7 @@ TrainResult train(const TrainOptions& opts) {
                              valid_stream = token_stream(valid_docs);
   const std::vector<Batch> batches = make_batches(train_stream, context, o.batch_rows);
   models::DecoderOnlyLM model(cfg);
-  const bool rank0 = nn::world_communicator().rank() == 0;  // rank 0 alone reports
+  const bool rank0 = train::world_communicator().rank() == 0;  // rank 0 alone reports
   TrainResult r;
   if (rank0)  // the baseline, for the curves
     r.baseline_valid = evaluate(KneserNey(train_stream, kBaselineOrder), valid_stream, context);
@@ -290,10 +290,11 @@ TrainResult train(const TrainOptions& opts) {
     std::fprintf(stderr, "baseline (%s): valid %.4f bits/char\n", kBaselineName,
                  r.baseline_valid.bpc);
   }
-  const nn::TrainTask task = make_task(model, batches, valid_stream, context, o, r.baseline_valid);
-  nn::LoopOptions lo = o.loop;
+  const train::TrainTask task =
+      make_task(model, batches, valid_stream, context, o, r.baseline_valid);
+  train::LoopOptions lo = o.loop;
   lo.d_model = cfg.d_model;
-  r.loop = nn::train_loop(task, lo);
+  r.loop = train::train_loop(task, lo);
   if (rank0) r.valid = evaluate(model, valid_stream, context);
   r.context = context;
   return r;
@@ -304,9 +305,9 @@ LoadedRun load_run(const std::string& run_dir) {
   const std::string where = "'" + run_dir + "/config.json': \"train\" section";
   const nlohmann::json train = loaded.config.value("train", nlohmann::json());
   LoadedRun r;
-  r.context = nn::json_field<int64_t>(train, "context", where);
-  r.text = nn::json_field<std::vector<std::string>>(train, "text", where);
-  r.seed = nn::json_field<uint64_t>(train, "seed", where);
+  r.context = train::json_field<int64_t>(train, "context", where);
+  r.text = train::json_field<std::vector<std::string>>(train, "text", where);
+  r.seed = train::json_field<uint64_t>(train, "seed", where);
   if (r.context < 1 || r.context > loaded.model->cfg.max_len)
     fail("'" + run_dir + "/config.json': context must be in [1, max_len]");
   r.model = std::move(loaded.model);

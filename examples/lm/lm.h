@@ -1,5 +1,5 @@
 // The language-model example's reusable half: documents from text files, byte-level tokens,
-// training through nn::train_loop, evaluation in bits per character. main.cpp is the command
+// training through train::train_loop, evaluation in bits per character. main.cpp is the command
 // line over these; the tests call them directly.
 //
 // Tokens are bytes (ids 0..255) plus BOS 256 (a document starts) and EOS 257 (it ends); PAD 258
@@ -8,14 +8,14 @@
 // characters it covers (UTF-8 code points, and one per EOS).
 //
 // A run directory holds config.json (model + training options), model.safetensors (the weights,
-// checksummed), train_state.safetensors and metrics.csv (nn::train_loop).
+// checksummed), train_state.safetensors and metrics.csv (train::train_loop).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "graft/models/decoder_only_lm.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/trainer.h"
 
 namespace graft::lm {
 
@@ -70,7 +70,7 @@ struct TrainOptions {
                          // not overfit there
   bool plot = true;      // curves.png
   // run_dir, budget, schedule, validation, early stopping, seed, resume (d_model is the model's)
-  nn::LoopOptions loop;
+  train::LoopOptions loop;
   TrainOptions() {
     loop.warmup = 400;
     loop.valid_every = 200;
@@ -78,7 +78,7 @@ struct TrainOptions {
   }
 };
 struct TrainResult {
-  nn::LoopResult loop;
+  train::LoopResult loop;
   Metrics valid;           // at the training context
   Metrics baseline_valid;  // the Kneser-Ney baseline's (kneser_ney.h) on the same tokens; rank 0
   int64_t context = 0;

@@ -51,7 +51,7 @@ int cmd_train(lm::TrainOptions o) {
     throw std::runtime_error("train: give --steps N or --minutes M");
   if (o.text.empty() && !o.loop.resume) o.text = default_text();
   lm::TrainResult r = lm::train(o);
-  if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
+  if (train::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s)%s\n",
               (long long)r.loop.first_step, (long long)r.loop.last_step, r.loop.train_seconds,
               r.loop.tokens_per_s, r.loop.stopped_early ? ", stopped early" : "");

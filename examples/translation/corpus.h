@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 
 namespace graft::text {
 

@@ -5,15 +5,15 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
 #include "graft/ops/ops.h"
 
 namespace graft::translation {
 
 namespace {
 
-const Tensor& batch_ids(const nn::SafetensorsFile& f, const char* name) {
+const Tensor& batch_ids(const train::SafetensorsFile& f, const char* name) {
   const Tensor& t = f.at(name);
   if (t.dtype() != DType::i64 || t.dim() != 2)
     fail("forward: '" + f.path + "': \"" + name + "\" must be int64 (rows, length), got " +
@@ -27,10 +27,11 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
                    double label_smoothing, const std::string& out_path) {
   if (!(label_smoothing >= 0 && label_smoothing < 1))
     fail("forward: --label-smoothing must be in [0, 1)");
-  nn::check_output_path("forward --out", out_path, run_inputs(run_dir, {{batch_path, "--batch"}}));
+  train::check_output_path("forward --out", out_path,
+                           run_inputs(run_dir, {{batch_path, "--batch"}}));
   LoadedRun run = load_run(run_dir);
   const models::Transformer& m = *run.model;
-  const nn::SafetensorsFile batch = nn::load_safetensors(batch_path);
+  const train::SafetensorsFile batch = train::load_safetensors(batch_path);
   const Tensor &src = batch_ids(batch, "src"), &tgt_in = batch_ids(batch, "tgt_in"),
                &tgt_out = batch_ids(batch, "tgt_out");
   if (tgt_in.shape() != tgt_out.shape() || src.size(0) != tgt_in.size(0))
@@ -55,17 +56,17 @@ void write_forward(const std::string& run_dir, const std::string& batch_path,
     out.emplace_back("grad." + name,
                      cli::check_finite("forward: the gradient of '" + name + "'", p.grad()));
   }
-  nn::save_safetensors(out_path, out, {{"format", "graft-forward"}});
+  train::save_safetensors(out_path, out, {{"format", "graft-forward"}});
 }
 
 void import_weights(const std::string& run_dir, const std::string& weights_path) {
   const std::string cfg_path = run_dir + "/config.json";
-  const nlohmann::json j = nn::load_json(cfg_path);
-  const nn::RunLock lock(run_dir);  // it writes the run's model.safetensors
+  const nlohmann::json j = train::load_json(cfg_path);
+  const train::RunLock lock(run_dir);  // it writes the run's model.safetensors
   const models::TransformerConfig cfg = models::TransformerConfig::from_json(
       models::model_section(j, cfg_path, "import-weights"), cfg_path);
   models::check_config_memory(cfg, cfg_path, /*copies=*/2);  // the file's tensors and the model's
-  const nn::SafetensorsFile w = nn::load_safetensors(weights_path);
+  const train::SafetensorsFile w = train::load_safetensors(weights_path);
   models::check_weights_count(cfg.parameter_count(), w.tensors, cfg_path, weights_path);
   models::Transformer m(cfg);
   try {

@@ -34,7 +34,7 @@ namespace {
 int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n_valid,
                  size_t n_test) {
   for (const char* split : {"/train.tsv", "/valid.tsv", "/test.tsv"})
-    nn::check_output_path("generate-data --out", out + split, {});
+    train::check_output_path("generate-data --out", out + split, {});
   std::filesystem::create_directories(out);
   auto splits = toy::generate(seed, n_train, n_valid, n_test);
   toy::write_tsv(out + "/train.tsv", splits.train);
@@ -47,7 +47,7 @@ int cmd_generate(const std::string& out, uint64_t seed, size_t n_train, size_t n
 
 int cmd_train(const tr::TrainOptions& o) {
   auto r = tr::train(o);
-  if (nn::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
+  if (train::world_communicator().rank() != 0) return 0;  // under mpirun rank 0 reports
   std::printf(
       "trained steps %lld..%lld in %.1f s (%.0f target tokens/s); valid loss %.4f ppl %.3f "
       "acc %.2f%% BLEU %.2f\n",
@@ -62,7 +62,7 @@ constexpr size_t kTranslateChunk = 1024;
 int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_t max_len,
                   const std::string& attention) {
   models::check_decode_options(o);  // before loading anything
-  if (!attention.empty()) nn::check_output_path("--attention", attention, tr::run_inputs(run));
+  if (!attention.empty()) train::check_output_path("--attention", attention, tr::run_inputs(run));
   auto lr = tr::load_run(run);
   size_t overlong = 0, truncated = 0;
   std::string first_line, first_hyp;  // for --attention
@@ -309,7 +309,7 @@ cli::Command add_import_weights(CLI::App& app) {
       ->required();
   return {sub, [a] {
             // --weights may be the run's own model.safetensors: it is read whole before the write.
-            nn::check_output_path("import-weights", a->run + "/model.safetensors", {});
+            train::check_output_path("import-weights", a->run + "/model.safetensors", {});
             return tr::import_weights(a->run, a->weights), 0;
           }};
 }

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <unordered_set>
 
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 namespace graft::toy {
 namespace {
@@ -785,10 +785,10 @@ Splits generate(uint64_t seed, size_t n_train, size_t n_valid, size_t n_test) {
   return out;
 }
 
-// Through nn::atomic_write: a file or link planted in the output directory is replaced, never
+// Through train::atomic_write: a file or link planted in the output directory is replaced, never
 // written through, and a failed write leaves what was there.
 void write_tsv(const std::string& path, const std::vector<Pair>& pairs) {
-  nn::atomic_write(path, [&](std::ostream& os) {
+  train::atomic_write(path, [&](std::ostream& os) {
     for (const auto& p : pairs) os << p.src << '\t' << p.tgt << '\n';
   });
 }

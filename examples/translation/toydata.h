@@ -80,7 +80,7 @@ Pair render(const Sentence& s);
 // cannot supply that many distinct sentences.
 Splits generate(uint64_t seed, size_t n_train, size_t n_valid, size_t n_test);
 
-// Writes "src<TAB>tgt\n" lines through nn::atomic_write; throws graft::Error naming the path
+// Writes "src<TAB>tgt\n" lines through train::atomic_write; throws graft::Error naming the path
 // on I/O failure.
 void write_tsv(const std::string& path, const std::vector<Pair>& pairs);
 

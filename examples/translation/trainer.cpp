@@ -22,10 +22,10 @@
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
 #include "graft/models/run.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/optim.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
+#include "graft/nn/train/optim.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/ops.h"
 
@@ -289,19 +289,19 @@ text::BleuResult bleu_of_ids(const text::Tokenizer& tok, const std::string& hyp_
 
 void save_model(const models::Transformer& m, const std::string& path, int64_t step,
                 const std::vector<std::string>& tied_files) {
-  nn::save_weights(m.state_dict(), path, step, "graft-transformer", tied_files);
+  train::save_weights(m.state_dict(), path, step, "graft-transformer", tied_files);
 }
 
 void load_model(models::Transformer& m, const std::string& path) {
-  m.load_state_dict(nn::load_weights(path, "load_model"));
+  m.load_state_dict(train::load_weights(path, "load_model"));
 }
 
 std::vector<std::string> tied_files(const std::string& run_dir) {
   return {run_dir + "/config.json", run_dir + "/spm.model"};
 }
 
-std::vector<nn::NamedInput> run_inputs(const std::string& run_dir,
-                                       std::vector<nn::NamedInput> more) {
+std::vector<train::NamedInput> run_inputs(const std::string& run_dir,
+                                          std::vector<train::NamedInput> more) {
   for (const char* f : {"config.json", "model.safetensors", "spm.model", "spm.vocab",
                         "train_state.safetensors", "metrics.csv"})
     more.push_back({run_dir + "/" + f, std::string("the run's ") + f});
@@ -345,7 +345,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"vocab", vocab},
           {"valid_every", loop.valid_every},
           {"seed", loop.seed},
-          {"recipe", nn::loop_recipe(loop)}};
+          {"recipe", train::loop_recipe(loop)}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -397,11 +397,11 @@ void check_train_options(const TrainOptions& o) {
   if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
     bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
-  const std::vector<nn::NamedInput> inputs =
+  const std::vector<train::NamedInput> inputs =
       run_inputs(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
                                   {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
   if (!o.graph.empty()) plot::check_graph_file_name(o.graph, inputs);
-  if (!o.dump_batches.empty()) nn::check_output_path("--dump-batches", o.dump_batches, inputs);
+  if (!o.dump_batches.empty()) train::check_output_path("--dump-batches", o.dump_batches, inputs);
   if (o.bleu_sentences < 0) bad("the BLEU sentence count must be >= 0");
   for (auto [name, v] : {std::pair{"--d-model", o.d_model},
                          {"--heads", o.heads},
@@ -416,7 +416,7 @@ void check_train_options(const TrainOptions& o) {
 std::string batches_fingerprint(const std::vector<Batch>& batches) {
   nn::NamedTensors t;
   for (auto& b : batches) t.emplace_back("", b.tgt_out), t.emplace_back("", b.src);
-  return nn::weights_checksum(t);
+  return train::weights_checksum(t);
 }
 
 }  // namespace
@@ -483,16 +483,16 @@ namespace {
 nlohmann::json apply_resumed_options(TrainOptions& o) {
   if (!o.loop.resume) return {};
   const std::string cfg_path = o.loop.run_dir + "/config.json";
-  nlohmann::json saved = nn::load_resume_config(o.loop.run_dir);
+  nlohmann::json saved = train::load_resume_config(o.loop.run_dir);
   const nlohmann::json t =
       saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
-  o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
-  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
-  o.loop.lr = nn::json_field<double>(t, "lr", where);
+  o.batch_tokens = train::json_field<int64_t>(t, "batch_tokens", where);
+  o.loop.lr_factor = train::json_field<double>(t, "lr_factor", where);
+  o.loop.warmup = train::json_field<int64_t>(t, "warmup", where);
+  o.loop.lr = train::json_field<double>(t, "lr", where);
   if (t.contains("recipe")) {
-    nn::apply_recipe(t["recipe"], o.loop, where);  // as lm and classify; graft >= 0.6
+    train::apply_recipe(t["recipe"], o.loop, where);  // as lm and classify; graft >= 0.6
   } else {
     // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
     o.loop.optimizer = t.value("optimizer", std::string("adam"));
@@ -501,8 +501,8 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
     o.loop.min_lr = t.value("min_lr", 0.0);
     o.loop.decay_steps = t.value("decay_steps", int64_t(0));
   }
-  o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
-  o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
+  o.label_smoothing = train::json_field<double>(t, "label_smoothing", where);
+  o.loop.seed = train::json_field<uint64_t>(t, "seed", where);
   models::model_section(saved, cfg_path, "resume");
   return saved;
 }
@@ -574,24 +574,24 @@ void batch_data(TrainData& d, const text::Tokenizer& tok, const TrainOptions& o,
     d.bleu_src.push_back(d.valid_pairs[i].src), d.bleu_ref.push_back(d.valid_pairs[i].tgt);
 }
 
-// What nn::train_loop needs: the loss of a batch (recorded into `dump` when it is open),
+// What train::train_loop needs: the loss of a batch (recorded into `dump` when it is open),
 // validation (teacher-forced loss, perplexity and accuracy, greedy BLEU), the weights and curves
 // written at each validation.
-nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, const TrainData& d,
-                        const TrainOptions& o, FILE* dump) {
-  nn::TrainTask task;
+train::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok,
+                           const TrainData& d, const TrainOptions& o, FILE* dump) {
+  train::TrainTask task;
   task.model = &model;
   task.batches = (int64_t)d.batches.size();
-  task.loss = [&model, &d, &o, dump](int64_t i, nn::Shard s) {
+  task.loss = [&model, &d, &o, dump](int64_t i, train::Shard s) {
     const Batch& b = d.batches[(size_t)i];
     if (dump) std::fprintf(dump, "{\"step_batch\":%lld}\n", (long long)i), std::fflush(dump);
-    const Tensor tgt_out = nn::shard_of(b.tgt_out, s);
+    const Tensor tgt_out = train::shard_of(b.tgt_out, s);
     const auto ids = tgt_out.to_vector<int64_t>();
     const int64_t targets =
         (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != PAD; });
-    return nn::shard_loss(
-        model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), tgt_out, o.label_smoothing),
-        targets, b.tgt_tokens);
+    return train::shard_loss(model.loss(train::shard_of(b.src, s), train::shard_of(b.tgt_in, s),
+                                        tgt_out, o.label_smoothing),
+                             targets, b.tgt_tokens);
   };
   task.examples = [&d](int64_t i) { return d.batches[(size_t)i].src.size(0); };
   task.tokens = [&d](int64_t i) { return d.batches[(size_t)i].tgt_tokens; };
@@ -608,7 +608,7 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   task.generators = {&model.dropout_gen};
   task.data_fingerprint = batches_fingerprint(d.batches);
   task.tied_files = tied_files(o.loop.run_dir);
-  task.on_validated = [&model, &o](const nn::Validated& v) {
+  task.on_validated = [&model, &o](const train::Validated& v) {
     if (v.best)
       save_model(model, v.checkpoint.path("model.safetensors"), v.step, tied_files(o.loop.run_dir));
     if (o.plot)
@@ -618,7 +618,7 @@ nn::TrainTask make_task(models::Transformer& model, const text::Tokenizer& tok, 
   return task;
 }
 
-TrainResult result_of(const nn::LoopResult& lr) {
+TrainResult result_of(const train::LoopResult& lr) {
   TrainResult res;
   res.first_step = lr.first_step;
   res.last_step = lr.last_step;
@@ -636,7 +636,7 @@ TrainResult result_of(const nn::LoopResult& lr) {
 TrainResult train(const TrainOptions& opts) {
   TrainOptions o = opts;
   const nlohmann::json saved = apply_resumed_options(o);
-  nn::check_loop_options(o.loop);  // before the data and SentencePiece work
+  train::check_loop_options(o.loop);  // before the data and SentencePiece work
   check_train_options(o);
   models::TransformerConfig cfg;
   if (o.loop.resume) {
@@ -649,18 +649,18 @@ TrainResult train(const TrainOptions& opts) {
   // Noam's width, and the one the saved recipe names.
   o.loop.d_model = o.loop.resume ? cfg.d_model : make_config(o, o.vocab).d_model;
   // Under mpirun rank 0 alone writes the run's files and talks; the others wait for them.
-  nn::Communicator& comm = nn::world_communicator();
+  train::Communicator& comm = train::world_communicator();
   const bool rank0 = comm.rank() == 0;
   const Say say = [&o, rank0](const std::string& s) {
     if (!o.loop.quiet && rank0) std::cerr << s << std::endl;
   };
 
   TrainData d = load_pairs(o, say);
-  nn::on_rank0(comm, [&] {
-    nn::lock_run_until_exit(o.loop.run_dir);  // also creates it
+  train::on_rank0(comm, [&] {
+    train::lock_run_until_exit(o.loop.run_dir);  // also creates it
     ensure_tokenizer(o, d.train_pairs, say);
     if (!o.loop.resume)
-      nn::save_json(
+      train::save_json(
           o.loop.run_dir + "/config.json",
           {{"model",
             make_config(o, text::Tokenizer(o.loop.run_dir + "/spm.model").vocab_size()).to_json()},
@@ -680,13 +680,13 @@ TrainResult train(const TrainOptions& opts) {
     say(os.str());
   }
   DumpFile dump(nullptr, &std::fclose);
-  nn::on_rank0(comm, [&] {
+  train::on_rank0(comm, [&] {
     if (!o.graph.empty()) draw_step_graph(model, d.batches[0], o.label_smoothing, o.graph);
     if (!o.dump_batches.empty()) dump = open_batch_dump(o, model, d.batches, tok, d.bleu_src);
   });
-  nn::TrainTask task = make_task(model, tok, d, o, dump.get());
+  train::TrainTask task = make_task(model, tok, d, o, dump.get());
   task.run_config = nlohmann::json{{"model", cfg.to_json()}, {"train", o.to_json()}}.dump();
-  return result_of(nn::train_loop(task, o.loop));
+  return result_of(train::train_loop(task, o.loop));
 }
 
 }  // namespace graft::translation

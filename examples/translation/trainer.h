@@ -25,9 +25,9 @@
 #include "examples/translation/corpus.h"
 #include "graft/autograd/tensor.h"
 #include "graft/models/transformer.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/tokenizer.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/text/tokenizer.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/trainer.h"
 
 namespace graft::translation {
 
@@ -81,7 +81,7 @@ struct TrainOptions {
   // valid BLEU), seed (initialisation, dropout, batch order), resume (the model config and the
   // recipe/batching/seed come from the run's config.json; the budget and reporting from here),
   // data parallel. The loop's d_model is the model's.
-  nn::LoopOptions loop;
+  train::LoopOptions loop;
 
   nlohmann::json to_json() const;
 };
@@ -171,9 +171,9 @@ void save_model(const models::Transformer& m, const std::string& path, int64_t s
 // The side files a run's weights are tied to: its config.json and spm.model.
 std::vector<std::string> tied_files(const std::string& run_dir);
 // The files of a run directory that its commands read, which no output path may name
-// (nn::check_output_path), followed by `more`.
-std::vector<nn::NamedInput> run_inputs(const std::string& run_dir,
-                                       std::vector<nn::NamedInput> more = {});
+// (train::check_output_path), followed by `more`.
+std::vector<train::NamedInput> run_inputs(const std::string& run_dir,
+                                          std::vector<train::NamedInput> more = {});
 // Verifies the checksum; throws "load_model: '<path>': ..." on any problem.
 void load_model(models::Transformer& m, const std::string& path);
 

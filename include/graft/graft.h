@@ -22,16 +22,16 @@
 
 #include "graft/ops/ops.h"
 
+#include "graft/autograd/text.h"
 #include "graft/nn/attention.h"
-#include "graft/nn/checkpoint.h"
 #include "graft/nn/layers.h"
 #include "graft/nn/module.h"
-#include "graft/nn/optim.h"
 #include "graft/nn/positions.h"
-#include "graft/nn/text.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/text/wordpiece.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/optim.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/nn/transformer.h"
-#include "graft/nn/wordpiece.h"
 
 #include "graft/models/bert.h"
 #include "graft/models/config_json.h"

@@ -4,7 +4,7 @@
 // worked.
 //   consumer RUN_DIR      (RUN_DIR: a `translate train --out RUN_DIR` run)
 #include <graft/graft.h>
-#include <graft/nn/tokenizer.h>
+#include <graft/nn/text/tokenizer.h>
 
 #include <cmath>
 #include <cstdio>
@@ -58,7 +58,7 @@ void small_model_trains() {
   c.vocab = 12, c.d_model = 16, c.heads = 2, c.d_ff = 32, c.layers = 1, c.max_len = 16,
   c.dropout = 0.0;
   models::DecoderOnlyLM lm(c);
-  nn::Adam opt(lm.named_parameters(), 1e-2);
+  train::Adam opt(lm.named_parameters(), 1e-2);
   const std::vector<int64_t> seq = {1, 4, 5, 6, 7, 8, 9, 10, 11};
   Tensor in = from_vector(std::vector<int64_t>(seq.begin(), seq.end() - 1), {1, 8}, DType::i64);
   Tensor target = from_vector(std::vector<int64_t>(seq.begin() + 1, seq.end()), {8}, DType::i64);
@@ -79,7 +79,7 @@ void small_model_trains() {
 
 void translate_checkpoint_loads(const std::string& run) {
   const std::string cfg_path = run + "/config.json";
-  const nlohmann::json j = nn::load_json(cfg_path);
+  const nlohmann::json j = train::load_json(cfg_path);
   const models::TransformerConfig cfg =
       models::TransformerConfig::from_json(j.at("model"), cfg_path);
   auto weights = models::load_run_weights(cfg, cfg_path, run + "/model.safetensors",

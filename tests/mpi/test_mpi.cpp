@@ -1,4 +1,4 @@
-// Data-parallel training (nn::train_loop over MPI), run by ctest as `mpirun -np 2 test_mpi`
+// Data-parallel training (train::train_loop over MPI), run by ctest as `mpirun -np 2 test_mpi`
 // (tests/CMakeLists.txt): the ranks train the same model as one process, deterministically,
 // resume exactly (also from and to another rank count), and refuse bad input on every rank before
 // any step. The cases of suite `failures` are disabled here; failures.sh runs them one at a time
@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "graft/models/transformer.h"
-#include "graft/nn/communicator.h"
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/communicator.h"
+#include "graft/nn/train/trainer.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nn::Communicator& world() { return nn::world_communicator(); }
+train::Communicator& world() { return train::world_communicator(); }
 
 struct Batch {
   Tensor src, tgt_in, tgt_out;  // (rows, 8) int64, padded with 0
@@ -76,20 +76,21 @@ models::TransformerConfig tiny_config(double dropout) {
 struct Tiny {
   models::Transformer model;
   std::vector<Batch> batches;
-  nn::TrainTask task;
+  train::TrainTask task;
 
   explicit Tiny(double dropout, int64_t rows = 5, int count = 4)
       : model(tiny_config(dropout)), batches(make_batches(count, rows, 16)) {
     task.model = &model;
     task.batches = count;
-    task.loss = [this](int64_t i, nn::Shard s) {
+    task.loss = [this](int64_t i, train::Shard s) {
       const Batch& b = batches[(size_t)i];
-      const Tensor out = nn::shard_of(b.tgt_out, s);
+      const Tensor out = train::shard_of(b.tgt_out, s);
       const auto ids = out.to_vector<int64_t>();
       const int64_t targets =
           (int64_t)std::count_if(ids.begin(), ids.end(), [](int64_t t) { return t != 0; });
-      return nn::shard_loss(model.loss(nn::shard_of(b.src, s), nn::shard_of(b.tgt_in, s), out, 0.1),
-                            targets, b.tokens);
+      return train::shard_loss(
+          model.loss(train::shard_of(b.src, s), train::shard_of(b.tgt_in, s), out, 0.1), targets,
+          b.tokens);
     };
     task.examples = [this](int64_t i) { return batches[(size_t)i].src.size(0); };
     task.tokens = [this](int64_t i) { return batches[(size_t)i].tokens; };
@@ -104,8 +105,8 @@ struct Tiny {
   }
 };
 
-nn::LoopOptions options(const fs::path& dir, int64_t steps, nn::Communicator& comm) {
-  nn::LoopOptions o;
+train::LoopOptions options(const fs::path& dir, int64_t steps, train::Communicator& comm) {
+  train::LoopOptions o;
   o.run_dir = dir.string();
   o.steps = steps;
   o.lr = 3e-3;
@@ -123,7 +124,7 @@ fs::path shared_dir(const std::string& name) {
       world().rank() == 0 ? std::make_unique<graft::testing::TempDir>("mpi") : nullptr;
   static const fs::path shared = world().broadcast_string(mine ? mine->path.string() : "", 0);
   const fs::path d = shared / name;
-  nn::on_rank0(world(), [&] { fs::remove_all(d); });
+  train::on_rank0(world(), [&] { fs::remove_all(d); });
   return d;
 }
 // A directory of this rank's own, for a single-process run.
@@ -151,8 +152,8 @@ struct TimeoutVariable {
 // One process's run of `steps` steps on the same batches (the reference).
 std::unique_ptr<Tiny> one_process(const std::string& name, double dropout, int64_t steps) {
   auto t = std::make_unique<Tiny>(dropout);
-  nn::SingleProcessCommunicator one;
-  nn::train_loop(t->task, options(own_dir(name), steps, one));
+  train::SingleProcessCommunicator one;
+  train::train_loop(t->task, options(own_dir(name), steps, one));
   return t;
 }
 
@@ -192,7 +193,7 @@ BOOST_AUTO_TEST_SUITE(data_parallel)
 BOOST_AUTO_TEST_CASE(same_model_as_one_process) {
   BOOST_REQUIRE_MESSAGE(world().size() >= 2, "run under mpirun -np 2 (ctest does)");
   Tiny dp(0.0);
-  const nn::LoopResult r = nn::train_loop(dp.task, options(shared_dir("same"), 20, world()));
+  const train::LoopResult r = train::train_loop(dp.task, options(shared_dir("same"), 20, world()));
   BOOST_TEST(r.ranks == world().size());
   BOOST_TEST(r.buckets > 1u);
   BOOST_TEST(r.last_step == 20);
@@ -201,17 +202,17 @@ BOOST_AUTO_TEST_CASE(same_model_as_one_process) {
 
   // The same with the sums started after backward (no overlap).
   Tiny late(0.0);
-  nn::LoopOptions o = options(shared_dir("same_late"), 20, world());
+  train::LoopOptions o = options(shared_dir("same_late"), 20, world());
   o.overlap = false;
-  nn::train_loop(late.task, o);
+  train::train_loop(late.task, o);
   check_close(late.model, ref->model, 1e-5);
 }
 
 // With dropout, two runs on the same (seed, ranks) are bit-identical.
 BOOST_AUTO_TEST_CASE(dropout_runs_are_deterministic) {
   Tiny a(0.1), b(0.1);
-  const nn::LoopResult ra = nn::train_loop(a.task, options(shared_dir("det_a"), 20, world()));
-  const nn::LoopResult rb = nn::train_loop(b.task, options(shared_dir("det_b"), 20, world()));
+  const train::LoopResult ra = train::train_loop(a.task, options(shared_dir("det_a"), 20, world()));
+  const train::LoopResult rb = train::train_loop(b.task, options(shared_dir("det_b"), 20, world()));
   BOOST_TEST(ra.losses == rb.losses);
   check_identical(a.model, b.model);
   // Each rank draws other masks: the ranks' dropout streams differ.
@@ -224,17 +225,18 @@ BOOST_AUTO_TEST_CASE(dropout_runs_are_deterministic) {
 // Stopped at step 10 and resumed to 20 on the same ranks: bit-identical to 20 steps at once.
 BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   Tiny whole(0.1);
-  const nn::LoopResult rw = nn::train_loop(whole.task, options(shared_dir("whole"), 20, world()));
+  const train::LoopResult rw =
+      train::train_loop(whole.task, options(shared_dir("whole"), 20, world()));
   const fs::path dir = shared_dir("split");
   {
     Tiny first(0.1);
-    nn::train_loop(first.task, options(dir, 10, world()));
+    train::train_loop(first.task, options(dir, 10, world()));
   }
   manual_seed(99);  // whatever happens in between is restored from the state
   Tiny rest(0.1);
-  nn::LoopOptions o = options(dir, 20, world());
+  train::LoopOptions o = options(dir, 20, world());
   o.resume = true;
-  const nn::LoopResult rr = nn::train_loop(rest.task, o);
+  const train::LoopResult rr = train::train_loop(rest.task, o);
   BOOST_TEST(rr.first_step == 10);
   BOOST_TEST(rr.losses == std::vector<double>(rw.losses.begin() + 10, rw.losses.end()));
   check_identical(rest.model, whole.model);
@@ -247,27 +249,27 @@ BOOST_AUTO_TEST_CASE(resume_with_another_rank_count) {
   const fs::path two_to_one = shared_dir("two_to_one");
   {
     Tiny first(0.0);
-    nn::train_loop(first.task, options(two_to_one, 10, world()));
+    train::train_loop(first.task, options(two_to_one, 10, world()));
   }
-  nn::on_rank0(world(), [&] {
+  train::on_rank0(world(), [&] {
     Tiny rest(0.0);
-    nn::SingleProcessCommunicator one;
-    nn::LoopOptions o = options(two_to_one, 20, one);
+    train::SingleProcessCommunicator one;
+    train::LoopOptions o = options(two_to_one, 20, one);
     o.resume = true;
-    BOOST_TEST(nn::train_loop(rest.task, o).first_step == 10);
+    BOOST_TEST(train::train_loop(rest.task, o).first_step == 10);
     check_close(rest.model, ref->model, 1e-5);
   });
 
   const fs::path one_to_two = shared_dir("one_to_two");
-  nn::on_rank0(world(), [&] {
+  train::on_rank0(world(), [&] {
     Tiny first(0.0);
-    nn::SingleProcessCommunicator one;
-    nn::train_loop(first.task, options(one_to_two, 10, one));
+    train::SingleProcessCommunicator one;
+    train::train_loop(first.task, options(one_to_two, 10, one));
   });
   Tiny rest(0.0);
-  nn::LoopOptions o = options(one_to_two, 20, world());
+  train::LoopOptions o = options(one_to_two, 20, world());
   o.resume = true;
-  BOOST_TEST(nn::train_loop(rest.task, o).first_step == 10);
+  BOOST_TEST(train::train_loop(rest.task, o).first_step == 10);
   check_close(rest.model, ref->model, 1e-5);
 }
 
@@ -279,7 +281,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
     Tiny t(0.0, /*rows=*/1);
     const fs::path dir = shared_dir("too_small");
     BOOST_CHECK_EXCEPTION(
-        nn::train_loop(t.task, options(dir, 20, world())), Error,
+        train::train_loop(t.task, options(dir, 20, world())), Error,
         [](const Error& e) { return names(e, "the data is too small for 2 ranks"); });
     BOOST_TEST(!fs::exists(dir / "train_state.safetensors"));
   }
@@ -287,7 +289,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
     Tiny t(0.0);
     if (rank == 1) t.task.data_fingerprint = "other data";
     const fs::path dir = shared_dir("disagree_data");
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(dir, 20, world())), Error,
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, options(dir, 20, world())), Error,
                           [](const Error& e) {
                             return names(e, "the ranks disagree") && names(e, "rank 1 differs");
                           });
@@ -297,21 +299,22 @@ BOOST_AUTO_TEST_CASE(bad_input_is_an_error_on_every_rank) {
     Tiny t(0.0);
     if (rank == 1) t.task.run_config = "{\"heads\": 4}";  // a model option that keeps the shapes
     BOOST_CHECK_EXCEPTION(
-        nn::train_loop(t.task, options(shared_dir("disagree_config"), 20, world())), Error,
+        train::train_loop(t.task, options(shared_dir("disagree_config"), 20, world())), Error,
         [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
   }
   {
     Tiny t(0.0);
     const fs::path dir = shared_dir("disagree_steps");
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, options(dir, rank == 1 ? 21 : 20, world())), Error,
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, options(dir, rank == 1 ? 21 : 20, world())),
+                          Error,
                           [](const Error& e) { return names(e, "rank 1 differs from rank 0"); });
   }
   {
     Tiny t(0.0);
-    nn::LoopOptions o = options(shared_dir("bad_option"), 20, world());
+    train::LoopOptions o = options(shared_dir("bad_option"), 20, world());
     if (rank == 1) o.bucket_mb = 0;
     // Rank 1 its own error; rank 0 the same, naming rank 1.
-    BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [rank](const Error& e) {
+    BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [rank](const Error& e) {
       return names(e, "the gradient bucket size must be in (0, 4096] MiB") &&
              (rank == 1 || names(e, "rank 1 of 2: "));
     });
@@ -324,13 +327,13 @@ BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
   const fs::path at10 = shared_dir("states_10"), at20 = shared_dir("states_20");
   {
     Tiny a(0.0), b(0.0);
-    nn::train_loop(a.task, options(at10, 10, world()));
-    nn::train_loop(b.task, options(at20, 20, world()));
+    train::train_loop(a.task, options(at10, 10, world()));
+    train::train_loop(b.task, options(at20, 20, world()));
   }
   Tiny t(0.0);
-  nn::LoopOptions o = options(world().rank() == 0 ? at10 : at20, 30, world());
+  train::LoopOptions o = options(world().rank() == 0 ? at10 : at20, 30, world());
   o.resume = true;
-  BOOST_CHECK_EXCEPTION(nn::train_loop(t.task, o), Error, [](const Error& e) {
+  BOOST_CHECK_EXCEPTION(train::train_loop(t.task, o), Error, [](const Error& e) {
     return names(e, "resume: rank 1 loaded another train state than rank 0 (step 20 against 10)");
   });
 }
@@ -340,23 +343,24 @@ BOOST_AUTO_TEST_CASE(resume_from_different_states_is_an_error) {
 BOOST_AUTO_TEST_CASE(collective_timeout_option) {
   {
     TimeoutVariable unset(nullptr);
-    BOOST_TEST(nn::collective_timeout_from_environment() ==
-               nn::Communicator::kDefaultCollectiveTimeout);
+    BOOST_TEST(train::collective_timeout_from_environment() ==
+               train::Communicator::kDefaultCollectiveTimeout);
   }
   {
     TimeoutVariable v("2.5");
-    BOOST_TEST(nn::collective_timeout_from_environment() == 2.5);
+    BOOST_TEST(train::collective_timeout_from_environment() == 2.5);
   }
   {
     TimeoutVariable v("1e6");
-    BOOST_TEST(nn::collective_timeout_from_environment() == 1e6);
+    BOOST_TEST(train::collective_timeout_from_environment() == 1e6);
   }
   for (const char* bad : {"-1", "ten", "5s", "nan", "inf", "1e10", "1000000.5"}) {
     TimeoutVariable v(bad);
-    BOOST_CHECK_EXCEPTION(nn::collective_timeout_from_environment(), Error, [bad](const Error& e) {
-      return names(e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad +
-                          "' is not a number of seconds in [0, 1000000] (0: wait forever)");
-    });
+    BOOST_CHECK_EXCEPTION(
+        train::collective_timeout_from_environment(), Error, [bad](const Error& e) {
+          return names(e, std::string("GRAFT_COLLECTIVE_TIMEOUT='") + bad +
+                              "' is not a number of seconds in [0, 1000000] (0: wait forever)");
+        });
   }
   TimeoutFor t(0);  // restores the world's timeout
   BOOST_TEST(world().collective_timeout() == 0.0);
@@ -376,12 +380,12 @@ BOOST_AUTO_TEST_CASE(a_slow_rank_within_the_timeout_is_waited_for) {
   Tiny dp(0.0);
   auto good = dp.task.loss;
   int calls = 0;
-  dp.task.loss = [&](int64_t i, nn::Shard s) {
+  dp.task.loss = [&](int64_t i, train::Shard s) {
     if (world().rank() == 1 && ++calls == 3)
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     return good(i, s);
   };
-  BOOST_TEST(nn::train_loop(dp.task, options(shared_dir("slow"), 20, world())).last_step == 20);
+  BOOST_TEST(train::train_loop(dp.task, options(shared_dir("slow"), 20, world())).last_step == 20);
   check_close(dp.model, one_process("slow_ref", 0.0, 20)->model, 1e-5);
 }
 
@@ -395,11 +399,11 @@ BOOST_AUTO_TEST_CASE(rank_throws) {
   Tiny t(0.0);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard s) {
+  t.task.loss = [&](int64_t i, train::Shard s) {
     if (world().rank() == 1 && ++calls == 3) fail("a failure injected on rank 1");
     return good(i, s);
   };
-  nn::train_loop(t.task, options(shared_dir("throws"), 20, world()));
+  train::train_loop(t.task, options(shared_dir("throws"), 20, world()));
 }
 
 // An op that passes its input through and throws in backward on rank 1: the failure comes while
@@ -419,13 +423,13 @@ BOOST_AUTO_TEST_CASE(rank_throws_in_backward) {
   Tiny t(0.0);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard s) {
+  t.task.loss = [&](int64_t i, train::Shard s) {
     if (++calls < 3) return good(i, s);
     const Tensor first = t.model.named_parameters()[0].second;
     const Tensor through = fail_in_backward_on_rank1(first);
     return add(good(i, s), affine(sum(through), 0.0, 0.0));
   };
-  nn::train_loop(t.task, options(shared_dir("throws_in_backward"), 20, world()));
+  train::train_loop(t.task, options(shared_dir("throws_in_backward"), 20, world()));
 }
 
 // Rank `stopper` stops itself (SIGSTOP) at its third step, as `kill -STOP` would: the other
@@ -434,11 +438,11 @@ void stop_at_third_step(int stopper, const std::string& name) {
   Tiny t(0.0);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard s) {
+  t.task.loss = [&](int64_t i, train::Shard s) {
     if (world().rank() == stopper && ++calls == 3) raise(SIGSTOP);
     return good(i, s);
   };
-  nn::train_loop(t.task, options(shared_dir(name), 20, world()));
+  train::train_loop(t.task, options(shared_dir(name), 20, world()));
 }
 
 // The timeout set in the program (2 s).
@@ -454,11 +458,11 @@ BOOST_AUTO_TEST_CASE(rank_killed) {
   Tiny t(0.0);
   auto good = t.task.loss;
   int calls = 0;
-  t.task.loss = [&](int64_t i, nn::Shard s) {
+  t.task.loss = [&](int64_t i, train::Shard s) {
     if (world().rank() == 1 && ++calls == 3) kill(getpid(), SIGKILL);
     return good(i, s);
   };
-  nn::train_loop(t.task, options(shared_dir("killed"), 20, world()));
+  train::train_loop(t.task, options(shared_dir("killed"), 20, world()));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "graft/nn/checkpoint.h"
 #include "graft/nn/positions.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/nn/transformer.h"
 
 /// The models (Transformer, decoder-only LM, encoder classifier), their configs, decoding and
@@ -71,7 +71,7 @@ class ConfigReader {
   /// Reads from `j` (kept by reference: it must outlive the reader); `where` names it in errors.
   ConfigReader(const nlohmann::json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
-  /// Required field, of exactly the JSON type T needs (nn::json_complaint): 2.5 is not an
+  /// Required field, of exactly the JSON type T needs (train::json_complaint): 2.5 is not an
   /// integer, -1 is not an unsigned seed, "3" is not a number.
   /// @throws graft::Error when the section is not an object, or the field is missing or of
   ///         the wrong type.
@@ -79,7 +79,7 @@ class ConfigReader {
   void get(const char* name, T& v) const {
     if (!j_.is_object()) bad(name, "cannot be read: the section is not a JSON object");
     if (!j_.contains(name)) bad(name, "is missing");
-    if (std::string c = nn::json_complaint<T>(j_[name]); !c.empty()) bad(name, c);
+    if (std::string c = train::json_complaint<T>(j_[name]); !c.empty()) bad(name, c);
     v = j_[name].get<T>();
   }
   /// Optional field: left as is when absent.
@@ -195,12 +195,12 @@ void check_config_memory(const Config& c, const std::string& where, int copies =
 /// A run directory's weights for config c, in the order that keeps a bad directory from costing
 /// anything: the weights file (its checksum, its fingerprints of the tied files), then the
 /// config's sizes against it and against memory. Build the model only after this.
-/// @throws graft::Error from nn::load_weights(), check_weights_count() or check_config_memory().
+/// @throws graft::Error from train::load_weights(), check_weights_count() or check_config_memory().
 template <class Config>
 std::vector<std::pair<std::string, Tensor>> load_run_weights(
     const Config& c, const std::string& config_path, const std::string& weights_path,
     const std::vector<std::string>& tied_files) {
-  auto w = nn::load_weights(weights_path, "load_run", tied_files);
+  auto w = train::load_weights(weights_path, "load_run", tied_files);
   check_weights_count(c.parameter_count(), w, config_path, weights_path);
   check_config_memory(c, config_path, /*copies=*/2);  // the file's tensors and the model's
   return w;

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graft/models/config_json.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 namespace graft::models {
 
@@ -47,7 +47,7 @@ LoadedModel<Model> load_run_model(const std::string& run_dir,
   using Config = std::remove_cvref_t<decltype(std::declval<Model&>().cfg)>;
   const std::string cfg_path = run_dir + "/config.json";
   LoadedModel<Model> r;
-  r.config = nn::load_json(cfg_path);
+  r.config = train::load_json(cfg_path);
   const Config c = Config::from_json(model_section(r.config, cfg_path, "load_run"), cfg_path);
   std::vector<std::string> tied{cfg_path};
   tied.insert(tied.end(), more_tied_files.begin(), more_tied_files.end());

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "graft/models/bert.h"
-#include "graft/nn/wordpiece.h"
+#include "graft/nn/text/wordpiece.h"
 
 namespace graft::models {
 

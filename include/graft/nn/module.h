@@ -13,7 +13,8 @@
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
 
-/// Layers, attention, positional encodings, optimizers, checkpoints and the training loop.
+/// The modules (nn/, library graft_nn): Module, layers, attention, positional encodings, the
+/// encoder and decoder stacks. Training is graft::train (nn/train/), the tokenizers graft::text.
 namespace graft::nn {
 
 /// Tensors by name, in order: parameters, buffers, a state_dict.

@@ -1,4 +1,4 @@
-#include "graft/nn/trainer.h"
+#include "graft/nn/train/trainer.h"
 
 #include <unistd.h>
 
@@ -14,12 +14,12 @@
 #include <sstream>
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/gradient_buckets.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/checkpoint.h"
+#include "graft/nn/train/checkpoint_dir.h"
+#include "graft/nn/train/gradient_buckets.h"
+#include "graft/nn/train/optim.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 namespace fs = std::filesystem;
 
@@ -210,7 +210,7 @@ std::vector<uint64_t> rank_streams(std::vector<uint64_t> v, int rank) {
 void save_train_state(const std::string& path, const TrainTask& task, const Optimizer& opt,
                       const LoopState& s, const nlohmann::json& tied, const nlohmann::json& recipe,
                       const std::vector<std::vector<uint64_t>>& ranks) {
-  NamedTensors tensors;
+  nn::NamedTensors tensors;
   for (auto& [n, t] : task.model->state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_tensors()) tensors.emplace_back("optim." + n, t);
   const std::vector<uint64_t> gens(ranks[0].begin() + 1, ranks[0].end());
@@ -340,7 +340,7 @@ std::vector<std::vector<uint64_t>> load_train_state(const std::string& path, con
                                                     LoopState& s) {
   nlohmann::json j, oj;
   const SafetensorsFile f = read_train_state(path, task, recipe, j, oj);
-  NamedTensors model_t, optim_t;
+  nn::NamedTensors model_t, optim_t;
   for (auto& [n, t] : f.tensors) {
     if (n.rfind("model.", 0) == 0) model_t.emplace_back(n.substr(6), t);
     else if (n.rfind("optim.", 0) == 0) optim_t.emplace_back(n.substr(6), t);
@@ -464,7 +464,7 @@ void check_task(const TrainTask& t, const LoopOptions& o, int ranks) {
 // ---- the loop ----
 
 // Adam or AdamW; with weight decay, over decay_groups() (no decay on norms, biases, embeddings).
-std::unique_ptr<Optimizer> make_optimizer(const NamedTensors& params, const LoopOptions& o) {
+std::unique_ptr<Optimizer> make_optimizer(const nn::NamedTensors& params, const LoopOptions& o) {
   ParamGroups groups =
       o.weight_decay > 0 ? decay_groups(params, o.weight_decay) : ParamGroups{{params, 0.0}};
   if (o.optimizer == "adamw")
@@ -567,7 +567,7 @@ class Loop {
       }
       return;
     }
-    NamedTensors state = params_;
+    nn::NamedTensors state = params_;
     for (auto& [n, t] : opt_->state_tensors()) state.emplace_back("optim." + n, t);
     const uint64_t sum = std::stoull(weights_checksum(state).substr(0, 16), nullptr, 16);
     const auto all = comm_.allgather({(uint64_t)state_.step, sum});
@@ -696,7 +696,7 @@ class Loop {
   std::map<std::string, double> validate_on_rank0() {
     std::map<std::string, double> vm;
     if (rank_ == 0) {
-      EvalScope es(*task_.model);
+      nn::EvalScope es(*task_.model);
       autograd::NoGrad ng;
       vm = task_.validate();
     }
@@ -842,7 +842,7 @@ class Loop {
   const bool resume_;
   const int rank_, ranks_;
   const bool quiet_;  // o.quiet, or a rank other than 0
-  NamedTensors params_;
+  nn::NamedTensors params_;
   std::unique_ptr<GradientBuckets> sync_;  // on several ranks
   std::unique_ptr<Optimizer> opt_;
   Schedule schedule_;
@@ -994,4 +994,4 @@ LoopResult train_loop(const TrainTask& task, const LoopOptions& o) {
   return Loop(task, o, comm, resume).run();
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

@@ -1,4 +1,4 @@
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,10 +19,10 @@
 #include <set>
 #include <streambuf>
 
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/train/checkpoint_dir.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 // Tensor bytes go to and from disk with a plain memcpy, which is only the little-endian layout
 // the format demands on a little-endian host.
@@ -794,4 +794,4 @@ std::string text_checksum(const std::string& text) {
   return h.hex();
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

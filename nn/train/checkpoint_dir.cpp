@@ -1,4 +1,4 @@
-#include "graft/nn/checkpoint_dir.h"
+#include "graft/nn/train/checkpoint_dir.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,7 +16,7 @@
 
 #include "graft/autograd/tensor.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 namespace fs = std::filesystem;
 
@@ -309,4 +309,4 @@ void lock_run_until_exit(const std::string& run_dir) {
   h.locks.push_back(std::move(lock));
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

@@ -25,12 +25,14 @@
 #include <string>
 #include <vector>
 
-#include "graft/nn/checkpoint_dir.h"
-#include "graft/nn/communicator.h"
 #include "graft/nn/module.h"
-#include "graft/nn/optim.h"
+#include "graft/nn/train/checkpoint_dir.h"
+#include "graft/nn/train/communicator.h"
+#include "graft/nn/train/optim.h"
 
-namespace graft::nn {
+/// Training (nn/train/, library graft_train): the loop, optimizers and schedules, safetensors
+/// checkpoints and run directories, the communicator of data-parallel training.
+namespace graft::train {
 
 /// One line of metrics.csv. The rows the loop hands to TrainTask::on_validated hold the values as
 /// the file does (6 significant digits), so a resumed run, which reads its earlier rows back from
@@ -66,8 +68,8 @@ struct Validated {
 /// What the loop needs from a model family. Batches are the program's own, by index.
 /// model, tokens, validate and one of loss and loss_of_batch are required.
 struct TrainTask {
-  Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
-  int64_t batches = 0;      ///< training batches per epoch
+  nn::Module* model = nullptr;  ///< the model to train (its parameters are optimized and saved)
+  int64_t batches = 0;          ///< training batches per epoch
   /// The scalar training loss (recorded) of `shard`'s part of the batch, scaled so the parts of
   /// all ranks add up to the whole batch's loss: the shard's mean times its share of the batch's
   /// items (shard_of() and shard_loss() do both). With one process the shard is the whole batch.
@@ -242,4 +244,4 @@ void apply_recipe(const nlohmann::json& recipe, LoopOptions& o, const std::strin
 /// Fisher-Yates over 0..n-1 drawn from gen.
 std::vector<int64_t> shuffled_order(int64_t n, Generator& gen);
 
-}  // namespace graft::nn
+}  // namespace graft::train

@@ -15,7 +15,7 @@
 
 #include "graft/autograd/tensor.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 /// Collective operations among the ranks of one job. Every rank must make the same calls in the
 /// same order (the MPI rule); a call one rank skips leaves the others waiting.
@@ -136,4 +136,4 @@ Tensor shard_of(const Tensor& t, Shard s);
 /// @throws graft::Error unless 1 <= count <= total.
 Tensor shard_loss(const Tensor& mean, int64_t count, int64_t total);
 
-}  // namespace graft::nn
+}  // namespace graft::train

@@ -1,8 +1,8 @@
-#include "graft/nn/tokenizer.h"
+#include "graft/nn/text/tokenizer.h"
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/train/checkpoint.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -35,10 +35,10 @@ void write_model(const std::string& proto, const std::string& prefix) {
   sentencepiece::SentencePieceProcessor sp;
   const auto status = sp.LoadFromSerializedProto(proto);
   if (!status.ok()) fail("Tokenizer::train: '" + prefix + "': " + status.ToString());
-  nn::atomic_write(prefix + ".model", [&](std::ostream& os) {
+  train::atomic_write(prefix + ".model", [&](std::ostream& os) {
     os.write(proto.data(), (std::streamsize)proto.size());
   });
-  nn::atomic_write(prefix + ".vocab", [&](std::ostream& os) {
+  train::atomic_write(prefix + ".vocab", [&](std::ostream& os) {
     for (int i = 0; i < sp.GetPieceSize(); ++i)
       os << sp.IdToPiece(i) << '\t' << sp.GetScore(i) << '\n';
   });

@@ -1,4 +1,4 @@
-#include "graft/nn/optim.h"
+#include "graft/nn/train/optim.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +10,9 @@
 #endif
 
 #include "graft/autograd/tape.h"
-#include "graft/nn/checkpoint.h"
+#include "graft/nn/train/checkpoint.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 namespace {
 
@@ -700,4 +700,4 @@ double clip_grad_norm(const NamedParams& params, double max_norm) {
   return norm;
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

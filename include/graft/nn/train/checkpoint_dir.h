@@ -25,7 +25,7 @@
 #include <system_error>
 #include <vector>
 
-namespace graft::nn {
+namespace graft::train {
 
 /// One checkpoint being written: its files go to path(name), and commit() makes them the run
 /// directory's current checkpoint at once. Files of the current checkpoint that this one does
@@ -117,4 +117,4 @@ void lock_run_until_exit(const std::string& run_dir);
 /// @throws graft::Error "<who>: '<dir>': ..." when the directory cannot be opened or synced.
 void sync_directory(const std::string& dir, const std::string& who);
 
-}  // namespace graft::nn
+}  // namespace graft::train

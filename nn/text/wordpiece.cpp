@@ -1,8 +1,8 @@
-#include "graft/nn/wordpiece.h"
+#include "graft/nn/text/wordpiece.h"
 
 #include "graft/autograd/tensor.h"
-#include "graft/nn/checkpoint.h"
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
+#include "graft/nn/train/checkpoint.h"
 
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
@@ -305,7 +305,7 @@ WordPiece make_named(const std::string& path, std::vector<std::string> vocab,
 template <class T>
 T field(const json& obj, const char* key, T fallback, const std::string& where) {
   if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
-  if (const std::string c = nn::json_complaint<T>(obj[key]); !c.empty())
+  if (const std::string c = train::json_complaint<T>(obj[key]); !c.empty())
     fail(where + ": \"" + key + "\" " + c);
   return obj[key].get<T>();
 }
@@ -325,7 +325,7 @@ std::vector<std::string> read_model_vocab(const json& model, const std::string& 
   std::vector<std::string> tokens(vocab.size());
   std::vector<bool> seen(vocab.size(), false);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (const std::string c = nn::json_complaint<int64_t>(it.value()); !c.empty())
+    if (const std::string c = train::json_complaint<int64_t>(it.value()); !c.empty())
       fail(where + ": the id of \"" + printable(it.key()) + "\" " + c);
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= (int64_t)tokens.size()) {

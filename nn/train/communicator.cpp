@@ -1,4 +1,4 @@
-#include "graft/nn/communicator.h"
+#include "graft/nn/train/communicator.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -7,11 +7,11 @@
 #include <memory>
 #include <sstream>
 
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/shape.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 #ifdef GRAFT_HAVE_MPI
 // nn/mpi/mpi_communicator.cpp: initialises MPI and returns its world communicator.
@@ -143,4 +143,4 @@ Tensor shard_loss(const Tensor& mean, int64_t count, int64_t total) {
   return affine(mean, (double)count / (double)total, 0.0);
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

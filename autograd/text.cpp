@@ -1,4 +1,4 @@
-#include "graft/nn/text.h"
+#include "graft/autograd/text.h"
 
 #include <cstdio>
 

@@ -29,7 +29,7 @@
 
 #include "graft/autograd/tensor.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 /// The parameters an optimizer updates, by name (such as Module::named_parameters()).
 /// Leaf float tensors (f32 or f64, contiguous) with unique names.
@@ -304,4 +304,4 @@ class Schedule {
 /// @throws graft::Error when max_norm is negative or NaN, or a grad is not float.
 double clip_grad_norm(const NamedParams& params, double max_norm);
 
-}  // namespace graft::nn
+}  // namespace graft::train

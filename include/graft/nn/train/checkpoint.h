@@ -24,7 +24,7 @@
 
 #include "graft/autograd/tensor.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 /// Writes the tensors in the order given (names must be unique and not `__metadata__`);
 /// non-contiguous tensors are written as their contiguous copy. Bit-exact: loading the file
@@ -223,4 +223,4 @@ nlohmann::json parse_json(const std::string& text, const std::string& where, int
 void check_json_text(const std::string& text, int max_depth, size_t max_top_level_values,
                      const std::string& where);
 
-}  // namespace graft::nn
+}  // namespace graft::train

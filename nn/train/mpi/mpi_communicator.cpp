@@ -1,4 +1,4 @@
-// The Open MPI implementation of nn::Communicator, the one file of graft that includes mpi.h.
+// The Open MPI implementation of train::Communicator, the one file of graft that includes mpi.h.
 // Compiled into graft_nn when CMake finds MPI (GRAFT_HAVE_MPI); world_communicator() creates it
 // when mpirun started the process.
 #include <mpi.h>
@@ -9,9 +9,9 @@
 #include <memory>
 #include <sstream>
 
-#include "graft/nn/communicator.h"
+#include "graft/nn/train/communicator.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 namespace {
 
@@ -281,4 +281,4 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>();
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train

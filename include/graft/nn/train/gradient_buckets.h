@@ -18,10 +18,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "graft/nn/communicator.h"
 #include "graft/nn/module.h"
+#include "graft/nn/train/communicator.h"
 
-namespace graft::nn {
+namespace graft::train {
 
 /// Sums the gradients of a fixed list of parameters across the ranks of a Communicator.
 class GradientBuckets {
@@ -32,7 +32,7 @@ class GradientBuckets {
   /// `overlap` off, finish() sums every bucket after backward instead (for measuring what the
   /// overlap gains).
   /// @throws graft::Error when bucket_bytes is 0 or a parameter is not f32 or f64.
-  GradientBuckets(const NamedTensors& params, Communicator& comm, size_t bucket_bytes,
+  GradientBuckets(const nn::NamedTensors& params, Communicator& comm, size_t bucket_bytes,
                   bool overlap);
 
   /// For autograd::GradReadyScope: `leaf`'s gradient is complete. When that completes the next
@@ -69,4 +69,4 @@ class GradientBuckets {
   double wait_s_ = 0;
 };
 
-}  // namespace graft::nn
+}  // namespace graft::train

@@ -1,11 +1,11 @@
-#include "graft/nn/gradient_buckets.h"
+#include "graft/nn/train/gradient_buckets.h"
 
 #include <chrono>
 #include <cstring>
 
-namespace graft::nn {
+namespace graft::train {
 
-GradientBuckets::GradientBuckets(const NamedTensors& params, Communicator& comm,
+GradientBuckets::GradientBuckets(const nn::NamedTensors& params, Communicator& comm,
                                  size_t bucket_bytes, bool overlap)
     : comm_(comm), overlap_(overlap) {
   if (bucket_bytes == 0) fail("gradient buckets: the bucket size must be > 0 bytes");
@@ -107,4 +107,4 @@ void GradientBuckets::finish() {
   next_ = 0;
 }
 
-}  // namespace graft::nn
+}  // namespace graft::train
