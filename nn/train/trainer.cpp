@@ -472,6 +472,295 @@ std::unique_ptr<Optimizer> make_optimizer(const nn::NamedTensors& params, const 
   return std::make_unique<Adam>(std::move(groups), 1e-3, o.beta1, o.beta2, o.adam_eps);
 }
 
+// The loop's console lines and metrics rows: a progress line every log_every steps (five times a
+// second on a terminal), the validation lines, and the clocks behind the throughput (tokens per
+// second of training, validation time left out).
+class Progress {
+ public:
+  Progress(const LoopOptions& o, bool quiet)
+      : options_(o), quiet_(quiet), tty_(!quiet && isatty(2)) {}
+
+  void say(const std::string& s) const {
+    if (quiet_) return;
+    if (tty_) std::cerr << "\r\033[K";
+    std::cerr << s << std::endl;
+  }
+  void start() { t_start_ = t_interval_ = t_draw_ = Clock::now(); }
+  // Ends the progress line a terminal was redrawing.
+  void finish() const {
+    if (tty_) std::cerr << "\n";
+  }
+  double since_start() const { return seconds_since(t_start_); }
+  double valid_seconds() const { return valid_seconds_; }
+  int64_t tokens() const { return tok_total_; }
+  std::vector<MetricsRow>& rows() { return rows_; }
+
+  // One step done (s.step counts it, s.acc_loss holds its loss): its tokens, a metrics row every
+  // log_every steps (which restarts the loss average), the progress line.
+  void step(LoopState& s, double lv, double lr, int64_t tokens, int64_t first_step,
+            double elapsed) {
+    tok_total_ += tokens;
+    tok_interval_ += tokens;
+    const bool row = s.step % options_.log_every == 0;
+    if (row) {
+      last_tps_ = (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
+      rows_.push_back(as_written({s.step, s.acc_loss / (double)s.acc_n, lr, last_tps_, {}}));
+      s.acc_loss = 0;
+      s.acc_n = 0;
+      t_interval_ = Clock::now();
+      tok_interval_ = 0;
+    }
+    if (quiet_ || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
+    t_draw_ = Clock::now();
+    draw(s, lv, lr, first_step, elapsed);
+  }
+
+  // The validation's metrics join the step's row (a row of their own off the log cadence).
+  void validation_row(int64_t step, const std::map<std::string, double>& vm) {
+    MetricsRow r{step, NAN, NAN, NAN, {}};
+    if (!rows_.empty() && rows_.back().step == step) {
+      r = rows_.back();
+      rows_.pop_back();
+    }
+    r.valid = vm;
+    rows_.push_back(as_written(r));
+  }
+
+  // The validation's line; its seconds are not training throughput.
+  void validated(int64_t step, const std::vector<std::string>& names,
+                 const std::map<std::string, double>& vm, Clock::time_point t0) {
+    std::ostringstream os;
+    os << "step " << step << " ";
+    for (auto& n : names) os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "  (%.1f s)", seconds_since(t0));
+    say(os.str() + buf);
+    t_interval_ = Clock::now();
+    tok_interval_ = 0;
+    valid_seconds_ += seconds_since(t0);
+  }
+
+ private:
+  void draw(const LoopState& s, double lv, double lr, int64_t first_step, double elapsed) {
+    const double tps = last_tps_ > 0
+                           ? last_tps_
+                           : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
+    const double per_step = seconds_since(t_start_) / (double)(s.step - first_step);
+    double eta = options_.steps > 0 ? per_step * (double)(options_.steps - s.step) : NAN;
+    if (options_.minutes > 0)
+      eta = std::isfinite(eta) ? std::min(eta, options_.minutes * 60 - elapsed)
+                               : options_.minutes * 60 - elapsed;
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s",
+                  (long long)s.step, (long long)s.epoch, lv, lr, tps, fmt_duration(eta).c_str());
+    if (tty_) std::cerr << "\r\033[K" << buf << std::flush;
+    else std::cerr << buf << std::endl;
+  }
+
+  const LoopOptions& options_;
+  const bool quiet_;  // o.quiet, or a rank other than 0
+  const bool tty_;
+  std::vector<MetricsRow> rows_;
+  Clock::time_point t_start_, t_interval_, t_draw_;
+  int64_t tok_total_ = 0, tok_interval_ = 0;
+  double last_tps_ = 0, valid_seconds_ = 0;
+};
+
+// When a run ends before its steps: the stop metric reached the target (stop_at), or it has not
+// improved by more than min_delta for `patience` validations (early stopping). Only validations
+// on the cadence count.
+class StopRule {
+ public:
+  StopRule(const TrainTask& task, const LoopOptions& o) : task_(task), options_(o) {}
+
+  // A resumed run that had stopped early.
+  bool had_stopped(const LoopState& s) const {
+    return options_.patience > 0 && s.since_best >= options_.patience;
+  }
+
+  // On reaching the target, res gets its step and times: wall_s since the start, train_s of
+  // them training (validations left out).
+  bool reached_target(const std::map<std::string, double>& vm, int64_t step, double wall_s,
+                      double train_s, LoopResult& res) const {
+    if (std::isnan(options_.stop_at)) return false;
+    auto it = vm.find(task_.stop_metric);
+    if (it == vm.end() || !std::isfinite(it->second)) return false;
+    if (task_.higher_is_better ? it->second < options_.stop_at : it->second > options_.stop_at)
+      return false;
+    res.reached_target = true;
+    res.target_step = step;
+    res.wall_seconds_to_target = wall_s;
+    res.seconds_to_target = train_s;
+    return true;
+  }
+
+  // Counts the validation in s.best and s.since_best; true when patience has run out.
+  bool no_improvement(const std::map<std::string, double>& vm, LoopState& s) const {
+    if (options_.patience <= 0) return false;
+    auto it = vm.find(task_.stop_metric);
+    const double v = it == vm.end() ? NAN : it->second;
+    const double gain = task_.higher_is_better ? v - s.best : s.best - v;
+    const bool better = std::isfinite(v) && (!std::isfinite(s.best) || gain > options_.min_delta);
+    if (better) {
+      s.best = v;
+      s.since_best = 0;
+    } else {
+      ++s.since_best;
+    }
+    return s.since_best >= options_.patience;
+  }
+
+  // The line that says why the run stopped ("" when it goes on).
+  std::string why_stopped(const LoopResult& res, const LoopState& s, bool stop) const {
+    if (res.reached_target)
+      return "reached valid " + task_.stop_metric + " " + fmt_num(options_.stop_at) + " at step " +
+             std::to_string(s.step) + " after " + fmt_num(res.seconds_to_target) +
+             " s of training (" + fmt_num(res.wall_seconds_to_target) + " s wall)";
+    if (!stop) return {};
+    return "early stopping: valid " + task_.stop_metric + " has not improved" +
+           (options_.min_delta > 0 ? " by more than " + fmt_num(options_.min_delta)
+                                   : std::string()) +
+           " for " + std::to_string(options_.patience) + " validations (best " + fmt_num(s.best) +
+           ")";
+  }
+
+ private:
+  const TrainTask& task_;
+  const LoopOptions& options_;
+};
+
+// One optimizer step of the loop: the schedule's learning rate, the batch's loss (this rank's
+// shard of it, summed over the ranks), backward (with the gradient sums of data parallel), the
+// clip and the update.
+class OptimizerStep {
+ public:
+  OptimizerStep(const TrainTask& task, const LoopOptions& o, Communicator& comm)
+      : options_(o),
+        comm_(comm),
+        rank_(comm.rank()),
+        ranks_(comm.size()),
+        params_(task.model->named_parameters()),
+        opt_(make_optimizer(params_, o)),
+        schedule_(loop_schedule(o)) {}
+
+  // On several ranks, the gradient buckets whose sums overlap backward.
+  void start_data_parallel() {
+    if (ranks_ > 1)
+      sync_ = std::make_unique<GradientBuckets>(
+          params_, comm_, (size_t)(options_.bucket_mb * (1 << 20)), options_.overlap);
+  }
+
+  // Trains on batch b as step `step` (from 1); the loss summed over the ranks. last_good names
+  // the train state to go back to when the loss is not finite.
+  double take(const TrainTask& task, int64_t b, int64_t step, const std::string& last_good) {
+    lr_ = schedule_.lr(step);
+    opt_->set_lr(lr_);
+    const Shard shard{rank_, ranks_};
+    // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
+    const auto [first, last] =
+        ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(task.examples(b), shard);
+    const bool has_rows = first < last;
+    const Tensor loss = !has_rows   ? Tensor()
+                        : task.loss ? task.loss(b, shard)
+                                    : task.loss_of_batch(b);
+    const double lv = global_loss(loss);
+    if (!std::isfinite(lv)) {
+      autograd::clear_tape();
+      fail("train: the loss is " + std::to_string(lv) + " at step " + std::to_string(step) +
+           " (the last good state is in '" + last_good + "'" +
+           (autograd::anomaly_mode()
+                ? ")"
+                : "; anomaly mode (GRAFT_DETECT_ANOMALY=1) names the op that made it)"));
+    }
+    if (has_rows) backward(loss);
+    else sync_->finish();
+    // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
+    // the run alive and deterministic.
+    if (std::isfinite(clip_grad_norm(params_, options_.clip))) opt_->step();
+    opt_->zero_grad();
+    return lv;
+  }
+
+  double lr() const { return lr_; }
+  nn::NamedTensors& params() { return params_; }
+  Optimizer& optimizer() { return *opt_; }
+  const GradientBuckets* sync() const { return sync_.get(); }
+
+ private:
+  // The batch's loss: the sum of the ranks' parts.
+  double global_loss(const Tensor& loss) {
+    if (loss.defined() ? loss.numel() != 1 : ranks_ == 1)
+      fail("train: the task's loss is " + describe(loss) + ", not a scalar");
+    if (ranks_ == 1) return loss.item();
+    Tensor v = full({1}, loss.defined() ? loss.item() : 0.0, DType::f64);
+    comm_.allreduce_sum(v);
+    return v.item();
+  }
+
+  // Backward; on several ranks each gradient bucket's sum starts as soon as it is complete.
+  void backward(const Tensor& loss) {
+    if (!sync_) return loss.backward();
+    {
+      autograd::GradReadyScope hook([this](TensorImpl* leaf) { sync_->grad_ready(leaf); });
+      loss.backward();
+    }
+    sync_->finish();
+  }
+
+  const LoopOptions& options_;
+  Communicator& comm_;
+  const int rank_, ranks_;
+  nn::NamedTensors params_;
+  std::unique_ptr<Optimizer> opt_;
+  Schedule schedule_;
+  std::unique_ptr<GradientBuckets> sync_;  // on several ranks
+  double lr_ = 0;
+};
+
+// The run directory's checkpoints as the loop writes and reads them: the train state (with the
+// run's recipe and the tied files' fingerprints, checked on resume), metrics.csv and the
+// program's files, committed as one.
+class Checkpoints {
+ public:
+  Checkpoints(const TrainTask& task, const LoopOptions& o)
+      : task_(task), options_(o), recipe_(loop_recipe(o)) {}
+
+  // The tied files' fingerprints as this run finds them at its start.
+  const nlohmann::json& find_tied() { return tied_ = tied_fingerprints(task_); }
+  // Where the last good train state is, for messages.
+  std::string state_path() const { return options_.run_dir + "/" + kStateFile; }
+
+  // The current checkpoint into state, opt and rows; gives the generator states it saved, one
+  // list per rank that saved it.
+  std::vector<std::vector<uint64_t>> load(LoopState& state, Optimizer& opt,
+                                          std::vector<MetricsRow>& rows) const {
+    // Read from the checkpoint directory itself, not through the run/<name> links, which
+    // are for readers and which anything in the run directory could have replaced.
+    const std::string ckpt = current_checkpoint(options_.run_dir);
+    auto saved = load_train_state(ckpt + "/" + kStateFile, task_, recipe_, opt, state);
+    rows = read_metrics(ckpt + "/" + kMetricsFile, task_.metric_names, state.step);
+    return saved;
+  }
+
+  // The train state, metrics.csv and the program's files, committed as one checkpoint.
+  void save(const LoopState& snap, const std::vector<std::vector<uint64_t>>& generators,
+            const Optimizer& opt, const std::vector<MetricsRow>& rows) const {
+    CheckpointCommit c(options_.run_dir, snap.step);
+    save_train_state(c.path(kStateFile), task_, opt, snap, tied_, recipe_, generators);
+    write_metrics(c.path(kMetricsFile), task_.metric_names, rows);
+    const bool best = task_.stop_metric.empty() ||
+                      newest_is_best(rows, task_.stop_metric, task_.higher_is_better);
+    if (task_.on_validated) task_.on_validated(Validated{snap.step, rows, best, c});
+    c.commit();
+  }
+
+ private:
+  const TrainTask& task_;
+  const LoopOptions& options_;
+  nlohmann::json recipe_;  // loop_recipe(options_): kept in the train state, checked on resume
+  nlohmann::json tied_;
+};
+
 class Loop {
  public:
   // resume: whether run_dir has a checkpoint to continue (o.resume, and one was committed).
@@ -482,18 +771,17 @@ class Loop {
         resume_(resume),
         rank_(comm.rank()),
         ranks_(comm.size()),
-        quiet_(o.quiet || rank_ != 0),
-        params_(task.model->named_parameters()),
-        opt_(make_optimizer(params_, o)),
-        schedule_(loop_schedule(o)),
-        recipe_(loop_recipe(o)),
-        tty_(!quiet_ && isatty(2)) {}
+        step_(task, o, comm),
+        checkpoints_(task, o),
+        progress_(o, o.quiet || rank_ != 0),
+        stop_rule_(task, o) {}
 
   // Each step below either runs on every rank or fails on every rank (on_every_rank() holds no
   // collective call inside; the checks and synchronise_start() fail alike on every rank).
   LoopResult run() {
-    on_every_rank(comm_, [&] { tied_ = tied_fingerprints(task_); });
-    check_ranks_agree(comm_, task_, options_, tied_);
+    const nlohmann::json* tied = nullptr;
+    on_every_rank(comm_, [&] { tied = &checkpoints_.find_tied(); });
+    check_ranks_agree(comm_, task_, options_, *tied);
     on_every_rank(comm_, [&] { start(); });
     synchronise_start();
     if (ranks_ == 1) return train();
@@ -509,8 +797,7 @@ class Loop {
 
  private:
   LoopResult train() {
-    if (options_.patience > 0 &&
-        state_.since_best >= options_.patience) {  // a resumed run that had stopped early
+    if (stop_rule_.had_stopped(state_)) {
       say("the run had stopped early at step " + std::to_string(state_.step) + "; nothing to do");
       res_.stopped_early = true;
       res_.last_step = state_.step;
@@ -523,21 +810,23 @@ class Loop {
     // Off the validation cadence (a time budget): validate and save for the record, without
     // counting it for early stopping, so a resumed run stops where an uninterrupted one would.
     if (last_valid_step_ != state_.step) validate_and_save(false);
-    if (tty_) std::cerr << "\n";
+    progress_.finish();
     res_.last_step = state_.step;
-    res_.train_seconds = seconds_since(t_start_);
-    res_.tokens_per_s = (double)tok_total_ / std::max(1e-9, res_.train_seconds - valid_seconds_);
+    res_.train_seconds = progress_.since_start();
+    res_.tokens_per_s =
+        (double)progress_.tokens() / std::max(1e-9, res_.train_seconds - progress_.valid_seconds());
     res_.ranks = ranks_;
-    if (sync_) summarise_data_parallel();
+    if (step_.sync()) summarise_data_parallel();
     return res_;
   }
 
   // The gradient sums' share of the training time, in the result and in one line.
   void summarise_data_parallel() {
-    res_.buckets = sync_->bucket_count();
-    res_.gradient_bytes = sync_->total_bytes();
-    res_.allreduce_wait_seconds = sync_->wait_seconds();
-    const double train_s = res_.train_seconds - valid_seconds_;
+    const GradientBuckets& sync = *step_.sync();
+    res_.buckets = sync.bucket_count();
+    res_.gradient_bytes = sync.total_bytes();
+    res_.allreduce_wait_seconds = sync.wait_seconds();
+    const double train_s = res_.train_seconds - progress_.valid_seconds();
     char buf[320];
     std::snprintf(
         buf, sizeof buf,
@@ -550,25 +839,21 @@ class Loop {
     say(buf);
   }
 
-  void say(const std::string& s) const {
-    if (quiet_) return;
-    if (tty_) std::cerr << "\r\033[K";
-    std::cerr << s << std::endl;
-  }
-  double elapsed() const { return state_.elapsed + seconds_since(t_start_); }
+  void say(const std::string& s) const { progress_.say(s); }
+  double elapsed() const { return state_.elapsed + progress_.since_start(); }
   // A fresh run takes rank 0's initial weights on every rank. A resumed one checks that every
   // rank loaded the same state (one shared run directory), else the ranks would drift apart.
   void synchronise_start() {
     if (ranks_ == 1) return;
     if (!resume_) {
-      for (auto& [n, p] : params_) {
+      for (auto& [n, p] : step_.params()) {
         comm_.broadcast(p, 0);
         p.bump_version();
       }
       return;
     }
-    nn::NamedTensors state = params_;
-    for (auto& [n, t] : opt_->state_tensors()) state.emplace_back("optim." + n, t);
+    nn::NamedTensors state = step_.params();
+    for (auto& [n, t] : step_.optimizer().state_tensors()) state.emplace_back("optim." + n, t);
     const uint64_t sum = std::stoull(weights_checksum(state).substr(0, 16), nullptr, 16);
     const auto all = comm_.allgather({(uint64_t)state_.step, sum});
     for (int r = 1; r < ranks_; ++r)
@@ -593,42 +878,41 @@ class Loop {
     if (options_.resume && !resume_)
       say("no checkpoint in '" + options_.run_dir + "' yet: starting at step 0");
     if (resume_) {
-      // Read from the checkpoint directory itself, not through the run/<name> links, which
-      // are for readers and which anything in the run directory could have replaced.
-      const std::string ckpt = current_checkpoint(options_.run_dir);
-      const auto saved = load_train_state(ckpt + "/" + kStateFile, task_, recipe_, *opt_, state_);
-      last_valid_step_ =
-          state_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
-      rows_ = read_metrics(ckpt + "/" + kMetricsFile, task_.metric_names, state_.step);
-      say("resumed at step " + std::to_string(state_.step) + " (epoch " +
-          std::to_string(state_.epoch) + ", batch " + std::to_string(state_.pos) + "/" +
-          std::to_string(task_.batches) + ")");
-      if ((int)saved.size() == ranks_) {
-        set_generator_states(task_, saved[(size_t)rank_]);
-      } else {
-        // Another rank count shards each batch differently: the result cannot be the one the
-        // saved ranks would have reached, only one as good. Dropout streams start anew per rank.
-        set_generator_states(task_, rank_streams(saved[0], rank_));
-        say("the run was saved by " + std::to_string(saved.size()) + " rank" +
-            (saved.size() == 1 ? "" : "s") + " and resumes on " + std::to_string(ranks_) +
-            ": each rank's dropout stream is derived anew "
-            "(same weights, optimizer and batch order; not bit-identical to resuming on " +
-            std::to_string(saved.size()) + ")");
-      }
+      resume_from_checkpoint();
     } else {
       manual_seed(options_.seed);
       state_.order = shuffled_order(task_.batches, state_.batch_gen);
       set_generator_states(
           task_, rank_streams(generator_states(task_), rank_));  // dropout streams per rank
     }
-    if (ranks_ > 1)
-      sync_ = std::make_unique<GradientBuckets>(
-          params_, comm_, (size_t)(options_.bucket_mb * (1 << 20)), options_.overlap);
+    step_.start_data_parallel();
     res_.first_step = state_.step;
-    t_start_ = t_interval_ = t_draw_ = Clock::now();
+    progress_.start();
   }
 
-  std::string state_path() const { return options_.run_dir + "/" + kStateFile; }
+  // The train state, optimizer, metrics rows and generators of the run directory's checkpoint.
+  void resume_from_checkpoint() {
+    const auto saved = checkpoints_.load(state_, step_.optimizer(), progress_.rows());
+    last_valid_step_ =
+        state_.step;  // a checkpoint is taken at a validation: not again at a finished run's end
+    say("resumed at step " + std::to_string(state_.step) + " (epoch " +
+        std::to_string(state_.epoch) + ", batch " + std::to_string(state_.pos) + "/" +
+        std::to_string(task_.batches) + ")");
+    if ((int)saved.size() == ranks_) {
+      set_generator_states(task_, saved[(size_t)rank_]);
+      return;
+    }
+    // Another rank count shards each batch differently: the result cannot be the one the
+    // saved ranks would have reached, only one as good. Dropout streams start anew per rank.
+    set_generator_states(task_, rank_streams(saved[0], rank_));
+    say("the run was saved by " + std::to_string(saved.size()) + " rank" +
+        (saved.size() == 1 ? "" : "s") + " and resumes on " + std::to_string(ranks_) +
+        ": each rank's dropout stream is derived anew "
+        "(same weights, optimizer and batch order; not bit-identical to resuming on " +
+        std::to_string(saved.size()) + ")");
+  }
+
+  std::string state_path() const { return checkpoints_.state_path(); }
 
   void train_step() {
     if (state_.pos == task_.batches) {
@@ -637,59 +921,12 @@ class Loop {
       state_.order = shuffled_order(task_.batches, state_.batch_gen);
     }
     const int64_t b = state_.order[(size_t)state_.pos++];
-    lr_ = schedule_.lr(state_.step + 1);
-    opt_->set_lr(lr_);
-    const Shard shard{rank_, ranks_};
-    // A batch with fewer rows than ranks leaves the last ranks without rows: they add nothing.
-    const auto [first, last] =
-        ranks_ == 1 ? std::pair<int64_t, int64_t>{0, 1} : shard_rows(task_.examples(b), shard);
-    const bool has_rows = first < last;
-    const Tensor loss = !has_rows    ? Tensor()
-                        : task_.loss ? task_.loss(b, shard)
-                                     : task_.loss_of_batch(b);
-    const double lv = global_loss(loss);
-    if (!std::isfinite(lv)) {
-      autograd::clear_tape();
-      fail("train: the loss is " + std::to_string(lv) + " at step " +
-           std::to_string(state_.step + 1) + " (the last good state is in '" + state_path() + "'" +
-           (autograd::anomaly_mode()
-                ? ")"
-                : "; anomaly mode (GRAFT_DETECT_ANOMALY=1) names the op that made it)"));
-    }
-    if (has_rows) backward(loss);
-    else sync_->finish();
-    // A non-finite gradient would poison the Adam moments for good; skipping the update keeps
-    // the run alive and deterministic.
-    if (std::isfinite(clip_grad_norm(params_, options_.clip))) opt_->step();
-    opt_->zero_grad();
+    const double lv = step_.take(task_, b, state_.step + 1, state_path());
     ++state_.step;
     res_.losses.push_back(lv);
     state_.acc_loss += lv;
     ++state_.acc_n;
-    const int64_t n = task_.tokens(b);
-    tok_total_ += n;
-    tok_interval_ += n;
-    log(lv);
-  }
-
-  // The batch's loss: the sum of the ranks' parts.
-  double global_loss(const Tensor& loss) {
-    if (loss.defined() ? loss.numel() != 1 : ranks_ == 1)
-      fail("train: the task's loss is " + describe(loss) + ", not a scalar");
-    if (ranks_ == 1) return loss.item();
-    Tensor v = full({1}, loss.defined() ? loss.item() : 0.0, DType::f64);
-    comm_.allreduce_sum(v);
-    return v.item();
-  }
-
-  // Backward; on several ranks each gradient bucket's sum starts as soon as it is complete.
-  void backward(const Tensor& loss) {
-    if (!sync_) return loss.backward();
-    {
-      autograd::GradReadyScope hook([this](TensorImpl* leaf) { sync_->grad_ready(leaf); });
-      loss.backward();
-    }
-    sync_->finish();
+    progress_.step(state_, lv, step_.lr(), task_.tokens(b), res_.first_step, elapsed());
   }
 
   // Rank 0's validation metrics, on every rank (the others wait meanwhile).
@@ -714,126 +951,41 @@ class Loop {
     return vm;
   }
 
-  void log(double lv) {
-    const bool row = state_.step % options_.log_every == 0;
-    if (row) {
-      last_tps_ = (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
-      rows_.push_back(
-          as_written({state_.step, state_.acc_loss / (double)state_.acc_n, lr_, last_tps_, {}}));
-      state_.acc_loss = 0;
-      state_.acc_n = 0;
-      t_interval_ = Clock::now();
-      tok_interval_ = 0;
-    }
-    if (quiet_ || !(tty_ ? seconds_since(t_draw_) > 0.2 : row)) return;
-    t_draw_ = Clock::now();
-    const double tps = last_tps_ > 0
-                           ? last_tps_
-                           : (double)tok_interval_ / std::max(1e-9, seconds_since(t_interval_));
-    const double per_step = seconds_since(t_start_) / (double)(state_.step - res_.first_step);
-    double eta = options_.steps > 0 ? per_step * (double)(options_.steps - state_.step) : NAN;
-    if (options_.minutes > 0)
-      eta = std::isfinite(eta) ? std::min(eta, options_.minutes * 60 - elapsed())
-                               : options_.minutes * 60 - elapsed();
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "step %6lld  ep %lld  loss %.4f  lr %.2e  %6.0f tok/s  ETA %s",
-                  (long long)state_.step, (long long)state_.epoch, lv, lr_, tps,
-                  fmt_duration(eta).c_str());
-    if (tty_) std::cerr << "\r\033[K" << buf << std::flush;
-    else std::cerr << buf << std::endl;
-  }
-
-  // Returns true when early stopping ends the run (only validations on the cadence count).
+  // Returns true when the run stops here (only validations on the cadence count).
   bool validate_and_save(bool counts) {
     const auto t0 = Clock::now();
     const std::map<std::string, double> vm = validate_on_rank0();
-    // A run whose validation is not finite must not end "successfully" (nor overwrite the last
-    // good state with this one).
+    check_finite(vm);
+    res_.last_valid = vm;
+    progress_.validation_row(state_.step, vm);
+    const bool stop =
+        counts && (reached_target(vm, seconds_since(t0)) || stop_rule_.no_improvement(vm, state_));
+    LoopState snap = state_;
+    snap.elapsed = elapsed();
+    const auto generators = comm_.allgather(generator_states(task_));
+    if (rank_ == 0)  // rank 0 alone writes files
+      checkpoints_.save(snap, generators, step_.optimizer(), progress_.rows());
+    last_valid_step_ = state_.step;
+    progress_.validated(state_.step, task_.metric_names, vm, t0);
+    if (const std::string why = stop_rule_.why_stopped(res_, state_, stop); !why.empty()) say(why);
+    if (stop && !res_.reached_target) res_.stopped_early = true;
+    return stop;
+  }
+
+  // A run whose validation is not finite must not end "successfully" (nor overwrite the last
+  // good state with this one).
+  void check_finite(const std::map<std::string, double>& vm) const {
     for (auto& [name, v] : vm)
       if (!std::isfinite(v))
         fail("train: validation " + name + " is " + std::to_string(v) + " at step " +
              std::to_string(state_.step) + " (the last good state is in '" + state_path() + "')");
-    res_.last_valid = vm;
-    MetricsRow r{state_.step, NAN, NAN, NAN, {}};
-    if (!rows_.empty() && rows_.back().step == state_.step) {
-      r = rows_.back();
-      rows_.pop_back();
-    }
-    r.valid = vm;
-    rows_.push_back(as_written(r));
-    const bool stop =
-        counts && (reached_target(vm, seconds_since(t0)) || update_early_stopping(vm));
-    LoopState snap = state_;
-    snap.elapsed = elapsed();
-    const auto generators = comm_.allgather(generator_states(task_));
-    if (rank_ == 0) save_checkpoint(snap, generators);  // rank 0 alone writes files
-    last_valid_step_ = state_.step;
-    std::ostringstream os;
-    os << "step " << state_.step << " ";
-    for (auto& n : task_.metric_names)
-      os << " valid " << n << " " << fmt_num(vm.count(n) ? vm.at(n) : NAN);
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "  (%.1f s)", seconds_since(t0));
-    say(os.str() + buf);
-    // Validation time is not training throughput.
-    t_interval_ = Clock::now();
-    tok_interval_ = 0;
-    valid_seconds_ += seconds_since(t0);
-    if (res_.reached_target) {
-      say("reached valid " + task_.stop_metric + " " + fmt_num(options_.stop_at) + " at step " +
-          std::to_string(state_.step) + " after " + fmt_num(res_.seconds_to_target) +
-          " s of training (" + fmt_num(res_.wall_seconds_to_target) + " s wall)");
-    } else if (stop) {
-      res_.stopped_early = true;
-      say("early stopping: valid " + task_.stop_metric + " has not improved" +
-          (options_.min_delta > 0 ? " by more than " + fmt_num(options_.min_delta)
-                                  : std::string()) +
-          " for " + std::to_string(options_.patience) + " validations (best " +
-          fmt_num(state_.best) + ")");
-    }
-    return stop;
-  }
-
-  // The train state, metrics.csv and the program's files, committed as one checkpoint.
-  void save_checkpoint(const LoopState& snap,
-                       const std::vector<std::vector<uint64_t>>& generators) {
-    CheckpointCommit c(options_.run_dir, snap.step);
-    save_train_state(c.path(kStateFile), task_, *opt_, snap, tied_, recipe_, generators);
-    write_metrics(c.path(kMetricsFile), task_.metric_names, rows_);
-    const bool best = task_.stop_metric.empty() ||
-                      newest_is_best(rows_, task_.stop_metric, task_.higher_is_better);
-    if (task_.on_validated) task_.on_validated(Validated{snap.step, rows_, best, c});
-    c.commit();
   }
 
   // this_valid_s: the seconds this validation took, not training time.
   bool reached_target(const std::map<std::string, double>& vm, double this_valid_s) {
-    if (std::isnan(options_.stop_at)) return false;
-    auto it = vm.find(task_.stop_metric);
-    if (it == vm.end() || !std::isfinite(it->second)) return false;
-    if (task_.higher_is_better ? it->second < options_.stop_at : it->second > options_.stop_at)
-      return false;
-    res_.reached_target = true;
-    res_.target_step = state_.step;
-    res_.wall_seconds_to_target = seconds_since(t_start_);
-    res_.seconds_to_target = res_.wall_seconds_to_target - valid_seconds_ - this_valid_s;
-    return true;
-  }
-
-  bool update_early_stopping(const std::map<std::string, double>& vm) {
-    if (options_.patience <= 0) return false;
-    auto it = vm.find(task_.stop_metric);
-    const double v = it == vm.end() ? NAN : it->second;
-    const double gain = task_.higher_is_better ? v - state_.best : state_.best - v;
-    const bool better =
-        std::isfinite(v) && (!std::isfinite(state_.best) || gain > options_.min_delta);
-    if (better) {
-      state_.best = v;
-      state_.since_best = 0;
-    } else {
-      ++state_.since_best;
-    }
-    return state_.since_best >= options_.patience;
+    const double wall = progress_.since_start();
+    return stop_rule_.reached_target(vm, state_.step, wall,
+                                     wall - progress_.valid_seconds() - this_valid_s, res_);
   }
 
   const TrainTask& task_;
@@ -841,20 +993,13 @@ class Loop {
   Communicator& comm_;
   const bool resume_;
   const int rank_, ranks_;
-  const bool quiet_;  // o.quiet, or a rank other than 0
-  nn::NamedTensors params_;
-  std::unique_ptr<GradientBuckets> sync_;  // on several ranks
-  std::unique_ptr<Optimizer> opt_;
-  Schedule schedule_;
-  nlohmann::json recipe_;  // loop_recipe(options_): kept in the train state, checked on resume
-  bool tty_;
-  nlohmann::json tied_;  // the tied files' fingerprints as this run found them at its start
+  OptimizerStep step_;
+  Checkpoints checkpoints_;
   LoopState state_;
   LoopResult res_;
-  std::vector<MetricsRow> rows_;
-  Clock::time_point t_start_, t_interval_, t_draw_;
-  int64_t tok_total_ = 0, tok_interval_ = 0, last_valid_step_ = -1;
-  double lr_ = 0, last_tps_ = 0, valid_seconds_ = 0;
+  Progress progress_;
+  StopRule stop_rule_;
+  int64_t last_valid_step_ = -1;
 };
 
 }  // namespace
