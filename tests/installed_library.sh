@@ -38,6 +38,26 @@ for layer in autograd ops nn train text models; do
     [[ -f $LIBDIR/libgraft_$layer.a ]] || fail "neither libgraft_$layer.so nor .a is installed"
   fi
 done
+# The model fetch script beside the programs, and the installed embed's default --model: both the
+# user's cache (${XDG_CACHE_HOME:-~/.cache}/graft/all-MiniLM-L6-v2), never the prefix or a source
+# tree. No network here: a model directory already in place is all the script needs to find.
+[[ -x $P/bin/graft-fetch-model ]] || fail "bin/graft-fetch-model is not installed"
+model=$W/home/.cache/graft/all-MiniLM-L6-v2
+mkdir -p "$model" && touch "$model/model.safetensors" "$model/tokenizer.json" "$model/config.json"
+(cd "$W" && env -u XDG_CACHE_HOME HOME="$W/home" "$P/bin/graft-fetch-model") 2>"$W/fetch.log" &&
+  grep -qF "fetch_model: $model (already there)" "$W/fetch.log" ||
+  { cat "$W/fetch.log" >&2; fail "graft-fetch-model did not default to \$HOME/.cache/graft/all-MiniLM-L6-v2"; }
+fetch=$(cd "$P/bin" && pwd -P)/graft-fetch-model
+for env_var in "HOME=$W/nohome" "XDG_CACHE_HOME=$W/xdg"; do
+  default=$W/nohome/.cache/graft/all-MiniLM-L6-v2
+  [[ $env_var == XDG* ]] && default=$W/xdg/graft/all-MiniLM-L6-v2
+  rc=0
+  env -u XDG_CACHE_HOME "$env_var" "$P/bin/embed" similarity a b 2>"$W/embed.log" || rc=$?
+  [[ $rc -eq 2 ]] && grep -qF "'$default' is not a directory (the default): fetch all-MiniLM-L6-v2 into it with '$fetch $default'" "$W/embed.log" ||
+    { cat "$W/embed.log" >&2; fail "embed without --model ($env_var): exit $rc, not 2 naming $default and $fetch"; }
+done
+echo "installed_library: graft-fetch-model and embed agree on the model's default place, the user's cache"
+
 # The installed headers are the source tree's include/graft/, file for file (the fmt layout).
 diff -r "$SRC/include/graft" "$P/include/graft" >"$W/diff" ||
   { cat "$W/diff" >&2; fail "the installed include/graft differs from the source tree's include/graft"; }

@@ -4,12 +4,14 @@
 //   embed search --collection lines.txt --query "a sentence" [--top-k 5]
 //   embed similarity "one text" "another text"
 //   embed tokenize < lines.txt                                  (the token ids of each line)
-// --model DIR defaults to build/pretrained/all-MiniLM-L6-v2 (where `make embed` puts it).
+// --model DIR defaults to ${XDG_CACHE_HOME:-~/.cache}/graft/all-MiniLM-L6-v2, where the fetch
+// script (PREFIX/bin/graft-fetch-model once installed) puts the model by default.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -30,7 +32,26 @@ using namespace graft;
 
 namespace {
 
-constexpr const char* kDefaultModel = "build/pretrained/all-MiniLM-L6-v2";
+// The model directory without --model: the user's cache, ${XDG_CACHE_HOME:-~/.cache}/graft/
+// all-MiniLM-L6-v2, the fetch script's default too, so that an installed `embed` and an installed
+// graft-fetch-model agree wherever the prefix is. "" when neither variable is set.
+std::string default_model_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/graft/all-MiniLM-L6-v2";
+  const char* home = std::getenv("HOME");
+  if (home && *home) return std::string(home) + "/.cache/graft/all-MiniLM-L6-v2";
+  return {};
+}
+
+// The command that fetches the model: the installed script beside this program
+// (PREFIX/bin/graft-fetch-model), else the source tree's.
+std::string fetch_command() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::filesystem::exists(exe.parent_path() / "graft-fetch-model", ec))
+    return (exe.parent_path() / "graft-fetch-model").string();
+  return "examples/embed/fetch_model.sh";
+}
 constexpr size_t kMaxLineBytes = size_t(1) << 20;
 
 // The lines of a text file (one text each), every line checked for length and UTF-8 up front.
@@ -71,9 +92,14 @@ models::SentenceEncoder::Progress progress_line(const char* what) {
 }
 
 models::SentenceEncoder load_model(const std::string& dir) {
+  if (dir.empty())
+    fail(
+        "--model: no default directory (neither XDG_CACHE_HOME nor HOME is set): pass --model DIR");
   if (!std::filesystem::is_directory(dir))
-    fail("--model '" + dir +
-         "' is not a directory (run examples/embed/fetch_model.sh, or make embed)");
+    fail("--model '" + dir + "' is not a directory" +
+         (dir == default_model_dir() ? " (the default)" : "") +
+         ": fetch all-MiniLM-L6-v2 into it with '" + fetch_command() + " " + dir +
+         "', or pass --model DIR");
   return models::SentenceEncoder(dir);
 }
 
@@ -259,7 +285,7 @@ void add_model_option(CLI::App* sub, std::string& dir) {
 
 cli::Command add_encode(CLI::App& app) {
   struct Args {
-    std::string model = kDefaultModel, in, out;
+    std::string model = default_model_dir(), in, out;
     int64_t batch = 32;
   };
   auto a = std::make_shared<Args>();
@@ -277,7 +303,7 @@ cli::Command add_encode(CLI::App& app) {
 
 cli::Command add_search(CLI::App& app) {
   struct Args {
-    std::string model = kDefaultModel, collection, index;
+    std::string model = default_model_dir(), collection, index;
     std::vector<std::string> queries;
     int64_t top_k = 5, batch = 32;
   };
@@ -300,7 +326,7 @@ cli::Command add_search(CLI::App& app) {
 
 cli::Command add_similarity(CLI::App& app) {
   struct Args {
-    std::string model = kDefaultModel, a, b;
+    std::string model = default_model_dir(), a, b;
   };
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("similarity", "the cosine of two texts' embeddings");
@@ -313,7 +339,7 @@ cli::Command add_similarity(CLI::App& app) {
 
 cli::Command add_tokenize(CLI::App& app) {
   struct Args {
-    std::string model = kDefaultModel;
+    std::string model = default_model_dir();
     int64_t max_len = 512;
   };
   auto a = std::make_shared<Args>();
