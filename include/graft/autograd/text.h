@@ -6,7 +6,8 @@
 #include <string>
 #include <string_view>
 
-/// UTF-8 validation and printable excerpts of untrusted text.
+/// Text: UTF-8 validation and printable excerpts of untrusted text (here, in graft_autograd), and
+/// the tokenizers (graft/nn/text/, library graft_text).
 namespace graft::text {
 
 /// True when `s` is well-formed UTF-8.
