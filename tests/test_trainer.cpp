@@ -1,4 +1,4 @@
-// The library training loop (nn/trainer.h) on a toy task: it learns, resumes bit-exactly,
+// The library training loop (nn/train/trainer.h) on a toy task: it learns, resumes bit-exactly,
 // stops early, and refuses a non-finite loss or an empty task with a message naming the cause.
 #include <algorithm>
 #include <boost/test/unit_test.hpp>

@@ -1,4 +1,4 @@
-// Tests for text::WordPiece (nn/wordpiece.h): BERT's normalisation, pre-tokenization and
+// Tests for text::WordPiece (nn/text/wordpiece.h): BERT's normalisation, pre-tokenization and
 // WordPiece on a small hand-made vocabulary, its errors, and ids that Hugging Face `tokenizers`
 // 0.23.3 gives with all-MiniLM-L6-v2's tokenizer.json (where BUILD/pretrained has it). The check
 // on every line of the fortune files is tests/wordpiece_reference.sh.

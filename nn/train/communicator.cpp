@@ -14,7 +14,7 @@
 namespace graft::train {
 
 #ifdef GRAFT_HAVE_MPI
-// nn/mpi/mpi_communicator.cpp: initialises MPI and returns its world communicator.
+// nn/train/mpi/mpi_communicator.cpp: initialises MPI and returns its world communicator.
 std::unique_ptr<Communicator> make_mpi_communicator();
 bool mpi_available() { return true; }
 #else

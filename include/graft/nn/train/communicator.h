@@ -4,8 +4,8 @@
 /// uses nothing else, so an engine other than MPI plugs in by implementing this interface.
 ///
 /// Two implementations come with graft: a single process (everything is a no-op), and Open MPI
-/// (nn/mpi/mpi_communicator.cpp, compiled when CMake finds MPI). world_communicator() picks the
-/// MPI one when the program was started by mpirun, the single-process one otherwise.
+/// (nn/train/mpi/mpi_communicator.cpp, compiled when CMake finds MPI). world_communicator() picks
+/// the MPI one when the program was started by mpirun, the single-process one otherwise.
 #pragma once
 
 #include <cstdint>
