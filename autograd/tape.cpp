@@ -328,6 +328,42 @@ bool declared_double_backward(const char* op) {
 }
 }  // namespace
 
+namespace {
+// Whether a saved tensor on the graph holds `storage`: an op that saves input k itself beside a
+// copy of it (for a fast path) reads the input under create_graph.
+bool saved_on_graph(const Tensors& saved, const Storage* storage) {
+  for (const Tensor& t : saved)
+    if (t.defined() && t.requires_grad() && t.impl()->storage.get() == storage) return true;
+  return false;
+}
+
+// What goes wrong under create_graph when an op saves, instead of input k (which requires grad),
+// an untracked copy of it (kern::contig, contiguous_copy, cast_copy) or an untracked view of its
+// storage: the backward reads values off the graph, so the second derivative through them is
+// lost, silently. "" when no saved tensor is such a copy or view, or the input is saved too.
+std::string untracked_saved(const Tensors& inputs, const Tensors& saved) {
+  for (size_t s = 0; s < saved.size(); ++s) {
+    if (!saved[s].defined() || saved[s].requires_grad()) continue;
+    const Storage* st = saved[s].impl()->storage.get();
+    const std::shared_ptr<Storage> from = st->copied_from.lock();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const Tensor& x = inputs[k];
+      if (!x.defined() || !x.requires_grad()) continue;
+      const Storage* xs = x.impl()->storage.get();
+      const bool copy = from.get() == xs, view = st == xs;
+      if ((!copy && !view) || saved_on_graph(saved, xs)) continue;
+      const std::string how =
+          copy ? std::string("copy of input ") + std::to_string(k) + " (" + st->copied_by + ")"
+               : "view of input " + std::to_string(k);
+      return "saved tensor " + std::to_string(s) + " is an untracked " + how +
+             "; under create_graph its second derivative would be lost: save the input (or a "
+             "recorded op of it)";
+    }
+  }
+  return {};
+}
+}  // namespace
+
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             const std::vector<KeptBuffer>& kept, BackwardFn fn) {
   const bool double_backward = declared_double_backward(op);
@@ -359,6 +395,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
     e.inputs.push_back(std::move(r));
   }
   for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
+  if (double_backward) e.untracked_saved = untracked_saved(inputs, saved);
   e.saved = std::move(saved);
   mark_saved(e, true);
   for (const KeptBuffer& k : kept) {
@@ -589,6 +626,8 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   const RecordOrder order(e.order + 1);
   if (e.freed) already_freed(e.op);
   check_unmodified(e, p.create);
+  if (p.create && !e.untracked_saved.empty())
+    fail(backward_of(e, p.create) + ": " + e.untracked_saved);
   if (!e.retained.empty()) keep_retained(e, pend, p.create);
   Tensors dout = take_pending(e, pend, p.create);
   Ctx ctx;

@@ -196,9 +196,16 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
 /// Strides that read t as if it had shape `out` (0 along broadcast dimensions).
 /// @throws graft::Error when t is undefined.
 Shape broadcast_strides(const Tensor& t, const Shape& out);
-/// t itself when contiguous, else a contiguous copy (recording nothing).
+/// t itself when contiguous, else a contiguous copy (recording nothing). The copy is off the
+/// tape: an op that saves it for its backward instead of t loses t's second derivative, which
+/// backward under create_graph refuses (save t, or a recorded op of it, such as contiguous(t)).
 /// @throws graft::Error when t is undefined.
-inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
+inline Tensor contig(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = contiguous_copy(t);
+  c.impl()->storage->copied_by = "kern::contig";
+  return c;
+}
 /// The checks behind the library's error messages.
 /// @throws graft::Error "<op>: expected a float tensor, got ..." when t is undefined or not
 ///         float; "<op>: dtype mismatch ..." when a and b differ in dtype.
