@@ -187,8 +187,10 @@ void compact_if_empty() {
 
 namespace {
 // Backward reads what the entry saved and kept: fails if a saved tensor, or a tensor a kept buffer
-// was made from, was written in place since the op ran.
-void check_unmodified(const Entry& e, bool create) {
+// was made from, was written in place since the op ran, or (under create_graph) a saved tensor is
+// an untracked copy of an input (Entry::untracked_saved).
+void check_saved(const Entry& e, bool create) {
+  if (create && !e.untracked_saved.empty()) fail(backward_of(e, create) + ": " + e.untracked_saved);
   for (size_t s = 0; s < e.saved.size(); ++s) {
     if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
       fail(backward_of(e, create) + ": saved tensor " + std::to_string(s) + " (" +
@@ -362,6 +364,14 @@ std::string untracked_saved(const Tensors& inputs, const Tensors& saved) {
   }
   return {};
 }
+// The entry keeps `saved` for its backward: their versions (checked against in-place writes),
+// and whether one is an untracked copy of an input (refused under create_graph).
+void keep_saved(Entry& e, const Tensors& inputs, Tensors saved) {
+  for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
+  if (e.double_backward) e.untracked_saved = untracked_saved(inputs, saved);
+  e.saved = std::move(saved);
+  mark_saved(e, true);
+}
 }  // namespace
 
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
@@ -394,10 +404,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
     }
     e.inputs.push_back(std::move(r));
   }
-  for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
-  if (double_backward) e.untracked_saved = untracked_saved(inputs, saved);
-  e.saved = std::move(saved);
-  mark_saved(e, true);
+  keep_saved(e, inputs, std::move(saved));
   for (const KeptBuffer& k : kept) {
     e.kept.push_back(k.buffer);
     const auto& src = k.source.impl()->storage;
@@ -625,9 +632,7 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   // create_graph, are the next derivative.
   const RecordOrder order(e.order + 1);
   if (e.freed) already_freed(e.op);
-  check_unmodified(e, p.create);
-  if (p.create && !e.untracked_saved.empty())
-    fail(backward_of(e, p.create) + ": " + e.untracked_saved);
+  check_saved(e, p.create);
   if (!e.retained.empty()) keep_retained(e, pend, p.create);
   Tensors dout = take_pending(e, pend, p.create);
   Ctx ctx;
