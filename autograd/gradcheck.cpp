@@ -34,12 +34,21 @@ std::vector<OpCase>& cases() {
 
 namespace {
 
+// Why a second derivative that is exactly 0 where the numeric one is not goes wrong: the usual
+// cause is a backward that computes its gradient off the tape under create_graph.
+constexpr const char* kZeroSecondDerivative =
+    ": the analytic second derivative is exactly 0, so the op's backward may not be "
+    "differentiable (it runs untracked kernels or saves untracked copies under create_graph): "
+    "build its gradient from recorded ops when Ctx::create_graph is set, or declare the op "
+    "GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE";
+
 // Compares `analytic` (one value per element of x, in row-major order) with central differences
 // of f() as each element of x moves by +-eps; the worst excess over the tolerance goes in res.
+// `second_order`: analytic holds second derivatives (gradgradcheck), and an exact 0 says why.
 template <class F>
 void check_against_differences(GradcheckResult& res, double& worst_excess, const std::string& label,
                                const Tensor& x, const std::vector<double>& analytic, F&& f,
-                               const GradcheckOptions& opt) {
+                               const GradcheckOptions& opt, bool second_order = false) {
   std::vector<int64_t> offs;
   for_each_offset(x.shape(), x.strides(), [&](int64_t o) { offs.push_back(o); });
   double* p = x.data<double>();
@@ -60,6 +69,7 @@ void check_against_differences(GradcheckResult& res, double& worst_excess, const
       os.precision(10);
       os << label << " " << describe(x) << " at " << index_str(x.shape(), j) << ": analytic "
          << analytic[j] << ", numeric " << numeric << " (|diff| " << err << ")";
+      if (second_order && analytic[j] == 0.0) os << kZeroSecondDerivative;
       res.message = os.str();
       res.ok = false;
     }
@@ -198,7 +208,7 @@ GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const Gradc
     const bool is_v = k + 1 == so.wrt.size();
     check_against_differences(res, worst_excess,
                               is_v ? "upstream gradient" : "input " + std::to_string(so.index[k]),
-                              so.wrt[k], analytic[k], weighted_first, opt);
+                              so.wrt[k], analytic[k], weighted_first, opt, true);
   }
   return res;
 }

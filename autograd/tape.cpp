@@ -187,8 +187,10 @@ void compact_if_empty() {
 
 namespace {
 // Backward reads what the entry saved and kept: fails if a saved tensor, or a tensor a kept buffer
-// was made from, was written in place since the op ran.
-void check_unmodified(const Entry& e, bool create) {
+// was made from, was written in place since the op ran, or (under create_graph) a saved tensor is
+// an untracked copy of an input (Entry::untracked_saved).
+void check_saved(const Entry& e, bool create) {
+  if (create && !e.untracked_saved.empty()) fail(backward_of(e, create) + ": " + e.untracked_saved);
   for (size_t s = 0; s < e.saved.size(); ++s) {
     if (e.saved[s].defined() && e.saved[s].version() != e.saved_versions[s])
       fail(backward_of(e, create) + ": saved tensor " + std::to_string(s) + " (" +
@@ -328,6 +330,50 @@ bool declared_double_backward(const char* op) {
 }
 }  // namespace
 
+namespace {
+// Whether a saved tensor on the graph holds `storage`: an op that saves input k itself beside a
+// copy of it (for a fast path) reads the input under create_graph.
+bool saved_on_graph(const Tensors& saved, const Storage* storage) {
+  for (const Tensor& t : saved)
+    if (t.defined() && t.requires_grad() && t.impl()->storage.get() == storage) return true;
+  return false;
+}
+
+// What goes wrong under create_graph when an op saves, instead of input k (which requires grad),
+// an untracked copy of it (kern::contig, contiguous_copy, cast_copy) or an untracked view of its
+// storage: the backward reads values off the graph, so the second derivative through them is
+// lost, silently. "" when no saved tensor is such a copy or view, or the input is saved too.
+std::string untracked_saved(const Tensors& inputs, const Tensors& saved) {
+  for (size_t s = 0; s < saved.size(); ++s) {
+    if (!saved[s].defined() || saved[s].requires_grad()) continue;
+    const Storage* st = saved[s].impl()->storage.get();
+    const std::shared_ptr<Storage> from = st->copied_from.lock();
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const Tensor& x = inputs[k];
+      if (!x.defined() || !x.requires_grad()) continue;
+      const Storage* xs = x.impl()->storage.get();
+      const bool copy = from.get() == xs, view = st == xs;
+      if ((!copy && !view) || saved_on_graph(saved, xs)) continue;
+      const std::string how =
+          copy ? std::string("copy of input ") + std::to_string(k) + " (" + st->copied_by + ")"
+               : "view of input " + std::to_string(k);
+      return "saved tensor " + std::to_string(s) + " is an untracked " + how +
+             "; under create_graph its second derivative would be lost: save the input (or a "
+             "recorded op of it)";
+    }
+  }
+  return {};
+}
+// The entry keeps `saved` for its backward: their versions (checked against in-place writes),
+// and whether one is an untracked copy of an input (refused under create_graph).
+void keep_saved(Entry& e, const Tensors& inputs, Tensors saved) {
+  for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
+  if (e.double_backward) e.untracked_saved = untracked_saved(inputs, saved);
+  e.saved = std::move(saved);
+  mark_saved(e, true);
+}
+}  // namespace
+
 void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tensors saved,
             const std::vector<KeptBuffer>& kept, BackwardFn fn) {
   const bool double_backward = declared_double_backward(op);
@@ -358,9 +404,7 @@ void record(const char* op, const Tensors& inputs, const Tensors& outputs, Tenso
     }
     e.inputs.push_back(std::move(r));
   }
-  for (auto& s : saved) e.saved_versions.push_back(s.defined() ? s.version() : 0);
-  e.saved = std::move(saved);
-  mark_saved(e, true);
+  keep_saved(e, inputs, std::move(saved));
   for (const KeptBuffer& k : kept) {
     e.kept.push_back(k.buffer);
     const auto& src = k.source.impl()->storage;
@@ -588,7 +632,7 @@ void run_entry(Pass& p, int64_t i, std::vector<Grad>& pend) {
   // create_graph, are the next derivative.
   const RecordOrder order(e.order + 1);
   if (e.freed) already_freed(e.op);
-  check_unmodified(e, p.create);
+  check_saved(e, p.create);
   if (!e.retained.empty()) keep_retained(e, pend, p.create);
   Tensors dout = take_pending(e, pend, p.create);
   Ctx ctx;

@@ -580,10 +580,20 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   dst.bump_version();
 }
 
+namespace {
+// Marks `copy` as made off the tape from `source` (Storage::copied_from), so the tape can tell an
+// op that saves it instead of its input.
+void tag_copy(const Tensor& copy, const Tensor& source, const char* helper) {
+  copy.impl()->storage->copied_from = source.impl()->storage;
+  copy.impl()->storage->copied_by = helper;
+}
+}  // namespace
+
 Tensor contiguous_copy(const Tensor& t) {
   check_defined(t, "contiguous_copy", "the tensor");
   Tensor out = Tensor::empty(t.shape(), t.dtype());
   copy_into(out, t);
+  tag_copy(out, t, "contiguous_copy");
   return out;
 }
 
@@ -591,6 +601,7 @@ Tensor cast_copy(const Tensor& t, DType dt) {
   check_defined(t, "cast_copy", "the tensor");
   Tensor out = Tensor::empty(t.shape(), dt);
   copy_into(out, t);
+  tag_copy(out, t, "cast_copy");
   return out;
 }
 

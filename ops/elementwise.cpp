@@ -844,24 +844,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return out;
 }
 
-Tensor eq(const Tensor& a, double v) {
-  check_defined(a, "eq", "a");
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  auto vals = a.to_vector<double>();
-  switch (a.dtype()) {
-    case DType::f32:
-      for (size_t i = 0; i < vals.size(); ++i) out.data<float>()[i] = vals[i] == v;
-      break;
-    case DType::f64:
-      for (size_t i = 0; i < vals.size(); ++i) out.data<double>()[i] = vals[i] == v;
-      break;
-    case DType::i64:
-      for (size_t i = 0; i < vals.size(); ++i) out.data<int64_t>()[i] = vals[i] == v;
-      break;
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Gradcheck cases.
 namespace {

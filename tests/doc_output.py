@@ -92,7 +92,30 @@ def examples(path):
         yield start + 1, "\n".join(body) + "\n", expected
 
 
+DEFINES_OP = re.compile(r"GRAFT_DECLARE_OP|\bunary_row\s*<|\bautograd::record\s*\(")
+
+
+def unchecked_op(program):
+    """Why a program that defines an op (declares one, builds a table row or records a tape entry)
+    does not check it, or None: an example op must run gradcheck and gradgradcheck, so a docs
+    example cannot teach a backward that is wrong at the first or the second order."""
+    if not DEFINES_OP.search(program):
+        return None
+    missing = [check for check in ("gradcheck", "gradgradcheck") if not re.search(rf"\b{check}\s*\(", program)]
+    return f"defines an op but never calls {' nor '.join(missing)}" if missing else None
+
+
+def check_ops_checked(pages):
+    """Exits with the page and line of each example that defines an op without checking it."""
+    bad = [f"{path}:{line}: the C++ example {why}" for path in pages
+           for line, program, _ in examples(path) if (why := unchecked_op(program))]
+    if bad:
+        sys.exit("\n".join(bad) + "\n(every example that defines an op runs gradcheck and gradgradcheck"
+                 " on it: docs/testing.md#doc-tests)")
+
+
 def extract(out_dir, pages):
+    check_ops_checked(pages)
     root = os.path.dirname(os.path.abspath(pages[0]))
     for path in pages:
         for line, program, expected in examples(path):
@@ -203,6 +226,29 @@ five
 """
 
 
+OP_SAMPLES = [  # (program, checked)
+    ('int main() { std::puts("no op"); }', True),
+    ('GRAFT_DECLARE_OP("f", "custom");\nint main() { gradcheck(fn, x); gradgradcheck(fn, x); }', True),
+    ('GRAFT_DECLARE_OP("f", "custom");\nint main() { gradcheck(fn, x); }', False),
+    ('GRAFT_DECLARE_OP("f", "custom");\nint main() { gradgradcheck(fn, x); }', False),
+    ("const UnaryOp k = unary_row<f, df>({});\nint main() {}", False),
+    ("int main() { autograd::record(\"f\", {x}, {y}, {x}, fn); gradcheck(a, b); gradgradcheck(a, b); }", True),
+]
+
+
+def self_test_ops_checked():
+    """The op rule on samples, and on the repository's own README.md and docs/*.md."""
+    bad = [f"unchecked_op({program!r}): want {'none' if checked else 'a reason'}"
+           for program, checked in OP_SAMPLES if (unchecked_op(program) is None) != checked]
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    docs = os.path.join(root, "docs")
+    pages = [os.path.join(root, "README.md")] + sorted(
+        os.path.join(docs, f) for f in os.listdir(docs) if f.endswith(".md"))
+    bad += [f"{os.path.relpath(path, root)}:{line}: the C++ example {why}" for path in pages
+            for line, program, _ in examples(path) if (why := unchecked_op(program))]
+    return bad
+
+
 def self_test():
     import contextlib
     import io
@@ -225,6 +271,7 @@ def self_test():
             with contextlib.redirect_stderr(io.StringIO()):
                 if compare(os.path.join(d, "page_md_L31.expected"), os.path.join(d, "out")) != status:
                     bad.append(f"compare() of {printed!r}: want exit status {status}")
+    bad += self_test_ops_checked()
     for b in bad:
         print("doc_output self-test:", b, file=sys.stderr)
     print(f"doc_output self-test: {len(SAMPLES)} samples and a sample page, {len(bad)} wrong")

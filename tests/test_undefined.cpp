@@ -643,6 +643,40 @@ std::vector<Case> cases() {
                      (void)(name == "div" ? div(t[0], t[1]) : t[0] / t[1]);
                  }});
   }
+  // ---- ops/compare.h (issue 48: comparisons and logical ops on masks) ----
+  using Binary = Tensor (*)(const Tensor&, const Tensor&);
+  using WithScalar = Tensor (*)(const Tensor&, double);
+  for (auto [name, op] : {std::pair<std::string, Binary>{"eq", eq},
+                          {"ne", ne},
+                          {"lt", lt},
+                          {"le", le},
+                          {"gt", gt},
+                          {"ge", ge},
+                          {"logical_and", logical_and},
+                          {"logical_or", logical_or}})
+    c.push_back({name + "(const Tensor&, const Tensor&)",
+                 [] {
+                   return Tensors{f({2, 3}), f({3})};
+                 },
+                 [op](const Tensors& t) { op(t[0], t[1]); }});
+  for (auto [name, op] : {std::pair<std::string, WithScalar>{"ne", ne},
+                          {"lt", lt},
+                          {"le", le},
+                          {"gt", gt},
+                          {"ge", ge}})
+    c.push_back(one(
+        name + "(const Tensor&, double)",
+        [] {
+          return f({2, 3});
+        },
+        [op](const Tensor& t) { op(t, 0.5); }));
+  c.push_back(one(
+      "logical_not(const Tensor&)",
+      [] {
+        return f({2, 3});
+      },
+      [](const Tensor& t) { logical_not(t); }));
+  // ---- end of ops/compare.h ----
   return c;
 }
 

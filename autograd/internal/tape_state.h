@@ -52,6 +52,9 @@ struct Entry {
   bool freed = false;
   int order = 1;  ///< 1 + the order of the backward that recorded it (1: recorded by a forward)
   bool double_backward = true;  ///< its op's backward is differentiable (declare_op())
+  /// Why a backward under create_graph would be wrong: a saved tensor is an untracked copy or
+  /// view of an input that requires grad (see untracked_saved() in tape.cpp); empty when none.
+  std::string untracked_saved;
 };
 
 /// Tape ids start at 1 (0 in a TapeLink means "never recorded") and are never reused, so a

@@ -45,7 +45,9 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
 /// (which itself requires grad), the first gradients G(x, v) = d(sum(fn(x) * v))/dx are taken
 /// with create_graph, and the double backward's d(sum_k G_k * u_k)/d(x, v), u random, is compared
 /// with central differences of the first gradients (each computed by an ordinary backward).
-/// Inputs are modified in place while it runs and restored.
+/// Inputs are modified in place while it runs and restored. A failure whose analytic second
+/// derivative is exactly 0 says why that usually happens (a backward that runs untracked kernels
+/// or saves untracked copies under create_graph).
 /// @throws graft::Error as gradcheck(), and the error of an op declared without a double
 ///         backward (declare_op()) when fn uses one.
 GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs,

@@ -93,6 +93,13 @@ struct Storage {
   /// How many live tape entries save a tensor of this storage: an op may keep a smaller copy of an
   /// input for its backward instead of the input itself only when no other entry keeps it anyway.
   std::atomic<uint32_t> saved_by_tape{0};
+  /// Set on the storage of a copy made off the tape (contiguous_copy(), cast_copy(),
+  /// kern::contig()): the storage it was copied from. An op that saves such a copy of an input
+  /// that requires grad loses that input's second derivative, so backward under create_graph
+  /// refuses it (autograd/tape.h, record()). Empty for any other storage.
+  std::weak_ptr<Storage> copied_from;
+  /// The helper that made the copy ("contiguous_copy", "kern::contig", ...), for that error.
+  const char* copied_by = nullptr;
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
   static size_t
   peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()

@@ -3,9 +3,11 @@
 /// that vectorises, the parallel loop over index ranges, strided iteration, the float checks
 /// that make the library's error messages, and a matmul into a given buffer. No oneDNN here.
 ///
-/// The float overloads of kern::exp, kern::sin and kern::cos are branch-free polynomials, so a
-/// loop calling them vectorises (glibc's expf/sinf do not without -ffast-math); the double
-/// overloads call std::exp, std::sin, std::cos (the float64 reference). A unary op written as
+/// The float overloads of kern::exp, kern::log, kern::tanh, kern::sigmoid, kern::sin and
+/// kern::cos are branch-free polynomials, so a loop calling them vectorises (glibc's expf/sinf do
+/// not without -ffast-math); the double overloads call std:: (the float64 reference). The array
+/// forms kern::exp(x, y, n) and friends are compiled into the library, vectorised whatever the
+/// caller's flags. A unary op written as
 /// a table row with unary_row() (ops/elementwise.h) uses them for its float32 loop, which the
 /// compiler vectorises at -O3, or at any level under -fopenmp (GRAFT_SIMD).
 #pragma once
@@ -14,6 +16,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "graft/autograd/tensor.h"
 
@@ -135,6 +138,85 @@ inline double sin(double x) { return std::sin(x); }
 inline double cos(double x) { return std::cos(x); }
 ///@}
 
+/// The float bits of an int32 pattern and back (the special values below are selected by bits).
+///@{
+inline float float_bits(int32_t i) { return std::bit_cast<float>(i); }
+inline int32_t bits_of(float x) { return std::bit_cast<int32_t>(x); }
+///@}
+
+/// ln x in float without a libm call, so loops calling it vectorise: x = m 2^e with m in
+/// [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172, by its odd series
+/// to s^9 (truncation below 4e-10), and e ln 2 in two parts. Denormals are scaled first. Within
+/// 2 ulp of std::log (measured, tests/test_kern_math.cpp); 0 gives -inf, a negative x NaN, inf
+/// inf, NaN NaN.
+inline float log(float x) {
+  // Every choice is an integer compare on the bits and a select, computed unconditionally: float
+  // compares made GCC branch around the work and leave the loop scalar.
+  const int32_t xb = bits_of(x), mag = xb & 0x7FFFFFFF;
+  const bool tiny = xb < 0x00800000;  // subnormal, 0 or negative: scale by 2^23 (sign kept)
+  const int32_t b = bits_of(x * (tiny ? 8388608.0f : 1.0f));
+  const int32_t mb = (b & 0x007FFFFF) | 0x3F800000;  // m in [1, 2)
+  const bool above = mb > 0x3FB504F3;                // m > sqrt(2): halve it
+  const float m = float_bits(above ? mb - 0x00800000 : mb);
+  const float e = (float)(((b >> 23) & 0xFF) - 127 + (above ? 1 : 0) - (tiny ? 23 : 0));
+  const float s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+  float p = 2.0f / 9;
+  p = p * s2 + 2.0f / 7;
+  p = p * s2 + 2.0f / 5;
+  p = p * s2 + 2.0f / 3;
+  p = p * s2 + 2.0f;
+  int32_t r = bits_of(e * 0.693145751953125f + (s * p + e * 1.428606765330187e-06f));
+  r = mag == 0 ? int32_t(0xFF800000) : r;        // +-0: -inf
+  r = xb < 0 && mag != 0 ? 0x7FC00000 : r;       // negative: NaN
+  r = xb == 0x7F800000 ? xb : r;                 // +inf: +inf
+  return float_bits(mag > 0x7F800000 ? xb : r);  // NaN: itself
+}
+/// The float64 reference of log(float): std::log.
+inline double log(double x) { return std::log(x); }
+
+/// tanh x in float without a libm call: for |x| < 0.4 its odd Taylor series to x^15 (truncation
+/// below 1e-9 relative), beyond 1 - 2 / (e^{2|x|} + 1) with kern::exp, the sign copied back.
+/// Within 3 ulp of std::tanh (1.4 measured, tests/test_kern_math.cpp); +-inf give +-1, NaN NaN.
+inline float tanh(float x) {
+  const float a = std::fabs(x), x2 = a * a;
+  float p = -929569.0f / 638512875;
+  p = p * x2 + 21844.0f / 6081075;
+  p = p * x2 - 1382.0f / 155925;
+  p = p * x2 + 62.0f / 2835;
+  p = p * x2 - 17.0f / 315;
+  p = p * x2 + 2.0f / 15;
+  p = p * x2 - 1.0f / 3;
+  const float small = a + a * x2 * p;
+  const float large = 1.0f - 2.0f / (exp(2.0f * a) + 1.0f);
+  return std::copysign(bits_of(a) < 0x3ECCCCCD ? small : large, x);  // |x| < 0.4f by its bits
+}
+/// The float64 reference of tanh(float): std::tanh.
+inline double tanh(double x) { return std::tanh(x); }
+
+/// The logistic sigmoid 1 / (1 + e^-x) in float with kern::exp: within 3 ulp of the float64
+/// formula (2 measured) where it is above 2e-38; below x = -87 it is 0 or under 2e-38; NaN gives
+/// NaN.
+inline float sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
+/// The float64 reference: 1 / (1 + std::exp(-x)).
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+/// y[i] = f(x[i]) for i < n, f one of exp, log, tanh, sigmoid above, compiled into the library
+/// (ops/kern_math.cpp) with OpenMP SIMD: the float loops vectorise whatever flags the calling
+/// code is built with (-O2, no -fopenmp, no -march), which the inline functions called in the
+/// caller's own loop do not promise. The double versions call std:: per element (the float64
+/// reference; glibc's are not vectorised). x and y may be the same array; no threads are started
+/// (call them on kern::parallel_for's chunks).
+///@{
+void exp(const float* x, float* y, int64_t n);
+void exp(const double* x, double* y, int64_t n);
+void log(const float* x, float* y, int64_t n);
+void log(const double* x, double* y, int64_t n);
+void tanh(const float* x, float* y, int64_t n);
+void tanh(const double* x, double* y, int64_t n);
+void sigmoid(const float* x, float* y, int64_t n);
+void sigmoid(const double* x, double* y, int64_t n);
+///@}
+
 // ---- parallel loops -----------------------------------------------------------------------------
 
 /// Work (in elements) below which a loop runs on one thread: forking costs more than it saves.
@@ -196,9 +278,16 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b);
 /// Strides that read t as if it had shape `out` (0 along broadcast dimensions).
 /// @throws graft::Error when t is undefined.
 Shape broadcast_strides(const Tensor& t, const Shape& out);
-/// t itself when contiguous, else a contiguous copy (recording nothing).
+/// t itself when contiguous, else a contiguous copy (recording nothing). The copy is off the
+/// tape: an op that saves it for its backward instead of t loses t's second derivative, which
+/// backward under create_graph refuses (save t, or a recorded op of it, such as contiguous(t)).
 /// @throws graft::Error when t is undefined.
-inline Tensor contig(const Tensor& t) { return t.is_contiguous() ? t : contiguous_copy(t); }
+inline Tensor contig(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor c = contiguous_copy(t);
+  c.impl()->storage->copied_by = "kern::contig";
+  return c;
+}
 /// The checks behind the library's error messages.
 /// @throws graft::Error "<op>: expected a float tensor, got ..." when t is undefined or not
 ///         float; "<op>: dtype mismatch ..." when a and b differ in dtype.

@@ -207,7 +207,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 
 /// 1 where a == v else 0, same shape and dtype as a (any dtype); not differentiable (the result
-/// never requires grad), such as a padding mask from token ids.
+/// never requires grad), such as a padding mask from token ids. An int64 a against an integral v
+/// compares exactly. The other comparisons are in ops/compare.h.
 /// @throws graft::Error when a is undefined.
 Tensor eq(const Tensor& a, double v);
 

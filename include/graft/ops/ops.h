@@ -3,6 +3,7 @@
 #pragma once
 
 #include "graft/ops/attention.h"
+#include "graft/ops/compare.h"
 #include "graft/ops/dropout.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/heads.h"
