@@ -181,7 +181,7 @@ models::LMConfig preset(const std::string& name) {
     // stays tied to the embedding as lm-mini's.
     c.d_model = 128, c.heads = 4, c.d_ff = 384, c.layers = 2, c.max_len = 128;
     c.positions.kind = nn::Positions::rope;
-    c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.kv_heads = 2, c.bias = false;
+    c.rms_norm = true, c.activation = nn::Activation::swiglu, c.kv_heads = 2, c.bias = false;
   } else {
     fail("unknown preset '" + text::printable(name) + "' (known: lm-mini, lm-small, llama-mini)");
   }
