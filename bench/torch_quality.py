@@ -154,11 +154,14 @@ def main():
     torch.manual_seed(1)
     cfg = json.load(open(os.path.join(a.run, "config.json")))
     m, t = cfg["model"], cfg["train"]
+    # The schedule is in the recipe (graft >= 0.6); older runs kept it at the top level.
+    s = t["recipe"]["schedule"] if "recipe" in t else \
+        {"schedule": "noam" if t["lr"] == 0 else "constant", "warmup": t["warmup"], "factor": t["lr_factor"]}
     if m["positions"] != "sinusoidal" or m["norm_first"] or not m["final_norm"] or m["activation"] != "relu" \
-            or m["attention_dropout"] != 0 or t["lr"] > 0:
+            or m["attention_dropout"] != 0 or s["schedule"] != "noam":
         sys.exit("torch_quality.py: the peer model is post-LN nn.Transformer with sinusoidal positions, "
                  "ReLU, no attention dropout and the Noam schedule; the run differs")
-    d, warmup, factor = m["d_model"], t["warmup"], t["lr_factor"]
+    d, warmup, factor = m["d_model"], s["warmup"], s["factor"]
     model = torch_peer.build_seq2seq(torch, d, m["heads"], m["d_ff"], m["enc_layers"], m["vocab"], m["dropout"])
     if m["enc_layers"] != m["dec_layers"]:
         sys.exit("torch_quality.py: the peer needs as many encoder as decoder layers")

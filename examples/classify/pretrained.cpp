@@ -288,8 +288,7 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
     nn::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
       nn::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
-    const nlohmann::json schedule{
-        {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", nn::loop_recipe(lo)}};
+    const nlohmann::json schedule{{"recipe", nn::loop_recipe(lo)}};
     nn::save_json(cfg_path, {{"family", "pretrained"},
                              {"model", c.to_json()},
                              {"labels", s.labels},

@@ -36,8 +36,6 @@ nlohmann::json options_json(const TrainOptions& o, int64_t context) {
           {"positions", o.positions},
           {"context", context},
           {"batch_rows", o.batch_rows},
-          {"lr_factor", o.loop.lr_factor},
-          {"warmup", o.loop.warmup},
           {"dropout", o.dropout},
           {"seed", o.loop.seed},
           {"recipe", nn::loop_recipe(o.loop)}};
@@ -227,11 +225,8 @@ void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
   const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
   o.text = nn::json_field<std::vector<std::string>>(t, "text", where);
   o.batch_rows = nn::json_field<int64_t>(t, "batch_rows", where);
-  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
   o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
-  if (t.contains("recipe"))
-    nn::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
+  tasks::apply_saved_recipe(t, o.loop, where);
   if (o.batch_rows < 1 || o.batch_rows > 4096)
     fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
   nn::check_loop_options(o.loop);

@@ -18,6 +18,7 @@
 #include "examples/common/curves.h"
 #include "examples/common/graph_file.h"
 #include "examples/common/lines.h"
+#include "examples/common/train_task.h"
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
@@ -328,15 +329,6 @@ nlohmann::json TrainOptions::to_json() const {
           {"steps", loop.steps},
           {"minutes", loop.minutes},
           {"batch_tokens", batch_tokens},
-          {"lr_factor", loop.lr_factor},
-          {"warmup", loop.warmup},
-          {"lr", loop.lr},
-          {"optimizer", loop.optimizer},
-          {"weight_decay", loop.weight_decay},
-          {"schedule", loop.schedule},
-          {"min_lr", loop.min_lr},
-          {"decay_steps",
-           loop.schedule == "cosine" && loop.decay_steps == 0 ? loop.steps : loop.decay_steps},
           {"label_smoothing", label_smoothing},
           {"dropout", dropout},
           {"pre_ln", pre_ln},
@@ -345,7 +337,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"vocab", vocab},
           {"valid_every", loop.valid_every},
           {"seed", loop.seed},
-          {"recipe", nn::loop_recipe(loop)}};
+          {"recipe", nn::loop_recipe(loop)}};  // the one place of lr, warmup, lr_factor, ...
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,19 +480,7 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
       saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   o.batch_tokens = nn::json_field<int64_t>(t, "batch_tokens", where);
-  o.loop.lr_factor = nn::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = nn::json_field<int64_t>(t, "warmup", where);
-  o.loop.lr = nn::json_field<double>(t, "lr", where);
-  if (t.contains("recipe")) {
-    nn::apply_recipe(t["recipe"], o.loop, where);  // as lm and classify; graft >= 0.6
-  } else {
-    // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
-    o.loop.optimizer = t.value("optimizer", std::string("adam"));
-    o.loop.weight_decay = t.value("weight_decay", 0.0);
-    o.loop.schedule = t.value("schedule", std::string("auto"));
-    o.loop.min_lr = t.value("min_lr", 0.0);
-    o.loop.decay_steps = t.value("decay_steps", int64_t(0));
-  }
+  tasks::apply_saved_recipe(t, o.loop, where);
   o.label_smoothing = nn::json_field<double>(t, "label_smoothing", where);
   o.loop.seed = nn::json_field<uint64_t>(t, "seed", where);
   models::model_section(saved, cfg_path, "resume");
