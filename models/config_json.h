@@ -249,7 +249,13 @@ template <class C, class At>
 ConfigField<C> activation_field(At at, const std::vector<nn::Activation>& allowed) {
   ChoiceNames<nn::Activation> names;
   for (nn::Activation a : allowed) names.push_back({a, nn::activation_name(a)});
-  return choice_field<C, nn::Activation>("activation", at, names, "the FFN's activation");
+  ConfigField<C> f =
+      choice_field<C, nn::Activation>("activation", at, names, "the FFN's activation");
+  f.check = [=](const C& c, const ConfigCheck& k) {  // names the value refused
+    if (!*choice_name(names, at(c)))
+      k.bad("activation", "must be " + choices_text(names) + ", got " + nn::activation_name(at(c)));
+  };
+  return f;
 }
 
 /// Writes every field of the table into a JSON object.

@@ -10,6 +10,7 @@
 #include "graft/models/transformer.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
+#include "tests/tiny_models.h"
 
 using namespace graft;
 using graft::testing::ids;
@@ -18,18 +19,8 @@ using namespace graft::models;
 namespace {
 
 TransformerConfig small_cfg(DType dt = DType::f32, bool pre_ln = false) {
-  TransformerConfig c;
-  c.vocab = 23;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 24;
-  c.enc_layers = 2;
-  c.dec_layers = 2;
-  c.max_len = 32;
-  c.dropout = 0.0;
+  TransformerConfig c = graft::testing::tiny_transformer(/*max_len=*/32, /*seed=*/3, dt);
   c.norm_first = pre_ln;
-  c.dtype = dt;
-  c.seed = 3;
   return c;
 }
 
@@ -787,5 +778,12 @@ BOOST_AUTO_TEST_CASE(config_field_tables_drive_json_and_validation) {
   BOOST_CHECK_EXCEPTION(t.validate("x.json"), Error, [](const Error& e) {
     return graft::testing::names(
         e, "x.json: field \"bos_id\" must be a token id in [0, vocab 23), got 23");
+  });
+  // A value the table does not allow, set in code, is named by the constructor's check.
+  TransformerConfig swiglu = small_cfg();
+  swiglu.activation = nn::Activation::swiglu;
+  BOOST_CHECK_EXCEPTION(Transformer m(swiglu), Error, [](const Error& e) {
+    return graft::testing::names(
+        e, "Transformer: field \"activation\" must be relu, gelu or gelu_tanh, got swiglu");
   });
 }
