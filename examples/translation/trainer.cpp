@@ -68,6 +68,36 @@ std::vector<Example> encode_pairs(const text::Tokenizer& tok,
   return out;
 }
 
+namespace {
+
+// One batch of the examples `rows`: src padded to the longest source, tgt_in = BOS + target and
+// tgt_out = target + EOS padded to the longest target + 1.
+Batch padded_batch(const std::vector<Example>& examples, const std::vector<size_t>& rows) {
+  const int64_t B = (int64_t)rows.size();
+  int64_t S = 0, T = 0;
+  for (size_t i : rows) {
+    S = std::max(S, (int64_t)examples[i].src.size());
+    T = std::max(T, (int64_t)examples[i].tgt.size() + 1);
+  }
+  std::vector<int64_t> src(B * S, PAD), tin(B * T, PAD), tout(B * T, PAD);
+  Batch b;
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& e = examples[rows[r]];
+    std::copy(e.src.begin(), e.src.end(), src.begin() + r * S);
+    tin[r * T] = BOS;
+    std::copy(e.tgt.begin(), e.tgt.end(), tin.begin() + r * T + 1);
+    std::copy(e.tgt.begin(), e.tgt.end(), tout.begin() + r * T);
+    tout[r * T + (int64_t)e.tgt.size()] = EOS;
+    b.tgt_tokens += (int64_t)e.tgt.size() + 1;
+  }
+  b.src = ids_tensor(src, B, S);
+  b.tgt_in = ids_tensor(tin, B, T);
+  b.tgt_out = ids_tensor(tout, B, T);
+  return b;
+}
+
+}  // namespace
+
 std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
                                 int64_t max_len, size_t* dropped) {
   if (max_tokens < 1)
@@ -91,27 +121,7 @@ std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t ma
   });
   std::vector<Batch> batches;
   auto flush = [&](size_t begin, size_t end) {
-    const int64_t B = (int64_t)(end - begin);
-    int64_t S = 0, T = 0;
-    for (size_t k = begin; k < end; ++k) {
-      S = std::max(S, (int64_t)examples[idx[k]].src.size());
-      T = std::max(T, (int64_t)examples[idx[k]].tgt.size() + 1);
-    }
-    std::vector<int64_t> src(B * S, PAD), tin(B * T, PAD), tout(B * T, PAD);
-    Batch b;
-    for (int64_t r = 0; r < B; ++r) {
-      const auto& e = examples[idx[begin + r]];
-      std::copy(e.src.begin(), e.src.end(), src.begin() + r * S);
-      tin[r * T] = BOS;
-      std::copy(e.tgt.begin(), e.tgt.end(), tin.begin() + r * T + 1);
-      std::copy(e.tgt.begin(), e.tgt.end(), tout.begin() + r * T);
-      tout[r * T + (int64_t)e.tgt.size()] = EOS;
-      b.tgt_tokens += (int64_t)e.tgt.size() + 1;
-    }
-    b.src = ids_tensor(src, B, S);
-    b.tgt_in = ids_tensor(tin, B, T);
-    b.tgt_out = ids_tensor(tout, B, T);
-    batches.push_back(std::move(b));
+    batches.push_back(padded_batch(examples, {idx.begin() + begin, idx.begin() + end}));
   };
   size_t begin = 0;
   int64_t T = 0;
