@@ -15,6 +15,24 @@
 
 namespace graft {
 
+namespace {
+
+// Calls f(T{}) with T the C++ type of dtype dt: the one switch over the dtypes that the loops
+// below share (a new dtype is added here once).
+template <class F>
+void visit_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      return f(float{});
+    case DType::f64:
+      return f(double{});
+    case DType::i64:
+      return f(int64_t{});
+  }
+}
+
+}  // namespace
+
 size_t dtype_size(DType dt) {
   switch (dt) {
     case DType::f32:
@@ -201,23 +219,10 @@ std::vector<T> Tensor::to_vector() const {
   state("to_vector");
   std::vector<T> out;
   out.reserve(numel());
-  switch (dtype()) {
-    case DType::f32: {
-      const float* p = data<float>();
-      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
-      break;
-    }
-    case DType::f64: {
-      const double* p = data<double>();
-      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
-      break;
-    }
-    case DType::i64: {
-      const int64_t* p = data<int64_t>();
-      for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
-      break;
-    }
-  }
+  visit_dtype(dtype(), [&](auto tag) {
+    const auto* p = data<decltype(tag)>();
+    for_each_offset(shape(), strides(), [&](int64_t o) { out.push_back((T)p[o]); });
+  });
   return out;
 }
 template std::vector<float> Tensor::to_vector<float>() const;
@@ -342,17 +347,7 @@ static void fill_seq(const Tensor& t, F&& f) {
 }
 
 static void fill_all(const Tensor& t, const std::function<double(int64_t)>& f) {
-  switch (t.dtype()) {
-    case DType::f32:
-      fill_seq<float>(t, f);
-      break;
-    case DType::f64:
-      fill_seq<double>(t, f);
-      break;
-    case DType::i64:
-      fill_seq<int64_t>(t, f);
-      break;
-  }
+  visit_dtype(t.dtype(), [&](auto tag) { fill_seq<decltype(tag)>(t, f); });
 }
 
 Tensor full(const Shape& shape, double value, DType dt) {
@@ -494,17 +489,7 @@ static void copy_typed(const Tensor& dst, const Tensor& src) {
 
 template <class D>
 static void copy_from(const Tensor& dst, const Tensor& src) {
-  switch (src.dtype()) {
-    case DType::f32:
-      copy_typed<D, float>(dst, src);
-      break;
-    case DType::f64:
-      copy_typed<D, double>(dst, src);
-      break;
-    case DType::i64:
-      copy_typed<D, int64_t>(dst, src);
-      break;
-  }
+  visit_dtype(src.dtype(), [&](auto tag) { copy_typed<D, decltype(tag)>(dst, src); });
 }
 
 namespace {
@@ -566,17 +551,7 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   if (may_alias(dst, src)) return copy_into(dst, contiguous_copy(src));
   if (dst.dtype() == DType::i64 && is_floating(src.dtype()))  // the cast of NaN or +-1e30 is UB
     for (double v : src.to_vector<double>()) int64_of(v, "copy_into (to int64)");
-  switch (dst.dtype()) {
-    case DType::f32:
-      copy_from<float>(dst, src);
-      break;
-    case DType::f64:
-      copy_from<double>(dst, src);
-      break;
-    case DType::i64:
-      copy_from<int64_t>(dst, src);
-      break;
-  }
+  visit_dtype(dst.dtype(), [&](auto tag) { copy_from<decltype(tag)>(dst, src); });
   dst.bump_version();
 }
 
@@ -625,24 +600,12 @@ void accumulate_into(const Tensor& dst, const Tensor& src) {
 
 void fill_(const Tensor& t, double value) {
   check_defined(t, "fill_", "the tensor");
-  switch (t.dtype()) {
-    case DType::f32: {
-      float* p = t.data<float>();
-      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = (float)value; });
-      break;
-    }
-    case DType::f64: {
-      double* p = t.data<double>();
-      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = value; });
-      break;
-    }
-    case DType::i64: {
-      int64_t* p = t.data<int64_t>();
-      const int64_t v = int64_of(value, "fill_");
-      for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = v; });
-      break;
-    }
-  }
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    const T v = std::is_same_v<T, int64_t> ? (T)int64_of(value, "fill_") : (T)value;
+    for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = v; });
+  });
   t.bump_version();
 }
 

@@ -23,10 +23,11 @@ identical to graft's ("agree") and the share of identical positions ("agree_toke
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
+
+from torch_peer import fmt, median, peak_rss_mib  # stdlib only at import time
 
 CONFIGS = {"tiny": 1000, "small": 8000, "base": 8000}  # vocabulary (graft_bench's BenchConfig)
 ROWS, SRC_LEN, NEW, PAD = 32, 32, 32, 0
@@ -37,20 +38,6 @@ def make_ids(B, L, V, salt):
     """graft_bench's make_ids without the padding: row b holds L - (b % 4) tokens,
     token (b, t) = 4 + (131 b + 31 t + 17 salt) % (V - 4)."""
     return [[4 + (b * 131 + t * 31 + salt * 17) % (V - 4) for t in range(L - (b % 4))] for b in range(B)]
-
-
-def peak_rss_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def emit(d):
@@ -152,33 +139,29 @@ ROW_KINDS = [  # (benchmark, what, batch, unit, field, higher_better)
 ]
 
 
-def report(a):
-    res = {"graft": [], "ct2": []}
-    for path in a.report:
-        for line in open(path):
-            side, _, js = line.strip().partition(" ")
-            if side in res and js:
-                res[side].append(json.loads(js))
-    meta = json.load(open(a.meta)) if a.meta else {}
+def find_row(res, side, what, config, precision, batch):
+    """The side's rows of this work (one, or one a round for one sentence) as one row: the
+    median of each numeric field over them, the lowest agreement with graft's ids."""
+    hits = [r for r in res[side]
+            if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) ==
+            (what, config, precision, batch)]
+    if not hits:
+        return None
+    row = dict(hits[-1])
+    for k, v in row.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            row[k] = median([h[k] for h in hits if isinstance(h.get(k), (int, float))])
+    for k in ("agree", "agree_tokens"):
+        if k in row:
+            row[k] = min(h[k] for h in hits if k in h)
+    row["rounds"] = len(hits)
+    return row
 
-    def find(side, what, config, precision, batch):
-        """The side's rows of this work (one, or one a round for one sentence) as one row: the
-        median of each numeric field over them, the lowest agreement with graft's ids."""
-        hits = [r for r in res[side]
-                if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) ==
-                (what, config, precision, batch)]
-        if not hits:
-            return None
-        row = dict(hits[-1])
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                row[k] = median([h[k] for h in hits if isinstance(h.get(k), (int, float))])
-        for k in ("agree", "agree_tokens"):
-            if k in row:
-                row[k] = min(h[k] for h in hits if k in h)
-        row["rounds"] = len(hits)
-        return row
 
+def table_rows(res):
+    """The rows (benchmark, config, precision, graft, ct2, unit, ratio) and the ids' agreement
+    lines."""
+    find = lambda *k: find_row(res, *k)
     rows = []  # benchmark, config, precision, graft, ct2, unit, ratio
     agree = []
     for prec in ("fp32", "int8", "bf16"):
@@ -199,12 +182,11 @@ def report(a):
             gv, pv = (g or {}).get("peak_rss_mib"), (p or {}).get("peak_rss_mib")
             ratio = float("nan") if gv is None or pv is None else pv / gv
             rows.append(("peak_rss_greedy_decode", c, prec, gv, pv, "MiB", ratio))
+    return rows, agree
 
-    def fmt(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "n/a"
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
+def notes(meta, agree):
+    """What was measured, how, and what the ratio means."""
     md = ["", SECTION, ""]
     md.append(f"- CTranslate2 {meta.get('ct2_version', '?')} (PyPI wheel) on the CPU, intra_threads "
               f"{meta.get('threads', 2)}, inter_threads 1; graft at OMP_NUM_THREADS={meta.get('threads', 2)}; "
@@ -229,6 +211,19 @@ def report(a):
                   + "; ".join(agree))
     md.append("- ratio: graft/CTranslate2 for throughputs, CTranslate2/graft for latency and memory "
               "(> 1: graft better)")
+    return md
+
+
+def report(a):
+    res = {"graft": [], "ct2": []}
+    for path in a.report:
+        for line in open(path):
+            side, _, js = line.strip().partition(" ")
+            if side in res and js:
+                res[side].append(json.loads(js))
+    meta = json.load(open(a.meta)) if a.meta else {}
+    rows, agree = table_rows(res)
+    md = notes(meta, agree)
     md.append("")
     md.append("| benchmark | config | precision | graft | CTranslate2 | unit | ratio |")
     md.append("|---|---|---|---:|---:|---|---:|")

@@ -565,17 +565,12 @@ def byte_ids(B, L, salt, short_mod, pad):
              for t in range(L)] for b in range(B)]
 
 
-def build_lm(torch):
-    """A nanoGPT-style causal Transformer with graft's DecoderOnlyLM's structure: pre-LN blocks
-    (attention with a fused q,k,v projection and biases, FFN with ReLU), RoPE on queries and keys
-    ("rotate half", as graft's ops/rope.h), a final LayerNorm, logits through the tied embedding.
-    forward(ids, start, caches): caches None in training; else one [k, v] list per block that
-    grows with each call (the keys and values after RoPE), queries at positions start.."""
+def lm_block_class(torch):
+    """build_lm's pre-LN block: attention with a fused q,k,v projection and biases (RoPE on
+    queries and keys, "rotate half"), FFN with ReLU; forward(x, cos, sin, mask, cache)."""
     nn, F = torch.nn, torch.nn.functional
-    d, h, ff, L, V, p = LM["d"], LM["h"], LM["ff"], LM["L"], LM["V"], LM["dropout"]
-    hd, n = d // h, LM["ctx"]
-    inv = LM["rope_base"] ** (-torch.arange(0, hd // 2, dtype=torch.float32) * 2.0 / hd)
-    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+    d, h, ff, p = LM["d"], LM["h"], LM["ff"], LM["dropout"]
+    hd = d // h
 
     def rope(x, cos, sin):
         x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
@@ -604,6 +599,22 @@ def build_lm(torch):
         def forward(self, x, cos, sin, mask, cache):
             x = x + self.drop(self.attn(self.norm1(x), cos, sin, mask, cache))
             return x + self.drop(self.linear2(self.drop(F.relu(self.linear1(self.norm2(x))))))
+
+    return Block
+
+
+def build_lm(torch):
+    """A nanoGPT-style causal Transformer with graft's DecoderOnlyLM's structure: pre-LN blocks
+    (attention with a fused q,k,v projection and biases, FFN with ReLU), RoPE on queries and keys
+    ("rotate half", as graft's ops/rope.h), a final LayerNorm, logits through the tied embedding.
+    forward(ids, start, caches): caches None in training; else one [k, v] list per block that
+    grows with each call (the keys and values after RoPE), queries at positions start.."""
+    nn, F = torch.nn, torch.nn.functional
+    d, L, V, p, n = LM["d"], LM["L"], LM["V"], LM["dropout"], LM["ctx"]
+    hd = d // LM["h"]
+    inv = LM["rope_base"] ** (-torch.arange(0, hd // 2, dtype=torch.float32) * 2.0 / hd)
+    ang = torch.arange(n, dtype=torch.float32)[:, None] * inv[None, :]
+    Block = lm_block_class(torch)
 
     class LMModel(nn.Module):
         def __init__(self):
@@ -817,62 +828,55 @@ def peer_label(side, r):
     return label + (" " + r["tag"] if r.get("tag") else "")
 
 
-def report(a):
-    """The table: graft against the fastest PyTorch configuration of each row. The sides are
-    graft, pytorch (Debian's 1.13) and pytorch2 (PyPI's 2.x; eager, compiled, tuned)."""
-    res = {"graft": []}
-    for line in open(a.report):
-        line = line.strip()
-        if not line:
-            continue
-        side, js = line.split(" ", 1)
-        res.setdefault(side, []).append(json.loads(js))
+def matches(r, what, config, precision, kw):
+    """Whether result record r is of benchmark `what`, config (None: any), precision and the
+    other fields kw."""
+    return r.get("what") == what and (config is None or r.get("config") == config) and \
+        r.get("precision", "fp32") == precision and all(r.get(k) == v for k, v in kw.items())
 
-    def find(side, what, config=None, precision="fp32", **kw):
-        for r in res[side]:
-            if r.get("what") == what and (config is None or r.get("config") == config) and \
-                    r.get("precision", "fp32") == precision and \
-                    all(r.get(k) == v for k, v in kw.items()):
-                return r
-        return None
 
-    def graft_train(config, precision="fp32"):
+class Report:
+    """The rows of the report: graft against the fastest PyTorch configuration of each row."""
+
+    def __init__(self, path):
+        self.res = {"graft": []}
+        for line in open(path):
+            line = line.strip()
+            if not line:
+                continue
+            side, js = line.split(" ", 1)
+            self.res.setdefault(side, []).append(json.loads(js))
+        self.rows = []  # benchmark, config, graft, pytorch, unit, ratio, PyTorch configuration
+        self.by_peer = []  # benchmark, config, unit, [(label, value)]: every PyTorch configuration
+        self.profile_lines = []  # the per-family split of the base steps, below the table
+        peak = self.find("graft", "sgemm", n=2048)
+        self.peak_gflops = peak["gflops"] if peak else float("nan")
+
+    def find(self, side, what, config=None, precision="fp32", **kw):
+        return next((r for r in self.res[side] if matches(r, what, config, precision, kw)), None)
+
+    def graft_train(self, config, precision="fp32"):
         """graft's training row: the run of median step time among graft's runs of it (run.sh's,
         and one next to each PyTorch 2.x row of the config when torch2.sh ran), so a row is not
         decided by the minute graft happened to run in."""
-        runs = sorted((r for r in res["graft"] if r.get("what") == "train" and
-                       r.get("config") == config and r.get("precision", "fp32") == precision),
+        runs = sorted((r for r in self.res["graft"] if matches(r, "train", config, precision, {})),
                       key=lambda r: r["ms"])
         return runs[(len(runs) - 1) // 2] if runs else None
 
-    def peers(what, config=None, precision="fp32", value=None, **kw):
+    def peers(self, what, config=None, precision="fp32", value=None, **kw):
         """Every PyTorch configuration's value for a row: [(label, value)]; value(record) or
         the record itself."""
-        out = []
-        for side in res:
-            if side == "graft":
-                continue
-            for r in res[side]:
-                if r.get("what") == what and (config is None or r.get("config") == config) and \
-                        r.get("precision", "fp32") == precision and \
-                        all(r.get(k) == v for k, v in kw.items()):
-                    out.append((peer_label(side, r), value(r) if value else r))
-        return out
+        return [(peer_label(side, r), value(r) if value else r)
+                for side in self.res if side != "graft"
+                for r in self.res[side] if matches(r, what, config, precision, kw)]
 
-    meta = json.load(open(a.meta)) if a.meta else {}
-    peak = find("graft", "sgemm", n=2048)
-    peak_gflops = peak["gflops"] if peak else float("nan")
-    rows = []  # benchmark, config, graft, pytorch, unit, ratio, PyTorch configuration
-    by_peer = []  # benchmark, config, unit, [(label, value)]: every PyTorch configuration's value
-    profile_lines = []  # the per-family split of the base steps, below the table
-
-    def add(bench, config, g, p, unit, higher_better, peer=""):
+    def add(self, bench, config, g, p, unit, higher_better, peer=""):
         """p: a number (peer names what it is) or [(label, value)], of which the best (the
         fastest; for memory, the smallest) is the row's PyTorch value."""
         if isinstance(p, list):
             cands = [(l, v) for l, v in p if v is not None]
             if len(p) > 1:
-                by_peer.append((bench, config, unit, cands))
+                self.by_peer.append((bench, config, unit, cands))
             best = (max if higher_better else min)(cands, key=lambda lv: lv[1]) if cands else ("", None)
             peer, p = best
         if g is None or p is None:
@@ -881,115 +885,142 @@ def report(a):
             ratio = g / p if p else float("nan")
         else:
             ratio = p / g if g else float("nan")
-        rows.append((bench, config, g, p, unit, ratio, peer))
+        self.rows.append((bench, config, g, p, unit, ratio, peer))
 
-    key = lambda k: (lambda r: r[k])
-    gk = lambda r, k: r[k] if r else None
+
+def key(k):
+    return lambda r: r[k]
+
+
+def gk(r, k):
+    return r[k] if r else None
+
+
+def add_hvp_and_train_rows(R):
     for c in CONFIGS:  # Hessian-vector products (PyTorch 2.x only)
-        g = find("graft", "hvp", c)
+        g = R.find("graft", "hvp", c)
         if g is None:
             continue
-        add("hvp_time", c, gk(g, "hvp_ms"), peers("hvp", c, value=key("hvp_ms")), "ms", False)
+        R.add("hvp_time", c, gk(g, "hvp_ms"), R.peers("hvp", c, value=key("hvp_ms")), "ms", False)
         paired = lambda r: r.get("hvp_over_step_paired", r["hvp_over_step"])  # older runs: unpaired
-        add("hvp_over_train_step", c, paired(g) if g else None, peers("hvp", c, value=paired),
-            "x its step", False)
+        R.add("hvp_over_train_step", c, paired(g) if g else None, R.peers("hvp", c, value=paired),
+              "x its step", False)
     for c in CONFIGS:
-        g = graft_train(c)
-        add("train_step_time", c, gk(g, "ms"), peers("train", c, value=key("ms")), "ms", False)
-        add("train_throughput", c, gk(g, "tok_s"), peers("train", c, value=key("tok_s")),
-            "target tok/s", True)
-        add("train_peak_rss", c, gk(g, "peak_rss_mib"), peers("train", c, value=key("peak_rss_mib")),
-            "MiB", False)
+        g = R.graft_train(c)
+        R.add("train_step_time", c, gk(g, "ms"), R.peers("train", c, value=key("ms")), "ms", False)
+        R.add("train_throughput", c, gk(g, "tok_s"), R.peers("train", c, value=key("tok_s")),
+              "target tok/s", True)
+        R.add("train_peak_rss", c, gk(g, "peak_rss_mib"),
+              R.peers("train", c, value=key("peak_rss_mib")), "MiB", False)
         fl = model_flops(c)
-        mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / peak_gflops * 100.0) if r else None
-        add("train_mfu", c, mfu(g), peers("train", c, value=mfu), "% of sgemm peak", True)
+        mfu = lambda r: (fl / (r["ms"] / 1e3) / 1e9 / R.peak_gflops * 100.0) if r else None
+        R.add("train_mfu", c, mfu(g), R.peers("train", c, value=mfu), "% of sgemm peak", True)
+
+
+def add_bf16_rows(R):
     for c in CONFIGS:  # bf16 (rows only where this CPU has oneDNN bf16 kernels)
-        gb, gf = graft_train(c, "bf16"), graft_train(c)
-        pb = peers("train", c, "bf16", value=key("tok_s"))
+        gb, gf = R.graft_train(c, "bf16"), R.graft_train(c)
+        pb = R.peers("train", c, "bf16", value=key("tok_s"))
         if gb or pb:
-            add("train_throughput_bf16", c, gk(gb, "tok_s"), pb, "target tok/s", True)
-            add("train_throughput_bf16_vs_fp32", c, gk(gb, "tok_s"),
-                peers("train", c, value=key("tok_s")), "target tok/s", True)
+            R.add("train_throughput_bf16", c, gk(gb, "tok_s"), pb, "target tok/s", True)
+            R.add("train_throughput_bf16_vs_fp32", c, gk(gb, "tok_s"),
+                  R.peers("train", c, value=key("tok_s")), "target tok/s", True)
             # graft against itself: the "pytorch" column holds graft fp32 here.
-            add("train_bf16_speedup_vs_graft_fp32", c, gk(gb, "tok_s"), gk(gf, "tok_s"),
-                "target tok/s", True, "graft fp32")
-            add("train_peak_rss_bf16", c, gk(gb, "peak_rss_mib"),
-                peers("train", c, "bf16", value=key("peak_rss_mib")), "MiB", False)
+            R.add("train_bf16_speedup_vs_graft_fp32", c, gk(gb, "tok_s"), gk(gf, "tok_s"),
+                  "target tok/s", True, "graft fp32")
+            R.add("train_peak_rss_bf16", c, gk(gb, "peak_rss_mib"),
+                  R.peers("train", c, "bf16", value=key("peak_rss_mib")), "MiB", False)
+
+
+def add_cached_decode_rows(R):
     for c in CONFIGS:
-        g = find("graft", "greedy", c)
-        add("greedy_decode_cached_peer", c, gk(g, "tok_s"),
-            peers("greedy_cached", c, value=key("tok_s")), "new tok/s", True)
+        g = R.find("graft", "greedy", c)
+        R.add("greedy_decode_cached_peer", c, gk(g, "tok_s"),
+              R.peers("greedy_cached", c, value=key("tok_s")), "new tok/s", True)
     for c in CONFIGS:
-        g, p = find("graft", "greedy", c, "bf16"), peers("greedy_cached", c, "bf16", value=key("tok_s"))
+        g, p = R.find("graft", "greedy", c, "bf16"), R.peers("greedy_cached", c, "bf16", value=key("tok_s"))
         if g or p:
-            add("greedy_decode_bf16", c, gk(g, "tok_s"), p, "new tok/s", True)
+            R.add("greedy_decode_bf16", c, gk(g, "tok_s"), p, "new tok/s", True)
     for c in CONFIGS:
-        g = find("graft", "beam", c)
-        add("beam4_decode_cached_peer", c, gk(g, "tok_s"), peers("beam_cached", c, value=key("tok_s")),
-            "new tok/s", True)
-    stream = find("graft", "stream")
-    triad = stream["gbs"] if stream else None
+        g = R.find("graft", "beam", c)
+        R.add("beam4_decode_cached_peer", c, gk(g, "tok_s"),
+              R.peers("beam_cached", c, value=key("tok_s")), "new tok/s", True)
+
+
+def add_bandwidth_and_profile_rows(R, triad):
     for prec in ("fp32", "bf16"):  # decoding steps' weight reads against the triad's bandwidth
         for c in CONFIGS:
-            g = find("graft", "greedy", c, prec)
+            g = R.find("graft", "greedy", c, prec)
             if g and "weight_gbs" in g:
                 # the "pytorch" column holds the STREAM-like triad: ratio = share of the bandwidth
-                add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True, "triad")
+                R.add("greedy_weight_read_" + prec, c, g["weight_gbs"], triad, "GB/s", True, "triad")
     for prec in ("fp32", "bf16"):  # where a training step goes (graft_bench's profile pass)
         for c in CONFIGS:
-            g = graft_train(c, prec)
+            g = R.graft_train(c, prec)
             if g and "profile_ms" in g:
-                add("train_attention_share_" + prec, c, 100 * g["attention_share"], None, "% of step", True)
-                add("train_nonmatmul_share_" + prec, c, 100 * g["nonmatmul_share"], None, "% of step", True)
+                R.add("train_attention_share_" + prec, c, 100 * g["attention_share"], None, "% of step", True)
+                R.add("train_nonmatmul_share_" + prec, c, 100 * g["nonmatmul_share"], None, "% of step", True)
                 if c == "base":
                     fams = ", ".join(f"{k} {v:.0f}" for k, v in sorted(g["profile_ms"].items()))
-                    profile_lines.append(f"- base {prec} step ({g['profile_step_ms']:.0f} ms profiled), "
-                                         f"ms by op family: {fams}")
+                    R.profile_lines.append(f"- base {prec} step ({g['profile_step_ms']:.0f} ms profiled), "
+                                           f"ms by op family: {fams}")
+
+
+def add_uncached_decode_and_zoo_rows(R):
     for what in ("greedy", "beam"):
         for c in CONFIGS:
-            g = find("graft", what, c)
+            g = R.find("graft", what, c)
             name = "greedy_decode" if what == "greedy" else "beam4_decode"
-            add(name, c, gk(g, "tok_s"), peers(what, c, value=key("tok_s")), "new tok/s", True)
+            R.add(name, c, gk(g, "tok_s"), R.peers(what, c, value=key("tok_s")), "new tok/s", True)
     for what, name, config, unit in ZOO_ROWS:  # the zoo: throughput and peak RSS
-        g, ps = find("graft", what), peers(what)
-        add(name, config, gk(g, "tok_s"), [(l, r["tok_s"]) for l, r in ps], unit, True)
-        add(what + "_peak_rss", config, gk(g, "peak_rss_mib"),
-            [(l, r["peak_rss_mib"]) for l, r in ps], "MiB", False)
+        g, ps = R.find("graft", what), R.peers(what)
+        R.add(name, config, gk(g, "tok_s"), [(l, r["tok_s"]) for l, r in ps], unit, True)
+        R.add(what + "_peak_rss", config, gk(g, "peak_rss_mib"),
+              [(l, r["peak_rss_mib"]) for l, r in ps], "MiB", False)
         for l, p in ps:
             if g and g.get("params") != p.get("params"):
                 print(f"report: {what}: graft has {g.get('params')} parameters, PyTorch {l} "
                       f"{p.get('params')}: not the same model", file=sys.stderr)
-    gm, pms = find("graft", "micro"), peers("micro")
+
+
+def add_micro_and_gemm_rows(R, stream, triad):
+    gm, pms = R.find("graft", "micro"), R.peers("micro")
     for i, op in enumerate((gm or (pms[0][1] if pms else {"ops": []}))["ops"]):
         go = gm["ops"][i] if gm else None
-        add("op_" + op["op"] + "_fwd_bwd", op["shape"], go["value"] if go else None,
-            [(l, pm["ops"][i]["value"]) for l, pm in pms], op["unit"], True)
-    s_g = find("graft", "sgemm", n=2048)
-    add("sgemm_2048", "f32 2048^3", gk(s_g, "gflops"), peers("sgemm", n=2048, value=key("gflops")),
-        "GFLOP/s", True)
-    s_g = find("graft", "sgemm", None, "bf16", n=2048)
+        R.add("op_" + op["op"] + "_fwd_bwd", op["shape"], go["value"] if go else None,
+              [(l, pm["ops"][i]["value"]) for l, pm in pms], op["unit"], True)
+    s_g = R.find("graft", "sgemm", n=2048)
+    R.add("sgemm_2048", "f32 2048^3", gk(s_g, "gflops"), R.peers("sgemm", n=2048, value=key("gflops")),
+          "GFLOP/s", True)
+    s_g = R.find("graft", "sgemm", None, "bf16", n=2048)
     if s_g:
-        add("bf16_gemm_2048", "bf16 2048^3, f32 out", s_g["gflops"], None, "GFLOP/s", True)
-    s_g = find("graft", "sgemm", n=1024)
-    add("sgemm_1024", "f32 1024^3", gk(s_g, "gflops"), peers("sgemm", n=1024, value=key("gflops")),
-        "GFLOP/s", True)
-    add("stream_triad", "3 x 128 MiB float32", triad, None, "GB/s", True)
+        R.add("bf16_gemm_2048", "bf16 2048^3, f32 out", s_g["gflops"], None, "GFLOP/s", True)
+    s_g = R.find("graft", "sgemm", n=1024)
+    R.add("sgemm_1024", "f32 1024^3", gk(s_g, "gflops"), R.peers("sgemm", n=1024, value=key("gflops")),
+          "GFLOP/s", True)
+    R.add("stream_triad", "3 x 128 MiB float32", triad, None, "GB/s", True)
     for prec in ("fp32", "bf16"):  # decoding-shaped linears alone, against the triad
         if stream and "linear32_gbs_" + prec in stream:
-            add("linear32_weight_read_" + prec, "32 rows, 24 x (2048 x 512) weights", stream["linear32_gbs_" + prec],
-                triad, "GB/s", True, "triad")
+            R.add("linear32_weight_read_" + prec, "32 rows, 24 x (2048 x 512) weights",
+                  stream["linear32_gbs_" + prec], triad, "GB/s", True, "triad")
 
-    def fmt(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return "n/a"
-        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
 
-    with open(a.csv, "w") as f:
+def fmt(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def write_csv(path, rows):
+    with open(path, "w") as f:
         f.write("benchmark,config,graft,pytorch,unit,ratio,pytorch_config\n")
         for b, c, g, p, u, r, pc in rows:
             cv = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.6g}"
             f.write(f"{b},\"{c}\",{cv(g)},{cv(p)},{u},{cv(r)},\"{pc}\"\n")
 
+
+def machine_lines(meta, peak_gflops):
+    """The report's first lines: date, machine, the PyTorch builds, the sgemm peak and kernels."""
     md = []
     md.append("# graft vs PyTorch")
     md.append("")
@@ -1014,6 +1045,12 @@ def report(a):
     md.append(f"- oneDNN matmul kernels (impl_info_str, 1024^3): f32 {meta.get('kernel_f32', '?')}, "
               f"bf16 {meta.get('kernel_bf16', '?')}"
               + ("" if meta.get("bf16_available", False) else " (no bf16 kernel: bf16 rows not measured)"))
+    return md
+
+
+def method_lines(R):
+    """What each row measures, how, and what the ratio means."""
+    md = []
     md.append("- bf16 rows: graft --precision bf16 (bf16 matmul operands, float32 accumulation) against "
               "PyTorch under torch.autocast(\"cpu\", dtype=torch.bfloat16); train_throughput_bf16_vs_fp32 "
               "compares with PyTorch fp32; train_bf16_speedup_vs_graft_fp32 has graft fp32 in the "
@@ -1036,7 +1073,13 @@ def report(a):
               "decoding: median of 5 runs after 1 warm-up run of 4 new tokens, 32 sources x 32 tokens, 32 new tokens, "
               "no early stop (tok/s counts 32 x 32 output tokens, also for beam 4); each config "
               "in its own process, peak RSS = VmHWM")
-    zoo_params = {w: (find("graft", w) or find("pytorch", w) or {}).get("params")
+    return md
+
+
+def more_method_lines(R):
+    """The zoo's, the bandwidth rows', the ratio's and MFU's notes."""
+    md = []
+    zoo_params = {w: (R.find("graft", w) or R.find("pytorch", w) or {}).get("params")
                   for w in ("lm_train", "cls_train")}
     md.append("- zoo (fp32): lm_* is the model `make lm` trains (lm-mini: d 128, 4 heads, FFN 512, 2 layers, "
               "pre-LN, rope, ReLU, dropout 0, tied embedding, byte vocabulary 259; "
@@ -1060,26 +1103,50 @@ def report(a):
     md.append("- MFU = model FLOPs / step time / sgemm peak, model FLOPs = 6 * (matmul weights x "
               "tokens they see) + 12 * B * d * (L_enc S^2 + L_dec (T^2 + T S)); per step: " +
               ", ".join(f"{c} {model_flops(c) / 1e9:.1f} GFLOP" for c in CONFIGS))
+    return md
+
+
+def tables(R):
+    """The table of rows, then every PyTorch configuration's value per row, then the profile."""
+    md = []
     md.append("")
     md.append("| benchmark | config | graft | PyTorch | unit | ratio | PyTorch configuration |")
     md.append("|---|---|---:|---:|---|---:|---|")
-    for b, c, g, p, u, r, pc in rows:
+    for b, c, g, p, u, r, pc in R.rows:
         md.append(f"| {b} | {c} | {fmt(g)} | {fmt(p)} | {u} | {fmt(r)} | {pc} |")
     labels = []  # the PyTorch configurations, in the order first seen
-    for *_, cands in by_peer:
+    for *_, cands in R.by_peer:
         labels += [l for l, _ in cands if l not in labels]
-    if by_peer:
+    if R.by_peer:
         md.append("")
         md.append("Every PyTorch configuration measured, per row:")
         md.append("")
         md.append("| benchmark | config | unit | " + " | ".join(labels) + " |")
         md.append("|---|---|---|" + "---:|" * len(labels))
-        for b, c, u, cands in by_peer:
+        for b, c, u, cands in R.by_peer:
             vals = dict(cands)
             md.append(f"| {b} | {c} | {u} | " + " | ".join(fmt(vals.get(l)) for l in labels) + " |")
-    if profile_lines:
+    if R.profile_lines:
         md.append("")
-        md.extend(profile_lines)
+        md.extend(R.profile_lines)
+    return md
+
+
+def report(a):
+    """The table: graft against the fastest PyTorch configuration of each row. The sides are
+    graft, pytorch (Debian's 1.13) and pytorch2 (PyPI's 2.x; eager, compiled, tuned)."""
+    R = Report(a.report)
+    meta = json.load(open(a.meta)) if a.meta else {}
+    stream = R.find("graft", "stream")
+    triad = stream["gbs"] if stream else None
+    add_hvp_and_train_rows(R)
+    add_bf16_rows(R)
+    add_cached_decode_rows(R)
+    add_bandwidth_and_profile_rows(R, triad)
+    add_uncached_decode_and_zoo_rows(R)
+    add_micro_and_gemm_rows(R, stream, triad)
+    write_csv(a.csv, R.rows)
+    md = machine_lines(meta, R.peak_gflops) + method_lines(R) + more_method_lines(R) + tables(R)
     text = "\n".join(md) + "\n"
     with open(a.md, "w") as f:
         f.write(text)

@@ -23,13 +23,16 @@ import math
 import os
 import random
 import re
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
 import torch_peer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
+                                "translation"))
+from safetensors_raw import read_raw  # noqa: E402 (the path above)
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -50,18 +53,11 @@ def read_dump(path):
 
 def load_safetensors(torch, path):
     """graft's weights file (the safetensors layout: header length, JSON header, raw data)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] != "F32":
-            sys.exit(f"torch_quality.py: {path}: {name} is {info['dtype']}, expected F32")
-        a, b = info["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[a:b]), dtype=torch.float32).reshape(info["shape"])
+    for name, dtype, shape, data in read_raw(path):
+        if dtype != "F32":
+            sys.exit(f"torch_quality.py: {path}: {name} is {dtype}, expected F32")
+        out[name] = torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
     return out
 
 
@@ -136,7 +132,7 @@ def score(a, hyps):
     return float(m.group(1))
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dump", required=True)
     ap.add_argument("--run", required=True)
@@ -146,52 +142,77 @@ def main():
     ap.add_argument("--valid-every", type=int, default=50)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def run_config(run):
+    """The run's model section, train section and Noam schedule, refused unless the peer can
+    train the same model."""
+    cfg = json.load(open(os.path.join(run, "config.json")))
+    m, t = cfg["model"], cfg["train"]
+    # The schedule is in the recipe (graft >= 0.6); older runs kept it at the top level.
+    s = t["recipe"]["schedule"] if "recipe" in t else \
+        {"schedule": "noam" if t["lr"] == 0 else "constant", "warmup": t["warmup"], "factor": t["lr_factor"]}
+    if m["positions"] != "sinusoidal" or m["norm_first"] or not m["final_norm"] or m["activation"] != "relu" \
+            or m["attention_dropout"] != 0 or s["schedule"] != "noam":
+        sys.exit("torch_quality.py: the peer model is post-LN nn.Transformer with sinusoidal positions, "
+                 "ReLU, no attention dropout and the Noam schedule; the run differs")
+    if m["enc_layers"] != m["dec_layers"]:
+        sys.exit("torch_quality.py: the peer needs as many encoder as decoder layers")
+    return m, t, s
+
+
+def batch_order(batches, order):
+    """The batch of each step: graft's order first, then every batch once per epoch, shuffled."""
+    shuffle, step = random.Random(1), 0
+    while True:
+        if step < len(order):
+            yield batches[order[step]]
+        else:
+            if (step - len(order)) % len(batches) == 0:
+                extra = list(range(len(batches)))
+                shuffle.shuffle(extra)
+            yield batches[extra[(step - len(order)) % len(batches)]]
+        step += 1
+
+
+def train_step(torch, model, opt, crit, b, lr):
+    for g in opt.param_groups:
+        g["lr"] = lr
+    src, tin, tout = (torch.tensor(x, dtype=torch.int64) for x in b)
+    logits = model(src, tin)
+    loss = crit(logits.reshape(-1, logits.size(-1)), tout.reshape(-1))
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if math.isfinite(float(norm)):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def main():
+    a = parse_args()
     import warnings
     warnings.filterwarnings("ignore")
     import torch
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    cfg = json.load(open(os.path.join(a.run, "config.json")))
-    m, t = cfg["model"], cfg["train"]
-    if m["positions"] != "sinusoidal" or m["norm_first"] or not m["final_norm"] or m["activation"] != "relu" \
-            or m["attention_dropout"] != 0 or t["lr"] > 0:
-        sys.exit("torch_quality.py: the peer model is post-LN nn.Transformer with sinusoidal positions, "
-                 "ReLU, no attention dropout and the Noam schedule; the run differs")
-    d, warmup, factor = m["d_model"], t["warmup"], t["lr_factor"]
+    m, t, s = run_config(a.run)
+    d, warmup, factor = m["d_model"], s["warmup"], s["factor"]
     model = torch_peer.build_seq2seq(torch, d, m["heads"], m["d_ff"], m["enc_layers"], m["vocab"], m["dropout"])
-    if m["enc_layers"] != m["dec_layers"]:
-        sys.exit("torch_quality.py: the peer needs as many encoder as decoder layers")
     load_graft_weights(torch, model, a.dump + ".init.safetensors")
     batches, bleu_src, order = read_dump(a.dump)
     crit = torch.nn.CrossEntropyLoss(ignore_index=PAD, label_smoothing=t["label_smoothing"])
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    shuffle = random.Random(1)
     model.train()
-    train_s, valid_s, step, bleu = 0.0, 0.0, 0, 0.0
+    train_s, valid_s, step, bleu, reached = 0.0, 0.0, 0, 0.0, False
     t_start = time.perf_counter()
-    result = None
-    while train_s + valid_s < a.minutes * 60:
-        if step < len(order):
-            b = batches[order[step]]
-        else:
-            if (step - len(order)) % len(batches) == 0:
-                extra = list(range(len(batches)))
-                shuffle.shuffle(extra)
-            b = batches[extra[(step - len(order)) % len(batches)]]
+    steps = batch_order(batches, order)
+    while train_s + valid_s < a.minutes * 60 and not reached:
         step += 1
         t0 = time.perf_counter()
         lr = factor / math.sqrt(d) * min(step ** -0.5, step * warmup ** -1.5)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        src, tin, tout = (torch.tensor(x, dtype=torch.int64) for x in b)
-        logits = model(src, tin)
-        loss = crit(logits.reshape(-1, logits.size(-1)), tout.reshape(-1))
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        if math.isfinite(float(norm)):
-            opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(torch, model, opt, crit, next(steps), lr)
         train_s += time.perf_counter() - t0
         if step % a.valid_every == 0:
             t1 = time.perf_counter()
@@ -199,16 +220,11 @@ def main():
             valid_s += time.perf_counter() - t1
             print(f"step {step} loss {loss.item():.4f} valid bleu {bleu:.2f} ({train_s:.1f} s training)",
                   file=sys.stderr, flush=True)
-            if bleu >= a.bleu:
-                result = {"what": "quality", "side": "pytorch", "precision": "fp32", "reached": True,
-                          "step": step, "seconds_to_bleu": train_s,
-                          "wall_seconds": time.perf_counter() - t_start, "bleu": bleu,
-                          "graft_order_steps": len(order)}
-                break
-    if result is None:
-        result = {"what": "quality", "side": "pytorch", "precision": "fp32", "reached": False,
-                  "step": step, "seconds_to_bleu": None, "wall_seconds": time.perf_counter() - t_start,
-                  "bleu": bleu, "graft_order_steps": len(order)}
+            reached = bleu >= a.bleu
+    result = {"what": "quality", "side": "pytorch", "precision": "fp32", "reached": reached,
+              "step": step, "seconds_to_bleu": train_s if reached else None,
+              "wall_seconds": time.perf_counter() - t_start, "bleu": bleu,
+              "graft_order_steps": len(order)}
     print("RESULT " + json.dumps(result), flush=True)
 
 

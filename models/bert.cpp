@@ -14,8 +14,6 @@ namespace graft::models {
 
 namespace {
 
-constexpr int64_t kMaxTypes = int64_t(1) << 24;
-
 /// Hugging Face's hidden_act names and the activation each is.
 bool hf_activation(const std::string& name, nn::Activation& out) {
   if (name == "gelu") return out = nn::Activation::gelu, true;
@@ -69,40 +67,21 @@ BertConfig BertConfig::from_hf_json(const nlohmann::json& j, const std::string& 
   return c;
 }
 
-nlohmann::json BertConfig::to_json() const {
-  nlohmann::json j = stack_json();
-  j["type_vocab"] = type_vocab;
-  j["eps"] = eps;
-  j["activation"] = nn::activation_name(activation);
-  j["attention_dropout"] = attention_dropout;
-  return j;
+const ConfigFields<BertConfig>& BertConfig::fields() {
+  static const ConfigFields<BertConfig> table = bert_fields<BertConfig>();
+  return table;
 }
+
+nlohmann::json BertConfig::to_json() const { return write_fields(*this, fields()); }
 
 BertConfig BertConfig::from_json(const nlohmann::json& j, const std::string& where) {
   BertConfig c;
-  const ConfigReader r(j, where);
-  c.read_stack(r);
-  r.get("type_vocab", c.type_vocab), r.get("eps", c.eps),
-      r.get("attention_dropout", c.attention_dropout);
-  std::string act;
-  r.get("activation", act);
-  if (!nn::activation_from_name(act, c.activation))
-    r.bad("activation", "must be gelu, gelu_tanh or relu, got \"" + text::printable(act) + "\"");
+  read_fields(c, j, where, fields());
   c.validate(where);
   return c;
 }
 
-void BertConfig::validate(const std::string& where) const {
-  validate_stack(where);
-  const ConfigCheck c(where);
-  c.size("type_vocab", type_vocab, kMaxTypes);
-  if (!(eps > 0 && eps < 1)) c.bad("eps", "must be in (0, 1), got " + std::to_string(eps));
-  c.probability("attention_dropout", attention_dropout);
-  if (activation == nn::Activation::swiglu)
-    c.bad("activation", "must be gelu, gelu_tanh or relu, got swiglu");
-  if (positions.kind != nn::Positions::learned) c.bad("positions", "must be learned for BERT");
-  if (norm_first) c.bad("norm_first", "must be false for BERT (post-LN)");
-}
+void BertConfig::validate(const std::string& where) const { check_fields(*this, where, fields()); }
 
 int64_t BertConfig::parameter_count() const {
   const int64_t types = checked_mul(type_vocab, d_model, "parameter count");

@@ -13,10 +13,7 @@ void bad_field(const std::string& where, const char* name, const std::string& wh
   fail(where + ": field \"" + name + "\" " + why);
 }
 
-void ConfigCheck::size(const char* name, int64_t v, int64_t max) const {
-  if (v < 1 || v > max)
-    bad(name, "must be in [1, " + std::to_string(max) + "], got " + std::to_string(v));
-}
+void ConfigCheck::size(const char* name, int64_t v, int64_t max) const { range(name, v, 1, max); }
 
 void ConfigCheck::probability(const char* name, double v) const {
   if (!is_dropout_p(v)) bad(name, "must be in [0, 1], got " + std::to_string(v));
@@ -34,73 +31,13 @@ void ConfigCheck::heads_divide(int64_t heads, int64_t d_model) const {
         "must divide d_model " + std::to_string(d_model) + ", got " + std::to_string(heads));
 }
 
-void ConfigCheck::positions(const nn::PositionOptions& p) const {
-  if (!(p.rope_base > 1)) bad("rope_base", "must be > 1");
-  if (p.relative_buckets < 4 || p.relative_buckets > 4096)
-    bad("relative_buckets", "must be in [4, 4096]");
-  if (p.relative_max_distance < 1 || p.relative_max_distance > (int64_t(1) << 24))
-    bad("relative_max_distance", "must be in [1, 2^24]");
+void ConfigCheck::range(const char* name, int64_t v, int64_t lo, int64_t hi) const {
+  if (v < lo || v > hi)
+    bad(name, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                  std::to_string(v));
 }
 
-DType ConfigReader::dtype(const char* name) const {
-  std::string s = "float32";
-  get_or_keep(name, s);
-  if (s != "float32" && s != "float64")
-    bad(name, "must be float32 or float64, got '" + text::printable(s) + "'");
-  return s == "float64" ? DType::f64 : DType::f32;
-}
-
-void ConfigReader::positions(nn::PositionOptions& p) const {
-  if (j_.contains("positions")) {
-    std::string kind;
-    get("positions", kind);
-    try {
-      p.kind = nn::parse_positions(kind);
-    } catch (const Error& e) {
-      bad("positions", e.what());
-    }
-  }
-  get_or_keep("rope_base", p.rope_base);
-  get_or_keep("relative_buckets", p.relative_buckets);
-  get_or_keep("relative_max_distance", p.relative_max_distance);
-}
-
-nlohmann::json positions_json(const nn::PositionOptions& p) {
-  return {{"positions", nn::positions_name(p.kind)},
-          {"rope_base", p.rope_base},
-          {"relative_buckets", p.relative_buckets},
-          {"relative_max_distance", p.relative_max_distance}};
-}
-
-nlohmann::json StackConfig::stack_json() const {
-  nlohmann::json j = {{"vocab", vocab},     {"d_model", d_model},
-                      {"heads", heads},     {"d_ff", d_ff},
-                      {"layers", layers},   {"max_len", max_len},
-                      {"dropout", dropout}, {"norm_first", norm_first},
-                      {"pad_id", pad_id},   {"dtype", dtype_name(dtype)},
-                      {"seed", seed}};
-  j.update(positions_json(positions));
-  return j;
-}
-
-void StackConfig::read_stack(const ConfigReader& r) {
-  r.get("vocab", vocab), r.get("d_model", d_model), r.get("heads", heads), r.get("d_ff", d_ff);
-  r.get("layers", layers), r.get("max_len", max_len);
-  r.get("dropout", dropout);
-  r.get("norm_first", norm_first), r.get("pad_id", pad_id), r.get("seed", seed);
-  dtype = r.dtype("dtype");
-  r.positions(positions);
-}
-
-void StackConfig::validate_stack(const std::string& where) const {
-  const ConfigCheck c(where);
-  c.size("vocab", vocab), c.size("d_model", d_model), c.size("heads", heads), c.size("d_ff", d_ff);
-  c.size("layers", layers, kMaxLayers), c.size("max_len", max_len, kMaxLen);
-  c.probability("dropout", dropout);
-  c.heads_divide(heads, d_model);
-  c.token_id("pad_id", pad_id, vocab);
-  c.positions(positions);
-}
+std::string printable_value(const std::string& s) { return text::printable(s); }
 
 nn::LayerConfig StackConfig::layer() const {
   return nn::layer_config(d_model, heads, d_ff, dropout, norm_first, dtype);

@@ -9,48 +9,67 @@
 
 namespace graft::models {
 
-nlohmann::json LMConfig::to_json() const {
-  nlohmann::json j = stack_json();
-  j["scale_embedding"] = scale_embedding;
-  j["norm"] = rms_norm ? "rmsnorm" : "layernorm";
-  j["ffn"] = nn::activation_name(ffn);
-  j["kv_heads"] = kv_heads;
-  j["bias"] = bias;
-  j["tied_output"] = tied_output;
-  return j;
+namespace {
+
+// "norm": "layernorm" | "rmsnorm", the key of rms_norm in configs before graft 0.7.
+void read_old_norm(LMConfig& c, const ConfigReader& r, const char* key) {
+  std::string norm;
+  r.get(key, norm);
+  if (norm != "layernorm" && norm != "rmsnorm")
+    r.bad(key, "must be layernorm or rmsnorm, got '" + text::printable(norm) + "'");
+  c.rms_norm = norm == "rmsnorm";
 }
+
+void check_kv_heads(const LMConfig& c, const ConfigCheck& k) {
+  if (c.kv_heads < 0 || c.kv_heads > c.heads || (c.kv_heads > 0 && c.heads % c.kv_heads != 0))
+    k.bad("kv_heads", "must be 0 (= heads) or divide heads " + std::to_string(c.heads) + ", got " +
+                          std::to_string(c.kv_heads));
+}
+
+}  // namespace
+
+const ConfigFields<LMConfig>& LMConfig::fields() {
+  using C = LMConfig;
+  using A = nn::Activation;
+  static const ConfigFields<C> table = [] {
+    ConfigFields<C> f = stack_fields<C>();
+    const ConfigFields<C> more = {
+        value_field<C>("scale_embedding", member(&C::scale_embedding),
+                       "token embeddings times sqrt(d_model)")
+            .optional(),
+        value_field<C>("rms_norm", member(&C::rms_norm), "RMSNorm instead of LayerNorm")
+            .optional()
+            .or_old("norm", read_old_norm),
+        activation_field<C>(member(&C::activation), {A::relu, A::gelu, A::gelu_tanh, A::swiglu})
+            .optional()
+            .or_old("ffn"),
+        value_field<C>("kv_heads", member(&C::kv_heads), "key/value heads (0: heads)")
+            .optional()
+            .and_check(check_kv_heads),
+        value_field<C>("bias", member(&C::bias), "biases in every linear and norm").optional(),
+        value_field<C>("tied_output", member(&C::tied_output), "logits through the embedding")
+            .optional(),
+    };
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  }();
+  return table;
+}
+
+nlohmann::json LMConfig::to_json() const { return write_fields(*this, fields()); }
 
 LMConfig LMConfig::from_json(const nlohmann::json& j, const std::string& where) {
   LMConfig c;
-  const ConfigReader r(j, where);
-  c.read_stack(r);
-  r.get_or_keep("scale_embedding", c.scale_embedding);
-  std::string norm = "layernorm", ffn = "relu";
-  r.get_or_keep("norm", norm);
-  if (norm != "layernorm" && norm != "rmsnorm")
-    r.bad("norm", "must be layernorm or rmsnorm, got '" + text::printable(norm) + "'");
-  c.rms_norm = norm == "rmsnorm";
-  r.get_or_keep("ffn", ffn);
-  if (!nn::activation_from_name(ffn, c.ffn))
-    r.bad("ffn", "must be relu, gelu, gelu_tanh or swiglu, got '" + text::printable(ffn) + "'");
-  r.get_or_keep("kv_heads", c.kv_heads);
-  r.get_or_keep("bias", c.bias);
-  r.get_or_keep("tied_output", c.tied_output);
+  read_fields(c, j, where, fields());
   c.validate(where);
   return c;
 }
 
-void LMConfig::validate(const std::string& where) const {
-  validate_stack(where);
-  if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
-    ConfigCheck(where).bad("kv_heads", "must be 0 (= heads) or divide heads " +
-                                           std::to_string(heads) + ", got " +
-                                           std::to_string(kv_heads));
-}
+void LMConfig::validate(const std::string& where) const { check_fields(*this, where, fields()); }
 
 nn::LayerConfig LMConfig::layer() const {
   nn::LayerConfig l = StackConfig::layer();
-  l.activation = ffn;
+  l.activation = activation;
   l.rms_norm = rms_norm;
   l.kv_heads = kv_heads;
   l.bias = bias;

@@ -21,33 +21,35 @@ int64_t ngram_bucket(const int64_t* t, int64_t end, int64_t n, int64_t buckets) 
 
 }  // namespace
 
-nlohmann::json ClassifierConfig::to_json() const {
-  nlohmann::json j = stack_json();
-  j["classes"] = classes;
-  j["ngram_buckets"] = ngram_buckets;
-  j["ngram_max"] = ngram_max;
-  return j;
+const ConfigFields<ClassifierConfig>& ClassifierConfig::fields() {
+  using C = ClassifierConfig;
+  static const ConfigFields<C> table = [] {
+    ConfigFields<C> f = stack_fields<C>();
+    const ConfigFields<C> more = {
+        size_field<C>("classes", member(&C::classes), "output classes"),
+        range_field<C>("ngram_buckets", member(&C::ngram_buckets), 0, kMaxNgramBuckets,
+                       "hashed n-gram rows (0: tokens alone)")
+            .optional(),
+        range_field<C>("ngram_max", member(&C::ngram_max), 2, kMaxNgram, "the longest n-gram")
+            .optional(),
+    };
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  }();
+  return table;
 }
+
+nlohmann::json ClassifierConfig::to_json() const { return write_fields(*this, fields()); }
 
 ClassifierConfig ClassifierConfig::from_json(const nlohmann::json& j, const std::string& where) {
   ClassifierConfig c;
-  const ConfigReader r(j, where);
-  c.read_stack(r);
-  r.get("classes", c.classes);
-  r.get_or_keep("ngram_buckets", c.ngram_buckets);
-  r.get_or_keep("ngram_max", c.ngram_max);
+  read_fields(c, j, where, fields());
   c.validate(where);
   return c;
 }
 
 void ClassifierConfig::validate(const std::string& where) const {
-  validate_stack(where);
-  const ConfigCheck c(where);
-  c.size("classes", classes);
-  if (ngram_buckets < 0 || ngram_buckets > kMaxNgramBuckets)
-    c.bad("ngram_buckets", "must be in [0, 2^24], got " + std::to_string(ngram_buckets));
-  if (ngram_max < 2 || ngram_max > kMaxNgram)
-    c.bad("ngram_max", "must be in [2, 8], got " + std::to_string(ngram_max));
+  check_fields(*this, where, fields());
 }
 
 int64_t ClassifierConfig::parameter_count() const {

@@ -12,64 +12,47 @@
 
 namespace graft::models {
 
-nlohmann::json TransformerConfig::to_json() const {
-  nlohmann::json j = {{"vocab", vocab},
-                      {"d_model", d_model},
-                      {"heads", heads},
-                      {"d_ff", d_ff},
-                      {"enc_layers", enc_layers},
-                      {"dec_layers", dec_layers},
-                      {"max_len", max_len},
-                      {"dropout", dropout},
-                      {"norm_first", norm_first},
-                      {"final_norm", final_norm},
-                      {"attention_dropout", attention_dropout},
-                      {"activation", nn::activation_name(activation)},
-                      {"pad_id", pad_id},
-                      {"bos_id", bos_id},
-                      {"eos_id", eos_id},
-                      {"dtype", dtype_name(dtype)},
-                      {"seed", seed}};
-  j.update(positions_json(positions));
-  return j;
+const ConfigFields<TransformerConfig>& TransformerConfig::fields() {
+  using C = TransformerConfig;
+  static const ConfigFields<C> table = [] {
+    ConfigFields<C> f = model_fields<C>();
+    for (ConfigField<C>& p : f)
+      if (std::string(p.name) == "positions")
+        p = p.or_old("learned_pos", [](C& c, const ConfigReader& r, const char* key) {
+          bool learned = false;  // configs written before "positions" existed
+          r.get(key, learned);
+          if (learned) c.positions.kind = nn::Positions::learned;
+        });
+    const ConfigFields<C> more = {
+        size_field<C>("enc_layers", member(&C::enc_layers), "encoder layers", kMaxLayers),
+        size_field<C>("dec_layers", member(&C::dec_layers), "decoder layers", kMaxLayers),
+        value_field<C>("final_norm", member(&C::final_norm), "a LayerNorm after each stack"),
+        probability_field<C>("attention_dropout", member(&C::attention_dropout),
+                             "on the attention probabilities")
+            .optional(),
+        activation_field<C>(member(&C::activation),
+                            {nn::Activation::relu, nn::Activation::gelu, nn::Activation::gelu_tanh})
+            .optional(),
+        token_field<C>("bos_id", member(&C::bos_id), "the begin-of-sequence token"),
+        token_field<C>("eos_id", member(&C::eos_id), "the end-of-sequence token"),
+    };
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  }();
+  return table;
 }
+
+nlohmann::json TransformerConfig::to_json() const { return write_fields(*this, fields()); }
 
 TransformerConfig TransformerConfig::from_json(const nlohmann::json& j, const std::string& where) {
   TransformerConfig c;
-  const ConfigReader r(j, where);
-  r.get("vocab", c.vocab), r.get("d_model", c.d_model), r.get("heads", c.heads),
-      r.get("d_ff", c.d_ff);
-  r.get("enc_layers", c.enc_layers), r.get("dec_layers", c.dec_layers), r.get("max_len", c.max_len);
-  r.get("dropout", c.dropout);
-  r.get("norm_first", c.norm_first), r.get("final_norm", c.final_norm);
-  // Configs written before "positions" existed say "learned_pos": true/false.
-  bool learned = false;
-  r.get_or_keep("learned_pos", learned);
-  if (learned) c.positions.kind = nn::Positions::learned;
-  r.positions(c.positions);
-  c.attention_dropout = 0.0;
-  r.get_or_keep("attention_dropout", c.attention_dropout);
-  std::string act = "relu";
-  r.get_or_keep("activation", act);
-  if (!nn::activation_from_name(act, c.activation) || c.activation == nn::Activation::swiglu)
-    r.bad("activation", "must be relu, gelu or gelu_tanh, got '" + text::printable(act) + "'");
-  r.get("pad_id", c.pad_id), r.get("bos_id", c.bos_id), r.get("eos_id", c.eos_id);
-  c.dtype = r.dtype("dtype");
-  r.get_or_keep("seed", c.seed);
+  read_fields(c, j, where, fields());
   c.validate(where);
   return c;
 }
 
 void TransformerConfig::validate(const std::string& where) const {
-  const ConfigCheck c(where);
-  c.size("vocab", vocab), c.size("d_model", d_model), c.size("heads", heads), c.size("d_ff", d_ff);
-  c.size("enc_layers", enc_layers, kMaxLayers), c.size("dec_layers", dec_layers, kMaxLayers);
-  c.size("max_len", max_len, kMaxLen);
-  c.probability("dropout", dropout), c.probability("attention_dropout", attention_dropout);
-  c.heads_divide(heads, d_model);
-  c.token_id("pad_id", pad_id, vocab), c.token_id("bos_id", bos_id, vocab),
-      c.token_id("eos_id", eos_id, vocab);
-  c.positions(positions);
+  check_fields(*this, where, fields());
 }
 
 int64_t TransformerConfig::parameter_count() const {

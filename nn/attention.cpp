@@ -37,9 +37,13 @@ Tensor AttentionRecorder::get(const std::string& path) const {
 MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generator& gen,
                                        double dropout_p, Generator* dropout_gen, int64_t kv,
                                        bool has_bias)
-    : d(d_), heads(h), kv_heads(kv == 0 ? h : kv), dropout(dropout_p), dropout_gen_(dropout_gen) {
-  if (h <= 0 || d % h != 0)
-    fail("MultiHeadAttention: d_model " + std::to_string(d) + " is not divisible by " +
+    : d_model(d_),
+      heads(h),
+      kv_heads(kv == 0 ? h : kv),
+      dropout(dropout_p),
+      dropout_gen_(dropout_gen) {
+  if (h <= 0 || d_model % h != 0)
+    fail("MultiHeadAttention: d_model " + std::to_string(d_model) + " is not divisible by " +
          std::to_string(h) + " heads");
   if (kv_heads <= 0 || h % kv_heads != 0)
     fail("MultiHeadAttention: kv_heads " + std::to_string(kv) + " must divide heads " +
@@ -47,16 +51,17 @@ MultiHeadAttention::MultiHeadAttention(int64_t d_, int64_t h, DType dt, Generato
   if (!is_dropout_p(dropout))
     fail("MultiHeadAttention: attention dropout must be in [0, 1], got " + std::to_string(dropout));
   // nn.MultiheadAttention: xavier_uniform on the packed projection, zero biases.
-  const int64_t rows = d + 2 * kv_heads * (d / heads);
-  in_proj_weight = register_parameter("in_proj_weight", new_parameter({rows, d}, dt, [&] {
-                                        Tensor w = Tensor::empty({rows, d}, dt);
+  const int64_t rows = d_model + 2 * kv_heads * (d_model / heads);
+  in_proj_weight = register_parameter("in_proj_weight", new_parameter({rows, d_model}, dt, [&] {
+                                        Tensor w = Tensor::empty({rows, d_model}, dt);
                                         xavier_uniform_(w, gen);
                                         return w;
                                       }));
   if (has_bias)
     in_proj_bias = register_parameter("in_proj_bias",
                                       new_parameter({rows}, dt, [&] { return zeros({rows}, dt); }));
-  out_proj = register_module("out_proj", std::make_shared<Linear>(d, d, has_bias, dt, gen));
+  out_proj =
+      register_module("out_proj", std::make_shared<Linear>(d_model, d_model, has_bias, dt, gen));
   if (has_bias && !SkipInit::active()) fill_(out_proj->bias, 0.0);  // drawn, then zeroed as torch
 }
 
@@ -65,13 +70,14 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
     const Tensor y =
         part == 0 && parts == 3
             ? linear(x, in_proj_weight, in_proj_bias)
-            : linear(x, slice(in_proj_weight, 0, part * d, (part + parts) * d),
-                     in_proj_bias.defined() ? slice(in_proj_bias, 0, part * d, (part + parts) * d)
-                                            : Tensor());
+            : linear(x, slice(in_proj_weight, 0, part * d_model, (part + parts) * d_model),
+                     in_proj_bias.defined()
+                         ? slice(in_proj_bias, 0, part * d_model, (part + parts) * d_model)
+                         : Tensor());
     return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
   }
   // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.
-  const int64_t dh = d / heads;
+  const int64_t dh = d_model / heads;
   auto first_head = [&](int64_t p) { return p == 0 ? 0 : heads + (p - 1) * kv_heads; };
   const int64_t h0 = first_head(part), h1 = first_head(part + parts);
   const Tensor y =
@@ -114,10 +120,10 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,
                                    const Tensor& key_padding_mask, bool causal, Tensor* weights,
                                    const AttentionPositions* pos) const {
   const auto named = scope();
-  if (x.dim() != 3 || x.shape()[2] != d || memory.dim() != 3 || memory.shape()[2] != d ||
-      memory.shape()[0] != x.shape()[0])
+  if (x.dim() != 3 || x.shape()[2] != d_model || memory.dim() != 3 ||
+      memory.shape()[2] != d_model || memory.shape()[0] != x.shape()[0])
     fail("MultiHeadAttention: x " + describe(x) + " and memory " + describe(memory) +
-         " must be (B, T, " + std::to_string(d) + ") with the same B");
+         " must be (B, T, " + std::to_string(d_model) + ") with the same B");
   const bool self =
       x.same_storage(memory) && x.shape() == memory.shape() && x.offset() == memory.offset();
   Tensors qkv = self ? project_heads(x, 0, 3) : project_heads(x, 0, 1);
@@ -229,7 +235,7 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
     fail("MultiHeadAttention: grouped cross-attention needs x (group " + std::to_string(group) +
          " x " + std::to_string(rows) + " cache rows, 1, d), got x " + describe(x));
   // The G rows of one cache row as G query positions of it: (B G, 1, d) -> (B, G, d) -> heads.
-  const Tensor q = project_heads(reshape(x, {rows, group, d}), 0, 1)[0];
+  const Tensor q = project_heads(reshape(x, {rows, group, d_model}), 0, 1)[0];
   const Tensor y =
       attend(q, cache.k, cache.v, key_padding_mask, false, Tensor(), weights, /*steady_kv=*/true);
   // (B, H, G, Tk) -> (B G, H, 1, Tk), as the ungrouped call gives them
@@ -237,7 +243,7 @@ Tensor MultiHeadAttention::forward_cross_cached(const Tensor& x, const KVCache& 
     *weights = reshape(contiguous(permute(*weights, {0, 2, 1, 3})), {rows * group, heads, 1, -1});
     AttentionRecorder::note(*weights);
   }
-  return hooked(reshape(y, {rows * group, 1, d}));
+  return hooked(reshape(y, {rows * group, 1, d_model}));
 }
 
 }  // namespace graft::nn

@@ -146,20 +146,48 @@ std::string matmul_kernel_name(Precision p) {
   return name.empty() ? "none (oneDNN has no implementation)" : name;
 }
 
+namespace {
+
+// What oneDNN lacks for a reduced precision on this CPU, said once for bf16 and int8.
+struct MissingKernel {
+  const char* precision;  // "bf16", "int8"
+  const char* kernel;     // "native bf16 matmul kernel"
+  const char* needs;      // "AVX512_BF16 or AMX"
+};
+
+constexpr MissingKernel kBf16{"bf16", "native bf16 matmul kernel", "AVX512_BF16 or AMX"};
+constexpr MissingKernel kInt8{"int8", "int8 matmul kernel with VNNI",
+                              "AVX512_VNNI, AVX-VNNI or AMX"};
+
+// "<what>: oneDNN <kernel name>" when the kernel runs, else what runs instead and why.
+std::string kernel_description(bool available, Precision p, const std::string& what,
+                               const std::string& fallback, const MissingKernel& m,
+                               const std::string& probe, const char* probed) {
+  if (available) return what + ": oneDNN " + matmul_kernel_name(p);
+  return what + ": " + fallback + ": oneDNN " + onednn_version() + " has no " + m.kernel +
+         " for this CPU (it needs " + m.needs + ", and no DNNL_MAX_CPU_ISA cap below them; its " +
+         probed + " here: " + (probe.empty() ? std::string("none") : probe) + ")";
+}
+
+// "" when the kernel runs, else why `what` refuses the precision.
+std::string unavailable_reason(bool available, const std::string& what, const MissingKernel& m,
+                               const std::string& why) {
+  if (available) return "";
+  return what + " " + m.precision + ": oneDNN has no " + m.kernel + " for this CPU (it needs " +
+         m.needs + why + "; use fp32";
+}
+
+}  // namespace
+
 std::string bf16_description() {
-  if (bf16_kernel_available()) return "bf16 matmuls: oneDNN " + matmul_kernel_name(Precision::bf16);
-  return "bf16 matmuls: reference path (operands rounded to bf16, float32 products): oneDNN " +
-         onednn_version() +
-         " has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 or AMX, and no "
-         "DNNL_MAX_CPU_ISA cap below them; its bf16 matmul here: " +
-         (bf16_probe().empty() ? std::string("none") : bf16_probe()) + ")";
+  return kernel_description(bf16_kernel_available(), Precision::bf16, "bf16 matmuls",
+                            "reference path (operands rounded to bf16, float32 products)", kBf16,
+                            bf16_probe(), "bf16 matmul");
 }
 
 std::string bf16_unavailable_reason(const std::string& what) {
-  if (bf16_kernel_available()) return "";
-  return what +
-         " bf16: oneDNN has no native bf16 matmul kernel for this CPU (it needs AVX512_BF16 "
-         "or AMX), so bf16 would only be slower than fp32; use fp32";
+  return unavailable_reason(bf16_kernel_available(), what, kBf16,
+                            "), so bf16 would only be slower than fp32");
 }
 
 bool int8_kernel_available() {
@@ -171,20 +199,14 @@ bool int8_kernel_available() {
 }
 
 std::string int8_description() {
-  if (int8_kernel_available()) return "int8 linears: oneDNN " + matmul_kernel_name(Precision::int8);
-  return "int8 linears: reference loop (the same int32 sums, at loop speed): oneDNN " +
-         onednn_version() +
-         " has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, AVX-VNNI or "
-         "AMX, and "
-         "no DNNL_MAX_CPU_ISA cap below them; its u8 x s8 matmul here: " +
-         (int8_probe().empty() ? std::string("none") : int8_probe()) + ")";
+  return kernel_description(int8_kernel_available(), Precision::int8, "int8 linears",
+                            "reference loop (the same int32 sums, at loop speed)", kInt8,
+                            int8_probe(), "u8 x s8 matmul");
 }
 
 std::string int8_unavailable_reason(const std::string& what) {
-  if (int8_kernel_available()) return "";
-  return what +
-         " int8: oneDNN has no int8 matmul kernel with VNNI for this CPU (it needs AVX512_VNNI, "
-         "AVX-VNNI or AMX; without VNNI its int8 sums can saturate), so int8 is refused; use fp32";
+  return unavailable_reason(int8_kernel_available(), what, kInt8,
+                            "; without VNNI its int8 sums can saturate), so int8 is refused");
 }
 
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }

@@ -291,6 +291,42 @@ BOOST_AUTO_TEST_CASE(no_tape_entry_without_grad) {
 // The op's bad inputs and their errors are listed with its gradcheck cases (OpCase::error_inputs,
 // ops/attention.cpp) and run by test_gradcheck_all.
 
+namespace {
+
+// Causal grouped-query attention by hand, row 0's last key being padding: q (B, T, H Dh), k and
+// v (B, T, kv Dh) -> the heads' outputs (B, T, H Dh), each query head h against K/V head
+// h / (H / kv).
+std::vector<double> grouped_attention_by_hand(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              int64_t H, int64_t kv) {
+  const int64_t B = q.size(0), T = q.size(1), d = q.size(2), Dh = d / H;
+  std::vector<double> heads_out(B * T * d);
+  const auto qv = q.to_vector<double>(), kvv = k.to_vector<double>(), vv = v.to_vector<double>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t kh = h / (H / kv);
+        std::vector<double> s;
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < Dh; ++e)
+            dot += qv[(b * T + i) * d + h * Dh + e] * kvv[(b * T + j) * kv * Dh + kh * Dh + e];
+          s.push_back(b == 0 && j == T - 1 ? -INFINITY : dot / std::sqrt((double)Dh));
+          mx = std::max(mx, s.back());
+        }
+        double z = 0;
+        for (double& e : s) z += (e = std::exp(e - mx));
+        for (int64_t e = 0; e < Dh; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j) o += s[j] / z * vv[(b * T + j) * kv * Dh + kh * Dh + e];
+          heads_out[(b * T + i) * d + h * Dh + e] = o;
+        }
+      }
+  return heads_out;
+}
+
+}  // namespace
+
 // Grouped-query attention (nn::MultiHeadAttention with kv_heads < heads): the output equals
 // attention computed by hand, each query head h against K/V head h / (heads / kv_heads) of the
 // packed projection's K and V rows; gradients pass gradcheck; bad kv_heads are refused.
@@ -317,30 +353,7 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_repeated_heads) {
       return linear(x, slice(w, 0, r0, r1), b);  // (B, T, r1 - r0)
     };
     const Tensor q = proj(0, d), k = proj(d, d + kv * Dh), v = proj(d + kv * Dh, d + 2 * kv * Dh);
-    std::vector<double> heads_out(B * T * d);
-    const auto qv = q.to_vector<double>(), kvv = k.to_vector<double>(), vv = v.to_vector<double>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < T; ++i) {
-          const int64_t kh = h / (H / kv);
-          std::vector<double> s;
-          double mx = -1e300;
-          for (int64_t j = 0; j <= i; ++j) {
-            double dot = 0;
-            for (int64_t e = 0; e < Dh; ++e)
-              dot += qv[(b * T + i) * d + h * Dh + e] * kvv[(b * T + j) * kv * Dh + kh * Dh + e];
-            s.push_back(b == 0 && j == T - 1 ? -INFINITY : dot / std::sqrt((double)Dh));
-            mx = std::max(mx, s.back());
-          }
-          double z = 0;
-          for (double& e : s) z += (e = std::exp(e - mx));
-          for (int64_t e = 0; e < Dh; ++e) {
-            double o = 0;
-            for (int64_t j = 0; j <= i; ++j)
-              o += s[j] / z * vv[(b * T + j) * kv * Dh + kh * Dh + e];
-            heads_out[(b * T + i) * d + h * Dh + e] = o;
-          }
-        }
+    const std::vector<double> heads_out = grouped_attention_by_hand(q, k, v, H, kv);
     const Tensor want = mha.out_proj->forward(from_vector(heads_out, {B, T, d}, DType::f64));
     check_close(got.to_vector<double>(), want.to_vector<double>(), 1e-12);
     // Gradients in x and the packed projection (through the repeated K/V heads).

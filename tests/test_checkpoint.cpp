@@ -248,13 +248,20 @@ BOOST_AUTO_TEST_CASE(hand_built_files_that_are_valid) {
   BOOST_TEST(train::load_safetensors(path).tensors.empty());
 }
 
-BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
-  TempDir td;
-  const std::string f32x6(24, '\0');
-  auto entry = [](const std::string& name, const std::string& body) {
-    return "{\"" + name + "\": " + body + "}";
-  };
+namespace {
 
+// A header of one tensor entry: {"<name>": <body>}.
+std::string entry(const std::string& name, const std::string& body) {
+  return "{\"" + name + "\": " + body + "}";
+}
+
+const std::string f32x6(24, '\0');  // the data of a (2, 3) float32 tensor
+
+}  // namespace
+
+// Every validation error of load_safetensors is reported, one test case per part of the file.
+BOOST_AUTO_TEST_CASE(safetensors_framing_and_header_errors) {
+  TempDir td;
   // Framing.
   expect_load_error(td, "", {"file is 0 bytes", "too short"});
   expect_load_error(td, std::string(7, '\0'), {"file is 7 bytes", "too short"});
@@ -274,7 +281,10 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
                             R"( "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
                             std::string(8, '\0')),
                     {"tensor 'w' appears twice"});
+}
 
+BOOST_AUTO_TEST_CASE(safetensors_metadata_and_entry_errors) {
+  TempDir td;
   // Metadata.
   expect_load_error(td, st_file(R"({"__metadata__": [1]})"), {"__metadata__ is not a JSON object"});
   expect_load_error(td, st_file(R"({"__metadata__": {"step": 3}})"),
@@ -295,7 +305,10 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
       st_file(entry("w", R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": 1})"),
               std::string(4, 0)),
       {"tensor 'w'", "unexpected key 'x'"});
+}
 
+BOOST_AUTO_TEST_CASE(safetensors_dtype_and_shape_errors) {
+  TempDir td;
   // dtype.
   expect_load_error(td,
                     st_file(entry("h", R"({"dtype": "F16", "shape": [2], "data_offsets": [0, 4]})"),
@@ -334,7 +347,10 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
   expect_load_error(
       td, st_file(entry("s", R"({"dtype": "F64", "shape": [4611686018427387904])" + offs), f32x6),
       {"tensor 's'", "byte count overflows"});
+}
 
+BOOST_AUTO_TEST_CASE(safetensors_data_offsets_errors) {
+  TempDir td;
   // data_offsets.
   const std::string pre = R"({"dtype": "F32", "shape": [2, 3], "data_offsets": )";
   expect_load_error(td, st_file(entry("o", pre + "24}"), f32x6),
@@ -356,7 +372,10 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
                     st_file(entry("i", R"({"dtype": "I64", "shape": [], "data_offsets": [0, 4]})"),
                             std::string(4, 0)),
                     {"tensor 'i' declares 4 bytes but shape () of I64 needs 8"});
+}
 
+BOOST_AUTO_TEST_CASE(safetensors_region_layout_errors) {
+  TempDir td;
   // Region layout.
   const std::string two = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},)"
                           R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": )";
@@ -372,7 +391,10 @@ BOOST_AUTO_TEST_CASE(every_validation_error_is_reported) {
   expect_load_error(td, st_file(two + "[4, 8]}}", std::string(9, 0)),
                     {"trailing data", "cover 8 bytes of the 9-byte data section"});
   expect_load_error(td, st_file("{}", "x"), {"trailing data", "cover 0 bytes of the 1-byte"});
+}
 
+BOOST_AUTO_TEST_CASE(safetensors_unreadable_files) {
+  TempDir td;
   // Not a readable regular file.
   expect_load_error(td, "", {"too short"});
   try {

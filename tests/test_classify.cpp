@@ -10,6 +10,7 @@
 #include "examples/classify/classify.h"
 #include "examples/classify/naive_bayes.h"
 #include "examples/classify/pretrained.h"
+#include "examples/common/train_task.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/bert.h"
 #include "graft/nn/train/checkpoint.h"
@@ -240,9 +241,32 @@ BOOST_AUTO_TEST_CASE(resume_is_bit_exact) {
   };
   const classify::TrainResult whole = run("whole", 30, false);
   run("split", 15, false);
+  // The schedule is written once, in the recipe; the top level holds none of it.
+  const fs::path cfg = d / "split" / "config.json";
+  const nlohmann::json train = train::load_json(cfg.string())["train"];
+  BOOST_TEST(train["recipe"]["schedule"]["factor"] == 0.7);
+  for (const char* key : {"lr", "lr_factor", "warmup"}) BOOST_TEST(!train.contains(key), key);
   const classify::TrainResult rest = run("split", 30, true);
   BOOST_TEST(rest.loop.losses ==
              std::vector<double>(whole.loop.losses.begin() + 15, whole.loop.losses.end()));
+}
+
+// On --resume the recipe is the one place the schedule is read from: top-level values beside it
+// (as graft < 0.7 wrote them) are not read; without a recipe they are.
+BOOST_AUTO_TEST_CASE(resume_reads_the_schedule_from_the_recipe) {
+  train::LoopOptions saved;
+  saved.steps = 100, saved.lr_factor = 0.5, saved.warmup = 12;
+  const nlohmann::json recipe = train::loop_recipe(saved);
+  train::LoopOptions loop;
+  tasks::apply_saved_recipe({{"recipe", recipe}, {"lr_factor", 9.0}, {"warmup", 99}}, loop, "c");
+  BOOST_TEST(loop.lr_factor == 0.5);
+  BOOST_TEST(loop.warmup == 12);
+  train::LoopOptions old;
+  old.steps = 100, old.optimizer = "adamw", old.schedule = "cosine";  // not the run's
+  tasks::apply_saved_recipe({{"lr_factor", 0.5}, {"warmup", 12}}, old, "c");
+  BOOST_TEST(train::loop_recipe(old) == recipe);
+  BOOST_CHECK_EXCEPTION(tasks::apply_saved_recipe({{"warmup", 12}}, old, "run/config.json"), Error,
+                        [](const Error& e) { return names(e, "run/config.json"); });
 }
 
 // model.safetensors holds the weights of the newest validation with the highest macro-F1 (a tie

@@ -260,7 +260,7 @@ BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
   c.vocab = 17, c.d_model = 16, c.heads = 4, c.kv_heads = 2, c.d_ff = 20, c.layers = 2,
   c.max_len = 32;
   c.positions.kind = nn::Positions::rope;
-  c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.bias = false, c.tied_output = false;
+  c.rms_norm = true, c.activation = nn::Activation::swiglu, c.bias = false, c.tied_output = false;
   c.dropout = 0.1;  // generate runs in eval mode
   c.dtype = DType::f64;
   DecoderOnlyLM lm(c);

@@ -64,7 +64,7 @@ BOOST_AUTO_TEST_CASE(bits_per_character_count_code_points) {
 // recipe, bad values are refused by name, and its size is lm-mini's (with rope) within 1%.
 BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   const models::LMConfig c = lm::preset("llama-mini");
-  BOOST_TEST((c.rms_norm && c.ffn == nn::Activation::swiglu && !c.bias && c.kv_heads == 2 &&
+  BOOST_TEST((c.rms_norm && c.activation == nn::Activation::swiglu && !c.bias && c.kv_heads == 2 &&
               c.tied_output));
   BOOST_TEST((c.positions.kind == nn::Positions::rope));
   const models::LMConfig back = models::LMConfig::from_json(c.to_json());
@@ -76,10 +76,10 @@ BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   BOOST_TEST(std::fabs((double)c.parameter_count() / mini - 1) < 0.01, c.parameter_count()
                                                                            << " vs " << mini);
   nlohmann::json old = lm::preset("lm-mini").to_json();
-  for (const char* f : {"norm", "ffn", "kv_heads", "bias", "tied_output"}) old.erase(f);
+  for (const char* f : {"rms_norm", "activation", "kv_heads", "bias", "tied_output"}) old.erase(f);
   const models::LMConfig gpt = models::LMConfig::from_json(old);
-  BOOST_TEST((!gpt.rms_norm && gpt.ffn == nn::Activation::relu && gpt.bias && gpt.kv_heads == 0 &&
-              gpt.tied_output));
+  BOOST_TEST((!gpt.rms_norm && gpt.activation == nn::Activation::relu && gpt.bias &&
+              gpt.kv_heads == 0 && gpt.tied_output));
   auto refused = [&](const char* field, const nlohmann::json& v, const std::string& why) {
     nlohmann::json j = c.to_json();
     j[field] = v;
@@ -90,9 +90,34 @@ BOOST_AUTO_TEST_CASE(llama_preset_config_round_trips) {
   refused("kv_heads", 3, "must be 0 (= heads) or divide heads 4, got 3");
   refused("kv_heads", -1, "must be 0 (= heads) or divide heads 4, got -1");
   refused("kv_heads", 8, "must be 0 (= heads) or divide heads 4, got 8");
+  refused("rms_norm", "rmsnorm", "must be true or false");
+  refused("activation", "geglu", "must be relu, gelu, gelu_tanh or swiglu, got 'geglu'");
+  refused("bias", 1, "");
+}
+
+// A config.json written before the fields had one name ("norm": "rmsnorm" for rms_norm, "ffn"
+// for activation) still loads, is written back under the new names only, and its old keys are
+// still checked by name.
+BOOST_AUTO_TEST_CASE(old_llama_config_keys_load) {
+  const models::LMConfig c = lm::preset("llama-mini");
+  nlohmann::json old = c.to_json();
+  old.erase("rms_norm"), old.erase("activation");
+  old["norm"] = "rmsnorm", old["ffn"] = "swiglu";
+  const models::LMConfig back = models::LMConfig::from_json(old, "old/config.json");
+  BOOST_TEST((back.rms_norm && back.activation == nn::Activation::swiglu));
+  BOOST_TEST(back.to_json() == c.to_json());
+  BOOST_TEST(!back.to_json().contains("norm"));
+  BOOST_TEST(!back.to_json().contains("ffn"));
+  auto refused = [&](const char* field, const nlohmann::json& v, const std::string& why) {
+    nlohmann::json j = old;
+    j[field] = v;
+    BOOST_CHECK_EXCEPTION(
+        models::LMConfig::from_json(j, "old/config.json"), Error, [&](const Error& e) {
+          return names(e, std::string("old/config.json: field \"") + field + "\" " + why);
+        });
+  };
   refused("norm", "batchnorm", "must be layernorm or rmsnorm, got 'batchnorm'");
   refused("ffn", "geglu", "must be relu, gelu, gelu_tanh or swiglu, got 'geglu'");
-  refused("bias", 1, "");
 }
 
 // The Kneser-Ney baseline: a unigram by hand, every conditional distribution sums to 1, a

@@ -2,11 +2,15 @@
 // beam 1 == greedy, parameter counts and names, and a float64 gradcheck of a whole model.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <set>
+#include <type_traits>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/models/bert.h"
 #include "graft/models/transformer.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
+#include "tests/tiny_models.h"
 
 using namespace graft;
 using graft::testing::ids;
@@ -15,18 +19,8 @@ using namespace graft::models;
 namespace {
 
 TransformerConfig small_cfg(DType dt = DType::f32, bool pre_ln = false) {
-  TransformerConfig c;
-  c.vocab = 23;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 24;
-  c.enc_layers = 2;
-  c.dec_layers = 2;
-  c.max_len = 32;
-  c.dropout = 0.0;
+  TransformerConfig c = graft::testing::tiny_transformer(/*max_len=*/32, /*seed=*/3, dt);
   c.norm_first = pre_ln;
-  c.dtype = dt;
-  c.seed = 3;
   return c;
 }
 
@@ -488,9 +482,9 @@ BOOST_AUTO_TEST_CASE(parameter_count_matches_the_built_model) {
       for (int variant = 0; variant < 6; ++variant) {
         LMConfig v = l;
         v.rms_norm = variant == 0 || variant == 5;
-        v.ffn = variant == 1                   ? nn::Activation::gelu
-                : variant >= 2 && variant != 4 ? nn::Activation::swiglu
-                                               : v.ffn;
+        v.activation = variant == 1                   ? nn::Activation::gelu
+                       : variant >= 2 && variant != 4 ? nn::Activation::swiglu
+                                                      : v.activation;
         v.kv_heads = variant == 3 ? 1 : variant == 5 ? 2 : 0;
         v.bias = !(variant == 4 || variant == 5);
         v.tied_output = variant != 5 && variant != 2;
@@ -734,3 +728,62 @@ BOOST_AUTO_TEST_CASE(module_to_dtype_converts_and_trains) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+namespace {
+
+// The field table drives the four uses of every field of config C: to_json() writes exactly
+// the table's keys, from_json() reads each back (a required one that is absent, or any field of
+// the wrong JSON type, is an error naming the field and the file), and validate() checks each.
+template <class C>
+void field_table_drives_every_use(const C& c) {
+  const nlohmann::json j = c.to_json();
+  std::set<std::string> keys, names;
+  for (auto& [k, v] : j.items()) keys.insert(k);
+  for (const auto& f : C::fields()) names.insert(f.name);
+  BOOST_TEST((keys == names), j.dump());
+  BOOST_TEST(C::from_json(j, "run/config.json").to_json() == j);
+  for (const auto& f : C::fields()) {
+    const std::string named = std::string("run/config.json: field \"") + f.name + "\" ";
+    nlohmann::json wrong = j;
+    wrong[f.name] = nlohmann::json::array();
+    BOOST_CHECK_EXCEPTION(C::from_json(wrong, "run/config.json"), Error,
+                          [&](const Error& e) { return graft::testing::names(e, named); });
+    nlohmann::json absent = j;
+    absent.erase(f.name);
+    if (f.required)
+      BOOST_CHECK_EXCEPTION(C::from_json(absent, "run/config.json"), Error, [&](const Error& e) {
+        return graft::testing::names(e, named + "is missing");
+      });
+    else BOOST_CHECK_NO_THROW(C::from_json(absent, "run/config.json"));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(config_field_tables_drive_json_and_validation) {
+  field_table_drives_every_use(small_cfg());
+  LMConfig lm;
+  lm.vocab = 40, lm.d_model = 16, lm.heads = 4, lm.kv_heads = 2;
+  field_table_drives_every_use(lm);
+  ClassifierConfig cl;
+  cl.ngram_buckets = 64;
+  field_table_drives_every_use(cl);
+  field_table_drives_every_use(BertConfig());
+  // The Transformer's config holds the shared fields once, in ModelConfig.
+  static_assert(std::is_base_of_v<ModelConfig, TransformerConfig>);
+  static_assert(std::is_base_of_v<ModelConfig, StackConfig>);
+  // A range check from the table names the field, in from_json() and validate() alike.
+  TransformerConfig t = small_cfg();
+  t.bos_id = 23;
+  BOOST_CHECK_EXCEPTION(t.validate("x.json"), Error, [](const Error& e) {
+    return graft::testing::names(
+        e, "x.json: field \"bos_id\" must be a token id in [0, vocab 23), got 23");
+  });
+  // A value the table does not allow, set in code, is named by the constructor's check.
+  TransformerConfig swiglu = small_cfg();
+  swiglu.activation = nn::Activation::swiglu;
+  BOOST_CHECK_EXCEPTION(Transformer m(swiglu), Error, [](const Error& e) {
+    return graft::testing::names(
+        e, "Transformer: field \"activation\" must be relu, gelu or gelu_tanh, got swiglu");
+  });
+}

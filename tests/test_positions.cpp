@@ -12,6 +12,7 @@
 #include "graft/nn/positions.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
+#include "tests/tiny_models.h"
 
 using namespace graft;
 using graft::testing::ids;
@@ -25,19 +26,7 @@ const Positions kAll[] = {Positions::sinusoidal, Positions::learned, Positions::
                           Positions::alibi, Positions::relative};
 
 TransformerConfig cfg(Positions p, DType dt = DType::f32) {
-  TransformerConfig c;
-  c.vocab = 23;
-  c.d_model = 16;
-  c.heads = 2;
-  c.d_ff = 24;
-  c.enc_layers = 2;
-  c.dec_layers = 2;
-  c.max_len = 16;
-  c.dropout = 0.0;
-  c.dtype = dt;
-  c.seed = 5;
-  c.positions.kind = p;
-  return c;
+  return graft::testing::tiny_transformer(/*max_len=*/16, /*seed=*/5, dt, p);
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

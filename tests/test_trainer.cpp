@@ -59,21 +59,13 @@ train::LoopOptions adamw_cosine(const fs::path& dir, int64_t steps) {
 }
 
 // Rank 0 of two that agree on everything (one process plays both): enough for the checks the
-// loop makes before its first step.
-struct TwoRanks final : train::Communicator {
-  int rank() const override { return 0; }
+// loop makes before its first step. The single-process collectives, with a second rank.
+struct TwoRanks final : train::SingleProcessCommunicator {
   int size() const override { return 2; }
   std::string name() const override { return "two ranks (test)"; }
-  void allreduce_sum(Tensor&) override {}
-  void start_allreduce_sum(Tensor&) override {}
-  void progress() override {}
-  void wait_all() override {}
-  void broadcast(Tensor&, int) override {}
-  std::string broadcast_string(const std::string& s, int) override { return s; }
   std::vector<std::vector<uint64_t>> allgather(const std::vector<uint64_t>& v) override {
     return {v, v};
   }
-  void barrier() override {}
   [[noreturn]] void abort(const std::string& m, int) override { fail(m); }
 };
 

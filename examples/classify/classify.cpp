@@ -342,10 +342,7 @@ void apply_saved_schedule(const nlohmann::json& saved, const std::string& cfg_pa
                           train::LoopOptions& loop) {
   if (!saved.contains("train")) return;
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
-  loop.lr_factor = train::json_field<double>(saved["train"], "lr_factor", where);
-  loop.warmup = train::json_field<int64_t>(saved["train"], "warmup", where);
-  if (saved["train"].contains("recipe"))
-    train::apply_recipe(saved["train"]["recipe"], loop, where);  // absent before graft 0.5
+  tasks::apply_saved_recipe(saved["train"], loop, where);
   train::check_loop_options(loop);
 }
 
@@ -374,9 +371,7 @@ models::ClassifierConfig run_config(const TrainOptions& o, const std::vector<Exa
   // Under mpirun rank 0 alone writes the run's files; the others wait for them.
   train::on_rank0(train::world_communicator(), [&] {
     train::lock_run_until_exit(o.loop.run_dir);  // also creates it
-    const nlohmann::json schedule{{"lr_factor", o.loop.lr_factor},
-                                  {"warmup", o.loop.warmup},
-                                  {"recipe", train::loop_recipe(o.loop)}};
+    const nlohmann::json schedule = {{"recipe", train::loop_recipe(o.loop)}};
     train::save_json(
         cfg_path,
         {{"model", c.to_json()}, {"labels", labels}, {"data", o.data_dir}, {"train", schedule}});

@@ -26,40 +26,41 @@ namespace fs = std::filesystem;
 
 // ---- config and model ----
 
-nlohmann::json PretrainedConfig::to_json() const {
-  nlohmann::json j = BertConfig::to_json();
-  j["classes"] = classes;
-  j["pooling"] = pooling == models::Pooling::cls ? "cls" : "mean";
-  j["normalize"] = normalize;
-  j["head_dropout"] = head_dropout;
-  j["max_seq_length"] = max_seq_length;
-  return j;
+const models::ConfigFields<PretrainedConfig>& PretrainedConfig::fields() {
+  using C = PretrainedConfig;
+  using models::member;
+  static const models::ConfigFields<C> table = [] {
+    models::ConfigFields<C> f = models::bert_fields<C>();
+    const models::ConfigFields<C> more = {
+        models::size_field<C>("classes", member(&C::classes), "output classes",
+                              (int64_t)kMaxLabels),
+        models::choice_field<C, models::Pooling>(
+            "pooling", member(&C::pooling),
+            {{models::Pooling::mean, "mean"}, {models::Pooling::cls, "cls"}}, "mean or [CLS]"),
+        models::value_field<C>("normalize", member(&C::normalize), "L2-normalise the pooled"),
+        models::probability_field<C>("head_dropout", member(&C::head_dropout), "on the pooled"),
+        models::value_field<C>("max_seq_length", member(&C::max_seq_length), "ids per text")
+            .and_check([](const C& c, const models::ConfigCheck& k) {
+              k.range("max_seq_length", c.max_seq_length, 2, c.max_len);
+            }),
+    };
+    f.insert(f.end(), more.begin(), more.end());
+    return f;
+  }();
+  return table;
 }
+
+nlohmann::json PretrainedConfig::to_json() const { return write_fields(*this, fields()); }
 
 PretrainedConfig PretrainedConfig::from_json(const nlohmann::json& j, const std::string& where) {
   PretrainedConfig c;
-  static_cast<models::BertConfig&>(c) = models::BertConfig::from_json(j, where);
-  const models::ConfigReader r(j, where);
-  r.get("classes", c.classes), r.get("normalize", c.normalize),
-      r.get("head_dropout", c.head_dropout);
-  r.get("max_seq_length", c.max_seq_length);
-  std::string pooling;
-  r.get("pooling", pooling);
-  if (pooling != "mean" && pooling != "cls")
-    r.bad("pooling", "must be \"mean\" or \"cls\", got \"" + text::printable(pooling) + "\"");
-  c.pooling = pooling == "cls" ? models::Pooling::cls : models::Pooling::mean;
+  models::read_fields(c, j, where, fields());
   c.validate(where);
   return c;
 }
 
 void PretrainedConfig::validate(const std::string& where) const {
-  BertConfig::validate(where);
-  const models::ConfigCheck c(where);
-  c.size("classes", classes, (int64_t)kMaxLabels);
-  c.probability("head_dropout", head_dropout);
-  if (max_seq_length < 2 || max_seq_length > max_len)
-    c.bad("max_seq_length", "must be in [2, " + std::to_string(max_len) + "] (max_len), got " +
-                                std::to_string(max_seq_length));
+  models::check_fields(*this, where, fields());
 }
 
 int64_t PretrainedConfig::parameter_count() const {
@@ -287,16 +288,15 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
     train::create_run_directory(o.loop.run_dir + "/tokenizer");
     for (const std::string& f : tokenizer_files_in(o.init_from))
       train::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
-    const nlohmann::json schedule{
-        {"lr_factor", lo.lr_factor}, {"warmup", lo.warmup}, {"recipe", train::loop_recipe(lo)}};
+    const nlohmann::json schedule{{"recipe", train::loop_recipe(lo)}};
     train::save_json(cfg_path, {{"family", "pretrained"},
-                                {"model", c.to_json()},
-                                {"labels", s.labels},
-                                {"data", o.data_dir},
-                                {"init_from", o.init_from},
-                                {"freeze", o.freeze},
-                                {"batch_rows", o.batch_rows},
-                                {"train", schedule}});
+                             {"model", c.to_json()},
+                             {"labels", s.labels},
+                             {"data", o.data_dir},
+                             {"init_from", o.init_from},
+                             {"freeze", o.freeze},
+                             {"batch_rows", o.batch_rows},
+                             {"train", schedule}});
   });
   return s;
 }

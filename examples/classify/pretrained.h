@@ -33,6 +33,8 @@ struct PretrainedConfig : models::BertConfig {
   bool normalize = false;        // L2-normalise the pooled vector before the head
   double head_dropout = 0.1;     // on the pooled vector, while training
   int64_t max_seq_length = 256;  // a text is cut to this many ids, [CLS] and [SEP] included
+  // The field table: models::bert_fields() plus the above.
+  static const models::ConfigFields<PretrainedConfig>& fields();
   nlohmann::json to_json() const;
   // Reads to_json()'s form and validates it.
   // @throws graft::Error naming `where` and the field.

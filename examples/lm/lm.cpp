@@ -36,8 +36,6 @@ nlohmann::json options_json(const TrainOptions& o, int64_t context) {
           {"positions", o.positions},
           {"context", context},
           {"batch_rows", o.batch_rows},
-          {"lr_factor", o.loop.lr_factor},
-          {"warmup", o.loop.warmup},
           {"dropout", o.dropout},
           {"seed", o.loop.seed},
           {"recipe", train::loop_recipe(o.loop)}};
@@ -181,7 +179,7 @@ models::LMConfig preset(const std::string& name) {
     // stays tied to the embedding as lm-mini's.
     c.d_model = 128, c.heads = 4, c.d_ff = 384, c.layers = 2, c.max_len = 128;
     c.positions.kind = nn::Positions::rope;
-    c.rms_norm = true, c.ffn = nn::Activation::swiglu, c.kv_heads = 2, c.bias = false;
+    c.rms_norm = true, c.activation = nn::Activation::swiglu, c.kv_heads = 2, c.bias = false;
   } else {
     fail("unknown preset '" + text::printable(name) + "' (known: lm-mini, lm-small, llama-mini)");
   }
@@ -227,11 +225,8 @@ void apply_saved_training(TrainOptions& o, const nlohmann::json& saved) {
   const std::string where = "resume: '" + o.loop.run_dir + "/config.json': \"train\" section";
   o.text = train::json_field<std::vector<std::string>>(t, "text", where);
   o.batch_rows = train::json_field<int64_t>(t, "batch_rows", where);
-  o.loop.lr_factor = train::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = train::json_field<int64_t>(t, "warmup", where);
   o.loop.seed = train::json_field<uint64_t>(t, "seed", where);
-  if (t.contains("recipe"))
-    train::apply_recipe(t["recipe"], o.loop, where);  // absent before graft 0.5
+  tasks::apply_saved_recipe(t, o.loop, where);
   if (o.batch_rows < 1 || o.batch_rows > 4096)
     fail("resume: '" + o.loop.run_dir + "/config.json': batch_rows must be in [1, 4096]");
   train::check_loop_options(o.loop);

@@ -214,30 +214,48 @@ std::string tokenize_13a(const std::string& input) {
   return collapse_whitespace(split_punctuation(space_symbols(unescape_13a(input))));
 }
 
-BleuResult corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
-  if (hyps.size() != refs.size()) {
-    throw std::invalid_argument("corpus_bleu: " + std::to_string(hyps.size()) + " hypotheses but " +
-                                std::to_string(refs.size()) + " references");
-  }
+namespace {
+
+// The corpus's clipped n-gram matches and n-gram totals of each order, and its lengths.
+struct MatchCounts {
   std::array<size_t, kMaxOrder> correct{}, total{};
   size_t sys_len = 0, ref_len = 0;
+};
+
+MatchCounts count_matches(const std::vector<std::string>& hyps,
+                          const std::vector<std::string>& refs) {
+  MatchCounts m;
   for (size_t s = 0; s < hyps.size(); ++s) {
     // sacreBLEU rstrips before tokenising; that is observable: a trailing
     // "word-\n" keeps its dash because the newline is gone before rule 2.
     const auto h = py_split(tokenize_13a(py_rstrip(hyps[s])));
     const auto r = py_split(tokenize_13a(py_rstrip(refs[s])));
-    sys_len += h.size();
-    ref_len += r.size();
+    m.sys_len += h.size();
+    m.ref_len += r.size();
     const NgramCounts hc = count_ngrams(h), rc = count_ngrams(r);
     for (const auto& [key, cnt] : hc) {
       const int n = order_of(key);
       const auto it = rc.find(key);
-      if (it != rc.end()) correct[n - 1] += static_cast<size_t>(std::min(cnt, it->second));
+      if (it != rc.end()) m.correct[n - 1] += static_cast<size_t>(std::min(cnt, it->second));
     }
     for (int n = 1; n <= kMaxOrder; ++n) {
-      if (h.size() >= static_cast<size_t>(n)) total[n - 1] += h.size() - n + 1;
+      if (h.size() >= static_cast<size_t>(n)) m.total[n - 1] += h.size() - n + 1;
     }
   }
+  return m;
+}
+
+}  // namespace
+
+BleuResult corpus_bleu(const std::vector<std::string>& hyps, const std::vector<std::string>& refs) {
+  if (hyps.size() != refs.size()) {
+    throw std::invalid_argument("corpus_bleu: " + std::to_string(hyps.size()) + " hypotheses but " +
+                                std::to_string(refs.size()) + " references");
+  }
+  const MatchCounts m = count_matches(hyps, refs);
+  const auto& correct = m.correct;
+  const auto& total = m.total;
+  const size_t sys_len = m.sys_len, ref_len = m.ref_len;
 
   BleuResult res;
   res.sys_len = sys_len;

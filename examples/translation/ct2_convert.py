@@ -42,10 +42,11 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
+
+from safetensors_raw import read_raw
 
 SPECIAL_NAMES = ("<pad>", "<unk>", "<s>", "</s>")
 REFUSED_KINDS = {
@@ -63,18 +64,11 @@ class UnsupportedRun(ValueError):
 def read_safetensors(path):
     """Every tensor of a safetensors file as a numpy array (float32/float64/int64), by name."""
     dtypes = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "F16": np.float16}
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        data = f.read()
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in dtypes:
-            raise UnsupportedRun("%s: tensor '%s' has dtype %s" % (path, name, info["dtype"]))
-        begin, end = info["data_offsets"]
-        out[name] = np.frombuffer(data[begin:end], dtype=dtypes[info["dtype"]]).reshape(info["shape"]).copy()
+    for name, dtype, shape, data in read_raw(path):
+        if dtype not in dtypes:
+            raise UnsupportedRun("%s: tensor '%s' has dtype %s" % (path, name, dtype))
+        out[name] = np.frombuffer(data, dtype=dtypes[dtype]).reshape(shape).copy()
     return out
 
 
@@ -222,26 +216,9 @@ def check_convertible(c):
         raise UnsupportedRun("heads %d must divide d_model %d" % (c["heads"], c["d_model"]))
 
 
-def build_spec(run_dir):
-    """The TransformerSpec of a run and its token strings (nothing written)."""
-    import ctranslate2.specs as specs
-    from ctranslate2.specs import common_spec, transformer_spec
-
-    c = read_model_config(run_dir)
-    check_convertible(c)
-    tokens = vocabulary(run_dir, c)
-    w = _Weights(read_safetensors(os.path.join(run_dir, "model.safetensors")), os.path.join(run_dir, "model.safetensors"))
-    d, heads, kind = c["d_model"], c["heads"], c["positions"]
-    relative = kind == "relative"
-    activation = common_spec.Activation.RELU if c["activation"] == "relu" else common_spec.Activation.GELU
-    # pre_norm=True makes from_config declare the stacks' final layer_norm; graft's post-LN
-    # stacks have one too (final_norm), so pre_norm is then set to graft's own value.
-    spec = specs.TransformerSpec.from_config(
-        (c["enc_layers"], c["dec_layers"]), heads, pre_norm=True, no_final_norm=not c["final_norm"],
-        activation=activation, relative_attention_bias=relative)
-    spec.encoder.pre_norm = bool(c.get("norm_first", False))
-    spec.decoder.pre_norm = bool(c.get("norm_first", False))
-
+def _fill_embeddings(spec, w, c):
+    """The shared embedding (tied to the output projection) and the position table."""
+    d, kind = c["d_model"], c["positions"]
     E = w("embedding.weight")
     if E.shape != (c["vocab"], d):
         raise UnsupportedRun("embedding.weight is %s, config says (%d, %d)" % (E.shape, c["vocab"], d))
@@ -259,6 +236,10 @@ def build_spec(run_dir):
         spec.encoder.position_encodings.encodings = table
         spec.decoder.position_encodings.encodings = table
 
+
+def _fill_layers(spec, w, c):
+    """Every encoder and decoder layer, the relative bias tables and the final norms."""
+    d, heads, relative = c["d_model"], c["heads"], c["positions"] == "relative"
     queries_scale = np.dtype("float32").type(1.0 / math.sqrt(d // heads))
     for i, layer in enumerate(spec.encoder.layer):
         p = "encoder.layers.%d" % i
@@ -281,8 +262,10 @@ def build_spec(run_dir):
     if c["final_norm"]:
         _layer_norm(spec.encoder.layer_norm, w, "encoder.norm")
         _layer_norm(spec.decoder.layer_norm, w, "decoder.norm")
-    w.check_all_used()
 
+
+def _set_tokens(spec, tokens, c):
+    """The special tokens and the (shared) vocabulary."""
     spec.config.layer_norm_epsilon = 1e-5  # graft's LayerConfig eps
     spec.config.unk_token = "<unk>"
     spec.config.bos_token = tokens[c["bos_id"]]
@@ -292,6 +275,31 @@ def build_spec(run_dir):
     spec.config.add_source_eos = False
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
+
+
+def build_spec(run_dir):
+    """The TransformerSpec of a run and its token strings (nothing written)."""
+    import ctranslate2.specs as specs
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = read_model_config(run_dir)
+    check_convertible(c)
+    tokens = vocabulary(run_dir, c)
+    w = _Weights(read_safetensors(os.path.join(run_dir, "model.safetensors")), os.path.join(run_dir, "model.safetensors"))
+    relative = c["positions"] == "relative"
+    activation = common_spec.Activation.RELU if c["activation"] == "relu" else common_spec.Activation.GELU
+    # pre_norm=True makes from_config declare the stacks' final layer_norm; graft's post-LN
+    # stacks have one too (final_norm), so pre_norm is then set to graft's own value.
+    spec = specs.TransformerSpec.from_config(
+        (c["enc_layers"], c["dec_layers"]), c["heads"], pre_norm=True, no_final_norm=not c["final_norm"],
+        activation=activation, relative_attention_bias=relative)
+    spec.encoder.pre_norm = bool(c.get("norm_first", False))
+    spec.decoder.pre_norm = bool(c.get("norm_first", False))
+
+    _fill_embeddings(spec, w, c)
+    _fill_layers(spec, w, c)
+    w.check_all_used()
+    _set_tokens(spec, tokens, c)
     return spec, tokens
 
 

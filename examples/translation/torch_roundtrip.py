@@ -30,6 +30,8 @@ import struct
 import subprocess
 import sys
 
+from safetensors_raw import read_raw
+
 LOGITS_TOL, GRAD_TOL = 1e-4, 1e-3
 LOSS_TOL = 1e-4  # absolute, on a loss of order 1..5
 BATCH_SEED, INIT_SEED = 1234, 4321
@@ -48,20 +50,13 @@ DTYPES = {"F32": ("float32", 4), "I64": ("int64", 8)}
 
 def read_safetensors(torch, path):
     """{name: tensor} of a safetensors file (F32 and I64 tensors)."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in DTYPES:
-            fail(f"{path}: tensor {name} has dtype {info['dtype']}; expected one of {sorted(DTYPES)}")
-        a, b = info["data_offsets"]
-        dtype = getattr(torch, DTYPES[info["dtype"]][0])
-        t = torch.frombuffer(bytearray(data[a:b]), dtype=dtype) if b > a else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"]).clone()
+    for name, dtype_name, shape, data in read_raw(path):
+        if dtype_name not in DTYPES:
+            fail(f"{path}: tensor {name} has dtype {dtype_name}; expected one of {sorted(DTYPES)}")
+        dtype = getattr(torch, DTYPES[dtype_name][0])
+        t = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(shape).clone()
     return out
 
 

@@ -18,6 +18,7 @@
 #include "examples/common/curves.h"
 #include "examples/common/graph_file.h"
 #include "examples/common/lines.h"
+#include "examples/common/train_task.h"
 #include "graft/autograd/graph.h"
 #include "graft/autograd/tape.h"
 #include "graft/models/config_json.h"
@@ -67,6 +68,36 @@ std::vector<Example> encode_pairs(const text::Tokenizer& tok,
   return out;
 }
 
+namespace {
+
+// One batch of the examples `rows`: src padded to the longest source, tgt_in = BOS + target and
+// tgt_out = target + EOS padded to the longest target + 1.
+Batch padded_batch(const std::vector<Example>& examples, const std::vector<size_t>& rows) {
+  const int64_t B = (int64_t)rows.size();
+  int64_t S = 0, T = 0;
+  for (size_t i : rows) {
+    S = std::max(S, (int64_t)examples[i].src.size());
+    T = std::max(T, (int64_t)examples[i].tgt.size() + 1);
+  }
+  std::vector<int64_t> src(B * S, PAD), tin(B * T, PAD), tout(B * T, PAD);
+  Batch b;
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& e = examples[rows[r]];
+    std::copy(e.src.begin(), e.src.end(), src.begin() + r * S);
+    tin[r * T] = BOS;
+    std::copy(e.tgt.begin(), e.tgt.end(), tin.begin() + r * T + 1);
+    std::copy(e.tgt.begin(), e.tgt.end(), tout.begin() + r * T);
+    tout[r * T + (int64_t)e.tgt.size()] = EOS;
+    b.tgt_tokens += (int64_t)e.tgt.size() + 1;
+  }
+  b.src = ids_tensor(src, B, S);
+  b.tgt_in = ids_tensor(tin, B, T);
+  b.tgt_out = ids_tensor(tout, B, T);
+  return b;
+}
+
+}  // namespace
+
 std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t max_tokens,
                                 int64_t max_len, size_t* dropped) {
   if (max_tokens < 1)
@@ -90,27 +121,7 @@ std::vector<Batch> make_batches(const std::vector<Example>& examples, int64_t ma
   });
   std::vector<Batch> batches;
   auto flush = [&](size_t begin, size_t end) {
-    const int64_t B = (int64_t)(end - begin);
-    int64_t S = 0, T = 0;
-    for (size_t k = begin; k < end; ++k) {
-      S = std::max(S, (int64_t)examples[idx[k]].src.size());
-      T = std::max(T, (int64_t)examples[idx[k]].tgt.size() + 1);
-    }
-    std::vector<int64_t> src(B * S, PAD), tin(B * T, PAD), tout(B * T, PAD);
-    Batch b;
-    for (int64_t r = 0; r < B; ++r) {
-      const auto& e = examples[idx[begin + r]];
-      std::copy(e.src.begin(), e.src.end(), src.begin() + r * S);
-      tin[r * T] = BOS;
-      std::copy(e.tgt.begin(), e.tgt.end(), tin.begin() + r * T + 1);
-      std::copy(e.tgt.begin(), e.tgt.end(), tout.begin() + r * T);
-      tout[r * T + (int64_t)e.tgt.size()] = EOS;
-      b.tgt_tokens += (int64_t)e.tgt.size() + 1;
-    }
-    b.src = ids_tensor(src, B, S);
-    b.tgt_in = ids_tensor(tin, B, T);
-    b.tgt_out = ids_tensor(tout, B, T);
-    batches.push_back(std::move(b));
+    batches.push_back(padded_batch(examples, {idx.begin() + begin, idx.begin() + end}));
   };
   size_t begin = 0;
   int64_t T = 0;
@@ -328,15 +339,6 @@ nlohmann::json TrainOptions::to_json() const {
           {"steps", loop.steps},
           {"minutes", loop.minutes},
           {"batch_tokens", batch_tokens},
-          {"lr_factor", loop.lr_factor},
-          {"warmup", loop.warmup},
-          {"lr", loop.lr},
-          {"optimizer", loop.optimizer},
-          {"weight_decay", loop.weight_decay},
-          {"schedule", loop.schedule},
-          {"min_lr", loop.min_lr},
-          {"decay_steps",
-           loop.schedule == "cosine" && loop.decay_steps == 0 ? loop.steps : loop.decay_steps},
           {"label_smoothing", label_smoothing},
           {"dropout", dropout},
           {"pre_ln", pre_ln},
@@ -345,7 +347,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"vocab", vocab},
           {"valid_every", loop.valid_every},
           {"seed", loop.seed},
-          {"recipe", train::loop_recipe(loop)}};
+          {"recipe", train::loop_recipe(loop)}};  // the one place of lr, warmup, lr_factor, ...
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,19 +490,7 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
       saved.is_object() ? saved.value("train", nlohmann::json()) : nlohmann::json();
   const std::string where = "resume: '" + cfg_path + "': \"train\" section";
   o.batch_tokens = train::json_field<int64_t>(t, "batch_tokens", where);
-  o.loop.lr_factor = train::json_field<double>(t, "lr_factor", where);
-  o.loop.warmup = train::json_field<int64_t>(t, "warmup", where);
-  o.loop.lr = train::json_field<double>(t, "lr", where);
-  if (t.contains("recipe")) {
-    train::apply_recipe(t["recipe"], o.loop, where);  // as lm and classify; graft >= 0.6
-  } else {
-    // A config written before the recipe options were: Adam, the auto schedule, no weight decay.
-    o.loop.optimizer = t.value("optimizer", std::string("adam"));
-    o.loop.weight_decay = t.value("weight_decay", 0.0);
-    o.loop.schedule = t.value("schedule", std::string("auto"));
-    o.loop.min_lr = t.value("min_lr", 0.0);
-    o.loop.decay_steps = t.value("decay_steps", int64_t(0));
-  }
+  tasks::apply_saved_recipe(t, o.loop, where);
   o.label_smoothing = train::json_field<double>(t, "label_smoothing", where);
   o.loop.seed = train::json_field<uint64_t>(t, "seed", where);
   models::model_section(saved, cfg_path, "resume");

@@ -321,40 +321,35 @@ std::vector<Optimizer::GroupSettings> Optimizer::saved_groups(const nlohmann::js
   return out;
 }
 
-void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                           const nlohmann::json& j) {
-  if (!j.is_object()) fail("load_state: expected a JSON object, got " + json_excerpt(j));
-  const auto& type = need(j, "type");
-  if (!type.is_string() || type.get<std::string>() != name())
-    fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " +
-         name());
-  const int64_t step = need_count(j, "step");
-  const double lr = need_number(j, "lr");
-  check_nonneg("load_state", "lr", lr);
+namespace {
 
-  const auto& saved_names = need(j, "params");
+// load_state: the saved "params" (a JSON array of names) are exactly `params`' names.
+void check_same_params(const nlohmann::json& saved_names, const NamedParams& params) {
   if (!saved_names.is_array()) fail("load_state: 'params' must be an array of names");
   std::set<std::string> saved, mine;
   for (const auto& n : saved_names) {
     if (!n.is_string()) fail("load_state: 'params' holds a non-string " + json_excerpt(n));
     saved.insert(n.get<std::string>());
   }
-  for (const auto& [n, p] : params_) {
+  for (const auto& [n, p] : params) {
     mine.insert(n);
     if (!saved.count(n)) fail("load_state: parameter '" + n + "' has no saved state");
   }
   for (const auto& n : saved)
     if (!mine.count(n))
       fail("load_state: the state has parameter '" + n + "', which this optimizer does not");
-  const std::vector<GroupSettings> groups = saved_groups(j);
-  check_hyper(j);
+}
 
+// load_state: the saved tensors by name, checked to be exactly "<param>.<buffer>" for each
+// parameter and buffer name, each of its parameter's shape and dtype.
+std::map<std::string, const Tensor*> state_tensors_by_name(
+    const std::vector<std::pair<std::string, Tensor>>& tensors, const NamedParams& params,
+    const std::vector<std::string>& bufs) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [n, t] : tensors)
     if (!by_name.emplace(n, &t).second) fail("load_state: tensor '" + n + "' appears twice");
-  const auto bufs = buffer_names();
   std::set<std::string> expected;
-  for (const auto& [pname, p] : params_) {
+  for (const auto& [pname, p] : params) {
     for (const auto& b : bufs) {
       const std::string tname = pname + "." + b;
       expected.insert(tname);
@@ -372,6 +367,29 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
   }
   for (const auto& [n, t] : tensors)
     if (!expected.count(n)) fail("load_state: unexpected tensor '" + n + "'");
+  return by_name;
+}
+
+}  // namespace
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                           const nlohmann::json& j) {
+  if (!j.is_object()) fail("load_state: expected a JSON object, got " + json_excerpt(j));
+  const auto& type = need(j, "type");
+  if (!type.is_string() || type.get<std::string>() != name())
+    fail("load_state: the state is for optimizer " + json_excerpt(type) + " but this one is " +
+         name());
+  const int64_t step = need_count(j, "step");
+  const double lr = need_number(j, "lr");
+  check_nonneg("load_state", "lr", lr);
+
+  check_same_params(need(j, "params"), params_);
+  const std::vector<GroupSettings> groups = saved_groups(j);
+  check_hyper(j);
+
+  const auto bufs = buffer_names();
+  const std::map<std::string, const Tensor*> by_name =
+      state_tensors_by_name(tensors, params_, bufs);
 
   // Everything checked: now apply. Copies, so the caller's tensors are never aliased.
   for (size_t b = 0; b < bufs.size(); ++b)

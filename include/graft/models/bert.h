@@ -41,18 +41,54 @@ struct BertConfig : StackConfig {
   /// @throws graft::Error `<where>: ...` for another model_type ("the architecture ... is not
   ///         supported"), a missing or mistyped field, or a value out of range.
   static BertConfig from_hf_json(const nlohmann::json& j, const std::string& where);
+  /// The field table (bert_fields()), which to_json(), from_json() and validate() follow.
+  static const ConfigFields<BertConfig>& fields();
   nlohmann::json to_json() const;  ///< graft's own form (from_json() reads it back)
   /// Reads to_json()'s form, then validate()s it.
   /// @throws graft::Error naming the field and `where`.
   static BertConfig from_json(const nlohmann::json& j, const std::string& where = "BertConfig");
-  /// validate_stack() plus type_vocab in [1, 2^24], eps in (0, 1), attention_dropout in [0, 1],
-  /// a GELU or ReLU activation, learned positions and post-LN.
+  /// Checks every range of bert_fields(): stack_fields()' plus type_vocab in [1, 2^24], eps in
+  /// (0, 1), attention_dropout in [0, 1], a GELU or ReLU activation, learned positions and
+  /// post-LN.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "BertConfig") const;
   /// num_parameters() of the encoder it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const;
 };
+
+/// The fields of a BertConfig C (BertConfig or a config derived from it): stack_fields() (with
+/// learned positions and post-LN required) plus "type_vocab", "eps", "activation" and
+/// "attention_dropout", each required.
+template <class C>
+ConfigFields<C> bert_fields() {
+  ConfigFields<C> f = stack_fields<C>();
+  for (ConfigField<C>& p : f) {
+    if (std::string(p.name) == "positions")
+      p = p.and_check([](const C& c, const ConfigCheck& k) {
+        if (c.positions.kind != nn::Positions::learned)
+          k.bad("positions", "must be learned for BERT");
+      });
+    if (std::string(p.name) == "norm_first")
+      p = p.and_check([](const C& c, const ConfigCheck& k) {
+        if (c.norm_first) k.bad("norm_first", "must be false for BERT (post-LN)");
+      });
+  }
+  const ConfigFields<C> more = {
+      size_field<C>("type_vocab", member(&C::type_vocab), "token types", int64_t(1) << 24),
+      value_field<C>("eps", member(&C::eps), "of every LayerNorm")
+          .and_check([](const C& c, const ConfigCheck& k) {
+            if (!(c.eps > 0 && c.eps < 1))
+              k.bad("eps", "must be in (0, 1), got " + std::to_string(c.eps));
+          }),
+      activation_field<C>(member(&C::activation),
+                          {nn::Activation::gelu, nn::Activation::gelu_tanh, nn::Activation::relu}),
+      probability_field<C>("attention_dropout", member(&C::attention_dropout),
+                           "on the attention probabilities"),
+  };
+  f.insert(f.end(), more.begin(), more.end());
+  return f;
+}
 
 /// The BERT encoder (see the file's description). Parameters: "word.weight",
 /// "position.weight", "token_type.weight", "embed_norm.{weight,bias}" and "encoder.layers.<i>.*"

@@ -27,16 +27,20 @@ struct LMConfig : StackConfig {
   /// field reads as false, which is what runs made before it did.
   bool scale_embedding = false;
   /// The Llama-style options (each absent from an older config file, which reads as the GPT
-  /// defaults): "norm" layernorm|rmsnorm, "ffn" relu|gelu|swiglu, "kv_heads" (grouped-query
+  /// defaults): "rms_norm" (RMSNorm instead of LayerNorm; older files say "norm": "rmsnorm"),
+  /// "activation" relu|gelu|gelu_tanh|swiglu (older files: "ffn"), "kv_heads" (grouped-query
   /// attention; 0 = heads, else dividing heads), "bias" in every linear and LayerNorm, and
   /// "tied_output" (logits through the embedding, else through an "output" (V, d) linear).
   ///@{
   bool rms_norm = false;
-  nn::Activation ffn = nn::Activation::relu;
+  nn::Activation activation = nn::Activation::relu;
   int64_t kv_heads = 0;
   bool bias = true;
   bool tied_output = true;
   ///@}
+  /// The field table (stack_fields() plus the above), which to_json(), from_json() and
+  /// validate() follow.
+  static const ConfigFields<LMConfig>& fields();
   /// The fields as JSON (from_json() reads them back).
   nlohmann::json to_json() const;
   /// num_parameters() of the model it builds, without building it.
@@ -47,10 +51,10 @@ struct LMConfig : StackConfig {
   /// Reads a config written by to_json(), then validate()s it.
   /// Errors name the field (and `where`, e.g. the file) for a missing, mistyped or out-of-range
   /// value.
-  /// @throws graft::Error as StackConfig::read_stack() and validate().
+  /// @throws graft::Error as read_fields() and validate().
   static LMConfig from_json(const nlohmann::json& j, const std::string& where = "LMConfig");
-  /// Checks every range (StackConfig::validate_stack(), and kv_heads in [0, heads] dividing
-  /// heads), the one check both from_json() and DecoderOnlyLM's constructor make.
+  /// Checks every range (stack_fields()', and kv_heads in [0, heads] dividing heads), the one
+  /// check both from_json() and DecoderOnlyLM's constructor make.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "LMConfig") const;
 };

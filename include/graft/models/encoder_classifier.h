@@ -19,19 +19,22 @@ struct ClassifierConfig : StackConfig {
   /// > 0: the n-grams of 2..ngram_max tokens ending at each position are hashed into this many
   /// rows of a second embedding table, added to the token embedding; 0: tokens alone.
   int64_t ngram_buckets = 0;
-  int64_t ngram_max = 5;           ///< the longest n-gram hashed, in [2, 8]
+  int64_t ngram_max = 5;  ///< the longest n-gram hashed, in [2, 8]
+  /// The field table (stack_fields() plus the above), which to_json(), from_json() and
+  /// validate() follow.
+  static const ConfigFields<ClassifierConfig>& fields();
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
   int64_t parameter_count() const;
   /// Reads a config written by to_json(), then validate()s it. Errors name the field and
   /// `where` (e.g. the file). A config without the n-gram fields (graft 0.2) reads as tokens alone.
-  /// @throws graft::Error as StackConfig::read_stack() and validate().
+  /// @throws graft::Error as read_fields() and validate().
   static ClassifierConfig from_json(const nlohmann::json& j,
                                     const std::string& where = "ClassifierConfig");
   /// Checks every range, the one check both from_json() and EncoderClassifier's constructor
-  /// make: StackConfig::validate_stack(), classes in [1, 2^24], ngram_buckets in [0, 2^24],
-  /// ngram_max in [2, 8].
+  /// make: stack_fields()', classes in [1, 2^24], ngram_buckets in [0, 2^24], ngram_max in
+  /// [2, 8].
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "ClassifierConfig") const;
 };

@@ -14,32 +14,30 @@
 
 #include <nlohmann/json.hpp>
 
+#include "graft/models/config_json.h"
 #include "graft/models/decoding.h"
 #include "graft/nn/transformer.h"
 
 namespace graft::models {
 
-/// The Transformer's sizes and options (its config.json "model" section).
-struct TransformerConfig {
-  /// Vocabulary size (shared by source and target), model width, attention heads (dividing
-  /// d_model), FFN width, and the number of encoder and decoder layers.
+/// The Transformer's sizes and options (its config.json "model" section): a ModelConfig (the
+/// sizes every model config shares) plus two stacks and the special tokens.
+struct TransformerConfig : ModelConfig {
+  /// The number of encoder and decoder layers.
   ///@{
-  int64_t vocab = 1000, d_model = 128, heads = 4, d_ff = 512, enc_layers = 2, dec_layers = 2;
+  int64_t enc_layers = 2, dec_layers = 2;
   ///@}
-  int64_t max_len = 256;    ///< the longest sequence with learned positions (the table's size)
-  double dropout = 0.1;     ///< on the embeddings and in every layer
-  bool norm_first = false;  ///< post-LN (false) or pre-LN (true)
-  bool final_norm = true;   ///< LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
-  nn::PositionOptions positions;   ///< kind (sinusoidal, learned, rope, alibi, relative) + settings
+  bool final_norm = true;  ///< LayerNorm after each stack (nn.Transformer has it; pre-LN needs it)
   double attention_dropout = 0.0;  ///< on the attention probabilities (nn::LayerConfig)
   nn::Activation activation = nn::Activation::relu;  ///< the FFN's activation
-  /// The padding, begin-of-sequence and end-of-sequence token ids, each in [0, vocab).
+  /// The begin-of-sequence and end-of-sequence token ids, each in [0, vocab).
   ///@{
-  int64_t pad_id = 0, bos_id = 2, eos_id = 3;
+  int64_t bos_id = 2, eos_id = 3;
   ///@}
-  DType dtype = DType::f32;  ///< of every parameter
-  uint64_t seed = 1;         ///< initialisation and dropout masks
 
+  /// The field table (model_fields() plus the above; "learned_pos" of older configs is read as
+  /// "positions"), which to_json(), from_json() and validate() follow.
+  static const ConfigFields<TransformerConfig>& fields();
   nlohmann::json to_json() const;  ///< the fields as JSON (from_json() reads them back)
   /// num_parameters() of the model it builds, without building it.
   /// @throws graft::Error when the count overflows int64.
@@ -53,7 +51,7 @@ struct TransformerConfig {
   /// Checks every range, the one check both from_json() and the Transformer's constructor make:
   /// sizes in [1, kMaxSize], enc_layers and dec_layers in [1, kMaxLayers], max_len in
   /// [1, kMaxLen], dropout and attention_dropout in [0, 1], heads dividing d_model, pad_id,
-  /// bos_id and eos_id in [0, vocab), the position settings (ConfigCheck).
+  /// bos_id and eos_id in [0, vocab), the position settings, an activation other than swiglu.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "TransformerConfig") const;
   /// The LayerConfig of each encoder and decoder layer.

@@ -86,16 +86,17 @@ class AttentionRecorder {
 /// biases, as nn.MultiheadAttention initialises them.
 class MultiHeadAttention : public Module {
  public:
-  /// Attention of width d with `heads` heads (head size d / heads), parameters drawn from gen.
+  /// Attention of width d_model with `heads` heads (head size d_model / heads), parameters
+  /// drawn from gen.
   /// dropout: on the attention probabilities while training (nn.MultiheadAttention's `dropout`),
   /// masks drawn from *dropout_gen (default: the global generator).
-  /// @throws graft::Error when heads does not divide d (or is not positive), or dropout is
+  /// @throws graft::Error when heads does not divide d_model (or is not positive), or dropout is
   ///         outside [0, 1].
   /// kv_heads (0: heads): grouped-query attention, kv_heads dividing heads; K and V are projected
   /// to kv_heads heads and each serves heads / kv_heads consecutive query heads (in_proj_weight is
   /// then (d + 2 kv_heads Dh, d)). bias false: no in_proj_bias and an out_proj without bias.
   /// @throws graft::Error also when kv_heads is negative or does not divide heads.
-  MultiHeadAttention(int64_t d, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
+  MultiHeadAttention(int64_t d_model, int64_t heads, DType dt, Generator& gen, double dropout = 0.0,
                      Generator* dropout_gen = nullptr, int64_t kv_heads = 0, bool bias = true);
   /// x (B, Tq, d) attending to memory (B, Tk, d) -> (B, Tq, d). Self-attention when `memory` is
   /// the same tensor as `x` (one packed projection); `pos` adds the positional terms of
@@ -129,7 +130,7 @@ class MultiHeadAttention : public Module {
   /// The model width, the number of (query) heads and of key/value heads (kv_heads == heads
   /// without grouping).
   ///@{
-  int64_t d, heads, kv_heads;
+  int64_t d_model, heads, kv_heads;
   ///@}
   double dropout;  ///< on the attention probabilities while training
   /// The parameters "in_proj_weight" (3d, d) and "in_proj_bias" (3d): [W_Q; W_K; W_V] (with

@@ -70,8 +70,9 @@ class Communicator {
   double collective_timeout_ = kDefaultCollectiveTimeout;
 };
 
-/// One process: rank 0 of 1; the collectives return at once and leave the data as it is.
-class SingleProcessCommunicator final : public Communicator {
+/// One process: rank 0 of 1; the collectives return at once and leave the data as it is. Not
+/// final: a test's stand-in for several ranks in one process derives from it.
+class SingleProcessCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
