@@ -512,6 +512,8 @@ Tensors linear_weight_grad_backward(const Tensor& g, const Tensor& dy, const Ten
 // dy and copy it back into dy's layout (a tenth of the base model's Hessian-vector product's
 // second backward, outside the matmuls).
 Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
+  check_defined(dy, "linear_weight_grad", "dy");
+  check_defined(x, "linear_weight_grad", "x");
   const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
   Tensor dw = Tensor::empty({dy2.size(1), x2.size(1)}, dy.dtype());
   if (dy2.size(0) == 0) fill_(dw, 0);

@@ -171,6 +171,7 @@ void record_scaled_dot_product_attention(Samples& s) {
                        .double_backward = DoubleBackward::composed,
                        .samples = take(s, "scaled_dot_product_attention"),
                        .error_inputs = attention_error_inputs(),
+                       .accepts_undefined = {3},  // the mask or bias (input 3) is optional
                        .nonfinite = nan_propagates()});
 }
 

@@ -49,12 +49,12 @@ OpRecord row_record(const UnaryOp& row, std::vector<ErrorInput> more_errors,
   return r;
 }
 
-// The library's rows: gelu's two rows are both recorded by gelu(x, tanh_approx); clamp refuses a
-// NaN bound.
+// The library's rows: gelu's two rows are both recorded by gelu(x, tanh_approx), erf by gelu's
+// backward; clamp refuses a NaN bound.
 void record_library_rows() {
   for (const UnaryOp* row : unary_rows()) {
     OpRecord r = row_record(*row, {}, nan_propagates());
-    if (r.name == "gelu_tanh") r.forward = "gelu";
+    if (r.name == "gelu_tanh" || r.name == "erf") r.forward = "gelu";  // erf: gelu's backward
     if (r.name == "clamp")
       r.error_inputs.push_back({"a NaN lower bound", [] { clamp(ones({2}), std::nan(""), 0); },
                                 "clamp: a NaN bound (lo nan, hi 0.000000)"});

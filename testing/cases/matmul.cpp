@@ -163,6 +163,7 @@ void record_linear(Samples& s) {
                        .double_backward_op = "linear_weight_grad",
                        .samples = take(s, "linear"),
                        .error_inputs = linear_error_inputs(),
+                       .accepts_undefined = {2},  // the bias (input 2) is optional
                        .nonfinite = nan_propagates()});
 }
 

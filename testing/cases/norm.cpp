@@ -162,6 +162,7 @@ void record_rms_norm(Samples& s) {
                                            rms_norm(zeros({2, 4}), Tensor(), -1.0);
                                          },
                                          "rms_norm: x f32 (2, 4): eps -1.000000 must be >= 0"}},
+                       .accepts_undefined = {1},  // the weight is optional
                        .nonfinite = nan_propagates()});
 }
 
@@ -194,6 +195,7 @@ void record_add_layer_norm(Samples& s) {
                        add_layer_norm(zeros({2, 4}), zeros({2, 4}), zeros({5}), Tensor());
                      },
                      "add_layer_norm: x f32 (2, 4), w f32 (5): w must be (4)"}},
+               .accepts_undefined = {2, 3},  // the weight and bias are optional
                .nonfinite = nan_propagates()});
 }
 
@@ -205,6 +207,7 @@ void record_layer_norm(Samples& s) {
                        .double_backward = DoubleBackward::composed,
                        .samples = take(s, "layer_norm"),
                        .error_inputs = layer_norm_error_inputs(),
+                       .accepts_undefined = {1, 2},  // the weight and bias are optional
                        .nonfinite = nan_propagates()});
 }
 
