@@ -76,15 +76,16 @@ enum class DoubleBackward {
 /// (missing_fields()); the op itself is declared to the tape with GRAFT_DECLARE_OP in the
 /// library, and the record must agree with that declaration.
 struct OpRecord {
-  std::string name;        ///< the declared op, such as "add"
-  std::string family;      ///< its family, as declared (the ops/ file stem)
-  std::string forward;     ///< the public function that records it ("add"; for an op recorded by a
-                           ///< backward, the public function whose backward records it)
+  std::string name{};    ///< the declared op, such as "add"
+  std::string family{};  ///< its family, as declared (the ops/ file stem)
+  /// The public function that records it ("add"); for an op that a backward records, the public
+  /// function whose backward does ("slice" for slice_backward).
+  std::string forward{};
   std::string backward{};  ///< its backward function, <tt>name_backward</tt> by convention
   DoubleBackward double_backward = DoubleBackward::undecided;  ///< how its backward differentiates
-  std::string
-      double_backward_op{};       ///< for DoubleBackward::backward_op: the op that backward records
-  std::vector<OpCase> samples{};  ///< the gradcheck cases (at least one)
+  /// For DoubleBackward::backward_op: the op its backward records (which has a record too).
+  std::string double_backward_op{};
+  std::vector<OpCase> samples{};           ///< the gradcheck cases (at least one)
   std::vector<ErrorInput> error_inputs{};  ///< bad inputs and their errors (at least one)
   /// Input slots of the samples that may be undefined (a parameter documented as optional): the
   /// undefined-tensor check expects success there, graft::Error naming the op elsewhere.
