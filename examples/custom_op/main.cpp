@@ -6,7 +6,7 @@
 //     as fast as oneDNN's own eltwise kernels, see docs/ops.md);
 //   - softplus(x) = log(1 + exp(x)) written by hand with the helpers of ops/custom.h (the float
 //     checks, kern::contig, kern::parallel_for): forward, a named backward, a recorded tape entry
-//     and a gradcheck case of its own.
+//     and its op record (graft/testing/registry.h: samples, bad input, double backward, NaN rule).
 #include <cmath>
 #include <cstdio>
 
