@@ -81,7 +81,9 @@ struct OpRecord {
   /// The public function that records it ("add"); for an op that a backward records, the public
   /// function whose backward does ("slice" for slice_backward).
   std::string forward{};
-  std::string backward{};  ///< its backward function, <tt>name_backward</tt> by convention
+  /// Its backward function, <tt>name_backward</tt> by convention ("composite" for an op declared
+  /// for its checks but computed by other recorded ops, such as var).
+  std::string backward{};
   DoubleBackward double_backward = DoubleBackward::undecided;  ///< how its backward differentiates
   /// For DoubleBackward::backward_op: the op its backward records (which has a record too).
   std::string double_backward_op{};

@@ -1116,6 +1116,19 @@ BOOST_AUTO_TEST_CASE(every_public_function_taking_a_tensor_has_a_case) {
                "op '" << r.name << "': its forward '" << r.forward << "' is no public function");
 }
 
+// Every library record's backward is a function of the library's sources (or "composite").
+BOOST_AUTO_TEST_CASE(every_record_names_a_backward_of_the_library) {
+  std::string sources;
+  for (const char* dir : {"autograd", "ops"})
+    for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/" + dir))
+      if (e.path().extension() == ".cpp") sources += read_file(e.path().string());
+  register_op_cases();
+  for (const OpRecord& r : registered_records())
+    BOOST_TEST((r.backward == "composite" ||
+                std::regex_search(sources, std::regex("\\b" + r.backward + "\\("))),
+               "op '" << r.name << "': no function " << r.backward << "() in autograd/ or ops/");
+}
+
 // Derived from the op records: each Tensor input of each sample, undefined in turn, gives a
 // graft::Error naming the op (or its forward), or succeeds where the record accepts it
 // (OpRecord::accepts_undefined).

@@ -171,7 +171,7 @@ void record_add_layer_norm(Samples& s) {
       OpRecord{.name = "add_layer_norm",
                .family = "norm",
                .forward = "add_layer_norm",
-               .backward = "add_layer_norm_backward",
+               .backward = "layer_norm_backward",
                .double_backward = DoubleBackward::composed,
                .samples = take(s, "add_layer_norm"),
                .error_inputs =
