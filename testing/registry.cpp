@@ -1,3 +1,4 @@
+// The registry of op records (graft/testing/registry.h) and the helpers of the cases.
 #include "graft/testing/registry.h"
 
 #include <mutex>

@@ -1,3 +1,5 @@
+// The op records of the engine's own ops (autograd/tape.h: accumulate_grad, reduce_grad,
+// expand_grad), one record_<op>() each.
 #include <mutex>
 
 #include "graft/testing/cases/cases.h"

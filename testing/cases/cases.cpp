@@ -1,3 +1,4 @@
+// What the family record files share, and register_op_cases().
 #include "graft/testing/cases/cases.h"
 
 #include <mutex>

@@ -1,3 +1,5 @@
+// The op records of ops/matmul.cpp (graft/testing/registry.h): the samples first, by op, then one
+// record_<op>() per op taking them; register_matmul_cases() registers them all.
 #include "graft/ops/internal/backward_ops.h"
 #include "graft/testing/cases/cases.h"
 

@@ -1,3 +1,5 @@
+// The op records of ops/reduce.cpp (graft/testing/registry.h): the samples first, by op, then one
+// record_<op>() per op taking them; register_reduce_cases() registers them all.
 #include "graft/testing/cases/cases.h"
 
 namespace graft {

@@ -1,3 +1,5 @@
+// The op records of ops/rope.cpp (graft/testing/registry.h): the samples first, by op, then one
+// record_<op>() per op taking them; register_rope_cases() registers them all.
 #include "graft/testing/cases/cases.h"
 
 namespace graft {
