@@ -1,5 +1,4 @@
 #include "graft/autograd/gradcheck.h"
-#include "graft/testing/registry.h"
 
 #include <cmath>
 #include <mutex>
@@ -23,11 +22,6 @@ std::string index_str(const Shape& shape, int64_t flat) {
     flat /= shape[d];
   }
   return shape_str(idx);
-}
-
-std::vector<OpCase>& cases() {
-  static std::vector<OpCase> c;
-  return c;
 }
 
 }  // namespace
@@ -213,117 +207,12 @@ GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs, const Gradc
   return res;
 }
 
-void register_case(OpCase c) {
-  static std::mutex m;
-  std::lock_guard<std::mutex> lk(m);
-  for (auto& e : cases())
-    if (e.name == c.name) fail("register_case: duplicate case name '" + c.name + "'");
-  cases().push_back(std::move(c));
-}
-
-const std::vector<OpCase>& registered_cases() { return cases(); }
-
-std::vector<std::string> registered_case_names() {
-  std::vector<std::string> names;
-  for (const OpCase& c : cases()) names.push_back(c.name);
-  return names;
-}
-
-const OpCase& registered_case(const std::string& name) {
-  for (const OpCase& c : cases())
-    if (c.name == name) return c;
-  fail("no registered op case '" + name + "'");
-}
-
-std::pair<Tensors, Tensors> case_inputs_f32_f64(const OpCase& c) {
-  Generator g64(7), g32(7);
-  Tensors x64 = c.make_inputs(DType::f64, g64);
-  Tensors x32 = c.make_inputs(DType::f32, g32);
-  for (size_t k = 0; k < x64.size(); ++k) {
-    if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
-    copy_into(x32[k], x64[k]);
-    copy_into(x64[k], x32[k]);
-    x32[k].zero_grad();
-    x64[k].zero_grad();
-  }
-  return {x32, x64};
-}
-
-void register_autograd_cases() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    register_case(
-        OpCase{.name = "accumulate_grad/same_shape",
-               .op = "accumulate_grad",
-               .make_inputs =
-                   [](DType dt, Generator& g) {
-                     return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 4}, dt, g)};
-                   },
-               .fn = [](const Tensors& x) { return autograd::accumulate_grad(x[0], x[1]); },
-               .nonfinite = nan_propagates()});
-    register_case(OpCase{.name = "reduce_grad/broadcast",
-                         .op = "reduce_grad",
-                         .make_inputs =
-                             [](DType dt, Generator& g) {
-                               return Tensors{case_input_t({2, 3, 4}, dt, g)};
-                             },
-                         .fn =
-                             [](const Tensors& x) {
-                               return autograd::reduce_grad(x[0], {3, 1});
-                             },
-                         .nonfinite = nan_propagates()});
-    register_case(OpCase{.name = "expand_grad/broadcast",
-                         .op = "expand_grad",
-                         .make_inputs =
-                             [](DType dt, Generator& g) {
-                               return Tensors{case_input({3, 1}, dt, g)};
-                             },
-                         .fn =
-                             [](const Tensors& x) {
-                               return autograd::expand_grad(x[0], {2, 3, 4});
-                             },
-                         .nonfinite = nan_propagates()});
-  });
-}
-
-OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape out_shape,
-                        std::function<Tensor(const Tensor&)> forward) {
-  return OpCase{
-      .name = std::move(name),
-      .op = std::move(op),
-      .make_inputs = [out_shape](DType dt,
-                                 Generator& g) { return Tensors{case_input(out_shape, dt, g)}; },
-      .fn =
-          [in_shape, forward](const Tensors& v) {
-            // Under NoGrad (gradcheck's central differences) only the value is wanted: the
-            // forward still records, for its backward, but nothing stays on the tape.
-            const bool record = autograd::grad_enabled();
-            autograd::EnableGrad on;
-            Tensor z = zeros(in_shape, v[0].dtype()).requires_grad_();
-            return autograd::grad({forward(z)}, {z}, {v[0]}, {.create_graph = record})[0];
-          }};
-}
-
-Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
-  return rand(shape, dt, g, lo, hi).requires_grad_();
-}
-
-Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
-  if (shape.size() < 2) fail("case_input_t: needs rank >= 2, got " + shape_str(shape));
-  Shape st = shape;
-  std::swap(st[st.size() - 1], st[st.size() - 2]);
-  Tensor base = rand(st, dt, g, lo, hi);
-  Shape strides = base.strides();
-  std::swap(strides[strides.size() - 1], strides[strides.size() - 2]);
-  return Tensor::view_of(base, shape, strides, 0).requires_grad_();
-}
-
 namespace {
 
 // Adds to res the elements where a32 and a64 differ by more than the case's float32 tolerances
 // (f32_atol relative to the largest float64 value, or 1).
-void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string& what,
-                        const Tensor& a32, const Tensor& a64) {
+void compare_precisions(GradcheckResult& res, const PrecisionTolerances& tol,
+                        const std::string& what, const Tensor& a32, const Tensor& a64) {
   auto va = a32.to_vector<double>(), vb = a64.to_vector<double>();
   if (va.size() != vb.size()) {
     res.ok = false;
@@ -336,7 +225,7 @@ void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string
   for (size_t i = 0; i < va.size(); ++i) {
     const double err = std::fabs(va[i] - vb[i]);
     res.max_abs_err = std::max(res.max_abs_err, err);
-    if (!(err <= c.f32_atol * std::max(1.0, scale) + c.f32_rtol * std::fabs(vb[i]))) {
+    if (!(err <= tol.atol * std::max(1.0, scale) + tol.rtol * std::fabs(vb[i]))) {
       if (res.ok) {
         std::ostringstream os;
         os.precision(8);
@@ -351,42 +240,17 @@ void compare_precisions(GradcheckResult& res, const OpCase& c, const std::string
 
 }  // namespace
 
-OpCase one_input_case(std::string name, std::string op, Shape shape, bool transposed,
-                      std::function<Tensor(const Tensor&)> fn, double lo, double hi) {
-  return OpCase{.name = std::move(name),
-                .op = std::move(op),
-                .make_inputs =
-                    [shape, transposed, lo, hi](DType dt, Generator& g) {
-                      return Tensors{transposed ? case_input_t(shape, dt, g, lo, hi)
-                                                : case_input(shape, dt, g, lo, hi)};
-                    },
-                .fn = [fn](const Tensors& x) { return fn(x[0]); }};
-}
-
-std::string check_error_input(const ErrorInput& e) {
-  try {
-    e.call();
-  } catch (const Error& err) {
-    const std::string m = err.what();
-    if (m.find(e.message) != std::string::npos) return "";
-    return e.what + ": the error \"" + m + "\" does not contain \"" + e.message + "\"";
-  } catch (const std::exception& other) {
-    return e.what + ": threw a non-graft exception: " + other.what();
-  }
-  return e.what + ": nothing was thrown (want an error containing \"" + e.message + "\")";
-}
-
-GradcheckResult check_f32_vs_f64(const OpCase& c) {
+GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensors& x64,
+                                const PrecisionTolerances& tol) {
   GradcheckResult res;
-  auto [x32, x64] = case_inputs_f32_f64(c);
-  Tensor y64 = c.fn(x64), y32 = c.fn(x32);
+  Tensor y64 = fn(x64), y32 = fn(x32);
   if (y32.dtype() != DType::f32 || y64.dtype() != DType::f64) {
     res.ok = false;
     res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " +
                   dtype_name(y64.dtype());
     return res;
   }
-  compare_precisions(res, c, "output", y32, y64);
+  compare_precisions(res, tol, "output", y32, y64);
   if (!y64.requires_grad()) return res;
   Generator gg(99);
   const std::vector<double> up = random_signs((size_t)y64.numel(), gg);
@@ -401,23 +265,25 @@ GradcheckResult check_f32_vs_f64(const OpCase& c) {
       }
       continue;
     }
-    compare_precisions(res, c, "grad of input " + std::to_string(k), x32[k].grad(), x64[k].grad());
+    compare_precisions(res, tol, "grad of input " + std::to_string(k), x32[k].grad(),
+                       x64[k].grad());
   }
   return res;
 }
 
-GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c) {
+GradcheckResult compare_f32_f64_double_backward(const OpFn& fn, const Tensors& x32,
+                                                const Tensors& x64,
+                                                const PrecisionTolerances& tol) {
   GradcheckResult res;
-  auto [x32, x64] = case_inputs_f32_f64(c);
-  SecondOrder s32 = second_order_setup(c.fn, x32, 99, DType::f32);
-  SecondOrder s64 = second_order_setup(c.fn, x64, 99, DType::f64);
+  SecondOrder s32 = second_order_setup(fn, x32, 99, DType::f32);
+  SecondOrder s64 = second_order_setup(fn, x64, 99, DType::f64);
   if (s64.wrt.empty()) return res;
-  const auto a32 = second_gradients(c.fn, x32, s32);
-  const auto a64 = second_gradients(c.fn, x64, s64);
+  const auto a32 = second_gradients(fn, x32, s32);
+  const auto a64 = second_gradients(fn, x64, s64);
   for (size_t k = 0; k < a64.size(); ++k) {
     const Shape& shape = s64.wrt[k].shape();
     compare_precisions(
-        res, c,
+        res, tol,
         "second-order grad of " + std::string(k + 1 == a64.size()
                                                   ? "the upstream gradient"
                                                   : "input " + std::to_string(s64.index[k])),

@@ -1,6 +1,7 @@
 // Elementwise ops. float32 runs on oneDNN eltwise/binary primitives (forward and backward);
 // float64 runs the plain reference loops of the same formulas.
 #include "graft/ops/elementwise.h"
+#include "ops/internal/unary_rows.h"
 
 #include <bit>
 #include <cmath>
@@ -8,7 +9,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/reduce.h"
-#include "ops/internal/cases.h"
+#include "ops/internal/unary_rows.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/kernels.h"
 
@@ -391,21 +392,6 @@ Tensor unary_backward(const Tensor& dout, const Tensor& data, const UnaryOp& op,
   return dx;
 }
 
-// Case inputs: uniform on [lo, hi], pushed 10% of the range away from every kink.
-Tensor unary_case_input(const UnaryOp& op, DType dt, Generator& g, bool transposed) {
-  Tensor x = transposed ? case_input_t({3, 4}, dt, g, op.lo, op.hi)
-                        : case_input({3, 4}, dt, g, op.lo, op.hi);
-  const double margin = 0.1 * (op.hi - op.lo);
-  GRAFT_DISPATCH_FLOAT(dt, op.name, [&] {
-    T* p = x.data<T>();
-    for_each_offset(x.shape(), x.strides(), [&](int64_t o) {
-      for (double k : op.kinks)
-        if (std::fabs(p[o] - k) < margin) p[o] = (T)(p[o] >= k ? k + margin : k - margin);
-    });
-  });
-  return x;
-}
-
 }  // namespace
 
 Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
@@ -438,29 +424,6 @@ Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, d
   autograd::NoGrad constant;
   return unary_backward(full(data.shape(), 1.0, data.dtype()), data.detach(), row, a, b);
 }
-
-namespace {
-
-// Declares the row's op and registers its two default cases; the contiguous one carries
-// `error_inputs`.
-void register_row_cases(const UnaryOp& op, const std::vector<ErrorInput>& error_inputs) {
-  autograd::declare_op(op.name, op.family, op.df_op != nullptr);
-  for (bool transposed : {false, true})
-    register_case(OpCase{
-        .name = std::string(op.name) + (transposed ? "/transposed" : "/contiguous"),
-        .op = op.name,
-        .make_inputs =
-            [row = op, transposed](DType dt, Generator& g) {
-              return Tensors{unary_case_input(row, dt, g, transposed)};
-            },
-        .fn = [row = op](const Tensors& x) { return unary(row, x[0], row.case_a, row.case_b); },
-        .error_inputs = transposed ? std::vector<ErrorInput>{} : error_inputs,
-        .nonfinite = nan_propagates()});
-}
-
-}  // namespace
-
-void register_unary_cases(const UnaryOp& op) { register_row_cases(op, {}); }
 
 namespace {
 
@@ -846,160 +809,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 
 // ---------------------------------------------------------------------------------------------
 // Gradcheck cases.
-namespace {
-Tensors one(const Shape& s, DType dt, Generator& g, double lo = -1, double hi = 1) {
-  return {case_input(s, dt, g, lo, hi)};
-}
 
-// The bad inputs of a library row's public function (none for most rows).
-std::vector<ErrorInput> row_error_inputs(const UnaryOp& row) {
-  if (&row == &kExp)
-    return {{"an int64 input", [] { exp(ones({2}, DType::i64)); },
-             "exp: expected a float tensor, got i64 (2)"}};
-  if (&row == &kSilu)
-    return {{"an int64 input", [] { silu(ones({2}, DType::i64)); },
-             "silu: expected a float tensor, got i64 (2)"}};
-  if (&row == &kClamp)
-    return {{"a NaN lower bound", [] { clamp(ones({2}), std::nan(""), 0); },
-             "clamp: a NaN bound (lo nan, hi 0.000000)"}};
-  return {};
-}
-}  // namespace
-
-namespace {
-
-// add, sub, mul, div: broadcasting, non-contiguous operands, one tensor twice.
-void register_arithmetic_cases() {
-  register_case(
-      OpCase{.name = "add/broadcast",
-             .op = "add",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({3, 1}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return add(x[0], x[1]); },
-             .error_inputs = {{"shapes that do not broadcast",
-                               [] {
-                                 add(ones({2, 3}), ones({4}));
-                               },
-                               "add: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}},
-             .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "add/noncontig_lhs_broadcast",
-                       .op = "add",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({4}, dt, g), case_input_t({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return add(x[0], x[1]); },
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "sub/broadcast",
-                       .op = "sub",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return sub(x[0], x[1]); },
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "mul/broadcast",
-                       .op = "mul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return mul(x[0], x[1]); },
-                       .error_inputs = {{"an f32 and an f64 input",
-                                         [] {
-                                           mul(ones({2, 3}), ones({2, 3}, DType::f64));
-                                         },
-                                         "mul: dtype mismatch, f32 (2, 3) vs f64 (2, 3)"}},
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "mul/same_tensor",
-                       .op = "mul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return one({3, 4}, dt, g);
-                           },
-                       .fn = [](const Tensors& x) { return mul(x[0], x[0]); },
-                       .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "div/broadcast",
-             .op = "div",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({2, 3}, dt, g), case_input({2, 1}, dt, g, 0.5, 2.0)};
-                 },
-             .fn = [](const Tensors& x) { return div(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-}
-
-// maximum, minimum: broadcasting against a transposed operand.
-void register_extremum_cases() {
-  register_case(OpCase{
-      .name = "maximum/broadcast",
-      .op = "maximum",
-      .make_inputs =
-          [](DType dt, Generator& g) {
-            return Tensors{case_input_t({3, 4}, dt, g), case_input({4}, dt, g)};
-          },
-      .fn = [](const Tensors& x) { return maximum(x[0], x[1]); },
-      .error_inputs = {{"shapes that do not broadcast",
-                        [] {
-                          maximum(ones({2, 3}), ones({4}));
-                        },
-                        "maximum: shapes (2, 3) and (4) cannot be broadcast (dim 1: 3 vs 4)"}},
-      .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "minimum/broadcast",
-                       .op = "minimum",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 1}, dt, g), case_input_t({3, 4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return minimum(x[0], x[1]); },
-                       .error_inputs = {{"an f32 and an f64 input",
-                                         [] { minimum(ones({2}), ones({2}, DType::f64)); },
-                                         "minimum: dtype mismatch, f32 (2) vs f64 (2)"}},
-                       .nonfinite = nan_propagates()});
-}
-
-// where, masked_fill: integer conditions and masks broadcast over the values.
-void register_select_cases() {
-  register_case(
-      OpCase{.name = "where/broadcast",
-             .op = "where",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{from_vector(std::vector<int64_t>{1, 0, 0, 1}, {4}, DType::i64),
-                                  case_input_t({3, 4}, dt, g), case_input({1}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return where(x[0], x[1], x[2]); },
-             .error_inputs = {{"a condition that does not broadcast with the values",
-                               [] { where(ones({2}), ones({3}), ones({3})); },
-                               "where: shapes (2) and (3) cannot be broadcast (dim 0: 2 vs 3)"}},
-             .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "masked_fill/broadcast",
-             .op = "masked_fill",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({2, 3, 4}, dt, g),
-                                  from_vector(std::vector<int64_t>{0, 1, 0}, {3, 1}, DType::i64)};
-                 },
-             .fn = [](const Tensors& x) { return masked_fill(x[0], x[1], -7.0); },
-             .error_inputs = {{"a mask that does not broadcast to x",
-                               [] {
-                                 masked_fill(ones({3}), ones({2, 3}), 0);
-                               },
-                               "masked_fill: mask f32 (2, 3) does not broadcast to x f32 (3)"}},
-             .nonfinite = nan_propagates()});
-}
-
-}  // namespace
-
-void register_elementwise_cases() {
-  for (const UnaryOp* row : kRows) register_row_cases(*row, row_error_inputs(*row));
-  register_arithmetic_cases();
-  register_extremum_cases();
-  register_select_cases();
-}
+std::vector<const UnaryOp*> unary_rows() { return {std::begin(kRows), std::end(kRows)}; }
 
 }  // namespace graft

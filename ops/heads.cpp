@@ -12,7 +12,6 @@
 #include "graft/autograd/tape.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/shape.h"
-#include "ops/internal/cases.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -111,50 +110,6 @@ Tensor merge_heads(const Tensor& x) {
                                     : merge_heads_backward(dout[0], g)};
     });
   return out;
-}
-
-// ---- gradcheck cases -------------------------------------------------------------------------
-
-void register_heads_cases() {
-  // Every part used, one of them twice, so each part's gradient differs.
-  register_case(OpCase{.name = "split_heads/qkv",
-                       .op = "split_heads",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 12}, dt, g)};
-                           },
-                       .fn =
-                           [](const Tensors& x) {
-                             Tensors p = split_heads(x[0], 3, 2);
-                             return add(mul(p[0], p[1]), mul(p[2], p[2]));
-                           },
-                       .error_inputs = {{"parts * heads not dividing the width",
-                                         [] {
-                                           split_heads(zeros({2, 5, 24}), 5, 2);
-                                         },
-                                         "split_heads: y f32 (2, 5, 24) must be (B, T, parts * "
-                                         "heads * Dh) with parts 5 > 0 and heads 2 > 0"},
-                                        {"a rank-2 y",
-                                         [] {
-                                           split_heads(zeros({2, 3}), 1, 1);
-                                         },
-                                         "split_heads: y f32 (2, 3) must be (B, T, parts * heads "
-                                         "* Dh) with parts 1 > 0 and heads 1 > 0"}},
-                       .nonfinite = nan_propagates()});
-  // A part without gradient, from a non-contiguous input.
-  register_case(with_nonfinite(
-      one_input_case("split_heads/unused_part_noncontiguous", "split_heads", {2, 3, 4},
-                     /*transposed=*/true, [](const Tensor& x) { return split_heads(x, 2, 1)[1]; }),
-      nan_propagates()));
-  OpCase merge =
-      one_input_case("merge_heads/noncontiguous", "merge_heads", {2, 3, 2, 4},
-                     /*transposed=*/true, [](const Tensor& x) { return merge_heads(x); });
-  merge.error_inputs = {{"a rank-3 x",
-                         [] {
-                           merge_heads(zeros({2, 5, 24}));
-                         },
-                         "merge_heads: x f32 (2, 5, 24) must be (B, H, T, Dh)"}};
-  register_case(with_nonfinite(std::move(merge), nan_propagates()));
 }
 
 }  // namespace graft

@@ -2,6 +2,7 @@
 // inner_product for linear's inference and backward) on the tensors' own strides, so transposed
 // views are read in place; float64 runs reference loops.
 #include "graft/ops/matmul.h"
+#include "ops/internal/backward_ops.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,7 +13,7 @@
 #include "graft/ops/reduce.h"
 #include "graft/ops/shape.h"
 #include "ops/internal/bf16.h"
-#include "ops/internal/cases.h"
+#include "ops/internal/backward_ops.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/int8.h"
 #include "ops/internal/kernels.h"
@@ -504,12 +505,16 @@ Tensors linear_weight_grad_backward(const Tensor& g, const Tensor& dy, const Ten
   return {ddy, dx};
 }
 
+}  // namespace
+
 // dw (OUT, IN) = dy^T x over all rows of dy (..., OUT) and x (..., IN): linear's weight gradient
 // as an op of its own, which linear's backward records under create_graph. Written as
 // matmul(transpose(dy), x) instead, the next backward would make the gradient of the transposed
 // dy and copy it back into dy's layout (a tenth of the base model's Hessian-vector product's
 // second backward, outside the matmuls).
 Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
+  check_defined(dy, "linear_weight_grad", "dy");
+  check_defined(x, "linear_weight_grad", "x");
   const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
   Tensor dw = Tensor::empty({dy2.size(1), x2.size(1)}, dy.dtype());
   if (dy2.size(0) == 0) fill_(dw, 0);
@@ -522,6 +527,8 @@ Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
                      });
   return dw;
 }
+
+namespace {
 
 // linear's backward as recorded ops (under create_graph): dx = dy w, dw = dy^T x over all rows,
 // db = dy (the tape sums it to (OUT)).
@@ -598,161 +605,6 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   else GRAFT_DISPATCH_FLOAT(x.dtype(), "linear", [&] { linear_loop<T>(x2, wc, bc, y2); });
   if (record) record_linear(x, w, b, y, x16);
   return y;
-}
-
-namespace {
-
-// matmul's bad inputs: inner or batch dims that do not match, two dtypes, a 0-dim or int64
-// operand.
-std::vector<ErrorInput> matmul_error_inputs() {
-  return {{"inner dims that differ",
-           [] {
-             matmul(zeros({2, 3}), zeros({4, 5}));
-           },
-           "matmul: (2, 3) @ (4, 5): inner dims 3 != 4"},
-          {"operands of two dtypes",
-           [] {
-             matmul(zeros({2, 3}), zeros({3, 5}, DType::f64));
-           },
-           "matmul: (2, 3) @ (3, 5): dtype mismatch, f32 (2, 3) vs f64 (3, 5)"},
-          {"a 0-dim operand", [] { matmul(scalar(1.0), zeros({3})); },
-           "matmul: () @ (3): both operands need at least 1 dim"},
-          {"batch dims that do not broadcast",
-           [] {
-             matmul(zeros({2, 2, 3}), zeros({3, 3, 4}));
-           },
-           "matmul: (2, 2, 3) @ (3, 3, 4): batch dims (2) and (3) cannot be broadcast"},
-          {"int64 operands", [] { matmul(zeros({3}, DType::i64), zeros({3}, DType::i64)); },
-           "matmul: expected a float tensor, got i64 (3)"}};
-}
-
-// linear's bad inputs: w or b of the wrong width, a 1-D w, a w of another dtype.
-std::vector<ErrorInput> linear_error_inputs() {
-  return {{"w of other in features",
-           [] {
-             linear(zeros({2, 3}), zeros({4, 5}));
-           },
-           "linear: x (2, 3), w (4, 5): in features 3 != w's 5"},
-          {"a bias of another width",
-           [] {
-             linear(zeros({2, 3}), zeros({4, 3}), zeros({3}));
-           },
-           "linear: x (2, 3), w (4, 3), b (3): b must be (4)"},
-          {"a 1-D w",
-           [] {
-             linear(zeros({2, 3}), zeros({3}));
-           },
-           "linear: x (2, 3), w (3): w must be 2-D (OUT, IN)"},
-          {"a w of another dtype",
-           [] {
-             linear(zeros({2, 3}), zeros({4, 3}, DType::f64));
-           },
-           "linear: x (2, 3), w (4, 3): dtype mismatch, f32 (2, 3) vs f64 (4, 3)"}};
-}
-
-// matmul: batch broadcasting, transposed operands, vectors on either side.
-void register_matmul_only_cases() {
-  register_case(
-      OpCase{.name = "matmul/batched_broadcast",
-             .op = "matmul",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 1, 3, 4}, dt, g), case_input({3, 4, 5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-             .error_inputs = matmul_error_inputs(),
-             .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "matmul/batched_2d_transposed",
-             .op = "matmul",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 3, 4}, dt, g), case_input_t({4, 5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "matmul/batched_times_size1_batch",
-             .op = "matmul",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({1, 4, 5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "matmul/transposed_a_batched",
-             .op = "matmul",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({2, 3, 4}, dt, g), case_input({2, 4, 5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "matmul/vec_mat",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({4}, dt, g), case_input({4, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "matmul/mat_vec_batched",
-                       .op = "matmul",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g), case_input({4}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return matmul(x[0], x[1]); },
-                       .nonfinite = nan_propagates()});
-}
-
-// linear: a bias over 3-D x, transposed x and w without bias.
-void register_linear_cases() {
-  register_case(OpCase{.name = "linear/bias_3d",
-                       .op = "linear",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 3, 4}, dt, g), case_input({5, 4}, dt, g),
-                                            case_input({5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return linear(x[0], x[1], x[2]); },
-                       .error_inputs = linear_error_inputs(),
-                       .nonfinite = nan_propagates()});
-  register_case(
-      OpCase{.name = "linear/no_bias_transposed_x",
-             .op = "linear",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({3, 4}, dt, g), case_input_t({5, 4}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return linear(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-  // The op linear's backward records for dw under create_graph: dy (..., OUT), x (..., IN).
-  register_case(
-      OpCase{.name = "linear_weight_grad/3d",
-             .op = "linear_weight_grad",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input({2, 3, 4}, dt, g), case_input({2, 3, 5}, dt, g)};
-                 },
-             .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); },
-             .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "linear_weight_grad/transposed_x",
-                       .op = "linear_weight_grad",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 4}, dt, g), case_input_t({3, 5}, dt, g)};
-                           },
-                       .fn = [](const Tensors& x) { return linear_weight_grad(x[0], x[1]); },
-                       .nonfinite = nan_propagates()});
-}
-
-}  // namespace
-
-void register_matmul_cases() {
-  register_matmul_only_cases();
-  register_linear_cases();
 }
 
 }  // namespace graft

@@ -9,7 +9,6 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/shape.h"
-#include "ops/internal/cases.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -257,97 +256,5 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 // ---------------------------------------------------------------------------------------------
 // Gradcheck cases; each op's first case carries its bad inputs.
-namespace {
-
-OpCase with_error_inputs(OpCase c, std::vector<ErrorInput> errors) {
-  c.error_inputs = std::move(errors);
-  return c;
-}
-
-std::vector<ErrorInput> sum_error_inputs() {
-  return {{"axis 2 of a rank-2 input",
-           [] {
-             sum(ones({2, 3}), {2});
-           },
-           "sum: axis 2 out of range for rank 2"},
-          {"an int64 input", [] { sum(ones({2}, DType::i64)); },
-           "sum: expected a float tensor, got i64 (2)"}};
-}
-
-}  // namespace
-
-void register_reduce_cases() {
-  register_case(
-      with_nonfinite(with_error_inputs(one_input_case("sum/axes_keepdim", "sum", {2, 3, 4},
-                                                      /*transposed=*/true,
-                                                      [](const Tensor& x) {
-                                                        return sum(x, {0, -1}, true);
-                                                      }),
-                                       sum_error_inputs()),
-                     nan_propagates()));
-  register_case(with_nonfinite(one_input_case("sum/all", "sum", {3, 4}, /*transposed=*/false,
-                                              [](const Tensor& x) { return sum(x); }),
-                               nan_propagates()));
-  register_case(
-      with_nonfinite(one_input_case("sum/size1_axis", "sum", {1, 3, 4}, /*transposed=*/true,
-                                    [](const Tensor& x) { return sum(x, {0}); }),
-                     nan_propagates()));
-  register_case(with_nonfinite(
-      with_error_inputs(one_input_case("mean/axis", "mean", {2, 3, 4}, /*transposed=*/true,
-                                       [](const Tensor& x) { return mean(x, {1}); }),
-                        {{"axes 0 and -2 of a rank-2 input (the same axis)",
-                          [] {
-                            mean(ones({2, 3}), {0, -2});
-                          },
-                          "mean: repeated axis in reduction over rank 2"}}),
-      nan_propagates()));
-  register_case(with_nonfinite(
-      with_error_inputs(one_input_case("max/axis", "max", {2, 3, 4}, /*transposed=*/true,
-                                       [](const Tensor& x) { return max(x, 1, true); }),
-                        {{"an empty axis",
-                          [] {
-                            max(ones({2, 0}), 1);
-                          },
-                          "max: axis 1 of f32 (2, 0) is empty"}}),
-      nan_propagates()));
-  register_case(with_nonfinite(
-      with_error_inputs(one_input_case("amax/axes", "amax", {2, 3, 4}, /*transposed=*/true,
-                                       [](const Tensor& x) {
-                                         return amax(x, {0, -1});
-                                       }),
-                        {{"an empty axis",
-                          [] {
-                            amax(ones({2, 0}), {1});
-                          },
-                          "amax: axis 1 of f32 (2, 0) is empty"}}),
-      nan_propagates()));
-  register_case(
-      with_nonfinite(one_input_case("amax/all_keepdim", "amax", {3, 4}, /*transposed=*/false,
-                                    [](const Tensor& x) { return amax(x, {}, true); }),
-                     nan_propagates()));
-  register_case(with_nonfinite(
-      with_error_inputs(one_input_case("var/unbiased", "var", {2, 3, 4}, /*transposed=*/true,
-                                       [](const Tensor& x) { return var(x, {-1}); }),
-                        {{"one element per row with correction 1",
-                          [] {
-                            var(ones({2, 1}), {1});
-                          },
-                          "var: 1 elements with correction 1 in f32 (2, 1)"}}),
-      nan_propagates()));
-  register_case(with_nonfinite(one_input_case("var/biased_all", "var", {3, 4}, /*transposed=*/false,
-                                              [](const Tensor& x) { return var(x, {}, false, 0); }),
-                               nan_propagates()));
-  register_case(with_nonfinite(
-      with_error_inputs(one_input_case("sum_to/broadcast", "sum_to", {2, 3, 4}, /*transposed=*/true,
-                                       [](const Tensor& x) {
-                                         return sum_to(x, {3, 1});
-                                       }),
-                        {{"a shape that x does not broadcast to",
-                          [] {
-                            sum_to(ones({2, 3}), {4});
-                          },
-                          "sum_to: cannot reduce f32 (2, 3) to shape (4)"}}),
-      nan_propagates()));
-}
 
 }  // namespace graft

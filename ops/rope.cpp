@@ -8,7 +8,6 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/shape.h"
-#include "ops/internal/cases.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -101,35 +100,6 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base) {
       return Tensors{kern::apply_linear("rope_backward", "rope", dout[0], back, forth)};
     });
   return y;
-}
-
-void register_rope_cases() {
-  // Heads as a permuted view of a (B, T, H, D) projection, positions not starting at 0.
-  register_case(with_nonfinite(
-      one_input_case(
-          "rope/head_view_offset", "rope", {2, 3, 2, 6}, /*transposed=*/false,
-          [](const Tensor& x) {
-            return rope(permute(x, {0, 2, 1, 3}), from_vector(std::vector<int64_t>{5, 6, 7}, {3}));
-          }),
-      nan_propagates()));
-  register_case(with_nonfinite(
-      backward_op_case("rope_backward/offset", "rope_backward", {2, 3, 4}, {2, 3, 4},
-                       [](const Tensor& x) {
-                         return rope(x, from_vector(std::vector<int64_t>{2, 5, 7}, {3}), 100.0);
-                       }),
-      nan_propagates()));
-  register_case(
-      OpCase{.name = "rope/transposed_small_base",
-             .op = "rope",
-             .make_inputs =
-                 [](DType dt, Generator& g) {
-                   return Tensors{case_input_t({4, 4}, dt, g)};
-                 },
-             .fn =
-                 [](const Tensors& x) {
-                   return rope(x[0], from_vector(std::vector<int64_t>{0, 3, 1, 9}, {4}), 100.0);
-                 },
-             .nonfinite = nan_propagates()});
 }
 
 }  // namespace graft

@@ -10,7 +10,6 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
 #include "graft/ops/reduce.h"
-#include "ops/internal/cases.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/kernels.h"
 
@@ -142,54 +141,6 @@ GRAFT_DECLARE_OP("log_softmax", "softmax");
 
 Tensor log_softmax(const Tensor& x, int64_t axis) {
   return softmax_impl("log_softmax", x, axis, true);
-}
-
-void register_softmax_cases() {
-  // Wide input range so the outputs are far from uniform and the gradient is not trivially small.
-  register_case(OpCase{.name = "softmax/last_axis",
-                       .op = "softmax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({3, 5}, dt, g, -2, 2)};
-                           },
-                       .fn = [](const Tensors& x) { return softmax(x[0], -1); },
-                       .error_inputs = {{"axis 2 of a rank-2 input",
-                                         [] {
-                                           softmax(zeros({2, 3}), 2);
-                                         },
-                                         "softmax: axis 2 out of range for rank 2"},
-                                        {"an int64 input", [] { softmax(zeros({3}, DType::i64)); },
-                                         "softmax: expected a float tensor, got i64 (3)"}},
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "softmax/middle_axis_transposed",
-                       .op = "softmax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({2, 4, 3}, dt, g, -2, 2)};
-                           },
-                       .fn = [](const Tensors& x) { return softmax(x[0], 1); },
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "log_softmax/last_axis_transposed",
-                       .op = "log_softmax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input_t({3, 5}, dt, g, -2, 2)};
-                           },
-                       .fn = [](const Tensors& x) { return log_softmax(x[0], -1); },
-                       .error_inputs = {{"axis -3 of a rank-2 input",
-                                         [] {
-                                           log_softmax(zeros({2, 3}), -3);
-                                         },
-                                         "log_softmax: axis -3 out of range for rank 2"}},
-                       .nonfinite = nan_propagates()});
-  register_case(OpCase{.name = "log_softmax/middle_axis",
-                       .op = "log_softmax",
-                       .make_inputs =
-                           [](DType dt, Generator& g) {
-                             return Tensors{case_input({2, 4, 3}, dt, g, -2, 2)};
-                           },
-                       .fn = [](const Tensors& x) { return log_softmax(x[0], -2); },
-                       .nonfinite = nan_propagates()});
 }
 
 }  // namespace graft

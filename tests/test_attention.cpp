@@ -288,8 +288,8 @@ BOOST_AUTO_TEST_CASE(no_tape_entry_without_grad) {
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
-// The op's bad inputs and their errors are listed with its gradcheck cases (OpCase::error_inputs,
-// ops/attention.cpp) and run by test_gradcheck_all.
+// The op's bad inputs and their errors are in its record (OpRecord::error_inputs,
+// testing/cases/attention.cpp) and run by test_gradcheck_all.
 
 namespace {
 

@@ -251,7 +251,7 @@ BOOST_AUTO_TEST_CASE(linear_backward_with_4k_row_strides_matches_f64) {
   }
 }
 
-// The ops' bad inputs and their errors are listed with their gradcheck cases (OpCase::error_inputs,
-// ops/matmul.cpp) and run by test_gradcheck_all.
+// The ops' bad inputs and their errors are in their records (OpRecord::error_inputs,
+// testing/cases/matmul.cpp) and run by test_gradcheck_all.
 
 BOOST_AUTO_TEST_SUITE_END()

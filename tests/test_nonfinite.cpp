@@ -1,4 +1,5 @@
-// NaN and +-Inf through every registered op case (graft/testing/registry.h), PyTorch's rule:
+// NaN and +-Inf through every registered op case (graft/testing/registry.h; the rule is the
+// op record's OpRecord::nonfinite), PyTorch's rule:
 // a NaN in an input element reaches every output that depends on that element.
 //
 // For each case, each float input, two of its elements (the first and the middle one), and each
@@ -15,6 +16,7 @@
 //    non-finite weight may be refused (kern::check_weight_finite), as designed.
 // A case whose op does something else on purpose says so (NonFiniteRule::exception, with why):
 // only the float32-vs-float64 agreement is checked there. A case with no decision fails.
+#include <algorithm>
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -152,10 +154,10 @@ bool kinds_agree(const Path& p, double got, double want) {
 
 // What is wrong with the case's outputs for `v` at `spot` ("" when nothing): each path's outputs
 // against the float64 path's (the first).
-std::string check_spot(const OpCase& c, const Spot& spot, double v) {
+std::string check_spot(const OpCase& c, const NonFiniteRule& rule, const Spot& spot, double v) {
   const std::vector<Path> ps = paths();
   const std::vector<double> y64 = output_with(c, ps[0], &spot, v);
-  const std::vector<bool> dep = std::isnan(v) && c.nonfinite.kind == NonFiniteRule::propagates
+  const std::vector<bool> dep = std::isnan(v) && rule.kind == NonFiniteRule::propagates
                                     ? dependents(c, spot)
                                     : std::vector<bool>();
   for (const Path& p : ps) {
@@ -181,8 +183,8 @@ std::string check_spot(const OpCase& c, const Spot& spot, double v) {
   return "";
 }
 
-// Every complaint for the case (empty when it keeps the rule it declares).
-std::vector<std::string> check_case(const OpCase& c) {
+// Every complaint for the case (empty when it keeps its op's rule).
+std::vector<std::string> check_case(const OpCase& c, const NonFiniteRule& rule) {
   std::vector<std::string> bad;
   const Tensors x = inputs_of(c, DType::f64);
   autograd::clear_tape();
@@ -193,7 +195,7 @@ std::vector<std::string> check_case(const OpCase& c) {
       for (double v : {std::numeric_limits<double>::quiet_NaN(), kInf, -kInf}) {
         std::string m;
         try {
-          m = check_spot(c, Spot{k, e}, v);
+          m = check_spot(c, rule, Spot{k, e}, v);
         } catch (const std::exception& err) {
           m = where_str(c, Spot{k, e}, v, "threw: ") + err.what();
           autograd::clear_tape();
@@ -211,41 +213,43 @@ BOOST_AUTO_TEST_SUITE(nonfinite)
 BOOST_DATA_TEST_CASE(every_case_keeps_its_nonfinite_rule,
                      boost::unit_test::data::make(case_names()), name) {
   const OpCase& c = registered_case(name);
-  BOOST_TEST(c.nonfinite.kind != NonFiniteRule::undecided,
-             name << " has no non-finite decision (OpCase::nonfinite)");
-  if (c.nonfinite.kind == NonFiniteRule::exception)
-    BOOST_TEST(!c.nonfinite.why.empty(), name << ": an exception must say why");
-  for (const std::string& m : check_case(c)) BOOST_ERROR(m);
+  const NonFiniteRule& rule = registered_record(c.op).nonfinite;
+  BOOST_TEST(rule.kind != NonFiniteRule::undecided,
+             name << " has no non-finite decision (OpRecord::nonfinite)");
+  if (rule.kind == NonFiniteRule::exception)
+    BOOST_TEST(!rule.why.empty(), name << ": an exception must say why");
+  for (const std::string& m : check_case(c, rule)) BOOST_ERROR(m);
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
 // The check itself: an op that turns NaN into 0 (as relu once did) is caught on both paths, and
 // an exception skips that rule.
 BOOST_AUTO_TEST_CASE(the_check_catches_a_nan_dropping_op) {
-  OpCase c{.name = "test/drops_nan",
-           .op = "test",
-           .make_inputs =
-               [](DType dt, Generator& g) {
-                 return Tensors{case_input({2, 3}, dt, g)};
-               },
-           .fn =
-               [](const Tensors& x) {
-                 std::vector<double> v = x[0].to_vector<double>();
-                 for (double& e : v)
-                   if (std::isnan(e)) e = 0;
-                 return from_vector(v, x[0].shape(), x[0].dtype());
-               },
-           .nonfinite = nan_propagates()};
-  // A case written without a decision is undecided, which every_case_keeps_its_nonfinite_rule
-  // refuses.
-  const OpCase fresh{.name = "test/new", .op = "test", .make_inputs = c.make_inputs, .fn = c.fn};
+  const OpCase c{.name = "test/drops_nan",
+                 .op = "test",
+                 .make_inputs =
+                     [](DType dt, Generator& g) {
+                       return Tensors{case_input({2, 3}, dt, g)};
+                     },
+                 .fn =
+                     [](const Tensors& x) {
+                       std::vector<double> v = x[0].to_vector<double>();
+                       for (double& e : v)
+                         if (std::isnan(e)) e = 0;
+                       return from_vector(v, x[0].shape(), x[0].dtype());
+                     }};
+  // A record written without a decision is undecided, which missing_fields() (and so
+  // test_gradcheck_all) refuses.
+  const OpRecord fresh{.name = "test", .samples = {c}};
   BOOST_TEST(fresh.nonfinite.kind == NonFiniteRule::undecided);
-  const std::vector<std::string> bad = check_case(c);
+  const std::vector<std::string> missing = missing_fields(fresh);
+  BOOST_TEST(std::count(missing.begin(), missing.end(),
+                        "op 'test' has no non-finite decision (nonfinite)") == 1);
+  const std::vector<std::string> bad = check_case(c, nan_propagates());
   BOOST_TEST(bad.size() == 2u);  // NaN at element 0 and at element 3
   for (const std::string& m : bad)
     BOOST_TEST(m.find("depends on it but is 0") != std::string::npos, m);
-  c.nonfinite = nan_exception("drops NaN on purpose");
-  BOOST_TEST(check_case(c).empty());
+  BOOST_TEST(check_case(c, nan_exception("drops NaN on purpose")).empty());
 }
 
 // The float32 paths the small cases do not reach: calls large enough for oneDNN (without a tape

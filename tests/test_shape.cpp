@@ -1,7 +1,7 @@
 // Shape ops: forward values against hand-computed numbers, view/storage semantics, hand-checked
 // backward values (scatter-add accumulation, padding_idx), and the misuse checks that are not one
 // op's bad inputs (select_rows_, changed saved ids, copy_into). Each op's bad inputs are its
-// OpCase's error_inputs (ops/shape.cpp, ops/heads.cpp), run by test_gradcheck_all.
+// record's error_inputs (testing/cases/shape.cpp, heads.cpp), run by test_gradcheck_all.
 #include <boost/test/unit_test.hpp>
 
 #include <string>

@@ -147,7 +147,7 @@ BOOST_AUTO_TEST_CASE(rms_norm_f32_matches_f64) {
   }
 }
 
-// The ops' bad inputs and their errors are listed with their gradcheck cases (OpCase::error_inputs,
-// ops/softmax.cpp and ops/norm.cpp) and run by test_gradcheck_all.
+// The ops' bad inputs and their errors are in their records (OpRecord::error_inputs,
+// testing/cases/softmax.cpp and norm.cpp) and run by test_gradcheck_all.
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,8 +2,13 @@
 // Tensor gets an undefined Tensor() in each Tensor parameter in turn and must throw graft::Error
 // (or, for a parameter documented as optional, accept it), never crash. The list of functions
 // comes from the public headers, parsed at test time (see public_tensor_functions()), so a new
-// public function without a case here fails `every_public_function_taking_a_tensor_has_a_case`,
-// as tests/test_gradcheck_all.cpp fails for a declared op without a gradcheck case.
+// public function without a case fails `every_public_function_taking_a_tensor_has_a_case`, as
+// tests/test_gradcheck_all.cpp fails for a declared op without a record. A free function named as
+// a recorded op is covered by its record (graft/testing/registry.h: each sample's inputs made
+// undefined in turn, `every_record_refuses_an_undefined_input`); every other case names its
+// function by SIG(), which builds the signature from the function itself (no signature is typed
+// as a string).
+#include <boost/core/demangle.hpp>
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -15,6 +20,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "graft/autograd/graph.h"
@@ -32,6 +39,7 @@
 #include "graft/nn/train/communicator.h"
 #include "graft/nn/transformer.h"
 #include "graft/ops/ops.h"
+#include "graft/testing/op_cases.h"
 #include "test_util.h"
 
 using namespace graft;
@@ -97,6 +105,23 @@ std::vector<std::string> split_params(const std::string& list) {
   return out;
 }
 
+// Where the header scan is: a namespace, a class or a body.
+struct Scope {
+  std::string cls;  // the class name; empty for a namespace; "{}" for a body
+  bool open;        // members declared here now are public
+};
+
+// "Class::name(types)" for a declaration inside `scopes`.
+std::string scan_signature(const std::vector<Scope>& scopes, const std::string& name,
+                           const std::vector<std::string>& types) {
+  std::string sig;
+  for (auto& c : scopes)
+    if (!c.cls.empty()) sig += c.cls + "::";
+  sig += name + "(";
+  for (size_t i = 0; i < types.size(); ++i) sig += (i ? ", " : "") + types[i];
+  return sig + ")";
+}
+
 // The declarations of one header that take a Tensor: a parameter of type Tensor, Tensor& or
 // const Tensor& (not Tensor* nor Tensors: those are outputs or lists), or any public method of
 // class Tensor itself (its object is the Tensor). The scan is a simple one, documented here so
@@ -109,10 +134,6 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
   static const std::regex token(
       R"(\bnamespace\s+[\w:]*\s*\{|\b(class|struct)\s+(\w+)(\s+final)?(\s*:[^;{]*)?\s*\{|\b(public|protected|private)\s*:|\{|\}|;|\b(operator\s*[^\s\w(]+|~?\w+)\s*\()");
   static const std::regex tensor_param(R"((const )?Tensor&?)");
-  struct Scope {
-    std::string cls;  // the class name; empty for a namespace; "{}" for a body
-    bool open;        // members declared here now are public
-  };
   std::vector<Scope> scopes;
   std::vector<Declared> out;
   const std::string s = strip(text);
@@ -153,12 +174,7 @@ std::vector<Declared> tensor_functions(const std::string& header, const std::str
         return std::regex_match(t, tensor_param);
       });
       if (!takes && !(owner == "Tensor" && prefix.find("static") == std::string::npos)) continue;
-      std::string sig;
-      for (auto& c : scopes)
-        if (!c.cls.empty()) sig += c.cls + "::";
-      sig += name + "(";
-      for (size_t i = 0; i < types.size(); ++i) sig += (i ? ", " : "") + types[i];
-      out.push_back({sig + ")", header});
+      out.push_back({scan_signature(scopes, name, types), header});
       continue;
     }
     statement = after;  // a declaration starts after a brace, a semicolon or an access label
@@ -172,24 +188,124 @@ std::string source_dir() { return GRAFT_SOURCE_DIR "/include/graft"; }
 
 // Every public header: the .h files under include/graft/'s autograd/, ops/, nn/ and models/ (the
 // internal headers are not there: they stay beside their sources, see CMakeLists.txt).
-std::vector<Declared> public_tensor_functions() {
+std::vector<std::string> public_headers() {
   std::vector<std::string> headers;
   for (const char* dir : {"autograd", "ops", "nn", "models"})
     for (const auto& e : std::filesystem::recursive_directory_iterator(source_dir() + "/" + dir))
       if (e.path().extension() == ".h")
         headers.push_back(std::filesystem::relative(e.path(), source_dir()).string());
   std::sort(headers.begin(), headers.end());
+  return headers;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<Declared> public_tensor_functions() {
   std::vector<Declared> out;
-  for (const auto& h : headers) {
-    std::ifstream in(source_dir() + "/" + h);
-    std::stringstream text;
-    text << in.rdbuf();
-    for (auto& d : tensor_functions(h, text.str())) out.push_back(d);
-  }
+  for (const auto& h : public_headers())
+    for (auto& d : tensor_functions(h, read_file(source_dir() + "/" + h))) out.push_back(d);
   return out;
 }
 
 }  // namespace
+namespace {
+
+// ---- signatures from the code
+// --------------------------------------------------------------------
+
+// A type's text as the headers spell it and the scan keeps it, from the compiler's (demangled)
+// name: namespaces, allocators and std::string's spelling dropped, long as int64_t.
+std::string spelled(std::string t) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(
+           R"(std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> ?>)"),
+       "std::string"},
+      {std::regex(R"(, std::allocator<[^<>]*(<[^<>]*(<[^<>]*>)?[^<>]*>)?[^<>]*>)"), ""},
+      {std::regex(R"(\b(graft|nn|models|autograd|kern|text)::)"), ""},
+      {std::regex(R"(\bunsigned long\b)"), "size_t"},
+      {std::regex(R"(\blong\b)"), "int64_t"},
+      {std::regex(R"( >)"), ">"}};
+  for (int pass = 0; pass < 2; ++pass)
+    for (const auto& [re, with] : rules) t = std::regex_replace(t, re, with);
+  return t;
+}
+
+// The text of parameter type T: "const Tensor&", "Tensor*", "int64_t".
+template <class T>
+std::string type_text() {
+  using Bare = std::remove_cv_t<std::remove_pointer_t<std::remove_reference_t<T>>>;
+  constexpr bool is_const = std::is_const_v<std::remove_pointer_t<std::remove_reference_t<T>>>;
+  std::string t = spelled(boost::core::demangle(typeid(Bare).name()));
+  if (is_const) t = "const " + t;
+  if (std::is_pointer_v<std::remove_reference_t<T>>) t += "*";
+  if (std::is_lvalue_reference_v<T>) t += "&";
+  return t;
+}
+
+// A signature with the headers' aliases spelled out (Shape, Tensors), so that the scan's text
+// and the compiler's compare equal.
+std::string key(const std::string& sig) {
+  std::string k = std::regex_replace(sig, std::regex(R"(\bShape\b)"), "std::vector<int64_t>");
+  return std::regex_replace(k, std::regex(R"(\bTensors\b)"), "std::vector<Tensor>");
+}
+
+// "Linear::forward" from "nn::Linear::forward": the namespaces (lower-case parts) and template
+// arguments dropped, as the scan names a declaration by its classes.
+std::string declared_name(std::string name) {
+  name = std::regex_replace(name, std::regex(R"(<[^<>]*>)"), "");
+  return std::regex_replace(name, std::regex(R"(\b[a-z][a-z0-9_]*::)"), "");
+}
+
+template <class... P>
+std::string parameter_list() {
+  std::string out;
+  ((out += (out.empty() ? "" : ", ") + type_text<P>()), ...);
+  return "(" + out + ")";
+}
+
+// The signature of a function or member function, from its pointer's type.
+template <class R, class... P>
+std::string signature_of(const char* name, R (*)(P...)) {
+  return declared_name(name) + parameter_list<P...>();
+}
+template <class R, class C, class... P>
+std::string signature_of(const char* name, R (C::*)(P...)) {
+  return declared_name(name) + parameter_list<P...>();
+}
+template <class R, class C, class... P>
+std::string signature_of(const char* name, R (C::*)(P...) const) {
+  return declared_name(name) + parameter_list<P...>();
+}
+
+// The overload of a function or member taking exactly P... (the compiler refuses a list no
+// declaration has).
+template <class... P>
+struct Overload {
+  template <class R>
+  static auto of(R (*f)(P...)) {
+    return f;
+  }
+  template <class R, class C>
+  static auto of(R (C::*f)(P...)) {
+    return f;
+  }
+  template <class R, class C>
+  static auto of(R (C::*f)(P...) const) {
+    return f;
+  }
+};
+
+}  // namespace
+
+// SIG(name, parameter types...): the declaration's signature as the header scan writes it,
+// built from the function itself (its stringified name and its parameters' demangled types).
+#define SIG(fn, ...) signature_of(#fn, Overload<__VA_ARGS__>::of(&fn))
+
 namespace {
 
 // ---- the cases ----------------------------------------------------------------------------------
@@ -208,9 +324,9 @@ struct Case {
 
 // Public functions for which an undefined tensor is the point, not an error (no case needed).
 const std::map<std::string, std::string> kExcluded = {
-    {"Tensor::defined()", "the query for an undefined tensor"},
-    {"Tensor::impl()", "null for an undefined tensor, documented"},
-    {"Tensor::impl_ptr()", "null for an undefined tensor, documented"},
+    {SIG(Tensor::defined), "the query for an undefined tensor"},
+    {SIG(Tensor::impl), "null for an undefined tensor, documented"},
+    {SIG(Tensor::impl_ptr), "null for an undefined tensor, documented"},
     {"Tensor(const std::string&, const Module&, const Tensor&)",
      "nn::ForwardHook's function type (nn/module.h), not a function: the hook is the caller's"},
 };
@@ -319,118 +435,102 @@ Case one(std::string sig, std::function<Tensor()> make, std::function<void(const
           [call](const Tensors& t) { call(t[0]); }};
 }
 
-std::vector<Case> cases() {
-  const auto x23 = [] { return f({2, 3}); };
-  std::vector<Case> c = {
-      // autograd/
-      one("graph_dot(const Tensor&, const std::vector<std::pair<std::string, Tensor>>&)",
-          scalar_loss, [](const Tensor& t) { autograd::graph_dot(t); }),
-      one("nonfinite_kind(const Tensor&)", x23,
-          [](const Tensor& t) { autograd::nonfinite_kind(t); }),
-      {"backward(const Tensor&, const Tensor&, bool, bool)",
-       [] {
-         return Tensors{scalar_loss(), scalar(1, DType::f64)};
-       },
-       [](const Tensors& t) { autograd::backward(t[0], t[1], false); },
-       {1}},
-      {"accumulate_grad(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 3}), f({2, 3})};
-       },
-       [](const Tensors& t) { autograd::accumulate_grad(t[0], t[1]); }},
-      one("reduce_grad(const Tensor&, const Shape&)", x23,
-          [](const Tensor& t) {
-            autograd::reduce_grad(t, {1, 3});
-          }),
-      one("expand_grad(const Tensor&, const Shape&)", x23,
-          [](const Tensor& t) {
-            autograd::expand_grad(t, {4, 2, 3});
-          }),
-      one("Tensor::view_of(const Tensor&, const Shape&, const Shape&, int64_t)", x23,
-          [](const Tensor& t) {
-            Tensor::view_of(t, {3, 2}, {1, 3}, 0);
-          }),
-      one("Tensor::shape()", x23, [](const Tensor& t) { t.shape(); }),
-      one("Tensor::strides()", x23, [](const Tensor& t) { t.strides(); }),
-      one("Tensor::offset()", x23, [](const Tensor& t) { t.offset(); }),
-      one("Tensor::dim()", x23, [](const Tensor& t) { t.dim(); }),
-      one("Tensor::size(int64_t)", x23, [](const Tensor& t) { t.size(-1); }),
-      one("Tensor::numel()", x23, [](const Tensor& t) { t.numel(); }),
-      one("Tensor::dtype()", x23, [](const Tensor& t) { t.dtype(); }),
-      one("Tensor::is_contiguous()", x23, [](const Tensor& t) { t.is_contiguous(); }),
-      {"Tensor::same_storage(const Tensor&)",
-       [] {
-         return Tensors{f({2}), f({2})};
-       },
-       [](const Tensors& t) { t[0].same_storage(t[1]); }},
-      one("Tensor::data()", x23, [](const Tensor& t) { t.data<float>(); }),
-      one("Tensor::raw()", x23, [](const Tensor& t) { t.raw(); }),
-      one(
-          "Tensor::item()", [] { return f({1}); }, [](const Tensor& t) { t.item(); }),
-      one("Tensor::to_vector()", x23, [](const Tensor& t) { t.to_vector<double>(); }),
-      one("Tensor::requires_grad()", x23, [](const Tensor& t) { t.requires_grad(); }),
-      one("Tensor::requires_grad_(bool)", x23, [](Tensor t) { t.requires_grad_(); }),
-      one("Tensor::is_leaf()", x23, [](const Tensor& t) { t.is_leaf(); }),
-      one("Tensor::grad()", x23, [](const Tensor& t) { t.grad(); }),
-      {"Tensor::set_grad(const Tensor&)",
-       [] {
-         return Tensors{f({2}), f({2})};
-       },
-       [](const Tensors& t) { Tensor(t[0]).set_grad(t[1]); },
-       {1}},
-      one("Tensor::zero_grad()", x23, [](Tensor t) { t.zero_grad(); }),
-      one("Tensor::retain_grad()", scalar_loss, [](const Tensor& t) { t.retain_grad(); }),
-      one("retain_grad(const Tensor&)", scalar_loss,
-          [](const Tensor& t) { autograd::retain_grad(t); }),
-      one("Tensor::detach()", x23, [](const Tensor& t) { t.detach(); }),
-      {"Tensor::backward(const Tensor&, bool, bool)",
+// The common arguments: a (2, 3) matrix, a (1, 3, 8) sequence, one decoding step.
+Tensor x23() { return f({2, 3}); }
+Tensor x3() { return f({1, 3, 8}); }
+Tensor step() { return f({1, 1, 8}); }
+
+std::vector<Case> autograd_and_tensor_cases() {
+  return {// autograd/
+          one(SIG(autograd::graph_dot, const Tensor&,
+                  const std::vector<std::pair<std::string, Tensor>>&),
+              scalar_loss, [](const Tensor& t) { autograd::graph_dot(t); }),
+          one(SIG(autograd::nonfinite_kind, const Tensor&), x23,
+              [](const Tensor& t) { autograd::nonfinite_kind(t); }),
+          {SIG(autograd::backward, const Tensor&, const Tensor&, bool, bool),
+           [] {
+             return Tensors{scalar_loss(), scalar(1, DType::f64)};
+           },
+           [](const Tensors& t) { autograd::backward(t[0], t[1], false); },
+           {1}},
+          one(SIG(Tensor::view_of, const Tensor&, const Shape&, const Shape&, int64_t), x23,
+              [](const Tensor& t) {
+                Tensor::view_of(t, {3, 2}, {1, 3}, 0);
+              }),
+          one(SIG(Tensor::shape), x23, [](const Tensor& t) { t.shape(); }),
+          one(SIG(Tensor::strides), x23, [](const Tensor& t) { t.strides(); }),
+          one(SIG(Tensor::offset), x23, [](const Tensor& t) { t.offset(); }),
+          one(SIG(Tensor::dim), x23, [](const Tensor& t) { t.dim(); }),
+          one(SIG(Tensor::size, int64_t), x23, [](const Tensor& t) { t.size(-1); }),
+          one(SIG(Tensor::numel), x23, [](const Tensor& t) { t.numel(); }),
+          one(SIG(Tensor::dtype), x23, [](const Tensor& t) { t.dtype(); }),
+          one(SIG(Tensor::is_contiguous), x23, [](const Tensor& t) { t.is_contiguous(); }),
+          {SIG(Tensor::same_storage, const Tensor&),
+           [] {
+             return Tensors{f({2}), f({2})};
+           },
+           [](const Tensors& t) { t[0].same_storage(t[1]); }},
+          one(SIG(Tensor::data<float>), x23, [](const Tensor& t) { t.data<float>(); }),
+          one(SIG(Tensor::raw), x23, [](const Tensor& t) { t.raw(); }),
+          one(
+              SIG(Tensor::item), [] { return f({1}); }, [](const Tensor& t) { t.item(); }),
+          one(SIG(Tensor::to_vector<double>), x23, [](const Tensor& t) { t.to_vector<double>(); }),
+          one(SIG(Tensor::requires_grad), x23, [](const Tensor& t) { t.requires_grad(); }),
+          one(SIG(Tensor::requires_grad_, bool), x23, [](Tensor t) { t.requires_grad_(); }),
+          one(SIG(Tensor::is_leaf), x23, [](const Tensor& t) { t.is_leaf(); }),
+          one(SIG(Tensor::grad), x23, [](const Tensor& t) { t.grad(); }),
+          {SIG(Tensor::set_grad, const Tensor&),
+           [] {
+             return Tensors{f({2}), f({2})};
+           },
+           [](const Tensors& t) { Tensor(t[0]).set_grad(t[1]); },
+           {1}},
+          one(SIG(Tensor::zero_grad), x23, [](Tensor t) { t.zero_grad(); }),
+          one(SIG(Tensor::retain_grad), scalar_loss, [](const Tensor& t) { t.retain_grad(); }),
+          one(SIG(autograd::retain_grad, const Tensor&), scalar_loss,
+              [](const Tensor& t) { autograd::retain_grad(t); }),
+          one(SIG(Tensor::detach), x23, [](const Tensor& t) { t.detach(); })};
+}
+
+std::vector<Case> tensor_and_copy_cases() {
+  return {
+      {SIG(Tensor::backward, const Tensor&, bool, bool),
        [] {
          return Tensors{scalar_loss(), scalar(1, DType::f64)};
        },
        [](const Tensors& t) { t[0].backward(t[1]); },
        {1}},
-      one("Tensor::bump_version()", x23, [](const Tensor& t) { t.bump_version(); }),
-      one("Tensor::version()", x23, [](const Tensor& t) { t.version(); }),
-      one("Tensor::str(int)", x23, [](const Tensor& t) { t.str(); }),
-      {"describe(const Tensor&)",
+      one(SIG(Tensor::bump_version), x23, [](const Tensor& t) { t.bump_version(); }),
+      one(SIG(Tensor::version), x23, [](const Tensor& t) { t.version(); }),
+      one(SIG(Tensor::str, int), x23, [](const Tensor& t) { t.str(); }),
+      {SIG(describe, const Tensor&),
        [] { return Tensors{f({2})}; },
        [](const Tensors& t) { describe(t[0]); },
        {0}},
-      one("check_defined(const Tensor&, const char*, const char*)", x23,
+      one(SIG(check_defined, const Tensor&, const char*, const char*), x23,
           [](const Tensor& t) { check_defined(t, "test", "t"); }),
-      one("contiguous_copy(const Tensor&)", x23, [](const Tensor& t) { contiguous_copy(t); }),
-      one("cast_copy(const Tensor&, DType)", x23,
+      one(SIG(contiguous_copy, const Tensor&), x23, [](const Tensor& t) { contiguous_copy(t); }),
+      one(SIG(cast_copy, const Tensor&, DType), x23,
           [](const Tensor& t) { cast_copy(t, DType::f64); }),
-      {"copy_into(const Tensor&, const Tensor&)",
+      {SIG(copy_into, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({2}), f({2})};
        },
        [](const Tensors& t) { copy_into(t[0], t[1]); }},
-      {"accumulate_into(const Tensor&, const Tensor&)",
+      {SIG(accumulate_into, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({2}), f({2})};
        },
        [](const Tensors& t) { accumulate_into(t[0], t[1]); }},
-      one("fill_(const Tensor&, double)", x23, [](const Tensor& t) { fill_(t, 1); }),
-      one("sum_axes(const Tensor&, const std::vector<int64_t>&, double)", x23,
+      one(SIG(fill_, const Tensor&, double), x23, [](const Tensor& t) { fill_(t, 1); }),
+      one(SIG(sum_axes, const Tensor&, const std::vector<int64_t>&, double), x23,
           [](const Tensor& t) { sum_axes(t, {1}); }),
-      one("sum_to_shape(const Tensor&, const Shape&)", x23,
+      one(SIG(sum_to_shape, const Tensor&, const Shape&), x23,
           [](const Tensor& t) { sum_to_shape(t, {3}); }),
-      // ops/
-      {"scaled_dot_product_attention(const Tensor&, const Tensor&, const Tensor&, const "
-       "AttentionOptions&)",
-       [] {
-         return Tensors{f({1, 2, 3, 4}), f({1, 2, 3, 4}), f({1, 2, 3, 4})};
-       },
-       [](const Tensors& t) { scaled_dot_product_attention(t[0], t[1], t[2]); }},
-      one("dropout(const Tensor&, double, bool, Generator&)", x23,
-          [](const Tensor& t) { dropout(t, 0.5, true); }),
-      one("relu_dropout(const Tensor&, double, bool, Generator&)", x23,
-          [](const Tensor& t) { relu_dropout(t, 0.5, true); }),
-      one("unary(const UnaryOp&, const Tensor&, double, double)", x23,
+      one(SIG(unary, const UnaryOp&, const Tensor&, double, double), x23,
           [](const Tensor& t) { unary(square_row(), t); }),
       // x or y may be undefined (the row reads the one it saves); both undefined is an error.
-      {"unary_df_constant(const UnaryOp&, const Tensor&, const Tensor&, double, double)",
+      {SIG(unary_df_constant, const UnaryOp&, const Tensor&, const Tensor&, double, double),
        [] {
          return Tensors{f({2, 3}), f({2, 3})};
        },
@@ -441,414 +541,276 @@ std::vector<Case> cases() {
          unary_df_constant(relu_like, t[0], t[1], 0, 0);
        },
        {0, 1}},
-      one("affine(const Tensor&, double, double)", x23, [](const Tensor& t) { affine(t, 2, 1); }),
-      one("neg(const Tensor&)", x23, [](const Tensor& t) { neg(t); }),
-      one("exp(const Tensor&)", x23, [](const Tensor& t) { exp(t); }),
-      one("log(const Tensor&)", x23, [](const Tensor& t) { log(t); }),
-      one("sqrt(const Tensor&)", x23, [](const Tensor& t) { sqrt(t); }),
-      one("pow(const Tensor&, double)", x23, [](const Tensor& t) { pow(t, 2); }),
-      one("tanh(const Tensor&)", x23, [](const Tensor& t) { tanh(t); }),
-      one("sigmoid(const Tensor&)", x23, [](const Tensor& t) { sigmoid(t); }),
-      one("relu(const Tensor&)", x23, [](const Tensor& t) { relu(t); }),
-      one("gelu(const Tensor&, bool)", x23, [](const Tensor& t) { gelu(t); }),
-      one("silu(const Tensor&)", x23, [](const Tensor& t) { silu(t); }),
-      one("abs(const Tensor&)", x23, [](const Tensor& t) { abs(t); }),
-      one("clamp(const Tensor&, double, double)", x23, [](const Tensor& t) { clamp(t, -1, 1); }),
-      one("sin(const Tensor&)", x23, [](const Tensor& t) { sin(t); }),
-      one("cos(const Tensor&)", x23, [](const Tensor& t) { cos(t); }),
-      one("add(const Tensor&, double)", x23, [](const Tensor& t) { add(t, 1.0); }),
-      one("add(double, const Tensor&)", x23, [](const Tensor& t) { add(1.0, t); }),
-      one("sub(const Tensor&, double)", x23, [](const Tensor& t) { sub(t, 1.0); }),
-      one("sub(double, const Tensor&)", x23, [](const Tensor& t) { sub(1.0, t); }),
-      one("mul(const Tensor&, double)", x23, [](const Tensor& t) { mul(t, 2.0); }),
-      one("mul(double, const Tensor&)", x23, [](const Tensor& t) { mul(2.0, t); }),
-      one("div(const Tensor&, double)", x23, [](const Tensor& t) { div(t, 2.0); }),
-      {"maximum(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 3}), f({3})};
-       },
-       [](const Tensors& t) { maximum(t[0], t[1]); }},
-      {"minimum(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 3}), f({3})};
-       },
-       [](const Tensors& t) { minimum(t[0], t[1]); }},
-      // ops/custom.h
-      one("broadcast_strides(const Tensor&, const Shape&)", x23,
-          [](const Tensor& t) {
-            kern::broadcast_strides(t, {4, 2, 3});
-          }),
-      one("contig(const Tensor&)", x23, [](const Tensor& t) { kern::contig(t); }),
-      one("check_float(const char*, const Tensor&)", x23,
-          [](const Tensor& t) { kern::check_float("test", t); }),
-      {"check_same_dtype(const char*, const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2}), f({3})};
-       },
-       [](const Tensors& t) { kern::check_same_dtype("test", t[0], t[1]); }},
-      {"matmul_into(const Tensor&, const Tensor&, const Tensor&, double, bool)",
-       [] {
-         return Tensors{f({2, 3}), f({3, 4}), f({2, 4})};
-       },
-       [](const Tensors& t) { kern::matmul_into(t[0], t[1], t[2]); }},
-      {"where(const Tensor&, const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{i64({1, 0, 1}), f({3}), f({3})};
-       },
-       [](const Tensors& t) { where(t[0], t[1], t[2]); }},
-      {"masked_fill(const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{f({3}), i64({1, 0, 1})};
-       },
-       [](const Tensors& t) { masked_fill(t[0], t[1], 0); }},
-      one("eq(const Tensor&, double)", x23, [](const Tensor& t) { eq(t, 0); }),
-      one("operator-(const Tensor&)", x23, [](const Tensor& t) { -t; }),
-      one("operator+(const Tensor&, double)", x23, [](const Tensor& t) { t + 1.0; }),
-      one("operator+(double, const Tensor&)", x23, [](const Tensor& t) { 1.0 + t; }),
-      one("operator-(const Tensor&, double)", x23, [](const Tensor& t) { t - 1.0; }),
-      one("operator-(double, const Tensor&)", x23, [](const Tensor& t) { 1.0 - t; }),
-      one("operator*(const Tensor&, double)", x23, [](const Tensor& t) { t * 2.0; }),
-      one("operator*(double, const Tensor&)", x23, [](const Tensor& t) { 2.0 * t; }),
-      one("operator/(const Tensor&, double)", x23, [](const Tensor& t) { t / 2.0; }),
-      one(
-          "split_heads(const Tensor&, int64_t, int64_t)",
-          [] {
-            return f({1, 2, 8});
-          },
-          [](const Tensor& t) { split_heads(t, 2, 2); }),
-      one(
-          "merge_heads(const Tensor&)",
-          [] {
-            return f({1, 2, 2, 2});
-          },
-          [](const Tensor& t) { merge_heads(t); }),
-      {"cross_entropy(const Tensor&, const Tensor&, double, int64_t)",
-       [] {
-         return Tensors{f({2, 5}), i64({1, 4})};
-       },
-       [](const Tensors& t) { cross_entropy(t[0], t[1]); }},
-      {"linear_cross_entropy(const Tensor&, const Tensor&, const Tensor&, double, int64_t, "
-       "int64_t)",
-       [] {
-         return Tensors{f({2, 4}), f({5, 4}), i64({1, 4})};
-       },
-       [](const Tensors& t) { linear_cross_entropy(t[0], t[1], t[2]); }},
-      {"matmul(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 3}), f({3, 4})};
-       },
-       [](const Tensors& t) { matmul(t[0], t[1]); }},
-      {"linear(const Tensor&, const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 3}), f({4, 3}), f({4})};
-       },
-       [](const Tensors& t) { linear(t[0], t[1], t[2]); },
-       {2}},
-      {"layer_norm(const Tensor&, const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{f({2, 4}), f({4}), f({4})};
-       },
-       [](const Tensors& t) { layer_norm(t[0], t[1], t[2]); },
-       {1, 2}},
-      {"add_layer_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{f({2, 4}), f({2, 4}), f({4}), f({4})};
-       },
-       [](const Tensors& t) { add_layer_norm(t[0], t[1], t[2], t[3]); },
-       {2, 3}},
-      {"rms_norm(const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{f({2, 4}), f({4})};
-       },
-       [](const Tensors& t) { rms_norm(t[0], t[1]); },
-       {1}},
-      one("sum(const Tensor&, const std::vector<int64_t>&, bool)", x23,
-          [](const Tensor& t) { sum(t); }),
-      one("mean(const Tensor&, const std::vector<int64_t>&, bool)", x23,
-          [](const Tensor& t) { mean(t); }),
-      one("max(const Tensor&, int64_t, bool)", x23, [](const Tensor& t) { max(t, 1); }),
-      one("amax(const Tensor&, const std::vector<int64_t>&, bool)", x23,
-          [](const Tensor& t) { amax(t); }),
-      one("argmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { argmax(t, 1); }),
-      one("var(const Tensor&, const std::vector<int64_t>&, bool, int64_t)", x23,
-          [](const Tensor& t) { var(t, {1}); }),
-      one("sum_to(const Tensor&, const Shape&)", x23, [](const Tensor& t) { sum_to(t, {3}); }),
-      {"rope(const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{f({1, 3, 4}), i64({0, 1, 2})};
-       },
-       [](const Tensors& t) { rope(t[0], t[1]); }},
-      one("reshape(const Tensor&, Shape)", x23,
-          [](const Tensor& t) {
-            reshape(t, {3, 2});
-          }),
-      one("permute(const Tensor&, const std::vector<int64_t>&)", x23,
-          [](const Tensor& t) {
-            permute(t, {1, 0});
-          }),
-      one("transpose(const Tensor&, int64_t, int64_t)", x23,
-          [](const Tensor& t) { transpose(t, 0, 1); }),
-      one("slice(const Tensor&, int64_t, int64_t, int64_t, int64_t)", x23,
-          [](const Tensor& t) { slice(t, 1, 0, 2); }),
-      one("unsqueeze(const Tensor&, int64_t)", x23, [](const Tensor& t) { unsqueeze(t, 0); }),
-      one(
-          "squeeze(const Tensor&, int64_t)",
-          [] {
-            return f({1, 3});
-          },
-          [](const Tensor& t) { squeeze(t, 0); }),
-      one("broadcast_to(const Tensor&, const Shape&)", x23,
-          [](const Tensor& t) {
-            broadcast_to(t, {4, 2, 3});
-          }),
-      one("contiguous(const Tensor&)", x23, [](const Tensor& t) { contiguous(t); }),
-      one("to_dtype(const Tensor&, DType)", x23, [](const Tensor& t) { to_dtype(t, DType::f64); }),
-      one("split(const Tensor&, const std::vector<int64_t>&, int64_t)", x23,
-          [](const Tensor& t) {
-            split(t, {1, 2}, 1);
-          }),
-      {"index_select(const Tensor&, int64_t, const Tensor&)",
-       [] {
-         return Tensors{f({3, 2}), i64({2, 0})};
-       },
-       [](const Tensors& t) { index_select(t[0], 0, t[1]); }},
-      {"select_rows_(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({3, 2}), i64({2, 0, 1})};
-       },
-       [](const Tensors& t) { select_rows_(t[0], t[1]); }},
-      {"embedding(const Tensor&, const Tensor&, int64_t)",
-       [] {
-         return Tensors{f({5, 4}), i64({1, 3})};
-       },
-       [](const Tensors& t) { embedding(t[0], t[1]); }},
-      one("softmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { softmax(t); }),
-      one("log_softmax(const Tensor&, int64_t)", x23, [](const Tensor& t) { log_softmax(t); }),
-  };
-  for (const char* op :
-       {"add", "sub", "mul", "div", "operator+", "operator-", "operator*", "operator/"}) {
-    const std::string name = op;
-    c.push_back({name + "(const Tensor&, const Tensor&)",
-                 [] {
-                   return Tensors{f({2, 3}), f({3})};
-                 },
-                 [name](const Tensors& t) {
-                   if (name == "add" || name == "operator+")
-                     (void)(name == "add" ? add(t[0], t[1]) : t[0] + t[1]);
-                   if (name == "sub" || name == "operator-")
-                     (void)(name == "sub" ? sub(t[0], t[1]) : t[0] - t[1]);
-                   if (name == "mul" || name == "operator*")
-                     (void)(name == "mul" ? mul(t[0], t[1]) : t[0] * t[1]);
-                   if (name == "div" || name == "operator/")
-                     (void)(name == "div" ? div(t[0], t[1]) : t[0] / t[1]);
-                 }});
-  }
-  // ---- ops/compare.h (issue 48: comparisons and logical ops on masks) ----
-  using Binary = Tensor (*)(const Tensor&, const Tensor&);
-  using WithScalar = Tensor (*)(const Tensor&, double);
-  for (auto [name, op] : {std::pair<std::string, Binary>{"eq", eq},
-                          {"ne", ne},
-                          {"lt", lt},
-                          {"le", le},
-                          {"gt", gt},
-                          {"ge", ge},
-                          {"logical_and", logical_and},
-                          {"logical_or", logical_or}})
-    c.push_back({name + "(const Tensor&, const Tensor&)",
-                 [] {
-                   return Tensors{f({2, 3}), f({3})};
-                 },
-                 [op](const Tensors& t) { op(t[0], t[1]); }});
-  for (auto [name, op] : {std::pair<std::string, WithScalar>{"ne", ne},
-                          {"lt", lt},
-                          {"le", le},
-                          {"gt", gt},
-                          {"ge", ge}})
-    c.push_back(one(
-        name + "(const Tensor&, double)",
-        [] {
-          return f({2, 3});
-        },
-        [op](const Tensor& t) { op(t, 0.5); }));
-  c.push_back(one(
-      "logical_not(const Tensor&)",
-      [] {
-        return f({2, 3});
-      },
-      [](const Tensor& t) { logical_not(t); }));
-  // ---- end of ops/compare.h ----
+      one(SIG(neg, const Tensor&), x23, [](const Tensor& t) { neg(t); })};
+}
+
+std::vector<Case> kernel_and_operator_cases() {
+  return {// ops/custom.h
+          one(SIG(kern::broadcast_strides, const Tensor&, const Shape&), x23,
+              [](const Tensor& t) {
+                kern::broadcast_strides(t, {4, 2, 3});
+              }),
+          one(SIG(kern::contig, const Tensor&), x23, [](const Tensor& t) { kern::contig(t); }),
+          one(SIG(kern::check_float, const char*, const Tensor&), x23,
+              [](const Tensor& t) { kern::check_float("test", t); }),
+          {SIG(kern::check_same_dtype, const char*, const Tensor&, const Tensor&),
+           [] {
+             return Tensors{f({2}), f({3})};
+           },
+           [](const Tensors& t) { kern::check_same_dtype("test", t[0], t[1]); }},
+          {SIG(kern::matmul_into, const Tensor&, const Tensor&, const Tensor&, double, bool),
+           [] {
+             return Tensors{f({2, 3}), f({3, 4}), f({2, 4})};
+           },
+           [](const Tensors& t) { kern::matmul_into(t[0], t[1], t[2]); }},
+          one(SIG(eq, const Tensor&, double), x23, [](const Tensor& t) { eq(t, 0); }),
+          one(SIG(operator-, const Tensor&), x23, [](const Tensor& t) { -t; }),
+          one(SIG(operator+, const Tensor&, double), x23, [](const Tensor& t) { t + 1.0; }),
+          one(SIG(operator+, double, const Tensor&), x23, [](const Tensor& t) { 1.0 + t; }),
+          one(SIG(operator-, const Tensor&, double), x23, [](const Tensor& t) { t - 1.0; }),
+          one(SIG(operator-, double, const Tensor&), x23, [](const Tensor& t) { 1.0 - t; }),
+          one(SIG(operator*, const Tensor&, double), x23, [](const Tensor& t) { t * 2.0; }),
+          one(SIG(operator*, double, const Tensor&), x23, [](const Tensor& t) { 2.0 * t; }),
+          one(SIG(operator/, const Tensor&, double), x23, [](const Tensor& t) { t / 2.0; }),
+          one(SIG(argmax, const Tensor&, int64_t), x23, [](const Tensor& t) { argmax(t, 1); }),
+          one(SIG(transpose, const Tensor&, int64_t, int64_t), x23,
+              [](const Tensor& t) { transpose(t, 0, 1); }),
+          {SIG(select_rows_, const Tensor&, const Tensor&),
+           [] {
+             return Tensors{f({3, 2}), i64({2, 0, 1})};
+           },
+           [](const Tensors& t) { select_rows_(t[0], t[1]); }}};
+}
+
+std::vector<Case> binary_operator_cases() {
+  std::vector<Case> c;
+  // The binary operators: add, sub, mul and div's own functions are covered by their records.
+  const auto pair = [] { return Tensors{f({2, 3}), f({3})}; };
+  c.push_back(
+      {SIG(operator+, const Tensor&, const Tensor&), pair, [](const Tensors& t) { t[0] + t[1]; }});
+  c.push_back(
+      {SIG(operator-, const Tensor&, const Tensor&), pair, [](const Tensors& t) { t[0] - t[1]; }});
+  c.push_back(
+      {SIG(operator*, const Tensor&, const Tensor&), pair, [](const Tensors& t) { t[0] * t[1]; }});
+  c.push_back(
+      {SIG(operator/, const Tensor&, const Tensor&), pair, [](const Tensors& t) { t[0] / t[1]; }});
+
   return c;
+}
+
+// ops/compare.h: comparisons and logical ops on masks (not differentiable, so no records).
+std::vector<Case> compare_cases() {
+  const auto pair = [] { return Tensors{f({2, 3}), f({3})}; };
+  const auto binary = [&](std::string sig, Tensor (*op)(const Tensor&, const Tensor&)) {
+    return Case{std::move(sig), pair, [op](const Tensors& t) { op(t[0], t[1]); }};
+  };
+  const auto scalar = [](std::string sig, Tensor (*op)(const Tensor&, double)) {
+    return one(std::move(sig), x23, [op](const Tensor& t) { op(t, 0.5); });
+  };
+  using B = Tensor (*)(const Tensor&, const Tensor&);
+  using S = Tensor (*)(const Tensor&, double);
+  return {binary(SIG(eq, const Tensor&, const Tensor&), B(eq)),
+          binary(SIG(ne, const Tensor&, const Tensor&), B(ne)),
+          binary(SIG(lt, const Tensor&, const Tensor&), B(lt)),
+          binary(SIG(le, const Tensor&, const Tensor&), B(le)),
+          binary(SIG(gt, const Tensor&, const Tensor&), B(gt)),
+          binary(SIG(ge, const Tensor&, const Tensor&), B(ge)),
+          binary(SIG(logical_and, const Tensor&, const Tensor&), logical_and),
+          binary(SIG(logical_or, const Tensor&, const Tensor&), logical_or),
+          scalar(SIG(ne, const Tensor&, double), S(ne)),
+          scalar(SIG(lt, const Tensor&, double), S(lt)),
+          scalar(SIG(le, const Tensor&, double), S(le)),
+          scalar(SIG(gt, const Tensor&, double), S(gt)),
+          scalar(SIG(ge, const Tensor&, double), S(ge)),
+          one(SIG(logical_not, const Tensor&), x23, [](const Tensor& t) { logical_not(t); })};
 }
 
 }  // namespace
 namespace {
 
-std::vector<Case> nn_and_model_cases() {
+std::vector<Case> attention_module_cases() {
   using namespace graft::nn;
   using namespace graft::train;
   using namespace graft::models;
-  const auto x3 = [] { return f({1, 3, 8}); };
-  const auto step = [] { return f({1, 1, 8}); };
-  std::vector<Case> c = {
-      one(
-          "KVCache::select_rows(const Tensor&)", [] { return i64({0}); },
-          [](const Tensor& rows) {
-            autograd::NoGrad ng;
-            KVCache cache;
-            mha().forward_self_step(f({1, 1, 8}), cache, 4);
-            cache.select_rows(rows);
-          }),
-      {"KVCache::append(const Tensor&, const Tensor&, int64_t)",
-       [] {
-         return Tensors{f({1, 2, 1, 4}), f({1, 2, 1, 4})};
-       },
-       [](const Tensors& t) {
-         KVCache cache;
-         cache.append(t[0], t[1], 4);
-       }},
-      {"MultiHeadAttention::forward(const Tensor&, const Tensor&, const Tensor&, bool, Tensor*, "
-       "const AttentionPositions*)",
-       [] {
-         return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 2)};
-       },
-       [](const Tensors& t) { mha().forward(t[0], t[1], t[2]); },
-       {2}},
-      one("MultiHeadAttention::forward_self_step(const Tensor&, KVCache&, int64_t, const "
-          "AttentionPositions*)",
-          step,
-          [](const Tensor& t) {
-            KVCache cache;
-            mha().forward_self_step(t, cache, 4);
-          }),
-      one(
-          "MultiHeadAttention::fill_cross_cache(const Tensor&, KVCache&)",
-          [] {
-            return f({1, 2, 8});
-          },
-          [](const Tensor& t) {
-            KVCache cache;
-            mha().fill_cross_cache(t, cache);
-          }),
-      {"MultiHeadAttention::forward_cross_cached(const Tensor&, const KVCache&, const Tensor&, "
-       "Tensor*, int64_t)",
-       [] {
-         return Tensors{f({1, 1, 8}), no_pad(1, 2)};
-       },
-       [](const Tensors& t) {
-         KVCache cache;
-         mha().fill_cross_cache(f({1, 2, 8}), cache);
-         mha().forward_cross_cached(t[0], cache, t[1]);
-       },
-       {1}},
-      one(
-          "shard_of(const Tensor&, Shard)",
-          [] {
-            return f({4, 2});
-          },
-          [](const Tensor& t) {
-            shard_of(t, Shard{0, 2});
-          }),
-      one(
-          "shard_loss(const Tensor&, int64_t, int64_t)", [] { return scalar(1.0); },
-          [](const Tensor& t) { shard_loss(t, 1, 2); }),
-      one(
-          "Linear::forward(const Tensor&)",
-          [] {
-            return f({2, 3});
-          },
-          [](const Tensor& t) { Linear(3, 4).forward(t); }),
-      one(
-          "Embedding::forward(const Tensor&)",
-          [] {
-            return i64({1, 2});
-          },
-          [](const Tensor& t) { Embedding(5, 4).forward(t); }),
-      one(
-          "LayerNorm::forward(const Tensor&)",
-          [] {
-            return f({2, 4});
-          },
-          [](const Tensor& t) { LayerNorm(4).forward(t); }),
-      {"LayerNorm::forward_add(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{f({2, 4}), f({2, 4})};
-       },
-       [](const Tensors& t) { LayerNorm(4).forward_add(t[0], t[1]); }},
-      one(
-          "Dropout::forward(const Tensor&)",
-          [] {
-            return f({2, 4});
-          },
-          [](const Tensor& t) { Dropout(0.5).forward(t); }),
-      one(
-          "feed_forward(const Linear&, const Dropout&, const Linear&, Activation, const Tensor&, "
-          "const Linear*)",
-          [] {
-            return f({2, 4});
-          },
-          [](const Tensor& t) {
-            Linear gate(4, 6);
-            feed_forward(Linear(4, 6), Dropout(0.0), Linear(6, 4), Activation::swiglu, t, &gate);
-          }),
-      {"add_positions(const Tensor&, const Tensor&, int64_t, bool)",
+  return {one(
+              SIG(KVCache::select_rows, const Tensor&), [] { return i64({0}); },
+              [](const Tensor& rows) {
+                autograd::NoGrad ng;
+                KVCache cache;
+                mha().forward_self_step(f({1, 1, 8}), cache, 4);
+                cache.select_rows(rows);
+              }),
+          {SIG(KVCache::append, const Tensor&, const Tensor&, int64_t),
+           [] {
+             return Tensors{f({1, 2, 1, 4}), f({1, 2, 1, 4})};
+           },
+           [](const Tensors& t) {
+             KVCache cache;
+             cache.append(t[0], t[1], 4);
+           }},
+          {SIG(MultiHeadAttention::forward, const Tensor&, const Tensor&, const Tensor&, bool,
+               Tensor*, const AttentionPositions*),
+           [] {
+             return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 2)};
+           },
+           [](const Tensors& t) { mha().forward(t[0], t[1], t[2]); },
+           {2}},
+          one(SIG(MultiHeadAttention::forward_self_step, const Tensor&, KVCache&, int64_t,
+                  const AttentionPositions*),
+              step,
+              [](const Tensor& t) {
+                KVCache cache;
+                mha().forward_self_step(t, cache, 4);
+              }),
+          one(
+              SIG(MultiHeadAttention::fill_cross_cache, const Tensor&, KVCache&),
+              [] {
+                return f({1, 2, 8});
+              },
+              [](const Tensor& t) {
+                KVCache cache;
+                mha().fill_cross_cache(t, cache);
+              }),
+          {SIG(MultiHeadAttention::forward_cross_cached, const Tensor&, const KVCache&,
+               const Tensor&, Tensor*, int64_t),
+           [] {
+             return Tensors{f({1, 1, 8}), no_pad(1, 2)};
+           },
+           [](const Tensors& t) {
+             KVCache cache;
+             mha().fill_cross_cache(f({1, 2, 8}), cache);
+             mha().forward_cross_cached(t[0], cache, t[1]);
+           },
+           {1}}};
+}
+
+std::vector<Case> layer_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  return {one(
+              SIG(shard_of, const Tensor&, Shard),
+              [] {
+                return f({4, 2});
+              },
+              [](const Tensor& t) {
+                shard_of(t, Shard{0, 2});
+              }),
+          one(
+              SIG(shard_loss, const Tensor&, int64_t, int64_t), [] { return scalar(1.0); },
+              [](const Tensor& t) { shard_loss(t, 1, 2); }),
+          one(
+              SIG(Linear::forward, const Tensor&),
+              [] {
+                return f({2, 3});
+              },
+              [](const Tensor& t) { Linear(3, 4).forward(t); }),
+          one(
+              SIG(Embedding::forward, const Tensor&),
+              [] {
+                return i64({1, 2});
+              },
+              [](const Tensor& t) { Embedding(5, 4).forward(t); }),
+          one(
+              SIG(LayerNorm::forward, const Tensor&),
+              [] {
+                return f({2, 4});
+              },
+              [](const Tensor& t) { LayerNorm(4).forward(t); }),
+          {SIG(LayerNorm::forward_add, const Tensor&, const Tensor&),
+           [] {
+             return Tensors{f({2, 4}), f({2, 4})};
+           },
+           [](const Tensors& t) { LayerNorm(4).forward_add(t[0], t[1]); }},
+          one(
+              SIG(Dropout::forward, const Tensor&),
+              [] {
+                return f({2, 4});
+              },
+              [](const Tensor& t) { Dropout(0.5).forward(t); }),
+          one(
+              SIG(feed_forward, const Linear&, const Dropout&, const Linear&, Activation,
+                  const Tensor&, const Linear*),
+              [] {
+                return f({2, 4});
+              },
+              [](const Tensor& t) {
+                Linear gate(4, 6);
+                feed_forward(Linear(4, 6), Dropout(0.0), Linear(6, 4), Activation::swiglu, t,
+                             &gate);
+              })};
+}
+
+std::vector<Case> position_and_encoder_layer_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  return {
+      {SIG(add_positions, const Tensor&, const Tensor&, int64_t, bool),
        [] {
          return Tensors{f({1, 3, 8}), sinusoid_table(0, 16, 8, DType::f32)};
        },
        [](const Tensors& t) { add_positions(t[0], t[1], 0, true); }},
-      one("SinusoidalPositionalEncoding::forward(const Tensor&, int64_t)", x3,
+      one(SIG(SinusoidalPositionalEncoding::forward, const Tensor&, int64_t), x3,
           [](const Tensor& t) { SinusoidalPositionalEncoding(16, 8).forward(t); }),
-      one("LearnedPositionalEncoding::forward(const Tensor&, int64_t)", x3,
+      one(SIG(LearnedPositionalEncoding::forward, const Tensor&, int64_t), x3,
           [](const Tensor& t) { LearnedPositionalEncoding(16, 8).forward(t); }),
       one(
-          "xavier_uniform_(const Tensor&, Generator&, double)",
+          SIG(xavier_uniform_, const Tensor&, Generator&, double),
           [] {
             return f({3, 4});
           },
           [](const Tensor& t) { xavier_uniform_(t, gen()); }),
       one(
-          "uniform_(const Tensor&, double, double, Generator&)",
+          SIG(uniform_, const Tensor&, double, double, Generator&),
           [] {
             return f({3, 4});
           },
           [](const Tensor& t) { uniform_(t, 0, 1, gen()); }),
       one(
-          "normal_(const Tensor&, double, double, Generator&)",
+          SIG(normal_, const Tensor&, double, double, Generator&),
           [] {
             return f({3, 4});
           },
           [](const Tensor& t) { normal_(t, 0, 1, gen()); }),
       one(
-          "RotaryPositions::rotate(const Tensor&, int64_t)",
+          SIG(RotaryPositions::rotate, const Tensor&, int64_t),
           [] {
             return f({1, 2, 3, 4});
           },
           [](const Tensor& t) { RotaryPositions(10000.0).rotate(t, 0); }),
-      one("EmbeddingPositions::forward(const Tensor&, int64_t)", x3,
+      one(SIG(EmbeddingPositions::forward, const Tensor&, int64_t), x3,
           [](const Tensor& t) {
             EmbeddingPositions(Positions::sinusoidal, 16, 8, DType::f32, gen()).forward(t);
           }),
-      {"EncoderLayer::forward(const Tensor&, const Tensor&, bool, const AttentionPositions*)",
+      {SIG(EncoderLayer::forward, const Tensor&, const Tensor&, bool, const AttentionPositions*),
        [] {
          return Tensors{f({1, 3, 8}), no_pad(1, 3)};
        },
        [](const Tensors& t) { enc_layer().forward(t[0], t[1]); },
        {1}},
-      one("EncoderLayer::forward_step(const Tensor&, KVCache&, int64_t, const AttentionPositions*)",
-          step,
-          [](const Tensor& t) {
+      one(SIG(EncoderLayer::forward_step, const Tensor&, KVCache&, int64_t,
+              const AttentionPositions*),
+          step, [](const Tensor& t) {
             KVCache cache;
             enc_layer().forward_step(t, cache, 4);
-          }),
-      {"DecoderLayer::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor*, "
-       "const AttentionPositions*)",
+          })};
+}
+
+std::vector<Case> stack_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  return {
+      {SIG(DecoderLayer::forward, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+           Tensor*, const AttentionPositions*),
        [] {
          return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)};
        },
        [](const Tensors& t) { dec_layer().forward(t[0], t[1], t[2], t[3]); },
        {2, 3}},
-      {"DecoderLayer::forward_step(const Tensor&, const Tensor&, const Tensor&, "
-       "DecoderLayerCache&, int64_t, Tensor*, "
-       "const AttentionPositions*, int64_t)",
+      {SIG(DecoderLayer::forward_step, const Tensor&, const Tensor&, const Tensor&,
+           DecoderLayerCache&, int64_t, Tensor*, const AttentionPositions*, int64_t),
        [] {
          return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)};
        },
@@ -857,26 +819,25 @@ std::vector<Case> nn_and_model_cases() {
          dec_layer().forward_step(t[0], t[1], t[2], cache, 4);
        },
        {2}},
-      {"Encoder::forward(const Tensor&, const Tensor&)",
+      {SIG(Encoder::forward, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({1, 3, 8}), no_pad(1, 3)};
        },
        [](const Tensors& t) { encoder(false).forward(t[0], t[1]); },
        {1}},
-      one("Encoder::forward_step(const Tensor&, std::vector<KVCache>&, int64_t)", step,
+      one(SIG(Encoder::forward_step, const Tensor&, std::vector<KVCache>&, int64_t), step,
           [](const Tensor& t) {
             std::vector<KVCache> caches;
             encoder(true).forward_step(t, caches, 4);
           }),
-      {"Decoder::forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensors*)",
+      {SIG(Decoder::forward, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensors*),
        [] {
          return Tensors{f({1, 3, 8}), f({1, 2, 8}), no_pad(1, 3), no_pad(1, 2)};
        },
        [](const Tensors& t) { decoder().forward(t[0], t[1], t[2], t[3]); },
        {2, 3}},
-      {"Decoder::forward_step(const Tensor&, const Tensor&, const Tensor&, "
-       "std::vector<DecoderLayerCache>&, int64_t, "
-       "Tensors*, int64_t)",
+      {SIG(Decoder::forward_step, const Tensor&, const Tensor&, const Tensor&,
+           std::vector<DecoderLayerCache>&, int64_t, Tensors*, int64_t),
        [] {
          return Tensors{f({1, 1, 8}), f({1, 2, 8}), no_pad(1, 2)};
        },
@@ -887,88 +848,107 @@ std::vector<Case> nn_and_model_cases() {
        {2}},
       // models/
       one(
-          "check_token_ids(const char*, const Tensor&)", [] { return ids(1, 3); },
+          SIG(check_token_ids, const char*, const Tensor&), [] { return ids(1, 3); },
           [](const Tensor& t) { check_token_ids("test", t); }),
       one(
-          "DecoderOnlyLM::forward(const Tensor&)", [] { return ids(1, 3); },
-          [](const Tensor& t) { lm().forward(t); }),
+          SIG(DecoderOnlyLM::forward, const Tensor&), [] { return ids(1, 3); },
+          [](const Tensor& t) { lm().forward(t); })};
+}
+
+std::vector<Case> model_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  return {
       one(
-          "DecoderOnlyLM::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
+          SIG(DecoderOnlyLM::embed, const Tensor&, int64_t), [] { return ids(1, 3); },
           [](const Tensor& t) { lm().embed(t); }),
-      one("DecoderOnlyLM::logits(const Tensor&)", x3, [](const Tensor& t) { lm().logits(t); }),
+      one(SIG(DecoderOnlyLM::logits, const Tensor&), x3, [](const Tensor& t) { lm().logits(t); }),
       one(
-          "EncoderClassifier::forward(const Tensor&)", [] { return ids(1, 3); },
+          SIG(EncoderClassifier::forward, const Tensor&), [] { return ids(1, 3); },
           [](const Tensor& t) { classifier().forward(t); }),
       one(
-          "EncoderClassifier::ngram_ids(const Tensor&)", [] { return ids(1, 3); },
+          SIG(EncoderClassifier::ngram_ids, const Tensor&), [] { return ids(1, 3); },
           [](const Tensor& t) { classifier().ngram_ids(t); }),
-      {"BertEncoder::forward(const Tensor&, const Tensor&, const Tensor&)",
+      {SIG(BertEncoder::forward, const Tensor&, const Tensor&, const Tensor&),
        [] {
          return Tensors{ids(1, 3), f({1, 3}), no_pad(1, 3)};
        },
        [](const Tensors& t) { bert().forward(t[0], t[1], t[2]); },
        {1, 2}},
-      {"mean_pool(const Tensor&, const Tensor&)",
+      {SIG(models::mean_pool, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({1, 3, 8}), f({1, 3})};
        },
        [](const Tensors& t) { models::mean_pool(t[0], t[1]); }},
       one(
-          "l2_normalize(const Tensor&, double)",
+          SIG(models::l2_normalize, const Tensor&, double),
           [] {
             return f({2, 8});
           },
           [](const Tensor& t) { models::l2_normalize(t); }),
-      {"pool(const Tensor&, const Tensor&, Pooling, bool)",
+      {SIG(models::pool, const Tensor&, const Tensor&, Pooling, bool),
        [] {
          return Tensors{f({1, 3, 8}), f({1, 3})};
        },
        [](const Tensors& t) { models::pool(t[0], t[1], models::Pooling::mean, true); }},
-      {"SentenceEncoder::embed(const Tensor&, const Tensor&)",
+      {SIG(SentenceEncoder::embed, const Tensor&, const Tensor&),
        [] {
          return Tensors{ids(1, 3), f({1, 3})};
        },
        [](const Tensors& t) { sentence_encoder().embed(t[0], t[1]); },
        {1}},
       one(
-          "Transformer::embed(const Tensor&, int64_t)", [] { return ids(1, 3); },
+          SIG(Transformer::embed, const Tensor&, int64_t), [] { return ids(1, 3); },
           [](const Tensor& t) { transformer().embed(t); }),
       one(
-          "Transformer::encode(const Tensor&)", [] { return ids(1, 3); },
+          SIG(Transformer::encode, const Tensor&), [] { return ids(1, 3); },
           [](const Tensor& t) { transformer().encode(t); }),
-      {"Transformer::decode(const Tensor&, const Tensor&, const Tensor&, Tensors*)",
+      {SIG(Transformer::decode, const Tensor&, const Tensor&, const Tensor&, Tensors*),
        [] {
          return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)};
        },
-       [](const Tensors& t) { transformer().decode(t[0], t[1], t[2]); }},
-      {"Transformer::forward(const Tensor&, const Tensor&)",
-       [] {
-         return Tensors{ids(1, 4), ids(1, 3)};
-       },
-       [](const Tensors& t) { transformer().forward(t[0], t[1]); }},
-      {"Transformer::loss(const Tensor&, const Tensor&, const Tensor&, double)",
-       [] {
-         return Tensors{ids(1, 4), ids(1, 3), ids(1, 3)};
-       },
-       [](const Tensors& t) { transformer().loss(t[0], t[1], t[2]); }},
-      {"Transformer::decoder_states(const Tensor&, const Tensor&, const Tensor&, Tensors*)",
-       [] {
-         return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)};
-       },
-       [](const Tensors& t) { transformer().decoder_states(t[0], t[1], t[2]); }},
-      one("Transformer::logits(const Tensor&)", x3,
-          [](const Tensor& t) { transformer().logits(t); }),
-      one(
-          "Transformer::pad_mask(const Tensor&)", [] { return ids(1, 3); },
-          [](const Tensor& t) { transformer().pad_mask(t); }),
-      one(
-          "translate(const Transformer&, const Tensor&, const DecodeOptions&)",
-          [] { return ids(1, 4); },
-          [](const Tensor& t) { translate(transformer(), t, decode_options(1)); }),
-  };
+       [](const Tensors& t) { transformer().decode(t[0], t[1], t[2]); }}};
+}
+
+std::vector<Case> transformer_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  return {{SIG(Transformer::forward, const Tensor&, const Tensor&),
+           [] {
+             return Tensors{ids(1, 4), ids(1, 3)};
+           },
+           [](const Tensors& t) { transformer().forward(t[0], t[1]); }},
+          {SIG(Transformer::loss, const Tensor&, const Tensor&, const Tensor&, double),
+           [] {
+             return Tensors{ids(1, 4), ids(1, 3), ids(1, 3)};
+           },
+           [](const Tensors& t) { transformer().loss(t[0], t[1], t[2]); }},
+          {SIG(Transformer::decoder_states, const Tensor&, const Tensor&, const Tensor&, Tensors*),
+           [] {
+             return Tensors{f({1, 4, 8}), ids(1, 4), ids(1, 3)};
+           },
+           [](const Tensors& t) { transformer().decoder_states(t[0], t[1], t[2]); }},
+          one(SIG(Transformer::logits, const Tensor&), x3,
+              [](const Tensor& t) { transformer().logits(t); }),
+          one(
+              SIG(Transformer::pad_mask, const Tensor&), [] { return ids(1, 3); },
+              [](const Tensor& t) { transformer().pad_mask(t); }),
+          one(
+              SIG(translate, const Transformer&, const Tensor&, const DecodeOptions&),
+              [] { return ids(1, 4); },
+              [](const Tensor& t) { translate(transformer(), t, decode_options(1)); })};
+}
+
+std::vector<Case> positions_and_communicator_cases() {
+  using namespace graft::nn;
+  using namespace graft::train;
+  using namespace graft::models;
+  std::vector<Case> c;
   // The base AttentionPositions adds no rotation: rotate() hands its tensor back as it is, so an
   // undefined one comes back undefined, as documented ("x itself").
-  c.push_back({"AttentionPositions::rotate(const Tensor&, int64_t)",
+  c.push_back({SIG(AttentionPositions::rotate, const Tensor&, int64_t),
                [] {
                  return Tensors{f({1, 2, 3, 4})};
                },
@@ -976,29 +956,103 @@ std::vector<Case> nn_and_model_cases() {
                {0}});
   // One process has nothing to send or receive: the single-process communicator's calls are no-ops
   // for any tensor, through the base class too.
-  for (const char* fn :
-       {"allreduce_sum(Tensor&)", "start_allreduce_sum(Tensor&)", "broadcast(Tensor&, int)"})
-    for (const char* cls : {"Communicator::", "SingleProcessCommunicator::"}) {
-      const std::string name = fn;
-      c.push_back({cls + name,
-                   [] { return Tensors{f({2})}; },
-                   [name](const Tensors& t) {
-                     SingleProcessCommunicator single;
-                     Communicator& comm = single;
-                     Tensor x = t[0];
-                     if (name[0] == 'a') comm.allreduce_sum(x);
-                     else if (name[0] == 's') comm.start_allreduce_sum(x);
-                     else comm.broadcast(x, 0);
-                   },
-                   {0}});
-    }
+  const auto two = [] { return Tensors{f({2})}; };
+  const auto allreduce = [](const Tensors& t) {
+    SingleProcessCommunicator single;
+    Tensor x = t[0];
+    static_cast<Communicator&>(single).allreduce_sum(x);
+  };
+  const auto start = [](const Tensors& t) {
+    SingleProcessCommunicator single;
+    Tensor x = t[0];
+    static_cast<Communicator&>(single).start_allreduce_sum(x);
+  };
+  const auto broadcast = [](const Tensors& t) {
+    SingleProcessCommunicator single;
+    Tensor x = t[0];
+    static_cast<Communicator&>(single).broadcast(x, 0);
+  };
+  c.push_back({SIG(Communicator::allreduce_sum, Tensor&), two, allreduce, {0}});
+  c.push_back({SIG(SingleProcessCommunicator::allreduce_sum, Tensor&), two, allreduce, {0}});
+  c.push_back({SIG(Communicator::start_allreduce_sum, Tensor&), two, start, {0}});
+  c.push_back({SIG(SingleProcessCommunicator::start_allreduce_sum, Tensor&), two, start, {0}});
+  c.push_back({SIG(Communicator::broadcast, Tensor&, int), two, broadcast, {0}});
+  c.push_back({SIG(SingleProcessCommunicator::broadcast, Tensor&, int), two, broadcast, {0}});
+
   return c;
 }
 
 std::vector<Case> all_cases() {
-  std::vector<Case> c = cases();
-  for (auto& k : nn_and_model_cases()) c.push_back(std::move(k));
-  return c;
+  std::vector<Case> all;
+  for (const std::vector<Case>& part :
+       {autograd_and_tensor_cases(), tensor_and_copy_cases(), kernel_and_operator_cases(),
+        binary_operator_cases(), compare_cases(), attention_module_cases(), layer_cases(),
+        position_and_encoder_layer_cases(), stack_cases(), model_cases(), transformer_cases(),
+        positions_and_communicator_cases()})
+    all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
+// The names a record covers: every recorded op's name and forward.
+std::set<std::string> recorded_functions() {
+  register_op_cases();
+  std::set<std::string> out;
+  for (const OpRecord& r : registered_records()) {
+    out.insert(r.name);
+    out.insert(r.forward);
+  }
+  return out;
+}
+
+// Every name the public headers declare a function under ("add", "Tensor::dtype"), whether
+// or not it takes a Tensor.
+std::set<std::string> public_function_names() {
+  std::set<std::string> out;
+  static const std::regex call(R"(\b(~?[A-Za-z_]\w*)\s*\()");
+  for (const std::string& h : public_headers()) {
+    const std::string text = strip(read_file(source_dir() + "/" + h));
+    for (std::sregex_iterator it(text.begin(), text.end(), call), end; it != end; ++it)
+      out.insert(it->str(1));
+  }
+  for (auto& d : public_tensor_functions())
+    out.insert(d.signature.substr(0, d.signature.find('(')));
+  return out;
+}
+
+// Whether error message m names op r (its name or forward) or, where the sample calls another
+// function on its inputs first (a permute to make a view), that public function ("permute: got
+// an undefined tensor", "Tensor::dtype: called on an undefined tensor").
+bool names_a_function(const std::string& m, const OpRecord& r) {
+  if (m.find(r.name) != std::string::npos || m.find(r.forward) != std::string::npos) return true;
+  static const std::set<std::string> names = public_function_names();
+  return names.count(m.substr(0, m.find(':'))) || names.count(m.substr(0, m.find(": ")));
+}
+
+// What is wrong when sample c of record r gets an undefined tensor in each input slot in turn.
+std::vector<std::string> undefined_input_complaints(const OpRecord& r, const OpCase& c) {
+  std::vector<std::string> bad;
+  Generator g(5);
+  const size_t slots = c.make_inputs(DType::f64, g).size();
+  for (size_t i = 0; i < slots; ++i) {
+    Generator gi(5);
+    Tensors x = c.make_inputs(DType::f64, gi);
+    x[i] = Tensor();
+    const std::string where = c.name + ", input " + std::to_string(i) + " undefined: ";
+    const bool accepted = std::find(r.accepts_undefined.begin(), r.accepts_undefined.end(), i) !=
+                          r.accepts_undefined.end();
+    try {
+      c.fn(x);
+      if (!accepted) bad.push_back(where + "no error");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      if (accepted) bad.push_back(where + "the record accepts it, but: " + m);
+      else if (!names_a_function(m, r))
+        bad.push_back(where + "the error names neither '" + r.name +
+                      "' nor a public function: " + m);
+    }
+    autograd::clear_tape();
+  }
+  return bad;
 }
 
 }  // namespace
@@ -1053,26 +1107,72 @@ struct Tensor {
     BOOST_TEST(found.count(sig) == 1u, sig);
 }
 
-// The walk: every function and method of the public headers that takes a Tensor has a case (or a
-// reasoned entry in kExcluded), and every case names a function the headers still declare.
+// SIG() spells a signature as the scan does: namespaces, aliases and allocators dropped, the
+// overload picked by its parameters, a template member by its name.
+BOOST_AUTO_TEST_CASE(sig_spells_what_the_scan_finds) {
+  BOOST_TEST(SIG(nn::Linear::forward, const Tensor&) == "Linear::forward(const Tensor&)");
+  BOOST_TEST(SIG(add, double, const Tensor&) == "add(double, const Tensor&)");
+  BOOST_TEST(SIG(Tensor::data<float>) == "Tensor::data()");
+  BOOST_TEST(
+      SIG(autograd::graph_dot, const Tensor&, const std::vector<std::pair<std::string, Tensor>>&) ==
+      "graph_dot(const Tensor&, const std::vector<std::pair<std::string, Tensor>>&)");
+  BOOST_TEST(key(SIG(sum_to, const Tensor&, const Shape&)) ==
+             key("sum_to(const Tensor&, const Shape&)"));
+}
+
+// The walk: every function and method of the public headers that takes a Tensor is covered: a
+// free function named as a recorded op (OpRecord::name or forward) by that op's record (the
+// check below), any other by a case here (or a reasoned entry in kExcluded); every case names a
+// function the headers still declare, and every record's forward is a declared function.
 BOOST_AUTO_TEST_CASE(every_public_function_taking_a_tensor_has_a_case) {
-  std::set<std::string> covered;
+  std::set<std::string> covered, excluded;
   for (auto& c : all_cases())
-    BOOST_TEST(covered.insert(c.signature).second, "two cases for " << c.signature);
+    BOOST_TEST(covered.insert(key(c.signature)).second, "two cases for " << c.signature);
+  for (auto& [sig, why] : kExcluded) excluded.insert(key(sig));
+  const std::set<std::string> recorded = recorded_functions();
   std::set<std::string> declared;
   for (auto& d : public_tensor_functions()) {
-    declared.insert(d.signature);
-    if (!covered.count(d.signature) && !kExcluded.count(d.signature))
-      BOOST_ERROR(
-          d.header
-          << ": " << d.signature
-          << " takes a Tensor but has no undefined-tensor case in tests/test_undefined.cpp");
+    declared.insert(key(d.signature));
+    const std::string name = d.signature.substr(0, d.signature.find('('));
+    if (recorded.count(name)) continue;
+    if (!covered.count(key(d.signature)) && !excluded.count(key(d.signature)))
+      BOOST_ERROR(d.header << ": " << d.signature
+                           << " takes a Tensor but has no undefined-tensor case in "
+                              "tests/test_undefined.cpp and no op record");
   }
   for (auto& sig : covered)
     BOOST_TEST(declared.count(sig) == 1u,
                "the case " << sig << " names no declaration of the public headers");
-  for (auto& [sig, why] : kExcluded)
+  for (auto& sig : excluded)
     BOOST_TEST(declared.count(sig) == 1u, "the exclusion " << sig << " names no declaration");
+  const std::set<std::string> names = public_function_names();
+  for (const OpRecord& r : registered_records())
+    BOOST_TEST(names.count(r.forward) == 1u,
+               "op '" << r.name << "': its forward '" << r.forward << "' is no public function");
+}
+
+// Every library record's backward is a function of the library's sources (or "composite").
+BOOST_AUTO_TEST_CASE(every_record_names_a_backward_of_the_library) {
+  std::string sources;
+  for (const char* dir : {"autograd", "ops"})
+    for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/" + dir))
+      if (e.path().extension() == ".cpp") sources += read_file(e.path().string());
+  register_op_cases();
+  for (const OpRecord& r : registered_records())
+    BOOST_TEST((r.backward == "composite" ||
+                std::regex_search(sources, std::regex("\\b" + r.backward + "\\("))),
+               "op '" << r.name << "': no function " << r.backward << "() in autograd/ or ops/");
+}
+
+// Derived from the op records: each Tensor input of each sample, undefined in turn, gives a
+// graft::Error naming the op (or its forward), or succeeds where the record accepts it
+// (OpRecord::accepts_undefined).
+BOOST_AUTO_TEST_CASE(every_record_refuses_an_undefined_input) {
+  register_op_cases();
+  for (const OpRecord& r : registered_records())
+    for (const OpCase& c : r.samples)
+      for (const std::string& m : undefined_input_complaints(r, c)) BOOST_ERROR(m);
+  autograd::clear_tape();
 }
 
 // Each case: the valid call succeeds; with each Tensor argument undefined in turn, graft::Error

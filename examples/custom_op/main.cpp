@@ -6,7 +6,7 @@
 //     as fast as oneDNN's own eltwise kernels, see docs/ops.md);
 //   - softplus(x) = log(1 + exp(x)) written by hand with the helpers of ops/custom.h (the float
 //     checks, kern::contig, kern::parallel_for): forward, a named backward, a recorded tape entry
-//     and a gradcheck case of its own.
+//     and its op record (graft/testing/registry.h: samples, bad input, double backward, NaN rule).
 #include <cmath>
 #include <cstdio>
 
@@ -74,14 +74,32 @@ Tensor softplus(const Tensor& x) {
 
 int main() {
   register_unary_cases(kSoftsign);  // softsign/contiguous and softsign/transposed
-  register_case({.name = "custom/softplus",
-                 .op = "softplus",
-                 .make_inputs =
-                     [](DType dt, Generator& g) {
-                       return Tensors{case_input_t({3, 4}, dt, g, -3, 3)};
-                     },
-                 .fn = [](const Tensors& x) { return softplus(x[0]); }});
+  // softplus's record: one sample, its bad input, its double backward (composed of graft's ops:
+  // softplus_backward is mul and sigmoid) and its NaN rule.
+  register_op({.name = "softplus",
+               .family = "custom",
+               .forward = "softplus",
+               .backward = "softplus_backward",
+               .double_backward = DoubleBackward::composed,
+               .samples = {{.name = "custom/softplus",
+                            .make_inputs =
+                                [](DType dt, Generator& g) {
+                                  return Tensors{case_input_t({3, 4}, dt, g, -3, 3)};
+                                },
+                            .fn = [](const Tensors& x) { return softplus(x[0]); }}},
+               .error_inputs = {{"an int64 input", [] { softplus(ones({2}, DType::i64)); },
+                                 "softplus: expected a float tensor, got i64 (2)"}},
+               .nonfinite = nan_propagates()});
   int failures = 0, checked = 0;
+  for (const OpRecord& r : registered_records()) {
+    for (const std::string& m : missing_fields(r)) std::printf("%s\n", m.c_str());
+    for (const ErrorInput& e : r.error_inputs) {
+      const std::string complaint = check_error_input(e);
+      if (!complaint.empty()) std::printf("%s: %s\n", r.name.c_str(), complaint.c_str());
+      failures += !complaint.empty();
+    }
+    failures += (int)missing_fields(r).size();
+  }
   for (const OpCase& c : registered_cases()) {
     if (c.op != "softplus" && c.op != "softsign") continue;
     Generator g(1);

@@ -5,6 +5,7 @@
 //   consumer RUN_DIR      (RUN_DIR: a `translate train --out RUN_DIR` run)
 #include <graft/graft.h>
 #include <graft/nn/text/tokenizer.h>
+#include <graft/testing/registry.h>
 
 #include <cmath>
 #include <cstdio>
@@ -44,11 +45,30 @@ Tensor cube(const Tensor& x) {
   return y;
 }
 
+// cube's record in graft::testing's registry: a sample, a bad input and the checks derived
+// from them.
 void custom_op_gradchecks() {
+  register_op({.name = "consumer_cube",
+               .family = "consumer",
+               .forward = "cube",
+               .backward = "cube_backward",
+               .double_backward = DoubleBackward::composed,
+               .samples = {{.name = "consumer_cube/transposed",
+                            .make_inputs =
+                                [](DType dt, Generator& g) {
+                                  return Tensors{case_input_t({3, 4}, dt, g)};
+                                },
+                            .fn = [](const Tensors& in) { return cube(in[0]); }}},
+               .error_inputs = {{"an undefined tensor", [] { cube(Tensor()); },
+                                 "mul: got an undefined tensor"}},
+               .nonfinite = nan_propagates()});
+  const OpRecord& r = registered_record("consumer_cube");
+  check(missing_fields(r).empty(), "the consumer's op record has every field");
+  check(check_error_input(r.error_inputs[0]).empty(), "the consumer's bad input raises its error");
   Generator g(3);
-  Tensor x = randn({3, 4}, DType::f64, g).requires_grad_();
-  GradcheckResult r = gradcheck([](const Tensors& in) { return cube(in[0]); }, {x});
-  check(r.ok, "the consumer's own op passes gradcheck in float64" + (r.ok ? "" : ": " + r.message));
+  GradcheckResult grad = gradcheck(r.samples[0].fn, r.samples[0].make_inputs(DType::f64, g));
+  check(grad.ok,
+        "the consumer's own op passes gradcheck in float64" + (grad.ok ? "" : ": " + grad.message));
 }
 
 // ---- a small model trained a few steps ----------------------------------------------------------

@@ -1,6 +1,6 @@
 /// @file
 /// gradcheck: compares the tape's analytic gradients with central differences in float64
-/// (gradcheck(), and gradgradcheck() for the double backward). The registry of op cases that the
+/// (gradcheck(), and gradgradcheck() for the double backward). The registry of op records that the
 /// generic tests run is in graft/testing/registry.h.
 #pragma once
 
@@ -25,7 +25,7 @@ struct GradcheckOptions {
   uint64_t seed = 1234;  ///< for the random upstream gradient
 };
 
-/// The verdict of gradcheck() or check_f32_vs_f64().
+/// The verdict of gradcheck(), gradgradcheck() or compare_f32_f64().
 struct GradcheckResult {
   bool ok = true;          ///< every element within tolerance
   std::string message;     ///< the worst element on failure: input, index, analytic, numeric
@@ -52,5 +52,23 @@ GradcheckResult gradcheck(const OpFn& fn, const Tensors& inputs, const Gradcheck
 ///         backward (declare_op()) when fn uses one.
 GradcheckResult gradgradcheck(const OpFn& fn, const Tensors& inputs,
                               const GradcheckOptions& opt = {});
+
+/// Tolerances of a float32-vs-float64 comparison: an element differs when
+/// |a32 - a64| > atol * max(1, max |a64|) + rtol * |a64|.
+struct PrecisionTolerances {
+  /// Absolute (relative to the largest float64 value, or 1) and relative tolerance.
+  ///@{
+  double atol = 1e-4, rtol = 1e-3;
+  ///@}
+};
+/// fn's float32 forward and backward at x32 against its float64 ones at x64 (inputs of the same
+/// values, such as case_inputs_f32_f64() builds): the output and the input gradients, with the
+/// same upstream gradient.
+GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensors& x64,
+                                const PrecisionTolerances& tol);
+/// The same comparison for the double backward (gradgradcheck()'s analytic side): the
+/// second-order gradients of the float32 path against the float64 path, with the same v and u.
+GradcheckResult compare_f32_f64_double_backward(const OpFn& fn, const Tensors& x32,
+                                                const Tensors& x64, const PrecisionTolerances& tol);
 
 }  // namespace graft

@@ -50,7 +50,8 @@ using UnaryDf32 = void (*)(const float* x, const float* y, const float* dy, floa
 /// and the input range and kinks of its default gradcheck cases. unary_row<F, DF>(row) fills f,
 /// df, f32 and df32 from one generic formula and derivative, the float32 loops vectorised.
 /// unary(row, x, a, b) runs it (forward, and backward dx = dout * df(x, y, a, b)); the row's op is
-/// declared by its first recorded use or by register_unary_cases(row), which also registers its
+/// declared by its first recorded use or by register_unary_cases(row) (graft/testing/registry.h,
+/// in graft_testing), which also registers its record with
 /// two default gradcheck cases: "<name>/contiguous" (3, 4) and "<name>/transposed" (a (3, 4)
 /// view of (4, 3) storage). The tape and the cases keep copies of the row, so it may be a
 /// temporary; its name must be a string literal. See exp, relu, affine in elementwise.cpp, and
@@ -132,9 +133,6 @@ UnaryOp unary_row(UnaryOp row) {
 /// recorded with backward dx = dout * df(x, y, a, b).
 /// @throws graft::Error when x is undefined or not float.
 Tensor unary(const UnaryOp& op, const Tensor& x, double a = 0, double b = 0);
-/// Declares the row's op and registers its two default gradcheck cases (see UnaryOp).
-/// @throws graft::Error when the cases are already registered.
-void register_unary_cases(const UnaryOp& op);
 
 /// out = a + b, broadcast.
 Tensor add(const Tensor& a, const Tensor& b);

@@ -1,15 +1,20 @@
 /// @file
-/// The registry of op cases that the generic tests run (tests/test_gradcheck_all.cpp): an op
-/// written outside graft registers its cases here and is checked like the library's own
-/// (examples/custom_op). Not in the umbrella headers: include <graft/testing/registry.h> where
-/// cases are written, and <graft/testing/op_cases.h> for the library's own.
+/// The registry of op records that the generic tests run (tests/test_gradcheck_all.cpp,
+/// test_nonfinite.cpp, test_undefined.cpp): one OpRecord per op carries its samples, bad inputs,
+/// double backward and NaN rule. An op written outside graft registers its record here and is
+/// checked like the library's own (examples/custom_op). Implemented by the graft_testing library
+/// (graft::testing in the CMake package), which the shipped libraries do not contain. Not in the
+/// umbrella headers: include <graft/testing/registry.h> where cases are written, and
+/// <graft/testing/op_cases.h> for the library's own.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "graft/autograd/gradcheck.h"
+#include "graft/ops/elementwise.h"
 
 namespace graft {
 
@@ -39,12 +44,13 @@ struct NonFiniteRule {
   std::string why{};      ///< for an exception: what the op does instead, and why
 };
 
-/// One registered case for the generic tests. make_inputs builds the inputs in the requested
-/// float dtype (integer inputs such as ids stay int64) from a seeded generator; float inputs
-/// that should be checked come back with requires_grad set.
+/// One sample of an op (OpInfo's sample input): the gradcheck case the generic tests run.
+/// make_inputs builds the inputs in the requested float dtype (integer inputs such as ids stay
+/// int64) from a seeded generator; float inputs that should be checked come back with
+/// requires_grad set.
 struct OpCase {
   std::string name;  ///< unique, such as "add/broadcast"
-  std::string op;    ///< the declared op it covers, such as "add"
+  std::string op{};  ///< the op it samples; register_op() sets it to the record's name
   /// Builds the inputs in a float dtype from a seeded generator.
   std::function<Tensors(DType, Generator&)> make_inputs;
   OpFn fn;                 ///< the op applied to the inputs
@@ -54,9 +60,43 @@ struct OpCase {
   ///@{
   double f32_atol = 1e-4, f32_rtol = 1e-3;
   ///@}
-  std::vector<ErrorInput> error_inputs{};  ///< bad inputs of the op and the errors they raise
-  NonFiniteRule nonfinite{};               ///< what the op does with NaN and +-Inf inputs
 };
+
+/// How an op's backward is differentiated again (gradgradcheck).
+enum class DoubleBackward {
+  undecided,    ///< not stated: the record check fails
+  composed,     ///< under create_graph the backward is built from recorded ops
+  backward_op,  ///< the backward records a registered op of its own (OpRecord::double_backward_op)
+  none,         ///< once differentiable (GRAFT_DECLARE_OP_ONCE_DIFFERENTIABLE)
+};
+
+/// Everything the generic tests know of one op, declared once (as PyTorch's OpInfo with its
+/// derivatives.yaml line): the checks of tests/test_gradcheck_all, test_nonfinite and
+/// test_undefined are derived from it. Every field but accepts_undefined must be filled
+/// (missing_fields()); the op itself is declared to the tape with GRAFT_DECLARE_OP in the
+/// library, and the record must agree with that declaration.
+struct OpRecord {
+  std::string name{};    ///< the declared op, such as "add"
+  std::string family{};  ///< its family, as declared (the ops/ file stem)
+  /// The public function that records it ("add"); for an op that a backward records, the public
+  /// function whose backward does ("slice" for slice_backward).
+  std::string forward{};
+  /// Its backward function, <tt>name_backward</tt> by convention ("composite" for an op declared
+  /// for its checks but computed by other recorded ops, such as var).
+  std::string backward{};
+  DoubleBackward double_backward = DoubleBackward::undecided;  ///< how its backward differentiates
+  /// For DoubleBackward::backward_op: the op its backward records (which has a record too).
+  std::string double_backward_op{};
+  std::vector<OpCase> samples{};           ///< the gradcheck cases (at least one)
+  std::vector<ErrorInput> error_inputs{};  ///< bad inputs and their errors (at least one)
+  /// Input slots of the samples that may be undefined (a parameter documented as optional): the
+  /// undefined-tensor check expects success there, graft::Error naming the op elsewhere.
+  std::vector<size_t> accepts_undefined{};
+  NonFiniteRule nonfinite{};  ///< what the op does with NaN and +-Inf inputs (decided)
+};
+
+/// What `r` lacks, one line per missing field ("'x' has no error_inputs"); empty when complete.
+std::vector<std::string> missing_fields(const OpRecord& r);
 
 /// The rule of almost every op: NaN propagates to every output that depends on it.
 inline NonFiniteRule nan_propagates() { return {NonFiniteRule::propagates, ""}; }
@@ -64,13 +104,6 @@ inline NonFiniteRule nan_propagates() { return {NonFiniteRule::propagates, ""}; 
 inline NonFiniteRule nan_exception(std::string why) {
   return {NonFiniteRule::exception, std::move(why)};
 }
-/// `c` with its non-finite decision set to `rule` (for cases built by a helper such as
-/// one_input_case()).
-inline OpCase with_nonfinite(OpCase c, NonFiniteRule rule) {
-  c.nonfinite = std::move(rule);
-  return c;
-}
-
 /// A case for an op that another op's backward records under create_graph (such as
 /// slice_backward): its input is the upstream gradient v of `forward` (of shape out_shape) at a
 /// constant leaf of in_shape, its output the gradient that forward's backward returns (taken
@@ -85,11 +118,23 @@ OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape 
 OpCase one_input_case(std::string name, std::string op, Shape shape, bool transposed,
                       std::function<Tensor(const Tensor&)> fn, double lo = -1, double hi = 1);
 
-/// Adds a case to the registry (names must be unique). The library's own cases are registered by
-/// register_op_cases() (graft/testing/op_cases.h); a program adds its own with explicit calls.
-/// Thread-safe.
-/// @throws graft::Error when a case of that name is already registered.
-void register_case(OpCase c);
+/// Adds an op's record to the registry (op and sample names must be unique; each sample's op
+/// is set to the record's name). The library's own records are registered by register_op_cases()
+/// (graft/testing/op_cases.h); a program adds its own with explicit calls. Thread-safe.
+/// @throws graft::Error when an op or a sample of that name is already registered, or a sample
+///         names another op.
+void register_op(OpRecord r);
+
+/// Declares a UnaryOp row's op (autograd::declare_op()) and registers its record: samples
+/// "<name>/contiguous" and "<name>/transposed" (inputs on [row.lo, row.hi], kept 10% of the range
+/// away from row.kinks), an int64 input as its error input, NaN propagating, a double backward
+/// when the row has a df_op.
+/// @throws graft::Error as register_op().
+void register_unary_cases(const UnaryOp& row);
+/// register_unary_cases() for a row whose function has bad inputs of its own besides an int64
+/// input, or a NaN rule of its own.
+void register_unary_cases(const UnaryOp& row, std::vector<ErrorInput> more_errors,
+                          NonFiniteRule nonfinite);
 
 /// Registers the gradcheck cases of the engine's own ops (accumulate_grad, reduce_grad,
 /// expand_grad: autograd/tape.h); register_op_cases() calls it. Idempotent.
@@ -101,8 +146,13 @@ Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, do
 /// the op sees a non-contiguous view of `shape`.
 /// @throws graft::Error when `shape` has fewer than 2 dims.
 Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
-/// Every case registered so far, in registration order.
-const std::vector<OpCase>& registered_cases();
+/// Every record registered so far, in registration order.
+const std::deque<OpRecord>& registered_records();
+/// The registered record of op `op`.
+/// @throws graft::Error "no registered op record '<op>'".
+const OpRecord& registered_record(const std::string& op);
+/// Every sample of every record, in registration order.
+std::vector<OpCase> registered_cases();
 /// The names of registered_cases(), in registration order (what a data-driven test runs over).
 std::vector<std::string> registered_case_names();
 /// The registered case named `name`.
