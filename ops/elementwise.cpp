@@ -9,9 +9,9 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/reduce.h"
-#include "ops/internal/unary_rows.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/kernels.h"
+#include "ops/internal/unary_rows.h"
 
 namespace graft {
 

@@ -290,13 +290,13 @@ Start start_fresh(const TrainOptions& o, const std::vector<Example>& train_set,
       train::atomic_copy(f, o.loop.run_dir + "/tokenizer/" + fs::path(f).filename().string());
     const nlohmann::json schedule{{"recipe", train::loop_recipe(lo)}};
     train::save_json(cfg_path, {{"family", "pretrained"},
-                             {"model", c.to_json()},
-                             {"labels", s.labels},
-                             {"data", o.data_dir},
-                             {"init_from", o.init_from},
-                             {"freeze", o.freeze},
-                             {"batch_rows", o.batch_rows},
-                             {"train", schedule}});
+                                {"model", c.to_json()},
+                                {"labels", s.labels},
+                                {"data", o.data_dir},
+                                {"init_from", o.init_from},
+                                {"freeze", o.freeze},
+                                {"batch_rows", o.batch_rows},
+                                {"train", schedule}});
   });
   return s;
 }

@@ -50,8 +50,8 @@ void save_best_and_draw(train::TrainTask& task, const nn::Module& model, const s
 
 // On --resume, the optimizer and schedule a run saved in its config.json "train" section
 // `train` (named `where` in errors): its "recipe" (train::loop_recipe(), the one place a run writes
-// lr, warmup, lr_factor and the rest; train::apply_recipe()), and only that. A run written before the
-// recipe (graft < 0.5; translate < 0.6) kept them at the top level: "lr_factor" and "warmup"
+// lr, warmup, lr_factor and the rest; train::apply_recipe()), and only that. A run written before
+// the recipe (graft < 0.5; translate < 0.6) kept them at the top level: "lr_factor" and "warmup"
 // (required), "lr", "optimizer", "weight_decay", "schedule", "min_lr", "decay_steps" (optional:
 // Adam and the auto schedule, the only ones then).
 // @throws graft::Error naming `where` and the field for a missing or mistyped value.
