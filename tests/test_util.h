@@ -40,6 +40,15 @@ inline bool names(const Error& e, const std::string& part) {
   return m.find(part) != std::string::npos;
 }
 
+// For BOOST_CHECK_EXCEPTION: the error message contains every one of `parts`.
+inline bool names_all(const Error& e, std::initializer_list<const char*> parts) {
+  const std::string m = e.what();
+  BOOST_TEST_MESSAGE(m);
+  for (const char* p : parts)
+    if (m.find(p) == std::string::npos) return false;
+  return true;
+}
+
 // Token ids as an int64 (rows, n / rows) tensor.
 inline Tensor ids(const std::vector<int64_t>& v, int64_t rows) {
   return from_vector(v, {rows, (int64_t)v.size() / rows}, DType::i64);
