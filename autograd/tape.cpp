@@ -339,6 +339,14 @@ bool saved_on_graph(const Tensors& saved, const Storage* storage) {
   return false;
 }
 
+// Whether storage `st` is a copy made off the tape (Storage::copied_from) of `source`, directly
+// or through other copies.
+bool copied_from(const Storage& st, const Storage* source) {
+  for (const std::weak_ptr<Storage>& w : st.copied_from)
+    if (w.lock().get() == source) return true;
+  return false;
+}
+
 // What goes wrong under create_graph when an op saves, instead of input k (which requires grad),
 // an untracked copy of it (kern::contig, contiguous_copy, cast_copy) or an untracked view of its
 // storage: the backward reads values off the graph, so the second derivative through them is
@@ -347,12 +355,11 @@ std::string untracked_saved(const Tensors& inputs, const Tensors& saved) {
   for (size_t s = 0; s < saved.size(); ++s) {
     if (!saved[s].defined() || saved[s].requires_grad()) continue;
     const Storage* st = saved[s].impl()->storage.get();
-    const std::shared_ptr<Storage> from = st->copied_from.lock();
     for (size_t k = 0; k < inputs.size(); ++k) {
       const Tensor& x = inputs[k];
       if (!x.defined() || !x.requires_grad()) continue;
       const Storage* xs = x.impl()->storage.get();
-      const bool copy = from.get() == xs, view = st == xs;
+      const bool copy = copied_from(*st, xs), view = st == xs;
       if ((!copy && !view) || saved_on_graph(saved, xs)) continue;
       const std::string how =
           copy ? std::string("copy of input ") + std::to_string(k) + " (" + st->copied_by + ")"

@@ -559,7 +559,10 @@ namespace {
 // Marks `copy` as made off the tape from `source` (Storage::copied_from), so the tape can tell an
 // op that saves it instead of its input.
 void tag_copy(const Tensor& copy, const Tensor& source, const char* helper) {
-  copy.impl()->storage->copied_from = source.impl()->storage;
+  const std::shared_ptr<Storage>& from = source.impl()->storage;
+  std::vector<std::weak_ptr<Storage>> chain{from};
+  chain.insert(chain.end(), from->copied_from.begin(), from->copied_from.end());
+  copy.impl()->storage->copied_from = std::move(chain);
   copy.impl()->storage->copied_by = helper;
 }
 }  // namespace

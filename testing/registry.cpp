@@ -1,6 +1,7 @@
 // The registry of op records (graft/testing/registry.h) and the helpers of the cases.
 #include "graft/testing/registry.h"
 
+#include <deque>
 #include <mutex>
 
 namespace graft {
@@ -63,21 +64,27 @@ void register_op(OpRecord r) {
   records().push_back(std::move(r));
 }
 
-const std::deque<OpRecord>& registered_records() { return records(); }
+std::vector<OpRecord> registered_records() {
+  std::lock_guard<std::mutex> lk(registry_mutex());
+  return {records().begin(), records().end()};
+}
 
 const OpRecord& registered_record(const std::string& op) {
+  std::lock_guard<std::mutex> lk(registry_mutex());
   for (const OpRecord& r : records())
     if (r.name == op) return r;
   fail("no registered op record '" + op + "'");
 }
 
 std::vector<OpCase> registered_cases() {
+  std::lock_guard<std::mutex> lk(registry_mutex());
   std::vector<OpCase> out;
   for (const OpRecord& r : records()) out.insert(out.end(), r.samples.begin(), r.samples.end());
   return out;
 }
 
 std::vector<std::string> registered_case_names() {
+  std::lock_guard<std::mutex> lk(registry_mutex());
   std::vector<std::string> names;
   for (const OpRecord& r : records())
     for (const OpCase& c : r.samples) names.push_back(c.name);
@@ -85,6 +92,7 @@ std::vector<std::string> registered_case_names() {
 }
 
 const OpCase& registered_case(const std::string& name) {
+  std::lock_guard<std::mutex> lk(registry_mutex());
   for (const OpRecord& r : records())
     for (const OpCase& c : r.samples)
       if (c.name == name) return c;

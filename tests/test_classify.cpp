@@ -263,6 +263,7 @@ BOOST_AUTO_TEST_CASE(resume_reads_the_schedule_from_the_recipe) {
   BOOST_TEST(loop.warmup == 12);
   train::LoopOptions old;
   old.steps = 100, old.optimizer = "adamw", old.schedule = "cosine";  // not the run's
+  old.lr = 3e-4;  // an --lr on resume: the old run trained with Noam (lr 0)
   tasks::apply_saved_recipe({{"lr_factor", 0.5}, {"warmup", 12}}, old, "c");
   BOOST_TEST(train::loop_recipe(old) == recipe);
   BOOST_CHECK_EXCEPTION(tasks::apply_saved_recipe({{"warmup", 12}}, old, "run/config.json"), Error,

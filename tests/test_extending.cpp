@@ -23,8 +23,9 @@ struct TapeEmptyAfter {
 };
 
 // What softplus saves for its backward: the input (right), kern::contig of it (the old docs
-// example: an untracked copy when the input is not contiguous), or an untracked view of it.
-enum class SoftplusSaves { input, contig_copy, detached_view };
+// example: an untracked copy when the input is not contiguous), a copy of that copy (the copy
+// between is gone by the backward), or an untracked view of it.
+enum class SoftplusSaves { input, contig_copy, copy_of_copy, detached_view };
 
 GRAFT_DECLARE_OP("test_softplus", "test_extending");
 
@@ -39,9 +40,10 @@ Tensor softplus(const Tensor& x, SoftplusSaves saves) {
     for (int64_t i = 0; i < x.numel(); ++i)
       py[i] = std::log1p(std::exp(-std::fabs(px[i]))) + std::max(px[i], T(0));
   });
-  const Tensor saved = saves == SoftplusSaves::input         ? x
-                       : saves == SoftplusSaves::contig_copy ? xc
-                                                             : x.detach();
+  const Tensor saved = saves == SoftplusSaves::input          ? x
+                       : saves == SoftplusSaves::contig_copy  ? xc
+                       : saves == SoftplusSaves::copy_of_copy ? cast_copy(xc, DType::f64)
+                                                              : x.detach();
   if (autograd::needs_record({x}))
     autograd::record("test_softplus", {x}, {y}, {saved},
                      [](const autograd::Ctx& c, const Tensors& dout) {
@@ -82,6 +84,18 @@ BOOST_AUTO_TEST_CASE(an_untracked_copy_saved_under_create_graph_is_an_error) {
             e, {"backward of 'test_softplus'", "saved tensor 0",
                 "untracked copy of input 0 (kern::contig)", "second derivative", "save the input"});
       });
+  autograd::clear_tape();
+}
+
+// A copy of the copy (cast_copy(kern::contig(x))) names x through the copy between.
+BOOST_AUTO_TEST_CASE(a_copy_of_an_untracked_copy_saved_under_create_graph_is_an_error) {
+  TapeEmptyAfter after;
+  BOOST_CHECK_EXCEPTION(hvp_through_softplus({0.003, -1.0, 0.5, 2.0}, SoftplusSaves::copy_of_copy),
+                        Error, [](const Error& e) {
+                          return testing::names_all(
+                              e, {"backward of 'test_softplus'", "saved tensor 0",
+                                  "untracked copy of input 0 (cast_copy)"});
+                        });
   autograd::clear_tape();
 }
 

@@ -79,6 +79,11 @@ BOOST_AUTO_TEST_CASE(error_inputs_raise_their_errors) {
     for (const ErrorInput& e : r.error_inputs) {
       const std::string complaint = check_error_input(e);
       BOOST_TEST(complaint.empty(), r.name << ": " << complaint);
+      // The fragment the error must hold names the op, so the error does.
+      BOOST_TEST((e.message.find(r.name) != std::string::npos ||
+                  e.message.find(r.forward) != std::string::npos),
+                 r.name << ": " << e.what << ": the message \"" << e.message
+                        << "\" names neither the op nor its forward");
       autograd::clear_tape();
     }
 }
@@ -94,6 +99,8 @@ BOOST_AUTO_TEST_CASE(check_error_input_tells_what_went_wrong) {
 }
 
 BOOST_AUTO_TEST_CASE(error_inputs_are_listed) {
+  register_op_cases();
+  BOOST_TEST(!registered_records().empty());
   size_t n = 0;
   for (const OpRecord& r : registered_records()) n += r.error_inputs.size();
   BOOST_TEST_MESSAGE(n << " error inputs in " << registered_records().size() << " records");

@@ -1023,13 +1023,15 @@ std::set<std::string> public_function_names() {
   return out;
 }
 
-// Whether error message m names op r (its name or forward) or, where the sample calls another
-// function on its inputs first (a permute to make a view), that public function ("permute: got
-// an undefined tensor", "Tensor::dtype: called on an undefined tensor").
+// Whether m is op r's own error: it starts with the op's name or its forward ("add: ..."), or,
+// where the sample calls another public function on its inputs first (a permute to make a view),
+// with that function's name; never with a method's ("Tensor::shape: called on an undefined
+// tensor" is what an op that checked nothing raises).
 bool names_a_function(const std::string& m, const OpRecord& r) {
-  if (m.find(r.name) != std::string::npos || m.find(r.forward) != std::string::npos) return true;
+  const std::string head = m.substr(0, m.find(": "));
+  if (head == r.name || head == r.forward) return true;
   static const std::set<std::string> names = public_function_names();
-  return names.count(m.substr(0, m.find(':'))) || names.count(m.substr(0, m.find(": ")));
+  return head.find("::") == std::string::npos && names.count(head);
 }
 
 // What is wrong when sample c of record r gets an undefined tensor in each input slot in turn.

@@ -21,13 +21,15 @@ void read_if_present(const nlohmann::json& t, const char* key, T& v, const std::
   if (t.contains(key)) v = train::json_field<T>(t, key, where);
 }
 
-// A run from before the recipe: the top-level fields it saved.
+// A run from before the recipe: the top-level fields it saved; what it did not save is what such
+// runs trained with (Adam, the auto schedule, no weight decay, lr 0: Noam), never the command
+// line's (an --lr on resume would turn a Noam run into a constant schedule).
 void apply_pre_recipe_schedule(const nlohmann::json& t, train::LoopOptions& loop,
                                const std::string& where) {
   loop.lr_factor = train::json_field<double>(t, "lr_factor", where);
   loop.warmup = train::json_field<int64_t>(t, "warmup", where);
   loop.optimizer = "adam", loop.weight_decay = 0, loop.schedule = "auto";
-  loop.min_lr = 0, loop.decay_steps = 0;
+  loop.lr = 0, loop.min_lr = 0, loop.decay_steps = 0;
   read_if_present(t, "lr", loop.lr, where);
   read_if_present(t, "optimizer", loop.optimizer, where);
   read_if_present(t, "weight_decay", loop.weight_decay, where);

@@ -94,10 +94,11 @@ struct Storage {
   /// input for its backward instead of the input itself only when no other entry keeps it anyway.
   std::atomic<uint32_t> saved_by_tape{0};
   /// Set on the storage of a copy made off the tape (contiguous_copy(), cast_copy(),
-  /// kern::contig()): the storage it was copied from. An op that saves such a copy of an input
-  /// that requires grad loses that input's second derivative, so backward under create_graph
-  /// refuses it (autograd/tape.h, record()). Empty for any other storage.
-  std::weak_ptr<Storage> copied_from;
+  /// kern::contig()): the storages it was copied from, the nearest first (a copy of a copy names
+  /// both, since the one between may be gone by the time the tape looks). An op that saves such a
+  /// copy of an input that requires grad loses that input's second derivative, so backward under
+  /// create_graph refuses it (autograd/tape.h, record()). Empty for any other storage.
+  std::vector<std::weak_ptr<Storage>> copied_from;
   /// The helper that made the copy ("contiguous_copy", "kern::contig", ...), for that error.
   const char* copied_by = nullptr;
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat

@@ -8,7 +8,6 @@
 /// <graft/testing/op_cases.h> for the library's own.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -146,8 +145,10 @@ Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, do
 /// the op sees a non-contiguous view of `shape`.
 /// @throws graft::Error when `shape` has fewer than 2 dims.
 Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
-/// Every record registered so far, in registration order.
-const std::deque<OpRecord>& registered_records();
+/// Every record registered so far, in registration order (a copy: registration may go on in
+/// another thread). The registry's functions are thread-safe, and the references that
+/// registered_record() and registered_case() return stay valid (records are never removed).
+std::vector<OpRecord> registered_records();
 /// The registered record of op `op`.
 /// @throws graft::Error "no registered op record '<op>'".
 const OpRecord& registered_record(const std::string& op);
