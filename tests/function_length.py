@@ -8,9 +8,13 @@ Each long function is one line `FILE:LINE: NAME is N lines (max 60)`; the exit s
 there is one. A function's lines run from its name to its closing brace (C/C++, shell) or its last
 statement (Python). C/C++ is read by a scanner that blanks comments, strings, character literals
 and preprocessor lines, then walks the braces: namespaces, classes, structs and extern "C" blocks
-are entered, a brace after a parameter list opens a function (a lambda inside one is part of it),
-and any other brace (an initializer, an enum) is passed over. Python is read with ast (each def,
-nested ones too); shell functions end at the `}` indented as their `name() {` line.
+are entered, a brace after a parameter list (its qualifiers and attributes) or after a lambda's
+introducer opens a function (a lambda inside one is part of it), a brace inside a head (a braced
+default argument, a braced member initialiser of a constructor) is passed over with the head going
+on, and any other brace (an initializer, an enum) is passed over. Python is read with ast (each
+def, nested ones too). Shell is read with comments, quoted strings, ${...} and here-documents
+blanked; a function (`name()` or `function name`) ends at the } that closes its { group, that {
+on the name's line or a later one.
 Standard library only.
 """
 import ast
@@ -96,24 +100,57 @@ QUALIFIERS = re.compile(r"^(?:\s|const\b|volatile\b|noexcept\b|override\b|final\
                         r"try\b|&|->.*|requires\b.*)*$", re.S)
 LABELS = re.compile(r"\b(?:public|private|protected)\s*:(?!:)|\bBOOST_AUTO_TEST_SUITE(?:_END)?\s*"
                     r"\([^)]*\)")
+# A lambda with no parameter list: its introducer after `=`, `(`, `,` or `return` (not an array's
+# bound), then its specifiers.
+LAMBDA = re.compile(r"(?:^|[=(,{;]|\breturn)\s*\[[^\[\]]*\]\s*"
+                    r"(?:(?:mutable|constexpr|consteval|noexcept|static)\b\s*|->[^{]*)*$", re.S)
+ATTRIBUTES = re.compile(r"\[\[.*?\]\]", re.S)
+
+
+def open_argument(head):
+    """The argument being written at the head's end when a parenthesis is still open there (the
+    text after the innermost open one and its last comma), or None."""
+    opened, depth = [], 0
+    for j, c in enumerate(head):
+        if c in "([":
+            opened.append(j)
+        elif c in ")]" and opened:
+            opened.pop()
+    if not opened or head[opened[-1]] != "(":
+        return None
+    start = opened[-1] + 1
+    for j in range(start, len(head)):
+        depth += head[j] in "([{"
+        depth -= head[j] in ")]}"
+        if head[j] == "," and depth == 0:
+            start = j + 1
+    return head[start:]
 
 
 def classify_head(head):
-    """'scope', 'function', 'init' (a brace-initialised member of a constructor's initializer
-    list: its head goes on) or 'other', for the text before a brace."""
+    """'scope', 'function', 'init' (a brace inside a head that goes on: a member's braced
+    initialiser in a constructor's initializer list, a braced default argument) or 'other', for
+    the text before a brace."""
     h = head.strip()
     if SCOPE.match(h) and "(" not in h.split("{")[0].split(":")[0]:
         return "scope"
+    argument = open_argument(h)
+    if argument is not None:  # f(..., [](int i) {  is a lambda;  f(std::vector<int> v = {  is not
+        return "function" if classify_head(argument) == "function" else "init"
+    if LAMBDA.search(h):
+        return "function"
     groups = top_level_parens(h)
     if not groups:
         return "other"
-    after = h[groups[-1][1] + 1:]
+    after = ATTRIBUTES.sub(" ", h[groups[-1][1] + 1:])
     if QUALIFIERS.match(after):
         first = h[:groups[0][0]].split()
         if first and first[-1] in ("if", "for", "while", "switch", "catch", "return"):
             return "other"
         return "function"
     if re.search(r"(?<!:):(?!:)", after) or re.match(r"^\s*,", after):
+        if h.endswith("}"):  # S(int a) : x_(a), y_{a} {  (the initialiser passed over as 'init')
+            return "function"
         return "init" if re.search(r"[\w>]\s*$", h) else "other"
     return "other"
 
@@ -168,19 +205,65 @@ def python_functions(text, path):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-SHELL_START = re.compile(r"^(\s*)(?:function\s+)?([A-Za-z_][\w:.-]*)\s*(?:\(\s*\))?\s*\{\s*(#.*)?$")
+HEREDOC = re.compile(r"<<(-?)\s*(['\"]?)([A-Za-z_]\w*)\2")
+
+
+def blank_sh(text):
+    """Shell text with comments, quoted strings, ${...} and here-documents blanked (newlines
+    kept, so that offsets keep their line numbers)."""
+    out, i, n, heredocs = [], 0, len(text), []
+    spaces = lambda t: re.sub(r"[^\n]", " ", t)
+    while i < n:
+        c, end = text[i], i + 1
+        if c == "\n" and heredocs:  # the here-documents opened on the line just ended
+            for dash, word in heredocs:
+                while end < n:
+                    stop = text.find("\n", end) % (n + 1)
+                    line, end = text[end:stop], stop + 1
+                    if (line.lstrip("\t") if dash else line) == word:
+                        break
+            heredocs = []
+        elif c == "<" and text[i - 1:i] != "<" and HEREDOC.match(text, i):  # not <<<, $((a << b))
+            m = HEREDOC.match(text, i)
+            heredocs.append((m.group(1), m.group(3)))
+            end = m.end()
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|()"):
+            end = text.find("\n", i) % (n + 1)
+        elif c == "\\":
+            end = i + 2
+        elif c in "'\"":
+            end = i + 1
+            while end < n and text[end] != c:
+                end += 2 if c == '"' and text[end] == "\\" else 1
+            end += 1
+        elif text.startswith("${", i):
+            end = matching(text, i + 1, "{", "}") + 1
+        out.append(c if end == i + 1 and c not in "'\"#\\" else spaces(text[i:end]))
+        i = end
+    return "".join(out)[:n]
+
+
+SHELL_HEAD = re.compile(r"^[ \t]*(?:function[ \t]+([A-Za-z_][\w:.-]*)(?:[ \t]*\([ \t]*\))?|"
+                        r"([A-Za-z_][\w:.-]*)[ \t]*\([ \t]*\))\s*", re.M)
+# A { or } where a command starts (so not `echo }`), the reserved words that may come before one.
+BRACE_WORD = re.compile(r"(?:^|(?<=[;&|()]))[ \t]*(?:(?:then|do|else|!)[ \t]+)?(\{)(?=\s)|"
+                        r"(?:^|(?<=[;&|]))[ \t]*(\})(?=[\s;&|)<>]|$)", re.M)
 
 
 def shell_functions(text):
-    found, lines = [], text.split("\n")
-    for i, line in enumerate(lines):
-        m = SHELL_START.match(line)
-        if not m or not (line.strip().startswith("function ") or "()" in line.replace(" ", "")):
+    """(name, first line, lines) of each function of shell text whose body is a { } group, the
+    brace on the name's line or a later one; the group ends at the } that closes it."""
+    s, found = blank_sh(text), []
+    for m in SHELL_HEAD.finditer(s):
+        if not re.match(r"\{\s", s[m.end():m.end() + 2]):
             continue
-        indent = m.group(1)
-        for j in range(i + 1, len(lines)):
-            if re.match("^" + re.escape(indent) + r"\}\s*(?:[;&|#<>].*)?$", lines[j]):
-                found.append((m.group(2), i + 1, j - i + 1))
+        depth = 1
+        for brace in BRACE_WORD.finditer(s, m.end() + 1):
+            depth += 1 if brace.group(1) else -1
+            if depth == 0:
+                first = s.count("\n", 0, m.start()) + 1
+                found.append((m.group(1) or m.group(2), first,
+                              s.count("\n", 0, brace.start(2)) + 2 - first))
                 break
     return found
 
@@ -227,6 +310,19 @@ SAMPLES = [  # (language, source, the functions and lengths the scanner must fin
     ("py", "def f(a):\n    def g():\n        return 1\n\n    return g\n", [("f", 1, 5), ("g", 2, 2)]),
     ("sh", 'f() {\n  echo "}"\n  if x; then\n    y\n  fi\n}\nfunction g {\n  :\n}\n',
      [("f", 1, 6), ("g", 7, 3)]),
+    # Each sample below was missed or miscounted by the scanners before they read it.
+    ("cpp", "struct S {\n  S(int a) : x_(a), y_{a} {\n    g();\n  }\n  int x_, y_;\n};\n"
+     "struct T {\n  T(int a) : x_{a} {\n  }\n  int x_;\n};\n", [("S", 2, 3), ("T", 8, 2)]),
+    ("cpp", "void f(std::vector<int> v = {}, int n = int{2}) {\n  g(v);\n}\n"
+     "std::vector<int> w({1, 2});\nbool r = add(\"x\", [](int i) {\n  return i;\n});\n",
+     [("f", 1, 3), ("r", 5, 3)]),
+    ("cpp", "const auto t = [] {\n  return 1;\n}();\nint table[3] {1, 2, 3};\n"
+     "int g() {\n  return t;\n}\n", [("t", 1, 3), ("g", 5, 3)]),
+    ("cpp", "int f(int x) [[gnu::cold]] {\n  return x;\n}\n", [("f", 1, 3)]),
+    ("sh", "f()\n{\n  :\n}\nif x; then\n  g() {\n    :\n}\nfi\nh(){\n  :\n    }\n",
+     [("f", 1, 4), ("g", 6, 3), ("h", 10, 3)]),
+    ("sh", "k() {\n  cat <<EOF\n}\nEOF\n  echo $((1 << 2)) ${x:-}} } # }\n}\n"
+     "one() { echo '}'; }\n", [("k", 1, 6), ("one", 7, 1)]),
 ]
 
 
