@@ -126,10 +126,12 @@ OpCase backward_op_case(std::string name, std::string op, Shape in_shape, Shape 
             // forward still records, for its backward, but nothing stays on the tape.
             const bool record = autograd::grad_enabled();
             autograd::EnableGrad on;
-            Tensor z = zeros(in_shape, v[0].dtype()).requires_grad_();
+            Tensor z = zeros(in_shape, case_dtype(v[0])).requires_grad_();
             return autograd::grad({forward(z)}, {z}, {v[0]}, {.create_graph = record})[0];
           }};
 }
+
+DType case_dtype(const Tensor& x) { return x.defined() ? x.dtype() : DType::f64; }
 
 Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo, double hi) {
   return rand(shape, dt, g, lo, hi).requires_grad_();

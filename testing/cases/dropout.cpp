@@ -54,21 +54,19 @@ void dropout_samples(Samples& s) {
                              return dropout(x[0], 0.25, true, g);
                            }});
   // relu has a kink at 0: inputs are drawn from [0.1, 1] and negated in half the entries.
-  add_sample(
-      s,
-      OpCase{
-          .name = "relu_dropout/p0.3",
-          .op = "relu_dropout",
-          .make_inputs =
-              [](DType dt, Generator& g) {
-                return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)};
-              },
-          .fn =
-              [](const Tensors& x) {
-                Generator g(7);
-                Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1}, x[0].dtype());
-                return relu_dropout(mul(x[0], sign), 0.3, true, g);
-              }});
+  add_sample(s, OpCase{.name = "relu_dropout/p0.3",
+                       .op = "relu_dropout",
+                       .make_inputs =
+                           [](DType dt, Generator& g) {
+                             return Tensors{case_input_t({4, 6}, dt, g, 0.1, 1)};
+                           },
+                       .fn =
+                           [](const Tensors& x) {
+                             Generator g(7);
+                             Tensor sign = from_vector(std::vector<double>{1, -1, -1, 1}, {4, 1},
+                                                       case_dtype(x[0]));
+                             return relu_dropout(mul(x[0], sign), 0.3, true, g);
+                           }});
 }
 
 void record_dropout(Samples& s) {

@@ -304,8 +304,8 @@ void copy_samples(Samples& s) {
                        .fn =
                            [](const Tensors& x) {
                              const DType other =
-                                 x[0].dtype() == DType::f32 ? DType::f64 : DType::f32;
-                             return to_dtype(to_dtype(x[0], other), x[0].dtype());
+                                 case_dtype(x[0]) == DType::f32 ? DType::f64 : DType::f32;
+                             return to_dtype(to_dtype(x[0], other), case_dtype(x[0]));
                            },
                        .opt = {.eps = 0.1}});
   add_sample(s, OpCase{.name = "concat/inner_axis_noncontiguous",

@@ -145,6 +145,10 @@ Tensor case_input(const Shape& shape, DType dt, Generator& g, double lo = -1, do
 /// the op sees a non-contiguous view of `shape`.
 /// @throws graft::Error when `shape` has fewer than 2 dims.
 Tensor case_input_t(const Shape& shape, DType dt, Generator& g, double lo = -1, double hi = 1);
+/// The dtype of case input x, or float64 when x is undefined: a sample that makes other tensors
+/// in its input's dtype still reaches its op when the undefined-input check
+/// (tests/test_undefined.cpp) hands it an undefined tensor.
+DType case_dtype(const Tensor& x);
 /// Every record registered so far, in registration order (a copy: registration may go on in
 /// another thread). The registry's functions are thread-safe, and the references that
 /// registered_record() and registered_case() return stay valid (records are never removed).
