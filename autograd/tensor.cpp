@@ -28,6 +28,10 @@ void visit_dtype(DType dt, F&& f) {
       return f(double{});
     case DType::i64:
       return f(int64_t{});
+    case DType::bf16:
+      return f(bfloat16{});
+    case DType::f16:
+      return f(float16{});
   }
 }
 
@@ -41,6 +45,9 @@ size_t dtype_size(DType dt) {
       return 8;
     case DType::i64:
       return 8;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
   }
   return 0;
 }
@@ -53,8 +60,34 @@ const char* dtype_name(DType dt) {
       return "float64";
     case DType::i64:
       return "int64";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
   }
   return "?";
+}
+
+const char* dtype_short_name(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::i64:
+      return "i64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& name, const std::string& what) {
+  for (DType dt : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
+    if (name == dtype_short_name(dt) || name == dtype_name(dt)) return dt;
+  fail(what + ": unknown dtype '" + name + "' (f32, f64, i64, bf16, f16 or their long names)");
 }
 
 std::string shape_str(const Shape& s) {
@@ -191,6 +224,8 @@ template <class T>
 static constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::f32;
   else if constexpr (std::is_same_v<T, double>) return DType::f64;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::bf16;
+  else if constexpr (std::is_same_v<T, float16>) return DType::f16;
   else return DType::i64;
 }
 
@@ -208,6 +243,10 @@ template int64_t* Tensor::data<int64_t>() const;
 template const float* Tensor::data<const float>() const;
 template const double* Tensor::data<const double>() const;
 template const int64_t* Tensor::data<const int64_t>() const;
+template bfloat16* Tensor::data<bfloat16>() const;
+template float16* Tensor::data<float16>() const;
+template const bfloat16* Tensor::data<const bfloat16>() const;
+template const float16* Tensor::data<const float16>() const;
 
 void* Tensor::raw() const {
   const TensorImpl& st = state("raw");
@@ -278,10 +317,7 @@ void Tensor::backward(const Tensor& grad, bool retain_graph, bool create_graph) 
 }
 
 std::string describe(DType dt, const Shape& shape) {
-  return std::string(dt == DType::f32   ? "f32 "
-                     : dt == DType::f64 ? "f64 "
-                                        : "i64 ") +
-         shape_str(shape);
+  return std::string(dtype_short_name(dt)) + " " + shape_str(shape);
 }
 
 std::string describe(const Tensor& t) {
@@ -589,6 +625,13 @@ static void add_inplace(T* d, const T* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] += p[i];
 }
 
+// d += p for a 16-bit dtype: each sum in float32, rounded once into d.
+template <class H>
+static void add_half(H* d, const H* p, int64_t n) {
+#pragma omp parallel for if (n > 1 << 16)
+  for (int64_t i = 0; i < n; ++i) d[i] = H((float)d[i] + (float)p[i]);
+}
+
 void accumulate_into(const Tensor& dst, const Tensor& src) {
   check_defined(dst, "accumulate_into", "the destination");
   check_defined(src, "accumulate_into", "the source");
@@ -597,7 +640,11 @@ void accumulate_into(const Tensor& dst, const Tensor& src) {
     fail("accumulate_into: cannot add " + describe(src) + " into " + describe(dst));
   Tensor s = src.is_contiguous() ? src : contiguous_copy(src);
   if (dst.dtype() == DType::f32) add_inplace(dst.data<float>(), s.data<float>(), dst.numel());
-  else add_inplace(dst.data<double>(), s.data<double>(), dst.numel());
+  else if (dst.dtype() == DType::f64)
+    add_inplace(dst.data<double>(), s.data<double>(), dst.numel());
+  else if (dst.dtype() == DType::bf16)
+    add_half(dst.data<bfloat16>(), s.data<bfloat16>(), dst.numel());
+  else add_half(dst.data<float16>(), s.data<float16>(), dst.numel());
   dst.bump_version();
 }
 
@@ -667,6 +714,8 @@ static void sum_block(const T* px, T* po, Split3 s, double scale) {
 Tensor sum_axes(const Tensor& x, const std::vector<int64_t>& axes, double scale) {
   check_defined(x, "sum_axes", "x");
   if (!is_floating(x.dtype())) fail("sum_axes: expected a float tensor, got " + describe(x));
+  if (is_half(x.dtype()))  // summed in float32, stored back in x's dtype
+    return cast_copy(sum_axes(cast_copy(x, DType::f32), axes, scale), x.dtype());
   for (size_t i = 0; i < axes.size(); ++i)
     if (axes[i] < 0 || axes[i] >= x.dim() || (i > 0 && axes[i] <= axes[i - 1]))
       fail("sum_axes: axes " + shape_str(axes) + " are not sorted, distinct axes of " +

@@ -697,6 +697,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", Pi
 namespace {
 
 std::vector<uint8_t> bool_mask(const Tensor& cond, const Shape& out) {
+  if (is_half(cond.dtype())) return bool_mask(cast_copy(cond, DType::f32), out);
   std::vector<uint8_t> m(shape_numel(out));
   const Shape sc = kern::broadcast_strides(cond, out);
   switch (cond.dtype()) {
@@ -715,6 +716,8 @@ std::vector<uint8_t> bool_mask(const Tensor& cond, const Shape& out) {
       kern::for_each_strided(out, sc, [&](int64_t i, int64_t o) { m[i] = p[o] != 0; });
       break;
     }
+    default:
+      break;
   }
   return m;
 }

@@ -12,13 +12,10 @@
 
 namespace graft::kern {
 
-// Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, overflow gives inf.
-inline uint16_t bf16_bits(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 0x40u : rounded);
-}
-inline float bf16_to_float(uint16_t b) { return std::bit_cast<float>((uint32_t)b << 16); }
+// Round to nearest even on the bit pattern; a NaN stays a (quiet) NaN, overflow gives inf
+// (graft/autograd/half.h, the one conversion).
+inline uint16_t bf16_bits(float f) { return bf16_bits_of(f); }
+inline float bf16_to_float(uint16_t b) { return bf16_bits_to_float(b); }
 
 // True when t's elements fill exactly [offset, offset + numel) of its storage, in some order of
 // its dims (size-1 dims ignored).

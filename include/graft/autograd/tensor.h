@@ -1,7 +1,8 @@
 /// @file
-/// Tensor: an N-d array handle (float32, float64 or int64) with shape, strides and a shared
-/// storage, plus the autograd fields (requires_grad, grad, the tape entry that produced it);
-/// dtypes and shapes, the library's Error, seeded random numbers, creation and raw copies.
+/// Tensor: an N-d array handle (float32, float64, int64, bfloat16 or float16) with shape, strides
+/// and a shared storage, plus the autograd fields (requires_grad, grad, the tape entry that
+/// produced it); dtypes and shapes, the library's Error, seeded random numbers, creation and raw
+/// copies.
 ///
 /// Views (reshape of contiguous data, permute/transpose, slice) share storage; every in-place
 /// write bumps the storage's version counter so the tape can detect a saved tensor that changed.
@@ -14,19 +15,29 @@
 #include <string>
 #include <vector>
 
+#include "graft/autograd/half.h"
+
 /// graft: tensors, autograd, ops, layers and models. The autograd layer and the ops live in
 /// this namespace itself; nn and models in graft::nn and graft::models.
 namespace graft {
 
-/// Element type of a tensor: f32 (float), f64 (double: the reference precision of gradcheck)
-/// or i64 (int64_t: token ids, indices; never requires grad).
-enum class DType { f32, f64, i64 };
-/// Bytes per element: 4 for f32, 8 for f64 and i64.
+/// Element type of a tensor: f32 (float), f64 (double: the reference precision of gradcheck),
+/// i64 (int64_t: token ids, indices; never requires grad), bf16 (bfloat16) or f16 (float16): the
+/// 16-bit storage types of half.h, computed in float32 (docs/mixed-precision.md).
+enum class DType { f32, f64, i64, bf16, f16 };
+/// Bytes per element: 4 for f32, 8 for f64 and i64, 2 for bf16 and f16.
 size_t dtype_size(DType dt);
-/// The dtype as text: "float32", "float64" or "int64".
+/// The dtype as text: "float32", "float64", "int64", "bfloat16" or "float16".
 const char* dtype_name(DType dt);
-/// True for f32 and f64, the dtypes that can carry gradients.
-inline bool is_floating(DType dt) { return dt == DType::f32 || dt == DType::f64; }
+/// The short name used in messages and by describe(): "f32", "f64", "i64", "bf16" or "f16".
+const char* dtype_short_name(DType dt);
+/// The dtype named `name`: a short name ("bf16") or the long one ("bfloat16").
+/// @throws graft::Error "<what>: unknown dtype '<name>' (...)" for any other name.
+DType parse_dtype(const std::string& name, const std::string& what);
+/// True for the float dtypes (f32, f64, bf16, f16): those that can carry gradients.
+inline bool is_floating(DType dt) { return dt != DType::i64; }
+/// True for the 16-bit float dtypes (bf16, f16), stored in 16 bits and computed in float32.
+inline bool is_half(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
 
 /// Sizes of a tensor's dimensions, outermost first; {} is a scalar (0-d).
 using Shape = std::vector<int64_t>;
@@ -187,7 +198,8 @@ class Tensor {
     return state("same_storage").storage == o.state("same_storage").storage;
   }
 
-  /// Typed pointer to element 0 of this view (T float, double or int64_t, optionally const);
+  /// Typed pointer to element 0 of this view (T float, double, int64_t, bfloat16 or float16,
+  /// optionally const);
   /// index it with the strides.
   /// @throws graft::Error when T does not match the dtype.
   template <class T>
