@@ -70,6 +70,14 @@ void check_against_differences(GradcheckResult& res, double& worst_excess, const
   }
 }
 
+// The dtype of the low-precision side of a comparison: its first float input's (float32 when
+// it has none).
+DType low_dtype(const Tensors& x) {
+  for (const Tensor& t : x)
+    if (t.defined() && is_floating(t.dtype())) return t.dtype();
+  return DType::f32;
+}
+
 std::vector<double> values_or_zeros(const Tensor& g, int64_t n) {
   return g.defined() ? g.to_vector<double>() : std::vector<double>((size_t)n, 0.0);
 }
@@ -216,8 +224,8 @@ void compare_precisions(GradcheckResult& res, const PrecisionTolerances& tol,
   auto va = a32.to_vector<double>(), vb = a64.to_vector<double>();
   if (va.size() != vb.size()) {
     res.ok = false;
-    res.message = what + ": float32 has " + std::to_string(va.size()) + " elements, float64 " +
-                  std::to_string(vb.size());
+    res.message = what + ": " + dtype_name(a32.dtype()) + " has " + std::to_string(va.size()) +
+                  " elements, float64 " + std::to_string(vb.size());
     return;
   }
   double scale = 0;
@@ -229,8 +237,8 @@ void compare_precisions(GradcheckResult& res, const PrecisionTolerances& tol,
       if (res.ok) {
         std::ostringstream os;
         os.precision(8);
-        os << what << " at " << index_str(a64.shape(), i) << ": float32 " << va[i] << ", float64 "
-           << vb[i];
+        os << what << " at " << index_str(a64.shape(), i) << ": " << dtype_name(a32.dtype()) << " "
+           << va[i] << ", float64 " << vb[i];
         res.message = os.str();
       }
       res.ok = false;
@@ -243,8 +251,9 @@ void compare_precisions(GradcheckResult& res, const PrecisionTolerances& tol,
 GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensors& x64,
                                 const PrecisionTolerances& tol) {
   GradcheckResult res;
+  const DType low = low_dtype(x32);
   Tensor y64 = fn(x64), y32 = fn(x32);
-  if (y32.dtype() != DType::f32 || y64.dtype() != DType::f64) {
+  if (y32.dtype() != low || y64.dtype() != DType::f64) {
     res.ok = false;
     res.message = "output dtypes are " + std::string(dtype_name(y32.dtype())) + " and " +
                   dtype_name(y64.dtype());
@@ -253,9 +262,10 @@ GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensor
   compare_precisions(res, tol, "output", y32, y64);
   if (!y64.requires_grad()) return res;
   Generator gg(99);
-  const std::vector<double> up = random_signs((size_t)y64.numel(), gg);
-  y64.backward(from_vector(up, y64.shape(), DType::f64));
-  y32.backward(from_vector(up, y32.shape(), DType::f32));
+  // The upstream gradient as the low dtype holds it, the same values on both sides.
+  const Tensor up = from_vector(random_signs((size_t)y64.numel(), gg), y32.shape(), low);
+  y64.backward(cast_copy(up, DType::f64));
+  y32.backward(up);
   for (size_t k = 0; k < x64.size(); ++k) {
     if (!x64[k].defined() || !x64[k].requires_grad()) continue;
     if (!x32[k].grad().defined() || !x64[k].grad().defined()) {
@@ -263,6 +273,12 @@ GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensor
         res.ok = false;
         res.message = "grad of input " + std::to_string(k) + " defined in one precision only";
       }
+      continue;
+    }
+    if (x32[k].grad().dtype() != x32[k].dtype()) {
+      res.ok = false;
+      res.message = "grad of input " + std::to_string(k) + " " + describe(x32[k]) + " is " +
+                    dtype_name(x32[k].grad().dtype()) + ", not the input's dtype";
       continue;
     }
     compare_precisions(res, tol, "grad of input " + std::to_string(k), x32[k].grad(),

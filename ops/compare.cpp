@@ -13,10 +13,14 @@ namespace {
 
 enum class Rel { eq, ne, lt, le, gt, ge, both, either };
 
-// The dtype two operands compare in: int64 < float32 < float64.
+// The dtype of two operands' mask: int64 < bf16, f16 < float32 < float64, as PyTorch promotes
+// (bf16 with f16 gives float32).
 DType promoted(DType a, DType b) {
   if (a == DType::f64 || b == DType::f64) return DType::f64;
   if (a == DType::f32 || b == DType::f32) return DType::f32;
+  if (is_half(a) && is_half(b) && a != b) return DType::f32;
+  if (is_half(a)) return a;
+  if (is_half(b)) return b;
   return DType::i64;
 }
 
@@ -62,20 +66,23 @@ Tensor compare(const char* op, Rel r, const Tensor& a, const Tensor& b) {
   check_defined(b, op, "b");
   const Shape shape = kern::broadcast_shapes(op, a.shape(), b.shape());
   const DType dt = promoted(a.dtype(), b.dtype());
-  const Tensor x = as_dtype(a, dt), y = as_dtype(b, dt);
-  Tensor out = Tensor::empty(shape, dt);
-  switch (dt) {
+  // 16-bit operands compare as float32 (exactly: float32 holds every bf16 and f16 value), and
+  // the mask is then cast to their dtype (0 and 1 are exact there too).
+  const DType work = is_half(dt) ? DType::f32 : dt;
+  const Tensor x = as_dtype(a, work), y = as_dtype(b, work);
+  Tensor out = Tensor::empty(shape, work);
+  switch (work) {
     case DType::f32:
       compare_loop<float>(r, x, y, out);
       break;
     case DType::f64:
       compare_loop<double>(r, x, y, out);
       break;
-    case DType::i64:
+    default:
       compare_loop<int64_t>(r, x, y, out);
       break;
   }
-  return out;
+  return as_dtype(out, dt);
 }
 
 // a against the scalar v, in a's dtype: an int64 a against an integral v that fits int64 exactly;

@@ -157,6 +157,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("dropout", x);
   check_p("dropout", p, x);
   if (!training || p == 0.0) return x;
+  auto on_f32 = [&](const Tensor& xf) { return dropout(xf, p, training, gen); };
+  if (auto r = kern::via_f32("dropout", on_f32, x)) return *r;
   DropoutMask mask;
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, false, mask, keep_value);
@@ -174,6 +176,8 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("relu_dropout", x);
   check_p("relu_dropout", p, x);
   if (!training || p == 0.0) return relu(x);
+  auto on_f32 = [&](const Tensor& xf) { return relu_dropout(xf, p, training, gen); };
+  if (auto r = kern::via_f32("relu_dropout", on_f32, x)) return *r;
   DropoutMask mask;
   double keep_value;
   Tensor out = dropout_forward(x, p, gen, true, mask, keep_value);

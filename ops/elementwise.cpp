@@ -395,6 +395,7 @@ Tensor unary_backward(const Tensor& dout, const Tensor& data, const UnaryOp& op,
 }  // namespace
 
 Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
+  GRAFT_VIA_F32(op.name, unary, op, x, a, b);
   kern::check_float(op.name, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   const bool record = autograd::needs_record({x});
@@ -561,6 +562,7 @@ Tensors div_backward(const Tensor& dout, const Ctx& c) {
 template <class Bwd>
 Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd bwd,
               bool save_inputs) {
+  GRAFT_VIA_F32(name, binary, name, op, a, b, bwd, save_inputs);
   const bool record = autograd::needs_record({a, b});
   Tensor out = binary_raw(name, op, a, b, record);
   if (record) {
@@ -668,6 +670,7 @@ Tensors extremum_backward(const Tensor& dout, const Ctx& c, Pick p) {
 }
 
 Tensor extremum(const char* name, Pick p, const Tensor& a, const Tensor& b) {
+  GRAFT_VIA_F32(name, extremum, name, p, a, b);
   kern::check_float(name, a);
   kern::check_float(name, b);
   kern::check_same_dtype(name, a, b);
@@ -773,6 +776,7 @@ Tensors masked_fill_backward(const Tensor& dout, const Ctx& c,
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  GRAFT_VIA_F32("where", where, kern::AnyDtype{cond}, a, b);
   check_defined(cond, "where", "the condition");
   kern::check_float("where", a);
   kern::check_float("where", b);
@@ -790,6 +794,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  GRAFT_VIA_F32("masked_fill", masked_fill, x, kern::AnyDtype{mask}, value);
   kern::check_float("masked_fill", x);
   check_defined(mask, "masked_fill", "the mask");
   if (kern::broadcast_shapes("masked_fill", x.shape(), mask.shape()) != x.shape())

@@ -230,6 +230,7 @@ Tensor cross_entropy_backward_graph(const Tensor& dloss, const Tensor& x, const 
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
                      int64_t ignore_index) {
+  GRAFT_VIA_F32("cross_entropy", cross_entropy, logits, target, label_smoothing, ignore_index);
   check_cross_entropy(logits, target, label_smoothing);
   const int64_t N = logits.size(0), C = logits.size(1);
   std::vector<int64_t> t;
@@ -495,6 +496,8 @@ Tensors record_lce_grads(const Tensor& dloss, const Ctx& c, const CrossEntropySp
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
                             double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+  GRAFT_VIA_F32("linear_cross_entropy", linear_cross_entropy, x, w, target, label_smoothing,
+                ignore_index, chunk_rows);
   check_linear_cross_entropy(x, w, target, label_smoothing, chunk_rows);
   const int64_t N = x.size(0), d = x.size(1);
   std::vector<int64_t> t, valid;

@@ -142,6 +142,7 @@ Tensors matmul_backward(const Tensor& dout, const Tensor& a, const Tensor& b,
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  GRAFT_VIA_F32("matmul", matmul, a, b);  // bf16/f16: float32 until a native kernel
   kern::check_float("matmul", a);
   kern::check_float("matmul", b);
   if (a.dtype() != b.dtype())
@@ -513,6 +514,7 @@ Tensors linear_weight_grad_backward(const Tensor& g, const Tensor& dy, const Ten
 // dy and copy it back into dy's layout (a tenth of the base model's Hessian-vector product's
 // second backward, outside the matmuls).
 Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
+  GRAFT_VIA_F32("linear_weight_grad", linear_weight_grad, dy, x);  // bf16/f16: float32
   check_defined(dy, "linear_weight_grad", "dy");
   check_defined(x, "linear_weight_grad", "x");
   const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
@@ -574,6 +576,7 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  GRAFT_VIA_F32("linear", linear, x, w, b);  // bf16/f16: float32 until a native kernel
   check_linear(x, w, b);
   Shape y_shape = x.shape();
   y_shape.back() = w.shape()[0];

@@ -334,6 +334,7 @@ void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved&
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
+  GRAFT_VIA_F32("layer_norm", layer_norm, x_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps);
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::reshaped(kern::contig(x_in), {N, C});
@@ -388,6 +389,7 @@ GRAFT_DECLARE_OP("add_layer_norm", "norm");
 // to both x and r.
 Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
                       const Tensor& b_in, double eps) {
+  GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
   if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
     fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " +
@@ -522,6 +524,7 @@ Tensors rms_norm_backward(const Tensor& dout, const Tensor& x_in, const Tensor& 
 }  // namespace
 
 Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
+  GRAFT_VIA_F32("rms_norm", rms_norm, x_in, w_in, eps);
   check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::contig(x_in);

@@ -166,6 +166,7 @@ Shape without_axis(const Tensor& x, int64_t axis) {
 }  // namespace
 
 Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
+  GRAFT_VIA_F32("max", max, x, axis, keepdim);
   MaxResult r = max_along("max", x, axis);
   Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))
@@ -211,6 +212,7 @@ Tensor amax_backward(const Tensor& dout, const Tensor& x, const Tensor& m,
 }  // namespace
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  GRAFT_VIA_F32("amax", amax, x, axes, keepdim);
   kern::check_float("amax", x);
   const auto ax = norm_axes("amax", axes, x.dim());
   Tensor m = x;
@@ -225,11 +227,13 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x, int64_t axis) {
+  GRAFT_VIA_F32("argmax", argmax, x, axis);
   MaxResult r = max_along("argmax", x, axis);
   return kern::reshaped(r.idx, without_axis(x, axis));
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, int64_t correction) {
+  GRAFT_VIA_F32("var", var, x, axes, keepdim, correction);
   kern::check_float("var", x);
   const auto ax = norm_axes("var", axes, x.dim());
   int64_t count = 1;

@@ -87,6 +87,7 @@ Tensor rope_backward(const Tensor& dout, const std::shared_ptr<const Angles>& a,
 }  // namespace
 
 Tensor rope(const Tensor& x, const Tensor& positions, double base) {
+  GRAFT_VIA_F32("rope", rope, x, positions, base);
   check_rope(x, positions, base);
   const int64_t Tn = x.size(-2);
   auto a = std::make_shared<const Angles>(

@@ -1,8 +1,10 @@
 // Shape ops. Views (reshape of viewable data, permute, slice, unsqueeze, squeeze, broadcast_to,
 // split) share the input's storage and so its version counter; their backward hands back a
 // contiguous gradient of the input's shape. Copying ops (concat, index_select, embedding,
-// contiguous, to_dtype) move bytes with OpenMP loops; none of them needs arithmetic, so float32
-// and float64 share one path (and int64 tensors work wherever no gradient is involved).
+// contiguous, to_dtype) move bytes with OpenMP loops; none of them needs arithmetic, so every
+// dtype shares one path: float32, float64, bf16 and f16 (2-byte elements moved as they are, no
+// float32 detour), and int64 wherever no gradient is involved. The one sum, index_select's and
+// embedding's backward scatter-add, adds bf16 and f16 gradients in float32 and rounds once.
 #include "graft/ops/shape.h"
 
 #include <algorithm>
@@ -465,6 +467,9 @@ Tensors split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis) 
 // the axis) with dout's rows scatter-added at ids, rows whose id is `skip` left out.
 Tensor index_select_backward(const Tensor& dout, const Tensor& ids, const Shape& x_shape,
                              const Split3& s, int64_t skip) {
+  if (is_half(dout.dtype()))  // repeated ids sum in float32, rounded once to dout's dtype
+    return cast_copy(index_select_backward(cast_copy(dout, DType::f32), ids, x_shape, s, skip),
+                     dout.dtype());
   Tensor dx = zeros(x_shape, dout.dtype());
   GRAFT_DISPATCH_FLOAT(dout.dtype(), "index_select", [&] {
     scatter_add_rows<T>(dx.data<T>(), dout.data<T>(), ids.data<int64_t>(), s.outer, s.n,
@@ -601,12 +606,11 @@ Tensor embedding_gather_adjoint(const Tensor& g, const Tensor& ids, int64_t padd
   Tensor out = embedding(g, ids);
   if (padding_idx < 0) return out;
   const int64_t* pi = ids.data<int64_t>();
-  const int64_t C = g.shape()[1];
-  GRAFT_DISPATCH_FLOAT(out.dtype(), "embedding", [&] {
-    T* po = out.data<T>();
-    for (int64_t j = 0; j < ids.numel(); ++j)
-      if (pi[j] == padding_idx) std::fill(po + j * C, po + (j + 1) * C, T(0));
-  });
+  const size_t row = (size_t)g.shape()[1] * dtype_size(out.dtype());
+  char* po = static_cast<char*>(out.raw());
+  // All-zero bits are +0 in every float dtype.
+  for (int64_t j = 0; j < ids.numel(); ++j)
+    if (pi[j] == padding_idx) std::memset(po + j * row, 0, row);
   return out;
 }
 

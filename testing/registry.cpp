@@ -1,6 +1,7 @@
 // The registry of op records (graft/testing/registry.h) and the helpers of the cases.
 #include "graft/testing/registry.h"
 
+#include <cmath>
 #include <deque>
 #include <mutex>
 
@@ -100,9 +101,13 @@ const OpCase& registered_case(const std::string& name) {
 }
 
 std::pair<Tensors, Tensors> case_inputs_f32_f64(const OpCase& c) {
+  return case_inputs_low_f64(c, DType::f32);
+}
+
+std::pair<Tensors, Tensors> case_inputs_low_f64(const OpCase& c, DType low) {
   Generator g64(7), g32(7);
   Tensors x64 = c.make_inputs(DType::f64, g64);
-  Tensors x32 = c.make_inputs(DType::f32, g32);
+  Tensors x32 = c.make_inputs(low, g32);
   for (size_t k = 0; k < x64.size(); ++k) {
     if (!x64[k].defined() || !is_floating(x64[k].dtype())) continue;
     copy_into(x32[k], x64[k]);
@@ -175,6 +180,25 @@ std::string check_error_input(const ErrorInput& e) {
 GradcheckResult check_f32_vs_f64(const OpCase& c) {
   auto [x32, x64] = case_inputs_f32_f64(c);
   return compare_f32_f64(c.fn, x32, x64, {c.f32_atol, c.f32_rtol});
+}
+
+double unit_roundoff(DType dt) {
+  switch (dt) {
+    case DType::bf16:
+      return std::ldexp(1.0, -8);
+    case DType::f16:
+      return std::ldexp(1.0, -11);
+    case DType::f32:
+      return std::ldexp(1.0, -24);
+    default:
+      fail(std::string("unit_roundoff: ") + dtype_name(dt) + " is not a float dtype it knows");
+  }
+}
+
+GradcheckResult check_low_vs_f64(const OpCase& c, DType low) {
+  auto [xl, x64] = case_inputs_low_f64(c, low);
+  const double k = c.low_depth * unit_roundoff(low);
+  return compare_f32_f64(c.fn, xl, x64, {k, k});
 }
 
 GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c) {

@@ -151,4 +151,20 @@ BOOST_DATA_TEST_CASE(float32_double_backward_matches_float64,
   BOOST_TEST(autograd::tape_size() == 0u);
 }
 
+
+// bf16: every case's forward and first-order gradients in bf16 (ops without 16-bit kernels run
+// through float32, kern::via_f32) against the float64 path at the same bf16 input values and the
+// same bf16 upstream gradient. Tolerance, per element of the output or of a gradient:
+//   |x16 - x64| <= k u max(1, max |x64|) + k u |x64|,   u = 2^-8 (bf16's unit roundoff),
+// k = the case's low_depth (OpCase): the number of roundings to bf16 on the longest path from an
+// input to the output or a gradient (2 by default: one forward, one backward; a case whose fn
+// chains recorded ops rounds once per op). Each gradient must be in its input's dtype.
+BOOST_DATA_TEST_CASE(bf16_matches_float64, boost::unit_test::data::make(case_names()), name) {
+  const OpCase& c = registered_case(name);
+  if (!c.no_low_precision.empty()) return;
+  GradcheckResult r = check_low_vs_f64(c, DType::bf16);
+  BOOST_TEST(r.ok, name << ": " << r.message);
+  BOOST_TEST(autograd::tape_size() == 0u);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

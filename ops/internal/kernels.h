@@ -14,14 +14,109 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/tensor.h"
 #include "graft/ops/custom.h"
+#include "graft/ops/shape.h"
 #include "ops/internal/bf16.h"
 
 namespace graft::kern {
+
+// ---- bf16 and f16 inputs through float32 ----
+//
+// An op without 16-bit kernels runs on float32 copies of its bf16 (or f16) float inputs, made by
+// the recorded cast (to_dtype), and casts its float outputs back, recorded too: the gradient
+// flows through both casts and reaches a bf16 input as bf16, and the pair differentiates to any
+// order (a cast is linear). It costs a float32 copy of each 16-bit input and output (and of
+// their gradients in backward) and an extra tape entry per cast; the arithmetic is float32's,
+// rounded once to the 16-bit dtype at the output. Mixed float dtypes (bf16 with float32, bf16
+// with f16) are refused with "<op>: dtype mismatch, ..." (PyTorch would promote).
+
+// An argument of any dtype that via_f32 passes on untouched and leaves out of its dtype check:
+// a mask (where's cond, masked_fill's mask), which the op reads in any dtype.
+struct AnyDtype {
+  const Tensor& t;
+};
+
+namespace f32_detail {
+// The float tensors among the arguments (AnyDtype ones and undefined ones left out).
+inline void floats_of(std::vector<const Tensor*>& out, const Tensor& t) {
+  if (t.defined() && is_floating(t.dtype())) out.push_back(&t);
+}
+inline void floats_of(std::vector<const Tensor*>& out, const Tensors& ts) {
+  for (const Tensor& t : ts) floats_of(out, t);
+}
+inline void floats_of(std::vector<const Tensor*>&, const AnyDtype&) {}
+template <class A>
+void floats_of(std::vector<const Tensor*>&, const A&) {}
+
+// An argument as the float32 op takes it: 16-bit tensors cast (recorded), anything else as is.
+inline Tensor lifted(const Tensor& t) {
+  return t.defined() && is_half(t.dtype()) ? to_dtype(t, DType::f32) : t;
+}
+inline Tensors lifted(const Tensors& ts) {
+  Tensors out;
+  for (const Tensor& t : ts) out.push_back(lifted(t));
+  return out;
+}
+inline const Tensor& lifted(const AnyDtype& a) { return a.t; }
+template <class A>
+const A& lifted(const A& a) {
+  return a;
+}
+
+// A result back in the 16-bit dtype dt: its float32 tensors cast (recorded); int64 ones (argmax's
+// indices) and undefined ones as they are.
+inline Tensor lowered(const Tensor& t, DType dt) {
+  return t.defined() && t.dtype() == DType::f32 ? to_dtype(t, dt) : t;
+}
+inline Tensors lowered(const Tensors& ts, DType dt) {
+  Tensors out;
+  for (const Tensor& t : ts) out.push_back(lowered(t, dt));
+  return out;
+}
+}  // namespace f32_detail
+
+// The 16-bit dtype among the float tensors of the arguments, or nullopt when there is none.
+// @throws graft::Error "<op>: dtype mismatch, bfloat16 (2, 3) vs float32 (3)" when a 16-bit
+//         tensor meets a float tensor of another dtype.
+template <class... A>
+std::optional<DType> half_dtype_of(const char* op, const A&... args) {
+  std::vector<const Tensor*> floats;
+  (f32_detail::floats_of(floats, args), ...);
+  const Tensor* half = nullptr;
+  for (const Tensor* t : floats)
+    if (is_half(t->dtype())) half = t;
+  if (!half) return std::nullopt;
+  for (const Tensor* t : floats)
+    if (t->dtype() != half->dtype())
+      fail(std::string(op) + ": dtype mismatch, " + describe(*half) + " vs " + describe(*t));
+  return half->dtype();
+}
+
+// f(args...) on float32 when a float tensor argument is bf16 or f16: those arguments cast to
+// float32 and the float32 outputs (a Tensor or Tensors) cast back, all recorded; nullopt when
+// no argument is 16-bit (the op then runs itself). Undefined tensors, int64 tensors and other
+// arguments pass as they are. `op` names the op in the dtype-mismatch error.
+template <class F, class... A>
+auto via_f32(const char* op, F&& f, const A&... args)
+    -> std::optional<std::decay_t<std::invoke_result_t<F, decltype(f32_detail::lifted(args))...>>> {
+  const std::optional<DType> dt = half_dtype_of(op, args...);
+  if (!dt) return std::nullopt;
+  return f32_detail::lowered(f(f32_detail::lifted(args)...), *dt);
+}
+
+// The first line of an op without 16-bit kernels: returns fn(args...) run through float32 when
+// a float argument is bf16 or f16 (via_f32); otherwise the op goes on.
+#define GRAFT_VIA_F32(op, fn, ...)                                                         \
+  if (auto graft_f32_result_ = ::graft::kern::via_f32(                                     \
+          op, [&](const auto&... graft_a_) { return fn(graft_a_...); }, __VA_ARGS__)) \
+  return std::move(*graft_f32_result_)
 
 // ---- a linear map's backward under create_graph ----
 

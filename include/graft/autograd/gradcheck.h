@@ -63,7 +63,9 @@ struct PrecisionTolerances {
 };
 /// fn's float32 forward and backward at x32 against its float64 ones at x64 (inputs of the same
 /// values, such as case_inputs_f32_f64() builds): the output and the input gradients, with the
-/// same upstream gradient.
+/// same upstream gradient (random, rounded to the low precision). x32 may be bf16 or f16 too
+/// (the low precision is its first float input's dtype): the output must have that dtype and
+/// each input's gradient its input's dtype.
 GradcheckResult compare_f32_f64(const OpFn& fn, const Tensors& x32, const Tensors& x64,
                                 const PrecisionTolerances& tol);
 /// The same comparison for the double backward (gradgradcheck()'s analytic side): the

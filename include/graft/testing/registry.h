@@ -59,6 +59,15 @@ struct OpCase {
   ///@{
   double f32_atol = 1e-4, f32_rtol = 1e-3;
   ///@}
+  /// The depth k of the case in 16-bit precision (check_low_vs_f64()): how many roundings to
+  /// the 16-bit dtype lie on the longest path from an input to the output or to a gradient (an
+  /// op through float32 rounds once forward and once backward; each further recorded op of a
+  /// case's fn in bf16 adds its own). The tolerance is k u max(1, max |ref|) + k u |ref|, u the
+  /// dtype's unit roundoff (2^-8 for bf16, 2^-11 for f16).
+  double low_depth = 2;
+  /// Why the case does not run in bf16 and f16 (empty: it does); only for an op that cannot
+  /// take a 16-bit float input by nature.
+  std::string no_low_precision{};
 };
 
 /// How an op's backward is differentiated again (gradgradcheck).
@@ -168,9 +177,20 @@ const OpCase& registered_case(const std::string& name);
 /// are then set to the rounded values; gradients cleared.
 std::pair<Tensors, Tensors> case_inputs_f32_f64(const OpCase& c);
 
+/// case_inputs_f32_f64() for another low-precision dtype (float32, bf16 or f16): the float64
+/// inputs hold the low-precision values exactly.
+std::pair<Tensors, Tensors> case_inputs_low_f64(const OpCase& c, DType low);
+/// The unit roundoff of a float dtype: 2^-8 for bf16, 2^-11 for f16, 2^-24 for float32.
+double unit_roundoff(DType dt);
+
 /// Runs the case's float32 forward and backward and compares output and input gradients with
 /// the float64 path (same input values, same upstream gradient).
 GradcheckResult check_f32_vs_f64(const OpCase& c);
+/// The same comparison in bf16 or f16 (`low`): output and first-order gradients (each in its
+/// input's dtype) against the float64 path at the same (16-bit) input values and upstream
+/// gradient, within c.low_depth * u * max(1, max |ref|) + c.low_depth * u * |ref|, u =
+/// unit_roundoff(low).
+GradcheckResult check_low_vs_f64(const OpCase& c, DType low);
 /// The same comparison for the double backward (gradgradcheck()'s analytic side): the
 /// second-order gradients of the float32 path against the float64 path, with the same v and u.
 GradcheckResult check_f32_vs_f64_double_backward(const OpCase& c);
