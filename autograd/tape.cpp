@@ -288,6 +288,8 @@ const char* nonfinite_in(const T* p, int64_t n) {
 
 const char* nonfinite_kind(const Tensor& t) {
   if (!is_floating(t.dtype())) return nullptr;
+  // bf16 and f16 are read as float32 (a NaN or inf stays one; finite values stay finite).
+  if (is_half(t.dtype())) return nonfinite_kind(cast_copy(t, DType::f32));
   const Tensor c = t.is_contiguous() ? t : contiguous_copy(t);
   if (c.dtype() == DType::f32) return nonfinite_in(static_cast<const float*>(c.raw()), c.numel());
   return nonfinite_in(static_cast<const double*>(c.raw()), c.numel());

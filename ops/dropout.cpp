@@ -124,8 +124,8 @@ Tensor dropout_forward(const Tensor& x, double p, Generator& gen, bool relu, Dro
   mask = DropoutMask::draw(gen, p, x.numel());
   keep_value = mask.keep_value;
   Tensor out = Tensor::empty(x.shape(), x.dtype());
-  if (x.dtype() == DType::f32) dropout_fwd<float>(x, out, mask, (float)keep_value, relu);
-  else dropout_fwd<double>(x, out, mask, keep_value, relu);
+  GRAFT_DISPATCH_FLOAT(x.dtype(), relu ? "relu_dropout" : "dropout",
+                       [&] { dropout_fwd<T>(x, out, mask, (T)keep_value, relu); });
   return out;
 }
 

@@ -519,7 +519,7 @@ Tensor binary_raw(const char* name, BinOp op, const Tensor& a, const Tensor& b, 
     if ((op == BinOp::add || op == BinOp::mul) && binary_f32(op, b, a, out)) return out;
     binary_ref<float>(op, a, b, out);
   } else {
-    binary_ref<double>(op, a, b, out);
+    GRAFT_DISPATCH_FLOAT(a.dtype(), name, [&] { binary_ref<T>(op, a, b, out); });
   }
   return out;
 }

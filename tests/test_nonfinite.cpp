@@ -9,7 +9,8 @@
 //    (a masked-out key, a dropped element or the unused side of `where` does not);
 //  - with NaN, each of those outputs must be NaN: on the float64 path and on every float32 path
 //    (grad off: small inputs run the vectorised loops; grad on: oneDNN where it runs; under bf16,
-//    its reference path and oneDNN's kernel where this CPU has one; under int8);
+//    its reference path and oneDNN's kernel where this CPU has one; under int8) and on the bf16
+//    path (the case's inputs in bf16: kern::via_f32 or the native shape ops);
 //  - for all three values, the float32 outputs must be NaN, +inf, -inf or finite exactly where
 //    the float64 outputs are (the float32 paths agree with the reference loops); under int8 an
 //    infinite output may be NaN (an int8 row cannot hold an inf), and under bf16 and int8 a
@@ -44,25 +45,18 @@ struct Spot {
   int64_t element;
 };
 
-// Sets logical element `e` of t (any strides) to v.
+// Sets logical element `e` of t (any strides, any float dtype) to v, rounded once to t's dtype.
 void set_element(const Tensor& t, int64_t e, double v) {
-  int64_t i = 0;
-  if (t.dtype() == DType::f32) {
-    float* p = t.data<float>();
-    for_each_offset(t.shape(), t.strides(), [&](int64_t o) {
-      if (i++ == e) p[o] = (float)v;
-    });
-  } else {
-    double* p = t.data<double>();
-    for_each_offset(t.shape(), t.strides(), [&](int64_t o) {
-      if (i++ == e) p[o] = v;
-    });
-  }
+  std::vector<double> all = t.to_vector<double>();
+  all[(size_t)e] = v;
+  copy_into(t, from_vector(all, t.shape(), DType::f64));
 }
 
 // The case's inputs in dtype dt, with the float64 values rounded to float32 (as
-// check_f32_vs_f64()), so both precisions see the same numbers.
+// check_f32_vs_f64()), so both precisions see the same numbers; bf16 ones are those rounded
+// again (finite values stay finite: bf16 has float32's range).
 Tensors inputs_of(const OpCase& c, DType dt) {
+  if (dt == DType::bf16) return case_inputs_low_f64(c, DType::bf16).first;
   auto [x32, x64] = case_inputs_f32_f64(c);
   return dt == DType::f32 ? x32 : x64;
 }
@@ -78,7 +72,7 @@ struct Path {
 
 // The float64 reference, then the float32 paths: without grad (small calls run the vectorised
 // loops), with grad (oneDNN), under bf16 (the reference path, and oneDNN's kernel where this CPU
-// has one) and under int8 (inference only).
+// has one) and under int8 (inference only); then the inputs in bf16.
 std::vector<Path> paths() {
   std::vector<Path> p = {
       {"float64", DType::f64, false},
@@ -87,7 +81,8 @@ std::vector<Path> paths() {
       {"float32 under bf16 (reference)", DType::f32, false, Precision::bf16, Bf16Path::reference},
       {"float32 under bf16 (reference) with grad", DType::f32, true, Precision::bf16,
        Bf16Path::reference},
-      {"float32 under int8", DType::f32, false, Precision::int8}};
+      {"float32 under int8", DType::f32, false, Precision::int8},
+      {"bf16", DType::bf16, false}};
   if (bf16_kernel_available()) {
     p.push_back(
         {"float32 under bf16 (oneDNN)", DType::f32, false, Precision::bf16, Bf16Path::onednn});
