@@ -113,8 +113,8 @@ auto via_f32(const char* op, F&& f, const A&... args)
 
 // The first line of an op without 16-bit kernels: returns fn(args...) run through float32 when
 // a float argument is bf16 or f16 (via_f32); otherwise the op goes on.
-#define GRAFT_VIA_F32(op, fn, ...)                                                         \
-  if (auto graft_f32_result_ = ::graft::kern::via_f32(                                     \
+#define GRAFT_VIA_F32(op, fn, ...)                                                    \
+  if (auto graft_f32_result_ = ::graft::kern::via_f32(                                \
           op, [&](const auto&... graft_a_) { return fn(graft_a_...); }, __VA_ARGS__)) \
   return std::move(*graft_f32_result_)
 
