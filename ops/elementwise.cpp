@@ -420,6 +420,7 @@ Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
 }
 
 Tensor unary_df_constant(const UnaryOp& row, const Tensor& x, const Tensor& y, double a, double b) {
+  GRAFT_VIA_F32(row.name, unary_df_constant, row, x, y, a, b);
   const Tensor& data = x.defined() ? x : y;
   check_defined(data, row.name, "the saved input or output");
   autograd::NoGrad constant;

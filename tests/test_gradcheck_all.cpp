@@ -293,6 +293,19 @@ BOOST_AUTO_TEST_CASE(undefined_and_int64_inputs_pass_through) {
   BOOST_TEST((embedding(w, ids).dtype() == DType::bf16));
 }
 
+// kern::matmul_into (custom ops' matmul, outside the tape) takes bf16 and f16 too: float32 on
+// copies, rounded once into out, accumulating onto what out holds.
+BOOST_AUTO_TEST_CASE(matmul_into_takes_16_bit_tensors) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor a = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, dt);
+    const Tensor b = from_vector(std::vector<double>{1, 0, 0, 1, 1, 1}, {3, 2}, dt);
+    const Tensor out = full({2, 2}, 1.0, dt);
+    kern::matmul_into(a, b, out, 2.0, /*accumulate=*/true);
+    BOOST_TEST(out.to_vector<double>() == (std::vector<double>{9, 11, 21, 23}),
+               boost::test_tools::per_element());
+  }
+}
+
 // Shape ops move bf16 elements as they are (one tape entry, no cast around it, the bits kept).
 BOOST_AUTO_TEST_CASE(shape_ops_move_bf16_natively) {
   Generator g(3);

@@ -470,6 +470,12 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
     fail("matmul_into: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out) +
          ": equal ranks >= 2, matching inner dims, batch dims equal or 1 and a contiguous out "
          "required");
+  if (is_half(a.dtype())) {  // float32 on copies, rounded once into out
+    const Tensor o32 = accumulate ? cast_copy(out, DType::f32) : Tensor::empty(out.shape());
+    bmm(cast_copy(a, DType::f32), cast_copy(b, DType::f32), o32, alpha, accumulate);
+    copy_into(out, o32);
+    return;
+  }
   bmm(a, b, out, alpha, accumulate);
 }
 

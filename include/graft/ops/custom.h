@@ -300,7 +300,8 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 /// recording nothing: a matmul inside a custom op's forward or backward. a, b, out of equal
 /// rank >= 2 and one float dtype; batch dims of a and b equal out's or are 1; a and b any
 /// strides (transposes as views), out contiguous. float32 runs oneDNN (bf16 operands under
-/// PrecisionGuard(bf16)), float64 a reference loop.
+/// PrecisionGuard(bf16)), float64 a reference loop; bf16 and f16 run float32 on copies, rounded
+/// once into out.
 /// @throws graft::Error when a tensor is undefined, the dtypes differ or are not float, or the
 ///         shapes do not fit.
 void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
