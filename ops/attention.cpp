@@ -410,19 +410,26 @@ AttentionResult few_queries_result(const Tensor& q, const Tensor& k, const Tenso
   return res;
 }
 
-}  // namespace
-
-AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             const AttentionOptions& opt) {
-  // bf16 and f16 through float32 (kern::via_f32): q, k, v and the bias cast, the output and
-  // the weights cast back.
+// bf16 and f16 through float32 (kern::via_f32): q, k, v and the bias cast, the output and the
+// weights cast back; nullopt when none of them is 16-bit.
+std::optional<AttentionResult> attention_via_f32(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const AttentionOptions& opt) {
   auto on_f32 = [&](const Tensor& qf, const Tensor& kf, const Tensor& vf, const Tensor& bias) {
     AttentionOptions o = opt;
     o.bias = bias;
     const AttentionResult r = scaled_dot_product_attention(qf, kf, vf, o);
     return Tensors{r.out, r.weights};
   };
-  if (auto r = kern::via_f32(kOp, on_f32, q, k, v, opt.bias)) return {(*r)[0], (*r)[1]};
+  const auto r = kern::via_f32(kOp, on_f32, q, k, v, opt.bias);
+  if (!r) return std::nullopt;
+  return AttentionResult{(*r)[0], (*r)[1]};
+}
+
+}  // namespace
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& opt) {
+  if (auto r = attention_via_f32(q, k, v, opt)) return *r;
   const Geom g = validate(q, k, v, opt);
   AttentionCtx a{g,
                  opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
