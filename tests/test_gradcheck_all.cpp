@@ -5,6 +5,8 @@
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
+#include <limits>
 #include <regex>
 #include <set>
 
@@ -348,6 +350,19 @@ BOOST_AUTO_TEST_CASE(scatter_add_sums_repeated_ids_in_float32) {
   sum(index_select(x, 0, ids)).backward();
   BOOST_TEST(x.grad().to_vector<double>() == (std::vector<double>{300, 300, 300, 0, 0, 0}),
              boost::test_tools::per_element());
+}
+
+// The tape's anomaly scan reads bf16 and f16 as float32 (it read their bytes as float64, past the
+// buffer's end, and missed an inf).
+BOOST_AUTO_TEST_CASE(the_anomaly_scan_reads_16_bit_tensors) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    BOOST_TEST(autograd::nonfinite_kind(from_vector(std::vector<double>{0, 0, 0, inf}, {4}, dt)) ==
+               std::string("Inf"));
+    BOOST_TEST(autograd::nonfinite_kind(from_vector(std::vector<double>{1, NAN, 0}, {3}, dt)) ==
+               std::string("NaN"));
+    BOOST_TEST(!autograd::nonfinite_kind(ones({5}, dt)));
+  }
 }
 
 // Comparisons promote as PyTorch does: bf16 with bf16 gives a bf16 mask, with float32 a float32
