@@ -44,16 +44,29 @@ struct AnyDtype {
 };
 
 namespace f32_detail {
-// The float tensors among the arguments (AnyDtype ones and undefined ones left out).
-inline void floats_of(std::vector<const Tensor*>& out, const Tensor& t) {
-  if (t.defined() && is_floating(t.dtype())) out.push_back(&t);
+// The first 16-bit float tensor among the arguments (AnyDtype ones and undefined ones left out)
+// goes into `half`. No allocation: every op call of every dtype runs this.
+inline void find_half(const Tensor*& half, const Tensor& t) {
+  if (!half && t.defined() && is_half(t.dtype())) half = &t;
 }
-inline void floats_of(std::vector<const Tensor*>& out, const Tensors& ts) {
-  for (const Tensor& t : ts) floats_of(out, t);
+inline void find_half(const Tensor*& half, const Tensors& ts) {
+  for (const Tensor& t : ts) find_half(half, t);
 }
-inline void floats_of(std::vector<const Tensor*>&, const AnyDtype&) {}
+inline void find_half(const Tensor*&, const AnyDtype&) {}
 template <class A>
-void floats_of(std::vector<const Tensor*>&, const A&) {}
+void find_half(const Tensor*&, const A&) {}
+
+// Fails when float tensor t has another dtype than `half`.
+inline void check_matches(const char* op, const Tensor& half, const Tensor& t) {
+  if (t.defined() && is_floating(t.dtype()) && t.dtype() != half.dtype())
+    fail(std::string(op) + ": dtype mismatch, " + describe(half) + " vs " + describe(t));
+}
+inline void check_matches(const char* op, const Tensor& half, const Tensors& ts) {
+  for (const Tensor& t : ts) check_matches(op, half, t);
+}
+inline void check_matches(const char*, const Tensor&, const AnyDtype&) {}
+template <class A>
+void check_matches(const char*, const Tensor&, const A&) {}
 
 // An argument as the float32 op takes it: 16-bit tensors cast (recorded), anything else as is.
 inline Tensor lifted(const Tensor& t) {
@@ -83,19 +96,14 @@ inline Tensors lowered(const Tensors& ts, DType dt) {
 }  // namespace f32_detail
 
 // The 16-bit dtype among the float tensors of the arguments, or nullopt when there is none.
-// @throws graft::Error "<op>: dtype mismatch, bfloat16 (2, 3) vs float32 (3)" when a 16-bit
+// @throws graft::Error "<op>: dtype mismatch, bf16 (2, 3) vs f32 (3)" when a 16-bit
 //         tensor meets a float tensor of another dtype.
 template <class... A>
 std::optional<DType> half_dtype_of(const char* op, const A&... args) {
-  std::vector<const Tensor*> floats;
-  (f32_detail::floats_of(floats, args), ...);
   const Tensor* half = nullptr;
-  for (const Tensor* t : floats)
-    if (is_half(t->dtype())) half = t;
+  (f32_detail::find_half(half, args), ...);
   if (!half) return std::nullopt;
-  for (const Tensor* t : floats)
-    if (t->dtype() != half->dtype())
-      fail(std::string(op) + ": dtype mismatch, " + describe(*half) + " vs " + describe(*t));
+  (f32_detail::check_matches(op, *half, args), ...);
   return half->dtype();
 }
 
