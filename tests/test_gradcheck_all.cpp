@@ -1,7 +1,8 @@
 // The generic op tests, derived from the op records (graft/testing/registry.h): every sample is
 // gradchecked in float64 (and gradgradchecked where the record has a double backward), its
-// float32 (oneDNN) forward and backward are compared with the float64 path, and every bad input
-// raises its error. Every declared op must have a record with every field.
+// float32 (oneDNN) forward and backward are compared with the float64 path, so are its bf16 ones
+// (and f16 ones for the matmul, elementwise and softmax cases), and every bad input raises its
+// error. Every declared op must have a record with every field.
 #include <boost/test/data/test_case.hpp>
 #include <boost/test/unit_test.hpp>
 
