@@ -389,6 +389,34 @@ void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tenso
   if (db.defined()) db = sum(dy, {0});
 }
 
+// ---- 16-bit linear (x, w and b bf16, or all f16) ----
+// Forward and backward are kern::gemm / gemm_bias on the tensors as they are: the weight read in
+// place as its transpose view, float32 sums, outputs and gradients rounded once into the 16-bit
+// dtype. No copy of the weight is made, in training or inference: a reordered (blocked) bf16
+// copy, as the float32 inference path keeps, would double a bf16 model's weight memory (see
+// docs/mixed-precision-kernels.md for its speed).
+
+// y2 (N, OUT) = x2 (N, IN) w^T + b.
+void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  if (y2.numel() == 0) return;
+  if (x2.shape()[1] == 0) {  // an empty sum: y is the bias (or 0) on every row
+    if (b.defined()) copy_into(y2, view_as(b, y2.shape(), {0, 1}));
+    else fill_(y2, 0);
+    return;
+  }
+  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2);
+  else kern::gemm(x2, swap_last2(w), y2);
+}
+
+// dx2 = dy w, dw = dy^T x2, db = column sums of dy (float32 inside), where defined; gemm fills
+// the empty sums with 0.
+void linear_backward_half(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
+                          const Tensor& dw, Tensor& db) {
+  if (dx2.defined()) kern::gemm(dy, w, dx2);
+  if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
+  if (db.defined()) db = sum_axes(dy, {0});
+}
+
 // linear's argument checks; the message names every shape.
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   kern::check_float("linear", x);
@@ -444,7 +472,9 @@ Tensors linear_backward(const Tensor& dout, const Tensor& x, const Tensor& w_in,
   const Tensor dy = kern::as_rows(dout);
   LinearGrads g(x.shape(), w, has_bias, needs);
   const Tensor dx2 = g.dx_rows();
-  if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
+  if (is_half(x.dtype())) {
+    linear_backward_half(dy, x2, w, dx2, g.dw, g.db);
+  } else if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
     linear_backward_bf16(dy, x2, w, dx2, g.dw, g.db);
   } else if (x.dtype() == DType::f32 && x2.numel() > 0 && dy.numel() > 0) {
     const LinearMds m(x2.shape()[0], x2.shape()[1], w.shape()[0], has_bias);
@@ -586,6 +616,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     return y;
   }
   const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);
+  if (is_half(x.dtype())) {  // 16-bit tensors: their own kernels, forward and backward
+    linear_forward_half(x2, wc, bc, y2);
+    if (record) record_linear(x, w, b, y, nullptr);
+    return y;
+  }
   if (linear_in_int8(x, record) && x2.numel() > 0 && y2.numel() > 0) {
     kern::linear_int8(x2, wc, bc, y2, /*reference=*/!int8_kernel_available());
     return y;
