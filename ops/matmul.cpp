@@ -1,6 +1,8 @@
 // matmul and linear. float32 runs oneDNN (kern::bmm for matmul and linear's training forward;
 // inner_product for linear's inference and backward) on the tensors' own strides, so transposed
-// views are read in place; float64 runs reference loops.
+// views are read in place; float64 runs reference loops. bf16 and f16 tensors run natively,
+// forward and backward, in their own dtype (kern::bmm's 16-bit path; linear over at most 4 rows
+// its own loop), no copy of a weight made or kept.
 #include "graft/ops/matmul.h"
 #include "ops/internal/backward_ops.h"
 

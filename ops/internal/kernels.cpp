@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -316,8 +317,12 @@ void bmm_half(const Tensor& a, const Tensor& b, const Tensor& out, float alpha, 
     fail("bmm: dtype mismatch, a " + describe(a) + " @ b " + describe(b) + " into " +
          describe(out) + (bias.defined() ? " + bias " + describe(bias) : std::string()) +
          ": a 16-bit matmul takes operands of one dtype and writes that dtype or float32");
-  if (half_kernel_available(dt)) bmm_half_onednn(a, b, out, alpha, accumulate, bias);
-  else bmm_half_f32(a, b, out, alpha, accumulate, bias);
+  if (half_kernel_available(dt)) return bmm_half_onednn(a, b, out, alpha, accumulate, bias);
+  static std::once_flag said[2];  // the slower path is said once per dtype on stderr
+  std::call_once(said[dt == DType::f16], [dt] {
+    std::fprintf(stderr, "graft: %s\n", half_matmul_description(dt).c_str());
+  });
+  bmm_half_f32(a, b, out, alpha, accumulate, bias);
 }
 
 bool is_half_tensor(const Operand& o) { return !o.is_kept() && is_half(o.f32.dtype()); }

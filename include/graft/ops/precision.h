@@ -34,7 +34,10 @@
 /// stderr; the examples' --precision int8 refuses instead). int8 is for inference: linear
 /// recording a tape under it is an error.
 ///
-/// The switch is per thread (like torch.autocast) and nests.
+/// The switch is per thread (like torch.autocast) and nests. It is about float32 tensors: tensors
+/// that are bf16 or f16 (DType::bf16, DType::f16) multiply in their own dtype whatever the
+/// setting, on oneDNN's 16-bit kernel with float32 sums where the CPU has one, else in float32 on
+/// operands widened for the call (half_kernel_available(), half_matmul_description()).
 #pragma once
 
 #include <string>
