@@ -9,6 +9,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <type_traits>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/precision.h"
@@ -405,7 +409,7 @@ void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tenso
 constexpr int64_t kHalfRowLoop = 4;
 
 // sum of w[i] x[i] over [0, n) in float32 with 64 partial sums (four AVX-512 accumulators): one
-// accumulator waits on its FMA's latency and reads bf16 weights at half the cache's rate.
+// accumulator waits on its FMA's latency.
 template <class H>
 float dot_half(const H* w, const float* x, int64_t n) {
   constexpr int64_t kLanes = 64;
@@ -413,20 +417,50 @@ float dot_half(const H* w, const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<float>(w[i + l]) * x[i + l];
-  float s = 0;
-  for (; i < n; ++i) s += static_cast<float>(w[i]) * x[i];
-  for (int64_t l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += static_cast<float>(w[i]) * x[i];
+  // Folded in halves (vector adds), not summed one lane after another.
+  for (int64_t half = kLanes / 2; half >= 1; half /= 2)
+    for (int64_t l = 0; l < half; ++l) acc[l] += acc[l + half];
+  return acc[0];
 }
 
+#if defined(__AVX512BF16__)
+// The same for bf16 w and x on AVX512_BF16's dot-product instruction (pairs of bf16 products
+// added to float32 lanes): 2.5x the widening loop's rate on a Zen 4 (1024 x 4096 weights: 128
+// against 321 us, one core), which spends its time widening bf16 to float32.
+float dot_bf16(const bfloat16* w, const bfloat16* x, int64_t n) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm512_dpbf16_ps(acc[k], (__m512bh)_mm512_loadu_si512(w + i + 32 * k),
+                                (__m512bh)_mm512_loadu_si512(x + i + 32 * k));
+  alignas(64) float lanes[16];  // (GCC 12's _mm512_reduce_add_ps warns in its own header)
+  _mm512_store_ps(lanes,
+                  _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (int half = 8; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  float s = lanes[0];
+  for (; i < n; ++i) s += static_cast<float>(w[i]) * static_cast<float>(x[i]);
+  return s;
+}
+constexpr bool kDotBf16 = true;
+#else
+float dot_bf16(const bfloat16*, const bfloat16*, int64_t) { return 0; }  // not called
+constexpr bool kDotBf16 = false;
+#endif
+
 // y2 (M, OUT) = x2 (M, IN) w^T + b for M <= kHalfRowLoop, all contiguous, of 16-bit type H: each
-// row of w read once (the threads split the outputs) and dotted with every row of x (widened to
-// float32 once) in float32, the sum rounded once.
+// row of w read once (the threads split the outputs) and dotted with every row of x in float32
+// (dot_bf16, or dot_half on x widened once), the sum rounded once.
 template <class H>
 void linear_rows_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
   const int64_t M = x2.shape()[0], IN = w.shape()[1], OUT = w.shape()[0];
-  std::vector<float> xf((size_t)(M * IN));
-  to_float(x2.data<const H>(), xf.data(), M * IN);
+  constexpr bool native = kDotBf16 && std::is_same_v<H, bfloat16>;
+  std::vector<float> xf(native ? 0 : (size_t)(M * IN));
+  if (!native) to_float(x2.data<const H>(), xf.data(), M * IN);
+  const H* px = x2.data<const H>();
   const H* pw = w.data<const H>();
   const H* pb = b.defined() ? b.data<const H>() : nullptr;
   H* py = y2.data<H>();
@@ -434,7 +468,9 @@ void linear_rows_half(const Tensor& x2, const Tensor& w, const Tensor& b, const 
   for (int64_t o = 0; o < OUT; ++o) {
     const H* row = pw + o * IN;
     for (int64_t m = 0; m < M; ++m) {
-      const float s = dot_half(row, xf.data() + m * IN, IN);
+      float s;
+      if constexpr (native) s = dot_bf16(row, px + m * IN, IN);
+      else s = dot_half(row, xf.data() + m * IN, IN);
       py[m * OUT + o] = H(pb ? s + static_cast<float>(pb[o]) : s);
     }
   }
