@@ -1,12 +1,18 @@
 // matmul and linear. float32 runs oneDNN (kern::bmm for matmul and linear's training forward;
 // inner_product for linear's inference and backward) on the tensors' own strides, so transposed
-// views are read in place; float64 runs reference loops.
+// views are read in place; float64 runs reference loops. bf16 and f16 tensors run natively,
+// forward and backward, in their own dtype (kern::bmm's 16-bit path; linear over at most 4 rows
+// its own loop), no copy of a weight made or kept.
 #include "graft/ops/matmul.h"
 #include "ops/internal/backward_ops.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <type_traits>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/precision.h"
@@ -142,7 +148,6 @@ Tensors matmul_backward(const Tensor& dout, const Tensor& a, const Tensor& b,
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  GRAFT_VIA_F32("matmul", matmul, a, b);  // bf16/f16: float32 until a native kernel
   kern::check_float("matmul", a);
   kern::check_float("matmul", b);
   if (a.dtype() != b.dtype())
@@ -390,6 +395,111 @@ void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tenso
   if (db.defined()) db = sum(dy, {0});
 }
 
+// ---- 16-bit linear (x, w and b bf16, or all f16) ----
+// Forward and backward are kern::gemm / gemm_bias on the tensors as they are: the weight read in
+// place as its transpose view, float32 sums, outputs and gradients rounded once into the 16-bit
+// dtype. No copy of the weight is made, in training or inference: a reordered (blocked) bf16
+// copy, as the float32 inference path keeps, would double a bf16 model's weight memory (see
+// docs/mixed-precision-kernels.md for its speed).
+
+// Up to this many rows, a 16-bit linear runs linear_rows_half: oneDNN 2.6's bf16 matmul on the
+// plain weight runs 1 x 4096 -> 4096 at 19 GB/s of weights (it repacks the weight each call),
+// half the rate of its inner product on a reordered copy, which the loop matches without a copy
+// (docs/mixed-precision-kernels.md).
+constexpr int64_t kHalfRowLoop = 4;
+
+// sum of w[i] x[i] over [0, n) in float32 with 64 partial sums (four AVX-512 accumulators): one
+// accumulator waits on its FMA's latency.
+template <class H>
+float dot_half(const H* w, const float* x, int64_t n) {
+  constexpr int64_t kLanes = 64;
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += static_cast<float>(w[i + l]) * x[i + l];
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += static_cast<float>(w[i]) * x[i];
+  // Folded in halves (vector adds), not summed one lane after another.
+  for (int64_t half = kLanes / 2; half >= 1; half /= 2)
+    for (int64_t l = 0; l < half; ++l) acc[l] += acc[l + half];
+  return acc[0];
+}
+
+#if defined(__AVX512BF16__)
+// The same for bf16 w and x on AVX512_BF16's dot-product instruction (pairs of bf16 products
+// added to float32 lanes): 2.5x the widening loop's rate on a Zen 4 (1024 x 4096 weights: 128
+// against 321 us, one core), which spends its time widening bf16 to float32.
+float dot_bf16(const bfloat16* w, const bfloat16* x, int64_t n) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm512_dpbf16_ps(acc[k], (__m512bh)_mm512_loadu_si512(w + i + 32 * k),
+                                (__m512bh)_mm512_loadu_si512(x + i + 32 * k));
+  alignas(64) float lanes[16];  // (GCC 12's _mm512_reduce_add_ps warns in its own header)
+  _mm512_store_ps(lanes,
+                  _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (int half = 8; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] += lanes[l + half];
+  float s = lanes[0];
+  for (; i < n; ++i) s += static_cast<float>(w[i]) * static_cast<float>(x[i]);
+  return s;
+}
+constexpr bool kDotBf16 = true;
+#else
+float dot_bf16(const bfloat16*, const bfloat16*, int64_t) { return 0; }  // not called
+constexpr bool kDotBf16 = false;
+#endif
+
+// y2 (M, OUT) = x2 (M, IN) w^T + b for M <= kHalfRowLoop, all contiguous, of 16-bit type H: each
+// row of w read once (the threads split the outputs) and dotted with every row of x in float32
+// (dot_bf16, or dot_half on x widened once), the sum rounded once.
+template <class H>
+void linear_rows_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  const int64_t M = x2.shape()[0], IN = w.shape()[1], OUT = w.shape()[0];
+  constexpr bool native = kDotBf16 && std::is_same_v<H, bfloat16>;
+  std::vector<float> xf(native ? 0 : (size_t)(M * IN));
+  if (!native) to_float(x2.data<const H>(), xf.data(), M * IN);
+  const H* px = x2.data<const H>();
+  const H* pw = w.data<const H>();
+  const H* pb = b.defined() ? b.data<const H>() : nullptr;
+  H* py = y2.data<H>();
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t o = 0; o < OUT; ++o) {
+    const H* row = pw + o * IN;
+    for (int64_t m = 0; m < M; ++m) {
+      float s;
+      if constexpr (native) s = dot_bf16(row, px + m * IN, IN);
+      else s = dot_half(row, xf.data() + m * IN, IN);
+      py[m * OUT + o] = H(pb ? s + static_cast<float>(pb[o]) : s);
+    }
+  }
+}
+
+// y2 (N, OUT) = x2 (N, IN) w^T + b.
+void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+  if (y2.numel() == 0) return;
+  if (x2.shape()[1] == 0) {  // an empty sum: y is the bias (or 0) on every row
+    if (b.defined()) copy_into(y2, view_as(b, y2.shape(), {0, 1}));
+    else fill_(y2, 0);
+    return;
+  }
+  if (x2.shape()[0] <= kHalfRowLoop && x2.dtype() == DType::bf16)
+    return linear_rows_half<bfloat16>(x2, w, b, y2);
+  if (x2.shape()[0] <= kHalfRowLoop) return linear_rows_half<float16>(x2, w, b, y2);
+  if (b.defined()) kern::gemm_bias(x2, swap_last2(w), b, y2);
+  else kern::gemm(x2, swap_last2(w), y2);
+}
+
+// dx2 = dy w, dw = dy^T x2, db = column sums of dy (float32 inside), where defined; gemm fills
+// the empty sums with 0.
+void linear_backward_half(const Tensor& dy, const Tensor& x2, const Tensor& w, const Tensor& dx2,
+                          const Tensor& dw, Tensor& db) {
+  if (dx2.defined()) kern::gemm(dy, w, dx2);
+  if (dw.defined()) kern::gemm(swap_last2(dy), x2, dw);
+  if (db.defined()) db = sum_axes(dy, {0});
+}
+
 // linear's argument checks; the message names every shape.
 void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   kern::check_float("linear", x);
@@ -445,7 +555,9 @@ Tensors linear_backward(const Tensor& dout, const Tensor& x, const Tensor& w_in,
   const Tensor dy = kern::as_rows(dout);
   LinearGrads g(x.shape(), w, has_bias, needs);
   const Tensor dx2 = g.dx_rows();
-  if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
+  if (is_half(x.dtype())) {
+    linear_backward_half(dy, x2, w, dx2, g.dw, g.db);
+  } else if (linear_in_bf16(x) && x2.numel() > 0 && dy.numel() > 0) {
     linear_backward_bf16(dy, x2, w, dx2, g.dw, g.db);
   } else if (x.dtype() == DType::f32 && x2.numel() > 0 && dy.numel() > 0) {
     const LinearMds m(x2.shape()[0], x2.shape()[1], w.shape()[0], has_bias);
@@ -514,7 +626,6 @@ Tensors linear_weight_grad_backward(const Tensor& g, const Tensor& dy, const Ten
 // dy and copy it back into dy's layout (a tenth of the base model's Hessian-vector product's
 // second backward, outside the matmuls).
 Tensor linear_weight_grad(const Tensor& dy, const Tensor& x) {
-  GRAFT_VIA_F32("linear_weight_grad", linear_weight_grad, dy, x);  // bf16/f16: float32
   check_defined(dy, "linear_weight_grad", "dy");
   check_defined(x, "linear_weight_grad", "x");
   const Tensor dy2 = kern::as_rows(kern::contig(dy)), x2 = kern::as_rows(kern::contig(x));
@@ -576,7 +687,6 @@ void record_linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  GRAFT_VIA_F32("linear", linear, x, w, b);  // bf16/f16: float32 until a native kernel
   check_linear(x, w, b);
   Shape y_shape = x.shape();
   y_shape.back() = w.shape()[0];
@@ -589,6 +699,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     return y;
   }
   const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);
+  if (is_half(x.dtype())) {  // 16-bit tensors: their own kernels, forward and backward
+    linear_forward_half(x2, wc, bc, y2);
+    if (record) record_linear(x, w, b, y, nullptr);
+    return y;
+  }
   if (linear_in_int8(x, record) && x2.numel() > 0 && y2.numel() > 0) {
     kern::linear_int8(x2, wc, bc, y2, /*reference=*/!int8_kernel_available());
     return y;

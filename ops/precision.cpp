@@ -209,6 +209,41 @@ std::string int8_unavailable_reason(const std::string& what) {
                             "; without VNNI its int8 sums can saturate), so int8 is refused");
 }
 
+namespace {
+// oneDNN 2.6 builds f16 matmuls only for AVX512_FP16 (Sapphire Rapids); elsewhere its answer is
+// none or the reference loop, and f16 tensors multiply in float32.
+const std::string& f16_probe() {
+  static const std::string name = probe_matmul(dnnl::memory::data_type::f16, 64);
+  return name;
+}
+bool f16_kernel_available() {
+  static const bool ok =
+      !f16_probe().empty() && std::string_view(f16_probe()).substr(0, 3) != "ref";
+  return ok;
+}
+}  // namespace
+
+bool half_kernel_available(DType dt) {
+  if (dt == DType::bf16) return bf16_kernel_available();
+  if (dt == DType::f16) return f16_kernel_available();
+  return false;
+}
+
+std::string half_matmul_description(DType dt) {
+  const bool bf16 = dt == DType::bf16;
+  const std::string what = std::string(dtype_short_name(dt)) + " tensor matmuls";
+  if (!is_half(dt)) return what + ": not a 16-bit dtype";
+  if (half_kernel_available(dt))
+    return what + ": oneDNN " + (bf16 ? matmul_kernel_name(Precision::bf16) : f16_probe());
+  const std::string& probe = bf16 ? bf16_probe() : f16_probe();
+  return what + ": float32 kernel on operands converted per call (" +
+         matmul_kernel_name(Precision::fp32) + "): oneDNN " + onednn_version() + " has no native " +
+         dtype_short_name(dt) + " matmul kernel for this CPU (it needs " +
+         (bf16 ? "AVX512_BF16 or AMX" : "AVX512_FP16") +
+         ", and no DNNL_MAX_CPU_ISA cap below it; its probe here: " +
+         (probe.empty() ? std::string("none") : probe) + ")";
+}
+
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }

@@ -93,7 +93,7 @@ std::shared_ptr<Storage> span_copy(const Tensor& t, bool rounded, bool reuse, bo
 // matmul and dead after it is written into its slot's buffer, kept from call to call, since
 // fresh pages (faulted in and zeroed by the kernel) cost more than the conversion itself.
 std::shared_ptr<Storage> scratch(int slot, size_t bytes) {
-  thread_local std::shared_ptr<Storage> buf[2];
+  thread_local std::shared_ptr<Storage> buf[kHalfOut + 1];
   std::shared_ptr<Storage>& s = buf[slot];
   if (!s || s->nbytes < bytes || s.use_count() > 1)  // too small, or still held by someone
     s = std::make_shared<Storage>(std::max(bytes, s ? s->nbytes + s->nbytes / 4 : 0));
@@ -200,6 +200,61 @@ bool keep_bf16_of(const Tensor& x) {
   // A leaf is held by its owner anyway: a copy would only add memory.
   return x.dtype() == DType::f32 && bf16_kernel_in_force() && !x.is_leaf() &&
          x.impl()->storage->saved_by_tape == 0;
+}
+
+namespace {
+// A tensor of `dtype` over storage s at offset 0.
+Tensor tensor_over(std::shared_ptr<Storage> s, const Shape& shape, const Shape& strides,
+                   DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(s);
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
+// float32 of 16-bit H bits, in chunks (the array form of half.h vectorises).
+template <class H>
+void widen(const Tensor& t, bool span, float* dst) {
+  const H* src = t.data<const H>();
+  const int64_t n = t.numel();
+  if (span) {
+    constexpr int64_t kChunk = 1 << 14;
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+    for (int64_t i = 0; i < n; i += kChunk) to_float(src + i, dst + i, std::min(kChunk, n - i));
+  } else {
+    for_each_strided(t.shape(), t.strides(),
+                     [&](int64_t i, int64_t o) { dst[i] = static_cast<float>(src[o]); });
+  }
+}
+}  // namespace
+
+Tensor half_to_f32(const Tensor& t, int slot, bool values) {
+  const bool span = dense_span(t);
+  std::shared_ptr<Storage> buf = scratch(slot, (size_t)std::max<int64_t>(t.numel(), 1) * 4);
+  float* dst = static_cast<float*>(buf->data);
+  if (values && t.dtype() == DType::bf16) widen<bfloat16>(t, span, dst);
+  else if (values) widen<float16>(t, span, dst);
+  return tensor_over(buf, t.shape(), span ? t.strides() : contiguous_strides(t.shape()),
+                     DType::f32);
+}
+
+void store_rounded(const Tensor& src, const Tensor& out) {
+  const float* s = src.data<const float>();
+  const int64_t n = out.numel();
+  constexpr int64_t kChunk = 1 << 14;
+  const bool bf16 = out.dtype() == DType::bf16;
+#pragma omp parallel for if (n > kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    if (bf16) from_float(s + i, out.data<bfloat16>() + i, m);
+    else from_float(s + i, out.data<float16>() + i, m);
+  }
+}
+
+Tensor as_bf16_tensor(const Bf16Operand& k) {
+  return tensor_over(k.storage, k.shape, k.strides, DType::bf16);
 }
 
 Tensor rounded_to_bf16(const Tensor& t, bool reuse, bool weight) {

@@ -58,6 +58,22 @@ class Bf16ReuseScope {
   Bf16ReuseScope& operator=(const Bf16ReuseScope&) = delete;
 };
 
+// ---- 16-bit tensors (DType::bf16, DType::f16) on a CPU without their matmul kernel ----
+
+// The per-thread buffer slots of half_to_f32: one per operand of a matmul and one for its output,
+// apart from to_bf16's slots 0 and 1.
+enum HalfSlot { kHalfA = 2, kHalfB = 3, kHalfOut = 4 };
+// t (bf16 or f16, any strides) in float32 in this thread's buffer for `slot`, valid until the
+// next call for that slot on this thread; t's strides when dense_span(t), else contiguous.
+// Nothing is kept: a bf16 model's weights are widened for one matmul at a time. Without
+// `values` the buffer is returned unwritten (an output to be overwritten).
+Tensor half_to_f32(const Tensor& t, int slot, bool values = true);
+// Writes float32 src (contiguous) into out (bf16 or f16, contiguous, same numel), each value
+// rounded once (to nearest even).
+void store_rounded(const Tensor& src, const Tensor& out);
+// A bf16 copy (Bf16Operand) as a bf16 tensor: a view of its storage, nothing copied.
+Tensor as_bf16_tensor(const Bf16Operand& k);
+
 // How many reused copies were made (ops/precision.h: bf16_weight_copies_made).
 uint64_t bf16_weight_copies();
 // Counts a bf16 copy of a weight made elsewhere (linear's inference layout under bf16).

@@ -15,6 +15,20 @@ dnnl::stream& stream() {
   return s;
 }
 
+dnnl::memory::data_type data_type(DType dt) {
+  using t = dnnl::memory::data_type;
+  switch (dt) {
+    case DType::f32:
+      return t::f32;
+    case DType::bf16:
+      return t::bf16;
+    case DType::f16:
+      return t::f16;
+    default:
+      return t::undef;
+  }
+}
+
 Shape canonical_strides(const Shape& shape, const Shape& strides) {
   Shape st = strides;
   for (size_t d = shape.size(); d-- > 0;)

@@ -17,6 +17,8 @@ dnnl::engine& engine();
 dnnl::stream& stream();
 
 using dims = dnnl::memory::dims;
+// oneDNN's element type for a graft dtype: f32, bf16 or f16 (undef for the others).
+dnnl::memory::data_type data_type(DType dt);
 // Describes an f32 tensor with its own strides; rank 0 is described as (1).
 dnnl::memory::desc md(const Tensor& t);
 dnnl::memory::desc md(const Shape& shape, const Shape& strides,

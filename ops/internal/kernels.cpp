@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -123,17 +124,23 @@ bool is_dense(const Shape& shape, const Shape& strides) {
          onednn::canonical_strides(shape, contiguous_strides(shape));
 }
 
-// The oneDNN matmul of operands a, b (shapes and strides as, bs, element type dt) into out
-// (float32); alpha as an output scale, accumulate as a sum post-op, and with `bias` a float32
-// bias of out's last dim added by the kernel as it writes out.
+// The element types of a matmul's operands, output and bias.
+struct MatmulTypes {
+  dnnl::memory::data_type src, dst, bias;
+};
+
+// The oneDNN matmul of operands a, b (shapes and strides as, bs) into out; alpha as an output
+// scale, accumulate as a sum post-op, and with `bias` a bias of out's last dim added by the kernel
+// as it writes out.
 onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const Shape& b,
-                                         const Shape& bs, const Tensor& out,
-                                         dnnl::memory::data_type dt, float alpha, bool accumulate,
-                                         bool bias) {
-  auto a_md = onednn::md(a, as, dt), b_md = onednn::md(b, bs, dt), o_md = onednn::md(out);
+                                         const Shape& bs, const Tensor& out, MatmulTypes dt,
+                                         float alpha, bool accumulate, bool bias) {
+  auto a_md = onednn::md(a, as, dt.src), b_md = onednn::md(b, bs, dt.src),
+       o_md = onednn::md(out.shape(), out.strides(), dt.dst);
   Shape bias_shape(out.dim(), 1);
   bias_shape.back() = out.shape().back();
-  const auto bias_md = bias ? onednn::md_contiguous(bias_shape) : dnnl::memory::desc();
+  const auto bias_md =
+      bias ? onednn::md(bias_shape, contiguous_strides(bias_shape), dt.bias) : dnnl::memory::desc();
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (accumulate) {
@@ -151,8 +158,8 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
   const bool dense = std::string_view(pd.impl_info_str()).substr(0, 3) == "ref" &&
                      (!is_dense(a, as) || !is_dense(b, bs));
   if (dense) {
-    a_md = onednn::md(a, contiguous_strides(a), dt);
-    b_md = onednn::md(b, contiguous_strides(b), dt);
+    a_md = onednn::md(a, contiguous_strides(a), dt.src);
+    b_md = onednn::md(b, contiguous_strides(b), dt.src);
     pd = dnnl::matmul::primitive_desc(desc(), attr, onednn::engine());
   }
   return onednn::Cached<dnnl::matmul>{dnnl::matmul(pd), {a_md, b_md, o_md, bias_md}, dense};
@@ -193,6 +200,8 @@ Bf16Operand kernel_bf16(const Operand& o, bool dense, BCopy copy, int slot) {
 // operand (Operand::kept) is multiplied as it is; it needs the bf16 kernel.
 void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCopy b_copy,
              const Tensor& bias) {
+  if (out.dtype() != DType::f32)
+    fail("bmm: float32 operands into " + describe(out) + ": the output must be float32");
   const bool bf16 = matmul_precision() == Precision::bf16;
   const bool bf16_kernel = bf16_kernel_in_force();
   if ((a.is_kept() || b.is_kept()) && !bf16_kernel)
@@ -211,7 +220,8 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
                   bf16_kernel, bias.defined()};
   for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
     key.insert(key.end(), v->begin(), v->end());
-  const auto dt = bf16_kernel ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  using dnnl_dt = dnnl::memory::data_type;
+  const MatmulTypes dt{bf16_kernel ? dnnl_dt::bf16 : dnnl_dt::f32, dnnl_dt::f32, dnnl_dt::f32};
   const auto& c = onednn::cached<dnnl::matmul>(key, [&] {
     return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate, bias.defined());
   });
@@ -235,6 +245,89 @@ void bmm_f32(Operand a, Operand b, Tensor out, float alpha, bool accumulate, BCo
                   {DNNL_ARG_DST, c.mds[2], out.raw()},
                   {DNNL_ARG_BIAS, c.mds[3], bias.defined() ? bias.raw() : nullptr}});
 }
+
+// ---- 16-bit tensors ----
+// A bf16 or f16 tensor is an operand as it is: on a CPU with the dtype's matmul kernel
+// (half_kernel_available) oneDNN reads it in place, sums in float32 and writes out in out's
+// dtype (the same 16-bit one, or float32); elsewhere the operands are widened to float32 in
+// per-thread buffers and the float32 kernel runs. Nothing is kept from call to call.
+
+// t, or a contiguous copy where oneDNN cannot describe it (a broadcast dim, over 12 dims).
+Tensor half_operand(const Tensor& t) {
+  bool ok = t.dim() <= 12;
+  for (int64_t i = 0; i < t.dim(); ++i) ok &= t.strides()[i] != 0 || t.shape()[i] == 1;
+  return ok ? t : contiguous_copy(t);
+}
+
+void bmm_half_onednn(Tensor a, Tensor b, Tensor out, float alpha, bool accumulate,
+                     const Tensor& bias) {
+  a = half_operand(a);
+  b = half_operand(b);
+  merge_batch(a, b, out);
+  const Shape as = onednn::canonical_strides(a.shape(), a.strides()),
+              bs = onednn::canonical_strides(b.shape(), b.strides());
+  // Apart from bmm_f32's keys (0 or 1 in the 4th place).
+  onednn::Key key{a.dim(),
+                  accumulate,
+                  (int64_t)std::bit_cast<uint32_t>(alpha),
+                  16 + (int64_t)a.dtype(),
+                  bias.defined() ? 1 + (int64_t)bias.dtype() : 0,
+                  (int64_t)out.dtype()};
+  for (const Shape* v : {&a.shape(), &as, &b.shape(), &bs, &out.shape()})
+    key.insert(key.end(), v->begin(), v->end());
+  const MatmulTypes dt{
+      onednn::data_type(a.dtype()), onednn::data_type(out.dtype()),
+      bias.defined() ? onednn::data_type(bias.dtype()) : dnnl::memory::data_type::f32};
+  const auto& c = onednn::cached<dnnl::matmul>(key, [&] {
+    return make_matmul(a.shape(), as, b.shape(), bs, out, dt, alpha, accumulate, bias.defined());
+  });
+  if (c.dense_copy) {
+    a = contiguous_copy(a);
+    b = contiguous_copy(b);
+  }
+  onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], a.raw()},
+                  {DNNL_ARG_WEIGHTS, c.mds[1], b.raw()},
+                  {DNNL_ARG_DST, c.mds[2], out.raw()},
+                  {DNNL_ARG_BIAS, c.mds[3], bias.defined() ? bias.raw() : nullptr}});
+}
+
+// Without the kernel: the float32 matmul on widened operands (and a widened out to accumulate
+// into), its result rounded once into a 16-bit out.
+void bmm_half_f32(const Tensor& a, const Tensor& b, const Tensor& out, float alpha, bool accumulate,
+                  const Tensor& bias) {
+  const Tensor af = half_to_f32(a, kHalfA), bf = half_to_f32(b, kHalfB);
+  const bool direct = out.dtype() == DType::f32;
+  const Tensor of = direct ? out : half_to_f32(out, kHalfOut, /*values=*/accumulate);
+  const Tensor bias32 =
+      bias.defined() && bias.dtype() != DType::f32 ? cast_copy(bias, DType::f32) : bias;
+  {
+    PrecisionGuard fp32(Precision::fp32);  // the values are 16-bit already: nothing to round
+    bmm_f32(af, bf, of, alpha, accumulate, BCopy::per_call, bias32);
+  }
+  if (!direct) store_rounded(of, out);
+}
+
+// a @ b (+ bias) for 16-bit a and b of one dtype into out of that dtype or float32; bias of
+// either too.
+void bmm_half(const Tensor& a, const Tensor& b, const Tensor& out, float alpha, bool accumulate,
+              const Tensor& bias) {
+  const DType dt = a.dtype();
+  const bool bias_ok = !bias.defined() || bias.dtype() == dt || bias.dtype() == DType::f32;
+  if (b.dtype() != dt || (out.dtype() != dt && out.dtype() != DType::f32) || !bias_ok)
+    fail("bmm: dtype mismatch, a " + describe(a) + " @ b " + describe(b) + " into " +
+         describe(out) + (bias.defined() ? " + bias " + describe(bias) : std::string()) +
+         ": a 16-bit matmul takes operands of one dtype and writes that dtype or float32");
+  if (half_kernel_available(dt)) return bmm_half_onednn(a, b, out, alpha, accumulate, bias);
+  static std::once_flag said[2];  // the slower path is said once per dtype on stderr
+  std::call_once(said[dt == DType::f16], [dt] {
+    std::fprintf(stderr, "graft: %s\n", half_matmul_description(dt).c_str());
+  });
+  bmm_half_f32(a, b, out, alpha, accumulate, bias);
+}
+
+bool is_half_tensor(const Operand& o) { return !o.is_kept() && is_half(o.f32.dtype()); }
+// The operand as a tensor for bmm_half: a kept bf16 copy as a bf16 tensor.
+Tensor half_side(const Operand& o) { return o.is_kept() ? as_bf16_tensor(o.kept) : o.f32; }
 
 // The reference: rows of the output (batch x M) are split over threads; each row is written by
 // one thread and accumulated in i-k-j order so the inner loop streams a row of b.
@@ -386,6 +479,8 @@ void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha, bo
     if (!accumulate) fill_(out, 0);
     return;
   }
+  if (is_half_tensor(a) || is_half_tensor(b))
+    return bmm_half(half_side(a), half_side(b), out, (float)alpha, accumulate, Tensor());
   if (a.is_kept() || b.is_kept() || (a.f32.dtype() == DType::f32 && a.f32.dim() <= 12))
     bmm_f32(a, b, out, (float)alpha, accumulate, b_copy, Tensor());
   else
@@ -397,21 +492,28 @@ namespace {
 std::string describe_operand(const Operand& o) {
   return o.is_kept() ? "bfloat16 " + shape_str(o.kept.shape) + " (kept)" : describe(o.f32);
 }
-bool operand_is_f32(const Operand& o) { return o.is_kept() || o.f32.dtype() == DType::f32; }
+// A kept bf16 copy stands for a float32 tensor.
+DType operand_dtype(const Operand& o) { return o.is_kept() ? DType::f32 : o.f32.dtype(); }
 }  // namespace
 
 void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out,
                BCopy b_copy) {
   const Shape &sa = a.shape(), &sb = b.shape();
-  if (!operand_is_f32(a) || !operand_is_f32(b) || bias.dtype() != DType::f32 ||
-      out.dtype() != DType::f32 || bias.dim() != 1 || !bias.is_contiguous() || sa.size() != 2 ||
-      sb.size() != 2 || out.dim() != 2 || !out.is_contiguous() || sa[1] != sb[0] || sa[1] == 0 ||
+  const DType dt = operand_dtype(a);
+  const bool half = is_half(dt);
+  const bool types = operand_dtype(b) == dt && (dt == DType::f32 || half) &&
+                     (bias.dtype() == dt || (half && bias.dtype() == DType::f32)) &&
+                     (out.dtype() == dt || (half && out.dtype() == DType::f32));
+  if (!types || bias.dim() != 1 || !bias.is_contiguous() || sa.size() != 2 || sb.size() != 2 ||
+      out.dim() != 2 || !out.is_contiguous() || sa[1] != sb[0] || sa[1] == 0 ||
       bias.shape()[0] != out.shape()[1] || sa[0] != out.shape()[0] || sb[1] != out.shape()[1])
     fail("gemm_bias: a " + describe_operand(a) + " @ b " + describe_operand(b) + " + bias " +
          describe(bias) + " into " + describe(out) +
-         ": float32, 2-D, K > 0 and matching shapes required");
+         ": float32 (or bf16 or f16 operands, bias and out of theirs or float32), 2-D, K > 0 and "
+         "matching shapes required");
   if (out.numel() == 0) return;
-  bmm_f32(a, b, out, 1.0f, false, b_copy, bias);
+  if (half) bmm_half(a.f32, b.f32, out, 1.0f, false, bias);
+  else bmm_f32(a, b, out, 1.0f, false, b_copy, bias);
 }
 
 void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate, BCopy b_copy) {
@@ -465,17 +567,12 @@ void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alp
   check_float("matmul_into", b);
   check_float("matmul_into", out);
   check_same_dtype("matmul_into", a, b);
-  check_same_dtype("matmul_into", a, out);
+  if (!(is_half(a.dtype()) && out.dtype() == DType::f32))  // 16-bit operands may write float32
+    check_same_dtype("matmul_into", a, out);
   if (!matmul_fits(a.shape(), b.shape(), out.shape()) || !out.is_contiguous())
     fail("matmul_into: a " + describe(a) + " @ b " + describe(b) + " into " + describe(out) +
          ": equal ranks >= 2, matching inner dims, batch dims equal or 1 and a contiguous out "
          "required");
-  if (is_half(a.dtype())) {  // float32 on copies, rounded once into out
-    const Tensor o32 = accumulate ? cast_copy(out, DType::f32) : Tensor::empty(out.shape());
-    bmm(cast_copy(a, DType::f32), cast_copy(b, DType::f32), o32, alpha, accumulate);
-    copy_into(out, o32);
-    return;
-  }
   bmm(a, b, out, alpha, accumulate);
 }
 

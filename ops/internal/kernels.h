@@ -186,13 +186,18 @@ Operand transposed(const Operand& o);
 // or are 1 (broadcast); a and b any strides (transposes and head-split permutes as views), out
 // contiguous (a row range of a bigger tensor is fine). float32 runs oneDNN matmul, its primitive
 // built once per problem and thread, with bf16 operands under PrecisionGuard(bf16)
-// (ops/precision.h); float64 a reference loop. b_copy: how b's bf16 copy lives (BCopy). Either
-// operand may be a kept bf16 copy (Operand). Records nothing: for ops that run matmuls inside
-// their own forward or backward.
+// (ops/precision.h); float64 a reference loop. bf16 or f16 a and b (one dtype; a kept bf16 copy
+// goes with bf16) are read as they are, whatever the precision setting, into out of their dtype
+// or float32: oneDNN's 16-bit matmul with float32 sums where half_kernel_available(), else the
+// float32 one on operands widened into per-thread buffers (said once on stderr), the result
+// rounded once; b_copy is moot there (no copy is kept). b_copy: how b's bf16 copy lives (BCopy).
+// Either operand may be a kept bf16 copy (Operand). Records nothing: for ops that run matmuls
+// inside their own forward or backward.
 void bmm(const Operand& a, const Operand& b, const Tensor& out, double alpha = 1.0,
          bool accumulate = false, BCopy b_copy = BCopy::per_call);
 // out = a @ b + bias (float32, 2-D, bias (N) added by the matmul kernel as it writes out); K
-// must be > 0. Follows the precision setting like bmm.
+// must be > 0. Follows the precision setting like bmm. 16-bit a and b as in bmm, with a bias and
+// out of their dtype or float32.
 void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Tensor& out,
                BCopy b_copy = BCopy::per_call);
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.

@@ -298,10 +298,11 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 
 /// out (B..., M, N) = alpha * a (B..., M, K) @ b (B..., K, N), or out += that with accumulate,
 /// recording nothing: a matmul inside a custom op's forward or backward. a, b, out of equal
-/// rank >= 2 and one float dtype; batch dims of a and b equal out's or are 1; a and b any
-/// strides (transposes as views), out contiguous. float32 runs oneDNN (bf16 operands under
-/// PrecisionGuard(bf16)), float64 a reference loop; bf16 and f16 run float32 on copies, rounded
-/// once into out.
+/// rank >= 2 and one float dtype (bf16 or f16 a and b may also write a float32 out); batch dims
+/// of a and b equal out's or are 1; a and b any strides (transposes as views), out contiguous.
+/// float32 runs oneDNN (bf16 operands under PrecisionGuard(bf16)), bf16 and f16 oneDNN's 16-bit
+/// kernel with float32 sums where the CPU has one (half_kernel_available(), ops/precision.h) and
+/// float32 on widened operands elsewhere, float64 a reference loop.
 /// @throws graft::Error when a tensor is undefined, the dtypes differ or are not float, or the
 ///         shapes do not fit.
 void matmul_into(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,

@@ -34,10 +34,15 @@
 /// stderr; the examples' --precision int8 refuses instead). int8 is for inference: linear
 /// recording a tape under it is an error.
 ///
-/// The switch is per thread (like torch.autocast) and nests.
+/// The switch is per thread (like torch.autocast) and nests. It is about float32 tensors: tensors
+/// that are bf16 or f16 (DType::bf16, DType::f16) multiply in their own dtype whatever the
+/// setting, on oneDNN's 16-bit kernel with float32 sums where the CPU has one, else in float32 on
+/// operands widened for the call (half_kernel_available(), half_matmul_description()).
 #pragma once
 
 #include <string>
+
+#include "graft/autograd/tensor.h"
 
 namespace graft {
 
@@ -128,6 +133,17 @@ std::string int8_unavailable_reason(const std::string& what);
 /// How many int8 copies of weights have been made in this process: an inference run makes one per
 /// linear weight, once (for tests).
 uint64_t int8_weight_copies_made();
+
+/// Whether matmuls of 16-bit tensors of dtype `dt` (DType::bf16 or DType::f16) run on a native
+/// oneDNN kernel here (probed once; DNNL_MAX_CPU_ISA counts): bf16 where bf16_kernel_available(),
+/// f16 where oneDNN 2.6 builds a non-reference f16 matmul (AVX512_FP16 CPUs). Elsewhere such a
+/// matmul converts its operands to float32 for the call (a per-thread buffer, nothing kept), runs
+/// the float32 kernel and rounds the result once into the output's dtype. False for other dtypes.
+bool half_kernel_available(DType dt);
+/// One line for logs naming the path matmuls of `dt` tensors take here: "bf16 tensor matmuls:
+/// oneDNN brg:avx512_core_bf16" or "f16 tensor matmuls: float32 kernel on converted operands
+/// (...why...)".
+std::string half_matmul_description(DType dt);
 
 /// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
 float round_to_bf16(float x);
