@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "graft/autograd/tensor.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/shape.h"
 
 using namespace graft;
 
@@ -217,4 +219,18 @@ BOOST_AUTO_TEST_CASE(int8_stores_converts_and_refuses_what_it_cannot_hold) {
   refused([] { Tensor::empty({2}, DType::i8).requires_grad_(); }, "only float tensors");
   refused([] { (void)Tensor::empty({2}, DType::i8).data<int64_t>(); }, "tensor is int8");
   BOOST_TEST(zeros({3}, DType::i8).to_vector<int64_t>() == (std::vector<int64_t>{0, 0, 0}));
+}
+
+// The shape ops move int8 elements as they move any other; an int8 mask selects as any other (it
+// once fell through the mask's dtype switch to all zeros).
+BOOST_AUTO_TEST_CASE(int8_masks_select_and_shape_ops_move_int8) {
+  const Tensor mask = from_vector(std::vector<int64_t>{1, 0, -3}, {3}, DType::i8);
+  const Tensor a = full({3}, 1.0), b = full({3}, 2.0);
+  BOOST_TEST(where(mask, a, b).to_vector<double>() == (std::vector<double>{1, 2, 1}));
+  BOOST_TEST(masked_fill(b, mask, 5.0).to_vector<double>() == (std::vector<double>{5, 2, 5}));
+  const Tensor x = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::i8);
+  const Tensor t = contiguous(transpose(x, 0, 1));
+  BOOST_TEST((t.dtype() == DType::i8));
+  BOOST_TEST(t.to_vector<int64_t>() == (std::vector<int64_t>{1, 4, 2, 5, 3, 6}));
+  BOOST_TEST(concat({x, x}, 0).to_vector<int64_t>()[7] == 2);
 }
