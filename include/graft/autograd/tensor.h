@@ -212,16 +212,16 @@ class Tensor {
   /// Scalar value of a one-element tensor, converted to double.
   /// @throws graft::Error when the tensor is undefined or does not have exactly one element.
   double item() const;
-  /// Copy of the elements in row-major order, converted to T (float, double or int64_t).
+  /// Copy of the elements in row-major order, converted to T (float, double or int64_t; any
+  /// dtype, int8 included).
   template <class T>
   std::vector<T> to_vector() const;
 
   /// True for a leaf that wants a gradient, or an op output that a gradient flows through.
   bool requires_grad() const { return state("requires_grad").requires_grad; }
   /// Marks a leaf as a parameter whose gradient should be accumulated (or, with false, stops it).
-  /// @throws graft::Error for an undefined or integer (int64, int8) tensor, or for a tensor an op
-  /// on the tape
-  ///         produced (detach() it first).
+  /// @throws graft::Error for an undefined or integer (int64, int8) tensor, or for a tensor an
+  ///         op on the tape produced (detach() it first).
   Tensor& requires_grad_(bool on = true);
   /// True when no op on the tape produced this tensor.
   bool is_leaf() const { return !state("is_leaf").recorded(); }
