@@ -23,10 +23,10 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j$(JOBS)
 
-# The light PyPI packages of the reference checks (ctranslate2_check) into $(BUILD)/pyvenv
+# The light PyPI packages of the reference checks (ctranslate2_check, test_safetensors_py) into $(BUILD)/pyvenv
 # (bench/pyvenv.sh). The library and its programs never need them; without PyPI the checks skip
 # and say so, and make test goes on.
-PYPI_LIGHT = ctranslate2 sacrebleu sentencepiece tokenizers
+PYPI_LIGHT = ctranslate2 sacrebleu sentencepiece tokenizers safetensors numpy
 pyvenv: configure
 	@bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/pyvenv $(PYPI_LIGHT)' || \
 	  echo "make: the PyPI packages ($(PYPI_LIGHT)) could not be had: the checks that need them skip"

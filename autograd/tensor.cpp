@@ -32,6 +32,8 @@ void visit_dtype(DType dt, F&& f) {
       return f(bfloat16{});
     case DType::f16:
       return f(float16{});
+    case DType::i8:
+      return f(int8_t{});
   }
 }
 
@@ -48,6 +50,8 @@ size_t dtype_size(DType dt) {
     case DType::bf16:
     case DType::f16:
       return 2;
+    case DType::i8:
+      return 1;
   }
   return 0;
 }
@@ -64,6 +68,8 @@ const char* dtype_name(DType dt) {
       return "bfloat16";
     case DType::f16:
       return "float16";
+    case DType::i8:
+      return "int8";
   }
   return "?";
 }
@@ -80,14 +86,16 @@ const char* dtype_short_name(DType dt) {
       return "bf16";
     case DType::f16:
       return "f16";
+    case DType::i8:
+      return "i8";
   }
   return "?";
 }
 
 DType parse_dtype(const std::string& name, const std::string& what) {
-  for (DType dt : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16})
+  for (DType dt : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16, DType::i8})
     if (name == dtype_short_name(dt) || name == dtype_name(dt)) return dt;
-  fail(what + ": unknown dtype '" + name + "' (f32, f64, i64, bf16, f16 or their long names)");
+  fail(what + ": unknown dtype '" + name + "' (f32, f64, i64, bf16, f16, i8 or their long names)");
 }
 
 std::string shape_str(const Shape& s) {
@@ -226,6 +234,7 @@ static constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, double>) return DType::f64;
   else if constexpr (std::is_same_v<T, bfloat16>) return DType::bf16;
   else if constexpr (std::is_same_v<T, float16>) return DType::f16;
+  else if constexpr (std::is_same_v<T, int8_t>) return DType::i8;
   else return DType::i64;
 }
 
@@ -247,6 +256,8 @@ template bfloat16* Tensor::data<bfloat16>() const;
 template float16* Tensor::data<float16>() const;
 template const bfloat16* Tensor::data<const bfloat16>() const;
 template const float16* Tensor::data<const float16>() const;
+template int8_t* Tensor::data<int8_t>() const;
+template const int8_t* Tensor::data<const int8_t>() const;
 
 void* Tensor::raw() const {
   const TensorImpl& st = state("raw");
@@ -371,15 +382,25 @@ static int64_t int64_of(double v, const char* op) {
     fail(std::string(op) + ": " + std::to_string(v) + " does not fit an int64 tensor");
   return (int64_t)v;
 }
+// A double as int8: outside -128..127 (after truncation) or NaN is an error, never a wrap.
+static int8_t int8_of(double v, const char* op) {
+  if (!(v > -129.0 && v < 128.0))
+    fail(std::string(op) + ": " + std::to_string(v) + " does not fit an int8 tensor");
+  return (int8_t)v;
+}
+// A double as an element of type T: checked for the integer types, a plain cast for the floats.
+template <class T>
+static T element_of(double v, const char* op) {
+  if constexpr (std::is_same_v<T, int64_t>) return int64_of(v, op);
+  else if constexpr (std::is_same_v<T, int8_t>) return int8_of(v, op);
+  else return (T)v;
+}
 
 template <class T, class F>
 static void fill_seq(const Tensor& t, F&& f) {
   T* p = t.data<T>();
   const int64_t n = t.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, int64_t>) p[i] = int64_of(f(i), "fill");
-    else p[i] = (T)f(i);
-  }
+  for (int64_t i = 0; i < n; ++i) p[i] = element_of<T>(f(i), "fill");
 }
 
 static void fill_all(const Tensor& t, const std::function<double(int64_t)>& f) {
@@ -587,6 +608,8 @@ void copy_into(const Tensor& dst, const Tensor& src) {
   if (may_alias(dst, src)) return copy_into(dst, contiguous_copy(src));
   if (dst.dtype() == DType::i64 && is_floating(src.dtype()))  // the cast of NaN or +-1e30 is UB
     for (double v : src.to_vector<double>()) int64_of(v, "copy_into (to int64)");
+  if (dst.dtype() == DType::i8 && src.dtype() != DType::i8)  // UB for floats, a wrap for int64
+    for (double v : src.to_vector<double>()) int8_of(v, "copy_into (to int8)");
   visit_dtype(dst.dtype(), [&](auto tag) { copy_from<decltype(tag)>(dst, src); });
   dst.bump_version();
 }
@@ -653,7 +676,7 @@ void fill_(const Tensor& t, double value) {
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = t.data<T>();
-    const T v = std::is_same_v<T, int64_t> ? (T)int64_of(value, "fill_") : (T)value;
+    const T v = element_of<T>(value, "fill_");
     for_each_offset(t.shape(), t.strides(), [&](int64_t o) { p[o] = v; });
   });
   t.bump_version();

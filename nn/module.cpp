@@ -66,22 +66,32 @@ void Module::train(bool on) {
 }
 
 namespace {
-// Converts a floating leaf to `dt` in place of its state, so every handle on it sees the change.
+// Points t's own state at `c`'s memory and dtype, so every handle on t (a tied weight, a layer's
+// member) sees the change; a gradient follows into the new dtype, as PyTorch converts .grad.
+void take_memory(const Tensor& t, const Tensor& c) {
+  TensorImpl& s = *t.impl();
+  const DType from = s.dtype;
+  s.storage = c.impl()->storage;
+  s.offset = c.offset();
+  s.strides = c.strides();
+  s.dtype = c.dtype();
+  if (s.grad && from != c.dtype()) s.grad = cast_copy(Tensor(s.grad), c.dtype()).impl_ptr();
+}
+
+// Converts a floating leaf to `dt` in place of its state (rounding to nearest even into bf16 and
+// f16); integer tensors stay as they are.
 void convert_in_place(const Tensor& t, DType dt) {
   if (!is_floating(t.dtype()) || t.dtype() == dt) return;
-  const Tensor c = cast_copy(t, dt);
-  TensorImpl& s = *t.impl();
-  s.storage = c.impl()->storage;
-  s.offset = 0;
-  s.strides = c.strides();
-  s.dtype = dt;
-  if (s.grad) s.grad = cast_copy(Tensor(s.grad), dt).impl_ptr();
+  take_memory(t, cast_copy(t, dt));
 }
 }  // namespace
 
 Module& Module::to(DType dt) {
   if (!is_floating(dt))
-    fail(std::string("Module::to: a module converts to float32 or float64, not ") + dtype_name(dt));
+    fail(std::string("Module::to: a module converts to a float dtype (float32, float64, bfloat16 "
+                     "or float16), not ") +
+         dtype_name(dt));
+  autograd::NoGrad ng;
   for (auto& [name, t] : named_parameters()) convert_in_place(t, dt);
   for (auto& [name, t] : named_buffers()) convert_in_place(t, dt);
   return *this;
@@ -158,8 +168,8 @@ void xavier_uniform_(const Tensor& w, Generator& gen, double gain) {
   uniform_(w, -a, a, gen);
 }
 
-// Each parameter with the tensor given for it, after checking that the names, shapes and dtypes
-// match exactly.
+// Each parameter with the tensor given for it, after checking that the names and shapes match
+// exactly and the dtypes are both float (converted on load) or the same.
 std::vector<std::pair<Tensor, const Tensor*>> Module::checked_sources(
     const NamedTensors& tensors) const {
   const NamedTensors params = named_parameters();
@@ -172,10 +182,14 @@ std::vector<std::pair<Tensor, const Tensor*>> Module::checked_sources(
   for (auto& [name, p] : params) {
     auto it = given.find(name);
     if (it == given.end()) fail("load_state_dict: missing tensor '" + name + "'");
-    if (it->second->shape() != p.shape() || it->second->dtype() != p.dtype())
-      fail("load_state_dict: tensor '" + name + "' is " + describe(*it->second) +
-           " but the model expects " + describe(p));
-    out.emplace_back(p, it->second);
+    const Tensor& t = *it->second;
+    if (t.shape() != p.shape())
+      fail("load_state_dict: tensor '" + name + "' is " + describe(t) + " but the model expects " +
+           describe(p));
+    if (t.dtype() != p.dtype() && !(is_floating(t.dtype()) && is_floating(p.dtype())))
+      fail("load_state_dict: tensor '" + name + "' is " + describe(t) + " but the model expects " +
+           describe(p) + " (only float dtypes convert into each other on load)");
+    out.emplace_back(p, &t);
   }
   if (given.size() != params.size()) {
     for (auto& [name, t] : params) given.erase(name);
@@ -187,23 +201,14 @@ std::vector<std::pair<Tensor, const Tensor*>> Module::checked_sources(
 void Module::load_state_dict(const NamedTensors& tensors) {
   const auto sources = checked_sources(tensors);
   autograd::NoGrad ng;
-  for (auto& [p, t] : sources) copy_into(p, *t);
+  for (auto& [p, t] : sources) copy_into(p, *t);  // converts into the parameter's dtype
 }
 
 void Module::adopt_state_dict(const NamedTensors& tensors) {
   const auto sources = checked_sources(tensors);
   autograd::NoGrad ng;
-  for (auto& [p, t] : sources) {
-    if (!t->is_contiguous()) {
-      copy_into(p, *t);
-      continue;
-    }
-    // The parameter's own state takes the memory, so every handle on it (a tied weight) sees it.
-    TensorImpl& s = *p.impl();
-    s.storage = t->impl()->storage;
-    s.offset = t->offset();
-    s.strides = t->strides();
-  }
+  // The parameter takes the given tensor's memory and dtype (a contiguous copy of a strided one).
+  for (auto& [p, t] : sources) take_memory(p, t->is_contiguous() ? *t : contiguous_copy(*t));
 }
 
 }  // namespace graft::nn

@@ -702,6 +702,7 @@ namespace {
 
 std::vector<uint8_t> bool_mask(const Tensor& cond, const Shape& out) {
   if (is_half(cond.dtype())) return bool_mask(cast_copy(cond, DType::f32), out);
+  if (cond.dtype() == DType::i8) return bool_mask(cast_copy(cond, DType::i64), out);
   std::vector<uint8_t> m(shape_numel(out));
   const Shape sc = kern::broadcast_strides(cond, out);
   switch (cond.dtype()) {

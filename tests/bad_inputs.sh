@@ -275,6 +275,39 @@ case_ translate "\`train --graph\` naming a directory" 2 "graph: '$W/graph.svg' 
 case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "--dump-batches: '$D/train.tsv' is the same file as --data's train.tsv" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
 case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by another process" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
 
+# safetensors dtypes (issue 49): st_dtype FILE DTYPE [zeros] relabels the file's first tensor as
+# DTYPE (its bytes kept), or with "zeros" gives it DTYPE's byte count of zeros (offsets redone).
+st_dtype() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+path, dtype, zeros = sys.argv[1], sys.argv[2], len(sys.argv) > 3
+b = open(path, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+names = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+data, out, at = b[8 + n:], b"", 0
+for k in names:
+    chunk = data[h[k]["data_offsets"][0]:h[k]["data_offsets"][1]]
+    if k == names[0]:
+        h[k]["dtype"] = dtype
+        if zeros:
+            count = 1
+            for d in h[k]["shape"]:
+                count *= d
+            chunk = bytes(count * {"I8": 1, "F16": 2, "BF16": 2}[dtype])
+    h[k]["data_offsets"] = [at, at + len(chunk)]
+    out, at = out + chunk, at + len(chunk)
+t = json.dumps(h).encode()
+open(path, "wb").write(struct.pack("<Q", len(t)) + t + out)
+PY
+}
+fresh; st_dtype "$W/r/model.safetensors" BOOL
+case_ checkpoint "a tensor of a dtype graft does not store (BOOL)" 2 "unsupported dtype 'BOOL' (supported: F32, F64, I64, BF16, F16, I8)" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+fresh; st_dtype "$W/r/model.safetensors" F16
+case_ checkpoint "a float32 tensor relabelled F16 (twice the bytes its shape needs)" 2 "of F16 needs" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
+cp "$W/run/model.safetensors" "$W/i8.safetensors" && st_dtype "$W/i8.safetensors" I8 zeros
+fresh; case_ checkpoint "import-weights: an I8 tensor for a float parameter" 2 "only float dtypes convert into each other on load" -- "$T" import-weights --run "$W/r" --weights "$W/i8.safetensors"
+
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2
   exit 1

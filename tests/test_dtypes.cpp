@@ -7,10 +7,13 @@
 #include <bit>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "graft/autograd/tensor.h"
+#include "graft/ops/elementwise.h"
+#include "graft/ops/shape.h"
 
 using namespace graft;
 
@@ -174,4 +177,60 @@ BOOST_AUTO_TEST_CASE(half_tensors_behave_as_tensors) {
   Tensor p = zeros({3}, DType::f16);
   p.requires_grad_();
   BOOST_TEST(p.requires_grad());
+}
+
+// int8 (issue 49, safetensors I8): a 1-byte storage type that holds -128..127 exactly, converts
+// to and from every dtype, prints, and never requires grad; values outside its range (and NaN)
+// are errors, never a wrap or undefined behaviour.
+BOOST_AUTO_TEST_CASE(int8_stores_converts_and_refuses_what_it_cannot_hold) {
+  BOOST_TEST(dtype_size(DType::i8) == 1u);
+  BOOST_TEST(std::string(dtype_name(DType::i8)) == "int8");
+  BOOST_TEST(!is_floating(DType::i8));
+  BOOST_TEST(!is_half(DType::i8));
+  BOOST_TEST((parse_dtype("i8", "--dtype") == DType::i8));
+  BOOST_TEST((parse_dtype("int8", "--dtype") == DType::i8));
+  const std::vector<int64_t> vals = {-128, -1, 0, 1, 127, 42};
+  const Tensor x = from_vector(vals, {2, 3}, DType::i8);
+  BOOST_TEST(x.data<int8_t>()[0] == -128);
+  BOOST_TEST(x.to_vector<int64_t>() == vals);
+  BOOST_TEST(x.str() == "Tensor i8 (2, 3) [-128, -1, 0, 1, 127, 42]");
+  BOOST_TEST(Tensor::view_of(x, {1}, {1}, 4).item() == 127.0);
+  for (DType d : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16}) {
+    const Tensor y = cast_copy(x, d);  // every int8 value is exact in every other dtype
+    BOOST_TEST(y.to_vector<int64_t>() == vals, "int8 -> " << dtype_name(d));
+    BOOST_TEST(cast_copy(y, DType::i8).to_vector<int64_t>() == vals, dtype_name(d) << " -> int8");
+  }
+  const Tensor t = Tensor::view_of(x, {3, 2}, {1, 3}, 0);  // the transpose
+  BOOST_TEST(contiguous_copy(t).to_vector<int64_t>() ==
+             (std::vector<int64_t>{-128, 1, -1, 127, 0, 42}));
+  BOOST_TEST(cast_copy(full({1}, -2.75), DType::i8).item() == -2.0);  // truncates, as C++ and torch
+  auto refused = [](const std::function<void()>& f, const std::string& part) {
+    BOOST_CHECK_EXCEPTION(f(), Error, [&](const Error& e) {
+      return std::string(e.what()).find(part) != std::string::npos;
+    });
+  };
+  refused([] { cast_copy(full({2}, 128.0), DType::i8); }, "128.000000 does not fit an int8 tensor");
+  refused([] { cast_copy(full({1}, -129.0, DType::f64), DType::i8); }, "does not fit an int8");
+  refused([] { cast_copy(full({1}, std::nan(""), DType::bf16), DType::i8); },
+          "does not fit an int8");
+  refused([] { cast_copy(full({1}, 300.0, DType::i64), DType::i8); }, "copy_into (to int8): 300");
+  refused([] { full({1}, 200.0, DType::i8); }, "fill_: 200");
+  refused([] { arange(0.0, 200.0, 1.0, DType::i8); }, "fill: 128");
+  refused([] { Tensor::empty({2}, DType::i8).requires_grad_(); }, "only float tensors");
+  refused([] { (void)Tensor::empty({2}, DType::i8).data<int64_t>(); }, "tensor is int8");
+  BOOST_TEST(zeros({3}, DType::i8).to_vector<int64_t>() == (std::vector<int64_t>{0, 0, 0}));
+}
+
+// The shape ops move int8 elements as they move any other; an int8 mask selects as any other (it
+// once fell through the mask's dtype switch to all zeros).
+BOOST_AUTO_TEST_CASE(int8_masks_select_and_shape_ops_move_int8) {
+  const Tensor mask = from_vector(std::vector<int64_t>{1, 0, -3}, {3}, DType::i8);
+  const Tensor a = full({3}, 1.0), b = full({3}, 2.0);
+  BOOST_TEST(where(mask, a, b).to_vector<double>() == (std::vector<double>{1, 2, 1}));
+  BOOST_TEST(masked_fill(b, mask, 5.0).to_vector<double>() == (std::vector<double>{5, 2, 5}));
+  const Tensor x = from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::i8);
+  const Tensor t = contiguous(transpose(x, 0, 1));
+  BOOST_TEST((t.dtype() == DType::i8));
+  BOOST_TEST(t.to_vector<int64_t>() == (std::vector<int64_t>{1, 4, 2, 5, 3, 6}));
+  BOOST_TEST(concat({x, x}, 0).to_vector<int64_t>()[7] == 2);
 }

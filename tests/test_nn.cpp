@@ -1,6 +1,9 @@
 // nn/ layers: shapes, PyTorch-compatible names and initialisation, positional encodings.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/nn/transformer.h"
@@ -331,6 +334,120 @@ BOOST_AUTO_TEST_CASE(module_to_dtype_in_place) {
   nn::SinusoidalPositionalEncoding pe(4, 6);
   pe.to(DType::f64);
   BOOST_TEST((pe.table.dtype() == DType::f64));  // buffers too
+}
+
+namespace {
+// Same dtype, shape and bits (so -0 against 0 and NaN against NaN compare as stored).
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor x = contiguous_copy(a), y = contiguous_copy(b);
+  return std::memcmp(x.raw(), y.raw(), size_t(x.numel()) * dtype_size(x.dtype())) == 0;
+}
+
+// A parameter holding rounding edges, a float buffer and an int64 buffer: what Module::to must
+// convert (the first two) and leave alone (the last).
+struct Edges : nn::Module {
+  Tensor w, table, ids;
+  explicit Edges(DType dt) {
+    // 1 + 2^-8 and 1 + 3 * 2^-8 are bf16 ties (to 1 and 1 + 2^-6); 65520 overflows float16.
+    w = register_parameter(
+        "w", from_vector(std::vector<double>{1 + 0x1p-8, 1 + 3 * 0x1p-8, -0.0, 65520.0, 0.1,
+                                             std::numeric_limits<double>::infinity()},
+                         {2, 3}, dt));
+    table = register_buffer("table", from_vector(std::vector<double>{0.5, -3}, {2}, dt));
+    ids = register_buffer("ids", from_vector(std::vector<int64_t>{(1ll << 53) + 1, -7}, {2}));
+  }
+};
+}  // namespace
+
+// Module::to in every direction among float32, float64, bfloat16 and float16: parameters, float
+// buffers and gradients hold exactly what cast_copy gives (round to nearest even), the handles
+// layers hold see it, int64 buffers keep their values, and an integer target is refused.
+BOOST_AUTO_TEST_CASE(module_to_every_float_direction) {
+  const std::vector<DType> dts = {DType::f32, DType::f64, DType::bf16, DType::f16};
+  for (DType a : dts)
+    for (DType b : dts) {
+      BOOST_TEST_CONTEXT(dtype_name(a) << " -> " << dtype_name(b)) {
+        Edges m(a);
+        const Tensor handle = m.w;
+        m.w.set_grad(full({2, 3}, 1 + 0x1p-8, a));
+        const Tensor w0 = cast_copy(m.w, a), t0 = cast_copy(m.table, a);
+        m.to(b);
+        BOOST_TEST((handle.dtype() == b));
+        BOOST_TEST(handle.requires_grad());
+        BOOST_TEST((m.table.dtype() == b));
+        BOOST_TEST(same_values(handle, cast_copy(w0, b)));
+        BOOST_TEST(same_values(m.table, cast_copy(t0, b)));
+        BOOST_TEST((handle.grad().dtype() == b));
+        BOOST_TEST(same_values(handle.grad(), cast_copy(full({2, 3}, 1 + 0x1p-8, a), b)));
+        BOOST_TEST((m.ids.dtype() == DType::i64));
+        BOOST_TEST(m.ids.to_vector<int64_t>() == (std::vector<int64_t>{(1ll << 53) + 1, -7}));
+      }
+    }
+  // The rounding itself, against values worked out by hand.
+  Edges m(DType::f64);
+  m.to(DType::bf16);
+  const auto bf = m.w.to_vector<double>();
+  BOOST_TEST(bf[0] == 1.0);            // tie to even: down
+  BOOST_TEST(bf[1] == 1 + 0x1p-6);     // tie to even: up
+  BOOST_TEST(std::signbit(bf[2]));     // -0 stays -0
+  BOOST_TEST(bf[3] == 65536.0);        // bf16 has float32's range
+  BOOST_TEST(bf[4] == 0.10009765625);  // 0.1 to 8 significant bits
+  m.to(DType::f16);
+  BOOST_TEST(m.w.to_vector<double>()[3] == std::numeric_limits<double>::infinity());
+  for (DType bad : {DType::i64, DType::i8}) {
+    BOOST_CHECK_EXCEPTION(m.to(bad), Error, [&](const Error& e) {
+      return std::string(e.what()) ==
+             std::string(
+                 "Module::to: a module converts to a float dtype (float32, float64, "
+                 "bfloat16 or float16), not ") +
+                 dtype_name(bad);
+    });
+    BOOST_TEST((m.w.dtype() == DType::f16));  // nothing changed
+  }
+}
+
+// load_state_dict converts a float tensor of another dtype into the parameter's dtype (as
+// PyTorch's copy_ does); adopt_state_dict keeps the given dtype; an integer tensor for a float
+// parameter is refused by both, before anything changes.
+BOOST_AUTO_TEST_CASE(loading_another_float_dtype_converts_or_adopts) {
+  const Tensor w = from_vector(std::vector<double>{1 + 0x1p-8, 1 + 3 * 0x1p-8, -2, 0.1, 7, 1e-3},
+                               {2, 3}, DType::f64);
+  const Tensor b = from_vector(std::vector<double>{0.5, -0.25}, {2}, DType::bf16);
+  Linear into_bf16(3, 2, true, DType::bf16);
+  into_bf16.load_state_dict({{"weight", w}, {"bias", b}});
+  BOOST_TEST((into_bf16.weight.dtype() == DType::bf16));  // the parameter keeps its dtype
+  BOOST_TEST(same_values(into_bf16.weight, cast_copy(w, DType::bf16)));
+  BOOST_TEST(into_bf16.weight.to_vector<double>()[0] == 1.0);  // rounded to nearest even
+  Linear into_f32(3, 2, true, DType::f32);
+  into_f32.load_state_dict({{"weight", cast_copy(w, DType::bf16)}, {"bias", b}});
+  BOOST_TEST((into_f32.weight.dtype() == DType::f32));
+  BOOST_TEST(same_values(into_f32.weight, cast_copy(cast_copy(w, DType::bf16), DType::f32)));
+
+  Linear adopted(3, 2, true, DType::f32);
+  const Tensor handle = adopted.weight;
+  const Tensor wb = cast_copy(w, DType::bf16);
+  const Tensor strided = Tensor::view_of(
+      from_vector(std::vector<double>{0.5, 9, -0.25}, {3}, DType::f16), {2}, {2}, 0);
+  adopted.adopt_state_dict({{"weight", wb}, {"bias", strided}});
+  BOOST_TEST((handle.dtype() == DType::bf16));  // the file's dtype, in the file's memory
+  BOOST_TEST(handle.same_storage(wb));
+  BOOST_TEST((adopted.bias.dtype() == DType::f16));
+  BOOST_TEST(adopted.bias.to_vector<double>() == (std::vector<double>{0.5, -0.25}));
+  BOOST_TEST(adopted.weight.requires_grad());
+
+  const NamedTensors int8_weight = {{"weight", zeros({2, 3}, DType::i8)}, {"bias", b}};
+  const std::string why =
+      "load_state_dict: tensor 'weight' is i8 (2, 3) but the model expects f32 (2, 3) (only "
+      "float dtypes convert into each other on load)";
+  auto refused = [&](const std::function<void()>& f) {
+    BOOST_CHECK_EXCEPTION(f(), Error, [&](const Error& e) { return e.what() == why; });
+  };
+  refused([&] { into_f32.load_state_dict(int8_weight); });
+  Linear fresh(3, 2, true, DType::f32);
+  refused([&] { fresh.adopt_state_dict(int8_weight); });
+  BOOST_TEST((fresh.weight.dtype() == DType::f32));
+  BOOST_TEST((fresh.bias.dtype() == DType::f32));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

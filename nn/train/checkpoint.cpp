@@ -44,24 +44,29 @@ constexpr size_t kMaxHeaderEntries = 1'000'000;
 constexpr uint64_t kMaxJsonFileBytes = 16u << 20;
 constexpr const char* kMetadataKey = "__metadata__";
 
+// The safetensors dtype names graft reads and writes, one per DType; a tensor keeps the dtype
+// it was stored in (a BF16 tensor loads as bf16, never widened).
+constexpr std::pair<DType, const char*> kStDtypes[] = {{DType::f32, "F32"}, {DType::f64, "F64"},
+                                                       {DType::i64, "I64"}, {DType::bf16, "BF16"},
+                                                       {DType::f16, "F16"}, {DType::i8, "I8"}};
+
 const char* st_dtype(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return "F32";
-    case DType::f64:
-      return "F64";
-    case DType::i64:
-      return "I64";
-  }
-  return "?";
+  for (const auto& [d, name] : kStDtypes)
+    if (d == dt) return name;
+  fail(std::string("save_safetensors: no safetensors name for dtype ") + dtype_name(dt));
 }
 
 bool parse_st_dtype(const std::string& s, DType& out) {
-  if (s == "F32") out = DType::f32;
-  else if (s == "F64") out = DType::f64;
-  else if (s == "I64") out = DType::i64;
-  else return false;
-  return true;
+  for (const auto& [d, name] : kStDtypes)
+    if (s == name) return out = d, true;
+  return false;
+}
+
+// "F32, F64, I64, BF16, F16, I8", for the message refusing another dtype.
+std::string st_dtype_list() {
+  std::string r;
+  for (const auto& [d, name] : kStDtypes) r += (r.empty() ? "" : ", ") + std::string(name);
+  return r;
 }
 
 // Names and paths from a file may hold any bytes: quoted, they print escaped.
@@ -111,7 +116,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   const nlohmann::json& dt = v["dtype"];
   if (!dt.is_string()) bad("dtype is not a string (got " + json_excerpt(dt) + ")");
   if (!parse_st_dtype(dt.get<std::string>(), e.dtype))
-    bad("unsupported dtype " + squote(dt.get<std::string>()) + " (supported: F32, F64, I64)");
+    bad("unsupported dtype " + squote(dt.get<std::string>()) + " (supported: " + st_dtype_list() +
+        ")");
 
   const nlohmann::json& sh = v["shape"];
   if (!sh.is_array()) bad("shape is not a list (got " + json_excerpt(sh) + ")");

@@ -23,19 +23,21 @@ namespace graft {
 
 /// Element type of a tensor: f32 (float), f64 (double: the reference precision of gradcheck),
 /// i64 (int64_t: token ids, indices; never requires grad), bf16 (bfloat16) or f16 (float16): the
-/// 16-bit storage types of half.h, computed in float32 (docs/mixed-precision.md).
-enum class DType { f32, f64, i64, bf16, f16 };
-/// Bytes per element: 4 for f32, 8 for f64 and i64, 2 for bf16 and f16.
+/// 16-bit storage types of half.h, computed in float32 (docs/mixed-precision.md), or i8 (int8_t:
+/// stored int8 weights, such as a safetensors file's I8 tensors; never requires grad, no op
+/// computes in it: cast_copy() it to a float dtype, values -128..127 exactly).
+enum class DType { f32, f64, i64, bf16, f16, i8 };
+/// Bytes per element: 4 for f32, 8 for f64 and i64, 2 for bf16 and f16, 1 for i8.
 size_t dtype_size(DType dt);
-/// The dtype as text: "float32", "float64", "int64", "bfloat16" or "float16".
+/// The dtype as text: "float32", "float64", "int64", "bfloat16", "float16" or "int8".
 const char* dtype_name(DType dt);
-/// The short name used in messages and by describe(): "f32", "f64", "i64", "bf16" or "f16".
+/// The short name used in messages and by describe(): "f32", "f64", "i64", "bf16", "f16" or "i8".
 const char* dtype_short_name(DType dt);
 /// The dtype named `name`: a short name ("bf16") or the long one ("bfloat16").
 /// @throws graft::Error "<what>: unknown dtype '<name>' (...)" for any other name.
 DType parse_dtype(const std::string& name, const std::string& what);
 /// True for the float dtypes (f32, f64, bf16, f16): those that can carry gradients.
-inline bool is_floating(DType dt) { return dt != DType::i64; }
+inline bool is_floating(DType dt) { return dt != DType::i64 && dt != DType::i8; }
 /// True for the 16-bit float dtypes (bf16, f16), stored in 16 bits and computed in float32.
 inline bool is_half(DType dt) { return dt == DType::bf16 || dt == DType::f16; }
 
@@ -198,8 +200,8 @@ class Tensor {
     return state("same_storage").storage == o.state("same_storage").storage;
   }
 
-  /// Typed pointer to element 0 of this view (T float, double, int64_t, bfloat16 or float16,
-  /// optionally const);
+  /// Typed pointer to element 0 of this view (T float, double, int64_t, bfloat16, float16 or
+  /// int8_t, optionally const);
   /// index it with the strides.
   /// @throws graft::Error when T does not match the dtype.
   template <class T>
@@ -210,15 +212,16 @@ class Tensor {
   /// Scalar value of a one-element tensor, converted to double.
   /// @throws graft::Error when the tensor is undefined or does not have exactly one element.
   double item() const;
-  /// Copy of the elements in row-major order, converted to T (float, double or int64_t).
+  /// Copy of the elements in row-major order, converted to T (float, double or int64_t; any
+  /// dtype, int8 included).
   template <class T>
   std::vector<T> to_vector() const;
 
   /// True for a leaf that wants a gradient, or an op output that a gradient flows through.
   bool requires_grad() const { return state("requires_grad").requires_grad; }
   /// Marks a leaf as a parameter whose gradient should be accumulated (or, with false, stops it).
-  /// @throws graft::Error for an undefined or int64 tensor, or for a tensor an op on the tape
-  ///         produced (detach() it first).
+  /// @throws graft::Error for an undefined or integer (int64, int8) tensor, or for a tensor an
+  ///         op on the tape produced (detach() it first).
   Tensor& requires_grad_(bool on = true);
   /// True when no op on the tape produced this tensor.
   bool is_leaf() const { return !state("is_leaf").recorded(); }

@@ -69,17 +69,24 @@ class Module {
   void zero_grad();
   /// The parameters by name (what a checkpoint holds); see load_state_dict().
   NamedTensors state_dict() const { return named_parameters(); }
-  /// Loads parameters by name: every name, shape
-  /// and dtype must match exactly (missing, unexpected, reshaped or retyped tensors are errors
-  /// naming the tensor); values are copied only after everything was checked.
+  /// Loads parameters by name, as torch.nn.Module.load_state_dict: every name and shape must
+  /// match exactly (missing, unexpected or reshaped tensors are errors naming the tensor); a
+  /// float tensor of another float dtype is converted into the parameter's dtype (a BF16 file
+  /// into a float32 model is widened exactly; an F32 file into a bf16 model rounds to nearest
+  /// even), and an integer tensor (int64, int8) for a float parameter is refused. Values are
+  /// copied only after everything was checked; the parameters keep their dtype and memory.
   /// @throws graft::Error "load_state_dict: ..." for a tensor given twice, undefined, missing,
-  ///         unexpected, or of another shape or dtype than the model's.
+  ///         unexpected, of another shape than the model's, or an integer one for a float
+  ///         parameter.
   void load_state_dict(const NamedTensors& tensors);
   /// load_state_dict() without the copy, for a model built under SkipInit: each parameter takes
-  /// the given tensor's memory where that tensor is contiguous (its values are not copied), and
-  /// a copy of it otherwise. The parameter then shares its memory with the given tensor (and
-  /// with every other view of it): pass tensors nothing else writes, such as a file's just
-  /// loaded. Checked exactly as load_state_dict(), everything before anything is taken.
+  /// the given tensor's memory and dtype where that tensor is contiguous (its values are not
+  /// copied), and a contiguous copy of it otherwise. So a parameter keeps the dtype it has in the
+  /// file: a BF16 checkpoint adopted into a model built in float32 gives a bf16 model, and no
+  /// float32 copy is ever made (an accumulated gradient is converted along). The parameter then
+  /// shares its memory with the given tensor (and with every other view of it): pass tensors
+  /// nothing else writes, such as a file's just loaded. Checked exactly as load_state_dict(),
+  /// everything before anything is taken.
   /// @throws graft::Error "load_state_dict: ..." as load_state_dict().
   void adopt_state_dict(const NamedTensors& tensors);
 
@@ -90,12 +97,15 @@ class Module {
   /// Whether this module is in training mode (the default).
   bool training() const { return training_; }
 
-  /// Converts every floating parameter and buffer (and accumulated gradient) of this module and
-  /// its descendants to `dt` (float32 <-> float64), in place: the tensors keep their identity
-  /// (every handle a layer holds sees the new dtype), parameters still require grad, so the
-  /// module trains and runs as before at the new precision. Int64 buffers stay. Make optimizers
-  /// after it (their state has the old dtype). As torch.nn.Module.to(dtype); returns *this.
-  /// @throws graft::Error "Module::to: ..." when `dt` is not float32 or float64.
+  /// Converts every floating parameter and buffer of this module and its descendants to `dt`
+  /// (any direction among float32, float64, bfloat16 and float16; into bf16 and f16 rounding to
+  /// nearest even, NaN and infinities kept, float16 overflow to infinity), in place: the tensors
+  /// keep their identity (every handle a layer holds sees the new dtype), parameters still
+  /// require grad, so the module trains and runs as before at the new precision. An accumulated
+  /// gradient is converted with its parameter, as PyTorch's .grad is. Integer buffers (int64,
+  /// int8) stay as they are. Make optimizers after it (their state has the old dtype). As
+  /// torch.nn.Module.to(dtype); returns *this.
+  /// @throws graft::Error "Module::to: ..." when `dt` is not a float dtype (int64, int8).
   Module& to(DType dt);
 
   /// Registers `hook` on this module and on every module below it (those registered by now):

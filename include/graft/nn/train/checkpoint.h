@@ -4,11 +4,14 @@
 ///
 /// safetensors layout: an 8-byte little-endian header length N, N bytes of JSON header
 /// @code
-///   {"__metadata__": {str: str}, "name": {"dtype": "F32"|"F64"|"I64", "shape": [...],
-///    "data_offsets": [begin, end]}, ...}
+///   {"__metadata__": {str: str}, "name": {"dtype": "F32"|"F64"|"I64"|"BF16"|"F16"|"I8",
+///    "shape": [...], "data_offsets": [begin, end]}, ...}
 /// @endcode
 /// then the raw little-endian tensor bytes; offsets are relative to the first byte after the
 /// header. The data regions tile the data section exactly: no gaps, no overlap, no trailing bytes.
+/// Each dtype maps to one DType (F32 f32, F64 f64, I64 i64, BF16 bf16, F16 f16, I8 i8) both ways:
+/// a tensor is written and loaded in the dtype it has, never widened or narrowed
+/// (docs/mixed-precision-io.md). Other safetensors dtypes (BOOL, U8, I16, F8_*, ...) are refused.
 #pragma once
 
 #include <functional>
@@ -27,8 +30,9 @@
 namespace graft::train {
 
 /// Writes the tensors in the order given (names must be unique and not `__metadata__`);
-/// non-contiguous tensors are written as their contiguous copy. Bit-exact: loading the file
-/// gives back the same bytes. Goes through atomic_write.
+/// non-contiguous tensors are written as their contiguous copy. Each is stored in its own dtype
+/// (a bf16 tensor as BF16: half the bytes of its float32 form). Bit-exact: loading the file
+/// gives back the same bytes and dtypes. Goes through atomic_write.
 /// @throws graft::Error "save_safetensors: '<path>': ..." for a reserved, repeated or non-UTF-8
 ///         name, an undefined tensor, or (from atomic_write) an I/O failure.
 void save_safetensors(const std::string& path,
@@ -49,11 +53,13 @@ struct SafetensorsFile {
   bool contains(const std::string& name) const;
 };
 
-/// Reads a safetensors file (F32, F64 and I64 tensors).
+/// Reads a safetensors file (F32, F64, I64, BF16, F16 and I8 tensors, each loaded in its own
+/// dtype: a BF16 tensor is a bf16 Tensor holding the file's bits).
 /// Validates the whole file before trusting any of it; every problem is a graft::Error whose
 /// message starts with "load_safetensors: '<path>': " and names the tensor involved.
 /// @throws graft::Error for a missing or unreadable file, a header that is too long, not JSON
-///         or malformed, an unknown dtype, a shape that does not match its byte range, or data
+///         or malformed, an unknown dtype, a shape whose element count times the dtype's size
+///         is not its byte range (naming the tensor, the dtype and both counts), or data
 ///         regions that do not tile the data section.
 SafetensorsFile load_safetensors(const std::string& path);
 
