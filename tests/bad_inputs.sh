@@ -274,6 +274,8 @@ mkdir -p "$W/graph.svg"
 case_ translate "\`train --graph\` naming a directory" 2 "graph: '$W/graph.svg' is a directory, not a file to write" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --graph "$W/graph.svg"
 case_ translate "\`train --dump-batches\` naming its own train.tsv" 2 "--dump-batches: '$D/train.tsv' is the same file as --data's train.tsv" -- "$T" train --data "$D" --out "$W/x" --steps 2 --vocab 100 --dump-batches "$D/train.tsv"
 case_ translate "a second training into a run another process writes (flock holds writer.lock)" 2 "run directory '$W/run' is being written by another process" -- flock "$W/run/writer.lock" "$T" train --data "$D" --out "$W/run" --steps 4 --vocab 100 --valid-every 2 --resume
+case_ CLI "\`--dtype bf17\`" 2 "--dtype: unknown dtype 'bf17' (f32, bf16, f16 or f64" -- "$T" train --data "$D" --out "$W/x" --steps 5 --dtype bf17
+case_ CLI "\`--dtype i64\`" 2 "--dtype: 'i64' is an integer dtype; the weights must be f32, f64, bf16 or f16" -- "$T" train --data "$D" --out "$W/x" --steps 5 --dtype i64
 
 # safetensors dtypes (issue 49): st_dtype FILE DTYPE [zeros] relabels the file's first tensor as
 # DTYPE (its bytes kept), or with "zeros" gives it DTYPE's byte count of zeros (offsets redone).

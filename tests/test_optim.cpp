@@ -794,4 +794,270 @@ BOOST_AUTO_TEST_CASE(load_state_mismatches) {
   BOOST_CHECK_EQUAL(fresh.step_count(), 2);
 }
 
+// ---- bf16 and f16 parameters: float32 masters ----
+
+namespace {
+
+// Step s's gradient for n elements: both signs, magnitudes from 2^-10 to 2^1.
+std::vector<double> step_grad(int64_t n, int s) {
+  std::vector<double> g((size_t)n);
+  for (int64_t i = 0; i < n; ++i)
+    g[(size_t)i] =
+        std::sin(0.37 * (double)i + 1.1 * s) * std::ldexp(1.0, (int)((i * 7 + s) % 12) - 10);
+  return g;
+}
+
+// The tensor `name` of opt.state_tensors().
+Tensor state_of(const Optimizer& opt, const std::string& name) {
+  for (const auto& [n, t] : opt.state_tensors())
+    if (n == name) return t;
+  BOOST_FAIL("no state tensor '" << name << "'");
+  return {};
+}
+
+// Gives p (of dtype dt, or its float32 twin) step s's gradient rounded to dt, so both get the
+// same values.
+void give_step_grad(const Tensor& p, DType dt, int s) {
+  const Tensor g = cast_copy(from_vector(step_grad(p.numel(), s), p.shape()), dt);
+  Tensor(p).set_grad(cast_copy(g, p.dtype()));
+}
+
+// `steps` steps of `make` over a dt parameter and a float32 one with the same start and the same
+// gradients: after every step the master is the float32 parameter bit for bit, the parameter is
+// it rounded to dt, and the moments are the float32 ones.
+void check_follows_f32(const MakeOpt& make, DType dt, int64_t n, int steps) {
+  std::vector<double> start((size_t)n);
+  for (int64_t i = 0; i < n; ++i) start[(size_t)i] = std::cos(0.1 * (double)i) * 3;
+  const Tensor half = param(start, {n}, dt);
+  const Tensor f32 = param(half.to_vector<double>(), {n}, DType::f32);  // the same values
+  auto opt_h = make({{"w", half}});
+  auto opt_f = make({{"w", f32}});
+  for (int s = 0; s < steps; ++s) {
+    give_step_grad(half, dt, s);
+    give_step_grad(f32, dt, s);
+    opt_h->step();
+    opt_f->step();
+    BOOST_REQUIRE_MESSAGE(bit_equal(state_of(*opt_h, "w.master"), f32),
+                          "step " << s << ": the master left the float32 trajectory");
+    BOOST_REQUIRE_MESSAGE(bit_equal(half, cast_copy(f32, dt)),
+                          "step " << s << ": the parameter is not its master rounded");
+  }
+  for (const auto& [name, t] : opt_f->state_tensors())
+    BOOST_CHECK_MESSAGE(bit_equal(state_of(*opt_h, name), t), name << " differs");
+}
+
+const std::vector<std::pair<const char*, MakeOpt>>& master_makers() {
+  static const std::vector<std::pair<const char*, MakeOpt>> makers = {
+      {"sgd", [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05); }},
+      {"sgd_momentum",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 1e-2); }},
+      {"sgd_nesterov",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.05, 0.9, 0, true); }},
+      {"adam",
+       [](NamedParams p) {
+         return std::make_unique<Adam>(std::move(p), 0.03, 0.8, 0.99, 1e-6, 1e-2);
+       }},
+      {"adamw",
+       [](NamedParams p) {
+         return std::make_unique<AdamW>(std::move(p), 0.03, 0.9, 0.999, 1e-8, 0.1);
+       }},
+  };
+  return makers;
+}
+
+}  // namespace
+
+// 37 elements run serially (with a vector tail); 40000 in the parallel region.
+BOOST_AUTO_TEST_CASE(half_master_follows_the_float32_trajectory) {
+  for (const auto& [what, make] : master_makers())
+    for (DType dt : {DType::bf16, DType::f16})
+      for (int64_t n : {37, 40000})
+        BOOST_TEST_CONTEXT(what << " " << dtype_short_name(dt) << " n=" << n) {
+          check_follows_f32(make, dt, n, n > 1000 ? 6 : 25);
+        }
+}
+
+// lr * grad = 1e-3 is under half a bf16 ulp at 1 (2^-8): added to the bf16 value itself each
+// update rounds away, while the master accumulates them.
+BOOST_AUTO_TEST_CASE(bf16_small_updates_accumulate_in_the_master) {
+  const std::vector<std::pair<const char*, MakeOpt>> makers = {
+      {"sgd_momentum",
+       [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 1e-4, 0.9); }},
+      {"adamw",
+       [](NamedParams p) {
+         return std::make_unique<AdamW>(std::move(p), 1e-3, 0.9, 0.999, 1e-8, 0);
+       }},
+  };
+  for (const auto& [what, make] : makers) BOOST_TEST_CONTEXT(what) {
+      const Tensor w = param(std::vector<double>(8, 1.0), {8}, DType::bf16);
+      // Naive: the same optimizer on a float32 copy rounded to bf16 after every step (no master).
+      const Tensor naive = param(std::vector<double>(8, 1.0), {8}, DType::f32);
+      const Tensor f32 = param(std::vector<double>(8, 1.0), {8}, DType::f32);
+      auto opt = make({{"w", w}}), opt_naive = make({{"w", naive}}), opt_f32 = make({{"w", f32}});
+      for (int s = 0; s < 100; ++s) {
+        give_grad(w, std::vector<double>(8, 1.0));
+        give_grad(naive, std::vector<double>(8, 1.0));
+        give_grad(f32, std::vector<double>(8, 1.0));
+        opt->step();
+        opt_naive->step();
+        opt_f32->step();
+        copy_into(naive, cast_copy(naive, DType::bf16));
+      }
+      for (double x : vals(naive)) BOOST_CHECK_EQUAL(x, 1.0);  // stalled
+      BOOST_CHECK(bit_equal(w, cast_copy(f32, DType::bf16)));
+      for (double x : vals(w))
+        BOOST_CHECK_LT(x, 0.95);  // moved by about 0.1 (0.09 momentum warm-up)
+      for (double x : vals(w)) BOOST_CHECK_GT(x, 0.85);
+    }
+}
+
+// 10 steps straight equal 5, save, load into a fresh optimizer over the saved parameters, 5.
+BOOST_AUTO_TEST_CASE(half_exact_resume_keeps_the_masters) {
+  TempDir dir;
+  for (const auto& [what, make] : master_makers()) BOOST_TEST_CONTEXT(what) {
+      auto fresh = [] {
+        std::vector<double> w(37 * 29), b(13);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(1.3 * (double)i);
+        for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.7 * (double)i);
+        return NamedParams{{"w", param(w, {37, 29}, DType::bf16)},
+                           {"b", param(b, {13}, DType::f32)}};
+      };
+      auto step = [](Optimizer& o) {
+        for (const auto& [n, p] : o.params()) give_step_grad(p, p.dtype(), (int)o.step_count());
+        clip_grad_norm(o.params(), 5.0);
+        o.step();
+      };
+      auto a = make(fresh());
+      for (int s = 0; s < 5; ++s) step(*a);
+      const std::string path = dir / (std::string(what) + ".safetensors");
+      save_safetensors(path, a->state_tensors(), {{"optimizer", a->state_json().dump()}});
+      NamedParams snapshot = copy_params(a->params());
+      for (int s = 0; s < 5; ++s) step(*a);
+
+      auto b = make(snapshot);
+      const SafetensorsFile f = load_safetensors(path);
+      b->load_state(f.tensors, nlohmann::json::parse(f.metadata.at("optimizer")));
+      for (int s = 0; s < 5; ++s) step(*b);
+      for (size_t i = 0; i < snapshot.size(); ++i)
+        BOOST_CHECK_MESSAGE(bit_equal(a->params()[i].second, b->params()[i].second),
+                            "param " << snapshot[i].first << " differs after resume");
+      const auto sa = a->state_tensors(), sb = b->state_tensors();
+      BOOST_REQUIRE_EQUAL(sa.size(), sb.size());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        BOOST_CHECK_EQUAL(sa[i].first, sb[i].first);
+        BOOST_CHECK_MESSAGE(bit_equal(sa[i].second, sb[i].second), sa[i].first << " differs");
+      }
+    }
+}
+
+// A parameter written by someone else (load_state_dict, a broadcast, fill_) restarts its master.
+BOOST_AUTO_TEST_CASE(half_master_restarts_from_an_outside_write) {
+  const Tensor w = param({1.0, -2.0, 3.0}, {3}, DType::bf16);
+  SGD opt({{"w", w}}, 0.25);
+  for (int s = 0; s < 3; ++s) {
+    give_grad(w, {0.001, 0.001, 0.001});  // updates far under a bf16 ulp: the masters drift
+    opt.step();
+  }
+  fill_(w, 0.5);
+  give_grad(w, {1, 1, 1});
+  opt.step();
+  for (double x : vals(state_of(opt, "w.master"))) BOOST_CHECK_EQUAL(x, 0.25);
+  for (double x : vals(w)) BOOST_CHECK_EQUAL(x, 0.25);
+}
+
+BOOST_AUTO_TEST_CASE(half_clip_grad_norm) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    BOOST_TEST_CONTEXT(dtype_short_name(dt)) {
+      const Tensor h = param(std::vector<double>(5000, 0), {5000}, dt);
+      const Tensor f = param(std::vector<double>(5000, 0), {5000}, DType::f32);
+      give_step_grad(h, dt, 3);
+      give_step_grad(f, dt, 3);
+      const std::vector<double> g = vals(h.grad());
+      const double nh = clip_grad_norm({{"w", h}}, 0.1), nf = clip_grad_norm({{"w", f}}, 0.1);
+      BOOST_CHECK_CLOSE(nh, nf, 1e-12);  // the same values, summed in another order
+      BOOST_CHECK_GT(nh, 1.0);           // so the grads were scaled
+      // Each scaled in float32 by the coefficient and rounded once to dt.
+      const float coef = (float)(0.1 / (nh + 1e-6));
+      std::vector<float> want(g.size());
+      for (size_t i = 0; i < g.size(); ++i) want[i] = (float)g[i] * coef;
+      BOOST_CHECK(bit_equal(h.grad(), cast_copy(from_vector(want, {5000}), dt)));
+      // A NaN gradient: the norm says so and nothing is scaled, so the trainer skips the step.
+      give_step_grad(h, dt, 3);
+      static_cast<uint16_t*>(h.grad().raw())[17] =
+          dt == DType::bf16 ? 0x7FC0 : 0x7E00;  // a quiet NaN
+      const Tensor before = contiguous_copy(h.grad());
+      BOOST_CHECK(std::isnan(clip_grad_norm({{"w", h}}, 0.1)));
+      BOOST_CHECK(bit_equal(h.grad(), before));
+    }
+  }
+}
+
+// Item 3 of docs/mixed-precision-training.md: bytes kept by the optimizer per parameter element.
+BOOST_AUTO_TEST_CASE(half_state_bytes) {
+  auto bytes = [](DType dt, const MakeOpt& make) {
+    return make({{"w", param(std::vector<double>(1000, 1), {10, 100}, dt)}})->state_bytes();
+  };
+  const MakeOpt adamw = [](NamedParams p) { return std::make_unique<AdamW>(std::move(p)); };
+  const MakeOpt momentum = [](NamedParams p) {
+    return std::make_unique<SGD>(std::move(p), 0.1, 0.9);
+  };
+  const MakeOpt plain = [](NamedParams p) { return std::make_unique<SGD>(std::move(p), 0.1); };
+  BOOST_CHECK_EQUAL(bytes(DType::f32, adamw), 8000);
+  BOOST_CHECK_EQUAL(bytes(DType::bf16, adamw), 12000);
+  BOOST_CHECK_EQUAL(bytes(DType::f16, adamw), 12000);
+  BOOST_CHECK_EQUAL(bytes(DType::f64, adamw), 16000);
+  BOOST_CHECK_EQUAL(bytes(DType::bf16, momentum), 8000);
+  BOOST_CHECK_EQUAL(bytes(DType::bf16, plain), 4000);
+  BOOST_CHECK_EQUAL(bytes(DType::f32, plain), 0);
+}
+
+BOOST_AUTO_TEST_CASE(half_load_state_errors) {
+  const Tensor w = param({1, 2, 3, 4, 5, 6}, {3, 2}, DType::bf16);
+  AdamW opt({{"w", w}}, 0.1);
+  give_grad(w, std::vector<double>(6, 0.5));
+  opt.step();
+  const auto good_t = opt.state_tensors();
+  const auto good_j = opt.state_json();
+  auto with = [&](const std::string& name, const Tensor& t) {
+    auto ts = good_t;
+    for (auto& [n, x] : ts)
+      if (n == name) x = t;
+    return ts;
+  };
+  auto without = [&](const std::string& name) {
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (const auto& e : good_t)
+      if (e.first != name) ts.push_back(e);
+    return ts;
+  };
+  const Tensor other_w = param(std::vector<double>(6, 7), {3, 2}, DType::bf16);
+  AdamW other({{"w", other_w}}, 0.1);
+  auto load = [&](const std::vector<std::pair<std::string, Tensor>>& ts) {
+    return [&other, ts, &good_j] { other.load_state(ts, good_j); };
+  };
+  check_error(load(without("w.master")),
+              "load_state: missing tensor 'w.master' (the master of bf16 parameter 'w')");
+  check_error(load(with("w.master", zeros({2, 3}))),
+              "load_state: tensor 'w.master' has shape (2, 3) but the master of bf16 parameter "
+              "'w' is (3, 2)");
+  check_error(load(with("w.master", zeros({3, 2}, DType::bf16))),
+              "load_state: tensor 'w.master' is bfloat16 but the master of bf16 parameter 'w' is "
+              "float32");
+  check_error(load(with("w.exp_avg", zeros({3, 2}, DType::bf16))),
+              "load_state: tensor 'w.exp_avg' is bfloat16 but the state of bf16 parameter 'w' is "
+              "float32");
+  // Nothing changed: the master is still the parameter's start.
+  for (double x : vals(state_of(other, "w.master"))) BOOST_CHECK_EQUAL(x, 7.0);
+  BOOST_CHECK_EQUAL(other.step_count(), 0);
+  // A float32 parameter keeps no master; a bf16 one needs its master.
+  AdamW f32({{"w", param(std::vector<double>(6, 7), {3, 2}, DType::f32)}}, 0.1);
+  check_error([&] { f32.load_state(good_t, good_j); },
+              "load_state: unexpected tensor 'w.master' (a master copy is kept only for a bf16 or "
+              "f16 parameter, and 'w' is not one)");
+  check_error([&] { other.load_state(f32.state_tensors(), f32.state_json()); },
+              "load_state: missing tensor 'w.master'");
+  other.load_state(good_t, good_j);
+  BOOST_CHECK(bit_equal(state_of(other, "w.master"), state_of(opt, "w.master")));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

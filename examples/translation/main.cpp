@@ -213,6 +213,18 @@ cli::Command add_train(CLI::App& app) {
   sub->add_option("--graph", o->graph,
                   "also draw one training step's recorded graph into FILE (.svg/.png/.pdf via "
                   "Graphviz, or .dot)");
+  sub->add_option_function<std::string>(
+         "--dtype",
+         [o](const std::string& s) {
+           try {
+             o->dtype = tr::parse_train_dtype(s, "--dtype");
+           } catch (const Error& e) {
+             throw CLI::ValidationError(e.what());
+           }
+         },
+         "the weights' dtype: f32 (default), bf16 or f16 (16-bit weights and activations; the "
+         "optimizer keeps float32 master weights and moments), or f64")
+      ->type_name("DTYPE");
   cli::add_precision(sub);
   return {sub, [o, sub] {
             if (o->loop.steps <= 0 && o->loop.minutes <= 0)

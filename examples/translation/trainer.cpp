@@ -345,6 +345,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"positions", positions},
           {"attention_dropout", attention_dropout},
           {"vocab", vocab},
+          {"dtype", dtype_short_name(dtype)},
           {"valid_every", loop.valid_every},
           {"seed", loop.seed},
           {"recipe", train::loop_recipe(loop)}};  // the one place of lr, warmup, lr_factor, ...
@@ -399,6 +400,7 @@ void check_train_options(const TrainOptions& o) {
   if (!is_dropout_p(o.attention_dropout)) bad("--attention-dropout must be in [0, 1]");
   if (o.vocab < 8 || o.vocab > (1 << 20))
     bad("--vocab must be in [8, 2^20], got " + std::to_string(o.vocab));
+  (void)parse_train_dtype(dtype_short_name(o.dtype), "--dtype");
   const std::vector<train::NamedInput> inputs =
       run_inputs(o.loop.run_dir, {{o.data_dir + "/train.tsv", "--data's train.tsv"},
                                   {o.data_dir + "/valid.tsv", "--data's valid.tsv"}});
@@ -493,6 +495,11 @@ nlohmann::json apply_resumed_options(TrainOptions& o) {
   tasks::apply_saved_recipe(t, o.loop, where);
   o.label_smoothing = train::json_field<double>(t, "label_smoothing", where);
   o.loop.seed = train::json_field<uint64_t>(t, "seed", where);
+  // A run from before --dtype trained in float32.
+  if (t.contains("dtype"))
+    o.dtype =
+        parse_train_dtype(train::json_field<std::string>(t, "dtype", where), where + ": \"dtype\"");
+  else o.dtype = DType::f32;
   models::model_section(saved, cfg_path, "resume");
   return saved;
 }
@@ -623,6 +630,18 @@ TrainResult result_of(const train::LoopResult& lr) {
 
 }  // namespace
 
+DType parse_train_dtype(const std::string& name, const std::string& what) {
+  DType dt;
+  try {
+    dt = parse_dtype(name, what);
+  } catch (const Error&) {
+    fail(what + ": unknown dtype '" + name + "' (f32, bf16, f16 or f64, or their long names)");
+  }
+  if (!is_floating(dt))
+    fail(what + ": '" + name + "' is an integer dtype; the weights must be f32, f64, bf16 or f16");
+  return dt;
+}
+
 TrainResult train(const TrainOptions& opts) {
   TrainOptions o = opts;
   const nlohmann::json saved = apply_resumed_options(o);
@@ -659,14 +678,16 @@ TrainResult train(const TrainOptions& opts) {
   const text::Tokenizer tok(o.loop.run_dir + "/spm.model");
   if (!o.loop.resume) cfg = make_config(o, tok.vocab_size());
   models::Transformer model(cfg);
+  // Initialised in float32, then rounded once; the optimizer keeps float32 masters of bf16/f16.
+  if (o.dtype != DType::f32) model.to(o.dtype);
   model.train();
   batch_data(d, tok, o, cfg.max_len, say);
   {
     std::ostringstream os;
     os << "model: " << model.num_parameters() << " parameters (d " << cfg.d_model << ", "
        << cfg.heads << " heads, ff " << cfg.d_ff << ", " << cfg.enc_layers << "+" << cfg.dec_layers
-       << " layers, vocab " << cfg.vocab << "); " << d.batches.size()
-       << " batches of <= " << o.batch_tokens << " target tokens";
+       << " layers, vocab " << cfg.vocab << ", " << dtype_short_name(o.dtype) << "); "
+       << d.batches.size() << " batches of <= " << o.batch_tokens << " target tokens";
     say(os.str());
   }
   DumpFile dump(nullptr, &std::fclose);

@@ -75,6 +75,9 @@ struct TrainOptions {
   // Also draw the graph of one training step (the first batch) into this file (.svg/.png/.pdf
   // through Graphviz, .dot as text) before training; it leaves the run as without it.
   std::string graph;
+  // The weights' storage dtype (--dtype): f32, or bf16/f16 (Module::to after initialisation),
+  // trained by the optimizer's float32 masters and moments (the mixed-precision recipe).
+  DType dtype = DType::f32;
   // Overrides of the preset (0: keep the preset's value); the tests use tiny models.
   int64_t d_model = 0, heads = 0, d_ff = 0, layers = 0;
   // run_dir, budget, recipe, validation, early stopping (on valid BLEU; stop_at: time to a
@@ -99,6 +102,10 @@ struct TrainResult {
   double train_seconds = 0;  // this call
   bool stopped_early = false;
 };
+
+// The dtype a `--dtype` value names (what: the option, for the message): f32, f64, bf16 or f16,
+// short or long names. Throws graft::Error "<what>: ..." for an unknown name or int64.
+DType parse_train_dtype(const std::string& name, const std::string& what);
 
 // Trains into opts.run_dir (created). Throws graft::Error / std::runtime_error with a message
 // naming the file on a bad or inconsistent checkpoint when resuming.

@@ -5,10 +5,12 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #endif
 
+#include "graft/autograd/half.h"
 #include "graft/autograd/tape.h"
 #include "graft/nn/train/checkpoint.h"
 
@@ -40,13 +42,23 @@ void check_beta(const char* op, const char* what, double v) {
 // ---- fused update kernels ----
 // Each is an orphaned `omp for ... nowait`: step() opens one parallel region and walks the
 // parameters inside it, so small tensors (biases, norms) cost no fork and no barrier each.
+// T is the arithmetic type and `p` the values updated in it: the parameter itself (G = T, no
+// `out`), or a bf16/f16 parameter's float32 master, whose grad G is read as float32 and whose
+// parameter `out` gets the updated master rounded to nearest even. The arithmetic is the same
+// expression either way, so a master follows a float32 parameter's trajectory exactly.
 
-template <class T, bool L2, int Mode>  // Mode: 0 plain, 1 momentum, 2 nesterov
-void sgd_kernel(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n, T lr,
-                T momentum, T wd) {
+// `out[i] = p` for a 16-bit parameter; nothing for a parameter updated in place (H = T).
+template <class T, class H>
+inline void store_param(H* __restrict out, int64_t i, T p) {
+  if constexpr (!std::is_same_v<H, T>) out[i] = H(p);
+}
+
+template <class T, class G, class H, bool L2, int Mode>  // Mode: 0 plain, 1 momentum, 2 nesterov
+void sgd_kernel(T* __restrict p, const G* __restrict g, T* __restrict buf, H* __restrict out,
+                int64_t n, T lr, T momentum, T wd) {
 #pragma omp for simd schedule(static) nowait
   for (int64_t i = 0; i < n; ++i) {
-    T d = g[i];
+    T d = (T)g[i];
     if constexpr (L2) d += wd * p[i];
     if constexpr (Mode == 1) {
       buf[i] = momentum * buf[i] + d;
@@ -56,22 +68,36 @@ void sgd_kernel(T* __restrict p, const T* __restrict g, T* __restrict buf, int64
       d += momentum * buf[i];
     }
     p[i] -= lr * d;
+    store_param(out, i, p[i]);
   }
 }
 
-template <class T>
-void sgd_dispatch(const Tensor& pt, const Tensor& gt, const Tensor* buft, double lr,
-                  double momentum, double wd, bool nesterov) {
-  T* p = pt.data<T>();
-  const T* g = gt.data<T>();
+// The pointers of one parameter's update: what is updated in T (the parameter or its master),
+// its grad, and the 16-bit parameter that receives the result (null when H = T).
+template <class T, class G, class H>
+struct UpdateRefs {
+  T* p;
+  const G* g;
+  H* out;
+};
+template <class T, class H>
+UpdateRefs<T, H, H> update_refs(const Tensor& param, const Tensor& master, const Tensor& grad) {
+  if constexpr (std::is_same_v<H, T>) return {param.data<T>(), grad.data<T>(), nullptr};
+  else return {master.data<T>(), grad.data<H>(), param.data<H>()};
+}
+
+template <class T, class H>
+void sgd_dispatch(const Tensor& pt, const Tensor& mt, const Tensor& gt, const Tensor* buft,
+                  double lr, double momentum, double wd, bool nesterov) {
+  const auto r = update_refs<T, H>(pt, mt, gt);
   T* buf = buft ? buft->data<T>() : nullptr;
   const int64_t n = pt.numel();
   const int mode = momentum == 0 ? 0 : nesterov ? 2 : 1;
   const T l = (T)lr, m = (T)momentum, w = (T)wd;
   auto run = [&]<bool L2>() {
-    if (mode == 0) sgd_kernel<T, L2, 0>(p, g, buf, n, l, m, w);
-    else if (mode == 1) sgd_kernel<T, L2, 1>(p, g, buf, n, l, m, w);
-    else sgd_kernel<T, L2, 2>(p, g, buf, n, l, m, w);
+    if (mode == 0) sgd_kernel<T, H, H, L2, 0>(r.p, r.g, buf, r.out, n, l, m, w);
+    else if (mode == 1) sgd_kernel<T, H, H, L2, 1>(r.p, r.g, buf, r.out, n, l, m, w);
+    else sgd_kernel<T, H, H, L2, 2>(r.p, r.g, buf, r.out, n, l, m, w);
   };
   if (wd != 0) run.template operator()<true>();
   else run.template operator()<false>();
@@ -82,15 +108,15 @@ struct AdamScalars {
 };
 
 // One fused pass per parameter; std::sqrt vectorises because the build uses -fno-math-errno.
-template <class T, bool L2, bool Decoupled>
-void adam_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                 int64_t n, const AdamScalars& s) {
+template <class T, class G, class H, bool L2, bool Decoupled>
+void adam_kernel(T* __restrict p, const G* __restrict g, T* __restrict m, T* __restrict v,
+                 H* __restrict out, int64_t n, const AdamScalars& s) {
   const T b1 = (T)s.beta1, b2 = (T)s.beta2, omb1 = (T)(1 - s.beta1), omb2 = (T)(1 - s.beta2);
   const T eps = (T)s.eps, l2 = (T)s.l2, decay = (T)s.decay, step_size = (T)s.step_size,
           bc2_sqrt = (T)s.bc2_sqrt;
 #pragma omp for simd schedule(static) nowait
   for (int64_t i = 0; i < n; ++i) {
-    T d = g[i];
+    T d = (T)g[i];
     if constexpr (L2) d += l2 * p[i];
     const T mi = b1 * m[i] + omb1 * d;
     const T vi = b2 * v[i] + omb2 * d * d;
@@ -99,20 +125,39 @@ void adam_kernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __r
     T pi = p[i];
     if constexpr (Decoupled) pi *= decay;
     p[i] = pi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    store_param(out, i, p[i]);
   }
 }
 
-template <class T>
-void adam_dispatch(const Tensor& pt, const Tensor& gt, const Tensor& mt, const Tensor& vt,
-                   const AdamScalars& s, bool decoupled) {
-  T* p = pt.data<T>();
-  const T* g = gt.data<T>();
+template <class T, class H>
+void adam_dispatch(const Tensor& pt, const Tensor& mst, const Tensor& gt, const Tensor& mt,
+                   const Tensor& vt, const AdamScalars& s, bool decoupled) {
+  const auto r = update_refs<T, H>(pt, mst, gt);
   T* m = mt.data<T>();
   T* v = vt.data<T>();
   const int64_t n = pt.numel();
-  if (decoupled) adam_kernel<T, false, true>(p, g, m, v, n, s);
-  else if (s.l2 != 0) adam_kernel<T, true, false>(p, g, m, v, n, s);
-  else adam_kernel<T, false, false>(p, g, m, v, n, s);
+  if (decoupled) adam_kernel<T, H, H, false, true>(r.p, r.g, m, v, r.out, n, s);
+  else if (s.l2 != 0) adam_kernel<T, H, H, true, false>(r.p, r.g, m, v, r.out, n, s);
+  else adam_kernel<T, H, H, false, false>(r.p, r.g, m, v, r.out, n, s);
+}
+
+// Calls f.template operator()<T, H>() for the parameter's dtype: T the arithmetic type, H the
+// stored one (T itself for f32 and f64; bf16 and f16 are updated through a float32 master).
+template <class F>
+void by_param_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      return f.template operator()<float, float>();
+    case DType::f64:
+      return f.template operator()<double, double>();
+    case DType::bf16:
+      return f.template operator()<float, bfloat16>();
+    case DType::f16:
+      return f.template operator()<float, float16>();
+    case DType::i64:
+      break;
+  }
+  fail(std::string("optimizer: no update for a ") + dtype_short_name(dt) + " parameter");
 }
 
 template <class T>
@@ -136,10 +181,13 @@ void norm_blocks(const T* g, int64_t n, double* partial) {
   }
 }
 
-template <class T>
-void scale_kernel(T* __restrict g, int64_t n, T c) {
+// g *= c; a bf16 or f16 grad is scaled in float32 (C = float) and rounded once: the float32
+// product of a 16-bit value and a float is exact enough (24 >= 2 * 11 + 2 bits) that rounding it
+// again equals rounding the exact product.
+template <class T, class C>
+void scale_kernel(T* __restrict g, int64_t n, C c) {
 #pragma omp for simd schedule(static) nowait
-  for (int64_t i = 0; i < n; ++i) g[i] *= c;
+  for (int64_t i = 0; i < n; ++i) g[i] = T((C)g[i] * c);
 }
 
 // ---- JSON readers for load_state: json_field() (checkpoint.h), every miss naming the key ----
@@ -193,7 +241,7 @@ Optimizer::Optimizer(ParamGroups groups, const char* opname) {
     if (!p.defined()) fail("Optimizer: parameter '" + name + "' is an undefined tensor");
     if (!is_floating(p.dtype()))
       fail("Optimizer: parameter '" + name + "' is " + describe(p) +
-           "; only f32 and f64 tensors can be optimized");
+           "; only float tensors (f32, f64, bf16, f16) can be optimized");
     if (!p.is_leaf())
       fail("Optimizer: parameter '" + name +
            "' is not a leaf (it was produced by an op); "
@@ -203,6 +251,36 @@ Optimizer::Optimizer(ParamGroups groups, const char* opname) {
     if (!impls.insert(p.impl()).second)
       fail("Optimizer: parameter '" + name + "' is the same tensor as an earlier parameter");
   }
+  make_masters();
+}
+
+void Optimizer::make_masters() {
+  master_.assign(params_.size(), Tensor());
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (is_half(params_[i].second.dtype())) master_[i] = cast_copy(params_[i].second, DType::f32);
+  note_param_versions();
+}
+
+void Optimizer::refresh_masters() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined() && params_[i].second.version() != master_version_[i])
+      copy_into(master_[i], params_[i].second);
+}
+
+void Optimizer::note_param_versions() {
+  master_version_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) master_version_[i] = params_[i].second.version();
+}
+
+DType Optimizer::state_dtype(size_t i) const {
+  const DType dt = params_[i].second.dtype();
+  return is_half(dt) ? DType::f32 : dt;
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : state_tensors()) bytes += t.numel() * (int64_t)dtype_size(t.dtype());
+  return bytes;
 }
 
 Optimizer::~Optimizer() = default;
@@ -250,16 +328,19 @@ std::vector<Tensor> Optimizer::grads_for_step(const char* opname, int64_t& total
 std::vector<Tensor> Optimizer::zeros_like_params() const {
   std::vector<Tensor> out;
   out.reserve(params_.size());
-  for (const auto& [name, p] : params_) out.push_back(zeros(p.shape(), p.dtype()));
+  for (size_t i = 0; i < params_.size(); ++i)
+    out.push_back(zeros(params_[i].second.shape(), state_dtype(i)));
   return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::collect_state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   const auto names = buffer_names();
-  for (size_t i = 0; i < params_.size(); ++i)
+  for (size_t i = 0; i < params_.size(); ++i) {
     for (size_t b = 0; b < names.size(); ++b)
       out.emplace_back(params_[i].first + "." + names[b], buffers(b)[i]);
+    if (master_[i].defined()) out.emplace_back(params_[i].first + ".master", master_[i]);
+  }
   return out;
 }
 
@@ -340,33 +421,66 @@ void check_same_params(const nlohmann::json& saved_names, const NamedParams& par
       fail("load_state: the state has parameter '" + n + "', which this optimizer does not");
 }
 
-// load_state: the saved tensors by name, checked to be exactly "<param>.<buffer>" for each
-// parameter and buffer name, each of its parameter's shape and dtype.
+// What load_state expects of one saved tensor, and the words that say whose it is.
+struct ExpectedTensor {
+  std::string name;
+  Shape shape;
+  DType dtype;
+  std::string owner;  // "parameter 'w'", "the float32 master of bf16 parameter 'w'", ...
+};
+
+// The tensors state_tensors() holds for these parameters and buffer names: each buffer of its
+// parameter's shape, in float32 for a bf16 or f16 parameter (which also has its float32
+// "<param>.master"), else in the parameter's dtype.
+std::vector<ExpectedTensor> expected_state(const NamedParams& params,
+                                           const std::vector<std::string>& bufs) {
+  std::vector<ExpectedTensor> out;
+  for (const auto& [pname, p] : params) {
+    const bool half = is_half(p.dtype());
+    const std::string whose =
+        std::string(dtype_short_name(p.dtype())) + " parameter '" + pname + "'";
+    for (const auto& b : bufs)
+      out.push_back({pname + "." + b, p.shape(), half ? DType::f32 : p.dtype(),
+                     half ? "the state of " + whose : "parameter '" + pname + "'"});
+    if (half) out.push_back({pname + ".master", p.shape(), DType::f32, "the master of " + whose});
+  }
+  return out;
+}
+
+// Why a saved tensor is not expected, when its name tells.
+std::string unexpected_why(const std::string& name) {
+  const std::string suffix = ".master";
+  if (name.size() > suffix.size() &&
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return " (a master copy is kept only for a bf16 or f16 parameter, and '" +
+           name.substr(0, name.size() - suffix.size()) + "' is not one)";
+  return "";
+}
+
+// load_state: the saved tensors by name, checked to be exactly the `expected` ones, each of its
+// shape and dtype.
 std::map<std::string, const Tensor*> state_tensors_by_name(
-    const std::vector<std::pair<std::string, Tensor>>& tensors, const NamedParams& params,
-    const std::vector<std::string>& bufs) {
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const std::vector<ExpectedTensor>& expected) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [n, t] : tensors)
     if (!by_name.emplace(n, &t).second) fail("load_state: tensor '" + n + "' appears twice");
-  std::set<std::string> expected;
-  for (const auto& [pname, p] : params) {
-    for (const auto& b : bufs) {
-      const std::string tname = pname + "." + b;
-      expected.insert(tname);
-      auto it = by_name.find(tname);
-      if (it == by_name.end()) fail("load_state: missing tensor '" + tname + "'");
-      const Tensor& t = *it->second;
-      if (!t.defined()) fail("load_state: tensor '" + tname + "' is undefined");
-      if (t.shape() != p.shape())
-        fail("load_state: tensor '" + tname + "' has shape " + shape_str(t.shape()) +
-             " but parameter '" + pname + "' is " + shape_str(p.shape()));
-      if (t.dtype() != p.dtype())
-        fail("load_state: tensor '" + tname + "' is " + dtype_name(t.dtype()) + " but parameter '" +
-             pname + "' is " + dtype_name(p.dtype()));
-    }
+  std::set<std::string> names;
+  for (const ExpectedTensor& e : expected) {
+    names.insert(e.name);
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) fail("load_state: missing tensor '" + e.name + "' (" + e.owner + ")");
+    const Tensor& t = *it->second;
+    if (!t.defined()) fail("load_state: tensor '" + e.name + "' is undefined");
+    if (t.shape() != e.shape)
+      fail("load_state: tensor '" + e.name + "' has shape " + shape_str(t.shape()) + " but " +
+           e.owner + " is " + shape_str(e.shape));
+    if (t.dtype() != e.dtype)
+      fail("load_state: tensor '" + e.name + "' is " + dtype_name(t.dtype()) + " but " + e.owner +
+           " is " + dtype_name(e.dtype));
   }
   for (const auto& [n, t] : tensors)
-    if (!expected.count(n)) fail("load_state: unexpected tensor '" + n + "'");
+    if (!names.count(n)) fail("load_state: unexpected tensor '" + n + "'" + unexpected_why(n));
   return by_name;
 }
 
@@ -389,7 +503,7 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
 
   const auto bufs = buffer_names();
   const std::map<std::string, const Tensor*> by_name =
-      state_tensors_by_name(tensors, params_, bufs);
+      state_tensors_by_name(tensors, expected_state(params_, bufs));
 
   // Everything checked: now apply. Copies, so the caller's tensors are never aliased.
   for (size_t b = 0; b < bufs.size(); ++b)
@@ -398,6 +512,9 @@ void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& te
       copy_into(dst, *by_name.at(params_[i].first + "." + bufs[b]));
       dst.bump_version();
     }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (master_[i].defined()) copy_into(master_[i], *by_name.at(params_[i].first + ".master"));
+  note_param_versions();  // the loaded masters belong to the parameters as they are now
   step_count_ = step;
   lr_ = lr;
   groups_ = groups;
@@ -424,6 +541,7 @@ void SGD::step() {
   int64_t total = 0;
   const std::vector<Tensor> grads = grads_for_step("SGD::step", total);
   ++step_count_;
+  refresh_masters();
   const bool has_buf = !momentum_buffer_.empty();
 #pragma omp parallel if (total > kParallelMin)
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -431,17 +549,18 @@ void SGD::step() {
     const Tensor& p = params_[i].second;
     const Tensor* buf = has_buf ? &momentum_buffer_[i] : nullptr;
     const GroupSettings& g = groups_[group_of_[i]];
-    if (p.dtype() == DType::f32)
-      sgd_dispatch<float>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay, nesterov_);
-    else
-      sgd_dispatch<double>(p, grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay,
-                           nesterov_);
+    by_param_dtype(p.dtype(), [&]<class T, class H>() {
+      sgd_dispatch<T, H>(p, master_[i], grads[i], buf, lr_ * g.lr_scale, momentum_, g.weight_decay,
+                         nesterov_);
+    });
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
     params_[i].second.bump_version();
     if (has_buf) momentum_buffer_[i].bump_version();
+    if (master_[i].defined()) master_[i].bump_version();
   }
+  note_param_versions();
 }
 
 std::vector<std::string> SGD::buffer_names() const {
@@ -538,20 +657,24 @@ void Adam::step() {
                lr / bc1,
                std::sqrt(bc2)};
   }
+  refresh_masters();
 #pragma omp parallel if (total > kParallelMin)
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
     const Tensor& p = params_[i].second;
-    if (p.dtype() == DType::f32)
-      adam_dispatch<float>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
-    else adam_dispatch<double>(p, grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i], decoupled_);
+    by_param_dtype(p.dtype(), [&]<class T, class H>() {
+      adam_dispatch<T, H>(p, master_[i], grads[i], exp_avg_[i], exp_avg_sq_[i], scal[i],
+                          decoupled_);
+    });
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
     params_[i].second.bump_version();
     exp_avg_[i].bump_version();
     exp_avg_sq_[i].bump_version();
+    if (master_[i].defined()) master_[i].bump_version();
   }
+  note_param_versions();
 }
 
 std::vector<std::string> Adam::buffer_names() const { return {"exp_avg", "exp_avg_sq"}; }
@@ -697,8 +820,9 @@ double clip_grad_norm(const NamedParams& params, double max_norm) {
   for (size_t i = 0; i < np; ++i) {
     if (!grads[i].defined()) continue;
     double* out = partial.data() + first_block[i];
-    if (grads[i].dtype() == DType::f32) norm_blocks(grads[i].data<float>(), grads[i].numel(), out);
-    else norm_blocks(grads[i].data<double>(), grads[i].numel(), out);
+    by_param_dtype(grads[i].dtype(), [&]<class T, class H>() {
+      norm_blocks(grads[i].data<H>(), grads[i].numel(), out);
+    });
   }
   double sumsq = 0;
   for (double s : partial) sumsq += s;
@@ -709,9 +833,9 @@ double clip_grad_norm(const NamedParams& params, double max_norm) {
 #pragma omp parallel if (total > kParallelMin)
   for (size_t i = 0; i < np; ++i) {
     if (!grads[i].defined()) continue;
-    if (grads[i].dtype() == DType::f32)
-      scale_kernel(grads[i].data<float>(), grads[i].numel(), (float)coef);
-    else scale_kernel(grads[i].data<double>(), grads[i].numel(), coef);
+    by_param_dtype(grads[i].dtype(), [&]<class T, class H>() {
+      scale_kernel(grads[i].data<H>(), grads[i].numel(), (T)coef);
+    });
   }
   for (const Tensor& g : grads)
     if (g.defined()) g.bump_version();

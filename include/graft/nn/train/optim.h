@@ -18,6 +18,16 @@
 /// State is allocated when the optimizer is built (zeros), so state_tensors() always names the
 /// same tensors; for SGD's dampening-0 momentum a zero buffer gives exactly PyTorch's
 /// "buf = grad on the first step".
+///
+/// A bf16 or f16 parameter is trained by the mixed-precision recipe: the optimizer keeps a
+/// float32 master copy of it ("<param>.master" in state_tensors()) and float32 moments; step()
+/// reads the 16-bit grad as float32, updates the master with exactly the float32 arithmetic of a
+/// float32 parameter, and writes the parameter in place as the master rounded to nearest even.
+/// So the master follows the float32 trajectory of the same gradients, while updates smaller
+/// than half a 16-bit ulp, which would vanish if added to the parameter itself, accumulate.
+/// The master starts as the parameter's value; when something other than the optimizer writes
+/// the parameter (its version changes: load_state_dict, a broadcast, fill_), the next step
+/// restarts the master from the parameter's new value, so load the model before load_state().
 #pragma once
 
 #include <cstdint>
@@ -32,7 +42,7 @@
 namespace graft::train {
 
 /// The parameters an optimizer updates, by name (such as Module::named_parameters()).
-/// Leaf float tensors (f32 or f64, contiguous) with unique names.
+/// Leaf float tensors (f32, f64, bf16 or f16; contiguous) with unique names.
 using NamedParams = std::vector<std::pair<std::string, Tensor>>;
 
 /// Parameters that share a weight decay and a learning-rate scale (torch's param_groups).
@@ -88,8 +98,13 @@ class Optimizer {
   virtual const char* name() const = 0;  ///< "SGD", "Adam", "AdamW": checked on load
 
   /// Exact-resume state: the optimizer's per-parameter buffers. The tensors are
-  /// "<param name>.<buffer>" and alias the live buffers (save them before the next step).
+  /// "<param name>.<buffer>" (float32 for a bf16 or f16 parameter, whose float32 master copy is
+  /// "<param name>.master") and alias the live buffers (save them before the next step).
   virtual std::vector<std::pair<std::string, Tensor>> state_tensors() const = 0;
+  /// The bytes of the optimizer's own state: the moments or momentum buffers and the float32
+  /// masters of bf16 and f16 parameters (AdamW: 8 per element of a float32 parameter, 12 of a
+  /// bf16 one). The parameters and their grads are not counted.
+  int64_t state_bytes() const;
   /// Exact-resume state: the type, step count, lr, the hyper-parameters, the parameter names and
   /// the groups ("param_groups": each group's parameter names, weight_decay and lr_scale).
   virtual nlohmann::json state_json() const;
@@ -97,10 +112,13 @@ class Optimizer {
   /// shapes and dtypes; the saved lr and hyper-parameters replace the current ones (as
   /// torch's load_state_dict does), the groups' weight decays and lr scales included; each
   /// parameter must be in the same group as when saved (a state without "param_groups", from
-  /// before groups, is one group with its "weight_decay"). Everything is validated before
-  /// anything is changed, and every problem is a graft::Error starting "load_state: ".
+  /// before groups, is one group with its "weight_decay"). A bf16 or f16 parameter's master
+  /// comes from the state, so load the parameters first: a parameter written after load_state()
+  /// restarts its master from its own rounded value. Everything is validated before anything is
+  /// changed, and every problem is a graft::Error starting "load_state: ".
   /// @throws graft::Error "load_state: ..." for another optimizer type, other parameter names or
-  ///         groups, a missing, unexpected, reshaped or retyped tensor, or a missing or malformed
+  ///         groups, a missing, unexpected, reshaped or retyped tensor (a master that is missing
+  ///         or not float32 of the parameter's shape included), or a missing or malformed
   ///         field.
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
                           const nlohmann::json& j);
@@ -126,8 +144,16 @@ class Optimizer {
   /// @throws graft::Error "<opname>: grad of '<name>' is ... but the parameter is ..." for a
   ///         grad of another shape or dtype.
   std::vector<Tensor> grads_for_step(const char* opname, int64_t& total) const;
-  /// Zeros shaped like every parameter.
+  /// Zeros shaped like every parameter, each of state_dtype().
   std::vector<Tensor> zeros_like_params() const;
+  /// The dtype of parameter i's moments and master: float32 for a bf16 or f16 parameter, else
+  /// the parameter's own.
+  DType state_dtype(size_t i) const;
+  /// Before an update: restarts the master of every bf16 or f16 parameter that something other
+  /// than the optimizer wrote since (its version moved) from the parameter's value.
+  void refresh_masters();
+  /// After an update: notes every parameter's version, the one its master now matches.
+  void note_param_versions();
   /// state_tensors() built from buffer_names() and buffers().
   std::vector<std::pair<std::string, Tensor>> collect_state() const;
 
@@ -147,6 +173,13 @@ class Optimizer {
   std::vector<size_t> group_of_;       ///< the group of each parameter
   double lr_ = 0;                      ///< the learning rate of the next step
   int64_t step_count_ = 0;             ///< steps taken so far
+  /// The float32 master copy of each bf16 or f16 parameter (undefined for f32 and f64 ones).
+  std::vector<Tensor> master_;
+  std::vector<uint64_t> master_version_;  ///< each parameter's version its master matches
+
+ private:
+  /// The masters of the bf16 and f16 parameters, copied from them.
+  void make_masters();
 };
 
 /// Stochastic gradient descent with optional momentum (dampening 0), Nesterov momentum and L2
@@ -298,9 +331,10 @@ class Schedule {
 /// Scales every grad by max_norm / (norm + 1e-6) when that is below 1 (torch's
 /// clip_grad_norm_), where norm is the L2 norm over all grads together, and returns that norm.
 /// Params without a grad are skipped. The norm is summed in double over fixed blocks of 4096
-/// elements combined in order, so it does not depend on the thread count. A non-finite norm is
-/// returned with the grads left untouched (torch would scale them to NaN): check the result to
-/// skip the step.
+/// elements combined in order, so it does not depend on the thread count. bf16 and f16 grads are
+/// read as float32 and scaled in float32, each product rounded once to the grad's dtype. A
+/// non-finite norm is returned with the grads left untouched (torch would scale them to NaN): check
+/// the result to skip the step.
 /// @throws graft::Error when max_norm is negative or NaN, or a grad is not float.
 double clip_grad_norm(const NamedParams& params, double max_norm);
 
