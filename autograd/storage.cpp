@@ -238,14 +238,16 @@ Storage::Storage(size_t n) : nbytes(n) {
   add_live(n);
 }
 
-Storage::~Storage() {
-  g_live_bytes -= nbytes;
+namespace {
+// Returns a storage's bytes: with `keep`, big blocks to the cache (or the OS when it is full) and
+// small ones to the thread's cache; without, straight to the OS and glibc.
+void free_block(void* data, size_t capacity, bool keep) {
   if (capacity >= kBigBlock) {
     auto& c = big_cache();
     {
       std::lock_guard<std::mutex> lk(c.m);
       c.in_use -= capacity;
-      if (c.cached + capacity <= kBigCacheCap) {
+      if (keep && c.cached + capacity <= kBigCacheCap) {
         c.put(static_cast<char*>(data), capacity);
         return;
       }
@@ -253,7 +255,24 @@ Storage::~Storage() {
     munmap(data, capacity);
     return;
   }
-  small_free(data, capacity);
+  if (keep) small_free(data, capacity);
+  else std::free(data);
+}
+}  // namespace
+
+Storage::~Storage() {
+  if (!data) return;  // released
+  g_live_bytes -= nbytes;
+  free_block(data, capacity, true);
+}
+
+void Storage::release(const std::string& why) {
+  if (!data) return;
+  released = why.empty() ? std::string("Storage: its bytes were released") : why;
+  g_live_bytes -= nbytes;
+  free_block(data, capacity, false);  // the bytes are not coming back: not to a cache
+  data = nullptr;
+  capacity = 0;  // nbytes stays: views of the storage are still checked against it
 }
 
 size_t Storage::live_bytes() { return g_live_bytes.load(); }

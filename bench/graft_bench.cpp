@@ -399,6 +399,7 @@ void run_decode(const Args& a) {
   const BenchConfig b = bench_config(a.config);
   models::Transformer model(model_config(b));
   model.eval();
+  models::keep_for_inference(model, matmul_precision());  // as translate: int8 frees float32
   if (a.batch < 1 || a.batch > kDecodeRows)
     fail("graft_bench: --batch " + std::to_string(a.batch) + " is outside [1, " +
          std::to_string(kDecodeRows) + "]");
