@@ -247,6 +247,9 @@ void free_block(void* data, size_t capacity, bool keep) {
     {
       std::lock_guard<std::mutex> lk(c.m);
       c.in_use -= capacity;
+      // Bytes given up for good (a weight replaced by its int8 form) leave the bound too: else
+      // the cache could grow into the room the float32 weights held.
+      if (!keep) c.high_water -= std::min(c.high_water, capacity);
       if (keep && c.cached + capacity <= kBigCacheCap) {
         c.put(static_cast<char*>(data), capacity);
         return;
@@ -278,6 +281,22 @@ void Storage::release(const std::string& why) {
 size_t Storage::live_bytes() { return g_live_bytes.load(); }
 size_t Storage::peak_live_bytes() { return g_peak_bytes.load(); }
 void Storage::reset_peak_live_bytes() { g_peak_bytes = g_live_bytes.load(); }
+size_t Storage::release_cached() {
+  auto& c = big_cache();
+  std::vector<std::pair<char*, size_t>> ranges;
+  {
+    std::lock_guard<std::mutex> lk(c.m);
+    ranges.assign(c.by_addr.begin(), c.by_addr.end());
+    c.by_addr.clear();
+    c.by_size.clear();
+    c.high_water -= std::min(c.high_water, c.cached);
+    c.cached = 0;
+  }
+  size_t bytes = 0;
+  for (auto& [p, n] : ranges) munmap(p, n), bytes += n;
+  return bytes;
+}
+
 size_t Storage::cached_bytes() {
   auto& c = big_cache();
   std::lock_guard<std::mutex> lk(c.m);

@@ -35,10 +35,9 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
   for (const auto& [name, child] : m.children()) linear_weights(*child, at + name + ".", out);
 }
 
-}  // namespace
-
-size_t keep_for_inference(nn::Module& model, Precision p) {
-  if (p != Precision::int8) return 0;
+// Quantizes every linear weight under `model` that no other parameter shares, freeing its float32
+// values; returns the bytes freed.
+size_t free_float32_linears(nn::Module& model) {
   nn::NamedTensors linears;
   linear_weights(model, "", linears);
   std::map<const Storage*, int> users;  // parameters per storage: a shared one stays float32
@@ -46,6 +45,14 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
   size_t freed = 0;
   for (const auto& [name, w] : linears)
     if (w.defined() && users[w.impl()->storage.get()] == 1) freed += quantize_weight_int8(w, name);
+  return freed;
+}
+
+}  // namespace
+
+size_t keep_for_inference(nn::Module& model, Precision p) {
+  const size_t freed = p == Precision::int8 ? free_float32_linears(model) : 0;
+  Storage::release_cached();  // what loading freed: decoding's sizes differ
   return freed;
 }
 

@@ -127,6 +127,9 @@ struct Storage {
   /// Starts a new peak measurement at the current live_bytes().
   static void reset_peak_live_bytes();
   static size_t cached_bytes();  ///< freed big blocks kept for reuse (not counted in live_bytes)
+  /// Returns every cached big block to the OS (after loading a model, or a phase whose sizes
+  /// will not come again) and lowers the cache's bound by as much; returns the bytes unmapped.
+  static size_t release_cached();
 };
 
 namespace autograd {

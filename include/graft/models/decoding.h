@@ -20,7 +20,9 @@ namespace graft::models {
 /// int8: the weight of every nn::Linear and every attention's in_proj_weight is quantized for
 /// good and its float32 values freed (quantize_weight_int8, each named by its parameter path);
 /// a weight that another parameter shares (a tied embedding: its lookup reads float32) stays.
-/// fp32 and bf16: nothing yet (docs/mixed-precision-memory.md says where bf16 plugs in).
+/// fp32 and bf16: nothing yet (docs/mixed-precision-memory.md says where bf16 plugs in). In
+/// every precision the process cache of freed big blocks goes back to the OS (what loading
+/// freed; Storage::release_cached).
 /// Afterwards the model runs linear only under PrecisionGuard(p) without a tape; training it,
 /// saving it or running it in another precision fails naming the first freed parameter it reads.
 /// @return the bytes of float32 values freed.
