@@ -238,14 +238,19 @@ Storage::Storage(size_t n) : nbytes(n) {
   add_live(n);
 }
 
-Storage::~Storage() {
-  g_live_bytes -= nbytes;
+namespace {
+// Returns a storage's bytes: with `keep`, big blocks to the cache (or the OS when it is full) and
+// small ones to the thread's cache; without, straight to the OS and glibc.
+void free_block(void* data, size_t capacity, bool keep) {
   if (capacity >= kBigBlock) {
     auto& c = big_cache();
     {
       std::lock_guard<std::mutex> lk(c.m);
       c.in_use -= capacity;
-      if (c.cached + capacity <= kBigCacheCap) {
+      // Bytes given up for good (a weight replaced by its int8 form) leave the bound too: else
+      // the cache could grow into the room the float32 weights held.
+      if (!keep) c.high_water -= std::min(c.high_water, capacity);
+      if (keep && c.cached + capacity <= kBigCacheCap) {
         c.put(static_cast<char*>(data), capacity);
         return;
       }
@@ -253,12 +258,45 @@ Storage::~Storage() {
     munmap(data, capacity);
     return;
   }
-  small_free(data, capacity);
+  if (keep) small_free(data, capacity);
+  else std::free(data);
+}
+}  // namespace
+
+Storage::~Storage() {
+  if (!data) return;  // released
+  g_live_bytes -= nbytes;
+  free_block(data, capacity, true);
+}
+
+void Storage::release(const std::string& why) {
+  if (!data) return;
+  released = why.empty() ? std::string("Storage: its bytes were released") : why;
+  g_live_bytes -= nbytes;
+  free_block(data, capacity, false);  // the bytes are not coming back: not to a cache
+  data = nullptr;
+  capacity = 0;  // nbytes stays: views of the storage are still checked against it
 }
 
 size_t Storage::live_bytes() { return g_live_bytes.load(); }
 size_t Storage::peak_live_bytes() { return g_peak_bytes.load(); }
 void Storage::reset_peak_live_bytes() { g_peak_bytes = g_live_bytes.load(); }
+size_t Storage::release_cached() {
+  auto& c = big_cache();
+  std::vector<std::pair<char*, size_t>> ranges;
+  {
+    std::lock_guard<std::mutex> lk(c.m);
+    ranges.assign(c.by_addr.begin(), c.by_addr.end());
+    c.by_addr.clear();
+    c.by_size.clear();
+    c.high_water -= std::min(c.high_water, c.cached);
+    c.cached = 0;
+  }
+  size_t bytes = 0;
+  for (auto& [p, n] : ranges) munmap(p, n), bytes += n;
+  return bytes;
+}
+
 size_t Storage::cached_bytes() {
   auto& c = big_cache();
   std::lock_guard<std::mutex> lk(c.m);

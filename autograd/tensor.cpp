@@ -244,6 +244,8 @@ T* Tensor::data() const {
   if (dtype_of<std::remove_const_t<T>>() != st.dtype)
     fail(std::string("data: tensor is ") + dtype_name(dtype()) + ", requested " +
          dtype_name(dtype_of<std::remove_const_t<T>>()));
+  if (!st.storage->data) [[unlikely]]
+    fail(st.storage->released);
   return static_cast<T*>(st.storage->data) + st.offset;
 }
 template float* Tensor::data<float>() const;
@@ -261,6 +263,8 @@ template const int8_t* Tensor::data<const int8_t>() const;
 
 void* Tensor::raw() const {
   const TensorImpl& st = state("raw");
+  if (!st.storage->data) [[unlikely]]
+    fail(st.storage->released);
   return static_cast<char*>(st.storage->data) + st.offset * dtype_size(st.dtype);
 }
 

@@ -11,6 +11,9 @@
 # always, graft's only where graft_bench takes --precision int8 on this CPU), bf16 against bf16
 # where CTranslate2 has a bf16 CPU type here (not on this AMD EPYC: it refuses bfloat16). Writes bench/results/latest_ct2.jsonl and replaces (or appends) the section
 # "graft vs CTranslate2" of MD. Skips with a message, exit 0, when ctranslate2 cannot be had.
+# CTranslate2 runs at its default and with CT2_FORCE_CPU_ISA=AVX512 (CT2_ISAS, default "default
+# AVX512"); each row of the report takes the faster. Peak RSS: the whole process, loading, and
+# decoding after loading (VmHWM reset through /proc/self/clear_refs on both sides).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -72,6 +75,10 @@ echo "bench: graft int8 rows: $GRAFT_INT8; bf16 rows: $($CT2_BF16 && $GB_BF16 &&
 # takes each side's median over them: a one-sentence run lasts milliseconds, and this VM's speed
 # drifts by a third from minute to minute.
 LATENCY_ROUNDS=${CT2_LATENCY_ROUNDS:-3}
+# CTranslate2's best configuration on a CPU is its default or its AVX-512 kernels forced (on AMD it
+# picks AVX2): both run, each row of the report takes the faster (ct2_peer.py --report).
+# CT2_ISAS=default runs the default alone.
+CT2_ISAS=${CT2_ISAS:-default AVX512}
 if ! [[ $LATENCY_ROUNDS =~ ^[1-9][0-9]?$ ]]; then
   echo "bench: CT2_LATENCY_ROUNDS must be a whole number from 1 to 99, got '$LATENCY_ROUNDS'" >&2
   exit 2
@@ -83,10 +90,15 @@ pair() {
   for ((i = 0; i < rounds; ++i)); do
     $graft && result graft "$GB" --what "$what" --config "$c" --batch "$batch" --warmup 1 --steps 5 \
       --precision "$prec" --ids "$ids"
-    local cmp=()
+    local cmp=() isa
     [ "$prec" = fp32 ] && [ -s "$ids" ] && cmp=(--graft-ids "$ids")
-    result ct2 "$VPY" bench/ct2_peer.py --what "$what" --config "$c" --batch "$batch" --warmup 1 \
-      --steps 5 --compute-type "$ct" --model "$model" --threads "$THREADS" "${cmp[@]}"
+    for isa in $CT2_ISAS; do
+      local set_isa=(-u CT2_FORCE_CPU_ISA)
+      [ "$isa" = default ] || set_isa=("CT2_FORCE_CPU_ISA=$isa")
+      result ct2 env "${set_isa[@]}" "$VPY" bench/ct2_peer.py --what "$what" \
+        --config "$c" --batch "$batch" --warmup 1 --steps 5 --compute-type "$ct" --model "$model" \
+        --threads "$THREADS" "${cmp[@]}"
+    done
   done
 }
 

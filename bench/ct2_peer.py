@@ -67,6 +67,17 @@ def agreement(ours, graft_ids_path):
     return same / len(ours), pos / total
 
 
+def reset_peak_rss():
+    """Starts a new VmHWM measurement at the current RSS (Linux: "5" to /proc/self/clear_refs), so
+    that decoding's peak is told apart from loading's; False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def run_decode(a):
     import ctranslate2
     base_rss = peak_rss_mib()  # the interpreter with ctranslate2 imported, before the model
@@ -75,6 +86,8 @@ def run_decode(a):
     src = [[vocab[i] for i in row] for row in make_ids(a.batch, SRC_LEN, CONFIGS[a.config], 3)]
     tr = ctranslate2.Translator(a.model, device="cpu", compute_type=a.compute_type,
                                 intra_threads=a.threads, inter_threads=1)
+    load_peak = peak_rss_mib()  # loading (as graft_bench's load_peak_rss_mib)
+    reset = reset_peak_rss()
     beam = a.beam if a.what == "beam" else 1
 
     def decode(new=NEW):
@@ -97,7 +110,9 @@ def run_decode(a):
     res = {"what": a.what, "config": a.config, "beam": beam, "batch": a.batch, "ms": t * 1e3,
            "ms_per_sentence": t * 1e3 / a.batch, "tok_s": a.batch * NEW / t, "produced": produced,
            "compute_type": a.compute_type, "precision": PRECISION[a.compute_type],
-           "peak_rss_mib": peak_rss_mib(), "base_rss_mib": base_rss}
+           "isa": os.environ.get("CT2_FORCE_CPU_ISA") or "default",
+           "peak_rss_mib": max(load_peak, peak_rss_mib()), "load_peak_rss_mib": load_peak,
+           "decode_peak_rss_mib": peak_rss_mib() if reset else -1.0, "base_rss_mib": base_rss}
     if a.graft_ids:
         res["agree"], res["agree_tokens"] = agreement(ids, a.graft_ids)
     emit(res)
@@ -147,6 +162,11 @@ def find_row(res, side, what, config, precision, batch):
             (what, config, precision, batch)]
     if not hits:
         return None
+    if side == "ct2":  # CTranslate2 at its best configuration: the faster ISA setting
+        by_isa = {}
+        for h in hits:
+            by_isa.setdefault(h.get("isa", "default"), []).append(h)
+        hits = min(by_isa.values(), key=lambda hs: median([h["ms"] for h in hs]))
     row = dict(hits[-1])
     for k, v in row.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -158,12 +178,36 @@ def find_row(res, side, what, config, precision, batch):
     return row
 
 
+RSS_ROWS = [  # (benchmark, field): the whole process, loading alone, decoding after loading
+    ("peak_rss_greedy_decode", "peak_rss_mib"),
+    ("peak_rss_load", "load_peak_rss_mib"),
+    ("peak_rss_decoding_only", "decode_peak_rss_mib"),
+]
+
+
+def rss_rows(find, prec):
+    """The peak RSS rows of the batch-32 greedy process on each side."""
+    rows = []
+    for bench, field in RSS_ROWS:
+        for c in CONFIGS:
+            g, p = find("graft", "greedy", c, prec, 32), find("ct2", "greedy", c, prec, 32)
+            if g is None and p is None:
+                continue
+            gv, pv = (g or {}).get(field), (p or {}).get(field)
+            if gv is not None and gv < 0 or pv is not None and pv < 0:
+                gv = pv = None  # the VmHWM reset was refused
+            ratio = float("nan") if gv is None or pv is None else pv / gv
+            rows.append((bench, c, prec, gv, pv, "MiB", ratio))
+    return rows
+
+
 def table_rows(res):
-    """The rows (benchmark, config, precision, graft, ct2, unit, ratio) and the ids' agreement
-    lines."""
+    """The rows (benchmark, config, precision, graft, ct2, unit, ratio), the ids' agreement
+    lines and the CTranslate2 ISA setting each speed row took."""
     find = lambda *k: find_row(res, *k)
     rows = []  # benchmark, config, precision, graft, ct2, unit, ratio
     agree = []
+    isa = []  # the CTranslate2 configuration each speed row took
     for prec in ("fp32", "int8", "bf16"):
         for bench, what, batch, unit, field, higher in ROW_KINDS:
             for c in CONFIGS:
@@ -173,19 +217,15 @@ def table_rows(res):
                 gv, pv = (g or {}).get(field), (p or {}).get(field)
                 ratio = float("nan") if gv is None or pv is None else (gv / pv if higher else pv / gv)
                 rows.append((bench, c, prec, gv, pv, unit, ratio))
+                if p is not None:
+                    isa.append(f"{bench} {c} {prec}: {p.get('isa', 'default')}")
                 if p is not None and "agree" in p and prec == "fp32":
                     agree.append(f"{bench} {c}: {p['agree']:.0%} of sentences, {p['agree_tokens']:.0%} of tokens")
-        for c in CONFIGS:  # peak RSS of the batch-32 greedy process on each side
-            g, p = find("graft", "greedy", c, prec, 32), find("ct2", "greedy", c, prec, 32)
-            if g is None and p is None:
-                continue
-            gv, pv = (g or {}).get("peak_rss_mib"), (p or {}).get("peak_rss_mib")
-            ratio = float("nan") if gv is None or pv is None else pv / gv
-            rows.append(("peak_rss_greedy_decode", c, prec, gv, pv, "MiB", ratio))
-    return rows, agree
+        rows += rss_rows(find, prec)
+    return rows, agree, isa
 
 
-def notes(meta, agree):
+def notes(meta, agree, isa):
     """What was measured, how, and what the ratio means."""
     md = ["", SECTION, ""]
     md.append(f"- CTranslate2 {meta.get('ct2_version', '?')} (PyPI wheel) on the CPU, intra_threads "
@@ -206,9 +246,16 @@ def notes(meta, agree):
                  "; no bfloat16, so no bf16 rows: a Translator asked for compute_type bfloat16 raises "
                  f"\"{meta.get('ct2_bf16_refusal') or '?'}\""))
     md.append(f"- graft int8 rows: {meta.get('graft_int8', '?')}")
+    if isa:
+        md.append("- CTranslate2 at its best configuration: each row takes the faster of its default and "
+                  "CT2_FORCE_CPU_ISA=AVX512 runs (made side by side in the same bench run): " + "; ".join(isa))
     if agree:
         md.append("- float32 ids identical to graft's float32 (a random-weight model has near-ties): "
                   + "; ".join(agree))
+    md.append("- peak RSS rows: peak_rss_greedy_decode is the process's VmHWM; peak_rss_load its VmHWM "
+              "once the model is loaded (graft: built, then keep_for_inference, which frees the float32 "
+              "weights at int8; CTranslate2: the Translator made); peak_rss_decoding_only the VmHWM of the "
+              "decoding runs after that (reset through /proc/self/clear_refs on both sides)")
     md.append("- ratio: graft/CTranslate2 for throughputs, CTranslate2/graft for latency and memory "
               "(> 1: graft better)")
     return md
@@ -222,8 +269,8 @@ def report(a):
             if side in res and js:
                 res[side].append(json.loads(js))
     meta = json.load(open(a.meta)) if a.meta else {}
-    rows, agree = table_rows(res)
-    md = notes(meta, agree)
+    rows, agree, isa = table_rows(res)
+    md = notes(meta, agree, isa)
     md.append("")
     md.append("| benchmark | config | precision | graft | CTranslate2 | unit | ratio |")
     md.append("|---|---|---|---:|---:|---|---:|")

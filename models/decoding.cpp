@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <tuple>
 
 #include "graft/autograd/tape.h"
+#include "graft/nn/attention.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -24,7 +26,35 @@ void check_sampling_options(const SamplingOptions& s, const char* who) {
     fail(std::string(who) + ": top_p must be in (0, 1], got " + std::to_string(s.top_p));
 }
 
+// The linear weights under `m` (path prefix `at`): nn::Linear's weight and attention's
+// in_proj_weight, with their parameter paths.
+void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors& out) {
+  if (auto* l = dynamic_cast<const nn::Linear*>(&m)) out.emplace_back(at + "weight", l->weight);
+  if (auto* a = dynamic_cast<const nn::MultiHeadAttention*>(&m))
+    out.emplace_back(at + "in_proj_weight", a->in_proj_weight);
+  for (const auto& [name, child] : m.children()) linear_weights(*child, at + name + ".", out);
+}
+
+// Quantizes every linear weight under `model` that no other parameter shares, freeing its float32
+// values; returns the bytes freed.
+size_t free_float32_linears(nn::Module& model) {
+  nn::NamedTensors linears;
+  linear_weights(model, "", linears);
+  std::map<const Storage*, int> users;  // parameters per storage: a shared one stays float32
+  for (const auto& [name, t] : model.named_parameters()) ++users[t.impl()->storage.get()];
+  size_t freed = 0;
+  for (const auto& [name, w] : linears)
+    if (w.defined() && users[w.impl()->storage.get()] == 1) freed += quantize_weight_int8(w, name);
+  return freed;
+}
+
 }  // namespace
+
+size_t keep_for_inference(nn::Module& model, Precision p) {
+  const size_t freed = p == Precision::int8 ? free_float32_linears(model) : 0;
+  Storage::release_cached();  // what loading freed: decoding's sizes differ
+  return freed;
+}
 
 void check_decode_options(const DecodeOptions& o) {
   if (o.max_len < 1) fail("decode: max_len must be >= 1, got " + std::to_string(o.max_len));

@@ -246,6 +246,14 @@ std::string half_matmul_description(DType dt) {
 
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
+size_t quantize_weight_int8(const Tensor& w, const std::string& name) {
+  if (!w.defined()) fail("quantize_weight_int8: " + name + " is an undefined tensor");
+  if (w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous())
+    fail("quantize_weight_int8: " + name + " " + describe(w) +
+         " must be a contiguous float32 (OUT, IN) weight");
+  return kern::quantize_for_inference(w, name, !int8_kernel_available());
+}
+
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }
 
 float round_to_bf16(float x) { return kern::bf16_to_float(kern::bf16_bits(x)); }

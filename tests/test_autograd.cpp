@@ -318,6 +318,28 @@ BOOST_AUTO_TEST_CASE(big_block_cache_reuses_memory_across_sizes) {
              Storage::peak_live_bytes() * 3 / 2 + (size_t(8) << 20));
 }
 
+// Storage::release gives a big block straight back to the OS (not to the cache, whose bound it
+// leaves too) and every later read of the storage fails with its reason; release_cached() returns
+// what the cache holds.
+BOOST_AUTO_TEST_CASE(released_and_cached_blocks_go_back_to_the_os) {
+  const size_t four = size_t(4) << 20;
+  { Tensor a = Tensor::empty({int64_t(1) << 20}); }  // 4 MiB freed: cached
+  BOOST_TEST(Storage::cached_bytes() >= four);
+  BOOST_TEST(Storage::release_cached() >= four);
+  BOOST_TEST(Storage::cached_bytes() == 0u);
+  Tensor w = full({int64_t(1) << 20}, 1.0);
+  const size_t live = Storage::live_bytes();
+  w.impl()->storage->release("test.weight: released for the test");
+  BOOST_TEST(Storage::live_bytes() == live - four);
+  BOOST_TEST(Storage::cached_bytes() == 0u);  // not kept for reuse
+  const auto named = [](const Error& e) {
+    return std::string(e.what()) == "test.weight: released for the test";
+  };
+  BOOST_CHECK_EXCEPTION(w.to_vector<float>(), Error, named);
+  BOOST_CHECK_EXCEPTION(w.raw(), Error, named);
+  BOOST_TEST(slice(w, 0, 0, 8).numel() == 8);  // a view is still made (its reads fail)
+}
+
 // Ranges split off a cached block join up again when both are freed: a request of the whole
 // block's size then gets the block back. Sizes far above what other tests leave in the cache
 // (176 MiB is a 192 MiB block, 88 MiB a 96 MiB one; the pages are never touched), and addresses

@@ -1,8 +1,10 @@
 // int8 inference (ops/precision.h, Precision::int8): linear against float64 within the bound that
 // quantizing the weights per output channel and the input per row allows, oneDNN's int8 kernel
 // against the plain integer loop (bit for bit), weights quantized once per version, rows with a
-// NaN or only zeros, the errors (a tape, a float64 reference untouched), and a trained tiny
-// Transformer decoding under int8 as it does in float32. Which paths ran is printed.
+// NaN or only zeros, the errors (a tape, a float64 reference untouched), a weight made int8 for
+// good (quantize_weight_int8: the same outputs, its float32 freed, every later read of it an error
+// naming it), and a trained tiny Transformer decoding under int8 as it does in float32, before
+// and after keep_for_inference. Which paths ran is printed.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <iostream>
@@ -202,6 +204,70 @@ BOOST_AUTO_TEST_CASE(int8_errors_and_what_it_leaves_alone) {
                         [](const Error& e) { return names(e, "int4") && names(e, "int8"); });
 }
 
+// A weight made int8 for good (quantize_weight_int8) gives what PrecisionGuard(int8) gives over its
+// float32 values, bit for bit: whole, as a slice of its rows (attention's in_proj parts), at any
+// number of rows and on the integer loop (its plain rows derived from the kept kernel layout);
+// its float32 bytes are freed.
+BOOST_AUTO_TEST_CASE(quantized_weight_equals_int8_over_float32_and_frees_it) {
+  say_paths();
+  const Tensor w = random({96, 80}, 21, 0.2), b = random({96}, 22);
+  const Tensor q = contiguous_copy(w);
+  PrecisionGuard guard(Precision::int8);
+  autograd::NoGrad ng;
+  std::vector<Tensor> want;
+  const auto outputs = [&](const Tensor& weight) {
+    std::vector<Tensor> y;
+    for (int64_t rows : {1, 7, 32}) {
+      const Tensor x = random({rows, 80}, 30 + rows);
+      y.push_back(linear(x, weight, b));
+      y.push_back(linear(x, slice(weight, 0, 32, 96), slice(b, 0, 32, 96)));
+      const Tensor y2 = Tensor::empty({rows, 96});
+      kern::linear_int8(x, weight, b, y2, /*reference=*/true);
+      y.push_back(y2);
+    }
+    return y;
+  };
+  want = outputs(w);
+  const size_t live = Storage::live_bytes();
+  BOOST_TEST(quantize_weight_int8(q, "enc.linear1.weight") == 96u * 80 * 4);
+  // Left: the int8 form, in the kernel's layout padded to blocks of 64 (128 x 128), and scales.
+  BOOST_TEST(Storage::live_bytes() <= live - 96 * 80 * 4 + 128 * 128 + 1024);
+  BOOST_TEST(quantize_weight_int8(q, "enc.linear1.weight") == 0u);  // once
+  const std::vector<Tensor> got = outputs(q);
+  for (size_t i = 0; i < want.size(); ++i)
+    BOOST_TEST(got[i].to_vector<float>() == want[i].to_vector<float>(), "output " << i);
+}
+
+// Whatever still wants the float32 values gets an error naming the parameter and what freed it,
+// not a crash: reading them, float32 inference, training, a second view's copy; and a weight that
+// cannot be freed alone (a view of a larger storage) or is not a float32 matrix is refused.
+BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
+  const Tensor q = random({16, 8}, 23);
+  quantize_weight_int8(q, "dec.out_proj.weight");
+  const auto freed = [](const Error& e) {
+    return names(e, "dec.out_proj.weight") && names(e, "freed") && names(e, "int8");
+  };
+  BOOST_CHECK_EXCEPTION(q.to_vector<float>(), Error, freed);
+  BOOST_CHECK_EXCEPTION(contiguous_copy(q), Error, freed);
+  BOOST_CHECK_EXCEPTION(linear(random({2, 8}, 24), q), Error, freed);  // fp32, no tape
+  Tensor p = random({16, 8}, 25);
+  p.requires_grad_(true);
+  quantize_weight_int8(p, "dec.linear2.weight");
+  BOOST_CHECK_EXCEPTION(sum(linear(random({2, 8}, 26), p)).backward(), Error,
+                        [](const Error& e) { return names(e, "dec.linear2.weight"); });
+  const Tensor big = random({32, 8}, 27);
+  BOOST_CHECK_EXCEPTION(quantize_weight_int8(slice(big, 0, 0, 16), "half"), Error,
+                        [](const Error& e) { return names(e, "half") && names(e, "view"); });
+  BOOST_CHECK_EXCEPTION(quantize_weight_int8(random({8}, 28), "bias"), Error,
+                        [](const Error& e) { return names(e, "bias") && names(e, "(OUT, IN)"); });
+  Tensor bad = random({4, 4}, 29);
+  bad.data<float>()[5] = std::numeric_limits<float>::infinity();
+  BOOST_CHECK_EXCEPTION(quantize_weight_int8(bad, "enc.bad.weight"), Error, [](const Error& e) {
+    return names(e, "enc.bad.weight") && names(e, "inf");
+  });
+  BOOST_TEST(big.to_vector<float>().size() == 256u);  // refused: nothing freed
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(int8_model_tests)
@@ -210,7 +276,7 @@ BOOST_AUTO_TEST_SUITE(int8_model_tests)
 // choices have margins far above int8's error), and quantizes each weight once.
 BOOST_AUTO_TEST_CASE(int8_decoding_matches_fp32_and_quantizes_weights_once) {
   say_paths();
-  const LearnedDecoder d;
+  LearnedDecoder d;
   BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
   PrecisionGuard guard(Precision::int8);
   const auto greedy = d.decode(1);
@@ -223,6 +289,22 @@ BOOST_AUTO_TEST_CASE(int8_decoding_matches_fp32_and_quantizes_weights_once) {
             << "/32 equal to fp32\n";
   BOOST_TEST(same_greedy >= 30);
   BOOST_TEST(same_beam >= 30);
+  // keep_for_inference(int8) frees the float32 weights of the model's linears (not the tied
+  // embedding, whose lookup reads them) and decodes exactly what PrecisionGuard(int8) decoded
+  // over them; saving the model afterwards fails naming a freed parameter.
+  const auto beam = d.decode(3);
+  const size_t live = Storage::live_bytes();
+  const size_t freed = models::keep_for_inference(d.run.m, Precision::int8);
+  BOOST_TEST(freed > 0u);
+  BOOST_TEST(Storage::live_bytes() < live);
+  BOOST_TEST((d.decode(1) == greedy));
+  BOOST_TEST((d.decode(3) == beam));
+  BOOST_TEST(d.run.m.embedding->weight.to_vector<float>().size() > 0u);  // tied: kept
+  BOOST_CHECK_EXCEPTION(
+      [&] {
+        for (const auto& [name, t] : d.run.m.state_dict()) t.to_vector<float>();
+      }(),
+      Error, [](const Error& e) { return names(e, "weight") && names(e, "freed"); });
 }
 
 BOOST_AUTO_TEST_SUITE_END()

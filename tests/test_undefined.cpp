@@ -516,6 +516,8 @@ std::vector<Case> tensor_and_copy_cases() {
       one(SIG(contiguous_copy, const Tensor&), x23, [](const Tensor& t) { contiguous_copy(t); }),
       one(SIG(cast_copy, const Tensor&, DType), x23,
           [](const Tensor& t) { cast_copy(t, DType::f64); }),
+      one(SIG(quantize_weight_int8, const Tensor&, const std::string&), x23,
+          [](const Tensor& t) { quantize_weight_int8(t, "test.weight"); }),
       {SIG(copy_into, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({2}), f({2})};

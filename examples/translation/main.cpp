@@ -64,6 +64,8 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
   models::check_decode_options(o);  // before loading anything
   if (!attention.empty()) train::check_output_path("--attention", attention, tr::run_inputs(run));
   auto lr = tr::load_run(run);
+  // Translating needs nothing else of the model: at int8 its linears' float32 weights go.
+  models::keep_for_inference(*lr.model, matmul_precision());
   size_t overlong = 0, truncated = 0;
   std::string first_line, first_hyp;  // for --attention
   bool any = false;

@@ -6,6 +6,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "graft/ops/custom.h"
@@ -161,25 +164,95 @@ const onednn::Cached<dnnl::matmul>& int8_matmul(int64_t N, int64_t IN, int64_t O
   });
 }
 
-// w's int8 form with wq reordered into the kernel's layout `best` (once per version of w).
-// tag: layout_tag(best), kept with the cached matmul.
-std::shared_ptr<Storage> weights_for_kernel(const Tensor& w, uint64_t tag,
-                                            const dnnl::memory::desc& plain,
-                                            const dnnl::memory::desc& best) {
-  return derived_copy(w, tag, [&] {
-    const int64_t OUT = w.shape()[0];
-    const auto rows = quantize_weights(w);
-    auto s = quantized_storage(OUT, best.get_size());
-    const QuantWeights from = view_quantized(*rows, OUT), to = view_quantized(*s, OUT);
-    std::memcpy(s->data, rows->data,
-                reinterpret_cast<const char*>(from.data) - static_cast<const char*>(rows->data));
-    auto src = onednn::mem(plain, const_cast<int8_t*>(from.data));
-    auto dst = onednn::mem(best, const_cast<int8_t*>(to.data));
-    dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
-    onednn::stream().wait();
-    return s;
-  });
+// A quantized storage of OUT rows (plain (OUT, IN) rows of wq) with wq reordered into the
+// kernel's layout `best`; plain: the plain rows' descriptor.
+std::shared_ptr<Storage> kernel_form(const Storage& rows, int64_t OUT,
+                                     const dnnl::memory::desc& plain,
+                                     const dnnl::memory::desc& best) {
+  auto s = quantized_storage(OUT, best.get_size());
+  const QuantWeights from = view_quantized(rows, OUT), to = view_quantized(*s, OUT);
+  std::memcpy(s->data, rows.data,
+              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(rows.data));
+  auto src = onednn::mem(plain, const_cast<int8_t*>(from.data));
+  auto dst = onednn::mem(best, const_cast<int8_t*>(to.data));
+  dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+  onednn::stream().wait();
+  return s;
 }
+
+// The int8 form that replaces a float32 weight whose values were freed (quantize_for_inference):
+// the whole weight quantized, wq in `layout` (the kernel's, or plain rows for the reference
+// loop, tag kPlainTag). Only this form is kept; a slice of the weight (attention's in_proj
+// parts) or another layout is derived from it.
+constexpr uint64_t kPlainTag = 0x1a78;  // apart from layout_tag()'s tags (top bit set)
+struct Replacement {
+  std::weak_ptr<Storage> source;
+  std::shared_ptr<Storage> q;
+  int64_t OUT = 0, IN = 0;
+  uint64_t tag = kPlainTag;
+  dnnl::memory::desc layout;
+};
+std::mutex replaced_mutex;
+std::map<const Storage*, Replacement>& replaced() {
+  static auto* m = new std::map<const Storage*, Replacement>;  // never destroyed, as the caches
+  return *m;
+}
+
+// The replacement of w's storage, or nullopt when w holds its float32 values.
+std::optional<Replacement> replacement_of(const Tensor& w) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  if (src->data) return std::nullopt;
+  std::lock_guard<std::mutex> lock(replaced_mutex);
+  auto it = replaced().find(src.get());
+  if (it == replaced().end() || it->second.source.lock() != src) return std::nullopt;
+  return it->second;
+}
+
+// The replacement's plain (OUT, IN) rows (a copy when it is kept in the kernel's layout).
+std::shared_ptr<Storage> plain_rows(const Replacement& r) {
+  if (r.tag == kPlainTag) return r.q;
+  using dt = dnnl::memory::data_type;
+  const dnnl::memory::desc plain({r.IN, r.OUT}, dt::s8, dnnl::memory::format_tag::ba);
+  auto s = quantized_storage(r.OUT, (size_t)r.OUT * r.IN);
+  const QuantWeights from = view_quantized(*r.q, r.OUT), to = view_quantized(*s, r.OUT);
+  std::memcpy(s->data, r.q->data,
+              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(r.q->data));
+  auto src = onednn::mem(r.layout, const_cast<int8_t*>(from.data));
+  auto dst = onednn::mem(plain, const_cast<int8_t*>(to.data));
+  dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+  onednn::stream().wait();
+  return s;
+}
+
+// Rows [first, first + n) of a plain quantized storage of OUT rows of IN.
+std::shared_ptr<Storage> row_slice(const Storage& rows, int64_t OUT, int64_t IN, int64_t first,
+                                   int64_t n) {
+  auto s = quantized_storage(n, (size_t)n * IN);
+  const QuantWeights from = view_quantized(rows, OUT), to = view_quantized(*s, n);
+  std::memcpy(const_cast<float*>(to.scale), from.scale + first, n * sizeof(float));
+  std::memcpy(const_cast<int32_t*>(to.sum), from.sum + first, n * sizeof(int32_t));
+  std::memcpy(const_cast<int8_t*>(to.data), from.data + first * IN, (size_t)n * IN);
+  return s;
+}
+
+// w (OUT, IN) quantized as plain rows: from its float32 values, or from its replacement when
+// they were freed (w may be a slice of rows of the replaced weight).
+std::shared_ptr<Storage> quantized_rows(const Tensor& w, const std::optional<Replacement>& r) {
+  if (!r) return quantize_weights(w);
+  const std::shared_ptr<Storage> all = plain_rows(*r);
+  const int64_t OUT = w.shape()[0];
+  if (OUT == r->OUT) return all;
+  return row_slice(*all, r->OUT, r->IN, w.offset() / r->IN, OUT);
+}
+
+// Whether w is the whole replaced weight (not a slice of it).
+bool whole(const Tensor& w, const std::optional<Replacement>& r) {
+  return r && w.offset() == 0 && w.shape()[0] == r->OUT;
+}
+
+// The oneDNN matmul for a weight of OUT x IN, at the M a decoding step of 32 rows uses: the
+// layout of a quantize_for_inference weight (oneDNN 2.6 picks the same one for every M here).
+constexpr int64_t kLayoutRows = 32;
 
 }  // namespace
 
@@ -192,21 +265,62 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
          " an int32 sum of u8 x s8 products holds without overflow");
   float* y = y2.data<float>();
   const QuantRows xq = quantize_activations(x2);
+  const std::optional<Replacement> r = replacement_of(w);
   if (reference) {
-    constexpr uint64_t kPlainTag = 0x1a78;  // apart from layout_tag()'s tags (top bit set)
-    const auto s = derived_copy(w, kPlainTag, [&] { return quantize_weights(w); });
+    const auto s = whole(w, r) && r->tag == kPlainTag
+                       ? r->q
+                       : derived_copy(w, kPlainTag, [&] { return quantized_rows(w, r); });
     const QuantWeights q = view_quantized(*s, OUT);
     matmul_int8_reference(xq, q, y, N, IN, OUT);
     dequantize(xq, q, b, y, N, OUT);
     return;
   }
   const auto& c = int8_matmul(N, IN, OUT);
-  const auto s = weights_for_kernel(w, c.weights_tag, c.mds[3], c.mds[1]);
+  const auto s =
+      whole(w, r) && r->tag == c.weights_tag ? r->q : derived_copy(w, c.weights_tag, [&] {
+        return kernel_form(*quantized_rows(w, r), OUT, c.mds[3], c.mds[1]);
+      });
   const QuantWeights q = view_quantized(*s, OUT);
   onednn::run(c, {{DNNL_ARG_SRC, c.mds[0], xq.data},
                   {DNNL_ARG_WEIGHTS, c.mds[1], q.data},
                   {DNNL_ARG_DST, c.mds[2], y}});
   dequantize(xq, q, b, y, N, OUT);
+}
+
+size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  if (!src->data) return 0;  // already replaced (or released by its owner)
+  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+  if (w.offset() != 0 || (size_t)w.numel() * sizeof(float) != src->nbytes)
+    fail("quantize_weight_int8: " + name + " " + describe(w) +
+         " is a view of a larger storage; freeing its float32 values would free the rest");
+  std::shared_ptr<Storage> rows;
+  try {
+    rows = quantize_weights(w);
+  } catch (const Error& e) {
+    fail("quantize_weight_int8: " + name + ": " + e.what());
+  }
+  Replacement r{src, rows, OUT, IN, kPlainTag, {}};
+  if (!reference) {
+    const auto& c = int8_matmul(kLayoutRows, IN, OUT);
+    r.q = kernel_form(*rows, OUT, c.mds[3], c.mds[1]);
+    r.tag = c.weights_tag;
+    r.layout = c.mds[1];
+  }
+  rows.reset();
+  const size_t freed = src->nbytes;
+  ++src->version;  // copies made from the float32 values before are dropped at the next miss
+  {
+    std::lock_guard<std::mutex> lock(replaced_mutex);
+    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
+    replaced()[src.get()] = r;
+  }
+  src->release(name + " " + describe(w) +
+               ": its float32 values were freed when it was quantized to int8 for inference "
+               "(quantize_weight_int8); only linear under PrecisionGuard(int8) without a tape "
+               "reads it now: load the float32 weights again to train it, save it in float32 or "
+               "run it in another precision");
+  return freed;
 }
 
 uint64_t int8_weight_copies() { return copies_made.load(); }

@@ -11,6 +11,8 @@
 // refused when it is quantized (kern::check_weight_finite names it and the element).
 #pragma once
 
+#include <string>
+
 #include "graft/autograd/tensor.h"
 
 namespace graft::kern {
@@ -20,6 +22,13 @@ namespace graft::kern {
 // int8 kernel: bit for bit the same outputs (the sums are exact), at loop speed.
 void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
                  bool reference);
+
+// Quantizes w (OUT, IN; float32, contiguous, the whole of its storage) once, keeps that form (in
+// the kernel's layout, or plain rows with `reference`) as w's replacement and releases w's
+// float32 values (Storage::release, the error naming `name`); linear_int8 reads the replacement,
+// and derives from it what a slice of w or another layout needs. Returns the bytes freed (0 when
+// w was replaced already). A NaN or inf in w is refused, naming `name`.
+size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference);
 
 // How many quantized weight copies have been made in this process (ops/precision.h:
 // int8_weight_copies_made).

@@ -114,12 +114,24 @@ struct Storage {
   std::vector<std::weak_ptr<Storage>> copied_from;
   /// The helper that made the copy ("contiguous_copy", "kern::contig", ...), for that error.
   const char* copied_by = nullptr;
+  /// Set by release(): why the bytes are gone (an int8 inference model frees the float32 weights
+  /// of its quantized linears). Empty while the storage holds its bytes.
+  std::string released;
+  /// Gives the bytes back (data becomes null, live_bytes() drops; nbytes stays, for views' checks)
+  /// for a form of them that replaces them elsewhere; Tensor::data() and Tensor::raw() on any view
+  /// then fail with `why`, which should name the tensor and what freed it. Releasing twice keeps
+  /// the first why. Not while another thread reads the bytes: the owner releases a weight it no
+  /// longer runs on.
+  void release(const std::string& why);
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
   static size_t
   peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
   /// Starts a new peak measurement at the current live_bytes().
   static void reset_peak_live_bytes();
   static size_t cached_bytes();  ///< freed big blocks kept for reuse (not counted in live_bytes)
+  /// Returns every cached big block to the OS (after loading a model, or a phase whose sizes
+  /// will not come again) and lowers the cache's bound by as much; returns the bytes unmapped.
+  static size_t release_cached();
 };
 
 namespace autograd {

@@ -144,6 +144,18 @@ bool half_kernel_available(DType dt);
 /// oneDNN brg:avx512_core_bf16" or "f16 tensor matmuls: float32 kernel on converted operands
 /// (...why...)".
 std::string half_matmul_description(DType dt);
+/// Makes the float32 weight `w` (OUT, IN) of a linear layer int8 for good, for inference: quantized
+/// once as under PrecisionGuard(int8) (per output channel, in the layout oneDNN's int8 kernel
+/// reads, or plain rows where the reference loop runs), that form kept as w's replacement, and
+/// w's float32 values freed (Storage::release). linear(x, w, b) (or a slice of w's rows) under
+/// PrecisionGuard(int8) without a tape then reads the int8 form; every other read of w's values
+/// (training, saving, a float32 linear, printing) fails with "<name> f32 (OUT, IN): its float32
+/// values were freed when it was quantized to int8 for inference ...". The model keeps 1 byte a
+/// weight instead of 4 + 1. Call it before inference starts, not while another thread reads w.
+/// @return the bytes freed; 0 when w was made int8 already.
+/// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous,
+///         a view of a larger storage (freeing it would free the rest), or holds a NaN or inf.
+size_t quantize_weight_int8(const Tensor& w, const std::string& name);
 
 /// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
 float round_to_bf16(float x);
