@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bf16 training two ways (docs/mixed-precision-training.md), the issue-49 training target: the
+# bf16 training two ways (docs/mixed-precision.md#training-in-bf16-float32-master-weights), the issue-49 training target: the
 # same model, data, recipe and seed trained for a fixed number of steps with
 #   guard  --precision bf16   float32 weights, grads and moments; matmul operands rounded to bf16
 #                             (PrecisionGuard, the mixed precision graft had before)

@@ -51,7 +51,14 @@ size_t free_float32_linears(nn::Module& model) {
 }  // namespace
 
 size_t keep_for_inference(nn::Module& model, Precision p) {
-  const size_t freed = p == Precision::int8 ? free_float32_linears(model) : 0;
+  size_t freed = 0;
+  if (p == Precision::int8) {
+    freed = free_float32_linears(model);
+  } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native
+    for (const auto& [name, t] : model.named_parameters())
+      if (t.dtype() == DType::f32) freed += (size_t)t.numel() * 2;
+    model.to(DType::bf16);
+  }
   Storage::release_cached();  // what loading freed: decoding's sizes differ
   return freed;
 }

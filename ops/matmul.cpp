@@ -400,12 +400,12 @@ void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tenso
 // place as its transpose view, float32 sums, outputs and gradients rounded once into the 16-bit
 // dtype. No copy of the weight is made, in training or inference: a reordered (blocked) bf16
 // copy, as the float32 inference path keeps, would double a bf16 model's weight memory (see
-// docs/mixed-precision-kernels.md for its speed).
+// docs/mixed-precision.md#matmuls for its speed).
 
 // Up to this many rows, a 16-bit linear runs linear_rows_half: oneDNN 2.6's bf16 matmul on the
 // plain weight runs 1 x 4096 -> 4096 at 19 GB/s of weights (it repacks the weight each call),
 // half the rate of its inner product on a reordered copy, which the loop matches without a copy
-// (docs/mixed-precision-kernels.md).
+// (docs/mixed-precision.md#matmuls).
 constexpr int64_t kHalfRowLoop = 4;
 
 // sum of w[i] x[i] over [0, n) in float32 with 64 partial sums (four AVX-512 accumulators): one

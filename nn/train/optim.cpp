@@ -155,6 +155,7 @@ void by_param_dtype(DType dt, F&& f) {
     case DType::f16:
       return f.template operator()<float, float16>();
     case DType::i64:
+    case DType::i8:
       break;
   }
   fail(std::string("optimizer: no update for a ") + dtype_short_name(dt) + " parameter");

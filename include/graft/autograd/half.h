@@ -69,7 +69,8 @@ struct bfloat16 {
   bfloat16(double d) : bits(bf16_bits_of(round_to_odd_float(d))) {}  // NOLINT
   /// The value of an integer (ids, counts), rounded once.
   template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  bfloat16(I v) : bfloat16((double)v) {}                       // NOLINT
+  bfloat16(I v) : bfloat16((double)v) {}  // NOLINT
+  /// The value as a float (exact).
   operator float() const { return bf16_bits_to_float(bits); }  // NOLINT: exact
   /// A value from its bit pattern.
   static bfloat16 from_bits(uint16_t b) {
@@ -89,7 +90,8 @@ struct float16 {
   float16(double d) : bits(f16_bits_of(round_to_odd_float(d))) {}  // NOLINT
   /// The value of an integer (ids, counts), rounded once.
   template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  float16(I v) : float16((double)v) {}                        // NOLINT
+  float16(I v) : float16((double)v) {}  // NOLINT
+  /// The value as a float (exact).
   operator float() const { return f16_bits_to_float(bits); }  // NOLINT: exact
   /// A value from its bit pattern.
   static float16 from_bits(uint16_t b) {

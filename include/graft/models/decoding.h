@@ -20,11 +20,12 @@ namespace graft::models {
 /// int8: the weight of every nn::Linear and every attention's in_proj_weight is quantized for
 /// good and its float32 values freed (quantize_weight_int8, each named by its parameter path);
 /// a weight that another parameter shares (a tied embedding: its lookup reads float32) stays.
-/// fp32 and bf16: nothing yet (docs/mixed-precision-memory.md says where bf16 plugs in). In
-/// every precision the process cache of freed big blocks goes back to the OS (what loading
-/// freed; Storage::release_cached).
-/// Afterwards the model runs linear only under PrecisionGuard(p) without a tape; training it,
-/// saving it or running it in another precision fails naming the first freed parameter it reads.
+/// bf16: the model becomes a bf16 model (Module::to(DType::bf16): parameters and float buffers,
+/// 2 bytes each, the float32 ones freed), run by the ops natively or through float32
+/// (docs/mixed-precision.md). fp32: nothing. In every precision the process cache of freed big
+/// blocks goes back to the OS (what loading freed; Storage::release_cached). Afterwards the model
+/// runs linear only under PrecisionGuard(p) without a tape; training it, saving it or running it in
+/// another precision fails naming the first freed parameter it reads.
 /// @return the bytes of float32 values freed.
 /// @throws graft::Error from quantize_weight_int8 (a NaN or inf weight, named).
 size_t keep_for_inference(nn::Module& model, Precision p);
