@@ -210,9 +210,11 @@ inline void add_precision(CLI::App* sub, PrecisionUse use = PrecisionUse::traini
            }
            precision_choice() = p;
          },
-         std::string(
-             "matmul precision: fp32 (default), bf16 (bf16 operands, float32 accumulation and "
-             "everything else float32; needs a CPU with AVX512_BF16 or AMX)") +
+         std::string("matmul precision: fp32 (default), bf16 (") +
+             (inference ? "the model converted to bf16 tensors once, 2 bytes a weight, its "
+                          "matmuls on oneDNN's bf16 kernel; needs a CPU with AVX512_BF16 or AMX)"
+                        : "bf16 operands, float32 accumulation and everything else float32; "
+                          "needs a CPU with AVX512_BF16 or AMX)") +
              (inference ? " or int8 (linear layers on int8 weights per output channel and int8 "
                           "inputs per "
                           "row; needs AVX512_VNNI, AVX-VNNI or AMX)"
