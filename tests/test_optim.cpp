@@ -992,7 +992,8 @@ BOOST_AUTO_TEST_CASE(half_clip_grad_norm) {
   }
 }
 
-// Item 3 of docs/mixed-precision.md#training-in-bf16-float32-master-weights: bytes kept by the optimizer per parameter element.
+// Item 3 of docs/mixed-precision.md#training-in-bf16-float32-master-weights: bytes kept by the
+// optimizer per parameter element.
 BOOST_AUTO_TEST_CASE(half_state_bytes) {
   auto bytes = [](DType dt, const MakeOpt& make) {
     return make({{"w", param(std::vector<double>(1000, 1), {10, 100}, dt)}})->state_bytes();

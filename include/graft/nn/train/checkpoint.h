@@ -11,7 +11,8 @@
 /// header. The data regions tile the data section exactly: no gaps, no overlap, no trailing bytes.
 /// Each dtype maps to one DType (F32 f32, F64 f64, I64 i64, BF16 bf16, F16 f16, I8 i8) both ways:
 /// a tensor is written and loaded in the dtype it has, never widened or narrowed
-/// (docs/mixed-precision.md#files-and-modules-in-16-bit-dtypes). Other safetensors dtypes (BOOL, U8, I16, F8_*, ...) are refused.
+/// (docs/mixed-precision.md, "Files and modules in 16-bit dtypes"). Other safetensors dtypes
+/// (BOOL, U8, I16, F8_*, ...) are refused.
 #pragma once
 
 #include <functional>
