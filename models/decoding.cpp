@@ -257,9 +257,12 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
 
 // Advances every input's beams by one token; returns false when all are finished.
 bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
-  // Log-probabilities in the model's dtype (float32: the vectorised log_softmax; PyTorch's beam
-  // search does the same), the beams' running scores in double.
-  const Tensor lg = contiguous(log_softmax(step.next_logits(s.prefix), 1));
+  // Log-probabilities in float32 (float64 for a float64 model: the vectorised log_softmax;
+  // PyTorch's beam search does the same; a bf16 model's logits widened first, so that 3-digit
+  // log-probabilities do not tie the beams), the beams' running scores in double.
+  const Tensor logits = step.next_logits(s.prefix);
+  const Tensor lg =
+      contiguous(log_softmax(is_half(logits.dtype()) ? to_dtype(logits, DType::f32) : logits, 1));
   const int64_t V = lg.size(1);
   Beams next{
       s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};

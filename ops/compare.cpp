@@ -90,8 +90,10 @@ Tensor compare(const char* op, Rel r, const Tensor& a, const Tensor& b) {
 Tensor compare(const char* op, Rel r, const Tensor& a, double v) {
   check_defined(a, op, "a");
   const bool exact_int =
-      a.dtype() != DType::i64 || (std::nearbyint(v) == v && std::fabs(v) < 9.2e18);
-  const Tensor b = exact_int ? scalar(v, a.dtype()) : scalar(v, DType::f64);
+      is_floating(a.dtype()) || (std::nearbyint(v) == v && std::fabs(v) < 9.2e18);
+  // An int8 a meets v as int64 (200 does not fit int8, and int8_of would truncate 0.5).
+  const DType int_dt = a.dtype() == DType::i8 ? DType::i64 : a.dtype();
+  const Tensor b = exact_int ? scalar(v, int_dt) : scalar(v, DType::f64);
   const Tensor out = compare(op, r, a, b);
   return out.dtype() == a.dtype() ? out : cast_copy(out, a.dtype());
 }

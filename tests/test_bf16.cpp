@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "graft/autograd/tape.h"
+#include "graft/models/decoding.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/train/optim.h"
 #include "graft/ops/ops.h"
@@ -473,7 +474,7 @@ BOOST_AUTO_TEST_CASE(tiny_transformer_trains_alike_in_bf16_and_fp32) {
 }
 
 BOOST_AUTO_TEST_CASE(bf16_decoding_matches_fp32_and_converts_weights_once) {
-  const LearnedDecoder d;
+  LearnedDecoder d;
   BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
   for (Bf16Path path : paths()) {
     PrecisionGuard guard(Precision::bf16, path);
@@ -489,6 +490,17 @@ BOOST_AUTO_TEST_CASE(bf16_decoding_matches_fp32_and_converts_weights_once) {
     BOOST_TEST(same_greedy >= 30);
     BOOST_TEST(same_beam >= 30);
   }
+  // keep_for_inference(bf16) makes the model a bf16 one (2 bytes a weight): greedy and beam
+  // search decode it (beam search widens its bf16 logits to float32 log-probabilities).
+  PrecisionGuard guard(Precision::bf16);
+  BOOST_TEST(models::keep_for_inference(d.run.m, Precision::bf16) > 0u);
+  BOOST_TEST((d.run.m.embedding->weight.dtype() == DType::bf16));
+  const int same_greedy = LearnedDecoder::same(d.decode(1), d.greedy),
+            same_beam = LearnedDecoder::same(d.decode(3), d.beam);
+  std::cout << "test_bf16: decoding 32 sources as a bf16 model: greedy " << same_greedy
+            << "/32, beam " << same_beam << "/32 equal to fp32\n";
+  BOOST_TEST(same_greedy >= 28);
+  BOOST_TEST(same_beam >= 28);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -64,6 +64,17 @@ BOOST_AUTO_TEST_CASE(comparisons_against_a_scalar) {
   BOOST_CHECK_EQUAL(digits(m), "110");
 }
 
+// An int8 tensor against a scalar compares exactly, as int64 does: 0.5 is not truncated to 0,
+// and 200 (beyond int8) compares instead of failing to fit.
+BOOST_AUTO_TEST_CASE(int8_against_a_scalar) {
+  const Tensor a = cast_copy(from_vector(std::vector<int64_t>{-3, 0, 1, 127}, {4}), DType::i8);
+  BOOST_TEST(digits(lt(a, 0.5)) == "1100");
+  BOOST_TEST(digits(eq(a, 0.5)) == "0000");
+  BOOST_TEST(digits(gt(a, 200)) == "0000");
+  BOOST_TEST(digits(ge(a, -3)) == "1111");
+  BOOST_TEST((lt(a, 0.5).dtype() == DType::i8));
+}
+
 BOOST_AUTO_TEST_CASE(the_result_dtype_is_the_promoted_one) {
   const Tensor i = from_vector(std::vector<int64_t>{1, 2}, {2});
   const Tensor f = from_vector(std::vector<float>{1, 3}, {2});

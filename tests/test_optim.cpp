@@ -965,6 +965,38 @@ BOOST_AUTO_TEST_CASE(half_master_restarts_from_an_outside_write) {
   for (double x : vals(w)) BOOST_CHECK_EQUAL(x, 0.25);
 }
 
+// Other memory given to a parameter (Module::to, adopt_state_dict swap its storage) restarts
+// its master even when the new storage's version equals the old one's.
+BOOST_AUTO_TEST_CASE(half_master_restarts_from_new_memory) {
+  const Tensor w = param({1.0, -2.0, 3.0}, {3}, DType::bf16);
+  SGD opt({{"w", w}}, 0.25);
+  for (int s = 0; s < 3; ++s) {
+    give_grad(w, {0.001, 0.001, 0.001});
+    opt.step();
+  }
+  const Tensor fresh = full({3}, 0.5, DType::bf16);
+  fresh.impl()->storage->version = w.version();  // the same count: only the storage tells
+  w.impl()->storage = fresh.impl()->storage;
+  give_grad(w, {1, 1, 1});
+  opt.step();
+  for (double x : vals(w)) BOOST_CHECK_EQUAL(x, 0.25);
+}
+
+// A parameter converted to another dtype after the optimizer was made is refused by name, before
+// any update (its master would be missing: an update would read an undefined tensor).
+BOOST_AUTO_TEST_CASE(half_dtype_changed_after_the_optimizer_is_refused) {
+  const Tensor w = param({1.0, -2.0}, {2}, DType::f32);
+  AdamW opt({{"w", w}}, 0.1);
+  w.impl()->storage = cast_copy(w, DType::bf16).impl()->storage;  // as Module::to(bf16) does
+  w.impl()->dtype = DType::bf16;
+  give_grad(w, {1, 1});
+  BOOST_CHECK_EXCEPTION(opt.step(), Error, [](const Error& e) {
+    return std::string(e.what()).find(
+               "optimizer: parameter 'w' is bf16 (2) but was another "
+               "dtype when the optimizer was made") == 0;
+  });
+}
+
 BOOST_AUTO_TEST_CASE(half_clip_grad_norm) {
   for (DType dt : {DType::bf16, DType::f16}) {
     BOOST_TEST_CONTEXT(dtype_short_name(dt)) {

@@ -262,15 +262,30 @@ void Optimizer::make_masters() {
   note_param_versions();
 }
 
+// A master restarts from its parameter when something else wrote the parameter (its version
+// moved) or gave it other memory (Module::to, adopt_state_dict: another storage, whose version
+// may equal the old one's). A parameter whose dtype changed since the optimizer was made has no
+// master (or one it no longer needs): refused before any update runs.
 void Optimizer::refresh_masters() {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (master_[i].defined() && params_[i].second.version() != master_version_[i])
-      copy_into(master_[i], params_[i].second);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].second;
+    if (is_half(p.dtype()) != master_[i].defined())
+      fail("optimizer: parameter '" + params_[i].first + "' is " + describe(p) +
+           " but was another dtype when the optimizer was made (Module::to after it); make the "
+           "optimizer after converting the model");
+    if (master_[i].defined() &&
+        (p.version() != master_version_[i] || master_storage_[i].lock() != p.impl()->storage))
+      copy_into(master_[i], p);
+  }
 }
 
 void Optimizer::note_param_versions() {
   master_version_.resize(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) master_version_[i] = params_[i].second.version();
+  master_storage_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    master_version_[i] = params_[i].second.version();
+    master_storage_[i] = params_[i].second.impl()->storage;
+  }
 }
 
 DType Optimizer::state_dtype(size_t i) const {

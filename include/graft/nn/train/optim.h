@@ -176,6 +176,8 @@ class Optimizer {
   /// The float32 master copy of each bf16 or f16 parameter (undefined for f32 and f64 ones).
   std::vector<Tensor> master_;
   std::vector<uint64_t> master_version_;  ///< each parameter's version its master matches
+  /// each parameter's storage its master matches (Module::to gives a parameter another one)
+  std::vector<std::weak_ptr<Storage>> master_storage_;
 
  private:
   /// The masters of the bf16 and f16 parameters, copied from them.
