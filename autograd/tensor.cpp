@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -39,62 +40,49 @@ void visit_dtype(DType dt, F&& f) {
 
 }  // namespace
 
+namespace {
+
+// Each dtype's facts in one row, indexed by the enum's value (the enum's order).
+struct DTypeInfo {
+  DType dt;
+  size_t size;
+  const char *name, *short_name;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::f32, 4, "float32", "f32"}, {DType::f64, 8, "float64", "f64"},
+    {DType::i64, 8, "int64", "i64"},   {DType::bf16, 2, "bfloat16", "bf16"},
+    {DType::f16, 2, "float16", "f16"}, {DType::i8, 1, "int8", "i8"}};
+static_assert([] {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if ((size_t)kDTypes[i].dt != i) return false;
+  return true;
+}());
+
+const DTypeInfo* dtype_info(DType dt) {
+  const auto i = (size_t)dt;
+  return i < std::size(kDTypes) ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
 size_t dtype_size(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return 4;
-    case DType::f64:
-      return 8;
-    case DType::i64:
-      return 8;
-    case DType::bf16:
-    case DType::f16:
-      return 2;
-    case DType::i8:
-      return 1;
-  }
-  return 0;
+  const DTypeInfo* d = dtype_info(dt);
+  return d ? d->size : 0;
 }
 
 const char* dtype_name(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::i64:
-      return "int64";
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f16:
-      return "float16";
-    case DType::i8:
-      return "int8";
-  }
-  return "?";
+  const DTypeInfo* d = dtype_info(dt);
+  return d ? d->name : "?";
 }
 
 const char* dtype_short_name(DType dt) {
-  switch (dt) {
-    case DType::f32:
-      return "f32";
-    case DType::f64:
-      return "f64";
-    case DType::i64:
-      return "i64";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
-    case DType::i8:
-      return "i8";
-  }
-  return "?";
+  const DTypeInfo* d = dtype_info(dt);
+  return d ? d->short_name : "?";
 }
 
 DType parse_dtype(const std::string& name, const std::string& what) {
-  for (DType dt : {DType::f32, DType::f64, DType::i64, DType::bf16, DType::f16, DType::i8})
-    if (name == dtype_short_name(dt) || name == dtype_name(dt)) return dt;
+  for (const DTypeInfo& d : kDTypes)
+    if (name == d.short_name || name == d.name) return d.dt;
   fail(what + ": unknown dtype '" + name + "' (f32, f64, i64, bf16, f16, i8 or their long names)");
 }
 
