@@ -183,9 +183,9 @@ std::map<std::string, Tensor> hf_tensors(const train::SafetensorsFile& f) {
     std::string n = name;
     if (prefixed && n.rfind("bert.", 0) == 0) n = n.substr(5);
     if (unused_hf_tensor(n)) continue;
-    if (t.dtype() != DType::f32 && t.dtype() != DType::f64)
+    if (!is_floating(t.dtype()))  // any float dtype converts into the model's (map_hf_weights)
       fail("load_hf_bert: '" + f.path + "': tensor '" + name + "' is " + dtype_name(t.dtype()) +
-           ", not a float32 or float64 weight");
+           ", not a float weight (float32, float64, bfloat16 or float16)");
     if (!out.emplace(n, t).second)
       fail("load_hf_bert: '" + f.path + "': the file holds both 'bert." + n + "' and '" + n +
            "'; keep one of them");

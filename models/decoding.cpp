@@ -35,20 +35,25 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
   for (const auto& [name, child] : m.children()) linear_weights(*child, at + name + ".", out);
 }
 
-// Quantizes every linear weight under `model` that no other parameter shares, freeing its float32
-// values; returns the bytes freed.
+// Quantizes every weight int8_linear_weights() names, freeing its float32 values; returns the
+// bytes freed.
 size_t free_float32_linears(nn::Module& model) {
-  nn::NamedTensors linears;
-  linear_weights(model, "", linears);
-  std::map<const Storage*, int> users;  // parameters per storage: a shared one stays float32
-  for (const auto& [name, t] : model.named_parameters()) ++users[t.impl()->storage.get()];
   size_t freed = 0;
-  for (const auto& [name, w] : linears)
-    if (w.defined() && users[w.impl()->storage.get()] == 1) freed += quantize_weight_int8(w, name);
+  for (const auto& [name, w] : int8_linear_weights(model)) freed += quantize_weight_int8(w, name);
   return freed;
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, Tensor>> int8_linear_weights(const nn::Module& model) {
+  nn::NamedTensors linears, out;
+  linear_weights(model, "", linears);
+  std::map<const Storage*, int> users;  // parameters per storage: a shared one stays float32
+  for (const auto& [name, t] : model.named_parameters()) ++users[t.impl()->storage.get()];
+  for (const auto& [name, w] : linears)
+    if (w.defined() && users[w.impl()->storage.get()] == 1) out.emplace_back(name, w);
+  return out;
+}
 
 size_t keep_for_inference(nn::Module& model, Precision p) {
   size_t freed = 0;

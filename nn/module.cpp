@@ -78,11 +78,24 @@ void take_memory(const Tensor& t, const Tensor& c) {
   if (s.grad && from != c.dtype()) s.grad = cast_copy(Tensor(s.grad), c.dtype()).impl_ptr();
 }
 
-// Converts a floating leaf to `dt` in place of its state (rounding to nearest even into bf16 and
-// f16); integer tensors stay as they are.
-void convert_in_place(const Tensor& t, DType dt) {
-  if (!is_floating(t.dtype()) || t.dtype() == dt) return;
-  take_memory(t, cast_copy(t, dt));
+// The whole of t's storage as a flat tensor of t's dtype.
+Tensor whole_storage(const Tensor& t) {
+  const int64_t n = (int64_t)(t.impl()->storage->nbytes / dtype_size(t.dtype()));
+  return Tensor::view_of(t, {n}, {1}, 0);
+}
+
+// Converts floating leaves to `dt` in place of their state (rounding to nearest even into bf16
+// and f16); integer tensors stay as they are. Tensors sharing a storage are converted together:
+// the storage once (whole: a view keeps its offset and strides in it), so they share the new one.
+void convert_in_place(const std::vector<Tensor>& tensors, DType dt) {
+  std::map<const Storage*, Tensor> converted;  // old storage -> its whole converted copy
+  for (const Tensor& t : tensors) {
+    if (!is_floating(t.dtype()) || t.dtype() == dt) continue;
+    const Storage* from = t.impl()->storage.get();
+    auto it = converted.find(from);
+    if (it == converted.end()) it = converted.emplace(from, cast_copy(whole_storage(t), dt)).first;
+    take_memory(t, Tensor::view_of(it->second, t.shape(), t.strides(), t.offset()));
+  }
 }
 }  // namespace
 
@@ -92,8 +105,10 @@ Module& Module::to(DType dt) {
                      "or float16), not ") +
          dtype_name(dt));
   autograd::NoGrad ng;
-  for (auto& [name, t] : named_parameters()) convert_in_place(t, dt);
-  for (auto& [name, t] : named_buffers()) convert_in_place(t, dt);
+  std::vector<Tensor> all;
+  for (auto& [name, t] : named_parameters()) all.push_back(t);
+  for (auto& [name, t] : named_buffers()) all.push_back(t);
+  convert_in_place(all, dt);
   return *this;
 }
 
@@ -132,15 +147,41 @@ Tensor Module::hooked(Tensor output) const {
 
 namespace {
 thread_local bool t_skip_init = false;
+thread_local SkipInit::Memory t_memory = SkipInit::Memory::uninitialised;
 thread_local int64_t t_initialised = 0;
+
+// A tensor of `shape` and `dt` whose storage holds no bytes (released before it ever had any):
+// reading it fails with the reason until adopt_state_dict() or set_weight_int8() gives it values.
+Tensor without_memory(const Shape& shape, DType dt) {
+  auto storage = std::make_shared<Storage>(0);
+  storage->release(
+      "a parameter " + shape_str(shape) +
+      " of a model built without memory (nn::SkipInit(Memory::none)) that was never given its "
+      "values (adopt_state_dict, set_weight_int8)");
+  storage->nbytes = (size_t)shape_numel(shape) * dtype_size(dt);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->dtype = dt;
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  return Tensor(impl);
+}
 }  // namespace
 
-SkipInit::SkipInit() : was_(t_skip_init) { t_skip_init = true; }
-SkipInit::~SkipInit() { t_skip_init = was_; }
+SkipInit::SkipInit(Memory memory) : was_(t_skip_init), was_memory_(t_memory) {
+  t_skip_init = true;
+  t_memory = memory;
+}
+SkipInit::~SkipInit() {
+  t_skip_init = was_;
+  t_memory = was_memory_;
+}
 bool SkipInit::active() { return t_skip_init; }
 
 Tensor new_parameter(const Shape& shape, DType dt, const std::function<Tensor()>& init) {
-  if (t_skip_init) return Tensor::empty(shape, dt);
+  if (t_skip_init)
+    return t_memory == SkipInit::Memory::none ? without_memory(shape, dt)
+                                              : Tensor::empty(shape, dt);
   ++t_initialised;
   return init();
 }

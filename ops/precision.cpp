@@ -246,12 +246,36 @@ std::string half_matmul_description(DType dt) {
 
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
-size_t quantize_weight_int8(const Tensor& w, const std::string& name) {
-  if (!w.defined()) fail("quantize_weight_int8: " + name + " is an undefined tensor");
+namespace {
+// w must be a float32 (OUT, IN) weight, contiguous; errors name `who` and `name`.
+void check_linear_weight(const Tensor& w, const std::string& who, const std::string& name) {
+  if (!w.defined()) fail(who + ": " + name + " is an undefined tensor");
   if (w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous())
-    fail("quantize_weight_int8: " + name + " " + describe(w) +
-         " must be a contiguous float32 (OUT, IN) weight");
+    fail(who + ": " + name + " " + describe(w) + " must be a contiguous float32 (OUT, IN) weight");
+}
+}  // namespace
+
+size_t quantize_weight_int8(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "quantize_weight_int8", name);
   return kern::quantize_for_inference(w, name, !int8_kernel_available());
+}
+
+Int8Weight int8_weight_parts(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "int8_weight_parts", name);
+  try {
+    auto [values, scales] = kern::int8_parts(w);
+    return {values, scales};
+  } catch (const Error& e) {
+    fail("int8_weight_parts: " + name + ": " + e.what());
+  }
+}
+
+size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scales,
+                       const std::string& name, const std::string& scale_name) {
+  check_linear_weight(w, "set_weight_int8", name);
+  check_defined(values, "set_weight_int8", "values");
+  check_defined(scales, "set_weight_int8", "scales");
+  return kern::set_int8_parts(w, values, scales, name, scale_name, !int8_kernel_available());
 }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }

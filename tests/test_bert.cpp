@@ -162,6 +162,29 @@ BOOST_AUTO_TEST_CASE(loading_initialises_no_parameter) {
   BOOST_TEST(nn::initialised_parameters() - before == (int64_t)built.named_parameters().size());
 }
 
+// Hugging Face checkpoints today are mostly BF16 or F16: such a file loads, each tensor converted
+// into the model's dtype as load_state_dict does (the importer refused every dtype but F32/F64).
+BOOST_AUTO_TEST_CASE(bf16_and_f16_files_load_into_the_models_dtype) {
+  TempDir dir("bert_half");
+  auto m = saved_model(dir);
+  const Tensor x = ids({2, 5, 7, 3, 0, 0, 9, 4, 1, 8, 11, 12}, 2);
+  for (const DType file_dtype : {DType::bf16, DType::f16}) {
+    saved_model(dir);
+    edit_weights(dir, [&](auto& t) {
+      for (auto& [n, v] : t) v = cast_copy(v, file_dtype);
+    });
+    auto back = load_hf_bert(dir.path.string());
+    BOOST_TEST((back->word->weight.dtype() == DType::f32));
+    // The float32 model holding the rounded weights: the same outputs bit for bit.
+    BertEncoder rounded(small_cfg());
+    rounded.eval();
+    nn::NamedTensors sd;
+    for (auto& [n, t] : m->named_parameters()) sd.emplace_back(n, cast_copy(t, file_dtype));
+    rounded.load_state_dict(sd);
+    BOOST_TEST(back->forward(x).to_vector<float>() == rounded.forward(x).to_vector<float>());
+  }
+}
+
 BOOST_AUTO_TEST_CASE(importer_names_the_tensor_at_fault) {
   TempDir dir("bert_bad");
   saved_model(dir);

@@ -337,6 +337,68 @@ BOOST_AUTO_TEST_CASE(module_to_dtype_in_place) {
 }
 
 namespace {
+// An embedding and an output projection tied as two parameters over one storage (the projection
+// a view of the embedding's memory, as a tie made with Tensor::view_of or detach()), and a view
+// of the embedding's second half as a buffer.
+struct Tied : nn::Module {
+  Tensor emb, proj, half;
+  Tied() {
+    emb = register_parameter(
+        "emb", from_vector(std::vector<double>{1.5, -2, 0.1, 3, 4, 5}, {3, 2}, DType::f32));
+    proj = register_parameter("proj", Tensor::view_of(emb, {3, 2}, {2, 1}, 0));
+    half = register_buffer("half", Tensor::view_of(emb, {3}, {1}, 3));
+  }
+};
+}  // namespace
+
+// Module::to converts a storage that several tensors share once and keeps it shared: a tied
+// embedding and output projection stay one memory (the old code made two tensors: twice the
+// memory, and in training the two would diverge), and a view keeps its place in it.
+BOOST_AUTO_TEST_CASE(module_to_keeps_shared_storage_shared) {
+  for (const DType dt : {DType::bf16, DType::f64, DType::f16}) {
+    Tied m;
+    m.to(dt);
+    BOOST_TEST((m.emb.dtype() == dt && m.proj.dtype() == dt && m.half.dtype() == dt));
+    BOOST_TEST(m.emb.impl()->storage == m.proj.impl()->storage);
+    BOOST_TEST(m.emb.impl()->storage == m.half.impl()->storage);
+    BOOST_TEST(m.half.offset() == 3);
+    BOOST_TEST(m.proj.to_vector<double>() == m.emb.to_vector<double>());
+    const std::vector<double> all = m.emb.to_vector<double>();
+    BOOST_TEST(m.half.to_vector<double>() == std::vector<double>(all.begin() + 3, all.end()));
+    fill_(m.emb, 7.0);  // one memory: a write through one is seen by the other
+    BOOST_TEST(m.proj.to_vector<double>()[0] == 7.0);
+  }
+}
+
+// SkipInit(Memory::none): the parameters have their shapes and dtypes but no memory (live bytes
+// do not grow with the model), reading one fails naming why, and adopt_state_dict gives each its
+// tensor's memory.
+BOOST_AUTO_TEST_CASE(skip_init_without_memory_allocates_nothing) {
+  Generator g(3);
+  const size_t live = Storage::live_bytes();
+  std::unique_ptr<Linear> l;
+  {
+    const SkipInit none(SkipInit::Memory::none);
+    l = std::make_unique<Linear>(512, 1024, true, DType::f32, g);
+  }
+  BOOST_TEST(Storage::live_bytes() - live < size_t(4096));
+  BOOST_TEST((l->weight.shape() == Shape{1024, 512} && l->weight.dtype() == DType::f32));
+  BOOST_CHECK_EXCEPTION(l->weight.to_vector<float>(), Error, [](const Error& e) {
+    return names(e, "built without memory") && names(e, "(1024, 512)");
+  });
+  const Tensor w = cast_copy(ones({1024, 512}), DType::bf16), b = zeros({1024});
+  l->adopt_state_dict({{"weight", w}, {"bias", b}});
+  BOOST_TEST((l->weight.dtype() == DType::bf16 && l->weight.impl()->storage == w.impl()->storage));
+  BOOST_TEST(l->weight.requires_grad());
+  {
+    const SkipInit outer(SkipInit::Memory::none);
+    { const SkipInit inner; }  // an inner scope restores the outer's kind
+    Linear l2(4, 4, false, DType::f32, g);
+    BOOST_TEST(!l2.weight.impl()->storage->data);
+  }
+}
+
+namespace {
 // Same dtype, shape and bits (so -0 against 0 and NaN against NaN compare as stored).
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;

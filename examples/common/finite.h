@@ -18,10 +18,14 @@ namespace graft::cli {
 
 // "the model's parameter 'encoder.layers.0.linear1.weight' (f32 (8, 4)) holds NaN", for the
 // first parameter of `m` that holds NaN or Inf; "" when every one is finite.
+// A parameter whose values were replaced by an int8 form (no bytes left) is skipped: its form was
+// refused at quantization or loading if it held NaN or Inf.
 inline std::string nonfinite_parameter(const nn::Module& m) {
-  for (const auto& [name, t] : m.named_parameters())
+  for (const auto& [name, t] : m.named_parameters()) {
+    if (!t.impl()->storage->data) continue;
     if (const char* kind = autograd::nonfinite_kind(t))
       return "the model's parameter '" + name + "' (" + describe(t) + ") holds " + kind;
+  }
   return "";
 }
 

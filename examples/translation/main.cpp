@@ -7,6 +7,8 @@
 //   translate evaluate --run runs/demo --data data/toy/test.tsv
 //   translate forward --run runs/demo --batch batch.safetensors --out outputs.safetensors
 //   translate import-weights --run runs/from-torch --weights torch.safetensors
+//   translate export --run runs/demo --precision int8   (writes runs/demo/model.int8.safetensors,
+//     which translate and evaluate --precision int8 then load without float32 weights)
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -56,6 +58,22 @@ int cmd_train(const tr::TrainOptions& o) {
   return 0;
 }
 
+// The run's model for inference at the --precision in force: its export for that precision when
+// the run has one (said on stderr), else model.safetensors.
+tr::LoadedRun load_for_inference(const std::string& run) {
+  auto lr = tr::load_run(run, matmul_precision());
+  if (lr.weights != run + "/model.safetensors")
+    std::cerr << "loaded " << lr.weights << " (the " << precision_name(matmul_precision())
+              << " export: no float32 weights)\n";
+  return lr;
+}
+
+int cmd_export(const std::string& run, const std::string& precision) {
+  const std::string out = tr::export_run(run, parse_precision(precision, "--precision"));
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
 // Lines translated at a time from standard input (sorted by length into batches within it).
 constexpr size_t kTranslateChunk = 1024;
 
@@ -63,7 +81,7 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
                   const std::string& attention) {
   models::check_decode_options(o);  // before loading anything
   if (!attention.empty()) train::check_output_path("--attention", attention, tr::run_inputs(run));
-  auto lr = tr::load_run(run);
+  auto lr = load_for_inference(run);
   // Translating needs nothing else of the model: at int8 its linears' float32 weights go.
   models::keep_for_inference(*lr.model, matmul_precision());
   size_t overlong = 0, truncated = 0;
@@ -104,7 +122,7 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
 }
 
 int cmd_evaluate(const std::string& run, const std::string& data, int beam, int samples) {
-  auto lr = tr::load_run(run);
+  auto lr = load_for_inference(run);
   text::CorpusStats st;
   auto pairs = tr::load_corpus(data, st);
   std::printf("%s: %s\n", data.c_str(), st.summary().c_str());
@@ -113,6 +131,8 @@ int cmd_evaluate(const std::string& run, const std::string& data, int beam, int 
   // without naming the weight.
   if (const std::string bad = cli::nonfinite_parameter(*lr.model); !bad.empty())
     fail("evaluate: " + bad + " (--run '" + run + "')");
+  // As translate: the model in the form it runs in (int8 linears, or a bf16 model).
+  models::keep_for_inference(*lr.model, matmul_precision());
   auto r = tr::evaluate(*lr.model, *lr.tok, pairs, beam);
   if (r.forced.tokens > 0) {
     cli::check_finite("evaluate: the teacher-forced perplexity", r.forced.ppl, lr.model.get());
@@ -328,6 +348,23 @@ cli::Command add_import_weights(CLI::App& app) {
           }};
 }
 
+cli::Command add_export(CLI::App& app) {
+  struct Args {
+    std::string run, precision;
+  };
+  auto a = std::make_shared<Args>();
+  auto* sub = app.add_subcommand(
+      "export",
+      "write a run's weights in the form inference runs on (model.int8.safetensors: int8 linear "
+      "weights and their scales; model.bf16.safetensors: bf16), which translate and evaluate "
+      "--precision int8|bf16 then load without float32 weights");
+  sub->add_option("--run", a->run, "run directory")->required();
+  sub->add_option("--precision", a->precision, "int8 or bf16")
+      ->required()
+      ->check(CLI::IsMember({"int8", "bf16"}));
+  return {sub, [a] { return cmd_export(a->run, a->precision); }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -335,7 +372,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   cli::show_defaults(app);
   const std::vector<cli::Command> commands = {
-      add_generate(app), add_train(app),   add_translate(app),     add_evaluate(app),
-      add_score(app),    add_forward(app), add_import_weights(app)};
+      add_generate(app), add_train(app),   add_translate(app),      add_evaluate(app),
+      add_score(app),    add_forward(app), add_import_weights(app), add_export(app)};
   return cli::run_commands(app, commands, argc, argv);
 }

@@ -313,15 +313,17 @@ std::vector<std::string> tied_files(const std::string& run_dir) {
 
 std::vector<train::NamedInput> run_inputs(const std::string& run_dir,
                                           std::vector<train::NamedInput> more) {
-  for (const char* f : {"config.json", "model.safetensors", "spm.model", "spm.vocab",
-                        "train_state.safetensors", "metrics.csv"})
+  for (const char* f :
+       {"config.json", "model.safetensors", "spm.model", "spm.vocab", "train_state.safetensors",
+        "metrics.csv", "model.int8.safetensors", "model.bf16.safetensors"})
     more.push_back({run_dir + "/" + f, std::string("the run's ") + f});
   return more;
 }
 
-LoadedRun load_run(const std::string& run_dir) {
+LoadedRun load_run(const std::string& run_dir, Precision precision) {
   // The weights are tied to spm.model too: the tokenizer is checked before it is read.
-  auto loaded = models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"});
+  auto loaded =
+      models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"}, precision);
   LoadedRun r;
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
   if (r.tok->vocab_size() != loaded.model->cfg.vocab)
@@ -330,7 +332,19 @@ LoadedRun load_run(const std::string& run_dir) {
          std::to_string(loaded.model->cfg.vocab));
   r.model = std::move(loaded.model);
   r.config = std::move(loaded.config);
+  r.weights = std::move(loaded.weights);
   return r;
+}
+
+std::string export_run(const std::string& run_dir, Precision precision) {
+  const std::string out = run_dir + "/" + models::export_file_name(precision);
+  std::vector<train::NamedInput> inputs;
+  for (const train::NamedInput& in : run_inputs(run_dir))
+    if (in.path != out) inputs.push_back(in);
+  train::check_output_path("export", out, inputs);
+  const LoadedRun lr = load_run(run_dir);
+  models::save_export(*lr.model, precision, out, lr.weights, tied_files(run_dir));
+  return out;
 }
 
 nlohmann::json TrainOptions::to_json() const {
@@ -383,6 +397,7 @@ models::TransformerConfig make_config(const TrainOptions& o, int64_t vocab) {
   c.positions.kind = nn::parse_positions(o.positions);
   c.attention_dropout = o.attention_dropout;
   c.seed = o.loop.seed;
+  c.dtype = o.dtype;  // recorded in config.json: loading the run builds a model of this dtype
   if (c.d_model % c.heads)
     fail("train: d_model " + std::to_string(c.d_model) + " is not divisible by heads " +
          std::to_string(c.heads));
@@ -642,6 +657,19 @@ DType parse_train_dtype(const std::string& name, const std::string& what) {
   return dt;
 }
 
+namespace {
+// The model of config c, initialised in float32 and then rounded once into c.dtype (the optimizer
+// keeps float32 masters of bf16/f16 weights).
+std::unique_ptr<models::Transformer> initialised_model(const models::TransformerConfig& c) {
+  models::TransformerConfig f32 = c;
+  f32.dtype = DType::f32;
+  auto model = std::make_unique<models::Transformer>(f32);
+  if (c.dtype != DType::f32) model->to(c.dtype);
+  model->cfg.dtype = c.dtype;
+  return model;
+}
+}  // namespace
+
 TrainResult train(const TrainOptions& opts) {
   TrainOptions o = opts;
   const nlohmann::json saved = apply_resumed_options(o);
@@ -677,9 +705,9 @@ TrainResult train(const TrainOptions& opts) {
   });
   const text::Tokenizer tok(o.loop.run_dir + "/spm.model");
   if (!o.loop.resume) cfg = make_config(o, tok.vocab_size());
-  models::Transformer model(cfg);
-  // Initialised in float32, then rounded once; the optimizer keeps float32 masters of bf16/f16.
-  if (o.dtype != DType::f32) model.to(o.dtype);
+  cfg.dtype = o.dtype;  // a run from before config.json recorded it says float32 there
+  const std::unique_ptr<models::Transformer> owned = initialised_model(cfg);
+  models::Transformer& model = *owned;
   model.train();
   batch_data(d, tok, o, cfg.max_len, say);
   {

@@ -28,6 +28,7 @@
 #include "graft/nn/text/tokenizer.h"
 #include "graft/nn/train/checkpoint.h"
 #include "graft/nn/train/trainer.h"
+#include "graft/ops/precision.h"
 
 namespace graft::translation {
 
@@ -165,11 +166,21 @@ struct LoadedRun {
   std::unique_ptr<models::Transformer> model;
   std::unique_ptr<text::Tokenizer> tok;
   nlohmann::json config;
+  std::string weights;  // the weights file loaded: model.safetensors or an export
 };
 // config.json + spm.model + model.safetensors, model in eval mode. The weights' checksum and
 // their fingerprints of config.json and spm.model are verified, and the config's sizes matched
-// against the weights file, before the model is built; errors name the file.
-LoadedRun load_run(const std::string& run_dir);
+// against the weights file, before the model is built; errors name the file. With precision int8
+// or bf16, the run's export for it (model.int8.safetensors, model.bf16.safetensors: export_run)
+// is loaded instead when present, without a float32 copy of any weight (models/run.h);
+// `weights` then names it.
+struct LoadedRun;
+LoadedRun load_run(const std::string& run_dir, Precision precision = Precision::fp32);
+
+// Writes run_dir's export for inference at `precision` (int8 or bf16) from its model.safetensors:
+// run_dir/model.<precision>.safetensors (models/exported.h), tied to config.json, spm.model and
+// the weights it was made from. Returns its path.
+std::string export_run(const std::string& run_dir, Precision precision);
 
 // The weights with a checksum (and the fingerprints of tied_files) in the metadata, written
 // atomically.

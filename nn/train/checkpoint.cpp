@@ -701,8 +701,10 @@ std::string file_fingerprint(const std::string& file, const char* who) {
 
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const std::string& path,
                   int64_t step, const std::string& format,
-                  const std::vector<std::string>& tied_files) {
-  std::map<std::string, std::string> meta = checksum_metadata(sd);
+                  const std::vector<std::string>& tied_files,
+                  const std::map<std::string, std::string>& more_metadata) {
+  std::map<std::string, std::string> meta = more_metadata;
+  for (auto& [k, v] : checksum_metadata(sd)) meta[k] = v;
   meta["format"] = format;
   meta["step"] = std::to_string(step);
   for (auto& f : tied_files) meta[fingerprint_key(f)] = file_fingerprint(f, "save_weights");
@@ -711,6 +713,21 @@ void save_weights(const std::vector<std::pair<std::string, Tensor>>& sd, const s
 
 std::vector<std::pair<std::string, Tensor>> load_weights(
     const std::string& path, const char* who, const std::vector<std::string>& tied_files) {
+  return std::move(load_weights_file(path, who, tied_files).tensors);
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in;
+  const uint64_t file_size = open_checked(path, in);
+  const std::string text = read_header_text(path, in, file_size);
+  SafetensorsFile out;
+  out.path = path;
+  parse_header(path, text, file_size - 8 - text.size(), out);
+  return out.metadata;
+}
+
+SafetensorsFile load_weights_file(const std::string& path, const char* who,
+                                  const std::vector<std::string>& tied_files) {
   SafetensorsFile f = load_safetensors(path);
   check_weights_checksum(f, who);
   for (auto& file : tied_files) {
@@ -723,7 +740,7 @@ std::vector<std::pair<std::string, Tensor>> load_weights(
       fail(std::string(who) + ": '" + file + "' does not match the weights in '" + f.path +
            "': it was edited or comes from another run");
   }
-  return std::move(f.tensors);
+  return f;
 }
 
 namespace {

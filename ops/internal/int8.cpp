@@ -287,40 +287,119 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   dequantize(xq, q, b, y, N, OUT);
 }
 
-size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference) {
-  const std::shared_ptr<Storage>& src = w.impl()->storage;
-  if (!src->data) return 0;  // already replaced (or released by its owner)
-  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
-  if (w.offset() != 0 || (size_t)w.numel() * sizeof(float) != src->nbytes)
-    fail("quantize_weight_int8: " + name + " " + describe(w) +
+namespace {
+
+// Refuses (naming `who` and `name`) a weight that is not the whole of its storage: freeing its
+// float32 values would free the rest.
+void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name) {
+  if (w.offset() != 0 || (size_t)w.numel() * sizeof(float) != w.impl()->storage->nbytes)
+    fail(who + ": " + name + " " + describe(w) +
          " is a view of a larger storage; freeing its float32 values would free the rest");
+}
+
+// The replacement of a weight of OUT x IN from its int8 rows (a plain quantized storage): those
+// rows themselves for the reference loop, else reordered into the kernel's layout.
+Replacement replacement_from_rows(std::shared_ptr<Storage> rows, int64_t OUT, int64_t IN,
+                                  bool reference) {
+  Replacement r{{}, std::move(rows), OUT, IN, kPlainTag, {}};
+  if (reference) return r;
+  const auto& c = int8_matmul(kLayoutRows, IN, OUT);
+  r.q = kernel_form(*r.q, OUT, c.mds[3], c.mds[1]);
+  r.tag = c.weights_tag;
+  r.layout = c.mds[1];
+  return r;
+}
+
+// Makes r the int8 form of w for good: w's float32 values (if it holds any) are released, and
+// linear_int8 reads r from then on. Returns the bytes freed.
+size_t install_replacement(const Tensor& w, Replacement r, const std::string& name) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  r.source = src;
+  const size_t freed = src->data ? src->nbytes : 0;
+  ++src->version;  // copies made from the float32 values before are dropped at the next miss
+  {
+    std::lock_guard<std::mutex> lock(replaced_mutex);
+    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
+    replaced()[src.get()] = std::move(r);
+  }
+  src->release(name + " " + describe(w) +
+               ": its float32 values were freed when it was quantized to int8 for inference "
+               "(quantize_weight_int8, or loaded as int8: set_weight_int8); only linear under "
+               "PrecisionGuard(int8) without a tape reads it now: load the float32 weights again "
+               "to train it, save it in float32 or run it in another precision");
+  return freed;
+}
+
+// The checks of set_weight_int8's parts, each error naming `name` (the values' tensor) and
+// `scale_name`: values int8 (OUT, IN) like w, in [-127, 127]; scales float32 (OUT), finite, >= 0.
+void check_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scales,
+                      const std::string& name, const std::string& scale_name) {
+  const std::string who = "set_weight_int8: ";
+  if (values.dtype() != DType::i8 || values.shape() != w.shape() || !values.is_contiguous())
+    fail(who + "tensor '" + name + "' is " + describe(values) + ", its int8 values must be i8 " +
+         shape_str(w.shape()) + " (the weight's shape), contiguous");
+  if (scales.dtype() != DType::f32 || scales.shape() != Shape{w.shape()[0]} ||
+      !scales.is_contiguous())
+    fail(who + "tensor '" + scale_name + "' is " + describe(scales) +
+         ", the scales of an int8 weight must be f32 (" + std::to_string(w.shape()[0]) +
+         "): one per output row of '" + name + "' " + shape_str(w.shape()));
+  const float* s = scales.data<float>();
+  for (int64_t o = 0; o < scales.numel(); ++o)
+    if (!(s[o] >= 0.f && s[o] <= FLT_MAX))
+      fail(who + "tensor '" + scale_name + "' holds " + std::to_string(s[o]) + " at [" +
+           std::to_string(o) + "]: a scale must be finite and >= 0");
+  const int8_t* v = values.data<int8_t>();
+  for (int64_t i = 0; i < values.numel(); ++i)
+    if (v[i] == -128)
+      fail(who + "tensor '" + name + "' holds -128 at element " + std::to_string(i) +
+           ": int8 weights are symmetric, in [-127, 127]");
+}
+
+}  // namespace
+
+size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference) {
+  if (!w.impl()->storage->data) return 0;  // already replaced (or released by its owner)
+  check_whole_storage(w, "quantize_weight_int8", name);
   std::shared_ptr<Storage> rows;
   try {
     rows = quantize_weights(w);
   } catch (const Error& e) {
     fail("quantize_weight_int8: " + name + ": " + e.what());
   }
-  Replacement r{src, rows, OUT, IN, kPlainTag, {}};
-  if (!reference) {
-    const auto& c = int8_matmul(kLayoutRows, IN, OUT);
-    r.q = kernel_form(*rows, OUT, c.mds[3], c.mds[1]);
-    r.tag = c.weights_tag;
-    r.layout = c.mds[1];
+  return install_replacement(
+      w, replacement_from_rows(std::move(rows), w.shape()[0], w.shape()[1], reference), name);
+}
+
+std::pair<Tensor, Tensor> int8_parts(const Tensor& w) {
+  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+  const std::shared_ptr<Storage> rows = quantized_rows(w, replacement_of(w));
+  const QuantWeights q = view_quantized(*rows, OUT);
+  Tensor values = Tensor::empty({OUT, IN}, DType::i8), scales = Tensor::empty({OUT}, DType::f32);
+  std::memcpy(values.raw(), q.data, (size_t)OUT * IN);
+  std::memcpy(scales.raw(), q.scale, (size_t)OUT * sizeof(float));
+  return {values, scales};
+}
+
+size_t set_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scales,
+                      const std::string& name, const std::string& scale_name, bool reference) {
+  check_whole_storage(w, "set_weight_int8", name);
+  check_int8_parts(w, values, scales, name, scale_name);
+  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+  if (IN > kMaxIn)
+    fail("set_weight_int8: tensor '" + name + "' " + describe(values) + " sums " +
+         std::to_string(IN) + " products per output, more than the " + std::to_string(kMaxIn) +
+         " an int32 sum holds");
+  auto rows = quantized_storage(OUT, (size_t)OUT * IN);
+  const QuantWeights q = view_quantized(*rows, OUT);
+  std::memcpy(const_cast<float*>(q.scale), scales.raw(), (size_t)OUT * sizeof(float));
+  std::memcpy(const_cast<int8_t*>(q.data), values.raw(), (size_t)OUT * IN);
+  auto* sum = const_cast<int32_t*>(q.sum);
+  for (int64_t o = 0; o < OUT; ++o) {
+    int32_t total = 0;
+    for (int64_t k = 0; k < IN; ++k) total += q.data[o * IN + k];
+    sum[o] = total;
   }
-  rows.reset();
-  const size_t freed = src->nbytes;
-  ++src->version;  // copies made from the float32 values before are dropped at the next miss
-  {
-    std::lock_guard<std::mutex> lock(replaced_mutex);
-    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
-    replaced()[src.get()] = r;
-  }
-  src->release(name + " " + describe(w) +
-               ": its float32 values were freed when it was quantized to int8 for inference "
-               "(quantize_weight_int8); only linear under PrecisionGuard(int8) without a tape "
-               "reads it now: load the float32 weights again to train it, save it in float32 or "
-               "run it in another precision");
-  return freed;
+  return install_replacement(w, replacement_from_rows(std::move(rows), OUT, IN, reference), name);
 }
 
 uint64_t int8_weight_copies() { return copies_made.load(); }

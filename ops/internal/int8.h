@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "graft/autograd/tensor.h"
 
@@ -29,6 +30,19 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
 // and derives from it what a slice of w or another layout needs. Returns the bytes freed (0 when
 // w was replaced already). A NaN or inf in w is refused, naming `name`.
 size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference);
+
+// w's int8 form (quantized from its float32 values, or its replacement when they were freed) as
+// the two tensors a file holds: the values, int8 (OUT, IN), and the scales, float32 (OUT):
+// w ≈ scales[o] * values[o][k]. Set back with set_int8_parts, it is the same form bit for bit.
+std::pair<Tensor, Tensor> int8_parts(const Tensor& w);
+
+// Makes (values, scales) w's int8 form for good, as quantize_for_inference would from the float32
+// weight they were quantized from (the same bytes: the row sums are recomputed, the values
+// reordered into the kernel's layout), and releases w's float32 values if it holds any: a
+// weight built without memory (nn::SkipInit) never allocates them. Errors name `name` (the
+// values) and `scale_name`. Returns the bytes freed.
+size_t set_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scales,
+                      const std::string& name, const std::string& scale_name, bool reference);
 
 // How many quantized weight copies have been made in this process (ops/precision.h:
 // int8_weight_copies_made).

@@ -362,7 +362,10 @@ ConfigFields<C> model_fields() {
       value_field<C>("norm_first", member(&C::norm_first), "pre-LN (true) or post-LN (false)"),
       token_field<C>("pad_id", member(&C::pad_id), "the padding token"),
       choice_field<C, DType>("dtype", member(&C::dtype),
-                             {{DType::f32, "float32"}, {DType::f64, "float64"}},
+                             {{DType::f32, "float32"},
+                              {DType::f64, "float64"},
+                              {DType::bf16, "bfloat16"},
+                              {DType::f16, "float16"}},
                              "of every parameter")
           .optional(),
       value_field<C>("seed", member(&C::seed), "initialisation and dropout masks").optional(),

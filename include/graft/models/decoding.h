@@ -5,6 +5,8 @@
 /// Transformer in models/transformer.cpp, the decoder-only LM in models/decoder_only_lm.cpp).
 #pragma once
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "graft/autograd/tensor.h"
@@ -29,6 +31,10 @@ namespace graft::models {
 /// @return the bytes of float32 values freed.
 /// @throws graft::Error from quantize_weight_int8 (a NaN or inf weight, named).
 size_t keep_for_inference(nn::Module& model, Precision p);
+/// The weights keep_for_inference(model, Precision::int8) makes int8, with their parameter paths,
+/// in the model's order: every nn::Linear's weight and attention's in_proj_weight that no other
+/// parameter shares a storage with (an int8 export holds exactly these in int8).
+std::vector<std::pair<std::string, Tensor>> int8_linear_weights(const nn::Module& model);
 
 /// How sampling picks a token (DecodeOptions::sample); the three filters combine.
 struct SamplingOptions {

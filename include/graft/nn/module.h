@@ -104,7 +104,9 @@ class Module {
   /// require grad, so the module trains and runs as before at the new precision. An accumulated
   /// gradient is converted with its parameter, as PyTorch's .grad is. Integer buffers (int64,
   /// int8) stay as they are. Make optimizers after it (their state has the old dtype). As
-  /// torch.nn.Module.to(dtype); returns *this.
+  /// torch.nn.Module.to(dtype); returns *this. Tensors that share a storage (a weight tied to
+  /// another parameter or buffer, views of one tensor) still share one after: their storage is
+  /// converted once and each keeps its place in it.
   /// @throws graft::Error "Module::to: ..." when `dt` is not a float dtype (int64, int8).
   Module& to(DType dt);
 
@@ -194,10 +196,19 @@ class EvalScope {
 /// refuse a missing one): building it then costs no random draws and no pass over the weights,
 /// and its generators are not advanced. Buffers (the sinusoidal table) are computed as always,
 /// since no checkpoint holds them. Scopes nest; each restores the state it found.
+/// With Memory::none the parameters get no memory at all: each is a tensor of its shape and dtype
+/// whose values do not exist (any read fails naming why), until adopt_state_dict() gives it a
+/// tensor's memory or set_weight_int8() its int8 form; loading a 16-bit or int8 file then never
+/// allocates the float32 model (models/run.h, load_run_model with a precision).
 class SkipInit {
  public:
+  /// What the parameters built under it hold.
+  enum class Memory {
+    uninitialised,  ///< memory of their size, not filled (Tensor::empty)
+    none,           ///< no memory: to be given by adopt_state_dict() or set_weight_int8()
+  };
   /// Skips initialisation on this thread until destroyed.
-  SkipInit();
+  explicit SkipInit(Memory memory = Memory::uninitialised);
   /// Restores the state the constructor found.
   ~SkipInit();
   SkipInit(const SkipInit&) = delete;
@@ -207,10 +218,12 @@ class SkipInit {
 
  private:
   bool was_;
+  Memory was_memory_;
 };
 
 /// A new parameter of `shape` and `dt`: what `init` returns (a fresh tensor of that shape and
-/// dtype), or uninitialised memory while a SkipInit is alive, in which case `init` is not called.
+/// dtype), or uninitialised memory while a SkipInit is alive (no memory at all under
+/// SkipInit(SkipInit::Memory::none)), in which case `init` is not called.
 /// Every layer constructor makes its parameters through it.
 Tensor new_parameter(const Shape& shape, DType dt, const std::function<Tensor()>& init);
 

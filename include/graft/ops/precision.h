@@ -157,6 +157,31 @@ std::string half_matmul_description(DType dt);
 ///         a view of a larger storage (freeing it would free the rest), or holds a NaN or inf.
 size_t quantize_weight_int8(const Tensor& w, const std::string& name);
 
+/// A linear weight's int8 form as the two tensors a file holds (docs/mixed-precision.md, "int8
+/// and bf16 exports"): w ≈ scales[o] * values[o][k].
+struct Int8Weight {
+  Tensor values;  ///< int8 (OUT, IN), in [-127, 127]
+  Tensor scales;  ///< float32 (OUT), one per output row, max_k |w[o][k]| / 127
+};
+/// The int8 form quantize_weight_int8 gives the float32 weight `w` (OUT, IN), the same bytes, as
+/// values and scales (for a file); w is left as it is. Works on a weight made int8 already too
+/// (its kept form is read back).
+/// @throws graft::Error naming `name` as quantize_weight_int8 (not float32 (OUT, IN) and
+///         contiguous, a NaN or inf), or when its float32 values were freed by anything else.
+Int8Weight int8_weight_parts(const Tensor& w, const std::string& name);
+/// Makes the float32 weight `w` (OUT, IN) int8 for good from a stored int8 form (values, scales,
+/// as int8_weight_parts() gives them): afterwards w is exactly what quantize_weight_int8 would
+/// have made of the weight the form was taken from (linear under PrecisionGuard(int8) gives the
+/// same bits), and w's float32 values are released. A w built without memory
+/// (nn::SkipInit(nn::SkipInit::Memory::none)) never holds float32 values at all: loading an
+/// int8 file that way allocates no float32 copy of the weight. Call it before inference starts.
+/// @return the bytes of float32 values freed (0 for a w built without memory).
+/// @throws graft::Error naming `name` or `scale_name` when w is not float32 (OUT, IN), contiguous
+///         and the whole of its storage, `values` not int8 of w's shape or holding -128,
+///         `scales` not float32 (OUT) or holding a negative, NaN or infinite scale.
+size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scales,
+                       const std::string& name, const std::string& scale_name);
+
 /// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, overflow gives inf.
 float round_to_bf16(float x);
 

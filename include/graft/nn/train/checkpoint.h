@@ -142,11 +142,12 @@ std::string file_fingerprint(const std::string& file, const char* who);
 /// fingerprint (text_checksum of the bytes) of each tied side file in the metadata, written
 /// atomically. Tied files are a run directory's config.json and tokenizer: a weights file must
 /// never load beside a config or tokenizer of another run, or one edited since. `format` is
-/// stored as the metadata "format".
+/// stored as the metadata "format"; `more_metadata` is stored too (the entries above win).
 /// @throws graft::Error when a tied file cannot be read, or as save_safetensors().
 void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict,
                   const std::string& path, int64_t step, const std::string& format,
-                  const std::vector<std::string>& tied_files = {});
+                  const std::vector<std::string>& tied_files = {},
+                  const std::map<std::string, std::string>& more_metadata = {});
 /// Reads weights written by save_weights(): the checksum and every tied file's fingerprint
 /// verified (errors "<who>: '<file>': ..." name the file that does not match), the tensors
 /// returned for load_state_dict.
@@ -155,6 +156,14 @@ void save_weights(const std::vector<std::pair<std::string, Tensor>>& state_dict,
 std::vector<std::pair<std::string, Tensor>> load_weights(
     const std::string& path, const char* who, const std::vector<std::string>& tied_files = {});
 
+/// load_weights() returning the whole file: the tensors and the metadata, checked the same way.
+/// @throws graft::Error as load_weights().
+SafetensorsFile load_weights_file(const std::string& path, const char* who,
+                                  const std::vector<std::string>& tied_files = {});
+/// The `__metadata__` of a safetensors file, reading its header only (the tensors' bytes are not
+/// read: a weights file's checksum entry costs no pass over the weights).
+/// @throws graft::Error as load_safetensors() for a missing file or a bad header.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 /// nlohmann's message without its "[json.exception.parse_error.101] " tag, which means nothing
 /// to a user; the rest ("parse error at line L, column C: ...") is what they need.
 std::string json_message(const nlohmann::json::exception& e);
