@@ -10,6 +10,9 @@
 //                                 run directory: config.json + model.safetensors, no spm.model;
 //                                 examples/translation/ct2_convert.py reads it for
 //                                 bench/ct2_peer.py)
+//   graft_bench --what export|load --model DIR --precision int8|bf16  (a save_model run's export;
+//                                 file to first token: phases' ms and peak RSS;
+//                                 bench/load_bench.sh)
 //   graft_bench --what lm_train|lm_sample|cls_train|cls_infer [--warmup 2] [--steps 5]
 //                                 (the zoo: the models `make lm` and `make classify` train)
 //   graft_bench --what embed --model DIR --sentences FILE [--batch 32]  (sentence embeddings of
@@ -45,6 +48,8 @@
 #include "graft/models/config_json.h"
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/encoder_classifier.h"
+#include "graft/models/exported.h"
+#include "graft/models/run.h"
 #include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/train/checkpoint.h"
@@ -464,6 +469,39 @@ void run_save_model(const Args& a) {
        "\",\"params\":" + std::to_string(model.num_parameters()));
 }
 
+// --what export: writes the run directory's (--model, as save_model writes it) export for
+// --precision int8|bf16. --what load: loads the run as translate does at --precision (the export
+// when there is one: no float32 weights; else model.safetensors, converted by keep_for_inference)
+// and decodes the first token of one sentence: the time of each phase, and the process's peak RSS
+// from file to first token.
+void run_load(const Args& a) {
+  if (a.model.empty()) fail("graft_bench: --what " + a.what + " needs --model DIR");
+  if (a.what == "export") {
+    auto lr = models::load_run_model<models::Transformer>(a.model);
+    const std::string out = a.model + "/" + models::export_file_name(a.precision);
+    models::save_export(*lr.model, a.precision, out, lr.weights, {a.model + "/config.json"});
+    emit("\"what\":\"export\",\"out\":\"" + out + "\"");
+    return;
+  }
+  const auto t0 = Clock::now();
+  auto lr = models::load_run_model<models::Transformer>(a.model, {}, a.precision);
+  models::keep_for_inference(*lr.model, a.precision);
+  const auto t1 = Clock::now();
+  const int64_t S = kDecodeSrcLen;
+  const Tensor src = from_vector(make_ids(1, S, lr.model->cfg.vocab, 3), {1, S});
+  models::DecodeOptions o;
+  o.max_len = 1;
+  o.stop_at_eos = false;
+  models::translate(*lr.model, src, o);
+  const auto t2 = Clock::now();
+  const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  emit("\"what\":\"load\",\"precision\":\"" + std::string(precision_name(a.precision)) +
+       "\",\"file\":\"" + lr.weights + "\",\"load_ms\":" + num(ms(t1 - t0)) +
+       ",\"first_token_ms\":" + num(ms(t2 - t1)) + ",\"total_ms\":" + num(ms(t2 - t0)) +
+       ",\"live_mib\":" + num(Storage::live_bytes() / 1048576.0) +
+       ",\"peak_rss_mib\":" + num(peak_rss_mib()));
+}
+
 // The weight-read rate of decoding-shaped inference linears alone: 32 rows through 24 distinct
 // 2048 x 512 weights (96 MiB in float32, past the caches, as a base decoder's 117 MB), no tape,
 // each in the layout oneDNN reads fastest (reordered once, as decoding does): the most a
@@ -837,7 +875,8 @@ int main(int argc, char** argv) {
         std::cerr << "graft_bench: " << int8_unavailable_reason("--precision") << "\n";
         return 3;
       }
-      if (a.what != "greedy" && a.what != "beam" && a.what != "embed") {
+      if (a.what != "greedy" && a.what != "beam" && a.what != "embed" && a.what != "load" &&
+          a.what != "export") {
         std::cerr
             << "graft_bench: --precision int8 is for inference: --what greedy, beam or embed, not "
             << a.what << "\n";
@@ -861,6 +900,7 @@ int main(int argc, char** argv) {
     else if (a.what == "sgemm") run_sgemm(a);
     else if (a.what == "kernels") run_kernels();
     else if (a.what == "save_model") run_save_model(a);
+    else if (a.what == "load" || a.what == "export") run_load(a);
     else if (a.what == "stream") run_stream();
     else {
       std::cerr << "graft_bench: unknown --what " << a.what

@@ -145,6 +145,8 @@ rm -f "$META"
 # ---- CTranslate2 on the same weights: its own section of latest.md (bench/ct2_bench.sh; PyPI's
 # ctranslate2 in $BUILD/pyvenv, skipped with a message where it cannot be had) ----------------
 ./bench/ct2_bench.sh "$BUILD" "$OUT/latest.md" || echo "bench: the CTranslate2 section failed" >&2
+# ---- loading base, file to first token: fp32, bf16 and int8, exports and converted (bench/load_bench.sh)
+./bench/load_bench.sh "$BUILD" "$OUT/latest.md" || echo "bench: the loading section failed" >&2
 # ---- sentence embeddings of a pretrained encoder against sentence-transformers (bench/embed_bench.sh)
 ./bench/embed_bench.sh "$BUILD" "$OUT/latest.md" || echo "bench: the sentence-embedding section failed" >&2
 echo "bench: done in $(( $(date +%s) - START ))s; wrote $OUT/latest.csv and $OUT/latest.md" >&2

@@ -309,6 +309,13 @@ fresh; st_dtype "$W/r/model.safetensors" F16
 case_ checkpoint "a float32 tensor relabelled F16 (twice the bytes its shape needs)" 2 "of F16 needs" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
 cp "$W/run/model.safetensors" "$W/i8.safetensors" && st_dtype "$W/i8.safetensors" I8 zeros
 fresh; case_ checkpoint "import-weights: an I8 tensor for a float parameter" 2 "only float dtypes convert into each other on load" -- "$T" import-weights --run "$W/r" --weights "$W/i8.safetensors"
+case_ CLI "\`translate export --precision fp32\` (model.safetensors is the float32 form)" 2 "--precision: fp32 not in {int8,bf16}" -- "$T" export --run "$W/run" --precision fp32
+fresh; mkdir "$W/r/model.int8.safetensors"
+case_ output "\`translate export\` into a run whose model.int8.safetensors is a directory" 2 "export: '$W/r/model.int8.safetensors' is a directory, not a file to write" -- "$T" export --run "$W/r" --precision int8
+fresh; "$T" export --run "$W/r" --precision bf16 >/dev/null && cp "$W/r/model.bf16.safetensors" "$W/r/model.int8.safetensors"
+case_ checkpoint "an int8 export that is a bf16 one (evaluate \`--precision int8\` loads it)" 2 "model.int8.safetensors': not an int8 export (its format is 'graft-export', precision 'bf16')" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv" --precision int8
+fresh; "$T" export --run "$W/r" --precision int8 >/dev/null && st_dtype "$W/r/model.int8.safetensors" F16
+case_ checkpoint "an int8 export with a tensor relabelled F16" 2 "model.int8.safetensors'" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv" --precision int8
 
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2

@@ -98,6 +98,19 @@ bool fails_naming(const std::function<void()>& fn, std::initializer_list<const c
   return false;
 }
 
+// A loader of the run at dir at precision p, for fails_naming.
+std::function<void()> loader(const TempDir& dir, Precision p) {
+  return [&dir, p] { load_run_model<Transformer>(dir.path.string(), {}, p); };
+}
+
+Tensor& tensor_named(nn::NamedTensors& t, const std::string& name) {
+  for (auto& [n, v] : t)
+    if (n == name) return v;
+  throw std::runtime_error("no tensor " + name);
+}
+
+const std::string w = "decoder.layers.1.linear2.weight", s = w + "_scale";
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(exported)
@@ -160,20 +173,13 @@ BOOST_AUTO_TEST_CASE(loading_an_export_never_allocates_the_float32_model) {
   BOOST_TEST(Storage::peak_live_bytes() - before >= f32_bytes);  // what the export avoids
 }
 
-// Every bad export is refused naming the file and the tensor (or the file it does not match).
-BOOST_AUTO_TEST_CASE(bad_exports_name_the_file_and_tensor) {
+// Every bad tensor of an export is refused naming the file and the tensor.
+BOOST_AUTO_TEST_CASE(bad_export_tensors_name_the_file_and_tensor) {
   TempDir dir("export_bad");
   save_run(dir, small_config());
-  const std::string run = dir.path.string(), int8 = dir / "model.int8.safetensors";
-  const auto load = [&](Precision p) {
-    return [&, p] { load_run_model<Transformer>(run, {}, p); };
-  };
-  const std::string w = "decoder.layers.1.linear2.weight", s = w + "_scale";
-  const auto at = [](nn::NamedTensors& t, const std::string& name) -> Tensor& {
-    for (auto& [n, v] : t)
-      if (n == name) return v;
-    throw std::runtime_error("no tensor " + name);
-  };
+  const std::string int8 = dir / "model.int8.safetensors";
+  const auto load = [&](Precision p) { return loader(dir, p); };
+  const auto at = tensor_named;
   export_run(dir, Precision::int8);
   edit_export(dir, Precision::int8, [&](auto& t) { at(t, w) = to_dtype(at(t, w), DType::f32); });
   BOOST_TEST(
@@ -205,6 +211,15 @@ BOOST_AUTO_TEST_CASE(bad_exports_name_the_file_and_tensor) {
   edit_export(dir, Precision::bf16, [&](auto& t) { at(t, w) = to_dtype(at(t, w), DType::f32); });
   BOOST_TEST(fails_naming(load(Precision::bf16),
                           {"model.bf16.safetensors", w.c_str(), "every parameter in bf16"}));
+}
+
+// An export under the wrong name, of another run or of weights trained since is refused naming
+// the file and the file it does not match.
+BOOST_AUTO_TEST_CASE(exports_of_another_model_are_refused) {
+  TempDir dir("export_other_model");
+  save_run(dir, small_config());
+  const std::string int8 = dir / "model.int8.safetensors";
+  const auto load = [&](Precision p) { return loader(dir, p); };
   export_run(dir, Precision::bf16);
   std::filesystem::copy_file(dir / "model.bf16.safetensors", int8,
                              std::filesystem::copy_options::overwrite_existing);

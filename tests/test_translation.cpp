@@ -405,4 +405,32 @@ BOOST_AUTO_TEST_CASE(corpus_longer_than_max_len_everywhere) {
   });
 }
 
+// A `--dtype bf16` run records bfloat16 in config.json's model section (it said float32), so
+// loading the run builds a bf16 model holding the trained bf16 weights; its exports (translate
+// export) load in their own forms and translate as the converted model does.
+BOOST_AUTO_TEST_CASE(bf16_run_records_its_dtype_and_exports_load) {
+  TempDir dir("bf16_run");
+  write_toy_corpus(dir / "data");
+  tr::TrainOptions o = tiny_options(dir / "data", dir / "run", 3);
+  o.dtype = DType::bf16;
+  tr::train(o);
+  const auto cfg = train::load_json(dir / "run/config.json");
+  BOOST_TEST(cfg["model"]["dtype"].get<std::string>() == "bfloat16");
+  auto lr = tr::load_run(dir / "run");
+  for (auto& [n, t] : lr.model->named_parameters()) BOOST_TEST((t.dtype() == DType::bf16), n);
+  BOOST_TEST((lr.model->cfg.dtype == DType::bf16));
+  // A float32 run exported to int8 translates as the run converted after loading.
+  tr::train(tiny_options(dir / "data", dir / "f32", 3));
+  const std::string out = tr::export_run(dir / "f32", Precision::int8);
+  BOOST_TEST(out == dir / "f32/model.int8.safetensors");
+  auto converted = tr::load_run(dir / "f32");
+  models::keep_for_inference(*converted.model, Precision::int8);
+  auto exported = tr::load_run(dir / "f32", Precision::int8);
+  BOOST_TEST(exported.weights == out);
+  PrecisionGuard guard(Precision::int8);
+  const std::vector<std::string> lines = {"the dog sees the cat .", "a man reads a book ."};
+  BOOST_TEST(tr::translate_lines(*converted.model, *converted.tok, lines, 2) ==
+             tr::translate_lines(*exported.model, *exported.tok, lines, 2));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -344,15 +344,16 @@ void check_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scale
          ", the scales of an int8 weight must be f32 (" + std::to_string(w.shape()[0]) +
          "): one per output row of '" + name + "' " + shape_str(w.shape()));
   const float* s = scales.data<float>();
-  for (int64_t o = 0; o < scales.numel(); ++o)
+  const int64_t OUT = w.shape()[0], n = values.numel();
+  for (int64_t o = 0; o < OUT; ++o)
     if (!(s[o] >= 0.f && s[o] <= FLT_MAX))
       fail(who + "tensor '" + scale_name + "' holds " + std::to_string(s[o]) + " at [" +
            std::to_string(o) + "]: a scale must be finite and >= 0");
   const int8_t* v = values.data<int8_t>();
-  for (int64_t i = 0; i < values.numel(); ++i)
-    if (v[i] == -128)
-      fail(who + "tensor '" + name + "' holds -128 at element " + std::to_string(i) +
-           ": int8 weights are symmetric, in [-127, 127]");
+  const int64_t at = std::find(v, v + n, int8_t(-128)) - v;
+  if (at < n)
+    fail(who + "tensor '" + name + "' holds -128 at element " + std::to_string(at) +
+         ": int8 weights are symmetric, in [-127, 127]");
 }
 
 }  // namespace
