@@ -133,8 +133,8 @@ fresh; sed -i 's/"eos_id": 3/"eos_id": 99999/' "$W/r/config.json"
 case_ config "eos_id outside the vocabulary, --resume" 2 "field \"eos_id\" must be a token id" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; sed -i 's/"d_ff": 512/"d_ff": 512.5/' "$W/r/config.json"
 case_ config "a size that is not an integer, --resume" 2 "field \"d_ff\" must be an integer, got 512.5" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
-fresh; sed -i 's/"dtype": "float32"/"dtype": "float16"/' "$W/r/config.json"
-case_ config "dtype float16, --resume" 2 "field \"dtype\" must be float32 or float64" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
+fresh; sed -i 's/"dtype": "float32"/"dtype": "int8"/' "$W/r/config.json"
+case_ config "dtype int8, --resume" 2 "field \"dtype\" must be float32, float64, bfloat16 or float16" -- "$T" train --data "$D" --out "$W/r" --steps 4 --resume
 fresh; printf '{"model": {' >"$W/r/config.json"
 case_ config "config.json cut short" 2 "config.json': parse error at line 1" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv"
 fresh; python3 -c "import sys; open(sys.argv[1],'w').write('['*100+']'*100)" "$W/r/config.json"

@@ -496,6 +496,19 @@ std::vector<Case> autograd_and_tensor_cases() {
           one(SIG(Tensor::detach), x23, [](const Tensor& t) { t.detach(); })};
 }
 
+// The int8 weight forms of a linear (ops/precision.h): a weight's parts, and a weight set from
+// them.
+std::vector<Case> int8_weight_cases() {
+  return {one(SIG(int8_weight_parts, const Tensor&, const std::string&), x23,
+              [](const Tensor& t) { int8_weight_parts(t, "test.weight"); }),
+          {SIG(set_weight_int8, const Tensor&, const Tensor&, const Tensor&, const std::string&,
+               const std::string&),
+           [] {
+             return Tensors{f({2, 3}), zeros({2, 3}, DType::i8), ones({2})};
+           },
+           [](const Tensors& t) { set_weight_int8(t[0], t[1], t[2], "w", "w_scale"); }}};
+}
+
 std::vector<Case> tensor_and_copy_cases() {
   return {
       {SIG(Tensor::backward, const Tensor&, bool, bool),
@@ -991,10 +1004,10 @@ std::vector<Case> positions_and_communicator_cases() {
 std::vector<Case> all_cases() {
   std::vector<Case> all;
   for (const std::vector<Case>& part :
-       {autograd_and_tensor_cases(), tensor_and_copy_cases(), kernel_and_operator_cases(),
-        binary_operator_cases(), compare_cases(), attention_module_cases(), layer_cases(),
-        position_and_encoder_layer_cases(), stack_cases(), model_cases(), transformer_cases(),
-        positions_and_communicator_cases()})
+       {autograd_and_tensor_cases(), tensor_and_copy_cases(), int8_weight_cases(),
+        kernel_and_operator_cases(), binary_operator_cases(), compare_cases(),
+        attention_module_cases(), layer_cases(), position_and_encoder_layer_cases(), stack_cases(),
+        model_cases(), transformer_cases(), positions_and_communicator_cases()})
     all.insert(all.end(), part.begin(), part.end());
   return all;
 }
