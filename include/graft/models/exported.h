@@ -51,7 +51,8 @@ train::SafetensorsFile load_export(const std::string& path, Precision p,
 /// Gives `model` (built under nn::SkipInit(nn::SkipInit::Memory::none), or any model of the
 /// export's shapes) the export's tensors: int8 weights through set_weight_int8() (each file
 /// tensor dropped once installed, so the file is not held twice), the others through
-/// adopt_state_dict() (their memory taken, no copy). Everything is checked before it is used.
+/// adopt_state_dict() (their memory taken, no copy). The dtypes are checked before anything is
+/// installed; a failure after that leaves the model half loaded (drop it).
 /// @throws graft::Error "load_run: '<file>': ..." naming the tensor: a tensor of the wrong dtype
 ///         (not bf16 in a bf16 export; an int8 tensor for a weight the model reads in float32, or a
 ///         linear weight not in int8 in an int8 export), a missing or misshapen scale, values of
