@@ -9,6 +9,7 @@
 
 #include "graft/autograd/tape.h"
 #include "graft/nn/attention.h"
+#include "graft/ops/custom.h"
 #include "graft/ops/ops.h"
 
 namespace graft::models {
@@ -192,10 +193,16 @@ std::vector<int64_t> argmax_op_rows(const Tensor& logits) {
 
 template <class T>
 void argmax_each_row(const T* p, int64_t rows, int64_t V, std::vector<int64_t>& best) {
-  for (int64_t r = 0; r < rows; ++r) {
-    best[r] = row_argmax(p + r * V, V);
+  // Rows over the threads when there are more than kParallelGrain logits (a batch of 32 over a
+  // vocabulary of 8000), on this thread otherwise (one sentence: no OpenMP region).
+  kern::parallel_for(
+      rows,
+      [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) best[r] = row_argmax(p + r * V, V);
+      },
+      std::max<int64_t>(kern::kParallelGrain / V, 1));
+  for (int64_t r = 0; r < rows; ++r)  // after the loop: no exception leaves an OpenMP region
     if (std::isnan(p[r * V + best[r]])) refuse_nan(r, best[r]);
-  }
 }
 
 // Each row's argmax of (rows, V) logits, in one pass over them with no tensor made per step (the

@@ -220,6 +220,16 @@ BOOST_AUTO_TEST_CASE(greedy_picks_the_argmax_ops_token) {
     BOOST_TEST(!view.is_contiguous());
     BOOST_TEST(greedy_first(view) == want);
   }
+  // rows over the threads (more than kern::kParallelGrain logits), ties in row 5
+  Generator gen(7);
+  std::vector<double> big = randn({8, 8192}, DType::f64, gen).to_vector<double>();
+  big[5 * 8192 + 100] = big[5 * 8192 + 4000] = 10.0;
+  const Tensor wide = from_vector(big, {8, 8192}, DType::f64);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const std::vector<int64_t> ref = argmax(to_dtype(wide, dt), 1).to_vector<int64_t>();
+    BOOST_TEST(ref[5] == 100);
+    BOOST_TEST(greedy_first(to_dtype(wide, dt)) == ref);
+  }
   std::vector<double> v = table.to_vector<double>();
   v[1 * 4 + 2] = std::nan("");  // row 1: NaN at token 2, after -inf
   v[1 * 4 + 3] = std::nan("");
