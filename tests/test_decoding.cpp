@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "graft/models/decoder_only_lm.h"
@@ -58,6 +59,30 @@ class NanStep : public FakeStep {
     return from_vector(l, {(int64_t)prefix.size(), 9});
   }
 };
+
+// The same logits at every step (any dtype or layout): greedy's first pick of each row is their
+// argmax.
+class TableStep : public DecodeStep {
+ public:
+  explicit TableStep(Tensor logits) : logits_(std::move(logits)) {}
+  Tensor next_logits(const std::vector<std::vector<int64_t>>&) override { return logits_; }
+  void select(const std::vector<int64_t>&) override {}
+
+ private:
+  Tensor logits_;
+};
+
+// Greedy's first token of each of the table's rows.
+std::vector<int64_t> greedy_first(const Tensor& logits) {
+  TableStep step(logits);
+  DecodeOptions o;
+  o.max_len = 1;
+  o.stop_at_eos = false;
+  std::vector<int64_t> first;
+  for (auto& r : greedy_search(step, Sequences(logits.size(0), {0}), -1, o))
+    first.push_back(r.at(0));
+  return first;
+}
 
 }  // namespace
 
@@ -173,6 +198,48 @@ BOOST_AUTO_TEST_CASE(greedy_search_refuses_nan_logits) {
   BOOST_CHECK_EXCEPTION(greedy_search(step, {{1}, {2}}, 8, o), Error, [](const Error& e) {
     return std::string(e.what()).find("logit of token 3 (row 0) is NaN") != std::string::npos;
   });
+}
+
+// Greedy search reads the logits itself (one pass, no argmax/max op per step): it picks what the
+// argmax op picks in every dtype and layout, ties to the lower token, an all -inf row token 0, and
+// a NaN anywhere is refused naming the first NaN (the argmax op's pick).
+BOOST_AUTO_TEST_CASE(greedy_picks_the_argmax_ops_token) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor table = from_vector(std::vector<double>{1.0, 3.0, 3.0, 2.0,      //
+                                                       -inf, -inf, -inf, -inf,  //
+                                                       -0.0, 0.0, -1.0, 0.0,    //
+                                                       0.5, -2.0, 7.25, 7.0},
+                                   {4, 4}, DType::f64);
+  const std::vector<int64_t> want = {1, 0, 0, 2};
+  for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+    const Tensor lg = to_dtype(table, dt);
+    BOOST_TEST(argmax(lg, 1).to_vector<int64_t>() == want);
+    BOOST_TEST(greedy_first(lg) == want);
+    // a transposed view of the transposed table: the same logits, not contiguous
+    const Tensor view = transpose(contiguous(transpose(lg, 0, 1)), 0, 1);
+    BOOST_TEST(!view.is_contiguous());
+    BOOST_TEST(greedy_first(view) == want);
+  }
+  // rows over the threads (more than kern::kParallelGrain logits), ties in row 5
+  Generator gen(7);
+  std::vector<double> big = randn({8, 8192}, DType::f64, gen).to_vector<double>();
+  big[5 * 8192 + 100] = big[5 * 8192 + 4000] = 10.0;
+  const Tensor wide = from_vector(big, {8, 8192}, DType::f64);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const std::vector<int64_t> ref = argmax(to_dtype(wide, dt), 1).to_vector<int64_t>();
+    BOOST_TEST(ref[5] == 100);
+    BOOST_TEST(greedy_first(to_dtype(wide, dt)) == ref);
+  }
+  std::vector<double> v = table.to_vector<double>();
+  v[1 * 4 + 2] = std::nan("");  // row 1: NaN at token 2, after -inf
+  v[1 * 4 + 3] = std::nan("");
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    const Tensor lg = to_dtype(from_vector(v, {4, 4}, DType::f64), dt);
+    BOOST_TEST(argmax(lg, 1).to_vector<int64_t>()[1] == 2);
+    BOOST_CHECK_EXCEPTION(greedy_first(lg), Error, [](const Error& e) {
+      return names(e, "logit of token 2 (row 1) is NaN");
+    });
+  }
 }
 
 // And sampling: all-NaN logits once drew token 0; one NaN or +inf logit is refused too.

@@ -230,7 +230,13 @@ template <class F>
 void parallel_for(int64_t n, F&& body, int64_t grain = kParallelGrain) {
   if (n <= 0) return;
   const int64_t chunk = std::max<int64_t>(grain / 4, 1), chunks = (n + chunk - 1) / chunk;
-  GRAFT_OMP(omp parallel for if (n > grain) schedule(static))
+  // Not `omp parallel for if (n > grain)` alone: with the if false libgomp still sets up a
+  // one-thread team (0.4 us, more on a loaded machine), paid by each small op of a decoding step.
+  if (n <= grain) {
+    for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
+    return;
+  }
+  GRAFT_OMP(omp parallel for schedule(static))
   for (int64_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
 }
 
@@ -248,8 +254,7 @@ void for_each_bcast2(const Shape& out, const Shape& sa, const Shape& sb, F&& f) 
   }
   const int64_t inner = out[r - 1], rows = n / inner;
   const int64_t ia = sa[r - 1], ib = sb[r - 1];
-  GRAFT_OMP(omp parallel for if (n > kParallelGrain) schedule(static))
-  for (int64_t row = 0; row < rows; ++row) {
+  auto one_row = [&](int64_t row) {
     int64_t rem = row, oa = 0, ob = 0;
     for (int64_t d = r - 2; d >= 0; --d) {
       const int64_t id = rem % out[d];
@@ -259,7 +264,13 @@ void for_each_bcast2(const Shape& out, const Shape& sa, const Shape& sb, F&& f) 
     }
     const int64_t base = row * inner;
     for (int64_t i = 0; i < inner; ++i) f(base + i, oa + i * ia, ob + i * ib);
+  };
+  if (n <= kParallelGrain) {  // no one-thread OpenMP team (see parallel_for)
+    for (int64_t row = 0; row < rows; ++row) one_row(row);
+    return;
   }
+  GRAFT_OMP(omp parallel for schedule(static))
+  for (int64_t row = 0; row < rows; ++row) one_row(row);
 }
 
 /// Calls f(out_index, offset) for every element of a tensor of `shape` read through strides sa
