@@ -73,12 +73,13 @@ bool has_nan(const T* s, int64_t n) {
 // a row whose attendable scores are NaN (a NaN query) is NaN.
 // Separate branch-free passes so each vectorises (kern::exp_nonpos instead of a libm call):
 // measured 14 -> 4 ms for the forward softmax of the attention micro-benchmark.
-template <class T>
-void softmax_row(T* s, int64_t Tk, int64_t end, const uint8_t* pad, const T* bias,
+// The bias B may be 16-bit (a bf16 model's), widened as it is read.
+template <class T, class B>
+void softmax_row(T* s, int64_t Tk, int64_t end, const uint8_t* pad, const B* bias,
                  int64_t bias_stride) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   if (bias)
-    for (int64_t j = 0; j < end; ++j) s[j] += bias[j * bias_stride];
+    for (int64_t j = 0; j < end; ++j) s[j] += T(bias[j * bias_stride]);
   if (pad)
     for (int64_t j = 0; j < end; ++j) s[j] = pad[j] ? kNegInf : s[j];
   T mx = kNegInf;
@@ -116,8 +117,8 @@ struct BiasView {
 };
 
 // Turns the scaled scores S (contiguous (B, H, Tq, Tk)) into P in place.
-template <class T>
-void softmax_rows(T* s, const Geom& g, const RowMask& m, const BiasView<T>& bias) {
+template <class T, class B>
+void softmax_rows(T* s, const Geom& g, const RowMask& m, const BiasView<B>& bias) {
   const int64_t rows = g.rows(), Tk = g.Tk;
 #pragma omp parallel for if (rows * Tk > kern::kParallelGrain) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -343,44 +344,63 @@ bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& 
 }
 
 // out (contiguous (B, H, Tq, Dv)) = softmax(scale q k^T + bias, masked) v, row by row; the
-// probabilities also go to `weights` (contiguous (B, H, Tq, Tk)) when it is defined.
-template <class T>
+// probabilities also go to `weights` (contiguous (B, H, Tq, Tk)) when it is defined. S is the
+// storage type: 16-bit q, k, v (a bf16 model's KV cache) are read as they are, each element
+// widened in registers (the query row once into the thread's buffer), the sums float32's, and
+// the output and weights rounded once; the cache is never converted.
+template <class S>
 void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& weights, const Geom& g, double scale, const RowMask& m,
-                           const BiasView<T>& bias) {
-  const T *qp = q.data<const T>(), *kp = k.data<const T>(), *vp = v.data<const T>();
+                           const BiasView<S>& bias) {
+  using T = kern::acc_t<S>;
+  constexpr bool widen = !std::is_same_v<S, T>;
+  const S *qp = q.data<const S>(), *kp = k.data<const S>(), *vp = v.data<const S>();
   const Shape &qs = q.strides(), &ks = k.strides(), &vs = v.strides();
-  T* op = out.data<T>();
-  T* wp = weights.defined() ? weights.data<T>() : nullptr;
+  S* op = out.data<S>();
+  S* wp = weights.defined() ? weights.data<S>() : nullptr;
   const int64_t rows = g.rows(), D = g.D, Dv = g.Dv;
   const T sc = (T)scale;
   detail::parallel_for_scratch(
-      rows, rows * g.Tk * (D + Dv) > kern::kParallelGrain, [&] { return std::vector<T>(g.Tk); },
-      [&](int64_t r, std::vector<T>& s) {
+      rows, rows * g.Tk * (D + Dv) > kern::kParallelGrain,
+      [&] { return std::vector<T>(g.Tk + (widen ? D + Dv : 0)); },
+      [&](int64_t r, std::vector<T>& buf) {
         const int64_t i = r % g.Tq, bh = r / g.Tq, h = bh % g.H, b = bh / g.H, end = m.end(i);
-        const T* qi = qp + b * qs[0] + h * qs[1] + i * qs[2];
-        const T* kb = kp + b * ks[0] + h * ks[1];
-        const T* vb = vp + b * vs[0] + h * vs[1];
+        T* s = buf.data();
+        const S* q_row = qp + b * qs[0] + h * qs[1] + i * qs[2];
+        const T* qi = nullptr;
+        if constexpr (widen) {
+          for (int64_t e = 0; e < D; ++e) s[g.Tk + e] = T(q_row[e]);
+          qi = s + g.Tk;
+        } else {
+          qi = q_row;
+        }
+        const S* kb = kp + b * ks[0] + h * ks[1];
+        const S* vb = vp + b * vs[0] + h * vs[1];
         for (int64_t j = 0; j < end; ++j) {
-          const T* kj = kb + j * ks[2];
+          const S* kj = kb + j * ks[2];
           T acc = 0;
 #pragma omp simd reduction(+ : acc)
-          for (int64_t e = 0; e < D; ++e) acc += qi[e] * kj[e];
+          for (int64_t e = 0; e < D; ++e) acc += qi[e] * T(kj[e]);
           s[j] = sc * acc;
         }
-        softmax_row(s.data(), g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
+        softmax_row(s, g.Tk, end, m.pad ? m.pad + b * g.Tk : nullptr, bias.row(b, h, i),
                     bias.col_stride());
-        if (wp) std::copy(s.begin(), s.end(), wp + r * g.Tk);
-        T* o = op + r * Dv;
+        if (wp)
+          for (int64_t j = 0; j < g.Tk; ++j) wp[r * g.Tk + j] = S(s[j]);
+        T* o = nullptr;
+        if constexpr (widen) o = s + g.Tk + D;
+        else o = op + r * Dv;
         std::fill(o, o + Dv, T(0));
         // Every key, masked ones too (p = 0, past `end` as well): 0 * a NaN value is NaN, as in
         // the matmul path, so both paths give one result for a NaN value at any key.
         for (int64_t j = 0; j < g.Tk; ++j) {
           const T p = s[j];
-          const T* vj = vb + j * vs[2];
+          const S* vj = vb + j * vs[2];
 #pragma omp simd
-          for (int64_t e = 0; e < Dv; ++e) o[e] += p * vj[e];
+          for (int64_t e = 0; e < Dv; ++e) o[e] += p * T(vj[e]);
         }
+        if constexpr (widen)
+          for (int64_t e = 0; e < Dv; ++e) op[r * Dv + e] = S(o[e]);
       });
 }
 
@@ -403,11 +423,49 @@ AttentionResult few_queries_result(const Tensor& q, const Tensor& k, const Tenso
   AttentionResult res;
   res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
   if (opt.return_weights) res.weights = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
-  GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] {
-    few_queries_attention<T>(q, k, v, res.out, res.weights, g, a.scale, a.row_mask(),
-                             bias_view<T>(opt.bias, g));
-  });
+  auto run = [&]<class S>(S*) {
+    few_queries_attention<S>(q, k, v, res.out, res.weights, g, a.scale, a.row_mask(),
+                             bias_view<S>(opt.bias, g));
+  };
+  if (is_half(q.dtype())) GRAFT_DISPATCH_HALF(q.dtype(), [&] { run((S*)nullptr); });
+  else GRAFT_DISPATCH_FLOAT(q.dtype(), kOp, [&] { run((T*)nullptr); });
   return res;
+}
+
+// 16-bit q, k, v without a tape, more query rows than few_queries_attention takes: S = scale Q
+// K^T by the 16-bit matmul into float32, the mask and softmax in float32, P rounded to the
+// 16-bit dtype (once, as a bf16 matmul operand is) and out = P V by the 16-bit matmul. Nothing
+// of q, k or v is converted.
+AttentionResult half_matmul_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const AttentionCtx& a, const AttentionOptions& opt) {
+  const Geom& g = a.g;
+  const kern::BCopy copy = opt.steady_kv ? kern::BCopy::steady : kern::BCopy::per_call;
+  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, DType::f32);
+  Tensor P16 = Tensor::empty(P.shape(), q.dtype());
+  AttentionResult res;
+  res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
+  if (opt.return_weights) res.weights = P16;
+  if (P.numel() == 0) {  // no key: every output row is 0, as a row with every key masked
+    if (res.out.numel() > 0) fill_(res.out, 0);
+    return res;
+  }
+  kern::bmm(q, kern::transposed(k), P, a.scale, false, copy);
+  GRAFT_DISPATCH_HALF(q.dtype(), [&] {
+    softmax_rows(P.data<float>(), g, a.row_mask(), bias_view<S>(opt.bias, g));
+  });
+  kern::store_rounded(P, P16);
+  kern::bmm(P16, v, res.out, 1.0, false, copy);
+  return res;
+}
+
+// The settings of a call of geometry g (its dropout mask drawn later, when there is one).
+AttentionCtx attention_ctx(const Geom& g, const AttentionOptions& opt) {
+  return AttentionCtx{g,
+                      opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
+                      pad_flags(opt.key_padding_mask),
+                      opt.causal,
+                      opt.dropout > 0,
+                      {}};
 }
 
 // bf16 and f16 through float32 (kern::via_f32): q, k, v and the bias cast, the output and the
@@ -429,16 +487,15 @@ std::optional<AttentionResult> attention_via_f32(const Tensor& q, const Tensor& 
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt) {
-  if (auto r = attention_via_f32(q, k, v, opt)) return *r;
+  // 16-bit tensors without a tape (or dropout) run their own loops; else through float32.
+  const bool half = kern::native_half(kOp, {q, k, v, opt.bias}) && !(opt.dropout > 0);
+  if (!half)
+    if (auto r = attention_via_f32(q, k, v, opt)) return *r;
   const Geom g = validate(q, k, v, opt);
-  AttentionCtx a{g,
-                 opt.scale != 0 ? opt.scale : 1.0 / std::sqrt((double)g.D),
-                 pad_flags(opt.key_padding_mask),
-                 opt.causal,
-                 opt.dropout > 0,
-                 {}};
+  AttentionCtx a = attention_ctx(g, opt);
   const bool record = autograd::needs_record({q, k, v, opt.bias});
   if (few_queries(q, k, v, g, record, opt)) return few_queries_result(q, k, v, a, opt);
+  if (half) return half_matmul_attention(q, k, v, a, opt);
   const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
   const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
   Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());

@@ -392,9 +392,41 @@ Tensor unary_backward(const Tensor& dout, const Tensor& data, const UnaryOp& op,
   return dx;
 }
 
+// y (contiguous) = f(x) for 16-bit x (contiguous): blocks of x widened into a float32 buffer on
+// the stack, the row's float32 loop run on them, each output rounded once (the float64 f per
+// element, rounded once, for a row without a float32 loop). No tape (kern::native_half).
+template <class S>
+void unary_half_loop(const UnaryOp& op, const Tensor& x, const Tensor& y, double a, double b) {
+  const S* px = x.data<const S>();
+  S* py = y.data<S>();
+  kern::parallel_for(x.numel(), [&](int64_t i0, int64_t i1) {
+    constexpr int64_t kBlock = 256;
+    float in[kBlock], out[kBlock];
+    for (int64_t s = i0; s < i1; s += kBlock) {
+      const int64_t n = std::min(kBlock, i1 - s);
+      to_float(px + s, in, n);
+      if (!op.f32) {
+        for (int64_t i = 0; i < n; ++i) py[s + i] = S(op.f(in[i], a, b));
+        continue;
+      }
+      op.f32(in, out, n, (float)a, (float)b);
+      from_float(out, py + s, n);
+    }
+  });
+}
+
+Tensor unary_half(const UnaryOp& op, const Tensor& x, double a, double b) {
+  kern::check_float(op.name, x);
+  const Tensor xc = kern::contig(x);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  if (y.numel() > 0) GRAFT_DISPATCH_HALF(x.dtype(), [&] { unary_half_loop<S>(op, xc, y, a, b); });
+  return y;
+}
+
 }  // namespace
 
 Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
+  if (kern::native_half(op.name, {x})) return unary_half(op, x, a, b);
   GRAFT_VIA_F32(op.name, unary, op, x, a, b);
   kern::check_float(op.name, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
@@ -519,6 +551,8 @@ Tensor binary_raw(const char* name, BinOp op, const Tensor& a, const Tensor& b, 
     if (binary_f32(op, a, b, out)) return out;
     if ((op == BinOp::add || op == BinOp::mul) && binary_f32(op, b, a, out)) return out;
     binary_ref<float>(op, a, b, out);
+  } else if (is_half(a.dtype())) {  // arithmetic in float32, each output rounded once
+    GRAFT_DISPATCH_HALF(a.dtype(), [&] { binary_ref<S>(op, a, b, out); });
   } else {
     GRAFT_DISPATCH_FLOAT(a.dtype(), name, [&] { binary_ref<T>(op, a, b, out); });
   }
@@ -563,6 +597,8 @@ Tensors div_backward(const Tensor& dout, const Ctx& c) {
 template <class Bwd>
 Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd bwd,
               bool save_inputs) {
+  // 16-bit tensors without a tape: binary_ref on their elements (kern::native_half).
+  if (kern::native_half(name, {a, b})) return binary_raw(name, op, a, b, false);
   GRAFT_VIA_F32(name, binary, name, op, a, b, bwd, save_inputs);
   const bool record = autograd::needs_record({a, b});
   Tensor out = binary_raw(name, op, a, b, record);

@@ -24,6 +24,25 @@ namespace graft {
 
 namespace {
 
+// One row: yr = (xr - m) * rstd * w + b (w, b null: 1, 0) with m and v (biased) the row's mean
+// and variance, handed out too.
+template <class T>
+void normalize_row(const T* xr, int64_t C, const T* pw, const T* pb, double eps, T* yr, T& m,
+                   T& v) {
+  m = 0;
+#pragma omp simd reduction(+ : m)
+  for (int64_t i = 0; i < C; ++i) m += xr[i];
+  m /= T(C);
+  v = 0;
+#pragma omp simd reduction(+ : v)
+  for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
+  v /= T(C);
+  const T rstd = T(1) / std::sqrt(v + T(eps));
+#pragma omp simd
+  for (int64_t i = 0; i < C; ++i)
+    yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
+}
+
 // x (N rows of C, contiguous, any shape), w/b (C) or undefined -> y (like x), mean (N) and var
 // (N, biased) where defined (inference needs neither). With r (like x), the rows normalised are
 // x + r (add_layer_norm), written to s when s is defined. One pass per row: the row (or its sum)
@@ -50,22 +69,60 @@ void layer_norm_loop(int64_t N, int64_t C, const Tensor& x, const Tensor& r, con
           for (int64_t i = 0; i < C; ++i) sr[i] = xr[i] + pr[n * C + i];
           xr = sr;
         }
-        T m = 0;
-#pragma omp simd reduction(+ : m)
-        for (int64_t i = 0; i < C; ++i) m += xr[i];
-        m /= T(C);
-        T v = 0;
-#pragma omp simd reduction(+ : v)
-        for (int64_t i = 0; i < C; ++i) v += (xr[i] - m) * (xr[i] - m);
-        v /= T(C);
-        const T rstd = T(1) / std::sqrt(v + T(eps));
-        T* yr = py + n * C;
-#pragma omp simd
-        for (int64_t i = 0; i < C; ++i)
-          yr[i] = (xr[i] - m) * rstd * (pw ? pw[i] : T(1)) + (pb ? pb[i] : T(0));
+        T m, v;
+        normalize_row(xr, C, pw, pb, eps, py + n * C, m, v);
         if (pm) pm[n] = m;
         if (pv) pv[n] = v;
       });
+}
+
+// t (C, 16-bit) or undefined -> its values as floats (empty when undefined).
+template <class S>
+std::vector<float> widened(const Tensor& t) {
+  std::vector<float> out(t.defined() ? t.numel() : 0);
+  if (t.defined()) to_float(t.data<const S>(), out.data(), t.numel());
+  return out;
+}
+
+// layer_norm_loop for 16-bit x, r, w, b, y without a tape: each row widened into the thread's
+// float32 buffer (x + r added there), normalised in float32, rounded once into y. w and b are
+// widened once per call.
+template <class S>
+void layer_norm_half_loop(int64_t N, int64_t C, const Tensor& x, const Tensor& r, const Tensor& w,
+                          const Tensor& b, double eps, const Tensor& y) {
+  const S* px = x.data<const S>();
+  const S* pr = r.defined() ? r.data<const S>() : nullptr;
+  S* py = y.data<S>();
+  const std::vector<float> wf = widened<S>(w), bf = widened<S>(b);
+  detail::parallel_for_scratch(
+      N, N * C > kern::kParallelGrain, [&] { return std::vector<float>(2 * C); },
+      [&](int64_t n, std::vector<float>& buf) {
+        float *xr = buf.data(), *yr = xr + C;
+        to_float(px + n * C, xr, C);
+        if (pr) {
+          to_float(pr + n * C, yr, C);
+#pragma omp simd
+          for (int64_t i = 0; i < C; ++i) xr[i] += yr[i];
+        }
+        float m, v;
+        normalize_row(xr, C, wf.empty() ? nullptr : wf.data(), bf.empty() ? nullptr : bf.data(),
+                      eps, yr, m, v);
+        from_float(yr, py + n * C, C);
+      });
+}
+
+// layer_norm (r undefined) or add_layer_norm (x + r) of 16-bit tensors without a tape:
+// layer_norm_half_loop on the 16-bit rows, nothing kept.
+Tensor layer_norm_half(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
+                       const Tensor& b_in, double eps) {
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::contig(x_in), r = r_in.defined() ? kern::contig(r_in) : Tensor();
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
+  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
+  if (y.numel() > 0)
+    GRAFT_DISPATCH_HALF(x.dtype(), [&] { layer_norm_half_loop<S>(N, C, x, r, w, b, eps, y); });
+  return y;
 }
 
 // The backward needs the normalised rows xhat. It is rebuilt from the output when that is
@@ -334,6 +391,10 @@ void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved&
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
+  if (kern::native_half("layer_norm", {x_in, w_in, b_in})) {
+    check_layer_norm(x_in, w_in, b_in, eps);
+    return layer_norm_half(x_in, Tensor(), w_in, b_in, eps);
+  }
   GRAFT_VIA_F32("layer_norm", layer_norm, x_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps);
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
@@ -389,11 +450,13 @@ GRAFT_DECLARE_OP("add_layer_norm", "norm");
 // to both x and r.
 Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
                       const Tensor& b_in, double eps) {
-  GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
+  const bool native = kern::native_half("add_layer_norm", {x_in, r_in, w_in, b_in});
+  if (!native) GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
   if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
     fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " +
          describe(x_in));
+  if (native) return layer_norm_half(x_in, r_in, w_in, b_in, eps);
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::contig(x_in), r = kern::contig(r_in);
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
@@ -450,19 +513,20 @@ namespace {
 // x (N, C) contiguous, w (C) or null -> y (N, C), rstd (N) = 1 / sqrt(mean(x^2) + eps). Both
 // dtypes (float64 is the reference; float32 the vectorised path: oneDNN 2.6's
 // layer_normalization always subtracts the mean, with or without use_scale/use_shift).
-template <class T>
-void rms_norm_rows(const T* x, const T* w, double eps, int64_t N, int64_t C, T* y, T* rstd) {
+template <class S>
+void rms_norm_rows(const S* x, const S* w, double eps, int64_t N, int64_t C, S* y, S* rstd) {
+  using T = kern::acc_t<S>;  // a 16-bit row widened per element, each output rounded once
 #pragma omp parallel for if (N * C > kern::kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const T* __restrict xr = x + n * C;
-    T* __restrict yr = y + n * C;
+    const S* __restrict xr = x + n * C;
+    S* __restrict yr = y + n * C;
     T ss = 0;
 #pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < C; ++i) ss += xr[i] * xr[i];
+    for (int64_t i = 0; i < C; ++i) ss += T(xr[i]) * T(xr[i]);
     const T r = T(1) / std::sqrt(ss / T(C) + T(eps));
 #pragma omp simd
-    for (int64_t i = 0; i < C; ++i) yr[i] = xr[i] * r * (w ? w[i] : T(1));
-    rstd[n] = r;
+    for (int64_t i = 0; i < C; ++i) yr[i] = S(T(xr[i]) * r * (w ? T(w[i]) : T(1)));
+    if (rstd) rstd[n] = S(r);
   }
 }
 
@@ -521,9 +585,25 @@ Tensors rms_norm_backward(const Tensor& dout, const Tensor& x_in, const Tensor& 
   return {dx, dw};
 }
 
+// rms_norm of 16-bit tensors without a tape: rms_norm_rows on the 16-bit rows, no rstd kept.
+Tensor rms_norm_half(const Tensor& x_in, const Tensor& w_in, double eps) {
+  check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::contig(x_in);
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
+  if (y.numel() > 0)
+    GRAFT_DISPATCH_HALF(x.dtype(), [&] {
+      rms_norm_rows<S>(x.data<const S>(), w.defined() ? w.data<const S>() : nullptr, eps, N, C,
+                       y.data<S>(), nullptr);
+    });
+  return y;
+}
+
 }  // namespace
 
 Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
+  if (kern::native_half("rms_norm", {x_in, w_in})) return rms_norm_half(x_in, w_in, eps);
   GRAFT_VIA_F32("rms_norm", rms_norm, x_in, w_in, eps);
   check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;

@@ -86,21 +86,23 @@ Tensor reduce_sum(const char* op, const Tensor& x, const std::vector<int64_t>& a
   return out;
 }
 
-template <class T>
+// S the storage type: 16-bit elements are compared as floats (exact), the maximum stored back.
+template <class S>
 void max_loop(const Tensor& xc, const Split3& s, const Tensor& out, const Tensor& idx) {
+  using T = kern::acc_t<S>;
   const int64_t outer = s.outer, n = s.n, inner = s.inner;
-  const T* p = xc.data<T>();
-  T* po = out.data<T>();
+  const S* p = xc.data<S>();
+  S* po = out.data<S>();
   int64_t* pi = idx.data<int64_t>();
   detail::parallel_for(outer, outer * n * inner > kern::kParallelGrain, [&](int64_t o) {
     for (int64_t i = 0; i < inner; ++i) {
       int64_t best = 0;
-      T bv = p[o * n * inner + i];
+      T bv = T(p[o * n * inner + i]);
       for (int64_t k = 1; k < n; ++k) {
-        const T v = p[(o * n + k) * inner + i];
+        const T v = T(p[(o * n + k) * inner + i]);
         if (v > bv || (std::isnan(v) && !std::isnan(bv))) bv = v, best = k;
       }
-      po[o * inner + i] = bv;
+      po[o * inner + i] = S(bv);
       pi[o * inner + i] = best;
     }
   });
@@ -153,7 +155,9 @@ MaxResult max_along(const char* op, const Tensor& x, int64_t axis) {
   MaxResult r{Tensor::empty(keep, x.dtype()), Tensor::empty(keep, DType::i64),
               split3(x.shape(), ax)};
   const Tensor xc = kern::contig(x);
-  GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { max_loop<T>(xc, r.split, r.out, r.idx); });
+  if (is_half(x.dtype()))
+    GRAFT_DISPATCH_HALF(x.dtype(), [&] { max_loop<S>(xc, r.split, r.out, r.idx); });
+  else GRAFT_DISPATCH_FLOAT(x.dtype(), op, [&] { max_loop<T>(xc, r.split, r.out, r.idx); });
   return r;
 }
 
@@ -166,7 +170,8 @@ Shape without_axis(const Tensor& x, int64_t axis) {
 }  // namespace
 
 Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
-  GRAFT_VIA_F32("max", max, x, axis, keepdim);
+  // 16-bit x without a tape: max_loop on its elements (kern::native_half).
+  if (!kern::native_half("max", {x})) GRAFT_VIA_F32("max", max, x, axis, keepdim);
   MaxResult r = max_along("max", x, axis);
   Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))
@@ -227,7 +232,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x, int64_t axis) {
-  GRAFT_VIA_F32("argmax", argmax, x, axis);
+  // Any float dtype, 16-bit too: max_loop on its elements (int64 indices record nothing).
   MaxResult r = max_along("argmax", x, axis);
   return kern::reshaped(r.idx, without_axis(x, axis));
 }

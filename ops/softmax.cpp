@@ -17,25 +17,29 @@ namespace graft {
 
 namespace {
 
-// Each (outer, inner) slice is handled by one thread, in a fixed order along the axis.
-template <class T>
+// Each (outer, inner) slice is handled by one thread, in a fixed order along the axis. S is the
+// storage type: 16-bit elements are widened as they are read, the arithmetic is float32's, and
+// each output is rounded once.
+template <class S>
 void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
+  using T = kern::acc_t<S>;
   const Split3 sl = split3(x.shape(), axis);
-  const T* px = x.data<T>();
-  T* py = y.data<T>();
+  const S* px = x.data<S>();
+  S* py = y.data<S>();
   const int64_t n = sl.outer * sl.inner;
 #pragma omp parallel for if (x.numel() > kern::kParallelGrain) schedule(static)
   for (int64_t s = 0; s < n; ++s) {
     const int64_t base = (s / sl.inner) * sl.n * sl.inner + s % sl.inner, st = sl.inner;
-    T mx = px[base];
-    for (int64_t i = 1; i < sl.n; ++i) mx = std::max(mx, px[base + i * st]);
+    T mx = T(px[base]);
+    for (int64_t i = 1; i < sl.n; ++i) mx = std::max(mx, T(px[base + i * st]));
     T sum = 0;
-    for (int64_t i = 0; i < sl.n; ++i) sum += std::exp(px[base + i * st] - mx);
+    for (int64_t i = 0; i < sl.n; ++i) sum += std::exp(T(px[base + i * st]) - mx);
     if (log) {
       const T lse = mx + std::log(sum);
-      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = px[base + i * st] - lse;
+      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = S(T(px[base + i * st]) - lse);
     } else {
-      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = std::exp(px[base + i * st] - mx) / sum;
+      for (int64_t i = 0; i < sl.n; ++i)
+        py[base + i * st] = S(std::exp(T(px[base + i * st]) - mx) / sum);
     }
   }
 }
@@ -104,13 +108,19 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t axis, boo
 }
 
 // x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
+// 16-bit x without a tape runs softmax_loop on its elements (kern::native_half).
 Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool log) {
-  GRAFT_VIA_F32(op, softmax_impl, op, x_in, axis_in, log);
+  const bool native = kern::native_half(op, {x_in});
+  if (!native) GRAFT_VIA_F32(op, softmax_impl, op, x_in, axis_in, log);
   kern::check_float(op, x_in);
   // A scalar is a one-element vector here (as torch treats dim 0/-1 of a 0-d tensor).
   const int64_t axis = norm_axis(op, axis_in, std::max<int64_t>(x_in.dim(), 1));
   const Tensor x = kern::contig(x_in);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
+  if (native) {
+    if (y.numel() > 0) GRAFT_DISPATCH_HALF(x.dtype(), [&] { softmax_loop<S>(x, y, axis, log); });
+    return y;
+  }
   const bool record = autograd::needs_record({x_in});
   if (y.numel() > 0) {
     // oneDNN's softmax drops a NaN (and turns a +inf row finite): such a row must be all NaN.

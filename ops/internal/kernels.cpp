@@ -1,6 +1,7 @@
 #include "ops/internal/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,13 @@
 #include "ops/internal/dnnl_utils.h"
 
 namespace graft::kern {
+
+namespace {
+std::atomic<uint64_t> f32_detour_count{0};
+}  // namespace
+
+uint64_t f32_detours() { return f32_detour_count.load(std::memory_order_relaxed); }
+void count_f32_detour() { f32_detour_count.fetch_add(1, std::memory_order_relaxed); }
 
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   const size_t r = std::max(a.size(), b.size());

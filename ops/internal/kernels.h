@@ -107,6 +107,37 @@ std::optional<DType> half_dtype_of(const char* op, const A&... args) {
   return half->dtype();
 }
 
+// How many op calls went through float32 (via_f32) on any thread: tests/test_half_native.cpp
+// checks that inference of the ops with 16-bit loops adds none.
+uint64_t f32_detours();
+void count_f32_detour();
+
+// ---- native 16-bit loops (inference) ----
+//
+// An op with a 16-bit loop runs it when a float tensor among `ts` is bf16 or f16 and nothing is
+// recorded (inference): the 16-bit tensors read and written directly, each element widened to
+// float32 in registers, the arithmetic float32's, each output rounded once, no float32 tensor
+// made. Recorded calls keep the float32 detour (via_f32), so the tape and its backward formulas
+// are float32's. The same dtype checks as via_f32 ("<op>: dtype mismatch, ...").
+inline bool native_half(const char* op, const Tensors& ts) {
+  return half_dtype_of(op, ts) && !autograd::needs_record(ts);
+}
+
+// The arithmetic type of a loop over storage type S: float for the 16-bit ones, S otherwise.
+template <class S>
+using acc_t = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
+// Runs `f` with S = bfloat16 or float16 (dt must be one of them).
+#define GRAFT_DISPATCH_HALF(dt, ...)    \
+  [&] {                                 \
+    if ((dt) == ::graft::DType::bf16) { \
+      using S = ::graft::bfloat16;      \
+      return __VA_ARGS__();             \
+    }                                   \
+    using S = ::graft::float16;         \
+    return __VA_ARGS__();               \
+  }()
+
 // f(args...) on float32 when a float tensor argument is bf16 or f16: those arguments cast to
 // float32 and the float32 outputs (a Tensor or Tensors) cast back, all recorded; nullopt when
 // no argument is 16-bit (the op then runs itself). Undefined tensors, int64 tensors and other
@@ -116,6 +147,7 @@ auto via_f32(const char* op, F&& f, const A&... args)
     -> std::optional<std::decay_t<std::invoke_result_t<F, decltype(f32_detail::lifted(args))...>>> {
   const std::optional<DType> dt = half_dtype_of(op, args...);
   if (!dt) return std::nullopt;
+  count_f32_detour();
   return f32_detail::lowered(f(f32_detail::lifted(args)...), *dt);
 }
 

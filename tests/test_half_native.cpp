@@ -1,0 +1,204 @@
+// The native 16-bit loops (kern::native_half): layer_norm, add_layer_norm, rms_norm, softmax,
+// log_softmax, the binary ops with broadcasting, the unary rows (relu, gelu, affine, ...) and
+// scaled_dot_product_attention (few query rows: the decoding loop over a 16-bit KV cache; more:
+// the 16-bit matmuls) read and write bf16 and f16 tensors directly when nothing is recorded.
+// Each is compared with float32 math on the same (16-bit) values rounded once to the dtype, at
+// sizes that are not multiples of 16, and must not go through float32 copies (kern::f32_detours
+// stays put: a native path skipped fails here). A recorded call still goes through float32.
+// ctest also runs it under DNNL_MAX_CPU_ISA=AVX512_CORE and AVX2.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "graft/autograd/tape.h"
+#include "graft/ops/ops.h"
+#include "ops/internal/kernels.h"
+
+using namespace graft;
+
+namespace {
+
+// Half the ulp at 1 of a 16-bit dtype.
+double unit_roundoff(DType dt) { return dt == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+
+// Normal values of `shape` rounded to dtype dt.
+Tensor half_randn(const Shape& shape, DType dt, uint64_t seed) {
+  Generator gen(seed);
+  return cast_copy(randn(shape, DType::f32, gen), dt);
+}
+
+Tensor f32(const Tensor& t) { return t.defined() ? cast_copy(t, DType::f32) : t; }
+
+// got (16-bit) against the float32 result ref rounded to got's dtype: at most `ulps` units of
+// the dtype's rounding of |ref| apart (the float32 sums may be ordered differently, which can
+// move a rounding by one ulp) plus `abs_tol` times the largest |ref| (for the attention's P
+// rounded to the dtype before its matmul with V).
+void check_close(const Tensor& got, const Tensor& ref32, const std::string& what, double ulps = 2,
+                 double abs_tol = 0) {
+  BOOST_TEST_CONTEXT(what) {
+    BOOST_REQUIRE(got.shape() == ref32.shape());
+    const double u = unit_roundoff(got.dtype());
+    const auto g = got.to_vector<double>(), r = cast_copy(ref32, got.dtype()).to_vector<double>();
+    double mx = 0;
+    for (double v : r) mx = std::max(mx, std::fabs(v));
+    int bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double tol = ulps * 2 * u * std::fabs(r[i]) + abs_tol * mx + 1e-30;
+      const bool same_nan = std::isnan(g[i]) && std::isnan(r[i]);
+      if (!same_nan && !(std::fabs(g[i] - r[i]) <= tol) && bad++ < 5)
+        BOOST_ERROR("element " << i << ": got " << g[i] << ", want " << r[i]);
+    }
+  }
+}
+
+// op on 16-bit inputs without a tape, against op on their float32 values: close, in the 16-bit
+// dtype, and with no float32 detour taken.
+void check_native(const std::string& what, DType dt, const Tensors& in,
+                  const std::function<Tensor(const Tensors&)>& op, double ulps = 2,
+                  double abs_tol = 0) {
+  autograd::NoGrad no_tape;
+  const uint64_t before = kern::f32_detours();
+  const Tensor got = op(in);
+  BOOST_TEST(kern::f32_detours() == before, what << ": went through float32 copies");
+  BOOST_TEST((got.dtype() == dt), what << ": output dtype " << dtype_name(got.dtype()));
+  Tensors in32;
+  for (const Tensor& t : in) in32.push_back(f32(t));
+  check_close(got, op(in32), what + " (" + dtype_name(dt) + ")", ulps, abs_tol);
+}
+
+const DType kDtypes[] = {DType::bf16, DType::f16};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(norms_match_float32) {
+  for (DType dt : kDtypes) {
+    const Tensor x = half_randn({5, 37}, dt, 1), r = half_randn({5, 37}, dt, 2);
+    const Tensor w = half_randn({37}, dt, 3), b = half_randn({37}, dt, 4);
+    check_native("layer_norm", dt, {x, w, b},
+                 [](const Tensors& t) { return layer_norm(t[0], t[1], t[2], 1e-5); });
+    check_native("layer_norm without w, b", dt, {x},
+                 [](const Tensors& t) { return layer_norm(t[0], Tensor(), Tensor(), 1e-5); });
+    check_native("add_layer_norm", dt, {x, r, w, b},
+                 [](const Tensors& t) { return add_layer_norm(t[0], t[1], t[2], t[3], 1e-5); });
+    check_native("rms_norm", dt, {x, w},
+                 [](const Tensors& t) { return rms_norm(t[0], t[1], 1e-6); });
+  }
+}
+
+BOOST_AUTO_TEST_CASE(softmax_matches_float32) {
+  for (DType dt : kDtypes) {
+    const Tensor x = affine(half_randn({3, 4, 53}, dt, 5), 3, 0);
+    for (int64_t axis : {-1, 1, 0}) {
+      const std::string at = " axis " + std::to_string(axis);
+      check_native("softmax" + at, dt, {x},
+                   [axis](const Tensors& t) { return softmax(t[0], axis); });
+      // x - lse near 0 cancels: float32's rounding of lse (|x| up to ~10) shows there.
+      check_native(
+          "log_softmax" + at, dt, {x}, [axis](const Tensors& t) { return log_softmax(t[0], axis); },
+          2, 1e-6);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(elementwise_matches_float32) {
+  for (DType dt : kDtypes) {
+    const Tensor a = half_randn({2, 3, 37}, dt, 6), row = half_randn({37}, dt, 7);
+    const Tensor col = half_randn({3, 1}, dt, 8), c = affine(half_randn({2, 3, 37}, dt, 9), 1, 4);
+    check_native("add (bias row)", dt, {a, row}, [](const Tensors& t) { return add(t[0], t[1]); });
+    check_native("sub (column)", dt, {a, col}, [](const Tensors& t) { return sub(t[0], t[1]); });
+    check_native("mul (column first)", dt, {col, a},
+                 [](const Tensors& t) { return mul(t[0], t[1]); });
+    check_native("div", dt, {a, c}, [](const Tensors& t) { return div(t[0], t[1]); });
+    check_native("add (transposed view)", dt, {a},
+                 [](const Tensors& t) { return add(transpose(t[0], 0, 2), 1.5); });
+    check_native("relu", dt, {a}, [](const Tensors& t) { return relu(t[0]); });
+    check_native("gelu", dt, {a}, [](const Tensors& t) { return gelu(t[0]); });
+    check_native("gelu_tanh", dt, {a}, [](const Tensors& t) { return gelu(t[0], true); });
+    check_native("affine", dt, {a}, [](const Tensors& t) { return affine(t[0], 22.6, 0.5); });
+    check_native("exp", dt, {a}, [](const Tensors& t) { return exp(t[0]); });
+  }
+}
+
+namespace {
+
+// Attention of q (B, H, Tq, D) over k, v (B, H, Tk, D / Dv) with a padding mask, causal or not,
+// with a bias broadcast over the batch, in `dt`, against float32.
+void check_attention(DType dt, int64_t Tq, bool causal, double abs_tol) {
+  const int64_t B = 2, H = 3, Tk = 19, D = 13, Dv = 11;
+  const Tensor q = half_randn({B, H, Tq, D}, dt, 10), k = half_randn({B, H, Tk, D}, dt, 11);
+  const Tensor v = half_randn({B, H, Tk, Dv}, dt, 12), bias = half_randn({H, Tq, Tk}, dt, 13);
+  std::vector<double> pad(B * Tk, 0.0);
+  pad[Tk - 1] = pad[Tk + 2] = 1;
+  const Tensor mask = from_vector(pad, {B, Tk}, DType::f32);
+  const std::string what = "attention Tq " + std::to_string(Tq) + (causal ? " causal" : "");
+  for (bool weights : {false, true}) {
+    auto run = [&](const Tensors& t) {
+      AttentionOptions o;
+      o.causal = causal;
+      o.key_padding_mask = mask;
+      o.bias = t[3];
+      o.return_weights = weights;
+      const AttentionResult r = scaled_dot_product_attention(t[0], t[1], t[2], o);
+      return weights ? r.weights : r.out;
+    };
+    check_native(what + (weights ? " weights" : " out"), dt, {q, k, v, bias}, run, 2,
+                 weights ? 0 : abs_tol);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(attention_matches_float32) {
+  for (DType dt : kDtypes) {
+    // One query row (cached decoding): the loop reads the 16-bit cache, sums in float32.
+    check_attention(dt, 1, true, 0);
+    check_attention(dt, 3, false, 0);
+    // More rows: P is rounded to the dtype before P V (as a 16-bit matmul operand).
+    check_attention(dt, 7, true, 2 * unit_roundoff(dt));
+    check_attention(dt, 7, false, 2 * unit_roundoff(dt));
+  }
+}
+
+// A recorded call keeps the float32 detour (its tape entries and backward are float32's), and
+// the gradient reaches the 16-bit input in its dtype.
+BOOST_AUTO_TEST_CASE(recorded_calls_go_through_float32) {
+  const Tensor x = half_randn({4, 21}, DType::bf16, 14).requires_grad_();
+  const uint64_t before = kern::f32_detours();
+  Tensor y = sum(layer_norm(relu(x), Tensor(), Tensor(), 1e-5));
+  BOOST_TEST(kern::f32_detours() >= before + 2);
+  y.backward();
+  BOOST_TEST((x.grad().dtype() == DType::bf16));
+}
+
+// The dtype checks are those of the float32 detour: mixed float dtypes are refused by name.
+BOOST_AUTO_TEST_CASE(mixed_dtypes_refused) {
+  autograd::NoGrad no_tape;
+  Generator gen(1);
+  const Tensor x = half_randn({2, 5}, DType::bf16, 15), w = randn({5}, DType::f32, gen);
+  auto says = [](const std::string& want) {
+    return [want](const Error& e) { return std::string(e.what()).find(want) != std::string::npos; };
+  };
+  BOOST_CHECK_EXCEPTION(layer_norm(x, w, Tensor(), 1e-5), Error,
+                        says("layer_norm: dtype mismatch"));
+  BOOST_CHECK_EXCEPTION(add(x, w), Error, says("add: dtype mismatch"));
+  BOOST_CHECK_EXCEPTION(add_layer_norm(x, cast_copy(x, DType::f16), Tensor(), Tensor(), 1e-5),
+                        Error, says("add_layer_norm: dtype mismatch"));
+}
+
+// max and argmax of 16-bit tensors (greedy decoding's pick from a bf16 model's logits) compare
+// the values exactly, without a float32 copy.
+BOOST_AUTO_TEST_CASE(max_and_argmax_native) {
+  for (DType dt : kDtypes) {
+    const Tensor x = half_randn({3, 41}, dt, 16);
+    check_native(
+        "max", dt, {x}, [](const Tensors& t) { return max(t[0], 1); }, 0);
+    check_native(
+        "max axis 0", dt, {x}, [](const Tensors& t) { return max(t[0], 0, true); }, 0);
+    autograd::NoGrad no_tape;
+    const uint64_t before = kern::f32_detours();
+    const auto got = argmax(x, 1).to_vector<int64_t>();
+    BOOST_TEST(kern::f32_detours() == before);
+    BOOST_TEST(got == argmax(f32(x), 1).to_vector<int64_t>(), boost::test_tools::per_element());
+  }
+}
