@@ -8,6 +8,7 @@
 #include "ops/internal/bf16.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/int8.h"
+#include "ops/internal/kept.h"
 
 namespace graft {
 
@@ -246,12 +247,25 @@ std::string half_matmul_description(DType dt) {
 
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
-size_t quantize_weight_int8(const Tensor& w, const std::string& name) {
-  if (!w.defined()) fail("quantize_weight_int8: " + name + " is an undefined tensor");
+namespace {
+
+// Refuses what a kept linear weight cannot be: undefined, not a contiguous float32 (OUT, IN).
+void check_linear_weight(const Tensor& w, const std::string& who, const std::string& name) {
+  if (!w.defined()) fail(who + ": " + name + " is an undefined tensor");
   if (w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous())
-    fail("quantize_weight_int8: " + name + " " + describe(w) +
-         " must be a contiguous float32 (OUT, IN) weight");
+    fail(who + ": " + name + " " + describe(w) + " must be a contiguous float32 (OUT, IN) weight");
+}
+
+}  // namespace
+
+size_t quantize_weight_int8(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "quantize_weight_int8", name);
   return kern::quantize_for_inference(w, name, !int8_kernel_available());
+}
+
+size_t keep_weight_fp32(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "keep_weight_fp32", name);
+  return kern::keep_blocked_f32(w, name);
 }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }

@@ -6,13 +6,12 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "graft/ops/custom.h"
 #include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kept.h"
 #include "ops/internal/kernels.h"
 
 namespace graft::kern {
@@ -180,43 +179,25 @@ std::shared_ptr<Storage> kernel_form(const Storage& rows, int64_t OUT,
   return s;
 }
 
-// The int8 form that replaces a float32 weight whose values were freed (quantize_for_inference):
-// the whole weight quantized, wq in `layout` (the kernel's, or plain rows for the reference
-// loop, tag kPlainTag). Only this form is kept; a slice of the weight (attention's in_proj
-// parts) or another layout is derived from it.
+// The int8 form that replaces a float32 weight whose values were freed (quantize_for_inference,
+// kern::replace_weight): the whole weight quantized, wq in its layout (the kernel's, or plain rows
+// for the reference loop, tag kPlainTag). Only this form is kept; a slice of the weight
+// (attention's in_proj parts) or another layout is derived from it.
 constexpr uint64_t kPlainTag = 0x1a78;  // apart from layout_tag()'s tags (top bit set)
-struct Replacement {
-  std::weak_ptr<Storage> source;
-  std::shared_ptr<Storage> q;
-  int64_t OUT = 0, IN = 0;
-  uint64_t tag = kPlainTag;
-  dnnl::memory::desc layout;
-};
-std::mutex replaced_mutex;
-std::map<const Storage*, Replacement>& replaced() {
-  static auto* m = new std::map<const Storage*, Replacement>;  // never destroyed, as the caches
-  return *m;
-}
+using Replacement = KeptForm;
 
 // The replacement of w's storage, or nullopt when w holds its float32 values.
-std::optional<Replacement> replacement_of(const Tensor& w) {
-  const std::shared_ptr<Storage>& src = w.impl()->storage;
-  if (src->data) return std::nullopt;
-  std::lock_guard<std::mutex> lock(replaced_mutex);
-  auto it = replaced().find(src.get());
-  if (it == replaced().end() || it->second.source.lock() != src) return std::nullopt;
-  return it->second;
-}
+std::optional<Replacement> replacement_of(const Tensor& w) { return kept_form(w, DType::i8); }
 
 // The replacement's plain (OUT, IN) rows (a copy when it is kept in the kernel's layout).
 std::shared_ptr<Storage> plain_rows(const Replacement& r) {
-  if (r.tag == kPlainTag) return r.q;
+  if (r.tag == kPlainTag) return r.data;
   using dt = dnnl::memory::data_type;
   const dnnl::memory::desc plain({r.IN, r.OUT}, dt::s8, dnnl::memory::format_tag::ba);
   auto s = quantized_storage(r.OUT, (size_t)r.OUT * r.IN);
-  const QuantWeights from = view_quantized(*r.q, r.OUT), to = view_quantized(*s, r.OUT);
-  std::memcpy(s->data, r.q->data,
-              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(r.q->data));
+  const QuantWeights from = view_quantized(*r.data, r.OUT), to = view_quantized(*s, r.OUT);
+  std::memcpy(s->data, r.data->data,
+              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(r.data->data));
   auto src = onednn::mem(r.layout, const_cast<int8_t*>(from.data));
   auto dst = onednn::mem(plain, const_cast<int8_t*>(to.data));
   dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
@@ -268,7 +249,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   const std::optional<Replacement> r = replacement_of(w);
   if (reference) {
     const auto s = whole(w, r) && r->tag == kPlainTag
-                       ? r->q
+                       ? r->data
                        : derived_copy(w, kPlainTag, [&] { return quantized_rows(w, r); });
     const QuantWeights q = view_quantized(*s, OUT);
     matmul_int8_reference(xq, q, y, N, IN, OUT);
@@ -277,7 +258,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   }
   const auto& c = int8_matmul(N, IN, OUT);
   const auto s =
-      whole(w, r) && r->tag == c.weights_tag ? r->q : derived_copy(w, c.weights_tag, [&] {
+      whole(w, r) && r->tag == c.weights_tag ? r->data : derived_copy(w, c.weights_tag, [&] {
         return kernel_form(*quantized_rows(w, r), OUT, c.mds[3], c.mds[1]);
       });
   const QuantWeights q = view_quantized(*s, OUT);
@@ -288,39 +269,30 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
 }
 
 size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference) {
-  const std::shared_ptr<Storage>& src = w.impl()->storage;
-  if (!src->data) return 0;  // already replaced (or released by its owner)
+  if (!w.impl()->storage->data) return 0;  // already replaced (or released by its owner)
   const int64_t OUT = w.shape()[0], IN = w.shape()[1];
-  if (w.offset() != 0 || (size_t)w.numel() * sizeof(float) != src->nbytes)
-    fail("quantize_weight_int8: " + name + " " + describe(w) +
-         " is a view of a larger storage; freeing its float32 values would free the rest");
+  check_whole_storage(w, "quantize_weight_int8", name);
   std::shared_ptr<Storage> rows;
   try {
     rows = quantize_weights(w);
   } catch (const Error& e) {
     fail("quantize_weight_int8: " + name + ": " + e.what());
   }
-  Replacement r{src, rows, OUT, IN, kPlainTag, {}};
+  Replacement r{rows, OUT, IN, DType::i8, kPlainTag, {}};
   if (!reference) {
     const auto& c = int8_matmul(kLayoutRows, IN, OUT);
-    r.q = kernel_form(*rows, OUT, c.mds[3], c.mds[1]);
+    r.data = kernel_form(*rows, OUT, c.mds[3], c.mds[1]);
     r.tag = c.weights_tag;
     r.layout = c.mds[1];
   }
   rows.reset();
-  const size_t freed = src->nbytes;
-  ++src->version;  // copies made from the float32 values before are dropped at the next miss
-  {
-    std::lock_guard<std::mutex> lock(replaced_mutex);
-    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
-    replaced()[src.get()] = r;
-  }
-  src->release(name + " " + describe(w) +
-               ": its float32 values were freed when it was quantized to int8 for inference "
-               "(quantize_weight_int8); only linear under PrecisionGuard(int8) without a tape "
-               "reads it now: load the float32 weights again to train it, save it in float32 or "
-               "run it in another precision");
-  return freed;
+  return replace_weight(
+      w, r,
+      name + " " + describe(w) +
+          ": its float32 values were freed when it was quantized to int8 for inference "
+          "(quantize_weight_int8); only linear under PrecisionGuard(int8) without a tape "
+          "reads it now: load the float32 weights again to train it, save it in float32 or "
+          "run it in another precision");
 }
 
 uint64_t int8_weight_copies() { return copies_made.load(); }
