@@ -273,11 +273,14 @@ void linear_one_row_f32(const float* x, const float* w, const float* b, float* y
   }
 }
 
-// A blocked weight layout of the "IN-block x OUT-block, OUT innermost" family: element (o, i)
-// at (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, Ab16a
-// with IB = 1, ...), the padding zeros.
+// A weight layout of the "IN-block x OUT-block, OUT innermost" family: element (o, i) at
+// (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, Ab16a with
+// IB = 1, ...; `padded`: the last block of outputs is padded with zeros). Transposed rows (BA,
+// oneDNN's pick under AVX2) are the family with IB = 1 and tiles of OB = 64 outputs, S0 = 64,
+// unpadded.
 struct OutInnermost {
   int64_t OB = 0, IB = 1, S0 = 0, S1 = 0;
+  bool padded = true;
 };
 
 // d's place in that family, or nullopt for another layout.
@@ -286,38 +289,52 @@ std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
   if (m.format_kind != dnnl_blocked || m.ndims != 2 || m.data_type != dnnl_f32) return std::nullopt;
   const auto& bl = m.format_desc.blocking;
   OutInnermost f{0, 1, bl.strides[0], bl.strides[1]};
-  if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 0) f.OB = bl.inner_blks[0];
+  if (bl.inner_nblks == 0 && bl.strides[0] == 1) f = {64, 1, 64, bl.strides[1], false};
+  else if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 0) f.OB = bl.inner_blks[0];
   else if (bl.inner_nblks == 2 && bl.inner_idxs[0] == 1 && bl.inner_idxs[1] == 0)
     f.IB = bl.inner_blks[0], f.OB = bl.inner_blks[1];
   else return std::nullopt;
   return f;
 }
 
-// One row through a weight of the OUT-innermost family with OB outputs per block: per block of
-// outputs, the weight's IN x OB panel read in order, each x[i] broadcast over OB accumulators
-// (no horizontal sums), two sets of them for two independent chains; blocks split over threads.
+// y[o0, o0 + L) for one block of L (<= OB) outputs at w: the weight's IN x OB panel read in
+// order, each x[i] broadcast over the block's accumulators (no horizontal sums), two sets of
+// them for two independent chains.
+template <int L>
+void one_row_block(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                   const OutInnermost& f, int64_t m) {
+  float a0[L] = {}, a1[L] = {};
+  for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
+    const float* p = w + i0 / f.IB * f.S1;
+    const int64_t n = std::min(f.IB, IN - i0);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+      const float x0 = x[i0 + i], x1 = x[i0 + i + 1];
+#pragma omp simd
+      for (int o = 0; o < L; ++o)
+        a0[o] += x0 * p[i * f.OB + o], a1[o] += x1 * p[(i + 1) * f.OB + o];
+    }
+    if (i < n)
+#pragma omp simd
+      for (int o = 0; o < L; ++o) a0[o] += x[i0 + i] * p[i * f.OB + o];
+  }
+  for (int64_t o = 0; o < m; ++o) y[o] = a0[o] + a1[o] + (b ? b[o] : 0.f);
+}
+
+// One row through a weight of the OUT-innermost family with OB outputs per block, the blocks
+// split over the threads; an unpadded last block (transposed rows) one output at a time.
 template <int OB>
 void one_row_out_innermost(const float* x, const float* w, const float* b, float* y, int64_t IN,
                            int64_t OUT, const OutInnermost& f) {
   const int64_t blocks = (OUT + OB - 1) / OB;
 #pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
   for (int64_t ob = 0; ob < blocks; ++ob) {
-    float a0[OB] = {}, a1[OB] = {};
-    for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
-      const float* p = w + ob * f.S0 + i0 / f.IB * f.S1;
-      const int64_t n = std::min(f.IB, IN - i0);
-      int64_t i = 0;
-      for (; i + 1 < n; i += 2) {
-        const float x0 = x[i0 + i], x1 = x[i0 + i + 1];
-#pragma omp simd
-        for (int o = 0; o < OB; ++o) a0[o] += x0 * p[i * OB + o], a1[o] += x1 * p[(i + 1) * OB + o];
-      }
-      if (i < n)
-#pragma omp simd
-        for (int o = 0; o < OB; ++o) a0[o] += x[i0 + i] * p[i * OB + o];
-    }
     const int64_t o0 = ob * OB, m = std::min<int64_t>(OB, OUT - o0);
-    for (int64_t o = 0; o < m; ++o) y[o0 + o] = a0[o] + a1[o] + (b ? b[o0 + o] : 0.f);
+    const float* bb = b ? b + o0 : nullptr;
+    if (m == OB || f.padded) one_row_block<OB>(x, w + ob * f.S0, bb, y + o0, IN, f, m);
+    else
+      for (int64_t o = 0; o < m; ++o)
+        one_row_block<1>(x, w + ob * f.S0 + o, bb ? bb + o : nullptr, y + o0 + o, IN, f, 1);
   }
 }
 
@@ -446,8 +463,32 @@ std::shared_ptr<Storage> bf16_weights(const Tensor& w, uint64_t tag,
   });
 }
 
-// One float32 row through the weights' own loop: the plain rows' one, or the blocked one on a
-// kept form it can read in place; false when neither applies (the inner product runs).
+// One row through oneDNN's inner product reading weights `wa` in their own layout (one the loop
+// over blocks does not know, as AVX2's transposed rows); false when oneDNN has no kernel for it.
+bool one_row_in_layout(const Tensor& x, const WeightsAt& wa, const Tensor& b, const Tensor& y) {
+  constexpr int64_t kInLayoutKey = -32;  // apart from the inference primitives keyed by N >= 1
+  const int64_t IN = wa.md.dims()[1], OUT = wa.md.dims()[0];
+  using ipf = dnnl::inner_product_forward;
+  try {
+    const auto& c = onednn::cached<ipf>(
+        {kInLayoutKey, IN, OUT, b.defined(), (int64_t)onednn::layout_tag(wa.md)}, [&] {
+          LinearMds m(1, IN, OUT, b.defined());
+          m.w = wa.md;
+          const auto pd = linear_fwd_pd(m, dnnl::prop_kind::forward_inference);
+          if (std::string(pd.impl_info_str()).find("ref") != std::string::npos)
+            throw dnnl::error(dnnl_unimplemented, "only a reference kernel");  // far too slow
+          return onednn::Cached<ipf>{ipf(pd), {m.x, wa.md, m.b, m.y}};
+        });
+    execute_inner_product(c, x.raw(), const_cast<float*>(wa.data), b, y);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// One float32 row without a copy of the weights: the plain rows' loop, graft's loop over a kept
+// form's blocks, or the inner product on a kept form in a layout that loop does not know; false
+// when none applies (a slice that cuts a block: the inner product runs on its copy).
 bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   const float* pb = b.defined() ? b.data<float>() : nullptr;
@@ -457,8 +498,10 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
     return true;
   }
   const std::optional<WeightsAt> rows = kept_rows(w, *k);
-  return rows && linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(),
-                                        IN, OUT);
+  if (!rows) return false;
+  return linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN,
+                                OUT) ||
+         one_row_in_layout(x, *rows, b, y);
 }
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
