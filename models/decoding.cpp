@@ -36,11 +36,12 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
   for (const auto& [name, child] : m.children()) linear_weights(*child, at + name + ".", out);
 }
 
-// Quantizes every weight int8_linear_weights() names, freeing its float32 values; returns the
-// bytes freed.
-size_t free_float32_linears(nn::Module& model) {
+// Keeps every weight int8_linear_weights() names in `keep`'s inference form (int8:
+// quantize_weight_int8; fp32: keep_weight_fp32), freeing its float32 values; returns the bytes
+// freed.
+size_t free_float32_linears(nn::Module& model, size_t (*keep)(const Tensor&, const std::string&)) {
   size_t freed = 0;
-  for (const auto& [name, w] : int8_linear_weights(model)) freed += quantize_weight_int8(w, name);
+  for (const auto& [name, w] : int8_linear_weights(model)) freed += keep(w, name);
   return freed;
 }
 
@@ -59,7 +60,9 @@ std::vector<std::pair<std::string, Tensor>> int8_linear_weights(const nn::Module
 size_t keep_for_inference(nn::Module& model, Precision p) {
   size_t freed = 0;
   if (p == Precision::int8) {
-    freed = free_float32_linears(model);
+    freed = free_float32_linears(model, quantize_weight_int8);
+  } else if (p == Precision::fp32) {  // one copy of each linear weight: the kernel's layout
+    freed = free_float32_linears(model, keep_weight_fp32);
   } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native
     for (const auto& [name, t] : model.named_parameters())
       if (t.dtype() == DType::f32) freed += (size_t)t.numel() * 2;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -22,6 +23,7 @@
 #include "ops/internal/bf16.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/int8.h"
+#include "ops/internal/kept.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -246,28 +248,6 @@ dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m,
                        : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
 }
 
-// w in the layout `best` that the inference primitive reads fastest (oneDNN's choice for
-// format "any", in its data type: float32, or bf16 under the bf16 path): reordered (and
-// converted) once per version of w (kern::derived_copy), kept while w lives. Decoding reads
-// every weight once per token; its 32-row steps read plain weights through gemm:jit at about
-// half the rate brgemm reads its blocked ones (docs/performance.md).
-std::shared_ptr<Storage> reordered_weights(const Tensor& w, uint64_t tag,
-                                           const dnnl::memory::desc& plain,
-                                           const dnnl::memory::desc& best) {
-  return kern::derived_copy(w, tag, [&] {
-    if (best.data_type() == dnnl::memory::data_type::bf16) {
-      kern::check_weight_finite(w, "linear (bf16)", true);
-      kern::count_bf16_weight_copy();
-    }
-    auto s = std::make_shared<Storage>(best.get_size());
-    auto src = onednn::mem(plain, w);
-    auto dst = onednn::mem(best, s->data);
-    dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
-    onednn::stream().wait();
-    return s;
-  });
-}
-
 // Runs a cached inner_product forward (mds: x, w, b, y) on x, w at those pointers, b and y2.
 void execute_inner_product(const onednn::Cached<dnnl::inner_product_forward>& c, void* x, void* w,
                            const Tensor& b, const Tensor& y2) {
@@ -293,23 +273,109 @@ void linear_one_row_f32(const float* x, const float* w, const float* b, float* y
   }
 }
 
-// Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
-// weights in the primitive's preferred layout (reordered_weights()); one float32 row through
-// linear_one_row_f32 instead. With bf16, x and w are read as bf16 (x converted into the per-thread
-// buffer), bias and y stay float32.
-// x and y are dense with N rows (any rank: no row views made, which cost a decoding step of a small
-// model 6%).
-void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
-                              const Tensor& y, bool bf16) {
-  const int64_t IN = w.shape()[1], OUT = w.shape()[0];
-  if (N == 1 && !bf16)
-    return linear_one_row_f32(x.data<float>(), w.data<float>(),
-                              b.defined() ? b.data<float>() : nullptr, y.data<float>(), IN, OUT);
-  const bool has_bias = b.defined();
+// A weight layout of the "IN-block x OUT-block, OUT innermost" family: element (o, i) at
+// (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, Ab16a with
+// IB = 1, ...; `padded`: the last block of outputs is padded with zeros). Transposed rows (BA,
+// oneDNN's pick under AVX2) are the family with IB = 1 and tiles of OB = 64 outputs, S0 = 64,
+// unpadded.
+struct OutInnermost {
+  int64_t OB = 0, IB = 1, S0 = 0, S1 = 0;
+  bool padded = true;
+};
+
+// d's place in that family, or nullopt for another layout.
+std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
+  const auto& m = d.data;
+  if (m.format_kind != dnnl_blocked || m.ndims != 2 || m.data_type != dnnl_f32) return std::nullopt;
+  const auto& bl = m.format_desc.blocking;
+  OutInnermost f{0, 1, bl.strides[0], bl.strides[1]};
+  if (bl.inner_nblks == 0 && bl.strides[0] == 1) f = {64, 1, 64, bl.strides[1], false};
+  else if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 0) f.OB = bl.inner_blks[0];
+  else if (bl.inner_nblks == 2 && bl.inner_idxs[0] == 1 && bl.inner_idxs[1] == 0)
+    f.IB = bl.inner_blks[0], f.OB = bl.inner_blks[1];
+  else return std::nullopt;
+  return f;
+}
+
+// y[o0, o0 + L) for one block of L (<= OB) outputs at w: the weight's IN x OB panel read in
+// order, each x[i] broadcast over the block's accumulators (no horizontal sums), two sets of
+// them for two independent chains.
+template <int L>
+void one_row_block(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                   const OutInnermost& f, int64_t m) {
+  float a0[L] = {}, a1[L] = {};
+  for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
+    const float* p = w + i0 / f.IB * f.S1;
+    const int64_t n = std::min(f.IB, IN - i0);
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+      const float x0 = x[i0 + i], x1 = x[i0 + i + 1];
+#pragma omp simd
+      for (int o = 0; o < L; ++o)
+        a0[o] += x0 * p[i * f.OB + o], a1[o] += x1 * p[(i + 1) * f.OB + o];
+    }
+    if (i < n)
+#pragma omp simd
+      for (int o = 0; o < L; ++o) a0[o] += x[i0 + i] * p[i * f.OB + o];
+  }
+  for (int64_t o = 0; o < m; ++o) y[o] = a0[o] + a1[o] + (b ? b[o] : 0.f);
+}
+
+// One row through a weight of the OUT-innermost family with OB outputs per block, the blocks
+// split over the threads; an unpadded last block (transposed rows) one output at a time.
+template <int OB>
+void one_row_out_innermost(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                           int64_t OUT, const OutInnermost& f) {
+  const int64_t blocks = (OUT + OB - 1) / OB;
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t ob = 0; ob < blocks; ++ob) {
+    const int64_t o0 = ob * OB, m = std::min<int64_t>(OB, OUT - o0);
+    const float* bb = b ? b + o0 : nullptr;
+    if (m == OB || f.padded) one_row_block<OB>(x, w + ob * f.S0, bb, y + o0, IN, f, m);
+    else
+      for (int64_t o = 0; o < m; ++o)
+        one_row_block<1>(x, w + ob * f.S0 + o, bb ? bb + o : nullptr, y + o0 + o, IN, f, 1);
+  }
+}
+
+// One row through a weight in layout d (f32, OUT x IN) at w; false when the loop does not know
+// d's layout (the caller runs the inner product instead).
+bool linear_one_row_blocked(const float* x, const float* w, const dnnl::memory::desc& d,
+                            const float* b, float* y, int64_t IN, int64_t OUT) {
+  const std::optional<OutInnermost> f = out_innermost(d);
+  if (!f) return false;
+  switch (f->OB) {
+    case 64:
+      one_row_out_innermost<64>(x, w, b, y, IN, OUT, *f);
+      return true;
+    case 32:
+      one_row_out_innermost<32>(x, w, b, y, IN, OUT, *f);
+      return true;
+    case 16:
+      one_row_out_innermost<16>(x, w, b, y, IN, OUT, *f);
+      return true;
+    case 8:
+      one_row_out_innermost<8>(x, w, b, y, IN, OUT, *f);
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The row count whose inner product's weights layout keep_weight_fp32 keeps: a decoding step's 32
+// rows (oneDNN 2.6 picks the same layout for every row count on a Zen 4; another one is derived).
+constexpr int64_t kLayoutRows = 32;
+
+// The float32 inference inner product for N rows of IN -> OUT (mds: x, w in the kernel's layout,
+// b, y, w as plain rows), cached per problem.
+const onednn::Cached<dnnl::inner_product_forward>& inference_inner_product(int64_t N, int64_t IN,
+                                                                           int64_t OUT,
+                                                                           bool has_bias,
+                                                                           bool bf16) {
   const auto kind = dnnl::prop_kind::forward_inference;
   const auto dt = bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
   using ipf = dnnl::inner_product_forward;
-  const auto& c = onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias, bf16}, [&] {
+  return onednn::cached<ipf>({(int64_t)kind, N, IN, OUT, has_bias, bf16}, [&] {
     LinearMds m(N, IN, OUT, has_bias);
     const auto plain = m.w;
     m.x = dnnl::memory::desc(m.x.dims(), dt, dnnl::memory::format_tag::ab);
@@ -319,12 +385,146 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
     made.weights_tag = onednn::layout_tag(pd.weights_desc());
     return made;
   });
-  const bool reorder = c.mds[1] != c.mds[4];
-  const std::shared_ptr<Storage> wr =
-      reorder ? reordered_weights(w, c.weights_tag, c.mds[4], c.mds[1]) : nullptr;
-  const kern::Bf16Operand x16 =
-      bf16 ? kern::to_bf16(x, /*contiguous=*/true, /*reuse=*/false, 0) : kern::Bf16Operand{};
-  execute_inner_product(c, bf16 ? x16.data() : x.raw(), reorder ? wr->data : w.raw(), b, y);
+}
+
+// Weights (float32) a kernel reads: their layout, where they start, and what keeps them alive.
+struct WeightsAt {
+  dnnl::memory::desc md;
+  const float* data = nullptr;
+  std::shared_ptr<Storage> hold;
+};
+
+// w's rows inside its storage's kept form k (keep_weight_fp32) without a copy: the whole form, or
+// a slice of its rows that starts at a block of rows (attention's in_proj parts, 512 rows of a
+// 64-row block); nullopt when the slice cuts a block.
+std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k) {
+  const auto* base = static_cast<const float*>(k.data->data);
+  const int64_t first = w.offset() / k.IN, n = w.shape()[0];
+  if (first == 0 && n == k.OUT) return WeightsAt{k.layout, base, k.data};
+  dnnl_memory_desc_t d = k.layout.data;
+  const auto& bl = d.format_desc.blocking;
+  int64_t blk = 1;
+  for (int j = 0; j < bl.inner_nblks; ++j)
+    if (bl.inner_idxs[j] == 0) blk *= bl.inner_blks[j];
+  const int64_t padded = (n + blk - 1) / blk * blk;
+  if (d.format_kind != dnnl_blocked || first % blk != 0 || first + padded > d.padded_dims[0])
+    return std::nullopt;
+  d.dims[0] = n;
+  d.padded_dims[0] = padded;
+  return WeightsAt{dnnl::memory::desc(d), base + first / blk * bl.strides[0], k.data};
+}
+
+// Reorders weights `from` into a new storage in layout `to`.
+std::shared_ptr<Storage> reorder_weights(const WeightsAt& from, const dnnl::memory::desc& to) {
+  auto s = std::make_shared<Storage>(to.get_size());
+  auto src = onednn::mem(from.md, const_cast<float*>(from.data));
+  auto dst = onednn::mem(to, s->data);
+  dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+  onednn::stream().wait();
+  return s;
+}
+
+// w (a slice of rows of its storage's kept form k) in layout `best`: straight from the kept rows
+// when they can be viewed, else through the whole form as plain rows (a passing buffer).
+std::shared_ptr<Storage> kept_in_layout(const Tensor& w, const kern::KeptForm& k,
+                                        const dnnl::memory::desc& best) {
+  if (const auto rows = kept_rows(w, k)) return reorder_weights(*rows, best);
+  const auto plain = onednn::md_contiguous({k.OUT, k.IN});
+  const std::shared_ptr<Storage> all = reorder_weights({k.layout, (float*)k.data->data}, plain);
+  const auto* first = static_cast<const float*>(all->data) + w.offset();
+  return reorder_weights({onednn::md_contiguous(w.shape()), first, all}, best);
+}
+
+// w in layout `best` (plain: its plain rows' descriptor) for float32 inference: w's own bytes,
+// its kept form or a view of it when that is the layout, else a copy made once per version of w
+// (kern::derived_copy, from w's values or from its kept form) and kept while w lives.
+WeightsAt f32_weights(const Tensor& w, uint64_t tag, const dnnl::memory::desc& plain,
+                      const dnnl::memory::desc& best) {
+  const std::optional<kern::KeptForm> k = kern::kept_form(w, DType::f32);
+  if (!k && best == plain) return {best, w.data<float>(), nullptr};
+  if (k)
+    if (auto rows = kept_rows(w, *k); rows && rows->md == best) return *rows;
+  const std::shared_ptr<Storage> s = kern::derived_copy(w, tag, [&] {
+    return k ? kept_in_layout(w, *k, best)
+             : reorder_weights({plain, w.data<float>(), nullptr}, best);
+  });
+  return {best, static_cast<const float*>(s->data), s};
+}
+
+// w in layout `best` for the bf16 inner product: converted and reordered once per version of w
+// (kern::derived_copy), kept while w lives; a weight beyond bf16's range is refused.
+std::shared_ptr<Storage> bf16_weights(const Tensor& w, uint64_t tag,
+                                      const dnnl::memory::desc& plain,
+                                      const dnnl::memory::desc& best) {
+  return kern::derived_copy(w, tag, [&] {
+    kern::check_weight_finite(w, "linear (bf16)", true);
+    kern::count_bf16_weight_copy();
+    return reorder_weights({plain, w.data<float>(), nullptr}, best);
+  });
+}
+
+// One row through oneDNN's inner product reading weights `wa` in their own layout (one the loop
+// over blocks does not know, as AVX2's transposed rows); false when oneDNN has no kernel for it.
+bool one_row_in_layout(const Tensor& x, const WeightsAt& wa, const Tensor& b, const Tensor& y) {
+  constexpr int64_t kInLayoutKey = -32;  // apart from the inference primitives keyed by N >= 1
+  const int64_t IN = wa.md.dims()[1], OUT = wa.md.dims()[0];
+  using ipf = dnnl::inner_product_forward;
+  try {
+    const auto& c = onednn::cached<ipf>(
+        {kInLayoutKey, IN, OUT, b.defined(), (int64_t)onednn::layout_tag(wa.md)}, [&] {
+          LinearMds m(1, IN, OUT, b.defined());
+          m.w = wa.md;
+          const auto pd = linear_fwd_pd(m, dnnl::prop_kind::forward_inference);
+          if (std::string(pd.impl_info_str()).find("ref") != std::string::npos)
+            throw dnnl::error(dnnl_unimplemented, "only a reference kernel");  // far too slow
+          return onednn::Cached<ipf>{ipf(pd), {m.x, wa.md, m.b, m.y}};
+        });
+    execute_inner_product(c, x.raw(), const_cast<float*>(wa.data), b, y);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// One float32 row without a copy of the weights: the plain rows' loop, graft's loop over a kept
+// form's blocks, or the inner product on a kept form in a layout that loop does not know; false
+// when none applies (a slice that cuts a block: the inner product runs on its copy).
+bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  const int64_t IN = w.shape()[1], OUT = w.shape()[0];
+  const float* pb = b.defined() ? b.data<float>() : nullptr;
+  const std::optional<kern::KeptForm> k = kern::kept_form(w, DType::f32);
+  if (!k) {
+    linear_one_row_f32(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT);
+    return true;
+  }
+  const std::optional<WeightsAt> rows = kept_rows(w, *k);
+  if (!rows) return false;
+  return linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN,
+                                OUT) ||
+         one_row_in_layout(x, *rows, b, y);
+}
+
+// Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
+// weights in the primitive's preferred layout (f32_weights(): decoding reads every weight once
+// per token; its 32-row steps read plain weights through gemm:jit at about half the rate brgemm
+// reads its blocked ones, docs/performance.md); one float32 row through linear_one_row instead.
+// With bf16, x and w are read as bf16 (x converted into the per-thread buffer), bias and y stay
+// float32. x and y are dense with N rows (any rank: no row views made, which cost a decoding step
+// of a small model 6%).
+void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
+                              const Tensor& y, bool bf16) {
+  const int64_t IN = w.shape()[1], OUT = w.shape()[0];
+  if (N == 1 && !bf16 && linear_one_row(x, w, b, y)) return;
+  const auto& c = inference_inner_product(N, IN, OUT, b.defined(), bf16);
+  if (bf16) {
+    const bool reorder = c.mds[1] != c.mds[4];
+    const std::shared_ptr<Storage> wr =
+        reorder ? bf16_weights(w, c.weights_tag, c.mds[4], c.mds[1]) : nullptr;
+    const kern::Bf16Operand x16 = kern::to_bf16(x, /*contiguous=*/true, /*reuse=*/false, 0);
+    return execute_inner_product(c, x16.data(), reorder ? wr->data : w.raw(), b, y);
+  }
+  const WeightsAt wa = f32_weights(w, c.weights_tag, c.mds[4], c.mds[1]);
+  execute_inner_product(c, x.raw(), const_cast<float*>(wa.data), b, y);
 }
 
 // dx (N, IN) = dy (N, OUT) @ w (OUT, IN), through oneDNN inner_product backward-data.
@@ -726,3 +926,23 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 }
 
 }  // namespace graft
+
+namespace graft::kern {
+
+size_t keep_blocked_f32(const Tensor& w, const std::string& name) {
+  if (!w.impl()->storage->data) return 0;  // already kept (or released by its owner)
+  check_whole_storage(w, "keep_weight_fp32", name);
+  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+  const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
+  if (c.mds[1] == c.mds[4]) return 0;  // the kernel reads w's own rows: nothing held twice
+  const WeightsAt blocked = f32_weights(w, c.weights_tag, c.mds[4], c.mds[1]);
+  return replace_weight(
+      w, {blocked.hold, OUT, IN, DType::f32, c.weights_tag, c.mds[1]},
+      name + " " + describe(w) +
+          ": its float32 values were freed when it was kept in the inner product's blocked "
+          "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
+          "precision reads it now: load the weights again to train it, save it or run it in "
+          "another precision");
+}
+
+}  // namespace graft::kern

@@ -8,6 +8,7 @@
 #include "ops/internal/bf16.h"
 #include "ops/internal/dnnl_utils.h"
 #include "ops/internal/int8.h"
+#include "ops/internal/kept.h"
 
 namespace graft {
 
@@ -247,7 +248,7 @@ std::string half_matmul_description(DType dt) {
 uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
 namespace {
-// w must be a float32 (OUT, IN) weight, contiguous; errors name `who` and `name`.
+// Refuses what a kept linear weight cannot be: undefined, not a contiguous float32 (OUT, IN).
 void check_linear_weight(const Tensor& w, const std::string& who, const std::string& name) {
   if (!w.defined()) fail(who + ": " + name + " is an undefined tensor");
   if (w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous())
@@ -276,6 +277,11 @@ size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scal
   check_defined(values, "set_weight_int8", "values");
   check_defined(scales, "set_weight_int8", "scales");
   return kern::set_int8_parts(w, values, scales, name, scale_name, !int8_kernel_available());
+}
+
+size_t keep_weight_fp32(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "keep_weight_fp32", name);
+  return kern::keep_blocked_f32(w, name);
 }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }

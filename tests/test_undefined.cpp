@@ -531,6 +531,8 @@ std::vector<Case> tensor_and_copy_cases() {
           [](const Tensor& t) { cast_copy(t, DType::f64); }),
       one(SIG(quantize_weight_int8, const Tensor&, const std::string&), x23,
           [](const Tensor& t) { quantize_weight_int8(t, "test.weight"); }),
+      one(SIG(keep_weight_fp32, const Tensor&, const std::string&), x23,
+          [](const Tensor& t) { keep_weight_fp32(t, "test.weight"); }),
       {SIG(copy_into, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({2}), f({2})};

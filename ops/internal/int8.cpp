@@ -6,13 +6,12 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <vector>
 
 #include "graft/ops/custom.h"
 #include "ops/internal/dnnl_utils.h"
+#include "ops/internal/kept.h"
 #include "ops/internal/kernels.h"
 
 namespace graft::kern {
@@ -180,43 +179,25 @@ std::shared_ptr<Storage> kernel_form(const Storage& rows, int64_t OUT,
   return s;
 }
 
-// The int8 form that replaces a float32 weight whose values were freed (quantize_for_inference):
-// the whole weight quantized, wq in `layout` (the kernel's, or plain rows for the reference
-// loop, tag kPlainTag). Only this form is kept; a slice of the weight (attention's in_proj
-// parts) or another layout is derived from it.
+// The int8 form that replaces a float32 weight whose values were freed (quantize_for_inference,
+// kern::replace_weight): the whole weight quantized, wq in its layout (the kernel's, or plain rows
+// for the reference loop, tag kPlainTag). Only this form is kept; a slice of the weight
+// (attention's in_proj parts) or another layout is derived from it.
 constexpr uint64_t kPlainTag = 0x1a78;  // apart from layout_tag()'s tags (top bit set)
-struct Replacement {
-  std::weak_ptr<Storage> source;
-  std::shared_ptr<Storage> q;
-  int64_t OUT = 0, IN = 0;
-  uint64_t tag = kPlainTag;
-  dnnl::memory::desc layout;
-};
-std::mutex replaced_mutex;
-std::map<const Storage*, Replacement>& replaced() {
-  static auto* m = new std::map<const Storage*, Replacement>;  // never destroyed, as the caches
-  return *m;
-}
+using Replacement = KeptForm;
 
 // The replacement of w's storage, or nullopt when w holds its float32 values.
-std::optional<Replacement> replacement_of(const Tensor& w) {
-  const std::shared_ptr<Storage>& src = w.impl()->storage;
-  if (src->data) return std::nullopt;
-  std::lock_guard<std::mutex> lock(replaced_mutex);
-  auto it = replaced().find(src.get());
-  if (it == replaced().end() || it->second.source.lock() != src) return std::nullopt;
-  return it->second;
-}
+std::optional<Replacement> replacement_of(const Tensor& w) { return kept_form(w, DType::i8); }
 
 // The replacement's plain (OUT, IN) rows (a copy when it is kept in the kernel's layout).
 std::shared_ptr<Storage> plain_rows(const Replacement& r) {
-  if (r.tag == kPlainTag) return r.q;
+  if (r.tag == kPlainTag) return r.data;
   using dt = dnnl::memory::data_type;
   const dnnl::memory::desc plain({r.IN, r.OUT}, dt::s8, dnnl::memory::format_tag::ba);
   auto s = quantized_storage(r.OUT, (size_t)r.OUT * r.IN);
-  const QuantWeights from = view_quantized(*r.q, r.OUT), to = view_quantized(*s, r.OUT);
-  std::memcpy(s->data, r.q->data,
-              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(r.q->data));
+  const QuantWeights from = view_quantized(*r.data, r.OUT), to = view_quantized(*s, r.OUT);
+  std::memcpy(s->data, r.data->data,
+              reinterpret_cast<const char*>(from.data) - static_cast<const char*>(r.data->data));
   auto src = onednn::mem(r.layout, const_cast<int8_t*>(from.data));
   auto dst = onednn::mem(plain, const_cast<int8_t*>(to.data));
   dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
@@ -268,7 +249,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   const std::optional<Replacement> r = replacement_of(w);
   if (reference) {
     const auto s = whole(w, r) && r->tag == kPlainTag
-                       ? r->q
+                       ? r->data
                        : derived_copy(w, kPlainTag, [&] { return quantized_rows(w, r); });
     const QuantWeights q = view_quantized(*s, OUT);
     matmul_int8_reference(xq, q, y, N, IN, OUT);
@@ -277,7 +258,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
   }
   const auto& c = int8_matmul(N, IN, OUT);
   const auto s =
-      whole(w, r) && r->tag == c.weights_tag ? r->q : derived_copy(w, c.weights_tag, [&] {
+      whole(w, r) && r->tag == c.weights_tag ? r->data : derived_copy(w, c.weights_tag, [&] {
         return kernel_form(*quantized_rows(w, r), OUT, c.mds[3], c.mds[1]);
       });
   const QuantWeights q = view_quantized(*s, OUT);
@@ -289,45 +270,29 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
 
 namespace {
 
-// Refuses (naming `who` and `name`) a weight that is not the whole of its storage: freeing its
-// float32 values would free the rest.
-void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name) {
-  if (w.offset() != 0 || (size_t)w.numel() * sizeof(float) != w.impl()->storage->nbytes)
-    fail(who + ": " + name + " " + describe(w) +
-         " is a view of a larger storage; freeing its float32 values would free the rest");
-}
-
 // The replacement of a weight of OUT x IN from its int8 rows (a plain quantized storage): those
 // rows themselves for the reference loop, else reordered into the kernel's layout.
 Replacement replacement_from_rows(std::shared_ptr<Storage> rows, int64_t OUT, int64_t IN,
                                   bool reference) {
-  Replacement r{{}, std::move(rows), OUT, IN, kPlainTag, {}};
+  Replacement r{std::move(rows), OUT, IN, DType::i8, kPlainTag, {}};
   if (reference) return r;
   const auto& c = int8_matmul(kLayoutRows, IN, OUT);
-  r.q = kernel_form(*r.q, OUT, c.mds[3], c.mds[1]);
+  r.data = kernel_form(*r.data, OUT, c.mds[3], c.mds[1]);
   r.tag = c.weights_tag;
   r.layout = c.mds[1];
   return r;
 }
 
-// Makes r the int8 form of w for good: w's float32 values (if it holds any) are released, and
-// linear_int8 reads r from then on. Returns the bytes freed.
-size_t install_replacement(const Tensor& w, Replacement r, const std::string& name) {
-  const std::shared_ptr<Storage>& src = w.impl()->storage;
-  r.source = src;
-  const size_t freed = src->data ? src->nbytes : 0;
-  ++src->version;  // copies made from the float32 values before are dropped at the next miss
-  {
-    std::lock_guard<std::mutex> lock(replaced_mutex);
-    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
-    replaced()[src.get()] = std::move(r);
-  }
-  src->release(name + " " + describe(w) +
-               ": its float32 values were freed when it was quantized to int8 for inference "
-               "(quantize_weight_int8, or loaded as int8: set_weight_int8); only linear under "
-               "PrecisionGuard(int8) without a tape reads it now: load the float32 weights again "
-               "to train it, save it in float32 or run it in another precision");
-  return freed;
+// Makes r the int8 form of w for good (kern::replace_weight): w's float32 values (if it holds
+// any) are released, and linear_int8 reads r from then on. Returns the bytes freed.
+size_t install_int8(const Tensor& w, const Replacement& r, const std::string& name) {
+  return replace_weight(
+      w, r,
+      name + " " + describe(w) +
+          ": its float32 values were freed when it was quantized to int8 for inference "
+          "(quantize_weight_int8, or loaded as int8: set_weight_int8); only linear under "
+          "PrecisionGuard(int8) without a tape reads it now: load the float32 weights again "
+          "to train it, save it in float32 or run it in another precision");
 }
 
 // The checks of set_weight_int8's parts, each error naming `name` (the values' tensor) and
@@ -367,8 +332,8 @@ size_t quantize_for_inference(const Tensor& w, const std::string& name, bool ref
   } catch (const Error& e) {
     fail("quantize_weight_int8: " + name + ": " + e.what());
   }
-  return install_replacement(
-      w, replacement_from_rows(std::move(rows), w.shape()[0], w.shape()[1], reference), name);
+  return install_int8(w, replacement_from_rows(std::move(rows), w.shape()[0], w.shape()[1], reference),
+                      name);
 }
 
 std::pair<Tensor, Tensor> int8_parts(const Tensor& w) {
@@ -400,7 +365,7 @@ size_t set_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scale
     for (int64_t k = 0; k < IN; ++k) total += q.data[o * IN + k];
     sum[o] = total;
   }
-  return install_replacement(w, replacement_from_rows(std::move(rows), OUT, IN, reference), name);
+  return install_int8(w, replacement_from_rows(std::move(rows), OUT, IN, reference), name);
 }
 
 uint64_t int8_weight_copies() { return copies_made.load(); }

@@ -156,6 +156,21 @@ std::string half_matmul_description(DType dt);
 /// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous,
 ///         a view of a larger storage (freeing it would free the rest), or holds a NaN or inf.
 size_t quantize_weight_int8(const Tensor& w, const std::string& name);
+/// Keeps the float32 weight `w` (OUT, IN) of a linear layer for float32 inference only: w is
+/// reordered once into the layout oneDNN's inference inner product reads (on an AVX-512 CPU
+/// blocks of 16 inputs x 64 outputs), that form kept as w's replacement, and w's float32 values
+/// freed (Storage::release), so the process holds each weight once instead of twice (its values
+/// and the kernel's copy). linear(x, w, b) (or a slice of w's rows) at fp32 precision without a
+/// tape then reads the kept form at any row count (one row through graft's own loop over the
+/// blocks); every other read of w's values (training, saving, another precision, printing) fails
+/// with "<name> f32 (OUT, IN): its float32 values were freed when it was kept in the inner
+/// product's blocked layout for float32 inference ...". Call it before inference starts, not
+/// while another thread reads w.
+/// @return the bytes freed; 0 when w was kept already, or where the kernel reads plain rows
+///         (nothing is held twice there).
+/// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous
+///         or a view of a larger storage (freeing it would free the rest).
+size_t keep_weight_fp32(const Tensor& w, const std::string& name);
 
 /// A linear weight's int8 form as the two tensors a file holds (docs/mixed-precision.md, "int8
 /// and bf16 exports"): w ≈ scales[o] * values[o][k].

@@ -1,0 +1,54 @@
+#include "ops/internal/kept.h"
+
+#include <map>
+#include <mutex>
+
+#include "ops/internal/kernels.h"
+
+namespace graft::kern {
+
+namespace {
+
+struct Replaced {
+  std::weak_ptr<Storage> source;
+  KeptForm form;
+};
+std::mutex replaced_mutex;
+std::map<const Storage*, Replaced>& replaced() {
+  static auto* m = new std::map<const Storage*, Replaced>;  // never destroyed, as the caches
+  return *m;
+}
+
+}  // namespace
+
+void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  if (w.offset() != 0 || (size_t)w.numel() * dtype_size(w.dtype()) != src->nbytes)
+    fail(who + ": " + name + " " + describe(w) +
+         " is a view of a larger storage; freeing its float32 values would free the rest");
+}
+
+size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  const size_t freed = src->data ? src->nbytes : 0;  // none for a model built without memory
+  ++src->version;  // copies made from the float32 values before are dropped at the next miss
+  {
+    std::lock_guard<std::mutex> lock(replaced_mutex);
+    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
+    replaced()[src.get()] = Replaced{src, form};
+  }
+  src->release(why);
+  return freed;
+}
+
+std::optional<KeptForm> kept_form(const Tensor& w, DType dtype) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  if (src->data) return std::nullopt;
+  std::lock_guard<std::mutex> lock(replaced_mutex);
+  auto it = replaced().find(src.get());
+  if (it == replaced().end() || it->second.source.lock() != src || it->second.form.dtype != dtype)
+    return std::nullopt;
+  return it->second.form;
+}
+
+}  // namespace graft::kern

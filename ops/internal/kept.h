@@ -1,0 +1,48 @@
+// Weights kept for inference in another form, their float32 values freed (internal to ops/):
+// int8 keeps the quantized weight (ops/internal/int8.h), float32 the inner product's blocked
+// layout (ops/matmul.cpp). One registry for both: the kept form replaces the weight's storage,
+// the weight's float32 bytes go back (Storage::release, a later read fails naming the
+// parameter), and every inference read of the weight, or of a slice of its rows, starts from the
+// kept form.
+#pragma once
+
+#include <dnnl.hpp>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "graft/autograd/tensor.h"
+
+namespace graft::kern {
+
+// What replaces a weight w (OUT, IN): `data` holds its values in `dtype` (i8: the int8 form with
+// its scales; f32: float32) laid out as `layout` describes, `tag` naming that layout.
+struct KeptForm {
+  std::shared_ptr<Storage> data;
+  int64_t OUT = 0, IN = 0;
+  DType dtype = DType::f32;
+  uint64_t tag = 0;
+  dnnl::memory::desc layout;
+};
+
+// Fails (the message starting with `who`, naming `name`) unless w is the whole of its storage:
+// freeing a view's storage would free the rest of it.
+void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name);
+
+// Makes `form` w's replacement and releases w's float32 values with the error `why` (w's storage
+// keeps its version bumped, so copies derived from the float32 values are dropped at the next
+// miss). Returns the bytes freed. Not while another thread reads w.
+size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why);
+
+// The kept form of w's storage (w may be a slice of the replaced weight's rows), or nullopt when
+// w holds its values or its storage was replaced by a form of another dtype than `dtype`.
+std::optional<KeptForm> kept_form(const Tensor& w, DType dtype);
+
+// Keeps the float32 weight w (OUT, IN; contiguous, the whole of its storage) in the layout the
+// float32 inference inner product reads (a decoding step's), once, as w's replacement, and
+// releases w's values (the error naming `name`); every float32 inference read of w or of a slice
+// of its rows then reads that form (ops/matmul.cpp). Returns the bytes freed: 0 when w was kept
+// already or the kernel reads plain rows (nothing is held twice then).
+size_t keep_blocked_f32(const Tensor& w, const std::string& name);
+
+}  // namespace graft::kern

@@ -1,0 +1,153 @@
+// float32 weights kept for inference in the inner product's blocked layout (keep_weight_fp32,
+// models::keep_for_inference(model, Precision::fp32)): linear on the kept form gives what it
+// gives on the float32 weight (bit for bit over rows, within float32 rounding for one row, which
+// graft's loop over the blocks sums in another order), whole and as slices of its rows that do
+// and do not start at a block; the float32 bytes are freed and every later read of them is an
+// error naming the parameter; a trained tiny Transformer decodes the same greedy and beam
+// sequences (batch 32 and batch 1) after keep_for_inference(fp32) as before. ctest runs it again
+// under DNNL_MAX_CPU_ISA=AVX2, where oneDNN picks other layouts.
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <iostream>
+
+#include "graft/models/decoding.h"
+#include "tests/tiny_reverse.h"
+
+using namespace graft;
+using graft::testing::names;
+using namespace graft::testing::tiny_reverse;
+
+namespace {
+
+Tensor random(const Shape& s, uint64_t seed, double scale = 1.0) {
+  Generator g(seed);
+  return randn(s, DType::f32, g, 0.0, scale);
+}
+
+// linear(x, w rows [r0, r1), b rows [r0, r1)) for x of 1, 3 and 32 rows, at fp32 without a tape.
+std::vector<Tensor> outputs(const Tensor& w, const Tensor& b, int64_t r0, int64_t r1) {
+  autograd::NoGrad ng;
+  std::vector<Tensor> y;
+  for (int64_t rows : {1, 3, 32}) {
+    const Tensor x = random({rows, w.shape()[1]}, 40 + rows);
+    y.push_back(linear(x, slice(w, 0, r0, r1), slice(b, 0, r0, r1)));
+  }
+  return y;
+}
+
+// Whether one row's outputs agree within float32 rounding of their sums: |got - want| at most
+// 1e-5 of Σ|x||w| + |b| per output (x, w, b drawn from N(0, 1): 1e-5 * (IN + 1) * 4 covers it).
+bool one_row_close(const Tensor& got, const Tensor& want, int64_t IN) {
+  const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(std::fabs(g[i] - w[i]) <= 4e-5 * (IN + 1))) return false;
+  return g.size() == w.size();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(fp32_keep_tests)
+
+// Odd sizes (IN, OUT not multiples of the 16 x 64 blocks): the kept form gives the float32
+// weight's outputs, bit for bit over 3 and 32 rows (the same kernel on the same bytes) and within
+// rounding over one row (graft's loop over the blocks, or the inner product on a slice that cuts
+// a block); the float32 bytes are freed once.
+BOOST_AUTO_TEST_CASE(kept_weight_equals_float32_and_frees_it) {
+  struct Case {
+    int64_t OUT, IN, r0, r1;  // w (OUT, IN), read as its rows [r0, r1)
+  };
+  for (const Case c : {Case{100, 37, 0, 100}, Case{100, 37, 64, 100}, Case{100, 37, 10, 50},
+                       Case{5, 130, 0, 5}, Case{130, 1, 0, 130}, Case{192, 64, 64, 192}}) {
+    const Tensor w = random({c.OUT, c.IN}, c.OUT * 7 + c.IN), b = random({c.OUT}, 3);
+    const std::vector<Tensor> want = outputs(w, b, c.r0, c.r1);
+    outputs(w, b, 0, c.OUT);  // the kernel's copy of the whole weight, which keeping reuses
+    const size_t live = Storage::live_bytes();
+    const size_t freed = keep_weight_fp32(w, "enc.linear1.weight");
+    // Nothing to free where the kernel reads plain rows (oneDNN's choice for some shapes under
+    // AVX2): the weight stays as it is, read as before.
+    BOOST_TEST((freed == (size_t)c.OUT * c.IN * 4 ||
+                (freed == 0 && w.is_contiguous() && w.to_vector<float>().size() > 0)));
+    BOOST_TEST(Storage::live_bytes() <= live - freed);
+    if (freed == 0)
+      std::cout << "test_fp32_keep: " << c.OUT << " x " << c.IN << " read as plain rows\n";
+    BOOST_TEST(keep_weight_fp32(w, "enc.linear1.weight") == 0u);  // once
+    const std::vector<Tensor> got = outputs(w, b, c.r0, c.r1);
+    const std::string what = std::to_string(c.OUT) + " x " + std::to_string(c.IN) + " rows " +
+                             std::to_string(c.r0) + ".." + std::to_string(c.r1);
+    BOOST_TEST(one_row_close(got[0], want[0], c.IN), what << ", 1 row");
+    for (size_t i = 1; i < want.size(); ++i)
+      BOOST_TEST(got[i].to_vector<float>() == want[i].to_vector<float>(), what << ", output " << i);
+  }
+}
+
+// Whatever still wants the float32 values gets an error naming the parameter and what freed it:
+// reading them, a training step, another precision; a weight that cannot be freed alone (a view
+// of a larger storage) or is not a float32 matrix is refused.
+BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
+  const Tensor q = random({80, 24}, 23);
+  BOOST_TEST(keep_weight_fp32(q, "dec.out_proj.weight") > 0u);
+  const auto freed = [](const Error& e) {
+    return names(e, "dec.out_proj.weight") && names(e, "freed") && names(e, "blocked layout");
+  };
+  BOOST_CHECK_EXCEPTION(q.to_vector<float>(), Error, freed);
+  BOOST_CHECK_EXCEPTION(contiguous_copy(q), Error, freed);
+  {
+    PrecisionGuard bf16(Precision::bf16);
+    BOOST_CHECK_EXCEPTION(linear(random({2, 24}, 24), q), Error, freed);
+  }
+  Tensor p = random({80, 24}, 25);
+  p.requires_grad_(true);
+  keep_weight_fp32(p, "dec.linear2.weight");
+  BOOST_CHECK_EXCEPTION(sum(linear(random({2, 24}, 26), p)).backward(), Error,
+                        [](const Error& e) { return names(e, "dec.linear2.weight"); });
+  const Tensor big = random({32, 8}, 27);
+  BOOST_CHECK_EXCEPTION(keep_weight_fp32(slice(big, 0, 0, 16), "half"), Error,
+                        [](const Error& e) { return names(e, "half") && names(e, "view"); });
+  BOOST_CHECK_EXCEPTION(keep_weight_fp32(random({8}, 28), "bias"), Error,
+                        [](const Error& e) { return names(e, "bias") && names(e, "(OUT, IN)"); });
+  BOOST_TEST(big.to_vector<float>().size() == 256u);  // refused: nothing freed
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(fp32_keep_model_tests)
+
+// The first `n` sources of d's batch decoded one at a time (batch 1), greedily or by beam search.
+models::Sequences one_by_one(const LearnedDecoder& d, int64_t n, int64_t beam) {
+  models::Sequences all;
+  models::DecodeOptions o;
+  o.max_len = 10;
+  o.beam = beam;
+  for (int64_t i = 0; i < n; ++i)
+    all.push_back(models::translate(d.run.m, slice(d.batch.src, 0, i, i + 1), o)[0]);
+  return all;
+}
+
+// keep_for_inference(fp32) frees the float32 weights of the model's linears (not the tied
+// embedding, whose lookup reads them) and the model decodes exactly what it decoded before,
+// greedy and beam, batch 32 and batch 1; saving it afterwards fails naming a freed parameter.
+BOOST_AUTO_TEST_CASE(kept_model_decodes_as_before) {
+  LearnedDecoder d;
+  BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
+  const models::Sequences greedy1 = one_by_one(d, 8, 1), beam1 = one_by_one(d, 8, 3);
+  size_t linear_bytes = 0;
+  for (const auto& [name, t] : d.run.m.named_parameters())
+    if (t.dim() == 2 && t.impl()->storage != d.run.m.embedding->weight.impl()->storage)
+      linear_bytes += (size_t)t.numel() * 4;
+  const size_t live = Storage::live_bytes();
+  const size_t freed = models::keep_for_inference(d.run.m, Precision::fp32);
+  BOOST_TEST(freed == linear_bytes);
+  BOOST_TEST(Storage::live_bytes() <= live - freed);
+  BOOST_TEST((d.decode(1) == d.greedy));
+  BOOST_TEST((d.decode(3) == d.beam));
+  BOOST_TEST((one_by_one(d, 8, 1) == greedy1));
+  BOOST_TEST((one_by_one(d, 8, 3) == beam1));
+  BOOST_TEST(d.run.m.embedding->weight.to_vector<float>().size() > 0u);  // tied: kept
+  BOOST_CHECK_EXCEPTION(
+      [&] {
+        for (const auto& [name, t] : d.run.m.state_dict()) t.to_vector<float>();
+      }(),
+      Error, [](const Error& e) { return names(e, "weight") && names(e, "freed"); });
+}
+
+BOOST_AUTO_TEST_SUITE_END()
