@@ -44,12 +44,12 @@ ctranslate2: build pyvenv
 
 # The suite again with oneDNN's kernels capped at AVX2 (DNNL_MAX_CPU_ISA), the ones an AVX2-only
 # CPU runs: every float32-vs-float64 check through them, bf16 on its reference path only (less the
-# install test, the CTranslate2 check, the two file-operation tests and the two test_bf16 runs that
-# set their own cap). graft's
+# install test, the CTranslate2 check, the two file-operation tests and the entries that set their
+# own cap: test_*_avx512_core, test_*_avx2). graft's
 # own loops stay compiled for this machine (-march=native).
 test-avx2: build
 	cd $(BUILD) && OMP_NUM_THREADS=$(JOBS) DNNL_MAX_CPU_ISA=AVX2 ctest --output-on-failure -j1 \
-	  -E '^(installed_library|ctranslate2_check|kill_every_file_op|fail_every_file_op|test_bf16_avx512_core|test_bf16_avx2)$$'
+	  -E '^(installed_library|ctranslate2_check|kill_every_file_op|fail_every_file_op|test_.*_avx512_core|test_.*_avx2)$$'
 
 # The libraries, public headers, CMake package, graft.pc and the three programs into PREFIX
 # (docs/install.md).

@@ -91,6 +91,10 @@ BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
   };
   BOOST_CHECK_EXCEPTION(q.to_vector<float>(), Error, freed);
   BOOST_CHECK_EXCEPTION(contiguous_copy(q), Error, freed);
+  // A view of the kept storage that is not a block of its rows (reshaped) is not in the kept
+  // form: one row and several rows refuse it (they read the blocks as 48 columns before).
+  BOOST_CHECK_EXCEPTION(linear(random({1, 48}, 28), reshape(q, {40, 48})), Error, freed);
+  BOOST_CHECK_EXCEPTION(linear(random({3, 48}, 29), reshape(q, {40, 48})), Error, freed);
   {
     PrecisionGuard bf16(Precision::bf16);
     BOOST_CHECK_EXCEPTION(linear(random({2, 24}, 24), q), Error, freed);

@@ -268,7 +268,7 @@ BOOST_AUTO_TEST_CASE(config_round_trip_and_errors) {
   bad("enc_layers", -2, "must be in [1, 1024]");
   bad("eos_id", 99, "must be a token id in [0, vocab 23)");
   bad("dropout", 1.5, "must be in [0, 1]");
-  bad("dtype", "int8", "must be float32 or float64");
+  bad("dtype", "int8", "must be float32, float64, bfloat16 or float16");
 }
 
 BOOST_AUTO_TEST_CASE(attention_dropout_in_training_only) {

@@ -332,8 +332,8 @@ size_t quantize_for_inference(const Tensor& w, const std::string& name, bool ref
   } catch (const Error& e) {
     fail("quantize_weight_int8: " + name + ": " + e.what());
   }
-  return install_int8(w, replacement_from_rows(std::move(rows), w.shape()[0], w.shape()[1], reference),
-                      name);
+  return install_int8(
+      w, replacement_from_rows(std::move(rows), w.shape()[0], w.shape()[1], reference), name);
 }
 
 std::pair<Tensor, Tensor> int8_parts(const Tensor& w) {

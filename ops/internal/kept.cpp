@@ -48,7 +48,13 @@ std::optional<KeptForm> kept_form(const Tensor& w, DType dtype) {
   auto it = replaced().find(src.get());
   if (it == replaced().end() || it->second.source.lock() != src || it->second.form.dtype != dtype)
     return std::nullopt;
-  return it->second.form;
+  const KeptForm& f = it->second.form;
+  // Only whole rows of the kept weight are in the form: a reshaped or column-cut view of its
+  // storage is not (its float32 values are gone, so the freed-weight error names it).
+  if (w.dim() != 2 || w.shape()[1] != f.IN || w.offset() % f.IN != 0 ||
+      w.offset() / f.IN + w.shape()[0] > f.OUT || !w.is_contiguous())
+    fail(src->released);
+  return f;
 }
 
 }  // namespace graft::kern

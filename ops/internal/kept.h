@@ -35,7 +35,9 @@ void check_whole_storage(const Tensor& w, const std::string& who, const std::str
 size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why);
 
 // The kept form of w's storage (w may be a slice of the replaced weight's rows), or nullopt when
-// w holds its values or its storage was replaced by a form of another dtype than `dtype`.
+// w holds its values or its storage was replaced by a form of another dtype than `dtype`. A view
+// of a replaced storage that is not a block of its whole rows (reshaped, cut in columns) fails
+// with the storage's freed-weight error, which names the parameter.
 std::optional<KeptForm> kept_form(const Tensor& w, DType dtype);
 
 // Keeps the float32 weight w (OUT, IN; contiguous, the whole of its storage) in the layout the
