@@ -477,9 +477,11 @@ void run_save_model(const Args& a) {
 void run_load(const Args& a) {
   if (a.model.empty()) fail("graft_bench: --what " + a.what + " needs --model DIR");
   if (a.what == "export") {
-    auto lr = models::load_run_model<models::Transformer>(a.model);
+    auto lr = models::load_run_model<models::Transformer>(a.model, {}, a.precision,
+                                                          models::RunSource::weights);
     const std::string out = a.model + "/" + models::export_file_name(a.precision);
-    models::save_export(*lr.model, a.precision, out, lr.weights, {a.model + "/config.json"});
+    models::save_export(*lr.model, a.precision, out, lr.weights, lr.metadata,
+                        {a.model + "/config.json"});
     emit("\"what\":\"export\",\"out\":\"" + out + "\"");
     return;
   }
