@@ -1,8 +1,8 @@
 // int8 and bf16 exports (models/exported.h, models/run.h): a run's weights saved in the form
-// inference runs on load without a float32 copy of any weight (Storage::peak_live_bytes of a
-// base-sized model near the export's bytes, not the float32 model's), decode exactly as the
-// model converted after loading (keep_for_inference), and every bad file is refused naming the
-// file and the tensor.
+// inference runs on load without a float32 copy of a quantized weight (Storage::peak_live_bytes of
+// a base-sized model near the export's bytes, not the float32 model's), decode exactly as the model
+// converted after loading (keep_for_inference), and every bad file is refused naming the file and
+// the tensor.
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>

@@ -175,7 +175,7 @@ struct LoadedRun {
 // their fingerprints of config.json and spm.model are verified, and the config's sizes matched
 // against the weights file, before the model is built; errors name the file. With precision int8
 // or bf16, the run's export for it (model.int8.safetensors, model.bf16.safetensors: export_run)
-// is loaded instead when present, without a float32 copy of any weight (models/run.h);
+// is loaded instead when present, without a float32 copy of a quantized weight (models/run.h);
 // `weights` then names it. RunSource::weights reads model.safetensors whatever the precision (for
 // int8 in a float32 model), as export_run does.
 LoadedRun load_run(const std::string& run_dir, Precision precision = Precision::fp32,

@@ -1,8 +1,8 @@
 /// @file
 /// Exports: a run's weights saved in the form inference at bf16 or int8 runs on, and loaded in it
-/// without a float32 copy of any weight ever being made (docs/mixed-precision.md, "int8 and bf16
-/// exports"). A bf16 export holds every parameter in bf16; an int8 export holds each weight that
-/// keep_for_inference(model, Precision::int8) makes int8 (int8_linear_weights()) as its int8
+/// without a float32 copy of a quantized weight ever being made (docs/mixed-precision.md, "int8 and
+/// bf16 exports"). A bf16 export holds every parameter in bf16; an int8 export holds each weight
+/// that keep_for_inference(model, Precision::int8) makes int8 (int8_linear_weights()) as its int8
 /// values (I8, under the weight's name) and its scales (F32, under the name + "_scale"), and
 /// every other parameter as the model has it. Loaded (models/run.h, load_run_model with a
 /// precision), a model is then exactly the model keep_for_inference() makes of the float32 one:
