@@ -23,8 +23,8 @@
 //   graft_bench --what kernels                                  (the oneDNN matmul kernels here)
 //   graft_bench --what stream                                   (memory bandwidth, a triad)
 //   --precision bf16 (train, greedy, beam, sgemm): bf16 matmul operands (ops/precision.h)
-//   --precision int8 (greedy, beam, embed): the linear layers on int8 (weights s8 per output
-//   channel)
+//   --precision int8 (greedy, beam, embed, load, export): the linear layers on int8 (weights s8 per
+//   output channel)
 //   --ids FILE (greedy, beam): the last timed run's new ids, one line per sentence
 //
 // Each run prints one line "RESULT {json}" with the medians and the process's peak resident
@@ -180,6 +180,12 @@ models::TransformerConfig model_config(const BenchConfig& b) {
 void emit(const std::string& body) {
   std::cout << "RESULT {" << body << ",\"precision\":\"" << precision_name(matmul_precision())
             << "\"}" << std::endl;
+}
+
+// A string as a JSON string literal, quoted and escaped (a path may hold quotes, backslashes
+// or control characters; bytes that are not UTF-8 become U+FFFD).
+std::string json_str(const std::string& v) {
+  return nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string num(double v) {
@@ -465,22 +471,24 @@ void run_save_model(const Args& a) {
   train::save_json(cfg_path, {{"model", model.cfg.to_json()}});
   train::save_weights(model.state_dict(), a.out + "/model.safetensors", 0, "graft-transformer",
                       {cfg_path});
-  emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":\"" + a.out +
-       "\",\"params\":" + std::to_string(model.num_parameters()));
+  emit("\"what\":\"save_model\",\"config\":\"" + b.name + "\",\"out\":" + json_str(a.out) +
+       ",\"params\":" + std::to_string(model.num_parameters()));
 }
 
 // --what export: writes the run directory's (--model, as save_model writes it) export for
 // --precision int8|bf16. --what load: loads the run as translate does at --precision (the export
-// when there is one: no float32 weights; else model.safetensors, converted by keep_for_inference)
-// and decodes the first token of one sentence: the time of each phase, and the process's peak RSS
-// from file to first token.
+// when there is one: no float32 copy of a quantized weight; else model.safetensors, converted by
+// keep_for_inference) and decodes the first token of one sentence: the time of each phase, and the
+// process's peak RSS from file to first token.
 void run_load(const Args& a) {
   if (a.model.empty()) fail("graft_bench: --what " + a.what + " needs --model DIR");
   if (a.what == "export") {
-    auto lr = models::load_run_model<models::Transformer>(a.model);
+    auto lr = models::load_run_model<models::Transformer>(a.model, {}, a.precision,
+                                                          models::RunSource::weights);
     const std::string out = a.model + "/" + models::export_file_name(a.precision);
-    models::save_export(*lr.model, a.precision, out, lr.weights, {a.model + "/config.json"});
-    emit("\"what\":\"export\",\"out\":\"" + out + "\"");
+    models::save_export(*lr.model, a.precision, out, lr.weights, lr.metadata,
+                        {a.model + "/config.json"});
+    emit("\"what\":\"export\",\"out\":" + json_str(out));
     return;
   }
   const auto t0 = Clock::now();
@@ -496,7 +504,7 @@ void run_load(const Args& a) {
   const auto t2 = Clock::now();
   const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
   emit("\"what\":\"load\",\"precision\":\"" + std::string(precision_name(a.precision)) +
-       "\",\"file\":\"" + lr.weights + "\",\"load_ms\":" + num(ms(t1 - t0)) +
+       "\",\"file\":" + json_str(lr.weights) + ",\"load_ms\":" + num(ms(t1 - t0)) +
        ",\"first_token_ms\":" + num(ms(t2 - t1)) + ",\"total_ms\":" + num(ms(t2 - t0)) +
        ",\"live_mib\":" + num(Storage::live_bytes() / 1048576.0) +
        ",\"peak_rss_mib\":" + num(peak_rss_mib()));
@@ -878,7 +886,8 @@ int main(int argc, char** argv) {
       if (a.what != "greedy" && a.what != "beam" && a.what != "embed" && a.what != "load" &&
           a.what != "export") {
         std::cerr
-            << "graft_bench: --precision int8 is for inference: --what greedy, beam or embed, not "
+            << "graft_bench: --precision int8 is for inference: --what greedy, beam, embed, load "
+               "or export, not "
             << a.what << "\n";
         return 2;
       }

@@ -93,6 +93,19 @@ void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std
   }
 }
 
+void check_file_memory(double file_bytes, int64_t buffers, const std::string& path) {
+  const double bytes = file_bytes + (double)buffers * (double)sizeof(double);
+  const double memory = memory_limit_bytes();
+  if (memory > 0 && bytes > memory) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "%.1f GiB (its tensors and buffers), more than this machine's "
+                  "%.1f GiB of memory",
+                  bytes / (1 << 30), memory / (1 << 30));
+    fail("'" + path + "': loading it takes " + buf);
+  }
+}
+
 void check_weights_count(int64_t parameters,
                          const std::vector<std::pair<std::string, Tensor>>& weights,
                          const std::string& config_path, const std::string& weights_path) {

@@ -1,9 +1,11 @@
 #include "graft/models/exported.h"
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
 
+#include "graft/models/config_json.h"
 #include "graft/models/decoding.h"
 
 namespace graft::models {
@@ -20,13 +22,28 @@ void check_export_precision(Precision p, const char* who) {
 
 std::string scale_name(const std::string& weight) { return weight + "_scale"; }
 
-// The checksum entry of a weights file's metadata (save_weights writes one).
-std::string weights_checksum_of(const std::string& path) {
-  const auto meta = train::read_safetensors_metadata(path);
+// The checksum entry of a weights file's metadata (save_weights writes one); `who` names the
+// caller (export, load_run) in the error.
+std::string checksum_entry(const std::map<std::string, std::string>& meta, const std::string& path,
+                           const char* who) {
   auto it = meta.find("checksum");
   if (it == meta.end())
-    fail("export: '" + path + "' carries no checksum: not a graft weights file");
+    fail(std::string(who) + ": '" + path + "' carries no checksum: not a graft weights file");
   return it->second;
+}
+
+// The "step" entry of a weights file's metadata, 0 when it has none.
+int64_t step_entry(const std::map<std::string, std::string>& meta, const std::string& path) {
+  auto it = meta.find("step");
+  if (it == meta.end()) return 0;
+  const std::string& v = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const long long step = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno == ERANGE || step < 0)
+    fail("export: '" + path + "': its metadata field \"step\" is '" + v +
+         "', not a step count (a non-negative integer)");
+  return step;
 }
 
 // The names int8_linear_weights() gives, with their parameters.
@@ -36,9 +53,22 @@ std::map<std::string, Tensor> int8_weights_by_name(const nn::Module& model) {
   return out;
 }
 
-// Every int8 tensor of the file is a weight the model runs int8, and every such weight is int8.
-void check_int8_names(const train::SafetensorsFile& f, const std::map<std::string, Tensor>& lin) {
+// A tensor of an int8 export that is neither an int8 weight nor its scales has its parameter's
+// dtype (adopt_state_dict takes the tensor as it is).
+void check_kept_dtype(const std::string& name, const Tensor& t,
+                      const std::map<std::string, Tensor>& params) {
+  auto it = params.find(name);
+  if (t.dtype() == DType::i8 || it == params.end() || t.dtype() == it->second.dtype()) return;
+  fail("tensor '" + name + "' is " + describe(t) + ", but the model's parameter '" + name +
+       "' is " + dtype_name(it->second.dtype()) + ": an int8 export keeps it as the model has it");
+}
+
+// Every int8 tensor of the file is a weight the model runs int8, and every such weight is int8;
+// every other tensor has its parameter's dtype.
+void check_int8_names(const train::SafetensorsFile& f, const std::map<std::string, Tensor>& lin,
+                      const std::map<std::string, Tensor>& params) {
   for (const auto& [name, t] : f.tensors) {
+    check_kept_dtype(name, t, params);
     if (t.dtype() == DType::i8 && !lin.count(name))
       fail("tensor '" + name + "' is " + describe(t) + ", but the model reads '" + name +
            "' in float32: only the weights of its linear layers are int8");
@@ -110,33 +140,37 @@ nn::NamedTensors export_state_dict(const nn::Module& model, Precision p) {
 }
 
 void save_export(const nn::Module& model, Precision p, const std::string& path,
-                 const std::string& source_weights, const std::vector<std::string>& tied_files) {
-  const std::string source = weights_checksum_of(source_weights);
-  const auto meta = train::read_safetensors_metadata(source_weights);
-  int64_t step = 0;  // the source's step, when it names one
-  if (auto it = meta.find("step"); it != meta.end())
-    step = std::strtoll(it->second.c_str(), nullptr, 10);
+                 const std::string& source_weights,
+                 const std::map<std::string, std::string>& source_metadata,
+                 const std::vector<std::string>& tied_files) {
+  const std::string source = checksum_entry(source_metadata, source_weights, "export");
+  const int64_t step = step_entry(source_metadata, source_weights);
   train::save_weights(export_state_dict(model, p), path, step, kFormat, tied_files,
                       {{"precision", precision_name(p)}, {"source_checksum", source}});
 }
 
 train::SafetensorsFile load_export(const std::string& path, Precision p,
                                    const std::string& source_weights,
-                                   const std::vector<std::string>& tied_files) {
+                                   const std::vector<std::string>& tied_files, int64_t buffers) {
   check_export_precision(p, "load_export");
-  train::SafetensorsFile f = train::load_weights_file(path, "load_run", tied_files);
+  // The header alone says whether this is the export asked for and what it costs: both are
+  // checked before the whole file is read and checksummed.
+  const auto meta = train::read_safetensors_metadata(path);
   const auto entry = [&](const char* key) {
-    auto it = f.metadata.find(key);
-    return it == f.metadata.end() ? std::string("(none)") : it->second;
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string("(none)") : it->second;
   };
   const std::string where = "load_run: '" + path + "': ";
   if (entry("format") != kFormat || entry("precision") != precision_name(p))
     fail(where + (p == Precision::int8 ? "not an " : "not a ") + precision_name(p) +
          " export (its format is '" + entry("format") + "', precision '" + entry("precision") +
          "'): write it with the export command");
+  check_file_memory((double)std::filesystem::file_size(path), buffers, path);
+  train::SafetensorsFile f = train::load_weights_file(path, "load_run", tied_files);
   std::error_code ec;
   if (std::filesystem::exists(source_weights, ec) &&
-      weights_checksum_of(source_weights) != entry("source_checksum"))
+      checksum_entry(train::read_safetensors_metadata(source_weights), source_weights,
+                     "load_run") != entry("source_checksum"))
     fail(where + "it was exported from other weights than '" + source_weights +
          "' holds now (trained further since?): export again");
   return f;
@@ -151,7 +185,9 @@ void adopt_export(nn::Module& model, train::SafetensorsFile f, Precision p) {
       return;
     }
     const auto lin = int8_weights_by_name(model);
-    check_int8_names(f, lin);
+    std::map<std::string, Tensor> params;
+    for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
+    check_int8_names(f, lin, params);
     model.adopt_state_dict(install_int8(f, lin));
   } catch (const Error& e) {
     fail("load_run: '" + f.path + "': " + e.what());

@@ -84,16 +84,25 @@ Tensor whole_storage(const Tensor& t) {
   return Tensor::view_of(t, {n}, {1}, 0);
 }
 
+// t's whole storage converted to dt; a failure (a parameter never given memory) names t's path.
+Tensor converted_storage(const std::string& name, const Tensor& t, DType dt) {
+  try {
+    return cast_copy(whole_storage(t), dt);
+  } catch (const Error& e) {
+    fail("Module::to(" + std::string(dtype_name(dt)) + "): '" + name + "': " + e.what());
+  }
+}
+
 // Converts floating leaves to `dt` in place of their state (rounding to nearest even into bf16
 // and f16); integer tensors stay as they are. Tensors sharing a storage are converted together:
 // the storage once (whole: a view keeps its offset and strides in it), so they share the new one.
-void convert_in_place(const std::vector<Tensor>& tensors, DType dt) {
+void convert_in_place(const NamedTensors& tensors, DType dt) {
   std::map<const Storage*, Tensor> converted;  // old storage -> its whole converted copy
-  for (const Tensor& t : tensors) {
+  for (const auto& [name, t] : tensors) {
     if (!is_floating(t.dtype()) || t.dtype() == dt) continue;
     const Storage* from = t.impl()->storage.get();
     auto it = converted.find(from);
-    if (it == converted.end()) it = converted.emplace(from, cast_copy(whole_storage(t), dt)).first;
+    if (it == converted.end()) it = converted.emplace(from, converted_storage(name, t, dt)).first;
     take_memory(t, Tensor::view_of(it->second, t.shape(), t.strides(), t.offset()));
   }
 }
@@ -105,9 +114,8 @@ Module& Module::to(DType dt) {
                      "or float16), not ") +
          dtype_name(dt));
   autograd::NoGrad ng;
-  std::vector<Tensor> all;
-  for (auto& [name, t] : named_parameters()) all.push_back(t);
-  for (auto& [name, t] : named_buffers()) all.push_back(t);
+  NamedTensors all = named_parameters();
+  for (auto& nt : named_buffers()) all.push_back(nt);
   convert_in_place(all, dt);
   return *this;
 }

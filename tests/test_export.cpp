@@ -1,10 +1,11 @@
 // int8 and bf16 exports (models/exported.h, models/run.h): a run's weights saved in the form
-// inference runs on load without a float32 copy of any weight (Storage::peak_live_bytes of a
-// base-sized model near the export's bytes, not the float32 model's), decode exactly as the
-// model converted after loading (keep_for_inference), and every bad file is refused naming the
-// file and the tensor.
+// inference runs on load without a float32 copy of a quantized weight (Storage::peak_live_bytes of
+// a base-sized model near the export's bytes, not the float32 model's), decode exactly as the model
+// converted after loading (keep_for_inference), and every bad file is refused naming the file and
+// the tensor.
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 
 #include "graft/models/exported.h"
@@ -44,8 +45,9 @@ size_t save_run(const TempDir& dir, const TransformerConfig& c) {
 
 // Writes the run's export at p from its model.safetensors, as `translate export` does.
 void export_run(const TempDir& dir, Precision p) {
-  auto lr = load_run_model<Transformer>(dir.path.string());
-  save_export(*lr.model, p, dir / export_file_name(p), lr.weights, {dir / "config.json"});
+  auto lr = load_run_model<Transformer>(dir.path.string(), {}, p, RunSource::weights);
+  save_export(*lr.model, p, dir / export_file_name(p), lr.weights, lr.metadata,
+              {dir / "config.json"});
 }
 
 // Rewrites the run's export at p through `edit`, keeping its metadata (a fresh checksum): a file
@@ -206,6 +208,13 @@ BOOST_AUTO_TEST_CASE(bad_export_tensors_name_the_file_and_tensor) {
   export_run(dir, Precision::int8);
   edit_export(dir, Precision::int8, [&](auto& t) { at(t, s) = neg(ones({32})); });
   BOOST_TEST(fails_naming(load(Precision::int8), {int8.c_str(), s.c_str(), "finite and >= 0"}));
+  // An int8 export keeps the other parameters in the model's dtype.
+  const std::string bias = "decoder.layers.1.linear2.bias";
+  export_run(dir, Precision::int8);
+  edit_export(dir, Precision::int8,
+              [&](auto& t) { at(t, bias) = to_dtype(at(t, bias), DType::bf16); });
+  BOOST_TEST(fails_naming(load(Precision::int8),
+                          {int8.c_str(), ("'" + bias + "' is bf16").c_str(), "float32"}));
   // A bf16 export with a float32 tensor, and one under the int8 name.
   export_run(dir, Precision::bf16);
   edit_export(dir, Precision::bf16, [&](auto& t) { at(t, w) = to_dtype(at(t, w), DType::f32); });
@@ -224,6 +233,12 @@ BOOST_AUTO_TEST_CASE(exports_of_another_model_are_refused) {
   std::filesystem::copy_file(dir / "model.bf16.safetensors", int8,
                              std::filesystem::copy_options::overwrite_existing);
   BOOST_TEST(fails_naming(load(Precision::int8), {int8.c_str(), "not an int8 export"}));
+  {  // refused from its header, before its bytes are read and checksummed
+    std::fstream f(int8, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x5a');
+  }
+  BOOST_TEST(fails_naming(load(Precision::int8), {int8.c_str(), "not an int8 export"}));
   // An export of another model: of weights trained further, and of another config.
   export_run(dir, Precision::int8);
   TempDir other("export_other");
@@ -240,6 +255,38 @@ BOOST_AUTO_TEST_CASE(exports_of_another_model_are_refused) {
                       {dir / "config.json"});
   BOOST_TEST(fails_naming(load(Precision::int8),
                           {int8.c_str(), "exported from other weights", "model.safetensors"}));
+}
+
+// An export records the checksum of the file its model was loaded from: a checkpoint written
+// between loading and exporting makes the export stale, and it is refused.
+BOOST_AUTO_TEST_CASE(an_export_records_the_weights_it_was_made_from) {
+  TempDir dir("export_stale");
+  save_run(dir, small_config());
+  auto lr = load_run_model<Transformer>(dir.path.string(), {}, Precision::int8, RunSource::weights);
+  TransformerConfig retrained = small_config();
+  retrained.seed = 8;
+  train::save_weights(Transformer(retrained).state_dict(), dir / "model.safetensors", 4,
+                      "graft-transformer", {dir / "config.json"});
+  save_export(*lr.model, Precision::int8, dir / "model.int8.safetensors", lr.weights, lr.metadata,
+              {dir / "config.json"});
+  BOOST_TEST(fails_naming(loader(dir, Precision::int8), {"exported from other weights"}));
+  // The source's metadata is checked: its checksum present, its step a count.
+  const auto save = [&](std::map<std::string, std::string> meta) {
+    return [&lr, &dir, meta] {
+      save_export(*lr.model, Precision::int8, dir / "x.safetensors", "src.safetensors", meta, {});
+    };
+  };
+  BOOST_TEST(fails_naming(save({{"step", "3"}}), {"export: 'src.safetensors'", "no checksum"}));
+  BOOST_TEST(fails_naming(save({{"checksum", "1"}, {"step", "3x"}}),
+                          {"'src.safetensors'", "\"step\" is '3x'"}));
+  BOOST_TEST(!std::filesystem::exists(dir / "x.safetensors"));
+}
+
+// Loading an export checks its size against memory before reading it.
+BOOST_AUTO_TEST_CASE(an_export_larger_than_memory_is_refused_first) {
+  BOOST_TEST(fails_naming([] { check_file_memory(1e19, 0, "big.safetensors"); },
+                          {"'big.safetensors'", "loading it takes", "of memory"}));
+  check_file_memory(1 << 20, 100, "small.safetensors");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

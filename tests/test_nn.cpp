@@ -386,6 +386,9 @@ BOOST_AUTO_TEST_CASE(skip_init_without_memory_allocates_nothing) {
   BOOST_CHECK_EXCEPTION(l->weight.to_vector<float>(), Error, [](const Error& e) {
     return names(e, "built without memory") && names(e, "(1024, 512)");
   });
+  BOOST_CHECK_EXCEPTION(l->to(DType::bf16), Error, [](const Error& e) {
+    return names(e, "Module::to(bfloat16): 'weight'") && names(e, "built without memory");
+  });
   const Tensor w = cast_copy(ones({1024, 512}), DType::bf16), b = zeros({1024});
   l->adopt_state_dict({{"weight", w}, {"bias", b}});
   BOOST_TEST((l->weight.dtype() == DType::bf16 && l->weight.impl()->storage == w.impl()->storage));

@@ -419,6 +419,19 @@ BOOST_AUTO_TEST_CASE(bf16_run_records_its_dtype_and_exports_load) {
   auto lr = tr::load_run(dir / "run");
   for (auto& [n, t] : lr.model->named_parameters()) BOOST_TEST((t.dtype() == DType::bf16), n);
   BOOST_TEST((lr.model->cfg.dtype == DType::bf16));
+  {
+    // The bf16 run runs int8 too (built in float32 for the quantizer), converted or exported,
+    // with the same output.
+    auto bf_converted = tr::load_run(dir / "run", Precision::int8);
+    models::keep_for_inference(*bf_converted.model, Precision::int8);
+    BOOST_TEST(tr::export_run(dir / "run", Precision::int8) == dir / "run/model.int8.safetensors");
+    auto bf_exported = tr::load_run(dir / "run", Precision::int8);
+    BOOST_TEST(bf_exported.weights == dir / "run/model.int8.safetensors");
+    PrecisionGuard guard(Precision::int8);
+    const std::vector<std::string> lines = {"the dog sees the cat ."};
+    BOOST_TEST(tr::translate_lines(*bf_converted.model, *bf_converted.tok, lines, 2) ==
+               tr::translate_lines(*bf_exported.model, *bf_exported.tok, lines, 2));
+  }
   // A float32 run exported to int8 translates as the run converted after loading.
   tr::train(tiny_options(dir / "data", dir / "f32", 3));
   const std::string out = tr::export_run(dir / "f32", Precision::int8);

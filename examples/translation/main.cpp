@@ -8,7 +8,8 @@
 //   translate forward --run runs/demo --batch batch.safetensors --out outputs.safetensors
 //   translate import-weights --run runs/from-torch --weights torch.safetensors
 //   translate export --run runs/demo --precision int8   (writes runs/demo/model.int8.safetensors,
-//     which translate and evaluate --precision int8 then load without float32 weights)
+//     which translate and evaluate --precision int8 then load with no float32 copy of a quantized
+//     weight)
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -64,7 +65,7 @@ tr::LoadedRun load_for_inference(const std::string& run) {
   auto lr = tr::load_run(run, matmul_precision());
   if (lr.weights != run + "/model.safetensors")
     std::cerr << "loaded " << lr.weights << " (the " << precision_name(matmul_precision())
-              << " export: no float32 weights)\n";
+              << " export: no float32 copy of a quantized weight)\n";
   return lr;
 }
 
@@ -357,7 +358,7 @@ cli::Command add_export(CLI::App& app) {
       "export",
       "write a run's weights in the form inference runs on (model.int8.safetensors: int8 linear "
       "weights and their scales; model.bf16.safetensors: bf16), which translate and evaluate "
-      "--precision int8|bf16 then load without float32 weights");
+      "--precision int8|bf16 then load with no float32 copy of a quantized weight");
   sub->add_option("--run", a->run, "run directory")->required();
   sub->add_option("--precision", a->precision, "int8 or bf16")
       ->required()

@@ -320,10 +320,10 @@ std::vector<train::NamedInput> run_inputs(const std::string& run_dir,
   return more;
 }
 
-LoadedRun load_run(const std::string& run_dir, Precision precision) {
+LoadedRun load_run(const std::string& run_dir, Precision precision, models::RunSource source) {
   // The weights are tied to spm.model too: the tokenizer is checked before it is read.
-  auto loaded =
-      models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"}, precision);
+  auto loaded = models::load_run_model<models::Transformer>(run_dir, {run_dir + "/spm.model"},
+                                                            precision, source);
   LoadedRun r;
   r.tok = std::make_unique<text::Tokenizer>(run_dir + "/spm.model");
   if (r.tok->vocab_size() != loaded.model->cfg.vocab)
@@ -333,6 +333,7 @@ LoadedRun load_run(const std::string& run_dir, Precision precision) {
   r.model = std::move(loaded.model);
   r.config = std::move(loaded.config);
   r.weights = std::move(loaded.weights);
+  r.metadata = std::move(loaded.metadata);
   return r;
 }
 
@@ -342,8 +343,10 @@ std::string export_run(const std::string& run_dir, Precision precision) {
   for (const train::NamedInput& in : run_inputs(run_dir))
     if (in.path != out) inputs.push_back(in);
   train::check_output_path("export", out, inputs);
-  const LoadedRun lr = load_run(run_dir);
-  models::save_export(*lr.model, precision, out, lr.weights, tied_files(run_dir));
+  // model.safetensors, built for the precision (float32 for int8: the quantizer reads float32);
+  // the export records the checksum of the very file loaded.
+  const LoadedRun lr = load_run(run_dir, precision, models::RunSource::weights);
+  models::save_export(*lr.model, precision, out, lr.weights, lr.metadata, tied_files(run_dir));
   return out;
 }
 
@@ -670,6 +673,18 @@ std::unique_ptr<models::Transformer> initialised_model(const models::Transformer
 }
 }  // namespace
 
+namespace {
+
+// Training memory is estimated in float32 whatever the dtype: a bf16 run holds bf16 weights and
+// gradients but a float32 master copy and two float32 moments (16 bytes a parameter, what 4
+// float32 copies cost), and the model is initialized in float32 before its conversion.
+void check_training_memory(models::TransformerConfig c, const std::string& where) {
+  c.dtype = DType::f32;
+  models::check_config_memory(c, where, /*copies=*/4);
+}
+
+}  // namespace
+
 TrainResult train(const TrainOptions& opts) {
   TrainOptions o = opts;
   const nlohmann::json saved = apply_resumed_options(o);
@@ -678,10 +693,9 @@ TrainResult train(const TrainOptions& opts) {
   models::TransformerConfig cfg;
   if (o.loop.resume) {
     cfg = models::TransformerConfig::from_json(saved.at("model"), o.loop.run_dir + "/config.json");
-    models::check_config_memory(cfg, o.loop.run_dir + "/config.json");
+    check_training_memory(cfg, o.loop.run_dir + "/config.json");
   } else {
-    models::check_config_memory(make_config(o, o.vocab),
-                                "train");  // the vocabulary can only shrink
+    check_training_memory(make_config(o, o.vocab), "train");  // the vocabulary can only shrink
   }
   // Noam's width, and the one the saved recipe names.
   o.loop.d_model = o.loop.resume ? cfg.d_model : make_config(o, o.vocab).d_model;

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "examples/translation/bleu.h"
 #include "examples/translation/corpus.h"
 #include "graft/autograd/tensor.h"
+#include "graft/models/run.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/text/tokenizer.h"
 #include "graft/nn/train/checkpoint.h"
@@ -167,15 +169,17 @@ struct LoadedRun {
   std::unique_ptr<text::Tokenizer> tok;
   nlohmann::json config;
   std::string weights;  // the weights file loaded: model.safetensors or an export
+  std::map<std::string, std::string> metadata;  // that file's metadata as loaded (checksum, step)
 };
 // config.json + spm.model + model.safetensors, model in eval mode. The weights' checksum and
 // their fingerprints of config.json and spm.model are verified, and the config's sizes matched
 // against the weights file, before the model is built; errors name the file. With precision int8
 // or bf16, the run's export for it (model.int8.safetensors, model.bf16.safetensors: export_run)
-// is loaded instead when present, without a float32 copy of any weight (models/run.h);
-// `weights` then names it.
-struct LoadedRun;
-LoadedRun load_run(const std::string& run_dir, Precision precision = Precision::fp32);
+// is loaded instead when present, without a float32 copy of a quantized weight (models/run.h);
+// `weights` then names it. RunSource::weights reads model.safetensors whatever the precision (for
+// int8 in a float32 model), as export_run does.
+LoadedRun load_run(const std::string& run_dir, Precision precision = Precision::fp32,
+                   models::RunSource source = models::RunSource::export_if_present);
 
 // Writes run_dir's export for inference at `precision` (int8 or bf16) from its model.safetensors:
 // run_dir/model.<precision>.safetensors (models/exported.h), tied to config.json, spm.model and

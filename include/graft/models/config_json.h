@@ -422,6 +422,12 @@ double model_peak_bytes(int64_t parameters, int64_t buffers, DType dt, int copie
 void check_model_memory(int64_t parameters, int64_t buffers, DType dt, const std::string& where,
                         int copies = 4);
 
+/// Refuses, naming `path`, a model loaded from a weights file of `file_bytes` bytes whose
+/// tensors become the model's (an export): the file's size, plus 8 bytes for each of `buffers`
+/// elements built in float64, against this machine's memory. Checked before the file is read.
+/// @throws graft::Error "<path>: loading it takes ... more than this machine's ... of memory".
+void check_file_memory(double file_bytes, int64_t buffers, const std::string& path);
+
 /// Loading: the weights file must hold exactly the parameters the config describes, checked
 /// before the model is built (config_path and weights_path are named in the error).
 /// @throws graft::Error when the element counts differ.
@@ -444,6 +450,18 @@ void check_config_memory(const Config& c, const std::string& where, int copies =
   }
 }
 
+/// load_run_weights() returning the whole file: its tensors and its metadata (checksum, step).
+/// @throws graft::Error as load_run_weights().
+template <class Config>
+train::SafetensorsFile load_run_weights_file(const Config& c, const std::string& config_path,
+                                             const std::string& weights_path,
+                                             const std::vector<std::string>& tied_files) {
+  train::SafetensorsFile f = train::load_weights_file(weights_path, "load_run", tied_files);
+  check_weights_count(c.parameter_count(), f.tensors, config_path, weights_path);
+  check_config_memory(c, config_path, /*copies=*/2);  // the file's tensors and the model's
+  return f;
+}
+
 /// A run directory's weights for config c, in the order that keeps a bad directory from costing
 /// anything: the weights file (its checksum, its fingerprints of the tied files), then the
 /// config's sizes against it and against memory. Build the model only after this.
@@ -452,10 +470,7 @@ template <class Config>
 std::vector<std::pair<std::string, Tensor>> load_run_weights(
     const Config& c, const std::string& config_path, const std::string& weights_path,
     const std::vector<std::string>& tied_files) {
-  auto w = train::load_weights(weights_path, "load_run", tied_files);
-  check_weights_count(c.parameter_count(), w, config_path, weights_path);
-  check_config_memory(c, config_path, /*copies=*/2);  // the file's tensors and the model's
-  return w;
+  return load_run_weights_file(c, config_path, weights_path, tied_files).tensors;
 }
 
 /// A model's token ids: int64 (B, T), else an error naming `who` and the tensor.

@@ -1,8 +1,8 @@
 /// @file
 /// Exports: a run's weights saved in the form inference at bf16 or int8 runs on, and loaded in it
-/// without a float32 copy of any weight ever being made (docs/mixed-precision.md, "int8 and bf16
-/// exports"). A bf16 export holds every parameter in bf16; an int8 export holds each weight that
-/// keep_for_inference(model, Precision::int8) makes int8 (int8_linear_weights()) as its int8
+/// without a float32 copy of a quantized weight ever being made (docs/mixed-precision.md, "int8 and
+/// bf16 exports"). A bf16 export holds every parameter in bf16; an int8 export holds each weight
+/// that keep_for_inference(model, Precision::int8) makes int8 (int8_linear_weights()) as its int8
 /// values (I8, under the weight's name) and its scales (F32, under the name + "_scale"), and
 /// every other parameter as the model has it. Loaded (models/run.h, load_run_model with a
 /// precision), a model is then exactly the model keep_for_inference() makes of the float32 one:
@@ -32,21 +32,27 @@ nn::NamedTensors export_state_dict(const nn::Module& model, Precision p);
 
 /// Writes export_state_dict(model, p) to `path` through train::save_weights (atomic, with a
 /// checksum), tied to `tied_files` (the run's config.json, its tokenizer), with the metadata
-/// "format" "graft-export", "precision" and "source_checksum": the checksum `source_weights`
-/// (the model.safetensors the model was loaded from) carries, so an export of weights retrained
+/// "format" "graft-export", "precision", "source_checksum" and the step: the checksum and step
+/// of `source_metadata`, the metadata of the weights file `source_weights` (model.safetensors)
+/// as the model was loaded from it (LoadedModel::metadata; never re-read, so a checkpoint
+/// written since cannot lend its checksum to older weights), so an export of weights retrained
 /// since is refused on load.
-/// @throws graft::Error as export_state_dict(), train::read_safetensors_metadata() (naming
-///         source_weights) or train::save_weights().
+/// @throws graft::Error as export_state_dict() or train::save_weights(), or naming
+///         source_weights when its metadata lacks a checksum or has a step that is no count.
 void save_export(const nn::Module& model, Precision p, const std::string& path,
-                 const std::string& source_weights, const std::vector<std::string>& tied_files);
+                 const std::string& source_weights,
+                 const std::map<std::string, std::string>& source_metadata,
+                 const std::vector<std::string>& tied_files);
 
-/// Reads an export of precision `p` written by save_export(): its checksum and the fingerprints
-/// of `tied_files` checked (train::load_weights_file), its "format" and "precision" checked, and,
-/// when `source_weights` exists, its "source_checksum" against that file's checksum.
+/// Reads an export of precision `p` written by save_export(): its "format" and "precision"
+/// checked from the header alone, then its size (plus `buffers` float64 elements the model
+/// builds) against memory (check_file_memory()), then the whole file: its checksum and the
+/// fingerprints of `tied_files` (train::load_weights_file) and, when `source_weights` exists,
+/// its "source_checksum" against that file's checksum.
 /// @throws graft::Error "load_run: '<path>': ..." naming what does not match.
 train::SafetensorsFile load_export(const std::string& path, Precision p,
                                    const std::string& source_weights,
-                                   const std::vector<std::string>& tied_files);
+                                   const std::vector<std::string>& tied_files, int64_t buffers = 0);
 
 /// Gives `model` (built under nn::SkipInit(nn::SkipInit::Memory::none), or any model of the
 /// export's shapes) the export's tensors: int8 weights through set_weight_int8() (each file
@@ -54,8 +60,9 @@ train::SafetensorsFile load_export(const std::string& path, Precision p,
 /// adopt_state_dict() (their memory taken, no copy). The dtypes are checked before anything is
 /// installed; a failure after that leaves the model half loaded (drop it).
 /// @throws graft::Error "load_run: '<file>': ..." naming the tensor: a tensor of the wrong dtype
-///         (not bf16 in a bf16 export; an int8 tensor for a weight the model reads in float32, or a
-///         linear weight not in int8 in an int8 export), a missing or misshapen scale, values of
+///         (not bf16 in a bf16 export; an int8 tensor for a weight the model reads in float32, a
+///         linear weight not in int8, or another tensor not of its parameter's dtype, in an int8
+///         export), a missing or misshapen scale, values of
 ///         the wrong shape, a missing, unexpected or misshapen tensor.
 void adopt_export(nn::Module& model, train::SafetensorsFile f, Precision p);
 

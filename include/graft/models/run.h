@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -34,7 +35,64 @@ struct LoadedModel {
   std::unique_ptr<Model> model;  ///< in eval mode
   nlohmann::json config;         ///< run_dir/config.json as read
   std::string weights;           ///< the weights file it was loaded from
+  /// The `__metadata__` of that file as loaded (its checksum, step, ...): what an export made
+  /// from this model records, never a later re-read of a file a checkpoint may have replaced.
+  std::map<std::string, std::string> metadata;
 };
+
+/// Which file load_run_model() reads at an int8 or bf16 precision.
+enum class RunSource {
+  export_if_present,  ///< the run's export for the precision when it has one, else the weights
+  weights,            ///< model.safetensors always (what an export is made from)
+};
+
+/// A run directory's config.json read for Model: the whole file, the model's config and the
+/// files its weights are tied to (config.json, then the caller's, e.g. the tokenizer).
+template <class Model>
+struct RunConfig {
+  nlohmann::json json;                                          ///< config.json as read
+  std::remove_cvref_t<decltype(std::declval<Model&>().cfg)> c;  ///< its "model" section
+  std::string path;                                             ///< run_dir/config.json
+  std::vector<std::string> tied;  ///< config.json, then more_tied_files
+};
+
+/// Reads run_dir/config.json's "model" section for Model (see RunConfig), for running at `p`:
+/// for int8 the model is built in float32 whatever dtype it was trained in, because the int8
+/// quantizer reads float32 weights and an int8 export keeps the other parameters in float32.
+/// @throws graft::Error naming config.json and the field at fault.
+template <class Model>
+RunConfig<Model> read_run_config(const std::string& run_dir,
+                                 const std::vector<std::string>& more_tied_files, Precision p) {
+  using Config = decltype(RunConfig<Model>::c);
+  RunConfig<Model> r;
+  r.path = run_dir + "/config.json";
+  r.json = train::load_json(r.path);
+  r.c = Config::from_json(model_section(r.json, r.path, "load_run"), r.path);
+  if (p == Precision::int8) r.c.dtype = DType::f32;
+  r.tied = {r.path};
+  r.tied.insert(r.tied.end(), more_tied_files.begin(), more_tied_files.end());
+  return r;
+}
+
+/// Loads run_dir/model.safetensors for running at precision `p`: as load_run_model(run_dir,
+/// more_tied_files), except that for int8 the model is built in float32 (read_run_config(); a
+/// bf16 file widens through load_state_dict).
+/// @throws graft::Error as load_run_model().
+template <class Model>
+LoadedModel<Model> load_run_weights_model(const std::string& run_dir,
+                                          const std::vector<std::string>& more_tied_files,
+                                          Precision p) {
+  RunConfig<Model> rc = read_run_config<Model>(run_dir, more_tied_files, p);
+  LoadedModel<Model> r;
+  r.weights = run_dir + "/model.safetensors";
+  train::SafetensorsFile f = load_run_weights_file(rc.c, rc.path, r.weights, rc.tied);
+  r.model = std::make_unique<Model>(rc.c);
+  r.model->load_state_dict(f.tensors);
+  r.model->eval();
+  r.config = std::move(rc.json);
+  r.metadata = std::move(f.metadata);
+  return r;
+}
 
 /// Loads a trained model and its config from a run directory.
 ///
@@ -47,50 +105,38 @@ struct LoadedModel {
 template <class Model>
 LoadedModel<Model> load_run_model(const std::string& run_dir,
                                   const std::vector<std::string>& more_tied_files = {}) {
-  using Config = std::remove_cvref_t<decltype(std::declval<Model&>().cfg)>;
-  const std::string cfg_path = run_dir + "/config.json";
-  LoadedModel<Model> r;
-  r.config = train::load_json(cfg_path);
-  const Config c = Config::from_json(model_section(r.config, cfg_path, "load_run"), cfg_path);
-  std::vector<std::string> tied{cfg_path};
-  tied.insert(tied.end(), more_tied_files.begin(), more_tied_files.end());
-  auto weights = load_run_weights(c, cfg_path, run_dir + "/model.safetensors", tied);
-  r.model = std::make_unique<Model>(c);
-  r.model->load_state_dict(weights);
-  r.model->eval();
-  r.weights = run_dir + "/model.safetensors";
-  return r;
+  return load_run_weights_model<Model>(run_dir, more_tied_files, Precision::fp32);
 }
 
 /// load_run_model() for inference at precision `p`: where run_dir holds an export for p
-/// (export_file_name(p), written by save_export()), the model is built without memory
-/// (nn::SkipInit(nn::SkipInit::Memory::none)) and given the export's tensors (adopt_export()), so
-/// no float32 copy of a weight is ever made: a bf16 model, or one whose linear weights are int8
-/// already (keep_for_inference(model, p) then has nothing left to convert). Otherwise (fp32, or
-/// no export) load_run_model(run_dir, more_tied_files). LoadedModel::weights names the file read.
+/// (export_file_name(p), written by save_export()) and `source` allows it, the model is built
+/// without memory (nn::SkipInit(nn::SkipInit::Memory::none)) and given the export's tensors
+/// (adopt_export()), so no float32 copy of a quantized weight is made: a bf16 model, or one whose
+/// linear weights are int8 already (keep_for_inference(model, p) then leaves the weights as they
+/// are). Otherwise load_run_weights_model(run_dir, more_tied_files, p). LoadedModel::weights
+/// names the file read.
 /// @throws graft::Error naming the file and tensor at fault (see load_export(), adopt_export()).
 template <class Model>
 LoadedModel<Model> load_run_model(const std::string& run_dir,
-                                  const std::vector<std::string>& more_tied_files, Precision p) {
-  if (p == Precision::fp32) return load_run_model<Model>(run_dir, more_tied_files);
-  const std::string path = run_dir + "/" + export_file_name(p);
+                                  const std::vector<std::string>& more_tied_files, Precision p,
+                                  RunSource source = RunSource::export_if_present) {
+  const std::string path = p == Precision::fp32 ? "" : run_dir + "/" + export_file_name(p);
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return load_run_model<Model>(run_dir, more_tied_files);
-  using Config = std::remove_cvref_t<decltype(std::declval<Model&>().cfg)>;
-  const std::string cfg_path = run_dir + "/config.json";
+  if (path.empty() || source == RunSource::weights || !std::filesystem::exists(path, ec))
+    return load_run_weights_model<Model>(run_dir, more_tied_files, p);
+  RunConfig<Model> rc = read_run_config<Model>(run_dir, more_tied_files, p);
+  train::SafetensorsFile f =
+      load_export(path, p, run_dir + "/model.safetensors", rc.tied,
+                  buffer_elements(rc.c.d_model, rc.c.max_len, rc.c.positions.kind));
   LoadedModel<Model> r;
-  r.config = train::load_json(cfg_path);
-  const Config c = Config::from_json(model_section(r.config, cfg_path, "load_run"), cfg_path);
-  std::vector<std::string> tied{cfg_path};
-  tied.insert(tied.end(), more_tied_files.begin(), more_tied_files.end());
-  train::SafetensorsFile f = load_export(path, p, run_dir + "/model.safetensors", tied);
-  check_config_memory(c, cfg_path, /*copies=*/1);  // the file's tensors become the model's
   {
     const nn::SkipInit no_memory(nn::SkipInit::Memory::none);
-    r.model = std::make_unique<Model>(c);
+    r.model = std::make_unique<Model>(rc.c);
   }
+  r.metadata = f.metadata;
   adopt_export(*r.model, std::move(f), p);
   r.model->eval();
+  r.config = std::move(rc.json);
   r.weights = path;
   return r;
 }
