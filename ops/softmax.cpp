@@ -35,8 +35,10 @@ void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
     T sum = 0;
     for (int64_t i = 0; i < sl.n; ++i) sum += std::exp(T(px[base + i * st]) - mx);
     if (log) {
-      const T lse = mx + std::log(sum);
-      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = S(T(px[base + i * st]) - lse);
+      // (x - mx) - log(sum): x - (mx + log(sum)) would round mx + log(sum) at |mx|'s scale first
+      // and lose the small results (log_softmax([10, 0])[0] = -4.54e-5).
+      const T ls = std::log(sum);
+      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = S((T(px[base + i * st]) - mx) - ls);
     } else {
       for (int64_t i = 0; i < sl.n; ++i)
         py[base + i * st] = S(std::exp(T(px[base + i * st]) - mx) / sum);
