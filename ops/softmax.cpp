@@ -112,7 +112,7 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t axis, boo
 // x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
 // 16-bit x without a tape runs softmax_loop on its elements (kern::native_half).
 Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool log) {
-  const bool native = kern::native_half(op, {x_in});
+  const bool native = kern::native_half(op, x_in);
   if (!native) GRAFT_VIA_F32(op, softmax_impl, op, x_in, axis_in, log);
   kern::check_float(op, x_in);
   // A scalar is a one-element vector here (as torch treats dim 0/-1 of a 0-d tensor).
