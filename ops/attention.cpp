@@ -433,9 +433,10 @@ AttentionResult few_queries_result(const Tensor& q, const Tensor& k, const Tenso
 }
 
 // 16-bit q, k, v without a tape, more query rows than few_queries_attention takes: S = scale Q
-// K^T by the 16-bit matmul into float32, the mask and softmax in float32, P rounded to the
-// 16-bit dtype (once, as a bf16 matmul operand is) and out = P V by the 16-bit matmul. Nothing
-// of q, k or v is converted.
+// K^T by the 16-bit matmul into a float32 (B, H, Tq, Tk) tensor, the mask and softmax in float32
+// there, P rounded to the 16-bit dtype for the P V matmul (an operand of the 16-bit matmul, as
+// PyTorch's CPU flash attention rounds it for reduced types) and out = P V by the 16-bit matmul.
+// Nothing of q, k or v is converted.
 AttentionResult half_matmul_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const AttentionCtx& a, const AttentionOptions& opt) {
   const Geom& g = a.g;
@@ -488,7 +489,7 @@ std::optional<AttentionResult> attention_via_f32(const Tensor& q, const Tensor& 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt) {
   // 16-bit tensors without a tape (or dropout) run their own loops; else through float32.
-  const bool half = kern::native_half(kOp, {q, k, v, opt.bias}) && !(opt.dropout > 0);
+  const bool half = kern::native_half(kOp, q, k, v, opt.bias) && !(opt.dropout > 0);
   if (!half)
     if (auto r = attention_via_f32(q, k, v, opt)) return *r;
   const Geom g = validate(q, k, v, opt);

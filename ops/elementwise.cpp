@@ -426,7 +426,7 @@ Tensor unary_half(const UnaryOp& op, const Tensor& x, double a, double b) {
 }  // namespace
 
 Tensor unary(const UnaryOp& op, const Tensor& x, double a, double b) {
-  if (kern::native_half(op.name, {x})) return unary_half(op, x, a, b);
+  if (kern::native_half(op.name, x)) return unary_half(op, x, a, b);
   GRAFT_VIA_F32(op.name, unary, op, x, a, b);
   kern::check_float(op.name, x);
   Tensor y = Tensor::empty(x.shape(), x.dtype());
@@ -598,7 +598,7 @@ template <class Bwd>
 Tensor binary(const char* name, BinOp op, const Tensor& a, const Tensor& b, Bwd bwd,
               bool save_inputs) {
   // 16-bit tensors without a tape: binary_ref on their elements (kern::native_half).
-  if (kern::native_half(name, {a, b})) return binary_raw(name, op, a, b, false);
+  if (kern::native_half(name, a, b)) return binary_raw(name, op, a, b, false);
   GRAFT_VIA_F32(name, binary, name, op, a, b, bwd, save_inputs);
   const bool record = autograd::needs_record({a, b});
   Tensor out = binary_raw(name, op, a, b, record);

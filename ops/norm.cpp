@@ -391,7 +391,7 @@ void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved&
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
-  if (kern::native_half("layer_norm", {x_in, w_in, b_in})) {
+  if (kern::native_half("layer_norm", x_in, w_in, b_in)) {
     check_layer_norm(x_in, w_in, b_in, eps);
     return layer_norm_half(x_in, Tensor(), w_in, b_in, eps);
   }
@@ -450,7 +450,7 @@ GRAFT_DECLARE_OP("add_layer_norm", "norm");
 // to both x and r.
 Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
                       const Tensor& b_in, double eps) {
-  const bool native = kern::native_half("add_layer_norm", {x_in, r_in, w_in, b_in});
+  const bool native = kern::native_half("add_layer_norm", x_in, r_in, w_in, b_in);
   if (!native) GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
   if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
@@ -603,7 +603,7 @@ Tensor rms_norm_half(const Tensor& x_in, const Tensor& w_in, double eps) {
 }  // namespace
 
 Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
-  if (kern::native_half("rms_norm", {x_in, w_in})) return rms_norm_half(x_in, w_in, eps);
+  if (kern::native_half("rms_norm", x_in, w_in)) return rms_norm_half(x_in, w_in, eps);
   GRAFT_VIA_F32("rms_norm", rms_norm, x_in, w_in, eps);
   check_layer_norm(x_in, w_in, Tensor(), eps, "rms_norm");
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;

@@ -171,7 +171,7 @@ Shape without_axis(const Tensor& x, int64_t axis) {
 
 Tensor max(const Tensor& x, int64_t axis, bool keepdim) {
   // 16-bit x without a tape: max_loop on its elements (kern::native_half).
-  if (!kern::native_half("max", {x})) GRAFT_VIA_F32("max", max, x, axis, keepdim);
+  if (!kern::native_half("max", x)) GRAFT_VIA_F32("max", max, x, axis, keepdim);
   MaxResult r = max_along("max", x, axis);
   Tensor out = keepdim ? r.out : kern::reshaped(r.out, without_axis(x, axis));
   if (autograd::needs_record({x}))

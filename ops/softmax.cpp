@@ -35,8 +35,10 @@ void softmax_loop(const Tensor& x, const Tensor& y, int64_t axis, bool log) {
     T sum = 0;
     for (int64_t i = 0; i < sl.n; ++i) sum += std::exp(T(px[base + i * st]) - mx);
     if (log) {
-      const T lse = mx + std::log(sum);
-      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = S(T(px[base + i * st]) - lse);
+      // (x - mx) - log(sum): x - (mx + log(sum)) would round mx + log(sum) at |mx|'s scale first
+      // and lose the small results (log_softmax([10, 0])[0] = -4.54e-5).
+      const T ls = std::log(sum);
+      for (int64_t i = 0; i < sl.n; ++i) py[base + i * st] = S((T(px[base + i * st]) - mx) - ls);
     } else {
       for (int64_t i = 0; i < sl.n; ++i)
         py[base + i * st] = S(std::exp(T(px[base + i * st]) - mx) / sum);
@@ -110,7 +112,7 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t axis, boo
 // x (...) -> y (...) normalised along axis; shared by softmax (log = false) and log_softmax.
 // 16-bit x without a tape runs softmax_loop on its elements (kern::native_half).
 Tensor softmax_impl(const char* op, const Tensor& x_in, int64_t axis_in, bool log) {
-  const bool native = kern::native_half(op, {x_in});
+  const bool native = kern::native_half(op, x_in);
   if (!native) GRAFT_VIA_F32(op, softmax_impl, op, x_in, axis_in, log);
   kern::check_float(op, x_in);
   // A scalar is a one-element vector here (as torch treats dim 0/-1 of a 0-d tensor).

@@ -116,11 +116,16 @@ void count_f32_detour();
 //
 // An op with a 16-bit loop runs it when a float tensor among `ts` is bf16 or f16 and nothing is
 // recorded (inference): the 16-bit tensors read and written directly, each element widened to
-// float32 in registers, the arithmetic float32's, each output rounded once, no float32 tensor
-// made. Recorded calls keep the float32 detour (via_f32), so the tape and its backward formulas
-// are float32's. The same dtype checks as via_f32 ("<op>: dtype mismatch, ...").
-inline bool native_half(const char* op, const Tensors& ts) {
-  return half_dtype_of(op, ts) && !autograd::needs_record(ts);
+// float32 in registers, the arithmetic float32's, each output rounded once, no float32 copy of an
+// input or output made. One exception: attention with more than 4 query rows makes a float32
+// (B, H, Tq, Tk) scores tensor and rounds P to the 16-bit dtype for the P V matmul (as PyTorch's
+// CPU flash attention does for reduced types). Recorded calls keep the float32 detour (via_f32),
+// so the tape and its backward formulas are float32's. The same dtype checks as via_f32
+// ("<op>: dtype mismatch, ..."). Variadic, so a call with no 16-bit tensor (every float32 op
+// call) allocates nothing; the list for needs_record is built only past the dtype check.
+template <class... A>
+bool native_half(const char* op, const A&... ts) {
+  return half_dtype_of(op, ts...) && !autograd::needs_record({ts...});
 }
 
 // The arithmetic type of a loop over storage type S: float for the 16-bit ones, S otherwise.
