@@ -225,15 +225,23 @@ BOOST_AUTO_TEST_CASE(greedy_picks_the_argmax_ops_token) {
   std::vector<double> big = randn({8, 8192}, DType::f64, gen).to_vector<double>();
   big[5 * 8192 + 100] = big[5 * 8192 + 4000] = 10.0;
   const Tensor wide = from_vector(big, {8, 8192}, DType::f64);
-  for (DType dt : {DType::f64, DType::f32}) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
     const std::vector<int64_t> ref = argmax(to_dtype(wide, dt), 1).to_vector<int64_t>();
     BOOST_TEST(ref[5] == 100);
     BOOST_TEST(greedy_first(to_dtype(wide, dt)) == ref);
   }
+  // 16-bit logits are read as they are: no (8, 8192) float32 copy of them per step
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor lg = to_dtype(wide, dt);
+    const size_t before = Storage::live_bytes();
+    Storage::reset_peak_live_bytes();
+    greedy_first(lg);
+    BOOST_TEST(Storage::peak_live_bytes() - before < lg.numel() * sizeof(float) / 2);
+  }
   std::vector<double> v = table.to_vector<double>();
   v[1 * 4 + 2] = std::nan("");  // row 1: NaN at token 2, after -inf
   v[1 * 4 + 3] = std::nan("");
-  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
     const Tensor lg = to_dtype(from_vector(v, {4, 4}, DType::f64), dt);
     BOOST_TEST(argmax(lg, 1).to_vector<int64_t>()[1] == 2);
     BOOST_CHECK_EXCEPTION(greedy_first(lg), Error, [](const Error& e) {
