@@ -430,7 +430,8 @@ std::shared_ptr<Storage> kept_in_layout(const Tensor& w, const kern::KeptForm& k
                                         const dnnl::memory::desc& best) {
   if (const auto rows = kept_rows(w, k)) return reorder_weights(*rows, best);
   const auto plain = onednn::md_contiguous({k.OUT, k.IN});
-  const std::shared_ptr<Storage> all = reorder_weights({k.layout, (float*)k.data->data}, plain);
+  const std::shared_ptr<Storage> all =
+      reorder_weights({k.layout, (float*)k.data->data, k.data}, plain);
   const auto* first = static_cast<const float*>(all->data) + w.offset();
   return reorder_weights({onednn::md_contiguous(w.shape()), first, all}, best);
 }
