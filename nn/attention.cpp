@@ -15,6 +15,32 @@ thread_local AttentionRecorder* t_recorder = nullptr;
 Tensor* weights_wanted(Tensor* given, Tensor& local) {
   return given || !t_recorder ? given : &local;
 }
+
+// A dense (B, 1, n) decoding step with no tape: its heads need no copy. At one position the row
+// layout (B, 1, parts, H, Dh) is each part's head layout (B, H, 1, Dh) with a row stride, and a
+// dense (B, H, 1, Dh) is the merged (B, 1, H Dh); split_heads and merge_heads would copy them
+// (an allocation and a copy per call, 6 per decoder layer and step).
+bool one_position_untaped(const Tensor& t) {
+  return t.dim() >= 3 && t.shape()[t.dim() - 2] == 1 && t.is_contiguous() &&
+         !autograd::needs_record({t});
+}
+
+// y (B, 1, parts H Dh) -> parts views (B, H, 1, Dh) of y: split_heads' values, not copied.
+Tensors heads_of_one_position(const Tensor& y, int64_t parts, int64_t heads) {
+  const int64_t B = y.shape()[0], row = y.shape()[2], dh = row / (parts * heads);
+  Tensors out;
+  for (int64_t p = 0; p < parts; ++p)
+    out.push_back(
+        Tensor::view_of(y, {B, heads, 1, dh}, {row, dh, row, 1}, y.offset() + p * heads * dh));
+  return out;
+}
+
+// out (B, H, 1, Dv) -> (B, 1, H Dv): merge_heads' values, a view when out is dense.
+Tensor merge_one_position(const Tensor& out) {
+  if (!one_position_untaped(out)) return merge_heads(out);
+  const Shape& s = out.shape();
+  return reshape(out, {s[0], 1, s[1] * s[3]});
+}
 }  // namespace
 
 AttentionRecorder::AttentionRecorder() : prev_(t_recorder) { t_recorder = this; }
@@ -74,6 +100,7 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
                      in_proj_bias.defined()
                          ? slice(in_proj_bias, 0, part * d_model, (part + parts) * d_model)
                          : Tensor());
+    if (one_position_untaped(y)) return heads_of_one_position(y, parts, heads);
     return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
   }
   // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.
@@ -113,7 +140,7 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
   }
   AttentionResult r = scaled_dot_product_attention(q, repeat_kv(k), repeat_kv(v), opt);
   if (weights) *weights = r.weights;
-  return out_proj->forward(merge_heads(r.out));  // (B, H, T, Dh) -> (B, T, d)
+  return out_proj->forward(merge_one_position(r.out));  // (B, H, T, Dh) -> (B, T, d)
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& memory,

@@ -265,6 +265,28 @@ BOOST_AUTO_TEST_CASE(grouped_cross_attention_equals_repeated_cache_rows) {
       Error, [](const Error& e) { return names(e, "grouped cross-attention"); });
 }
 
+// A decoding step's heads are views of its projection, and its merged heads a view of the
+// attention's output (no split_heads / merge_heads copies when nothing records): each cached
+// self- and cross-attention step equals its position of the full forward, which records (the
+// parameters want gradients) and so copies the heads; a batch of 2 makes the head views strided.
+BOOST_AUTO_TEST_CASE(untaped_steps_equal_the_recorded_full_pass) {
+  Generator g(9);
+  MultiHeadAttention mha(8, 2, DType::f64, g);
+  const int64_t B = 2, T = 3;
+  const Tensor x = randn({B, T, 8}, DType::f64, g), mem = randn({B, 4, 8}, DType::f64, g);
+  const Tensor self_full = mha.forward(x, x, Tensor(), true);
+  const Tensor cross_full = mha.forward(x, mem, Tensor(), false);
+  BOOST_TEST(self_full.requires_grad());  // the full pass went through the tape
+  KVCache self, cross;
+  mha.fill_cross_cache(mem, cross);
+  for (int64_t t = 0; t < T; ++t) {
+    const Tensor xt = slice(x, 1, t, t + 1);
+    check_same(mha.forward_self_step(xt, self, T), slice(self_full, 1, t, t + 1), 1e-12);
+    check_same(mha.forward_cross_cached(xt, cross, Tensor()), slice(cross_full, 1, t, t + 1),
+               1e-12);
+  }
+}
+
 // Forward hooks on a small tree: the hook sees each module once per forward with its path below
 // the module it was registered on, in registration order; a returned tensor replaces the output
 // (and what follows computes from it, gradients included); remove() stops it; a module
