@@ -19,9 +19,10 @@ Tensor* weights_wanted(Tensor* given, Tensor& local) {
 // A dense (B, 1, n) decoding step with no tape: its heads need no copy. At one position the row
 // layout (B, 1, parts, H, Dh) is each part's head layout (B, H, 1, Dh) with a row stride, and a
 // dense (B, H, 1, Dh) is the merged (B, 1, H Dh); split_heads and merge_heads would copy them
-// (an allocation and a copy per call, 6 per decoder layer and step).
-bool one_position_untaped(const Tensor& t) {
-  return t.dim() >= 3 && t.shape()[t.dim() - 2] == 1 && t.is_contiguous() &&
+// (an allocation and a copy per call, 6 per decoder layer and step). Only t of `rank` dims (3 for
+// a projection, 4 for heads): any other takes split_heads / merge_heads, which refuse it by name.
+bool one_position_untaped(const Tensor& t, int64_t rank) {
+  return t.dim() == rank && t.shape()[rank - 2] == 1 && t.is_contiguous() &&
          !autograd::needs_record({t});
 }
 
@@ -45,7 +46,7 @@ Tensor cache_positions(const Tensor& buf, int64_t a, int64_t b) {
 
 // out (B, H, 1, Dv) -> (B, 1, H Dv): merge_heads' values, a view when out is dense.
 Tensor merge_one_position(const Tensor& out) {
-  if (!one_position_untaped(out)) return merge_heads(out);
+  if (!one_position_untaped(out, 4)) return merge_heads(out);
   const Shape& s = out.shape();
   return reshape(out, {s[0], 1, s[1] * s[3]});
 }
@@ -108,7 +109,7 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
                      in_proj_bias.defined()
                          ? slice(in_proj_bias, 0, part * d_model, (part + parts) * d_model)
                          : Tensor());
-    if (one_position_untaped(y)) return heads_of_one_position(y, parts, heads);
+    if (one_position_untaped(y, 3)) return heads_of_one_position(y, parts, heads);
     return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
   }
   // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.

@@ -285,6 +285,11 @@ BOOST_AUTO_TEST_CASE(untaped_steps_equal_the_recorded_full_pass) {
     check_same(mha.forward_cross_cached(xt, cross, Tensor()), slice(cross_full, 1, t, t + 1),
                1e-12);
   }
+  // A step of another rank (here (1, 1, 1, d): its next-to-last dim is 1 too) is not one
+  // position's heads: split_heads refuses it by name.
+  KVCache fresh;
+  BOOST_CHECK_EXCEPTION(mha.forward_self_step(randn({1, 1, 1, 8}, DType::f64, g), fresh, T), Error,
+                        [](const Error& e) { return names(e, "split_heads"); });
 }
 
 // Forward hooks on a small tree: the hook sees each module once per forward with its path below
