@@ -112,6 +112,18 @@ std::optional<DType> half_dtype_of(const char* op, const A&... args) {
 uint64_t f32_detours();
 void count_f32_detour();
 
+// ---- 16-bit tape entries ----
+//
+// A recorded op with a 16-bit entry of its own (attention, relu_dropout, add_layer_norm) runs its
+// float32 code on copies made by widened() (recording nothing, freed after the call), rounds its
+// outputs with narrowed(), and saves its 16-bit tensors, widening them again in backward: the
+// float32 arithmetic of via_f32 without the float32 copies on the tape.
+
+// A float32 copy of t that records nothing (t is detached; undefined stays undefined).
+Tensor widened(const Tensor& t);
+// t rounded to dt, recording nothing (undefined stays undefined).
+Tensor narrowed(const Tensor& t, DType dt);
+
 // ---- native 16-bit loops (inference) ----
 //
 // An op with a 16-bit loop runs it when a float tensor among `ts` is bf16 or f16 and nothing is
