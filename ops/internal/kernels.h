@@ -131,8 +131,9 @@ Tensor narrowed(const Tensor& t, DType dt);
 // float32 in registers, the arithmetic float32's, each output rounded once, no float32 copy of an
 // input or output made. One exception: attention with more than 4 query rows makes a float32
 // (B, H, Tq, Tk) scores tensor and rounds P to the 16-bit dtype for the P V matmul (as PyTorch's
-// CPU flash attention does for reduced types). Recorded calls keep the float32 detour (via_f32),
-// so the tape and its backward formulas are float32's. The same dtype checks as via_f32
+// CPU flash attention does for reduced types). Recorded calls keep the float32 detour (via_f32,
+// or a 16-bit tape entry: widened), so the backward formulas are float32's. The same dtype checks
+// as via_f32
 // ("<op>: dtype mismatch, ..."). Variadic, so a call with no 16-bit tensor (every float32 op
 // call) allocates nothing; the list for needs_record is built only past the dtype check.
 template <class... A>
