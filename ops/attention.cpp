@@ -513,7 +513,7 @@ Tensors attention_half_backward(const Ctx& c, const Tensors& dout, const Attenti
 // 16-bit q, k, v on the tape: the float32 attention on float32 copies made for the call (freed
 // after it), one entry that saves the 16-bit q, k, v and bias and widens them again in backward.
 // Through kern::via_f32 the float32 entry saved float32 copies of q, k and v (twice the bytes)
-// beside four cast entries.
+// beside its cast entries.
 AttentionResult attention_half_recorded(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const AttentionOptions& opt) {
   kern::count_f32_detour();
@@ -526,7 +526,8 @@ AttentionResult attention_half_recorded(const Tensor& q, const Tensor& k, const 
   AttentionResult rf = attention_forward(QKV{qf, kf, vf}, a, of, true);
   AttentionResult res{kern::narrowed(rf.out, dt), kern::narrowed(rf.weights, dt)};
   autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
-                   [a, dt](const Ctx& c, const Tensors& dout) {
+                   [a, dt, prec = precision_state()](const Ctx& c, const Tensors& dout) {
+                     PrecisionGuard guard(prec);  // the forward's matmul precision, as float32's
                      return attention_half_backward(c, dout, a, dt);
                    });
   return res;
