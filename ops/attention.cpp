@@ -469,6 +469,70 @@ AttentionCtx attention_ctx(const Geom& g, const AttentionOptions& opt) {
                       {}};
 }
 
+// The float32 attention's forward (no tape): P from q and k, its dropout mask drawn into a, and
+// out = P V (and the weights when asked for).
+AttentionResult attention_forward(const QKV& in, AttentionCtx& a, const AttentionOptions& opt,
+                                  bool record) {
+  const Geom& g = a.g;
+  const DType dt = in.q.is_kept() ? DType::f32 : in.q.f32.dtype();
+  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, dt);
+  const bool steady = !record && opt.steady_kv;
+  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), opt.bias, P, steady);
+  AttentionResult res;
+  if (opt.return_weights) res.weights = a.dropout ? contiguous_copy(P) : P;
+  if (a.dropout) {
+    a.mask = kern::DropoutMask::draw(*opt.generator, opt.dropout, P.numel());
+    apply_dropout(P, a.mask);
+  }
+  res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, dt);
+  kern::bmm(P, in.v, res.out, 1.0, false,
+            steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
+  return res;
+}
+
+// The backward of a recorded 16-bit attention (attention_half_recorded): the float32 backward
+// run on float32 copies of the saved 16-bit q, k, v and bias, its gradients rounded back; under
+// create_graph the composed float32 attention between recorded casts, differentiated.
+Tensors attention_half_backward(const Ctx& c, const Tensors& dout, const AttentionCtx& a,
+                                DType dt) {
+  if (c.create_graph)
+    return autograd::differentiate(
+        [a, dt](const Tensors& in) {
+          auto lift = [](const Tensor& t) { return t.defined() ? to_dtype(t, DType::f32) : t; };
+          return Tensors{to_dtype(
+              attention_composed(lift(in[0]), lift(in[1]), lift(in[2]), lift(in[3]), a), dt)};
+        },
+        c.saved, dout, c.needs);
+  const QKV in{kern::widened(c.saved[0]), kern::widened(c.saved[1]), kern::widened(c.saved[2])};
+  Tensors d = scaled_dot_product_attention_backward(kern::widened(dout[0]), c, in,
+                                                    kern::widened(c.saved[3]), a);
+  for (Tensor& t : d) t = kern::narrowed(t, dt);
+  return d;
+}
+
+// 16-bit q, k, v on the tape: the float32 attention on float32 copies made for the call (freed
+// after it), one entry that saves the 16-bit q, k, v and bias and widens them again in backward.
+// Through kern::via_f32 the float32 entry saved float32 copies of q, k and v (twice the bytes)
+// beside its cast entries.
+AttentionResult attention_half_recorded(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionOptions& opt) {
+  kern::count_f32_detour();
+  const DType dt = q.dtype();
+  const Geom g = validate(q, k, v, opt);
+  AttentionOptions of = opt;
+  of.bias = kern::widened(opt.bias);
+  const Tensor qf = kern::widened(q), kf = kern::widened(k), vf = kern::widened(v);
+  AttentionCtx a = attention_ctx(g, of);
+  AttentionResult rf = attention_forward(QKV{qf, kf, vf}, a, of, true);
+  AttentionResult res{kern::narrowed(rf.out, dt), kern::narrowed(rf.weights, dt)};
+  autograd::record(kOp, {q, k, v, opt.bias}, {res.out}, {q, k, v, opt.bias},
+                   [a, dt, prec = precision_state()](const Ctx& c, const Tensors& dout) {
+                     PrecisionGuard guard(prec);  // the forward's matmul precision, as float32's
+                     return attention_half_backward(c, dout, a, dt);
+                   });
+  return res;
+}
+
 // bf16 and f16 through float32 (kern::via_f32): q, k, v and the bias cast, the output and the
 // weights cast back; nullopt when none of them is 16-bit.
 std::optional<AttentionResult> attention_via_f32(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -490,6 +554,9 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                                              const AttentionOptions& opt) {
   // 16-bit tensors without a tape (or dropout) run their own loops; else through float32.
   const bool half = kern::native_half(kOp, q, k, v, opt.bias) && !(opt.dropout > 0);
+  if (!half && kern::half_dtype_of(kOp, q, k, v, opt.bias) &&
+      autograd::needs_record({q, k, v, opt.bias}))
+    return attention_half_recorded(q, k, v, opt);
   if (!half)
     if (auto r = attention_via_f32(q, k, v, opt)) return *r;
   const Geom g = validate(q, k, v, opt);
@@ -499,18 +566,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   if (half) return half_matmul_attention(q, k, v, a, opt);
   const bool keep = record && g.rows() > 0 && g.Tk > 0 && keep_qkv_in_bf16(q, k, v);
   const QKV in = keep ? kept_qkv(q, k, v) : QKV{q, k, v};
-  Tensor P = Tensor::empty({g.B, g.H, g.Tq, g.Tk}, q.dtype());
-  const bool steady = !record && opt.steady_kv;
-  attention_probs(in.q, in.k, g, a.scale, a.row_mask(), opt.bias, P, steady);
-  AttentionResult res;
-  if (opt.return_weights) res.weights = a.dropout ? contiguous_copy(P) : P;
-  if (a.dropout) {
-    a.mask = kern::DropoutMask::draw(*opt.generator, opt.dropout, P.numel());
-    apply_dropout(P, a.mask);
-  }
-  res.out = Tensor::empty({g.B, g.H, g.Tq, g.Dv}, q.dtype());
-  kern::bmm(P, in.v, res.out, 1.0, false,
-            steady ? kern::BCopy::steady : kern::BCopy::per_call);  // out = P V
+  AttentionResult res = attention_forward(in, a, opt, record);
   if (!record) return res;
   auto backward = [a, prec = precision_state()](const Tensor& dout, const Ctx& c, const QKV& in,
                                                 const Tensor& bias) {

@@ -13,6 +13,7 @@
 
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/elementwise.h"
+#include "graft/ops/shape.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -151,6 +152,33 @@ void check_p(const char* op, double p, const Tensor& x) {
          describe(x));
 }
 
+// A 16-bit x on the tape: relu + dropout on a float32 copy made for the call (freed after it),
+// the output rounded once, and one bit per element of the float32 output kept for backward.
+// Through kern::via_f32 the float32 entry saved its float32 output (32x the bits) beside two
+// cast entries.
+Tensor relu_dropout_half_recorded(const Tensor& x, double p, Generator& gen) {
+  kern::count_f32_detour();
+  const DType dt = x.dtype();
+  DropoutMask mask;
+  double keep_value;
+  Tensor bits_of = dropout_forward(kern::widened(x), p, gen, true, mask, keep_value);
+  const Tensor out = kern::narrowed(bits_of, dt);
+  std::shared_ptr<Storage> bits = positive_bits(bits_of);
+  bits_of = Tensor();
+  autograd::record(
+      "relu_dropout", {x}, {out}, {}, {{bits, out}},
+      [keep_value, dt](const Ctx& c, const Tensors& dout) {
+        const float kv = (float)keep_value;
+        if (c.create_graph)
+          return Tensors{
+              mul(dout[0],
+                  to_dtype(relu_dropout_backward_bits(ones(dout[0].shape()), *c.kept[0], kv), dt))};
+        return Tensors{to_dtype(
+            relu_dropout_backward_bits(to_dtype(dout[0], DType::f32), *c.kept[0], kv), dt)};
+      });
+  return out;
+}
+
 }  // namespace
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
@@ -176,6 +204,8 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   kern::check_float("relu_dropout", x);
   check_p("relu_dropout", p, x);
   if (!training || p == 0.0) return relu(x);
+  if (kern::half_dtype_of("relu_dropout", x) && autograd::needs_record({x}))
+    return relu_dropout_half_recorded(x, p, gen);
   auto on_f32 = [&](const Tensor& xf) { return relu_dropout(xf, p, training, gen); };
   if (auto r = kern::via_f32("relu_dropout", on_f32, x)) return *r;
   DropoutMask mask;

@@ -444,6 +444,93 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
 
 GRAFT_DECLARE_OP("add_layer_norm", "norm");
 
+namespace {
+
+// add_layer_norm's argument checks (layer_norm's, and r of x's dtype and shape).
+void check_add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, const Tensor& b,
+                          double eps) {
+  check_layer_norm(x, w, b, eps, "add_layer_norm");
+  if (!r.defined() || r.dtype() != x.dtype() || r.shape() != x.shape())
+    fail("add_layer_norm: r " + describe(r) + " must have the dtype and shape of x " + describe(x));
+}
+
+// The saved tensors of add_layer_norm_half_recorded: the 16-bit source of xhat (y itself, or the
+// sum x + r rounded), w, b, the float32 mean and variance, x and r (without from_y), and the
+// 16-bit variance output (for the backward under create_graph).
+enum HalfSaved : size_t { kSrc, kW, kB, kMean, kVar, kX, kR, kVar16 };
+
+// The backward of add_layer_norm_half_recorded. First order: layer_norm's float32 backward on
+// float32 copies of the saved tensors, rounded back. Under create_graph: the float32 formulas as
+// recorded ops between recorded casts, as the float32 op's own backward under create_graph.
+Tensors add_layer_norm_half_backward(const autograd::Ctx& c, const Tensors& dout, double eps,
+                                     bool from_y, bool has_w, bool has_b, DType dt) {
+  const Tensors& s = c.saved;
+  const std::vector<bool> needs{c.needs[0] || c.needs[1], c.needs[2], c.needs[3]};
+  auto lift = [](const Tensor& t) { return t.defined() ? to_dtype(t, DType::f32) : t; };
+  Tensors g;
+  if (c.create_graph && !from_y) {
+    g = autograd::differentiate(
+        [eps, dt, lift](const Tensors& in) {
+          const Tensors o =
+              layer_norm_composed(add(lift(in[0]), lift(in[1])), lift(in[2]), Tensor(), eps);
+          return Tensors{to_dtype(o[0], dt), to_dtype(o[1], dt)};
+        },
+        {s[kX], s[kR], s[kW]}, dout, c.needs);
+    g.push_back(has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
+    return g;
+  }
+  if (c.create_graph) {
+    g = layer_norm_backward_from_y_graph(lift(dout[0]), lift(dout[1]), lift(s[kSrc]), lift(s[kW]),
+                                         lift(s[kB]), lift(s[kVar16]), eps);
+    for (Tensor& t : g) t = t.defined() ? to_dtype(t, dt) : t;
+  } else {
+    const LayerNormSaved saved{kern::widened(s[kSrc]),
+                               kern::widened(s[kW]),
+                               kern::widened(s[kB]),
+                               s[kMean],
+                               s[kVar],
+                               eps,
+                               from_y,
+                               has_w,
+                               has_b};
+    g = layer_norm_backward(kern::widened(dout[0]), saved, needs);
+    add_variance_gradient(g[0], kern::widened(dout[1]), saved);
+    for (Tensor& t : g) t = kern::narrowed(t, dt);
+  }
+  return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(),
+                 needs[1] ? g[1] : Tensor(), needs[2] ? g[2] : Tensor()};
+}
+
+// 16-bit x and r on the tape: the float32 loop on float32 copies made for the call (freed after
+// it), y and the variance rounded once, and one entry that saves the 16-bit y (or the rounded sum
+// x + r when xhat is not rebuilt from y) in place of float32 copies. Through kern::via_f32 the
+// float32 entry saved its float32 y beside the 16-bit y the next linear saves, and six casts.
+Tensor add_layer_norm_half_recorded(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
+                                    const Tensor& b_in, double eps) {
+  check_add_layer_norm(x_in, r_in, w_in, b_in, eps);
+  kern::count_f32_detour();
+  const DType dt = x_in.dtype();
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::widened(kern::contig(x_in)), r = kern::widened(kern::contig(r_in));
+  const Tensor w = kern::widened(w_in), b = kern::widened(b_in);
+  const bool from_y = xhat_from_output<float>(w, b);
+  Tensor y = Tensor::empty(x_in.shape(), DType::f32);
+  Tensor mean = Tensor::empty({N}, DType::f32), var = Tensor::empty({N}, DType::f32);
+  Tensor sum = from_y ? Tensor() : Tensor::empty(x_in.shape(), DType::f32);
+  if (y.numel() > 0) layer_norm_loop<float>(N, C, x, r, w, b, eps, y, mean, var, sum);
+  const Tensor y16 = kern::narrowed(y, dt), var16 = kern::narrowed(var, dt);
+  autograd::record("add_layer_norm", {x_in, r_in, w_in, b_in}, {y16, var16},
+                   {from_y ? y16 : kern::narrowed(sum, dt), w_in, from_y ? b_in : Tensor(), mean,
+                    var, from_y ? Tensor() : x_in, from_y ? Tensor() : r_in, var16},
+                   [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined(), dt](
+                       const autograd::Ctx& c, const Tensors& dout) {
+                     return add_layer_norm_half_backward(c, dout, eps, from_y, has_w, has_b, dt);
+                   });
+  return y16;
+}
+
+}  // namespace
+
 // add_layer_norm: layer_norm(x + r) in one pass per row (our loop for float32 too: oneDNN's
 // would need x + r written out first). The sum is written out only when the backward needs it
 // (xhat not rebuildable from y, see kMaxShiftOverScale). Backward: layer_norm's, with dx handed
@@ -451,11 +538,11 @@ GRAFT_DECLARE_OP("add_layer_norm", "norm");
 Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
                       const Tensor& b_in, double eps) {
   const bool native = kern::native_half("add_layer_norm", x_in, r_in, w_in, b_in);
+  if (!native && kern::half_dtype_of("add_layer_norm", x_in, r_in, w_in, b_in) &&
+      autograd::needs_record({x_in, r_in, w_in, b_in}))
+    return add_layer_norm_half_recorded(x_in, r_in, w_in, b_in, eps);
   if (!native) GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
-  check_layer_norm(x_in, w_in, b_in, eps, "add_layer_norm");
-  if (!r_in.defined() || r_in.dtype() != x_in.dtype() || r_in.shape() != x_in.shape())
-    fail("add_layer_norm: r " + describe(r_in) + " must have the dtype and shape of x " +
-         describe(x_in));
+  check_add_layer_norm(x_in, r_in, w_in, b_in, eps);
   if (native) return layer_norm_half(x_in, r_in, w_in, b_in, eps);
   const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
   const Tensor x = kern::contig(x_in), r = kern::contig(r_in);

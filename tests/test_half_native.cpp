@@ -238,3 +238,113 @@ BOOST_AUTO_TEST_CASE(max_and_argmax_native) {
     BOOST_TEST(got == argmax(f32(x), 1).to_vector<int64_t>(), boost::test_tools::per_element());
   }
 }
+
+// ---- recorded 16-bit calls: one 16-bit tape entry (kern::widened) ----
+
+namespace {
+
+size_t saved_bytes(const std::string& op) {
+  for (const auto& r : autograd::saved_bytes_by_op())
+    if (r.op == op) return r.bytes;
+  return 0;
+}
+
+// The ops with a 16-bit tape entry of their own, each on one tensor x (B, H, T, D) of dtype dt
+// and the same constants rounded to dt; the generators start equal.
+struct Recorded {
+  const char* op;
+  std::function<Tensor(const Tensor& x, DType dt)> run;
+};
+
+std::vector<Recorded> recorded_ops() {
+  Generator gen(5);
+  const Tensor w = affine(rand({24}, DType::f32, gen), 1.0, 0.5);
+  const Tensor r = randn({2, 3, 16, 24}, DType::f32, gen);
+  auto on = [](const Tensor& t, DType dt) { return cast_copy(t, dt); };
+  return {
+      {"scaled_dot_product_attention",
+       [](const Tensor& x, DType) {
+         Generator gen(7);
+         AttentionOptions o;
+         o.dropout = 0.25;
+         o.generator = &gen;
+         return scaled_dot_product_attention(x, x, x, o).out;
+       }},
+      {"relu_dropout",
+       [](const Tensor& x, DType) {
+         Generator gen(9);
+         return relu_dropout(x, 0.25, true, gen);
+       }},
+      {"add_layer_norm",  // xhat rebuilt from y
+       [w, r, on](const Tensor& x, DType dt) {
+         return add_layer_norm(x, on(r, dt), on(w, dt), on(affine(w, 0.1, 0), dt));
+       }},
+      {"add_layer_norm",  // b > 64 w: the rounded sum x + r kept
+       [w, r, on](const Tensor& x, DType dt) {
+         return add_layer_norm(x, on(r, dt), on(w, dt), on(affine(w, 100, 0), dt));
+       }},
+  };
+}
+
+// (|a - b|) / (|b|) over all elements, a and b read as float64.
+double rel_diff(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double d = 0, n = 0;
+  for (size_t i = 0; i < va.size(); ++i) d += (va[i] - vb[i]) * (va[i] - vb[i]), n += vb[i] * vb[i];
+  return std::sqrt(d / std::max(n, 1e-30));
+}
+
+}  // namespace
+
+// A recorded 16-bit attention, relu_dropout or add_layer_norm saves 16-bit tensors (and a bit
+// per element for relu_dropout), no float32 copy: through kern::via_f32 the float32 entries saved
+// float32 copies of q, k and v (12 bytes an element of x here), relu_dropout's float32 output (4)
+// and add_layer_norm's float32 y or sum (4).
+BOOST_AUTO_TEST_CASE(recorded_16_bit_ops_save_no_float32_copies) {
+  for (DType dt : kDtypes) {
+    const Tensor x0 = half_randn({2, 3, 16, 24}, dt, 21);
+    const size_t n = x0.numel(), rows = n / 24;
+    const size_t most[] = {n * 2, n / 8 + 1, n * 2 + 4 * 24 + 10 * rows,
+                           n * 6 + 4 * 24 + 10 * rows};
+    const auto ops = recorded_ops();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Tensor leaf = x0.detach().requires_grad_();
+      const Tensor x = affine(leaf, 2.0, 0.0);  // not a leaf; affine keeps nothing
+      const uint64_t before = kern::f32_detours();
+      const Tensor y = ops[i].run(x, dt);
+      BOOST_TEST(kern::f32_detours() == before + 1);  // the float32 arithmetic, counted once
+      BOOST_TEST((y.dtype() == dt));
+      const size_t saved = saved_bytes(ops[i].op);
+      BOOST_TEST_INFO(ops[i].op << " case " << i << " " << describe(x));
+      BOOST_TEST(saved <= most[i]);
+      BOOST_TEST(saved_bytes("to_dtype") + saved_bytes("affine") == 0u);
+      sum(y).backward();
+      BOOST_TEST((leaf.grad().dtype() == dt));
+    }
+  }
+}
+
+// The same entries differentiate twice: with L = sum(f(x) c), the gradient of sum(dL/dx v)
+// with respect to x and to c (a Hessian-vector product and J v) matches float32 math on the
+// same 16-bit values within the 16-bit dtype's rounding.
+BOOST_AUTO_TEST_CASE(recorded_16_bit_ops_differentiate_twice) {
+  for (DType dt : kDtypes) {
+    const double tol = 40 * unit_roundoff(dt);
+    const Tensor x0 = half_randn({2, 3, 16, 24}, dt, 31), c0 = half_randn(x0.shape(), dt, 32);
+    const Tensor v0 = half_randn(x0.shape(), dt, 33);
+    for (const Recorded& r : recorded_ops()) {
+      auto second = [&](DType d) {
+        const Tensor x = cast_copy(x0, d).requires_grad_(), c = cast_copy(c0, d).requires_grad_();
+        const Tensor loss = sum(mul(r.run(x, d), c));
+        const Tensor gx = autograd::grad({loss}, {x}, {}, {.create_graph = true})[0];
+        return autograd::grad({sum(mul(gx, cast_copy(v0, d)))}, {x, c}, {}, {.allow_unused = true});
+      };
+      const Tensors h = second(dt), f = second(DType::f32);
+      BOOST_TEST_INFO(r.op << " " << dtype_name(dt));
+      BOOST_TEST((h[1].dtype() == dt));
+      BOOST_TEST(rel_diff(h[1], f[1]) < tol);
+      BOOST_TEST(h[0].defined() == f[0].defined());
+      if (h[0].defined() && f[0].defined()) BOOST_TEST(rel_diff(h[0], f[0]) < tol);
+    }
+  }
+}

@@ -27,6 +27,16 @@ std::atomic<uint64_t> f32_detour_count{0};
 uint64_t f32_detours() { return f32_detour_count.load(std::memory_order_relaxed); }
 void count_f32_detour() { f32_detour_count.fetch_add(1, std::memory_order_relaxed); }
 
+Tensor widened(const Tensor& t) {
+  autograd::NoGrad no_grad;
+  return t.defined() ? to_dtype(t.detach(), DType::f32) : t;
+}
+
+Tensor narrowed(const Tensor& t, DType dt) {
+  autograd::NoGrad no_grad;
+  return t.defined() ? to_dtype(t, dt) : t;
+}
+
 Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
   const size_t r = std::max(a.size(), b.size());
   Shape out(r);

@@ -112,6 +112,18 @@ std::optional<DType> half_dtype_of(const char* op, const A&... args) {
 uint64_t f32_detours();
 void count_f32_detour();
 
+// ---- 16-bit tape entries ----
+//
+// A recorded op with a 16-bit entry of its own (attention, relu_dropout, add_layer_norm) runs its
+// float32 code on copies made by widened() (recording nothing, freed after the call), rounds its
+// outputs with narrowed(), and saves its 16-bit tensors, widening them again in backward: the
+// float32 arithmetic of via_f32 without the float32 copies on the tape.
+
+// A float32 copy of t that records nothing (t is detached; undefined stays undefined).
+Tensor widened(const Tensor& t);
+// t rounded to dt, recording nothing (undefined stays undefined).
+Tensor narrowed(const Tensor& t, DType dt);
+
 // ---- native 16-bit loops (inference) ----
 //
 // An op with a 16-bit loop runs it when a float tensor among `ts` is bf16 or f16 and nothing is
@@ -119,8 +131,9 @@ void count_f32_detour();
 // float32 in registers, the arithmetic float32's, each output rounded once, no float32 copy of an
 // input or output made. One exception: attention with more than 4 query rows makes a float32
 // (B, H, Tq, Tk) scores tensor and rounds P to the 16-bit dtype for the P V matmul (as PyTorch's
-// CPU flash attention does for reduced types). Recorded calls keep the float32 detour (via_f32),
-// so the tape and its backward formulas are float32's. The same dtype checks as via_f32
+// CPU flash attention does for reduced types). Recorded calls keep the float32 detour (via_f32,
+// or a 16-bit tape entry: widened), so the backward formulas are float32's. The same dtype checks
+// as via_f32
 // ("<op>: dtype mismatch, ..."). Variadic, so a call with no 16-bit tensor (every float32 op
 // call) allocates nothing; the list for needs_record is built only past the dtype check.
 template <class... A>
