@@ -815,15 +815,25 @@ bool kept_rows_loop(const Tensor&, const bfloat16*, const dnnl::memory::desc&, c
 }
 #endif
 
-// w's rows as plain bf16 rows, reordered out of its kept form k (a passing copy, for a slice of
-// rows that cuts one of the form's blocks, which no kernel reads in place).
+// w's rows as plain bf16 rows reordered out of its kept form k, for a slice of rows that cuts one
+// of the form's blocks (no kernel reads it in place: a model whose d_model is not a multiple of
+// 64): made once per slice (kern::derived_copy) and kept while w lives, so such a model holds
+// those slices twice.
 Tensor plain_rows_of_kept(const Tensor& w, const kern::KeptForm& k) {
-  const Tensor all = Tensor::empty({k.OUT, k.IN}, DType::bf16);
+  using tag = dnnl::memory::format_tag;
   const auto bf = dnnl::memory::data_type::bf16;
-  reorder_into(k.layout, k.data->data,
-               dnnl::memory::desc({k.OUT, k.IN}, bf, dnnl::memory::format_tag::ab), all.raw());
-  const int64_t first = w.offset() / k.IN;
-  return slice(all, 0, first, first + w.shape()[0]);
+  const int64_t first = w.offset() / k.IN, n = w.shape()[0];
+  const dnnl::memory::desc rows({n, k.IN}, bf, tag::ab);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = kern::derived_copy(w, onednn::layout_tag(rows), [&] {
+    const Tensor all = Tensor::empty({k.OUT, k.IN}, DType::bf16);
+    reorder_into(k.layout, k.data->data, dnnl::memory::desc({k.OUT, k.IN}, bf, tag::ab), all.raw());
+    return contiguous_copy(slice(all, 0, first, first + n)).impl()->storage;
+  });
+  impl->shape = {n, k.IN};
+  impl->strides = {k.IN, 1};
+  impl->dtype = DType::bf16;
+  return Tensor(impl);
 }
 
 void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,

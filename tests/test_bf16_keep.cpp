@@ -52,8 +52,8 @@ bool close16(const Tensor& got, const Tensor& want, int64_t IN) {
 BOOST_AUTO_TEST_SUITE(bf16_keep_tests)
 
 // Odd sizes (IN, OUT not multiples of the 16 x 64 blocks) and slices of rows that start at a
-// block (64..100) and cut one (10..50, read from a plain copy): the kept form gives the plain
-// weight's outputs at every row count; the plain bf16 bytes are freed once.
+// block (64..100) and cut one (10..50, read from plain rows copied out of the form once): the kept
+// form gives the plain weight's outputs at every row count; the plain bf16 bytes are freed once.
 BOOST_AUTO_TEST_CASE(kept_weight_equals_plain_bf16_and_frees_it) {
   struct Case {
     int64_t OUT, IN, r0, r1;  // w (OUT, IN), read as its rows [r0, r1)
