@@ -397,12 +397,15 @@ struct WeightsAt {
 
 // Where w's rows lie in its storage's kept form k (any dtype): their layout and the element they
 // start at, the whole form or a slice of its rows that starts at a block of rows (attention's
-// in_proj parts, 512 rows of a 64-row block); nullopt when the slice cuts a block.
+// in_proj parts, 512 rows of a 64-row block); nullopt when the slice cuts a block. For oneDNN
+// (a memory made on the rows) also nullopt when the slice ends inside a block short of the form's
+// end: the padding of its last block is the next slice's rows, and oneDNN may zero-fill a memory's
+// padding where it is made on a pointer (memory_t::zero_pad; this build's CPU engine does not).
 struct RowsInForm {
   dnnl::memory::desc md;
   int64_t first = 0;
 };
-std::optional<RowsInForm> rows_in_form(const Tensor& w, const kern::KeptForm& k) {
+std::optional<RowsInForm> rows_in_form(const Tensor& w, const kern::KeptForm& k, bool onednn) {
   const int64_t first = w.offset() / k.IN, n = w.shape()[0];
   if (first == 0 && n == k.OUT) return RowsInForm{k.layout, 0};
   dnnl_memory_desc_t d = k.layout.data;
@@ -413,15 +416,16 @@ std::optional<RowsInForm> rows_in_form(const Tensor& w, const kern::KeptForm& k)
   const int64_t padded = (n + blk - 1) / blk * blk;
   if (d.format_kind != dnnl_blocked || first % blk != 0 || first + padded > d.padded_dims[0])
     return std::nullopt;
+  if (onednn && (first + n) % blk != 0 && first + n != k.OUT) return std::nullopt;
   d.dims[0] = n;
   d.padded_dims[0] = padded;
   return RowsInForm{dnnl::memory::desc(d), first / blk * bl.strides[0]};
 }
 
 // w's rows inside its storage's float32 kept form k (keep_weight_fp32) without a copy; nullopt
-// when the slice cuts a block.
-std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k) {
-  const auto rows = rows_in_form(w, k);
+// when the slice cuts a block (or, for oneDNN, ends inside one: rows_in_form).
+std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k, bool onednn = true) {
+  const auto rows = rows_in_form(w, k, onednn);
   if (!rows) return std::nullopt;
   return WeightsAt{rows->md, static_cast<const float*>(k.data->data) + rows->first, k.data};
 }
@@ -516,11 +520,12 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
     linear_one_row_f32(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT);
     return true;
   }
-  const std::optional<WeightsAt> rows = kept_rows(w, *k);
+  const std::optional<WeightsAt> rows = kept_rows(w, *k, /*onednn=*/false);
   if (!rows) return false;
-  return linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN,
-                                OUT) ||
-         one_row_in_layout(x, *rows, b, y);
+  if (linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN, OUT))
+    return true;
+  const std::optional<WeightsAt> for_onednn = kept_rows(w, *k);
+  return for_onednn && one_row_in_layout(x, *for_onednn, b, y);
 }
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
@@ -841,15 +846,24 @@ void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, con
 
 // y2 (N, IN) = x2 w^T + b on w's kept bf16 form k: graft's loop over its blocks up to
 // kHalfRowLoop rows, oneDNN's inner product on it above (or where the loop does not know the
-// layout), plain rows copied out of it for a slice that cuts a block.
+// layout), plain rows copied out of it once for a slice that cuts a block, one oneDNN must not
+// be given (rows_in_form) or one oneDNN builds no fast kernel for (row counts, bias or slices
+// other than those tried at keep time).
 void linear_kept_bf16(const Tensor& x2, const Tensor& w, const kern::KeptForm& k, const Tensor& b,
                       const Tensor& y2) {
-  const std::optional<RowsInForm> rows = rows_in_form(w, k);
-  if (!rows) return linear_forward_half(x2, plain_rows_of_kept(w, k), b, y2, false);
-  const auto* wp = static_cast<const bfloat16*>(k.data->data) + rows->first;
-  if (x2.shape()[0] <= kHalfRowLoop && kept_rows_loop(x2, wp, rows->md, b, y2)) return;
-  const auto& c = half_inner_product(x2.shape()[0], rows->md, b.defined());
-  execute_inner_product(c, x2.raw(), const_cast<bfloat16*>(wp), b, y2);
+  const auto* form = static_cast<const bfloat16*>(k.data->data);
+  if (x2.shape()[0] <= kHalfRowLoop)
+    if (const auto rows = rows_in_form(w, k, /*onednn=*/false))
+      if (kept_rows_loop(x2, form + rows->first, rows->md, b, y2)) return;
+  if (const std::optional<RowsInForm> rows = rows_in_form(w, k, /*onednn=*/true)) {
+    try {
+      const auto& c = half_inner_product(x2.shape()[0], rows->md, b.defined());
+      return execute_inner_product(c, x2.raw(), const_cast<bfloat16*>(form + rows->first), b, y2);
+    } catch (const dnnl::error&) {
+      // no fast kernel for this case: the plain rows below
+    }
+  }
+  linear_forward_half(x2, plain_rows_of_kept(w, k), b, y2, false);
 }
 
 // y2 (N, OUT) = x2 (N, IN) w^T + b; in inference (no tape), on w's kept bf16 form where it has
