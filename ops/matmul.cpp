@@ -7,6 +7,7 @@
 #include "ops/internal/backward_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -795,10 +796,13 @@ void rows_pairs_of_64(const Tensor& x, const bfloat16* wp, int64_t INp, const Te
     block_of_64<M>(xp.data(), wp + ob * 64 * INp, pb, py, INp, ob * 64, OUT);
 }
 
+std::atomic<uint64_t> kept_loop_calls{0};  // kern::kept_bf16_loop_calls
+
 // The loop over the kept blocks for up to kHalfRowLoop rows; false where the layout is another.
 bool kept_rows_loop(const Tensor& x2, const bfloat16* wp, const dnnl::memory::desc& md,
                     const Tensor& b, const Tensor& y2) {
-  if (!pairs_of_64(md)) return false;
+  if (!pairs_of_64(md) || x2.shape()[0] > kHalfRowLoop) return false;
+  kept_loop_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t INp = md.data.padded_dims[1];
   switch (x2.shape()[0]) {
     case 1:
@@ -1137,6 +1141,23 @@ size_t keep_blocked_f32(const Tensor& w, const std::string& name) {
           "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
           "precision reads it now: load the weights again to train it, save it or run it in "
           "another precision");
+}
+
+uint64_t kept_bf16_loop_calls() {
+#if defined(__AVX512BF16__)
+  return kept_loop_calls.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
+bool kept_bf16_loop_expected() {
+#if defined(__AVX512BF16__)
+  return bf16_kernel_available() &&
+         dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_bf16;
+#else
+  return false;
+#endif
 }
 
 size_t keep_blocked_bf16(const Tensor& w, const std::string& name) {

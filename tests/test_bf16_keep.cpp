@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "graft/models/decoding.h"
+#include "ops/internal/kept.h"
 #include "tests/tiny_reverse.h"
 
 using namespace graft;
@@ -68,7 +69,12 @@ BOOST_AUTO_TEST_CASE(kept_weight_equals_plain_bf16_and_frees_it) {
     if (bf16_kernel_available()) BOOST_TEST(freed == (size_t)c.OUT * c.IN * 2);
     else BOOST_TEST((freed == 0 && values(w).size() > 0));
     BOOST_TEST(keep_weight_bf16(w, "enc.linear1.weight") == 0u);  // once
+    const uint64_t loop_calls = kern::kept_bf16_loop_calls();
     const std::vector<Tensor> got = outputs(w, b, c.r0, c.r1);
+    // Where the kept layout is the loop's (AB8b64a2b; oneDNN blocks 5 outputs by 16), the 1, 2
+    // and 4 rows run it: a layout change cannot leave it untested unseen.
+    if (kern::kept_bf16_loop_expected() && c.OUT >= 64 && c.r0 % 64 == 0)
+      BOOST_TEST(kern::kept_bf16_loop_calls() == loop_calls + 3, c.OUT << " x " << c.IN);
     const std::string what = std::to_string(c.OUT) + " x " + std::to_string(c.IN) + " rows " +
                              std::to_string(c.r0) + ".." + std::to_string(c.r1);
     for (size_t i = 0; i < want.size(); ++i)

@@ -55,4 +55,11 @@ size_t keep_blocked_f32(const Tensor& w, const std::string& name);
 // plain rows.
 size_t keep_blocked_bf16(const Tensor& w, const std::string& name);
 
+// How many linear calls on kept bf16 weights graft's loop over the blocks (layout AB8b64a2b, up to
+// 4 rows) ran, on any thread: tests/test_bf16_keep.cpp checks it runs where expected.
+uint64_t kept_bf16_loop_calls();
+// Whether kept bf16 weights get the layout that loop reads here: compiled with AVX512_BF16 and
+// oneDNN's kernels are avx512_core_bf16 ones (not AMX's, not capped below).
+bool kept_bf16_loop_expected();
+
 }  // namespace graft::kern
