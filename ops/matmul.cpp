@@ -785,15 +785,20 @@ template <int M>
 void rows_pairs_of_64(const Tensor& x, const bfloat16* wp, int64_t INp, const Tensor& b,
                       const Tensor& y) {
   const int64_t IN = x.shape()[1], OUT = y.shape()[1];
-  std::vector<bfloat16> xp((size_t)(M * INp), bfloat16(0.0f));  // zero past IN: pairs read whole
-  for (int m = 0; m < M; ++m)
-    std::memcpy(xp.data() + m * INp, x.data<const bfloat16>() + m * IN, IN * sizeof(bfloat16));
+  const bfloat16* xs = x.data<const bfloat16>();  // read in place where IN fills the pairs
+  std::vector<bfloat16> xp;
+  if (INp != IN) {
+    xp.assign((size_t)(M * INp), bfloat16(0.0f));  // zero past IN: pairs read whole
+    for (int m = 0; m < M; ++m)
+      std::memcpy(xp.data() + m * INp, xs + m * IN, IN * sizeof(bfloat16));
+    xs = xp.data();
+  }
   const bfloat16* pb = b.defined() ? b.data<const bfloat16>() : nullptr;
   bfloat16* py = y.data<bfloat16>();
   const int64_t blocks = (OUT + 63) / 64;
 #pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
   for (int64_t ob = 0; ob < blocks; ++ob)
-    block_of_64<M>(xp.data(), wp + ob * 64 * INp, pb, py, INp, ob * 64, OUT);
+    block_of_64<M>(xs, wp + ob * 64 * INp, pb, py, INp, ob * 64, OUT);
 }
 
 std::atomic<uint64_t> kept_loop_calls{0};  // kern::kept_bf16_loop_calls
