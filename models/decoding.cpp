@@ -38,8 +38,8 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
 }
 
 // Keeps every weight int8_linear_weights() names in `keep`'s inference form (int8:
-// quantize_weight_int8; fp32: keep_weight_fp32), freeing its float32 values; returns the bytes
-// freed.
+// quantize_weight_int8; fp32: keep_weight_fp32; bf16: keep_weight_bf16), freeing its float32
+// (bf16) values; returns the bytes freed.
 size_t free_float32_linears(nn::Module& model, size_t (*keep)(const Tensor&, const std::string&)) {
   size_t freed = 0;
   for (const auto& [name, w] : int8_linear_weights(model)) freed += keep(w, name);
@@ -68,6 +68,9 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
     for (const auto& [name, t] : model.named_parameters())
       if (t.dtype() == DType::f32) freed += (size_t)t.numel() * 2;
     model.to(DType::bf16);
+    // Each linear weight then once in the bf16 kernel's blocked layout (as many bytes): its
+    // plain bytes freed, the kept form allocated, so neither counts.
+    free_float32_linears(model, keep_weight_bf16);
   }
   Storage::release_cached();  // what loading freed: decoding's sizes differ
   return freed;

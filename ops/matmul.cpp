@@ -7,7 +7,9 @@
 #include "ops/internal/backward_ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -394,13 +396,19 @@ struct WeightsAt {
   std::shared_ptr<Storage> hold;
 };
 
-// w's rows inside its storage's kept form k (keep_weight_fp32) without a copy: the whole form, or
-// a slice of its rows that starts at a block of rows (attention's in_proj parts, 512 rows of a
-// 64-row block); nullopt when the slice cuts a block.
-std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k) {
-  const auto* base = static_cast<const float*>(k.data->data);
+// Where w's rows lie in its storage's kept form k (any dtype): their layout and the element they
+// start at, the whole form or a slice of its rows that starts at a block of rows (attention's
+// in_proj parts, 512 rows of a 64-row block); nullopt when the slice cuts a block. For oneDNN
+// (a memory made on the rows) also nullopt when the slice ends inside a block short of the form's
+// end: the padding of its last block is the next slice's rows, and oneDNN may zero-fill a memory's
+// padding where it is made on a pointer (memory_t::zero_pad; this build's CPU engine does not).
+struct RowsInForm {
+  dnnl::memory::desc md;
+  int64_t first = 0;
+};
+std::optional<RowsInForm> rows_in_form(const Tensor& w, const kern::KeptForm& k, bool onednn) {
   const int64_t first = w.offset() / k.IN, n = w.shape()[0];
-  if (first == 0 && n == k.OUT) return WeightsAt{k.layout, base, k.data};
+  if (first == 0 && n == k.OUT) return RowsInForm{k.layout, 0};
   dnnl_memory_desc_t d = k.layout.data;
   const auto& bl = d.format_desc.blocking;
   int64_t blk = 1;
@@ -409,18 +417,33 @@ std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k) {
   const int64_t padded = (n + blk - 1) / blk * blk;
   if (d.format_kind != dnnl_blocked || first % blk != 0 || first + padded > d.padded_dims[0])
     return std::nullopt;
+  if (onednn && (first + n) % blk != 0 && first + n != k.OUT) return std::nullopt;
   d.dims[0] = n;
   d.padded_dims[0] = padded;
-  return WeightsAt{dnnl::memory::desc(d), base + first / blk * bl.strides[0], k.data};
+  return RowsInForm{dnnl::memory::desc(d), first / blk * bl.strides[0]};
+}
+
+// w's rows inside its storage's float32 kept form k (keep_weight_fp32) without a copy; nullopt
+// when the slice cuts a block (or, for oneDNN, ends inside one: rows_in_form).
+std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k, bool onednn = true) {
+  const auto rows = rows_in_form(w, k, onednn);
+  if (!rows) return std::nullopt;
+  return WeightsAt{rows->md, static_cast<const float*>(k.data->data) + rows->first, k.data};
+}
+
+// Reorders the values at `data` in layout `from` into `out` in layout `to`.
+void reorder_into(const dnnl::memory::desc& from, const void* data, const dnnl::memory::desc& to,
+                  void* out) {
+  auto src = onednn::mem(from, const_cast<void*>(data));
+  auto dst = onednn::mem(to, out);
+  dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+  onednn::stream().wait();
 }
 
 // Reorders weights `from` into a new storage in layout `to`.
 std::shared_ptr<Storage> reorder_weights(const WeightsAt& from, const dnnl::memory::desc& to) {
   auto s = std::make_shared<Storage>(to.get_size());
-  auto src = onednn::mem(from.md, const_cast<float*>(from.data));
-  auto dst = onednn::mem(to, s->data);
-  dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
-  onednn::stream().wait();
+  reorder_into(from.md, from.data, to, s->data);
   return s;
 }
 
@@ -498,11 +521,12 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
     linear_one_row_f32(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT);
     return true;
   }
-  const std::optional<WeightsAt> rows = kept_rows(w, *k);
+  const std::optional<WeightsAt> rows = kept_rows(w, *k, /*onednn=*/false);
   if (!rows) return false;
-  return linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN,
-                                OUT) ||
-         one_row_in_layout(x, *rows, b, y);
+  if (linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN, OUT))
+    return true;
+  const std::optional<WeightsAt> for_onednn = kept_rows(w, *k);
+  return for_onednn && one_row_in_layout(x, *for_onednn, b, y);
 }
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
@@ -677,14 +701,192 @@ void linear_rows_half(const Tensor& x2, const Tensor& w, const Tensor& b, const 
   }
 }
 
-// y2 (N, OUT) = x2 (N, IN) w^T + b.
-void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2) {
+// ---- bf16 weights kept in the inner product's blocked layout (keep_weight_bf16) ----
+// oneDNN 2.6's bf16 matmul repacks a plain bf16 weight on every call (a batch-32 decoding step
+// of the base Transformer 1.08x 0.6.0's, which reordered once into a cached blocked copy); a bf16
+// inference model keeps each linear weight once in the inner product's blocked layout instead,
+// its plain bytes freed (the same 2 bytes a weight).
+
+// The bf16 inference inner product for N rows, x, b and y bf16, w in layout `w_md` (format any:
+// the kernel's choice; mds: x, w, b, y, w as plain rows), cached per problem; fails (dnnl::error)
+// where oneDNN has only its reference kernel, far too slow for decoding.
+const onednn::Cached<dnnl::inner_product_forward>& half_inner_product(
+    int64_t N, const dnnl::memory::desc& w_md, bool has_bias) {
+  constexpr int64_t kHalfKey = -16;  // apart from the float32 inference primitives' keys
+  const int64_t OUT = w_md.dims()[0], IN = w_md.dims()[1];
+  const int64_t layout =
+      w_md.data.format_kind == dnnl_format_kind_any ? 0 : (int64_t)onednn::layout_tag(w_md);
+  using ipf = dnnl::inner_product_forward;
+  return onednn::cached<ipf>({kHalfKey, N, IN, OUT, has_bias, layout}, [&] {
+    using tag = dnnl::memory::format_tag;
+    const auto bf = dnnl::memory::data_type::bf16;
+    LinearMds m(N, IN, OUT, has_bias);
+    m.x = dnnl::memory::desc({N, IN}, bf, tag::ab);
+    m.w = w_md;
+    m.y = dnnl::memory::desc({N, OUT}, bf, tag::ab);
+    if (has_bias) m.b = dnnl::memory::desc({OUT}, bf, tag::a);
+    const auto pd = linear_fwd_pd(m, dnnl::prop_kind::forward_inference);
+    if (std::string(pd.impl_info_str()).find("ref") != std::string::npos)
+      throw dnnl::error(dnnl_unimplemented, "only a reference kernel");
+    const auto plain = dnnl::memory::desc({OUT, IN}, bf, tag::ab);
+    onednn::Cached<ipf> made{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
+    made.weights_tag = onednn::layout_tag(pd.weights_desc());
+    return made;
+  });
+}
+
+#if defined(__AVX512BF16__)
+// Whether md is oneDNN's AB8b64a2b bf16 layout (blocks of 64 outputs x 16 inputs, each block
+// 8 input pairs x 64 outputs x the pair), the layout its AVX512_BF16 inner product reads and the
+// loop below knows.
+bool pairs_of_64(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  const auto& bl = d.format_desc.blocking;
+  return d.format_kind == dnnl_blocked && d.data_type == dnnl_bf16 && d.ndims == 2 &&
+         bl.inner_nblks == 3 && bl.inner_blks[0] == 8 && bl.inner_idxs[0] == 1 &&
+         bl.inner_blks[1] == 64 && bl.inner_idxs[1] == 0 && bl.inner_blks[2] == 2 &&
+         bl.inner_idxs[2] == 1 && bl.strides[1] == 1024 && bl.strides[0] == 64 * d.padded_dims[1];
+}
+
+// Outputs [o0, o0 + 64) of M rows from one block column of w (w: its first block, INp inputs
+// padded to 16; x: M rows of INp bf16, zero past IN): each input pair of x broadcast and dotted
+// with 16 outputs' pairs at once (dpbf16), float32 sums rounded once with the bias added.
+template <int M>
+void block_of_64(const bfloat16* x, const bfloat16* w, const bfloat16* b, bfloat16* y, int64_t INp,
+                 int64_t o0, int64_t OUT) {
+  __m512 acc[M][4];
+  for (auto& row : acc)
+    for (auto& a : row) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < INp; i += 16, w += 1024)
+    for (int p = 0; p < 8; ++p) {
+      __m512i wv[4];
+      for (int k = 0; k < 4; ++k) wv[k] = _mm512_loadu_si512(w + p * 128 + k * 32);
+      for (int m = 0; m < M; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, x + m * INp + i + 2 * p, sizeof pair);
+        const __m512i xb = _mm512_set1_epi32(pair);
+        for (int k = 0; k < 4; ++k)
+          acc[m][k] = _mm512_dpbf16_ps(acc[m][k], (__m512bh)wv[k], (__m512bh)xb);
+      }
+    }
+  alignas(64) float lanes[16];
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < 4; ++k) {
+      _mm512_store_ps(lanes, acc[m][k]);
+      for (int64_t l = 0, o = o0 + 16 * k; l < 16 && o < OUT; ++l, ++o)
+        y[m * OUT + o] = bfloat16(b ? lanes[l] + static_cast<float>(b[o]) : lanes[l]);
+    }
+}
+
+// y (M, OUT) = x (M, IN) w^T + b for M <= kHalfRowLoop rows, w kept in layout AB8b64a2b at wp:
+// each block column of 64 outputs read once (the threads split them). The inner product reads
+// the same bytes at 1 row no faster than a plain-row loop (docs/mixed-precision.md#matmuls).
+template <int M>
+void rows_pairs_of_64(const Tensor& x, const bfloat16* wp, int64_t INp, const Tensor& b,
+                      const Tensor& y) {
+  const int64_t IN = x.shape()[1], OUT = y.shape()[1];
+  const bfloat16* xs = x.data<const bfloat16>();  // read in place where IN fills the pairs
+  std::vector<bfloat16> xp;
+  if (INp != IN) {
+    xp.assign((size_t)(M * INp), bfloat16(0.0f));  // zero past IN: pairs read whole
+    for (int m = 0; m < M; ++m)
+      std::memcpy(xp.data() + m * INp, xs + m * IN, IN * sizeof(bfloat16));
+    xs = xp.data();
+  }
+  const bfloat16* pb = b.defined() ? b.data<const bfloat16>() : nullptr;
+  bfloat16* py = y.data<bfloat16>();
+  const int64_t blocks = (OUT + 63) / 64;
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t ob = 0; ob < blocks; ++ob)
+    block_of_64<M>(xs, wp + ob * 64 * INp, pb, py, INp, ob * 64, OUT);
+}
+
+std::atomic<uint64_t> kept_loop_calls{0};  // kern::kept_bf16_loop_calls
+
+// The loop over the kept blocks for up to kHalfRowLoop rows; false where the layout is another.
+bool kept_rows_loop(const Tensor& x2, const bfloat16* wp, const dnnl::memory::desc& md,
+                    const Tensor& b, const Tensor& y2) {
+  if (!pairs_of_64(md) || x2.shape()[0] > kHalfRowLoop) return false;
+  kept_loop_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t INp = md.data.padded_dims[1];
+  switch (x2.shape()[0]) {
+    case 1:
+      return rows_pairs_of_64<1>(x2, wp, INp, b, y2), true;
+    case 2:
+      return rows_pairs_of_64<2>(x2, wp, INp, b, y2), true;
+    case 3:
+      return rows_pairs_of_64<3>(x2, wp, INp, b, y2), true;
+    case 4:
+      return rows_pairs_of_64<4>(x2, wp, INp, b, y2), true;
+    default:
+      return false;
+  }
+}
+#else
+bool kept_rows_loop(const Tensor&, const bfloat16*, const dnnl::memory::desc&, const Tensor&,
+                    const Tensor&) {
+  return false;  // no AVX512_BF16 at compile time: the inner product reads the kept form
+}
+#endif
+
+// w's rows as plain bf16 rows reordered out of its kept form k, for a slice of rows that cuts one
+// of the form's blocks (no kernel reads it in place: a model whose d_model is not a multiple of
+// 64): made once per slice (kern::derived_copy) and kept while w lives, so such a model holds
+// those slices twice.
+Tensor plain_rows_of_kept(const Tensor& w, const kern::KeptForm& k) {
+  using tag = dnnl::memory::format_tag;
+  const auto bf = dnnl::memory::data_type::bf16;
+  const int64_t first = w.offset() / k.IN, n = w.shape()[0];
+  const dnnl::memory::desc rows({n, k.IN}, bf, tag::ab);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = kern::derived_copy(w, onednn::layout_tag(rows), [&] {
+    const Tensor all = Tensor::empty({k.OUT, k.IN}, DType::bf16);
+    reorder_into(k.layout, k.data->data, dnnl::memory::desc({k.OUT, k.IN}, bf, tag::ab), all.raw());
+    return contiguous_copy(slice(all, 0, first, first + n)).impl()->storage;
+  });
+  impl->shape = {n, k.IN};
+  impl->strides = {k.IN, 1};
+  impl->dtype = DType::bf16;
+  return Tensor(impl);
+}
+
+void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                         bool inference);
+
+// y2 (N, IN) = x2 w^T + b on w's kept bf16 form k: graft's loop over its blocks up to
+// kHalfRowLoop rows, oneDNN's inner product on it above (or where the loop does not know the
+// layout), plain rows copied out of it once for a slice that cuts a block, one oneDNN must not
+// be given (rows_in_form) or one oneDNN builds no fast kernel for (row counts, bias or slices
+// other than those tried at keep time).
+void linear_kept_bf16(const Tensor& x2, const Tensor& w, const kern::KeptForm& k, const Tensor& b,
+                      const Tensor& y2) {
+  const auto* form = static_cast<const bfloat16*>(k.data->data);
+  if (x2.shape()[0] <= kHalfRowLoop)
+    if (const auto rows = rows_in_form(w, k, /*onednn=*/false))
+      if (kept_rows_loop(x2, form + rows->first, rows->md, b, y2)) return;
+  if (const std::optional<RowsInForm> rows = rows_in_form(w, k, /*onednn=*/true)) {
+    try {
+      const auto& c = half_inner_product(x2.shape()[0], rows->md, b.defined());
+      return execute_inner_product(c, x2.raw(), const_cast<bfloat16*>(form + rows->first), b, y2);
+    } catch (const dnnl::error&) {
+      // no fast kernel for this case: the plain rows below
+    }
+  }
+  linear_forward_half(x2, plain_rows_of_kept(w, k), b, y2, false);
+}
+
+// y2 (N, OUT) = x2 (N, IN) w^T + b; in inference (no tape), on w's kept bf16 form where it has
+// one (keep_weight_bf16).
+void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, const Tensor& y2,
+                         bool inference) {
   if (y2.numel() == 0) return;
   if (x2.shape()[1] == 0) {  // an empty sum: y is the bias (or 0) on every row
     if (b.defined()) copy_into(y2, view_as(b, y2.shape(), {0, 1}));
     else fill_(y2, 0);
     return;
   }
+  if (inference && x2.dtype() == DType::bf16)
+    if (const auto k = kern::kept_form(w, DType::bf16)) return linear_kept_bf16(x2, w, *k, b, y2);
   if (x2.shape()[0] <= kHalfRowLoop && x2.dtype() == DType::bf16)
     return linear_rows_half<bfloat16>(x2, w, b, y2);
   if (x2.shape()[0] <= kHalfRowLoop) return linear_rows_half<float16>(x2, w, b, y2);
@@ -901,7 +1103,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   }
   const Tensor x2 = kern::as_rows(xc), y2 = kern::as_rows(y);
   if (is_half(x.dtype())) {  // 16-bit tensors: their own kernels, forward and backward
-    linear_forward_half(x2, wc, bc, y2);
+    linear_forward_half(x2, wc, bc, y2, !record);
     if (record) record_linear(x, w, b, y, nullptr);
     return y;
   }
@@ -944,6 +1146,48 @@ size_t keep_blocked_f32(const Tensor& w, const std::string& name) {
           "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
           "precision reads it now: load the weights again to train it, save it or run it in "
           "another precision");
+}
+
+uint64_t kept_bf16_loop_calls() {
+#if defined(__AVX512BF16__)
+  return kept_loop_calls.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
+
+bool kept_bf16_loop_expected() {
+#if defined(__AVX512BF16__)
+  return bf16_kernel_available() &&
+         dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_bf16;
+#else
+  return false;
+#endif
+}
+
+size_t keep_blocked_bf16(const Tensor& w, const std::string& name) {
+  if (!w.impl()->storage->data) return 0;  // already kept (or released by its owner)
+  check_whole_storage(w, "keep_weight_bf16", name);
+  if (!bf16_kernel_available()) return 0;  // no bf16 kernel: the 16-bit loops read plain rows
+  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+  const dnnl::memory::desc any({OUT, IN}, dnnl::memory::data_type::bf16,
+                               dnnl::memory::format_tag::any);
+  const onednn::Cached<dnnl::inner_product_forward>* c = nullptr;
+  try {
+    c = &half_inner_product(kLayoutRows, any, /*has_bias=*/true);
+  } catch (const dnnl::error&) {
+    return 0;  // only a reference kernel: the plain rows stay, read as before
+  }
+  if (c->mds[1] == c->mds[4]) return 0;  // the kernel reads w's own rows: nothing to gain
+  auto blocked = std::make_shared<Storage>(c->mds[1].get_size());
+  reorder_into(c->mds[4], w.raw(), c->mds[1], blocked->data);
+  return replace_weight(
+      w, {blocked, OUT, IN, DType::bf16, c->weights_tag, c->mds[1]},
+      name + " " + describe(w) +
+          ": its bf16 values were freed when it was kept in the inner product's blocked layout "
+          "for bf16 inference (keep_weight_bf16); only linear on bf16 tensors without a tape "
+          "reads it now: load the weights again to train it, save it or run it in another "
+          "precision");
 }
 
 }  // namespace graft::kern

@@ -249,10 +249,12 @@ uint64_t int8_weight_copies_made() { return kern::int8_weight_copies(); }
 
 namespace {
 // Refuses what a kept linear weight cannot be: undefined, not a contiguous float32 (OUT, IN).
-void check_linear_weight(const Tensor& w, const std::string& who, const std::string& name) {
+void check_linear_weight(const Tensor& w, const std::string& who, const std::string& name,
+                         DType dtype = DType::f32) {
   if (!w.defined()) fail(who + ": " + name + " is an undefined tensor");
-  if (w.dtype() != DType::f32 || w.dim() != 2 || !w.is_contiguous())
-    fail(who + ": " + name + " " + describe(w) + " must be a contiguous float32 (OUT, IN) weight");
+  if (w.dtype() != dtype || w.dim() != 2 || !w.is_contiguous())
+    fail(who + ": " + name + " " + describe(w) + " must be a contiguous " +
+         (dtype == DType::f32 ? "float32" : "bf16") + " (OUT, IN) weight");
 }
 }  // namespace
 
@@ -282,6 +284,11 @@ size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scal
 size_t keep_weight_fp32(const Tensor& w, const std::string& name) {
   check_linear_weight(w, "keep_weight_fp32", name);
   return kern::keep_blocked_f32(w, name);
+}
+
+size_t keep_weight_bf16(const Tensor& w, const std::string& name) {
+  check_linear_weight(w, "keep_weight_bf16", name, DType::bf16);
+  return kern::keep_blocked_bf16(w, name);
 }
 
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }

@@ -112,6 +112,26 @@ BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
   BOOST_TEST(big.to_vector<float>().size() == 256u);  // refused: nothing freed
 }
 
+// A slice whose rows end inside a block (rows 0..100 of 300) read by the inner product must not
+// write over the rows after it (oneDNN zero-fills a memory's padding when it is made on a
+// pointer): the next slice (100..200) and the whole weight read after it give the float32
+// weight's outputs; the same without a bias.
+BOOST_AUTO_TEST_CASE(slice_ending_inside_a_block_leaves_the_next_rows) {
+  for (const bool bias : {true, false}) {
+    const Tensor w = random({300, 40}, 61), b = bias ? random({300}, 62) : Tensor();
+    const auto run = [&](int64_t r0, int64_t r1) {
+      autograd::NoGrad ng;
+      const Tensor br = bias ? slice(b, 0, r0, r1) : Tensor();
+      return linear(random({32, 40}, 63), slice(w, 0, r0, r1), br);
+    };
+    const Tensor a = run(0, 100), n = run(100, 200), all = run(0, 300);
+    keep_weight_fp32(w, "dec.cross.in_proj_weight");
+    BOOST_TEST(one_row_close(run(0, 100), a, 40), "bias " << bias);
+    BOOST_TEST(one_row_close(run(100, 200), n, 40), "bias " << bias);
+    BOOST_TEST(one_row_close(run(0, 300), all, 40), "bias " << bias);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(fp32_keep_model_tests)

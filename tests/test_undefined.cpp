@@ -533,6 +533,10 @@ std::vector<Case> tensor_and_copy_cases() {
           [](const Tensor& t) { quantize_weight_int8(t, "test.weight"); }),
       one(SIG(keep_weight_fp32, const Tensor&, const std::string&), x23,
           [](const Tensor& t) { keep_weight_fp32(t, "test.weight"); }),
+      one(
+          SIG(keep_weight_bf16, const Tensor&, const std::string&),
+          [] { return cast_copy(x23(), DType::bf16); },
+          [](const Tensor& t) { keep_weight_bf16(t, "test.weight"); }),
       {SIG(copy_into, const Tensor&, const Tensor&),
        [] {
          return Tensors{f({2}), f({2})};

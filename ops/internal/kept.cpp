@@ -24,8 +24,8 @@ std::map<const Storage*, Replaced>& replaced() {
 void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name) {
   const std::shared_ptr<Storage>& src = w.impl()->storage;
   if (w.offset() != 0 || (size_t)w.numel() * dtype_size(w.dtype()) != src->nbytes)
-    fail(who + ": " + name + " " + describe(w) +
-         " is a view of a larger storage; freeing its float32 values would free the rest");
+    fail(who + ": " + name + " " + describe(w) + " is a view of a larger storage; freeing its " +
+         dtype_name(w.dtype()) + " values would free the rest");
 }
 
 size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why) {

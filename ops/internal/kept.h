@@ -1,9 +1,9 @@
 // Weights kept for inference in another form, their float32 values freed (internal to ops/):
 // int8 keeps the quantized weight (ops/internal/int8.h), float32 the inner product's blocked
-// layout (ops/matmul.cpp). One registry for both: the kept form replaces the weight's storage,
-// the weight's float32 bytes go back (Storage::release, a later read fails naming the
-// parameter), and every inference read of the weight, or of a slice of its rows, starts from the
-// kept form.
+// layout (ops/matmul.cpp), bf16 the bf16 inner product's. One registry for all: the kept form
+// replaces the weight's storage, the weight's float32 bytes go back (Storage::release, a later read
+// fails naming the parameter), and every inference read of the weight, or of a slice of its rows,
+// starts from the kept form.
 #pragma once
 
 #include <dnnl.hpp>
@@ -16,7 +16,8 @@
 namespace graft::kern {
 
 // What replaces a weight w (OUT, IN): `data` holds its values in `dtype` (i8: the int8 form with
-// its scales; f32: float32) laid out as `layout` describes, `tag` naming that layout.
+// its scales; f32: float32; bf16: bfloat16) laid out as `layout` describes, `tag` naming that
+// layout.
 struct KeptForm {
   std::shared_ptr<Storage> data;
   int64_t OUT = 0, IN = 0;
@@ -46,5 +47,19 @@ std::optional<KeptForm> kept_form(const Tensor& w, DType dtype);
 // of its rows then reads that form (ops/matmul.cpp). Returns the bytes freed: 0 when w was kept
 // already or the kernel reads plain rows (nothing is held twice then).
 size_t keep_blocked_f32(const Tensor& w, const std::string& name);
+
+// The same for the bf16 weight w: kept once in the layout the bf16 inference inner product reads
+// (ops/matmul.cpp's linear_kept_bf16 reads it at every row count), its plain bf16 values released
+// (the error naming `name`). Returns the bytes freed: 0 when w was kept already, where no bf16
+// kernel runs (DNNL_MAX_CPU_ISA=AVX2: the 16-bit loops read plain rows) or the kernel reads
+// plain rows.
+size_t keep_blocked_bf16(const Tensor& w, const std::string& name);
+
+// How many linear calls on kept bf16 weights graft's loop over the blocks (layout AB8b64a2b, up to
+// 4 rows) ran, on any thread: tests/test_bf16_keep.cpp checks it runs where expected.
+uint64_t kept_bf16_loop_calls();
+// Whether kept bf16 weights get the layout that loop reads here: compiled with AVX512_BF16 and
+// oneDNN's kernels are avx512_core_bf16 ones (not AMX's, not capped below).
+bool kept_bf16_loop_expected();
 
 }  // namespace graft::kern

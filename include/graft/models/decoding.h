@@ -24,15 +24,17 @@ namespace graft::models {
 /// a weight that another parameter shares (a tied embedding: its lookup reads float32) stays.
 /// bf16: the model becomes a bf16 model (Module::to(DType::bf16): parameters and float buffers,
 /// 2 bytes each, the float32 ones freed), run by the ops natively or through float32
-/// (docs/mixed-precision.md). fp32: the same linear weights are kept in the layout oneDNN's
+/// (docs/mixed-precision.md), then the same linear weights kept in the layout oneDNN's bf16
+/// inference inner product reads, their plain bf16 values freed (keep_weight_bf16; where no bf16
+/// kernel runs they stay plain). fp32: the same linear weights are kept in the layout oneDNN's
 /// inference inner product reads and their float32 values freed (keep_weight_fp32), so each is
 /// held once, not twice (values and kernel copy). In every precision the process cache of freed big
 /// blocks goes back to the OS (what loading freed; Storage::release_cached). Afterwards the model
 /// runs linear only under PrecisionGuard(p) without a tape; training it, saving it or running it in
 /// another precision fails naming the first freed parameter it reads.
 /// @return the bytes of float32 values freed.
-/// @throws graft::Error from quantize_weight_int8 (a NaN or inf weight, named) or
-///         keep_weight_fp32.
+/// @throws graft::Error from quantize_weight_int8 (a NaN or inf weight, named),
+///         keep_weight_fp32 or keep_weight_bf16.
 size_t keep_for_inference(nn::Module& model, Precision p);
 /// The weights keep_for_inference(model, Precision::int8) makes int8, with their parameter paths,
 /// in the model's order: every nn::Linear's weight and attention's in_proj_weight that no other

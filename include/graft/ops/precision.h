@@ -171,6 +171,21 @@ size_t quantize_weight_int8(const Tensor& w, const std::string& name);
 /// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous
 ///         or a view of a larger storage (freeing it would free the rest).
 size_t keep_weight_fp32(const Tensor& w, const std::string& name);
+/// Keeps the bf16 weight `w` (OUT, IN) of a linear layer of a bf16 model for bf16 inference
+/// only: w is reordered once into the layout oneDNN's bf16 inference inner product reads (on an
+/// AVX512_BF16 CPU blocks of 16 inputs x 64 outputs), that form kept as w's replacement, and w's
+/// plain bf16 values freed (Storage::release): the process still holds 2 bytes a weight, and no
+/// matmul repacks w per call. linear(x, w, b) on bf16 tensors (or a slice of w's rows) without a
+/// tape then reads the kept form at any row count (up to 4 rows through graft's own loop over the
+/// blocks); every other read of w's values fails with "<name> bf16 (OUT, IN): its bf16 values
+/// were freed when it was kept in the inner product's blocked layout for bf16 inference ...".
+/// Where no bf16 kernel runs (bf16_kernel_available() false, as under DNNL_MAX_CPU_ISA=AVX2) w
+/// stays as it is. Call it before inference starts, not while another thread reads w.
+/// @return the bytes freed (the kept form holds as many, padded to its blocks); 0 when w was
+///         kept already or stays plain.
+/// @throws graft::Error naming `name` when w is undefined, not bf16, not 2-D, not contiguous or
+///         a view of a larger storage (freeing it would free the rest).
+size_t keep_weight_bf16(const Tensor& w, const std::string& name);
 
 /// A linear weight's int8 form as the two tensors a file holds (docs/mixed-precision.md, "int8
 /// and bf16 exports"): w ≈ scales[o] * values[o][k].
