@@ -109,7 +109,8 @@ Tensors MultiHeadAttention::project_heads(const Tensor& x, int64_t part, int64_t
                      in_proj_bias.defined()
                          ? slice(in_proj_bias, 0, part * d_model, (part + parts) * d_model)
                          : Tensor());
-    if (one_position_untaped(y, 3)) return heads_of_one_position(y, parts, heads);
+    if (one_position_untaped(y, 3) && y.shape()[2] == parts * d_model)
+      return heads_of_one_position(y, parts, heads);
     return split_heads(y, parts, heads);  // parts x dense (B, H, T, Dh)
   }
   // Grouped: the parts have heads, kv_heads, kv_heads heads of Dh rows each.
