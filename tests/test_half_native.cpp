@@ -283,6 +283,14 @@ std::vector<Recorded> recorded_ops() {
        [w, r, on](const Tensor& x, DType dt) {
          return add_layer_norm(x, on(r, dt), on(w, dt), on(affine(w, 100, 0), dt));
        }},
+      {"layer_norm",  // xhat rebuilt from y
+       [w, on](const Tensor& x, DType dt) {
+         return layer_norm(x, on(w, dt), on(affine(w, 0.1, 0), dt));
+       }},
+      {"layer_norm",  // b > 64 w: x kept
+       [w, on](const Tensor& x, DType dt) {
+         return layer_norm(x, on(w, dt), on(affine(w, 100, 0), dt));
+       }},
   };
 }
 
@@ -296,16 +304,20 @@ double rel_diff(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-// A recorded 16-bit attention, relu_dropout or add_layer_norm saves 16-bit tensors (and a bit
-// per element for relu_dropout), no float32 copy: through kern::via_f32 the float32 entries saved
-// float32 copies of q, k and v (12 bytes an element of x here), relu_dropout's float32 output (4)
-// and add_layer_norm's float32 y or sum (4).
+// A recorded 16-bit attention, relu_dropout, add_layer_norm or layer_norm saves 16-bit tensors
+// (and a bit per element for relu_dropout), no float32 copy: through kern::via_f32 the float32
+// entries saved float32 copies of q, k and v (12 bytes an element of x here), relu_dropout's
+// float32 output (4), add_layer_norm's float32 y or sum (4) and layer_norm's float32 y or x (4).
 BOOST_AUTO_TEST_CASE(recorded_16_bit_ops_save_no_float32_copies) {
   for (DType dt : kDtypes) {
     const Tensor x0 = half_randn({2, 3, 16, 24}, dt, 21);
     const size_t n = x0.numel(), rows = n / 24;
-    const size_t most[] = {n * 2, n / 8 + 1, n * 2 + 4 * 24 + 10 * rows,
-                           n * 6 + 4 * 24 + 10 * rows};
+    const size_t most[] = {n * 2,
+                           n / 8 + 1,
+                           n * 2 + 4 * 24 + 10 * rows,
+                           n * 6 + 4 * 24 + 10 * rows,
+                           n * 2 + 4 * 24 + 10 * rows,
+                           n * 2 + 4 * 24 + 10 * rows};
     const auto ops = recorded_ops();
     for (size_t i = 0; i < ops.size(); ++i) {
       const Tensor leaf = x0.detach().requires_grad_();
