@@ -130,17 +130,20 @@ Tensor layer_norm_half(const Tensor& x_in, const Tensor& r_in, const Tensor& w_i
 // x (otherwise dead after the forward; for a post-LN Transformer that is one (tokens, d) buffer
 // per LayerNorm). The float32 error of that rebuild is about eps32 * (|xhat| + |b / w|), so it
 // is used only when every channel has w != 0 and |b| <= kMaxShiftOverScale * |w|; otherwise the
-// op keeps x and xhat = (x - mean) * rstd, as PyTorch does.
+// op keeps x and xhat = (x - mean) * rstd, as PyTorch does. A 16-bit y (unit roundoff u16 of
+// 2^-9 in bf16) makes that error u16 * (|xhat| + |b / w|): 0.25 in xhat at |b| = 64 |w|, so the
+// 16-bit entry rebuilds from y only when |b| <= |w| (kMaxShiftOverScaleHalf: error <= ~2 u16).
 constexpr double kMaxShiftOverScale = 64;
+constexpr double kMaxShiftOverScaleHalf = 1;
 
 template <class T>
-bool xhat_from_output(const Tensor& w, const Tensor& b) {
+bool xhat_from_output(const Tensor& w, const Tensor& b, double max_shift = kMaxShiftOverScale) {
   const int64_t C = w.defined() ? w.numel() : b.defined() ? b.numel() : 0;
   const T* pw = w.defined() ? w.data<const T>() : nullptr;
   const T* pb = b.defined() ? b.data<const T>() : nullptr;
   for (int64_t i = 0; i < C; ++i) {
     const double wi = pw ? (double)pw[i] : 1.0, bi = pb ? (double)pb[i] : 0.0;
-    if (!(wi != 0 && std::fabs(bi) <= kMaxShiftOverScale * std::fabs(wi))) return false;  // NaN too
+    if (!(wi != 0 && std::fabs(bi) <= max_shift * std::fabs(wi))) return false;  // NaN too
   }
   return true;
 }
@@ -413,9 +416,10 @@ void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved&
   dx = add(dx, mul(per_row(dvar, shape), affine(centred, 2.0 / (double)shape.back(), 0)));
 }
 
-// The saved tensors of layer_norm_half_recorded: the 16-bit source of xhat (y itself, or x, or
-// the sum x + r rounded), w, b, the float32 mean and variance, x and r (without from_y; r only
-// for add_layer_norm), and the 16-bit variance output (for the backward under create_graph).
+// The saved tensors of layer_norm_half_recorded: the 16-bit source of xhat (y itself, or x; none
+// for add_layer_norm with x and r kept: their sum is rebuilt), w, b, the float32 mean and variance,
+// x and r (without from_y; r only for add_layer_norm), and the 16-bit variance output (for the
+// backward under create_graph).
 enum HalfSaved : size_t { kSrc, kW, kB, kMean, kVar, kX, kR, kVar16 };
 
 // How a 16-bit layer norm entry was recorded: for its backward.
@@ -443,6 +447,16 @@ Tensors half_norm_composed_backward(const autograd::Ctx& c, const Tensors& dout,
   return g;
 }
 
+// The float32 source of xhat for the first-order backward: the saved 16-bit y or x widened, or
+// for add_layer_norm with x kept the sum widened(x) + widened(r), bit for bit the forward's
+// float32 sum (mean and variance are of that sum; a rounded 16-bit sum would be off by
+// u16 * |mean| / std in xhat).
+Tensor half_norm_source(const Tensors& s, const HalfNormEntry& e) {
+  if (e.from_y || !e.has_r) return kern::widened(s[kSrc]);
+  autograd::NoGrad raw;
+  return add(kern::widened(s[kX]), kern::widened(s[kR]));
+}
+
 // The backward of layer_norm_half_recorded. First order: layer_norm's float32 backward on
 // float32 copies of the saved tensors, rounded back. Under create_graph: the float32 formulas as
 // recorded ops between recorded casts, as the float32 op's own backward under create_graph.
@@ -457,9 +471,13 @@ Tensors half_norm_backward(const autograd::Ctx& c, const Tensors& dout, const Ha
   if (c.create_graph) {
     g = layer_norm_backward_from_y_graph(lift(dout[0]), lift(dout[1]), lift(s[kSrc]), lift(s[kW]),
                                          lift(s[kB]), lift(s[kVar16]), e.eps);
+    // dw and db summed over the rows in float32 (recorded) before the cast: the tape's own sum
+    // would add dy * xhat rounded per element.
+    for (size_t i : {1, 2})
+      if (g[i].defined()) g[i] = autograd::reduce_grad(g[i], s[i == 1 ? kW : kB].shape());
     for (Tensor& t : g) t = t.defined() ? to_dtype(t, e.dt) : t;
   } else {
-    const LayerNormSaved saved{kern::widened(s[kSrc]),
+    const LayerNormSaved saved{half_norm_source(s, e),
                                kern::widened(s[kW]),
                                kern::widened(s[kB]),
                                s[kMean],
@@ -480,27 +498,22 @@ Tensors half_norm_backward(const autograd::Ctx& c, const Tensors& dout, const Ha
 }
 
 // The float32 forward of layer_norm_half_recorded on float32 copies x, r (or undefined), w, b:
-// y, mean, var, and the sum x + r where xhat is not rebuilt from y (add_layer_norm's loop, as
-// the float32 op; layer_norm's forward as the recorded float32 layer_norm picks it).
-struct HalfNormForward {
-  LayerNormForward f;
-  Tensor sum;
-};
-HalfNormForward half_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w,
-                                  const Tensor& b, double eps, bool from_y) {
-  if (!r.defined()) return {layer_norm_forward(x, w, b, eps, true), Tensor()};
+// y, mean, var (add_layer_norm's loop, as the float32 op, its sum x + r not written out;
+// layer_norm's forward as the recorded float32 layer_norm picks it).
+LayerNormForward half_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w,
+                                   const Tensor& b, double eps) {
+  if (!r.defined()) return layer_norm_forward(x, w, b, eps, true);
   const int64_t C = x.shape().back(), N = C ? x.numel() / C : 0;
-  HalfNormForward h{{Tensor::empty(x.shape(), DType::f32), Tensor::empty({N}, DType::f32),
-                     Tensor::empty({N}, DType::f32)},
-                    from_y ? Tensor() : Tensor::empty(x.shape(), DType::f32)};
-  if (x.numel() > 0) layer_norm_loop<float>(N, C, x, r, w, b, eps, h.f.y, h.f.mean, h.f.var, h.sum);
-  return h;
+  LayerNormForward f{Tensor::empty(x.shape(), DType::f32), Tensor::empty({N}, DType::f32),
+                     Tensor::empty({N}, DType::f32)};
+  if (x.numel() > 0) layer_norm_loop<float>(N, C, x, r, w, b, eps, f.y, f.mean, f.var, Tensor());
+  return f;
 }
 
 // layer_norm (r undefined) or add_layer_norm of 16-bit x (and r) on the tape: the float32 code
 // on float32 copies made for the call (freed after it), y and the variance rounded once, and one
-// entry that saves the 16-bit y (or x, or the rounded sum x + r, when xhat is not rebuilt from
-// y) in place of float32 copies. Through kern::via_f32 the float32 entry saved its float32 y
+// entry that saves the 16-bit y (or x and r, when xhat is not rebuilt from y) in place of
+// float32 copies. Through kern::via_f32 the float32 entry saved its float32 y
 // beside the 16-bit y the next linear saves (or a float32 x), and a cast per tensor.
 Tensor layer_norm_half_recorded(const char* op, const Tensor& x_in, const Tensor& r_in,
                                 const Tensor& w_in, const Tensor& b_in, double eps) {
@@ -509,16 +522,16 @@ Tensor layer_norm_half_recorded(const char* op, const Tensor& x_in, const Tensor
   const Tensor x = kern::widened(kern::contig(x_in));
   const Tensor r = r_in.defined() ? kern::widened(kern::contig(r_in)) : Tensor();
   const Tensor w = kern::widened(w_in), b = kern::widened(b_in);
-  const bool from_y = xhat_from_output<float>(w, b);
-  const HalfNormForward h = half_norm_forward(x, r, w, b, eps, from_y);
-  const Tensor y16 = kern::narrowed(h.f.y, dt), var16 = kern::narrowed(h.f.var, dt);
-  const Tensor src = from_y ? y16 : r_in.defined() ? kern::narrowed(h.sum, dt) : x_in;
+  const bool from_y = xhat_from_output<float>(w, b, kMaxShiftOverScaleHalf);
+  const LayerNormForward f = half_norm_forward(x, r, w, b, eps);
+  const Tensor y16 = kern::narrowed(f.y, dt), var16 = kern::narrowed(f.var, dt);
+  const Tensor src = from_y ? y16 : r_in.defined() ? Tensor() : x_in;
   const HalfNormEntry e{eps, from_y, r_in.defined(), w_in.defined(), b_in.defined(), dt};
   const Tensors inputs =
       r_in.defined() ? Tensors{x_in, r_in, w_in, b_in} : Tensors{x_in, w_in, b_in};
   autograd::record(
       op, inputs, {y16, var16},
-      {src, w_in, from_y ? b_in : Tensor(), h.f.mean, h.f.var, from_y ? Tensor() : x_in,
+      {src, w_in, from_y ? b_in : Tensor(), f.mean, f.var, from_y ? Tensor() : x_in,
        from_y ? Tensor() : r_in, var16},
       [e](const autograd::Ctx& c, const Tensors& dout) { return half_norm_backward(c, dout, e); });
   return y16;
