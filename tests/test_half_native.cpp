@@ -446,11 +446,12 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_relu_dropout_create_graph_keeps_scale) {
 }
 
 // The gradient of a broadcast 16-bit attention bias is summed in float32 and rounded once: it
-// matches float32 math on the same 16-bit values.
+// equals float32 math on the same 16-bit values rounded (a sum of dS rounded per element
+// misses by an ulp here and there).
 BOOST_AUTO_TEST_CASE(recorded_16_bit_attention_bias_gradient_summed_in_float32) {
   for (DType dt : kDtypes) {
-    const Tensor q0 = half_randn({2, 4, 16, 8}, dt, 71), bias0 = half_randn({1, 1, 16, 16}, dt, 72);
-    const Tensor c0 = half_randn({2, 4, 16, 8}, dt, 73);
+    const Tensor q0 = half_randn({4, 4, 16, 8}, dt, 71), bias0 = half_randn({1, 1, 16, 16}, dt, 72);
+    const Tensor c0 = half_randn({4, 4, 16, 8}, dt, 73);
     auto grad = [&](DType d) {
       const Tensor q = cast_copy(q0, d), bias = cast_copy(bias0, d).requires_grad_();
       AttentionOptions o;
@@ -458,7 +459,6 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_attention_bias_gradient_summed_in_float32) 
       const Tensor out = scaled_dot_product_attention(q, q, q, o).out;
       return autograd::grad({sum(mul(out, cast_copy(c0, d)))}, {bias})[0];
     };
-    check_close(grad(dt), grad(DType::f32), std::string("attention dbias ") + dtype_name(dt), 2,
-                unit_roundoff(dt));
+    check_close(grad(dt), grad(DType::f32), std::string("attention dbias ") + dtype_name(dt), 0);
   }
 }
