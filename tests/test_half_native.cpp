@@ -322,7 +322,7 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_ops_save_no_float32_copies) {
     const size_t most[] = {n * 2,
                            n / 8 + 1,
                            n * 2 + 4 * 24 + 10 * rows,
-                           n * 6 + 4 * 24 + 10 * rows,
+                           n * 4 + 4 * 24 + 10 * rows,  // x and r, no rounded sum
                            n * 2 + 4 * 24 + 10 * rows,
                            n * 2 + 4 * 24 + 10 * rows};
     const auto ops = recorded_ops(dt);
