@@ -462,3 +462,30 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_attention_bias_gradient_summed_in_float32) 
     check_close(grad(dt), grad(DType::f32), std::string("attention dbias ") + dtype_name(dt), 0);
   }
 }
+
+// A 16-bit layer_norm / add_layer_norm entry under create_graph sums dw and db over the rows in
+// float32 and rounds once, as its first-order backward does: the two agree to the dtype's
+// rounding (the tape summing dy * xhat rounded per element was ulps off).
+BOOST_AUTO_TEST_CASE(recorded_16_bit_norms_create_graph_sum_dw_in_float32) {
+  for (DType dt : kDtypes) {
+    Generator gen(81);
+    const Tensor w = cast_copy(affine(rand({24}, DType::f32, gen), 1.0, 0.5), dt);
+    const Tensor x = half_randn({256, 24}, dt, 82), r = half_randn({256, 24}, dt, 83);
+    const Tensors in{x, r, w, cast_copy(affine(w, 0.1, 0), dt), half_randn({256, 24}, dt, 84)};
+    for (bool with_r : {false, true}) {
+      auto grads = [&](bool create) {
+        Tensors p;
+        for (const Tensor& t : in) p.push_back(t.detach().requires_grad_());
+        const Tensor y =
+            with_r ? add_layer_norm(p[0], p[1], p[2], p[3]) : layer_norm(p[0], p[2], p[3]);
+        return autograd::grad({sum(mul(y, in[4]))}, {p[2], p[3]}, {}, {.create_graph = create});
+      };
+      const Tensors a = grads(true), b = grads(false);
+      for (size_t i = 0; i < 2; ++i)
+        check_close(a[i].detach(), f32(b[i]),
+                    std::string(with_r ? "add_layer_norm" : "layer_norm") + (i ? " db " : " dw ") +
+                        dtype_name(dt),
+                    0);
+    }
+  }
+}
