@@ -1,5 +1,5 @@
 // The allocator behind Storage (autograd/tensor.h): glibc's heap behind a per-thread cache for
-// small blocks, and for blocks of 1 MiB and more a cache of mapped memory; the live and peak byte
+// small blocks, and for blocks of 128 KiB and more a cache of mapped memory; the live and peak byte
 // counters.
 #include <algorithm>
 #include <array>
@@ -30,7 +30,7 @@ void add_live(size_t n) {
 }
 }  // namespace
 
-// Blocks of 1 MiB and more are mapped straight from the OS and, when freed, kept (up to
+// Blocks of 128 KiB and more are mapped straight from the OS and, when freed, kept (up to
 // kBigCacheCap bytes) for a later request of the same size class. Without the cache each
 // training step paid page faults and zeroing for every activation (14% of a small-Transformer
 // step in a profile). The cache's footprint (in use + cached) is bounded by the most ever in
@@ -38,7 +38,12 @@ void add_live(size_t n) {
 // forward frees activation sizes, its backward asks for gradient sizes); see Storage::Storage
 // for how a miss at that bound reuses cached memory of another size.
 namespace {
-constexpr size_t kBigBlock = size_t(1) << 20;  // smaller blocks: glibc and a per-thread cache
+// Blocks from 128 KiB on (glibc's default mmap threshold) are big: glibc raises that threshold
+// to the size of each mapped block freed (up to 32 MiB), so blocks it would have mapped come from
+// its heap, which fragments and is never given back. With 1 MiB here, bf16 training (its weights'
+// gradients and activations half the bytes of float32's, many of them under 1 MiB) grew glibc's
+// heap by 100 MiB more than float32 training over 20 steps (docs/mixed-precision.md).
+constexpr size_t kBigBlock = size_t(128) << 10;  // smaller blocks: glibc and a per-thread cache
 constexpr size_t kBigCacheCap = size_t(4) << 30;
 
 // Free ranges are kept by size (best fit) and by address: a freed range merges with free

@@ -506,6 +506,9 @@ Tensors attention_half_backward(const Ctx& c, const Tensors& dout, const Attenti
   const QKV in{kern::widened(c.saved[0]), kern::widened(c.saved[1]), kern::widened(c.saved[2])};
   Tensors d = scaled_dot_product_attention_backward(kern::widened(dout[0]), c, in,
                                                     kern::widened(c.saved[3]), a);
+  // dbias summed to the bias's shape in float32 before rounding (not per element of dS)
+  if (d.size() > 3 && d[3].defined() && c.saved[3].defined())
+    d[3] = sum_to_shape(d[3], c.saved[3].shape());
   for (Tensor& t : d) t = kern::narrowed(t, dt);
   return d;
 }

@@ -169,10 +169,11 @@ Tensor relu_dropout_half_recorded(const Tensor& x, double p, Generator& gen) {
       "relu_dropout", {x}, {out}, {}, {{bits, out}},
       [keep_value, dt](const Ctx& c, const Tensors& dout) {
         const float kv = (float)keep_value;
-        if (c.create_graph)
+        if (c.create_graph)  // the mask times 1 / (1 - p) stays float32: bf16 would round it
           return Tensors{
-              mul(dout[0],
-                  to_dtype(relu_dropout_backward_bits(ones(dout[0].shape()), *c.kept[0], kv), dt))};
+              to_dtype(mul(to_dtype(dout[0], DType::f32),
+                           relu_dropout_backward_bits(ones(dout[0].shape()), *c.kept[0], kv)),
+                       dt)};
         return Tensors{to_dtype(
             relu_dropout_backward_bits(to_dtype(dout[0], DType::f32), *c.kept[0], kv), dt)};
       });

@@ -130,17 +130,20 @@ Tensor layer_norm_half(const Tensor& x_in, const Tensor& r_in, const Tensor& w_i
 // x (otherwise dead after the forward; for a post-LN Transformer that is one (tokens, d) buffer
 // per LayerNorm). The float32 error of that rebuild is about eps32 * (|xhat| + |b / w|), so it
 // is used only when every channel has w != 0 and |b| <= kMaxShiftOverScale * |w|; otherwise the
-// op keeps x and xhat = (x - mean) * rstd, as PyTorch does.
+// op keeps x and xhat = (x - mean) * rstd, as PyTorch does. A 16-bit y (unit roundoff u16 of
+// 2^-9 in bf16) makes that error u16 * (|xhat| + |b / w|): 0.25 in xhat at |b| = 64 |w|, so the
+// 16-bit entry rebuilds from y only when |b| <= |w| (kMaxShiftOverScaleHalf: error <= ~2 u16).
 constexpr double kMaxShiftOverScale = 64;
+constexpr double kMaxShiftOverScaleHalf = 1;
 
 template <class T>
-bool xhat_from_output(const Tensor& w, const Tensor& b) {
+bool xhat_from_output(const Tensor& w, const Tensor& b, double max_shift = kMaxShiftOverScale) {
   const int64_t C = w.defined() ? w.numel() : b.defined() ? b.numel() : 0;
   const T* pw = w.defined() ? w.data<const T>() : nullptr;
   const T* pb = b.defined() ? b.data<const T>() : nullptr;
   for (int64_t i = 0; i < C; ++i) {
     const double wi = pw ? (double)pw[i] : 1.0, bi = pb ? (double)pb[i] : 0.0;
-    if (!(wi != 0 && std::fabs(bi) <= kMaxShiftOverScale * std::fabs(wi))) return false;  // NaN too
+    if (!(wi != 0 && std::fabs(bi) <= max_shift * std::fabs(wi))) return false;  // NaN too
   }
   return true;
 }
@@ -287,6 +290,31 @@ void layer_norm_forward_f32(const Tensor& x, const Tensor& w, const Tensor& b, d
                   {DNNL_ARG_SHIFT, c.mds[2], b.defined() ? b.raw() : nullptr}});
 }
 
+// layer_norm's forward without recording: y, and the rows' mean and variance (N) when `record`
+// (the backward reads them) or oneDNN writes them. oneDNN or the loop as kern::loop_beats_onednn
+// picks for a recorded call or not, so a 16-bit entry runs the float32 op's own arithmetic.
+struct LayerNormForward {
+  Tensor y, mean, var;
+};
+LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in,
+                                    double eps, bool record) {
+  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
+  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C});
+  const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
+  const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
+  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
+  const bool loop =
+      y.numel() > 0 && (!onednn::usable(x) || kern::loop_beats_onednn(y.numel(), record));
+  Tensor mean, var;  // the loop without a tape writes neither
+  if (record || !loop) mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
+  if (loop)
+    GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
+      layer_norm_loop<T>(N, C, x, Tensor(), w, b, eps, y, mean, var, Tensor());
+    });
+  else if (y.numel() > 0) layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
+  return {y, mean, var};
+}
+
 // What layer_norm's (and add_layer_norm's) forward keeps for its backward, in the order of its
 // saved tensors: src = y when from_y (then b is the shift used to rebuild xhat and mean is
 // unused) or x (..., C); w, b (C) or undefined; mean, var (N rows); and the forward's options.
@@ -388,6 +416,133 @@ void add_variance_gradient(Tensor& dx, const Tensor& dvar, const LayerNormSaved&
   dx = add(dx, mul(per_row(dvar, shape), affine(centred, 2.0 / (double)shape.back(), 0)));
 }
 
+// The saved tensors of layer_norm_half_recorded: the 16-bit source of xhat (y itself, or x; none
+// for add_layer_norm with x and r kept: their sum is rebuilt), w, b, the float32 mean and variance,
+// x and r (without from_y; r only for add_layer_norm), and the 16-bit variance output (for the
+// backward under create_graph).
+enum HalfSaved : size_t { kSrc, kW, kB, kMean, kVar, kX, kR, kVar16 };
+
+// How a 16-bit layer norm entry was recorded: for its backward.
+struct HalfNormEntry {
+  double eps;
+  bool from_y, has_r, has_w, has_b;
+  DType dt;
+};
+
+// The backward of layer_norm_half_recorded under create_graph with x kept: the float32 composed
+// forward between recorded casts, differentiated (as the float32 op's own backward does).
+Tensors half_norm_composed_backward(const autograd::Ctx& c, const Tensors& dout,
+                                    const HalfNormEntry& e) {
+  const Tensors& s = c.saved;
+  auto lift = [](const Tensor& t) { return t.defined() ? to_dtype(t, DType::f32) : t; };
+  const Tensors in = e.has_r ? Tensors{s[kX], s[kR], s[kW]} : Tensors{s[kX], s[kW]};
+  Tensors g = autograd::differentiate(
+      [e, lift](const Tensors& in) {
+        const Tensor x = e.has_r ? add(lift(in[0]), lift(in[1])) : lift(in[0]);
+        const Tensors o = layer_norm_composed(x, lift(in.back()), Tensor(), e.eps);
+        return Tensors{to_dtype(o[0], e.dt), to_dtype(o[1], e.dt)};
+      },
+      in, dout, c.needs);
+  g.push_back(e.has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
+  return g;
+}
+
+// The float32 source of xhat for the first-order backward: the saved 16-bit y or x widened, or
+// for add_layer_norm with x kept the sum widened(x) + widened(r), bit for bit the forward's
+// float32 sum (mean and variance are of that sum; a rounded 16-bit sum would be off by
+// u16 * |mean| / std in xhat).
+Tensor half_norm_source(const Tensors& s, const HalfNormEntry& e) {
+  if (e.from_y || !e.has_r) return kern::widened(s[kSrc]);
+  autograd::NoGrad raw;
+  return add(kern::widened(s[kX]), kern::widened(s[kR]));
+}
+
+// The backward of layer_norm_half_recorded. First order: layer_norm's float32 backward on
+// float32 copies of the saved tensors, rounded back. Under create_graph: the float32 formulas as
+// recorded ops between recorded casts, as the float32 op's own backward under create_graph.
+Tensors half_norm_backward(const autograd::Ctx& c, const Tensors& dout, const HalfNormEntry& e) {
+  if (c.create_graph && !e.from_y) return half_norm_composed_backward(c, dout, e);
+  const Tensors& s = c.saved;
+  const size_t r = e.has_r ? 1 : 0;  // w and b come after x (and r)
+  const std::vector<bool> needs{c.needs[0] || (e.has_r && c.needs[1]), c.needs[1 + r],
+                                c.needs[2 + r]};
+  auto lift = [](const Tensor& t) { return t.defined() ? to_dtype(t, DType::f32) : t; };
+  Tensors g;
+  if (c.create_graph) {
+    g = layer_norm_backward_from_y_graph(lift(dout[0]), lift(dout[1]), lift(s[kSrc]), lift(s[kW]),
+                                         lift(s[kB]), lift(s[kVar16]), e.eps);
+    // dw and db summed over the rows in float32 (recorded) before the cast: the tape's own sum
+    // would add dy * xhat rounded per element.
+    for (size_t i : {1, 2})
+      if (g[i].defined()) g[i] = autograd::reduce_grad(g[i], s[i == 1 ? kW : kB].shape());
+    for (Tensor& t : g) t = t.defined() ? to_dtype(t, e.dt) : t;
+  } else {
+    const LayerNormSaved saved{half_norm_source(s, e),
+                               kern::widened(s[kW]),
+                               kern::widened(s[kB]),
+                               s[kMean],
+                               s[kVar],
+                               e.eps,
+                               e.from_y,
+                               e.has_w,
+                               e.has_b};
+    g = layer_norm_backward(kern::widened(dout[0]), saved, needs);
+    add_variance_gradient(g[0], kern::widened(dout[1]), saved);
+    for (Tensor& t : g) t = kern::narrowed(t, e.dt);
+  }
+  Tensors out{c.needs[0] ? g[0] : Tensor()};
+  if (e.has_r) out.push_back(c.needs[1] ? g[0] : Tensor());
+  out.push_back(needs[1] ? g[1] : Tensor());
+  out.push_back(needs[2] ? g[2] : Tensor());
+  return out;
+}
+
+// The float32 forward of layer_norm_half_recorded on float32 copies x, r (or undefined), w, b:
+// y, mean, var (add_layer_norm's loop, as the float32 op, its sum x + r not written out;
+// layer_norm's forward as the recorded float32 layer_norm picks it).
+LayerNormForward half_norm_forward(const Tensor& x, const Tensor& r, const Tensor& w,
+                                   const Tensor& b, double eps) {
+  if (!r.defined()) return layer_norm_forward(x, w, b, eps, true);
+  const int64_t C = x.shape().back(), N = C ? x.numel() / C : 0;
+  LayerNormForward f{Tensor::empty(x.shape(), DType::f32), Tensor::empty({N}, DType::f32),
+                     Tensor::empty({N}, DType::f32)};
+  if (x.numel() > 0) layer_norm_loop<float>(N, C, x, r, w, b, eps, f.y, f.mean, f.var, Tensor());
+  return f;
+}
+
+// layer_norm (r undefined) or add_layer_norm of 16-bit x (and r) on the tape: the float32 code
+// on float32 copies made for the call (freed after it), y and the variance rounded once, and one
+// entry that saves the 16-bit y (or x and r, when xhat is not rebuilt from y) in place of
+// float32 copies. Through kern::via_f32 the float32 entry saved its float32 y
+// beside the 16-bit y the next linear saves (or a float32 x), and a cast per tensor.
+Tensor layer_norm_half_recorded(const char* op, const Tensor& x_in, const Tensor& r_in,
+                                const Tensor& w_in, const Tensor& b_in, double eps) {
+  kern::count_f32_detour();
+  const DType dt = x_in.dtype();
+  const Tensor x = kern::widened(kern::contig(x_in));
+  const Tensor r = r_in.defined() ? kern::widened(kern::contig(r_in)) : Tensor();
+  const Tensor w = kern::widened(w_in), b = kern::widened(b_in);
+  const bool from_y = xhat_from_output<float>(w, b, kMaxShiftOverScaleHalf);
+  const LayerNormForward f = half_norm_forward(x, r, w, b, eps);
+  const Tensor y16 = kern::narrowed(f.y, dt), var16 = kern::narrowed(f.var, dt);
+  const Tensor src = from_y ? y16 : r_in.defined() ? Tensor() : x_in;
+  const HalfNormEntry e{eps, from_y, r_in.defined(), w_in.defined(), b_in.defined(), dt};
+  const Tensors inputs =
+      r_in.defined() ? Tensors{x_in, r_in, w_in, b_in} : Tensors{x_in, w_in, b_in};
+  autograd::record(
+      op, inputs, {y16, var16},
+      {src, w_in, from_y ? b_in : Tensor(), f.mean, f.var, from_y ? Tensor() : x_in,
+       from_y ? Tensor() : r_in, var16},
+      [e](const autograd::Ctx& c, const Tensors& dout) { return half_norm_backward(c, dout, e); });
+  return y16;
+}
+
+// A layer norm of 16-bit tensors on the tape: layer_norm_half_recorded.
+bool half_recorded(const char* op, const Tensor& x, const Tensor& r, const Tensor& w,
+                   const Tensor& b) {
+  return kern::half_dtype_of(op, x, r, w, b) && autograd::needs_record({x, r, w, b});
+}
+
 }  // namespace
 
 Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, double eps) {
@@ -395,26 +550,20 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, do
     check_layer_norm(x_in, w_in, b_in, eps);
     return layer_norm_half(x_in, Tensor(), w_in, b_in, eps);
   }
+  if (half_recorded("layer_norm", x_in, Tensor(), w_in, b_in)) {
+    check_layer_norm(x_in, w_in, b_in, eps);
+    return layer_norm_half_recorded("layer_norm", x_in, Tensor(), w_in, b_in, eps);
+  }
   GRAFT_VIA_F32("layer_norm", layer_norm, x_in, w_in, b_in, eps);
   check_layer_norm(x_in, w_in, b_in, eps);
-  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-  const Tensor x = kern::reshaped(kern::contig(x_in), {N, C});
+  const bool record = autograd::needs_record({x_in, w_in, b_in});
+  const LayerNormForward f = layer_norm_forward(x_in, w_in, b_in, eps, record);
+  const Tensor &y = f.y, &mean = f.mean, &var = f.var;
+  if (!record) return y;
   const Tensor w = w_in.defined() ? kern::contig(w_in) : Tensor();
   const Tensor b = b_in.defined() ? kern::contig(b_in) : Tensor();
-  Tensor y = Tensor::empty(x_in.shape(), x_in.dtype());
-  const bool record = autograd::needs_record({x_in, w_in, b_in});
-  const bool loop =
-      y.numel() > 0 && (!onednn::usable(x) || kern::loop_beats_onednn(y.numel(), record));
-  Tensor mean, var;  // the loop without a tape writes neither
-  if (record || !loop) mean = Tensor::empty({N}, x.dtype()), var = Tensor::empty({N}, x.dtype());
-  if (loop)
-    GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] {
-      layer_norm_loop<T>(N, C, x, Tensor(), w, b, eps, y, mean, var, Tensor());
-    });
-  else if (y.numel() > 0) layer_norm_forward_f32(x, w, b, eps, y, mean, var, record);
-  if (!record) return y;
   bool from_y = false;
-  GRAFT_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
+  GRAFT_DISPATCH_FLOAT(x_in.dtype(), "layer_norm", [&] { from_y = xhat_from_output<T>(w, b); });
   // Saved: y or x (see kMaxShiftOverScale), w, b (only to rebuild xhat from y), mean (only
   // with x), var. All as given, so in-place changes to them are caught. The variance is a second
   // output of the entry, so the backward under create_graph, built from y and it, can be
@@ -454,81 +603,6 @@ void check_add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& w, con
     fail("add_layer_norm: r " + describe(r) + " must have the dtype and shape of x " + describe(x));
 }
 
-// The saved tensors of add_layer_norm_half_recorded: the 16-bit source of xhat (y itself, or the
-// sum x + r rounded), w, b, the float32 mean and variance, x and r (without from_y), and the
-// 16-bit variance output (for the backward under create_graph).
-enum HalfSaved : size_t { kSrc, kW, kB, kMean, kVar, kX, kR, kVar16 };
-
-// The backward of add_layer_norm_half_recorded. First order: layer_norm's float32 backward on
-// float32 copies of the saved tensors, rounded back. Under create_graph: the float32 formulas as
-// recorded ops between recorded casts, as the float32 op's own backward under create_graph.
-Tensors add_layer_norm_half_backward(const autograd::Ctx& c, const Tensors& dout, double eps,
-                                     bool from_y, bool has_w, bool has_b, DType dt) {
-  const Tensors& s = c.saved;
-  const std::vector<bool> needs{c.needs[0] || c.needs[1], c.needs[2], c.needs[3]};
-  auto lift = [](const Tensor& t) { return t.defined() ? to_dtype(t, DType::f32) : t; };
-  Tensors g;
-  if (c.create_graph && !from_y) {
-    g = autograd::differentiate(
-        [eps, dt, lift](const Tensors& in) {
-          const Tensors o =
-              layer_norm_composed(add(lift(in[0]), lift(in[1])), lift(in[2]), Tensor(), eps);
-          return Tensors{to_dtype(o[0], dt), to_dtype(o[1], dt)};
-        },
-        {s[kX], s[kR], s[kW]}, dout, c.needs);
-    g.push_back(has_b ? dout[0] : Tensor());  // b is not kept with x; db = dy whatever it is
-    return g;
-  }
-  if (c.create_graph) {
-    g = layer_norm_backward_from_y_graph(lift(dout[0]), lift(dout[1]), lift(s[kSrc]), lift(s[kW]),
-                                         lift(s[kB]), lift(s[kVar16]), eps);
-    for (Tensor& t : g) t = t.defined() ? to_dtype(t, dt) : t;
-  } else {
-    const LayerNormSaved saved{kern::widened(s[kSrc]),
-                               kern::widened(s[kW]),
-                               kern::widened(s[kB]),
-                               s[kMean],
-                               s[kVar],
-                               eps,
-                               from_y,
-                               has_w,
-                               has_b};
-    g = layer_norm_backward(kern::widened(dout[0]), saved, needs);
-    add_variance_gradient(g[0], kern::widened(dout[1]), saved);
-    for (Tensor& t : g) t = kern::narrowed(t, dt);
-  }
-  return Tensors{c.needs[0] ? g[0] : Tensor(), c.needs[1] ? g[0] : Tensor(),
-                 needs[1] ? g[1] : Tensor(), needs[2] ? g[2] : Tensor()};
-}
-
-// 16-bit x and r on the tape: the float32 loop on float32 copies made for the call (freed after
-// it), y and the variance rounded once, and one entry that saves the 16-bit y (or the rounded sum
-// x + r when xhat is not rebuilt from y) in place of float32 copies. Through kern::via_f32 the
-// float32 entry saved its float32 y beside the 16-bit y the next linear saves, and six casts.
-Tensor add_layer_norm_half_recorded(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
-                                    const Tensor& b_in, double eps) {
-  check_add_layer_norm(x_in, r_in, w_in, b_in, eps);
-  kern::count_f32_detour();
-  const DType dt = x_in.dtype();
-  const int64_t C = x_in.shape().back(), N = C ? x_in.numel() / C : 0;
-  const Tensor x = kern::widened(kern::contig(x_in)), r = kern::widened(kern::contig(r_in));
-  const Tensor w = kern::widened(w_in), b = kern::widened(b_in);
-  const bool from_y = xhat_from_output<float>(w, b);
-  Tensor y = Tensor::empty(x_in.shape(), DType::f32);
-  Tensor mean = Tensor::empty({N}, DType::f32), var = Tensor::empty({N}, DType::f32);
-  Tensor sum = from_y ? Tensor() : Tensor::empty(x_in.shape(), DType::f32);
-  if (y.numel() > 0) layer_norm_loop<float>(N, C, x, r, w, b, eps, y, mean, var, sum);
-  const Tensor y16 = kern::narrowed(y, dt), var16 = kern::narrowed(var, dt);
-  autograd::record("add_layer_norm", {x_in, r_in, w_in, b_in}, {y16, var16},
-                   {from_y ? y16 : kern::narrowed(sum, dt), w_in, from_y ? b_in : Tensor(), mean,
-                    var, from_y ? Tensor() : x_in, from_y ? Tensor() : r_in, var16},
-                   [eps, from_y, has_w = w_in.defined(), has_b = b_in.defined(), dt](
-                       const autograd::Ctx& c, const Tensors& dout) {
-                     return add_layer_norm_half_backward(c, dout, eps, from_y, has_w, has_b, dt);
-                   });
-  return y16;
-}
-
 }  // namespace
 
 // add_layer_norm: layer_norm(x + r) in one pass per row (our loop for float32 too: oneDNN's
@@ -538,9 +612,10 @@ Tensor add_layer_norm_half_recorded(const Tensor& x_in, const Tensor& r_in, cons
 Tensor add_layer_norm(const Tensor& x_in, const Tensor& r_in, const Tensor& w_in,
                       const Tensor& b_in, double eps) {
   const bool native = kern::native_half("add_layer_norm", x_in, r_in, w_in, b_in);
-  if (!native && kern::half_dtype_of("add_layer_norm", x_in, r_in, w_in, b_in) &&
-      autograd::needs_record({x_in, r_in, w_in, b_in}))
-    return add_layer_norm_half_recorded(x_in, r_in, w_in, b_in, eps);
+  if (!native && half_recorded("add_layer_norm", x_in, r_in, w_in, b_in)) {
+    check_add_layer_norm(x_in, r_in, w_in, b_in, eps);
+    return layer_norm_half_recorded("add_layer_norm", x_in, r_in, w_in, b_in, eps);
+  }
   if (!native) GRAFT_VIA_F32("add_layer_norm", add_layer_norm, x_in, r_in, w_in, b_in, eps);
   check_add_layer_norm(x_in, r_in, w_in, b_in, eps);
   if (native) return layer_norm_half(x_in, r_in, w_in, b_in, eps);
