@@ -40,9 +40,9 @@ void add_live(size_t n) {
 namespace {
 // Blocks from 128 KiB on (glibc's default mmap threshold) are big: glibc raises that threshold
 // to the size of each mapped block freed (up to 32 MiB), so blocks it would have mapped come from
-// its heap, which fragments and is never given back. With 1 MiB here, bf16 training (its weights'
-// gradients and activations half the bytes of float32's, many of them under 1 MiB) grew glibc's
-// heap by 100 MiB more than float32 training over 20 steps (docs/mixed-precision.md).
+// its heap, which fragments and is never given back. With 1 MiB here, 20 steps of base training
+// left glibc's heap 32-38 MiB larger, bf16 (512 KiB gradients) and float32 alike
+// (docs/mixed-precision.md).
 constexpr size_t kBigBlock = size_t(128) << 10;  // smaller blocks: glibc and a per-thread cache
 constexpr size_t kBigCacheCap = size_t(4) << 30;
 
