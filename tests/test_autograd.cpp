@@ -364,12 +364,18 @@ constexpr size_t kSmallBlockLimit = size_t(128) << 10;
 // glibc raises its mmap threshold to each mapped block freed, and its heap then fragments and
 // never shrinks (20 base training steps left it 32-38 MiB larger when only blocks of 1 MiB and
 // more were mapped).
+// AddressSanitizer builds keep the 1 MiB limit (storage.cpp): there these blocks are not cached.
 BOOST_AUTO_TEST_CASE(mid_size_blocks_go_to_the_big_block_cache) {
+#if defined(__SANITIZE_ADDRESS__)
+  const bool cached = false;
+#else
+  const bool cached = true;
+#endif
   for (size_t bytes : {kSmallBlockLimit, size_t(512) << 10, (size_t(1) << 20) - 4096}) {
     Storage::release_cached();  // else the block is split off a cached one and merged back
     { Storage s(bytes); }
     BOOST_TEST_INFO(bytes << " bytes");
-    BOOST_TEST(Storage::cached_bytes() >= bytes);
+    BOOST_TEST((Storage::cached_bytes() >= bytes) == cached);
   }
 }
 
