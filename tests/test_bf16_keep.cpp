@@ -141,17 +141,6 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(bf16_keep_model_tests)
 
-// The first `n` sources of d's batch decoded one at a time (batch 1), greedily or by beam search.
-models::Sequences one_by_one(const LearnedDecoder& d, int64_t n, int64_t beam) {
-  models::Sequences all;
-  models::DecodeOptions o;
-  o.max_len = 10;
-  o.beam = beam;
-  for (int64_t i = 0; i < n; ++i)
-    all.push_back(models::translate(d.run.m, slice(d.batch.src, 0, i, i + 1), o)[0]);
-  return all;
-}
-
 // The model's logits for d's 32 sources and targets, without a tape (32 rows through every linear,
 // in_proj's q, k, v slices of 32 rows each: d_model 32 ends each inside one 64-row block).
 std::vector<float> no_grad_logits(const LearnedDecoder& d) {
@@ -181,14 +170,14 @@ BOOST_AUTO_TEST_CASE(kept_bf16_model_decodes_as_plain) {
   PrecisionGuard bf16(Precision::bf16);
   d.run.m.to(DType::bf16);
   const models::Sequences greedy = d.decode(1), beam = d.decode(3);
-  const models::Sequences greedy1 = one_by_one(d, 8, 1), beam1 = one_by_one(d, 8, 3);
+  const models::Sequences greedy1 = d.decode_one_by_one(8, 1), beam1 = d.decode_one_by_one(8, 3);
   const std::vector<float> logits = no_grad_logits(d);
   models::keep_for_inference(d.run.m, Precision::bf16);
   BOOST_TEST(logits_agree(no_grad_logits(d), logits));  // first: in_proj's slices read in turn
   BOOST_TEST((d.decode(1) == greedy));
   BOOST_TEST((d.decode(3) == beam));
-  BOOST_TEST((one_by_one(d, 8, 1) == greedy1));
-  BOOST_TEST((one_by_one(d, 8, 3) == beam1));
+  BOOST_TEST((d.decode_one_by_one(8, 1) == greedy1));
+  BOOST_TEST((d.decode_one_by_one(8, 3) == beam1));
   BOOST_TEST(values(d.run.m.embedding->weight).size() > 0u);  // tied: plain
   if (!bf16_kernel_available()) return;  // nothing is kept, so nothing is freed
   BOOST_CHECK_EXCEPTION(

@@ -136,24 +136,13 @@ BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(fp32_keep_model_tests)
 
-// The first `n` sources of d's batch decoded one at a time (batch 1), greedily or by beam search.
-models::Sequences one_by_one(const LearnedDecoder& d, int64_t n, int64_t beam) {
-  models::Sequences all;
-  models::DecodeOptions o;
-  o.max_len = 10;
-  o.beam = beam;
-  for (int64_t i = 0; i < n; ++i)
-    all.push_back(models::translate(d.run.m, slice(d.batch.src, 0, i, i + 1), o)[0]);
-  return all;
-}
-
 // keep_for_inference(fp32) frees the float32 weights of the model's linears (not the tied
 // embedding, whose lookup reads them) and the model decodes exactly what it decoded before,
 // greedy and beam, batch 32 and batch 1; saving it afterwards fails naming a freed parameter.
 BOOST_AUTO_TEST_CASE(kept_model_decodes_as_before) {
   LearnedDecoder d;
   BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
-  const models::Sequences greedy1 = one_by_one(d, 8, 1), beam1 = one_by_one(d, 8, 3);
+  const models::Sequences greedy1 = d.decode_one_by_one(8, 1), beam1 = d.decode_one_by_one(8, 3);
   size_t linear_bytes = 0;
   for (const auto& [name, t] : d.run.m.named_parameters())
     if (t.dim() == 2 && t.impl()->storage != d.run.m.embedding->weight.impl()->storage)
@@ -164,8 +153,8 @@ BOOST_AUTO_TEST_CASE(kept_model_decodes_as_before) {
   BOOST_TEST(Storage::live_bytes() <= live - freed);
   BOOST_TEST((d.decode(1) == d.greedy));
   BOOST_TEST((d.decode(3) == d.beam));
-  BOOST_TEST((one_by_one(d, 8, 1) == greedy1));
-  BOOST_TEST((one_by_one(d, 8, 3) == beam1));
+  BOOST_TEST((d.decode_one_by_one(8, 1) == greedy1));
+  BOOST_TEST((d.decode_one_by_one(8, 3) == beam1));
   BOOST_TEST(d.run.m.embedding->weight.to_vector<float>().size() > 0u);  // tied: kept
   BOOST_CHECK_EXCEPTION(
       [&] {

@@ -132,6 +132,16 @@ struct LearnedDecoder {
     o.beam = beam_size;
     return models::translate(run.m, batch.src, o);
   }
+  // The first n sources decoded one at a time (batch 1), greedily or by beam search.
+  models::Sequences decode_one_by_one(int64_t n, int64_t beam_size) const {
+    models::DecodeOptions o;
+    o.max_len = 10;
+    o.beam = beam_size;
+    models::Sequences all;
+    for (int64_t i = 0; i < n; ++i)
+      all.push_back(models::translate(run.m, slice(batch.src, 0, i, i + 1), o)[0]);
+    return all;
+  }
   // How many of the sequences equal their counterparts in `want`.
   static int same(const models::Sequences& got, const models::Sequences& want) {
     int n = 0;
