@@ -6,11 +6,14 @@
 // error naming the parameter; a trained tiny Transformer decodes the same greedy and beam
 // sequences (batch 32 and batch 1) after keep_for_inference(fp32) as before. ctest runs it again
 // under DNNL_MAX_CPU_ISA=AVX2, where oneDNN picks other layouts.
+#include <omp.h>
 #include <boost/test/unit_test.hpp>
+
 #include <cmath>
 #include <iostream>
 
 #include "graft/models/decoding.h"
+#include "ops/internal/kept.h"
 #include "tests/tiny_reverse.h"
 
 using namespace graft;
@@ -130,6 +133,41 @@ BOOST_AUTO_TEST_CASE(slice_ending_inside_a_block_leaves_the_next_rows) {
     BOOST_TEST(one_row_close(run(100, 200), n, 40), "bias " << bias);
     BOOST_TEST(one_row_close(run(0, 300), all, 40), "bias " << bias);
   }
+}
+
+// One row through the loop that reads 2 or 4 blocks of 64 outputs side by side
+// (one_row_panels): odd IN and OUT (a last block short of 64 outputs, a last group short of its
+// blocks), slices of rows starting at a block and ending inside one or at the end, with and
+// without a bias, on 1 and 2 threads (which change how many blocks go side by side), under and
+// over the size that runs on the threads: within float32 rounding of the float32 weight's
+// outputs, and the side-by-side loop ran where the weight was kept.
+BOOST_AUTO_TEST_CASE(one_row_over_blocks_side_by_side_equals_float32) {
+  struct Case {
+    int64_t OUT, IN, r0, r1;
+  };
+  const int threads = omp_get_max_threads();
+  for (const Case c : {Case{1000, 37, 0, 1000}, Case{520, 130, 0, 520}, Case{300, 129, 64, 300},
+                       Case{1000, 37, 128, 700}, Case{256, 100, 0, 256}, Case{256, 40, 0, 256}})
+    for (const bool bias : {true, false})
+      for (const int t : {1, 2}) {
+        omp_set_num_threads(t);
+        const Tensor w = random({c.OUT, c.IN}, c.OUT + c.IN), b = random({c.OUT}, 5);
+        const auto run = [&] {
+          autograd::NoGrad ng;
+          const Tensor br = bias ? slice(b, 0, c.r0, c.r1) : Tensor();
+          return linear(random({1, c.IN}, 6), slice(w, 0, c.r0, c.r1), br);
+        };
+        const Tensor want = run();
+        const bool kept = keep_weight_fp32(w, "dec.linear1.weight") > 0;
+        const uint64_t calls = kern::kept_f32_panel_calls();
+        const Tensor got = run();
+        const std::string what = std::to_string(c.OUT) + " x " + std::to_string(c.IN) + " rows " +
+                                 std::to_string(c.r0) + ".." + std::to_string(c.r1) + " bias " +
+                                 std::to_string(bias) + " threads " + std::to_string(t);
+        BOOST_TEST(one_row_close(got, want, c.IN), what);
+        BOOST_TEST((!kept || kern::kept_f32_panel_calls() == calls + 1), what);
+      }
+  omp_set_num_threads(threads);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -55,6 +55,10 @@ size_t keep_blocked_f32(const Tensor& w, const std::string& name);
 // plain rows.
 size_t keep_blocked_bf16(const Tensor& w, const std::string& name);
 
+// How many one-row linear calls on kept float32 weights read several blocks of outputs side by
+// side (ops/matmul.cpp's one_row_panels), on any thread: tests/test_fp32_keep.cpp checks they run.
+uint64_t kept_f32_panel_calls();
+
 // How many linear calls on kept bf16 weights graft's loop over the blocks (layout AB8b64a2b, up to
 // 4 rows) ran, on any thread: tests/test_bf16_keep.cpp checks it runs where expected.
 uint64_t kept_bf16_loop_calls();
