@@ -523,3 +523,34 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_relu_dropout_holds_no_float32_tensor) {
     check_close(dx, dx32, std::string("relu_dropout backward ") + dtype_name(dt), 0);
   }
 }
+
+// linear_cross_entropy of 16-bit x and w on the tape saves 16-bit tensors (dx, dw, x and w: 4
+// bytes an element of x and w, and the targets); through kern::via_f32 its float32 entry saved
+// float32 dx and dw (8 bytes) beside float32 copies of x and w. Its first-order gradients are
+// float32's on the same values rounded once; under create_graph they agree within an ulp.
+BOOST_AUTO_TEST_CASE(recorded_16_bit_linear_cross_entropy_saves_16_bit_tensors) {
+  const int64_t N = 70, V = 37, d = 24;
+  std::vector<int64_t> tv(N);
+  for (int64_t i = 0; i < N; ++i) tv[i] = (i * 7) % V;
+  tv[3] = -100;  // ignored
+  const Tensor t = from_vector(tv, {N});
+  for (DType dt : kDtypes) {
+    const Tensor x0 = half_randn({N, d}, dt, 81), w0 = half_randn({V, d}, dt, 82);
+    auto grads = [&](DType in, bool create) {
+      const Tensor x = cast_copy(x0, in).requires_grad_(), w = cast_copy(w0, in).requires_grad_();
+      const double before = (double)saved_bytes("linear_cross_entropy");  // others' still live
+      const Tensor loss = linear_cross_entropy(x, w, t, 0.1, -100, 16);   // 5 chunks
+      if (in == dt)
+        BOOST_TEST((double)saved_bytes("linear_cross_entropy") - before <= (N + V) * d * 4 + N * 8);
+      const Tensors g = autograd::grad({loss}, {x, w}, {}, {.create_graph = create});
+      return Tensors{g[0].detach(), g[1].detach()};
+    };
+    const Tensors g16 = grads(dt, false), g32 = grads(DType::f32, false), gc = grads(dt, true);
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string what = std::string(i ? "dw " : "dx ") + dtype_name(dt);
+      BOOST_TEST((g16[i].dtype() == dt));
+      check_close(g16[i], g32[i], what, 0);
+      check_close(gc[i], g32[i], what + " under create_graph", 1);
+    }
+  }
+}
