@@ -533,8 +533,12 @@ LceForward lce_forward(const Tensor& x, const Tensor& w, const Tensor& target,
   return {scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt), dx, dw, n_valid};
 }
 
-// The first-order backward of the 16-bit entry: the saved 16-bit gradients times dloss (float32
-// products rounded once; dloss 1 hands them out as they are).
+// The first-order backward of the bf16 entry: the saved bf16 gradients times dloss (float32
+// products rounded to bf16; dloss 1 hands them out as they are). For dloss != 1 the gradient is
+// rounded twice, round(round(dx32) * dloss): within one bf16 ulp of the single rounding
+// round(dx32 * dloss), the price of not keeping float32 gradients. f16 does not take this
+// entry: its loss scaling needs the float32 product (an entry that underflowed when saved
+// cannot be scaled back).
 Tensors lce_half_grads(double dloss, const Ctx& c) {
   Tensors grads(2);
   for (size_t i = 0; i < 2; ++i)
@@ -544,12 +548,14 @@ Tensors lce_half_grads(double dloss, const Ctx& c) {
 }
 
 // The backward of the 16-bit entry under create_graph: the float32 op between recorded casts,
-// differentiated (its own create_graph backward records the second-order graph).
+// differentiated (its own create_graph backward records the second-order graph) under the
+// precision setting of the forward.
 Tensors lce_half_composed_backward(const Ctx& c, const Tensors& dout, const CrossEntropySpec& spec,
-                                   int64_t chunk_rows, DType dt) {
+                                   int64_t chunk_rows, DType dt, const PrecisionState& prec) {
   const Tensor t = c.saved[4];
   return autograd::differentiate(
-      [t, spec, chunk_rows, dt](const Tensors& in) {
+      [t, spec, chunk_rows, dt, prec](const Tensors& in) {
+        PrecisionGuard guard(prec);
         const Tensor loss =
             linear_cross_entropy(to_dtype(in[0], DType::f32), to_dtype(in[1], DType::f32), t,
                                  spec.eps, spec.ignore_index, chunk_rows);
@@ -558,7 +564,7 @@ Tensors lce_half_composed_backward(const Ctx& c, const Tensors& dout, const Cros
       {c.saved[2], c.saved[3]}, dout, c.needs);
 }
 
-// 16-bit x and w on the tape: the float32 forward on float32 copies made for the call (freed
+// bf16 x and w on the tape: the float32 forward on float32 copies made for the call (freed
 // after it), its loss and gradients rounded once, and an entry that saves the 16-bit dx, dw, x
 // and w. Through kern::via_f32 the float32 entry kept float32 x, w, dx and dw (24 MiB on bf16
 // base training's 4096 target tokens, from the end of the forward into the backward).
@@ -574,18 +580,21 @@ Tensor lce_half_recorded(const Tensor& x, const Tensor& w, const Tensor& target,
                dw = kern::narrowed(f.dw, dt);
   const CrossEntropySpec spec{label_smoothing, ignore_index, f.n_valid};
   f = LceForward();  // the float32 gradients go before the backward
-  autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
-                   [spec, chunk_rows, dt](const Ctx& c, const Tensors& dout) {
-                     if (!c.create_graph) return lce_half_grads(dout[0].item(), c);
-                     return lce_half_composed_backward(c, dout, spec, chunk_rows, dt);
-                   });
+  autograd::record(
+      "linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
+      [spec, chunk_rows, dt, prec = precision_state()](const Ctx& c, const Tensors& dout) {
+        if (!c.create_graph) return lce_half_grads(dout[0].item(), c);
+        return lce_half_composed_backward(c, dout, spec, chunk_rows, dt, prec);
+      });
   return out;
 }
 }  // namespace
 
 Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
                             double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
-  if (kern::half_dtype_of("linear_cross_entropy", x, w) && autograd::needs_record({x, w}))
+  // bf16 only: f16 keeps via_f32's float32 gradients, scaled by dloss and rounded once.
+  if (kern::half_dtype_of("linear_cross_entropy", x, w) == DType::bf16 &&
+      autograd::needs_record({x, w}))
     return lce_half_recorded(x, w, target, label_smoothing, ignore_index, chunk_rows);
   GRAFT_VIA_F32("linear_cross_entropy", linear_cross_entropy, x, w, target, label_smoothing,
                 ignore_index, chunk_rows);

@@ -526,7 +526,8 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_relu_dropout_holds_no_float32_tensor) {
 
 // linear_cross_entropy of 16-bit x and w on the tape saves 16-bit tensors (dx, dw, x and w: 4
 // bytes an element of x and w, and the targets); through kern::via_f32 its float32 entry saved
-// float32 dx and dw (8 bytes) beside float32 copies of x and w. Its first-order gradients are
+// float32 dx and dw (8 bytes) beside float32 copies of x and w; f16 keeps that entry (below).
+// Its first-order gradients are
 // float32's on the same values rounded once; under create_graph they agree within an ulp.
 BOOST_AUTO_TEST_CASE(recorded_16_bit_linear_cross_entropy_saves_16_bit_tensors) {
   const int64_t N = 70, V = 37, d = 24;
@@ -540,7 +541,7 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_linear_cross_entropy_saves_16_bit_tensors) 
       const Tensor x = cast_copy(x0, in).requires_grad_(), w = cast_copy(w0, in).requires_grad_();
       const double before = (double)saved_bytes("linear_cross_entropy");  // others' still live
       const Tensor loss = linear_cross_entropy(x, w, t, 0.1, -100, 16);   // 5 chunks
-      if (in == dt)
+      if (in == DType::bf16)  // f16 keeps via_f32's float32 entry (see below)
         BOOST_TEST((double)saved_bytes("linear_cross_entropy") - before <= (N + V) * d * 4 + N * 8);
       const Tensors g = autograd::grad({loss}, {x, w}, {}, {.create_graph = create});
       return Tensors{g[0].detach(), g[1].detach()};
@@ -553,4 +554,82 @@ BOOST_AUTO_TEST_CASE(recorded_16_bit_linear_cross_entropy_saves_16_bit_tensors) 
       check_close(gc[i], g32[i], what + " under create_graph", 1);
     }
   }
+}
+
+namespace {
+
+// x (70, 24), w (37, 24) and targets (one ignored) for the linear_cross_entropy cases below.
+struct LceCase {
+  Tensor x0, w0, t;
+};
+LceCase lce_case(DType dt) {
+  const int64_t N = 70, V = 37, d = 24;
+  std::vector<int64_t> tv(N);
+  for (int64_t i = 0; i < N; ++i) tv[i] = (i * 7) % V;
+  tv[3] = -100;
+  return {half_randn({N, d}, dt, 91), half_randn({V, d}, dt, 92), from_vector(tv, {N})};
+}
+
+// dx and dw of linear_cross_entropy on x0, w0 cast to `in`, for an upstream gradient dloss.
+Tensors lce_grads(const LceCase& k, DType in, const Tensor& dloss, bool create = false) {
+  const Tensor x = cast_copy(k.x0, in).requires_grad_(), w = cast_copy(k.w0, in).requires_grad_();
+  const Tensor loss = linear_cross_entropy(x, w, k.t, 0.1, -100, 16);
+  const Tensors g =
+      autograd::grad({loss}, {x, w}, {cast_copy(dloss, in)}, {.create_graph = create});
+  return {g[0].detach(), g[1].detach()};
+}
+
+}  // namespace
+
+// An upstream gradient other than 1 (a data-parallel shard's scale, loss / k in gradient
+// accumulation): f16 gradients are float32's times dloss rounded once, exactly (loss scaling
+// must reach entries that would underflow in f16); bf16's saved bf16 gradients times dloss are
+// rounded a second time: within one bf16 ulp of the single rounding.
+BOOST_AUTO_TEST_CASE(linear_cross_entropy_16_bit_gradients_scaled_by_dloss) {
+  for (DType dt : kDtypes)
+    for (double s : {0.75, 1.0 / 3.0}) {
+      const LceCase k = lce_case(dt);
+      const Tensor dloss = cast_copy(scalar(s, DType::f32), dt);
+      const Tensors g16 = lce_grads(k, dt, dloss), g32 = lce_grads(k, DType::f32, dloss);
+      for (size_t i = 0; i < 2; ++i)
+        check_close(g16[i], g32[i],
+                    std::string(i ? "dw " : "dx ") + dtype_name(dt) + " dloss " + std::to_string(s),
+                    dt == DType::bf16 ? 1 : 0);
+    }
+}
+
+// Under create_graph the backward runs the float32 op again under the precision setting of the
+// forward, not the one in force when backward runs: the same gradients as a backward under the
+// forward's guard.
+BOOST_AUTO_TEST_CASE(linear_cross_entropy_16_bit_create_graph_keeps_forward_precision) {
+  const LceCase k = lce_case(DType::bf16);
+  const Tensor one = scalar(1.0, DType::bf16);
+  const Tensors inside = [&] {
+    PrecisionGuard g(Precision::bf16, Bf16Path::reference);
+    return lce_grads(k, DType::bf16, one, true);
+  }();
+  const Tensor x = k.x0.detach().requires_grad_(), w = k.w0.detach().requires_grad_();
+  Tensor loss;
+  {
+    PrecisionGuard g(Precision::bf16, Bf16Path::reference);
+    loss = linear_cross_entropy(x, w, k.t, 0.1, -100, 16);
+  }
+  const Tensors outside = autograd::grad({loss}, {x, w}, {}, {.create_graph = true});
+  check_close(outside[0], inside[0], "dx", 0);
+  check_close(outside[1], inside[1], "dw", 0);
+}
+
+// Second order through the bf16 entry: the gradient of sum(dw^2) with respect to x matches
+// float32 math on the same bf16 values within bf16's rounding.
+BOOST_AUTO_TEST_CASE(linear_cross_entropy_16_bit_differentiates_twice) {
+  const LceCase k = lce_case(DType::bf16);
+  auto second = [&](DType d) {
+    const Tensor x = cast_copy(k.x0, d).requires_grad_(), w = cast_copy(k.w0, d).requires_grad_();
+    const Tensor loss = linear_cross_entropy(x, w, k.t, 0.1, -100, 16);
+    const Tensor dw = autograd::grad({loss}, {w}, {}, {.create_graph = true})[0];
+    return autograd::grad({sum(mul(dw, dw))}, {x})[0];
+  };
+  const Tensor h = second(DType::bf16), f = second(DType::f32);
+  BOOST_TEST((h.dtype() == DType::bf16));
+  BOOST_TEST(rel_diff(h, f) < 40 * unit_roundoff(DType::bf16));
 }
