@@ -100,8 +100,8 @@ void bind(std::unordered_map<int, dnnl::memory>& mems, int arg, const dnnl::memo
 }
 }  // namespace
 
-void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
-         std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad) {
+void detail::run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
+                 std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad) {
   const size_t scratch_bytes = scratchpad.get_size();
   size_t n = scratch_bytes > 0;
   for (const Arg& a : args) n += a.data != nullptr;

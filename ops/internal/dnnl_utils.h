@@ -77,13 +77,18 @@ struct Arg {
   const dnnl::memory::desc& md;
   const void* data;
 };
+namespace detail {
 // Runs prim on args through the memory objects in mems (made there when missing) and waits; a
-// scratchpad of `scratchpad`'s size (none when zero) comes from Storage for this run only.
+// scratchpad of `scratchpad`'s size (none when zero) comes from Storage for this run only. Only
+// run(Cached) calls it, with the scratchpad cached() queried from the primitive: a primitive in
+// user scratchpad mode run without its scratchpad would hand oneDNN a null pointer.
 void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
-         std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad = {});
+         std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad);
+}  // namespace detail
+// Runs a primitive made by cached() on args and waits (its scratchpad, if any, from Storage).
 template <class Prim>
 void run(const Cached<Prim>& c, std::initializer_list<Arg> args) {
-  run(c.prim, c.args, args, c.scratchpad);
+  detail::run(c.prim, c.args, args, c.scratchpad);
 }
 // A key's entries for a tensor's geometry: rank, shape and strides.
 void append_geometry(Key& key, const Tensor& t);
