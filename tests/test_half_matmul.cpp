@@ -236,7 +236,19 @@ size_t heap_in_use() {
 // own scratchpad from glibc for good: 9.7 MiB more heap after these calls (0.6 MiB a length; 96
 // MiB after 8 steps of bf16 base training). The scratchpad comes from Storage for each run now
 // (1.4 MiB held: the primitives and their code).
+// Where it cannot tell (no bf16 kernel: no bf16 scratchpad; AddressSanitizer: mallinfo2 sees
+// none of its heap) it says so and checks nothing.
 BOOST_AUTO_TEST_CASE(cached_matmuls_of_many_shapes_hold_no_scratchpad) {
+#if defined(__SANITIZE_ADDRESS__)
+  const bool heap_seen = false;
+#else
+  const bool heap_seen = true;
+#endif
+  if (!heap_seen || !half_kernel_available(DType::bf16)) {
+    BOOST_TEST_MESSAGE("not checked: " << (heap_seen ? "no oneDNN bf16 kernel on this CPU"
+                                                     : "glibc's heap counters miss ASan's heap"));
+    return;
+  }
   const int64_t d = 512;
   Tensor w = half_randn({d, d}, DType::bf16, 90);
   w.requires_grad_();
