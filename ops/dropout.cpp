@@ -73,10 +73,12 @@ void relu_dropout_bwd(const Tensor& dout, const Tensor& out, T keep_value, const
   for (int64_t i = 0; i < n; ++i) px[i] = pd[i] * (po[i] > T(0) ? keep_value : T(0));
 }
 
-// One bit per element of a float32 out, set where out[i] > 0: what relu_dropout's backward needs,
-// in 1/32 of out's bytes.
+// One bit per element of out (float32, or 16-bit: a positive float32 product rounds to a positive
+// 16-bit value), set where out[i] > 0: what relu_dropout's backward needs, in 1/32 (1/16) of
+// out's bytes.
+template <class T>
 std::shared_ptr<Storage> positive_bits(const Tensor& out) {
-  const float* __restrict po = out.data<const float>();
+  const T* __restrict po = out.data<const T>();
   const int64_t n = out.numel(), nbytes = (n + 7) / 8;
   auto bits = std::make_shared<Storage>((size_t)std::max<int64_t>(nbytes, 1));
   uint8_t* __restrict pb = static_cast<uint8_t*>(bits->data);
@@ -85,37 +87,51 @@ std::shared_ptr<Storage> positive_bits(const Tensor& out) {
   for (int64_t j = 0; j < full; ++j) {
     unsigned b = 0;
 #pragma omp simd reduction(| : b)
-    for (int k = 0; k < 8; ++k) b |= (unsigned)(po[j * 8 + k] > 0.0f) << k;
+    for (int k = 0; k < 8; ++k) b |= (unsigned)((float)po[j * 8 + k] > 0.0f) << k;
     pb[j] = (uint8_t)b;
   }
   if (full < nbytes) {
     unsigned b = 0;
-    for (int64_t i = full * 8; i < n; ++i) b |= (unsigned)(po[i] > 0.0f) << (i - full * 8);
+    for (int64_t i = full * 8; i < n; ++i) b |= (unsigned)((float)po[i] > 0.0f) << (i - full * 8);
     pb[full] = (uint8_t)b;
   }
   return bits;
 }
 
-// relu_dropout's backward from positive_bits(out): dx[i] = dout[i] * (bit i ? keep_value : 0).
-// Each mask byte selects a row of 8 factors from a 256-row table, so the loop is plain loads
-// and multiplies (a shift per element does not vectorise: measured 4x slower).
+// relu_dropout's backward from positive_bits(out): dx[i] = dout[i] * (bit i ? keep_value : 0),
+// in dout's dtype T (contiguous), the product float32's rounded once to T. Each mask byte selects
+// a row of 8 factors from a 256-row table, so the loop is plain loads and multiplies (a shift per
+// element does not vectorise: measured 4x slower).
+template <class T>
 Tensor relu_dropout_backward_bits(const Tensor& dout, const Storage& bits, float keep_value) {
-  Tensor dx = Tensor::empty(dout.shape(), DType::f32);
+  Tensor dx = Tensor::empty(dout.shape(), dout.dtype());
   alignas(64) float factors[256][8];
   for (int b = 0; b < 256; ++b)
     for (int k = 0; k < 8; ++k) factors[b][k] = (b >> k) & 1 ? keep_value : 0.0f;
-  const float* __restrict pd = dout.data<const float>();
+  const T* __restrict pd = dout.data<const T>();
   const uint8_t* __restrict pb = static_cast<const uint8_t*>(bits.data);
-  float* __restrict px = dx.data<float>();
+  T* __restrict px = dx.data<T>();
   const int64_t n = dx.numel(), full = n / 8;
 #pragma omp parallel for if (n > kern::kParallelGrain) schedule(static)
   for (int64_t j = 0; j < full; ++j) {
     const float* f = factors[pb[j]];
 #pragma omp simd
-    for (int k = 0; k < 8; ++k) px[j * 8 + k] = pd[j * 8 + k] * f[k];
+    for (int k = 0; k < 8; ++k) px[j * 8 + k] = T((float)pd[j * 8 + k] * f[k]);
   }
-  for (int64_t i = full * 8; i < n; ++i) px[i] = pd[i] * factors[pb[full]][i - full * 8];
+  for (int64_t i = full * 8; i < n; ++i) px[i] = T((float)pd[i] * factors[pb[full]][i - full * 8]);
   return dx;
+}
+
+// relu + dropout of a contiguous 16-bit x into out (S): float32's arithmetic (dropout_fwd's on the
+// widened x, keep_value float32) on each element, rounded once.
+template <class S>
+void relu_dropout_fwd_half(const Tensor& x, const Tensor& out, DropoutMask m, float keep_value) {
+  const S* __restrict px = x.data<const S>();
+  S* __restrict po = out.data<S>();
+  const int64_t n = x.numel();
+#pragma omp parallel for simd if (n > kern::kParallelGrain) schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    po[i] = S(std::max((float)px[i], 0.0f) * (m.keep(i) ? keep_value : 0.0f));
 }
 
 // Checks p, draws the mask's starting state from gen (advancing it by numel draws) and runs the
@@ -152,30 +168,32 @@ void check_p(const char* op, double p, const Tensor& x) {
          describe(x));
 }
 
-// A 16-bit x on the tape: relu + dropout on a float32 copy made for the call (freed after it),
-// the output rounded once, and one bit per element of the float32 output kept for backward.
-// Through kern::via_f32 the float32 entry saved its float32 output (32x the bits) beside two
-// cast entries.
+// A 16-bit x on the tape: relu + dropout element by element in float32 registers, the output
+// rounded once, one bit per element kept for backward, whose dx is computed the same way: no
+// float32 tensor either way (float32 copies of x, out and the gradients, 4 bytes an element each,
+// were the largest temporaries of a bf16 base training step: 32 MiB each for its 4096 x 2048
+// feed-forward activations). Through kern::via_f32 the float32 entry saved its float32 output
+// (32x the bits) beside two cast entries.
 Tensor relu_dropout_half_recorded(const Tensor& x, double p, Generator& gen) {
-  kern::count_f32_detour();
   const DType dt = x.dtype();
-  DropoutMask mask;
-  double keep_value;
-  Tensor bits_of = dropout_forward(kern::widened(x), p, gen, true, mask, keep_value);
-  const Tensor out = kern::narrowed(bits_of, dt);
-  std::shared_ptr<Storage> bits = positive_bits(bits_of);
-  bits_of = Tensor();
+  const DropoutMask mask = DropoutMask::draw(gen, p, x.numel());
+  const float kv = (float)mask.keep_value;
+  const Tensor xc = kern::contig(x), out = Tensor::empty(x.shape(), dt);
+  std::shared_ptr<Storage> bits;
+  GRAFT_DISPATCH_HALF(dt, [&] {
+    relu_dropout_fwd_half<S>(xc, out, mask, kv);
+    bits = positive_bits<S>(out);
+  });
   autograd::record(
-      "relu_dropout", {x}, {out}, {}, {{bits, out}},
-      [keep_value, dt](const Ctx& c, const Tensors& dout) {
-        const float kv = (float)keep_value;
+      "relu_dropout", {x}, {out}, {}, {{bits, out}}, [kv, dt](const Ctx& c, const Tensors& dout) {
         if (c.create_graph)  // the mask times 1 / (1 - p) stays float32: bf16 would round it
-          return Tensors{
-              to_dtype(mul(to_dtype(dout[0], DType::f32),
-                           relu_dropout_backward_bits(ones(dout[0].shape()), *c.kept[0], kv)),
-                       dt)};
-        return Tensors{to_dtype(
-            relu_dropout_backward_bits(to_dtype(dout[0], DType::f32), *c.kept[0], kv), dt)};
+          return Tensors{to_dtype(
+              mul(to_dtype(dout[0], DType::f32),
+                  relu_dropout_backward_bits<float>(ones(dout[0].shape()), *c.kept[0], kv)),
+              dt)};
+        const Tensor g = kern::contig(dout[0]);
+        return Tensors{GRAFT_DISPATCH_HALF(
+            dt, [&] { return relu_dropout_backward_bits<S>(g, *c.kept[0], kv); })};
       });
   return out;
 }
@@ -216,14 +234,15 @@ Tensor relu_dropout(const Tensor& x, double p, bool training, Generator& gen) {
   // Under the oneDNN bf16 path the next linear keeps out only as bf16 (kern::keep_bf16_of):
   // keeping out here too would hold its float32 bytes, so one bit per element stands in.
   if (x.dtype() == DType::f32 && kern::bf16_kernel_in_force()) {
-    std::shared_ptr<Storage> bits = positive_bits(out);
+    std::shared_ptr<Storage> bits = positive_bits<float>(out);
     autograd::record(
         "relu_dropout", {x}, {out}, {}, {{bits, out}},
         [keep_value](const Ctx& c, const Tensors& dout) {
           if (!c.create_graph)
-            return Tensors{relu_dropout_backward_bits(dout[0], *c.kept[0], (float)keep_value)};
-          return Tensors{mul(dout[0], relu_dropout_backward_bits(ones_like(dout[0]), *c.kept[0],
-                                                                 (float)keep_value))};
+            return Tensors{
+                relu_dropout_backward_bits<float>(dout[0], *c.kept[0], (float)keep_value)};
+          return Tensors{mul(dout[0], relu_dropout_backward_bits<float>(
+                                          ones_like(dout[0]), *c.kept[0], (float)keep_value))};
         });
     return out;
   }

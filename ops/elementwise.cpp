@@ -287,7 +287,7 @@ bool onednn_forward_keeps_nan(const UnaryOp& op, const Tensor& x) {
 dnnl::eltwise_forward::primitive_desc eltwise_fwd_pd(algorithm alg, const dnnl::memory::desc& d,
                                                      double a, double b) {
   dnnl::eltwise_forward::desc desc(dnnl::prop_kind::forward_training, alg, d, (float)a, (float)b);
-  return dnnl::eltwise_forward::primitive_desc(desc, onednn::engine());
+  return dnnl::eltwise_forward::primitive_desc(desc, onednn::user_scratchpad(), onednn::engine());
 }
 
 // The cache key of an eltwise problem: contiguous data of n elements, alg with a and b.
@@ -313,7 +313,8 @@ void unary_backward_f32(algorithm alg, bool use_dst, const Tensor& data, const T
   const auto& c = cached<dnnl::eltwise_backward>(eltwise_key(alg, dy.numel(), a, b), [&] {
     auto d = md_contiguous({dy.numel()});
     dnnl::eltwise_backward::desc bdesc(alg, d, d, (float)a, (float)b);
-    dnnl::eltwise_backward::primitive_desc bpd(bdesc, engine(), eltwise_fwd_pd(alg, d, a, b));
+    dnnl::eltwise_backward::primitive_desc bpd(bdesc, user_scratchpad(), engine(),
+                                               eltwise_fwd_pd(alg, d, a, b));
     return Cached<dnnl::eltwise_backward>{dnnl::eltwise_backward(bpd), {d}};
   });
   run(c, {{use_dst ? DNNL_ARG_DST : DNNL_ARG_SRC, c.mds[0], data.raw()},
@@ -530,8 +531,9 @@ bool binary_f32(BinOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const auto& c = cached<dnnl::binary>(key, [&] {
     auto amd = md(a), bmd = md(bs, contiguous_strides(bs)), omd = md(out);
     dnnl::binary::desc d(binary_alg(op), amd, bmd, omd);
-    return Cached<dnnl::binary>{dnnl::binary(dnnl::binary::primitive_desc(d, engine())),
-                                {amd, bmd, omd}};
+    return Cached<dnnl::binary>{
+        dnnl::binary(dnnl::binary::primitive_desc(d, user_scratchpad(), engine())),
+        {amd, bmd, omd}};
   });
   run(c, {{DNNL_ARG_SRC_0, c.mds[0], a.raw()},
           {DNNL_ARG_SRC_1, c.mds[1], bc.raw()},

@@ -494,16 +494,22 @@ Tensors record_lce_grads(const Tensor& dloss, const Ctx& c, const CrossEntropySp
 }
 }  // namespace
 
-Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
-                            double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
-  GRAFT_VIA_F32("linear_cross_entropy", linear_cross_entropy, x, w, target, label_smoothing,
-                ignore_index, chunk_rows);
-  check_linear_cross_entropy(x, w, target, label_smoothing, chunk_rows);
+namespace {
+// What linear_cross_entropy's forward makes: the mean loss, dx and dw (for an upstream gradient
+// of 1, where asked for) and the count of valid targets.
+struct LceForward {
+  Tensor out, dx, dw;
+  int64_t n_valid = 0;
+};
+
+// The forward on checked float32 or float64 x (N, d), w (V, d), recording nothing.
+LceForward lce_forward(const Tensor& x, const Tensor& w, const Tensor& target,
+                       double label_smoothing, int64_t ignore_index, int64_t chunk_rows,
+                       bool need_dx, bool need_dw) {
   const int64_t N = x.size(0), d = x.size(1);
   std::vector<int64_t> t, valid;
   const int64_t n_valid = check_targets("linear_cross_entropy", target, w.size(0), ignore_index,
                                         "x " + describe(x) + ", w " + describe(w), t);
-  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
   const DType dt = x.dtype();
   Tensor xs = valid_rows(x, t, ignore_index, valid);
   // dw += G^T x reduces over the chunk's rows of x: rows 1 KiB multiples apart are padded.
@@ -524,17 +530,89 @@ Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& targ
   }
   double total = 0;
   for (double l : row_loss) total += l;
-  Tensor out = scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt);
+  return {scalar(n_valid > 0 ? total / (double)n_valid : 0.0, dt), dx, dw, n_valid};
+}
+
+// The first-order backward of the bf16 entry: the saved bf16 gradients times dloss (float32
+// products rounded to bf16; dloss 1 hands them out as they are). For dloss != 1 the gradient is
+// rounded twice, round(round(dx32) * dloss): within one bf16 ulp of the single rounding
+// round(dx32 * dloss), the price of not keeping float32 gradients. f16 does not take this
+// entry: its loss scaling needs the float32 product (an entry that underflowed when saved
+// cannot be scaled back).
+Tensors lce_half_grads(double dloss, const Ctx& c) {
+  Tensors grads(2);
+  for (size_t i = 0; i < 2; ++i)
+    if (c.needs[i] && c.saved[i].defined())
+      grads[i] = dloss == 1.0 ? c.saved[i] : affine(c.saved[i], dloss, 0.0);
+  return grads;
+}
+
+// The backward of the 16-bit entry under create_graph: the float32 op between recorded casts,
+// differentiated (its own create_graph backward records the second-order graph) under the
+// precision setting of the forward.
+Tensors lce_half_composed_backward(const Ctx& c, const Tensors& dout, const CrossEntropySpec& spec,
+                                   int64_t chunk_rows, DType dt, const PrecisionState& prec) {
+  const Tensor t = c.saved[4];
+  return autograd::differentiate(
+      [t, spec, chunk_rows, dt, prec](const Tensors& in) {
+        PrecisionGuard guard(prec);
+        const Tensor loss =
+            linear_cross_entropy(to_dtype(in[0], DType::f32), to_dtype(in[1], DType::f32), t,
+                                 spec.eps, spec.ignore_index, chunk_rows);
+        return Tensors{to_dtype(loss, dt)};
+      },
+      {c.saved[2], c.saved[3]}, dout, c.needs);
+}
+
+// bf16 x and w on the tape: the float32 forward on float32 copies made for the call (freed
+// after it), its loss and gradients rounded once, and an entry that saves the 16-bit dx, dw, x
+// and w. Through kern::via_f32 the float32 entry kept float32 x, w, dx and dw (24 MiB on bf16
+// base training's 4096 target tokens, from the end of the forward into the backward).
+Tensor lce_half_recorded(const Tensor& x, const Tensor& w, const Tensor& target,
+                         double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+  check_linear_cross_entropy(x, w, target, label_smoothing, chunk_rows);
+  kern::count_f32_detour();
+  const DType dt = x.dtype();
+  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
+  LceForward f = lce_forward(kern::widened(x), kern::widened(w), target, label_smoothing,
+                             ignore_index, chunk_rows, need_dx, need_dw);
+  const Tensor out = kern::narrowed(f.out, dt), dx = kern::narrowed(f.dx, dt),
+               dw = kern::narrowed(f.dw, dt);
+  const CrossEntropySpec spec{label_smoothing, ignore_index, f.n_valid};
+  f = LceForward();  // the float32 gradients go before the backward
+  autograd::record(
+      "linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
+      [spec, chunk_rows, dt, prec = precision_state()](const Ctx& c, const Tensors& dout) {
+        if (!c.create_graph) return lce_half_grads(dout[0].item(), c);
+        return lce_half_composed_backward(c, dout, spec, chunk_rows, dt, prec);
+      });
+  return out;
+}
+}  // namespace
+
+Tensor linear_cross_entropy(const Tensor& x, const Tensor& w, const Tensor& target,
+                            double label_smoothing, int64_t ignore_index, int64_t chunk_rows) {
+  // bf16 only: f16 keeps via_f32's float32 gradients, scaled by dloss and rounded once.
+  if (kern::half_dtype_of("linear_cross_entropy", x, w) == DType::bf16 &&
+      autograd::needs_record({x, w}))
+    return lce_half_recorded(x, w, target, label_smoothing, ignore_index, chunk_rows);
+  GRAFT_VIA_F32("linear_cross_entropy", linear_cross_entropy, x, w, target, label_smoothing,
+                ignore_index, chunk_rows);
+  check_linear_cross_entropy(x, w, target, label_smoothing, chunk_rows);
+  const bool need_dx = autograd::needs_record({x}), need_dw = autograd::needs_record({w});
+  const LceForward f =
+      lce_forward(x, w, target, label_smoothing, ignore_index, chunk_rows, need_dx, need_dw);
   // x, w and the targets are kept for the backward under create_graph (x and w are alive anyway
   // until this last op's backward, the first to run).
   if (need_dx || need_dw)
-    autograd::record("linear_cross_entropy", {x, w}, {out}, {dx, dw, x, w, kern::contig(target)},
-                     [spec = CrossEntropySpec{label_smoothing, ignore_index, n_valid}, chunk_rows](
-                         const Ctx& c, const Tensors& dout) {
+    autograd::record("linear_cross_entropy", {x, w}, {f.out},
+                     {f.dx, f.dw, x, w, kern::contig(target)},
+                     [spec = CrossEntropySpec{label_smoothing, ignore_index, f.n_valid},
+                      chunk_rows](const Ctx& c, const Tensors& dout) {
                        if (!c.create_graph) return linear_cross_entropy_backward(dout[0].item(), c);
                        return record_lce_grads(dout[0], c, spec, chunk_rows);
                      });
-  return out;
+  return f.out;
 }
 
 // ---- gradcheck cases ---------------------------------------------------------------------------

@@ -246,8 +246,10 @@ struct LinearMds {
 dnnl::inner_product_forward::primitive_desc linear_fwd_pd(const LinearMds& m,
                                                           dnnl::prop_kind kind) {
   using ipf = dnnl::inner_product_forward;
-  return m.b.is_zero() ? ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.y), onednn::engine())
-                       : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), onednn::engine());
+  const auto attr = onednn::user_scratchpad();
+  return m.b.is_zero()
+             ? ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.y), attr, onednn::engine())
+             : ipf::primitive_desc(ipf::desc(kind, m.x, m.w, m.b, m.y), attr, onednn::engine());
 }
 
 // Runs a cached inner_product forward (mds: x, w, b, y) on x, w at those pointers, b and y2.
@@ -612,7 +614,9 @@ void linear_backward_data_f32(const LinearMds& m, const Tensor& dy, const Tensor
   const auto& c = onednn::cached<ipd>({xd[0], xd[1], wd[0], !m.b.is_zero()}, [&] {
     auto hint = linear_fwd_pd(m, dnnl::prop_kind::forward_training);
     return onednn::Cached<ipd>{
-        ipd(ipd::primitive_desc(ipd::desc(m.x, m.w, m.y), onednn::engine(), hint)), {}};
+        ipd(ipd::primitive_desc(ipd::desc(m.x, m.w, m.y), onednn::user_scratchpad(),
+                                onednn::engine(), hint)),
+        {}};
   });
   onednn::run(c, {{DNNL_ARG_DIFF_DST, m.y, dy.raw()},
                   {DNNL_ARG_WEIGHTS, m.w, w.raw()},
@@ -635,7 +639,8 @@ void linear_backward_weights_f32(const LinearMds& m, const Tensor& x2, const Ten
   const auto& c = onednn::cached<ipw>({xd[0], xd[1], wd[0], !m.b.is_zero(), with_db}, [&] {
     auto d = with_db ? ipw::desc(m.x, m.w, m.b, m.y) : ipw::desc(m.x, m.w, m.y);
     auto hint = linear_fwd_pd(m, dnnl::prop_kind::forward_training);
-    return onednn::Cached<ipw>{ipw(ipw::primitive_desc(d, onednn::engine(), hint)), {}};
+    return onednn::Cached<ipw>{
+        ipw(ipw::primitive_desc(d, onednn::user_scratchpad(), onednn::engine(), hint)), {}};
   });
   const Tensor dw_buf = dw.defined() ? dw : Tensor::empty(m.w.dims(), DType::f32);
   onednn::run(c, {{DNNL_ARG_SRC, m.x, x2.raw()},

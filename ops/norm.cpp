@@ -236,7 +236,8 @@ dnnl::layer_normalization_forward::primitive_desc ln_fwd_pd(const dnnl::memory::
                                                             double eps, dnnl::normalization_flags f,
                                                             dnnl::prop_kind kind) {
   using lnf = dnnl::layer_normalization_forward;
-  return lnf::primitive_desc(lnf::desc(kind, d, stat, (float)eps, f), onednn::engine());
+  return lnf::primitive_desc(lnf::desc(kind, d, stat, (float)eps, f), onednn::user_scratchpad(),
+                             onednn::engine());
 }
 
 }  // namespace

@@ -70,7 +70,8 @@ void softmax_backward_loop(const Tensor& y, const Tensor& dy, const Tensor& dx, 
 // oneDNN has separate primitives for softmax and logsoftmax with the same shape of API.
 template <class Fwd>
 typename Fwd::primitive_desc fwd_pd(const dnnl::memory::desc& d, int axis, dnnl::prop_kind kind) {
-  return typename Fwd::primitive_desc(typename Fwd::desc(kind, d, axis), onednn::engine());
+  return typename Fwd::primitive_desc(typename Fwd::desc(kind, d, axis), onednn::user_scratchpad(),
+                                      onednn::engine());
 }
 
 template <class Fwd>

@@ -1,6 +1,7 @@
 #include "ops/internal/dnnl_utils.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace graft::onednn {
 
@@ -78,17 +79,40 @@ bool usable(const Tensor& t) {
 
 Tensor operand(const Tensor& t) { return usable(t) ? t : contiguous_copy(t); }
 
-void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
-         std::initializer_list<Arg> args) {
-  size_t n = 0;
+dnnl::primitive_attr user_scratchpad(dnnl::primitive_attr attr) {
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+dnnl::memory::desc scratchpad_md(const dnnl::primitive& prim) {
+  const dnnl_memory_desc_t* d =
+      dnnl_primitive_desc_query_md(prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+  return d ? dnnl::memory::desc(*d) : dnnl::memory::desc();
+}
+
+namespace {
+// Points mems' entry for argument `arg` at data (made on first use).
+void bind(std::unordered_map<int, dnnl::memory>& mems, int arg, const dnnl::memory::desc& md,
+          void* data) {
+  auto it = mems.find(arg);
+  if (it == mems.end()) mems.emplace(arg, dnnl::memory(md, engine(), data));
+  else it->second.set_data_handle(data);
+}
+}  // namespace
+
+void detail::run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
+                 std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad) {
+  const size_t scratch_bytes = scratchpad.get_size();
+  size_t n = scratch_bytes > 0;
   for (const Arg& a : args) n += a.data != nullptr;
   if (mems.size() != n) mems.clear();  // a caller that varies its arguments
-  for (const Arg& a : args) {
-    if (!a.data) continue;
-    void* data = const_cast<void*>(a.data);
-    auto it = mems.find(a.arg);
-    if (it == mems.end()) mems.emplace(a.arg, dnnl::memory(a.md, engine(), data));
-    else it->second.set_data_handle(data);
+  for (const Arg& a : args)
+    if (a.data) bind(mems, a.arg, a.md, const_cast<void*>(a.data));
+  // Freed when the run is over: a cached primitive holds no memory between runs.
+  std::optional<Storage> scratch;
+  if (scratch_bytes > 0) {
+    scratch.emplace(scratch_bytes);
+    bind(mems, DNNL_ARG_SCRATCHPAD, scratchpad, scratch->data);
   }
   prim.execute(stream(), mems);
   stream().wait();

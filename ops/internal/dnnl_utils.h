@@ -43,6 +43,16 @@ bool usable(const Tensor& t);
 // t itself when usable, else a contiguous copy (oneDNN cannot describe stride-0 dims).
 Tensor operand(const Tensor& t);
 
+// Attributes for every primitive graft builds: the scratchpad in user mode, so run() hands it a
+// block for the run's duration. Debian's oneDNN 2.6 is built with DNNL_ENABLE_CONCURRENT_EXEC,
+// where a primitive in library mode allocates its own scratchpad when it is made and holds it as
+// long as it lives: every cached primitive of every shape kept its buffer (a bf16 matmul with a
+// bf16 output keeps its float32 accumulator, 1 MiB for a 512 x 512 weight gradient), 96 MiB of
+// glibc heap after 8 steps of bf16 base training, growing with each new batch shape.
+dnnl::primitive_attr user_scratchpad(dnnl::primitive_attr attr = {});
+// The scratchpad a primitive made with user_scratchpad() needs at each run (zero bytes for none).
+dnnl::memory::desc scratchpad_md(const dnnl::primitive& prim);
+
 // Per-thread cache of built primitives, keyed by the problem (dims, strides, flags). oneDNN's own
 // cache only saves the primitive; the primitive descriptor is still built (malloc-heavy
 // implementation dispatch) on every call, measured at about 40% of a 64x64x64 matmul.
@@ -57,6 +67,7 @@ struct Cached {
   // pointed at each later run's data (making them each run cost 7% of a one-sentence decoding
   // step of the tiny Transformer: oneDNN allocates each with posix_memalign).
   mutable std::unordered_map<int, dnnl::memory> args{};
+  dnnl::memory::desc scratchpad{};  // scratchpad_md(prim), set by cached()
 };
 
 // One argument of a primitive run: which one (DNNL_ARG_*), its descriptor and its data (null:
@@ -66,12 +77,18 @@ struct Arg {
   const dnnl::memory::desc& md;
   const void* data;
 };
-// Runs prim on args through the memory objects in mems (made there when missing) and waits.
+namespace detail {
+// Runs prim on args through the memory objects in mems (made there when missing) and waits; a
+// scratchpad of `scratchpad`'s size (none when zero) comes from Storage for this run only. Only
+// run(Cached) calls it, with the scratchpad cached() queried from the primitive: a primitive in
+// user scratchpad mode run without its scratchpad would hand oneDNN a null pointer.
 void run(const dnnl::primitive& prim, std::unordered_map<int, dnnl::memory>& mems,
-         std::initializer_list<Arg> args);
+         std::initializer_list<Arg> args, const dnnl::memory::desc& scratchpad);
+}  // namespace detail
+// Runs a primitive made by cached() on args and waits (its scratchpad, if any, from Storage).
 template <class Prim>
 void run(const Cached<Prim>& c, std::initializer_list<Arg> args) {
-  run(c.prim, c.args, args);
+  detail::run(c.prim, c.args, args, c.scratchpad);
 }
 // A key's entries for a tensor's geometry: rank, shape and strides.
 void append_geometry(Key& key, const Tensor& t);
@@ -82,7 +99,9 @@ const Cached<Prim>& cached(const Key& key, Make&& make) {
   if (it != cache.end()) return it->second;
   // Training loops use a few dozen shapes; a bound keeps a shape-varying caller from leaking.
   if (cache.size() >= 512) cache.clear();
-  return cache.emplace(key, make()).first->second;
+  Cached<Prim>& c = cache.emplace(key, make()).first->second;
+  c.scratchpad = scratchpad_md(c.prim);
+  return c;
 }
 
 }  // namespace graft::onednn

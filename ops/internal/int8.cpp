@@ -156,7 +156,8 @@ const onednn::Cached<dnnl::matmul>& int8_matmul(int64_t N, int64_t IN, int64_t O
   return onednn::cached<dnnl::matmul>({kInt8Key, N, IN, OUT}, [&] {
     const dnnl::memory::desc src({N, IN}, dt::u8, tag::ab), wei({IN, OUT}, dt::s8, tag::any),
         dst({N, OUT}, dt::s32, tag::ab), plain({IN, OUT}, dt::s8, tag::ba);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), onednn::engine());
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst),
+                                          onednn::user_scratchpad(), onednn::engine());
     onednn::Cached<dnnl::matmul> made{dnnl::matmul(pd), {src, pd.weights_desc(), dst, plain}};
     made.weights_tag = onednn::layout_tag(pd.weights_desc());
     return made;

@@ -159,7 +159,7 @@ onednn::Cached<dnnl::matmul> make_matmul(const Shape& a, const Shape& as, const 
   bias_shape.back() = out.shape().back();
   const auto bias_md =
       bias ? onednn::md(bias_shape, contiguous_strides(bias_shape), dt.bias) : dnnl::memory::desc();
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr = onednn::user_scratchpad();
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
   if (accumulate) {
     dnnl::post_ops po;
