@@ -343,24 +343,30 @@ bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& 
   return q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1;
 }
 
+// o[0, N) = the sum over keys j < Tk of p[j] v_j[0, N) (v_j at vb + j * vstride), each element
+// summed key by key from 0 with one multiply-add per key: N / 16 independent register chains.
+template <int64_t N, class S, class T>
+void weighted_block(const T* p, const S* vb, int64_t vstride, int64_t Tk, T* o) {
+  T acc[N] = {};
+  for (int64_t j = 0; j < Tk; ++j) {
+    const S* vj = vb + j * vstride;
+    const T pj = p[j];
+#pragma omp simd
+    for (int64_t e = 0; e < N; ++e) acc[e] += pj * T(vj[e]);
+  }
+  std::copy(acc, acc + N, o);
+}
+
 // o (Dv) = the sum over keys j < Tk of p[j] v_j (v_j at vb + j * vstride), each element summed
 // key by key from 0, one multiply-add per key (as `o[e] += p[j] * v_j[e]` over j, so the same
-// values): blocks of 16 elements stay in registers over the keys instead of a store and reload
-// of o per key (a decoding step's attention spent a third of its time on those stores).
+// values): blocks of 64, 32 or 16 elements stay in registers over the keys instead of a store
+// and reload of o per key (a decoding step's attention spent a third of its time on those).
 template <class S, class T>
 void weighted_values(const T* p, const S* vb, int64_t vstride, int64_t Tk, int64_t Dv, T* o) {
-  constexpr int64_t kBlock = 16;
   int64_t e0 = 0;
-  for (; e0 + kBlock <= Dv; e0 += kBlock) {
-    T acc[kBlock] = {};
-    for (int64_t j = 0; j < Tk; ++j) {
-      const S* vj = vb + j * vstride + e0;
-      const T pj = p[j];
-#pragma omp simd
-      for (int64_t e = 0; e < kBlock; ++e) acc[e] += pj * T(vj[e]);
-    }
-    std::copy(acc, acc + kBlock, o + e0);
-  }
+  for (; e0 + 64 <= Dv; e0 += 64) weighted_block<64>(p, vb + e0, vstride, Tk, o + e0);
+  if (e0 + 32 <= Dv) weighted_block<32>(p, vb + e0, vstride, Tk, o + e0), e0 += 32;
+  if (e0 + 16 <= Dv) weighted_block<16>(p, vb + e0, vstride, Tk, o + e0), e0 += 16;
   // The last Dv % 16 elements in place, in the same statement as the blocks (so the compiler
   // fuses or rounds the multiply-add alike: a reduction loop over j may not be fused).
   std::fill(o + e0, o + Dv, T(0));
