@@ -179,17 +179,23 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
 // The first maximum of row[0, n) as the argmax op finds it: a NaN counts as the maximum (as
 // PyTorch's argmax), the first of equal maxima wins.
 // T is float, double, bfloat16 or float16 (each 16-bit logit widened to float as it is read:
-// exact, so the same pick as on float32 logits).
+// exact, so the same pick as on float32 logits). Two vectorised passes (the largest value and
+// whether a NaN is there, then its first index) instead of one branchy scan: a step of one
+// sentence reads its whole vocabulary here.
 template <class T>
 int64_t row_argmax(const T* row, int64_t n) {
   using W = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  int64_t best = 0;
-  W bv = W(row[0]);
-  for (int64_t k = 1; k < n; ++k) {
+  W top = -std::numeric_limits<W>::infinity();
+  bool nan = false;
+#pragma omp simd reduction(max : top) reduction(|| : nan)
+  for (int64_t k = 0; k < n; ++k) {
     const W v = W(row[k]);
-    if (v > bv || (std::isnan(v) && !std::isnan(bv))) bv = v, best = k;
+    top = v > top ? v : top;
+    nan = nan || v != v;
   }
-  return best;
+  for (int64_t k = 0; k < n; ++k)
+    if (nan ? std::isnan(W(row[k])) : W(row[k]) == top) return k;
+  return 0;  // a row of -inf only (whatever value the max reduction starts from)
 }
 
 // A row whose argmax is a NaN logit: a broken model, refused by name.

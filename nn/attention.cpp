@@ -1,6 +1,7 @@
 #include "graft/nn/attention.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "graft/autograd/tape.h"
 #include "graft/ops/ops.h"
@@ -23,13 +24,14 @@ Tensor* weights_wanted(Tensor* given, Tensor& local) {
 // a projection, 4 for heads): any other takes split_heads / merge_heads, which refuse it by name.
 bool one_position_untaped(const Tensor& t, int64_t rank) {
   return t.dim() == rank && t.shape()[rank - 2] == 1 && t.is_contiguous() &&
-         !autograd::needs_record({t});
+         !(autograd::grad_enabled() && t.requires_grad());  // needs_record({t}), no Tensors made
 }
 
 // y (B, 1, parts H Dh) -> parts views (B, H, 1, Dh) of y: split_heads' values, not copied.
 Tensors heads_of_one_position(const Tensor& y, int64_t parts, int64_t heads) {
   const int64_t B = y.shape()[0], row = y.shape()[2], dh = row / (parts * heads);
   Tensors out;
+  out.reserve(parts);
   for (int64_t p = 0; p < parts; ++p)
     out.push_back(
         Tensor::view_of(y, {B, heads, 1, dh}, {row, dh, row, 1}, y.offset() + p * heads * dh));
@@ -44,11 +46,30 @@ Tensor cache_positions(const Tensor& buf, int64_t a, int64_t b) {
   return Tensor::view_of(buf, shape, buf.strides(), buf.offset() + a * buf.strides()[2]);
 }
 
-// out (B, H, 1, Dv) -> (B, 1, H Dv): merge_heads' values, a view when out is dense.
+// Writes src (B, H, T, Dh) at positions [at, at + T) of the dense cache buffer `buf` one row of
+// Dh elements at a time: copy_into's values without the position view it takes (two a layer and
+// step, 3 allocations each). A src whose rows are not dense goes through copy_into.
+void write_positions(const Tensor& buf, int64_t at, const Tensor& src) {
+  const Shape &s = src.shape(), &ss = src.strides(), &bs = buf.strides();
+  if (!buf.is_contiguous() || ss[3] != 1)
+    return copy_into(cache_positions(buf, at, at + s[2]), src);
+  const int64_t es = (int64_t)dtype_size(buf.dtype());
+  char* d = static_cast<char*>(buf.raw());
+  const char* p = static_cast<const char*>(src.raw());
+  for (int64_t b = 0; b < s[0]; ++b)
+    for (int64_t h = 0; h < s[1]; ++h)
+      for (int64_t t = 0; t < s[2]; ++t)
+        std::memcpy(d + (b * bs[0] + h * bs[1] + (at + t) * bs[2]) * es,
+                    p + (b * ss[0] + h * ss[1] + t * ss[2]) * es, (size_t)(s[3] * es));
+  buf.bump_version();
+}
+
+// out (B, H, 1, Dv) -> (B, 1, H Dv): merge_heads' values, a view when out is dense (built
+// directly: reshape's checks and its tape hook cost 6 allocations a call).
 Tensor merge_one_position(const Tensor& out) {
   if (!one_position_untaped(out, 4)) return merge_heads(out);
   const Shape& s = out.shape();
-  return reshape(out, {s[0], 1, s[1] * s[3]});
+  return Tensor::view_of(out, {s[0], 1, s[1] * s[3]}, {s[1] * s[3], s[1] * s[3], 1}, out.offset());
 }
 }  // namespace
 
@@ -218,8 +239,8 @@ std::pair<Tensor, Tensor> KVCache::append(const Tensor& k_new, const Tensor& v_n
   if (len + s[2] > c[2])
     fail("KVCache::append: KV cache of capacity " + std::to_string(c[2]) + " is full (" +
          std::to_string(len) + " + " + std::to_string(s[2]) + " positions, " + given() + ")");
-  copy_into(cache_positions(k, len, len + s[2]), k_new);
-  copy_into(cache_positions(v, len, len + s[2]), v_new);
+  write_positions(k, len, k_new);
+  write_positions(v, len, v_new);
   len += s[2];
   return {cache_positions(k, 0, len), cache_positions(v, 0, len)};
 }

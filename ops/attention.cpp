@@ -161,30 +161,31 @@ std::string qkv_str(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
-  const std::string op = kOp;
-  if (!q.defined() || !k.defined() || !v.defined()) fail(op + ": q, k and v must be defined");
+  // The op name joins the message only on failure: no string is built per call (4 a decoding step).
+  const auto fail_op = [](const std::string& what) { fail(std::string(kOp) + ": " + what); };
+  if (!q.defined() || !k.defined() || !v.defined()) fail_op("q, k and v must be defined");
   for (const Tensor* t : {&q, &k, &v}) kern::check_float(kOp, *t);
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    fail(op + ": dtype mismatch, " + qkv_str(q, k, v));
+    fail_op("dtype mismatch, " + qkv_str(q, k, v));
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    fail(op + ": q, k, v must be rank 4 (B, H, T, D), got " + qkv_str(q, k, v));
+    fail_op("q, k, v must be rank 4 (B, H, T, D), got " + qkv_str(q, k, v));
   const Geom g{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
   if (k.size(0) != g.B || k.size(1) != g.H || v.size(0) != g.B || v.size(1) != g.H)
-    fail(op + ": batch and head dims (B, H) differ: " + qkv_str(q, k, v));
+    fail_op("batch and head dims (B, H) differ: " + qkv_str(q, k, v));
   if (k.size(3) != g.D)
-    fail(op + ": q and k head dims differ (" + std::to_string(g.D) + " vs " +
-         std::to_string(k.size(3)) + "): " + qkv_str(q, k, v));
+    fail_op("q and k head dims differ (" + std::to_string(g.D) + " vs " +
+            std::to_string(k.size(3)) + "): " + qkv_str(q, k, v));
   if (v.size(2) != g.Tk)
-    fail(op + ": k and v key counts differ (" + std::to_string(g.Tk) + " vs " +
-         std::to_string(v.size(2)) + "): " + qkv_str(q, k, v));
+    fail_op("k and v key counts differ (" + std::to_string(g.Tk) + " vs " +
+            std::to_string(v.size(2)) + "): " + qkv_str(q, k, v));
   const Tensor& mask = opt.key_padding_mask;
   if (mask.defined() && (mask.dim() != 2 || mask.size(0) != g.B || mask.size(1) != g.Tk))
-    fail(op + ": key_padding_mask " + describe(mask) +
-         " must be (B, Tk) = " + shape_str({g.B, g.Tk}) + " for " + qkv_str(q, k, v));
+    fail_op("key_padding_mask " + describe(mask) + " must be (B, Tk) = " + shape_str({g.B, g.Tk}) +
+            " for " + qkv_str(q, k, v));
   const Tensor& bias = opt.bias;
   if (bias.defined()) {
     if (bias.dtype() != q.dtype())
-      fail(op + ": bias " + describe(bias) + " must have the dtype of q " + describe(q));
+      fail_op("bias " + describe(bias) + " must have the dtype of q " + describe(q));
     const Shape full{g.B, g.H, g.Tq, g.Tk};
     bool ok = bias.dim() <= 4;
     for (int64_t d = 0; ok && d < bias.dim(); ++d) {
@@ -192,15 +193,14 @@ Geom validate(const Tensor& q, const Tensor& k, const Tensor& v, const Attention
       ok = n == want || n == 1;
     }
     if (!ok)
-      fail(op + ": bias " + describe(bias) +
-           " does not broadcast to (B, H, Tq, Tk) = " + shape_str(full));
+      fail_op("bias " + describe(bias) +
+              " does not broadcast to (B, H, Tq, Tk) = " + shape_str(full));
   }
-  if (!std::isfinite(opt.scale))
-    fail(op + ": scale must be finite, got " + std::to_string(opt.scale));
+  if (!std::isfinite(opt.scale)) fail_op("scale must be finite, got " + std::to_string(opt.scale));
   if (!is_dropout_p(opt.dropout))
-    fail(op + ": dropout must be in [0, 1], got " + std::to_string(opt.dropout));
+    fail_op("dropout must be in [0, 1], got " + std::to_string(opt.dropout));
   if (opt.dropout > 0 && !opt.generator)
-    fail(op + ": dropout " + std::to_string(opt.dropout) + " needs a generator");
+    fail_op("dropout " + std::to_string(opt.dropout) + " needs a generator");
   return g;
 }
 
@@ -343,6 +343,41 @@ bool few_queries(const Tensor& q, const Tensor& k, const Tensor& v, const Geom& 
   return q.strides()[3] == 1 && k.strides()[3] == 1 && v.strides()[3] == 1;
 }
 
+// o[0, N) = the sum over keys j < Tk of p[j] v_j[0, N) (v_j at vb + j * vstride), each element
+// summed key by key from 0 with one multiply-add per key: N / 16 independent register chains.
+template <int64_t N, class S, class T>
+void weighted_block(const T* p, const S* vb, int64_t vstride, int64_t Tk, T* o) {
+  T acc[N] = {};
+  for (int64_t j = 0; j < Tk; ++j) {
+    const S* vj = vb + j * vstride;
+    const T pj = p[j];
+#pragma omp simd
+    for (int64_t e = 0; e < N; ++e) acc[e] += pj * T(vj[e]);
+  }
+  std::copy(acc, acc + N, o);
+}
+
+// o (Dv) = the sum over keys j < Tk of p[j] v_j (v_j at vb + j * vstride), each element summed
+// key by key from 0, one multiply-add per key (as `o[e] += p[j] * v_j[e]` over j, so the same
+// values): blocks of 64, 32 or 16 elements stay in registers over the keys instead of a store
+// and reload of o per key (a decoding step's attention spent a third of its time on those).
+template <class S, class T>
+void weighted_values(const T* p, const S* vb, int64_t vstride, int64_t Tk, int64_t Dv, T* o) {
+  int64_t e0 = 0;
+  for (; e0 + 64 <= Dv; e0 += 64) weighted_block<64>(p, vb + e0, vstride, Tk, o + e0);
+  if (e0 + 32 <= Dv) weighted_block<32>(p, vb + e0, vstride, Tk, o + e0), e0 += 32;
+  if (e0 + 16 <= Dv) weighted_block<16>(p, vb + e0, vstride, Tk, o + e0), e0 += 16;
+  // The last Dv % 16 elements in place, in the same statement as the blocks (so the compiler
+  // fuses or rounds the multiply-add alike: a reduction loop over j may not be fused).
+  std::fill(o + e0, o + Dv, T(0));
+  for (int64_t j = 0; j < Tk && e0 < Dv; ++j) {
+    const S* vj = vb + j * vstride;
+    const T pj = p[j];
+#pragma omp simd
+    for (int64_t e = e0; e < Dv; ++e) o[e] += pj * T(vj[e]);
+  }
+}
+
 // out (contiguous (B, H, Tq, Dv)) = softmax(scale q k^T + bias, masked) v, row by row; the
 // probabilities also go to `weights` (contiguous (B, H, Tq, Tk)) when it is defined. S is the
 // storage type: 16-bit q, k, v (a bf16 model's KV cache) are read as they are, each element
@@ -390,28 +425,30 @@ void few_queries_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
         T* o = nullptr;
         if constexpr (widen) o = s + g.Tk + D;
         else o = op + r * Dv;
-        std::fill(o, o + Dv, T(0));
         // Every key, masked ones too (p = 0, past `end` as well): 0 * a NaN value is NaN, as in
         // the matmul path, so both paths give one result for a NaN value at any key.
-        for (int64_t j = 0; j < g.Tk; ++j) {
-          const T p = s[j];
-          const S* vj = vb + j * vs[2];
-#pragma omp simd
-          for (int64_t e = 0; e < Dv; ++e) o[e] += p * T(vj[e]);
-        }
+        weighted_values(s, vb, vs[2], g.Tk, Dv, o);
         if constexpr (widen)
           for (int64_t e = 0; e < Dv; ++e) op[r * Dv + e] = S(o[e]);
       });
 }
 
-// Padding flags as bytes so the row loop does not care about the mask's dtype.
+// Padding flags as bytes so the row loop does not care about the mask's dtype. Without a mask
+// all calls share one empty list, and a dense float32 or int64 mask (the decoder's source
+// padding, read by every cross-attention step) is read directly: no allocation, resp. two
+// instead of three and a float64 copy.
+template <class T>
+void flags_of(const T* m, std::vector<uint8_t>& pad) {
+  for (size_t i = 0; i < pad.size(); ++i) pad[i] = m[i] != 0;
+}
 std::shared_ptr<const std::vector<uint8_t>> pad_flags(const Tensor& key_padding_mask) {
-  std::vector<uint8_t> pad;
-  if (key_padding_mask.defined()) {
-    const auto mv = key_padding_mask.to_vector<double>();
-    pad.resize(mv.size());
-    for (size_t i = 0; i < mv.size(); ++i) pad[i] = mv[i] != 0;
-  }
+  static const auto none = std::make_shared<const std::vector<uint8_t>>();
+  const Tensor& m = key_padding_mask;
+  if (!m.defined()) return none;
+  std::vector<uint8_t> pad((size_t)m.numel());
+  if (m.dtype() == DType::f32 && m.is_contiguous()) flags_of(m.data<const float>(), pad);
+  else if (m.dtype() == DType::i64 && m.is_contiguous()) flags_of(m.data<const int64_t>(), pad);
+  else flags_of(m.to_vector<double>().data(), pad);
   return std::make_shared<const std::vector<uint8_t>>(std::move(pad));
 }
 

@@ -191,43 +191,45 @@ BOOST_AUTO_TEST_CASE(float32_matches_float64_on_head_split_views) {
 
 // Without a tape, few query rows per head (cached decoding) take the row loop instead of the
 // batched matmuls: the same values, for queries and keys read from strided slices of a KV cache,
-// with the causal mask aligned to the end, key padding (one batch row all padding) and a
-// broadcast bias; in float64 and float32, against the taped (matmul) path of the same dtype and
-// against float64.
+// with the causal mask aligned to the end, key padding (one batch row all padding, the last key
+// of the other attended) and a broadcast bias; in float64 and float32, against the taped
+// (matmul) path of the same dtype and against float64; value widths below, at and past the row
+// loop's blocks of 16 elements.
 BOOST_AUTO_TEST_CASE(few_queries_without_tape_match_the_matmul_path) {
-  const int64_t B = 2, H = 3, cap = 9, Tk = 7, D = 8, Dv = 5;
-  for (int64_t Tq : {1, 3}) {
-    Generator g(31 + Tq);
-    const Tensor q64 = randn({B, H, Tq, D}, DType::f64, g),
-                 k64 = randn({B, H, cap, D}, DType::f64, g),
-                 v64 = randn({B, H, cap, Dv}, DType::f64, g),
-                 bias64 = randn({H, 1, Tk}, DType::f64, g);
-    const Tensor pad =
-        from_vector(std::vector<double>{0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {B, Tk});
-    std::vector<double> ref;
-    for (DType dt : {DType::f64, DType::f32}) {
-      auto run = [&](bool taped) {
-        Tensor q = cast_copy(q64, dt), k = cast_copy(k64, dt), v = cast_copy(v64, dt);
-        if (taped) q.requires_grad_();
-        AttentionOptions opt;
-        opt.causal = true;
-        opt.key_padding_mask = pad;
-        opt.bias = cast_copy(bias64, dt);
-        return scaled_dot_product_attention(q, slice(k, 2, 0, Tk), slice(v, 2, 0, Tk), opt).out;
-      };
-      const Tensor fast = run(false), taped = run(true);
-      BOOST_TEST(!fast.requires_grad());
-      BOOST_TEST(taped.requires_grad());
-      autograd::clear_tape();
-      const auto f = fast.to_vector<double>();
-      for (size_t i = f.size() / 2; i < f.size(); ++i)
-        BOOST_TEST(f[i] == 0.0);  // batch 1: all padding
-      const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
-      check_close(f, taped.to_vector<double>(), tol);
-      if (dt == DType::f64) ref = f;
-      else check_close(f, ref, tol);
+  const int64_t B = 2, H = 3, cap = 9, Tk = 7, D = 8;
+  for (int64_t Dv : {5, 16, 37})
+    for (int64_t Tq : {1, 3}) {
+      Generator g(31 + Tq + Dv);
+      const Tensor q64 = randn({B, H, Tq, D}, DType::f64, g),
+                   k64 = randn({B, H, cap, D}, DType::f64, g),
+                   v64 = randn({B, H, cap, Dv}, DType::f64, g),
+                   bias64 = randn({H, 1, Tk}, DType::f64, g);
+      const Tensor pad =
+          from_vector(std::vector<double>{0, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1}, {B, Tk});
+      std::vector<double> ref;
+      for (DType dt : {DType::f64, DType::f32}) {
+        auto run = [&](bool taped) {
+          Tensor q = cast_copy(q64, dt), k = cast_copy(k64, dt), v = cast_copy(v64, dt);
+          if (taped) q.requires_grad_();
+          AttentionOptions opt;
+          opt.causal = true;
+          opt.key_padding_mask = pad;
+          opt.bias = cast_copy(bias64, dt);
+          return scaled_dot_product_attention(q, slice(k, 2, 0, Tk), slice(v, 2, 0, Tk), opt).out;
+        };
+        const Tensor fast = run(false), taped = run(true);
+        BOOST_TEST(!fast.requires_grad());
+        BOOST_TEST(taped.requires_grad());
+        autograd::clear_tape();
+        const auto f = fast.to_vector<double>();
+        for (size_t i = f.size() / 2; i < f.size(); ++i)
+          BOOST_TEST(f[i] == 0.0);  // batch 1: all padding
+        const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+        check_close(f, taped.to_vector<double>(), tol);
+        if (dt == DType::f64) ref = f;
+        else check_close(f, ref, tol);
+      }
     }
-  }
 }
 
 // Asking for the weights never changes the output (issue 32: it used to send up to 4 query rows

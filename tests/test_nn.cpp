@@ -292,6 +292,61 @@ BOOST_AUTO_TEST_CASE(untaped_steps_equal_the_recorded_full_pass) {
                         [](const Error& e) { return names(e, "split_heads"); });
 }
 
+// KVCache::append writes new positions straight into its buffers (rows of Dh elements) when
+// their rows are dense, through copy_into otherwise: either way the cache holds the positions in
+// order (equal to their concatenation), in any dtype, and each write bumps the buffers' version
+// (a tape that saved a cache view sees it changed).
+BOOST_AUTO_TEST_CASE(kv_cache_append_writes_positions_of_any_layout) {
+  Generator g(10);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    const Tensor dense = to_dtype(randn({2, 3, 2, 4}, DType::f64, g), dt);
+    // (B, H, T, Dh) whose Dh elements are 2 apart: the copy_into path
+    const Tensor strided = transpose(to_dtype(randn({2, 3, 4, 2}, DType::f64, g), dt), 2, 3);
+    BOOST_REQUIRE(strided.strides()[3] != 1);
+    // the dense path with a row stride (a step's head views of its projection)
+    const Tensor rows = slice(to_dtype(randn({2, 3, 1, 8}, DType::f64, g), dt), 3, 2, 6);
+    KVCache c;
+    c.append(dense, affine(dense, 2.0, 0.0), 6);
+    const uint64_t v0 = c.k.version();
+    c.append(strided, affine(strided, 2.0, 0.0), 6);
+    BOOST_TEST(c.k.version() > v0);
+    const uint64_t v1 = c.k.version();
+    const auto [k, v] = c.append(rows, affine(rows, 2.0, 0.0), 6);
+    BOOST_TEST(c.k.version() > v1);
+    BOOST_TEST(c.len == 5);
+    const Tensor all = concat({dense, strided, rows}, 2);
+    BOOST_TEST(k.to_vector<double>() == all.to_vector<double>());
+    BOOST_TEST(v.to_vector<double>() == affine(all, 2.0, 0.0).to_vector<double>());
+    const Tensor rest = slice(c.k, 2, 5, 6);  // the unwritten position stays zero
+    BOOST_TEST(rest.to_vector<double>() == std::vector<double>(rest.numel(), 0.0));
+  }
+}
+
+// A cached cross-attention step reads the source padding mask as flags, whatever its dtype and
+// layout: float32 and int64 masks (read directly), float64 and a strided int64 mask (read through
+// to_vector) give one result, the recorded full pass's with that mask, and not the unmasked one.
+BOOST_AUTO_TEST_CASE(cross_steps_read_padding_masks_of_any_dtype) {
+  Generator g(11);
+  MultiHeadAttention mha(8, 2, DType::f64, g);
+  const Tensor x = randn({2, 1, 8}, DType::f64, g), mem = randn({2, 4, 8}, DType::f64, g);
+  const std::vector<int64_t> flags{0, 0, 1, 0, 0, 1, 1, 0};
+  const Tensor pad64 = from_vector(flags, {2, 4}, DType::i64);
+  const Tensor full = mha.forward(x, mem, to_dtype(pad64, DType::f64), false);
+  KVCache cross;
+  mha.fill_cross_cache(mem, cross);
+  const Tensor t = transpose(from_vector(flags, {4, 2}, DType::i64), 0, 1);  // (2, 4), strided
+  const Tensor t_full = mha.forward(x, mem, t, false);
+  for (const Tensor& m : {pad64, to_dtype(pad64, DType::f32), to_dtype(pad64, DType::f64)})
+    check_same(mha.forward_cross_cached(x, cross, m), full, 1e-12);
+  check_same(mha.forward_cross_cached(x, cross, t), t_full, 1e-12);
+  const auto unmasked = mha.forward_cross_cached(x, cross, Tensor()).to_vector<double>();
+  const auto masked = full.to_vector<double>();
+  double gap = 0;
+  for (size_t i = 0; i < masked.size(); ++i)
+    gap = std::max(gap, std::fabs(unmasked[i] - masked[i]));
+  BOOST_TEST(gap > 1e-6);
+}
+
 // Forward hooks on a small tree: the hook sees each module once per forward with its path below
 // the module it was registered on, in registration order; a returned tensor replaces the output
 // (and what follows computes from it, gradients included); remove() stops it; a module
