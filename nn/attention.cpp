@@ -46,13 +46,22 @@ Tensor cache_positions(const Tensor& buf, int64_t a, int64_t b) {
   return Tensor::view_of(buf, shape, buf.strides(), buf.offset() + a * buf.strides()[2]);
 }
 
+// Whether write_positions may copy src's rows into buf with memcpy: the same dtype and B, H, Dh,
+// [at, at + T) inside buf, dense rows and no bytes shared with buf (memcpy has no memmove
+// semantics; copy_into has). KVCache's fields are public: a v unlike k takes copy_into's checks.
+bool rows_copyable(const Tensor& buf, int64_t at, const Tensor& src) {
+  const Shape &s = src.shape(), &c = buf.shape();
+  return buf.is_contiguous() && src.strides()[3] == 1 && buf.dim() == 4 &&
+         src.dtype() == buf.dtype() && s[0] == c[0] && s[1] == c[1] && s[3] == c[3] &&
+         at + s[2] <= c[2] && !src.same_storage(buf);
+}
+
 // Writes src (B, H, T, Dh) at positions [at, at + T) of the dense cache buffer `buf` one row of
 // Dh elements at a time: copy_into's values without the position view it takes (two a layer and
-// step, 3 allocations each). A src whose rows are not dense goes through copy_into.
+// step, 3 allocations each). Anything else (rows_copyable) goes through copy_into.
 void write_positions(const Tensor& buf, int64_t at, const Tensor& src) {
   const Shape &s = src.shape(), &ss = src.strides(), &bs = buf.strides();
-  if (!buf.is_contiguous() || ss[3] != 1)
-    return copy_into(cache_positions(buf, at, at + s[2]), src);
+  if (!rows_copyable(buf, at, src)) return copy_into(cache_positions(buf, at, at + s[2]), src);
   const int64_t es = (int64_t)dtype_size(buf.dtype());
   char* d = static_cast<char*>(buf.raw());
   const char* p = static_cast<const char*>(src.raw());

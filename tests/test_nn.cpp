@@ -322,6 +322,31 @@ BOOST_AUTO_TEST_CASE(kv_cache_append_writes_positions_of_any_layout) {
   }
 }
 
+// KVCache's k and v are public: a v that does not match k (fewer positions, another dtype) or a
+// k_new that is a view of the cache itself never takes the row copy (it would write past v's
+// storage, copy half the bytes, or read rows it already overwrote): the checks and values of
+// copy_into, as before the row copy.
+BOOST_AUTO_TEST_CASE(kv_cache_append_to_a_foreign_v_keeps_copy_into_checks) {
+  Generator g(12);
+  const Tensor k3 = randn({1, 1, 3, 4}, DType::f32, g);
+  KVCache short_v;
+  short_v.k = zeros({1, 1, 8, 4});
+  short_v.v = zeros({1, 1, 2, 4});
+  BOOST_CHECK_THROW(short_v.append(k3, k3, 8), Error);
+  KVCache half_v;
+  half_v.k = zeros({1, 1, 8, 4});
+  half_v.v = zeros({1, 1, 8, 4}, DType::bf16);
+  half_v.append(k3, k3, 8);
+  const Tensor got = slice(half_v.v, 2, 0, 3);
+  BOOST_TEST(got.to_vector<double>() == to_dtype(k3, DType::bf16).to_vector<double>());
+  KVCache self;
+  self.append(k3, k3, 8);
+  // positions 2, 3 written to 3, 4: a row copy would read position 3 after writing it
+  const Tensor own = slice(self.k, 2, 2, 4), old = contiguous_copy(own);
+  self.append(own, own, 8);
+  BOOST_TEST(slice(self.k, 2, 3, 5).to_vector<double>() == old.to_vector<double>());
+}
+
 // A cached cross-attention step reads the source padding mask as flags, whatever its dtype and
 // layout: float32 and int64 masks (read directly), float64 and a strided int64 mask (read through
 // to_vector) give one result, the recorded full pass's with that mask, and not the unmasked one.
