@@ -1,5 +1,6 @@
 // matmul and linear: hand-computed values, float32 (oneDNN) vs float64 (loops) on layouts the
 // gradcheck cases are too small to reach.
+#include <omp.h>
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -225,6 +226,36 @@ BOOST_AUTO_TEST_CASE(linear_one_row_inference_matches_f64) {
       copy_into(w, randn({out, in}, DType::f64, g));
       copy_into(w32, cast_copy(w, DType::f32));
       check_same(linear(x32, w32, b32), linear(x, w, b), tol);
+    }
+  }
+}
+
+// Short rows go several at a time (linear_short_rows, IN <= 256), longer ones one at a time: at
+// every length around a vector (16 float32) and around that bound, with output counts below, at
+// and past a group of rows, bias or not, the row matches float64 on one and on two threads, and
+// both thread counts give the same bits (a row's sum does not depend on which group holds it).
+BOOST_AUTO_TEST_CASE(linear_one_row_short_rows_match_f64_on_any_thread_count) {
+  Generator g(11);
+  const int prev = omp_get_max_threads();
+  for (int64_t in : {1, 3, 15, 16, 17, 64, 65, 255, 256, 257, 513}) {
+    for (int64_t out : {1, 7, 8, 9, 15, 300}) {
+      for (bool bias : {false, true}) {
+        Tensor w = randn({out, in}, DType::f64, g), x = randn({1, in}, DType::f64, g);
+        Tensor b = bias ? randn({out}, DType::f64, g) : Tensor();
+        Tensor w32 = cast_copy(w, DType::f32), x32 = cast_copy(x, DType::f32);
+        Tensor b32 = bias ? cast_copy(b, DType::f32) : Tensor();
+        autograd::NoGrad ng;
+        const Tensor want = linear(x, w, b);
+        omp_set_num_threads(1);
+        const Tensor y1 = linear(x32, w32, b32);
+        omp_set_num_threads(std::max(2, prev));
+        const Tensor y2 = linear(x32, w32, b32);
+        omp_set_num_threads(prev);
+        BOOST_TEST_CONTEXT("IN " << in << ", OUT " << out << ", bias " << bias) {
+          check_same(y1, want, 2e-6 * (double)(in + 8));
+          BOOST_TEST(y1.to_vector<float>() == y2.to_vector<float>());
+        }
+      }
     }
   }
 }
