@@ -365,34 +365,12 @@ std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
   return f;
 }
 
-// y[o0, o0 + L) for one block of L (<= OB) outputs at w: the weight's IN x OB panel read in
-// order, each x[i] broadcast over the block's accumulators (no horizontal sums), two sets of
-// them for two independent chains.
-template <int L>
-void one_row_block(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                   const OutInnermost& f, int64_t m) {
-  float a0[L] = {}, a1[L] = {};
-  for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
-    const float* p = w + i0 / f.IB * f.S1;
-    const int64_t n = std::min(f.IB, IN - i0);
-    int64_t i = 0;
-    for (; i + 1 < n; i += 2) {
-      const float x0 = x[i0 + i], x1 = x[i0 + i + 1];
-#pragma omp simd
-      for (int o = 0; o < L; ++o)
-        a0[o] += x0 * p[i * f.OB + o], a1[o] += x1 * p[(i + 1) * f.OB + o];
-    }
-    if (i < n)
-#pragma omp simd
-      for (int o = 0; o < L; ++o) a0[o] += x[i0 + i] * p[i * f.OB + o];
-  }
-  for (int64_t o = 0; o < m; ++o) y[o] = a0[o] + a1[o] + (b ? b[o] : 0.f);
-}
-
 // y[o0, o0 + m) for G consecutive blocks of L outputs (panels S0 apart) at once: the G panels
 // read side by side, as G streams, each x[i] broadcast over G * L accumulators. A Zen 4 streams a
 // base decoder's weights from memory about 1.3x as fast this way (G = 4) as one panel after
-// another (one_row_block): one stream per core keeps too few lines in flight (docs/performance.md).
+// another (G = 1): one stream per core keeps too few lines in flight (docs/performance.md). Every
+// output is one chain over i in order, whatever G: G follows the thread count, and the outputs'
+// bits must not (docs/reliability.md).
 template <int L, int G>
 void one_row_panels(const float* x, const float* w, const float* b, float* y, int64_t IN,
                     const OutInnermost& f, int64_t m) {
@@ -417,16 +395,16 @@ void one_row_one_block(const float* x, const float* w, const float* b, float* y,
                        int64_t OUT, const OutInnermost& f, int64_t ob) {
   const int64_t o0 = ob * OB, m = std::min<int64_t>(OB, OUT - o0);
   const float* bb = b ? b + o0 : nullptr;
-  if (m == OB || f.padded) one_row_block<OB>(x, w + ob * f.S0, bb, y + o0, IN, f, m);
+  if (m == OB || f.padded) one_row_panels<OB, 1>(x, w + ob * f.S0, bb, y + o0, IN, f, m);
   else
     for (int64_t o = 0; o < m; ++o)
-      one_row_block<1>(x, w + ob * f.S0 + o, bb ? bb + o : nullptr, y + o0 + o, IN, f, 1);
+      one_row_panels<1, 1>(x, w + ob * f.S0 + o, bb ? bb + o : nullptr, y + o0 + o, IN, f, 1);
 }
 
 std::atomic<uint64_t> panel_calls{0};  // kern::kept_f32_panel_calls
 
 // One row through a weight of the OUT-innermost family, G blocks of OB outputs at a time
-// (one_row_panels; G = 1: one_row_block), the groups split over the threads. A group short of G
+// (one_row_panels), the groups split over the threads. A group short of G
 // blocks (the last), or whose last block ends inside the weight's last row of blocks unpadded
 // (transposed rows), runs block by block.
 template <int OB, int G>
@@ -446,6 +424,14 @@ void one_row_out_innermost(const float* x, const float* w, const float* b, float
   }
 }
 
+// The most blocks one_row_panels reads side by side: 4 x 64 accumulators fill 16 of AVX-512's 32
+// vector registers; with 16 (AVX2) they would spill, so one block there (measured on AVX-512 only).
+#if defined(__AVX512F__)
+constexpr int64_t kMaxPanels = 4;
+#else
+constexpr int64_t kMaxPanels = 1;
+#endif
+
 // One row through a weight of the OUT-innermost family with OB outputs per block: 4 blocks side
 // by side while every thread still gets a group of them, else 2, else 1.
 template <int OB>
@@ -453,7 +439,8 @@ void one_row_by_groups(const float* x, const float* w, const float* b, float* y,
                        int64_t OUT, const OutInnermost& f) {
   const bool parallel = OUT * IN >= 16384;
   const int64_t blocks = (OUT + OB - 1) / OB, threads = parallel ? omp_get_max_threads() : 1;
-  if (blocks >= 4 * threads) one_row_out_innermost<OB, 4>(x, w, b, y, IN, OUT, f, parallel);
+  if (kMaxPanels == 1) one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
+  else if (blocks >= 4 * threads) one_row_out_innermost<OB, 4>(x, w, b, y, IN, OUT, f, parallel);
   else if (blocks >= 2 * threads) one_row_out_innermost<OB, 2>(x, w, b, y, IN, OUT, f, parallel);
   else one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
 }
