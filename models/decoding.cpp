@@ -63,7 +63,7 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
   if (p == Precision::int8) {
     freed = free_float32_linears(model, quantize_weight_int8);
   } else if (p == Precision::fp32) {  // one copy of each linear weight: the kernel's layout
-    freed = free_float32_linears(model, keep_weight_fp32);
+    freed = keep_weights_fp32(int8_linear_weights(model));  // packed: one block, huge pages
   } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native
     for (const auto& [name, t] : model.named_parameters())
       if (t.dtype() == DType::f32) freed += (size_t)t.numel() * 2;

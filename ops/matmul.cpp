@@ -10,11 +10,17 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <type_traits>
 #if defined(__AVX512BF16__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 #include "graft/autograd/gradcheck.h"
@@ -302,10 +308,18 @@ void rows_dot(const float* x, const float* w, const float* b, float* y, int64_t 
 // horizontal sum for a few vectors of work: 8 at once took a tiny model's projection (1000 x 128)
 // from 13.5 to 7 us on one Zen 4 thread, small's (8000 x 256) from 160 to 125. Longer rows keep
 // the one-row loop: one stream of weights, which read base's (8000 x 512) no slower than 8 streams.
+// So do weights past 1 MiB (kShortRowsMost): a decoding step reads them again only after the rest
+// of the model has gone through the caches, and from there 8 rows side by side ran 1.7-2.5x slower
+// than one row after another (small's 8000 x 256 projection rotated through 64 MiB: 300 against
+// 174 us; 1000 x 128 through 20 MiB: 10.4 against 8.0; AMD EPYC Zen 4, 2 threads): small's greedy
+// batch 1 went 18.7 -> 12.8 ms without it. Held in the caches (tiny's whole model is 2.5 MiB)
+// they ran 1.4-2x faster (docs/performance.md).
+constexpr int64_t kShortRowsMost = int64_t(1) << 18;  // float32 values: 1 MiB
+
 bool linear_short_rows(const float* x, const float* w, const float* b, float* y, int64_t IN,
                        int64_t OUT) {
   constexpr int64_t R = 8;
-  if (IN > 256) return false;
+  if (IN > 256 || OUT * IN > kShortRowsMost) return false;
   const int64_t groups = (OUT + R - 1) / R;
 #pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
   for (int64_t g = 0; g < groups; ++g) {
@@ -433,36 +447,39 @@ constexpr int64_t kMaxPanels = 1;
 #endif
 
 // One row through a weight of the OUT-innermost family with OB outputs per block: 4 blocks side
-// by side while every thread still gets a group of them, else 2, else 1.
+// by side while every thread still gets a group of them, else 2, else 1. Weights on 2 MiB pages
+// (`huge_pages`) are read one block after another: one stream per thread, which a Zen 4 read
+// 7-9% faster there than 4 side by side (a base decoder's one-row steps; on 4 KiB pages 4
+// streams were 3-8% faster: docs/performance.md).
 template <int OB>
 void one_row_by_groups(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                       int64_t OUT, const OutInnermost& f) {
+                       int64_t OUT, const OutInnermost& f, bool huge_pages) {
   const bool parallel = OUT * IN >= 16384;
   const int64_t blocks = (OUT + OB - 1) / OB, threads = parallel ? omp_get_max_threads() : 1;
-  if (kMaxPanels == 1) one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
+  if (kMaxPanels == 1 || huge_pages) one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
   else if (blocks >= 4 * threads) one_row_out_innermost<OB, 4>(x, w, b, y, IN, OUT, f, parallel);
   else if (blocks >= 2 * threads) one_row_out_innermost<OB, 2>(x, w, b, y, IN, OUT, f, parallel);
   else one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
 }
 
-// One row through a weight in layout d (f32, OUT x IN) at w; false when the loop does not know
-// d's layout (the caller runs the inner product instead).
+// One row through a weight in layout d (f32, OUT x IN) at w (on 2 MiB pages: `huge_pages`);
+// false when the loop does not know d's layout (the caller runs the inner product instead).
 bool linear_one_row_blocked(const float* x, const float* w, const dnnl::memory::desc& d,
-                            const float* b, float* y, int64_t IN, int64_t OUT) {
+                            const float* b, float* y, int64_t IN, int64_t OUT, bool huge_pages) {
   const std::optional<OutInnermost> f = out_innermost(d);
   if (!f) return false;
   switch (f->OB) {
     case 64:
-      one_row_by_groups<64>(x, w, b, y, IN, OUT, *f);
+      one_row_by_groups<64>(x, w, b, y, IN, OUT, *f, huge_pages);
       return true;
     case 32:
-      one_row_by_groups<32>(x, w, b, y, IN, OUT, *f);
+      one_row_by_groups<32>(x, w, b, y, IN, OUT, *f, huge_pages);
       return true;
     case 16:
-      one_row_by_groups<16>(x, w, b, y, IN, OUT, *f);
+      one_row_by_groups<16>(x, w, b, y, IN, OUT, *f, huge_pages);
       return true;
     case 8:
-      one_row_by_groups<8>(x, w, b, y, IN, OUT, *f);
+      one_row_by_groups<8>(x, w, b, y, IN, OUT, *f, huge_pages);
       return true;
     default:
       return false;
@@ -533,7 +550,7 @@ std::optional<RowsInForm> rows_in_form(const Tensor& w, const kern::KeptForm& k,
 std::optional<WeightsAt> kept_rows(const Tensor& w, const kern::KeptForm& k, bool onednn = true) {
   const auto rows = rows_in_form(w, k, onednn);
   if (!rows) return std::nullopt;
-  return WeightsAt{rows->md, static_cast<const float*>(k.data->data) + rows->first, k.data};
+  return WeightsAt{rows->md, static_cast<const float*>(k.bytes()) + rows->first, k.data};
 }
 
 // Reorders the values at `data` in layout `from` into `out` in layout `to`.
@@ -559,7 +576,7 @@ std::shared_ptr<Storage> kept_in_layout(const Tensor& w, const kern::KeptForm& k
   if (const auto rows = kept_rows(w, k)) return reorder_weights(*rows, best);
   const auto plain = onednn::md_contiguous({k.OUT, k.IN});
   const std::shared_ptr<Storage> all =
-      reorder_weights({k.layout, (float*)k.data->data, k.data}, plain);
+      reorder_weights({k.layout, static_cast<const float*>(k.bytes()), k.data}, plain);
   const auto* first = static_cast<const float*>(all->data) + w.offset();
   return reorder_weights({onednn::md_contiguous(w.shape()), first, all}, best);
 }
@@ -628,7 +645,8 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   }
   const std::optional<WeightsAt> rows = kept_rows(w, *k, /*onednn=*/false);
   if (!rows) return false;
-  if (linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN, OUT))
+  if (linear_one_row_blocked(x.data<float>(), rows->data, rows->md, pb, y.data<float>(), IN, OUT,
+                             k->huge_pages))
     return true;
   const std::optional<WeightsAt> for_onednn = kept_rows(w, *k);
   return for_onednn && one_row_in_layout(x, *for_onednn, b, y);
@@ -949,7 +967,7 @@ Tensor plain_rows_of_kept(const Tensor& w, const kern::KeptForm& k) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = kern::derived_copy(w, onednn::layout_tag(rows), [&] {
     const Tensor all = Tensor::empty({k.OUT, k.IN}, DType::bf16);
-    reorder_into(k.layout, k.data->data, dnnl::memory::desc({k.OUT, k.IN}, bf, tag::ab), all.raw());
+    reorder_into(k.layout, k.bytes(), dnnl::memory::desc({k.OUT, k.IN}, bf, tag::ab), all.raw());
     return contiguous_copy(slice(all, 0, first, first + n)).impl()->storage;
   });
   impl->shape = {n, k.IN};
@@ -968,7 +986,7 @@ void linear_forward_half(const Tensor& x2, const Tensor& w, const Tensor& b, con
 // other than those tried at keep time).
 void linear_kept_bf16(const Tensor& x2, const Tensor& w, const kern::KeptForm& k, const Tensor& b,
                       const Tensor& y2) {
-  const auto* form = static_cast<const bfloat16*>(k.data->data);
+  const auto* form = static_cast<const bfloat16*>(k.bytes());
   if (x2.shape()[0] <= kHalfRowLoop)
     if (const auto rows = rows_in_form(w, k, /*onednn=*/false))
       if (kept_rows_loop(x2, form + rows->first, rows->md, b, y2)) return;
@@ -1240,20 +1258,92 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 namespace graft::kern {
 
-size_t keep_blocked_f32(const Tensor& w, const std::string& name) {
-  if (!w.impl()->storage->data) return 0;  // already kept (or released by its owner)
-  check_whole_storage(w, "keep_weight_fp32", name);
-  const int64_t OUT = w.shape()[0], IN = w.shape()[1];
-  const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
-  if (c.mds[1] == c.mds[4]) return 0;  // the kernel reads w's own rows: nothing held twice
-  const WeightsAt blocked = f32_weights(w, c.weights_tag, c.mds[4], c.mds[1]);
-  return replace_weight(
-      w, {blocked.hold, OUT, IN, DType::f32, c.weights_tag, c.mds[1]},
-      name + " " + describe(w) +
-          ": its float32 values were freed when it was kept in the inner product's blocked "
-          "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
-          "precision reads it now: load the weights again to train it, save it or run it in "
-          "another precision");
+namespace {
+
+// Whether the system backs memory that asks for them (madvise) with 2 MiB pages: transparent huge
+// pages not set to "never" (nor missing).
+bool huge_pages_given() {
+  static const bool given = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    return std::getline(f, line) && line.find("[never]") == std::string::npos;
+  }();
+  return given;
+}
+
+// Asks for 2 MiB pages over the whole 2 MiB pages inside [p, p + n); whether they will be given.
+bool ask_huge_pages(void* p, size_t n) {
+#if defined(__linux__)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1),
+                  e = (reinterpret_cast<uintptr_t>(p) + n) & ~(kHuge - 1);
+  return e > a && huge_pages_given() &&
+         madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE) == 0;
+#else
+  (void)p, (void)n;
+  return false;
+#endif
+}
+
+// A weight keep_blocked_f32 packs: its layouts and where its form starts in the block.
+struct PackedWeight {
+  const Tensor* w;
+  const std::string* name;
+  dnnl::memory::desc plain, blocked;
+  uint64_t tag;
+  size_t at;
+};
+
+std::string kept_f32_why(const std::string& name, const Tensor& w) {
+  return name + " " + describe(w) +
+         ": its float32 values were freed when it was kept in the inner product's blocked "
+         "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
+         "precision reads it now: load the weights again to train it, save it or run it in "
+         "another precision";
+}
+
+// The weights of `weights` that get a blocked form (each storage once), placed one after another
+// (64-byte aligned); `total` their bytes.
+std::vector<PackedWeight> pack_f32_forms(const std::vector<std::pair<std::string, Tensor>>& weights,
+                                         size_t& total) {
+  std::vector<PackedWeight> packed;
+  std::set<const Storage*> seen;
+  total = 0;
+  for (const auto& [name, w] : weights) {
+    const Storage* s = w.impl()->storage.get();
+    if (!s->data || !seen.insert(s).second) continue;  // kept already, or named twice
+    check_whole_storage(w, "keep_weight_fp32", name);
+    const int64_t OUT = w.shape()[0], IN = w.shape()[1];
+    const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
+    if (c.mds[1] == c.mds[4]) continue;  // the kernel reads w's own rows: nothing held twice
+    const size_t at = (total + 63) / 64 * 64, bytes = c.mds[1].get_size();
+    if (at < total || bytes > SIZE_MAX - at) fail("keep_weight_fp32: the weights' bytes overflow");
+    packed.push_back({&w, &name, c.mds[4], c.mds[1], c.weights_tag, at});
+    total = at + bytes;
+  }
+  return packed;
+}
+
+}  // namespace
+
+// One block for all forms: a decoding step streams every weight from memory, and on 2 MiB pages
+// it walks 512 times fewer pages (docs/performance.md). Each weight's values are freed as soon as
+// its form is written, so the peak stays the weights plus one.
+size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weights) {
+  size_t total = 0;
+  const std::vector<PackedWeight> packed = pack_f32_forms(weights, total);
+  if (packed.empty()) return 0;
+  const auto block = std::make_shared<Storage>(total);
+  const bool huge = ask_huge_pages(block->data, total);
+  size_t freed = 0;
+  for (const PackedWeight& p : packed) {
+    reorder_into(p.plain, p.w->data<float>(), p.blocked, static_cast<char*>(block->data) + p.at);
+    const kern::KeptForm form{
+        block, p.w->shape()[0], p.w->shape()[1], DType::f32, p.tag, p.blocked, p.at, huge};
+    freed += replace_weight(*p.w, form, kept_f32_why(*p.name, *p.w));
+  }
+  drop_stale_derived_copies();  // copies inference made from the values before
+  return freed;
 }
 
 uint64_t kept_f32_panel_calls() { return panel_calls.load(std::memory_order_relaxed); }

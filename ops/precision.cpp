@@ -282,8 +282,12 @@ size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scal
 }
 
 size_t keep_weight_fp32(const Tensor& w, const std::string& name) {
-  check_linear_weight(w, "keep_weight_fp32", name);
-  return kern::keep_blocked_f32(w, name);
+  return keep_weights_fp32({{name, w}});
+}
+
+size_t keep_weights_fp32(const std::vector<std::pair<std::string, Tensor>>& weights) {
+  for (const auto& [name, w] : weights) check_linear_weight(w, "keep_weight_fp32", name);
+  return kern::keep_blocked_f32(weights);
 }
 
 size_t keep_weight_bf16(const Tensor& w, const std::string& name) {

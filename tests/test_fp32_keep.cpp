@@ -199,6 +199,54 @@ BOOST_AUTO_TEST_CASE(one_row_over_blocks_is_the_same_on_any_thread_count) {
   }
 }
 
+// keep_weights_fp32 packs the forms of several weights into one block (6 MiB here: on 2 MiB pages
+// where the system gives them, read one block of outputs after another): each weight gives what
+// its float32 values gave (bits over 3 and 32 rows, rounding over one row, the same bits on 1 and
+// 2 threads), a weight named twice is kept once, and a bad weight in the list keeps none.
+BOOST_AUTO_TEST_CASE(weights_kept_together_share_one_block_and_equal_float32) {
+  const std::vector<Tensor> ws = {random({1024, 512}, 11), random({1024, 512}, 12),
+                                  random({100, 37}, 13), random({1024, 512}, 14)};
+  const Tensor b = random({1024}, 15);
+  const Tensor bad = random({4, 4, 4}, 16);
+  BOOST_CHECK_EXCEPTION(
+      keep_weights_fp32({{"dec.a", ws[0]}, {"dec.bad", bad}}), Error,
+      [](const Error& e) { return std::string(e.what()).find("dec.bad") != std::string::npos; });
+  BOOST_TEST(ws[0].to_vector<float>().size() == 1024u * 512u);  // not kept: its values still read
+  std::vector<std::vector<Tensor>> want;
+  for (const Tensor& w : ws) want.push_back(outputs(w, b, 0, w.shape()[0]));
+  const size_t freed = keep_weights_fp32({{"dec.a", ws[0]},
+                                          {"dec.b", ws[1]},
+                                          {"dec.a again", ws[0]},
+                                          {"dec.c", ws[2]},
+                                          {"dec.d", ws[3]}});
+  const auto a = kern::kept_form(ws[0], DType::f32), d = kern::kept_form(ws[3], DType::f32);
+  if (!a || !d) {
+    BOOST_TEST_MESSAGE("not checked: the weights were not kept on this CPU");
+    return;
+  }
+  size_t bytes = 0;
+  for (const Tensor& w : ws) bytes += (size_t)w.numel() * 4;
+  BOOST_TEST(freed == bytes);
+  BOOST_TEST(a->data == d->data);  // one block
+  BOOST_TEST((a->offset % 64 == 0 && d->offset % 64 == 0 && a->offset != d->offset));
+  BOOST_TEST_MESSAGE("kept on 2 MiB pages: " << a->huge_pages);
+  const int threads = omp_get_max_threads();
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const int64_t OUT = ws[i].shape()[0], IN = ws[i].shape()[1];
+    const std::vector<Tensor> got = outputs(ws[i], b, 0, OUT);
+    BOOST_TEST(one_row_close(got[0], want[i][0], IN), "weight " << i);
+    BOOST_TEST(got[1].to_vector<float>() == want[i][1].to_vector<float>(), "weight " << i);
+    BOOST_TEST(got[2].to_vector<float>() == want[i][2].to_vector<float>(), "weight " << i);
+    std::vector<std::vector<float>> one;
+    for (const int t : {1, 2}) {
+      omp_set_num_threads(t);
+      one.push_back(outputs(ws[i], b, 0, OUT)[0].to_vector<float>());
+    }
+    omp_set_num_threads(threads);
+    BOOST_TEST(one[0] == one[1], "weight " << i);
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(fp32_keep_model_tests)

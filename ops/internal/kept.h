@@ -10,6 +10,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "graft/autograd/tensor.h"
 
@@ -17,13 +19,19 @@ namespace graft::kern {
 
 // What replaces a weight w (OUT, IN): `data` holds its values in `dtype` (i8: the int8 form with
 // its scales; f32: float32; bf16: bfloat16) laid out as `layout` describes, `tag` naming that
-// layout.
+// layout. Several forms may share one storage (keep_blocked_f32 packs a model's weights into one
+// block): the form starts `offset` bytes into it. `huge_pages`: that block asked the kernel for
+// 2 MiB pages and the system gives them (transparent huge pages not "never").
 struct KeptForm {
   std::shared_ptr<Storage> data;
   int64_t OUT = 0, IN = 0;
   DType dtype = DType::f32;
   uint64_t tag = 0;
   dnnl::memory::desc layout;
+  size_t offset = 0;
+  bool huge_pages = false;
+  /// The form's first byte.
+  const void* bytes() const { return static_cast<const char*>(data->data) + offset; }
 };
 
 // Fails (the message starting with `who`, naming `name`) unless w is the whole of its storage:
@@ -41,12 +49,13 @@ size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& 
 // with the storage's freed-weight error, which names the parameter.
 std::optional<KeptForm> kept_form(const Tensor& w, DType dtype);
 
-// Keeps the float32 weight w (OUT, IN; contiguous, the whole of its storage) in the layout the
-// float32 inference inner product reads (a decoding step's), once, as w's replacement, and
-// releases w's values (the error naming `name`); every float32 inference read of w or of a slice
-// of its rows then reads that form (ops/matmul.cpp). Returns the bytes freed: 0 when w was kept
-// already or the kernel reads plain rows (nothing is held twice then).
-size_t keep_blocked_f32(const Tensor& w, const std::string& name);
+// Keeps each float32 weight w (OUT, IN; contiguous, the whole of its storage) of `weights` (name,
+// weight) in the layout the float32 inference inner product reads (a decoding step's), once, as
+// w's replacement, and releases w's values (the error naming the name); every float32 inference
+// read of w or of a slice of its rows then reads that form (ops/matmul.cpp). The forms are packed
+// into one block (2 MiB pages where the system gives them). Returns the bytes freed: 0 for a
+// weight kept already or where the kernel reads plain rows (nothing is held twice then).
+size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weights);
 
 // The same for the bf16 weight w: kept once in the layout the bf16 inference inner product reads
 // (ops/matmul.cpp's linear_kept_bf16 reads it at every row count), its plain bf16 values released

@@ -461,6 +461,20 @@ void check_weight_finite(const Tensor& w, const std::string& what, bool bf16) {
        (path.empty() ? "; anomaly mode, GRAFT_DETECT_ANOMALY=1, names the module" : "") + ")");
 }
 
+// Copies of weights that died or changed since: never hit again.
+template <class Cache>
+void erase_stale(Cache& cache) {
+  std::erase_if(cache, [](const auto& kv) {
+    const std::shared_ptr<Storage> s = kv.second.source.lock();
+    return !s || s->version != kv.second.version;
+  });
+}
+
+void drop_stale_derived_copies() {
+  std::lock_guard<std::mutex> lock(derived_mutex);
+  erase_stale(derived_cache());
+}
+
 std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
                                       const std::function<std::shared_ptr<Storage>()>& make) {
   const std::shared_ptr<Storage>& src = t.impl()->storage;
@@ -470,11 +484,7 @@ std::shared_ptr<Storage> derived_copy(const Tensor& t, uint64_t tag,
   auto it = cache.find(key);
   if (it != cache.end() && it->second.source.lock() == src && it->second.version == src->version)
     return it->second.copy;
-  // Copies of weights that died or changed since are never hit again: dropped on every miss.
-  std::erase_if(cache, [](const auto& kv) {
-    const std::shared_ptr<Storage> s = kv.second.source.lock();
-    return !s || s->version != kv.second.version;
-  });
+  erase_stale(cache);  // dropped on every miss
   Derived d{src, src->version, make()};
   cache[key] = d;
   return d.copy;

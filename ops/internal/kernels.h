@@ -253,6 +253,9 @@ void gemm_bias(const Operand& a, const Operand& b, const Tensor& bias, const Ten
 // bmm for 2-D a (M, K), b (K, N), out (M, N), with the shapes checked.
 void gemm(const Operand& a, const Operand& b, const Tensor& out, bool accumulate = false,
           BCopy b_copy = BCopy::per_call);
+// Frees the derived copies of weights that died or changed since (replace_weight bumps a kept
+// weight's version): a keep frees them at once instead of at the next miss.
+void drop_stale_derived_copies();
 // A copy derived from weight t's span (converted to bf16, reordered to a matmul's layout), made
 // by `make` once per version of t's storage; `tag` tells the kinds of copies of one span apart.
 // A copy is kept until its source changes or dies and some later call misses. Thread-safe.
