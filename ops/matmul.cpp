@@ -586,7 +586,7 @@ std::shared_ptr<Storage> kept_in_layout(const Tensor& w, const kern::KeptForm& k
 // (kern::derived_copy, from w's values or from its kept form) and kept while w lives.
 WeightsAt f32_weights(const Tensor& w, uint64_t tag, const dnnl::memory::desc& plain,
                       const dnnl::memory::desc& best) {
-  const std::optional<kern::KeptForm> k = kern::kept_form(w, DType::f32);
+  const kern::KeptForm* k = kern::kept_form(w, DType::f32);
   if (!k && best == plain) return {best, w.data<float>(), nullptr};
   if (k)
     if (auto rows = kept_rows(w, *k); rows && rows->md == best) return *rows;
@@ -638,7 +638,7 @@ bool one_row_in_layout(const Tensor& x, const WeightsAt& wa, const Tensor& b, co
 bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   const float* pb = b.defined() ? b.data<float>() : nullptr;
-  const std::optional<kern::KeptForm> k = kern::kept_form(w, DType::f32);
+  const kern::KeptForm* k = kern::kept_form(w, DType::f32);
   if (!k) {
     linear_one_row_f32(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT);
     return true;

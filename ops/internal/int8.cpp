@@ -188,7 +188,7 @@ constexpr uint64_t kPlainTag = 0x1a78;  // apart from layout_tag()'s tags (top b
 using Replacement = KeptForm;
 
 // The replacement of w's storage, or nullopt when w holds its float32 values.
-std::optional<Replacement> replacement_of(const Tensor& w) { return kept_form(w, DType::i8); }
+const Replacement* replacement_of(const Tensor& w) { return kept_form(w, DType::i8); }
 
 // The replacement's plain (OUT, IN) rows (a copy when it is kept in the kernel's layout).
 std::shared_ptr<Storage> plain_rows(const Replacement& r) {
@@ -219,7 +219,7 @@ std::shared_ptr<Storage> row_slice(const Storage& rows, int64_t OUT, int64_t IN,
 
 // w (OUT, IN) quantized as plain rows: from its float32 values, or from its replacement when
 // they were freed (w may be a slice of rows of the replaced weight).
-std::shared_ptr<Storage> quantized_rows(const Tensor& w, const std::optional<Replacement>& r) {
+std::shared_ptr<Storage> quantized_rows(const Tensor& w, const Replacement* r) {
   if (!r) return quantize_weights(w);
   const std::shared_ptr<Storage> all = plain_rows(*r);
   const int64_t OUT = w.shape()[0];
@@ -228,7 +228,7 @@ std::shared_ptr<Storage> quantized_rows(const Tensor& w, const std::optional<Rep
 }
 
 // Whether w is the whole replaced weight (not a slice of it).
-bool whole(const Tensor& w, const std::optional<Replacement>& r) {
+bool whole(const Tensor& w, const Replacement* r) {
   return r && w.offset() == 0 && w.shape()[0] == r->OUT;
 }
 
@@ -247,7 +247,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
          " an int32 sum of u8 x s8 products holds without overflow");
   float* y = y2.data<float>();
   const QuantRows xq = quantize_activations(x2);
-  const std::optional<Replacement> r = replacement_of(w);
+  const Replacement* r = replacement_of(w);
   if (reference) {
     const auto s = whole(w, r) && r->tag == kPlainTag
                        ? r->data

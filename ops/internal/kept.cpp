@@ -41,20 +41,23 @@ size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& 
   return freed;
 }
 
-std::optional<KeptForm> kept_form(const Tensor& w, DType dtype) {
+const KeptForm* kept_form(const Tensor& w, DType dtype) {
   const std::shared_ptr<Storage>& src = w.impl()->storage;
-  if (src->data) return std::nullopt;
+  if (src->data) return nullptr;
   std::lock_guard<std::mutex> lock(replaced_mutex);
   auto it = replaced().find(src.get());
-  if (it == replaced().end() || it->second.source.lock() != src || it->second.form.dtype != dtype)
-    return std::nullopt;
+  // The entry's source is src itself (not a dead storage at the same address): the same owner.
+  const auto& source = it == replaced().end() ? std::weak_ptr<Storage>() : it->second.source;
+  if (it == replaced().end() || source.owner_before(src) || src.owner_before(source) ||
+      it->second.form.dtype != dtype)
+    return nullptr;
   const KeptForm& f = it->second.form;
   // Only whole rows of the kept weight are in the form: a reshaped or column-cut view of its
   // storage is not (its float32 values are gone, so the freed-weight error names it).
   if (w.dim() != 2 || w.shape()[1] != f.IN || w.offset() % f.IN != 0 ||
       w.offset() / f.IN + w.shape()[0] > f.OUT || !w.is_contiguous())
     fail(src->released);
-  return f;
+  return &f;
 }
 
 }  // namespace graft::kern

@@ -43,11 +43,12 @@ void check_whole_storage(const Tensor& w, const std::string& who, const std::str
 // miss). Returns the bytes freed. Not while another thread reads w.
 size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why);
 
-// The kept form of w's storage (w may be a slice of the replaced weight's rows), or nullopt when
-// w holds its values or its storage was replaced by a form of another dtype than `dtype`. A view
+// The kept form of w's storage (w may be a slice of the replaced weight's rows), or null when w
+// holds its values or its storage was replaced by a form of another dtype than `dtype`; valid
+// while w's storage lives (no copy: every inference linear on a kept weight looks it up). A view
 // of a replaced storage that is not a block of its whole rows (reshaped, cut in columns) fails
 // with the storage's freed-weight error, which names the parameter.
-std::optional<KeptForm> kept_form(const Tensor& w, DType dtype);
+const KeptForm* kept_form(const Tensor& w, DType dtype);
 
 // Keeps each float32 weight w (OUT, IN; contiguous, the whole of its storage) of `weights` (name,
 // weight) in the layout the float32 inference inner product reads (a decoding step's), once, as
