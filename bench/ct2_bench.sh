@@ -6,7 +6,7 @@
 # rows' seeded model (tiny, small, base) as a translate run directory, and
 # examples/translation/ct2_convert.py converts it (float32, and int8 for the int8 rows). Then,
 # side by side, one process per configuration: greedy and beam 4 at batch 32 (new tokens/s) and at
-# batch 1 (ms per sentence; the median of CT2_LATENCY_ROUNDS, default 3, alternating pairs of
+# batch 1 (ms per sentence; the median of CT2_LATENCY_ROUNDS, default 7, alternating pairs of
 # processes), float32 against float32, int8 against int8 (CTranslate2's int8 rows
 # always, graft's only where graft_bench takes --precision int8 on this CPU), bf16 against bf16
 # where CTranslate2 has a bf16 CPU type here (not on this AMD EPYC: it refuses bfloat16). Writes bench/results/latest_ct2.jsonl and replaces (or appends) the section
@@ -72,9 +72,9 @@ echo "bench: graft int8 rows: $GRAFT_INT8; bf16 rows: $($CT2_BF16 && $GB_BF16 &&
 # pair C WHAT BATCH PREC CT2_TYPE MODEL GRAFT: graft's row (when GRAFT is true), then
 # CTranslate2's on the same work; at float32 CTranslate2's ids are compared with graft's. One
 # sentence (batch 1) runs LATENCY_ROUNDS such pairs, the two sides alternating, and the report
-# takes each side's median over them: a one-sentence run lasts milliseconds, and this VM's speed
-# drifts by a third from minute to minute.
-LATENCY_ROUNDS=${CT2_LATENCY_ROUNDS:-3}
+# takes each side's median over them and, as the ratio, the median of the rounds' ratios: a
+# one-sentence run lasts milliseconds, and this VM's speed drifts by a third from minute to minute.
+LATENCY_ROUNDS=${CT2_LATENCY_ROUNDS:-7}
 # CTranslate2's best configuration on a CPU is its default or its AVX-512 kernels forced (on AMD it
 # picks AVX2): both run, each row of the report takes the faster (ct2_peer.py --report).
 # CT2_ISAS=default runs the default alone.

@@ -154,19 +154,37 @@ ROW_KINDS = [  # (benchmark, what, batch, unit, field, higher_better)
 ]
 
 
-def find_row(res, side, what, config, precision, batch):
-    """The side's rows of this work (one, or one a round for one sentence) as one row: the
-    median of each numeric field over them, the lowest agreement with graft's ids."""
+def side_hits(res, side, what, config, precision, batch):
+    """The side's rows of this work in the order they ran (one, or one a round for one
+    sentence); CTranslate2's at its best configuration: the ISA setting with the lower median."""
     hits = [r for r in res[side]
             if (r.get("what"), r.get("config"), r.get("precision", "fp32"), r.get("batch", 32)) ==
             (what, config, precision, batch)]
-    if not hits:
-        return None
-    if side == "ct2":  # CTranslate2 at its best configuration: the faster ISA setting
+    if hits and side == "ct2":
         by_isa = {}
         for h in hits:
             by_isa.setdefault(h.get("isa", "default"), []).append(h)
         hits = min(by_isa.values(), key=lambda hs: median([h["ms"] for h in hs]))
+    return hits
+
+
+def paired_ratio(res, what, config, precision, field):
+    """One sentence: the median over the rounds of CTranslate2's time over graft's in the same
+    round (the two sides' processes alternate), or None without a pair for every round. On a
+    VM whose speed drifts from minute to minute it varies less than the ratio of the medians."""
+    g = side_hits(res, "graft", what, config, precision, 1)
+    p = side_hits(res, "ct2", what, config, precision, 1)
+    if not g or len(g) != len(p) or any(field not in h for h in g + p):
+        return None
+    return median([b[field] / a[field] for a, b in zip(g, p)])
+
+
+def find_row(res, side, what, config, precision, batch):
+    """The side's rows of this work (one, or one a round for one sentence) as one row: the
+    median of each numeric field over them, the lowest agreement with graft's ids."""
+    hits = side_hits(res, side, what, config, precision, batch)
+    if not hits:
+        return None
     row = dict(hits[-1])
     for k, v in row.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -216,6 +234,8 @@ def table_rows(res):
                     continue
                 gv, pv = (g or {}).get(field), (p or {}).get(field)
                 ratio = float("nan") if gv is None or pv is None else (gv / pv if higher else pv / gv)
+                if batch == 1 and not higher:
+                    ratio = paired_ratio(res, what, c, prec, field) or ratio
                 rows.append((bench, c, prec, gv, pv, unit, ratio))
                 if p is not None:
                     isa.append(f"{bench} {c} {prec}: {p.get('isa', 'default')}")
@@ -257,7 +277,8 @@ def notes(meta, agree, isa):
               "weights at int8; CTranslate2: the Translator made); peak_rss_decoding_only the VmHWM of the "
               "decoding runs after that (reset through /proc/self/clear_refs on both sides)")
     md.append("- ratio: graft/CTranslate2 for throughputs, CTranslate2/graft for latency and memory "
-              "(> 1: graft better)")
+              "(> 1: graft better); one sentence: the median over the rounds of the two sides' ratio "
+              "within a round (the columns are each side's median)")
     return md
 
 
