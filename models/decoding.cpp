@@ -38,8 +38,8 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
 }
 
 // Keeps every weight int8_linear_weights() names in `keep`'s inference form (int8:
-// quantize_weight_int8; fp32: keep_weight_fp32; bf16: keep_weight_bf16), freeing its float32
-// (bf16) values; returns the bytes freed.
+// quantize_weight_int8; bf16: keep_weight_bf16; fp32 packs them: keep_weights_fp32), freeing its
+// float32 (bf16) values; returns the bytes freed.
 size_t free_float32_linears(nn::Module& model, size_t (*keep)(const Tensor&, const std::string&)) {
   size_t freed = 0;
   for (const auto& [name, w] : int8_linear_weights(model)) freed += keep(w, name);

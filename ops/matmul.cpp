@@ -381,10 +381,11 @@ std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
 
 // y[o0, o0 + m) for G consecutive blocks of L outputs (panels S0 apart) at once: the G panels
 // read side by side, as G streams, each x[i] broadcast over G * L accumulators. A Zen 4 streams a
-// base decoder's weights from memory about 1.3x as fast this way (G = 4) as one panel after
-// another (G = 1): one stream per core keeps too few lines in flight (docs/performance.md). Every
-// output is one chain over i in order, whatever G: G follows the thread count, and the outputs'
-// bits must not (docs/reliability.md).
+// base decoder's weights from 4 KiB pages about 1.3x as fast this way (G = 4) as one panel after
+// another (G = 1): one stream per core keeps too few lines in flight (docs/performance.md); from
+// 2 MiB pages one panel after another is faster. Every output is one chain over i in order,
+// whatever G: G follows the thread count and the pages, and the outputs' bits must not
+// (docs/reliability.md).
 template <int L, int G>
 void one_row_panels(const float* x, const float* w, const float* b, float* y, int64_t IN,
                     const OutInnermost& f, int64_t m) {
@@ -1260,6 +1261,7 @@ namespace graft::kern {
 
 namespace {
 
+#if defined(__linux__)
 // Whether the system backs memory that asks for them (madvise) with 2 MiB pages: transparent huge
 // pages not set to "never" (nor missing).
 bool huge_pages_given() {
@@ -1271,19 +1273,19 @@ bool huge_pages_given() {
   return given;
 }
 
-// Asks for 2 MiB pages over the whole 2 MiB pages inside [p, p + n); whether they will be given.
-bool ask_huge_pages(void* p, size_t n) {
-#if defined(__linux__)
+// Asks for 2 MiB pages over the whole 2 MiB pages inside [p, p + n) (memory not touched yet);
+// the byte range [from, to) of them relative to p that will have them, empty where none will.
+std::pair<size_t, size_t> ask_huge_pages(void* p, size_t n) {
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1),
-                  e = (reinterpret_cast<uintptr_t>(p) + n) & ~(kHuge - 1);
-  return e > a && huge_pages_given() &&
-         madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE) == 0;
-#else
-  (void)p, (void)n;
-  return false;
-#endif
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p), a = (at + kHuge - 1) & ~(kHuge - 1),
+                  e = (at + n) & ~(kHuge - 1);
+  if (e <= a || !huge_pages_given() || madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE))
+    return {0, 0};
+  return {a - at, e - at};
 }
+#else
+std::pair<size_t, size_t> ask_huge_pages(void*, size_t) { return {0, 0}; }
+#endif
 
 // A weight keep_blocked_f32 packs: its layouts and where its form starts in the block.
 struct PackedWeight {
@@ -1311,8 +1313,9 @@ std::vector<PackedWeight> pack_f32_forms(const std::vector<std::pair<std::string
   total = 0;
   for (const auto& [name, w] : weights) {
     const Storage* s = w.impl()->storage.get();
-    if (!s->data || !seen.insert(s).second) continue;  // kept already, or named twice
+    if (!s->data) continue;  // kept already
     check_whole_storage(w, "keep_weight_fp32", name);
+    if (!seen.insert(s).second) continue;  // named twice
     const int64_t OUT = w.shape()[0], IN = w.shape()[1];
     const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
     if (c.mds[1] == c.mds[4]) continue;  // the kernel reads w's own rows: nothing held twice
@@ -1333,11 +1336,14 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   size_t total = 0;
   const std::vector<PackedWeight> packed = pack_f32_forms(weights, total);
   if (packed.empty()) return 0;
+  forget_dead_forms();        // a dead model's block goes before this one comes
+  Storage::release_cached();  // fresh pages: pages the cache already touched stay 4 KiB
   const auto block = std::make_shared<Storage>(total);
-  const bool huge = ask_huge_pages(block->data, total);
+  const auto [huge_from, huge_to] = ask_huge_pages(block->data, total);
   size_t freed = 0;
   for (const PackedWeight& p : packed) {
     reorder_into(p.plain, p.w->data<float>(), p.blocked, static_cast<char*>(block->data) + p.at);
+    const bool huge = p.at >= huge_from && p.at + p.blocked.get_size() <= huge_to;
     const kern::KeptForm form{
         block, p.w->shape()[0], p.w->shape()[1], DType::f32, p.tag, p.blocked, p.at, huge};
     freed += replace_weight(*p.w, form, kept_f32_why(*p.name, *p.w));

@@ -28,13 +28,18 @@ void check_whole_storage(const Tensor& w, const std::string& who, const std::str
          dtype_name(w.dtype()) + " values would free the rest");
 }
 
+void forget_dead_forms() {
+  std::lock_guard<std::mutex> lock(replaced_mutex);
+  std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
+}
+
 size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why) {
   const std::shared_ptr<Storage>& src = w.impl()->storage;
   const size_t freed = src->data ? src->nbytes : 0;  // none for a model built without memory
   ++src->version;  // copies made from the float32 values before are dropped at the next miss
+  forget_dead_forms();
   {
     std::lock_guard<std::mutex> lock(replaced_mutex);
-    std::erase_if(replaced(), [](const auto& kv) { return kv.second.source.expired(); });
     replaced()[src.get()] = Replaced{src, form};
   }
   src->release(why);

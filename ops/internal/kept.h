@@ -43,6 +43,9 @@ void check_whole_storage(const Tensor& w, const std::string& who, const std::str
 // miss). Returns the bytes freed. Not while another thread reads w.
 size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& why);
 
+// Drops the forms of weights that died (replace_weight does too): their storage goes back.
+void forget_dead_forms();
+
 // The kept form of w's storage (w may be a slice of the replaced weight's rows), or null when w
 // holds its values or its storage was replaced by a form of another dtype than `dtype`; valid
 // while w's storage lives (no copy: every inference linear on a kept weight looks it up). A view

@@ -177,7 +177,8 @@ size_t keep_weight_fp32(const Tensor& w, const std::string& name);
 /// one block of memory, which asks the system for 2 MiB pages: one row of decoding streams every
 /// weight, and a base decoder's steps ran 7-9% faster from huge pages (AMD EPYC Zen 4,
 /// docs/performance.md). A storage named twice is kept once. models::keep_for_inference(fp32)
-/// calls it with every linear weight of the model. The block lives while any of its weights does.
+/// calls it with every linear weight of the model. The block lives while any of its weights does
+/// (a dead model's block is given back at the next keep at the latest).
 /// @return the bytes freed.
 /// @throws graft::Error naming the weight, as keep_weight_fp32(), before anything is kept.
 size_t keep_weights_fp32(const std::vector<std::pair<std::string, Tensor>>& weights);
