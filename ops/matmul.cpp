@@ -1338,14 +1338,23 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   if (packed.empty()) return 0;
   forget_dead_forms();        // a dead model's block goes before this one comes
   Storage::release_cached();  // fresh pages: pages the cache already touched stay 4 KiB
-  const auto block = std::make_shared<Storage>(total);
-  const auto [huge_from, huge_to] = ask_huge_pages(block->data, total);
+  // From 2 MiB on the forms start at a 2 MiB boundary and their last page is whole (the slack
+  // before and after them is never touched, but for the last page's rest: < 2 MiB).
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t slack = total >= kHuge ? 2 * kHuge : 0;
+  if (total > SIZE_MAX - slack) fail("keep_weight_fp32: the weights' bytes overflow");
+  const auto block = std::make_shared<Storage>(total + slack);
+  const size_t shift =
+      slack ? (kHuge - reinterpret_cast<uintptr_t>(block->data) % kHuge) % kHuge : 0;
+  char* base = static_cast<char*>(block->data) + shift;
+  const auto [huge_from, huge_to] =
+      ask_huge_pages(base, slack ? (total + kHuge - 1) / kHuge * kHuge : total);
   size_t freed = 0;
   for (const PackedWeight& p : packed) {
-    reorder_into(p.plain, p.w->data<float>(), p.blocked, static_cast<char*>(block->data) + p.at);
+    reorder_into(p.plain, p.w->data<float>(), p.blocked, base + p.at);
     const bool huge = p.at >= huge_from && p.at + p.blocked.get_size() <= huge_to;
-    const kern::KeptForm form{
-        block, p.w->shape()[0], p.w->shape()[1], DType::f32, p.tag, p.blocked, p.at, huge};
+    const kern::KeptForm form{block, p.w->shape()[0], p.w->shape()[1], DType::f32,
+                              p.tag, p.blocked,       shift + p.at,    huge};
     freed += replace_weight(*p.w, form, kept_f32_why(*p.name, *p.w));
   }
   drop_stale_derived_copies();  // copies inference made from the values before
