@@ -247,3 +247,14 @@ BOOST_AUTO_TEST_CASE(a_lying_header_allocates_nothing) {
   f.close();
   check_refused(dir, "model.embed_tokens.weight");
 }
+
+BOOST_AUTO_TEST_CASE(mixed_dtypes_give_a_float32_model) {
+  TempDir dir("hf_mixed");
+  Files t = tiny_tensors(false, false, DType::bf16);
+  t["model.norm.weight"] = ones({8});
+  write_dir(dir, tiny_config("llama"), t);
+  HfCausalLM m = load_hf_causal_lm(dir.path.string());
+  for (const auto& [n, x] : params_of(*m.model)) BOOST_TEST((x.dtype() == DType::f32), n);
+  graft::testing::check_same(params_of(*m.model).at("embedding.weight"),
+                             to_dtype(t.at("model.embed_tokens.weight"), DType::f32), 0);
+}
