@@ -49,6 +49,12 @@ const ConfigFields<LMConfig>& LMConfig::fields() {
         value_field<C>("bias", member(&C::bias), "biases in every linear and norm").optional(),
         value_field<C>("tied_output", member(&C::tied_output), "logits through the embedding")
             .optional(),
+        value_field<C>("eps", member(&C::eps), "the norms' epsilon")
+            .optional()
+            .and_check([](const C& c, const ConfigCheck& k) {
+              if (!(c.eps > 0 && c.eps < 1)) k.bad("eps", "must be in (0, 1)");
+            }),
+        value_field<C>("mask_pad", member(&C::mask_pad), "mask the keys holding pad_id").optional(),
     };
     f.insert(f.end(), more.begin(), more.end());
     return f;
@@ -73,6 +79,7 @@ nn::LayerConfig LMConfig::layer() const {
   l.rms_norm = rms_norm;
   l.kv_heads = kv_heads;
   l.bias = bias;
+  l.eps = eps;
   return l;
 }
 
@@ -113,7 +120,8 @@ Tensor DecoderOnlyLM::logits(const Tensor& h) const {
 
 Tensor DecoderOnlyLM::forward(const Tensor& ids) const {
   const auto named = scope();
-  return logits(blocks->forward(embed(ids), eq(ids, (double)cfg.pad_id)));
+  const Tensor mask = cfg.mask_pad ? eq(ids, (double)cfg.pad_id) : Tensor();
+  return logits(blocks->forward(embed(ids), mask));
 }
 
 namespace {

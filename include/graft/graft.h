@@ -39,6 +39,7 @@
 #include "graft/models/decoding.h"
 #include "graft/models/encoder_classifier.h"
 #include "graft/models/exported.h"
+#include "graft/models/hf.h"
 #include "graft/models/run.h"
 #include "graft/models/sentence_encoder.h"
 #include "graft/models/transformer.h"

@@ -38,6 +38,11 @@ struct LMConfig : StackConfig {
   bool bias = true;
   bool tied_output = true;
   ///@}
+  /// "eps" of every LayerNorm/RMSNorm (an imported Llama's rms_norm_eps); absent: 1e-5.
+  double eps = 1e-5;
+  /// "mask_pad": forward() masks the keys whose id is pad_id. Hugging Face decoders mask
+  /// nothing without an attention mask, so an imported model sets it false; absent: true.
+  bool mask_pad = true;
   /// The field table (stack_fields() plus the above), which to_json(), from_json() and
   /// validate() follow.
   static const ConfigFields<LMConfig>& fields();
@@ -66,7 +71,8 @@ class DecoderOnlyLM : public nn::Module {
   /// Builds the model of config c, initialised from c.seed (embedding N(0, 0.02^2)).
   /// @throws graft::Error "DecoderOnlyLM: field ..." when c.validate() refuses c.
   explicit DecoderOnlyLM(const LMConfig& c);
-  /// ids (B, T) int64 -> logits (B, T, V); ids equal to pad_id are masked as keys.
+  /// ids (B, T) int64 -> logits (B, T, V); ids equal to pad_id are masked as keys (with
+  /// cfg.mask_pad).
   /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned
   ///         positions) T > max_len.
   Tensor forward(const Tensor& ids) const;

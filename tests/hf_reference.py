@@ -1,0 +1,118 @@
+"""models::load_hf_causal_lm against transformers: random Llama (GQA, tied and untied), Qwen2
+(q/k/v biases) and Mistral checkpoints saved by save_pretrained in float32 and bfloat16; graft's
+logits (tests/hf_lm_check) within 1e-5 of transformers' (relative to the largest |logit|) and the
+same 64 greedy tokens; a bfloat16 file run in bfloat16 within BF16_TOL; a llama3 rope_scaling
+config refused naming rope_scaling.rope_type.
+Usage: hf_reference.py HF_LM_CHECK WORKDIR"""
+import subprocess
+import sys
+
+import torch
+import transformers as tf
+
+F32_TOL = 1e-5
+# bfloat16 keeps 8 significant bits (unit roundoff 2^-8 = 0.0039); a 2-layer model rounds its
+# activations about 10 times on the way to the logits (embedding, 2 norms, attention, FFN per
+# layer, final norm), so errors reach ~10 * 0.0039 of the largest logit: 0.04.
+BF16_TOL = 0.04
+NEW = 64
+BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+            num_attention_heads=4, rms_norm_eps=1e-5, max_position_embeddings=256)
+
+
+def cases():
+    yield "llama_gqa_untied", tf.LlamaConfig(**BASE, num_key_value_heads=2, rope_theta=500000.0,
+                                             tie_word_embeddings=False)
+    yield "llama_tied", tf.LlamaConfig(**BASE, num_key_value_heads=4, tie_word_embeddings=True)
+    yield "qwen2_biases", tf.Qwen2Config(**BASE, num_key_value_heads=2, rope_theta=1e6,
+                                         tie_word_embeddings=True, use_sliding_window=False)
+    yield "mistral", tf.MistralConfig(**BASE, num_key_value_heads=2, sliding_window=None,
+                                      tie_word_embeddings=False)
+
+
+def random_model(cls, cfg, seed):
+    torch.manual_seed(seed)
+    cfg._attn_implementation = "eager"
+    model = cls(cfg).eval()
+    with torch.no_grad():  # std 0.2 so that greedy argmax margins dwarf rounding
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.2)
+    return model
+
+
+def reference(model, ids):
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        logits = model(x).logits[0].float()
+        for _ in range(NEW):  # greedy, no eos stop
+            nxt = model(x).logits[0, -1].argmax()
+            x = torch.cat([x, nxt.view(1, 1)], 1)
+    return logits, x[0, len(ids):].tolist()
+
+
+def graft(check, d, ids, extra=()):
+    r = subprocess.run([check, d, ",".join(map(str, ids)), str(NEW), *extra],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"hf_lm_check {d} failed: {r.stderr}")
+    rows = [l.split() for l in r.stdout.splitlines()]
+    logits = torch.tensor([[float(v) for v in row[1:]] for row in rows if row[0] == "logits"])
+    gen = [int(v) for row in rows if row[0] == "generated" for v in row[1:]]
+    return logits, gen
+
+
+def compare(what, got, want, tol, gen=None, want_gen=None):
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    same = gen is None or gen == want_gen
+    print(f"{what}: max |graft - transformers| / max |logit| = {err:.2e} (tol {tol:g})"
+          + ("" if gen is None else f", {NEW} greedy tokens {'identical' if same else 'DIFFER'}"))
+    return err <= tol and same
+
+
+def check_case(check, work, name, cfg, seed):
+    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM,
+           "mistral": tf.MistralForCausalLM}[cfg.model_type]
+    model = random_model(cls, cfg, seed)
+    ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+    ok = True
+    f32, b16 = f"{work}/{name}_f32", f"{work}/{name}_bf16"
+    model.save_pretrained(f32)
+    want, want_gen = reference(model, ids)
+    got, gen = graft(check, f32, ids)
+    ok &= compare(f"{name} float32", got, want, F32_TOL, gen, want_gen)
+    model.to(torch.bfloat16).save_pretrained(b16)
+    wide = cls.from_pretrained(b16, dtype=torch.float32, attn_implementation="eager").eval()
+    want, want_gen = reference(wide, ids)
+    got, gen = graft(check, b16, ids, ["float32"])
+    ok &= compare(f"{name} bfloat16 file widened", got, want, F32_TOL, gen, want_gen)
+    got, _ = graft(check, b16, ids)
+    ok &= compare(f"{name} bfloat16 file run in bfloat16", got, want, BF16_TOL)
+    return ok
+
+
+def check_llama3_refused(check, work):
+    cfg = tf.LlamaConfig(**BASE, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 64})
+    d = f"{work}/llama3"
+    random_model(tf.LlamaForCausalLM, cfg, 9).save_pretrained(d)
+    r = subprocess.run([check, d, "1,2"], capture_output=True, text=True)
+    print(f"llama3 rope_scaling: exit {r.returncode}: {r.stderr.strip()}")
+    return r.returncode == 2 and "rope_type" in r.stderr
+
+
+def main():
+    check, work = sys.argv[1], sys.argv[2]
+    print(f"torch {torch.__version__}, transformers {tf.__version__}")
+    ok = True
+    for seed, (name, cfg) in enumerate(cases()):
+        ok &= check_case(check, work, name, cfg, seed + 1)
+    ok &= check_llama3_refused(check, work)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
