@@ -94,6 +94,8 @@ int cmd_generate(const std::string& run_dir, const std::string& prompt_text,
   models::check_decode_options(o);
   models::check_stop_ids(lm::kEOS, o, lm::kVocab);
   lm::LoadedRun run = lm::load_run(run_dir);
+  // As translate: each linear weight held once, in the form --precision runs it in.
+  models::keep_for_inference(*run.model, matmul_precision());
   std::vector<int64_t> prompt{lm::kBOS};
   for (int64_t t : lm::encode(prompt_text)) prompt.push_back(t);
   StreamPrinter printer;
