@@ -28,6 +28,13 @@ void check_sampling_options(const SamplingOptions& s, const char* who) {
     fail(std::string(who) + ": top_p must be in (0, 1], got " + std::to_string(s.top_p));
 }
 
+// HF's repetition_penalty range: a finite number > 0 (1: off); errors start with `who`.
+void check_repetition_penalty(double penalty, const char* who) {
+  if (!(penalty > 0) || !std::isfinite(penalty))
+    fail(std::string(who) + ": repetition_penalty must be a finite number > 0 (1: off), got " +
+         std::to_string(penalty));
+}
+
 // The linear weights under `m` (path prefix `at`): nn::Linear's weight and attention's
 // in_proj_weight, with their parameter paths.
 void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors& out) {
@@ -81,6 +88,39 @@ void check_decode_options(const DecodeOptions& o) {
   if (o.beam < 1) fail("decode: beam must be >= 1, got " + std::to_string(o.beam));
   check_sampling_options(o.sampling, "decode");
   if (o.sample && o.beam > 1) fail("decode: sampling draws one sequence per input; beam must be 1");
+  check_repetition_penalty(o.repetition_penalty, "decode");
+  if (o.min_new_tokens < 0 || o.min_new_tokens > o.max_len)
+    fail("decode: min_new_tokens must be in [0, max_len " + std::to_string(o.max_len) + "], got " +
+         std::to_string(o.min_new_tokens));
+  for (int64_t id : o.stop_ids)
+    if (id < 0) fail("decode: stop_ids holds " + std::to_string(id) + ", not a token id (< 0)");
+}
+
+std::vector<int64_t> stop_set(int64_t eos, const DecodeOptions& o) {
+  std::vector<int64_t> ids;
+  if (eos >= 0) ids.push_back(eos);
+  for (int64_t id : o.stop_ids)
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  return ids;
+}
+
+void check_stop_ids(int64_t eos, const DecodeOptions& o, int64_t vocab) {
+  for (int64_t id : stop_set(eos, o))
+    if (id >= vocab)
+      fail("decode: stop id " + std::to_string(id) + " is outside the vocabulary [0, " +
+           std::to_string(vocab) + ")");
+}
+
+void apply_repetition_penalty(std::vector<double>& scores, const std::vector<int64_t>& seen,
+                              double penalty) {
+  check_repetition_penalty(penalty, "apply_repetition_penalty");
+  const int64_t V = (int64_t)scores.size();
+  std::vector<int64_t> ids;
+  for (int64_t id : seen)
+    if (id >= 0 && id < V) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());  // each id once: a token seen twice is penalised once
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int64_t id : ids) scores[id] = scores[id] < 0 ? scores[id] * penalty : scores[id] / penalty;
 }
 
 std::vector<double> sampling_distribution(const std::vector<double>& logits,
@@ -130,13 +170,50 @@ int64_t sample_token(const std::vector<double>& logits, const SamplingOptions& o
 
 namespace {
 
-// The generated part of p (after its first `skip` tokens), cut at EOS.
-std::vector<int64_t> cut_at_eos(const std::vector<int64_t>& p, size_t skip, int64_t eos,
-                                bool stop_at_eos) {
-  if (!stop_at_eos) return std::vector<int64_t>(p.begin() + (long)skip, p.end());
+// What every step of one decode applies: its stop ids and the options' score rules.
+struct Rules {
+  int64_t eos;
+  std::vector<int64_t> stops;  // stop_set(): empty when nothing stops a row
+  const DecodeOptions& o;
+
+  Rules(int64_t eos_id, const DecodeOptions& opt)
+      : eos(eos_id), stops(stop_set(eos_id, opt)), o(opt) {}
+  // At the first step, when the vocabulary is known: every stop id in it.
+  void check_vocab(int64_t generated, const Tensor& logits) const {
+    if (generated == 0 && logits.dim() == 2) check_stop_ids(eos, o, logits.size(1));
+  }
+  bool stops_at(int64_t token) const {
+    return std::find(stops.begin(), stops.end(), token) != stops.end();
+  }
+  // What a finished row repeats (never used when nothing stops a row).
+  int64_t pad() const { return stops.empty() ? -1 : stops[0]; }
+  // Whether the scores of a step after `generated` new tokens need changing (else they are used
+  // as the model gave them, with no copy).
+  bool changes_scores(int64_t generated) const {
+    return o.repetition_penalty != 1 || (generated < o.min_new_tokens && !stops.empty());
+  }
+  // HF's logits processors on (rows, V) scores: the repetition penalty over each row's tokens so
+  // far, then the stop ids masked while fewer than min_new_tokens are generated.
+  void change_scores(std::vector<double>& s, int64_t V, const Sequences& prefix,
+                     int64_t generated) const {
+    for (size_t r = 0; r < prefix.size(); ++r) {
+      if (o.repetition_penalty != 1) {
+        std::vector<double> row(s.begin() + (long)r * V, s.begin() + (long)(r + 1) * V);
+        apply_repetition_penalty(row, prefix[r], o.repetition_penalty);
+        std::copy(row.begin(), row.end(), s.begin() + (long)r * V);
+      }
+      if (generated < o.min_new_tokens)
+        for (int64_t id : stops) s[r * V + id] = -std::numeric_limits<double>::infinity();
+    }
+  }
+};
+
+// The generated part of p (after its first `skip` tokens), cut at its first stop id (`cut`).
+std::vector<int64_t> generated_part(const std::vector<int64_t>& p, size_t skip, const Rules& rules,
+                                    bool cut) {
   std::vector<int64_t> out;
   for (size_t i = skip; i < p.size(); ++i) {
-    if (p[i] == eos) break;
+    if (cut && rules.stops_at(p[i])) break;
     out.push_back(p[i]);
   }
   return out;
@@ -149,31 +226,47 @@ void check_start(const Sequences& start) {
       fail("decode: every row must start with the same number of tokens");
 }
 
-// One token per row per step, chosen by pick(the step's (rows, V) logits) -> a token per row;
-// finished rows repeat EOS.
+// One token per row per step, chosen by pick(the step's (rows, V) logits, prefix, tokens
+// generated so far) -> a token per row; finished rows repeat the first stop id. Each token the
+// result holds goes to o.on_token as it is chosen.
 template <class Pick>
-Sequences token_by_token(DecodeStep& step, const Sequences& start, int64_t eos,
-                         const DecodeOptions& o, Pick&& pick) {
+Sequences token_by_token(DecodeStep& step, const Sequences& start, const Rules& rules,
+                         Pick&& pick) {
   check_start(start);
   autograd::NoGrad ng;
+  const DecodeOptions& o = rules.o;
   const int64_t rows = (int64_t)start.size();
   const size_t skip = start[0].size();
   std::vector<std::vector<int64_t>> prefix = start;
   std::vector<bool> done(rows, false);
   for (int64_t t = 0; t < o.max_len; ++t) {
-    const std::vector<int64_t> picked = pick(step.next_logits(prefix));
+    const std::vector<int64_t> picked = pick(step.next_logits(prefix), prefix, t);
     bool all = true;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t next = done[r] ? eos : picked[r];
+      const bool was_done = done[r];
+      const int64_t next = was_done ? rules.pad() : picked[r];
       prefix[r].push_back(next);
-      done[r] = done[r] || next == eos;
+      done[r] = was_done || rules.stops_at(next);
       all = all && done[r];
+      if (o.on_token && (!o.stop_at_eos || !done[r])) o.on_token(next, r);
     }
     if (all && o.stop_at_eos) break;
   }
   Sequences out;
-  for (auto& p : prefix) out.push_back(cut_at_eos(p, skip, eos, o.stop_at_eos));
+  for (auto& p : prefix) out.push_back(generated_part(p, skip, rules, o.stop_at_eos));
   return out;
+}
+
+// The step's logits as (rows, V) float64 values after rules.change_scores(); checks the stop ids
+// against V at the first step.
+std::vector<double> changed_scores(const Tensor& logits, const Sequences& prefix, int64_t generated,
+                                   const Rules& rules) {
+  const Tensor lg = contiguous(to_dtype(logits, DType::f64));
+  if (lg.dim() != 2)
+    fail("decode: the model's logits must be (rows, V), got " + shape_str(lg.shape()));
+  std::vector<double> s = lg.to_vector<double>();
+  rules.change_scores(s, lg.size(1), prefix, generated);
+  return s;
 }
 
 // The first maximum of row[0, n) as the argmax op finds it: a NaN counts as the maximum (as
@@ -247,28 +340,38 @@ std::vector<int64_t> argmax_rows(const Tensor& logits) {
 
 }  // namespace
 
-// The argmax of the model's logits (the first of equal maxima), no float64 copy of them.
-// A NaN counts as the maximum, as in PyTorch's argmax: a row with one is refused, as in beam
-// search.
+// The argmax of the model's logits (the first of equal maxima), no float64 copy of them unless
+// the scores change (repetition_penalty, min_new_tokens). A NaN counts as the maximum, as in
+// PyTorch's argmax: a row with one is refused, as in beam search.
 Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos,
                         const DecodeOptions& o) {
   check_decode_options(o);
-  return token_by_token(step, start, eos, o, argmax_rows);
+  const Rules rules(eos, o);
+  return token_by_token(
+      step, start, rules, [&](const Tensor& logits, const Sequences& prefix, int64_t t) {
+        rules.check_vocab(t, logits);
+        if (!rules.changes_scores(t)) return argmax_rows(logits);
+        return argmax_rows(
+            from_vector(changed_scores(logits, prefix, t, rules), logits.shape(), DType::f64));
+      });
 }
 
 Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos,
                         const DecodeOptions& o) {
   check_decode_options(o);
+  const Rules rules(eos, o);
   Generator gen(o.seed);
-  return token_by_token(step, start, eos, o, [&](const Tensor& logits) {
-    const Tensor lg = to_dtype(logits, DType::f64);
-    const int64_t V = lg.size(1);
-    const double* pl = lg.data<double>();
-    std::vector<int64_t> picked(lg.size(0));
-    for (int64_t r = 0; r < lg.size(0); ++r)
-      picked[r] = sample_token(std::vector<double>(pl + r * V, pl + (r + 1) * V), o.sampling, gen);
-    return picked;
-  });
+  return token_by_token(
+      step, start, rules, [&](const Tensor& logits, const Sequences& prefix, int64_t t) {
+        rules.check_vocab(t, logits);
+        const std::vector<double> s = changed_scores(logits, prefix, t, rules);
+        const int64_t V = logits.size(1);
+        std::vector<int64_t> picked(logits.size(0));
+        for (int64_t r = 0; r < logits.size(0); ++r)
+          picked[r] = sample_token(std::vector<double>(s.begin() + r * V, s.begin() + (r + 1) * V),
+                                   o.sampling, gen);
+        return picked;
+      });
 }
 
 namespace {
@@ -302,19 +405,19 @@ std::vector<std::pair<T, int64_t>> top_tokens(const T* row, int64_t V, int64_t K
 }
 
 // The K best continuations of input b: (score, beam, token), highest score first; ties go to
-// the lower beam, then the lower token id (as argmax). A finished beam only continues with EOS
-// at no cost. Only each beam's K best tokens can be among the K best continuations, so those
-// K * K are ranked (ranking all K * V dominated decoding time).
+// the lower beam, then the lower token id (as argmax). A finished beam only continues with `pad`
+// (its first stop id) at no cost. Only each beam's K best tokens can be among the K best
+// continuations, so those K * K are ranked (ranking all K * V dominated decoding time).
 template <class T>
 std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s, int64_t b,
                                                                   const T* logp, int64_t V,
-                                                                  int64_t eos) {
+                                                                  int64_t pad) {
   std::vector<std::tuple<double, int64_t, int64_t>> cand;
   for (int64_t k = 0; k < s.K; ++k) {
     const int64_t r = b * s.K + k;
     if (s.score[r] == kNegInf) continue;
     if (s.done[r]) {
-      cand.emplace_back(s.score[r], k, eos);
+      cand.emplace_back(s.score[r], k, pad);
       continue;
     }
     for (const auto& [lp, v] : top_tokens(logp + r * V, V, s.K))
@@ -330,23 +433,32 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
   return cand;
 }
 
-// Advances every input's beams by one token; returns false when all are finished.
-bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
-  // Log-probabilities in float32 (float64 for a float64 model: the vectorised log_softmax;
-  // PyTorch's beam search does the same; a bf16 model's logits widened first, so that 3-digit
-  // log-probabilities do not tie the beams), the beams' running scores in double.
+// The step's log-probabilities (rows, V): float32 (float64 for a float64 model: the vectorised
+// log_softmax; PyTorch's beam search does the same; a bf16 model's logits widened first, so that
+// 3-digit log-probabilities do not tie the beams), then HF's logits processors on them as
+// transformers' beam search applies them (after log_softmax, no renormalisation), in float64.
+Tensor beam_log_probs(DecodeStep& step, const Beams& s, const Rules& rules, int64_t generated) {
   const Tensor logits = step.next_logits(s.prefix);
+  rules.check_vocab(generated, logits);
   const Tensor lg =
       contiguous(log_softmax(is_half(logits.dtype()) ? to_dtype(logits, DType::f32) : logits, 1));
-  const int64_t V = lg.size(1);
+  if (!rules.changes_scores(generated)) return lg;
+  return from_vector(changed_scores(lg, s.prefix, generated, rules), lg.shape(), DType::f64);
+}
+
+// Advances every input's beams by one token (`generated` so far); returns false when all are
+// finished. The beams' running scores are in double.
+bool beam_step(DecodeStep& step, Beams& s, const Rules& rules, int64_t generated) {
+  const Tensor lg = beam_log_probs(step, s, rules, generated);
+  const int64_t V = lg.size(1), pad = rules.pad();
   Beams next{
       s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
-  // Dead beams (score -inf) carry a valid id that is never used: EOS, or 0 when there is none.
-  std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, std::max<int64_t>(eos, 0));
+  // Dead beams (score -inf) carry a valid id that is never used: the first stop id, or 0.
+  std::vector<int64_t> pick(s.B * s.K), token(s.B * s.K, std::max<int64_t>(pad, 0));
   for (int64_t b = 0; b < s.B; ++b) {
     const auto cand = lg.dtype() == DType::f64
-                          ? best_candidates(s, b, lg.data<const double>(), V, eos)
-                          : best_candidates(s, b, lg.data<const float>(), V, eos);
+                          ? best_candidates(s, b, lg.data<const double>(), V, pad)
+                          : best_candidates(s, b, lg.data<const float>(), V, pad);
     for (int64_t k = 0; k < s.K; ++k) {
       const int64_t r = b * s.K + k;
       pick[r] = b * s.K;
@@ -355,7 +467,7 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
       pick[r] = b * s.K + from;
       token[r] = tok;
       next.score[r] = sc;
-      next.done[r] = s.done[b * s.K + from] || tok == eos;
+      next.done[r] = s.done[b * s.K + from] || rules.stops_at(tok);
     }
   }
   step.select(pick);
@@ -369,6 +481,13 @@ bool beam_step(DecodeStep& step, Beams& s, int64_t eos) {
   return !all;
 }
 
+// Beam search's streaming: each row's result once the search is over.
+void stream_results(const Sequences& out, const DecodeOptions& o) {
+  if (!o.on_token) return;
+  for (size_t r = 0; r < out.size(); ++r)
+    for (int64_t token : out[r]) o.on_token(token, (int64_t)r);
+}
+
 }  // namespace
 
 Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
@@ -376,6 +495,7 @@ Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
   check_decode_options(o);
   check_start(start);
   autograd::NoGrad ng;
+  const Rules rules(eos, o);
   const int64_t K = o.beam, rows = (int64_t)start.size();
   const size_t skip = start[0].size();
   Beams s{rows, K, {}, std::vector<double>(rows * K, kNegInf), std::vector<bool>(rows * K, false)};
@@ -387,7 +507,7 @@ Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
   for (int64_t b = 0; b < rows; ++b)
     s.score[b * K] = 0;  // only the first beam is live at the start
   for (int64_t t = 0; t < o.max_len; ++t)
-    if (!beam_step(step, s, eos) && o.stop_at_eos) break;
+    if (!beam_step(step, s, rules, t) && o.stop_at_eos) break;
   auto lp = [&](size_t len) { return std::pow((5.0 + (double)len) / 6.0, o.length_penalty); };
   Sequences out;
   for (int64_t b = 0; b < rows; ++b) {
@@ -396,11 +516,12 @@ Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
     for (int64_t k = 0; k < K; ++k) {
       const int64_t r = b * K + k;
       if (s.score[r] == kNegInf) continue;
-      const double v = s.score[r] / lp(cut_at_eos(s.prefix[r], skip, eos, true).size());
+      const double v = s.score[r] / lp(generated_part(s.prefix[r], skip, rules, true).size());
       if (best < 0 || v > best_v) best = r, best_v = v;
     }
-    out.push_back(cut_at_eos(s.prefix[best < 0 ? b * K : best], skip, eos, o.stop_at_eos));
+    out.push_back(generated_part(s.prefix[best < 0 ? b * K : best], skip, rules, o.stop_at_eos));
   }
+  stream_results(out, o);
   return out;
 }
 

@@ -322,6 +322,10 @@ if [[ $int8_probe != *"no int8 matmul kernel"* ]]; then
   case_ checkpoint "an int8 export with a tensor relabelled F16" 2 "model.int8.safetensors'" -- "$T" evaluate --run "$W/r" --data "$D/test.tsv" --precision int8
 fi
 
+case_ CLI "\`lm generate --repetition-penalty 0\`" 2 "repetition_penalty must be a finite number > 0 (1: off), got 0" -- "$LM" generate --run "$W/lmrun" --repetition-penalty 0
+case_ CLI "\`lm generate --repetition-penalty nan\`" 2 "repetition_penalty must be a finite number > 0 (1: off), got nan" -- "$LM" generate --run "$W/lmrun" --repetition-penalty nan
+case_ CLI "\`lm generate --stop-id 300\` (outside the vocabulary)" 2 "stop id 300 is outside the vocabulary [0, 259)" -- "$LM" generate --run "$W/lmrun" --stop-id 300
+case_ CLI "\`lm generate --min-new-tokens 50 --max-new 10\`" 2 "min_new_tokens must be in [0, max_len 10], got 50" -- "$LM" generate --run "$W/lmrun" --min-new-tokens 50 --max-new 10
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2
   exit 1

@@ -370,3 +370,81 @@ BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// One fixed logits row: positive, negative and zero logits (V = 5).
+const std::vector<double> kRow = {2.0, -1.0, 0.5, 1.9, 0.0};
+
+BOOST_AUTO_TEST_CASE(repetition_penalty_matches_a_hand_computation) {
+  std::vector<double> s = kRow;
+  apply_repetition_penalty(s, {1, 3, 3, 1, 4, 9, -2}, 2.0);  // 1 and 3 twice: penalised once
+  BOOST_TEST(close(s, {2.0, -2.0, 0.5, 0.95, 0.0}));
+  // Greedy: token 0 wins without a penalty; with token 0 in the prompt, 2.0 / 2 < 1.9.
+  TableStep plain(from_vector(kRow, {1, 5}));
+  DecodeOptions o;
+  o.max_len = 1;
+  BOOST_TEST(greedy_search(plain, {{2}}, -1, o)[0] == std::vector<int64_t>{0});
+  o.repetition_penalty = 2.0;
+  BOOST_TEST(greedy_search(plain, {{0}}, -1, o)[0] == std::vector<int64_t>{3});
+  // Sampling draws from softmax(penalised row): the same draw as sample_token on it by hand.
+  o.sample = true, o.seed = 5;
+  std::vector<double> pen = kRow;
+  apply_repetition_penalty(pen, {0, 1}, 2.0);
+  BOOST_TEST(close(pen, {1.0, -2.0, 0.5, 1.9, 0.0}));
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    o.seed = seed;
+    Generator gen(seed);
+    BOOST_TEST(sample_search(plain, {{0, 1}}, -1, o)[0][0] == sample_token(pen, o.sampling, gen));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(stop_ids_end_a_row_at_any_of_them) {
+  FakeStep s;
+  DecodeOptions o;
+  o.max_len = 12;
+  o.stop_at_eos = false;
+  const std::vector<int64_t> all = greedy_search(s, {{1}}, -1, o)[0];
+  o.stop_at_eos = true;
+  // The second of two stop ids (the first never chosen) cuts the row at its first occurrence.
+  o.stop_ids = {all[4]};
+  const auto cut = greedy_search(s, {{1}}, 8, o)[0];
+  const auto at = std::find(all.begin(), all.end(), all[4]) - all.begin();
+  BOOST_TEST(cut == std::vector<int64_t>(all.begin(), all.begin() + at));
+  // min_new_tokens: the stop ids masked until then.
+  o.min_new_tokens = at + 1;
+  const auto longer = greedy_search(s, {{1}}, 8, o)[0];
+  BOOST_TEST((int64_t)longer.size() >= at + 1);
+  for (int64_t i = 0; i <= at; ++i) BOOST_TEST(longer[i] != all[4]);
+}
+
+BOOST_AUTO_TEST_CASE(streamed_tokens_equal_the_result) {
+  FakeStep s;
+  for (int mode = 0; mode < 3; ++mode) {
+    DecodeOptions o;
+    o.max_len = 10, o.sample = mode == 1, o.seed = 3, o.beam = mode == 2 ? 3 : 1;
+    o.stop_ids = {2};
+    Sequences streamed(2);
+    const Sequences plain = decode(s, {{1}, {4}}, 8, o);
+    o.on_token = [&](int64_t token, int64_t row) { streamed[row].push_back(token); };
+    BOOST_TEST(decode(s, {{1}, {4}}, 8, o) == plain);
+    BOOST_TEST(streamed == plain);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_generation_options_name_the_option) {
+  FakeStep s;
+  auto fails = [&](auto set, const std::string& part) {
+    DecodeOptions o;
+    set(o);
+    BOOST_CHECK_EXCEPTION(decode(s, Sequences(1, {0}), 8, o), Error,
+                          [&](const Error& e) { return names(e, part); });
+  };
+  fails([](DecodeOptions& o) { o.repetition_penalty = 0; }, "repetition_penalty must be");
+  fails([](DecodeOptions& o) { o.repetition_penalty = -1; }, "repetition_penalty");
+  fails([](DecodeOptions& o) { o.repetition_penalty = NAN; }, "repetition_penalty");
+  fails([](DecodeOptions& o) { o.repetition_penalty = INFINITY; }, "repetition_penalty");
+  fails([](DecodeOptions& o) { o.min_new_tokens = 65; }, "min_new_tokens must be in [0, max_len");
+  fails([](DecodeOptions& o) { o.min_new_tokens = -1; }, "min_new_tokens");
+  fails([](DecodeOptions& o) { o.stop_ids = {-3}; }, "stop_ids holds -3");
+  fails([](DecodeOptions& o) { o.stop_ids = {9}; }, "stop id 9 is outside the vocabulary [0, 9)");
+  fails([](DecodeOptions& o) { o.beam = 2, o.stop_ids = {9}; }, "stop id 9 is outside");
+}

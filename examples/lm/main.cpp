@@ -1,8 +1,10 @@
 // lm: a decoder-only language model on real text, byte-level.
 //   lm train --text FILE... --out runs/lm [--preset lm-mini] [--positions rope] [--minutes 5]
 //   lm generate --run runs/lm --prompt "A fool" [--max-new 200] [--beam 4 | --sample --top-p 0.9]
+//               [--repetition-penalty 1.3] [--stop-id 10]... [--min-new-tokens N] [--stream]
 //   lm evaluate --run runs/lm [--context N] [--text FILE...]
 // Default text: the English fortune cookies of Debian's `fortunes` package.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -59,14 +61,51 @@ int cmd_train(lm::TrainOptions o) {
   return 0;
 }
 
+// How many bytes at the end of `s` begin a UTF-8 character that is not complete yet.
+size_t incomplete_utf8_tail(const std::string& s) {
+  for (size_t back = 1; back <= std::min<size_t>(4, s.size()); ++back) {
+    const unsigned char c = (unsigned char)s[s.size() - back];
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: its lead is further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return back < need ? back : 0;
+  }
+  return 0;
+}
+
+// --stream: prints each byte token as it is chosen, holding back the first bytes of a UTF-8
+// character until it is complete (a terminal would show a broken character).
+class StreamPrinter {
+ public:
+  void add(int64_t token) {
+    if (token < 0 || token > 255) return;  // BOS, EOS, PAD: not text
+    pending_ += (char)token;
+    const size_t ready = pending_.size() - incomplete_utf8_tail(pending_);
+    std::cout << pending_.substr(0, ready) << std::flush;
+    pending_.erase(0, ready);
+  }
+  void finish() { std::cout << pending_ << std::endl; }
+
+ private:
+  std::string pending_;
+};
+
 int cmd_generate(const std::string& run_dir, const std::string& prompt_text,
-                 const models::DecodeOptions& o) {
+                 models::DecodeOptions o, bool stream) {
   models::check_decode_options(o);
+  models::check_stop_ids(lm::kEOS, o, lm::kVocab);
   lm::LoadedRun run = lm::load_run(run_dir);
+  // As translate: each linear weight held once, in the form --precision runs it in.
+  models::keep_for_inference(*run.model, matmul_precision());
   std::vector<int64_t> prompt{lm::kBOS};
   for (int64_t t : lm::encode(prompt_text)) prompt.push_back(t);
+  StreamPrinter printer;
+  if (stream) {
+    std::cout << prompt_text << std::flush;
+    o.on_token = [&](int64_t token, int64_t) { printer.add(token); };
+  }
   auto out = models::generate(*run.model, {prompt}, lm::kEOS, o);
-  std::cout << prompt_text << lm::decode(out[0]) << std::endl;
+  if (stream) printer.finish();
+  else std::cout << prompt_text << lm::decode(out[0]) << std::endl;
   return 0;
 }
 
@@ -122,6 +161,7 @@ cli::Command add_generate(CLI::App& app) {
   struct Args {
     std::string run, prompt;
     models::DecodeOptions opt;
+    bool stream = false;
   };
   auto a = std::make_shared<Args>();
   a->opt.max_len = 200;
@@ -131,8 +171,16 @@ cli::Command add_generate(CLI::App& app) {
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")
       ->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
+  // NaN and <= 0 pass CLI11: check_decode_options() names the option.
+  sub->add_option("--repetition-penalty", a->opt.repetition_penalty,
+                  "HF repetition_penalty over the prompt and the text so far (> 0; 1: off)");
+  sub->add_option("--stop-id", a->opt.stop_ids,
+                  "stop at this token id too (repeatable; EOS 257 always stops)");
+  sub->add_option("--min-new-tokens", a->opt.min_new_tokens,
+                  "no stop before this many new tokens (<= --max-new)");
+  sub->add_flag("--stream", a->stream, "print the text as it is generated");
   cli::add_precision(sub, cli::PrecisionUse::inference);
-  return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt); }};
+  return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt, a->stream); }};
 }
 
 cli::Command add_evaluate(CLI::App& app) {

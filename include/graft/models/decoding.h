@@ -5,6 +5,7 @@
 /// Transformer in models/transformer.cpp, the decoder-only LM in models/decoder_only_lm.cpp).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,12 +59,45 @@ struct DecodeOptions {
   bool sample = false;          ///< draw each token instead of taking the most likely one
   SamplingOptions sampling;     ///< the sampling filters (when sample is set)
   uint64_t seed = 0;            ///< the sampling generator's seed: same seed, same tokens
+  /// Hugging Face's repetition_penalty (RepetitionPenaltyLogitsProcessor): each token id present
+  /// in a row so far (its start or prompt included, counted once) has its score divided by it
+  /// when > 0, multiplied by it when < 0; the score is the logit in greedy and sampling (before
+  /// temperature, top-k and top-p), the log-probability in beam search (as transformers does).
+  /// A finite number > 0; 1: off.
+  double repetition_penalty = 1.0;
+  /// Token ids that end a row as the `eos` argument does (HF's eos_token_id given as a list, e.g.
+  /// Llama 3.1's three): a row stops at the first of eos and these; each in [0, vocabulary).
+  std::vector<int64_t> stop_ids;
+  /// Stop ids (eos and stop_ids) cannot be chosen before this many new tokens (HF's
+  /// min_new_tokens: their scores set to -inf); in [0, max_len].
+  int64_t min_new_tokens = 0;
+  /// Streaming: called with each new token of a row (token, row) as it is chosen, before the
+  /// next step, in row order within a step; exactly the tokens the result holds (a stop id that
+  /// ends a row is not passed), so the calls of row r concatenated equal the result's row r.
+  /// Beam search calls it with each row's tokens once the search is over (the best beam is
+  /// known only then). Empty: not called. An exception it throws ends decoding, unchanged.
+  std::function<void(int64_t token, int64_t row)> on_token;
 };
 
+/// Every id that ends a row: `eos` (when >= 0) then o.stop_ids, without repeats, in that order.
+std::vector<int64_t> stop_set(int64_t eos, const DecodeOptions& o);
+/// Checks that every stop id (`eos` when >= 0 and o.stop_ids) is a token of a vocabulary of
+/// `vocab` ids; decode() checks this at its first step, a program can before any work.
+/// @throws graft::Error "decode: stop id <id> is outside the vocabulary [0, <vocab>)".
+void check_stop_ids(int64_t eos, const DecodeOptions& o, int64_t vocab);
+/// Applies DecodeOptions::repetition_penalty `penalty` to `scores` (one row, V entries) for each
+/// id of `seen` in [0, V), each id once however often it occurs: score < 0 ? score * penalty :
+/// score / penalty. Ids outside [0, V) are skipped (no score to change).
+/// @throws graft::Error naming repetition_penalty when it is not a finite number > 0.
+void apply_repetition_penalty(std::vector<double>& scores, const std::vector<int64_t>& seen,
+                              double penalty);
+
 /// Checks the options before any decoding work.
-/// Throws naming the option (temperature, top_k, top_p, beam, max_len) for values a decoder must
-/// not receive: temperature <= 0 or not finite, top_k < 0, top_p outside (0, 1], beam < 1,
-/// sampling together with a beam.
+/// Throws naming the option (temperature, top_k, top_p, beam, max_len, repetition_penalty,
+/// min_new_tokens, stop_ids) for values a decoder must not receive: temperature <= 0 or not
+/// finite, top_k < 0, top_p outside (0, 1], beam < 1, sampling together with a beam,
+/// repetition_penalty <= 0 or not finite, min_new_tokens outside [0, max_len], a negative stop id
+/// (the vocabulary is checked by check_stop_ids()).
 /// @throws graft::Error "decode: ..." for max_len < 1 and the values above.
 void check_decode_options(const DecodeOptions& o);
 
@@ -95,10 +129,11 @@ using Sequences = std::vector<std::vector<int64_t>>;
 
 /// Continues each row of `start` (its first tokens: BOS for a translation, a prompt for a
 /// language model; all rows of one length); each result is the generated tokens only, cut at
-/// (and excluding) EOS (eos < 0: never stops early). Dispatches on o.sample and o.beam; runs
-/// under NoGrad.
+/// (and excluding) the first stop id: eos or one of o.stop_ids (eos < 0 and no stop_ids: never
+/// stops early). Dispatches on o.sample and o.beam; runs under NoGrad.
 /// @throws graft::Error for bad options (check_decode_options()), no rows, an empty first row,
-///         or rows of different lengths; and whatever the step throws.
+///         rows of different lengths, a stop id outside the logits' vocabulary
+///         (check_stop_ids()); and whatever the step or o.on_token throws.
 Sequences decode(DecodeStep& step, const Sequences& start, int64_t eos, const DecodeOptions& o);
 /// decode() taking the most likely token at each step (o.beam and o.sample are ignored).
 /// @throws graft::Error as decode().
