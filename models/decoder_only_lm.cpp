@@ -165,6 +165,7 @@ class LMStep : public DecodeStep {
 Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts, int64_t eos,
                    const DecodeOptions& o) {
   check_decode_options(o);
+  check_stop_ids(eos, o, lm.cfg.vocab);  // before the prompt's forward, not at the first step
   if (prompts.empty() || prompts[0].empty()) fail("generate: needs at least one non-empty prompt");
   const int64_t len = (int64_t)prompts[0].size();
   for (auto& p : prompts) {
