@@ -5,13 +5,14 @@
 // '\t': the ids of encode(line, add_special_tokens = true); those of encode(line, false);
 // decode(the second ids); decode(the first ids, skip_special_tokens = true). A line that is not
 // UTF-8 is "invalid". The streaming decoder, fed the second ids one at a time, must give the
-// same text as decode: a difference is an error (exit 1).
+// same text as decode: a difference is an error (exit 1). A repeated line is computed once.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "graft/autograd/tensor.h"
@@ -54,7 +55,10 @@ void append_line(const ByteLevelBPE& bpe, const std::string& line, std::string& 
   out.append("\t").append(text).append("\t").append(bpe.decode(with, true)).append("\n");
 }
 
-void print_file(const ByteLevelBPE& bpe, const std::string& path) {
+// The row of each distinct line, computed once (a fortune file repeats many lines).
+using Rows = std::unordered_map<std::string, std::string>;
+
+void print_file(const ByteLevelBPE& bpe, const std::string& path, Rows& rows) {
   std::ifstream in(path, std::ios::binary);
   if (!in) graft::fail("bpe_ids: cannot open '" + path + "'");
   const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -62,7 +66,10 @@ void print_file(const ByteLevelBPE& bpe, const std::string& path) {
   for (size_t begin = 0; begin < bytes.size();) {
     size_t end = bytes.find('\n', begin);
     if (end == std::string::npos) end = bytes.size();
-    append_line(bpe, bytes.substr(begin, end - begin), out);
+    const std::string line = bytes.substr(begin, end - begin);
+    auto [row, added] = rows.try_emplace(line);
+    if (added) append_line(bpe, line, row->second);
+    out += row->second;
     begin = end + 1;
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -77,7 +84,8 @@ int main(int argc, char** argv) {
   }
   try {
     const ByteLevelBPE bpe = ByteLevelBPE::from_tokenizer_json(argv[1]);
-    for (int i = 2; i < argc; ++i) print_file(bpe, argv[i]);
+    Rows rows;
+    for (int i = 2; i < argc; ++i) print_file(bpe, argv[i], rows);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bpe_ids: " << e.what() << "\n";
