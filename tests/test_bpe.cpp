@@ -406,6 +406,12 @@ BOOST_AUTO_TEST_CASE(model_fields_it_does_not_do_are_refused_by_path) {
   BOOST_TEST(contains(refused("ignore_merges", 1), "model.ignore_merges must be true or false"));
   BOOST_TEST(contains(refused("vocab", json::array()), "model.vocab must be an object"));
   BOOST_TEST(contains(refused("merges", "a b"), "model.merges must be a list"));
+  json untyped = gpt2_doc();
+  untyped["model"].erase("type");
+  BOOST_TEST(contains(load_error(untyped), "model.type null is not supported (BPE)"));
+  json no_model = gpt2_doc();
+  no_model.erase("model");
+  BOOST_TEST(contains(load_error(no_model), "model.type null is not supported (BPE)"));
   json missing_byte = gpt2_doc();
   missing_byte["model"]["vocab"].erase("A");
   BOOST_TEST(

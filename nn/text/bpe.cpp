@@ -280,7 +280,8 @@ namespace {
 // "model": BPE with its vocabulary (ids in [0, 2^31)), nothing that changes ids we do not do.
 void read_model_options(const json& model, ByteLevelBPE::Impl& impl, const Where& w) {
   const std::string type = type_of(model, "model", w);
-  if (type != "BPE") w.unsupported("model.type", model.is_object() ? model["type"] : model, "BPE");
+  if (type != "BPE")
+    w.unsupported("model.type", model.is_object() ? member(model, "type") : model, "BPE");
   const json& dropout = member(model, "dropout");
   if (!dropout.is_null() && !(dropout.is_number() && dropout.get<double>() == 0.0))
     w.unsupported("model.dropout", dropout, "null or 0: dropout makes the ids random");

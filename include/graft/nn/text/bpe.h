@@ -44,11 +44,11 @@ class ByteLevelBPE {
   ///         or decoder of another type, an added token whose id disagrees with the vocabulary.
   static ByteLevelBPE from_tokenizer_json(const std::string& path);
 
-  ~ByteLevelBPE();                                        ///< frees the compiled expressions
-  ByteLevelBPE(ByteLevelBPE&&) noexcept;                  ///< moves
-  ByteLevelBPE& operator=(ByteLevelBPE&&) noexcept;       ///< moves
-  ByteLevelBPE(const ByteLevelBPE&) = delete;             ///< not copied (shares nothing)
-  ByteLevelBPE& operator=(const ByteLevelBPE&) = delete;  ///< not copied
+  ~ByteLevelBPE();                                   ///< frees the compiled expressions
+  ByteLevelBPE(ByteLevelBPE&&) noexcept;             ///< moves
+  ByteLevelBPE& operator=(ByteLevelBPE&&) noexcept;  ///< moves
+  ByteLevelBPE(const ByteLevelBPE&) = delete;  ///< not copyable: it owns compiled ICU expressions
+  ByteLevelBPE& operator=(const ByteLevelBPE&) = delete;  ///< not copyable
 
   /// The ids of `utf8`; with `add_special_tokens`, the post-processor's template around them
   /// (Llama 3's BOS first).
