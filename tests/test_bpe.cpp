@@ -581,3 +581,36 @@ BOOST_AUTO_TEST_CASE(files_that_are_not_tokenizer_json_are_refused) {
   BOOST_TEST(error_of([&] { ByteLevelBPE::from_tokenizer_json(dir.path.string()); }) ==
              "ByteLevelBPE: '" + dir.path.string() + "': not a regular file");
 }
+
+// The added tokens are found leftmost, then longest, as a plain scan that tries every token at
+// every byte finds them, overlapping tokens included (the automaton's pass must agree with it).
+BOOST_AUTO_TEST_CASE(added_tokens_match_leftmost_longest_as_a_plain_scan) {
+  const std::vector<std::string> tokens = {"ab", "abcd", "bc", "cda", "ea", "bcdab", "dd"};
+  json doc = gpt2_doc();
+  std::vector<int64_t> token_ids;
+  for (const std::string& t : tokens) token_ids.push_back(add_token(doc, added_token(0, t, false)));
+  const ByteLevelBPE bpe = load(doc);
+  uint32_t state = 12345;
+  for (int round = 0; round < 200; ++round) {
+    std::string text;
+    for (int k = 0; k < 60; ++k) {
+      state = state * 1664525u + 1013904223u;
+      text.push_back("abcde"[(state >> 16) % 5]);
+    }
+    Ids expected;  // no merges: text outside the added tokens is one id per byte
+    for (size_t i = 0; i < text.size();) {
+      size_t best = tokens.size();
+      for (size_t t = 0; t < tokens.size(); ++t)
+        if (text.compare(i, tokens[t].size(), tokens[t]) == 0 &&
+            (best == tokens.size() || tokens[t].size() > tokens[best].size()))
+          best = t;
+      if (best == tokens.size()) {
+        expected.push_back((unsigned char)text[i++]);
+      } else {
+        expected.push_back(token_ids[best]);
+        i += tokens[best].size();
+      }
+    }
+    BOOST_TEST(bpe.encode(text, false) == expected, boost::test_tools::per_element());
+  }
+}

@@ -211,12 +211,23 @@ const json& array_member(const json& obj, const char* key, const std::string& pa
 /// Everything that uses ICU or the JSON reader, kept out of the header.
 struct ByteLevelBPE::Impl {
   /// A byte trie of the added tokens' texts: the longest one at a position.
+  /// The added tokens' texts for finding the longest one starting at every byte in one pass:
+  /// Aho-Corasick over the texts reversed, run over the text backwards (at most 2 steps a byte,
+  /// whatever the number and length of the added tokens).
   struct Trie {
     std::unordered_map<uint64_t, int32_t> edges;  ///< node * 256 + byte -> child
     std::vector<int32_t> token{-1};               ///< index in added_ of the text ending here
+    std::vector<int32_t> parent{-1}, depth{0};    ///< for the failure links
+    std::vector<unsigned char> byte{0};           ///< the byte of the edge into a node
+    std::vector<int32_t> fail, longest;           ///< failure link; node of the longest key, or -1
     void insert(std::string_view key, int32_t index);
-    /// The index and length of the longest key at text[i], or {-1, 0}.
-    std::pair<int32_t, size_t> longest(std::string_view text, size_t i) const;
+    void build();
+    int32_t child(int32_t node, unsigned char b) const {
+      const auto it = edges.find(uint64_t(node) * 256 + b);
+      return it == edges.end() ? -1 : it->second;
+    }
+    /// out[i]: the node of the longest key starting at text[i], or -1.
+    void longest_at(std::string_view text, std::vector<int32_t>& out) const;
   };
   struct Merge {
     int32_t rank;
@@ -250,26 +261,50 @@ struct ByteLevelBPE::Impl {
 
 void ByteLevelBPE::Impl::Trie::insert(std::string_view key, int32_t index) {
   int32_t node = 0;
-  for (const char c : key) {
-    const auto [it, added] =
-        edges.emplace(uint64_t(node) * 256 + (unsigned char)c, (int32_t)token.size());
-    if (added) token.push_back(-1);
+  for (auto c = key.rbegin(); c != key.rend(); ++c) {
+    const auto b = (unsigned char)*c;
+    const auto [it, added] = edges.emplace(uint64_t(node) * 256 + b, (int32_t)token.size());
+    if (added) {
+      token.push_back(-1), parent.push_back(node), depth.push_back(depth[(size_t)node] + 1);
+      byte.push_back(b);
+    }
     node = it->second;
   }
   if (token[(size_t)node] < 0) token[(size_t)node] = index;
 }
 
-std::pair<int32_t, size_t> ByteLevelBPE::Impl::Trie::longest(std::string_view text,
-                                                             size_t i) const {
-  std::pair<int32_t, size_t> best{-1, 0};
-  int32_t node = 0;
-  for (size_t k = i; k < text.size(); ++k) {
-    const auto it = edges.find(uint64_t(node) * 256 + (unsigned char)text[k]);
-    if (it == edges.end()) break;
-    node = it->second;
-    if (token[(size_t)node] >= 0) best = {token[(size_t)node], k + 1 - i};
+// The failure links in order of depth (a node's link is shallower than it), and with them the
+// longest key that is a suffix of each node's string.
+void ByteLevelBPE::Impl::Trie::build() {
+  std::vector<int32_t> order(token.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (int32_t)i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return depth[(size_t)a] < depth[(size_t)b]; });
+  fail.assign(token.size(), 0);
+  longest.assign(token.size(), -1);
+  for (const int32_t v : order) {
+    if (v == 0) continue;
+    if (const int32_t u = parent[(size_t)v]; u != 0) {
+      int32_t z = fail[(size_t)u], next = -1;
+      while ((next = child(z, byte[(size_t)v])) < 0 && z != 0) z = fail[(size_t)z];
+      fail[(size_t)v] = next < 0 ? 0 : next;
+    }
+    longest[(size_t)v] = token[(size_t)v] >= 0 ? v : longest[(size_t)fail[(size_t)v]];
   }
-  return best;
+}
+
+// Backwards: after text[i] the state is the longest reversed key prefix that ends the reversed
+// text read, so its longest key is the longest added token starting at i.
+void ByteLevelBPE::Impl::Trie::longest_at(std::string_view text, std::vector<int32_t>& out) const {
+  out.assign(text.size(), -1);
+  int32_t state = 0;
+  for (size_t i = text.size(); i-- > 0;) {
+    const auto b = (unsigned char)text[i];
+    int32_t next;
+    while ((next = child(state, b)) < 0 && state != 0) state = fail[(size_t)state];
+    state = next < 0 ? 0 : next;
+    out[i] = longest[(size_t)state];
+  }
 }
 
 namespace {
@@ -665,15 +700,17 @@ struct Part {
 // whitespace beside it.
 void split_added(std::string_view text, const ByteLevelBPE::Impl::Trie& trie,
                  const std::vector<BPEAddedToken>& added, std::vector<Part>& parts) {
+  std::vector<int32_t> longest;
+  trie.longest_at(text, longest);
   size_t done = 0;
   for (size_t i = 0; i < text.size();) {
-    const auto [index, length] = trie.longest(text, i);
-    if (index < 0) {
+    const int32_t node = longest[i];
+    if (node < 0) {
       ++i;
       continue;
     }
-    const BPEAddedToken& a = added[(size_t)index];
-    size_t start = i, stop = i + length;
+    const BPEAddedToken& a = added[(size_t)trie.token[(size_t)node]];
+    size_t start = i, stop = i + (size_t)trie.depth[(size_t)node];
     i = stop;
     if (a.single_word &&
         (ends_with_word(text.substr(0, start)) || starts_with_word(text.substr(stop))))
@@ -821,6 +858,8 @@ ByteLevelBPE ByteLevelBPE::from_tokenizer_json(const std::string& path) {
     w.bad("pre_tokenizer", "does not end with a ByteLevel pre-tokenizer");
   std::vector<BPEAddedToken> added;
   read_added_tokens(member(doc, "added_tokens"), *impl, added, w);
+  impl->raw_added.build();
+  impl->normalized_added.build();
   std::vector<int64_t> prefix, suffix;
   bool have_template = false;
   read_post_processor(member(doc, "post_processor"), "post_processor", *impl, prefix, suffix,
