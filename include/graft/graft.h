@@ -27,6 +27,7 @@
 #include "graft/nn/layers.h"
 #include "graft/nn/module.h"
 #include "graft/nn/positions.h"
+#include "graft/nn/text/bpe.h"
 #include "graft/nn/text/wordpiece.h"
 #include "graft/nn/train/checkpoint.h"
 #include "graft/nn/train/optim.h"
