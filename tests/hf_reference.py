@@ -3,8 +3,9 @@ biases, sharded), Qwen2 (q/k/v biases), Mistral and GPT-2 (tied, untied) checkpo
 save_pretrained in float32 and bfloat16; graft's
 logits (tests/hf_lm_check) within 1e-5 of transformers' (relative to the largest |logit|) and the
 same 64 greedy tokens; a bfloat16 file run in bfloat16 within BF16_TOL; llama3 and linear
-rope scaling read, a yarn rope_scaling config refused naming rope_type.
-Usage: hf_reference.py HF_LM_CHECK WORKDIR"""
+rope scaling read, a yarn rope_scaling config refused naming rope_type; `lm generate --hf
+--prompt` through a tokenizer.json gives transformers' text.
+Usage: hf_reference.py HF_LM_CHECK WORKDIR LM"""
 import subprocess
 import sys
 
@@ -119,13 +120,48 @@ def check_yarn_refused(check, work):
     return r.returncode == 2 and "rope_type" in r.stderr
 
 
+def check_text_prompt(lm, work):
+    """`lm generate --hf DIR --prompt TEXT`: a GPT-2 with a byte-level BPE trained on the
+    fortunes; its text equals transformers' greedy generate() decoded by `tokenizers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["A fool and his money are soon parted.", "Ça va? Grüße, 日本"] * 50,
+                            trainer)
+    cfg = tf.GPT2Config(**{**GPT2, "vocab_size": tok.get_vocab_size(), "bos_token_id": 0,
+                           "eos_token_id": 0})
+    model = random_model(tf.GPT2LMHeadModel, cfg, 11)
+    d = f"{work}/gpt2_text"
+    model.save_pretrained(d)
+    tok.save(f"{d}/tokenizer.json")
+    text = "A fool and his money"
+    ids = tok.encode(text).ids
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False,
+                             pad_token_id=0, eos_token_id=0)[0, len(ids):].tolist()
+    want = text + tok.decode(out, skip_special_tokens=True) + "\n"
+    ok = True
+    for extra in ([], ["--stream"]):
+        r = subprocess.run([lm, "generate", "--hf", d, "--prompt", text, "--max-new", str(NEW),
+                            *extra], capture_output=True)
+        same = r.returncode == 0 and r.stdout.decode("utf-8", "replace") == want
+        print(f"lm generate --hf --prompt {' '.join(extra)}: "
+              f"{'same text' if same else 'DIFFERS: ' + repr(r.stdout) + r.stderr.decode()}")
+        ok &= same
+    return ok
+
+
 def main():
-    check, work = sys.argv[1], sys.argv[2]
+    check, work, lm = sys.argv[1], sys.argv[2], sys.argv[3]
     print(f"torch {torch.__version__}, transformers {tf.__version__}")
     ok = True
     for seed, (name, cfg) in enumerate(cases()):
         ok &= check_case(check, work, name, cfg, seed + 1)
     ok &= check_yarn_refused(check, work)
+    ok &= check_text_prompt(lm, work)
     sys.exit(0 if ok else 1)
 
 

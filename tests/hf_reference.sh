@@ -2,10 +2,11 @@
 # models::load_hf_causal_lm against transformers: tests/hf_reference.py with the Python of
 # GRAFT_HF_VENV (a ready venv with torch + transformers) or else BUILD/torch-venv (made by
 # `make interop`); without either, skipped (exit 77). Never installs anything.
-# Usage: hf_reference.sh BUILD HF_LM_CHECK
+# Usage: hf_reference.sh BUILD HF_LM_CHECK LM
 set -euo pipefail
 build=$1
 check=$2
+lm=$3
 venv=${GRAFT_HF_VENV:-$build/torch-venv}
 usable() { [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; }
 if [[ -n ${GRAFT_HF_VENV:-} ]] && ! usable; then
@@ -18,4 +19,4 @@ if ! usable; then
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/graft_hf_reference_XXXXXX")
 trap 'rm -rf "$work"' EXIT
-"$venv/bin/python" "$(dirname "$0")/hf_reference.py" "$check" "$work"
+"$venv/bin/python" "$(dirname "$0")/hf_reference.py" "$check" "$work" "$lm"

@@ -2,7 +2,8 @@
 //   lm train --text FILE... --out runs/lm [--preset lm-mini] [--positions rope] [--minutes 5]
 //   lm generate --run runs/lm --prompt "A fool" [--max-new 200] [--beam 4 | --sample --top-p 0.9]
 //               [--repetition-penalty 1.3] [--stop-id 10]... [--min-new-tokens N] [--stream]
-//   lm generate --hf DIR --ids 1,2,3 [decoding options]: a Hugging Face checkpoint
+//   lm generate --hf DIR (--ids 1,2,3 | --prompt TEXT) [decoding options]: a Hugging Face
+//               checkpoint (--prompt through DIR/tokenizer.json, a byte-level BPE)
 //   lm evaluate --run runs/lm [--context N] [--text FILE...]
 // Default text: the English fortune cookies of Debian's `fortunes` package.
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -20,6 +22,7 @@
 #include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
 #include "graft/models/hf.h"
+#include "graft/nn/text/bpe.h"
 
 using namespace graft;
 
@@ -133,20 +136,46 @@ std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
   return ids;
 }
 
-// A Hugging Face directory's model continuing token ids: its eos ids stop a row. 16-bit files
-// run in bf16 as stored, or widened once for fp32/int8.
-int cmd_generate_hf(const std::string& dir, const std::string& ids_text, models::DecodeOptions o) {
+// The prompt's ids: --ids as given, or --prompt through DIR/tokenizer.json (with its template:
+// Llama 3's BOS). Exactly one of them.
+std::vector<int64_t> hf_prompt(const std::string& ids_text, const std::string& text,
+                               const text::ByteLevelBPE* tok, int64_t vocab) {
+  if (!ids_text.empty() && !text.empty()) throw std::runtime_error("--hf: give --ids or --prompt");
+  if (!tok) return parse_ids(ids_text, vocab);
+  std::vector<int64_t> ids = tok->encode(text, /*add_special_tokens=*/true);
+  if (ids.empty()) throw std::runtime_error("--prompt: the text has no tokens");
+  for (int64_t id : ids)
+    if (id >= vocab)
+      throw std::runtime_error("--prompt: the tokenizer's id " + std::to_string(id) +
+                               " is outside the model's vocabulary of " + std::to_string(vocab));
+  return ids;
+}
+
+// A Hugging Face directory's model continuing a prompt: its eos ids stop a row. 16-bit files run
+// in bf16 as stored, or widened once for fp32/int8. With --prompt the text comes out (streamed
+// by BPEStreamDecoder with --stream), with --ids the new ids as they are chosen.
+int cmd_generate_hf(const std::string& dir, const std::string& ids_text, const std::string& text,
+                    models::DecodeOptions o, bool stream) {
   models::check_decode_options(o);
+  std::optional<text::ByteLevelBPE> tok;
+  if (!text.empty()) tok = text::ByteLevelBPE::from_tokenizer_json(dir + "/tokenizer.json");
   models::HfCausalLM m = models::load_hf_causal_lm(dir);
   const int64_t vocab = m.model->cfg.vocab;
-  const std::vector<int64_t> prompt = parse_ids(ids_text, vocab);
+  const std::vector<int64_t> prompt = hf_prompt(ids_text, text, tok ? &*tok : nullptr, vocab);
   const int64_t eos = m.hf.eos_ids.empty() ? -1 : m.hf.eos_ids[0];
   for (size_t i = 1; i < m.hf.eos_ids.size(); ++i) o.stop_ids.push_back(m.hf.eos_ids[i]);
   models::check_stop_ids(eos, o, vocab);
   if (matmul_precision() != Precision::bf16) m.model->to(DType::f32);
   models::keep_for_inference(*m.model, matmul_precision());
-  o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };
-  models::generate(*m.model, {prompt}, eos, o);
+  std::optional<text::BPEStreamDecoder> printer;
+  if (tok && stream) printer.emplace(*tok, /*skip_special_tokens=*/true);
+  if (!tok) o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };
+  else if (stream)
+    o.on_token = [&](int64_t t, int64_t) { std::cout << printer->push(t) << std::flush; };
+  if (tok) std::cout << text << std::flush;
+  const models::Sequences out = models::generate(*m.model, {prompt}, eos, o);
+  if (printer) std::cout << printer->finish();
+  else if (tok) std::cout << tok->decode(out[0], /*skip_special_tokens=*/true);
   std::cout << std::endl;
   return 0;
 }
@@ -211,12 +240,13 @@ cli::Command add_generate(CLI::App& app) {
   auto* run = sub->add_option("--run", a->run, "run directory");
   auto* hf = sub->add_option("--hf", a->hf,
                              "a Hugging Face causal LM directory (llama, mistral, qwen2, gpt2) "
-                             "instead of a run; prints the new token ids as they come")
+                             "instead of a run")
                  ->check(CLI::ExistingDirectory)
                  ->excludes(run);
   run->excludes(hf);
   sub->add_option("--ids", a->ids, "with --hf: the prompt's token ids, comma-separated")->needs(hf);
-  sub->add_option("--prompt", a->prompt, "text to continue (may be empty)")->excludes(hf);
+  sub->add_option("--prompt", a->prompt,
+                  "text to continue (may be empty; with --hf, through DIR/tokenizer.json)");
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")
       ->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
@@ -230,7 +260,7 @@ cli::Command add_generate(CLI::App& app) {
   sub->add_flag("--stream", a->stream, "print the text as it is generated");
   cli::add_precision(sub, cli::PrecisionUse::inference);
   return {sub, [a] {
-            if (!a->hf.empty()) return cmd_generate_hf(a->hf, a->ids, a->opt);
+            if (!a->hf.empty()) return cmd_generate_hf(a->hf, a->ids, a->prompt, a->opt, a->stream);
             if (a->run.empty()) throw std::runtime_error("generate: give --run DIR or --hf DIR");
             return cmd_generate(a->run, a->prompt, a->opt, a->stream);
           }};
