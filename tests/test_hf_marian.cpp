@@ -4,16 +4,20 @@
 // refusal naming its cause.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <map>
 
 #include "graft/autograd/tape.h"
+#include "graft/models/hf_marian.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/layers.h"
+#include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
 
 using namespace graft;
 using namespace graft::models;
 using graft::testing::names;
+using graft::testing::TempDir;
 
 namespace {
 
@@ -184,6 +188,307 @@ BOOST_AUTO_TEST_CASE(silu_feed_forward) {
   TransformerConfig c = tiny_cfg();
   c.activation = nn::Activation::silu;
   BOOST_CHECK_NO_THROW(Transformer{c});
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+// load_hf_marian on tiny directories.
+
+namespace {
+
+// d 8, 2 heads, FFN 12, vocab 11 (pad = decoder start 10, eos 0), 1 + 1 layers.
+nlohmann::json marian_config() {
+  return {{"model_type", "marian"},
+          {"vocab_size", 11},
+          {"d_model", 8},
+          {"encoder_layers", 1},
+          {"decoder_layers", 1},
+          {"encoder_attention_heads", 2},
+          {"decoder_attention_heads", 2},
+          {"encoder_ffn_dim", 12},
+          {"decoder_ffn_dim", 12},
+          {"max_position_embeddings", 16},
+          {"activation_function", "swish"},
+          {"scale_embedding", true},
+          {"pad_token_id", 10},
+          {"decoder_start_token_id", 10},
+          {"eos_token_id", 0},
+          {"forced_eos_token_id", 0},
+          {"bad_words_ids", {{10}}},
+          {"num_beams", 4},
+          {"normalize_before", true}};  // a legacy BART field Hugging Face ignores
+}
+
+using Files = std::map<std::string, Tensor>;
+
+void put_layer(Files& t, const std::string& p, bool decoder, DType dt, Generator& gen) {
+  const auto put = [&](const std::string& n, const Shape& s) { t[p + n] = randn(s, dt, gen); };
+  for (const std::string a : decoder ? std::vector<std::string>{"self_attn.", "encoder_attn."}
+                                     : std::vector<std::string>{"self_attn."}) {
+    for (const char* x : {"q_proj", "k_proj", "v_proj", "out_proj"})
+      put(a + x + ".weight", {8, 8}), put(a + x + ".bias", {8});
+  }
+  for (const std::string n :
+       decoder ? std::vector<std::string>{"self_attn_layer_norm", "encoder_attn_layer_norm",
+                                          "final_layer_norm"}
+               : std::vector<std::string>{"self_attn_layer_norm", "final_layer_norm"})
+    put(n + ".weight", {8}), put(n + ".bias", {8});
+  put("fc1.weight", {12, 8}), put("fc1.bias", {12}), put("fc2.weight", {8, 12}),
+      put("fc2.bias", {8});
+}
+
+// What MarianMTModel.save_pretrained writes: model.shared.weight, the layers, final_logits_bias.
+Files marian_tensors(DType dt = DType::f32) {
+  Generator gen(7);
+  Files t;
+  t["model.shared.weight"] = randn({11, 8}, dt, gen);
+  t["final_logits_bias"] = randn({1, 11}, dt, gen);
+  put_layer(t, "model.encoder.layers.0.", false, dt, gen);
+  put_layer(t, "model.decoder.layers.0.", true, dt, gen);
+  return t;
+}
+
+void write_dir(const TempDir& dir, const nlohmann::json& cfg, const Files& t) {
+  train::save_json(dir / "config.json", cfg);
+  nn::NamedTensors named(t.begin(), t.end());
+  train::save_safetensors(dir / "model.safetensors", named, {{"format", "pt"}});
+}
+
+void check_load_refused(const TempDir& dir, const std::string& part) {
+  BOOST_CHECK_EXCEPTION(load_hf_marian(dir.path.string()), Error,
+                        [&](const Error& e) { return names(e, part); });
+}
+
+Tensor param(const Transformer& m, const std::string& name) {
+  for (const auto& [n, p] : m.named_parameters())
+    if (n == name) return p;
+  BOOST_FAIL("no parameter " + name);
+  return {};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(hf_marian)
+
+BOOST_AUTO_TEST_CASE(loads_the_config_and_the_tensors) {
+  TempDir dir("marian");
+  const Files t = marian_tensors();
+  write_dir(dir, marian_config(), t);
+  const HfMarian m = load_hf_marian(dir.path.string());
+  const TransformerConfig& c = m.model->cfg;
+  BOOST_TEST((c.activation == nn::Activation::silu));
+  BOOST_TEST(c.scale_embedding);
+  BOOST_TEST((c.sinusoid_layout == SinusoidLayout::halves));
+  BOOST_TEST(!c.mask_target_pad);
+  BOOST_TEST(!c.norm_first);
+  BOOST_TEST(!c.final_norm);
+  BOOST_TEST(c.bos_id == 10);
+  BOOST_TEST(c.pad_id == 10);
+  BOOST_TEST(c.eos_id == 0);
+  BOOST_TEST(m.hf.num_beams == 4);
+  BOOST_TEST(m.hf.forced_eos_id == 0);
+  BOOST_TEST((m.hf.bad_words == std::vector<int64_t>{10}));
+  BOOST_TEST(max_abs_diff(param(*m.model, "embedding.weight"), t.at("model.shared.weight")) == 0);
+  BOOST_TEST(max_abs_diff(param(*m.model, "final_logits_bias"),
+                          reshape(t.at("final_logits_bias"), {11})) == 0);
+  const std::string a = "model.decoder.layers.0.encoder_attn.";
+  const Tensor qkv =
+      concat({t.at(a + "q_proj.weight"), t.at(a + "k_proj.weight"), t.at(a + "v_proj.weight")}, 0);
+  BOOST_TEST(max_abs_diff(param(*m.model, "decoder.layers.0.multihead_attn.in_proj_weight"), qkv) ==
+             0);
+  BOOST_TEST(max_abs_diff(param(*m.model, "encoder.layers.0.norm2.weight"),
+                          t.at("model.encoder.layers.0.final_layer_norm.weight")) == 0);
+  BOOST_TEST(max_abs_diff(param(*m.model, "decoder.layers.0.norm3.bias"),
+                          t.at("model.decoder.layers.0.final_layer_norm.bias")) == 0);
+}
+
+// The file's dtype is the model's; a bfloat16 file can be loaded into a float32 model.
+BOOST_AUTO_TEST_CASE(keeps_the_dtype) {
+  TempDir dir("marian");
+  write_dir(dir, marian_config(), marian_tensors(DType::bf16));
+  BOOST_TEST((load_hf_marian(dir.path.string()).model->cfg.dtype == DType::bf16));
+  BOOST_TEST((load_hf_marian(dir.path.string(), DType::f32).model->cfg.dtype == DType::f32));
+  BOOST_CHECK_EXCEPTION(load_hf_marian(dir.path.string(), DType::i64), Error, [](const Error& e) {
+    return names(e, "load_hf_marian: the model's dtype must be a float dtype, got int64");
+  });
+}
+
+// Any non-empty subset of the embedding copies, equal, without the `model.` prefix too;
+// sinusoid tables and version buffers ignored; no final_logits_bias means zeros.
+BOOST_AUTO_TEST_CASE(embedding_copies_and_ignorable_tensors) {
+  TempDir dir("marian");
+  Files t = marian_tensors();
+  const Tensor e = t.at("model.shared.weight");
+  t.erase("model.shared.weight"), t.erase("final_logits_bias");
+  t["encoder.embed_tokens.weight"] = e, t["lm_head.weight"] = e;
+  t["model.encoder.embed_positions.weight"] = zeros({16, 8});
+  t["model.decoder.version"] = zeros({1});
+  write_dir(dir, marian_config(), t);
+  const HfMarian m = load_hf_marian(dir.path.string());
+  BOOST_TEST(max_abs_diff(param(*m.model, "embedding.weight"), e) == 0);
+  BOOST_TEST(max_abs_diff(param(*m.model, "final_logits_bias"), zeros({11})) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(tensor_refusals_name_the_tensor) {
+  TempDir dir("marian");
+  Files t = marian_tensors();
+  t["lm_head.weight"] = affine(t.at("model.shared.weight"), 1.0, 0.5);
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir, "tensor 'lm_head.weight' differs from 'shared.weight'");
+  t = marian_tensors();
+  t.erase("model.shared.weight");
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir, "tensor 'shared.weight' is missing");
+  t = marian_tensors();
+  t.erase("model.decoder.layers.0.encoder_attn.k_proj.bias");
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir, "tensor 'decoder.layers.0.encoder_attn.k_proj.bias' is missing");
+  t = marian_tensors();
+  t["model.encoder.layers.0.fc1.weight"] = zeros({8, 12});
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir,
+                     "tensor 'encoder.layers.0.fc1.weight' has shape (8, 12), the config needs "
+                     "(12, 8)");
+  t = marian_tensors();
+  t["final_logits_bias"] = zeros({11});
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir, "tensor 'final_logits_bias' has shape (11), the config needs (1, 11)");
+  t = marian_tensors();
+  t["model.encoder.layers.0.extra.weight"] = zeros({2});
+  write_dir(dir, marian_config(), t);
+  check_load_refused(dir, "unexpected tensor 'encoder.layers.0.extra.weight'");
+}
+
+// Each config refusal names its field.
+BOOST_AUTO_TEST_CASE(config_refusals_name_the_field) {
+  const auto refused = [](const char* key, const nlohmann::json& v, const std::string& part) {
+    nlohmann::json j = marian_config();
+    j[key] = v;
+    BOOST_CHECK_EXCEPTION(hf_marian_config(j, "c.json"), Error,
+                          [&](const Error& e) { return names(e, part); });
+  };
+  refused("model_type", "bart", "c.json: field \"model_type\" \"bart\" is not marian");
+  refused("activation_function", "gelu_fast",
+          "field \"activation_function\" \"gelu_fast\" is not supported");
+  refused("share_encoder_decoder_embeddings", false,
+          "field \"share_encoder_decoder_embeddings\" is false");
+  refused("tie_word_embeddings", false, "field \"tie_word_embeddings\" is false");
+  refused("decoder_vocab_size", 12, "field \"decoder_vocab_size\" 12 differs from vocab_size 11");
+  refused("decoder_ffn_dim", 16, "field \"decoder_ffn_dim\" 16 differs from encoder_ffn_dim 12");
+  refused("decoder_attention_heads", 4,
+          "field \"decoder_attention_heads\" 4 differs from encoder_attention_heads 2");
+  refused("bad_words_ids", {{3, 4}}, "field \"bad_words_ids\" holds a sequence of 2 tokens");
+  refused("bad_words_ids", {{11}},
+          "field \"bad_words_ids\" token 11 is outside [0, vocab_size 11)");
+  refused("vocab_size", 0, "field \"vocab_size\" must be in [1, ");
+  refused("d_model", 9, "field \"encoder_attention_heads\" 2 does not divide d_model 9");
+  refused("pad_token_id", 11, "field \"pad_token_id\" must be in [0, 10], got 11");
+  refused("eos_token_id", {0, 1}, "field \"eos_token_id\" holds 2 ids: graft reads one");
+  refused("forced_eos_token_id", 20,
+          "field \"forced_eos_token_id\" 20 is outside [0, vocab_size 11)");
+  refused("num_beams", 0, "field \"num_beams\" must be >= 1, got 0");
+  refused("scale_embedding", "yes", "field \"scale_embedding\"");
+}
+
+// MarianConfig's defaults for absent fields; generation_config.json read over config.json.
+BOOST_AUTO_TEST_CASE(defaults_and_generation_config) {
+  const HfMarianConfig d = hf_marian_config({{"model_type", "marian"}});
+  BOOST_TEST(d.t.vocab == 58101);
+  BOOST_TEST(d.t.d_model == 1024);
+  BOOST_TEST(d.t.enc_layers == 12);
+  BOOST_TEST(d.t.pad_id == 58100);
+  BOOST_TEST(d.t.bos_id == 58100);
+  BOOST_TEST((d.t.activation == nn::Activation::gelu));
+  BOOST_TEST(!d.t.scale_embedding);
+  BOOST_TEST(d.hf.forced_eos_id == 0);
+  TempDir dir("marian");
+  write_dir(dir, marian_config(), marian_tensors());
+  train::save_json(dir / "generation_config.json",
+                   {{"num_beams", 6}, {"max_length", 40}, {"forced_eos_token_id", nullptr}});
+  const HfMarian m = load_hf_marian(dir.path.string());
+  BOOST_TEST(m.hf.num_beams == 6);
+  BOOST_TEST(m.hf.max_length == 40);
+  BOOST_TEST(m.hf.forced_eos_id == -1);
+  train::save_json(dir / "generation_config.json", {{"max_length", 1}});
+  check_load_refused(dir, "generation_config.json: field \"max_length\" must be >= 2, got 1");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+// Decoding: banned tokens, forced eos, Hugging Face's beam scoring.
+
+namespace {
+
+// Next-token log-probabilities by the last token (V 4: eos 0, start 3); stateless.
+class TableStep : public DecodeStep {
+ public:
+  Tensor next_logits(const Sequences& prefix) override {
+    std::vector<double> v;
+    for (const auto& p : prefix) {
+      const int64_t last = p.back();
+      const std::vector<double> row = last == 3 ? std::vector<double>{0.5, 0.3, 0.2, 1e-12}
+                                                : std::vector<double>{0.9, 0.05, 0.05, 1e-12};
+      for (double x : row) v.push_back(std::log(x));
+    }
+    return from_vector(v, {(int64_t)prefix.size(), 4}, DType::f64);
+  }
+  void select(const std::vector<int64_t>&) override {}
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(hf_decoding)
+
+// After the start, eos (0.5) beats "1" (0.3); "1 eos" scores log(0.3 * 0.9) = -1.309. Hugging
+// Face finalizes both (each among the 2 best candidates of its step) and divides by the
+// generated length: -0.693 / 1 < -1.309 / 2, so "1" wins; graft's GNMT penalty
+// ((5 + len) / 6) keeps the empty translation (-0.693 / (5/6) > -1.309).
+BOOST_AUTO_TEST_CASE(hf_beam_scores_by_generated_length) {
+  DecodeOptions o;
+  o.beam = 2, o.max_len = 5;
+  TableStep step;
+  BOOST_TEST((beam_search(step, {{3}}, 0, o) == Sequences{{}}));
+  o.hf_beam = true;
+  BOOST_TEST((beam_search(step, {{3}}, 0, o) == Sequences{{1}}));
+}
+
+// Banned ids are never chosen; the forced eos ends every row at max_len.
+BOOST_AUTO_TEST_CASE(banned_ids_and_forced_eos) {
+  DecodeOptions o;
+  o.max_len = 3;
+  o.stop_at_eos = false;
+  TableStep step;
+  BOOST_TEST((greedy_search(step, {{3}}, 0, o) == Sequences{{0, 0, 0}}));
+  o.banned_ids = {0};
+  BOOST_TEST((greedy_search(step, {{3}}, 0, o) == Sequences{{1, 1, 1}}));
+  o.forced_eos_id = 0;
+  BOOST_TEST((greedy_search(step, {{3}}, 0, o) == Sequences{{1, 1, 0}}));
+  o.stop_at_eos = true;
+  o.beam = 2, o.hf_beam = true;
+  BOOST_TEST((beam_search(step, {{3}}, 0, o) == Sequences{{1, 1}}));
+}
+
+BOOST_AUTO_TEST_CASE(option_refusals) {
+  const auto refused = [](const DecodeOptions& o, const std::string& part) {
+    TableStep step;
+    BOOST_CHECK_EXCEPTION(decode(step, {{3}}, 0, o), Error,
+                          [&](const Error& e) { return names(e, part); });
+  };
+  DecodeOptions o;
+  o.banned_ids = {-1};
+  refused(o, "decode: banned_ids holds -1, not a token id");
+  o.banned_ids = {4};
+  refused(o, "decode: banned id 4 is outside the vocabulary [0, 4)");
+  o.banned_ids = {};
+  o.forced_eos_id = 4;
+  refused(o, "decode: forced_eos_id 4 is outside the vocabulary [0, 4)");
+  o.forced_eos_id = -2;
+  refused(o, "decode: forced_eos_id must be a token id or -1 (off), got -2");
+  o.forced_eos_id = -1;
+  o.length_penalty = std::nan("");
+  refused(o, "decode: length_penalty must be a finite number");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
