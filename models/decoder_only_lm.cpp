@@ -95,8 +95,10 @@ int64_t LMConfig::parameter_count() const {
 DecoderOnlyLM::DecoderOnlyLM(const LMConfig& c) : cfg(c), dropout_gen(c.seed * 31 + 7) {
   c.validate("DecoderOnlyLM");
   Generator gen(c.seed);
-  embedding = register_module("embedding", std::make_shared<nn::Embedding>(
-                                               c.vocab, c.d_model, c.pad_id, c.dtype, gen, 0.02));
+  // Without pad masking (imported decoders) no id is special: every row trains.
+  embedding = register_module(
+      "embedding", std::make_shared<nn::Embedding>(c.vocab, c.d_model, c.mask_pad ? c.pad_id : -1,
+                                                   c.dtype, gen, 0.02));
   pos = register_module("pos", std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len,
                                                                         c.d_model, c.dtype, gen));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
@@ -163,6 +165,7 @@ class LMStep : public DecodeStep {
 Sequences generate(DecoderOnlyLM& lm, const std::vector<std::vector<int64_t>>& prompts, int64_t eos,
                    const DecodeOptions& o) {
   check_decode_options(o);
+  check_stop_ids(eos, o, lm.cfg.vocab);  // before the prompt's forward, not at the first step
   if (prompts.empty() || prompts[0].empty()) fail("generate: needs at least one non-empty prompt");
   const int64_t len = (int64_t)prompts[0].size();
   for (auto& p : prompts) {

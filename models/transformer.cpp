@@ -332,6 +332,7 @@ void check_src(const Transformer& m, const Tensor& src, const DecodeOptions& o) 
 
 Sequences translate(const Transformer& m, const Tensor& src, const DecodeOptions& o) {
   check_src(m, src, o);
+  check_stop_ids(m.cfg.eos_id, o, m.cfg.vocab);  // before the encoder runs
   autograd::NoGrad ng;
   TransformerStep step(m, src, o);
   return decode(step, Sequences(src.shape()[0], {m.cfg.bos_id}), m.cfg.eos_id, o);

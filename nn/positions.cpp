@@ -43,11 +43,63 @@ Tensor AttentionPositions::bias(int64_t, int64_t, int64_t, int64_t, DType) const
   return Tensor();
 }
 
+RopeScaling parse_rope_scaling(const std::string& name) {
+  for (RopeScaling s : {RopeScaling::none, RopeScaling::linear, RopeScaling::llama3})
+    if (name == rope_scaling_name(s)) return s;
+  fail("rope scaling: unknown kind '" + text::printable(name) + "' (known: none, linear, llama3)");
+}
+
+const char* rope_scaling_name(RopeScaling s) {
+  return s == RopeScaling::linear ? "linear" : s == RopeScaling::llama3 ? "llama3" : "none";
+}
+
+namespace {
+
+void check_rope_scaling(const PositionOptions& o) {
+  if (o.rope_scaling == RopeScaling::none) return;
+  if (!(o.rope_factor >= 1) || !std::isfinite(o.rope_factor))
+    fail("rope scaling: factor must be finite and >= 1, got " + std::to_string(o.rope_factor));
+  if (o.rope_scaling != RopeScaling::llama3) return;
+  if (!(o.rope_low_freq_factor > 0 && o.rope_low_freq_factor < o.rope_high_freq_factor) ||
+      !std::isfinite(o.rope_high_freq_factor))
+    fail("rope scaling: llama3 needs 0 < low_freq_factor < high_freq_factor, got " +
+         std::to_string(o.rope_low_freq_factor) + " and " +
+         std::to_string(o.rope_high_freq_factor));
+  if (o.rope_original_max_len < 1)
+    fail("rope scaling: llama3 needs original_max_len >= 1, got " +
+         std::to_string(o.rope_original_max_len));
+}
+
+// Llama 3.1's rule (Hugging Face's _compute_llama3_parameters): long wavelengths slowed by the
+// factor, short ones kept, the band between blended by where the wavelength falls in it.
+double llama3_frequency(double f, const PositionOptions& o) {
+  const double old = (double)o.rope_original_max_len, wavelen = 2 * M_PI / f;
+  if (wavelen > old / o.rope_low_freq_factor) return f / o.rope_factor;
+  if (wavelen < old / o.rope_high_freq_factor) return f;
+  const double s =
+      (old / wavelen - o.rope_low_freq_factor) / (o.rope_high_freq_factor - o.rope_low_freq_factor);
+  return (1 - s) * f / o.rope_factor + s * f;
+}
+
+}  // namespace
+
+std::vector<double> rope_frequencies(const PositionOptions& o, int64_t Dh) {
+  check_rope_scaling(o);
+  std::vector<double> f = graft::rope_frequencies(Dh, o.rope_base);
+  for (double& x : f)
+    x = o.rope_scaling == RopeScaling::linear   ? x / o.rope_factor
+        : o.rope_scaling == RopeScaling::llama3 ? llama3_frequency(x, o)
+                                                : x;
+  return f;
+}
+
 Tensor RotaryPositions::rotate(const Tensor& x, int64_t start) const {
   const int64_t T = x.size(-2);
   std::vector<int64_t> pos(T);
   for (int64_t t = 0; t < T; ++t) pos[t] = start + t;
-  return rope(x, from_vector(pos, {T}), base);
+  if (options.rope_scaling == RopeScaling::none)
+    return rope(x, from_vector(pos, {T}), options.rope_base);
+  return rope(x, from_vector(pos, {T}), rope_frequencies(options, x.size(-1)));
 }
 
 std::vector<double> alibi_slopes(int64_t heads) {
@@ -125,7 +177,7 @@ std::shared_ptr<AttentionPositions> make_attention_positions(const PositionOptio
                                                              Generator& gen) {
   switch (o.kind) {
     case Positions::rope:
-      return std::make_shared<RotaryPositions>(o.rope_base);
+      return std::make_shared<RotaryPositions>(o);
     case Positions::alibi:
       return std::make_shared<AlibiPositions>(heads, causal);
     case Positions::relative:

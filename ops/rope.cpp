@@ -19,20 +19,18 @@ namespace {
 GRAFT_DECLARE_OP("rope", "rope");
 GRAFT_DECLARE_OP("rope_backward", "rope");  // rope's backward under create_graph
 
-// cos and sin of t * base^(-2i/D) for every position t and pair i: (T, D/2) each.
+// cos and sin of t * inv_freq[i] for every position t and pair i: (T, D/2) each.
 struct Angles {
   std::vector<double> cos, sin;
 };
-Angles rope_angles(const std::vector<int64_t>& pos, int64_t D, double base) {
-  const int64_t T = (int64_t)pos.size(), h = D / 2;
+Angles rope_angles(const std::vector<int64_t>& pos, const std::vector<double>& inv_freq) {
+  const int64_t T = (int64_t)pos.size(), h = (int64_t)inv_freq.size();
   Angles a{std::vector<double>(T * h), std::vector<double>(T * h)};
-  for (int64_t i = 0; i < h; ++i) {
-    const double theta = std::pow(base, -2.0 * (double)i / (double)D);
+  for (int64_t i = 0; i < h; ++i)
     for (int64_t t = 0; t < T; ++t) {
-      a.cos[t * h + i] = std::cos((double)pos[t] * theta);
-      a.sin[t * h + i] = std::sin((double)pos[t] * theta);
+      a.cos[t * h + i] = std::cos((double)pos[t] * inv_freq[i]);
+      a.sin[t * h + i] = std::sin((double)pos[t] * inv_freq[i]);
     }
-  }
   return a;
 }
 
@@ -65,7 +63,7 @@ Tensor rotate(const Tensor& x_in, const Angles& a, int64_t Tn, double sign) {
   return y;
 }
 
-void check_rope(const Tensor& x, const Tensor& positions, double base) {
+void check_rope(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq) {
   kern::check_float("rope", x);
   check_defined(positions, "rope", "positions");
   const auto what = [&] {  // built only for an error message
@@ -75,8 +73,11 @@ void check_rope(const Tensor& x, const Tensor& positions, double base) {
     fail(what() + ": x must be (..., T, D) with D even");
   if (positions.dtype() != DType::i64 || positions.dim() != 1 || positions.size(0) != x.size(-2))
     fail(what() + ": positions must be int64 (T) = (" + std::to_string(x.size(-2)) + ")");
-  if (!(base > 1) || !std::isfinite(base))
-    fail(what() + ": base must be finite and > 1, got " + std::to_string(base));
+  if ((int64_t)inv_freq.size() * 2 != x.shape().back())
+    fail(what() + ": inv_freq has " + std::to_string(inv_freq.size()) +
+         " entries, D / 2 = " + std::to_string(x.shape().back() / 2));
+  for (double f : inv_freq)
+    if (!std::isfinite(f)) fail(what() + ": inv_freq holds " + std::to_string(f));
 }
 
 // rope: dx = dout rotated back (by -angle).
@@ -86,12 +87,30 @@ Tensor rope_backward(const Tensor& dout, const std::shared_ptr<const Angles>& a,
 
 }  // namespace
 
+std::vector<double> rope_frequencies(int64_t D, double base) {
+  if (D < 0 || D % 2 != 0) fail("rope: D must be even, got " + std::to_string(D));
+  if (!(base > 1) || !std::isfinite(base))
+    fail("rope: base must be finite and > 1, got " + std::to_string(base));
+  std::vector<double> f(D / 2);
+  for (int64_t i = 0; i < D / 2; ++i) f[i] = std::pow(base, -2.0 * (double)i / (double)D);
+  return f;
+}
+
 Tensor rope(const Tensor& x, const Tensor& positions, double base) {
-  GRAFT_VIA_F32("rope", rope, x, positions, base);
-  check_rope(x, positions, base);
+  kern::check_float("rope", x);
+  if (!(base > 1) || !std::isfinite(base))
+    fail("rope: x " + describe(x) + ", positions " + describe(positions) +
+         ": base must be finite and > 1, got " + std::to_string(base));
+  // An odd D gets a table of the wrong length: check_rope() refuses x with its own message.
+  const int64_t D = x.dim() >= 1 ? x.shape().back() : 0;
+  return rope(x, positions, rope_frequencies(D % 2 == 0 ? D : D - 1, base));
+}
+
+Tensor rope(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq) {
+  GRAFT_VIA_F32("rope", rope, x, positions, inv_freq);
+  check_rope(x, positions, inv_freq);
   const int64_t Tn = x.size(-2);
-  auto a = std::make_shared<const Angles>(
-      rope_angles(positions.to_vector<int64_t>(), x.shape().back(), base));
+  auto a = std::make_shared<const Angles>(rope_angles(positions.to_vector<int64_t>(), inv_freq));
   Tensor y = rotate(x, *a, Tn, 1.0);
   if (autograd::needs_record({x}))
     autograd::record("rope", {x}, {y}, {}, [a, Tn](const Ctx& c, const Tensors& dout) {

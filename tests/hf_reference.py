@@ -1,8 +1,9 @@
-"""models::load_hf_causal_lm against transformers: random Llama (GQA, tied and untied), Qwen2
-(q/k/v biases) and Mistral checkpoints saved by save_pretrained in float32 and bfloat16; graft's
+"""models::load_hf_causal_lm against transformers: random Llama (GQA, tied and untied, all
+biases, sharded), Qwen2 (q/k/v biases), Mistral and GPT-2 (tied, untied) checkpoints saved by
+save_pretrained in float32 and bfloat16; graft's
 logits (tests/hf_lm_check) within 1e-5 of transformers' (relative to the largest |logit|) and the
-same 64 greedy tokens; a bfloat16 file run in bfloat16 within BF16_TOL; a llama3 rope_scaling
-config refused naming rope_scaling.rope_type.
+same 64 greedy tokens; a bfloat16 file run in bfloat16 within BF16_TOL; llama3 and linear
+rope scaling read, a yarn rope_scaling config refused naming rope_type.
 Usage: hf_reference.py HF_LM_CHECK WORKDIR"""
 import subprocess
 import sys
@@ -18,6 +19,12 @@ BF16_TOL = 0.04
 NEW = 64
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
             num_attention_heads=4, rms_norm_eps=1e-5, max_position_embeddings=256)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+GPT2 = dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=96,
+            eos_token_id=96)
+CLASSES = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM,
+           "mistral": tf.MistralForCausalLM, "gpt2": tf.GPT2LMHeadModel}
 
 
 def cases():
@@ -28,6 +35,15 @@ def cases():
                                          tie_word_embeddings=True, use_sliding_window=False)
     yield "mistral", tf.MistralConfig(**BASE, num_key_value_heads=2, sliding_window=None,
                                       tie_word_embeddings=False)
+    yield "llama_biases_sharded", tf.LlamaConfig(**BASE, num_key_value_heads=1,
+                                                 attention_bias=True, mlp_bias=True)
+    yield "llama3_rope", tf.LlamaConfig(**BASE, num_key_value_heads=2, rope_theta=500000.0,
+                                        rope_scaling=LLAMA3)
+    yield "linear_rope", tf.LlamaConfig(**BASE, rope_scaling={"rope_type": "linear",
+                                                              "factor": 2.0})
+    yield "gpt2_tied", tf.GPT2Config(**GPT2)
+    yield "gpt2_untied_relu", tf.GPT2Config(**GPT2, tie_word_embeddings=False,
+                                            activation_function="relu", n_inner=96)
 
 
 def random_model(cls, cfg, seed):
@@ -36,7 +52,7 @@ def random_model(cls, cfg, seed):
     model = cls(cfg).eval()
     with torch.no_grad():  # std 0.2 so that greedy argmax margins dwarf rounding
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.2)
@@ -73,13 +89,13 @@ def compare(what, got, want, tol, gen=None, want_gen=None):
 
 
 def check_case(check, work, name, cfg, seed):
-    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM,
-           "mistral": tf.MistralForCausalLM}[cfg.model_type]
+    cls = CLASSES[cfg.model_type]
     model = random_model(cls, cfg, seed)
-    ids = torch.randint(0, cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(seed)).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    ids = [0] + torch.randint(1, cfg.vocab_size, (11,), generator=gen).tolist()  # id 0 is no pad
     ok = True
     f32, b16 = f"{work}/{name}_f32", f"{work}/{name}_bf16"
-    model.save_pretrained(f32)
+    model.save_pretrained(f32, max_shard_size="40KB" if "sharded" in name else "5GB")
     want, want_gen = reference(model, ids)
     got, gen = graft(check, f32, ids)
     ok &= compare(f"{name} float32", got, want, F32_TOL, gen, want_gen)
@@ -93,14 +109,13 @@ def check_case(check, work, name, cfg, seed):
     return ok
 
 
-def check_llama3_refused(check, work):
-    cfg = tf.LlamaConfig(**BASE, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+def check_yarn_refused(check, work):
+    cfg = tf.LlamaConfig(**BASE, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                "original_max_position_embeddings": 64})
-    d = f"{work}/llama3"
+    d = f"{work}/yarn"
     random_model(tf.LlamaForCausalLM, cfg, 9).save_pretrained(d)
     r = subprocess.run([check, d, "1,2"], capture_output=True, text=True)
-    print(f"llama3 rope_scaling: exit {r.returncode}: {r.stderr.strip()}")
+    print(f"yarn rope_scaling: exit {r.returncode}: {r.stderr.strip()}")
     return r.returncode == 2 and "rope_type" in r.stderr
 
 
@@ -110,7 +125,7 @@ def main():
     ok = True
     for seed, (name, cfg) in enumerate(cases()):
         ok &= check_case(check, work, name, cfg, seed + 1)
-    ok &= check_llama3_refused(check, work)
+    ok &= check_yarn_refused(check, work)
     sys.exit(0 if ok else 1)
 
 

@@ -7,7 +7,12 @@ set -euo pipefail
 build=$1
 check=$2
 venv=${GRAFT_HF_VENV:-$build/torch-venv}
-if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; then
+usable() { [[ -x $venv/bin/python ]] && "$venv/bin/python" -c 'import torch, transformers' 2>/dev/null; }
+if [[ -n ${GRAFT_HF_VENV:-} ]] && ! usable; then
+  echo "hf_reference: GRAFT_HF_VENV='$GRAFT_HF_VENV' has no python with torch + transformers" >&2
+  exit 1
+fi
+if ! usable; then
   echo "hf_reference: skipped: no torch + transformers in '$venv' (set GRAFT_HF_VENV or run make interop)"
   exit 77
 fi

@@ -1127,3 +1127,22 @@ BOOST_AUTO_TEST_CASE(one_writer_per_run) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_CASE(headers_are_inspected_and_tensors_loaded_selectively) {
+  TempDir dir;
+  const std::string path = dir.file("m.safetensors");
+  train::save_safetensors(
+      path, {{"a", ones({2, 3})}, {"b", zeros({4}, DType::bf16)}, {"c", ones({1})}}, {{"k", "v"}});
+  const train::SafetensorsHeader h = train::inspect_safetensors(path);
+  BOOST_TEST(h.tensors.size() == 3u);
+  BOOST_TEST(h.tensors[1].name == "b");
+  BOOST_TEST((h.tensors[1].dtype == DType::bf16));
+  BOOST_TEST((h.tensors[0].shape == Shape{2, 3}));
+  BOOST_TEST(h.tensors[0].bytes == 24u);
+  BOOST_TEST(h.metadata.at("k") == "v");
+  const train::SafetensorsFile f =
+      train::load_safetensors(path, [](const std::string& n) { return n != "b"; });
+  BOOST_TEST(f.tensors.size() == 2u);
+  BOOST_TEST(!f.contains("b"));
+  BOOST_TEST(f.at("c").item() == 1.0);  // read from its own offset after the skipped one
+}

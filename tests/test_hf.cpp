@@ -155,15 +155,15 @@ BOOST_AUTO_TEST_CASE(refusals_name_the_tensor_at_fault) {
   with([](Files& t) { t.erase("lm_head.weight"); });
   check_refused(dir, "tensor 'lm_head.weight' is missing");
   with([](Files& t) { t["model.layers.0.mlp.gate_proj.bias"] = zeros({12}); });
-  check_refused(dir, "unexpected tensor 'layers.0.mlp.gate_proj.bias'");
+  check_refused(dir, "unexpected tensor 'model.layers.0.mlp.gate_proj.bias'");
   with([](Files& t) { t["model.layers.0.self_attn.v_proj.weight"] = zeros({8, 8}); });
   check_refused(dir,
-                "tensor 'layers.0.self_attn.v_proj.weight' has shape (8, 8), the config "
+                "tensor 'model.layers.0.self_attn.v_proj.weight' has shape (8, 8), the config "
                 "needs (4, 8)");
   with([](Files& t) { t["model.norm.weight"] = zeros({8}, DType::i64); });
   check_refused(dir, "tensor 'model.norm.weight' is int64");
   with([](Files& t) { t["norm.weight"] = zeros({8}); });
-  check_refused(dir, "(with or without the 'model.' prefix)");
+  check_refused(dir, "(with or without the model prefix)");
 }
 
 BOOST_AUTO_TEST_CASE(refusals_name_the_config_field) {
@@ -193,7 +193,7 @@ BOOST_AUTO_TEST_CASE(refusals_name_the_config_field) {
       [](auto& c) {
         c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}};
       },
-      "field \"rope_parameters.rope_type\" \"llama3\"");
+      "rope_parameters: field \"factor\" is missing");
   with(
       [](auto& c) {
         c["model_type"] = "mistral";
@@ -212,6 +212,13 @@ BOOST_AUTO_TEST_CASE(refusals_name_the_config_field) {
   v5["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1234.0}};
   write_dir(dir, v5, t);
   BOOST_TEST(load_hf_causal_lm(dir.path.string()).model->cfg.positions.rope_base == 1234.0);
+  v5["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 1234.0},
+                           {"factor", 8.0},           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 32}};
+  write_dir(dir, v5, t);
+  const nn::PositionOptions o = load_hf_causal_lm(dir.path.string()).model->cfg.positions;
+  BOOST_TEST((o.rope_scaling == nn::RopeScaling::llama3 && o.rope_factor == 8.0 &&
+              o.rope_original_max_len == 32 && o.rope_high_freq_factor == 4.0));
 }
 
 BOOST_AUTO_TEST_CASE(shards_load_and_a_missing_shard_is_named) {
@@ -257,4 +264,136 @@ BOOST_AUTO_TEST_CASE(mixed_dtypes_give_a_float32_model) {
   for (const auto& [n, x] : params_of(*m.model)) BOOST_TEST((x.dtype() == DType::f32), n);
   graft::testing::check_same(params_of(*m.model).at("embedding.weight"),
                              to_dtype(t.at("model.embed_tokens.weight"), DType::f32), 0);
+}
+
+BOOST_AUTO_TEST_CASE(config_ranges_are_named_by_the_files_fields) {
+  TempDir dir("hf_ranges");
+  const Files t = tiny_tensors(false, false, DType::f32);
+  const auto with = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& part) {
+    nlohmann::json cfg = tiny_config("llama");
+    edit(cfg);
+    write_dir(dir, cfg, t);
+    check_refused(dir, part);
+  };
+  with([](auto& c) { c["hidden_size"] = 0; }, "field \"hidden_size\"");
+  with([](auto& c) { c["num_key_value_heads"] = 3; }, "field \"num_key_value_heads\"");
+  with([](auto& c) { c["num_attention_heads"] = 3; }, "field \"num_attention_heads\"");
+  with([](auto& c) { c["rms_norm_eps"] = 0.0; }, "field \"rms_norm_eps\"");
+  with([](auto& c) { c["eos_token_id"] = {2, 10}; }, "field \"eos_token_id\"");
+  with([](auto& c) { c["bos_token_id"] = -1; }, "field \"bos_token_id\"");
+  // 2^62 * 2 heads would overflow a product: the check divides instead.
+  with([](auto& c) { c["head_dim"] = int64_t(1) << 62; }, "field \"head_dim\"");
+  // A nested rope dict's errors name the file and the dict.
+  with(
+      [](auto& c) {
+        c["rope_scaling"] = {{"rope_type", 5}};
+      },
+      "config.json: rope_scaling: field \"rope_type\"");
+  // Mistral's window is 4096 when the field is absent: shorter than 8192 positions.
+  with(
+      [](auto& c) {
+        c["model_type"] = "mistral";
+        c["max_position_embeddings"] = 8192;
+      },
+      "field \"sliding_window\" 4096 < max_position_embeddings 8192");
+}
+
+BOOST_AUTO_TEST_CASE(long_position_limits_are_kept_and_pad_is_not_special) {
+  TempDir dir("hf_long");
+  nlohmann::json cfg = tiny_config("qwen2");
+  cfg["max_position_embeddings"] = 131072;  // more than graft's 65536: rope has no table
+  write_dir(dir, cfg, tiny_tensors(true, false, DType::f32));
+  HfCausalLM m = load_hf_causal_lm(dir.path.string());
+  BOOST_TEST(m.hf.max_positions == 131072);
+  BOOST_TEST(m.model->cfg.max_len == 65536);
+  // No pad masking: token 0's embedding row trains like any other.
+  BOOST_TEST(m.model->embedding->padding_idx == -1);
+  cfg.erase("max_position_embeddings");
+  write_dir(dir, cfg, tiny_tensors(true, false, DType::f32));
+  BOOST_TEST(load_hf_causal_lm(dir.path.string()).hf.max_positions == 32768);
+}
+
+BOOST_AUTO_TEST_CASE(a_shard_that_is_a_directory_is_refused) {
+  TempDir dir("hf_shard_dir");
+  train::save_json(dir / "config.json", tiny_config("llama"));
+  std::filesystem::create_directory(dir / "model-00001-of-00001.safetensors");
+  train::save_json(dir / "model.safetensors.index.json",
+                   {{"weight_map", {{"lm_head.weight", "model-00001-of-00001.safetensors"}}}});
+  check_refused(dir, "which is not a regular file");
+}
+
+namespace {
+
+// d 8, 2 heads, n_inner null (32), vocab 10, 2 layers, 16 positions.
+nlohmann::json gpt2_config() {
+  return {{"model_type", "gpt2"}, {"vocab_size", 10},  {"n_embd", 8},
+          {"n_layer", 2},         {"n_head", 2},       {"n_positions", 16},
+          {"n_inner", nullptr},   {"eos_token_id", 9}, {"bos_token_id", 9}};
+}
+
+// The tensors the original GPT-2 file holds: no prefix, Conv1D weights (in, out), and the old
+// causal-mask buffers.
+Files gpt2_tensors() {
+  Generator gen(7);
+  Files t;
+  const auto put = [&](const std::string& n, const Shape& s) { t[n] = randn(s, DType::f32, gen); };
+  put("wte.weight", {10, 8}), put("wpe.weight", {16, 8});
+  put("ln_f.weight", {8}), put("ln_f.bias", {8});
+  for (int i = 0; i < 2; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    for (const char* n : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias"}) put(h + n, {8});
+    put(h + "attn.c_attn.weight", {8, 24}), put(h + "attn.c_attn.bias", {24});
+    put(h + "attn.c_proj.weight", {8, 8}), put(h + "attn.c_proj.bias", {8});
+    put(h + "mlp.c_fc.weight", {8, 32}), put(h + "mlp.c_fc.bias", {32});
+    put(h + "mlp.c_proj.weight", {32, 8}), put(h + "mlp.c_proj.bias", {8});
+    put(h + "attn.bias", {1, 1, 16, 16}), t[h + "attn.masked_bias"] = full({}, -1e4);
+  }
+  return t;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gpt2_conv1d_weights_are_transposed_and_old_buffers_ignored) {
+  TempDir dir("hf_gpt2");
+  const Files t = gpt2_tensors();
+  write_dir(dir, gpt2_config(), t);
+  HfCausalLM m = load_hf_causal_lm(dir.path.string());
+  const LMConfig& c = m.model->cfg;
+  BOOST_TEST(m.hf.model_type == "gpt2");
+  BOOST_TEST((c.positions.kind == nn::Positions::learned && c.max_len == 16 && c.d_ff == 32));
+  BOOST_TEST((c.activation == nn::Activation::gelu_tanh && c.bias && c.tied_output));
+  BOOST_TEST(!c.rms_norm);
+  auto p = params_of(*m.model);
+  graft::testing::check_same(p.at("blocks.layers.1.self_attn.in_proj_weight"),
+                             transpose(t.at("h.1.attn.c_attn.weight"), 0, 1), 0);
+  graft::testing::check_same(p.at("blocks.layers.0.linear2.weight"),
+                             transpose(t.at("h.0.mlp.c_proj.weight"), 0, 1), 0);
+  graft::testing::check_same(p.at("pos.weight"), t.at("wpe.weight"), 0);
+  BOOST_TEST((m.model->forward(graft::testing::ids({0, 9, 3}, 1)).shape() == Shape{1, 3, 10}));
+}
+
+BOOST_AUTO_TEST_CASE(gpt2_refusals_name_the_field_or_tensor) {
+  TempDir dir("hf_gpt2_bad");
+  const auto with = [&](const std::function<void(nlohmann::json&, Files&)>& edit,
+                        const std::string& part) {
+    nlohmann::json cfg = gpt2_config();
+    Files t = gpt2_tensors();
+    edit(cfg, t);
+    write_dir(dir, cfg, t);
+    check_refused(dir, part);
+  };
+  with([](auto& c, auto&) { c["scale_attn_by_inverse_layer_idx"] = true; },
+       "field \"scale_attn_by_inverse_layer_idx\"");
+  with([](auto& c, auto&) { c["activation_function"] = "quick_gelu"; },
+       "field \"activation_function\" \"quick_gelu\"");
+  with([](auto& c, auto&) { c["n_head"] = 3; }, "field \"n_head\"");
+  with([](auto& c, auto&) { c["n_positions"] = 1 << 20; }, "field \"n_positions\"");
+  // A c_attn stored as a Linear (out, in) is not GPT-2's Conv1D layout.
+  with(
+      [](auto&, auto& t) {
+        t["h.0.attn.c_attn.weight"] = zeros({24, 8});
+      },
+      "tensor 'h.0.attn.c_attn.weight' has shape (24, 8), the config needs (8, 24)");
+  with([](auto& c, auto&) { c["tie_word_embeddings"] = false; },
+       "tensor 'lm_head.weight' is missing");
 }

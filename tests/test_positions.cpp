@@ -388,4 +388,62 @@ BOOST_AUTO_TEST_CASE(lm_and_classifier_take_every_kind) {
   }
 }
 
+// Llama 3.1's rule by hand (factor 8, low 1, high 4, original 64): wavelengths above 64 are
+// slowed 8x, below 16 kept, between blended by s = (64 / wavelength - 1) / 3.
+BOOST_AUTO_TEST_CASE(scaled_rope_frequencies_follow_llama3_and_linear) {
+  nn::PositionOptions o;
+  o.kind = Positions::rope, o.rope_base = 500000.0;
+  o.rope_scaling = nn::RopeScaling::llama3, o.rope_factor = 8;
+  o.rope_low_freq_factor = 1, o.rope_high_freq_factor = 4, o.rope_original_max_len = 64;
+  const std::vector<double> plain = rope_frequencies(16, 500000.0), f = rope_frequencies(o, 16);
+  BOOST_REQUIRE(f.size() == 8u);
+  int slowed = 0, kept = 0, blended = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double w = 2 * M_PI / plain[i];
+    double want = plain[i];
+    if (w > 64) want = plain[i] / 8, ++slowed;
+    else if (w < 16) ++kept;
+    else want = (1 - (64 / w - 1) / 3) * plain[i] / 8 + (64 / w - 1) / 3 * plain[i], ++blended;
+    BOOST_TEST(f[i] == want, boost::test_tools::tolerance(1e-15));
+  }
+  BOOST_TEST((slowed > 0 && kept > 0 && blended > 0));
+  o.rope_scaling = nn::RopeScaling::linear, o.rope_factor = 2;
+  BOOST_TEST(rope_frequencies(o, 16)[3] == plain[3] / 2);
+  // No scaling: the same rotation, bit for bit, as the base form.
+  Generator gen(3);
+  const Tensor x = randn({2, 4, 16}, DType::f32, gen);
+  const Tensor pos = from_vector(std::vector<int64_t>{0, 5, 9, 70}, {4});
+  BOOST_TEST(max_abs_diff(rope(x, pos, 500000.0), rope(x, pos, plain)) == 0.0);
+  BOOST_TEST(max_abs_diff(nn::RotaryPositions(o).rotate(x, 3),
+                          rope(x, from_vector(std::vector<int64_t>{3, 4, 5, 6}, {4}),
+                               rope_frequencies(o, 16))) == 0.0);
+  o.rope_high_freq_factor = 0.5;  // below low_freq_factor
+  o.rope_scaling = nn::RopeScaling::llama3;
+  BOOST_CHECK_EXCEPTION(rope_frequencies(o, 16), Error, [](const Error& e) {
+    return names(e, "0 < low_freq_factor < high_freq_factor");
+  });
+}
+
+BOOST_AUTO_TEST_CASE(rope_scaling_round_trips_through_the_config) {
+  LMConfig c;
+  c.positions.kind = Positions::rope;
+  nlohmann::json plain = c.to_json();
+  BOOST_TEST(plain.at("rope_scaling") == "none");
+  c.positions.rope_scaling = nn::RopeScaling::llama3, c.positions.rope_factor = 8;
+  c.positions.rope_original_max_len = 64;
+  const LMConfig back = LMConfig::from_json(c.to_json());
+  BOOST_TEST((back.positions.rope_scaling == nn::RopeScaling::llama3));
+  BOOST_TEST(back.positions.rope_factor == 8.0);
+  BOOST_TEST(back.positions.rope_original_max_len == 64);
+  nlohmann::json bad = c.to_json();
+  bad["rope_scaling"] = "yarn";
+  BOOST_CHECK_EXCEPTION(LMConfig::from_json(bad), Error,
+                        [](const Error& e) { return names(e, "field \"rope_scaling\""); });
+  bad = c.to_json();
+  bad["rope_factor"] = 0.5;
+  BOOST_CHECK_EXCEPTION(LMConfig::from_json(bad), Error, [](const Error& e) {
+    return names(e, "field \"rope_scaling\"") && names(e, "factor must be finite and >= 1");
+  });
+}
+
 BOOST_AUTO_TEST_SUITE_END()

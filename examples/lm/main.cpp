@@ -2,6 +2,7 @@
 //   lm train --text FILE... --out runs/lm [--preset lm-mini] [--positions rope] [--minutes 5]
 //   lm generate --run runs/lm --prompt "A fool" [--max-new 200] [--beam 4 | --sample --top-p 0.9]
 //               [--repetition-penalty 1.3] [--stop-id 10]... [--min-new-tokens N] [--stream]
+//   lm generate --hf DIR --ids 1,2,3 [decoding options]: a Hugging Face checkpoint
 //   lm evaluate --run runs/lm [--context N] [--text FILE...]
 // Default text: the English fortune cookies of Debian's `fortunes` package.
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -17,6 +19,7 @@
 #include "examples/common/finite.h"
 #include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
+#include "graft/models/hf.h"
 
 using namespace graft;
 
@@ -109,6 +112,45 @@ int cmd_generate(const std::string& run_dir, const std::string& prompt_text,
   return 0;
 }
 
+// --ids "1,2,3": token ids of a vocabulary of `vocab`, named in every error.
+std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
+  std::vector<int64_t> ids;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || id < 0 || id >= vocab)
+      throw std::runtime_error("--ids: '" + item + "' is not a token id in [0, " +
+                               std::to_string(vocab) + ")");
+    ids.push_back(id);
+  }
+  if (ids.empty()) throw std::runtime_error("--ids: no token ids given");
+  return ids;
+}
+
+// A Hugging Face directory's model continuing token ids: its eos ids stop a row. 16-bit files
+// run in bf16 as stored, or widened once for fp32/int8.
+int cmd_generate_hf(const std::string& dir, const std::string& ids_text, models::DecodeOptions o) {
+  models::check_decode_options(o);
+  models::HfCausalLM m = models::load_hf_causal_lm(dir);
+  const int64_t vocab = m.model->cfg.vocab;
+  const std::vector<int64_t> prompt = parse_ids(ids_text, vocab);
+  const int64_t eos = m.hf.eos_ids.empty() ? -1 : m.hf.eos_ids[0];
+  for (size_t i = 1; i < m.hf.eos_ids.size(); ++i) o.stop_ids.push_back(m.hf.eos_ids[i]);
+  models::check_stop_ids(eos, o, vocab);
+  if (matmul_precision() != Precision::bf16) m.model->to(DType::f32);
+  models::keep_for_inference(*m.model, matmul_precision());
+  o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };
+  models::generate(*m.model, {prompt}, eos, o);
+  std::cout << std::endl;
+  return 0;
+}
+
 // The run's validation documents, or every document of `text` when given.
 // Then the Kneser-Ney baseline trained on the run's training documents, on the same tokens.
 int cmd_evaluate(const std::string& run_dir, int64_t context,
@@ -159,15 +201,22 @@ cli::Command add_train(CLI::App& app) {
 
 cli::Command add_generate(CLI::App& app) {
   struct Args {
-    std::string run, prompt;
+    std::string run, prompt, hf, ids;
     models::DecodeOptions opt;
     bool stream = false;
   };
   auto a = std::make_shared<Args>();
   a->opt.max_len = 200;
   auto* sub = app.add_subcommand("generate", "continue a prompt");
-  sub->add_option("--run", a->run, "run directory")->required();
-  sub->add_option("--prompt", a->prompt, "text to continue (may be empty)");
+  auto* run = sub->add_option("--run", a->run, "run directory");
+  auto* hf = sub->add_option("--hf", a->hf,
+                             "a Hugging Face causal LM directory (llama, mistral, qwen2, gpt2) "
+                             "instead of a run; prints the new token ids as they come")
+                 ->check(CLI::ExistingDirectory)
+                 ->excludes(run);
+  run->excludes(hf);
+  sub->add_option("--ids", a->ids, "with --hf: the prompt's token ids, comma-separated")->needs(hf);
+  sub->add_option("--prompt", a->prompt, "text to continue (may be empty)")->excludes(hf);
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")
       ->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
@@ -180,7 +229,11 @@ cli::Command add_generate(CLI::App& app) {
                   "no stop before this many new tokens (<= --max-new)");
   sub->add_flag("--stream", a->stream, "print the text as it is generated");
   cli::add_precision(sub, cli::PrecisionUse::inference);
-  return {sub, [a] { return cmd_generate(a->run, a->prompt, a->opt, a->stream); }};
+  return {sub, [a] {
+            if (!a->hf.empty()) return cmd_generate_hf(a->hf, a->ids, a->opt);
+            if (a->run.empty()) throw std::runtime_error("generate: give --run DIR or --hf DIR");
+            return cmd_generate(a->run, a->prompt, a->opt, a->stream);
+          }};
 }
 
 cli::Command add_evaluate(CLI::App& app) {

@@ -446,21 +446,37 @@ void check_regions_tile(const std::string& path, std::vector<Entry>& entries, ui
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  std::ifstream in;
+namespace {
+
+// The file's validated entries in file order, its metadata into out; `in` left at the data.
+std::vector<Entry> read_checked_header(const std::string& path, std::ifstream& in,
+                                       SafetensorsFile& out) {
   const uint64_t file_size = open_checked(path, in);
   const std::string text = read_header_text(path, in, file_size);
   const uint64_t data_size = file_size - 8 - text.size();
-  SafetensorsFile out;
   out.path = path;
   std::vector<Entry> entries = parse_header(path, text, data_size, out);
   check_regions_tile(path, entries, data_size);
+  return entries;
+}
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path,
+                                 const std::function<bool(const std::string&)>& keep) {
+  std::ifstream in;
+  SafetensorsFile out;
+  const std::vector<Entry> entries = read_checked_header(path, in, out);
   // Everything is validated, so the reads below are exactly the data section, in file order.
   // Reading straight into each tensor's storage avoids holding the file twice in memory.
   out.tensors.reserve(entries.size());
   for (const Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
     const uint64_t nbytes = e.end - e.begin;
+    if (keep && !keep(e.name)) {
+      in.seekg(std::streamoff(nbytes), std::ios::cur);
+      continue;
+    }
+    Tensor t = Tensor::empty(e.shape, e.dtype);
     if (nbytes > 0) {
       in.read(static_cast<char*>(t.raw()), std::streamsize(nbytes));
       if (uint64_t(in.gcount()) != nbytes)
@@ -468,6 +484,19 @@ SafetensorsFile load_safetensors(const std::string& path) {
     }
     out.tensors.emplace_back(e.name, std::move(t));
   }
+  return out;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) { return load_safetensors(path, {}); }
+
+SafetensorsHeader inspect_safetensors(const std::string& path) {
+  std::ifstream in;
+  SafetensorsFile meta;
+  SafetensorsHeader out;
+  for (const Entry& e : read_checked_header(path, in, meta))
+    out.tensors.push_back({e.name, e.dtype, e.shape, e.end - e.begin});
+  out.metadata = std::move(meta.metadata);
+  out.path = path;
   return out;
 }
 

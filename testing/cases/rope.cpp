@@ -18,6 +18,12 @@ void rope_samples(Samples& s) {
                           [](const Tensor& x) {
                             return rope(x, from_vector(std::vector<int64_t>{2, 5, 7}, {3}), 100.0);
                           }));
+  // A frequency table of Llama 3's kind: some pairs slowed, one blended, some kept.
+  add_sample(s, one_input_case("rope/frequency_table", "rope", {2, 3, 6}, /*transposed=*/false,
+                               [](const Tensor& x) {
+                                 return rope(x, from_vector(std::vector<int64_t>{0, 4, 9}, {3}),
+                                             std::vector<double>{1.0, 0.02, 0.3});
+                               }));
   add_sample(
       s, OpCase{.name = "rope/transposed_small_base",
                 .op = "rope",
@@ -45,7 +51,13 @@ void record_rope(Samples& s) {
             [] {
               rope(zeros({1, 3, 4}), from_vector(std::vector<int64_t>{0, 1}, {2}, DType::i64));
             },
-            "rope: x f32 (1, 3, 4), positions i64 (2): positions must be int64 (T) = (3)"}},
+            "rope: x f32 (1, 3, 4), positions i64 (2): positions must be int64 (T) = (3)"},
+           {"a frequency table of another length",
+            [] {
+              rope(zeros({1, 3, 4}), from_vector(std::vector<int64_t>{0, 1, 2}, {3}, DType::i64),
+                   std::vector<double>{1.0});
+            },
+            "rope: x f32 (1, 3, 4), positions i64 (3): inv_freq has 1 entries, D / 2 = 2"}},
       .nonfinite = nan_propagates()});
 }
 

@@ -308,9 +308,40 @@ struct ModelConfig {
   uint64_t seed = 1;              ///< initialisation and dropout masks
 };
 
+/// The optional field "rope_scaling" (nn::parse_rope_scaling(): none, linear, llama3); its
+/// factors are checked by nn::rope_frequencies(), named in the error.
+template <class C>
+ConfigField<C> rope_scaling_field() {
+  ConfigField<C> f;
+  f.name = "rope_scaling", f.doc = "rope: how the frequencies are scaled", f.required = false;
+  f.read = [](C& c, const ConfigReader& r, const char* key) {
+    std::string s;
+    r.get(key, s);
+    try {
+      c.positions.rope_scaling = nn::parse_rope_scaling(s);
+    } catch (const Error& e) {
+      r.bad("rope_scaling", e.what());
+    }
+  };
+  f.write = [](const C& c, nlohmann::json& j) {
+    j["rope_scaling"] = nn::rope_scaling_name(c.positions.rope_scaling);
+  };
+  f.check = [](const C& c, const ConfigCheck& k) {
+    if (c.positions.rope_scaling == nn::RopeScaling::none) return;
+    try {
+      nn::rope_frequencies(c.positions, 2);
+    } catch (const Error& e) {
+      k.bad("rope_scaling", e.what());
+    }
+  };
+  return f;
+}
+
 /// The position settings' fields, each optional: "positions" (the kind, nn::parse_positions()),
-/// "rope_base" (> 1), "relative_buckets" (in [4, 4096]) and "relative_max_distance" (in
-/// [1, 2^24]), of a config C with a `positions` member.
+/// "rope_base" (> 1), the rope scaling ("rope_scaling", "rope_factor",
+/// "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len"),
+/// "relative_buckets" (in [4, 4096]) and "relative_max_distance" (in [1, 2^24]), of a config C
+/// with a `positions` member.
 template <class C>
 ConfigFields<C> positions_fields() {
   ConfigField<C> kind;
@@ -337,6 +368,19 @@ ConfigFields<C> positions_fields() {
           .and_check([](const C& c, const ConfigCheck& k) {
             if (!(c.positions.rope_base > 1)) k.bad("rope_base", "must be > 1");
           }),
+      rope_scaling_field<C>(),
+      value_field<C>("rope_factor", pos(&nn::PositionOptions::rope_factor),
+                     "rope linear/llama3: the frequency divisor")
+          .optional(),
+      value_field<C>("rope_low_freq_factor", pos(&nn::PositionOptions::rope_low_freq_factor),
+                     "rope llama3: original_max_len / this is the longest blended wavelength")
+          .optional(),
+      value_field<C>("rope_high_freq_factor", pos(&nn::PositionOptions::rope_high_freq_factor),
+                     "rope llama3: original_max_len / this is the shortest blended wavelength")
+          .optional(),
+      value_field<C>("rope_original_max_len", pos(&nn::PositionOptions::rope_original_max_len),
+                     "rope llama3: the context the model was trained on")
+          .optional(),
       range_field<C>("relative_buckets", pos(&nn::PositionOptions::relative_buckets), 4, 4096,
                      "relative: the bias table's buckets")
           .optional(),

@@ -42,6 +42,7 @@ struct LMConfig : StackConfig {
   double eps = 1e-5;
   /// "mask_pad": forward() masks the keys whose id is pad_id. Hugging Face decoders mask
   /// nothing without an attention mask, so an imported model sets it false; absent: true.
+  /// Without it, pad_id is not special at all: its embedding row trains like any other.
   bool mask_pad = true;
   /// The field table (stack_fields() plus the above), which to_json(), from_json() and
   /// validate() follow.

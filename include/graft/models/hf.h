@@ -22,6 +22,9 @@ struct HfLMFacts {
   bool attention_bias = false;   ///< q/k/v/o biases (Llama/Mistral attention_bias)
   bool qkv_bias = false;         ///< q/k/v biases without an o_proj bias (Qwen2)
   bool mlp_bias = false;         ///< gate/up/down biases (Llama mlp_bias)
+  /// max_position_embeddings (the family's default when absent); the LM's max_len is this up
+  /// to graft's limit of 65536 positions (kMaxLen).
+  int64_t max_positions = 0;
 };
 
 /// A config.json read into the LMConfig it needs (RMSNorm, SwiGLU, rope, grouped-query

@@ -26,10 +26,29 @@ Positions parse_positions(const std::string& name);
 /// The kind's name, as parse_positions() reads it.
 const char* positions_name(Positions p);
 
+/// How rope's frequencies are scaled for a longer context (Hugging Face `rope_scaling`):
+/// none; linear (every frequency divided by the factor); llama3 (Llama 3.1: wavelengths longer
+/// than original_max_len / low_freq_factor divided by the factor, shorter than
+/// original_max_len / high_freq_factor kept, the band between blended smoothly).
+enum class RopeScaling { none, linear, llama3 };
+/// The scaling named "none", "linear" or "llama3".
+/// @throws graft::Error for any other name; the message lists the three names.
+RopeScaling parse_rope_scaling(const std::string& name);
+/// The scaling's name, as parse_rope_scaling() reads it.
+const char* rope_scaling_name(RopeScaling s);
+
 /// A model's positional settings, as its config holds them.
 struct PositionOptions {
-  Positions kind = Positions::sinusoidal;  ///< which encoding
-  double rope_base = 10000.0;              ///< rope: the base of the angles
+  Positions kind = Positions::sinusoidal;        ///< which encoding
+  double rope_base = 10000.0;                    ///< rope: the base of the angles
+  RopeScaling rope_scaling = RopeScaling::none;  ///< rope: how the frequencies are scaled
+  double rope_factor =
+      1.0;  ///< rope linear/llama3: the divisor of the (long) wavelengths' frequencies
+  /// rope llama3: the band of wavelengths between original_max_len / high and / low is blended.
+  ///@{
+  double rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  ///@}
+  int64_t rope_original_max_len = 8192;  ///< rope llama3: the context the model was trained on
   /// relative: the number of buckets and the distance beyond which all share the last one.
   ///@{
   int64_t relative_buckets = 32, relative_max_distance = 128;
@@ -47,15 +66,25 @@ class AttentionPositions : public Module {
   virtual Tensor bias(int64_t q_start, int64_t Tq, int64_t k_start, int64_t Tk, DType dt) const;
 };
 
+/// rope's frequencies for head size Dh under o's base and scaling: base^(-2i/Dh), i < Dh / 2,
+/// then scaled (RopeScaling).
+/// @throws graft::Error when Dh is odd, the base is not finite and > 1, or a scaling's factors
+///         are out of range (factor >= 1, 0 < low < high, original_max_len >= 1).
+std::vector<double> rope_frequencies(const PositionOptions& o, int64_t Dh);
+
 /// RoPE: rotates queries and keys by their positions (see rope()).
 class RotaryPositions : public AttentionPositions {
  public:
   /// Angles t * base^(-2i/Dh).
-  explicit RotaryPositions(double base) : base(base) {}
+  explicit RotaryPositions(double base) {
+    options.kind = Positions::rope, options.rope_base = base;
+  }
+  /// Angles t * rope_frequencies(o, Dh)[i].
+  explicit RotaryPositions(const PositionOptions& o) : options(o) {}
   /// x (B, H, T, Dh) rotated at positions start .. start + T - 1.
   /// @throws graft::Error when Dh is odd or base is not > 1 (see rope()).
   Tensor rotate(const Tensor& x, int64_t start) const override;
-  double base;  ///< the base of the angles
+  PositionOptions options;  ///< the base and the scaling of the angles
 };
 
 /// ALiBi slopes for H heads: 2^(-8h/H), h = 1..H, for H a power of two; otherwise those of the

@@ -10,6 +10,8 @@
 /// depends on their positions only through the difference.
 #pragma once
 
+#include <vector>
+
 #include "graft/autograd/tensor.h"
 
 namespace graft {
@@ -20,5 +22,15 @@ namespace graft {
 ///         rank < 2 or with D odd, positions is undefined or not int64 (T), or base is not finite
 ///         and > 1.
 Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0);
+
+/// rope() with the pair frequencies given: angle = t * inv_freq[i], i < D / 2 (a scaled rope
+/// such as Llama 3's; rope_frequencies() gives the plain ones).
+/// @throws graft::Error as rope(), and "rope: ... inv_freq has N entries, D / 2 = M" when the
+///         table's length is not D / 2 or an entry is not finite.
+Tensor rope(const Tensor& x, const Tensor& positions, const std::vector<double>& inv_freq);
+
+/// The plain frequencies base^(-2i/D), i < D / 2.
+/// @throws graft::Error when D is not even and positive, or base is not finite and > 1.
+std::vector<double> rope_frequencies(int64_t D, double base);
 
 }  // namespace graft

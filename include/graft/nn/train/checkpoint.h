@@ -64,6 +64,33 @@ struct SafetensorsFile {
 ///         regions that do not tile the data section.
 SafetensorsFile load_safetensors(const std::string& path);
 
+/// One tensor of a safetensors header: what load_safetensors() would allocate for it.
+struct SafetensorsEntry {
+  std::string name;          ///< the tensor's name in the file
+  DType dtype = DType::f32;  ///< its dtype as stored
+  Shape shape;               ///< its shape as stored
+  uint64_t bytes = 0;        ///< its byte count (the element count times the dtype's size)
+};
+
+/// A safetensors file's header, validated as load_safetensors() validates it, no tensor read.
+struct SafetensorsHeader {
+  std::vector<SafetensorsEntry> tensors;        ///< in data-offset order
+  std::map<std::string, std::string> metadata;  ///< the header's `__metadata__`
+  std::string path;                             ///< where it was read from
+};
+
+/// Reads and validates a safetensors file's header only (the same checks and errors as
+/// load_safetensors(), which it shares), so a loader can check every name, dtype and shape
+/// against what it needs before any tensor is allocated.
+/// @throws graft::Error as load_safetensors() for the header and the file's size.
+SafetensorsHeader inspect_safetensors(const std::string& path);
+
+/// load_safetensors() of the tensors `keep` accepts only: the others are validated in the
+/// header and skipped in the file, never allocated.
+/// @throws graft::Error as load_safetensors().
+SafetensorsFile load_safetensors(const std::string& path,
+                                 const std::function<bool(const std::string&)>& keep);
+
 /// Writes a file atomically: `writer` fills the stream, and `path` then holds either all of it
 /// or what it held before.
 ///
