@@ -3,15 +3,14 @@
 #include "graft/models/hf_marian.h"
 
 #include <filesystem>
-#include <map>
 #include <optional>
-#include <set>
 
 #include "graft/autograd/tape.h"
 #include "graft/autograd/text.h"
 #include "graft/nn/module.h"
 #include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
+#include "hf_files.h"
 
 namespace graft::models {
 
@@ -203,165 +202,102 @@ namespace graft::models {
 
 namespace {
 
-// TODO-MERGE: from models/hf_files.h
-struct HfParam {
-  std::vector<std::string> hf;
-  Shape part;
-  std::string graft;
-};
-struct HfTensor {
-  Tensor t;
-  std::string file;
-};
-using HfTensors = std::map<std::string, HfTensor>;
-void check_hf_shape(const HfTensor& t, const std::string& name, const Shape& want) {
-  if (t.t.shape() != want)
-    fail("load_hf_marian: '" + t.file + "': tensor '" + name + "' has shape " +
-         shape_str(t.t.shape()) + ", the config needs " + shape_str(want));
-}
-DType common_dtype(const HfTensors& file) {
-  std::set<DType> seen;
-  for (const auto& [n, t] : file) seen.insert(t.t.dtype());
-  return seen.size() == 1 ? *seen.begin() : DType::f32;
-}
-HfTensors read_marian_tensors(const std::string& dir) {
-  const std::string path = dir + "/model.safetensors";
-  HfTensors out;
-  for (const auto& [name, t] : train::load_safetensors(path).tensors) {
-    const std::string n = name.rfind("model.", 0) == 0 ? name.substr(6) : name;
-    if (n == "encoder.embed_positions.weight" || n == "decoder.embed_positions.weight" ||
-        n == "encoder.version" || n == "decoder.version")
-      continue;
-    out.emplace(n, HfTensor{t, path});
-  }
-  return out;
-}
-// END TODO-MERGE
-
-// Whether a and b hold the same values (compared in float32, exact for every float dtype here).
-bool equal_values(const Tensor& a, const Tensor& b) {
-  return to_dtype(a, DType::f32).to_vector<float>() == to_dtype(b, DType::f32).to_vector<float>();
-}
-
 // One attention block: q/k/v concatenated into in_proj, out_proj as it is.
-void add_attention(std::vector<HfParam>& m, const std::string& hf, const std::string& g,
+void add_attention(std::vector<hf::Param>& m, const std::string& h, const std::string& g,
                    int64_t d) {
-  m.push_back({{hf + "q_proj.weight", hf + "k_proj.weight", hf + "v_proj.weight"},
-               {d, d},
+  m.push_back({{h + "q_proj.weight", h + "k_proj.weight", h + "v_proj.weight"},
+               {{d, d}, {d, d}, {d, d}},
                g + "in_proj_weight"});
-  m.push_back(
-      {{hf + "q_proj.bias", hf + "k_proj.bias", hf + "v_proj.bias"}, {d}, g + "in_proj_bias"});
-  m.push_back({{hf + "out_proj.weight"}, {d, d}, g + "out_proj.weight"});
-  m.push_back({{hf + "out_proj.bias"}, {d}, g + "out_proj.bias"});
+  m.push_back({{h + "q_proj.bias", h + "k_proj.bias", h + "v_proj.bias"},
+               {{d}, {d}, {d}},
+               g + "in_proj_bias"});
+  m.push_back({{h + "out_proj.weight"}, {{d, d}}, g + "out_proj.weight"});
+  m.push_back({{h + "out_proj.bias"}, {{d}}, g + "out_proj.bias"});
 }
 
-void add_linear(std::vector<HfParam>& m, const std::string& hf, const std::string& g, int64_t out,
+// A Linear (out, in) or a LayerNorm (out = 0: weight and bias of size d).
+void add_affine(std::vector<hf::Param>& m, const std::string& h, const std::string& g, int64_t out,
                 int64_t in) {
-  m.push_back({{hf + ".weight"}, {out, in}, g + ".weight"});
-  m.push_back({{hf + ".bias"}, {out}, g + ".bias"});
-}
-
-void add_norm(std::vector<HfParam>& m, const std::string& hf, const std::string& g, int64_t d) {
-  m.push_back({{hf + ".weight"}, {d}, g + ".weight"});
-  m.push_back({{hf + ".bias"}, {d}, g + ".bias"});
+  m.push_back({{h + ".weight"}, {in ? Shape{out, in} : Shape{out}}, g + ".weight"});
+  m.push_back({{h + ".bias"}, {{out}}, g + ".bias"});
 }
 
 // Layer i of the encoder (decoder false) or the decoder: HF's names onto nn.Transformer's.
-void add_layer(std::vector<HfParam>& m, const TransformerConfig& c, bool decoder, int64_t i) {
-  const std::string stack = decoder ? "decoder" : "encoder";
-  const std::string h = stack + ".layers." + std::to_string(i) + ".", g = h;
+void add_layer(std::vector<hf::Param>& m, const TransformerConfig& c, bool decoder, int64_t i) {
+  const std::string h =
+      std::string(decoder ? "decoder" : "encoder") + ".layers." + std::to_string(i) + ".";
   const int64_t d = c.d_model;
-  add_attention(m, h + "self_attn.", g + "self_attn.", d);
-  add_norm(m, h + "self_attn_layer_norm", g + "norm1", d);
+  add_attention(m, h + "self_attn.", h + "self_attn.", d);
+  add_affine(m, h + "self_attn_layer_norm", h + "norm1", d, 0);
   if (decoder) {
-    add_attention(m, h + "encoder_attn.", g + "multihead_attn.", d);
-    add_norm(m, h + "encoder_attn_layer_norm", g + "norm2", d);
+    add_attention(m, h + "encoder_attn.", h + "multihead_attn.", d);
+    add_affine(m, h + "encoder_attn_layer_norm", h + "norm2", d, 0);
   }
-  add_linear(m, h + "fc1", g + "linear1", c.d_ff, d);
-  add_linear(m, h + "fc2", g + "linear2", d, c.d_ff);
-  add_norm(m, h + "final_layer_norm", g + (decoder ? "norm3" : "norm2"), d);
+  add_affine(m, h + "fc1", h + "linear1", c.d_ff, d);
+  add_affine(m, h + "fc2", h + "linear2", d, c.d_ff);
+  add_affine(m, h + "final_layer_norm", h + (decoder ? "norm3" : "norm2"), d, 0);
 }
 
-// Every parameter of the stacks (the embedding and the logits bias are handled apart).
-std::vector<HfParam> marian_layer_params(const TransformerConfig& c) {
-  std::vector<HfParam> m;
+const char* const kEmbeddingCopies[] = {"shared.weight", "encoder.embed_tokens.weight",
+                                        "decoder.embed_tokens.weight", "lm_head.weight"};
+const char* const kCopy = "copy:";  // the graft name of a further embedding copy, compared
+
+// The embedding from the first copy the file holds, each further one loaded as "copy:<name>";
+// no copy at all is refused naming them.
+void add_embedding(std::vector<hf::Param>& m, const hf::FileTensors& file,
+                   const TransformerConfig& c, const std::string& dir) {
+  bool first = true;
+  for (const char* name : kEmbeddingCopies) {
+    if (!file.count(name)) continue;
+    m.push_back(
+        {{name}, {{c.vocab, c.d_model}}, first ? "embedding.weight" : kCopy + std::string(name)});
+    first = false;
+  }
+  if (first)
+    fail("load_hf_marian: '" + dir + "': tensor 'shared.weight' is missing (nor is any copy: " +
+         "encoder.embed_tokens.weight, decoder.embed_tokens.weight, lm_head.weight)");
+}
+
+// Every parameter with its sources: final_logits_bias (1, V) optional (zeros, as transformers).
+std::vector<hf::Param> marian_params(const hf::FileTensors& file, const TransformerConfig& c,
+                                     const std::string& dir) {
+  std::vector<hf::Param> m;
+  add_embedding(m, file, c, dir);
+  m.push_back(file.count("final_logits_bias")
+                  ? hf::Param{{"final_logits_bias"}, {{1, c.vocab}}, "final_logits_bias"}
+                  : hf::Param{{}, {{c.vocab}}, "final_logits_bias"});
   for (int64_t i = 0; i < c.enc_layers; ++i) add_layer(m, c, false, i);
   for (int64_t i = 0; i < c.dec_layers; ++i) add_layer(m, c, true, i);
   return m;
 }
 
 // The sinusoid tables (recomputed) and fairseq's version buffers carry no weights.
-bool ignorable(const std::string& name) {
-  return name == "encoder.embed_positions.weight" || name == "decoder.embed_positions.weight" ||
-         name == "encoder.version" || name == "decoder.version";
+hf::Reading marian_reading() {
+  return {"load_hf_marian", {"model."}, [](const std::string& n) {
+            return n == "encoder.embed_positions.weight" || n == "decoder.embed_positions.weight" ||
+                   n == "encoder.version" || n == "decoder.version";
+          }};
 }
 
-const char* const kEmbeddingCopies[] = {"shared.weight", "encoder.embed_tokens.weight",
-                                        "decoder.embed_tokens.weight", "lm_head.weight"};
+// Whether a and b hold the same values (compared in float32, exact for every float dtype here).
+bool equal_values(const Tensor& a, const Tensor& b) {
+  return to_dtype(a, DType::f32).to_vector<float>() == to_dtype(b, DType::f32).to_vector<float>();
+}
 
-// The shared embedding from whichever copies the file holds: at least one, each (V, d), all
-// equal. Each copy found is erased from `unused`.
-Tensor shared_embedding(const HfTensors& file, const TransformerConfig& c, const std::string& dir,
-                        std::set<std::string>& unused) {
-  const HfTensor* first = nullptr;
-  std::string first_name;
-  for (const char* name : kEmbeddingCopies) {
-    auto it = file.find(name);
-    if (it == file.end()) continue;
-    check_hf_shape(it->second, name, {c.vocab, c.d_model});
-    unused.erase(name);
-    if (!first) {
-      first = &it->second, first_name = name;
+// The loaded tensors as the Transformer's state: each embedding copy checked equal to the first
+// (params[0]'s source) and dropped, final_logits_bias (1, V) as (V).
+nn::NamedTensors marian_state(nn::NamedTensors loaded, const std::vector<hf::Param>& params,
+                              const std::string& dir, int64_t vocab) {
+  nn::NamedTensors out;
+  for (auto& [name, t] : loaded) {
+    if (!name.starts_with(kCopy)) {
+      out.emplace_back(name, name == "final_logits_bias" ? reshape(t, {vocab}) : t);
       continue;
     }
-    if (!equal_values(first->t, it->second.t))
-      fail("load_hf_marian: '" + it->second.file + "': tensor '" + name + "' differs from '" +
-           first_name + "': graft ties the encoder, decoder and output embeddings");
-  }
-  if (!first)
-    fail("load_hf_marian: '" + dir + "': tensor 'shared.weight' is missing (nor is any copy: " +
-         "encoder.embed_tokens.weight, decoder.embed_tokens.weight, lm_head.weight)");
-  return first->t;
-}
-
-// final_logits_bias (1, V) as (V); zeros when the file has none (as transformers).
-Tensor logits_bias(const HfTensors& file, const TransformerConfig& c, std::set<std::string>& unused,
-                   DType dt) {
-  auto it = file.find("final_logits_bias");
-  if (it == file.end()) return zeros({c.vocab}, dt);
-  check_hf_shape(it->second, "final_logits_bias", {1, c.vocab});
-  unused.erase("final_logits_bias");
-  return reshape(to_dtype(it->second.t, dt), {c.vocab});
-}
-
-// Every layer tensor there with its shape (q/k/v parts each (d, d) or (d)).
-void check_layer_tensors(const HfTensors& file, const std::vector<HfParam>& params,
-                         const std::string& dir, std::set<std::string>& unused) {
-  for (const HfParam& p : params)
-    for (const std::string& n : p.hf) {
-      auto it = file.find(n);
-      if (it == file.end()) fail("load_hf_marian: '" + dir + "': tensor '" + n + "' is missing");
-      check_hf_shape(it->second, n, p.part);
-      unused.erase(n);
-    }
-}
-
-nn::NamedTensors marian_state(const HfTensors& file, const HfMarianConfig& c,
-                              const std::string& dir) {
-  std::set<std::string> unused;
-  for (const auto& [n, t] : file) unused.insert(n);
-  const std::vector<HfParam> params = marian_layer_params(c.t);
-  const Tensor emb = shared_embedding(file, c.t, dir, unused);
-  check_layer_tensors(file, params, dir, unused);
-  nn::NamedTensors out = {{"embedding.weight", to_dtype(emb, c.t.dtype)},
-                          {"final_logits_bias", logits_bias(file, c.t, unused, c.t.dtype)}};
-  if (!unused.empty())
-    fail("load_hf_marian: '" + file.at(*unused.begin()).file + "': unexpected tensor '" +
-         *unused.begin() + "'");
-  for (const HfParam& p : params) {
-    Tensors parts;
-    for (const std::string& h : p.hf) parts.push_back(to_dtype(file.at(h).t, c.t.dtype));
-    out.emplace_back(p.graft, parts.size() == 1 ? parts[0] : concat(parts, 0));
+    if (!equal_values(loaded[0].second, t))
+      fail("load_hf_marian: '" + dir + "': tensor '" + name.substr(std::string(kCopy).size()) +
+           "' differs from '" + params[0].hf[0] +
+           "': graft ties the encoder, decoder and output embeddings");
   }
   return out;
 }
@@ -374,13 +310,17 @@ HfMarian load_hf_marian(const std::string& dir, std::optional<DType> dtype) {
   std::error_code ec;
   if (std::filesystem::exists(gen_path, ec))
     read_marian_generation(train::load_json(gen_path), c.hf, c.t.vocab, gen_path);
-  check_config_memory(c.t, cfg_path, /*copies=*/2);  // float32: the files' tensors and the model
-  const HfTensors file = read_marian_tensors(dir);
-  c.t.dtype = dtype ? *dtype : common_dtype(file);
+  const hf::Reading reading = marian_reading();
+  const hf::FileTensors file = hf::inspect_hf_tensors(dir, reading);
+  const std::vector<hf::Param> params = marian_params(file, c.t, dir);
+  hf::check_params(file, params, reading, dir);
+  c.t.dtype = dtype ? *dtype : hf::common_dtype(file);
   if (!is_floating(c.t.dtype))
     fail("load_hf_marian: the model's dtype must be a float dtype, got " +
          std::string(dtype_name(c.t.dtype)));
-  const nn::NamedTensors state = marian_state(file, c, dir);
+  check_config_memory(c.t, cfg_path, /*copies=*/2);  // the files' tensors and the model
+  const nn::NamedTensors state =
+      marian_state(hf::load_params(file, params, c.t.dtype), params, dir, c.t.vocab);
   HfMarian out;
   {
     const nn::SkipInit skip;

@@ -224,12 +224,12 @@ using Files = std::map<std::string, Tensor>;
 
 void put_layer(Files& t, const std::string& p, bool decoder, DType dt, Generator& gen) {
   const auto put = [&](const std::string& n, const Shape& s) { t[p + n] = randn(s, dt, gen); };
-  for (const std::string a : decoder ? std::vector<std::string>{"self_attn.", "encoder_attn."}
-                                     : std::vector<std::string>{"self_attn."}) {
+  for (const std::string& a : decoder ? std::vector<std::string>{"self_attn.", "encoder_attn."}
+                                      : std::vector<std::string>{"self_attn."}) {
     for (const char* x : {"q_proj", "k_proj", "v_proj", "out_proj"})
       put(a + x + ".weight", {8, 8}), put(a + x + ".bias", {8});
   }
-  for (const std::string n :
+  for (const std::string& n :
        decoder ? std::vector<std::string>{"self_attn_layer_norm", "encoder_attn_layer_norm",
                                           "final_layer_norm"}
                : std::vector<std::string>{"self_attn_layer_norm", "final_layer_norm"})
@@ -347,9 +347,10 @@ BOOST_AUTO_TEST_CASE(tensor_refusals_name_the_tensor) {
   t = marian_tensors();
   t["model.encoder.layers.0.fc1.weight"] = zeros({8, 12});
   write_dir(dir, marian_config(), t);
-  check_load_refused(dir,
-                     "tensor 'encoder.layers.0.fc1.weight' has shape (8, 12), the config needs "
-                     "(12, 8)");
+  check_load_refused(
+      dir,
+      "tensor 'model.encoder.layers.0.fc1.weight' has shape (8, 12), the config needs "
+      "(12, 8)");
   t = marian_tensors();
   t["final_logits_bias"] = zeros({11});
   write_dir(dir, marian_config(), t);
@@ -357,7 +358,7 @@ BOOST_AUTO_TEST_CASE(tensor_refusals_name_the_tensor) {
   t = marian_tensors();
   t["model.encoder.layers.0.extra.weight"] = zeros({2});
   write_dir(dir, marian_config(), t);
-  check_load_refused(dir, "unexpected tensor 'encoder.layers.0.extra.weight'");
+  check_load_refused(dir, "unexpected tensor 'model.encoder.layers.0.extra.weight'");
 }
 
 // Each config refusal names its field.
