@@ -8,11 +8,13 @@
 // the config's num_beams (bad_words_ids, forced_eos_token_id, length_penalty, max_length).
 // "float32" loads a 16-bit file into a float32 model. Exit 2 with the error on bad input.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "graft/autograd/tape.h"
 #include "graft/models/hf_marian.h"
+#include "graft/nn/text/marian_tokenizer.h"
 #include "graft/ops/ops.h"
 
 using namespace graft;
@@ -55,7 +57,22 @@ void print_rows(const char* what, const models::Sequences& out) {
   }
 }
 
+int tokenize(const std::string& dir, const std::string& file) {
+  const text::MarianTokenizer tok(dir);
+  std::ifstream in(file);
+  if (!in) fail("marian_check: cannot read '" + file + "'");
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::vector<int64_t> ids = tok.encode(line);
+    std::printf("ids");
+    for (int64_t id : ids) std::printf(" %lld", (long long)id);
+    std::printf("\ntext %s\n", tok.decode(ids).c_str());
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--tokenize") return tokenize(argv[2], argv[3]);
   if (argc < 5 || argc > 6) fail("usage: marian_check DIR SRC TGT NEW [float32]");
   if (argc == 6 && std::string(argv[5]) != "float32")
     fail("marian_check: the 5th argument must be float32");

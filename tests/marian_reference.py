@@ -4,9 +4,14 @@ bfloat16; graft's teacher-forced logits (tests/marian_check) within 1e-5 of tran
 (relative to the largest |logit|) on a padded batch of two sources, the same 64 greedy tokens,
 and the same ids as generate(num_beams=4) with bad_words_ids [[pad]] and forced_eos_token_id;
 a bfloat16 file run in bfloat16 within BF16_TOL; a config with share_encoder_decoder_embeddings
-false refused naming it.
+false refused naming it. Then text::MarianTokenizer against transformers' MarianTokenizer on every
+line of the fortune files (when installed): source.spm and target.spm trained here with
+sentencepiece (English, and the other languages), a vocab.json of their pieces less every 40th
+(pieces without an id read as <unk>), the same ids (`</s>` appended) and the same decoded text.
 Usage: marian_reference.py MARIAN_CHECK WORKDIR"""
+import glob
 import json
+import os
 import subprocess
 import sys
 
@@ -165,6 +170,91 @@ def check_refused(check, work):
     return r.returncode == 2 and "share_encoder_decoder_embeddings" in r.stderr
 
 
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def fortune_lines(paths):
+    lines = []
+    for p in sorted(paths):
+        if p.endswith((".dat", ".u8")) or not os.path.isfile(p):
+            continue
+        with open(p, encoding="utf-8", errors="ignore") as f:
+            lines += [l.strip() for l in f if l.strip() and l.strip() != "%"]
+    return lines
+
+
+def train_spm(lines, prefix, spm):
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=prefix,
+                                   vocab_size=2000, model_type="unigram", character_coverage=1.0,
+                                   num_threads=2, minloglevel=2)
+    os.rename(prefix + ".model", os.path.dirname(prefix) + "/" + os.path.basename(prefix) + ".spm")
+
+
+def marian_vocab(d, spm):
+    pieces = ["</s>", "<unk>"]
+    for name in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=f"{d}/{name}.spm")
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    seen, vocab = set(), {}
+    for i, p in enumerate(pieces):
+        if p in seen or p in ("<s>",) or (i % 40 == 39):
+            continue
+        seen.add(p)
+        vocab[p] = len(vocab)
+    vocab["<pad>"] = len(vocab)
+    with open(f"{d}/vocab.json", "w") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+
+
+def check_tokenizer(check, work):
+    english = fortune_lines(glob.glob(f"{FORTUNES}/*"))
+    others = fortune_lines(glob.glob(f"{FORTUNES}/*/*"))
+    if not english or not others:
+        print(f"MarianTokenizer: skipped: no fortune files under {FORTUNES} (make fortunes)")
+        return True
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        print("MarianTokenizer: skipped: no sentencepiece in this Python (make interop installs it)")
+        return True
+    d = f"{work}/tokenizer"
+    os.makedirs(d)
+    train_spm(english, f"{d}/source", spm)
+    train_spm(others, f"{d}/target", spm)
+    marian_vocab(d, spm)
+    lines = english + others + [">>de<< " + english[0]]
+    with open(f"{d}/lines.txt", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    tok = tf.MarianTokenizer(f"{d}/source.spm", f"{d}/target.spm", f"{d}/vocab.json")
+    r = subprocess.run([check, "--tokenize", d, f"{d}/lines.txt"], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"marian_check --tokenize failed: {r.stderr}")
+    out = r.stdout.split("\n")
+    source = spm.SentencePieceProcessor(model_file=f"{d}/source.spm")
+    piece = {i: p for p, i in tok.encoder.items()}
+    score = lambda ids: sum(source.get_score(source.piece_to_id(piece[i])) for i in ids)
+    bad = ties = 0
+    for i, line in enumerate(lines):
+        ids = tok.encode(line)
+        text = tok.decode(ids, skip_special_tokens=True)
+        got_ids = [int(v) for v in out[2 * i].split()[1:]]
+        got_text = out[2 * i + 1][5:]
+        if got_ids == ids and got_text == text:
+            continue
+        # Two segmentations of equal score (a Viterbi tie): libsentencepiece and Python's
+        # sentencepiece of other versions may pick either; the pieces are the same text.
+        if (got_text == text and sorted(got_ids) == sorted(ids)
+                and abs(score(got_ids) - score(ids)) < 1e-4):
+            ties += 1
+            continue
+        bad += 1
+        if bad <= 3:
+            print(f"  line {i}: {line!r}\n    graft {got_ids} {got_text!r}\n    transformers {ids} {text!r}")
+    print(f"MarianTokenizer: {len(lines)} fortune lines, {bad} differ (ids or decoded text), "
+          f"{ties} are the same pieces in another order of equal score (a segmentation tie)")
+    return bad == 0
+
+
 def main():
     check, work = sys.argv[1], sys.argv[2]
     print(f"torch {torch.__version__}, transformers {tf.__version__}")
@@ -172,6 +262,7 @@ def main():
     for eos_bias in EOS_BIASES:
         ok &= check_files(check, work, eos_bias)
     ok &= check_refused(check, work)
+    ok &= check_tokenizer(check, work)
     sys.exit(0 if ok else 1)
 
 
