@@ -4,12 +4,15 @@
 // refusal naming its cause.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 #include "graft/autograd/tape.h"
 #include "graft/models/hf_marian.h"
 #include "graft/models/transformer.h"
 #include "graft/nn/layers.h"
+#include "graft/nn/text/marian_tokenizer.h"
+#include "graft/nn/text/tokenizer.h"
 #include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
 #include "tests/test_util.h"
@@ -490,6 +493,85 @@ BOOST_AUTO_TEST_CASE(option_refusals) {
   o.forced_eos_id = -1;
   o.length_penalty = std::nan("");
   refused(o, "decode: length_penalty must be a finite number");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// ---------------------------------------------------------------------------------------------
+// text::MarianTokenizer on a SentencePiece model trained here.
+
+namespace {
+
+// source.spm = target.spm trained on a few sentences; vocab.json: </s> 0, <unk> 1, every piece of
+// the model but "dog" (read as <unk>), <pad> last.
+void write_tokenizer(const TempDir& dir, nlohmann::json* vocab_out = nullptr) {
+  const std::vector<std::string> lines = {"the cat sees the dog", "a dog sees a cat",
+                                          "the bird sings", "cats and dogs and birds"};
+  text::Tokenizer::train(lines, dir / "spm", 30);
+  std::filesystem::copy_file(dir / "spm.model", dir / "source.spm");
+  std::filesystem::copy_file(dir / "spm.model", dir / "target.spm");
+  const text::Tokenizer sp(dir / "spm.model");
+  nlohmann::json v = {{"</s>", 0}, {"<unk>", 1}};
+  for (int i = 4; i < sp.vocab_size(); ++i)
+    if (sp.piece(i) !=
+        "\xe2\x96\x81"
+        "dog")
+      v[sp.piece(i)] = (int)v.size();
+  v["<pad>"] = (int)v.size();
+  v[">>de<<"] = (int)v.size();
+  train::save_json(dir / "vocab.json", v);
+  if (vocab_out) *vocab_out = v;
+}
+
+void check_tokenizer_refused(const TempDir& dir, const std::string& part) {
+  BOOST_CHECK_EXCEPTION(text::MarianTokenizer{dir.path.string()}, Error,
+                        [&](const Error& e) { return names(e, part); });
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(marian_tokenizer)
+
+BOOST_AUTO_TEST_CASE(encodes_through_vocab_json_and_decodes) {
+  TempDir dir("marian_tok");
+  nlohmann::json v;
+  write_tokenizer(dir, &v);
+  const text::MarianTokenizer tok(dir.path.string());
+  BOOST_TEST(tok.eos_id() == 0);
+  BOOST_TEST(tok.unk_id() == 1);
+  BOOST_TEST(tok.pad_id() == v["<pad>"].get<int64_t>());
+  const std::vector<int64_t> ids = tok.encode("the cat");
+  BOOST_TEST(ids.back() == 0);  // </s> appended
+  BOOST_TEST(tok.decode(ids) == "the cat");
+  const std::vector<int64_t> code = tok.encode(">>de<< the cat");
+  BOOST_TEST(code.front() == v[">>de<<"].get<int64_t>());
+  BOOST_TEST((std::vector<int64_t>(code.begin() + 1, code.end()) == ids));
+  // A piece without an id is <unk>, which decode drops with </s> and <pad>.
+  const std::vector<int64_t> dog = tok.encode("the dog");
+  BOOST_TEST((std::find(dog.begin(), dog.end(), 1) != dog.end()));
+  std::vector<int64_t> padded = {tok.pad_id(), tok.unk_id()};
+  padded.insert(padded.end(), ids.begin(), ids.end());
+  BOOST_TEST(tok.decode(padded) == "the cat");
+  BOOST_CHECK_EXCEPTION(tok.decode({tok.vocab_size()}), Error,
+                        [](const Error& e) { return names(e, "MarianTokenizer::decode: id"); });
+}
+
+BOOST_AUTO_TEST_CASE(refusals_name_the_file) {
+  TempDir dir("marian_tok");
+  write_tokenizer(dir);
+  train::save_json(dir / "vocab.json", {{"</s>", 0}, {"<unk>", 1}});
+  check_tokenizer_refused(dir, "vocab.json' has no <pad> token");
+  train::save_json(dir / "vocab.json", {{"</s>", 0}, {"<unk>", 0}, {"<pad>", 2}});
+  check_tokenizer_refused(dir, "id 0 is given to");
+  train::save_json(dir / "vocab.json", {{"</s>", -1}});
+  check_tokenizer_refused(dir, "the id of piece '</s>' is not an integer in [0, 2^31)");
+  train::save_json(dir / "vocab.json", nlohmann::json::array());
+  check_tokenizer_refused(dir, "vocab.json' is not a JSON object");
+  train::save_json(dir / "tokenizer_config.json", {{"separate_vocabs", true}});
+  check_tokenizer_refused(dir, "separate_vocabs is true");
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  std::filesystem::remove(dir / "target.spm");
+  check_tokenizer_refused(dir, "MarianTokenizer: cannot load model");
 }
 
 BOOST_AUTO_TEST_SUITE_END()
