@@ -326,6 +326,9 @@ case_ CLI "\`lm generate --repetition-penalty 0\`" 2 "repetition_penalty must be
 case_ CLI "\`lm generate --repetition-penalty nan\`" 2 "repetition_penalty must be a finite number > 0 (1: off), got nan" -- "$LM" generate --run "$W/lmrun" --repetition-penalty nan
 case_ CLI "\`lm generate --stop-id 300\` (outside the vocabulary)" 2 "stop id 300 is outside the vocabulary [0, 259)" -- "$LM" generate --run "$W/lmrun" --stop-id 300
 case_ CLI "\`lm generate --min-new-tokens 50 --max-new 10\`" 2 "min_new_tokens must be in [0, max_len 10], got 50" -- "$LM" generate --run "$W/lmrun" --min-new-tokens 50 --max-new 10
+mkdir -p "$W/hf_empty"
+case_ CLI "\`lm generate --hf DIR\` without config.json" 2 "hf_empty/config.json': cannot open: No such file or directory" -- "$LM" generate --hf "$W/hf_empty" --ids 1
+case_ CLI "\`lm generate --hf DIR --run RUN\`" 2 "--run excludes --hf" -- "$LM" generate --hf "$W/hf_empty" --run "$W/lmrun" --ids 1
 case_ CLI "\`translate translate\` with neither \`--run\` nor \`--hf\`" 2 "give one of --run and --hf" -- "$T" translate
 case_ CLI "\`translate translate --hf DIR --run DIR\`" 2 "--run excludes --hf" -- "$T" translate --hf "$W" --run "$W/run"
 case_ CLI "\`translate translate --hf DIR --attention a.png\`" 2 "--attention needs --run (not --hf)" -- "$T" translate --hf "$W" --attention "$W/a.png"

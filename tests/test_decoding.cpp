@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "graft/models/decoder_only_lm.h"
 #include "graft/models/decoding.h"
@@ -369,8 +370,6 @@ BOOST_AUTO_TEST_CASE(llama_cached_decoding_equals_recomputation) {
   BOOST_TEST(caches[0].k.shape() == (Shape{2, 2, 8, 4}));  // (B, kv_heads, capacity, Dh)
 }
 
-BOOST_AUTO_TEST_SUITE_END()
-
 // One fixed logits row: positive, negative and zero logits (V = 5).
 const std::vector<double> kRow = {2.0, -1.0, 0.5, 1.9, 0.0};
 
@@ -421,13 +420,41 @@ BOOST_AUTO_TEST_CASE(streamed_tokens_equal_the_result) {
   for (int mode = 0; mode < 3; ++mode) {
     DecodeOptions o;
     o.max_len = 10, o.sample = mode == 1, o.seed = 3, o.beam = mode == 2 ? 3 : 1;
-    o.stop_ids = {2};
+    o.stop_at_eos = false;
+    const Sequences free = decode(s, {{1}, {4}}, -1, o);
+    o.stop_at_eos = true;
+    o.stop_ids = {free[0][2]};  // row 0 chose it third: greedy stops there, streaming included
     Sequences streamed(2);
     const Sequences plain = decode(s, {{1}, {4}}, 8, o);
+    if (mode == 0) BOOST_TEST(plain[0].size() < 3u);
     o.on_token = [&](int64_t token, int64_t row) { streamed[row].push_back(token); };
     BOOST_TEST(decode(s, {{1}, {4}}, 8, o) == plain);
     BOOST_TEST(streamed == plain);
   }
+}
+
+BOOST_AUTO_TEST_CASE(beam_search_applies_the_penalty_and_min_new_tokens) {
+  FakeStep s;
+  DecodeOptions o;
+  o.max_len = 6, o.beam = 3, o.stop_at_eos = false;
+  const auto repeats = [](std::vector<int64_t> r) {
+    r.push_back(5);  // the prompt
+    return std::set<int64_t>(r.begin(), r.end()).size() < r.size();
+  };
+  BOOST_TEST(repeats(beam_search(s, {{5}}, -1, o)[0]));  // without a penalty this one does
+  // A huge penalty on log-probabilities (negative: multiplied) rules out every token seen.
+  o.repetition_penalty = 1e6;
+  const std::vector<int64_t> row = beam_search(s, {{5}}, -1, o)[0];
+  BOOST_TEST(row.size() == 6u);
+  std::set<int64_t> seen{5};
+  for (int64_t t : row) BOOST_TEST(seen.insert(t).second, "token " << t << " repeated");
+  // min_new_tokens: no stop id among the first tokens, whatever the beam prefers.
+  o.repetition_penalty = 1.0;
+  const std::vector<int64_t> free = beam_search(s, {{1}}, -1, o)[0];
+  o.stop_at_eos = true, o.stop_ids = {free[0]}, o.min_new_tokens = 4;
+  const std::vector<int64_t> held = beam_search(s, {{1}}, 8, o)[0];
+  BOOST_TEST(held.size() >= 4u);
+  for (size_t i = 0; i < 4 && i < held.size(); ++i) BOOST_TEST(held[i] != free[0]);
 }
 
 BOOST_AUTO_TEST_CASE(bad_generation_options_name_the_option) {
@@ -448,3 +475,5 @@ BOOST_AUTO_TEST_CASE(bad_generation_options_name_the_option) {
   fails([](DecodeOptions& o) { o.stop_ids = {9}; }, "stop id 9 is outside the vocabulary [0, 9)");
   fails([](DecodeOptions& o) { o.beam = 2, o.stop_ids = {9}; }, "stop id 9 is outside");
 }
+
+BOOST_AUTO_TEST_SUITE_END()
