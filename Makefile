@@ -82,14 +82,16 @@ docs:
 # every gradient); docs/interop.md has the figures. Then the pretrained encoder's embeddings
 # against sentence-transformers (PyPI's torch and sentence-transformers in BUILD/torch-venv;
 # docs/embed.md). Then Hugging Face Llama/Qwen2/Mistral checkpoints against transformers
-# (tests/hf_reference.sh; docs/hub-models.md).
+# (tests/hf_reference.sh; docs/hub-models.md), and Marian ones (tests/marian_reference.sh).
 interop: build
 	$(call apt_install,python3-torch)
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
-	bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/torch-venv torch sentence-transformers transformers'
+	bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/torch-venv torch sentence-transformers transformers sentencepiece'
 	OMP_NUM_THREADS=$(JOBS) ./tests/embed_reference.sh $(BUILD)
 	cmake --build $(BUILD) -j$(JOBS) --target hf_lm_check
 	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/hf_reference.sh $(BUILD) $(BUILD)/tests/hf_lm_check
+	cmake --build $(BUILD) -j$(JOBS) --target marian_check
+	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/marian_reference.sh $(BUILD) $(BUILD)/tests/marian_check
 
 # One training step of the tiny translation model as a picture (autograd::graph_dot, rendered by
 # Graphviz): runs/graph/step.svg.

@@ -94,6 +94,13 @@ void check_decode_options(const DecodeOptions& o) {
          std::to_string(o.min_new_tokens));
   for (int64_t id : o.stop_ids)
     if (id < 0) fail("decode: stop_ids holds " + std::to_string(id) + ", not a token id (< 0)");
+  for (int64_t id : o.banned_ids)
+    if (id < 0) fail("decode: banned_ids holds " + std::to_string(id) + ", not a token id (< 0)");
+  if (o.forced_eos_id < -1)
+    fail("decode: forced_eos_id must be a token id or -1 (off), got " +
+         std::to_string(o.forced_eos_id));
+  if (!std::isfinite(o.length_penalty))
+    fail("decode: length_penalty must be a finite number, got " + std::to_string(o.length_penalty));
 }
 
 std::vector<int64_t> stop_set(int64_t eos, const DecodeOptions& o) {
@@ -178,9 +185,18 @@ struct Rules {
 
   Rules(int64_t eos_id, const DecodeOptions& opt)
       : eos(eos_id), stops(stop_set(eos_id, opt)), o(opt) {}
-  // At the first step, when the vocabulary is known: every stop id in it.
+  // At the first step, when the vocabulary is known: every stop, banned and forced id in it.
   void check_vocab(int64_t generated, const Tensor& logits) const {
-    if (generated == 0 && logits.dim() == 2) check_stop_ids(eos, o, logits.size(1));
+    if (generated != 0 || logits.dim() != 2) return;
+    const int64_t V = logits.size(1);
+    check_stop_ids(eos, o, V);
+    for (int64_t id : o.banned_ids)
+      if (id >= V)
+        fail("decode: banned id " + std::to_string(id) + " is outside the vocabulary [0, " +
+             std::to_string(V) + ")");
+    if (o.forced_eos_id >= V)
+      fail("decode: forced_eos_id " + std::to_string(o.forced_eos_id) +
+           " is outside the vocabulary [0, " + std::to_string(V) + ")");
   }
   bool stops_at(int64_t token) const {
     return std::find(stops.begin(), stops.end(), token) != stops.end();
@@ -190,7 +206,12 @@ struct Rules {
   // Whether the scores of a step after `generated` new tokens need changing (else they are used
   // as the model gave them, with no copy).
   bool changes_scores(int64_t generated) const {
-    return o.repetition_penalty != 1 || (generated < o.min_new_tokens && !stops.empty());
+    return o.repetition_penalty != 1 || (generated < o.min_new_tokens && !stops.empty()) ||
+           !o.banned_ids.empty() || forces_eos(generated);
+  }
+  // HF's ForcedEOSTokenLogitsProcessor: the last token (the max_len-th) is forced_eos_id.
+  bool forces_eos(int64_t generated) const {
+    return o.forced_eos_id >= 0 && generated == o.max_len - 1;
   }
   // HF's logits processors on (rows, V) scores: the repetition penalty over each row's tokens so
   // far, then the stop ids masked while fewer than min_new_tokens are generated.
@@ -204,6 +225,12 @@ struct Rules {
       }
       if (generated < o.min_new_tokens)
         for (int64_t id : stops) s[r * V + id] = -std::numeric_limits<double>::infinity();
+      for (int64_t id : o.banned_ids) s[r * V + id] = -std::numeric_limits<double>::infinity();
+      if (forces_eos(generated)) {
+        std::fill(s.begin() + (long)r * V, s.begin() + (long)(r + 1) * V,
+                  -std::numeric_limits<double>::infinity());
+        s[r * V + o.forced_eos_id] = 0;
+      }
     }
   }
 };
@@ -437,19 +464,20 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
 // log_softmax; PyTorch's beam search does the same; a bf16 model's logits widened first, so that
 // 3-digit log-probabilities do not tie the beams), then HF's logits processors on them as
 // transformers' beam search applies them (after log_softmax, no renormalisation), in float64.
-Tensor beam_log_probs(DecodeStep& step, const Beams& s, const Rules& rules, int64_t generated) {
-  const Tensor logits = step.next_logits(s.prefix);
+Tensor beam_log_probs(DecodeStep& step, const Sequences& prefix, const Rules& rules,
+                      int64_t generated) {
+  const Tensor logits = step.next_logits(prefix);
   rules.check_vocab(generated, logits);
   const Tensor lg =
       contiguous(log_softmax(is_half(logits.dtype()) ? to_dtype(logits, DType::f32) : logits, 1));
   if (!rules.changes_scores(generated)) return lg;
-  return from_vector(changed_scores(lg, s.prefix, generated, rules), lg.shape(), DType::f64);
+  return from_vector(changed_scores(lg, prefix, generated, rules), lg.shape(), DType::f64);
 }
 
 // Advances every input's beams by one token (`generated` so far); returns false when all are
 // finished. The beams' running scores are in double.
 bool beam_step(DecodeStep& step, Beams& s, const Rules& rules, int64_t generated) {
-  const Tensor lg = beam_log_probs(step, s, rules, generated);
+  const Tensor lg = beam_log_probs(step, s.prefix, rules, generated);
   const int64_t V = lg.size(1), pad = rules.pad();
   Beams next{
       s.B, s.K, {}, std::vector<double>(s.B * s.K, kNegInf), std::vector<bool>(s.B * s.K, true)};
@@ -488,6 +516,160 @@ void stream_results(const Sequences& out, const DecodeOptions& o) {
     for (int64_t token : out[r]) o.on_token(token, (int64_t)r);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hugging Face's beam search (transformers' _beam_search, early_stopping false), for o.hf_beam.
+
+// HF's stand-in for -inf in beam scores: unfilled finished slots, masked candidates.
+constexpr double kHfMasked = -1.0e9;
+
+// A continuation: running score + log-probability, the beam (of its input) and the token.
+struct HfCandidate {
+  double score;
+  int64_t beam, token;
+};
+
+// A finished slot of an input; unfilled: kHfMasked and not done.
+struct HfFinished {
+  double score = kHfMasked;
+  std::vector<int64_t> seq;
+  bool done = false;
+};
+
+// B inputs x K running beams (row b * K + k) and K finished slots per input, best first.
+struct HfBeams {
+  int64_t B, K;
+  Sequences prefix;
+  std::vector<double> score;
+  std::vector<std::vector<HfFinished>> finished;
+  std::vector<bool> improving;  // HF's is_early_stop_heuristic_unsatisfied
+};
+
+// The `keep` best continuations of input b over all its beams, as torch.topk over the flattened
+// (beam x V) scores: highest first, ties to the lower beam, then the lower token. Only each
+// beam's `keep` best tokens can be among them.
+template <class T>
+std::vector<HfCandidate> hf_candidates(const HfBeams& s, int64_t b, const T* logp, int64_t V,
+                                       int64_t keep) {
+  std::vector<HfCandidate> cand;
+  for (int64_t k = 0; k < s.K; ++k) {
+    const int64_t r = b * s.K + k;
+    for (const auto& [lp, v] : top_tokens(logp + r * V, V, keep))
+      cand.push_back({s.score[r] + (double)lp, k, v});
+  }
+  std::stable_sort(cand.begin(), cand.end(),
+                   [](const HfCandidate& x, const HfCandidate& y) { return x.score > y.score; });
+  cand.resize(std::min<size_t>(keep, cand.size()));
+  return cand;
+}
+
+// Candidates among the K best that end their row enter the finished slots with score
+// sum / generated_len^length_penalty, while the input can still improve (_update_finished_beams).
+void hf_finalize(HfBeams& s, int64_t b, const std::vector<HfCandidate>& cand,
+                 const std::vector<bool>& hits, int64_t len, double length_penalty) {
+  if (!s.improving[b]) return;
+  std::vector<HfFinished>& f = s.finished[b];
+  for (int64_t c = 0; c < std::min<int64_t>(s.K, (int64_t)cand.size()); ++c) {
+    if (!hits[c]) continue;
+    HfFinished e{cand[c].score / std::pow((double)len, length_penalty),
+                 s.prefix[b * s.K + cand[c].beam], true};
+    e.seq.push_back(cand[c].token);
+    f.push_back(std::move(e));
+  }
+  std::stable_sort(f.begin(), f.end(),
+                   [](const HfFinished& x, const HfFinished& y) { return x.score > y.score; });
+  f.resize(s.K);
+}
+
+// The K best candidates that do not end their row continue (ended ones masked, as
+// _get_running_beams_for_next_iteration): their source rows in `pick`, their tokens in `token`.
+void hf_running(HfBeams& s, int64_t b, const std::vector<HfCandidate>& cand,
+                const std::vector<bool>& hits, std::vector<int64_t>& pick,
+                std::vector<int64_t>& token) {
+  std::vector<HfCandidate> next = cand;
+  for (size_t c = 0; c < next.size(); ++c)
+    if (hits[c]) next[c].score += kHfMasked;
+  std::stable_sort(next.begin(), next.end(),
+                   [](const HfCandidate& x, const HfCandidate& y) { return x.score > y.score; });
+  for (int64_t k = 0; k < s.K; ++k) {
+    const int64_t r = b * s.K + k;
+    const HfCandidate& c = next[std::min<size_t>(k, next.size() - 1)];
+    pick[r] = b * s.K + c.beam, token[r] = c.token, s.score[r] = c.score;
+  }
+}
+
+// _check_early_stop_heuristic: an input stops improving once all K slots are finished and its
+// best running score over `len` cannot beat the worst of them.
+void hf_update_improving(HfBeams& s, int64_t len, double length_penalty) {
+  for (int64_t b = 0; b < s.B; ++b) {
+    const std::vector<HfFinished>& f = s.finished[b];
+    bool all_done = true;
+    double worst = std::numeric_limits<double>::infinity();
+    for (const HfFinished& e : f) all_done = all_done && e.done, worst = std::min(worst, e.score);
+    const double best = s.score[b * s.K] / std::pow((double)len, length_penalty);
+    s.improving[b] = s.improving[b] && (!all_done || best > worst);
+  }
+}
+
+// One step of HF's beam search after `generated` tokens; false when the search is over (no input
+// can improve, or every candidate ended its row).
+bool hf_beam_step(DecodeStep& step, HfBeams& s, const Rules& rules, int64_t generated) {
+  const DecodeOptions& o = rules.o;
+  const Tensor lg = beam_log_probs(step, s.prefix, rules, generated);
+  const int64_t V = lg.size(1), K = s.K;
+  const int64_t keep = std::max<int64_t>(2, 1 + (int64_t)rules.stops.size()) * K;
+  const bool last = generated + 1 == o.max_len;
+  std::vector<int64_t> pick(s.B * K), token(s.B * K);
+  bool all_hit = true;
+  for (int64_t b = 0; b < s.B; ++b) {
+    const auto cand = lg.dtype() == DType::f64
+                          ? hf_candidates(s, b, lg.data<const double>(), V, keep)
+                          : hf_candidates(s, b, lg.data<const float>(), V, keep);
+    std::vector<bool> hits(cand.size());
+    for (size_t c = 0; c < cand.size(); ++c)
+      hits[c] = last || (o.stop_at_eos && rules.stops_at(cand[c].token));
+    for (bool h : hits) all_hit = all_hit && h;
+    hf_finalize(s, b, cand, hits, generated + 1, o.length_penalty);
+    hf_running(s, b, cand, hits, pick, token);
+  }
+  step.select(pick);
+  Sequences next;
+  for (int64_t r = 0; r < s.B * K; ++r) {
+    next.push_back(s.prefix[pick[r]]);
+    next.back().push_back(token[r]);
+  }
+  s.prefix = std::move(next);
+  hf_update_improving(s, generated + 1, o.length_penalty);
+  const bool improving =
+      std::any_of(s.improving.begin(), s.improving.end(), [](bool v) { return v; });
+  return improving && !all_hit;
+}
+
+Sequences hf_beam_search(DecodeStep& step, const Sequences& start, const Rules& rules) {
+  const DecodeOptions& o = rules.o;
+  const int64_t K = o.beam, rows = (int64_t)start.size();
+  HfBeams s{rows,
+            K,
+            {},
+            std::vector<double>(rows * K, kHfMasked),
+            std::vector<std::vector<HfFinished>>(rows, std::vector<HfFinished>(K)),
+            std::vector<bool>(rows, true)};
+  std::vector<int64_t> expand;
+  for (int64_t b = 0; b < rows; ++b)
+    for (int64_t k = 0; k < K; ++k) expand.push_back(b), s.prefix.push_back(start[b]);
+  step.select(expand);
+  for (int64_t b = 0; b < rows; ++b) s.score[b * K] = 0;  // the other beams start at kHfMasked
+  for (int64_t t = 0; t < o.max_len; ++t)
+    if (!hf_beam_step(step, s, rules, t)) break;
+  Sequences out;
+  for (int64_t b = 0; b < rows; ++b) {
+    const HfFinished& best = s.finished[b][0];
+    out.push_back(generated_part(best.done ? best.seq : s.prefix[b * K], start[0].size(), rules,
+                                 o.stop_at_eos));
+  }
+  stream_results(out, o);
+  return out;
+}
+
 }  // namespace
 
 Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
@@ -496,6 +678,7 @@ Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
   check_start(start);
   autograd::NoGrad ng;
   const Rules rules(eos, o);
+  if (o.hf_beam) return hf_beam_search(step, start, rules);
   const int64_t K = o.beam, rows = (int64_t)start.size();
   const size_t skip = start[0].size();
   Beams s{rows, K, {}, std::vector<double>(rows * K, kNegInf), std::vector<bool>(rows * K, false)};

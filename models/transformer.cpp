@@ -12,6 +12,40 @@
 
 namespace graft::models {
 
+namespace {
+
+// "sinusoid_layout": halves (Hugging Face Marian's) needs sinusoidal positions.
+ConfigField<TransformerConfig> sinusoid_layout_field() {
+  using C = TransformerConfig;
+  return choice_field<C, SinusoidLayout>(
+             "sinusoid_layout", member(&C::sinusoid_layout),
+             {{SinusoidLayout::interleaved, "interleaved"}, {SinusoidLayout::halves, "halves"}},
+             "the sinusoid table's columns")
+      .optional()
+      .and_check([](const C& c, const ConfigCheck& k) {
+        if (c.sinusoid_layout == SinusoidLayout::halves &&
+            c.positions.kind != nn::Positions::sinusoidal)
+          k.bad("sinusoid_layout", "halves needs sinusoidal positions, got positions " +
+                                       std::string(nn::positions_name(c.positions.kind)));
+      });
+}
+
+// Hugging Face Marian's table: sin(t / 10000^(2k/d)) in columns k < ceil(d/2), the cosines of
+// the same angles (k < d/2) after them; computed in double as numpy does, then rounded once.
+Tensor halves_sinusoid_table(int64_t n, int64_t d, DType dt) {
+  const int64_t sines = (d + 1) / 2;
+  std::vector<double> v(n * d);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t k = 0; k < sines; ++k) {
+      const double angle = (double)t / std::pow(10000.0, (double)(2 * k) / (double)d);
+      v[t * d + k] = std::sin(angle);
+      if (sines + k < d) v[t * d + sines + k] = std::cos(angle);
+    }
+  return from_vector(v, {n, d}, dt);
+}
+
+}  // namespace
+
 const ConfigFields<TransformerConfig>& TransformerConfig::fields() {
   using C = TransformerConfig;
   static const ConfigFields<C> table = [] {
@@ -31,10 +65,20 @@ const ConfigFields<TransformerConfig>& TransformerConfig::fields() {
                              "on the attention probabilities")
             .optional(),
         activation_field<C>(member(&C::activation),
-                            {nn::Activation::relu, nn::Activation::gelu, nn::Activation::gelu_tanh})
+                            {nn::Activation::relu, nn::Activation::gelu, nn::Activation::gelu_tanh,
+                             nn::Activation::silu})
             .optional(),
         token_field<C>("bos_id", member(&C::bos_id), "the begin-of-sequence token"),
         token_field<C>("eos_id", member(&C::eos_id), "the end-of-sequence token"),
+        sinusoid_layout_field(),
+        value_field<C>("scale_embedding", member(&C::scale_embedding),
+                       "the embeddings times sqrt(d_model)")
+            .optional(),
+        value_field<C>("logits_bias", member(&C::logits_bias), "a bias added to the logits")
+            .optional(),
+        value_field<C>("mask_target_pad", member(&C::mask_target_pad),
+                       "target pad tokens masked in the decoder's self-attention")
+            .optional(),
     };
     f.insert(f.end(), more.begin(), more.end());
     return f;
@@ -59,6 +103,7 @@ int64_t TransformerConfig::parameter_count() const {
   int64_t n = embedding_parameters(vocab, d_model, max_len, positions.kind);
   n = checked_add(n, nn::encoder_parameters(layer(), enc_layers, final_norm, positions),
                   "parameter count");
+  if (logits_bias) n = checked_add(n, vocab, "parameter count");
   return checked_add(n, nn::decoder_parameters(layer(), dec_layers, final_norm, positions),
                      "parameter count");
 }
@@ -103,6 +148,12 @@ Transformer::Transformer(const TransformerConfig& c) : cfg(c), dropout_gen(c.see
   pos = register_module(c.positions.kind == nn::Positions::learned ? "learned_pos" : "sin_pos",
                         std::make_shared<nn::EmbeddingPositions>(c.positions.kind, c.max_len,
                                                                  c.d_model, c.dtype, gen));
+  if (c.sinusoid_layout == SinusoidLayout::halves)
+    copy_into(pos->table, halves_sinusoid_table(c.max_len, c.d_model, c.dtype));
+  if (c.logits_bias)
+    final_logits_bias = register_parameter(
+        "final_logits_bias",
+        nn::new_parameter({c.vocab}, c.dtype, [&] { return zeros({c.vocab}, c.dtype); }));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout, &dropout_gen));
   encoder = register_module(
       "encoder", std::make_shared<nn::Encoder>(c.layer(), c.enc_layers, c.final_norm, gen,
@@ -122,7 +173,13 @@ Tensor Transformer::pad_mask(const Tensor& ids) const { return eq(ids, (double)c
 Tensor Transformer::embed(const Tensor& ids, int64_t start) const {
   if (ids.dtype() != DType::i64 || ids.dim() != 2)
     fail("Transformer: token ids must be int64 (B, T), got " + describe(ids));
-  Tensor x = affine(embedding->forward(ids), std::sqrt((double)cfg.d_model), 0.0);
+  const int64_t T = ids.shape()[1];
+  if (cfg.sinusoid_layout == SinusoidLayout::halves && start + T > cfg.max_len)
+    fail("Transformer: positions " + std::to_string(start) + ".." + std::to_string(start + T - 1) +
+         " exceed max_len " + std::to_string(cfg.max_len) +
+         " (the halves sinusoid layout has no rows past max_len, as Hugging Face Marian)");
+  Tensor x = embedding->forward(ids);
+  if (cfg.scale_embedding) x = affine(x, std::sqrt((double)cfg.d_model), 0.0);
   x = pos->forward(x, start);
   return dropout->forward(x);
 }
@@ -131,14 +188,18 @@ Tensor Transformer::encode(const Tensor& src) const {
   return encoder->forward(embed(src), pad_mask(src));
 }
 
-Tensor Transformer::logits(const Tensor& h) const { return linear(h, embedding->weight); }
+Tensor Transformer::logits(const Tensor& h) const {
+  const Tensor l = linear(h, embedding->weight);
+  return final_logits_bias.defined() ? add(l, final_logits_bias) : l;
+}
 
 Tensor Transformer::decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
                                    Tensors* cross_weights) const {
   if (src.shape()[0] != tgt_in.shape()[0])
     fail("Transformer: source batch " + describe(src) + " and target batch " + describe(tgt_in) +
          " differ");
-  return decoder->forward(embed(tgt_in), memory, pad_mask(tgt_in), pad_mask(src), cross_weights);
+  const Tensor tgt_pad = cfg.mask_target_pad ? pad_mask(tgt_in) : Tensor();
+  return decoder->forward(embed(tgt_in), memory, tgt_pad, pad_mask(src), cross_weights);
 }
 
 Tensor Transformer::decode(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
@@ -153,6 +214,9 @@ Tensor Transformer::loss(const Tensor& src, const Tensor& tgt_in, const Tensor& 
     fail("Transformer::loss: tgt_out " + describe(tgt_out) + " must have tgt_in's shape " +
          describe(tgt_in));
   Tensor h = decoder_states(encode(src), src, tgt_in);
+  if (final_logits_bias.defined())  // linear_cross_entropy has no bias: the logits are held
+    return cross_entropy(reshape(logits(h), {-1, cfg.vocab}), reshape(tgt_out, {-1}),
+                         label_smoothing, cfg.pad_id);
   return linear_cross_entropy(reshape(h, {-1, cfg.d_model}), embedding->weight,
                               reshape(tgt_out, {-1}), label_smoothing, cfg.pad_id);
 }
@@ -248,15 +312,20 @@ class TransformerStep : public DecodeStep {
   bool ungathered_ = true;       // memory_, src_, src_pad_ hold one row per source, in order
 };
 
-// Learned positions exist only below max_len; the other kinds extrapolate.
+// Learned positions and the halves sinusoid table exist only below max_len; the others
+// extrapolate.
 void check_src(const Transformer& m, const Tensor& src, const DecodeOptions& o) {
   if (src.dtype() != DType::i64 || src.dim() != 2)
     fail("decode: source ids must be int64 (B, S), got " + describe(src));
   check_decode_options(o);
-  if (m.cfg.positions.kind == nn::Positions::learned && o.max_len + 1 > m.cfg.max_len)
+  const bool bounded = m.cfg.positions.kind == nn::Positions::learned ||
+                       m.cfg.sinusoid_layout == SinusoidLayout::halves;
+  if (bounded && o.max_len + 1 > m.cfg.max_len)
     fail("decode: max_len " + std::to_string(o.max_len) + " must be in [1, " +
-         std::to_string(m.cfg.max_len - 1) + "] with learned positions (config max_len " +
-         std::to_string(m.cfg.max_len) + ")");
+         std::to_string(m.cfg.max_len - 1) + "] with " +
+         (m.cfg.positions.kind == nn::Positions::learned ? "learned positions"
+                                                         : "the halves sinusoid layout") +
+         " (config max_len " + std::to_string(m.cfg.max_len) + ")");
 }
 
 }  // namespace

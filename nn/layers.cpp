@@ -78,13 +78,15 @@ const char* activation_name(Activation a) {
       return "swiglu";
     case Activation::gelu_tanh:
       return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
   }
   return "?";
 }
 
 bool activation_from_name(const std::string& name, Activation& out) {
-  for (Activation a :
-       {Activation::relu, Activation::gelu, Activation::swiglu, Activation::gelu_tanh})
+  for (Activation a : {Activation::relu, Activation::gelu, Activation::swiglu,
+                       Activation::gelu_tanh, Activation::silu})
     if (name == activation_name(a)) return out = a, true;
   return false;
 }
@@ -99,6 +101,7 @@ Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear&
   // relu + dropout as one op keeps only the hidden activation linear2 keeps anyway.
   if (act == Activation::relu)
     return linear2.forward(relu_dropout(h, dropout.p, dropout.training(), dropout.generator()));
+  if (act == Activation::silu) return linear2.forward(dropout.forward(silu(h)));
   return linear2.forward(dropout.forward(gelu(h, /*tanh_approx=*/act == Activation::gelu_tanh)));
 }
 

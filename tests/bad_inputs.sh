@@ -329,6 +329,15 @@ case_ CLI "\`lm generate --min-new-tokens 50 --max-new 10\`" 2 "min_new_tokens m
 mkdir -p "$W/hf_empty"
 case_ CLI "\`lm generate --hf DIR\` without config.json" 2 "hf_empty/config.json': cannot open: No such file or directory" -- "$LM" generate --hf "$W/hf_empty" --ids 1
 case_ CLI "\`lm generate --hf DIR --run RUN\`" 2 "--run excludes --hf" -- "$LM" generate --hf "$W/hf_empty" --run "$W/lmrun" --ids 1
+case_ CLI "\`translate translate\` with neither \`--run\` nor \`--hf\`" 2 "give one of --run and --hf" -- "$T" translate
+case_ CLI "\`translate translate --hf DIR --run DIR\`" 2 "--run excludes --hf" -- "$T" translate --hf "$W" --run "$W/run"
+case_ CLI "\`translate translate --hf DIR --attention a.png\`" 2 "--attention needs --run (not --hf)" -- "$T" translate --hf "$W" --attention "$W/a.png"
+mkdir -p "$W/hfm"
+case_ input "\`translate --hf\` a directory without config.json" 2 "config.json': cannot open" -- "$T" translate --hf "$W/hfm"
+echo '{"model_type": "bart"}' >"$W/hfm/config.json"
+case_ input "\`translate --hf\` a config.json of another model_type" 2 'field "model_type" "bart" is not marian' -- "$T" translate --hf "$W/hfm"
+echo '{"model_type": "marian", "share_encoder_decoder_embeddings": false}' >"$W/hfm/config.json"
+case_ input "\`translate --hf\` a Marian config with a separate decoder vocabulary" 2 'field "share_encoder_decoder_embeddings" is false' -- "$T" translate --hf "$W/hfm"
 if [[ $failures -gt 0 ]]; then
   echo "bad_inputs: $failures case(s) failed" >&2
   exit 1

@@ -784,6 +784,6 @@ BOOST_AUTO_TEST_CASE(config_field_tables_drive_json_and_validation) {
   swiglu.activation = nn::Activation::swiglu;
   BOOST_CHECK_EXCEPTION(Transformer m(swiglu), Error, [](const Error& e) {
     return graft::testing::names(
-        e, "Transformer: field \"activation\" must be relu, gelu or gelu_tanh, got swiglu");
+        e, "Transformer: field \"activation\" must be relu, gelu, gelu_tanh or silu, got swiglu");
   });
 }

@@ -1,6 +1,7 @@
 // translate: the toy English -> German example end to end.
 //   translate generate-data --out data/toy --seed 1 --train 50000 --valid 1000 --test 1000
 //   translate train --data data/toy --out runs/demo --preset tiny --minutes 9
+//   echo "Hello." | translate translate --hf opus-mt-en-de   (a Hugging Face Marian directory)
 //   echo "the dog sees the cat ." | translate translate --run runs/demo [--beam 4] [--attention
 //   a.png]
 //     [--sample --temperature 0.8 --top-k 20 --top-p 0.9 --seed 1]
@@ -28,6 +29,8 @@
 #include "examples/translation/interop.h"
 #include "examples/translation/toydata.h"
 #include "examples/translation/trainer.h"
+#include "graft/models/hf_marian.h"
+#include "graft/nn/text/marian_tokenizer.h"
 
 using namespace graft;
 namespace tr = graft::translation;
@@ -119,6 +122,63 @@ int cmd_translate(const std::string& run, const models::DecodeOptions& o, int64_
                   "cross-attention, last decoder layer (mean over heads)");
     std::cerr << "wrote " << attention << '\n';
   }
+  return 0;
+}
+
+// Lines of a Hugging Face Marian directory translated at a time (one padded batch).
+constexpr size_t kHfBatch = 32;
+
+// The directory's generation settings (Hugging Face's generate() defaults for it) where the
+// command line gave none: num_beams, length_penalty, max_length, and always its banned tokens,
+// forced eos and beam scoring.
+models::DecodeOptions hf_options(models::DecodeOptions o, const models::HfMarian& m,
+                                 bool beam_given, bool penalty_given, int64_t max_len) {
+  if (!beam_given) o.beam = (int)std::min<int64_t>(m.hf.num_beams, 64);
+  if (!penalty_given) o.length_penalty = m.hf.length_penalty;
+  o.hf_beam = true;
+  o.banned_ids = m.hf.bad_words;
+  o.forced_eos_id = m.hf.forced_eos_id;
+  // The halves sinusoid table has max_position_embeddings rows, the decoder start one of them.
+  o.max_len = std::min(max_len > 0 ? max_len : m.hf.max_length - 1, m.model->cfg.max_len - 1);
+  return o;
+}
+
+// The lines' ids, each cut to the model's max_len (its last token kept: </s>), padded with pad.
+Tensor hf_batch(const text::MarianTokenizer& tok, const std::vector<std::string>& lines,
+                int64_t max_len, int64_t pad) {
+  std::vector<std::vector<int64_t>> rows;
+  size_t width = 1;
+  for (const std::string& l : lines) {
+    std::vector<int64_t> ids = tok.encode(l);
+    if ((int64_t)ids.size() > max_len) ids.erase(ids.begin() + max_len - 1, ids.end() - 1);
+    width = std::max(width, ids.size());
+    rows.push_back(std::move(ids));
+  }
+  std::vector<int64_t> flat;
+  for (auto& r : rows) {
+    r.resize(width, pad);
+    flat.insert(flat.end(), r.begin(), r.end());
+  }
+  return from_vector(flat, {(int64_t)rows.size(), (int64_t)width}, DType::i64);
+}
+
+int cmd_translate_hf(const std::string& dir, const models::DecodeOptions& given, int64_t max_len,
+                     bool beam_given, bool penalty_given) {
+  models::check_decode_options(given);  // before loading anything
+  models::HfMarian m = models::load_hf_marian(dir);
+  const text::MarianTokenizer tok(dir);
+  const models::DecodeOptions o = hf_options(given, m, beam_given, penalty_given, max_len);
+  models::keep_for_inference(*m.model, matmul_precision());
+  text::for_each_chunk(stdin, text::kHardLineCap, kHfBatch, "error reading standard input",
+                       [&](const std::vector<text::CappedLine>& chunk, size_t) {
+                         std::vector<std::string> lines;
+                         for (const text::CappedLine& l : chunk) lines.push_back(l.text);
+                         const Tensor src =
+                             hf_batch(tok, lines, m.model->cfg.max_len, m.model->cfg.pad_id);
+                         for (const auto& ids : models::translate(*m.model, src, o))
+                           std::cout << tok.decode(ids) << '\n';
+                         std::cout.flush();
+                       });
   return 0;
 }
 
@@ -259,24 +319,36 @@ cli::Command add_train(CLI::App& app) {
 
 cli::Command add_translate(CLI::App& app) {
   struct Args {
-    std::string run, attention;
+    std::string run, hf, attention;
     models::DecodeOptions opt;
     int64_t max_len = 0;
   };
   auto a = std::make_shared<Args>();
   auto* sub = app.add_subcommand("translate", "translate stdin to stdout, one sentence per line");
-  sub->add_option("--run", a->run, "run directory")->required();
+  auto* run = sub->add_option("--run", a->run, "run directory");
+  sub->add_option("--hf", a->hf,
+                  "a Hugging Face Marian (Opus-MT) directory: its model, tokenizer and "
+                  "generation settings, its beam scoring")
+      ->excludes(run);
   cli::add_decoding_options(sub, a->opt);
-  sub->add_option("--length-penalty", a->opt.length_penalty,
-                  "beam search: the final beams ranked by score / ((5 + length) / 6)^alpha (GNMT); "
-                  "0: by score")
-      ->check(cli::range(0.0, 10.0));
+  auto* penalty =
+      sub->add_option("--length-penalty", a->opt.length_penalty,
+                      "beam search: the final beams ranked by score / ((5 + length) / 6)^alpha "
+                      "(GNMT), with --hf by score / length^alpha; 0: by score")
+          ->check(cli::range(0.0, 10.0));
   sub->add_option("--max-len", a->max_len, "maximum output pieces (default 2 * source + 10)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   sub->add_option("--attention", a->attention,
                   "PNG heatmap of the first sentence's cross-attention");
   cli::add_precision(sub, cli::PrecisionUse::inference);
-  return {sub, [a] { return cmd_translate(a->run, a->opt, a->max_len, a->attention); }};
+  return {sub, [a, sub, penalty] {
+            if (a->hf.empty() == a->run.empty()) fail("give one of --run and --hf");
+            if (!a->hf.empty() && !a->attention.empty()) fail("--attention needs --run (not --hf)");
+            if (!a->hf.empty())
+              return cmd_translate_hf(a->hf, a->opt, a->max_len, sub->count("--beam") > 0,
+                                      penalty->count() > 0);
+            return cmd_translate(a->run, a->opt, a->max_len, a->attention);
+          }};
 }
 
 cli::Command add_evaluate(CLI::App& app) {

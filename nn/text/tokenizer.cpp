@@ -3,6 +3,7 @@
 #include "graft/autograd/tensor.h"
 #include "graft/autograd/text.h"
 #include "graft/nn/train/checkpoint.h"
+#include "spm_file.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -44,9 +45,11 @@ void write_model(const std::string& proto, const std::string& prefix) {
   });
 }
 
+}  // namespace
+
 // SentencePiece reads the whole file: refuse a device or a pipe (whose reading may never end), or
 // a file far larger than any model, before it does. A missing path is left to SentencePiece.
-void check_model_file(const std::string& path) {
+void detail::check_model_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -59,8 +62,6 @@ void check_model_file(const std::string& path) {
     fail(file + " is " + std::to_string(size) + " bytes, over the limit of " +
          std::to_string(Tokenizer::kMaxModelBytes) + " bytes for a tokenizer model");
 }
-
-}  // namespace
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
@@ -106,7 +107,7 @@ void Tokenizer::train(const std::vector<std::string>& sentences, const std::stri
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
-  check_model_file(model_path);
+  detail::check_model_file(model_path);
   const auto status = impl_->sp.Load(model_path);
   if (!status.ok()) {
     fail("Tokenizer: cannot load model '" + model_path + "': " + status.ToString());

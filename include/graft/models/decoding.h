@@ -77,6 +77,20 @@ struct DecodeOptions {
   /// Beam search calls it with each row's tokens once the search is over (the best beam is
   /// known only then). Empty: not called. An exception it throws ends decoding, unchanged.
   std::function<void(int64_t token, int64_t row)> on_token;
+  /// Beam search's scoring: false, graft's (the o.beam best running beams, the result chosen
+  /// with the GNMT length penalty); true, Hugging Face's `generate(num_beams=...)` (transformers'
+  /// _beam_search with early_stopping false): 2K candidates a step, a candidate ending a row
+  /// (a stop id, or the max_len-th token) finalized when among the K best with score
+  /// sum_logprobs / generated_len^length_penalty (generated_len counting the stop id), the K best
+  /// unfinished continue, a row done once its best running score over its length cannot beat
+  /// its worst of K finished ones.
+  bool hf_beam = false;
+  /// Token ids never chosen (HF's bad_words_ids of one token each, e.g. Marian's pad): their
+  /// scores are -inf at every step, in every mode; each in [0, vocabulary).
+  std::vector<int64_t> banned_ids;
+  /// HF's forced_eos_token_id: the max_len-th new token is this one (every other score -inf, its
+  /// own 0, as ForcedEOSTokenLogitsProcessor); -1: off, else in [0, vocabulary).
+  int64_t forced_eos_id = -1;
 };
 
 /// Every id that ends a row: `eos` (when >= 0) then o.stop_ids, without repeats, in that order.
@@ -94,10 +108,11 @@ void apply_repetition_penalty(std::vector<double>& scores, const std::vector<int
 
 /// Checks the options before any decoding work.
 /// Throws naming the option (temperature, top_k, top_p, beam, max_len, repetition_penalty,
-/// min_new_tokens, stop_ids) for values a decoder must not receive: temperature <= 0 or not
-/// finite, top_k < 0, top_p outside (0, 1], beam < 1, sampling together with a beam,
-/// repetition_penalty <= 0 or not finite, min_new_tokens outside [0, max_len], a negative stop id
-/// (the vocabulary is checked by check_stop_ids()).
+/// min_new_tokens, stop_ids, banned_ids, forced_eos_id) for values a decoder must not receive:
+/// temperature <= 0 or not finite, top_k < 0, top_p outside (0, 1], beam < 1, sampling together
+/// with a beam, repetition_penalty <= 0 or not finite, min_new_tokens outside [0, max_len], a
+/// negative stop or banned id, forced_eos_id < -1, a length_penalty that is not finite (the
+/// vocabulary is checked by check_stop_ids() and at decoding's first step).
 /// @throws graft::Error "decode: ..." for max_len < 1 and the values above.
 void check_decode_options(const DecodeOptions& o);
 
@@ -145,7 +160,8 @@ Sequences greedy_search(DecodeStep& step, const Sequences& start, int64_t eos,
 Sequences sample_search(DecodeStep& step, const Sequences& start, int64_t eos,
                         const DecodeOptions& o);
 /// decode() keeping the o.beam best continuations of each row by log-probability, the result
-/// chosen with the GNMT length penalty (o.length_penalty); o.sample is not consulted.
+/// chosen with the GNMT length penalty (o.length_penalty), or with Hugging Face's scoring when
+/// o.hf_beam; o.sample is not consulted.
 /// @throws graft::Error as decode().
 Sequences beam_search(DecodeStep& step, const Sequences& start, int64_t eos,
                       const DecodeOptions& o);

@@ -3,8 +3,10 @@
 /// to the output projection. In formulas:
 /// @code
 ///   X = Dropout(E[src] * sqrt(d) + PE),  H = Encoder(X)
-///   Y = Dropout(E[tgt_in] * sqrt(d) + PE),  logits = Decoder(Y, H) E^T
+///   Y = Dropout(E[tgt_in] * sqrt(d) + PE),  logits = Decoder(Y, H) E^T (+ b)
 /// @endcode
+/// The config's options scale_embedding, sinusoid_layout, logits_bias (b) and mask_target_pad
+/// make it Hugging Face's MarianMTModel too (models/hf_marian.h).
 /// src (B, S), tgt_in (B, T) int64 ids with pad_id for padding -> logits (B, T, V).
 ///
 /// state_dict() names, shapes and layouts of the stacks follow nn.Transformer's state_dict
@@ -20,6 +22,11 @@
 
 namespace graft::models {
 
+/// The columns of the sinusoid table: interleaved (PE(t, 2j) = sin, PE(t, 2j+1) = cos, graft's)
+/// or halves (sin(t / 10000^(2k/d)) in the first ceil(d/2) columns, the cosines after them:
+/// Hugging Face Marian's, which has no rows past max_len).
+enum class SinusoidLayout { interleaved, halves };
+
 /// The Transformer's sizes and options (its config.json "model" section): a ModelConfig (the
 /// sizes every model config shares) plus two stacks and the special tokens.
 struct TransformerConfig : ModelConfig {
@@ -34,6 +41,15 @@ struct TransformerConfig : ModelConfig {
   ///@{
   int64_t bos_id = 2, eos_id = 3;
   ///@}
+  /// "sinusoid_layout": interleaved|halves (positions sinusoidal only).
+  SinusoidLayout sinusoid_layout = SinusoidLayout::interleaved;
+  bool scale_embedding = true;  ///< "scale_embedding": the embeddings times sqrt(d_model)
+  /// "logits_bias": a (V) parameter "final_logits_bias" added to the logits (Marian's buffer;
+  /// a parameter here so that checkpoints, which hold parameters, keep it).
+  bool logits_bias = false;
+  /// "mask_target_pad": target tokens equal to pad_id are masked as keys of the decoder's
+  /// self-attention (false for Marian, whose decoder starts with pad).
+  bool mask_target_pad = true;
 
   /// The field table (model_fields() plus the above; "learned_pos" of older configs is read as
   /// "positions"), which to_json(), from_json() and validate() follow.
@@ -51,7 +67,8 @@ struct TransformerConfig : ModelConfig {
   /// Checks every range, the one check both from_json() and the Transformer's constructor make:
   /// sizes in [1, kMaxSize], enc_layers and dec_layers in [1, kMaxLayers], max_len in
   /// [1, kMaxLen], dropout and attention_dropout in [0, 1], heads dividing d_model, pad_id,
-  /// bos_id and eos_id in [0, vocab), the position settings, an activation other than swiglu.
+  /// bos_id and eos_id in [0, vocab), the position settings, an activation other than swiglu,
+  /// sinusoid_layout halves only with sinusoidal positions.
   /// @throws graft::Error `<where>: field "<name>" ...` for the first field out of range.
   void validate(const std::string& where = "TransformerConfig") const;
   /// The LayerConfig of each encoder and decoder layer.
@@ -70,10 +87,10 @@ class Transformer : public nn::Module {
   /// Builds the model of config c, initialised from c.seed.
   /// @throws graft::Error "Transformer: field ..." when c.validate() refuses c.
   explicit Transformer(const TransformerConfig& c);
-  /// ids (B, T) at positions start.. -> (B, T, d): scaled embedding (+ sinusoidal/learned
-  /// positions start..) + dropout.
+  /// ids (B, T) at positions start.. -> (B, T, d): embedding (times sqrt(d) when
+  /// scale_embedding) (+ sinusoidal/learned positions start..) + dropout.
   /// @throws graft::Error when ids is not int64 (B, T), an id is outside [0, V), or (learned
-  ///         positions) start + T > max_len.
+  ///         positions or the halves sinusoid layout) start + T > max_len.
   Tensor embed(const Tensor& ids, int64_t start = 0) const;
   /// src (B, S) -> memory (B, S, d), the encoder output.
   /// @throws graft::Error as embed().
@@ -100,7 +117,8 @@ class Transformer : public nn::Module {
   /// @throws graft::Error as decode().
   Tensor decoder_states(const Tensor& memory, const Tensor& src, const Tensor& tgt_in,
                         Tensors* cross_weights = nullptr) const;
-  Tensor logits(const Tensor& h) const;  ///< h (B, T, d) -> (B, T, V) through the tied embedding
+  /// h (B, T, d) -> (B, T, V) through the tied embedding (+ final_logits_bias when logits_bias).
+  Tensor logits(const Tensor& h) const;
   Tensor pad_mask(const Tensor& ids) const;  ///< (B, T) int64, 1 at pad
 
   TransformerConfig cfg;  ///< the config it was built from
@@ -111,6 +129,8 @@ class Transformer : public nn::Module {
   std::shared_ptr<nn::Dropout> dropout;  ///< on the embeddings
   std::shared_ptr<nn::Encoder> encoder;  ///< "encoder"
   std::shared_ptr<nn::Decoder> decoder;  ///< "decoder"
+  /// (V) parameter "final_logits_bias" (zeros at first) when logits_bias, else undefined
+  Tensor final_logits_bias;
 };
 
 /// Translates a batch of sources: src (B, S) int64 -> B id sequences.

@@ -89,9 +89,9 @@ class Dropout : public Module {
 
 /// The FFN's activation: gelu is the erf form, gelu_tanh the tanh approximation (GPT-2's and some
 /// BERT checkpoints' "gelu_new"); swiglu is the gated FFN of Llama (a third projection, see
-/// feed_forward()).
-enum class Activation { relu, gelu, swiglu, gelu_tanh };
-/// The activation's name in configs: "relu", "gelu", "swiglu", "gelu_tanh".
+/// feed_forward()); silu is x * sigmoid(x), not gated (Marian's "swish").
+enum class Activation { relu, gelu, swiglu, gelu_tanh, silu };
+/// The activation's name in configs: "relu", "gelu", "swiglu", "gelu_tanh", "silu".
 const char* activation_name(Activation a);
 /// The activation named `name` (activation_name()'s inverse), or false when there is none.
 bool activation_from_name(const std::string& name, Activation& out);
@@ -99,8 +99,9 @@ bool activation_from_name(const std::string& name, Activation& out);
 /// Position-wise FFN: linear2(dropout(act(linear1(x)))). The encoder/decoder layers hold their
 /// linear1/linear2 directly (nn.Transformer's names) and call this function.
 /// x (..., d) -> (..., d). With relu, the activation and dropout run as one relu_dropout op;
-/// gelu is the erf form, gelu_tanh the tanh form. swiglu: linear2(dropout(silu(linear1(x)) *
-/// linear3(x))) (Llama's w2(silu(w1 x) * w3 x)), linear3 (d -> d_ff) given as `gate`.
+/// gelu is the erf form, gelu_tanh the tanh form, silu x * sigmoid(x). swiglu:
+/// linear2(dropout(silu(linear1(x)) * linear3(x))) (Llama's w2(silu(w1 x) * w3 x)), linear3 (d ->
+/// d_ff) given as `gate`.
 /// @throws graft::Error when act is swiglu and gate is null, or as the linears do.
 Tensor feed_forward(const Linear& linear1, const Dropout& dropout, const Linear& linear2,
                     Activation act, const Tensor& x, const Linear* gate = nullptr);
