@@ -203,6 +203,10 @@ def _relative(attention, table, max_distance):
     attention.relative_attention_max_distance = np.dtype("int32").type(max_distance)
 
 
+# The Transformer's options for imported Marian models, at the values every graft-trained run has.
+MARIAN_DEFAULTS = {"sinusoid_layout": "interleaved", "scale_embedding": True, "logits_bias": False}
+
+
 def check_convertible(c):
     """Raises UnsupportedRun naming the field for a run CTranslate2 cannot express."""
     kind = c["positions"]
@@ -214,6 +218,10 @@ def check_convertible(c):
         raise UnsupportedRun("activation '%s' cannot be converted (relu or gelu)" % c["activation"])
     if c["d_model"] % c["heads"]:
         raise UnsupportedRun("heads %d must divide d_model %d" % (c["heads"], c["d_model"]))
+    for field, default in MARIAN_DEFAULTS.items():  # Marian's options: not mapped yet
+        if c.get(field, default) != default:
+            raise UnsupportedRun("field \"%s\" %s cannot be converted (only %s)"
+                                 % (field, json.dumps(c[field]), json.dumps(default)))
 
 
 def _fill_embeddings(spec, w, c):

@@ -100,6 +100,10 @@ def read_config(run):
              "has no positional scheme of its own and this check models only graft's sinusoidal one")
     if m.get("activation", "relu") not in ("relu", "gelu"):
         fail(f"{run}/config.json: activation '{m['activation']}' is neither relu nor gelu")
+    for field, default in (("sinusoid_layout", "interleaved"), ("scale_embedding", True),
+                           ("logits_bias", False), ("mask_target_pad", True)):
+        if m.get(field, default) != default:  # Marian's options: this model has none of them
+            fail(f"{run}/config.json: field \"{field}\" {m[field]!r} is not supported here")
     if m.get("dtype", "float32") != "float32":
         fail(f"{run}/config.json: dtype '{m['dtype']}'; this check compares float32 models")
     return m
