@@ -60,6 +60,15 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def load_average():
+    """The 1/5/15-minute load averages: over the core count, other processes shared the cores."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " / ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def row(model, cfg, res, triad, p, t):
     g, l = res.get((model, "graft", p)), res.get((model, "llama.cpp", t))
     if not g or not l:
@@ -84,7 +93,8 @@ def main():
           f"{any_r.get('threads', '?')}; triad bandwidth {triad:.1f} GB/s; llama-cpp-python "
           f"{any_r.get('llama_cpp_python', '?')} (built from source, GGML_NATIVE); prompt "
           f"{any_r.get('prompt', '?')} tokens, generation {any_r.get('gen', '?')} tokens at batch 1, "
-          f"median of {any_r.get('repeats', '?')} runs.\n")
+          f"median of {any_r.get('repeats', '?')} runs; load average when the table was written "
+          f"{load_average()} (above the core count: other processes shared the cores).\n")
     print("| model | graft / GGUF | pp512 graft tok/s | pp512 llama.cpp | ratio | tg128 graft tok/s "
           "| tg128 llama.cpp | ratio | peak RSS graft MiB | llama.cpp MiB | load graft s "
           "| llama.cpp s | weight MB/token graft / llama.cpp | weight GB/s (of triad) |")
