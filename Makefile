@@ -216,3 +216,11 @@ bench-quality: build
 
 clean:
 	rm -rf $(BUILD)
+
+# graft against llama.cpp (llama-cpp-python built from its sdist into BUILD/llama-venv, CPU only)
+# on random-weight Hugging Face decoders at SmolLM-135M's and TinyLlama-1.1B's shapes, fp32/bf16/int8
+# against F32/BF16/Q8_0: bench/results/hf_llama.md (docs/hub-models.md, "Speed against llama.cpp").
+# The first run builds the peer and the checkpoints (many minutes); not part of make test or bench.
+.PHONY: bench-hf
+bench-hf: build
+	HF_PEERS_THREADS=$(JOBS) ./bench/hf_peers.sh $(BUILD)
