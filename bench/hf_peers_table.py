@@ -94,7 +94,7 @@ def main():
           f"{any_r.get('llama_cpp_python', '?')} (built from source, GGML_NATIVE); prompt "
           f"{any_r.get('prompt', '?')} tokens, generation {any_r.get('gen', '?')} tokens at batch 1, "
           f"median of {any_r.get('repeats', '?')} runs; load average when the table was written "
-          f"{load_average()} (above the core count: other processes shared the cores).\n")
+          f"{load_average()} (above the core count means other processes shared the cores).\n")
     print("| model | graft / GGUF | pp512 graft tok/s | pp512 llama.cpp | ratio | tg128 graft tok/s "
           "| tg128 llama.cpp | ratio | peak RSS graft MiB | llama.cpp MiB | load graft s "
           "| llama.cpp s | weight MB/token graft / llama.cpp | weight GB/s (of triad) |")
