@@ -1,4 +1,5 @@
 #include "graft/nn/text/bpe.h"
+#include "utf8.h"
 
 #include "graft/autograd/tensor.h"
 #include "graft/autograd/text.h"
@@ -54,23 +55,7 @@ int char_byte(char32_t c) {
   return c < bytes.size() ? bytes[c] : -1;
 }
 
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back((char)c);
-  } else if (c < 0x800) {
-    out.push_back((char)(0xC0 | (c >> 6)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back((char)(0xE0 | (c >> 12)));
-    out.push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back((char)(0xF0 | (c >> 18)));
-    out.push_back((char)(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  }
-}
+using detail::append_utf8;
 
 // The code point of the well-formed sequence of `len` bytes at s[i].
 char32_t code_point_at(std::string_view s, size_t i, size_t len) {

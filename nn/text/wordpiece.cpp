@@ -1,4 +1,5 @@
 #include "graft/nn/text/wordpiece.h"
+#include "utf8.h"
 
 #include "graft/autograd/tensor.h"
 #include "graft/autograd/text.h"
@@ -133,23 +134,7 @@ std::u32string decode_utf8(std::string_view s) {
   return out;
 }
 
-void append_utf8(char32_t c, std::string& out) {
-  if (c < 0x80) {
-    out.push_back((char)c);
-  } else if (c < 0x800) {
-    out.push_back((char)(0xC0 | (c >> 6)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back((char)(0xE0 | (c >> 12)));
-    out.push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  } else {
-    out.push_back((char)(0xF0 | (c >> 18)));
-    out.push_back((char)(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back((char)(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back((char)(0x80 | (c & 0x3F)));
-  }
-}
+using detail::append_utf8;
 
 size_t code_points(std::string_view s) {
   return (size_t)std::count_if(s.begin(), s.end(),
