@@ -879,10 +879,6 @@ int main(int argc, char** argv) {
       return 3;
     }
     if (a.precision == Precision::int8) {
-      if (!int8_kernel_available()) {
-        std::cerr << "graft_bench: " << int8_unavailable_reason("--precision") << "\n";
-        return 3;
-      }
       if (a.what != "greedy" && a.what != "beam" && a.what != "embed" && a.what != "load" &&
           a.what != "export") {
         std::cerr

@@ -4,9 +4,10 @@
 //   hf_lm_bench --hf DIR [--precision fp32|bf16|int8] [--prompt 512] [--gen 128] [--repeats 3]
 //   hf_lm_bench --triad        (this machine's memory bandwidth: a STREAM-like triad, GB/s)
 //
-// Load: load_hf_causal_lm, a 16-bit file widened to float32 for fp32/int8 (as `lm generate --hf`
-// does), keep_for_inference. Then each repeat is one greedy generate() at batch 1 without stopping
-// at eos: a prompt of --prompt ids (prompt_ids(), the same ids the llama.cpp side feeds) and
+// Load: load_hf_causal_lm(dir, precision) (as `lm generate --hf` does): a 16-bit file widened to
+// float32 for fp32, kept for inference; int8 quantized parameter by parameter as it is read.
+// Then each repeat is one greedy generate() at batch 1 without stopping at eos: a prompt of
+// --prompt ids (prompt_ids(), the same ids the llama.cpp side feeds) and
 // --gen + 1 new tokens. The prompt phase (pp) runs from the call to the first new token (one
 // forward over the whole prompt filling the KV cache, then the first argmax); the generation phase
 // (tg) from the first new token to the last: exactly --gen single-token steps, as llama.cpp's
@@ -148,9 +149,7 @@ Phases time_generate(models::DecoderOnlyLM& lm, const std::vector<int64_t>& prom
 
 void run_model(const Args& a) {
   const auto t0 = Clock::now();
-  models::HfCausalLM m = models::load_hf_causal_lm(a.dir);
-  if (a.precision != Precision::bf16) m.model->to(DType::f32);
-  models::keep_for_inference(*m.model, a.precision);
+  models::HfCausalLM m = models::load_hf_causal_lm(a.dir, a.precision);
   const double load_s = seconds_since(t0);
   const std::vector<int64_t> prompt = prompt_ids(a.prompt, m.model->cfg.vocab);
   std::vector<double> pp, tg;

@@ -5,8 +5,7 @@
 Standard library only. Weight bytes read per generated token come from each checkpoint's
 config.json: every linear weight of the layers plus the output projection (the embedding lookup
 reads one row), at the bytes per weight each engine holds: graft fp32 4, bf16 2, int8 1 (a tied
-output stays float32 at int8: keep_for_inference quantizes only weights no other parameter
-shares); llama.cpp F32 4, BF16 2, Q8_0 34/32 (blocks of 32 int8 + an f16 scale, the tied
+output projection is the embedding's int8 form); llama.cpp F32 4, BF16 2, Q8_0 34/32 (blocks of 32 int8 + an f16 scale, the tied
 token_embd included). Bytes/token x tokens/s is the weight bandwidth generation reaches, set
 against the triad's.
 """
@@ -33,9 +32,7 @@ def weight_counts(cfg):
 def bytes_per_token(cfg, graft_p, llama_t):
     """Weight bytes one generated token reads: (graft, llama.cpp)."""
     body, out = weight_counts(cfg)
-    tied = cfg.get("tie_word_embeddings", False)
-    out_graft = 4.0 if tied and graft_p == "int8" else GRAFT_BYTES[graft_p]
-    return (body * GRAFT_BYTES[graft_p] + out * out_graft,
+    return ((body + out) * GRAFT_BYTES[graft_p],
             (body + out) * LLAMA_BYTES[llama_t])
 
 

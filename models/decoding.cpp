@@ -5,11 +5,13 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <set>
 #include <tuple>
 #include <type_traits>
 
 #include "graft/autograd/tape.h"
 #include "graft/nn/attention.h"
+#include "graft/nn/layers.h"
 #include "graft/ops/custom.h"
 #include "graft/ops/ops.h"
 
@@ -44,6 +46,17 @@ void linear_weights(const nn::Module& m, const std::string& at, nn::NamedTensors
   for (const auto& [name, child] : m.children()) linear_weights(*child, at + name + ".", out);
 }
 
+// The tables of the nn::Embedding modules under m (at path `at`), each storage once: int8
+// inference looks rows up from their int8 form, and a tied output projection reads the same form.
+void embedding_tables(const nn::Module& m, const std::string& at, nn::NamedTensors& out,
+                      std::set<const Storage*>& seen) {
+  if (auto* e = dynamic_cast<const nn::Embedding*>(&m))
+    if (seen.insert(e->weight.impl()->storage.get()).second)
+      out.emplace_back(at + "weight", e->weight);
+  for (const auto& [name, child] : m.children())
+    embedding_tables(*child, at + name + ".", out, seen);
+}
+
 // Keeps every weight int8_linear_weights() names in `keep`'s inference form (int8:
 // quantize_weight_int8; bf16: keep_weight_bf16; fp32 packs them: keep_weights_fp32), freeing its
 // float32 (bf16) values; returns the bytes freed.
@@ -65,10 +78,18 @@ std::vector<std::pair<std::string, Tensor>> int8_linear_weights(const nn::Module
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> embedding_tables(const nn::Module& model) {
+  nn::NamedTensors out;
+  std::set<const Storage*> seen;
+  embedding_tables(model, "", out, seen);
+  return out;
+}
+
 size_t keep_for_inference(nn::Module& model, Precision p) {
   size_t freed = 0;
   if (p == Precision::int8) {
     freed = free_float32_linears(model, quantize_weight_int8);
+    for (const auto& [name, w] : embedding_tables(model)) freed += quantize_weight_int8(w, name);
   } else if (p == Precision::fp32) {  // one copy of each linear weight: the kernel's layout
     freed = keep_weights_fp32(int8_linear_weights(model));  // packed: one block, huge pages
   } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native

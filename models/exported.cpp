@@ -189,6 +189,9 @@ void adopt_export(nn::Module& model, train::SafetensorsFile f, Precision p) {
     for (auto& [name, t] : model.named_parameters()) params.emplace(name, t);
     check_int8_names(f, lin, params);
     model.adopt_state_dict(install_int8(f, lin));
+    // The file keeps the embedding tables float32; int8 inference reads them int8, as
+    // keep_for_inference(int8) makes them.
+    for (const auto& [name, table] : embedding_tables(model)) quantize_weight_int8(table, name);
   } catch (const Error& e) {
     fail("load_run: '" + f.path + "': " + e.what());
   }

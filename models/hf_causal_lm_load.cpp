@@ -1,6 +1,10 @@
+#include <map>
+
 #include "graft/models/config_json.h"
+#include "graft/models/decoding.h"
 #include "graft/models/hf.h"
 #include "graft/nn/module.h"
+#include "graft/ops/precision.h"
 #include "hf_gpt2.h"
 
 namespace graft::models {
@@ -63,26 +67,82 @@ std::vector<hf::Param> hf_params(const HfLMConfig& c) {
 
 }  // namespace
 
-HfCausalLM load_hf_causal_lm(const std::string& dir) {
+namespace {
+
+// A directory's config, file headers and parameters, all checked against each other.
+struct HfLMFiles {
+  HfLMConfig c;
+  hf::FileTensors file;
+  std::vector<hf::Param> params;
+};
+
+HfLMFiles inspect_hf_lm(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json";
   HfLMConfig c = hf_lm_config(train::load_json(cfg_path), cfg_path);
   const bool gpt2 = c.hf.model_type == "gpt2";
   const hf::Reading reading =
       gpt2 ? gpt2_reading(c.lm.tied_output) : llama_reading(c.lm.tied_output);
-  const hf::FileTensors file = hf::inspect_hf_tensors(dir, reading);
-  const std::vector<hf::Param> params = gpt2 ? gpt2_params(c.lm) : hf_params(c);
+  hf::FileTensors file = hf::inspect_hf_tensors(dir, reading);
+  std::vector<hf::Param> params = gpt2 ? gpt2_params(c.lm) : hf_params(c);
   hf::check_params(file, params, reading, dir);
   c.lm.dtype = hf::common_dtype(file);
-  check_config_memory(c.lm, cfg_path, /*copies=*/2);  // the files' tensors and the model
-  nn::NamedTensors weights = hf::load_params(file, params, c.lm.dtype);
+  return {std::move(c), std::move(file), std::move(params)};
+}
+
+// The model with no memory behind its parameters (adopt_state_dict or an int8 form gives it).
+std::unique_ptr<DecoderOnlyLM> unfilled_model(const LMConfig& c, nn::SkipInit::Memory memory) {
+  const nn::SkipInit skip(memory);
+  return std::make_unique<DecoderOnlyLM>(c);
+}
+
+// int8: each linear weight and embedding table quantized as it is read (float32 values of one
+// parameter at a time), the rest adopted in float32.
+void load_int8(DecoderOnlyLM& model, const HfLMFiles& f) {
+  std::map<std::string, Tensor> int8_params;
+  for (const auto& [name, w] : int8_linear_weights(model)) int8_params.emplace(name, w);
+  for (const auto& [name, w] : embedding_tables(model)) int8_params.emplace(name, w);
+  nn::NamedTensors adopted;
+  hf::for_each_param(f.file, f.params, DType::f32, [&](const std::string& name, Tensor t) {
+    auto it = int8_params.find(name);
+    if (it == int8_params.end()) {
+      adopted.emplace_back(name, std::move(t));
+      return;
+    }
+    quantize_weight_int8_from(it->second, t, name);
+    adopted.emplace_back(name, it->second);
+  });
+  model.adopt_state_dict(adopted);
+}
+
+}  // namespace
+
+HfCausalLM load_hf_causal_lm(const std::string& dir) {
+  HfLMFiles f = inspect_hf_lm(dir);
+  check_config_memory(f.c.lm, dir + "/config.json", /*copies=*/2);  // the files' and the model
+  nn::NamedTensors weights = hf::load_params(f.file, f.params, f.c.lm.dtype);
   HfCausalLM out;
-  {
-    const nn::SkipInit skip;
-    out.model = std::make_unique<DecoderOnlyLM>(c.lm);
-  }
+  out.model = unfilled_model(f.c.lm, nn::SkipInit::Memory::uninitialised);
   out.model->adopt_state_dict(weights);
   out.model->eval();
-  out.hf = c.hf;
+  out.hf = f.c.hf;
+  return out;
+}
+
+HfCausalLM load_hf_causal_lm(const std::string& dir, Precision precision) {
+  if (precision != Precision::int8) {
+    HfCausalLM out = load_hf_causal_lm(dir);
+    if (precision == Precision::fp32) out.model->to(DType::f32);
+    keep_for_inference(*out.model, precision);
+    return out;
+  }
+  HfLMFiles f = inspect_hf_lm(dir);
+  f.c.lm.dtype = DType::f32;
+  HfCausalLM out;
+  out.model = unfilled_model(f.c.lm, nn::SkipInit::Memory::none);
+  load_int8(*out.model, f);
+  out.model->eval();
+  keep_for_inference(*out.model, Precision::int8);  // what the loader left (nothing, as a rule)
+  out.hf = f.c.hf;
   return out;
 }
 

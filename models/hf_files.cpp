@@ -114,29 +114,59 @@ DType common_dtype(const FileTensors& file) {
   return seen.size() == 1 ? *seen.begin() : DType::f32;
 }
 
-nn::NamedTensors load_params(const FileTensors& file, const std::vector<Param>& params,
-                             DType dtype) {
-  std::map<std::string, std::set<std::string>> wanted;  // file -> stored names
+namespace {
+
+// Parameter p built from its loaded sources (`loaded`: file path -> its read tensors).
+Tensor build_param(const FileTensors& file, const Param& p, DType dtype,
+                   const std::map<std::string, train::SafetensorsFile>& loaded) {
+  if (p.hf.empty()) return zeros(p.shapes.at(0), dtype);
+  Tensors parts;
+  for (const std::string& h : p.hf) {
+    const FileTensor& t = file.at(h);
+    parts.push_back(source(loaded.at(t.file), t, p, dtype));
+  }
+  return parts.size() == 1 ? parts[0] : concat(parts, 0);
+}
+
+// The files holding the sources of `params` and, per file, their stored names.
+std::map<std::string, std::set<std::string>> sources_by_file(const FileTensors& file,
+                                                             const std::vector<Param>& params) {
+  std::map<std::string, std::set<std::string>> wanted;
   for (const Param& p : params)
     for (const std::string& h : p.hf) wanted[file.at(h).file].insert(file.at(h).entry.name);
+  return wanted;
+}
+
+// Reads the stored tensors `wanted` names (file -> names), each file once.
+std::map<std::string, train::SafetensorsFile> read_sources(
+    const std::map<std::string, std::set<std::string>>& wanted) {
   std::map<std::string, train::SafetensorsFile> loaded;
   for (const auto& [path, names] : wanted)
     loaded.emplace(path, train::load_safetensors(
                              path, [&](const std::string& n) { return names.count(n) > 0; }));
+  return loaded;
+}
+
+}  // namespace
+
+nn::NamedTensors load_params(const FileTensors& file, const std::vector<Param>& params,
+                             DType dtype) {
+  const auto loaded = read_sources(sources_by_file(file, params));
   nn::NamedTensors out;
-  for (const Param& p : params) {
-    if (p.hf.empty()) {
-      out.emplace_back(p.graft, zeros(p.shapes.at(0), dtype));
-      continue;
-    }
-    Tensors parts;
-    for (const std::string& h : p.hf) {
-      const FileTensor& t = file.at(h);
-      parts.push_back(source(loaded.at(t.file), t, p, dtype));
-    }
-    out.emplace_back(p.graft, parts.size() == 1 ? parts[0] : concat(parts, 0));
-  }
+  for (const Param& p : params) out.emplace_back(p.graft, build_param(file, p, dtype, loaded));
   return out;
+}
+
+void for_each_param(const FileTensors& file, const std::vector<Param>& params, DType dtype,
+                    const std::function<void(const std::string&, Tensor)>& take) {
+  for (const Param& p : params) {
+    Tensor t;
+    {
+      const auto loaded = read_sources(sources_by_file(file, {p}));
+      t = build_param(file, p, dtype, loaded);
+    }  // the sources go before `take` runs: one parameter's tensors in memory at a time
+    take(p.graft, std::move(t));
+  }
 }
 
 }  // namespace graft::models::hf

@@ -59,4 +59,11 @@ DType common_dtype(const FileTensors& file);
 nn::NamedTensors load_params(const FileTensors& file, const std::vector<Param>& params,
                              DType dtype);
 
+/// load_params() one parameter at a time: each is built (its sources read from their files,
+/// converted, transposed, concatenated) and handed to `take` (graft name, tensor) before the next
+/// is read, so at most one parameter's tensors are held besides what `take` keeps. Each call
+/// reads the files' headers again: for loaders that must not hold the whole model (int8).
+void for_each_param(const FileTensors& file, const std::vector<Param>& params, DType dtype,
+                    const std::function<void(const std::string&, Tensor)>& take);
+
 }  // namespace graft::models::hf

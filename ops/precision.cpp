@@ -201,13 +201,8 @@ bool int8_kernel_available() {
 
 std::string int8_description() {
   return kernel_description(int8_kernel_available(), Precision::int8, "int8 linears",
-                            "reference loop (the same int32 sums, at loop speed)", kInt8,
-                            int8_probe(), "u8 x s8 matmul");
-}
-
-std::string int8_unavailable_reason(const std::string& what) {
-  return unavailable_reason(int8_kernel_available(), what, kInt8,
-                            "; without VNNI its int8 sums can saturate), so int8 is refused");
+                            "graft's integer loop (the same exact int32 sums)", kInt8, int8_probe(),
+                            "u8 x s8 matmul");
 }
 
 namespace {
@@ -279,6 +274,15 @@ size_t set_weight_int8(const Tensor& w, const Tensor& values, const Tensor& scal
   check_defined(values, "set_weight_int8", "values");
   check_defined(scales, "set_weight_int8", "scales");
   return kern::set_int8_parts(w, values, scales, name, scale_name, !int8_kernel_available());
+}
+
+size_t quantize_weight_int8_from(const Tensor& w, const Tensor& from, const std::string& name) {
+  check_linear_weight(w, "quantize_weight_int8_from", name);
+  check_defined(from, "quantize_weight_int8_from", "from");
+  if (from.dtype() != DType::f32 || from.shape() != w.shape() || !from.is_contiguous())
+    fail("quantize_weight_int8_from: " + name + ": the values are " + describe(from) +
+         ", they must be float32 " + shape_str(w.shape()) + " (the weight's shape), contiguous");
+  return kern::quantize_into(w, from, name, !int8_kernel_available());
 }
 
 size_t keep_weight_fp32(const Tensor& w, const std::string& name) {

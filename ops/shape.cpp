@@ -15,6 +15,7 @@
 #include "autograd/internal/parallel.h"
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/reduce.h"
+#include "ops/internal/int8.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -614,6 +615,21 @@ Tensor embedding_gather_adjoint(const Tensor& g, const Tensor& ids, int64_t padd
   return out;
 }
 
+namespace {
+
+// embedding of a table made int8 for inference (quantize_weight_int8: a tied output projection):
+// rows dequantized from the int8 form, float32. Nothing to train: recording it is refused.
+Tensor embedding_int8(const Tensor& weight, const int64_t* ids, int64_t N, Shape shape) {
+  if (autograd::needs_record({weight}))
+    fail("embedding: weight " + describe(weight) +
+         " was quantized to int8 for inference and cannot be trained (run it under NoGrad)");
+  Tensor out = Tensor::empty(shape, DType::f32);
+  kern::gather_int8_rows(weight, ids, N, out.data<float>());
+  return out;
+}
+
+}  // namespace
+
 // embedding: weight (V, C), ids int64 (...) in [0, V) -> out (..., C), out[.., :] = weight[id].
 // Backward scatter-adds dout rows into dweight, skipping ids equal to padding_idx (their
 // forward row is still returned, as in PyTorch, but never trained).
@@ -638,6 +654,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
            ") for weight " + describe(weight) + " (ids " + describe(ids) + ")");
   Shape shape = ids.shape();
   shape.push_back(C);
+  if (kern::has_int8_form(weight)) return embedding_int8(weight, pi, N, shape);
   Tensor out = Tensor::empty(shape, weight.dtype());
   Tensor wc = kern::contig(weight);
   gather_rows(static_cast<const char*>(wc.raw()), static_cast<char*>(out.raw()), pi, 1, V, N,

@@ -6,6 +6,8 @@
 #include <functional>
 #include <map>
 
+#include "graft/autograd/tape.h"
+#include "graft/models/decoding.h"
 #include "graft/models/hf.h"
 #include "graft/nn/train/checkpoint.h"
 #include "graft/ops/ops.h"
@@ -396,4 +398,43 @@ BOOST_AUTO_TEST_CASE(gpt2_refusals_name_the_field_or_tensor) {
       "tensor 'h.0.attn.c_attn.weight' has shape (24, 8), the config needs (8, 24)");
   with([](auto& c, auto&) { c["tie_word_embeddings"] = false; },
        "tensor 'lm_head.weight' is missing");
+}
+
+namespace {
+
+// Greedy logits of `m` at every position of a short prompt, under PrecisionGuard(p) without a
+// tape.
+std::vector<float> logits_at(const DecoderOnlyLM& m, Precision p) {
+  const PrecisionGuard g(p);
+  const autograd::NoGrad ng;
+  return m.forward(graft::testing::ids({0, 1, 2, 5, 9}, 1)).to_vector<float>();
+}
+
+}  // namespace
+
+// load_hf_causal_lm(dir, int8) quantizes each linear weight and the (tied) embedding as it reads
+// them: the model equals one loaded whole and made int8 by keep_for_inference, bit for bit, and
+// holds no float32 copy of any of them.
+BOOST_AUTO_TEST_CASE(int8_loading_quantizes_as_it_reads_and_equals_keep_for_inference) {
+  for (bool tied : {true, false}) {
+    TempDir dir("hf_int8");
+    nlohmann::json cfg = tiny_config("llama");
+    cfg["tie_word_embeddings"] = tied;
+    write_dir(dir, cfg, tiny_tensors(false, tied, DType::bf16));
+    HfCausalLM whole = load_hf_causal_lm(dir.path.string());
+    whole.model->to(DType::f32);
+    keep_for_inference(*whole.model, Precision::int8);
+    const HfCausalLM streamed = load_hf_causal_lm(dir.path.string(), Precision::int8);
+    const std::vector<float> a = logits_at(*whole.model, Precision::int8),
+                             b = logits_at(*streamed.model, Precision::int8);
+    BOOST_TEST(a == b, boost::test_tools::per_element());
+    auto p = params_of(*streamed.model);
+    for (const char* n : {"embedding.weight", "blocks.layers.1.linear2.weight"})
+      BOOST_CHECK_EXCEPTION(p.at(n).to_vector<float>(), Error,
+                            [&](const Error& e) { return names(e, "int8"); });
+    BOOST_TEST((p.at("blocks.norm.weight").dtype() == DType::f32));
+    const autograd::NoGrad ng;  // the embedding's rows come from its int8 form
+    const Tensor e = embedding(p.at("embedding.weight"), graft::testing::ids({3, 7}, 1), -1);
+    BOOST_TEST((e.shape() == Shape{1, 2, 8}));
+  }
 }

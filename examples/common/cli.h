@@ -203,9 +203,8 @@ inline void add_precision(CLI::App* sub, PrecisionUse use = PrecisionUse::traini
            const Precision p = parse_precision(s, "--precision");
            if (p != Precision::fp32) {
              const bool bf16 = p == Precision::bf16;
-             const std::string why = bf16 ? bf16_unavailable_reason("--precision")
-                                          : int8_unavailable_reason("--precision");
-             if (!why.empty()) throw CLI::ValidationError(why);
+             if (bf16 && !bf16_unavailable_reason("--precision").empty())
+               throw CLI::ValidationError(bf16_unavailable_reason("--precision"));
              std::cerr << (bf16 ? bf16_description() : int8_description()) << '\n';
            }
            precision_choice() = p;
@@ -216,8 +215,8 @@ inline void add_precision(CLI::App* sub, PrecisionUse use = PrecisionUse::traini
                         : "bf16 operands, float32 accumulation and everything else float32; "
                           "needs a CPU with AVX512_BF16 or AMX)") +
              (inference ? " or int8 (linear layers on int8 weights per output channel and int8 "
-                          "inputs per "
-                          "row; needs AVX512_VNNI, AVX-VNNI or AMX)"
+                          "inputs per row; oneDNN's VNNI kernel where the CPU has one, else "
+                          "graft's integer loop, the same sums)"
                         : ""))
       ->check(inference ? CLI::IsMember({"fp32", "bf16", "int8"})
                         : CLI::IsMember({"fp32", "bf16"}));

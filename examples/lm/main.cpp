@@ -159,14 +159,12 @@ int cmd_generate_hf(const std::string& dir, const std::string& ids_text, const s
   models::check_decode_options(o);
   std::optional<text::ByteLevelBPE> tok;
   if (!text.empty()) tok = text::ByteLevelBPE::from_tokenizer_json(dir + "/tokenizer.json");
-  models::HfCausalLM m = models::load_hf_causal_lm(dir);
+  models::HfCausalLM m = models::load_hf_causal_lm(dir, matmul_precision());
   const int64_t vocab = m.model->cfg.vocab;
   const std::vector<int64_t> prompt = hf_prompt(ids_text, text, tok ? &*tok : nullptr, vocab);
   const int64_t eos = m.hf.eos_ids.empty() ? -1 : m.hf.eos_ids[0];
   for (size_t i = 1; i < m.hf.eos_ids.size(); ++i) o.stop_ids.push_back(m.hf.eos_ids[i]);
   models::check_stop_ids(eos, o, vocab);
-  if (matmul_precision() != Precision::bf16) m.model->to(DType::f32);
-  models::keep_for_inference(*m.model, matmul_precision());
   std::optional<text::BPEStreamDecoder> printer;
   if (tok && stream) printer.emplace(*tok, /*skip_special_tokens=*/true);
   if (!tok) o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };

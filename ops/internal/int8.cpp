@@ -1,5 +1,7 @@
 #include "ops/internal/int8.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -135,16 +137,60 @@ void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, floa
 }
 
 // The integer sums in a plain loop: acc[n][o] = Σ_k xq[n][k] wq[o][k], over y's bytes.
+// acc[r] = the int32 sum over k of x[r * IN + k] * wr[k] for R rows of x (widened to int16):
+// with AVX2, 16 weights widened once per step and multiplied in pairs into int32 lanes
+// (vpmaddwd: 255 * 127 * 2 cannot saturate), one chain per row; elsewhere a plain loop.
+template <int R>
+void dot_rows_int8(const int16_t* x, const int8_t* wr, int64_t IN, int32_t* acc) {
+  int64_t k = 0;
+#if defined(__AVX2__)
+  __m256i a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
+  for (; k + 16 <= IN; k += 16) {
+    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(wr + k)));
+    for (int r = 0; r < R; ++r)
+      a[r] = _mm256_add_epi32(
+          a[r], _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(x + r * IN + k)), w));
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256((__m256i*)lanes, a[r]);
+    acc[r] = 0;
+    for (int l = 0; l < 8; ++l) acc[r] += lanes[l];
+  }
+#else
+  for (int r = 0; r < R; ++r) acc[r] = 0;
+#endif
+  for (; k < IN; ++k)
+    for (int r = 0; r < R; ++r) acc[r] += (int32_t)x[r * IN + k] * wr[k];
+}
+
+// y (N, OUT) = the int32 sums x (N, IN, u8) . w (OUT, IN plain rows, s8), as float bits.
+// The loop that runs where oneDNN has no VNNI kernel: x widened once to int16 (the products pair
+// into int32 lanes without saturating, as AVX2's vpmaddwd does), the weight rows taken in blocks
+// of 16 that stay in the L1 cache while every row of x passes, 4 rows of x per weight load. The
+// sums are exact, so neither the order nor the split over threads changes a bit.
 void matmul_int8_reference(const QuantRows& x, const QuantWeights& w, float* y, int64_t N,
                            int64_t IN, int64_t OUT) {
-#pragma omp parallel for collapse(2) if (N * OUT * IN > kParallelGrain) schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < OUT; ++o) {
-      int32_t acc = 0;
-      for (int64_t k = 0; k < IN; ++k)
-        acc += (int32_t)x.data[n * IN + k] * (int32_t)w.data[o * IN + k];
-      y[n * OUT + o] = std::bit_cast<float>(acc);
-    }
+  constexpr int64_t kBlock = 16;
+  thread_local std::vector<int16_t> xw;
+  xw.resize((size_t)(N * IN));
+  for (int64_t i = 0; i < N * IN; ++i) xw[i] = x.data[i];
+  const int16_t* xp = xw.data();
+  const int64_t blocks = (OUT + kBlock - 1) / kBlock;
+#pragma omp parallel for if (N * OUT * IN > kParallelGrain) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t n = 0; n < N; n += 4)
+      for (int64_t o = b * kBlock; o < std::min(OUT, (b + 1) * kBlock); ++o) {
+        const int8_t* wr = w.data + o * IN;
+        int32_t acc[4];
+        const int64_t rows = std::min<int64_t>(4, N - n);
+        if (rows == 4) dot_rows_int8<4>(xp + n * IN, wr, IN, acc);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (rows < 4) dot_rows_int8<1>(xp + (n + r) * IN, wr, IN, acc + r);
+          y[(n + r) * OUT + o] = std::bit_cast<float>(acc[r]);
+        }
+      }
 }
 
 // The oneDNN int8 matmul (u8 x s8 -> s32) for (N, IN) x (IN, OUT), cached per problem; mds: src,
@@ -322,14 +368,75 @@ void check_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scale
          ": int8 weights are symmetric, in [-127, 127]");
 }
 
+// The element (k, o) of a 2-D oneDNN memory of dims (IN, OUT) in a plain or blocked layout: the
+// outer strides apply to each index divided by its dim's inner block, the inner blocks nest in
+// the order the descriptor lists them (the last one innermost).
+int64_t element_offset(const dnnl::memory::desc& d, int64_t k, int64_t o) {
+  const auto& b = d.data.format_desc.blocking;
+  const int64_t pos[2] = {k, o};
+  int64_t block[2] = {1, 1};
+  for (int i = 0; i < b.inner_nblks; ++i) block[b.inner_idxs[i]] *= b.inner_blks[i];
+  int64_t off = d.data.offset0, inner = 0, within[2] = {1, 1};
+  for (int i = 0; i < 2; ++i) off += pos[i] / block[i] * b.strides[i];
+  for (int i = b.inner_nblks - 1, step = 1; i >= 0; step *= (int)b.inner_blks[i], --i) {
+    const int dim = b.inner_idxs[i];
+    inner += (pos[dim] % block[dim]) / within[dim] % b.inner_blks[i] * step;
+    within[dim] *= b.inner_blks[i];
+  }
+  return off + inner;
+}
+
 }  // namespace
+
+int64_t int8_layout_mismatches(int64_t OUT, int64_t IN) {
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc plain({IN, OUT}, dnnl::memory::data_type::s8, tag::ba);
+  std::vector<int8_t> from((size_t)(OUT * IN));
+  for (size_t i = 0; i < from.size(); ++i) from[i] = (int8_t)(i * 37 % 255 - 127);
+  int64_t bad = 0;
+  for (tag t : {tag::ab, tag::ba, tag::AB16b64a4b, tag::AB16b32a4b, tag::AB16b16a4b,
+                tag::BA16a64b4a, tag::BA16a48b4a, tag::BA16a32b4a, tag::BA16a16b4a}) {
+    const dnnl::memory::desc d({IN, OUT}, dnnl::memory::data_type::s8, t);
+    std::vector<int8_t> to(d.get_size(), 0);
+    auto src = onednn::mem(plain, from.data());
+    auto dst = onednn::mem(d, to.data());
+    dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
+    onednn::stream().wait();
+    for (int64_t o = 0; o < OUT; ++o)
+      for (int64_t k = 0; k < IN; ++k) bad += to[element_offset(d, k, o)] != from[o * IN + k];
+  }
+  return bad;
+}
+
+bool has_int8_form(const Tensor& w) { return replacement_of(w) != nullptr; }
+
+bool gather_int8_rows(const Tensor& w, const int64_t* ids, int64_t N, float* out) {
+  const Replacement* r = replacement_of(w);
+  if (!r) return false;
+  const int64_t IN = r->IN;
+  const QuantWeights q = view_quantized(*r->data, r->OUT);
+  const bool plain = r->tag == kPlainTag;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t o = ids[n];
+    float* row = out + n * IN;
+    for (int64_t k = 0; k < IN; ++k)
+      row[k] = q.scale[o] * q.data[plain ? o * IN + k : element_offset(r->layout, k, o)];
+  }
+  return true;
+}
+
+namespace {}  // namespace
 
 size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference) {
   if (!w.impl()->storage->data) return 0;  // already replaced (or released by its owner)
+  return quantize_into(w, w, name, reference);
+}
+
+size_t quantize_into(const Tensor& w, const Tensor& from, const std::string& name, bool reference) {
   check_whole_storage(w, "quantize_weight_int8", name);
   std::shared_ptr<Storage> rows;
   try {
-    rows = quantize_weights(w);
+    rows = quantize_weights(from);
   } catch (const Error& e) {
     fail("quantize_weight_int8: " + name + ": " + e.what());
   }

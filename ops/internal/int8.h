@@ -31,6 +31,11 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
 // w was replaced already). A NaN or inf in w is refused, naming `name`.
 size_t quantize_for_inference(const Tensor& w, const std::string& name, bool reference);
 
+// quantize_for_inference with the float32 values taken from `from` (contiguous, w's shape)
+// instead of w's own: w (built without memory, or holding values) gets the form `from` quantizes
+// to, and its own values, if any, are released.
+size_t quantize_into(const Tensor& w, const Tensor& from, const std::string& name, bool reference);
+
 // w's int8 form (quantized from its float32 values, or its replacement when they were freed) as
 // the two tensors a file holds: the values, int8 (OUT, IN), and the scales, float32 (OUT):
 // w ≈ scales[o] * values[o][k]. Set back with set_int8_parts, it is the same form bit for bit.
@@ -43,6 +48,19 @@ std::pair<Tensor, Tensor> int8_parts(const Tensor& w);
 // values) and `scale_name`. Returns the bytes freed.
 size_t set_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scales,
                       const std::string& name, const std::string& scale_name, bool reference);
+
+// Rows ids[0, N) of w's int8 replacement (quantize_for_inference, set_int8_parts) dequantized
+// into out (N, IN): out[n][k] = scale[o] * wq[o][k] for o = ids[n] (the ids checked by the
+// caller), read from whatever layout the form is in. False (nothing written) when w has no int8
+// replacement. An embedding table made int8 is looked up this way (ops/shape.cpp, embedding).
+bool gather_int8_rows(const Tensor& w, const int64_t* ids, int64_t N, float* out);
+// Whether w's values were replaced by an int8 form (quantize_for_inference, set_int8_parts).
+bool has_int8_form(const Tensor& w);
+
+// For the tests: how many elements of an (OUT, IN) int8 weight reordered by oneDNN into each of
+// the plain and blocked layouts its int8 kernels read (ab, ba, AB16b64a4b, BA16a64b4a, ...) are
+// not where gather_int8_rows looks for them (0 when its offsets are right).
+int64_t int8_layout_mismatches(int64_t OUT, int64_t IN);
 
 // How many quantized weight copies have been made in this process (ops/precision.h:
 // int8_weight_copies_made).

@@ -21,8 +21,9 @@ namespace graft::models {
 
 /// Makes a model hold only what inference at precision `p` runs on, once, before decoding.
 /// int8: the weight of every nn::Linear and every attention's in_proj_weight is quantized for
-/// good and its float32 values freed (quantize_weight_int8, each named by its parameter path);
-/// a weight that another parameter shares (a tied embedding: its lookup reads float32) stays.
+/// good and its float32 values freed (quantize_weight_int8, each named by its parameter path),
+/// and so is the table of every nn::Embedding (embedding_tables(): lookups then dequantize rows
+/// of the int8 form, scale[id] * q[id], and a tied output projection reads that same form).
 /// bf16: the model becomes a bf16 model (Module::to(DType::bf16): parameters and float buffers,
 /// 2 bytes each, the float32 ones freed), run by the ops natively or through float32
 /// (docs/mixed-precision.md), then the same linear weights kept in the layout oneDNN's bf16
@@ -41,6 +42,11 @@ size_t keep_for_inference(nn::Module& model, Precision p);
 /// in the model's order: every nn::Linear's weight and attention's in_proj_weight that no other
 /// parameter shares a storage with (an int8 export holds exactly these in int8).
 std::vector<std::pair<std::string, Tensor>> int8_linear_weights(const nn::Module& model);
+
+/// The tables of the model's nn::Embedding modules with their parameter paths, each storage
+/// once, in the model's order: keep_for_inference(model, Precision::int8) quantizes them like the
+/// linear weights (an int8 export keeps them float32).
+std::vector<std::pair<std::string, Tensor>> embedding_tables(const nn::Module& model);
 
 /// How sampling picks a token (DecodeOptions::sample); the three filters combine.
 struct SamplingOptions {

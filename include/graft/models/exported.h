@@ -57,8 +57,10 @@ train::SafetensorsFile load_export(const std::string& path, Precision p,
 /// Gives `model` (built under nn::SkipInit(nn::SkipInit::Memory::none), or any model of the
 /// export's shapes) the export's tensors: int8 weights through set_weight_int8() (each file
 /// tensor dropped once installed, so the file is not held twice), the others through
-/// adopt_state_dict() (their memory taken, no copy). The dtypes are checked before anything is
-/// installed; a failure after that leaves the model half loaded (drop it).
+/// adopt_state_dict() (their memory taken, no copy); an int8 export's embedding tables (float32
+/// in the file) are then quantized as keep_for_inference(int8) does (embedding_tables()). The
+/// dtypes are checked before anything is installed; a failure after that leaves the model half
+/// loaded (drop it).
 /// @throws graft::Error "load_run: '<file>': ..." naming the tensor: a tensor of the wrong dtype
 ///         (not bf16 in a bf16 export; an int8 tensor for a weight the model reads in float32, a
 ///         linear weight not in int8, or another tensor not of its parameter's dtype, in an int8

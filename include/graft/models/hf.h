@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graft/models/decoder_only_lm.h"
+#include "graft/ops/precision.h"
 
 namespace graft::models {
 
@@ -57,5 +58,13 @@ struct HfCausalLM {
 /// @throws graft::Error naming the file and the tensor for a missing, unexpected, mis-shaped or
 ///         non-float tensor, a shard the index names that is missing, or as hf_lm_config().
 HfCausalLM load_hf_causal_lm(const std::string& dir);
+/// load_hf_causal_lm(dir) made ready for inference at `precision` (keep_for_inference). fp32 and
+/// bf16: the model loaded in the files' dtype, converted (fp32: to float32; bf16: a float32 file
+/// to bf16) and kept. int8: the float32 model is never held: parameters are read one at a time
+/// (in float32), each linear weight and the embedding table quantized as it arrives
+/// (quantize_weight_int8_from), so loading peaks near the int8 model plus one float32 tensor.
+/// Run it under PrecisionGuard(precision).
+/// @throws graft::Error as load_hf_causal_lm(dir), or keep_for_inference's errors.
+HfCausalLM load_hf_causal_lm(const std::string& dir, Precision precision);
 
 }  // namespace graft::models

@@ -126,12 +126,11 @@ uint64_t bf16_weight_copies_made();
 /// u8 x s8 matmul's implementation is not its reference loop. Without VNNI oneDNN's int8 kernels
 /// sum pairs of products in 16 bits, which can saturate: graft does not use them.
 bool int8_kernel_available();
-/// One line for logs: "int8 linears: oneDNN brg:avx512_core_vnni" or "int8 linears: reference
-/// loop (...)" with the reason.
+/// One line for logs: "int8 linears: oneDNN brg:avx512_core_vnni", or "int8 linears: graft's
+/// integer loop (...)" with the reason oneDNN's kernel does not run. Every CPU runs int8: where
+/// oneDNN has no VNNI kernel, graft's own loop computes the same exact int32 sums (with AVX2's
+/// vpmaddwd on int16-widened operands, which cannot saturate), bit for bit the same outputs.
 std::string int8_description();
-/// The error to give when int8 was asked for on a machine without a kernel (empty when there is
-/// one): "<what> int8: oneDNN has no int8 matmul kernel with VNNI for this CPU ...".
-std::string int8_unavailable_reason(const std::string& what);
 /// How many int8 copies of weights have been made in this process: an inference run makes one per
 /// linear weight, once (for tests).
 uint64_t int8_weight_copies_made();
@@ -158,6 +157,15 @@ std::string half_matmul_description(DType dt);
 /// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous,
 ///         a view of a larger storage (freeing it would free the rest), or holds a NaN or inf.
 size_t quantize_weight_int8(const Tensor& w, const std::string& name);
+/// quantize_weight_int8() of the float32 values `from` (w's shape, contiguous) in place of w's
+/// own: w becomes exactly what quantize_weight_int8 makes of a w holding them, and its own
+/// float32 values, if it has any, are released. A w built without memory
+/// (nn::SkipInit(nn::SkipInit::Memory::none)) never allocates them: a loader reading a float32
+/// file tensor by tensor quantizes each one as it comes (models::load_hf_causal_lm at int8).
+/// @return the bytes of float32 values freed (0 for a w built without memory).
+/// @throws graft::Error naming `name` as quantize_weight_int8, or when `from` is not float32 of
+///         w's shape and contiguous.
+size_t quantize_weight_int8_from(const Tensor& w, const Tensor& from, const std::string& name);
 /// Keeps the float32 weight `w` (OUT, IN) of a linear layer for float32 inference only: w is
 /// reordered once into the layout oneDNN's inference inner product reads (on an AVX-512 CPU
 /// blocks of 16 inputs x 64 outputs), that form kept as w's replacement, and w's float32 values
