@@ -506,7 +506,12 @@ std::vector<Case> int8_weight_cases() {
            [] {
              return Tensors{f({2, 3}), zeros({2, 3}, DType::i8), ones({2})};
            },
-           [](const Tensors& t) { set_weight_int8(t[0], t[1], t[2], "w", "w_scale"); }}};
+           [](const Tensors& t) { set_weight_int8(t[0], t[1], t[2], "w", "w_scale"); }},
+          {SIG(quantize_weight_int8_from, const Tensor&, const Tensor&, const std::string&),
+           [] {
+             return Tensors{f({2, 3}), f({2, 3})};
+           },
+           [](const Tensors& t) { quantize_weight_int8_from(t[0], t[1], "w"); }}};
 }
 
 std::vector<Case> tensor_and_copy_cases() {
