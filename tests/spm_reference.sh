@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# text::LlamaTokenizer against Python's sentencepiece (docs/hub-models.md#tokenizers-sentencepiece):
+# text::LlamaTokenizer against Python's sentencepiece (docs/hub-models.md#tokenizers-sentencepiece-llama-2-mistral-v01):
 # a Llama-2-style SentencePiece BPE (byte fallback, split digits, the dummy prefix, identity
 # normalisation, 4000 pieces) trained here by sentencepiece on every 8th line of the fortune files
 # (the eight languages, the file sets of bpe_reference.sh); on every line both sides give the same

@@ -45,8 +45,8 @@ class Lines : public sentencepiece::SentenceIterator {
 
 std::vector<std::string> corpus() {
   std::vector<std::string> lines;
-  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog",
-                         "Hello", "world", "tokens", "in", "2024", "and", "1999", "café"};
+  const char* words[] = {"the",   "quick", "brown",  "fox", "jumps", "over", "lazy", "dog",
+                         "Hello", "world", "tokens", "in",  "2024",  "and",  "1999", "café"};
   for (int i = 0; i < 300; ++i) {
     std::string line;
     for (int k = 0; k < 8; ++k) line += std::string(k ? " " : "") + words[(i * 7 + k * 3) % 16];
@@ -59,13 +59,21 @@ std::vector<std::string> corpus() {
 // remove_extra_whitespaces true when `squeeze`; written to DIR/tokenizer.model.
 std::string train_model(const fs::path& dir, bool squeeze = false) {
   const std::unordered_map<std::string, std::string> args = {
-      {"model_type", "bpe"},       {"vocab_size", "400"},
-      {"byte_fallback", "true"},   {"split_digits", "true"},
-      {"add_dummy_prefix", "true"}, {"normalization_rule_name", "identity"},
+      {"model_type", "bpe"},
+      {"vocab_size", "400"},
+      {"byte_fallback", "true"},
+      {"split_digits", "true"},
+      {"add_dummy_prefix", "true"},
+      {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", squeeze ? "true" : "false"},
-      {"character_coverage", "1.0"}, {"unk_id", "0"}, {"bos_id", "1"}, {"eos_id", "2"},
-      {"pad_id", "-1"},            {"hard_vocab_limit", "false"},
-      {"num_threads", "1"},        {"minloglevel", "2"}};
+      {"character_coverage", "1.0"},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"hard_vocab_limit", "false"},
+      {"num_threads", "1"},
+      {"minloglevel", "2"}};
   const std::vector<std::string> lines = corpus();
   Lines it(lines);
   std::string proto;
@@ -95,10 +103,19 @@ void check_stream(const LlamaTokenizer& tok, const Ids& ids) {
   }
 }
 
-const std::vector<std::string> kTexts = {
-    "Hello world", " Hello world", "  two leading", "a  b   c", "trailing  ", "2024 and 1999",
-    "x1y22z333", "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\xbc\xa2\xe5\xad\x97!", "\xe2\x82\xac\n\t end",
-    "", " ", "\xf0\x9f\x98\x80", "\xe2\x96\x81 literal mark"};
+const std::vector<std::string> kTexts = {"Hello world",
+                                         " Hello world",
+                                         "  two leading",
+                                         "a  b   c",
+                                         "trailing  ",
+                                         "2024 and 1999",
+                                         "x1y22z333",
+                                         "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\xbc\xa2\xe5\xad\x97!",
+                                         "\xe2\x82\xac\n\t end",
+                                         "",
+                                         " ",
+                                         "\xf0\x9f\x98\x80",
+                                         "\xe2\x96\x81 literal mark"};
 
 struct Model {
   TempDir dir{"llama_tok"};
@@ -213,7 +230,9 @@ BOOST_AUTO_TEST_CASE(stream_equals_decode_at_every_prefix) {
     Ids ids;
     for (int k = 0; k < 12; ++k) {
       const int kind = (int)(rng() % 4);
-      ids.push_back(kind == 0 ? byte_id(tok, (int)bytes(rng)) : kind == 1 ? byte_id(tok, 0x80 + (int)(rng() % 64)) : any(rng));
+      ids.push_back(kind == 0   ? byte_id(tok, (int)bytes(rng))
+                    : kind == 1 ? byte_id(tok, 0x80 + (int)(rng() % 64))
+                                : any(rng));
     }
     check_stream(tok, ids);
   }
@@ -273,8 +292,9 @@ BOOST_AUTO_TEST_CASE(hf_dir_reads_tokenizer_config_and_checks_vocab_size) {
 BOOST_AUTO_TEST_CASE(refused_files_and_ids) {
   TempDir dir("llama_tok_bad");
   const std::string missing = (dir.path / "tokenizer.model").string();
-  BOOST_CHECK_EXCEPTION(LlamaTokenizer{missing}, Error,
-                        [&](const Error& e) { return names(e, "'" + missing + "' does not exist"); });
+  BOOST_CHECK_EXCEPTION(LlamaTokenizer{missing}, Error, [&](const Error& e) {
+    return names(e, "'" + missing + "' does not exist");
+  });
   write(dir.path / "tokenizer.model", "{\"not\": \"a model\"}");
   BOOST_CHECK_EXCEPTION(LlamaTokenizer{missing}, Error,
                         [](const Error& e) { return names(e, "is not a SentencePiece model"); });

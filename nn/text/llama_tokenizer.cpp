@@ -115,8 +115,7 @@ void read_space_rules(const LlamaTokenizer::Impl& m, const std::string& path, bo
 
 // Every piece decoded alone must be what LlamaStreamDecoder makes of it: refuses a model whose
 // decoding rewrites pieces (a denormaliser), which the streaming decoder would not follow.
-void check_pieces_decode(const LlamaTokenizer::Impl& m, const std::string& path,
-                         bool strip_first) {
+void check_pieces_decode(const LlamaTokenizer::Impl& m, const std::string& path, bool strip_first) {
   for (int id = 0; id < m.sp.GetPieceSize(); ++id) {
     if (m.sp.IsControl(id) || m.sp.IsUnknown(id) || m.sp.IsByte(id)) continue;
     std::string piece = m.sp.IdToPiece(id);
@@ -164,8 +163,8 @@ LlamaTokenizer LlamaTokenizer::from_hf_dir(const std::string& dir) {
          ", not a positive integer");
   if (v.get<int64_t>() < t.vocab_size())
     fail("LlamaTokenizer: " + quoted(dir + "/tokenizer.model") + " has " +
-         std::to_string(t.vocab_size()) + " pieces, more than the vocab_size " + v.dump() +
-         " of " + quoted(model) + ": its ids would fall outside the model's embedding");
+         std::to_string(t.vocab_size()) + " pieces, more than the vocab_size " + v.dump() + " of " +
+         quoted(model) + ": its ids would fall outside the model's embedding");
   return t;
 }
 

@@ -31,8 +31,7 @@ class LlamaTokenizer {
   ///         oversized file, a file SentencePiece cannot read as a model, a model without a BOS or
   ///         EOS piece (when asked to add it), and a model whose decoding this class cannot
   ///         follow piece by piece (a denormaliser that rewrites a piece).
-  explicit LlamaTokenizer(const std::string& model_path, bool add_bos = true,
-                          bool add_eos = false);
+  explicit LlamaTokenizer(const std::string& model_path, bool add_bos = true, bool add_eos = false);
   /// The tokenizer of a Hugging Face directory: DIR/tokenizer.model, with `add_bos_token` and
   /// `add_eos_token` from DIR/tokenizer_config.json when it has them (else true and false, as
   /// transformers' LlamaTokenizer), checked against DIR/config.json's `vocab_size` when present.
@@ -115,8 +114,8 @@ class LlamaStreamDecoder {
  private:
   std::string flush_bytes();
   const LlamaTokenizer* tokenizer_;
-  std::string pending_;     // bytes of byte pieces not yet given out
-  bool any_text_ = false;   // some text has been given out (or is held back)
+  std::string pending_;       // bytes of byte pieces not yet given out
+  bool any_text_ = false;     // some text has been given out (or is held back)
   bool bos_ws_seen_ = false;  // the first piece's "▁" has been dropped
 };
 
