@@ -55,7 +55,10 @@ std::string row(const LlamaTokenizer& tok, const std::string& line) {
     return "invalid\n";
   }
   std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
   return out + "\t" + decoded(tok, ids) + "\n";
 }
 

@@ -64,16 +64,16 @@ py=$src/tests/spm_reference.py
 start=$(date +%s.%N)
 "$VPY" "$py" train "$work" "${all[@]}" || fail "training the model failed"
 trained=$(date +%s.%N)
-if [[ -n $hf ]]; then
-  "$VPY" "$py" hf "$work" "${all[@]}" >"$work/py.log" 2>&1 || { cat "$work/py.log"; fail "transformers failed"; } &
-else
-  "$VPY" "$py" reference "$work" "${all[@]}" >"$work/py.log" 2>&1 || { cat "$work/py.log"; fail "sentencepiece failed"; } &
-fi
+# The Python side (sentencepiece, or transformers) beside graft's, each timing itself.
+mode=reference
+[[ -n $hf ]] && mode=hf
+("$VPY" "$py" "$mode" "$work" "${all[@]}" >"$work/py.log" 2>&1 || { cat "$work/py.log"; fail "the Python side ($mode) failed"; }
+ date +%s.%N >"$work/py_end") &
 python_side=$!
 "$ids_bin" "$work/llama.model" "${all[@]}" >"$work/lines.graft" || fail "spm_ids failed"
 cpp_end=$(date +%s.%N)
 wait "$python_side" || exit 1
-py_end=$(date +%s.%N)
+py_end=$(cat "$work/py_end")
 if [[ -n $hf ]]; then
   cut -f1 "$work/lines.graft" >"$work/hf.graft"
   "$VPY" "$py" compare "$work" hf || exit 1

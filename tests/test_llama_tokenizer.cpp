@@ -56,9 +56,11 @@ std::vector<std::string> corpus() {
 }
 
 // A Llama-2-style model (remove_extra_whitespaces false), or with SentencePiece's default
-// remove_extra_whitespaces true when `squeeze`; written to DIR/tokenizer.model.
-std::string train_model(const fs::path& dir, bool squeeze = false) {
-  const std::unordered_map<std::string, std::string> args = {
+// remove_extra_whitespaces true when `squeeze`, plus `extra` options; written to
+// DIR/tokenizer.model.
+std::string train_model(const fs::path& dir, bool squeeze = false,
+                        const std::unordered_map<std::string, std::string>& extra = {}) {
+  std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},
       {"vocab_size", "400"},
       {"byte_fallback", "true"},
@@ -74,6 +76,7 @@ std::string train_model(const fs::path& dir, bool squeeze = false) {
       {"hard_vocab_limit", "false"},
       {"num_threads", "1"},
       {"minloglevel", "2"}};
+  args.insert(extra.begin(), extra.end());
   const std::vector<std::string> lines = corpus();
   Lines it(lines);
   std::string proto;
@@ -300,6 +303,12 @@ BOOST_AUTO_TEST_CASE(refused_files_and_ids) {
                         [](const Error& e) { return names(e, "is not a SentencePiece model"); });
   BOOST_CHECK_EXCEPTION(LlamaTokenizer{"/dev/zero"}, Error,
                         [](const Error& e) { return names(e, "not a regular file"); });
+  // A denormaliser ("o" decoded as "0"): decoding no longer follows the pieces.
+  write(dir.path / "denormalize.tsv", "6F\t30\n");
+  train_model(dir.path, false,
+              {{"denormalization_rule_tsv", (dir.path / "denormalize.tsv").string()}});
+  BOOST_CHECK_EXCEPTION(LlamaTokenizer{missing}, Error,
+                        [](const Error& e) { return names(e, "(a denormaliser): not supported"); });
   const LlamaTokenizer& tok = model().tok;
   const std::string past = "LlamaTokenizer::decode: id " + std::to_string(tok.vocab_size());
   BOOST_CHECK_EXCEPTION(tok.decode({5, tok.vocab_size()}), Error,

@@ -35,7 +35,8 @@ HfText HfText::load(const std::string& dir) {
   if (spm_error.empty()) return t;
   throw std::runtime_error("--hf: no tokenizer for --prompt in '" + dir +
                            "': neither tokenizer.json (a byte-level BPE) nor tokenizer.model "
-                           "(SentencePiece) loads: " + bpe_error + "; " + spm_error);
+                           "(SentencePiece) loads: " +
+                           bpe_error + "; " + spm_error);
 }
 
 std::vector<int64_t> HfText::encode(const std::string& text) const {

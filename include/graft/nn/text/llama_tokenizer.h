@@ -25,6 +25,7 @@ class LlamaTokenizer {
  public:
   /// Loads the SentencePiece model at `model_path` (a regular file of at most
   /// Tokenizer::kMaxModelBytes).
+  /// @param model_path the tokenizer.model file
   /// @param add_bos encode() puts the BOS first
   /// @param add_eos encode() puts the EOS last
   /// @throws graft::Error "LlamaTokenizer: '<path>' ..." for a missing file, a device or a pipe, an
