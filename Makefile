@@ -82,7 +82,8 @@ docs:
 # every gradient); docs/interop.md has the figures. Then the pretrained encoder's embeddings
 # against sentence-transformers (PyPI's torch and sentence-transformers in BUILD/torch-venv;
 # docs/embed.md). Then Hugging Face Llama/Qwen2/Mistral checkpoints against transformers
-# (tests/hf_reference.sh; docs/hub-models.md), and Marian ones (tests/marian_reference.sh).
+# (tests/hf_reference.sh; docs/hub-models.md), and Marian ones (tests/marian_reference.sh), and
+# the SentencePiece tokenizer against LlamaTokenizerFast (tests/spm_reference.sh --transformers).
 interop: build
 	$(call apt_install,python3-torch)
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
@@ -92,6 +93,8 @@ interop: build
 	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/hf_reference.sh $(BUILD) $(BUILD)/tests/hf_lm_check
 	cmake --build $(BUILD) -j$(JOBS) --target marian_check
 	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/marian_reference.sh $(BUILD) $(BUILD)/tests/marian_check
+	cmake --build $(BUILD) -j$(JOBS) --target spm_ids
+	GRAFT_HF_VENV= ./tests/spm_reference.sh --transformers $(BUILD) $(BUILD)/tests/spm_ids
 
 # One training step of the tiny translation model as a picture (autograd::graph_dot, rendered by
 # Graphviz): runs/graph/step.svg.

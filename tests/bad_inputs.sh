@@ -326,6 +326,9 @@ case_ CLI "\`lm generate --min-new-tokens 50 --max-new 10\`" 2 "min_new_tokens m
 mkdir -p "$W/hf_empty"
 case_ CLI "\`lm generate --hf DIR\` without config.json" 2 "hf_empty/config.json': cannot open: No such file or directory" -- "$LM" generate --hf "$W/hf_empty" --ids 1
 case_ CLI "\`lm generate --hf DIR --run RUN\`" 2 "--run excludes --hf" -- "$LM" generate --hf "$W/hf_empty" --run "$W/lmrun" --ids 1
+case_ input "\`lm generate --hf DIR --prompt\` without tokenizer.json or tokenizer.model" 2 "neither tokenizer.json (a byte-level BPE) nor tokenizer.model (SentencePiece) loads" -- "$LM" generate --hf "$W/hf_empty" --prompt "Hi"
+mkdir -p "$W/hf_spm" && echo 'not a model' >"$W/hf_spm/tokenizer.model"
+case_ input "\`lm generate --hf DIR --prompt\` with a tokenizer.model that is not SentencePiece's" 2 "hf_spm/tokenizer.model' is not a SentencePiece model" -- "$LM" generate --hf "$W/hf_spm" --prompt "Hi"
 case_ CLI "\`translate translate\` with neither \`--run\` nor \`--hf\`" 2 "give one of --run and --hf" -- "$T" translate
 case_ CLI "\`translate translate --hf DIR --run DIR\`" 2 "--run excludes --hf" -- "$T" translate --hf "$W" --run "$W/run"
 case_ CLI "\`translate translate --hf DIR --attention a.png\`" 2 "--attention needs --run (not --hf)" -- "$T" translate --hf "$W" --attention "$W/a.png"

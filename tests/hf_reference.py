@@ -4,7 +4,8 @@ save_pretrained in float32 and bfloat16; graft's
 logits (tests/hf_lm_check) within 1e-5 of transformers' (relative to the largest |logit|) and the
 same 64 greedy tokens; a bfloat16 file run in bfloat16 within BF16_TOL; llama3 and linear
 rope scaling read, a yarn rope_scaling config refused naming rope_type; `lm generate --hf
---prompt` through a tokenizer.json gives transformers' text.
+--prompt` through a tokenizer.json gives transformers' text, and through a Llama 2 style
+tokenizer.model (SentencePiece) SentencePiece's decoding of transformers' ids.
 Usage: hf_reference.py HF_LM_CHECK WORKDIR LM"""
 import subprocess
 import sys
@@ -154,6 +155,45 @@ def check_text_prompt(lm, work):
     return ok
 
 
+def check_spm_prompt(lm, work):
+    """`lm generate --hf DIR --prompt TEXT` on a Llama directory laid out as Llama 2's: a
+    SentencePiece BPE tokenizer.model (byte fallback, trained here) beside the tokenizer.json
+    transformers writes for it (Metaspace, which lm refuses and passes over); the text equals
+    SentencePiece's decoding of the prompt and transformers' greedy continuation."""
+    import io
+    import sentencepiece as spm
+    model_file = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["A fool and his money are soon parted.", "Ça va? Grüße"] * 50),
+        model_writer=model_file, model_type="bpe", vocab_size=300, byte_fallback=True,
+        split_digits=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_proto=model_file.getvalue())
+    d = f"{work}/llama_spm"
+    cfg = tf.LlamaConfig(**{**BASE, "vocab_size": sp.get_piece_size()}, num_key_value_heads=2,
+                         bos_token_id=1, eos_token_id=2)
+    random_model(tf.LlamaForCausalLM, cfg, 12).save_pretrained(d)
+    with open(f"{d}/tokenizer.model", "wb") as f:
+        f.write(model_file.getvalue())
+    tf.AutoTokenizer.from_pretrained(d, tokenizer_class="LlamaTokenizerFast").save_pretrained(d)
+    text = "A fool and his money"
+    ids = sp.encode(text, add_bos=True)
+    with torch.no_grad():
+        out = random_model(tf.LlamaForCausalLM, cfg, 12).generate(
+            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+            eos_token_id=2)[0].tolist()
+    want = sp.decode([i for i in out if not (sp.is_control(i) or sp.is_unknown(i))]) + "\n"
+    ok = True
+    for extra in ([], ["--stream"]):
+        r = subprocess.run([lm, "generate", "--hf", d, "--prompt", text, "--max-new", str(NEW),
+                            *extra], capture_output=True)
+        same = r.returncode == 0 and r.stdout.decode("utf-8", "surrogateescape") == want
+        print(f"lm generate --hf --prompt {' '.join(extra)} (tokenizer.model): "
+              f"{'same text' if same else 'DIFFERS: ' + repr(r.stdout) + r.stderr.decode()}")
+        ok &= same
+    return ok
+
+
 def main():
     check, work, lm = sys.argv[1], sys.argv[2], sys.argv[3]
     print(f"torch {torch.__version__}, transformers {tf.__version__}")
@@ -162,6 +202,7 @@ def main():
         ok &= check_case(check, work, name, cfg, seed + 1)
     ok &= check_yarn_refused(check, work)
     ok &= check_text_prompt(lm, work)
+    ok &= check_spm_prompt(lm, work)
     sys.exit(0 if ok else 1)
 
 

@@ -3,7 +3,8 @@
 //   lm generate --run runs/lm --prompt "A fool" [--max-new 200] [--beam 4 | --sample --top-p 0.9]
 //               [--repetition-penalty 1.3] [--stop-id 10]... [--min-new-tokens N] [--stream]
 //   lm generate --hf DIR (--ids 1,2,3 | --prompt TEXT) [decoding options]: a Hugging Face
-//               checkpoint (--prompt through DIR/tokenizer.json, a byte-level BPE)
+//               checkpoint (--prompt through DIR/tokenizer.json, a byte-level BPE, or else
+//               DIR/tokenizer.model, SentencePiece)
 //   lm evaluate --run runs/lm [--context N] [--text FILE...]
 // Default text: the English fortune cookies of Debian's `fortunes` package.
 #include <algorithm>
@@ -19,10 +20,10 @@
 
 #include "examples/common/cli.h"
 #include "examples/common/finite.h"
+#include "examples/lm/hf_text.h"
 #include "examples/lm/kneser_ney.h"
 #include "examples/lm/lm.h"
 #include "graft/models/hf.h"
-#include "graft/nn/text/bpe.h"
 
 using namespace graft;
 
@@ -136,13 +137,13 @@ std::vector<int64_t> parse_ids(const std::string& text, int64_t vocab) {
   return ids;
 }
 
-// The prompt's ids: --ids as given, or --prompt through DIR/tokenizer.json (with its template:
-// Llama 3's BOS). Exactly one of them.
+// The prompt's ids: --ids as given, or --prompt through the directory's tokenizer (with its
+// BOS). Exactly one of them.
 std::vector<int64_t> hf_prompt(const std::string& ids_text, const std::string& text,
-                               const text::ByteLevelBPE* tok, int64_t vocab) {
+                               const lm::HfText* tok, int64_t vocab) {
   if (!ids_text.empty() && !text.empty()) throw std::runtime_error("--hf: give --ids or --prompt");
   if (!tok) return parse_ids(ids_text, vocab);
-  std::vector<int64_t> ids = tok->encode(text, /*add_special_tokens=*/true);
+  std::vector<int64_t> ids = tok->encode(text);
   if (ids.empty()) throw std::runtime_error("--prompt: the text has no tokens");
   for (int64_t id : ids)
     if (id >= vocab)
@@ -151,30 +152,39 @@ std::vector<int64_t> hf_prompt(const std::string& ids_text, const std::string& t
   return ids;
 }
 
+// With --prompt the text comes out (as it is generated with --stream), with --ids the new ids
+// as they are chosen.
+void generate_printing(models::HfCausalLM& m, const std::vector<int64_t>& prompt, int64_t eos,
+                       models::DecodeOptions o, const lm::HfText* tok, const std::string& text,
+                       bool stream) {
+  std::optional<lm::HfText::Stream> printer;
+  if (tok) printer.emplace(*tok, prompt);
+  if (!tok) o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };
+  else if (stream)
+    o.on_token = [&](int64_t t, int64_t) { std::cout << printer->push(t) << std::flush; };
+  if (tok) std::cout << text << std::flush;
+  const models::Sequences out = models::generate(*m.model, {prompt}, eos, o);
+  if (tok && !stream)
+    for (const int64_t t : out[0]) std::cout << printer->push(t);
+  if (tok) std::cout << printer->finish();
+  std::cout << std::endl;
+}
+
 // A Hugging Face directory's model continuing a prompt: its eos ids stop a row. 16-bit files run
-// in bf16 as stored, or widened once for fp32/int8. With --prompt the text comes out (streamed
-// by BPEStreamDecoder with --stream), with --ids the new ids as they are chosen.
+// in bf16 as stored, or widened once for fp32/int8. --prompt goes through DIR/tokenizer.json or
+// DIR/tokenizer.model (lm::HfText).
 int cmd_generate_hf(const std::string& dir, const std::string& ids_text, const std::string& text,
                     models::DecodeOptions o, bool stream) {
   models::check_decode_options(o);
-  std::optional<text::ByteLevelBPE> tok;
-  if (!text.empty()) tok = text::ByteLevelBPE::from_tokenizer_json(dir + "/tokenizer.json");
+  std::optional<lm::HfText> tok;
+  if (!text.empty()) tok = lm::HfText::load(dir);
   models::HfCausalLM m = models::load_hf_causal_lm(dir, matmul_precision());
   const int64_t vocab = m.model->cfg.vocab;
   const std::vector<int64_t> prompt = hf_prompt(ids_text, text, tok ? &*tok : nullptr, vocab);
   const int64_t eos = m.hf.eos_ids.empty() ? -1 : m.hf.eos_ids[0];
   for (size_t i = 1; i < m.hf.eos_ids.size(); ++i) o.stop_ids.push_back(m.hf.eos_ids[i]);
   models::check_stop_ids(eos, o, vocab);
-  std::optional<text::BPEStreamDecoder> printer;
-  if (tok && stream) printer.emplace(*tok, /*skip_special_tokens=*/true);
-  if (!tok) o.on_token = [](int64_t token, int64_t) { std::cout << token << ' ' << std::flush; };
-  else if (stream)
-    o.on_token = [&](int64_t t, int64_t) { std::cout << printer->push(t) << std::flush; };
-  if (tok) std::cout << text << std::flush;
-  const models::Sequences out = models::generate(*m.model, {prompt}, eos, o);
-  if (printer) std::cout << printer->finish();
-  else if (tok) std::cout << tok->decode(out[0], /*skip_special_tokens=*/true);
-  std::cout << std::endl;
+  generate_printing(m, prompt, eos, o, tok ? &*tok : nullptr, text, stream);
   return 0;
 }
 
@@ -244,7 +254,8 @@ cli::Command add_generate(CLI::App& app) {
   run->excludes(hf);
   sub->add_option("--ids", a->ids, "with --hf: the prompt's token ids, comma-separated")->needs(hf);
   sub->add_option("--prompt", a->prompt,
-                  "text to continue (may be empty; with --hf, through DIR/tokenizer.json)");
+                  "text to continue (may be empty; with --hf, through DIR/tokenizer.json or "
+                  "DIR/tokenizer.model)");
   sub->add_option("--max-new", a->opt.max_len, "new tokens (bytes) at most")
       ->check(CLI::Range(1, 1 << 20));
   cli::add_decoding_options(sub, a->opt);
