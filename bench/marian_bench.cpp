@@ -6,7 +6,8 @@
 //
 // Load: load_hf_marian (float32 unless --precision bf16), keep_for_inference. The first
 // --sentences lines of FILE are tokenized with text::MarianTokenizer (the directory's source.spm
-// and vocab.json, `</s>` appended; not timed). Each repeat translates them all, --batch at a time
+// and vocab.json, `</s>` appended; not timed). After an untimed translation of the first batch,
+// each repeat translates them all, --batch at a time
 // (one padded batch each): greedy (--beam 1) or Hugging Face's beam search, the directory's
 // bad_words_ids banned, at most --max-len new tokens, stopping at eos, no forced eos (CTranslate2
 // has none: its max_decoding_length simply ends the row). Prints one line "RESULT {json}": the
@@ -171,6 +172,8 @@ void run(const Args& a) {
   models::Sequences src;
   for (const std::string& line : read_lines(a.text, a.sentences)) src.push_back(tok.encode(line));
   const models::DecodeOptions o = options(a, m);
+  const size_t first = std::min(src.size(), static_cast<size_t>(a.batch));
+  translate_all(m, models::Sequences(src.begin(), src.begin() + first), o, a.batch);  // warm-up
   std::vector<double> sent_s, tok_s;
   models::Sequences out;
   int64_t produced = 0;
@@ -186,12 +189,12 @@ void run(const Args& a) {
   if (!a.src_ids.empty()) write_ids(a.src_ids, src);
   if (!a.ids.empty()) write_ids(a.ids, out);
   std::cout << "RESULT {\"what\": \"" << (a.beam == 1 ? "greedy" : "beam") << "\", \"engine\": "
-            << "\"graft\", \"precision\": \"" << precision_name(a.precision) << "\", \"batch\": "
-            << a.batch << ", \"beam\": " << a.beam << ", \"sentences\": " << src.size()
-            << ", \"max_len\": " << a.max_len << ", \"repeats\": " << a.repeats
-            << ", \"sent_s\": " << num(median(sent_s)) << ", \"tok_s\": " << num(median(tok_s))
-            << ", \"produced\": " << produced << ", \"load_s\": " << num(load_s)
-            << ", \"load_peak_rss_mib\": " << num(load_rss)
+            << "\"graft\", \"precision\": \"" << precision_name(a.precision)
+            << "\", \"batch\": " << a.batch << ", \"beam\": " << a.beam
+            << ", \"sentences\": " << src.size() << ", \"max_len\": " << a.max_len
+            << ", \"repeats\": " << a.repeats << ", \"sent_s\": " << num(median(sent_s))
+            << ", \"tok_s\": " << num(median(tok_s)) << ", \"produced\": " << produced
+            << ", \"load_s\": " << num(load_s) << ", \"load_peak_rss_mib\": " << num(load_rss)
             << ", \"peak_rss_mib\": " << num(peak_rss_mib()) << "}" << std::endl;
 }
 
