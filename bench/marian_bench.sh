@@ -53,10 +53,12 @@ convert() {
     { echo "marian_bench: ct2-transformers-converter failed, see $OUT/ct2-$name.log" >&2; exit 1; }
 }
 
-# Appends "SIDE {RESULT json, load}" for each RESULT line of stdin to the file ROWS.
+# Appends "SIDE {RESULT json, load}" for each RESULT line of stdin to the file ROWS (and shows
+# every line on stderr).
 record() {
   local side=$1 rows=$2 load=$3 line
   while IFS= read -r line; do
+    echo "$line" >&2
     case $line in RESULT\ *) echo "$side {\"load\": \"$load\", ${line#RESULT \{}" >>"$rows" ;; esac
   done
 }
@@ -73,8 +75,7 @@ run_config() {
   echo "marian_bench: beam $beam, batch $batch, $prec: graft (load $load)" >&2
   OMP_NUM_THREADS=$THREADS "$MB" --hf "$OUT/model" --text "$OUT/sources.txt" --sentences "$n" \
     --batch "$batch" --beam "$beam" --max-len "$MAX_LEN" --precision "$prec" --repeats "$REPEATS" \
-    --src-ids "$OUT/src.$n.ids" --ids "$OUT/graft.$tag.ids" | tee /dev/stderr |
-    record graft "$rows.part" "$load"
+    --src-ids "$OUT/src.$n.ids" --ids "$OUT/graft.$tag.ids" | record graft "$rows.part" "$load"
   for isa in $ISAS; do
     local set_isa=(-u CT2_FORCE_CPU_ISA)
     [ "$isa" = default ] || set_isa=("CT2_FORCE_CPU_ISA=$isa")
@@ -83,7 +84,7 @@ run_config() {
     env "${set_isa[@]}" "$HF_PY" "$HERE/marian_peer.py" --model "$model" --compute-type "$ct" \
       --src-ids "$OUT/src.$n.ids" --batch "$batch" --beam "$beam" --max-len "$MAX_LEN" \
       --repeats "$REPEATS" --threads "$THREADS" --graft-ids "$OUT/graft.$tag.ids" |
-      tee /dev/stderr | record ct2 "$rows.part" "$load"
+      record ct2 "$rows.part" "$load"
   done
   mv "$rows.part" "$rows"
 }

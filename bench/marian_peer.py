@@ -115,6 +115,7 @@ def report(a):
     res = load_results(a.report)
     meta = json.load(open(a.meta))
     first = (res["graft"] or [{}])[0]
+    counts = "; ".join(sorted({f"batch {g['batch']}: {g['sentences']}" for g in res["graft"]}))
     md = ["# Marian (Opus-MT's shape) against CTranslate2", "",
           f"- {meta['date']}; CPU: {meta['cpu']}; threads {meta['threads']} (graft "
           "OMP_NUM_THREADS, CTranslate2 intra_threads, inter_threads 1); load: the 1-minute load "
@@ -126,8 +127,8 @@ def report(a):
           "- model: random MarianMTModel (bench/marian_make.py): vocab 58101, d 512, 6 + 6 layers, "
           "8 heads, FFN 2048, swish; tokenizer: an 8000-piece spm trained on the English "
           "fortunes, vocab.json padded to 58101 entries",
-          f"- work: the same {first.get('sentences', '?')} English fortune lines (the same source "
-          f"ids on both sides), at most {first.get('max_len', '?')} new tokens, stopping at eos, "
+          f"- work: the same English fortune lines ({counts}; the same source ids on both "
+          f"sides), at most {first.get('max_len', '?')} new tokens, stopping at eos, "
           "pad banned; batch 32: padded batches of 32; batch 1: one sentence at a time; each "
           f"configuration in its own process, median of {first.get('repeats', '?')} repeats "
           "after a warm-up",
