@@ -16,8 +16,10 @@
 #    CT2_FORCE_CPU_ISA=AVX512; at most $MARIAN_BENCH_MAX_LEN new tokens (default 32), median of
 #    $MARIAN_BENCH_REPEATS repeats (default 3). CTranslate2's ids are compared with graft's of the
 #    same precision.
-# 3. Each configuration's RESULT lines (with the 1-minute load average before it) go to
-#    BUILD/marian-bench/rows/BEAM.BATCH.PRECISION.jsonl, replaced when that configuration runs again;
+# 3. Each configuration's RESULT lines (with the 1-minute load average before it and the
+#    OMP_WAIT_POLICY both sides inherit, "default" when unset) go to
+#    BUILD/marian-bench/rows/BEAM.BATCH.PRECISION.WAIT.jsonl, replaced when that configuration
+#    runs again;
 #    bench/marian_peer.py --report turns every rows file into bench/results/marian_ct2.md.
 set -euo pipefail
 BUILD=${1:?usage: bench/marian_bench.sh BUILD}
@@ -30,6 +32,7 @@ ONE=${MARIAN_BENCH_ONE:-8}
 MAX_LEN=${MARIAN_BENCH_MAX_LEN:-32}
 BEAMS=${MARIAN_BENCH_BEAMS:-1 4}
 MB=$BUILD/bench/marian_bench
+WAIT=${OMP_WAIT_POLICY:-default}  # both sides' OpenMP wait policy, as the environment sets it
 source "$HERE/pyvenv.sh"
 
 # HF_PY with ctranslate2 as well (its converter and its runtime).
@@ -59,7 +62,7 @@ record() {
   local side=$1 rows=$2 load=$3 line
   while IFS= read -r line; do
     echo "$line" >&2
-    case $line in RESULT\ *) echo "$side {\"load\": \"$load\", ${line#RESULT \{}" >>"$rows" ;; esac
+    case $line in RESULT\ *) echo "$side {\"load\": \"$load\", \"omp_wait\": \"$WAIT\", ${line#RESULT \{}" >>"$rows" ;; esac
   done
 }
 
@@ -67,7 +70,7 @@ record() {
 run_config() {
   local beam=$1 batch=$2 prec=$3 n=$SENTENCES isa load
   [ "$batch" = 1 ] && n=$ONE
-  local tag=$beam.$batch.$prec rows=$OUT/rows/$beam.$batch.$prec.jsonl
+  local tag=$beam.$batch.$prec rows=$OUT/rows/$beam.$batch.$prec.$WAIT.jsonl
   local ct=float32 model=$OUT/ct2-f32
   [ "$prec" = int8 ] && ct=int8 model=$OUT/ct2-int8
   : >"$rows.part"

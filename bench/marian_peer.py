@@ -87,18 +87,19 @@ def load_results(path):
     return res
 
 
-def best_ct2(rows, what, prec, batch):
+def best_ct2(rows, what, prec, batch, wait):
     """CTranslate2's row of this work at its best configuration (the ISA with more sentences/s)."""
-    hits = [r for r in rows if (r["what"], r["precision"], r["batch"]) == (what, prec, batch)]
+    hits = [r for r in rows if (r["what"], r["precision"], r["batch"], r.get("omp_wait")) ==
+            (what, prec, batch, wait)]
     return max(hits, key=lambda r: r["sent_s"]) if hits else None
 
 
 def table(res):
     md = ["| decoding | batch | precision | graft sent/s | CT2 sent/s | ratio | graft new tok/s "
-          "| CT2 new tok/s | graft peak RSS MiB | CT2 peak RSS MiB | CT2 ISA | CT2 ids = graft's | load |",
-          "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+          "| CT2 new tok/s | graft peak RSS MiB | CT2 peak RSS MiB | CT2 ISA | CT2 ids = graft's | load "
+          "| OMP_WAIT_POLICY |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
     for g in res["graft"]:
-        p = best_ct2(res["ct2"], g["what"], g["precision"], g["batch"])
+        p = best_ct2(res["ct2"], g["what"], g["precision"], g["batch"], g.get("omp_wait"))
         if p is None:
             continue
         agree = (f"{p['agree']:.0%} sentences, {p['agree_tokens']:.0%} tokens" if "agree" in p
@@ -107,7 +108,7 @@ def table(res):
         md.append(f"| {what} | {g['batch']} | {g['precision']} | {fmt(g['sent_s'])} | "
                   f"{fmt(p['sent_s'])} | {g['sent_s'] / p['sent_s']:.2f} | {fmt(g['tok_s'])} | "
                   f"{fmt(p['tok_s'])} | {fmt(g['peak_rss_mib'])} | {fmt(p['peak_rss_mib'])} | "
-                  f"{p['isa']} | {agree} | {g['load']} / {p['load']} |")
+                  f"{p['isa']} | {agree} | {g['load']} / {p['load']} | {g.get('omp_wait', 'default')} |")
     return md
 
 
