@@ -227,3 +227,13 @@ clean:
 .PHONY: bench-hf
 bench-hf: build
 	HF_PEERS_THREADS=$(JOBS) ./bench/hf_peers.sh $(BUILD)
+
+# graft's Marian against CTranslate2 at Opus-MT's shape (a random MarianMTModel with a tokenizer
+# trained on the fortunes, converted by ct2-transformers-converter), batch 1 and 32, fp32 and int8,
+# greedy and beam 4: bench/results/marian_ct2.md (docs/hub-models.md, "Speed against CTranslate2").
+# Needs torch + transformers + ctranslate2 (GRAFT_HF_VENV, else BUILD/torch-venv); minutes; not
+# part of make test or bench.
+.PHONY: bench-marian
+bench-marian: configure fortunes
+	cmake --build $(BUILD) -j$(JOBS) --target marian_bench
+	MARIAN_BENCH_THREADS=$(JOBS) ./bench/marian_bench.sh $(BUILD)

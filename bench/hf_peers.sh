@@ -51,16 +51,6 @@ llama_venv() {
     "$BUILD/llama-venv/bin/pip" install -q --disable-pip-version-check "$SRC.tar.gz"
 }
 
-# The interpreter with torch + transformers + sentencepiece (HF_PY).
-hf_python() {
-  if [ -n "${GRAFT_HF_VENV:-}" ]; then
-    HF_PY=$GRAFT_HF_VENV/bin/python
-  else
-    pyvenv "$BUILD/torch-venv" torch transformers sentencepiece safetensors numpy
-    HF_PY=$VPY
-  fi
-}
-
 # OUT/NAME-OUTTYPE.gguf from the checkpoint directory SOURCE (convert_hf_to_gguf.py).
 gguf_file() {
   local name=$1 src=$2 type=$3 f=$OUT/$1-$3.gguf
@@ -107,7 +97,7 @@ main() {
   [ -x "$BUILD/bench/hf_lm_bench" ] || { echo "hf_peers: build hf_lm_bench first" >&2; exit 1; }
   llama_venv
   llama_sdist
-  hf_python
+  hf_python "$BUILD"  # HF_PY (bench/pyvenv.sh)
   local name
   for name in "${MODELS[@]}"; do make_models "$name"; done
   : >"$OUT/results.jsonl"

@@ -23,3 +23,16 @@ pyvenv() {
   fi
   VPY=$dir/bin/python
 }
+
+# hf_python BUILD: sets HF_PY to an interpreter with torch + transformers + sentencepiece +
+# safetensors + numpy: $GRAFT_HF_VENV's when set (used as it is), else BUILD/torch-venv (made, or
+# completed, by pyvenv as `make interop` makes it). Used by bench/hf_peers.sh and
+# bench/marian_bench.sh.
+hf_python() {
+  if [ -n "${GRAFT_HF_VENV:-}" ]; then
+    HF_PY=$GRAFT_HF_VENV/bin/python
+  else
+    pyvenv "$1/torch-venv" torch transformers sentencepiece safetensors numpy
+    HF_PY=$VPY
+  fi
+}

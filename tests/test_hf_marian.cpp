@@ -441,9 +441,52 @@ class TableStep : public DecodeStep {
   void select(const std::vector<int64_t>&) override {}
 };
 
+// Logits of V 50 by a row's last token and length, well apart (steps of 1/1000 from a hash), in
+// `dt`: float32 takes decoding's float32 masking of banned ids and the forced eos, float64 its
+// float64 rules; stateless.
+class HashStep : public DecodeStep {
+ public:
+  explicit HashStep(DType dt) : dt_(dt) {}
+  Tensor next_logits(const Sequences& prefix) override {
+    std::vector<double> v;
+    for (const auto& p : prefix)
+      for (uint64_t k = 0; k < 50; ++k)
+        v.push_back(double((k * 2654435761u + p.back() * 40503u + p.size() * 9973u) % 10007) /
+                    1000.0);
+    return from_vector(v, {(int64_t)prefix.size(), 50}, dt_);
+  }
+  void select(const std::vector<int64_t>&) override {}
+
+ private:
+  DType dt_;
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(hf_decoding)
+
+// Banned ids and the forced eos on float32 logits (masked in float32) choose what they choose
+// on the same logits in float64 (the float64 rules), greedy and HF beam search.
+BOOST_AUTO_TEST_CASE(float32_masks_match_float64_rules) {
+  DecodeOptions o;
+  o.max_len = 7;
+  o.banned_ids = {3, 17, 41};
+  o.forced_eos_id = 0;
+  o.stop_at_eos = false;
+  HashStep f32(DType::f32), f64(DType::f64);
+  const Sequences start{{1}, {2}, {5}};
+  const Sequences greedy = greedy_search(f32, start, 0, o);
+  BOOST_TEST((greedy == greedy_search(f64, start, 0, o)));
+  for (const auto& row : greedy) {
+    BOOST_TEST(row.size() == 7u);
+    BOOST_TEST(row.back() == 0);
+    for (int64_t id : row) BOOST_TEST((id != 3 && id != 17 && id != 41));
+  }
+  o.stop_at_eos = true, o.beam = 3, o.hf_beam = true;
+  BOOST_TEST((beam_search(f32, start, 0, o) == beam_search(f64, start, 0, o)));
+  o.hf_beam = false;
+  BOOST_TEST((beam_search(f32, start, 0, o) == beam_search(f64, start, 0, o)));
+}
 
 // After the start, eos (0.5) beats "1" (0.3); "1 eos" scores log(0.3 * 0.9) = -1.309. Hugging
 // Face finalizes both (each among the 2 best candidates of its step) and divides by the
