@@ -89,8 +89,8 @@ interop: build
 	OMP_NUM_THREADS=$(JOBS) ./examples/translation/interop.sh $(BUILD)
 	bash -c 'source bench/pyvenv.sh && pyvenv $(BUILD)/torch-venv torch sentence-transformers transformers sentencepiece'
 	OMP_NUM_THREADS=$(JOBS) ./tests/embed_reference.sh $(BUILD)
-	cmake --build $(BUILD) -j$(JOBS) --target hf_lm_check
-	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/hf_reference.sh $(BUILD) $(BUILD)/tests/hf_lm_check
+	cmake --build $(BUILD) -j$(JOBS) --target hf_lm_check lm
+	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/hf_reference.sh $(BUILD) $(BUILD)/tests/hf_lm_check $(BUILD)/examples/lm/lm
 	cmake --build $(BUILD) -j$(JOBS) --target marian_check
 	GRAFT_HF_VENV= OMP_NUM_THREADS=$(JOBS) ./tests/marian_reference.sh $(BUILD) $(BUILD)/tests/marian_check
 	cmake --build $(BUILD) -j$(JOBS) --target spm_ids

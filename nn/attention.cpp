@@ -80,6 +80,25 @@ Tensor merge_one_position(const Tensor& out) {
   const Shape& s = out.shape();
   return Tensor::view_of(out, {s[0], 1, s[1] * s[3]}, {s[1] * s[3], s[1] * s[3], 1}, out.offset());
 }
+// A decoding step of grouped-query attention (one query position sees every cached key): the
+// heads / kv_heads query heads of a group are its KV head's query rows, so K and V are read as
+// cached instead of repeated per query head (repeat_kv copies the whole cache every step).
+bool grouped_one_query(const Tensor& q, const Tensor& k, int64_t heads,
+                       const AttentionOptions& opt) {
+  return q.dim() == 4 && q.shape()[2] == 1 && k.shape()[1] < heads && !opt.bias.defined() &&
+         !opt.key_padding_mask.defined() && !opt.return_weights && opt.dropout == 0 &&
+         !autograd::needs_record({q, k});
+}
+
+// q (B, H, 1, Dh) against k, v (B, kv_heads, Tk, Dh) -> (B, H, 1, Dh): each group's query rows
+// over its own keys, no mask (the one position is the last).
+Tensor attend_groups(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads) {
+  const int64_t B = q.shape()[0], Dh = q.shape()[3], kv = k.shape()[1];
+  const Tensor rows = reshape(q, {B, kv, heads / kv, Dh});
+  const AttentionResult r = scaled_dot_product_attention(rows, k, v, AttentionOptions());
+  return reshape(r.out, {B, heads, 1, Dh});
+}
+
 }  // namespace
 
 AttentionRecorder::AttentionRecorder() : prev_(t_recorder) { t_recorder = this; }
@@ -178,6 +197,8 @@ Tensor MultiHeadAttention::attend(const Tensor& q, const Tensor& k, const Tensor
     opt.dropout = dropout;
     opt.generator = dropout_gen_ ? dropout_gen_ : &default_generator();
   }
+  if (grouped_one_query(q, k, heads, opt))
+    return out_proj->forward(merge_one_position(attend_groups(q, k, v, heads)));
   AttentionResult r = scaled_dot_product_attention(q, repeat_kv(k), repeat_kv(v), opt);
   if (weights) *weights = r.weights;
   return out_proj->forward(merge_one_position(r.out));  // (B, H, T, Dh) -> (B, T, d)

@@ -373,6 +373,26 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention_matches_repeated_heads) {
         });
 }
 
+// A cached decoding step of grouped-query attention reads K and V as cached (each group's query
+// heads as rows over its KV head, no repeated copy): step by step it gives the full causal
+// forward's rows.
+BOOST_AUTO_TEST_CASE(grouped_query_decoding_steps_match_the_full_forward) {
+  Generator g(12);
+  const int64_t B = 2, T = 6, d = 12, H = 6;
+  for (int64_t kv : {1, 2, 3}) {
+    nn::MultiHeadAttention mha(d, H, DType::f64, g, 0.0, nullptr, kv, /*bias=*/true);
+    const Tensor x = randn({B, T, d}, DType::f64, g);
+    autograd::NoGrad ng;
+    const Tensor full = mha.forward(x, x, Tensor(), /*causal=*/true);
+    nn::KVCache cache;
+    for (int64_t t = 0; t < T; ++t) {
+      const Tensor step = mha.forward_self_step(slice(x, 1, t, t + 1), cache, T);
+      check_close(step.to_vector<double>(),
+                  contiguous(slice(full, 1, t, t + 1)).to_vector<double>(), 1e-12);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 // A user's own single-head causal attention block (its own q/k/v Linear layers and
