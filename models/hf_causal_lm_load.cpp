@@ -136,6 +136,9 @@ HfCausalLM load_hf_causal_lm(const std::string& dir, Precision precision) {
     return out;
   }
   HfLMFiles f = inspect_hf_lm(dir);
+  LMConfig int8_sized = f.c.lm;  // 1 byte a weight (one parameter's float32 values at a time)
+  int8_sized.dtype = DType::i8;
+  check_config_memory(int8_sized, dir + "/config.json", /*copies=*/1);
   f.c.lm.dtype = DType::f32;
   HfCausalLM out;
   out.model = unfilled_model(f.c.lm, nn::SkipInit::Memory::none);
