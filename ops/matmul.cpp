@@ -799,7 +799,8 @@ float dot_bf16(const bfloat16* w, const bfloat16* x, int64_t n) {
 }
 constexpr bool kDotBf16 = true;
 #else
-float dot_bf16(const bfloat16*, const bfloat16*, int64_t) { return 0; }  // not called
+// Not called without AVX512_BF16 (kDotBf16 false).
+[[maybe_unused]] float dot_bf16(const bfloat16*, const bfloat16*, int64_t) { return 0; }
 constexpr bool kDotBf16 = false;
 #endif
 
