@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <map>
 
 #include "graft/models/config_json.h"
@@ -95,22 +96,39 @@ std::unique_ptr<DecoderOnlyLM> unfilled_model(const LMConfig& c, nn::SkipInit::M
   return std::make_unique<DecoderOnlyLM>(c);
 }
 
+// The parameters largest first: loading peaks at the int8 forms made so far plus the float32
+// values of the one being read, so the big float32 tensors (embedding, output projection) come
+// while little is held (TinyLlama int8's peak RSS: 1429 MiB with its output projection read
+// last, 1279 largest first).
+std::vector<hf::Param> largest_first(std::vector<hf::Param> params) {
+  const auto elements = [](const hf::Param& p) {
+    int64_t n = 0;
+    for (const Shape& s : p.shapes) n += shape_numel(s);
+    return n;
+  };
+  std::stable_sort(params.begin(), params.end(), [&](const hf::Param& a, const hf::Param& b) {
+    return elements(a) > elements(b);
+  });
+  return params;
+}
+
 // int8: each linear weight and embedding table quantized as it is read (float32 values of one
-// parameter at a time), the rest adopted in float32.
+// parameter at a time, largest first), the rest adopted in float32.
 void load_int8(DecoderOnlyLM& model, const HfLMFiles& f) {
   std::map<std::string, Tensor> int8_params;
   for (const auto& [name, w] : int8_linear_weights(model)) int8_params.emplace(name, w);
   for (const auto& [name, w] : embedding_tables(model)) int8_params.emplace(name, w);
   nn::NamedTensors adopted;
-  hf::for_each_param(f.file, f.params, DType::f32, [&](const std::string& name, Tensor t) {
-    auto it = int8_params.find(name);
-    if (it == int8_params.end()) {
-      adopted.emplace_back(name, std::move(t));
-      return;
-    }
-    quantize_weight_int8_from(it->second, t, name);
-    adopted.emplace_back(name, it->second);
-  });
+  hf::for_each_param(f.file, largest_first(f.params), DType::f32,
+                     [&](const std::string& name, Tensor t) {
+                       auto it = int8_params.find(name);
+                       if (it == int8_params.end()) {
+                         adopted.emplace_back(name, std::move(t));
+                         return;
+                       }
+                       quantize_weight_int8_from(it->second, t, name);
+                       adopted.emplace_back(name, it->second);
+                     });
   model.adopt_state_dict(adopted);
 }
 
