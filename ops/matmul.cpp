@@ -11,11 +11,12 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <type_traits>
-#if defined(__AVX512BF16__) || defined(__AVX512F__)
+#if defined(__AVX512BF16__) || defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -337,6 +338,66 @@ bool linear_short_rows(const float*, const float*, const float*, float*, int64_t
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// The sum of v's 8 lanes in a fixed order (halves added, then their halves).
+float lanes_sum8(__m256 v) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int half = 4; half > 0; half /= 2)
+    for (int j = 0; j < half; ++j) t[j] += t[j + half];
+  return t[0];
+}
+
+// y[0, R) for R rows of w (IN apart) with 8-lane vectors: x's 8 values loaded once for the R
+// rows, R independent chains, the last (IN % 8) columns under a mask. A row's sum does not depend
+// on R, so neither on the split over threads.
+template <int R>
+void rows_dot8(const float* x, const float* w, const float* b, float* y, int64_t IN) {
+  __m256 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= IN; i += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + i);
+    for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * IN + i), xv, a[r]);
+  }
+  if (i < IN) {
+    alignas(32) int32_t lane[8];
+    for (int j = 0; j < 8; ++j) lane[j] = i + j < IN ? -1 : 0;
+    const __m256i m = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane));
+    const __m256 xv = _mm256_maskload_ps(x + i, m);
+    for (int r = 0; r < R; ++r)
+      a[r] = _mm256_fmadd_ps(_mm256_maskload_ps(w + r * IN + i, m), xv, a[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    const float s = lanes_sum8(a[r]);
+    y[r] = b ? s + b[r] : s;
+  }
+}
+
+// One row through plain rows on AVX2, 8 rows side by side (8 streams), the groups split over the
+// threads: TinyLlama's and SmolLM's weights from memory at 31.7 and 27.9 GB/s against 27.7 and
+// 25.2 one row at a time (AMD EPYC Zen 3, 2 threads, 2 MiB pages: docs/hub-models.md).
+bool linear_rows_avx2(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                      int64_t OUT) {
+  constexpr int64_t R = 8;
+  const int64_t groups = (OUT + R - 1) / R;
+#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t o0 = g * R;
+    const float* bb = b ? b + o0 : nullptr;
+    if (o0 + R <= OUT) rows_dot8<R>(x, w + o0 * IN, bb, y + o0, IN);
+    else
+      for (int64_t o = o0; o < OUT; ++o)
+        rows_dot8<1>(x, w + o * IN, b ? b + o : nullptr, y + o, IN);
+  }
+  return true;
+}
+#else
+bool linear_rows_avx2(const float*, const float*, const float*, float*, int64_t, int64_t) {
+  return false;  // AVX-512 (linear_short_rows, the one-row loop) or no AVX2
+}
+#endif
+
 // One row through graft's own loop: y (OUT) = w (OUT, IN) x (IN) + b, the rows of w split over
 // the threads and read in order (one stream for the prefetcher). oneDNN's inner product at one row
 // splits outputs of 128-256 features over two threads poorly (15-18 GB/s of weights from L3
@@ -344,7 +405,7 @@ bool linear_short_rows(const float*, const float*, const float*, float*, int64_t
 // (linear_short_rows).
 void linear_one_row_f32(const float* x, const float* w, const float* b, float* y, int64_t IN,
                         int64_t OUT) {
-  if (linear_short_rows(x, w, b, y, IN, OUT)) return;
+  if (linear_short_rows(x, w, b, y, IN, OUT) || linear_rows_avx2(x, w, b, y, IN, OUT)) return;
 #pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
   for (int64_t o = 0; o < OUT; ++o) {
     const float* row = w + o * IN;
@@ -491,6 +552,24 @@ bool linear_one_row_blocked(const float* x, const float* w, const dnnl::memory::
 // rows (oneDNN 2.6 picks the same layout for every row count on a Zen 4; another one is derived).
 constexpr int64_t kLayoutRows = 32;
 
+// Whether d is the plain rows' transpose (IN x OUT row-major: oneDNN 2.6's pick under AVX2).
+bool is_transposed_rows(const dnnl::memory::desc& d, int64_t OUT, int64_t IN) {
+  return d == dnnl::memory::desc({OUT, IN}, d.data_type(), dnnl::memory::format_tag::ba);
+}
+
+// The inference inner product on the weights' own rows where oneDNN would read their transpose:
+// a kept transpose costs nothing at 32 rows and more, but one row reads it as 64-output panels
+// whose 256-byte runs lie a row of the transpose apart, 22.9-24.1 GB/s from memory against
+// 29.6-31.7 for 8 plain rows side by side (TinyLlama's shapes, AMD EPYC Zen 3, 2 threads:
+// docs/hub-models.md). `any` stays when the plain rows have only a reference kernel.
+dnnl::inner_product_forward::primitive_desc plain_rows_pd(
+    LinearMds m, const dnnl::memory::desc& plain,
+    const dnnl::inner_product_forward::primitive_desc& any) {
+  m.w = plain;
+  auto pd = linear_fwd_pd(m, dnnl::prop_kind::forward_inference);
+  return std::string(pd.impl_info_str()).find("ref") == std::string::npos ? pd : any;
+}
+
 // The float32 inference inner product for N rows of IN -> OUT (mds: x, w in the kernel's layout,
 // b, y, w as plain rows), cached per problem.
 const onednn::Cached<dnnl::inner_product_forward>& inference_inner_product(int64_t N, int64_t IN,
@@ -505,7 +584,8 @@ const onednn::Cached<dnnl::inner_product_forward>& inference_inner_product(int64
     const auto plain = m.w;
     m.x = dnnl::memory::desc(m.x.dims(), dt, dnnl::memory::format_tag::ab);
     m.w = dnnl::memory::desc(m.w.dims(), dt, dnnl::memory::format_tag::any);
-    const auto pd = linear_fwd_pd(m, kind);
+    auto pd = linear_fwd_pd(m, kind);
+    if (!bf16 && is_transposed_rows(pd.weights_desc(), OUT, IN)) pd = plain_rows_pd(m, plain, pd);
     onednn::Cached<ipf> made{ipf(pd), {m.x, pd.weights_desc(), m.b, m.y, plain}};
     made.weights_tag = onednn::layout_tag(pd.weights_desc());
     return made;
@@ -760,6 +840,61 @@ void linear_backward_bf16(const Tensor& dy, const kern::Operand& x2, const Tenso
 // (docs/mixed-precision.md#matmuls).
 constexpr int64_t kHalfRowLoop = 4;
 
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+// 8 16-bit values from p widened to float32: bf16 shifted into a float's upper half, f16 through
+// F16C's conversion.
+inline __m256 widen8(const bfloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 widen8(const float16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// sum of w[i] x[i] over [0, n) on AVX2: four 8-lane accumulators, folded in a fixed order, the
+// last (n % 8) terms one by one. The generic loop below reads a row of weights from memory at
+// 22-25 GB/s on a Zen 3 (2 threads) where this reads 25.5-27.4 (SmolLM's and TinyLlama's shapes,
+// docs/hub-models.md).
+template <class H>
+float dot_half(const H* w, const float* x, int64_t n) {
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k)
+      a[k] = _mm256_fmadd_ps(widen8(w + i + 8 * k), _mm256_loadu_ps(x + i + 8 * k), a[k]);
+  for (; i + 8 <= n; i += 8) a[0] = _mm256_fmadd_ps(widen8(w + i), _mm256_loadu_ps(x + i), a[0]);
+  float s = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+  for (; i < n; ++i) s += static_cast<float>(w[i]) * x[i];
+  return s;
+}
+
+// s[0, R) = R rows of w (IN apart) dotted with x on AVX2, x's values loaded once for the R rows,
+// two 8-lane accumulators a row: TinyLlama's shapes (IN >= 2048) from memory at 29-37 GB/s against
+// 27-30 for dot_half row after row; SmolLM's shorter rows (IN 576, 1536) ran no faster (Zen 3,
+// 2 threads: docs/hub-models.md). A row's sum depends on IN only, not on the threads' split.
+template <class H, int R>
+void dot_half_rows(const H* w, int64_t IN, const float* x, float* s) {
+  __m256 a[R][2];
+  for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= IN; i += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = _mm256_fmadd_ps(widen8(w + r * IN + i), x0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(widen8(w + r * IN + i + 8), x1, a[r][1]);
+    }
+  }
+  for (; i + 8 <= IN; i += 8)
+    for (int r = 0; r < R; ++r)
+      a[r][0] = _mm256_fmadd_ps(widen8(w + r * IN + i), _mm256_loadu_ps(x + i), a[r][0]);
+  for (int r = 0; r < R; ++r) {
+    s[r] = lanes_sum8(_mm256_add_ps(a[r][0], a[r][1]));
+    for (int64_t j = i; j < IN; ++j) s[r] += static_cast<float>(w[r * IN + j]) * x[j];
+  }
+}
+constexpr int64_t kHalfRowsMinIn = 2048;  // dot_half_rows from this row length on
+#else
 // sum of w[i] x[i] over [0, n) in float32 with 64 partial sums (four AVX-512 accumulators): one
 // accumulator waits on its FMA's latency.
 template <class H>
@@ -775,6 +910,12 @@ float dot_half(const H* w, const float* x, int64_t n) {
     for (int64_t l = 0; l < half; ++l) acc[l] += acc[l + half];
   return acc[0];
 }
+
+// Not called (kHalfRowsMinIn: no row length reaches it).
+template <class H, int R>
+void dot_half_rows(const H*, int64_t, const float*, float*) {}
+constexpr int64_t kHalfRowsMinIn = std::numeric_limits<int64_t>::max();
+#endif
 
 #if defined(__AVX512BF16__)
 // The same for bf16 w and x on AVX512_BF16's dot-product instruction (pairs of bf16 products
@@ -817,14 +958,19 @@ void linear_rows_half(const Tensor& x2, const Tensor& w, const Tensor& b, const 
   const H* pw = w.data<const H>();
   const H* pb = b.defined() ? b.data<const H>() : nullptr;
   H* py = y2.data<H>();
+  constexpr int kR = 4;  // rows of w a group (dot_half_rows), or 1 where it does not run
+  const int64_t R = !native && IN >= kHalfRowsMinIn ? kR : 1, groups = (OUT + R - 1) / R;
 #pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
-  for (int64_t o = 0; o < OUT; ++o) {
-    const H* row = pw + o * IN;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t o0 = g * R, n = std::min(R, OUT - o0);
     for (int64_t m = 0; m < M; ++m) {
-      float s;
-      if constexpr (native) s = dot_bf16(row, px + m * IN, IN);
-      else s = dot_half(row, xf.data() + m * IN, IN);
-      py[m * OUT + o] = H(pb ? s + static_cast<float>(pb[o]) : s);
+      float s[kR];
+      if constexpr (native) s[0] = dot_bf16(pw + o0 * IN, px + m * IN, IN);
+      else if (n == kR) dot_half_rows<H, kR>(pw + o0 * IN, IN, xf.data() + m * IN, s);
+      else
+        for (int64_t r = 0; r < n; ++r) s[r] = dot_half(pw + (o0 + r) * IN, xf.data() + m * IN, IN);
+      for (int64_t r = 0; r < n; ++r)
+        py[m * OUT + o0 + r] = H(pb ? s[r] + static_cast<float>(pb[o0 + r]) : s[r]);
     }
   }
 }

