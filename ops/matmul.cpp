@@ -374,26 +374,34 @@ void rows_dot8(const float* x, const float* w, const float* b, float* y, int64_t
   }
 }
 
-// One row through plain rows on AVX2, 8 rows side by side (8 streams), the groups split over the
-// threads: TinyLlama's and SmolLM's weights from memory at 31.7 and 27.9 GB/s against 27.7 and
-// 25.2 one row at a time (AMD EPYC Zen 3, 2 threads, 2 MiB pages: docs/hub-models.md).
+// M rows of x (IN apart; y's rows OUT apart) through plain rows on AVX2, 8 weight rows side by
+// side (8 streams), each group read from memory once and from the L1/L2 cache for the other rows
+// of x, the groups split over the threads. One row: TinyLlama's and SmolLM's weights from memory
+// at 31.7 and 27.9 GB/s against 27.7 and 25.2 one row at a time (AMD EPYC Zen 3, 2 threads,
+// 2 MiB pages: docs/hub-models.md); 2-4 rows (beam search) in place of oneDNN's gemm:jit, which
+// reads a weight for each call as it does for 32 rows.
 bool linear_rows_avx2(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                      int64_t OUT) {
+                      int64_t OUT, int64_t M = 1) {
   constexpr int64_t R = 8;
   const int64_t groups = (OUT + R - 1) / R;
-#pragma omp parallel for schedule(static) if (OUT * IN >= 16384)
+#pragma omp parallel for schedule(static) if (M * OUT * IN >= 16384)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t o0 = g * R;
     const float* bb = b ? b + o0 : nullptr;
-    if (o0 + R <= OUT) rows_dot8<R>(x, w + o0 * IN, bb, y + o0, IN);
-    else
-      for (int64_t o = o0; o < OUT; ++o)
-        rows_dot8<1>(x, w + o * IN, b ? b + o : nullptr, y + o, IN);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * IN;
+      float* ym = y + m * OUT;
+      if (o0 + R <= OUT) rows_dot8<R>(xm, w + o0 * IN, bb, ym + o0, IN);
+      else
+        for (int64_t o = o0; o < OUT; ++o)
+          rows_dot8<1>(xm, w + o * IN, b ? b + o : nullptr, ym + o, IN);
+    }
   }
   return true;
 }
 #else
-bool linear_rows_avx2(const float*, const float*, const float*, float*, int64_t, int64_t) {
+bool linear_rows_avx2(const float*, const float*, const float*, float*, int64_t, int64_t,
+                      int64_t = 1) {
   return false;  // AVX-512 (linear_short_rows, the one-row loop) or no AVX2
 }
 #endif
@@ -733,6 +741,10 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   return for_onednn && one_row_in_layout(x, *for_onednn, b, y);
 }
 
+// Up to this many rows (a beam of 4 at batch 1) float32 plain weights go through
+// linear_rows_avx2 on AVX2.
+constexpr int64_t kFewRows = 4;
+
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (f32_weights(): decoding reads every weight once
 // per token; its 32-row steps read plain weights through gemm:jit at about half the rate brgemm
@@ -744,6 +756,10 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
                               const Tensor& y, bool bf16) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   if (N == 1 && !bf16 && linear_one_row(x, w, b, y)) return;
+  if (N <= kFewRows && !bf16 && !kern::kept_form(w, DType::f32) &&
+      linear_rows_avx2(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
+                       y.data<float>(), IN, OUT, N))
+    return;
   const auto& c = inference_inner_product(N, IN, OUT, b.defined(), bf16);
   if (bf16) {
     const bool reorder = c.mds[1] != c.mds[4];
@@ -852,9 +868,9 @@ inline __m256 widen8(const float16* p) {
 }
 
 // sum of w[i] x[i] over [0, n) on AVX2: four 8-lane accumulators, folded in a fixed order, the
-// last (n % 8) terms one by one. The generic loop below reads a row of weights from memory at
-// 22-25 GB/s on a Zen 3 (2 threads) where this reads 25.5-27.4 (SmolLM's and TinyLlama's shapes,
-// docs/hub-models.md).
+// last (n % 8) terms one by one. A stand-alone loop over SmolLM's and TinyLlama's matrices read
+// them with the generic loop below at 22.1-29.1 GB/s, with this one at 25.5-30.6 (AMD EPYC Zen 3,
+// 2 threads: docs/hub-models.md).
 template <class H>
 float dot_half(const H* w, const float* x, int64_t n) {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
@@ -870,9 +886,10 @@ float dot_half(const H* w, const float* x, int64_t n) {
 }
 
 // s[0, R) = R rows of w (IN apart) dotted with x on AVX2, x's values loaded once for the R rows,
-// two 8-lane accumulators a row: TinyLlama's shapes (IN >= 2048) from memory at 29-37 GB/s against
-// 27-30 for dot_half row after row; SmolLM's shorter rows (IN 576, 1536) ran no faster (Zen 3,
-// 2 threads: docs/hub-models.md). A row's sum depends on IN only, not on the threads' split.
+// two 8-lane accumulators a row: TinyLlama's matrices (IN >= 2048) from memory at 28.9-37.2
+// GB/s against 27.4-30.6 for dot_half row after row; SmolLM's shorter rows (IN 576, 1536) ran
+// slower this way (Zen 3, 2 threads: docs/hub-models.md). A row's sum depends on IN only, not on
+// the threads' split.
 template <class H, int R>
 void dot_half_rows(const H* w, int64_t IN, const float* x, float* s) {
   __m256 a[R][2];
