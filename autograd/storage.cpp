@@ -192,7 +192,7 @@ void* map_block(size_t bytes) {
 }
 }  // namespace
 
-Storage::Storage(size_t n) : nbytes(n) {
+Storage::Storage(size_t n, bool count) : nbytes(n), counted(count) {
   capacity = alloc_size(n);
   if (capacity >= kBigBlock) {
     auto& c = big_cache();
@@ -246,7 +246,7 @@ Storage::Storage(size_t n) : nbytes(n) {
     data = small_alloc(capacity);
   }
   if (!data) throw std::bad_alloc();
-  add_live(n);
+  if (counted) add_live(n);
 }
 
 namespace {
@@ -276,15 +276,38 @@ void free_block(void* data, size_t capacity, bool keep) {
 
 Storage::~Storage() {
   if (!data) return;  // released
-  g_live_bytes -= nbytes;
-  free_block(data, capacity, true);
+  if (counted) g_live_bytes -= nbytes;
+  if (!host) free_block(data, capacity, true);  // else the host's bytes, which go with it
+}
+
+std::shared_ptr<Storage> Storage::host_block(size_t n) {
+  return std::make_shared<Storage>(n, false);
+}
+
+void Storage::move_into(const std::shared_ptr<Storage>& into, size_t offset) {
+  if (!data) fail("Storage::move_into: " + released);
+  if (host) fail("Storage::move_into: the storage was moved already");
+  if (!counted) fail("Storage::move_into: a host_block stays where it is");
+  if (!into || !into->data || into.get() == this || offset % 64 != 0 || offset > into->nbytes ||
+      nbytes > into->nbytes - offset)
+    fail("Storage::move_into: " + std::to_string(nbytes) + " bytes do not fit at offset " +
+         std::to_string(offset) + " (64-byte aligned) of a storage of " +
+         std::to_string(into ? into->nbytes : 0) + " bytes");
+  void* to = static_cast<char*>(into->data) + offset;
+  std::memcpy(to, data, nbytes);
+  free_block(data, capacity, false);  // not coming back: not to a cache (nbytes stay live)
+  data = to;
+  capacity = 0;
+  host = into;
+  ++version;  // copies derived from the bytes at their old address are dropped
 }
 
 void Storage::release(const std::string& why) {
   if (!data) return;
   released = why.empty() ? std::string("Storage: its bytes were released") : why;
-  g_live_bytes -= nbytes;
-  free_block(data, capacity, false);  // the bytes are not coming back: not to a cache
+  if (counted) g_live_bytes -= nbytes;
+  if (host) host.reset();                  // the host's bytes: they go with the host
+  else free_block(data, capacity, false);  // the bytes are not coming back: not to a cache
   data = nullptr;
   capacity = 0;  // nbytes stays: views of the storage are still checked against it
 }

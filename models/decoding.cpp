@@ -100,7 +100,8 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
     // plain bytes freed, the kept form allocated, so neither counts.
     free_float32_linears(model, keep_weight_bf16);
   }
-  Storage::release_cached();  // what loading freed: decoding's sizes differ
+  keep_weights_together(int8_linear_weights(model));  // what a step streams: on 2 MiB pages
+  Storage::release_cached();                          // what loading freed: decoding's sizes differ
   return freed;
 }
 

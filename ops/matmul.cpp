@@ -1425,32 +1425,6 @@ namespace graft::kern {
 
 namespace {
 
-#if defined(__linux__)
-// Whether the system backs memory that asks for them (madvise) with 2 MiB pages: transparent huge
-// pages not set to "never" (nor missing).
-bool huge_pages_given() {
-  static const bool given = [] {
-    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string line;
-    return std::getline(f, line) && line.find("[never]") == std::string::npos;
-  }();
-  return given;
-}
-
-// Asks for 2 MiB pages over the whole 2 MiB pages inside [p, p + n) (memory not touched yet);
-// the byte range [from, to) of them relative to p that will have them, empty where none will.
-std::pair<size_t, size_t> ask_huge_pages(void* p, size_t n) {
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  const uintptr_t at = reinterpret_cast<uintptr_t>(p), a = (at + kHuge - 1) & ~(kHuge - 1),
-                  e = (at + n) & ~(kHuge - 1);
-  if (e <= a || !huge_pages_given() || madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE))
-    return {0, 0};
-  return {a - at, e - at};
-}
-#else
-std::pair<size_t, size_t> ask_huge_pages(void*, size_t) { return {0, 0}; }
-#endif
-
 // A weight keep_blocked_f32 packs: its layouts and where its form starts in the block.
 struct PackedWeight {
   const Tensor* w;
@@ -1500,25 +1474,14 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   size_t total = 0;
   const std::vector<PackedWeight> packed = pack_f32_forms(weights, total);
   if (packed.empty()) return 0;
-  forget_dead_forms();        // a dead model's block goes before this one comes
-  Storage::release_cached();  // fresh pages: pages the cache already touched stay 4 KiB
-  // From 2 MiB on the forms start at a 2 MiB boundary and their last page is whole (the slack
-  // before and after them is never touched, but for the last page's rest: < 2 MiB).
-  constexpr size_t kHuge = size_t(2) << 20;
-  const size_t slack = total >= kHuge ? 2 * kHuge : 0;
-  if (total > SIZE_MAX - slack) fail("keep_weight_fp32: the weights' bytes overflow");
-  const auto block = std::make_shared<Storage>(total + slack);
-  const size_t shift =
-      slack ? (kHuge - reinterpret_cast<uintptr_t>(block->data) % kHuge) % kHuge : 0;
-  char* base = static_cast<char*>(block->data) + shift;
-  const auto [huge_from, huge_to] =
-      ask_huge_pages(base, slack ? (total + kHuge - 1) / kHuge * kHuge : total);
+  forget_dead_forms();  // a dead model's block goes before this one comes
+  const HugeBlock block = huge_block(total, "keep_weight_fp32");
   size_t freed = 0;
   for (const PackedWeight& p : packed) {
-    reorder_into(p.plain, p.w->data<float>(), p.blocked, base + p.at);
-    const bool huge = p.at >= huge_from && p.at + p.blocked.get_size() <= huge_to;
-    const kern::KeptForm form{block, p.w->shape()[0], p.w->shape()[1], DType::f32,
-                              p.tag, p.blocked,       shift + p.at,    huge};
+    reorder_into(p.plain, p.w->data<float>(), p.blocked, block.at(p.at));
+    const bool huge = p.at >= block.huge_from && p.at + p.blocked.get_size() <= block.huge_to;
+    const kern::KeptForm form{block.data, p.w->shape()[0], p.w->shape()[1],    DType::f32,
+                              p.tag,      p.blocked,       block.shift + p.at, huge};
     freed += replace_weight(*p.w, form, kept_f32_why(*p.name, *p.w));
   }
   drop_stale_derived_copies();  // copies inference made from the values before

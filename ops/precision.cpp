@@ -299,6 +299,12 @@ size_t keep_weight_bf16(const Tensor& w, const std::string& name) {
   return kern::keep_blocked_bf16(w, name);
 }
 
+size_t keep_weights_together(const std::vector<std::pair<std::string, Tensor>>& weights) {
+  for (const auto& [name, w] : weights)
+    if (!w.defined()) fail("keep_weights_together: " + name + " is undefined");
+  return kern::keep_together(weights);
+}
+
 uint64_t bf16_weight_copies_made() { return kern::bf16_weight_copies(); }
 
 float round_to_bf16(float x) { return kern::bf16_to_float(kern::bf16_bits(x)); }

@@ -340,6 +340,48 @@ BOOST_AUTO_TEST_CASE(released_and_cached_blocks_go_back_to_the_os) {
   BOOST_TEST(slice(w, 0, 0, 8).numel() == 8);  // a view is still made (its reads fail)
 }
 
+// Storage::move_into: the bytes move into a host_block (every view reads them there, writes land
+// there), live_bytes() counts them once (the host's own bytes not), the host lives while a moved
+// storage does, and a released, moved or misplaced move, or a host's, is refused naming the cause.
+BOOST_AUTO_TEST_CASE(storage_moves_into_a_host) {
+  Tensor a = arange(0, 1000, 1), b = full({300}, 2.5);
+  const Tensor view = slice(a, 0, 10, 20);
+  const size_t live = Storage::live_bytes();
+  auto host = Storage::host_block(8192);
+  const std::shared_ptr<Storage>& sa = a.impl()->storage;
+  sa->move_into(host, 4096);
+  b.impl()->storage->move_into(host, 0);
+  BOOST_TEST(Storage::live_bytes() == live);  // the moved bytes count once, as a's and b's
+  BOOST_CHECK_EXCEPTION(host->move_into(Storage::host_block(8192), 0), Error,
+                        [](const Error& e) { return testing::names(e, "host_block"); });
+  BOOST_TEST((a.raw() == static_cast<char*>(host->data) + 4096));
+  BOOST_TEST(view.to_vector<float>()[3] == 13.0f);
+  BOOST_TEST(b.to_vector<float>()[299] == 2.5f);
+  fill_(view, -1.0);
+  BOOST_TEST(a.to_vector<float>()[10] == -1.0f);
+  std::weak_ptr<Storage> gone = host;
+  host.reset();
+  BOOST_TEST(!gone.expired());  // a and b keep it
+  const auto says = [](const char* what) {
+    return [what](const Error& e) { return testing::names_all(e, {"move_into", what}); };
+  };
+  auto other = std::make_shared<Storage>(8192);
+  BOOST_CHECK_EXCEPTION(sa->move_into(other, 0), Error, says("moved already"));
+  Tensor c = full({16}, 1.0);
+  BOOST_CHECK_EXCEPTION(c.impl()->storage->move_into(other, 32), Error, says("64-byte aligned"));
+  BOOST_CHECK_EXCEPTION(c.impl()->storage->move_into(other, 8192), Error, says("do not fit"));
+  c.impl()->storage->release("c: released for the test");
+  BOOST_CHECK_EXCEPTION(c.impl()->storage->move_into(other, 0), Error, says("c: released for"));
+  sa->release("a: released for the test");                  // a moved storage lets go of the host
+  BOOST_TEST(Storage::live_bytes() == live - 4000 + 8192);  // other's 8192 bytes are live
+  a = Tensor();
+  b = Tensor();
+  BOOST_TEST(gone.expired());  // the view still holds a's storage, which lets go of the host
+  BOOST_CHECK_EXCEPTION(view.to_vector<float>(), Error, [](const Error& e) {
+    return testing::names(e, "a: released for the test");
+  });
+}
+
 // Ranges split off a cached block join up again when both are freed: a request of the whole
 // block's size then gets the block back. Sizes far above what other tests leave in the cache
 // (176 MiB is a 192 MiB block, 88 MiB a 96 MiB one; the pages are never touched), and addresses

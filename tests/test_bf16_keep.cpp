@@ -137,6 +137,39 @@ BOOST_AUTO_TEST_CASE(slice_ending_inside_a_block_leaves_the_next_rows) {
   }
 }
 
+// keep_weights_together moves the bytes inference reads (plain bf16 rows, a kept bf16 form, an
+// int8 form) into one block: linear gives the same bits before and after, a slice made before
+// reads the moved rows, each storage moves once (a tied weight named twice too), and a second
+// call or less than 2 MiB moves nothing.
+BOOST_AUTO_TEST_CASE(weights_kept_together_read_the_same) {
+  Tensor w1 = random16({512, 1024}, 1), w2 = random16({768, 1024}, 2), b = random16({768}, 3);
+  Tensor f = randn({512, 1024}, DType::f32, default_generator(), 0.0, 1.0);
+  keep_weight_bf16(w2, "w2");
+  BOOST_TEST(quantize_weight_int8(f, "f") > 0u);
+  const Tensor head = slice(w1, 0, 0, 64);
+  const std::vector<float> head_values = values(head);
+  autograd::NoGrad ng;
+  const Tensor x = random16({3, 1024}, 4), xf = cast_copy(x, DType::f32);
+  const auto run = [&] {
+    PrecisionGuard int8(Precision::int8);
+    return std::vector<std::vector<float>>{values(linear(x, w1)), values(linear(x, w2, b)),
+                                           linear(xf, f).to_vector<float>()};
+  };
+  const auto before = run();
+  BOOST_TEST(keep_weights_together({{"w1", w1}, {"w2", w2}, {"f", f}, {"w1 again", w1}}) >
+             (size_t(2) << 20));
+  const auto& host = w1.impl()->storage->host;
+  BOOST_TEST_REQUIRE(host != nullptr);
+  BOOST_TEST((run() == before));
+  BOOST_TEST((values(head) == head_values));
+  BOOST_TEST(keep_weights_together({{"w1", w1}, {"w2", w2}, {"f", f}}) == 0u);
+  Tensor small = random16({64, 64}, 5);
+  BOOST_TEST(keep_weights_together({{"small", small}}) == 0u);
+  BOOST_TEST(!small.impl()->storage->host);
+  BOOST_CHECK_EXCEPTION(keep_weights_together({{"none", Tensor()}}), Error,
+                        [](const Error& e) { return names(e, "none") && names(e, "undefined"); });
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(bf16_keep_model_tests)

@@ -1,7 +1,13 @@
 #include "ops/internal/kept.h"
 
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "ops/internal/kernels.h"
 
@@ -19,7 +25,81 @@ std::map<const Storage*, Replaced>& replaced() {
   return *m;
 }
 
+#if defined(__linux__)
+// Whether the system backs memory that asks for them (madvise) with 2 MiB pages: transparent huge
+// pages not set to "never" (nor missing).
+bool huge_pages_given() {
+  static const bool given = [] {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    return std::getline(f, line) && line.find("[never]") == std::string::npos;
+  }();
+  return given;
+}
+
+// Asks for 2 MiB pages over the whole 2 MiB pages inside [p, p + n) (memory not touched yet);
+// the byte range [from, to) of them relative to p that will have them, empty where none will.
+std::pair<size_t, size_t> ask_huge_pages(void* p, size_t n) {
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p), a = (at + kHuge - 1) & ~(kHuge - 1),
+                  e = (at + n) & ~(kHuge - 1);
+  if (e <= a || !huge_pages_given() || madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE))
+    return {0, 0};
+  return {a - at, e - at};
+}
+#else
+std::pair<size_t, size_t> ask_huge_pages(void*, size_t) { return {0, 0}; }
+#endif
+
+// The storage holding what the inference linears read of w: w's own, or its kept form's when
+// that form has a storage of its own (null otherwise: a packed block, or none).
+std::shared_ptr<Storage> values_storage(const Tensor& w, std::map<const Storage*, int>& users) {
+  const std::shared_ptr<Storage>& src = w.impl()->storage;
+  if (src->data) return src;
+  std::lock_guard<std::mutex> lock(replaced_mutex);
+  auto it = replaced().find(src.get());
+  if (it == replaced().end() || it->second.source.expired()) return nullptr;
+  const std::shared_ptr<Storage>& form = it->second.form.data;
+  return ++users[form.get()] == 1 ? form : nullptr;
+}
+
 }  // namespace
+
+HugeBlock huge_block(size_t total, const std::string& who, bool host) {
+  Storage::release_cached();
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t slack = total >= kHuge ? 2 * kHuge : 0;
+  if (total > SIZE_MAX - slack) fail(who + ": the weights' bytes overflow");
+  HugeBlock b;
+  b.data = host ? Storage::host_block(total + slack) : std::make_shared<Storage>(total + slack);
+  b.shift = slack ? (kHuge - reinterpret_cast<uintptr_t>(b.data->data) % kHuge) % kHuge : 0;
+  std::tie(b.huge_from, b.huge_to) =
+      ask_huge_pages(b.at(0), slack ? (total + kHuge - 1) / kHuge * kHuge : total);
+  return b;
+}
+
+size_t keep_together(const std::vector<std::pair<std::string, Tensor>>& weights) {
+  std::map<const Storage*, int> users;  // forms met: one met twice is a packed block
+  std::vector<std::shared_ptr<Storage>> moving;
+  std::set<const Storage*> seen;
+  for (const auto& [name, w] : weights) {
+    auto s = values_storage(w, users);
+    if (s && !s->host && seen.insert(s.get()).second) moving.push_back(s);
+  }
+  std::erase_if(moving, [&](const auto& s) { return users.count(s.get()) && users[s.get()] > 1; });
+  size_t total = 0;
+  std::vector<size_t> at;
+  for (const auto& s : moving) {
+    at.push_back((total + 63) / 64 * 64);
+    if (at.back() < total || s->nbytes > SIZE_MAX - at.back())
+      fail("keep_together: the weights' bytes overflow");
+    total = at.back() + s->nbytes;
+  }
+  if (total < (size_t(2) << 20)) return 0;
+  const HugeBlock block = huge_block(total, "keep_together", /*host=*/true);
+  for (size_t i = 0; i < moving.size(); ++i) moving[i]->move_into(block.data, block.shift + at[i]);
+  return total;
+}
 
 void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name) {
   const std::shared_ptr<Storage>& src = w.impl()->storage;

@@ -53,6 +53,29 @@ void forget_dead_forms();
 // with the storage's freed-weight error, which names the parameter.
 const KeptForm* kept_form(const Tensor& w, DType dtype);
 
+// One storage for weights read at every decoding step (a step streams them all from memory: on
+// 2 MiB pages it walks 512 times fewer pages). From 2 MiB on, the bytes from `shift` on start at a
+// 2 MiB boundary, and [huge_from, huge_to) of them (relative to `shift`) asked the kernel for
+// 2 MiB pages where the system gives them (empty where none will). The slack around them is
+// never touched but for the last page's rest (< 2 MiB).
+struct HugeBlock {
+  std::shared_ptr<Storage> data;
+  size_t shift = 0, huge_from = 0, huge_to = 0;
+  /// Byte `at` of the usable bytes.
+  char* at(size_t at) const { return static_cast<char*>(data->data) + shift + at; }
+};
+// A HugeBlock of `total` usable bytes, the big-block cache given back first (pages it touched
+// already stay 4 KiB); `who` names the caller in the overflow error. `host`: a
+// Storage::host_block, for storages moved into it (its bytes count as theirs).
+HugeBlock huge_block(size_t total, const std::string& who, bool host = false);
+
+// Moves the values the inference linears read of `weights` (name, weight) into one HugeBlock,
+// each storage once: a weight's own bytes, or those of the form kept for it (keep_blocked_bf16,
+// quantize_for_inference), where that form has a storage of its own (keep_blocked_f32 packed its
+// forms into one block already). Storage::move_into keeps every view valid. Returns the bytes
+// moved (0 when fewer than 2 MiB would move: nothing is gained then).
+size_t keep_together(const std::vector<std::pair<std::string, Tensor>>& weights);
+
 // Keeps each float32 weight w (OUT, IN; contiguous, the whole of its storage) of `weights` (name,
 // weight) in the layout the float32 inference inner product reads (a decoding step's), once, as
 // w's replacement, and releases w's values (the error naming the name); every float32 inference

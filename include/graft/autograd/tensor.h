@@ -92,9 +92,10 @@ int64_t norm_axis(const char* op, int64_t axis, int64_t rank, const Tensor* inpu
 /// Raw, 64-byte aligned memory shared by a tensor and all its views. The version counter is
 /// shared by all views of the storage.
 struct Storage {
-  /// Allocates `nbytes` uninitialised bytes (big blocks are reused from a process-wide cache).
+  /// Allocates `nbytes` uninitialised bytes (big blocks are reused from a process-wide cache),
+  /// counted in live_bytes() unless `counted` is false (host_block()).
   /// @throws std::bad_alloc when the memory cannot be had.
-  explicit Storage(size_t nbytes);
+  explicit Storage(size_t nbytes, bool counted = true);
   /// Returns the memory (big blocks to the cache).
   ~Storage();
   Storage(const Storage&) = delete;
@@ -123,6 +124,20 @@ struct Storage {
   /// the first why. Not while another thread reads the bytes: the owner releases a weight it no
   /// longer runs on.
   void release(const std::string& why);
+  /// Copies the bytes to `offset` bytes into `into` (64-byte aligned, the nbytes inside it) and
+  /// gives its own back: every view of this storage then reads and writes those bytes, and the
+  /// storage keeps `into` alive (host). Its nbytes stay in live_bytes() until it goes or is
+  /// released. Weights gathered into one block on 2 MiB pages for inference use it
+  /// (kern::keep_together). Fails on a released storage, a misaligned or out-of-range offset, or
+  /// one moved already. Not while another thread reads the bytes.
+  void move_into(const std::shared_ptr<Storage>& into, size_t offset);
+  /// A block for move_into(): its own bytes do not count in live_bytes() (those moved into it
+  /// count as their storages' bytes), so gathering weights does not count them twice.
+  /// @throws std::bad_alloc when the memory cannot be had.
+  static std::shared_ptr<Storage> host_block(size_t nbytes);
+  /// Set by move_into(): the storage whose bytes this one's are (null: its own).
+  std::shared_ptr<Storage> host;
+  bool counted = true;         ///< whether nbytes count in live_bytes() (false: a host_block)
   static size_t live_bytes();  ///< bytes held by all storages: lets tests check memory stays flat
   static size_t
   peak_live_bytes();  ///< the most live_bytes() has been since reset_peak_live_bytes()
