@@ -280,6 +280,14 @@ void check_start(const Sequences& start) {
       fail("decode: every row must start with the same number of tokens");
 }
 
+// The step's logits, refused unless (rows, V > 0): one row per sequence being decoded.
+Tensor checked_logits(Tensor lg, size_t rows) {
+  if (lg.dim() != 2 || lg.size(0) != (int64_t)rows || lg.size(1) < 1)
+    fail("decode: the model's logits must be (rows, V) with one row for each of the " +
+         std::to_string(rows) + " sequences being decoded, got " + describe(lg));
+  return lg;
+}
+
 // One token per row per step, chosen by pick(the step's (rows, V) logits, prefix, tokens
 // generated so far) -> a token per row; finished rows repeat the first stop id. Each token the
 // result holds goes to o.on_token as it is chosen.
@@ -294,7 +302,8 @@ Sequences token_by_token(DecodeStep& step, const Sequences& start, const Rules& 
   std::vector<std::vector<int64_t>> prefix = start;
   std::vector<bool> done(rows, false);
   for (int64_t t = 0; t < o.max_len; ++t) {
-    const std::vector<int64_t> picked = pick(step.next_logits(prefix), prefix, t);
+    const std::vector<int64_t> picked =
+        pick(checked_logits(step.next_logits(prefix), prefix.size()), prefix, t);
     bool all = true;
     for (int64_t r = 0; r < rows; ++r) {
       const bool was_done = done[r];
@@ -468,6 +477,14 @@ struct Beams {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
+// Whether every one of row[0, n) is <= limit (false on a NaN).
+template <class T>
+bool none_above(const T* row, int64_t n, T limit) {
+  bool above = false;
+  for (int64_t i = 0; i < n; ++i) above |= !(row[i] <= limit);
+  return !above;
+}
+
 // The K largest entries of row[0, V) as (value, token), largest first; ties go to the lower
 // token (as argmax). One pass with a K-long sorted list: K is small, V is the vocabulary.
 // @throws graft::Error on a NaN log-probability (a model that produced NaN logits).
@@ -475,7 +492,14 @@ template <class T>
 std::vector<std::pair<T, int64_t>> top_tokens(const T* row, int64_t V, int64_t K) {
   std::vector<std::pair<T, int64_t>> top;
   top.reserve(K + 1);
+  constexpr int64_t kChunk = 16;
   for (int64_t v = 0; v < V; ++v) {
+    // Once K are held, a chunk wholly at or below the K-th (no NaN) cannot enter: one vector
+    // compare instead of a branch a token (Marian beam 4, batch 32: 4% of a step's samples).
+    while (K > 0 && (int64_t)top.size() == K && v % kChunk == 0 && v + kChunk <= V &&
+           none_above(row + v, kChunk, top.back().first))
+      v += kChunk;
+    if (v == V) break;
     if (std::isnan(row[v]))
       fail("beam_search: the model's log-probability of token " + std::to_string(v) + " is NaN");
     if ((int64_t)top.size() == K && !(row[v] > top.back().first)) continue;
@@ -521,7 +545,7 @@ std::vector<std::tuple<double, int64_t, int64_t>> best_candidates(const Beams& s
 // transformers' beam search applies them (after log_softmax, no renormalisation), in float64.
 Tensor beam_log_probs(DecodeStep& step, const Sequences& prefix, const Rules& rules,
                       int64_t generated) {
-  const Tensor logits = step.next_logits(prefix);
+  const Tensor logits = checked_logits(step.next_logits(prefix), prefix.size());
   rules.check_vocab(generated, logits);
   const Tensor lg =
       contiguous(log_softmax(is_half(logits.dtype()) ? to_dtype(logits, DType::f32) : logits, 1));

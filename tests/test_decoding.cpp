@@ -251,6 +251,46 @@ BOOST_AUTO_TEST_CASE(greedy_picks_the_argmax_ops_token) {
   }
 }
 
+// Beam search ranks each row's tokens skipping chunks of 16 that cannot enter its K best: over a
+// wide table whose maxima tie across chunks (and sit late in the row), one step of a beam of
+// 1 to 4 picks the argmax op's token (ties to the lower token), with and without Hugging Face's
+// scoring.
+BOOST_AUTO_TEST_CASE(beam_first_pick_is_the_argmax_over_wide_rows) {
+  Generator gen(11);
+  std::vector<double> v = randn({6, 1000}, DType::f64, gen).to_vector<double>();
+  v[1 * 1000 + 999] = 9.0;                                          // the last token
+  v[2 * 1000 + 17] = v[2 * 1000 + 40] = 9.0;                        // a tie across chunks
+  v[3 * 1000 + 500] = v[3 * 1000 + 501] = 9.0;                      // a tie inside a chunk
+  for (int64_t t = 0; t < 1000; ++t) v[4 * 1000 + t] = -(double)t;  // descending: no skips
+  for (int64_t t = 0; t < 1000; ++t) v[5 * 1000 + t] = (double)t;   // ascending: none either
+  const Tensor table = from_vector(v, {6, 1000}, DType::f64);
+  for (DType dt : {DType::f64, DType::f32}) {
+    const Tensor lg = to_dtype(table, dt);
+    const std::vector<int64_t> want = argmax(lg, 1).to_vector<int64_t>();
+    for (int64_t beam = 1; beam <= 4; ++beam)
+      for (bool hf : {false, true}) {
+        DecodeOptions o;
+        o.beam = beam, o.max_len = 1, o.hf_beam = hf;
+        std::vector<int64_t> rows;  // each input's row for each of its beams
+        for (int64_t r = 0; r < 6 * beam; ++r) rows.push_back(r / beam);
+        TableStep step(index_select(lg, 0, from_vector(rows, {6 * beam}, DType::i64)));
+        const Sequences got = beam_search(step, {{0}, {0}, {0}, {0}, {0}, {0}}, -1, o);
+        for (size_t r = 0; r < 6; ++r) BOOST_TEST(got[r].back() == want[r]);
+      }
+  }
+  // A step whose logits have another number of rows than sequences is refused, not read past.
+  DecodeOptions o;
+  o.max_len = 1;
+  for (int64_t beam : {1, 3}) {
+    o.beam = beam;
+    TableStep step(table);
+    BOOST_CHECK_EXCEPTION(beam_search(step, {{0}, {0}, {0}}, -1, o), Error, [&](const Error& e) {
+      return names(e, "one row for each of the " + std::to_string(3 * beam) + " sequences") &&
+             names(e, "(6, 1000)");
+    });
+  }
+}
+
 // And sampling: all-NaN logits once drew token 0; one NaN or +inf logit is refused too.
 BOOST_AUTO_TEST_CASE(sampling_refuses_nan_logits) {
   SamplingOptions so;
