@@ -261,8 +261,8 @@ BOOST_AUTO_TEST_CASE(beam_first_pick_is_the_argmax_over_wide_rows) {
   v[1 * 1000 + 999] = 9.0;                                          // the last token
   v[2 * 1000 + 17] = v[2 * 1000 + 40] = 9.0;                        // a tie across chunks
   v[3 * 1000 + 500] = v[3 * 1000 + 501] = 9.0;                      // a tie inside a chunk
-  for (int64_t t = 0; t < 1000; ++t) v[4 * 1000 + t] = -(double)t;  // descending: no skips
-  for (int64_t t = 0; t < 1000; ++t) v[5 * 1000 + t] = (double)t;   // ascending: none either
+  for (int64_t t = 0; t < 1000; ++t) v[4 * 1000 + t] = -(double)t;  // descending: all skipped
+  for (int64_t t = 0; t < 1000; ++t) v[5 * 1000 + t] = (double)t;   // ascending: none skipped
   const Tensor table = from_vector(v, {6, 1000}, DType::f64);
   for (DType dt : {DType::f64, DType::f32}) {
     const Tensor lg = to_dtype(table, dt);
