@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -18,10 +17,6 @@
 #include <type_traits>
 #if defined(__AVX512BF16__) || defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
-#endif
-
-#if defined(__linux__)
-#include <sys/mman.h>
 #endif
 
 #include "graft/autograd/gradcheck.h"
