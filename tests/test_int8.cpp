@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_CASE(quantize_from_values_equals_quantizing_in_place) {
 }
 
 // The integer loop (reference) gives each row the same bits whether it runs alone or among others
-// (4 rows per weight load, then single rows; 16 columns per step, then the tail).
+// (4 rows per weight load, then single rows; 32 columns per step, then the tail).
 BOOST_AUTO_TEST_CASE(integer_loop_rows_do_not_depend_on_their_neighbours) {
   for (int64_t IN : {37, 64, 200}) {
     const Tensor x = random({7, IN}, 21), w = random({19, IN}, 22), b = random({19}, 23);
@@ -372,5 +372,32 @@ BOOST_AUTO_TEST_CASE(integer_loop_rows_do_not_depend_on_their_neighbours) {
       BOOST_TEST(one == row, boost::test_tools::per_element());
     }
     BOOST_TEST(worst_error_over_bound(x, w, b, int8_linear(x, w, b, true)) <= 1.0);
+  }
+}
+
+// The integer loop's sums are exact at the ends of the int8 range, where a u8 x s8 pair of
+// products overflows int16 (oneDNN's AVX2 GEMM saturates there: 2 * 255 * 127 > 32767): x and w
+// of -1, 0 and 1 quantize to -127, 0 and 127 exactly, so y is the integer dot product (up to the
+// float32 rounding of the scales, 1 / 127 each). Lengths 64 (whole 32-column steps), 100 (a tail)
+// and 7 (the tail alone); 9 rows (two 4-row tiles and one single row) by 5 (2 x 2 + 1).
+BOOST_AUTO_TEST_CASE(integer_loop_is_exact_at_the_ends_of_the_int8_range) {
+  for (int64_t IN : {64, 100, 7}) {
+    const int64_t N = 9, OUT = 5;
+    std::vector<float> xv(N * IN), wv(OUT * IN);
+    for (int64_t i = 0; i < N * IN; ++i) xv[i] = i % IN == 0 ? 1.f : (float)((i * 7 / 3) % 3 - 1);
+    for (int64_t i = 0; i < OUT * IN; ++i)
+      wv[i] = i % IN == 1 ? -1.f : (float)((i * 5 / 2) % 3 - 1);
+    for (int64_t k = 0; k < IN; ++k) xv[k] = wv[k] = -1.f;  // row 0 with weight row 0: +1 each
+    const Tensor x = from_vector(xv, {N, IN}), w = from_vector(wv, {OUT, IN});
+    const auto y = int8_linear(x, w, Tensor(), /*reference=*/true).to_vector<float>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < OUT; ++o) {
+        double dot = 0;
+        for (int64_t k = 0; k < IN; ++k) dot += (double)xv[n * IN + k] * wv[o * IN + k];
+        BOOST_TEST(std::fabs(y[n * OUT + o] - dot) <= 1e-5 * IN,
+                   "IN " << IN << " y[" << n << "][" << o << "] = " << y[n * OUT + o] << ", exact "
+                         << dot);
+      }
+    BOOST_TEST(y[0] == IN, boost::test_tools::tolerance(1e-5));
   }
 }

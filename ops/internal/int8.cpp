@@ -114,12 +114,14 @@ std::shared_ptr<Storage> quantize_weights(const Tensor& w) {
   return s;
 }
 
-// x (N, IN) as u8 rows (xq + 128) with their scales, in this thread's buffers.
+// x (N, IN) quantized per row, in this thread's buffers: the bytes of xq + offset (offset 128:
+// u8 rows, for oneDNN's u8 x s8 kernel; 0: s8 rows, for the integer loop) and the rows' scales.
 struct QuantRows {
   const uint8_t* data;
   const float* scale;
+  int32_t offset;
 };
-QuantRows quantize_activations(const Tensor& x2) {
+QuantRows quantize_activations(const Tensor& x2, int32_t offset) {
   thread_local std::vector<uint8_t> data;
   thread_local std::vector<float> scale;
   const int64_t N = x2.shape()[0], IN = x2.shape()[1];
@@ -132,12 +134,15 @@ QuantRows quantize_activations(const Tensor& x2) {
 #pragma omp parallel for if (N * IN > kParallelGrain) schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     ps[n] = row_scale(px + n * IN, IN);
-    quantize_row(px + n * IN, IN, ps[n], 128, pq + n * IN);
+    if (offset == 0)
+      quantize_row(px + n * IN, IN, ps[n], 0, reinterpret_cast<int8_t*>(pq) + n * IN);
+    else quantize_row(px + n * IN, IN, ps[n], offset, pq + n * IN);
   }
-  return {pq, ps};
+  return {pq, ps, offset};
 }
 
-// acc (N, OUT, int32, written over y's bytes) -> y = (acc - 128 sum[o]) xs[n] ws[o] + b[o].
+// acc (N, OUT, int32, written over y's bytes) -> y = (acc - offset sum[o]) xs[n] ws[o] + b[o]:
+// acc summed the rows' bytes, xq + offset.
 void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, float* y, int64_t N,
                 int64_t OUT) {
   const float* pb = b.defined() ? b.data<float>() : nullptr;
@@ -147,39 +152,61 @@ void dequantize(const QuantRows& x, const QuantWeights& w, const Tensor& b, floa
     const float xs = x.scale[n];
 #pragma omp simd
     for (int64_t o = 0; o < OUT; ++o) {
-      const int32_t acc = std::bit_cast<int32_t>(row[o]) - 128 * w.sum[o];
+      const int32_t acc = std::bit_cast<int32_t>(row[o]) - x.offset * w.sum[o];
       row[o] = (float)acc * (xs * w.scale[o]) + (pb ? pb[o] : 0.f);
     }
   }
 }
 
-// acc[r][c] = the int32 sum over k of x[r * IN + k] * w[c * IN + k] for R rows of x (widened to
-// int16) and C rows of w: with AVX2, each weight vector widened once for the R rows and each x
-// vector loaded once for the C rows (fewer loads a multiply): SmolLM int8 prompts of 512 at
-// 302-340 tok/s against 284-308 at 4 x 1 (AMD EPYC Zen 3: docs/hub-models.md).
+#if defined(__AVX2__)
+// The 8 lanes of each of a[0..7] summed: lane i of the result is a[i]'s sum.
+__m256i lane_sums8(const __m256i* a) {
+  const __m256i s01 = _mm256_hadd_epi32(a[0], a[1]), s23 = _mm256_hadd_epi32(a[2], a[3]);
+  const __m256i s45 = _mm256_hadd_epi32(a[4], a[5]), s67 = _mm256_hadd_epi32(a[6], a[7]);
+  const __m256i s0123 = _mm256_hadd_epi32(s01, s23), s4567 = _mm256_hadd_epi32(s45, s67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(s0123, s4567, 0x20),
+                          _mm256_permute2x128_si256(s0123, s4567, 0x31));
+}
+
+// The sum of a's 8 lanes.
+int32_t lane_sum(__m256i a) {
+  const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  const __m128i q = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1)));
+}
+#endif
+
+// acc[r][c] = the int32 sum over k of x[r * IN + k] * w[c * IN + k] for R rows of x and C rows of
+// w, both s8 in [-127, 127]. With AVX2, 32 products at a time: vpmaddubsw multiplies |w| (u8) by
+// x with w's sign (s8) and adds pairs into int16, which cannot saturate (2 * 127 * 127 < 2^15),
+// and vpmaddwd by ones widens the pairs into int32: exact, and 1.3-1.6x the int16 vpmaddwd loop
+// this replaced (128 x 512 x 58112, AMD EPYC Zen 3: docs/hub-models.md).
 template <int R, int C>
-void dot_tile_int8(const int16_t* x, const int8_t* w, int64_t IN, int32_t (*acc)[2]) {
+void dot_tile_int8(const int8_t* x, const int8_t* w, int64_t IN, int32_t (*acc)[2]) {
   int64_t k = 0;
 #if defined(__AVX2__)
-  __m256i a[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) a[r][c] = _mm256_setzero_si256();
-  for (; k + 16 <= IN; k += 16) {
-    __m256i wv[C];
-    for (int c = 0; c < C; ++c)
-      wv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + c * IN + k)));
-    for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256((const __m256i*)(x + r * IN + k));
-      for (int c = 0; c < C; ++c) a[r][c] = _mm256_add_epi32(a[r][c], _mm256_madd_epi16(xv, wv[c]));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[R * C];
+  for (int i = 0; i < R * C; ++i) a[i] = _mm256_setzero_si256();
+  for (; k + 32 <= IN; k += 32) {
+    __m256i xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_si256((const __m256i*)(x + r * IN + k));
+    for (int c = 0; c < C; ++c) {
+      const __m256i wv = _mm256_loadu_si256((const __m256i*)(w + c * IN + k));
+      const __m256i wa = _mm256_abs_epi8(wv);
+      for (int r = 0; r < R; ++r) {
+        const __m256i pairs = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv[r], wv));
+        a[r * C + c] = _mm256_add_epi32(a[r * C + c], _mm256_madd_epi16(pairs, ones));
+      }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      alignas(32) int32_t lanes[8];
-      _mm256_store_si256((__m256i*)lanes, a[r][c]);
-      acc[r][c] = 0;
-      for (int l = 0; l < 8; ++l) acc[r][c] += lanes[l];
-    }
+  if constexpr (R * C == 8) {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256((__m256i*)lanes, lane_sums8(a));
+    for (int i = 0; i < 8; ++i) acc[i / C][i % C] = lanes[i];
+  } else {
+    for (int i = 0; i < R * C; ++i) acc[i / C][i % C] = lane_sum(a[i]);
+  }
 #else
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = 0;
@@ -190,8 +217,9 @@ void dot_tile_int8(const int16_t* x, const int8_t* w, int64_t IN, int32_t (*acc)
 }
 
 // The sums of rows [n, n + R) of x with weight rows [o, o + C) into y (as float bits): 4 x 2,
-// 4 x 1 or one by one.
-void int8_tile(const int16_t* x, const int8_t* w, float* y, int64_t IN, int64_t OUT, int64_t R,
+// 4 x 1 or one by one (a single row of x reads the weight rows one after the other: 2 rows at a
+// time read 23 GB/s -> 13 GB/s here, the prefetcher losing the stream).
+void int8_tile(const int8_t* x, const int8_t* w, float* y, int64_t IN, int64_t OUT, int64_t R,
                int64_t C) {
   int32_t acc[4][2];
   if (R == 4 && C == 2) dot_tile_int8<4, 2>(x, w, IN, acc);
@@ -207,19 +235,15 @@ void int8_tile(const int16_t* x, const int8_t* w, float* y, int64_t IN, int64_t 
     for (int64_t c = 0; c < C; ++c) y[r * OUT + c] = std::bit_cast<float>(acc[r][c]);
 }
 
-// y (N, OUT) = the int32 sums x (N, IN, u8) . w (OUT, IN plain rows, s8), as float bits.
-// The loop that runs where oneDNN has no VNNI kernel: x widened once to int16 (the products pair
-// into int32 lanes without saturating, as AVX2's vpmaddwd does), the weight rows taken in blocks
-// of 16 that stay in the L1 cache while every row of x passes, in tiles of 4 rows of x by 2 rows
-// of w (int8_tile). The sums are exact, so neither the order nor the split over threads changes a
-// bit.
+// y (N, OUT) = the int32 sums xq (N, IN, s8: offset 0) . w (OUT, IN plain rows, s8), as
+// float bits. The loop that runs where oneDNN has no VNNI kernel (its AVX2 u8 x s8 GEMM saturates
+// int16 pair sums): the weight rows taken in blocks of 32 that stay in the L1 cache while every
+// row of x passes, in tiles of 4 rows of x by 2 rows of w (int8_tile). The sums are exact, so
+// neither the order nor the split over threads changes a bit.
 void matmul_int8_reference(const QuantRows& x, const QuantWeights& w, float* y, int64_t N,
                            int64_t IN, int64_t OUT) {
-  constexpr int64_t kBlock = 16;
-  thread_local std::vector<int16_t> xw;
-  xw.resize((size_t)(N * IN));
-  for (int64_t i = 0; i < N * IN; ++i) xw[i] = x.data[i];
-  const int16_t* xp = xw.data();
+  constexpr int64_t kBlock = 32;
+  const auto* xp = reinterpret_cast<const int8_t*>(x.data);
   const int64_t blocks = (OUT + kBlock - 1) / kBlock;
 #pragma omp parallel for if (N * OUT * IN > kParallelGrain) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
@@ -330,7 +354,7 @@ void linear_int8(const Tensor& x2, const Tensor& w, const Tensor& b, const Tenso
          " products per output, more than the " + std::to_string(kMaxIn) +
          " an int32 sum of u8 x s8 products holds without overflow");
   float* y = y2.data<float>();
-  const QuantRows xq = quantize_activations(x2);
+  const QuantRows xq = quantize_activations(x2, reference ? 0 : 128);
   const Replacement* r = replacement_of(w);
   if (reference) {
     const auto s = whole(w, r) && r->tag == kPlainTag
