@@ -394,10 +394,42 @@ bool linear_rows_avx2(const float* x, const float* w, const float* b, float* y, 
   }
   return true;
 }
+
+// M rows of x through plain rows of a wide weight (OUT >= 2048) on AVX2: the outputs cut into
+// pieces of 256 rows of w split over the threads, each piece one single-threaded dnnl_sgemm.
+// oneDNN's gemm:jit run on the whole problem with two threads reached 48 GMAC/s at Marian's
+// vocabulary projection (32 x 512 x 58112) and 70 at its FFN (32 x 512 x 2048); in pieces 54
+// and 76 (AMD EPYC Zen 3: docs/hub-models.md). Narrower weights stay whole (256 pieces of 512
+// outputs were slower).
+bool linear_pieces_avx2(const float* x, const float* w, const float* b, float* y, int64_t IN,
+                        int64_t OUT, int64_t M) {
+  constexpr int64_t kPiece = 256;
+  if (OUT < 8 * kPiece) return false;
+  const int64_t pieces = (OUT + kPiece - 1) / kPiece;
+  std::atomic<int> failed{dnnl_success};
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p) {
+    const int64_t o0 = p * kPiece, n = std::min(kPiece, OUT - o0);
+    const dnnl_status_t st =
+        dnnl_sgemm('N', 'T', M, n, IN, 1.f, x, IN, w + o0 * IN, IN, 0.f, y + o0, OUT);
+    if (st != dnnl_success) failed = st;
+    if (b)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t o = o0; o < o0 + n; ++o) y[m * OUT + o] += b[o];
+  }
+  if (failed != dnnl_success)
+    fail("linear: oneDNN's dnnl_sgemm refused " + std::to_string(M) + " x " + std::to_string(IN) +
+         " x " + std::to_string(OUT) + " (status " + std::to_string(failed.load()) + ")");
+  return true;
+}
 #else
 bool linear_rows_avx2(const float*, const float*, const float*, float*, int64_t, int64_t,
                       int64_t = 1) {
   return false;  // AVX-512 (linear_short_rows, the one-row loop) or no AVX2
+}
+bool linear_pieces_avx2(const float*, const float*, const float*, float*, int64_t, int64_t,
+                        int64_t) {
+  return false;  // AVX-512: keep_for_inference keeps blocked weights there
 }
 #endif
 
@@ -739,6 +771,9 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 // Up to this many rows (a beam of 4 at batch 1) float32 plain weights go through
 // linear_rows_avx2 on AVX2.
 constexpr int64_t kFewRows = 4;
+// Up to this many rows (a decoding step of batch 32 and beam 4) wide float32 plain weights go
+// through linear_pieces_avx2 on AVX2; a prompt's rows stay with one oneDNN call.
+constexpr int64_t kPiecesRows = 128;
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
 // weights in the primitive's preferred layout (f32_weights(): decoding reads every weight once
@@ -751,9 +786,12 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
                               const Tensor& y, bool bf16) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   if (N == 1 && !bf16 && linear_one_row(x, w, b, y)) return;
+  const float* pb = b.defined() ? b.data<float>() : nullptr;
   if (N <= kFewRows && !bf16 && !kern::kept_form(w, DType::f32) &&
-      linear_rows_avx2(x.data<float>(), w.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                       y.data<float>(), IN, OUT, N))
+      linear_rows_avx2(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT, N))
+    return;
+  if (N <= kPiecesRows && !bf16 && !kern::kept_form(w, DType::f32) &&
+      linear_pieces_avx2(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT, N))
     return;
   const auto& c = inference_inner_product(N, IN, OUT, b.defined(), bf16);
   if (bf16) {

@@ -230,6 +230,32 @@ BOOST_AUTO_TEST_CASE(linear_one_row_inference_matches_f64) {
   }
 }
 
+// 5 to 128 rows through a wide weight without a tape (a decoding step at batch 32, or batch 32
+// and beam 4, through Marian's vocabulary projection) go through pieces of 256 outputs on AVX2
+// (linear_pieces_avx2): at the edges of that path (4 and 129 rows, 2047 outputs), with outputs
+// that end inside a piece, bias or not, on one and on two threads, float32 matches float64.
+BOOST_AUTO_TEST_CASE(linear_wide_weight_inference_matches_f64) {
+  Generator g(12);
+  const int prev = omp_get_max_threads();
+  for (int64_t out : {2047, 2048, 2309}) {
+    for (bool bias : {false, true}) {
+      Tensor w = randn({out, 96}, DType::f64, g), b = bias ? randn({out}, DType::f64, g) : Tensor();
+      Tensor w32 = cast_copy(w, DType::f32), b32 = bias ? cast_copy(b, DType::f32) : Tensor();
+      autograd::NoGrad ng;
+      for (int64_t rows : {4, 5, 37, 128, 129}) {
+        Tensor x = randn({rows, 96}, DType::f64, g), x32 = cast_copy(x, DType::f32);
+        for (int threads : {1, std::max(2, prev)}) {
+          omp_set_num_threads(threads);
+          BOOST_TEST_CONTEXT("OUT " << out << ", bias " << bias << ", rows " << rows << ", threads "
+                                    << threads)
+          check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+        }
+        omp_set_num_threads(prev);
+      }
+    }
+  }
+}
+
 // Short rows go several at a time (linear_short_rows, IN <= 256), longer ones one at a time: at
 // every length around a vector (16 float32) and around that bound, with output counts below, at
 // and past a group of rows, bias or not, the row matches float64 on one and on two threads, and
