@@ -395,17 +395,21 @@ bool linear_rows_avx2(const float* x, const float* w, const float* b, float* y, 
   return true;
 }
 
+std::atomic<uint64_t> pieces_calls{0};  // kern::linear_pieces_calls
+
 // M rows of x through plain rows of a wide weight (OUT >= 2048) on AVX2: the outputs cut into
 // pieces of 256 rows of w split over the threads, each piece one single-threaded dnnl_sgemm.
 // oneDNN's gemm:jit run on the whole problem with two threads reached 48 GMAC/s at Marian's
 // vocabulary projection (32 x 512 x 58112) and 70 at its FFN (32 x 512 x 2048); in pieces 54
-// and 76 (AMD EPYC Zen 3: docs/hub-models.md). Narrower weights stay whole (256 pieces of 512
-// outputs were slower).
+// and 76 (AMD EPYC Zen 3: docs/hub-models.md). Narrower weights stay whole (pieces of 512
+// outputs were slower), and so does a weight with fewer than 2 pieces a thread (measured at 2
+// threads only: more threads than that would idle).
 bool linear_pieces_avx2(const float* x, const float* w, const float* b, float* y, int64_t IN,
                         int64_t OUT, int64_t M) {
   constexpr int64_t kPiece = 256;
-  if (OUT < 8 * kPiece) return false;
   const int64_t pieces = (OUT + kPiece - 1) / kPiece;
+  if (OUT < 8 * kPiece || pieces < 2 * (int64_t)omp_get_max_threads()) return false;
+  pieces_calls.fetch_add(1, std::memory_order_relaxed);
   std::atomic<int> failed{dnnl_success};
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < pieces; ++p) {
@@ -429,7 +433,7 @@ bool linear_rows_avx2(const float*, const float*, const float*, float*, int64_t,
 }
 bool linear_pieces_avx2(const float*, const float*, const float*, float*, int64_t, int64_t,
                         int64_t) {
-  return false;  // AVX-512: keep_for_inference keeps blocked weights there
+  return false;  // AVX-512 (keep_for_inference keeps blocked weights there) or no AVX2 / FMA
 }
 #endif
 
@@ -772,7 +776,7 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 // linear_rows_avx2 on AVX2.
 constexpr int64_t kFewRows = 4;
 // Up to this many rows (a decoding step of batch 32 and beam 4) wide float32 plain weights go
-// through linear_pieces_avx2 on AVX2; a prompt's rows stay with one oneDNN call.
+// through linear_pieces_avx2 on AVX2; more rows (a long prompt) stay with one oneDNN call.
 constexpr int64_t kPiecesRows = 128;
 
 // Inference (no tape) through oneDNN inner_product, its primitive cached per problem, the
@@ -1522,6 +1526,14 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
 }
 
 uint64_t kept_f32_panel_calls() { return panel_calls.load(std::memory_order_relaxed); }
+
+uint64_t linear_pieces_calls() {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  return pieces_calls.load(std::memory_order_relaxed);
+#else
+  return 0;
+#endif
+}
 
 uint64_t kept_bf16_loop_calls() {
 #if defined(__AVX512BF16__)

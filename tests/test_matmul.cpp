@@ -9,6 +9,7 @@
 #include "graft/autograd/tape.h"
 #include "graft/ops/matmul.h"
 #include "graft/ops/shape.h"
+#include "ops/internal/kernels.h"
 #include "tests/test_util.h"
 
 using namespace graft;
@@ -232,9 +233,16 @@ BOOST_AUTO_TEST_CASE(linear_one_row_inference_matches_f64) {
 
 // 5 to 128 rows through a wide weight without a tape (a decoding step at batch 32, or batch 32
 // and beam 4, through Marian's vocabulary projection) go through pieces of 256 outputs on AVX2
-// (linear_pieces_avx2): at the edges of that path (4 and 129 rows, 2047 outputs), with outputs
-// that end inside a piece, bias or not, on one and on two threads, float32 matches float64.
+// builds without AVX-512 (linear_pieces_avx2), where there are 2 pieces a thread: at the edges of
+// that path (4 and 129 rows, 2047 outputs), with outputs that end inside a piece, bias or not, on
+// one thread and on two (or the machine's count), float32 matches float64, and the path ran
+// where expected.
 BOOST_AUTO_TEST_CASE(linear_wide_weight_inference_matches_f64) {
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+  constexpr bool kPiecesBuilt = true;
+#else
+  constexpr bool kPiecesBuilt = false;
+#endif
   Generator g(12);
   const int prev = omp_get_max_threads();
   for (int64_t out : {2047, 2048, 2309}) {
@@ -246,9 +254,14 @@ BOOST_AUTO_TEST_CASE(linear_wide_weight_inference_matches_f64) {
         Tensor x = randn({rows, 96}, DType::f64, g), x32 = cast_copy(x, DType::f32);
         for (int threads : {1, std::max(2, prev)}) {
           omp_set_num_threads(threads);
+          const bool pieces = kPiecesBuilt && out >= 2048 && rows > 4 && rows <= 128 &&
+                              (out + 255) / 256 >= 2 * threads;
+          const uint64_t calls = kern::linear_pieces_calls();
           BOOST_TEST_CONTEXT("OUT " << out << ", bias " << bias << ", rows " << rows << ", threads "
-                                    << threads)
-          check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+                                    << threads) {
+            check_same(linear(x32, w32, b32), linear(x, w, b), 1e-4);
+            BOOST_TEST(kern::linear_pieces_calls() == calls + (pieces ? 1 : 0));
+          }
         }
         omp_set_num_threads(prev);
       }
