@@ -110,12 +110,12 @@ std::optional<DType> half_dtype_of(const char* op, const A&... args) {
 // How many op calls went through float32 (via_f32) on any thread: tests/test_half_native.cpp
 // checks that inference of the ops with 16-bit loops adds none.
 uint64_t f32_detours();
+void count_f32_detour();
 
 // How many float32 inference linears ran as pieces of outputs, one single-threaded dnnl_sgemm
 // each (ops/matmul.cpp's linear_pieces_avx2; AVX2 builds without AVX-512), on any thread:
 // tests/test_matmul.cpp checks the path runs where expected.
 uint64_t linear_pieces_calls();
-void count_f32_detour();
 
 // ---- 16-bit tape entries ----
 //
