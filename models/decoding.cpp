@@ -91,7 +91,9 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
     freed = free_float32_linears(model, quantize_weight_int8);
     for (const auto& [name, w] : embedding_tables(model)) freed += quantize_weight_int8(w, name);
   } else if (p == Precision::fp32) {  // one copy of each linear weight: the kernel's layout
-    freed = keep_weights_fp32(int8_linear_weights(model));  // packed: one block, huge pages
+    nn::NamedTensors kept = int8_linear_weights(model);
+    for (auto& table : embedding_tables(model)) kept.push_back(std::move(table));  // tied ones
+    freed = keep_weights_fp32(kept);  // packed: one block, huge pages
   } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native
     for (const auto& [name, t] : model.named_parameters())
       if (t.dtype() == DType::f32) freed += (size_t)t.numel() * 2;

@@ -29,6 +29,7 @@
 #include "ops/internal/int8.h"
 #include "ops/internal/kept.h"
 #include "ops/internal/kernels.h"
+#include "ops/internal/panels.h"
 
 namespace graft {
 
@@ -455,30 +456,6 @@ void linear_one_row_f32(const float* x, const float* w, const float* b, float* y
   }
 }
 
-// A weight layout of the "IN-block x OUT-block, OUT innermost" family: element (o, i) at
-// (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, Ab16a with
-// IB = 1, ...; `padded`: the last block of outputs is padded with zeros). Transposed rows (BA,
-// oneDNN's pick under AVX2) are the family with IB = 1 and tiles of OB = 64 outputs, S0 = 64,
-// unpadded.
-struct OutInnermost {
-  int64_t OB = 0, IB = 1, S0 = 0, S1 = 0;
-  bool padded = true;
-};
-
-// d's place in that family, or nullopt for another layout.
-std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
-  const auto& m = d.data;
-  if (m.format_kind != dnnl_blocked || m.ndims != 2 || m.data_type != dnnl_f32) return std::nullopt;
-  const auto& bl = m.format_desc.blocking;
-  OutInnermost f{0, 1, bl.strides[0], bl.strides[1]};
-  if (bl.inner_nblks == 0 && bl.strides[0] == 1) f = {64, 1, 64, bl.strides[1], false};
-  else if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 0) f.OB = bl.inner_blks[0];
-  else if (bl.inner_nblks == 2 && bl.inner_idxs[0] == 1 && bl.inner_idxs[1] == 0)
-    f.IB = bl.inner_blks[0], f.OB = bl.inner_blks[1];
-  else return std::nullopt;
-  return f;
-}
-
 // y[o0, o0 + m) for G consecutive blocks of L outputs (panels S0 apart) at once: the G panels
 // read side by side, as G streams, each x[i] broadcast over G * L accumulators. A Zen 4 streams a
 // base decoder's weights from 4 KiB pages about 1.3x as fast this way (G = 4) as one panel after
@@ -488,7 +465,7 @@ std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
 // (docs/reliability.md).
 template <int L, int G>
 void one_row_panels(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                    const OutInnermost& f, int64_t m) {
+                    const kern::OutInnermost& f, int64_t m) {
   float a[G][L] = {};
   for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
     const float* p = w + i0 / f.IB * f.S1;
@@ -507,7 +484,7 @@ void one_row_panels(const float* x, const float* w, const float* b, float* y, in
 // block (transposed rows) one output at a time.
 template <int OB>
 void one_row_one_block(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                       int64_t OUT, const OutInnermost& f, int64_t ob) {
+                       int64_t OUT, const kern::OutInnermost& f, int64_t ob) {
   const int64_t o0 = ob * OB, m = std::min<int64_t>(OB, OUT - o0);
   const float* bb = b ? b + o0 : nullptr;
   if (m == OB || f.padded) one_row_panels<OB, 1>(x, w + ob * f.S0, bb, y + o0, IN, f, m);
@@ -524,7 +501,7 @@ std::atomic<uint64_t> panel_calls{0};  // kern::kept_f32_panel_calls
 // (transposed rows), runs block by block.
 template <int OB, int G>
 void one_row_out_innermost(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                           int64_t OUT, const OutInnermost& f, bool parallel) {
+                           int64_t OUT, const kern::OutInnermost& f, bool parallel) {
   const int64_t blocks = (OUT + OB - 1) / OB, groups = (blocks + G - 1) / G;
   if (G > 1) panel_calls.fetch_add(1, std::memory_order_relaxed);
 #pragma omp parallel for schedule(static) if (parallel)
@@ -539,27 +516,35 @@ void one_row_out_innermost(const float* x, const float* w, const float* b, float
   }
 }
 
-// The most blocks one_row_panels reads side by side: 4 x 64 accumulators fill 16 of AVX-512's 32
-// vector registers; with 16 (AVX2) they would spill, so one block there (measured on AVX-512 only).
+// The most blocks of OB outputs one_row_panels reads side by side: 4 x 64 sums fill 16 of
+// AVX-512's 32 vector registers; AVX2's 16 hold 64 sums (4 panels of 16: SmolLM's and TinyLlama's
+// shapes streamed at 31 and 33 GB/s against 28 and 29-31 one panel at a time, AMD EPYC Zen 3, 2
+// threads, 2 MiB pages: docs/hub-models.md).
 #if defined(__AVX512F__)
-constexpr int64_t kMaxPanels = 4;
+constexpr int64_t max_panels(int64_t) { return 4; }
+constexpr bool kAvx512Build = true;
 #else
-constexpr int64_t kMaxPanels = 1;
+constexpr int64_t max_panels(int64_t OB) {
+  return std::max<int64_t>(1, std::min<int64_t>(4, 64 / OB));
+}
+constexpr bool kAvx512Build = false;
 #endif
 
 // One row through a weight of the OUT-innermost family with OB outputs per block: 4 blocks side
-// by side while every thread still gets a group of them, else 2, else 1. Weights on 2 MiB pages
-// (`huge_pages`) are read one block after another: one stream per thread, which a Zen 4 read
-// 7-9% faster there than 4 side by side (a base decoder's one-row steps; on 4 KiB pages 4
-// streams were 3-8% faster: docs/performance.md).
+// by side while every thread still gets a group of them (up to max_panels), else 2, else 1. On
+// AVX-512, weights on 2 MiB pages (`huge_pages`) are read one block after another: one stream per
+// thread, which a Zen 4 read 7-9% faster there than 4 side by side (a base decoder's one-row
+// steps; on 4 KiB pages 4 streams were 3-8% faster: docs/performance.md).
 template <int OB>
 void one_row_by_groups(const float* x, const float* w, const float* b, float* y, int64_t IN,
-                       int64_t OUT, const OutInnermost& f, bool huge_pages) {
+                       int64_t OUT, const kern::OutInnermost& f, bool huge_pages) {
   const bool parallel = OUT * IN >= 16384;
   const int64_t blocks = (OUT + OB - 1) / OB, threads = parallel ? omp_get_max_threads() : 1;
-  if (kMaxPanels == 1 || huge_pages) one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
-  else if (blocks >= 4 * threads) one_row_out_innermost<OB, 4>(x, w, b, y, IN, OUT, f, parallel);
-  else if (blocks >= 2 * threads) one_row_out_innermost<OB, 2>(x, w, b, y, IN, OUT, f, parallel);
+  const int64_t most = (huge_pages && kAvx512Build) ? 1 : max_panels(OB);
+  if (most >= 4 && blocks >= 4 * threads)
+    one_row_out_innermost<OB, 4>(x, w, b, y, IN, OUT, f, parallel);
+  else if (most >= 2 && blocks >= 2 * threads)
+    one_row_out_innermost<OB, 2>(x, w, b, y, IN, OUT, f, parallel);
   else one_row_out_innermost<OB, 1>(x, w, b, y, IN, OUT, f, parallel);
 }
 
@@ -567,7 +552,7 @@ void one_row_by_groups(const float* x, const float* w, const float* b, float* y,
 // false when the loop does not know d's layout (the caller runs the inner product instead).
 bool linear_one_row_blocked(const float* x, const float* w, const dnnl::memory::desc& d,
                             const float* b, float* y, int64_t IN, int64_t OUT, bool huge_pages) {
-  const std::optional<OutInnermost> f = out_innermost(d);
+  const std::optional<kern::OutInnermost> f = kern::out_innermost(d);
   if (!f) return false;
   switch (f->OB) {
     case 64:
@@ -772,6 +757,23 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
   return for_onednn && one_row_in_layout(x, *for_onednn, b, y);
 }
 
+// N rows through w's kept panels (keep_weight_fp32 in an AVX2 build: ops/internal/panels.h) at
+// any row count; false where w is not kept as panels or is a slice of rows that starts inside a
+// panel (the inner product then runs on its copy). oneDNN's gemm:jit re-packs plain weights at
+// every call: on the panels a decoding step of 32 rows ran Marian's vocabulary projection
+// (32 x 512 x 58112) at 55-75 GMAC/s against its 43-54, its FFN (32 x 512 x 2048) at 75-83
+// against 67-68 (AMD EPYC Zen 3, 2 threads: docs/hub-models.md).
+bool linear_kept_panels(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
+                        const Tensor& y) {
+  const kern::KeptForm* k = kern::kept_form(w, DType::f32);
+  if (!k || !kern::is_panel_layout(k->layout)) return false;
+  const std::optional<WeightsAt> rows = kept_rows(w, *k, /*onednn=*/false);
+  if (!rows) return false;
+  kern::linear_panels(x.data<float>(), N, rows->data, b.defined() ? b.data<float>() : nullptr,
+                      y.data<float>(), w.shape()[1], w.shape()[0]);
+  return true;
+}
+
 // Up to this many rows (a beam of 4 at batch 1) float32 plain weights go through
 // linear_rows_avx2 on AVX2.
 constexpr int64_t kFewRows = 4;
@@ -790,6 +792,7 @@ void linear_forward_inference(const Tensor& x, int64_t N, const Tensor& w, const
                               const Tensor& y, bool bf16) {
   const int64_t IN = w.shape()[1], OUT = w.shape()[0];
   if (N == 1 && !bf16 && linear_one_row(x, w, b, y)) return;
+  if (!bf16 && linear_kept_panels(x, N, w, b, y)) return;
   const float* pb = b.defined() ? b.data<float>() : nullptr;
   if (N <= kFewRows && !bf16 && !kern::kept_form(w, DType::f32) &&
       linear_rows_avx2(x.data<float>(), w.data<float>(), pb, y.data<float>(), IN, OUT, N))
@@ -1473,10 +1476,10 @@ struct PackedWeight {
 
 std::string kept_f32_why(const std::string& name, const Tensor& w) {
   return name + " " + describe(w) +
-         ": its float32 values were freed when it was kept in the inner product's blocked "
-         "layout for float32 inference (keep_weight_fp32); only linear without a tape at fp32 "
-         "precision reads it now: load the weights again to train it, save it or run it in "
-         "another precision";
+         ": its float32 values were freed when it was kept in the blocked layout of float32 "
+         "inference (keep_weight_fp32); only linear without a tape at fp32 precision (and "
+         "embedding without a tape) reads it now: load the weights again to train it, save it "
+         "or run it in another precision";
 }
 
 // The weights of `weights` that get a blocked form (each storage once), placed one after another
@@ -1492,11 +1495,16 @@ std::vector<PackedWeight> pack_f32_forms(const std::vector<std::pair<std::string
     check_whole_storage(w, "keep_weight_fp32", name);
     if (!seen.insert(s).second) continue;  // named twice
     const int64_t OUT = w.shape()[0], IN = w.shape()[1];
-    const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
-    if (c.mds[1] == c.mds[4]) continue;  // the kernel reads w's own rows: nothing held twice
-    const size_t at = (total + 63) / 64 * 64, bytes = c.mds[1].get_size();
+    const dnnl::memory::desc plain = onednn::md_contiguous({OUT, IN});
+    dnnl::memory::desc blocked = kern::panel_layout(OUT, IN);
+    if (!kern::panels_built()) {
+      const auto& c = inference_inner_product(kLayoutRows, IN, OUT, /*has_bias=*/true, false);
+      if (c.mds[1] == c.mds[4]) continue;  // the kernel reads w's own rows: nothing held twice
+      blocked = c.mds[1];
+    }
+    const size_t at = (total + 63) / 64 * 64, bytes = blocked.get_size();
     if (at < total || bytes > SIZE_MAX - at) fail("keep_weight_fp32: the weights' bytes overflow");
-    packed.push_back({&w, &name, c.mds[4], c.mds[1], c.weights_tag, at});
+    packed.push_back({&w, &name, plain, blocked, onednn::layout_tag(blocked), at});
     total = at + bytes;
   }
   return packed;
@@ -1515,7 +1523,10 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   const HugeBlock block = huge_block(total, "keep_weight_fp32");
   size_t freed = 0;
   for (const PackedWeight& p : packed) {
-    reorder_into(p.plain, p.w->data<float>(), p.blocked, block.at(p.at));
+    float* bytes = reinterpret_cast<float*>(block.at(p.at));
+    if (kern::is_panel_layout(p.blocked))
+      kern::pack_panels(p.w->data<float>(), p.w->shape()[0], p.w->shape()[1], bytes);
+    else reorder_into(p.plain, p.w->data<float>(), p.blocked, bytes);
     const bool huge = p.at >= block.huge_from && p.at + p.blocked.get_size() <= block.huge_to;
     const kern::KeptForm form{block.data, p.w->shape()[0], p.w->shape()[1],    DType::f32,
                               p.tag,      p.blocked,       block.shift + p.at, huge};

@@ -16,6 +16,7 @@
 #include "graft/autograd/gradcheck.h"
 #include "graft/ops/reduce.h"
 #include "ops/internal/int8.h"
+#include "ops/internal/kept.h"
 #include "ops/internal/kernels.h"
 
 namespace graft {
@@ -617,14 +618,21 @@ Tensor embedding_gather_adjoint(const Tensor& g, const Tensor& ids, int64_t padd
 
 namespace {
 
-// embedding of a table made int8 for inference (quantize_weight_int8: a tied output projection):
-// rows dequantized from the int8 form, float32. Nothing to train: recording it is refused.
-Tensor embedding_int8(const Tensor& weight, const int64_t* ids, int64_t N, Shape shape) {
+// embedding of a table kept for inference, float32 rows looked up in its kept form: made int8
+// (quantize_weight_int8: rows dequantized) or kept for float32 inference (keep_weight_fp32, a
+// tied output projection: rows read out of the blocked form); nullopt for a table that holds its
+// own values. Nothing to train: recording it is refused.
+std::optional<Tensor> embedding_kept(const Tensor& weight, const int64_t* ids, int64_t N,
+                                     const Shape& shape) {
+  const kern::KeptForm* f32 = kern::kept_form(weight, DType::f32);
+  if (!f32 && !kern::has_int8_form(weight)) return std::nullopt;
   if (autograd::needs_record({weight}))
-    fail("embedding: weight " + describe(weight) +
-         " was quantized to int8 for inference and cannot be trained (run it under NoGrad)");
+    fail("embedding: weight " + describe(weight) + " was " +
+         (f32 ? "kept for float32 inference" : "quantized to int8 for inference") +
+         " and cannot be trained (run it under NoGrad)");
   Tensor out = Tensor::empty(shape, DType::f32);
-  kern::gather_int8_rows(weight, ids, N, out.data<float>());
+  if (f32) kern::gather_kept_rows(*f32, ids, N, out.data<float>());
+  else kern::gather_int8_rows(weight, ids, N, out.data<float>());
   return out;
 }
 
@@ -654,7 +662,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids, int64_t padding_idx) {
            ") for weight " + describe(weight) + " (ids " + describe(ids) + ")");
   Shape shape = ids.shape();
   shape.push_back(C);
-  if (kern::has_int8_form(weight)) return embedding_int8(weight, pi, N, shape);
+  if (std::optional<Tensor> kept = embedding_kept(weight, pi, N, shape)) return *kept;
   Tensor out = Tensor::empty(shape, weight.dtype());
   Tensor wc = kern::contig(weight);
   gather_rows(static_cast<const char*>(wc.raw()), static_cast<char*>(out.raw()), pi, 1, V, N,

@@ -1,20 +1,26 @@
-// float32 weights kept for inference in the inner product's blocked layout (keep_weight_fp32,
-// models::keep_for_inference(model, Precision::fp32)): linear on the kept form gives what it
-// gives on the float32 weight (bit for bit over rows, within float32 rounding for one row, which
-// graft's loop over the blocks sums in another order), whole and as slices of its rows that do
-// and do not start at a block; the float32 bytes are freed and every later read of them is an
-// error naming the parameter; a trained tiny Transformer decodes the same greedy and beam
-// sequences (batch 32 and batch 1) after keep_for_inference(fp32) as before. ctest runs it again
-// under DNNL_MAX_CPU_ISA=AVX2, where the inner product reads the plain rows and nothing is kept
-// (the checks of freed values then print "not checked").
+// float32 weights kept for inference in a blocked layout (keep_weight_fp32,
+// models::keep_for_inference(model, Precision::fp32)): oneDNN's inner product's on an AVX-512
+// build, graft's panels of 16 outputs on an AVX2 one (ops/internal/panels.h). linear on the kept
+// form gives what it gives on the float32 weight (bit for bit over rows where the same oneDNN
+// kernel reads the blocks, within float32 rounding for one row, which graft's loop over the
+// blocks sums in another order, and for the panels' kernel), whole and as slices of its rows that
+// do and do not start at a block; the float32 bytes are freed and every later read of them is an
+// error naming the parameter; the panels' kernel matches float64 at any row count, with the same
+// bits on any thread count; a table kept so looks its rows up exactly; a trained tiny Transformer
+// decodes the same greedy and beam sequences (batch 32 and batch 1) after
+// keep_for_inference(fp32) as before. ctest runs it again under DNNL_MAX_CPU_ISA=AVX2, where an
+// AVX-512 build's inner product reads the plain rows and nothing is kept (the checks of freed
+// values then print "not checked").
 #include <omp.h>
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
 #include <iostream>
+#include <set>
 
 #include "graft/models/decoding.h"
 #include "ops/internal/kept.h"
+#include "ops/internal/panels.h"
 #include "tests/tiny_reverse.h"
 
 using namespace graft;
@@ -48,6 +54,21 @@ bool one_row_close(const Tensor& got, const Tensor& want, int64_t IN) {
   return g.size() == w.size();
 }
 
+// The bytes a weight (OUT, IN) kept as panels holds (padded to whole panels, 64-byte aligned in
+// its block), where keeping adds them back after freeing the float32 values: before, the
+// kernel read those values themselves (no copy of its own to drop). 0 where oneDNN's blocked
+// form replaces a copy the kernel made (kept_weight_equals_float32_and_frees_it makes it first).
+size_t panel_bytes(int64_t OUT, int64_t IN) {
+  return kern::panels_built() ? kern::panels_bytes(OUT, IN) + 64 : 0;
+}
+
+// Whether several rows' outputs got == want: bit for bit where the same oneDNN kernel reads the
+// kept blocks, within one_row_close where graft's panels' kernel does (another summation order).
+bool rows_equal(const Tensor& got, const Tensor& want, int64_t IN) {
+  if (kern::panels_built()) return one_row_close(got, want, IN);
+  return got.to_vector<float>() == want.to_vector<float>();
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(fp32_keep_tests)
@@ -71,7 +92,7 @@ BOOST_AUTO_TEST_CASE(kept_weight_equals_float32_and_frees_it) {
     // AVX2): the weight stays as it is, read as before.
     BOOST_TEST((freed == (size_t)c.OUT * c.IN * 4 ||
                 (freed == 0 && w.is_contiguous() && w.to_vector<float>().size() > 0)));
-    BOOST_TEST(Storage::live_bytes() <= live - freed);
+    BOOST_TEST(Storage::live_bytes() <= live - freed + panel_bytes(c.OUT, c.IN));
     if (freed == 0)
       std::cout << "test_fp32_keep: " << c.OUT << " x " << c.IN << " read as plain rows\n";
     BOOST_TEST(keep_weight_fp32(w, "enc.linear1.weight") == 0u);  // once
@@ -80,7 +101,7 @@ BOOST_AUTO_TEST_CASE(kept_weight_equals_float32_and_frees_it) {
                              std::to_string(c.r0) + ".." + std::to_string(c.r1);
     BOOST_TEST(one_row_close(got[0], want[0], c.IN), what << ", 1 row");
     for (size_t i = 1; i < want.size(); ++i)
-      BOOST_TEST(got[i].to_vector<float>() == want[i].to_vector<float>(), what << ", output " << i);
+      BOOST_TEST(rows_equal(got[i], want[i], c.IN), what << ", output " << i);
   }
 }
 
@@ -147,11 +168,12 @@ BOOST_AUTO_TEST_CASE(slice_ending_inside_a_block_leaves_the_next_rows) {
 // without a bias, on 1 and 2 threads (which change how many blocks go side by side), under and
 // over the size that runs on the threads: within float32 rounding of the float32 weight's
 // outputs, and the side-by-side loop ran where the weight was kept.
-// ops/matmul.cpp reads blocks side by side only where AVX-512's registers hold their sums.
+// ops/matmul.cpp reads blocks side by side where the registers hold their sums: AVX-512's blocks
+// of 64 outputs, AVX2's panels of 16.
 #if defined(__AVX512F__)
-constexpr bool kPanelsBuilt = true;
+const bool kPanelsBuilt = true;
 #else
-constexpr bool kPanelsBuilt = false;
+const bool kPanelsBuilt = kern::panels_built();
 #endif
 
 BOOST_AUTO_TEST_CASE(one_row_over_blocks_side_by_side_equals_float32) {
@@ -247,8 +269,8 @@ BOOST_AUTO_TEST_CASE(weights_kept_together_share_one_block_and_equal_float32) {
     const int64_t OUT = ws[i].shape()[0], IN = ws[i].shape()[1];
     const std::vector<Tensor> got = outputs(ws[i], b, 0, OUT);
     BOOST_TEST(one_row_close(got[0], want[i][0], IN), "weight " << i);
-    BOOST_TEST(got[1].to_vector<float>() == want[i][1].to_vector<float>(), "weight " << i);
-    BOOST_TEST(got[2].to_vector<float>() == want[i][2].to_vector<float>(), "weight " << i);
+    BOOST_TEST(rows_equal(got[1], want[i][1], IN), "weight " << i);
+    BOOST_TEST(rows_equal(got[2], want[i][2], IN), "weight " << i);
     std::vector<std::vector<float>> one;
     for (const int t : {1, 2}) {
       omp_set_num_threads(t);
@@ -259,36 +281,113 @@ BOOST_AUTO_TEST_CASE(weights_kept_together_share_one_block_and_equal_float32) {
   }
   const std::vector<Tensor> got = outputs(ws[3], b, 128, 700);  // rows from the 3rd block on
   BOOST_TEST(one_row_close(got[0], want_slice[0], 512));
-  BOOST_TEST(got[1].to_vector<float>() == want_slice[1].to_vector<float>());
-  BOOST_TEST(got[2].to_vector<float>() == want_slice[2].to_vector<float>());
+  BOOST_TEST(rows_equal(got[1], want_slice[1], 512));
+  BOOST_TEST(rows_equal(got[2], want_slice[2], 512));
+}
+
+// The panels' kernel (any row count from 2 on, through linear on a weight kept as panels) gives
+// the float64 linear's outputs within float32 rounding: row counts around its tiles of 6 rows,
+// outputs around its panels of 16 (a last panel short of them), slices of rows from a panel's
+// start, with and without a bias; and the path ran. Each output is one chain over the inputs
+// whatever the rows beside it and the threads: a row's bits are the same through a 2-row call
+// and a 13-row one, on 1 and 2 threads.
+BOOST_AUTO_TEST_CASE(panels_kernel_matches_float64_at_any_row_count) {
+  if (!kern::panels_built()) {
+    BOOST_TEST_MESSAGE("not checked: this build keeps oneDNN's layouts, not panels");
+    return;
+  }
+  const int threads = omp_get_max_threads();
+  struct Case {
+    int64_t OUT, IN, r0, r1;
+  };
+  for (const Case c : {Case{1, 7, 0, 1}, Case{15, 64, 0, 15}, Case{16, 1, 0, 16},
+                       Case{100, 37, 0, 100}, Case{100, 37, 32, 100}, Case{2053, 70, 16, 2053}})
+    for (const bool bias : {true, false}) {
+      const Tensor w = random({c.OUT, c.IN}, c.OUT * 3 + c.IN), b = random({c.OUT}, 17);
+      const Tensor w64 = to_dtype(slice(w, 0, c.r0, c.r1), DType::f64);
+      const Tensor b64 = bias ? to_dtype(slice(b, 0, c.r0, c.r1), DType::f64) : Tensor();
+      BOOST_TEST_REQUIRE(keep_weight_fp32(w, "dec.linear1.weight") > 0u);
+      autograd::NoGrad ng;
+      const Tensor br = bias ? slice(b, 0, c.r0, c.r1) : Tensor();
+      for (const int64_t rows : {2, 5, 6, 7, 13, 32, 129}) {
+        const Tensor x = random({rows, c.IN}, 50 + rows);
+        const uint64_t calls = kern::linear_panels_calls();
+        const Tensor got = linear(x, slice(w, 0, c.r0, c.r1), br);
+        BOOST_TEST(kern::linear_panels_calls() == calls + 1);
+        const Tensor want = linear(to_dtype(x, DType::f64), w64, b64);
+        BOOST_TEST(one_row_close(got, to_dtype(want, DType::f32), c.IN),
+                   c.OUT << " x " << c.IN << " rows " << c.r0 << ".." << c.r1 << " bias " << bias
+                         << " x rows " << rows);
+      }
+      const Tensor x = random({13, c.IN}, 70);
+      std::vector<std::vector<float>> first_rows;
+      for (const int t : {1, 2}) {
+        omp_set_num_threads(t);
+        const Tensor wr = slice(w, 0, c.r0, c.r1);
+        first_rows.push_back(slice(linear(x, wr, br), 0, 0, 2).to_vector<float>());
+        first_rows.push_back(linear(slice(x, 0, 0, 2), wr, br).to_vector<float>());
+      }
+      omp_set_num_threads(threads);
+      for (size_t i = 1; i < first_rows.size(); ++i)
+        BOOST_TEST(first_rows[i] == first_rows[0], c.OUT << " x " << c.IN << " call " << i);
+    }
+}
+
+// A table kept as float32 (a tied embedding, keep_for_inference(fp32)) looks its rows up bit for
+// bit, the last row of a short last panel too; its tied projection gives what it gave; a lookup
+// with a tape is refused, naming why.
+BOOST_AUTO_TEST_CASE(kept_table_looks_up_its_rows_exactly) {
+  const Tensor table = random({37, 24}, 81);
+  const Tensor ids = from_vector(std::vector<int64_t>{36, 0, 17, 16, 36}, {5}, DType::i64);
+  const Tensor x = random({3, 24}, 82);
+  autograd::NoGrad ng;
+  const std::vector<float> want = embedding(table, ids).to_vector<float>();
+  const Tensor logits = linear(x, table);
+  if (keep_weight_fp32(table, "embedding.weight") == 0) {
+    BOOST_TEST_MESSAGE("not checked: the table was not kept on this CPU");
+    return;
+  }
+  BOOST_TEST(embedding(table, ids).to_vector<float>() == want);
+  BOOST_TEST(rows_equal(linear(x, table), logits, 24));
+  autograd::EnableGrad eg;
+  Tensor trained = random({37, 24}, 83);
+  trained.requires_grad_(true);
+  keep_weight_fp32(trained, "embedding.weight");
+  BOOST_CHECK_EXCEPTION(embedding(trained, ids), Error, [](const Error& e) {
+    return names(e, "kept for float32 inference") && names(e, "NoGrad");
+  });
 }
 
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(fp32_keep_model_tests)
 
-// keep_for_inference(fp32) frees the float32 weights of the model's linears (not the tied
-// embedding, whose lookup reads them) and the model decodes exactly what it decoded before,
+// keep_for_inference(fp32) frees the float32 weights of the model's linears and its tied
+// embedding (looked up in the kept form) and the model decodes exactly what it decoded before,
 // greedy and beam, batch 32 and batch 1; saving it afterwards fails naming a freed parameter.
 BOOST_AUTO_TEST_CASE(kept_model_decodes_as_before) {
   LearnedDecoder d;
   BOOST_TEST_REQUIRE(d.learned, "float32 did not learn the task in " << kCap << " steps");
   const models::Sequences greedy1 = d.decode_one_by_one(8, 1), beam1 = d.decode_one_by_one(8, 3);
-  size_t linear_bytes = 0;
+  size_t matrix_bytes = 0, kept_bytes = 0;  // the linears' weights and the embedding, once each
+  std::set<const Storage*> seen;
   for (const auto& [name, t] : d.run.m.named_parameters())
-    if (t.dim() == 2 && t.impl()->storage != d.run.m.embedding->weight.impl()->storage)
-      linear_bytes += (size_t)t.numel() * 4;
+    if (t.dim() == 2 && seen.insert(t.impl()->storage.get()).second) {
+      matrix_bytes += (size_t)t.numel() * 4;
+      kept_bytes += panel_bytes(t.shape()[0], t.shape()[1]);
+    }
   const size_t live = Storage::live_bytes();
   const size_t freed = models::keep_for_inference(d.run.m, Precision::fp32);
-  // Nothing where oneDNN's kernel reads the plain rows (every float32 shape under AVX2).
-  BOOST_TEST((freed == linear_bytes || freed == 0));
-  BOOST_TEST(Storage::live_bytes() <= live - freed);
+  // Nothing where oneDNN's kernel reads the plain rows (an AVX-512 build under AVX2).
+  BOOST_TEST((freed == matrix_bytes || freed == 0));
+  BOOST_TEST(Storage::live_bytes() <= live - freed + kept_bytes);
   BOOST_TEST((d.decode(1) == d.greedy));
   BOOST_TEST((d.decode(3) == d.beam));
   BOOST_TEST((d.decode_one_by_one(8, 1) == greedy1));
   BOOST_TEST((d.decode_one_by_one(8, 3) == beam1));
-  BOOST_TEST(d.run.m.embedding->weight.to_vector<float>().size() > 0u);  // tied: kept
   if (freed == 0) return;
+  BOOST_CHECK_EXCEPTION(d.run.m.embedding->weight.to_vector<float>(), Error,
+                        [](const Error& e) { return names(e, "embedding") && names(e, "freed"); });
   BOOST_CHECK_EXCEPTION(
       [&] {
         for (const auto& [name, t] : d.run.m.state_dict()) t.to_vector<float>();

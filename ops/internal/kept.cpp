@@ -126,6 +126,31 @@ size_t replace_weight(const Tensor& w, const KeptForm& form, const std::string& 
   return freed;
 }
 
+std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
+  const auto& m = d.data;
+  if (m.format_kind != dnnl_blocked || m.ndims != 2 || m.data_type != dnnl_f32) return std::nullopt;
+  const auto& bl = m.format_desc.blocking;
+  OutInnermost f{0, 1, bl.strides[0], bl.strides[1]};
+  if (bl.inner_nblks == 0 && bl.strides[0] == 1) f = {64, 1, 64, bl.strides[1], false};
+  else if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 0) f.OB = bl.inner_blks[0];
+  else if (bl.inner_nblks == 2 && bl.inner_idxs[0] == 1 && bl.inner_idxs[1] == 0)
+    f.IB = bl.inner_blks[0], f.OB = bl.inner_blks[1];
+  else return std::nullopt;
+  return f;
+}
+
+void gather_kept_rows(const KeptForm& k, const int64_t* ids, int64_t N, float* out) {
+  const std::optional<OutInnermost> f = out_innermost(k.layout);
+  if (!f || k.dtype != DType::f32)
+    fail("embedding: the table's kept float32 form (layout tag " + std::to_string(k.tag) +
+         ") is not one graft looks rows up in");
+  const float* w = static_cast<const float*>(k.bytes());
+  const int64_t IN = k.IN;
+#pragma omp parallel for schedule(static) if (N * IN >= 65536)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < IN; ++i) out[n * IN + i] = w[f->at(ids[n], i)];
+}
+
 const KeptForm* kept_form(const Tensor& w, DType dtype) {
   const std::shared_ptr<Storage>& src = w.impl()->storage;
   if (src->data) return nullptr;

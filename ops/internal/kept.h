@@ -34,6 +34,28 @@ struct KeptForm {
   const void* bytes() const { return static_cast<const char*>(data->data) + offset; }
 };
 
+// A weight layout of the "IN-block x OUT-block, OUT innermost" family: element (o, i) at
+// (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, graft's
+// panels (ops/internal/panels.h) with IB = 1, ...; `padded`: the last block of outputs is padded
+// with zeros). Transposed rows (BA, oneDNN's pick under AVX2) are the family with IB = 1 and
+// tiles of OB = 64 outputs, S0 = 64, unpadded.
+struct OutInnermost {
+  int64_t OB = 0, IB = 1, S0 = 0, S1 = 0;
+  bool padded = true;
+  /// Where element (o, i) lies.
+  int64_t at(int64_t o, int64_t i) const {
+    return o / OB * S0 + i / IB * S1 + i % IB * OB + o % OB;
+  }
+};
+
+// d's place in that family (a float32 2-D layout), or nullopt for another layout.
+std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d);
+
+// Rows ids[0, N) (each in [0, k.OUT)) of the float32 weight kept as k into out (N, k.IN): a
+// lookup in a table kept for float32 inference (a tied embedding, keep_for_inference(fp32)).
+// Fails naming the layout where k's is not of the OUT-innermost family.
+void gather_kept_rows(const KeptForm& k, const int64_t* ids, int64_t N, float* out);
+
 // Fails (the message starting with `who`, naming `name`) unless w is the whole of its storage:
 // freeing a view's storage would free the rest of it.
 void check_whole_storage(const Tensor& w, const std::string& who, const std::string& name);

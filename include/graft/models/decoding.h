@@ -28,12 +28,14 @@ namespace graft::models {
 /// 2 bytes each, the float32 ones freed), run by the ops natively or through float32
 /// (docs/mixed-precision.md), then the same linear weights kept in the layout oneDNN's bf16
 /// inference inner product reads, their plain bf16 values freed (keep_weight_bf16; where no bf16
-/// kernel runs they stay plain). fp32: the same linear weights are kept in the layout oneDNN's
-/// inference inner product reads and their float32 values freed (keep_weight_fp32), so each is
-/// held once, not twice (values and kernel copy). In every precision the process cache of freed big
-/// blocks goes back to the OS (what loading freed; Storage::release_cached). Afterwards the model
-/// runs linear only under PrecisionGuard(p) without a tape; training it, saving it or running it in
-/// another precision fails naming the first freed parameter it reads.
+/// kernel runs they stay plain). fp32: the same linear weights and the embedding tables are kept
+/// in the blocked layout float32 inference reads and their float32 values freed
+/// (keep_weights_fp32), so each is held once, not twice (values and kernel copy); lookups read
+/// rows out of the kept form, and a tied output projection reads that same form. In every precision
+/// the process cache of freed big blocks goes back to the OS (what loading freed;
+/// Storage::release_cached). Afterwards the model runs linear only under PrecisionGuard(p) without
+/// a tape; training it, saving it or running it in another precision fails naming the first freed
+/// parameter it reads.
 /// @return the bytes of float32 values freed.
 /// @throws graft::Error from quantize_weight_int8 (a NaN or inf weight, named),
 ///         keep_weight_fp32 or keep_weight_bf16.

@@ -167,18 +167,20 @@ size_t quantize_weight_int8(const Tensor& w, const std::string& name);
 ///         w's shape and contiguous.
 size_t quantize_weight_int8_from(const Tensor& w, const Tensor& from, const std::string& name);
 /// Keeps the float32 weight `w` (OUT, IN) of a linear layer for float32 inference only: w is
-/// reordered once into the layout oneDNN's inference inner product reads (on an AVX-512 CPU
-/// blocks of 16 inputs x 64 outputs), that form kept as w's replacement, and w's float32 values
-/// freed (Storage::release), so the process holds each weight once instead of twice (its values
-/// and the kernel's copy). linear(x, w, b) (or a slice of w's rows) at fp32 precision without a
-/// tape then reads the kept form at any row count (one row through graft's own loop over the
-/// blocks); every other read of w's values (training, saving, another precision, printing) fails
-/// with "<name> f32 (OUT, IN): its float32 values were freed when it was kept in the inner
-/// product's blocked layout for float32 inference ...". Call it before inference starts, not
-/// while another thread reads w.
-/// @return the bytes freed; 0 when w was kept already, or where the kernel reads plain rows
-///         (nothing is held twice there: every shape on an AVX2 CPU, where oneDNN 2.6's choice,
-///         the transposed rows, read one row 1.3x slower than the plain rows).
+/// reordered once into the blocked layout float32 inference reads (an AVX-512 build: the one
+/// oneDNN's inference inner product picks, on such a CPU blocks of 16 inputs x 64 outputs; an
+/// AVX2 build: graft's panels of 16 outputs, read by graft's own kernel at every row count, see
+/// docs/mixed-precision.md), that form kept as w's replacement, and w's float32 values freed
+/// (Storage::release), so the process holds each weight once. linear(x, w, b) (or a slice of
+/// w's rows) at fp32 precision without a tape then reads the kept form at any row count (one row
+/// through graft's own loop over the blocks), and so does embedding(w, ids) without a tape (a
+/// tied table); every other read of w's values (training, saving, another precision, printing)
+/// fails with "<name> f32 (OUT, IN): its float32 values were freed when it was kept in the
+/// blocked layout of float32 inference ...". Call it before inference starts, not while another
+/// thread reads w.
+/// @return the bytes freed (a kept form holds as many, padded to its blocks); 0 when w was kept
+///         already, or where oneDNN's kernel reads plain rows (an AVX-512 build run under
+///         DNNL_MAX_CPU_ISA=AVX2: nothing is kept there).
 /// @throws graft::Error naming `name` when w is undefined, not float32, not 2-D, not contiguous
 ///         or a view of a larger storage (freeing it would free the rest).
 size_t keep_weight_fp32(const Tensor& w, const std::string& name);
@@ -186,8 +188,8 @@ size_t keep_weight_fp32(const Tensor& w, const std::string& name);
 /// one block of memory, which asks the system for 2 MiB pages: one row of decoding streams every
 /// weight, and a base decoder's steps ran 7-9% faster from huge pages (AMD EPYC Zen 4,
 /// docs/performance.md). A storage named twice is kept once. models::keep_for_inference(fp32)
-/// calls it with every linear weight of the model. The block lives while any of its weights does
-/// (a dead model's block is given back at the next keep at the latest).
+/// calls it with every linear weight and embedding table of the model. The block lives while any of
+/// its weights does (a dead model's block is given back at the next keep at the latest).
 /// @return the bytes freed.
 /// @throws graft::Error naming the weight, as keep_weight_fp32(), before anything is kept.
 size_t keep_weights_fp32(const std::vector<std::pair<std::string, Tensor>>& weights);
@@ -207,10 +209,10 @@ size_t keep_weights_fp32(const std::vector<std::pair<std::string, Tensor>>& weig
 ///         a view of a larger storage (freeing it would free the rest).
 size_t keep_weight_bf16(const Tensor& w, const std::string& name);
 /// Gathers what inference reads of each weight of `weights` (name, weight) into one block of
-/// memory that asks the system for 2 MiB pages: a weight's own values (plain float32 rows on an
-/// AVX2 CPU, plain bf16 rows without a bf16 kernel) or the form kept for it (int8, a bf16 blocked
-/// form), each storage once; forms packed together already (keep_weights_fp32) stay. Every view
-/// stays valid (Storage::move_into) and the values are unchanged. One row of decoding streams
+/// memory that asks the system for 2 MiB pages: a weight's own values (plain float32 rows where
+/// nothing was kept, plain bf16 rows without a bf16 kernel) or the form kept for it (int8, a bf16
+/// blocked form), each storage once; forms packed together already (keep_weights_fp32) stay. Every
+/// view stays valid (Storage::move_into) and the values are unchanged. One row of decoding streams
 /// every weight: SmolLM-135M's bf16 weights (matrices under 2 MiB each, so on 4 KiB pages one by
 /// one) generated 1.08x to 1.20x as fast from one block (AMD EPYC Zen 3, docs/hub-models.md).
 /// models::keep_for_inference calls it at every precision. Call it before inference starts, not
