@@ -1525,7 +1525,7 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   for (const PackedWeight& p : packed) {
     float* bytes = reinterpret_cast<float*>(block.at(p.at));
     if (kern::is_panel_layout(p.blocked))
-      kern::pack_panels(p.w->data<float>(), p.w->shape()[0], p.w->shape()[1], bytes);
+      kern::pack_panels(p.w->data<float>(), p.w->shape()[0], p.w->shape()[1], bytes, true);
     else reorder_into(p.plain, p.w->data<float>(), p.blocked, bytes);
     const bool huge = p.at >= block.huge_from && p.at + p.blocked.get_size() <= block.huge_to;
     const kern::KeptForm form{block.data, p.w->shape()[0], p.w->shape()[1],    DType::f32,

@@ -6,6 +6,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
 #define GRAFT_PANELS 1
@@ -121,19 +124,41 @@ bool is_panel_layout(const dnnl::memory::desc& d) {
   return d == panel_layout(m.dims[0], m.dims[1]);
 }
 
-void pack_panels(const float* w, int64_t OUT, int64_t IN, float* out) {
-  const int64_t panels = (OUT + kPanelOutputs - 1) / kPanelOutputs;
+namespace {
+
+// Panels [q0, q1) of w (OUT, IN) at `out`, the last panel's padding zero.
+void pack_panel_range(const float* w, int64_t OUT, int64_t IN, float* out, int64_t q0, int64_t q1) {
 #pragma omp parallel for schedule(static)
-  for (int64_t q = 0; q < panels; ++q) {
+  for (int64_t q = q0; q < q1; ++q) {
     float* p = out + q * IN * kPanelOutputs;
     for (int64_t j = 0; j < kPanelOutputs; ++j) {
       const int64_t o = q * kPanelOutputs + j;
-      if (o >= OUT) {
-        for (int64_t i = 0; i < IN; ++i) p[i * kPanelOutputs + j] = 0.f;
-        continue;
-      }
-      for (int64_t i = 0; i < IN; ++i) p[i * kPanelOutputs + j] = w[o * IN + i];
+      for (int64_t i = 0; i < IN; ++i) p[i * kPanelOutputs + j] = o < OUT ? w[o * IN + i] : 0.f;
     }
+  }
+}
+
+// Gives the whole pages inside [from, to) back to the system (their contents are lost).
+void drop_pages(const void* from, const void* to) {
+#if defined(__linux__)
+  const uintptr_t page = 4096, a = (reinterpret_cast<uintptr_t>(from) + page - 1) / page * page,
+                  b = reinterpret_cast<uintptr_t>(to) / page * page;
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+#else
+  (void)from, (void)to;
+#endif
+}
+
+}  // namespace
+
+void pack_panels(const float* w, int64_t OUT, int64_t IN, float* out, bool consume) {
+  const int64_t panels = (OUT + kPanelOutputs - 1) / kPanelOutputs;
+  // Chunks of about 4 MiB of w: after each, the pages of w it read are given back.
+  const int64_t chunk = consume ? std::max<int64_t>(1, (int64_t(4) << 20) / (IN * 64)) : panels;
+  for (int64_t q0 = 0; q0 < panels; q0 += chunk) {
+    const int64_t q1 = std::min(panels, q0 + chunk);
+    pack_panel_range(w, OUT, IN, out, q0, q1);
+    if (consume) drop_pages(w, w + std::min(OUT, q1 * kPanelOutputs) * IN);
   }
 }
 

@@ -31,9 +31,12 @@ size_t panels_bytes(int64_t OUT, int64_t IN);
 // Whether d is panel_layout's layout (any OUT, IN).
 bool is_panel_layout(const dnnl::memory::desc& d);
 
-// Writes w (OUT, IN, plain rows) as panels at `out` (panel_layout(OUT, IN).get_size() bytes),
-// the last panel's padding zero.
-void pack_panels(const float* w, int64_t OUT, int64_t IN, float* out);
+// Writes w (OUT, IN, plain rows) as panels at `out` (panels_bytes(OUT, IN)), the last panel's
+// padding zero. `consume`: w's values are not read again (keep_weight_fp32 frees them next), so
+// its whole pages go back to the system (madvise MADV_DONTNEED) as each chunk of about 4 MiB is
+// packed: keeping a model's weights peaks at their bytes plus a chunk rather than plus the
+// largest weight (TinyLlama's 262 MB tables).
+void pack_panels(const float* w, int64_t OUT, int64_t IN, float* out, bool consume);
 
 // y (M, OUT; rows OUT apart) = x (M, IN; rows IN apart) w^T + b (b may be null) for w in panels at
 // `w` (a weight of IN inputs, or its rows from a panel's first on: OUT of them). Each output is one
