@@ -467,8 +467,9 @@ template <int L, int G>
 void one_row_panels(const float* x, const float* w, const float* b, float* y, int64_t IN,
                     const kern::OutInnermost& f, int64_t m) {
   float a[G][L] = {};
-  for (int64_t i0 = 0; i0 < IN; i0 += f.IB) {
-    const float* p = w + i0 / f.IB * f.S1;
+  // Blocks of IB inputs counted as they go: no division per block (graft's panels have IB = 1).
+  for (int64_t i0 = 0, block = 0; i0 < IN; i0 += f.IB, ++block) {
+    const float* p = w + block * f.S1;
     const int64_t n = std::min(f.IB, IN - i0);
     for (int64_t i = 0; i < n; ++i) {
       const float xi = x[i0 + i];
