@@ -92,7 +92,8 @@ size_t keep_for_inference(nn::Module& model, Precision p) {
     for (const auto& [name, w] : embedding_tables(model)) freed += quantize_weight_int8(w, name);
   } else if (p == Precision::fp32) {  // one copy of each linear weight: the kernel's layout
     nn::NamedTensors kept = int8_linear_weights(model);
-    for (auto& table : embedding_tables(model)) kept.push_back(std::move(table));  // tied ones
+    // The tables too: lookups read rows out of the kept form, a tied projection reads that form.
+    for (auto& table : embedding_tables(model)) kept.push_back(std::move(table));
     freed = keep_weights_fp32(kept);  // packed: one block, huge pages
   } else if (p == Precision::bf16) {  // a bf16 model: 2 bytes a weight, its matmuls native
     for (const auto& [name, t] : model.named_parameters())

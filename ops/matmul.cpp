@@ -767,7 +767,7 @@ bool linear_one_row(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 bool linear_kept_panels(const Tensor& x, int64_t N, const Tensor& w, const Tensor& b,
                         const Tensor& y) {
   const kern::KeptForm* k = kern::kept_form(w, DType::f32);
-  if (!k || !kern::is_panel_layout(k->layout)) return false;
+  if (!kern::panels_built() || !k || !kern::is_panel_layout(k->layout)) return false;
   const std::optional<WeightsAt> rows = kept_rows(w, *k, /*onednn=*/false);
   if (!rows) return false;
   kern::linear_panels(x.data<float>(), N, rows->data, b.defined() ? b.data<float>() : nullptr,
@@ -1492,7 +1492,7 @@ std::vector<PackedWeight> pack_f32_forms(const std::vector<std::pair<std::string
   total = 0;
   for (const auto& [name, w] : weights) {
     const Storage* s = w.impl()->storage.get();
-    if (!s->data) continue;  // kept already
+    if (!s->data || w.numel() == 0) continue;  // kept already, or nothing to keep
     check_whole_storage(w, "keep_weight_fp32", name);
     if (!seen.insert(s).second) continue;  // named twice
     const int64_t OUT = w.shape()[0], IN = w.shape()[1];
@@ -1525,13 +1525,20 @@ size_t keep_blocked_f32(const std::vector<std::pair<std::string, Tensor>>& weigh
   size_t freed = 0;
   for (const PackedWeight& p : packed) {
     float* bytes = reinterpret_cast<float*>(block.at(p.at));
-    if (kern::is_panel_layout(p.blocked))
+    const std::string why = kept_f32_why(*p.name, *p.w);
+    const bool panels = kern::is_panel_layout(p.blocked);
+    if (panels)
       kern::pack_panels(p.w->data<float>(), p.w->shape()[0], p.w->shape()[1], bytes, true);
     else reorder_into(p.plain, p.w->data<float>(), p.blocked, bytes);
     const bool huge = p.at >= block.huge_from && p.at + p.blocked.get_size() <= block.huge_to;
     const kern::KeptForm form{block.data, p.w->shape()[0], p.w->shape()[1],    DType::f32,
                               p.tag,      p.blocked,       block.shift + p.at, huge};
-    freed += replace_weight(*p.w, form, kept_f32_why(*p.name, *p.w));
+    try {
+      freed += replace_weight(*p.w, form, why);
+    } catch (...) {  // out of memory: packing consumed the values, so none may be read again
+      if (panels) p.w->impl()->storage->release(why);
+      throw;
+    }
   }
   drop_stale_derived_copies();  // copies inference made from the values before
   return freed;

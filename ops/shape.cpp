@@ -618,10 +618,10 @@ Tensor embedding_gather_adjoint(const Tensor& g, const Tensor& ids, int64_t padd
 
 namespace {
 
-// embedding of a table kept for inference, float32 rows looked up in its kept form: made int8
-// (quantize_weight_int8: rows dequantized) or kept for float32 inference (keep_weight_fp32, a
-// tied output projection: rows read out of the blocked form); nullopt for a table that holds its
-// own values. Nothing to train: recording it is refused.
+// embedding of a table kept for inference (or a slice of its rows), float32 rows looked up in its
+// kept form: made int8 (quantize_weight_int8: rows dequantized) or kept for float32 inference
+// (keep_weight_fp32: rows read out of the blocked form); nullopt for a table that holds its own
+// values. Nothing to train: recording it is refused.
 std::optional<Tensor> embedding_kept(const Tensor& weight, const int64_t* ids, int64_t N,
                                      const Shape& shape) {
   const kern::KeptForm* f32 = kern::kept_form(weight, DType::f32);
@@ -631,7 +631,7 @@ std::optional<Tensor> embedding_kept(const Tensor& weight, const int64_t* ids, i
          (f32 ? "kept for float32 inference" : "quantized to int8 for inference") +
          " and cannot be trained (run it under NoGrad)");
   Tensor out = Tensor::empty(shape, DType::f32);
-  if (f32) kern::gather_kept_rows(*f32, ids, N, out.data<float>());
+  if (f32) kern::gather_kept_rows(*f32, weight.offset() / f32->IN, ids, N, out.data<float>());
   else kern::gather_int8_rows(weight, ids, N, out.data<float>());
   return out;
 }

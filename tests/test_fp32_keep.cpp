@@ -74,9 +74,10 @@ bool rows_equal(const Tensor& got, const Tensor& want, int64_t IN) {
 BOOST_AUTO_TEST_SUITE(fp32_keep_tests)
 
 // Odd sizes (IN, OUT not multiples of the 16 x 64 blocks): the kept form gives the float32
-// weight's outputs, bit for bit over 3 and 32 rows (the same kernel on the same bytes) and within
-// rounding over one row (graft's loop over the blocks, or the inner product on a slice that cuts
-// a block); the float32 bytes are freed once.
+// weight's outputs, over 3 and 32 rows bit for bit where oneDNN's kernel reads the blocks (the
+// same kernel on the same bytes) and within rounding where graft's panels' kernel does, and
+// within rounding over one row (graft's loop over the blocks, or the inner product on a slice
+// that cuts a block); the float32 bytes are freed once.
 BOOST_AUTO_TEST_CASE(kept_weight_equals_float32_and_frees_it) {
   struct Case {
     int64_t OUT, IN, r0, r1;  // w (OUT, IN), read as its rows [r0, r1)
@@ -206,8 +207,9 @@ BOOST_AUTO_TEST_CASE(one_row_over_blocks_side_by_side_equals_float32) {
 }
 
 // The loop over kept blocks gives the same bits on 1 and 2 threads although the blocks it reads
-// side by side follow the thread count (384 x 512, 6 blocks of 64: 4 + 2 on one thread, 2 + 2 + 2
-// on two; a slice whose last group is short on both), as graft's loops promise (reliability.md).
+// side by side follow the thread count (384 x 512: AVX-512's 6 blocks of 64, 4 + 2 on one thread,
+// 2 + 2 + 2 on two; AVX2's 24 panels of 16, 4 at a time, 12 a thread on two; a slice whose last
+// group is short on both), as graft's loops promise (reliability.md).
 BOOST_AUTO_TEST_CASE(one_row_over_blocks_is_the_same_on_any_thread_count) {
   const int threads = omp_get_max_threads();
   for (const int64_t r1 : {int64_t{384}, int64_t{320}}) {
@@ -228,9 +230,9 @@ BOOST_AUTO_TEST_CASE(one_row_over_blocks_is_the_same_on_any_thread_count) {
 }
 
 // keep_weights_fp32 packs the forms of several weights into one block (6 MiB here: on 2 MiB pages
-// where the system gives them, read one block of outputs after another): each weight and a slice
-// of its rows give what their float32 values gave (bits over 3 and 32 rows, rounding over one
-// row, the same bits on 1 and 2 threads), a weight named twice is kept once, and a bad weight in
+// where the system gives them): each weight and a slice of its rows give what their float32
+// values gave (over 3 and 32 rows as rows_equal says, rounding over one row, the same bits on 1
+// and 2 threads), a weight named twice is kept once, and a bad weight in
 // the list (one found while the forms are laid out, after a good one) keeps none.
 BOOST_AUTO_TEST_CASE(weights_kept_together_share_one_block_and_equal_float32) {
   const std::vector<Tensor> ws = {random({1024, 512}, 11), random({1024, 512}, 12),
@@ -333,21 +335,26 @@ BOOST_AUTO_TEST_CASE(panels_kernel_matches_float64_at_any_row_count) {
     }
 }
 
-// A table kept as float32 (a tied embedding, keep_for_inference(fp32)) looks its rows up bit for
-// bit, the last row of a short last panel too; its tied projection gives what it gave; a lookup
-// with a tape is refused, naming why.
+// A table kept as float32 (keep_for_inference(fp32) keeps every embedding) looks its rows up bit
+// for bit, the last row of a short last panel too, and so does a slice of its rows (ids counted
+// from the slice's first row); its tied projection gives what it gave; a lookup with a tape is
+// refused, naming why.
 BOOST_AUTO_TEST_CASE(kept_table_looks_up_its_rows_exactly) {
   const Tensor table = random({37, 24}, 81);
   const Tensor ids = from_vector(std::vector<int64_t>{36, 0, 17, 16, 36}, {5}, DType::i64);
   const Tensor x = random({3, 24}, 82);
   autograd::NoGrad ng;
   const std::vector<float> want = embedding(table, ids).to_vector<float>();
+  const Tensor ids_in_slice = from_vector(std::vector<int64_t>{20, 0, 1}, {3}, DType::i64);
+  const std::vector<float> want_in_slice =
+      embedding(slice(table, 0, 16, 37), ids_in_slice).to_vector<float>();
   const Tensor logits = linear(x, table);
   if (keep_weight_fp32(table, "embedding.weight") == 0) {
     BOOST_TEST_MESSAGE("not checked: the table was not kept on this CPU");
     return;
   }
   BOOST_TEST(embedding(table, ids).to_vector<float>() == want);
+  BOOST_TEST(embedding(slice(table, 0, 16, 37), ids_in_slice).to_vector<float>() == want_in_slice);
   BOOST_TEST(rows_equal(linear(x, table), logits, 24));
   autograd::EnableGrad eg;
   Tensor trained = random({37, 24}, 83);

@@ -430,24 +430,6 @@ void check_int8_parts(const Tensor& w, const Tensor& values, const Tensor& scale
          ": int8 weights are symmetric, in [-127, 127]");
 }
 
-// The element (k, o) of a 2-D oneDNN memory of dims (IN, OUT) in a plain or blocked layout: the
-// outer strides apply to each index divided by its dim's inner block, the inner blocks nest in
-// the order the descriptor lists them (the last one innermost).
-int64_t element_offset(const dnnl::memory::desc& d, int64_t k, int64_t o) {
-  const auto& b = d.data.format_desc.blocking;
-  const int64_t pos[2] = {k, o};
-  int64_t block[2] = {1, 1};
-  for (int i = 0; i < b.inner_nblks; ++i) block[b.inner_idxs[i]] *= b.inner_blks[i];
-  int64_t off = d.data.offset0, inner = 0, within[2] = {1, 1};
-  for (int i = 0; i < 2; ++i) off += pos[i] / block[i] * b.strides[i];
-  for (int i = b.inner_nblks - 1, step = 1; i >= 0; step *= (int)b.inner_blks[i], --i) {
-    const int dim = b.inner_idxs[i];
-    inner += (pos[dim] % block[dim]) / within[dim] % b.inner_blks[i] * step;
-    within[dim] *= b.inner_blks[i];
-  }
-  return off + inner;
-}
-
 }  // namespace
 
 int64_t int8_layout_mismatches(int64_t OUT, int64_t IN) {
@@ -465,7 +447,7 @@ int64_t int8_layout_mismatches(int64_t OUT, int64_t IN) {
     dnnl::reorder(src, dst).execute(onednn::stream(), src, dst);
     onednn::stream().wait();
     for (int64_t o = 0; o < OUT; ++o)
-      for (int64_t k = 0; k < IN; ++k) bad += to[element_offset(d, k, o)] != from[o * IN + k];
+      for (int64_t k = 0; k < IN; ++k) bad += to[blocked_offset(d, k, o)] != from[o * IN + k];
   }
   return bad;
 }
@@ -478,11 +460,12 @@ bool gather_int8_rows(const Tensor& w, const int64_t* ids, int64_t N, float* out
   const int64_t IN = r->IN;
   const QuantWeights q = view_quantized(*r->data, r->OUT);
   const bool plain = r->tag == kPlainTag;
+  const int64_t first = w.offset() / IN;  // w may be a slice of the table's rows
   for (int64_t n = 0; n < N; ++n) {
-    const int64_t o = ids[n];
+    const int64_t o = first + ids[n];
     float* row = out + n * IN;
     for (int64_t k = 0; k < IN; ++k)
-      row[k] = q.scale[o] * q.data[plain ? o * IN + k : element_offset(r->layout, k, o)];
+      row[k] = q.scale[o] * q.data[plain ? o * IN + k : blocked_offset(r->layout, k, o)];
   }
   return true;
 }

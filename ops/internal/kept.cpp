@@ -139,16 +139,31 @@ std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d) {
   return f;
 }
 
-void gather_kept_rows(const KeptForm& k, const int64_t* ids, int64_t N, float* out) {
-  const std::optional<OutInnermost> f = out_innermost(k.layout);
-  if (!f || k.dtype != DType::f32)
-    fail("embedding: the table's kept float32 form (layout tag " + std::to_string(k.tag) +
-         ") is not one graft looks rows up in");
+int64_t blocked_offset(const dnnl::memory::desc& d, int64_t i0, int64_t i1) {
+  const auto& b = d.data.format_desc.blocking;
+  const int64_t pos[2] = {i0, i1};
+  int64_t block[2] = {1, 1};
+  for (int i = 0; i < b.inner_nblks; ++i) block[b.inner_idxs[i]] *= b.inner_blks[i];
+  int64_t off = d.data.offset0, inner = 0, within[2] = {1, 1};
+  for (int i = 0; i < 2; ++i) off += pos[i] / block[i] * b.strides[i];
+  for (int i = b.inner_nblks - 1, step = 1; i >= 0; step *= (int)b.inner_blks[i], --i) {
+    const int dim = b.inner_idxs[i];
+    inner += (pos[dim] % block[dim]) / within[dim] % b.inner_blks[i] * step;
+    within[dim] *= b.inner_blks[i];
+  }
+  return off + inner;
+}
+
+void gather_kept_rows(const KeptForm& k, int64_t first, const int64_t* ids, int64_t N, float* out) {
+  if (k.dtype != DType::f32 || k.layout.data.format_kind != dnnl_blocked)
+    fail("embedding: the table's kept form (layout tag " + std::to_string(k.tag) +
+         ") is not a float32 blocked layout");
   const float* w = static_cast<const float*>(k.bytes());
   const int64_t IN = k.IN;
 #pragma omp parallel for schedule(static) if (N * IN >= 65536)
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t i = 0; i < IN; ++i) out[n * IN + i] = w[f->at(ids[n], i)];
+    for (int64_t i = 0; i < IN; ++i)
+      out[n * IN + i] = w[blocked_offset(k.layout, first + ids[n], i)];
 }
 
 const KeptForm* kept_form(const Tensor& w, DType dtype) {

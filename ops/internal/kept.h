@@ -1,6 +1,7 @@
 // Weights kept for inference in another form, their float32 values freed (internal to ops/):
 // int8 keeps the quantized weight (ops/internal/int8.h), float32 the inner product's blocked
-// layout (ops/matmul.cpp), bf16 the bf16 inner product's. One registry for all: the kept form
+// layout (ops/matmul.cpp; graft's panels of 16 outputs in an AVX2 build, ops/internal/panels.h),
+// bf16 the bf16 inner product's. One registry for all: the kept form
 // replaces the weight's storage, the weight's float32 bytes go back (Storage::release, a later read
 // fails naming the parameter), and every inference read of the weight, or of a slice of its rows,
 // starts from the kept form.
@@ -38,23 +39,24 @@ struct KeptForm {
 // (o / OB) * S0 + (i / IB) * S1 + (i % IB) * OB + o % OB (oneDNN's AB16b64a, AB8b8a, graft's
 // panels (ops/internal/panels.h) with IB = 1, ...; `padded`: the last block of outputs is padded
 // with zeros). Transposed rows (BA, oneDNN's pick under AVX2) are the family with IB = 1 and
-// tiles of OB = 64 outputs, S0 = 64, unpadded.
+// tiles of OB = 64 outputs, S0 = 64, unpadded. matmul.cpp's one-row loop reads this family.
 struct OutInnermost {
   int64_t OB = 0, IB = 1, S0 = 0, S1 = 0;
   bool padded = true;
-  /// Where element (o, i) lies.
-  int64_t at(int64_t o, int64_t i) const {
-    return o / OB * S0 + i / IB * S1 + i % IB * OB + o % OB;
-  }
 };
 
 // d's place in that family (a float32 2-D layout), or nullopt for another layout.
 std::optional<OutInnermost> out_innermost(const dnnl::memory::desc& d);
 
-// Rows ids[0, N) (each in [0, k.OUT)) of the float32 weight kept as k into out (N, k.IN): a
-// lookup in a table kept for float32 inference (a tied embedding, keep_for_inference(fp32)).
-// Fails naming the layout where k's is not of the OUT-innermost family.
-void gather_kept_rows(const KeptForm& k, const int64_t* ids, int64_t N, float* out);
+// Where element (i0, i1) of a 2-D oneDNN memory in a plain or blocked layout d lies (in elements
+// from its start): the outer strides apply to each index divided by its dim's inner block, the
+// inner blocks nest in the order the descriptor lists them (the last one innermost).
+int64_t blocked_offset(const dnnl::memory::desc& d, int64_t i0, int64_t i1);
+
+// Rows first + ids[0, N) of the float32 weight kept as k into out (N, k.IN) (the ids checked by
+// the caller against the rows of its view, which starts at row `first`): a lookup in a table
+// kept for float32 inference (keep_for_inference(fp32) keeps every embedding table).
+void gather_kept_rows(const KeptForm& k, int64_t first, const int64_t* ids, int64_t N, float* out);
 
 // Fails (the message starting with `who`, naming `name`) unless w is the whole of its storage:
 // freeing a view's storage would free the rest of it.

@@ -8,6 +8,7 @@
 #include <cstring>
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #include <immintrin.h>
@@ -141,7 +142,8 @@ void pack_panel_range(const float* w, int64_t OUT, int64_t IN, float* out, int64
 // Gives the whole pages inside [from, to) back to the system (their contents are lost).
 void drop_pages(const void* from, const void* to) {
 #if defined(__linux__)
-  const uintptr_t page = 4096, a = (reinterpret_cast<uintptr_t>(from) + page - 1) / page * page,
+  static const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(from) + page - 1) / page * page,
                   b = reinterpret_cast<uintptr_t>(to) / page * page;
   if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 #else

@@ -169,7 +169,8 @@ size_t quantize_weight_int8_from(const Tensor& w, const Tensor& from, const std:
 /// Keeps the float32 weight `w` (OUT, IN) of a linear layer for float32 inference only: w is
 /// reordered once into the blocked layout float32 inference reads (an AVX-512 build: the one
 /// oneDNN's inference inner product picks, on such a CPU blocks of 16 inputs x 64 outputs; an
-/// AVX2 build: graft's panels of 16 outputs, read by graft's own kernel at every row count, see
+/// AVX2 build: graft's panels of 16 outputs, read by graft's own kernel at every row count (a
+/// slice of rows that starts inside a panel by the inner product on a copy), see
 /// docs/mixed-precision.md), that form kept as w's replacement, and w's float32 values freed
 /// (Storage::release), so the process holds each weight once. linear(x, w, b) (or a slice of
 /// w's rows) at fp32 precision without a tape then reads the kept form at any row count (one row
